@@ -1,0 +1,30 @@
+// gpipectl: the command-line client. `gpipectl train JOB.json` runs the
+// single-process reference trainer; later commands talk to a controller.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gpipectl COMMAND [ARGS] [--flags]\n\n"
+      "commands:\n"
+      "  train JOB.json   train with the single-process reference trainer\n"
+      "                   [--micro-batches M] [--steps N] [--out DIR]\n"
+      "                   [--threads T]\n");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args(rest.begin() + 1, rest.end());
+  if (args.empty()) {
+    std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  if (command == "train") return gpipe::cli::RunTrain(args);
+  std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s\n",
+               command.c_str(), absl::ProgramUsageMessage().data());
+  return 2;
+}

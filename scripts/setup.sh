@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian package the project builds, tests and runs with.
+# Quick when all is present: it asks apt only for what is missing.
+#   scripts/setup.sh           build, test and run
+#   scripts/setup.sh --bench   also PyTorch (CPU) for the side-by-side benchmarks
+set -euo pipefail
+
+packages=(
+  build-essential cmake ccache pkg-config git python3
+  protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc libgrpc-dev
+  libabsl-dev libopenblas-dev libsqlite3-dev zlib1g-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus-cpp-dev
+  dataset-fashion-mnist
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo_cmd[@]}" apt-get update -qq
+  "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

@@ -1,0 +1,58 @@
+#include "services/core/progress.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+namespace gpipe {
+
+Progress::Progress(int64_t total_steps, FILE* out)
+    : total_(total_steps),
+      out_(out),
+      tty_(isatty(fileno(out)) != 0),
+      start_(absl::Now()),
+      last_print_(absl::InfinitePast()) {}
+
+Progress::~Progress() { Finish(); }
+
+std::string Progress::Line(int64_t step, double loss) const {
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
+  const double rate = elapsed > 0 ? samples_ / elapsed : 0.0;
+  const double eta = step > 0 ? elapsed / step * (total_ - step) : 0.0;
+  const int width = 24;
+  const int filled = total_ > 0 ? static_cast<int>(width * step / total_) : 0;
+  std::string bar(filled, '#');
+  bar.resize(width, '.');
+  return absl::StrFormat("[%s] step %d/%d  loss %.4f  %.0f samples/s  ETA %ds",
+                         bar, step, total_, loss, rate,
+                         static_cast<int>(eta + 0.5));
+}
+
+void Progress::Update(int64_t step, double loss, int64_t samples) {
+  samples_ = samples;
+  const absl::Time now = absl::Now();
+  const bool last = step == total_;
+  if (tty_) {
+    if (!last && now - last_print_ < absl::Milliseconds(100)) return;
+    std::fprintf(out_, "\r%s\x1b[K", Line(step, loss).c_str());
+    drawn_ = true;
+  } else {
+    // About twenty lines per run, and at least one every ten seconds.
+    const int64_t every = total_ >= 20 ? total_ / 20 : 1;
+    if (!last && step % every != 0 && now - last_print_ < absl::Seconds(10))
+      return;
+    std::fprintf(out_, "%s\n", Line(step, loss).c_str());
+  }
+  std::fflush(out_);
+  last_print_ = now;
+}
+
+void Progress::Finish() {
+  if (finished_) return;
+  finished_ = true;
+  if (tty_ && drawn_) std::fputc('\n', out_);
+  std::fflush(out_);
+}
+
+}  // namespace gpipe

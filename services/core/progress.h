@@ -1,0 +1,40 @@
+// Progress of a training run: a redrawn bar on a terminal, plain lines
+// otherwise (CI logs, pipes), with step, loss, samples/s and ETA.
+#ifndef GPIPE_SERVICES_CORE_PROGRESS_H_
+#define GPIPE_SERVICES_CORE_PROGRESS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "absl/time/time.h"
+
+namespace gpipe {
+
+class Progress {
+ public:
+  // `out` is usually stderr; the bar is drawn only when it is a terminal.
+  Progress(int64_t total_steps, FILE* out = stderr);
+  ~Progress();
+
+  // Reports that `step` (1-based) finished with `loss` after `samples` samples.
+  void Update(int64_t step, double loss, int64_t samples);
+  // Ends the bar line so that later output starts on a fresh line.
+  void Finish();
+
+ private:
+  std::string Line(int64_t step, double loss) const;
+
+  int64_t total_;
+  FILE* out_;
+  bool tty_;
+  absl::Time start_;
+  absl::Time last_print_;
+  int64_t samples_ = 0;
+  bool finished_ = false;
+  bool drawn_ = false;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_CORE_PROGRESS_H_

@@ -1,0 +1,46 @@
+// A dataset of numbered samples with a train and a test split, read whole
+// into memory. Batches are gathered by index, so any sampler can drive it.
+#ifndef GPIPE_SERVICES_DATA_DATASET_H_
+#define GPIPE_SERVICES_DATA_DATASET_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/tensor/tensor.h"
+
+namespace gpipe {
+
+enum class Split { kTrain, kTest };
+
+// Inputs [B, sample shape...] (float32 or int32 ids) and integer targets:
+// [B] for classification or [B, T] per token, -1 where nothing is predicted.
+struct Batch {
+  Tensor inputs;
+  Tensor targets;
+};
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual int64_t size(Split split) const = 0;
+  // The shape and dtype of one input sample, and of one target.
+  virtual Shape input_shape() const = 0;
+  virtual DType input_dtype() const = 0;
+  virtual Shape target_shape() const = 0;  // [] or [T]
+  // Number of classes the targets range over (vocabulary for token tasks).
+  virtual int64_t num_classes() const = 0;
+  // Gathers the samples `indices` (each < size(split)) into one batch.
+  virtual Batch Gather(Split split, const std::vector<int64_t>& indices) const = 0;
+};
+
+// Opens the dataset a job's DataSpec describes (reads files, makes synthetic
+// data); errors name the field and the file.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const gpipe::v1::DataSpec& spec,
+                                                     uint64_t seed);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_DATA_DATASET_H_

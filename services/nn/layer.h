@@ -1,0 +1,93 @@
+// The Layer interface: one explicit forward and one explicit backward per
+// layer (llm.c style). A forward records what its backward needs in a Saved
+// record owned by the caller, so a stage can keep many micro-batches in
+// flight, drop them (re-materialization) and recompute them later.
+#ifndef GPIPE_SERVICES_NN_LAYER_H_
+#define GPIPE_SERVICES_NN_LAYER_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "services/core/rng.h"
+#include "services/tensor/tensor.h"
+
+namespace gpipe {
+
+// A trainable tensor and its gradient accumulator.
+struct Parameter {
+  std::string name;  // stable within the layer: "weight", "bias", ...
+  Tensor value;
+  Tensor grad;
+  bool decay = true;  // weight decay applies (not to biases and norm scales)
+};
+
+// Non-trainable state that checkpoints keep (BatchNorm running averages).
+struct NamedBuffer {
+  std::string name;
+  Tensor* value;
+};
+
+// Where a forward runs: everything that makes it reproducible.
+struct LayerContext {
+  bool training = true;
+  // A re-materialized forward: same numbers, but no side effects such as
+  // updating running averages a second time.
+  bool recompute = false;
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t micro_batch = 0;
+  int64_t layer_index = 0;  // global index of the layer in the model
+
+  // The dropout key of this layer for this (step, micro-batch); `sub` tells
+  // apart several dropouts inside one layer.
+  uint64_t DropoutKey(uint64_t sub = 0) const {
+    return MixKey({seed, 0x64726f70ULL, static_cast<uint64_t>(step),
+                   static_cast<uint64_t>(micro_batch),
+                   static_cast<uint64_t>(layer_index), sub});
+  }
+};
+
+// What a forward keeps for its backward.
+struct Saved {
+  std::vector<Tensor> tensors;
+  std::vector<Saved> children;  // composite layers: one per sub-layer
+  int64_t bytes() const;
+  void Clear() {
+    tensors.clear();
+    children.clear();
+  }
+};
+
+// What the partitioner balances with.
+struct LayerCost {
+  double forward_flops = 0;        // per sample
+  int64_t param_bytes = 0;
+  int64_t activation_bytes = 0;    // output bytes per sample
+};
+
+class Layer {
+ public:
+  virtual ~Layer() = default;
+
+  virtual std::string_view kind() const = 0;
+  // x is [B, input shape...]. `saved` is null when no backward follows.
+  virtual Tensor Forward(const Tensor& x, const LayerContext& ctx,
+                         Saved* saved) = 0;
+  // Returns the input gradient (undefined for integer inputs) and adds the
+  // parameter gradients into Parameter::grad.
+  virtual Tensor Backward(const Tensor& dy, const Saved& saved,
+                          const LayerContext& ctx) = 0;
+
+  virtual std::vector<Parameter*> Parameters() { return {}; }
+  virtual std::vector<NamedBuffer> Buffers() { return {}; }
+  // Draws the initial parameters from a key (a pure function of seed and
+  // global layer index, so every partition starts from the same model).
+  virtual void Initialize(uint64_t key) {}
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_NN_LAYER_H_

@@ -1,0 +1,51 @@
+#include "services/tensor/allocator.h"
+
+#include <cstdlib>
+#include <new>
+
+namespace gpipe {
+namespace {
+thread_local Allocator* current_allocator = nullptr;
+}  // namespace
+
+void* CpuAllocator::Allocate(size_t bytes) {
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+void CpuAllocator::Deallocate(void* ptr, size_t) { std::free(ptr); }
+
+void* CountingAllocator::Allocate(size_t bytes) {
+  void* p = upstream_->Allocate(bytes);
+  const int64_t now = current_.fetch_add(static_cast<int64_t>(bytes)) + bytes;
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+  return p;
+}
+
+void CountingAllocator::Deallocate(void* ptr, size_t bytes) {
+  upstream_->Deallocate(ptr, bytes);
+  current_.fetch_sub(static_cast<int64_t>(bytes));
+}
+
+CountingAllocator* DefaultCpuAllocator() {
+  static CpuAllocator* cpu = new CpuAllocator();
+  static CountingAllocator* counting = new CountingAllocator(cpu);
+  return counting;
+}
+
+Allocator* CurrentAllocator() {
+  return current_allocator != nullptr ? current_allocator
+                                      : DefaultCpuAllocator();
+}
+
+AllocatorScope::AllocatorScope(Allocator* a) : previous_(current_allocator) {
+  current_allocator = a;
+}
+
+AllocatorScope::~AllocatorScope() { current_allocator = previous_; }
+
+}  // namespace gpipe

@@ -1,0 +1,72 @@
+// Where tensor memory comes from, and how much of it is in use. Each stage of
+// a pipeline installs its own CountingAllocator (AllocatorScope) so that its
+// peak activation memory can be reported.
+#ifndef GPIPE_SERVICES_TENSOR_ALLOCATOR_H_
+#define GPIPE_SERVICES_TENSOR_ALLOCATOR_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "services/tensor/dtype.h"
+
+namespace gpipe {
+
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  virtual void* Allocate(size_t bytes) = 0;
+  virtual void Deallocate(void* ptr, size_t bytes) = 0;
+  virtual Device device() const = 0;
+};
+
+// 64-byte aligned host memory from the C heap.
+class CpuAllocator final : public Allocator {
+ public:
+  void* Allocate(size_t bytes) override;
+  void Deallocate(void* ptr, size_t bytes) override;
+  Device device() const override { return Device::kCpu; }
+};
+
+// Forwards to another allocator and counts the bytes currently held and the
+// peak since the last ResetPeak(). Thread-safe.
+class CountingAllocator final : public Allocator {
+ public:
+  explicit CountingAllocator(Allocator* upstream) : upstream_(upstream) {}
+  void* Allocate(size_t bytes) override;
+  void Deallocate(void* ptr, size_t bytes) override;
+  Device device() const override { return upstream_->device(); }
+
+  int64_t current_bytes() const { return current_.load(); }
+  int64_t peak_bytes() const { return peak_.load(); }
+  // Starts a new peak window at the current level.
+  void ResetPeak() { peak_.store(current_.load()); }
+
+ private:
+  Allocator* upstream_;
+  std::atomic<int64_t> current_{0};
+  std::atomic<int64_t> peak_{0};
+};
+
+// The process-wide counting allocator for host memory.
+CountingAllocator* DefaultCpuAllocator();
+
+// The allocator new tensors on this thread use (DefaultCpuAllocator() unless
+// an AllocatorScope says otherwise).
+Allocator* CurrentAllocator();
+
+// Makes `a` the allocator of new tensors on this thread for its lifetime.
+class AllocatorScope {
+ public:
+  explicit AllocatorScope(Allocator* a);
+  ~AllocatorScope();
+  AllocatorScope(const AllocatorScope&) = delete;
+  AllocatorScope& operator=(const AllocatorScope&) = delete;
+
+ private:
+  Allocator* previous_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TENSOR_ALLOCATOR_H_

@@ -1,0 +1,107 @@
+#include "services/tensor/cpu/elementwise.h"
+
+#include <cmath>
+
+#include "services/core/rng.h"
+
+namespace gpipe::cpu {
+namespace {
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMin = 1 << 15;
+}  // namespace
+
+void Add(int64_t n, const float* a, const float* b, float* out) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void AddInPlace(int64_t n, const float* x, float* y) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void Axpy(int64_t n, float alpha, const float* x, float* y) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void Scale(int64_t n, float alpha, float* x) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
+}
+
+void Multiply(int64_t n, const float* a, const float* b, float* out) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+
+void AddRowBias(int64_t rows, int64_t cols, const float* bias, float* y) {
+#pragma omp parallel for if (rows * cols > kParallelMin)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+  }
+}
+
+void AddChannelBias(int64_t n, int64_t channels, int64_t inner,
+                    const float* bias, float* y) {
+#pragma omp parallel for if (n * channels * inner > kParallelMin)
+  for (int64_t nc = 0; nc < n * channels; ++nc) {
+    const float b = bias[nc % channels];
+    float* p = y + nc * inner;
+    for (int64_t i = 0; i < inner; ++i) p[i] += b;
+  }
+}
+
+void ReluForward(int64_t n, const float* x, float* y) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+void GeluForward(int64_t n, const float* x, float* y) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+#pragma omp parallel for if (n > kParallelMin / 8)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+}
+
+void GeluBackward(int64_t n, const float* x, const float* dy, float* dx) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+#pragma omp parallel for if (n > kParallelMin / 8)
+  for (int64_t i = 0; i < n; ++i) {
+    const float cdf = 0.5f * (1.0f + std::erf(x[i] * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]);
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
+  }
+}
+
+void TanhForward(int64_t n, const float* x, float* y) {
+#pragma omp parallel for if (n > kParallelMin / 8)
+  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+}
+
+void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
+#pragma omp parallel for if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+}
+
+void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
+                    float* y) {
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for if (n > kParallelMin / 4)
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = UniformAt(key, i) >= p ? x[i] * scale : 0.0f;
+}
+
+void DropoutBackward(int64_t n, float p, uint64_t key, const float* dy,
+                     float* dx) {
+  DropoutForward(n, p, key, dy, dx);
+}
+
+}  // namespace gpipe::cpu

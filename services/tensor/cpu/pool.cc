@@ -1,0 +1,57 @@
+#include "services/tensor/cpu/pool.h"
+
+namespace gpipe::cpu {
+
+void MaxPool2dForward(int64_t planes, int64_t h, int64_t w, int64_t kernel,
+                      int64_t stride, const float* x, float* y,
+                      int32_t* argmax) {
+  const int64_t oh = (h - kernel) / stride + 1, ow = (w - kernel) / stride + 1;
+#pragma omp parallel for if (planes * h * w > (1 << 15))
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* in = x + p * h * w;
+    for (int64_t i = 0; i < oh; ++i) {
+      for (int64_t j = 0; j < ow; ++j) {
+        int64_t best = (i * stride) * w + j * stride;
+        for (int64_t ki = 0; ki < kernel; ++ki)
+          for (int64_t kj = 0; kj < kernel; ++kj) {
+            const int64_t at = (i * stride + ki) * w + j * stride + kj;
+            if (in[at] > in[best]) best = at;
+          }
+        const int64_t o = (p * oh + i) * ow + j;
+        y[o] = in[best];
+        argmax[o] = static_cast<int32_t>(best);
+      }
+    }
+  }
+}
+
+void MaxPool2dBackward(int64_t planes, int64_t h, int64_t w, int64_t oh,
+                       int64_t ow, const float* dy, const int32_t* argmax,
+                       float* dx) {
+#pragma omp parallel for if (planes * h * w > (1 << 15))
+  for (int64_t p = 0; p < planes; ++p) {
+    float* out = dx + p * h * w;
+    for (int64_t i = 0; i < h * w; ++i) out[i] = 0.0f;
+    for (int64_t o = p * oh * ow; o < (p + 1) * oh * ow; ++o)
+      out[argmax[o]] += dy[o];
+  }
+}
+
+void GlobalAvgPoolForward(int64_t planes, int64_t inner, const float* x,
+                          float* y) {
+  for (int64_t p = 0; p < planes; ++p) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < inner; ++i) s += x[p * inner + i];
+    y[p] = s / inner;
+  }
+}
+
+void GlobalAvgPoolBackward(int64_t planes, int64_t inner, const float* dy,
+                           float* dx) {
+  for (int64_t p = 0; p < planes; ++p) {
+    const float g = dy[p] / inner;
+    for (int64_t i = 0; i < inner; ++i) dx[p * inner + i] = g;
+  }
+}
+
+}  // namespace gpipe::cpu

@@ -1,0 +1,46 @@
+#include "services/tensor/cpu/reduce.h"
+
+namespace gpipe::cpu {
+
+void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    for (int64_t c = 0; c < cols; ++c) out[c] += row[c];
+  }
+}
+
+void SumChannelsInto(int64_t n, int64_t channels, int64_t inner,
+                     const float* x, float* out) {
+#pragma omp parallel for if (n * channels * inner > (1 << 16))
+  for (int64_t c = 0; c < channels; ++c) {
+    double acc = 0.0;
+    for (int64_t b = 0; b < n; ++b) {
+      const float* p = x + (b * channels + c) * inner;
+      float s = 0.0f;
+      for (int64_t i = 0; i < inner; ++i) s += p[i];
+      acc += s;
+    }
+    out[c] += static_cast<float>(acc);
+  }
+}
+
+double Sum(int64_t n, const float* x) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
+double SumSquares(int64_t n, const float* x) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+int64_t ArgMax(int64_t n, const float* x) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+}  // namespace gpipe::cpu

@@ -1,0 +1,82 @@
+#include "services/tensor/cpu/softmax.h"
+
+#include <cmath>
+#include <vector>
+
+namespace gpipe::cpu {
+
+void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y) {
+#pragma omp parallel for if (rows * cols > (1 << 14))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * cols;
+    float* out = y + r * cols;
+    float m = in[0];
+    for (int64_t c = 1; c < cols; ++c) m = in[c] > m ? in[c] : m;
+    float s = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      out[c] = std::exp(in[c] - m);
+      s += out[c];
+    }
+    const float inv = 1.0f / s;
+    for (int64_t c = 0; c < cols; ++c) out[c] *= inv;
+  }
+}
+
+void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
+                         const float* dy, float* dx) {
+#pragma omp parallel for if (rows * cols > (1 << 14))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
+    for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
+  }
+}
+
+CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
+                                       const float* logits,
+                                       const int32_t* targets,
+                                       double normalizer, float* dlogits) {
+  std::vector<double> row_loss(rows, 0.0);
+  std::vector<char> row_correct(rows, 0);
+  const float scale = static_cast<float>(1.0 / normalizer);
+#pragma omp parallel for if (rows * classes > (1 << 14))
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * classes;
+    const int32_t t = targets[r];
+    float m = z[0];
+    int64_t arg = 0;
+    for (int64_t c = 1; c < classes; ++c)
+      if (z[c] > m) m = z[c], arg = c;
+    float s = 0.0f;
+    for (int64_t c = 0; c < classes; ++c) s += std::exp(z[c] - m);
+    const float log_s = std::log(s);
+    if (t >= 0) {
+      row_loss[r] = static_cast<double>(log_s - (z[t] - m));
+      row_correct[r] = arg == t;
+    }
+    if (dlogits != nullptr) {
+      float* d = dlogits + r * classes;
+      if (t < 0) {
+        for (int64_t c = 0; c < classes; ++c) d[c] = 0.0f;
+      } else {
+        const float inv = 1.0f / s;
+        for (int64_t c = 0; c < classes; ++c)
+          d[c] = std::exp(z[c] - m) * inv * scale;
+        d[t] -= scale;
+      }
+    }
+  }
+  CrossEntropyResult result;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] < 0) continue;
+    result.loss_sum += row_loss[r];
+    result.counted += 1;
+    result.correct += row_correct[r];
+  }
+  return result;
+}
+
+}  // namespace gpipe::cpu

@@ -1,0 +1,115 @@
+#include "services/tensor/tensor.h"
+
+#include <cassert>
+#include <cstring>
+
+namespace gpipe {
+
+struct Tensor::Buffer {
+  Buffer(Allocator* a, size_t n) : allocator(a), bytes(n) {
+    data = allocator->Allocate(bytes);
+  }
+  ~Buffer() { allocator->Deallocate(data, bytes); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  Allocator* allocator;
+  size_t bytes;
+  void* data;
+};
+
+Tensor Tensor::Empty(const Shape& shape, DType dtype) {
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.buffer_ = std::make_shared<Buffer>(CurrentAllocator(),
+                                       shape.numel() * DTypeSize(dtype));
+  return t;
+}
+
+Tensor Tensor::Zeros(const Shape& shape, DType dtype) {
+  Tensor t = Empty(shape, dtype);
+  t.SetZero();
+  return t;
+}
+
+Tensor Tensor::Filled(const Shape& shape, float value) {
+  Tensor t = Empty(shape);
+  float* p = t.f32();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) p[i] = value;
+  return t;
+}
+
+Tensor Tensor::FromVector(const Shape& shape, const std::vector<float>& v) {
+  assert(static_cast<int64_t>(v.size()) == shape.numel());
+  Tensor t = Empty(shape);
+  std::memcpy(t.raw(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+Tensor Tensor::FromInts(const Shape& shape, const std::vector<int32_t>& v) {
+  assert(static_cast<int64_t>(v.size()) == shape.numel());
+  Tensor t = Empty(shape, DType::kI32);
+  std::memcpy(t.raw(), v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+Device Tensor::device() const {
+  return buffer_ ? buffer_->allocator->device() : Device::kCpu;
+}
+
+void* Tensor::raw() {
+  return buffer_ ? static_cast<char*>(buffer_->data) + offset_ : nullptr;
+}
+const void* Tensor::raw() const {
+  return buffer_ ? static_cast<const char*>(buffer_->data) + offset_ : nullptr;
+}
+
+Tensor Tensor::Reshape(const Shape& shape) const {
+  assert(shape.numel() == numel());
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::Rows(int64_t begin, int64_t end) const {
+  assert(rank() >= 1 && 0 <= begin && begin <= end && end <= dim(0));
+  const int64_t row = dim(0) > 0 ? numel() / dim(0) : 0;
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.offset_ += begin * row * DTypeSize(dtype_);
+  return t;
+}
+
+Tensor Tensor::Clone() const {
+  if (!defined()) return Tensor();
+  Tensor t = Empty(shape_, dtype_);
+  std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+void Tensor::SetZero() {
+  if (defined()) std::memset(raw(), 0, nbytes());
+}
+
+void Tensor::CopyFrom(const Tensor& other) {
+  assert(other.numel() == numel() && other.dtype() == dtype());
+  std::memcpy(raw(), other.raw(), nbytes());
+}
+
+std::vector<float> Tensor::ToVector() const {
+  std::vector<float> v(numel());
+  if (dtype_ == DType::kF32) {
+    std::memcpy(v.data(), raw(), nbytes());
+  } else {
+    for (int64_t i = 0; i < numel(); ++i) v[i] = static_cast<float>(i32()[i]);
+  }
+  return v;
+}
+
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+}  // namespace gpipe

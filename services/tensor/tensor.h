@@ -1,0 +1,68 @@
+// A dense, contiguous, row-major tensor. Copies share storage (like a
+// shared_ptr); Clone() makes a deep copy. Memory comes from the allocator
+// current on the creating thread, so a stage's activations are counted.
+#ifndef GPIPE_SERVICES_TENSOR_TENSOR_H_
+#define GPIPE_SERVICES_TENSOR_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "services/tensor/allocator.h"
+#include "services/tensor/dtype.h"
+#include "services/tensor/shape.h"
+
+namespace gpipe {
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  // Uninitialized memory of `shape`.
+  static Tensor Empty(const Shape& shape, DType dtype = DType::kF32);
+  static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32);
+  static Tensor Filled(const Shape& shape, float value);
+  static Tensor FromVector(const Shape& shape, const std::vector<float>& v);
+  static Tensor FromInts(const Shape& shape, const std::vector<int32_t>& v);
+
+  bool defined() const { return buffer_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int i) const { return shape_[i < 0 ? shape_.rank() + i : i]; }
+  int64_t numel() const { return shape_.numel(); }
+  size_t nbytes() const { return numel() * DTypeSize(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const;
+
+  float* f32() { return static_cast<float*>(raw()); }
+  const float* f32() const { return static_cast<const float*>(raw()); }
+  int32_t* i32() { return static_cast<int32_t*>(raw()); }
+  const int32_t* i32() const { return static_cast<const int32_t*>(raw()); }
+  void* raw();
+  const void* raw() const;
+
+  // Same storage, another shape with the same number of elements.
+  Tensor Reshape(const Shape& shape) const;
+  // Rows [begin, end) of the leading dimension, sharing storage.
+  Tensor Rows(int64_t begin, int64_t end) const;
+  Tensor Clone() const;
+  void SetZero();
+  void CopyFrom(const Tensor& other);  // same numel and dtype
+
+  std::vector<float> ToVector() const;
+
+ private:
+  struct Buffer;
+  std::shared_ptr<Buffer> buffer_;
+  size_t offset_ = 0;  // in bytes
+  Shape shape_;
+  DType dtype_ = DType::kF32;
+};
+
+// True when both have the same shape, dtype and bytes.
+bool BitwiseEqual(const Tensor& a, const Tensor& b);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TENSOR_TENSOR_H_

@@ -1,0 +1,13 @@
+// The number of threads our kernels and OpenBLAS use in this process.
+#ifndef GPIPE_SERVICES_TENSOR_THREADS_H_
+#define GPIPE_SERVICES_TENSOR_THREADS_H_
+
+namespace gpipe {
+
+// Sets both our OpenMP kernels and OpenBLAS to `n` threads (n >= 1).
+void SetComputeThreads(int n);
+int ComputeThreads();
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TENSOR_THREADS_H_
