@@ -49,9 +49,8 @@ void Progress::Update(int64_t step, double loss, int64_t samples) {
 }
 
 void Progress::Finish() {
-  if (finished_) return;
-  finished_ = true;
   if (tty_ && drawn_) std::fputc('\n', out_);
+  drawn_ = false;
   std::fflush(out_);
 }
 

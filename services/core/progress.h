@@ -19,7 +19,8 @@ class Progress {
 
   // Reports that `step` (1-based) finished with `loss` after `samples` samples.
   void Update(int64_t step, double loss, int64_t samples);
-  // Ends the bar line so that later output starts on a fresh line.
+  // Ends the bar's line so other output can follow on a fresh one; a later
+  // Update() draws the bar again below it.
   void Finish();
 
  private:
@@ -31,7 +32,6 @@ class Progress {
   absl::Time start_;
   absl::Time last_print_;
   int64_t samples_ = 0;
-  bool finished_ = false;
   bool drawn_ = false;
 };
 

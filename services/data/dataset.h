@@ -33,13 +33,19 @@ class Dataset {
   // Number of classes the targets range over (vocabulary for token tasks).
   virtual int64_t num_classes() const = 0;
   // Gathers the samples `indices` (each < size(split)) into one batch.
-  virtual Batch Gather(Split split, const std::vector<int64_t>& indices) const = 0;
+  virtual Batch Gather(Split split,
+                       const std::vector<int64_t>& indices) const = 0;
 };
 
 // Opens the dataset a job's DataSpec describes (reads files, makes synthetic
-// data); errors name the field and the file.
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(const gpipe::v1::DataSpec& spec,
-                                                     uint64_t seed);
+// data); errors name the field and the file, as in
+// "data.text.path: cannot open /x/y: No such file or directory".
+// `model_input` is the shape of one sample the model takes; image datasets
+// lay their pixels out in it ([1, 28, 28] or [784]), an empty shape means
+// their natural layout, and other datasets ignore it. `seed` drives the
+// synthetic tasks. Gather returns host (CPU) tensors.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed);
 
 }  // namespace gpipe
 

@@ -1,0 +1,79 @@
+// OpenDataset: from a job's DataSpec to a Dataset, checking each field and
+// prefixing errors with the field they concern.
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "services/data/dataset.h"
+#include "services/data/fashion_mnist.h"
+#include "services/data/synthetic.h"
+#include "services/data/text.h"
+
+namespace gpipe {
+namespace {
+
+// The same error, its message prefixed with where in the spec it arose.
+absl::Status InField(const std::string& field, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+}
+
+template <typename T>
+absl::StatusOr<std::unique_ptr<Dataset>> Upcast(
+    const std::string& field, absl::StatusOr<std::unique_ptr<T>> d) {
+  if (!d.ok()) return InField(field, d.status());
+  return std::unique_ptr<Dataset>(std::move(*d));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed) {
+  switch (spec.source_case()) {
+    case gpipe::v1::DataSpec::kFashionMnist: {
+      const std::string& dir = spec.fashion_mnist().dir();
+      if (model_input.rank() > 0 &&
+          model_input.numel() != FashionMnist::kPixels) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.fashion_mnist: images have 784 pixels but the model input ",
+            model_input.ToString(), " holds ", model_input.numel()));
+      }
+      return Upcast(
+          "data.fashion_mnist.dir",
+          FashionMnist::Open(dir.empty() ? FashionMnist::kDefaultDir : dir,
+                             model_input));
+    }
+    case gpipe::v1::DataSpec::kText: {
+      const gpipe::v1::TextFile& text = spec.text();
+      if (text.path().empty()) {
+        return absl::InvalidArgumentError("data.text.path: required");
+      }
+      if (text.seq_len() <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.text.seq_len: must be positive, got ", text.seq_len()));
+      }
+      if (!(text.test_fraction() >= 0 && text.test_fraction() < 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("data.text.test_fraction: must be in [0, 1), got ",
+                         text.test_fraction()));
+      }
+      return Upcast(
+          "data.text.path",
+          TextDataset::Open(text.path(), text.seq_len(), text.test_fraction()));
+    }
+    case gpipe::v1::DataSpec::kSynthetic: {
+      // MakeSynthetic's messages start with the field inside Synthetic.
+      auto d = MakeSynthetic(spec.synthetic(), seed);
+      if (!d.ok()) {
+        return absl::Status(
+            d.status().code(),
+            absl::StrCat("data.synthetic.", d.status().message()));
+      }
+      return d;
+    }
+    case gpipe::v1::DataSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("data: no source set");
+}
+
+}  // namespace gpipe

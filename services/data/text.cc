@@ -1,0 +1,117 @@
+#include "services/data/text.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+#include "services/tensor/allocator.h"
+
+namespace gpipe {
+namespace {
+
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+
+absl::StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {
+  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
+  if (f == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  }
+  std::vector<uint8_t> bytes;
+  uint8_t chunk[1 << 16];
+  size_t got;
+  while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) {
+    bytes.insert(bytes.end(), chunk, chunk + got);
+  }
+  if (std::ferror(f.get())) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+TextDataset::TextDataset(std::vector<uint8_t> tokens,
+                         std::vector<uint8_t> vocabulary,
+                         std::array<int32_t, 256> token_of, int64_t train_bytes,
+                         int64_t seq_len)
+    : tokens_(std::move(tokens)),
+      vocabulary_(std::move(vocabulary)),
+      token_of_(token_of),
+      train_bytes_(train_bytes),
+      seq_len_(seq_len) {}
+
+absl::StatusOr<std::unique_ptr<TextDataset>> TextDataset::Open(
+    const std::string& path, int64_t seq_len, double test_fraction) {
+  if (seq_len <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq_len must be positive, got ", seq_len));
+  }
+  if (test_fraction == 0) test_fraction = kDefaultTestFraction;
+  if (!(test_fraction > 0 && test_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("test_fraction must be in (0, 1), got ", test_fraction));
+  }
+  ASSIGN_OR_RETURN(std::vector<uint8_t> bytes, ReadFile(path));
+  if (bytes.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": file is empty"));
+  }
+
+  const int64_t n = static_cast<int64_t>(bytes.size());
+  const int64_t test_bytes =
+      static_cast<int64_t>(std::floor(static_cast<double>(n) * test_fraction));
+  const int64_t train_bytes = n - test_bytes;
+  for (auto [name, have] :
+       {std::pair{"train", train_bytes}, std::pair{"test", test_bytes}}) {
+    if (have < seq_len + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": the ", name, " split has ", have,
+          " bytes, fewer than seq_len + 1 = ", seq_len + 1, " (file has ", n,
+          " bytes, test_fraction ", test_fraction, ")"));
+    }
+  }
+
+  std::array<bool, 256> seen{};
+  for (uint8_t b : bytes) seen[b] = true;
+  std::vector<uint8_t> vocabulary;
+  std::array<int32_t, 256> token_of;
+  token_of.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    if (!seen[b]) continue;
+    token_of[b] = static_cast<int32_t>(vocabulary.size());
+    vocabulary.push_back(static_cast<uint8_t>(b));
+  }
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(token_of[b]);
+  return std::unique_ptr<TextDataset>(new TextDataset(
+      std::move(bytes), std::move(vocabulary), token_of, train_bytes, seq_len));
+}
+
+int64_t TextDataset::size(Split split) const {
+  return (split_bytes(split) - 1) / seq_len_;
+}
+
+Batch TextDataset::Gather(Split split,
+                          const std::vector<int64_t>& indices) const {
+  AllocatorScope host(DefaultCpuAllocator());
+  const int64_t b = static_cast<int64_t>(indices.size());
+  Batch batch{Tensor::Empty(Shape{b, seq_len_}, DType::kI32),
+              Tensor::Empty(Shape{b, seq_len_}, DType::kI32)};
+  int32_t* x = batch.inputs.i32();
+  int32_t* y = batch.targets.i32();
+  for (int64_t i = 0; i < b; ++i) {
+    const uint8_t* window =
+        &tokens_[split_begin(split) + indices[i] * seq_len_];
+    for (int64_t t = 0; t < seq_len_; ++t) {
+      x[i * seq_len_ + t] = window[t];
+      y[i * seq_len_ + t] = window[t + 1];
+    }
+  }
+  return batch;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,51 @@
+#include "services/nn/layers/embedding.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "services/nn/init.h"
+#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/embedding.h"
+
+namespace gpipe {
+
+Embedding::Embedding(int64_t vocab_size, int64_t dim, int64_t max_positions)
+    : vocab_(vocab_size),
+      dim_(dim),
+      max_positions_(max_positions),
+      token_(MakeParameter("token_weight", {vocab_size, dim}, true)),
+      position_(MakeParameter("position_weight", {max_positions, dim}, true)) {}
+
+void Embedding::Initialize(uint64_t key) {
+  InitNormal(token_.value, MixKey({key, 0}), 0.02f);
+  InitNormal(position_.value, MixKey({key, 1}), 0.02f);
+}
+
+Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
+  const int64_t batch = x.dim(0), t = x.dim(1);
+  // Ids outside the vocabulary come from data, not from us: clamp them
+  // rather than read out of bounds (validation reports bad data earlier).
+  Tensor ids = Tensor::Empty(x.shape(), DType::kI32);
+  for (int64_t i = 0; i < x.numel(); ++i)
+    ids.i32()[i] = std::clamp<int32_t>(x.i32()[i], 0, vocab_ - 1);
+  Tensor y = Tensor::Empty({batch, t, dim_});
+  cpu::EmbeddingGather(batch * t, dim_, ids.i32(), token_.value.f32(),
+                       y.f32());
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::AddInPlace(t * dim_, position_.value.f32(), y.f32() + b * t * dim_);
+  if (saved != nullptr) saved->tensors = {ids};
+  return y;
+}
+
+Tensor Embedding::Backward(const Tensor& dy, const Saved& saved,
+                           const LayerContext&) {
+  const Tensor& ids = saved.tensors[0];
+  const int64_t batch = ids.dim(0), t = ids.dim(1);
+  cpu::EmbeddingScatterAdd(batch * t, dim_, ids.i32(), dy.f32(),
+                           token_.grad.f32());
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::AddInPlace(t * dim_, dy.f32() + b * t * dim_, position_.grad.f32());
+  return Tensor();
+}
+
+}  // namespace gpipe

@@ -1,0 +1,42 @@
+#include "services/nn/layers/layer_norm.h"
+
+#include "services/nn/init.h"
+#include "services/tensor/cpu/layer_norm.h"
+
+namespace gpipe {
+
+LayerNorm::LayerNorm(int64_t features, float eps, const std::string& prefix)
+    : features_(features),
+      eps_(eps),
+      weight_(MakeParameter(prefix + "weight", {features}, false)),
+      bias_(MakeParameter(prefix + "bias", {features}, false)) {}
+
+void LayerNorm::Initialize(uint64_t) {
+  float* w = weight_.value.f32();
+  for (int64_t i = 0; i < features_; ++i) w[i] = 1.0f;
+  bias_.value.SetZero();
+}
+
+Tensor LayerNorm::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
+  const int64_t rows = x.numel() / features_;
+  Tensor y = Tensor::Empty(x.shape());
+  Tensor mean = Tensor::Empty({rows});
+  Tensor rstd = Tensor::Empty({rows});
+  cpu::LayerNormForward(rows, features_, eps_, x.f32(), weight_.value.f32(),
+                        bias_.value.f32(), y.f32(), mean.f32(), rstd.f32());
+  if (saved != nullptr) saved->tensors = {x, mean, rstd};
+  return y;
+}
+
+Tensor LayerNorm::Backward(const Tensor& dy, const Saved& saved,
+                           const LayerContext&) {
+  const Tensor& x = saved.tensors[0];
+  const int64_t rows = x.numel() / features_;
+  Tensor dx = Tensor::Empty(x.shape());
+  cpu::LayerNormBackward(rows, features_, x.f32(), saved.tensors[1].f32(),
+                         saved.tensors[2].f32(), weight_.value.f32(), dy.f32(),
+                         dx.f32(), weight_.grad.f32(), bias_.grad.f32());
+  return dx;
+}
+
+}  // namespace gpipe

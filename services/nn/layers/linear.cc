@@ -1,0 +1,65 @@
+#include "services/nn/layers/linear.h"
+
+#include <cmath>
+
+#include "services/nn/init.h"
+#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/gemm.h"
+#include "services/tensor/cpu/reduce.h"
+
+namespace gpipe {
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias,
+               const std::string& prefix)
+    : in_(in_features),
+      out_(out_features),
+      has_bias_(bias),
+      weight_(MakeParameter(prefix + "weight", {out_features, in_features},
+                            true)) {
+  if (has_bias_) bias_ = MakeParameter(prefix + "bias", {out_features}, false);
+}
+
+std::vector<Parameter*> Linear::Parameters() {
+  if (has_bias_) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+void Linear::Initialize(uint64_t key) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
+  InitUniform(weight_.value, MixKey({key, 0}), bound);
+  if (has_bias_) InitUniform(bias_.value, MixKey({key, 1}), bound);
+}
+
+void Linear::InitializeNormal(uint64_t key, float stddev) {
+  InitNormal(weight_.value, MixKey({key, 0}), stddev);
+  if (has_bias_) bias_.value.SetZero();
+}
+
+Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx,
+                       Saved* saved) {
+  const int64_t rows = x.numel() / in_;
+  std::vector<int64_t> dims = x.shape().dims();
+  dims.back() = out_;
+  Tensor y = Tensor::Empty(Shape(dims));
+  cpu::Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), weight_.value.f32(),
+            0.0f, y.f32());
+  if (has_bias_) cpu::AddRowBias(rows, out_, bias_.value.f32(), y.f32());
+  if (saved != nullptr) saved->tensors = {x};
+  return y;
+}
+
+Tensor Linear::Backward(const Tensor& dy, const Saved& saved,
+                        const LayerContext& ctx) {
+  const Tensor& x = saved.tensors[0];
+  const int64_t rows = x.numel() / in_;
+  // dW += dy^T x; db += column sums of dy; dx = dy W.
+  cpu::Gemm(true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
+            weight_.grad.f32());
+  if (has_bias_) cpu::SumRowsInto(rows, out_, dy.f32(), bias_.grad.f32());
+  Tensor dx = Tensor::Empty(x.shape());
+  cpu::Gemm(false, false, rows, in_, out_, 1.0f, dy.f32(), weight_.value.f32(),
+            0.0f, dx.f32());
+  return dx;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,33 @@
+// y = x W^T + b over the last dimension; W is [out, in] as in PyTorch.
+#ifndef GPIPE_SERVICES_NN_LAYERS_LINEAR_H_
+#define GPIPE_SERVICES_NN_LAYERS_LINEAR_H_
+
+#include "services/nn/layer.h"
+
+namespace gpipe {
+
+class Linear final : public Layer {
+ public:
+  // `prefix` names the parameters inside a composite layer ("attn.qkv.").
+  Linear(int64_t in_features, int64_t out_features, bool bias,
+         const std::string& prefix = "");
+  std::string_view kind() const override { return "linear"; }
+  Tensor Forward(const Tensor& x, const LayerContext& ctx,
+                 Saved* saved) override;
+  Tensor Backward(const Tensor& dy, const Saved& saved,
+                  const LayerContext& ctx) override;
+  std::vector<Parameter*> Parameters() override;
+  void Initialize(uint64_t key) override;
+
+  // Weight-only initialization scale for layers that prefer GPT-style N(0, s).
+  void InitializeNormal(uint64_t key, float stddev);
+
+ private:
+  int64_t in_, out_;
+  bool has_bias_;
+  Parameter weight_, bias_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_NN_LAYERS_LINEAR_H_

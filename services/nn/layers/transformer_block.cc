@@ -1,0 +1,69 @@
+#include "services/nn/layers/transformer_block.h"
+
+#include "services/tensor/cpu/elementwise.h"
+
+namespace gpipe {
+
+TransformerBlock::TransformerBlock(int64_t dim, int64_t heads,
+                                   int64_t mlp_hidden, float dropout,
+                                   bool causal)
+    : ln1_(dim, 1e-5f, "ln1."),
+      attn_(dim, heads, causal, "attn."),
+      drop1_(dropout, 1),
+      ln2_(dim, 1e-5f, "ln2."),
+      fc1_(dim, mlp_hidden, true, "mlp.fc1."),
+      fc2_(mlp_hidden, dim, true, "mlp.fc2."),
+      drop2_(dropout, 2) {}
+
+std::vector<Parameter*> TransformerBlock::Parameters() {
+  std::vector<Parameter*> out;
+  for (Layer* l : std::initializer_list<Layer*>{&ln1_, &attn_, &ln2_, &fc1_, &fc2_})
+    for (Parameter* p : l->Parameters()) out.push_back(p);
+  return out;
+}
+
+void TransformerBlock::Initialize(uint64_t key) {
+  ln1_.Initialize(MixKey({key, 0}));
+  attn_.Initialize(MixKey({key, 1}));
+  ln2_.Initialize(MixKey({key, 2}));
+  fc1_.InitializeNormal(MixKey({key, 3}), 0.02f);
+  fc2_.InitializeNormal(MixKey({key, 4}), 0.02f);
+}
+
+Tensor TransformerBlock::Forward(const Tensor& x, const LayerContext& ctx,
+                                 Saved* saved) {
+  std::vector<Saved> s(5);
+  auto slot = [&](int i) { return saved != nullptr ? &s[i] : nullptr; };
+  Tensor a = attn_.Forward(ln1_.Forward(x, ctx, slot(0)), ctx, slot(1));
+  a = drop1_.Forward(a, ctx, nullptr);
+  Tensor x1 = Tensor::Empty(x.shape());
+  cpu::Add(x.numel(), x.f32(), a.f32(), x1.f32());
+  Tensor h = fc1_.Forward(ln2_.Forward(x1, ctx, slot(2)), ctx, slot(3));
+  Saved gelu_saved;
+  h = gelu_.Forward(h, ctx, saved != nullptr ? &gelu_saved : nullptr);
+  Tensor m = fc2_.Forward(h, ctx, slot(4));
+  m = drop2_.Forward(m, ctx, nullptr);
+  Tensor y = Tensor::Empty(x.shape());
+  cpu::Add(x.numel(), x1.f32(), m.f32(), y.f32());
+  if (saved != nullptr) {
+    s.push_back(std::move(gelu_saved));
+    saved->children = std::move(s);
+  }
+  return y;
+}
+
+Tensor TransformerBlock::Backward(const Tensor& dy, const Saved& saved,
+                                  const LayerContext& ctx) {
+  const std::vector<Saved>& s = saved.children;
+  Tensor dm = drop2_.Backward(dy, Saved(), ctx);
+  Tensor dh = fc2_.Backward(dm, s[4], ctx);
+  dh = gelu_.Backward(dh, s[5], ctx);
+  Tensor dx1 = ln2_.Backward(fc1_.Backward(dh, s[3], ctx), s[2], ctx);
+  cpu::AddInPlace(dy.numel(), dy.f32(), dx1.f32());
+  Tensor da = drop1_.Backward(dx1, Saved(), ctx);
+  Tensor dx = ln1_.Backward(attn_.Backward(da, s[1], ctx), s[0], ctx);
+  cpu::AddInPlace(dx1.numel(), dx1.f32(), dx.f32());
+  return dx;
+}
+
+}  // namespace gpipe

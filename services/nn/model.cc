@@ -1,0 +1,70 @@
+#include "services/nn/model.h"
+
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+#include "services/nn/layer_factory.h"
+#include "services/nn/layer_spec.h"
+
+namespace gpipe {
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Build(
+    const gpipe::v1::ModelSpec& spec, uint64_t seed, int64_t begin,
+    int64_t end) {
+  ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec));
+  const int64_t n = spec.layers_size();
+  if (end < 0) end = n;
+  if (begin < 0 || begin >= end || end > n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: layer range [", begin, ", ", end, ") is not within 0..", n));
+  }
+  std::unique_ptr<Model> model(new Model());
+  model->begin_ = begin;
+  for (int64_t i = begin; i < end; ++i) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
+                     MakeLayer(spec.layers(i), shapes.inputs[i]));
+    layer->Initialize(MixKey({seed, 0x696e6974ULL, static_cast<uint64_t>(i)}));
+    for (Parameter* p : layer->Parameters())
+      model->params_.push_back({absl::StrCat("layers.", i, ".", p->name), p});
+    model->layers_.push_back(std::move(layer));
+  }
+  return model;
+}
+
+Tensor Model::Forward(const Tensor& x, LayerContext ctx,
+                      std::vector<Saved>* saved) {
+  if (saved != nullptr) saved->assign(layers_.size(), Saved());
+  Tensor h = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ctx.layer_index = begin_ + static_cast<int64_t>(i);
+    h = layers_[i]->Forward(h, ctx, saved != nullptr ? &(*saved)[i] : nullptr);
+  }
+  return h;
+}
+
+Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
+                       LayerContext ctx) {
+  Tensor g = dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    ctx.layer_index = begin_ + static_cast<int64_t>(i);
+    g = layers_[i]->Backward(g, saved[i], ctx);
+  }
+  return g;
+}
+
+std::vector<NamedTensor> Model::StateTensors() {
+  std::vector<NamedTensor> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const int64_t index = begin_ + static_cast<int64_t>(i);
+    for (Parameter* p : layers_[i]->Parameters())
+      out.push_back({absl::StrCat("layers.", index, ".", p->name), &p->value});
+    for (const NamedBuffer& b : layers_[i]->Buffers())
+      out.push_back({absl::StrCat("layers.", index, ".", b.name), b.value});
+  }
+  return out;
+}
+
+void Model::ZeroGrad() {
+  for (const NamedParameter& p : params_) p.param->grad.SetZero();
+}
+
+}  // namespace gpipe

@@ -1,0 +1,62 @@
+// A contiguous range of a model's layers: the whole model for the reference
+// trainer, one stage's layers in a pipeline. Layer indices and parameter
+// names are global ("layers.<index>.<name>"), so any partition of the same
+// spec starts from the same parameters and writes the same checkpoint names.
+#ifndef GPIPE_SERVICES_NN_MODEL_H_
+#define GPIPE_SERVICES_NN_MODEL_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/model.pb.h"
+#include "services/nn/layer.h"
+
+namespace gpipe {
+
+struct NamedParameter {
+  std::string name;  // global: "layers.3.weight"
+  Parameter* param;
+};
+
+struct NamedTensor {
+  std::string name;
+  Tensor* tensor;
+};
+
+class Model {
+ public:
+  // Builds layers [begin, end) of `spec` (end < 0: to the last layer) and
+  // initializes them from `seed` and their global index.
+  static absl::StatusOr<std::unique_ptr<Model>> Build(
+      const gpipe::v1::ModelSpec& spec, uint64_t seed, int64_t begin = 0,
+      int64_t end = -1);
+
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return begin_ + static_cast<int64_t>(layers_.size()); }
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+  Layer& layer(int64_t local) { return *layers_[local]; }
+
+  // Runs every layer; `ctx.layer_index` is set per layer. `saved` (resized
+  // to size()) receives what backward needs, or is null for evaluation.
+  Tensor Forward(const Tensor& x, LayerContext ctx, std::vector<Saved>* saved);
+  // Backward through every layer in reverse; returns the input gradient.
+  Tensor Backward(const Tensor& dy, const std::vector<Saved>& saved,
+                  LayerContext ctx);
+
+  const std::vector<NamedParameter>& Parameters() const { return params_; }
+  // Parameters and buffers by global name: what a checkpoint holds.
+  std::vector<NamedTensor> StateTensors();
+  void ZeroGrad();
+
+ private:
+  Model() = default;
+  int64_t begin_ = 0;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<NamedParameter> params_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_NN_MODEL_H_

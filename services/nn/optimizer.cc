@@ -1,0 +1,168 @@
+#include "services/nn/optimizer.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/reduce.h"
+
+namespace gpipe {
+namespace {
+
+Tensor ZerosLike(const Tensor& t) {
+  AllocatorScope scope(DefaultCpuAllocator());
+  return Tensor::Zeros(t.shape());
+}
+
+// PyTorch's SGD: g += wd * p; buf = mu * buf + g; p -= lr * (nesterov ? g +
+// mu * buf : buf).
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const gpipe::v1::Sgd& spec, std::vector<NamedParameter> params)
+      : spec_(spec), params_(std::move(params)) {
+    if (spec_.momentum() > 0)
+      for (const NamedParameter& p : params_)
+        momentum_.push_back(ZerosLike(p.param->value));
+  }
+
+  void Step(float lr, int64_t step) override {
+    const float mu = spec_.momentum(), wd = spec_.weight_decay();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Parameter& p = *params_[i].param;
+      float* w = p.value.f32();
+      const float* g = p.grad.f32();
+      const int64_t n = p.value.numel();
+      const float decay = p.decay ? wd : 0.0f;
+      if (mu == 0.0f) {
+        for (int64_t j = 0; j < n; ++j) w[j] -= lr * (g[j] + decay * w[j]);
+        continue;
+      }
+      float* buf = momentum_[i].f32();
+      for (int64_t j = 0; j < n; ++j) {
+        const float d = g[j] + decay * w[j];
+        buf[j] = step == 1 ? d : mu * buf[j] + d;
+        w[j] -= lr * (spec_.nesterov() ? d + mu * buf[j] : buf[j]);
+      }
+    }
+  }
+
+  std::vector<NamedTensor> State() override {
+    std::vector<NamedTensor> out;
+    for (size_t i = 0; i < momentum_.size(); ++i)
+      out.push_back({params_[i].name + ".momentum", &momentum_[i]});
+    return out;
+  }
+
+ private:
+  gpipe::v1::Sgd spec_;
+  std::vector<NamedParameter> params_;
+  std::vector<Tensor> momentum_;
+};
+
+// PyTorch's AdamW: p *= 1 - lr*wd; m, v moments with bias correction.
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const gpipe::v1::AdamW& spec, std::vector<NamedParameter> params)
+      : params_(std::move(params)),
+        beta1_(spec.has_beta1() ? spec.beta1() : 0.9f),
+        beta2_(spec.has_beta2() ? spec.beta2() : 0.999f),
+        eps_(spec.has_eps() ? spec.eps() : 1e-8f),
+        wd_(spec.has_weight_decay() ? spec.weight_decay() : 0.01f) {
+    for (const NamedParameter& p : params_) {
+      m_.push_back(ZerosLike(p.param->value));
+      v_.push_back(ZerosLike(p.param->value));
+    }
+  }
+
+  void Step(float lr, int64_t step) override {
+    const double c1 = 1.0 - std::pow(static_cast<double>(beta1_), step);
+    const double c2 = 1.0 - std::pow(static_cast<double>(beta2_), step);
+    const float step_size = static_cast<float>(lr / c1);
+    const float c2_sqrt = static_cast<float>(std::sqrt(c2));
+    for (size_t i = 0; i < params_.size(); ++i) {
+      Parameter& p = *params_[i].param;
+      float* w = p.value.f32();
+      const float* g = p.grad.f32();
+      float* m = m_[i].f32();
+      float* v = v_[i].f32();
+      const int64_t n = p.value.numel();
+      const float decay = p.decay ? 1.0f - lr * wd_ : 1.0f;
+#pragma omp parallel for if (n > (1 << 15))
+      for (int64_t j = 0; j < n; ++j) {
+        w[j] *= decay;
+        m[j] = beta1_ * m[j] + (1.0f - beta1_) * g[j];
+        v[j] = beta2_ * v[j] + (1.0f - beta2_) * g[j] * g[j];
+        w[j] -= step_size * m[j] / (std::sqrt(v[j]) / c2_sqrt + eps_);
+      }
+    }
+  }
+
+  std::vector<NamedTensor> State() override {
+    std::vector<NamedTensor> out;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      out.push_back({params_[i].name + ".exp_avg", &m_[i]});
+      out.push_back({params_[i].name + ".exp_avg_sq", &v_[i]});
+    }
+    return out;
+  }
+
+ private:
+  std::vector<NamedParameter> params_;
+  float beta1_, beta2_, eps_, wd_;
+  std::vector<Tensor> m_, v_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
+    const gpipe::v1::OptimizerSpec& spec, std::vector<NamedParameter> params) {
+  switch (spec.kind_case()) {
+    case gpipe::v1::OptimizerSpec::kSgd:
+      return std::make_unique<Sgd>(spec.sgd(), std::move(params));
+    case gpipe::v1::OptimizerSpec::kAdamw:
+      return std::make_unique<AdamW>(spec.adamw(), std::move(params));
+    case gpipe::v1::OptimizerSpec::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError("optimizer: no optimizer kind set");
+}
+
+float LearningRate(const gpipe::v1::OptimizerSpec& spec, int64_t step,
+                   int64_t total_steps) {
+  const double lr = spec.lr(), min_lr = spec.min_lr();
+  const int64_t warmup = spec.warmup_steps();
+  if (step < warmup) return static_cast<float>(lr * (step + 1) / warmup);
+  const int64_t span = total_steps - warmup;
+  const double t = span > 1 ? static_cast<double>(step - warmup) / (span - 1) : 1.0;
+  switch (spec.decay()) {
+    case gpipe::v1::LR_DECAY_COSINE:
+      return static_cast<float>(min_lr + (lr - min_lr) * 0.5 *
+                                             (1.0 + std::cos(M_PI * t)));
+    case gpipe::v1::LR_DECAY_LINEAR:
+      return static_cast<float>(lr + (min_lr - lr) * t);
+    default:
+      return static_cast<float>(lr);
+  }
+}
+
+double AccumulateGradSquares(const std::vector<NamedParameter>& params,
+                             double running) {
+  for (const NamedParameter& p : params)
+    running += cpu::SumSquares(p.param->grad.numel(), p.param->grad.f32());
+  return running;
+}
+
+float ClipCoefficient(double grad_squares, float clip_norm) {
+  if (clip_norm <= 0.0f) return 1.0f;
+  const double norm = std::sqrt(grad_squares);
+  if (!(norm > clip_norm)) return 1.0f;
+  return static_cast<float>(clip_norm / (norm + 1e-6));
+}
+
+void ScaleGradients(const std::vector<NamedParameter>& params, float factor) {
+  if (factor == 1.0f) return;
+  for (const NamedParameter& p : params)
+    cpu::Scale(p.param->grad.numel(), factor, p.param->grad.f32());
+}
+
+}  // namespace gpipe

@@ -1,0 +1,49 @@
+// Optimizers (SGD with momentum and weight decay, AdamW), the learning-rate
+// schedule and global-norm gradient clipping. Each stage steps only its own
+// parameters; results match the single process because every parameter's
+// update depends only on itself and the clipping coefficient.
+#ifndef GPIPE_SERVICES_NN_OPTIMIZER_H_
+#define GPIPE_SERVICES_NN_OPTIMIZER_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/nn/model.h"
+
+namespace gpipe {
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // Applies one update with learning rate `lr`; `step` counts from 1.
+  virtual void Step(float lr, int64_t step) = 0;
+  // Optimizer state by name ("<param name>.momentum", ".exp_avg", ...), for
+  // checkpoints.
+  virtual std::vector<NamedTensor> State() = 0;
+};
+
+// Makes the optimizer of `spec` over `params` (which must outlive it).
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
+    const gpipe::v1::OptimizerSpec& spec, std::vector<NamedParameter> params);
+
+// The learning rate for `step` (0-based) of `total_steps`: linear warm-up,
+// then constant, cosine or linear decay to min_lr.
+float LearningRate(const gpipe::v1::OptimizerSpec& spec, int64_t step,
+                   int64_t total_steps);
+
+// running + the squared L2 norm of every gradient, folded parameter by
+// parameter in order. Stages chain it (stage i starts from stage i-1's
+// value), so the pipelined sum is bitwise the single-process sum.
+double AccumulateGradSquares(const std::vector<NamedParameter>& params,
+                             double running);
+
+// The factor gradients are scaled by so their global norm is at most
+// `clip_norm` (1 when clipping is off or not needed).
+float ClipCoefficient(double grad_squares, float clip_norm);
+void ScaleGradients(const std::vector<NamedParameter>& params, float factor);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_NN_OPTIMIZER_H_

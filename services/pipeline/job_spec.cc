@@ -1,0 +1,387 @@
+#include "services/pipeline/job_spec.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "services/core/status.h"
+#include "services/nn/layer_spec.h"
+#include "services/tensor/shape.h"
+
+namespace gpipe {
+namespace {
+
+namespace v1 = ::gpipe::v1;
+
+// This absl's StrCat takes absl::string_view, which is not std::string_view.
+template <typename T>
+const T& Arg(const T& v) {
+  return v;
+}
+absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
+
+template <typename... Args>
+absl::Status FieldError(std::string_view path, const Args&... args) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(Arg(path), ": ", Arg(args)...));
+}
+
+absl::Status CheckPositive(std::string_view path, int64_t v) {
+  if (v <= 0) return FieldError(path, "must be positive, got ", v);
+  return absl::OkStatus();
+}
+
+absl::Status CheckNonNegative(std::string_view path, int64_t v) {
+  if (v < 0) return FieldError(path, "must be >= 0, got ", v);
+  return absl::OkStatus();
+}
+
+// Written so that NaN fails every check.
+absl::Status CheckNonNegative(std::string_view path, float v) {
+  if (!(v >= 0) || !std::isfinite(v)) {
+    return FieldError(path, "must be >= 0 and finite, got ", v);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckFraction(std::string_view path, float v) {
+  if (!(v >= 0 && v < 1)) return FieldError(path, "must be in [0, 1), got ", v);
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptimizer(const v1::OptimizerSpec& o) {
+  if (!(o.lr() > 0) || !std::isfinite(o.lr())) {
+    return FieldError("optimizer.lr", "must be positive and finite, got ",
+                      o.lr());
+  }
+  switch (o.kind_case()) {
+    case v1::OptimizerSpec::kSgd:
+      RETURN_IF_ERROR(
+          CheckFraction("optimizer.sgd.momentum", o.sgd().momentum()));
+      RETURN_IF_ERROR(CheckNonNegative("optimizer.sgd.weight_decay",
+                                       o.sgd().weight_decay()));
+      break;
+    case v1::OptimizerSpec::kAdamw: {
+      const v1::AdamW& a = o.adamw();
+      if (a.has_beta1()) {
+        RETURN_IF_ERROR(CheckFraction("optimizer.adamw.beta1", a.beta1()));
+      }
+      if (a.has_beta2()) {
+        RETURN_IF_ERROR(CheckFraction("optimizer.adamw.beta2", a.beta2()));
+      }
+      if (a.has_eps() && (!(a.eps() > 0) || !std::isfinite(a.eps()))) {
+        return FieldError("optimizer.adamw.eps", "must be positive, got ",
+                          a.eps());
+      }
+      if (a.has_weight_decay()) {
+        RETURN_IF_ERROR(
+            CheckNonNegative("optimizer.adamw.weight_decay", a.weight_decay()));
+      }
+      break;
+    }
+    case v1::OptimizerSpec::KIND_NOT_SET:
+      return FieldError("optimizer",
+                        "no optimizer set (expected sgd or adamw)");
+  }
+  RETURN_IF_ERROR(CheckNonNegative("optimizer.clip_norm", o.clip_norm()));
+  RETURN_IF_ERROR(CheckNonNegative("optimizer.warmup_steps", o.warmup_steps()));
+  if (!v1::LrDecay_IsValid(o.decay())) {
+    return FieldError("optimizer.decay", "unknown value ",
+                      static_cast<int>(o.decay()));
+  }
+  RETURN_IF_ERROR(CheckNonNegative("optimizer.min_lr", o.min_lr()));
+  return absl::OkStatus();
+}
+
+// What the data source produces, as the model must see it.
+struct ModelEnds {
+  v1::DType input_dtype;
+  Shape input;
+  Shape output;
+};
+
+std::string Describe(v1::DType dtype, const Shape& shape) {
+  return absl::StrCat(v1::DType_Name(dtype), " ", shape.ToString());
+}
+
+absl::Status ValidateFashionMnist(const ModelEnds& m) {
+  const bool image = m.input == Shape{1, 28, 28} || m.input == Shape{784};
+  if (m.input_dtype != v1::FLOAT32 || !image) {
+    return FieldError("data.fashion_mnist",
+                      "needs a model input of FLOAT32 [1, 28, 28] or [784], "
+                      "got ",
+                      Describe(m.input_dtype, m.input));
+  }
+  if (m.output != Shape{10}) {
+    return FieldError("data.fashion_mnist",
+                      "needs a model output of [10] classes, got ",
+                      m.output.ToString());
+  }
+  return absl::OkStatus();
+}
+
+// COPY and REVERSE: `length` symbols, a separator, `length` symbols. The
+// model reads the first 2*length tokens and predicts the next one at each
+// position, over the symbols plus the separator.
+absl::Status ValidateSequenceTask(const v1::Synthetic& s,
+                                  const v1::ModelSpec& model,
+                                  const ModelEnds& m) {
+  RETURN_IF_ERROR(CheckPositive("data.synthetic.vocab_size", s.vocab_size()));
+  if (s.vocab_size() >= kMaxSpecSize) {
+    return FieldError("data.synthetic.vocab_size", s.vocab_size(),
+                      " is too large");
+  }
+  RETURN_IF_ERROR(CheckPositive("data.synthetic.length", s.length()));
+  if (s.length() > kMaxSpecSize) {
+    return FieldError("data.synthetic.length", s.length(), " is too large");
+  }
+  const std::string task = v1::SyntheticTask_Name(s.task());
+  const int64_t t = 2 * s.length();
+  const int64_t vocab = s.vocab_size() + 1;
+  if (m.input_dtype != v1::INT32 || m.input != Shape{t}) {
+    return FieldError(
+        "data.synthetic",
+        absl::StrCat(task, " with length ", s.length(),
+                     " needs a model input of INT32 [", t, "], got ",
+                     Describe(m.input_dtype, m.input)));
+  }
+  if (m.output != Shape{t, vocab}) {
+    return FieldError(
+        "data.synthetic", task, " with vocab_size ", s.vocab_size(),
+        " and length ", s.length(), " needs a model output of [", t, ", ",
+        vocab, "] (the symbols and the separator), got ", m.output.ToString());
+  }
+  // Only an embedding takes int32 input, so it is the first layer.
+  const int64_t embedded = model.layers(0).embedding().vocab_size();
+  if (embedded < vocab) {
+    return FieldError("model.layers[0].embedding.vocab_size", embedded,
+                      " is smaller than the ", vocab,
+                      " symbols of data.synthetic (vocab_size ", s.vocab_size(),
+                      " plus the separator)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateClassesTask(const v1::Synthetic& s, const ModelEnds& m) {
+  RETURN_IF_ERROR(CheckPositive("data.synthetic.features", s.features()));
+  if (s.classes() < 2) {
+    return FieldError("data.synthetic.classes", "must be at least 2, got ",
+                      s.classes());
+  }
+  if (m.input_dtype != v1::FLOAT32 || m.input.numel() != s.features()) {
+    return FieldError("data.synthetic", "CLASSES with features ", s.features(),
+                      " needs a FLOAT32 model input of ", s.features(),
+                      " values, got ", Describe(m.input_dtype, m.input));
+  }
+  if (m.output != Shape{s.classes()}) {
+    return FieldError("data.synthetic", "CLASSES with classes ", s.classes(),
+                      " needs a model output of [", s.classes(), "], got ",
+                      m.output.ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSynthetic(const v1::Synthetic& s,
+                               const v1::ModelSpec& model, const ModelEnds& m) {
+  switch (s.task()) {
+    case v1::COPY:
+    case v1::REVERSE:
+      RETURN_IF_ERROR(ValidateSequenceTask(s, model, m));
+      break;
+    case v1::CLASSES:
+      RETURN_IF_ERROR(ValidateClassesTask(s, m));
+      break;
+    default:
+      return FieldError("data.synthetic.task",
+                        "must be COPY, REVERSE or CLASSES");
+  }
+  RETURN_IF_ERROR(
+      CheckPositive("data.synthetic.train_samples", s.train_samples()));
+  RETURN_IF_ERROR(
+      CheckNonNegative("data.synthetic.test_samples", s.test_samples()));
+  return absl::OkStatus();
+}
+
+// The vocabulary is only known once the file is read, so V is checked here
+// only for being a vocabulary at all.
+absl::Status ValidateText(const v1::TextFile& text, const ModelEnds& m) {
+  if (text.path().empty()) return FieldError("data.text.path", "must be set");
+  RETURN_IF_ERROR(CheckPositive("data.text.seq_len", text.seq_len()));
+  RETURN_IF_ERROR(
+      CheckFraction("data.text.test_fraction", text.test_fraction()));
+  const int64_t t = text.seq_len();
+  if (m.input_dtype != v1::INT32 || m.input != Shape{t}) {
+    return FieldError("data.text", "seq_len ", t,
+                      " needs a model input of INT32 [", t, "], got ",
+                      Describe(m.input_dtype, m.input));
+  }
+  if (m.output.rank() != 2 || m.output[0] != t || m.output[1] < 2) {
+    return FieldError("data.text", "seq_len ", t, " needs a model output of [",
+                      t, ", V] with V >= 2, got ", m.output.ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const v1::DataSpec& data, const v1::ModelSpec& model,
+                          const ModelShapes& shapes) {
+  const auto& dims = model.input().shape().dims();
+  const ModelEnds m{model.input().dtype(),
+                    Shape(std::vector<int64_t>(dims.begin(), dims.end())),
+                    shapes.outputs.back()};
+  switch (data.source_case()) {
+    case v1::DataSpec::kFashionMnist:
+      return ValidateFashionMnist(m);
+    case v1::DataSpec::kSynthetic:
+      return ValidateSynthetic(data.synthetic(), model, m);
+    case v1::DataSpec::kText:
+      return ValidateText(data.text(), m);
+    case v1::DataSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return FieldError("data",
+                    "no data source set (expected fashion_mnist, text or "
+                    "synthetic)");
+}
+
+absl::Status ValidatePipeline(const v1::JobSpec& spec) {
+  const v1::PipelineSpec& p = spec.pipeline();
+  const int64_t layers = spec.model().layers_size();
+  if (p.stages() < 0) {
+    return FieldError("pipeline.stages", "must be >= 0 (0 means 1), got ",
+                      p.stages());
+  }
+  const int64_t k = StageCount(spec);
+  if (k > layers) {
+    return FieldError("pipeline.stages", k, " is more than the ", layers,
+                      " layers of the model");
+  }
+  if (p.micro_batches() < 0) {
+    return FieldError("pipeline.micro_batches",
+                      "must be >= 0 (0 means 1), got ", p.micro_batches());
+  }
+  if (MicroBatchCount(spec) > spec.batch_size()) {
+    return FieldError("pipeline.micro_batches", MicroBatchCount(spec),
+                      " is larger than batch_size ", spec.batch_size());
+  }
+  if (!v1::Schedule_IsValid(p.schedule())) {
+    return FieldError("pipeline.schedule", "unknown value ",
+                      static_cast<int>(p.schedule()));
+  }
+  if (!v1::Remat_IsValid(p.remat())) {
+    return FieldError("pipeline.remat", "unknown value ",
+                      static_cast<int>(p.remat()));
+  }
+  if (!p.balance().empty()) {
+    if (p.balance_size() != k) {
+      return FieldError("pipeline.balance", "length ", p.balance_size(),
+                        " does not match pipeline.stages ", k);
+    }
+    int64_t sum = 0;
+    for (int i = 0; i < p.balance_size(); ++i) {
+      const int64_t b = p.balance(i);
+      RETURN_IF_ERROR(
+          CheckPositive(absl::StrCat("pipeline.balance[", i, "]"), b));
+      // Capped so that the sum cannot overflow; any cap > layers is a mismatch.
+      sum += std::min(b, layers + 1);
+    }
+    if (sum != layers) {
+      return FieldError("pipeline.balance", "sums to ",
+                        sum > layers ? "more than " : "",
+                        sum > layers ? layers : sum, " but the model has ",
+                        layers, " layers");
+    }
+  }
+  if (p.min_stages() < 0) {
+    return FieldError("pipeline.min_stages",
+                      "must be >= 0 (0 means stages), got ", p.min_stages());
+  }
+  if (p.min_stages() > k) {
+    return FieldError("pipeline.min_stages", p.min_stages(),
+                      " is more than the ", k, " stages");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int64_t StageCount(const v1::JobSpec& spec) {
+  return spec.pipeline().stages() == 0 ? 1 : spec.pipeline().stages();
+}
+
+int64_t MicroBatchCount(const v1::JobSpec& spec) {
+  return spec.pipeline().micro_batches() == 0 ? 1
+                                              : spec.pipeline().micro_batches();
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
+  RETURN_IF_ERROR(CheckPositive("batch_size", spec.batch_size()));
+  RETURN_IF_ERROR(CheckPositive("steps", spec.steps()));
+  RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
+  RETURN_IF_ERROR(ValidateData(spec.data(), spec.model(), shapes));
+  RETURN_IF_ERROR(ValidatePipeline(spec));
+  RETURN_IF_ERROR(
+      CheckNonNegative("checkpoint.every", spec.checkpoint().every()));
+  RETURN_IF_ERROR(
+      CheckNonNegative("checkpoint.keep", spec.checkpoint().keep()));
+  RETURN_IF_ERROR(CheckNonNegative("eval.every", spec.eval().every()));
+  RETURN_IF_ERROR(
+      CheckNonNegative("eval.batch_size", spec.eval().batch_size()));
+  RETURN_IF_ERROR(
+      CheckNonNegative("eval.max_samples", spec.eval().max_samples()));
+  RETURN_IF_ERROR(CheckNonNegative("max_restarts", spec.max_restarts()));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
+  v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  const auto parsed = google::protobuf::util::JsonStringToMessage(
+      std::string(json), &spec, options);
+  if (!parsed.ok()) {
+    const auto message = parsed.message();  // StringPiece or string_view
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec: ", absl::string_view(message.data(), message.size())));
+  }
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+  }
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": is a directory"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    const int err = errno;
+    // errno 0 would map to OK; an unopenable file is never that.
+    return absl::Status(
+        err == 0 ? absl::StatusCode::kUnknown : absl::ErrnoToStatusCode(err),
+        absl::StrCat(path, ": cannot open: ", std::strerror(err)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) {
+    return absl::DataLossError(absl::StrCat(path, ": read failed"));
+  }
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text.str());
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(),
+                        absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,35 @@
+// Reading and checking a JobSpec: the one place that decides whether a job
+// can run, so that the coordinator, the CLI and the tests reject the same
+// specs with the same messages. Every message starts with the field path
+// ("optimizer.lr: ...", "pipeline.balance: ...").
+#ifndef GPIPE_SERVICES_PIPELINE_JOB_SPEC_H_
+#define GPIPE_SERVICES_PIPELINE_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+
+namespace gpipe {
+
+// Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields
+// are errors: a misspelt option must not silently fall back to its default.
+absl::StatusOr<gpipe::v1::JobSpec> ParseJobSpecJson(std::string_view json);
+
+// ParseJobSpecJson on a file's contents; every error names the file.
+absl::StatusOr<gpipe::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+// Checks the model (shapes through every layer), the optimizer, the data
+// source against the model's input and output, and the pipeline layout.
+absl::Status ValidateJobSpec(const gpipe::v1::JobSpec& spec);
+
+// K and M with their defaults applied (0 means 1).
+int64_t StageCount(const gpipe::v1::JobSpec& spec);
+int64_t MicroBatchCount(const gpipe::v1::JobSpec& spec);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_JOB_SPEC_H_

@@ -1,0 +1,113 @@
+#include "services/pipeline/reference_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+#include "services/nn/loss.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/micro_batch.h"
+
+namespace gpipe {
+
+absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
+    const gpipe::v1::JobSpec& spec, int64_t micro_batches) {
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
+  t->spec_ = spec;
+  t->micro_batches_ =
+      micro_batches > 0 ? micro_batches : MicroBatchCount(spec);
+  if (t->micro_batches_ > spec.batch_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batches: ", t->micro_batches_,
+                     " is larger than batch_size ", spec.batch_size()));
+  }
+  const Shape input(std::vector<int64_t>(spec.model().input().shape().dims().begin(),
+                                         spec.model().input().shape().dims().end()));
+  ASSIGN_OR_RETURN(t->dataset_, OpenDataset(spec.data(), input, spec.seed()));
+  if (t->dataset_->size(Split::kTrain) <= 0) {
+    return absl::InvalidArgumentError("data: the training split is empty");
+  }
+  t->sampler_ = std::make_unique<Sampler>(
+      spec.seed(), t->dataset_->size(Split::kTrain), spec.batch_size());
+  ASSIGN_OR_RETURN(t->model_, Model::Build(spec.model(), spec.seed()));
+  ASSIGN_OR_RETURN(t->optimizer_,
+                   MakeOptimizer(spec.optimizer(), t->model_->Parameters()));
+  return t;
+}
+
+absl::StatusOr<StepReport> ReferenceTrainer::Step() {
+  const int64_t s = step_;
+  const Batch batch =
+      dataset_->Gather(Split::kTrain, sampler_->Indices(s));
+  const double normalizer =
+      std::max<int64_t>(CountTargets(batch.targets), 1);
+  LayerContext ctx;
+  ctx.training = true;
+  ctx.seed = spec_.seed();
+  ctx.step = s;
+  LossResult total;
+  const std::vector<RowRange> ranges =
+      SplitMicroBatches(batch.inputs.dim(0), micro_batches_);
+  std::vector<Saved> saved;
+  for (int64_t m = 0; m < static_cast<int64_t>(ranges.size()); ++m) {
+    ctx.micro_batch = m;
+    const Tensor x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+    const Tensor targets = batch.targets.Rows(ranges[m].begin, ranges[m].end);
+    const Tensor logits = model_->Forward(x, ctx, &saved);
+    Tensor dlogits;
+    total += SoftmaxCrossEntropyLoss(logits, targets, normalizer, &dlogits);
+    model_->Backward(dlogits, saved, ctx);
+    saved.clear();
+  }
+  StepReport report;
+  report.step = s;
+  report.loss = total.loss_sum / normalizer;
+  report.accuracy =
+      total.counted > 0 ? static_cast<double>(total.correct) / total.counted : 0;
+  if (!std::isfinite(report.loss)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("loss is not finite (", report.loss, ") at step ", s));
+  }
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  const double squares = AccumulateGradSquares(params, 0.0);
+  report.grad_norm = std::sqrt(squares);
+  ScaleGradients(params, ClipCoefficient(squares, spec_.optimizer().clip_norm()));
+  report.lr = LearningRate(spec_.optimizer(), s, spec_.steps());
+  optimizer_->Step(report.lr, s + 1);
+  model_->ZeroGrad();
+  ++step_;
+  return report;
+}
+
+EvalResult ReferenceTrainer::Evaluate(Split split, int64_t max_samples) {
+  int64_t n = dataset_->size(split);
+  if (max_samples > 0) n = std::min(n, max_samples);
+  const int64_t batch_size = spec_.eval().batch_size() > 0
+                                 ? spec_.eval().batch_size()
+                                 : spec_.batch_size();
+  LayerContext ctx;
+  ctx.training = false;
+  ctx.seed = spec_.seed();
+  LossResult total;
+  std::vector<int64_t> indices;
+  for (int64_t begin = 0; begin < n; begin += batch_size) {
+    const int64_t end = std::min(n, begin + batch_size);
+    indices.resize(end - begin);
+    std::iota(indices.begin(), indices.end(), begin);
+    const Batch batch = dataset_->Gather(split, indices);
+    const Tensor logits = model_->Forward(batch.inputs, ctx, nullptr);
+    total += SoftmaxCrossEntropyLoss(logits, batch.targets, 1.0, nullptr);
+  }
+  EvalResult result;
+  result.counted = total.counted;
+  if (total.counted > 0) {
+    result.loss = total.loss_sum / total.counted;
+    result.accuracy = static_cast<double>(total.correct) / total.counted;
+  }
+  return result;
+}
+
+}  // namespace gpipe

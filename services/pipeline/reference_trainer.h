@@ -1,0 +1,67 @@
+// The single-process reference trainer: every mini-batch is split into M
+// micro-batches whose gradients accumulate in a fixed order (0..M-1), so each
+// pipelined run can be compared with it bit for bit.
+#ifndef GPIPE_SERVICES_PIPELINE_REFERENCE_TRAINER_H_
+#define GPIPE_SERVICES_PIPELINE_REFERENCE_TRAINER_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/data/dataset.h"
+#include "services/data/sampler.h"
+#include "services/nn/model.h"
+#include "services/nn/optimizer.h"
+
+namespace gpipe {
+
+struct StepReport {
+  int64_t step = 0;      // 0-based index of the step just taken
+  double loss = 0.0;     // mean over the mini-batch
+  double accuracy = 0.0; // of the mini-batch's counted targets
+  float lr = 0.0f;
+  double grad_norm = 0.0;  // before clipping
+};
+
+struct EvalResult {
+  double loss = 0.0;
+  double accuracy = 0.0;
+  int64_t counted = 0;  // targets evaluated
+};
+
+class ReferenceTrainer {
+ public:
+  // Opens the data, builds and initializes the model and optimizer.
+  // `micro_batches` overrides the spec's M when > 0.
+  static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(
+      const gpipe::v1::JobSpec& spec, int64_t micro_batches = 0);
+
+  // Trains step number step() and advances. Fails (FAILED_PRECONDITION) on a
+  // loss that is not finite.
+  absl::StatusOr<StepReport> Step();
+  // Mean loss and accuracy over a split (at most `max_samples`, 0: all).
+  EvalResult Evaluate(Split split, int64_t max_samples = 0);
+
+  int64_t step() const { return step_; }
+  int64_t micro_batches() const { return micro_batches_; }
+  const gpipe::v1::JobSpec& spec() const { return spec_; }
+  Model& model() { return *model_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const Dataset& dataset() const { return *dataset_; }
+
+ private:
+  ReferenceTrainer() = default;
+
+  gpipe::v1::JobSpec spec_;
+  int64_t micro_batches_ = 1;
+  int64_t step_ = 0;
+  std::unique_ptr<Dataset> dataset_;
+  std::unique_ptr<Sampler> sampler_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_REFERENCE_TRAINER_H_

@@ -1,0 +1,387 @@
+#include "services/storage/safetensors_header.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/core/status.h"
+#include "services/storage/json_header.h"
+
+namespace gpipe::storage {
+namespace {
+
+// This absl's StrCat takes absl::string_view, which is not std::string_view.
+absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
+
+using Token = JsonHeaderReader::Token;
+
+constexpr uint64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+
+struct DTypeInfo {
+  std::string_view name;
+  size_t size;
+};
+
+// Every dtype the safetensors format defines. Knowing their sizes lets us
+// tell a valid file we cannot hold (Unimplemented) from a corrupt one.
+constexpr DTypeInfo kSafetensorsDTypes[] = {
+    {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+    {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+    {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8},
+};
+
+std::optional<size_t> DTypeSizeByName(std::string_view name) {
+  for (const DTypeInfo& info : kSafetensorsDTypes) {
+    if (info.name == name) return info.size;
+  }
+  return std::nullopt;
+}
+
+absl::Status Corrupt(std::string_view message) {
+  return absl::InvalidArgumentError(Arg(message));
+}
+
+// Prefixes a status's message, keeping its code.
+absl::Status Annotate(const absl::Status& s, std::string_view prefix) {
+  return absl::Status(s.code(), absl::StrCat(Arg(prefix), s.message()));
+}
+
+std::string OffsetsString(const SafetensorsEntry& e) {
+  return absl::StrCat("[", e.begin, ", ", e.end, "]");
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Reads the header by the schema it must follow. Errors come back as
+// InvalidArgument (JSON and schema) or Unimplemented (dtype) without the
+// file's name; ParseSafetensorsHeader maps them to what callers see.
+class HeaderParser {
+ public:
+  HeaderParser(std::string_view json, uint64_t data_size)
+      : reader_(json), data_size_(data_size) {}
+
+  absl::StatusOr<SafetensorsHeader> Parse() {
+    SafetensorsHeader header;
+    if (reader_.Peek() != Token::kObject) {
+      return Corrupt("header is not a JSON object");
+    }
+    RETURN_IF_ERROR(reader_.BeginObject());
+    std::string key;
+    bool seen_metadata = false;
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, reader_.NextMember(&key));
+      if (!more) break;
+      if (key == "__metadata__") {
+        if (seen_metadata) return Corrupt("\"__metadata__\" appears twice");
+        seen_metadata = true;
+        absl::Status s = ParseMetadata(&header.metadata);
+        if (!s.ok()) return Annotate(s, "\"__metadata__\": ");
+        continue;
+      }
+      SafetensorsEntry entry;
+      entry.name = std::move(key);
+      absl::Status s = ParseEntry(&entry);
+      if (!s.ok()) {
+        return Annotate(
+            s, absl::StrCat("tensor ", QuoteForMessage(entry.name), ": "));
+      }
+      header.entries.push_back(std::move(entry));
+    }
+    RETURN_IF_ERROR(reader_.Finish());
+    RETURN_IF_ERROR(CheckLayout(&header.entries));
+    return header;
+  }
+
+ private:
+  absl::Status ParseMetadata(std::map<std::string, std::string>* metadata) {
+    if (reader_.Peek() != Token::kObject) return Corrupt("not an object");
+    RETURN_IF_ERROR(reader_.BeginObject());
+    std::string key;
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, reader_.NextMember(&key));
+      if (!more) return absl::OkStatus();
+      if (reader_.Peek() != Token::kString) {
+        return Corrupt(absl::StrCat("value of ", QuoteForMessage(key),
+                                    " is not a string"));
+      }
+      ASSIGN_OR_RETURN(std::string value, reader_.ReadString());
+      if (!metadata->emplace(key, std::move(value)).second) {
+        return Corrupt(
+            absl::StrCat("key ", QuoteForMessage(key), " appears twice"));
+      }
+    }
+  }
+
+  absl::Status ParseEntry(SafetensorsEntry* entry) {
+    if (entry->name.empty()) return Corrupt("empty tensor name");
+    if (reader_.Peek() != Token::kObject) return Corrupt("not an object");
+    RETURN_IF_ERROR(reader_.BeginObject());
+    std::optional<std::string> dtype;
+    bool has_shape = false, has_offsets = false;
+    std::string key;
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, reader_.NextMember(&key));
+      if (!more) break;
+      if (key == "dtype") {
+        if (dtype) return Corrupt("\"dtype\" appears twice");
+        if (reader_.Peek() != Token::kString) {
+          return Corrupt("\"dtype\" is not a string");
+        }
+        ASSIGN_OR_RETURN(dtype, reader_.ReadString());
+      } else if (key == "shape") {
+        if (has_shape) return Corrupt("\"shape\" appears twice");
+        has_shape = true;
+        RETURN_IF_ERROR(ParseShape(&entry->shape));
+      } else if (key == "data_offsets") {
+        if (has_offsets) return Corrupt("\"data_offsets\" appears twice");
+        has_offsets = true;
+        RETURN_IF_ERROR(ParseOffsets(entry));
+      } else {
+        return Corrupt(absl::StrCat("unexpected key ", QuoteForMessage(key)));
+      }
+    }
+    if (!dtype) return Corrupt("missing \"dtype\"");
+    if (!has_shape) return Corrupt("missing \"shape\"");
+    if (!has_offsets) return Corrupt("missing \"data_offsets\"");
+    return CheckSize(*dtype, entry);
+  }
+
+  absl::Status ParseShape(std::vector<int64_t>* shape) {
+    if (reader_.Peek() != Token::kArray) {
+      return Corrupt("\"shape\" is not an array");
+    }
+    RETURN_IF_ERROR(reader_.BeginArray());
+    while (true) {
+      ASSIGN_OR_RETURN(const bool more, reader_.NextElement());
+      if (!more) return absl::OkStatus();
+      if (reader_.Peek() != Token::kInteger) {
+        return Corrupt(
+            "\"shape\" holds something other than a non-negative "
+            "integer");
+      }
+      ASSIGN_OR_RETURN(const uint64_t dim, reader_.ReadInteger());
+      if (dim > kMaxInt64) return Corrupt("dimension too large");
+      shape->push_back(static_cast<int64_t>(dim));
+    }
+  }
+
+  absl::Status ParseOffsets(SafetensorsEntry* entry) {
+    const absl::Status wrong = Corrupt(
+        "\"data_offsets\" is not an array of two non-negative "
+        "integers");
+    if (reader_.Peek() != Token::kArray) return wrong;
+    RETURN_IF_ERROR(reader_.BeginArray());
+    uint64_t offsets[2];
+    for (uint64_t& offset : offsets) {
+      ASSIGN_OR_RETURN(const bool more, reader_.NextElement());
+      if (!more || reader_.Peek() != Token::kInteger) return wrong;
+      ASSIGN_OR_RETURN(offset, reader_.ReadInteger());
+    }
+    ASSIGN_OR_RETURN(const bool more, reader_.NextElement());
+    if (more) return wrong;
+    entry->begin = offsets[0];
+    entry->end = offsets[1];
+    return absl::OkStatus();
+  }
+
+  // The entry's range lies in the buffer and is exactly its shape's size.
+  absl::Status CheckSize(const std::string& dtype, SafetensorsEntry* entry) {
+    const std::optional<size_t> elem = DTypeSizeByName(dtype);
+    if (!elem) {
+      return Corrupt(absl::StrCat("unknown dtype ", QuoteForMessage(dtype)));
+    }
+    if (entry->begin > entry->end || entry->end > data_size_) {
+      return Corrupt(absl::StrCat("data_offsets ", OffsetsString(*entry),
+                                  " out of range for a data buffer of ",
+                                  data_size_, " bytes"));
+    }
+    // The product of the nonzero dims must fit int64_t, or Shape::numel()
+    // would overflow on its way to a zero dim.
+    uint64_t numel = 1;
+    bool has_zero = false;
+    for (const int64_t d : entry->shape) {
+      if (d == 0) {
+        has_zero = true;
+      } else if (numel > kMaxInt64 / static_cast<uint64_t>(d)) {
+        return Corrupt(absl::StrCat("shape ", ShapeString(entry->shape),
+                                    " has too many elements"));
+      } else {
+        numel *= d;
+      }
+    }
+    if (has_zero) numel = 0;
+    const uint64_t size = entry->end - entry->begin;
+    if (numel > std::numeric_limits<uint64_t>::max() / *elem ||
+        numel * *elem != size) {
+      const std::string bytes =
+          numel > std::numeric_limits<uint64_t>::max() / *elem
+              ? "more than 2^64 bytes"
+              : absl::StrCat(numel * *elem, " bytes");
+      return Corrupt(absl::StrCat("data_offsets ", OffsetsString(*entry),
+                                  " do not match shape ",
+                                  ShapeString(entry->shape), " (", bytes, ")"));
+    }
+    if (dtype == "F32") {
+      entry->dtype = DType::kF32;
+    } else if (dtype == "I32") {
+      entry->dtype = DType::kI32;
+    } else {
+      // Reported only once the whole header checks out, so a corrupt file
+      // is DataLoss whatever its dtypes.
+      unsupported_.push_back({entry->name, dtype});
+    }
+    return absl::OkStatus();
+  }
+
+  // Names unique; byte ranges tile [0, data_size) in some order.
+  absl::Status CheckLayout(std::vector<SafetensorsEntry>* entries) {
+    std::vector<const SafetensorsEntry*> by_name;
+    by_name.reserve(entries->size());
+    for (const SafetensorsEntry& e : *entries) by_name.push_back(&e);
+    std::sort(by_name.begin(), by_name.end(),
+              [](const auto* a, const auto* b) { return a->name < b->name; });
+    for (size_t i = 1; i < by_name.size(); ++i) {
+      if (by_name[i - 1]->name == by_name[i]->name) {
+        return Corrupt(absl::StrCat(
+            "tensor ", QuoteForMessage(by_name[i]->name), " appears twice"));
+      }
+    }
+    std::sort(entries->begin(), entries->end(),
+              [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+                return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+              });
+    uint64_t covered = 0;  // end of the previous range
+    const SafetensorsEntry* previous = nullptr;
+    for (const SafetensorsEntry& e : *entries) {
+      if (e.begin < covered) {
+        return Corrupt(
+            absl::StrCat("tensors ", QuoteForMessage(previous->name), " and ",
+                         QuoteForMessage(e.name), " overlap: data_offsets ",
+                         OffsetsString(*previous), " and ", OffsetsString(e)));
+      }
+      if (e.begin > covered) {
+        return Corrupt(absl::StrCat(
+            "gap in the data buffer: bytes [", covered, ", ", e.begin,
+            ") belong to no tensor (next is ", QuoteForMessage(e.name), ")"));
+      }
+      covered = e.end;
+      previous = &e;
+    }
+    if (covered != data_size_) {
+      return Corrupt(absl::StrCat("data buffer has ", data_size_,
+                                  " bytes but the tensors cover only ",
+                                  covered));
+    }
+    if (!unsupported_.empty()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor ", QuoteForMessage(unsupported_[0].first), ": dtype ",
+          unsupported_[0].second, " is not supported (only F32 and I32)"));
+    }
+    return absl::OkStatus();
+  }
+
+  JsonHeaderReader reader_;
+  const uint64_t data_size_;
+  std::vector<std::pair<std::string, std::string>> unsupported_;  // name, dtype
+};
+
+}  // namespace
+
+std::string_view SafetensorsDTypeName(DType dtype) {
+  return dtype == DType::kF32 ? "F32" : "I32";
+}
+
+absl::StatusOr<uint64_t> DecodeHeaderLength(std::string_view prefix,
+                                            uint64_t file_size,
+                                            std::string_view what) {
+  if (file_size < kHeaderLengthBytes || prefix.size() < kHeaderLengthBytes) {
+    return absl::DataLossError(
+        absl::StrCat(Arg(what), ": file is ", file_size,
+                     " bytes, too short for the 8-byte header length"));
+  }
+  uint64_t n = 0;
+  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
+    n |= uint64_t{static_cast<unsigned char>(prefix[i])} << (8 * i);
+  }
+  if (n > kMaxHeaderBytes) {
+    return absl::DataLossError(absl::StrCat(Arg(what), ": header length ", n,
+                                            " exceeds the limit of ",
+                                            kMaxHeaderBytes, " bytes"));
+  }
+  if (n > file_size - kHeaderLengthBytes) {
+    return absl::DataLossError(
+        absl::StrCat(Arg(what), ": header length ", n, " is more than the ",
+                     file_size - kHeaderLengthBytes,
+                     " bytes that follow it (file truncated?)"));
+  }
+  return n;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
+    std::string_view json, uint64_t data_size, std::string_view what) {
+  absl::StatusOr<SafetensorsHeader> header =
+      HeaderParser(json, data_size).Parse();
+  if (header.ok()) return header;
+  const std::string message =
+      absl::StrCat(Arg(what), ": ", header.status().message());
+  if (header.status().code() == absl::StatusCode::kUnimplemented) {
+    return absl::UnimplementedError(message);
+  }
+  return absl::DataLossError(message);
+}
+
+std::string EncodeSafetensorsHeader(const SafetensorsHeader& header) {
+  std::string json = "{";
+  if (!header.metadata.empty()) {
+    json += "\"__metadata__\":{";
+    const char* sep = "";
+    for (const auto& [key, value] : header.metadata) {
+      json += sep;
+      AppendJsonString(key, &json);
+      json += ':';
+      AppendJsonString(value, &json);
+      sep = ",";
+    }
+    json += '}';
+  }
+  for (size_t i = 0; i < header.entries.size(); ++i) {
+    const SafetensorsEntry& e = header.entries[i];
+    if (i > 0 || !header.metadata.empty()) json += ',';
+    AppendJsonString(e.name, &json);
+    absl::StrAppend(&json, ":{\"dtype\":\"", Arg(SafetensorsDTypeName(e.dtype)),
+                    "\",\"shape\":[", absl::StrJoin(e.shape, ","),
+                    "],\"data_offsets\":[", e.begin, ",", e.end, "]}");
+  }
+  json += '}';
+  // Aligned data lets readers that map the file use it in place.
+  const size_t unaligned = (kHeaderLengthBytes + json.size()) % 8;
+  if (unaligned != 0) json.append(8 - unaligned, ' ');
+
+  std::string out(kHeaderLengthBytes, '\0');
+  for (size_t i = 0; i < kHeaderLengthBytes; ++i) {
+    out[i] = static_cast<char>((uint64_t{json.size()} >> (8 * i)) & 0xFF);
+  }
+  out += json;
+  return out;
+}
+
+std::string QuoteForMessage(std::string_view s) {
+  constexpr size_t kMaxBytes = 200;
+  std::string out;
+  if (s.size() <= kMaxBytes) {
+    AppendJsonString(s, &out);
+    return out;
+  }
+  size_t cut = kMaxBytes;
+  // Back up to a character boundary so the message stays valid UTF-8.
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  AppendJsonString(s.substr(0, cut), &out);
+  out += "...";
+  return out;
+}
+
+}  // namespace gpipe::storage

@@ -1,0 +1,267 @@
+// Every layer's backward against central finite differences of
+// f = sum(Forward(x) * r) for a fixed random r, on small shapes.
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/nn/layers/activations.h"
+#include "services/nn/layers/attention.h"
+#include "services/nn/layers/batch_norm.h"
+#include "services/nn/layers/conv2d.h"
+#include "services/nn/layers/dropout.h"
+#include "services/nn/layers/embedding.h"
+#include "services/nn/layers/flatten.h"
+#include "services/nn/layers/layer_norm.h"
+#include "services/nn/layers/linear.h"
+#include "services/nn/layers/pooling.h"
+#include "services/nn/layers/transformer_block.h"
+#include "services/nn/loss.h"
+
+namespace gpipe {
+namespace {
+
+Tensor RandomTensor(const Shape& shape, uint64_t key, float scale = 1.0f) {
+  Tensor t = Tensor::Empty(shape);
+  Rng rng(key);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
+  return t;
+}
+
+// Values spread at least 0.05 apart in random order: no ReLU kink or max-pool
+// tie lies within the finite-difference step.
+Tensor SpreadTensor(const Shape& shape, uint64_t key) {
+  Tensor t = Tensor::Empty(shape);
+  const int64_t n = t.numel();
+  std::vector<int64_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = i;
+  Rng rng(key);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.Below(i + 1)]);
+  for (int64_t i = 0; i < n; ++i)
+    t.f32()[order[i]] = -1.0f + 0.05f * i + 0.025f;
+  return t;
+}
+
+double Objective(Layer& layer, const Tensor& x, const Tensor& r,
+                 const LayerContext& ctx) {
+  LayerContext c = ctx;
+  c.recompute = true;  // no side effects while probing
+  Tensor y = layer.Forward(x, c, nullptr);
+  double s = 0.0;
+  for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.f32()[i]) * r.f32()[i];
+  return s;
+}
+
+void ExpectClose(double analytic, double numeric, const std::string& what) {
+  const double tol = 2e-3 + 2e-2 * std::max(std::fabs(analytic), std::fabs(numeric));
+  EXPECT_NEAR(analytic, numeric, tol) << what;
+}
+
+// Checks dx (when the input is float) and every parameter gradient at up to
+// `probes` coordinates each.
+void CheckGradients(Layer& layer, Tensor x, const LayerContext& ctx,
+                    int probes = 24, float eps = 1e-2f) {
+  layer.Initialize(MixKey({99, 1}));
+  // Nudge parameters off their special initial values (ones, zeros).
+  for (Parameter* p : layer.Parameters()) {
+    Tensor noise = RandomTensor(p->value.shape(), MixKey({7, p->value.numel()}), 0.1f);
+    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] += noise.f32()[i];
+    p->grad.SetZero();
+  }
+  Saved saved;
+  Tensor y = layer.Forward(x, ctx, &saved);
+  Tensor r = RandomTensor(y.shape(), 1234);
+  Tensor dx = layer.Backward(r, saved, ctx);
+  Rng pick(42);
+  if (x.dtype() == DType::kF32) {
+    ASSERT_TRUE(dx.defined());
+    ASSERT_EQ(dx.shape(), x.shape());
+    for (int k = 0; k < probes; ++k) {
+      const int64_t i = pick.Below(x.numel());
+      const float keep = x.f32()[i];
+      x.f32()[i] = keep + eps;
+      const double plus = Objective(layer, x, r, ctx);
+      x.f32()[i] = keep - eps;
+      const double minus = Objective(layer, x, r, ctx);
+      x.f32()[i] = keep;
+      ExpectClose(dx.f32()[i], (plus - minus) / (2 * eps),
+                  std::string(layer.kind()) + " dx[" + std::to_string(i) + "]");
+    }
+  }
+  for (Parameter* p : layer.Parameters()) {
+    for (int k = 0; k < probes; ++k) {
+      const int64_t i = pick.Below(p->value.numel());
+      const float keep = p->value.f32()[i];
+      p->value.f32()[i] = keep + eps;
+      const double plus = Objective(layer, x, r, ctx);
+      p->value.f32()[i] = keep - eps;
+      const double minus = Objective(layer, x, r, ctx);
+      p->value.f32()[i] = keep;
+      ExpectClose(p->grad.f32()[i], (plus - minus) / (2 * eps),
+                  std::string(layer.kind()) + " " + p->name + "[" +
+                      std::to_string(i) + "]");
+    }
+  }
+}
+
+LayerContext Training() {
+  LayerContext ctx;
+  ctx.training = true;
+  ctx.seed = 5;
+  ctx.step = 3;
+  ctx.micro_batch = 1;
+  ctx.layer_index = 2;
+  return ctx;
+}
+
+TEST(LayerGradient, Linear) {
+  Linear layer(5, 4, true);
+  CheckGradients(layer, RandomTensor({3, 2, 5}, 1), Training());
+}
+
+TEST(LayerGradient, LinearWithoutBias) {
+  Linear layer(6, 3, false);
+  CheckGradients(layer, RandomTensor({4, 6}, 2), Training());
+}
+
+TEST(LayerGradient, ReLU) {
+  ReLU layer;
+  CheckGradients(layer, SpreadTensor({4, 10}, 3), Training());
+}
+
+TEST(LayerGradient, GELU) {
+  GELU layer;
+  CheckGradients(layer, RandomTensor({4, 10}, 4), Training());
+}
+
+TEST(LayerGradient, Tanh) {
+  Tanh layer;
+  CheckGradients(layer, RandomTensor({4, 10}, 5), Training());
+}
+
+TEST(LayerGradient, Dropout) {
+  Dropout layer(0.3f);
+  CheckGradients(layer, RandomTensor({4, 16}, 6), Training());
+}
+
+TEST(LayerGradient, LayerNorm) {
+  LayerNorm layer(8, 1e-5f);
+  CheckGradients(layer, RandomTensor({3, 2, 8}, 7), Training());
+}
+
+TEST(LayerGradient, Embedding) {
+  Embedding layer(11, 6, 5);
+  Tensor ids = Tensor::FromInts({2, 5}, {1, 4, 4, 10, 0, 3, 3, 7, 2, 9});
+  CheckGradients(layer, ids, Training());
+}
+
+TEST(LayerGradient, CausalSelfAttention) {
+  SelfAttention layer(8, 2, true);
+  CheckGradients(layer, RandomTensor({2, 5, 8}, 8, 4.0f), Training(), 48);
+}
+
+TEST(LayerGradient, FullSelfAttention) {
+  SelfAttention layer(6, 3, false);
+  CheckGradients(layer, RandomTensor({2, 4, 6}, 9, 4.0f), Training(), 48);
+}
+
+TEST(LayerGradient, TransformerBlock) {
+  TransformerBlock layer(8, 2, 16, 0.0f, true);
+  CheckGradients(layer, RandomTensor({2, 4, 8}, 10), Training(), 32);
+}
+
+TEST(LayerGradient, TransformerBlockWithDropout) {
+  TransformerBlock layer(8, 2, 16, 0.2f, true);
+  CheckGradients(layer, RandomTensor({2, 4, 8}, 11), Training(), 32);
+}
+
+TEST(LayerGradient, Conv2d) {
+  Conv2d layer({2, 5, 5}, 3, 3, 1, 1, true);
+  CheckGradients(layer, RandomTensor({2, 2, 5, 5}, 12), Training(), 32);
+}
+
+TEST(LayerGradient, Conv2dStrided) {
+  Conv2d layer({3, 6, 6}, 2, 3, 2, 0, false);
+  CheckGradients(layer, RandomTensor({2, 3, 6, 6}, 13), Training(), 32);
+}
+
+TEST(LayerGradient, MaxPool2d) {
+  MaxPool2d layer({2, 4, 4}, 2, 2);
+  CheckGradients(layer, SpreadTensor({2, 2, 4, 4}, 14), Training());
+}
+
+TEST(LayerGradient, GlobalAvgPool) {
+  GlobalAvgPool layer({3, 2, 2});
+  CheckGradients(layer, RandomTensor({2, 3, 2, 2}, 15), Training());
+}
+
+TEST(LayerGradient, Flatten) {
+  Flatten layer({2, 3});
+  CheckGradients(layer, RandomTensor({2, 2, 3}, 16), Training());
+}
+
+TEST(LayerGradient, BatchNormSpatial) {
+  BatchNorm layer({3, 2, 2}, 0.1f, 1e-5f);
+  CheckGradients(layer, RandomTensor({4, 3, 2, 2}, 17), Training(), 32);
+}
+
+TEST(LayerGradient, BatchNormFeatures) {
+  BatchNorm layer({5}, 0.1f, 1e-5f);
+  CheckGradients(layer, RandomTensor({6, 5}, 18), Training(), 32);
+}
+
+TEST(LossGradient, SoftmaxCrossEntropy) {
+  Tensor logits = RandomTensor({3, 4, 5}, 19);
+  Tensor targets = Tensor::FromInts({3, 4}, {0, 4, -1, 2, 1, 1, 3, -1, 0, 2, 4, 3});
+  const double normalizer = CountTargets(targets);
+  EXPECT_EQ(normalizer, 10);
+  Tensor dlogits;
+  LossResult r = SoftmaxCrossEntropyLoss(logits, targets, normalizer, &dlogits);
+  EXPECT_EQ(r.counted, 10);
+  const float eps = 1e-2f;
+  for (int64_t i = 0; i < logits.numel(); ++i) {
+    const float keep = logits.f32()[i];
+    logits.f32()[i] = keep + eps;
+    const double plus = SoftmaxCrossEntropyLoss(logits, targets, normalizer, nullptr).loss_sum;
+    logits.f32()[i] = keep - eps;
+    const double minus = SoftmaxCrossEntropyLoss(logits, targets, normalizer, nullptr).loss_sum;
+    logits.f32()[i] = keep;
+    ExpectClose(dlogits.f32()[i], (plus - minus) / (2 * eps) / normalizer,
+                "dlogits[" + std::to_string(i) + "]");
+  }
+}
+
+TEST(Dropout, SameKeySameMask) {
+  Dropout layer(0.5f);
+  Tensor x = Tensor::Filled({8, 64}, 1.0f);
+  LayerContext ctx = Training();
+  Tensor a = layer.Forward(x, ctx, nullptr);
+  Tensor b = layer.Forward(x, ctx, nullptr);
+  EXPECT_TRUE(BitwiseEqual(a, b));
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) dropped += a.f32()[i] == 0.0f;
+  EXPECT_GT(dropped, a.numel() / 3);
+  EXPECT_LT(dropped, 2 * a.numel() / 3);
+  ctx.micro_batch += 1;
+  EXPECT_FALSE(BitwiseEqual(a, layer.Forward(x, ctx, nullptr)));
+  ctx.training = false;
+  EXPECT_TRUE(BitwiseEqual(x, layer.Forward(x, ctx, nullptr)));
+}
+
+TEST(BatchNorm, RecomputeLeavesRunningStatsAlone) {
+  BatchNorm layer({2}, 0.1f, 1e-5f);
+  layer.Initialize(1);
+  Tensor x = RandomTensor({8, 2}, 20);
+  LayerContext ctx = Training();
+  layer.Forward(x, ctx, nullptr);
+  const Tensor mean = layer.Buffers()[0].value->Clone();
+  ctx.recompute = true;
+  layer.Forward(x, ctx, nullptr);
+  EXPECT_TRUE(BitwiseEqual(mean, *layer.Buffers()[0].value));
+}
+
+}  // namespace
+}  // namespace gpipe
