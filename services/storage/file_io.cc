@@ -137,8 +137,12 @@ absl::Status AtomicFileWriter::Commit() {
   std::filesystem::path dir = std::filesystem::path(path_).parent_path();
   if (dir.empty()) dir = std::filesystem::path(".");
   ScopedFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() < 0) return ErrnoError(errno, "open directory", dir.native());
-  if (::fsync(dir_fd.get()) != 0) return ErrnoError(errno, "fsync", dir.native());
+  if (dir_fd.get() < 0) {
+    return ErrnoError(errno, "open directory", dir.native());
+  }
+  if (::fsync(dir_fd.get()) != 0) {
+    return ErrnoError(errno, "fsync", dir.native());
+  }
   return absl::OkStatus();
 }
 

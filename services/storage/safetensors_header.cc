@@ -39,7 +39,7 @@ std::optional<size_t> DTypeSizeByName(std::string_view name) {
   return std::nullopt;
 }
 
-absl::Status Corrupt(std::string_view message) {
+absl::Status Malformed(std::string_view message) {
   return absl::InvalidArgumentError(Arg(message));
 }
 
@@ -67,7 +67,7 @@ class HeaderParser {
   absl::StatusOr<SafetensorsHeader> Parse() {
     SafetensorsHeader header;
     if (reader_.Peek() != Token::kObject) {
-      return Corrupt("header is not a JSON object");
+      return Malformed("header is not a JSON object");
     }
     RETURN_IF_ERROR(reader_.BeginObject());
     std::string key;
@@ -76,7 +76,7 @@ class HeaderParser {
       ASSIGN_OR_RETURN(const bool more, reader_.NextMember(&key));
       if (!more) break;
       if (key == "__metadata__") {
-        if (seen_metadata) return Corrupt("\"__metadata__\" appears twice");
+        if (seen_metadata) return Malformed("\"__metadata__\" appears twice");
         seen_metadata = true;
         absl::Status s = ParseMetadata(&header.metadata);
         if (!s.ok()) return Annotate(s, "\"__metadata__\": ");
@@ -98,27 +98,27 @@ class HeaderParser {
 
  private:
   absl::Status ParseMetadata(std::map<std::string, std::string>* metadata) {
-    if (reader_.Peek() != Token::kObject) return Corrupt("not an object");
+    if (reader_.Peek() != Token::kObject) return Malformed("not an object");
     RETURN_IF_ERROR(reader_.BeginObject());
     std::string key;
     while (true) {
       ASSIGN_OR_RETURN(const bool more, reader_.NextMember(&key));
       if (!more) return absl::OkStatus();
       if (reader_.Peek() != Token::kString) {
-        return Corrupt(absl::StrCat("value of ", QuoteForMessage(key),
-                                    " is not a string"));
+        return Malformed(absl::StrCat("value of ", QuoteForMessage(key),
+                                      " is not a string"));
       }
       ASSIGN_OR_RETURN(std::string value, reader_.ReadString());
       if (!metadata->emplace(key, std::move(value)).second) {
-        return Corrupt(
+        return Malformed(
             absl::StrCat("key ", QuoteForMessage(key), " appears twice"));
       }
     }
   }
 
   absl::Status ParseEntry(SafetensorsEntry* entry) {
-    if (entry->name.empty()) return Corrupt("empty tensor name");
-    if (reader_.Peek() != Token::kObject) return Corrupt("not an object");
+    if (entry->name.empty()) return Malformed("empty tensor name");
+    if (reader_.Peek() != Token::kObject) return Malformed("not an object");
     RETURN_IF_ERROR(reader_.BeginObject());
     std::optional<std::string> dtype;
     bool has_shape = false, has_offsets = false;
@@ -127,50 +127,50 @@ class HeaderParser {
       ASSIGN_OR_RETURN(const bool more, reader_.NextMember(&key));
       if (!more) break;
       if (key == "dtype") {
-        if (dtype) return Corrupt("\"dtype\" appears twice");
+        if (dtype) return Malformed("\"dtype\" appears twice");
         if (reader_.Peek() != Token::kString) {
-          return Corrupt("\"dtype\" is not a string");
+          return Malformed("\"dtype\" is not a string");
         }
         ASSIGN_OR_RETURN(dtype, reader_.ReadString());
       } else if (key == "shape") {
-        if (has_shape) return Corrupt("\"shape\" appears twice");
+        if (has_shape) return Malformed("\"shape\" appears twice");
         has_shape = true;
         RETURN_IF_ERROR(ParseShape(&entry->shape));
       } else if (key == "data_offsets") {
-        if (has_offsets) return Corrupt("\"data_offsets\" appears twice");
+        if (has_offsets) return Malformed("\"data_offsets\" appears twice");
         has_offsets = true;
         RETURN_IF_ERROR(ParseOffsets(entry));
       } else {
-        return Corrupt(absl::StrCat("unexpected key ", QuoteForMessage(key)));
+        return Malformed(absl::StrCat("unexpected key ", QuoteForMessage(key)));
       }
     }
-    if (!dtype) return Corrupt("missing \"dtype\"");
-    if (!has_shape) return Corrupt("missing \"shape\"");
-    if (!has_offsets) return Corrupt("missing \"data_offsets\"");
+    if (!dtype) return Malformed("missing \"dtype\"");
+    if (!has_shape) return Malformed("missing \"shape\"");
+    if (!has_offsets) return Malformed("missing \"data_offsets\"");
     return CheckSize(*dtype, entry);
   }
 
   absl::Status ParseShape(std::vector<int64_t>* shape) {
     if (reader_.Peek() != Token::kArray) {
-      return Corrupt("\"shape\" is not an array");
+      return Malformed("\"shape\" is not an array");
     }
     RETURN_IF_ERROR(reader_.BeginArray());
     while (true) {
       ASSIGN_OR_RETURN(const bool more, reader_.NextElement());
       if (!more) return absl::OkStatus();
       if (reader_.Peek() != Token::kInteger) {
-        return Corrupt(
+        return Malformed(
             "\"shape\" holds something other than a non-negative "
             "integer");
       }
       ASSIGN_OR_RETURN(const uint64_t dim, reader_.ReadInteger());
-      if (dim > kMaxInt64) return Corrupt("dimension too large");
+      if (dim > kMaxInt64) return Malformed("dimension too large");
       shape->push_back(static_cast<int64_t>(dim));
     }
   }
 
   absl::Status ParseOffsets(SafetensorsEntry* entry) {
-    const absl::Status wrong = Corrupt(
+    const absl::Status wrong = Malformed(
         "\"data_offsets\" is not an array of two non-negative "
         "integers");
     if (reader_.Peek() != Token::kArray) return wrong;
@@ -192,12 +192,12 @@ class HeaderParser {
   absl::Status CheckSize(const std::string& dtype, SafetensorsEntry* entry) {
     const std::optional<size_t> elem = DTypeSizeByName(dtype);
     if (!elem) {
-      return Corrupt(absl::StrCat("unknown dtype ", QuoteForMessage(dtype)));
+      return Malformed(absl::StrCat("unknown dtype ", QuoteForMessage(dtype)));
     }
     if (entry->begin > entry->end || entry->end > data_size_) {
-      return Corrupt(absl::StrCat("data_offsets ", OffsetsString(*entry),
-                                  " out of range for a data buffer of ",
-                                  data_size_, " bytes"));
+      return Malformed(absl::StrCat("data_offsets ", OffsetsString(*entry),
+                                    " out of range for a data buffer of ",
+                                    data_size_, " bytes"));
     }
     // The product of the nonzero dims must fit int64_t, or Shape::numel()
     // would overflow on its way to a zero dim.
@@ -207,8 +207,8 @@ class HeaderParser {
       if (d == 0) {
         has_zero = true;
       } else if (numel > kMaxInt64 / static_cast<uint64_t>(d)) {
-        return Corrupt(absl::StrCat("shape ", ShapeString(entry->shape),
-                                    " has too many elements"));
+        return Malformed(absl::StrCat("shape ", ShapeString(entry->shape),
+                                      " has too many elements"));
       } else {
         numel *= d;
       }
@@ -221,9 +221,9 @@ class HeaderParser {
           numel > std::numeric_limits<uint64_t>::max() / *elem
               ? "more than 2^64 bytes"
               : absl::StrCat(numel * *elem, " bytes");
-      return Corrupt(absl::StrCat("data_offsets ", OffsetsString(*entry),
-                                  " do not match shape ",
-                                  ShapeString(entry->shape), " (", bytes, ")"));
+      return Malformed(absl::StrCat(
+          "data_offsets ", OffsetsString(*entry), " do not match shape ",
+          ShapeString(entry->shape), " (", bytes, ")"));
     }
     if (dtype == "F32") {
       entry->dtype = DType::kF32;
@@ -246,7 +246,7 @@ class HeaderParser {
               [](const auto* a, const auto* b) { return a->name < b->name; });
     for (size_t i = 1; i < by_name.size(); ++i) {
       if (by_name[i - 1]->name == by_name[i]->name) {
-        return Corrupt(absl::StrCat(
+        return Malformed(absl::StrCat(
             "tensor ", QuoteForMessage(by_name[i]->name), " appears twice"));
       }
     }
@@ -258,13 +258,13 @@ class HeaderParser {
     const SafetensorsEntry* previous = nullptr;
     for (const SafetensorsEntry& e : *entries) {
       if (e.begin < covered) {
-        return Corrupt(
+        return Malformed(
             absl::StrCat("tensors ", QuoteForMessage(previous->name), " and ",
                          QuoteForMessage(e.name), " overlap: data_offsets ",
                          OffsetsString(*previous), " and ", OffsetsString(e)));
       }
       if (e.begin > covered) {
-        return Corrupt(absl::StrCat(
+        return Malformed(absl::StrCat(
             "gap in the data buffer: bytes [", covered, ", ", e.begin,
             ") belong to no tensor (next is ", QuoteForMessage(e.name), ")"));
       }
@@ -272,9 +272,9 @@ class HeaderParser {
       previous = &e;
     }
     if (covered != data_size_) {
-      return Corrupt(absl::StrCat("data buffer has ", data_size_,
-                                  " bytes but the tensors cover only ",
-                                  covered));
+      return Malformed(absl::StrCat("data buffer has ", data_size_,
+                                    " bytes but the tensors cover only ",
+                                    covered));
     }
     if (!unsupported_.empty()) {
       return absl::UnimplementedError(absl::StrCat(

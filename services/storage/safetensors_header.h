@@ -5,6 +5,7 @@
 #ifndef GPIPE_SERVICES_STORAGE_SAFETENSORS_HEADER_H_
 #define GPIPE_SERVICES_STORAGE_SAFETENSORS_HEADER_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
