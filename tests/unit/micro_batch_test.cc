@@ -6,6 +6,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/micro_batch.h"
 #include "services/pipeline/reference_trainer.h"
+#include "services/tensor/threads.h"
 
 namespace gpipe {
 namespace {
@@ -91,6 +92,19 @@ TEST(MicroBatchAccumulation, SameMTwiceIsBitwiseEqual) {
   auto second = Train(4, 5);
   const auto& a = first->model().Parameters();
   const auto& b = second->model().Parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(BitwiseEqual(a[i].param->value, b[i].param->value)) << a[i].name;
+}
+
+TEST(MicroBatchAccumulation, ThreadCountDoesNotChangeTheResult) {
+  const int before = ComputeThreads();
+  SetComputeThreads(1);
+  auto one = Train(4, 3);
+  SetComputeThreads(2);
+  auto two = Train(4, 3);
+  SetComputeThreads(before);
+  const auto& a = one->model().Parameters();
+  const auto& b = two->model().Parameters();
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_TRUE(BitwiseEqual(a[i].param->value, b[i].param->value)) << a[i].name;
 }

@@ -1,4 +1,5 @@
-// Dense matrix products on the CPU through OpenBLAS (row-major).
+// Dense matrix products on the CPU through OpenBLAS (row-major). Results are
+// bitwise independent of the number of compute threads.
 #ifndef GPIPE_SERVICES_TENSOR_CPU_GEMM_H_
 #define GPIPE_SERVICES_TENSOR_CPU_GEMM_H_
 

@@ -1,0 +1,144 @@
+// step_bench: milliseconds per training step of the reference trainer on a
+// job spec, and the training GFLOP/s that makes, as a share of the sgemm
+// peak measured in the same run. With --profile, also where a step's time
+// goes, layer by layer.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/args.h"
+#include "bench/peak.h"
+#include "bench/step_profile.h"
+#include "bench/timing.h"
+#include "services/nn/layer_spec.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/reference_trainer.h"
+#include "services/tensor/threads.h"
+
+namespace gpipe::bench {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: step_bench SPEC.json [--steps N] [--warmup W] [--threads T]\n"
+    "                  [--micro-batches M] [--profile]\n"
+    "  --steps N          timed steps (default 20)\n"
+    "  --warmup W         untimed steps first (default 3)\n"
+    "  --threads T        compute threads (default: all cores)\n"
+    "  --micro-batches M  micro-batches per step (default: the spec's)\n"
+    "  --profile          then time 5 more steps piece by piece, layer by "
+    "layer\n";
+
+const char* Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "(unset)";
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "step_bench: %s\n", message.c_str());
+  return 1;
+}
+
+void PrintProfile(const StepProfile& p) {
+  std::printf(
+      "\nprofile (mean of the instrumented steps; timers around each "
+      "layer add a little):\n");
+  std::printf("  %-32s %10s %10s %7s\n", "part", "fwd ms", "bwd ms", "share");
+  for (const StepProfile::Part& part : p.parts) {
+    const double ms = part.forward_ms + part.backward_ms;
+    std::printf("  %-32s %10.3f %10.3f %6.1f%%\n", part.name.c_str(),
+                part.forward_ms, part.backward_ms,
+                p.total_ms > 0 ? 100.0 * ms / p.total_ms : 0.0);
+  }
+  std::printf("  %-32s %21.3f\n", "total", p.total_ms);
+}
+
+int Run(const Args& args) {
+  const std::string path = args.positional()[0];
+  const long steps = std::max(1L, args.Int("steps", 20));
+  const long warmup = std::max(0L, args.Int("warmup", 3));
+  const long threads_flag = args.Int("threads", 0);
+  SetComputeThreads(
+      threads_flag > 0 ? static_cast<int>(threads_flag)
+                       : static_cast<int>(std::thread::hardware_concurrency()));
+
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(path);
+  if (!spec.ok()) return Fail(std::string(spec.status().message()));
+  // The schedule only needs to cover the steps we take.
+  spec->set_steps(std::max<int64_t>(spec->steps(), warmup + steps + 10));
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
+  if (!shapes.ok()) return Fail(std::string(shapes.status().message()));
+  double forward_flops = 0.0;  // per sample
+  for (const LayerCost& c : shapes->costs) forward_flops += c.forward_flops;
+  auto trainer = ReferenceTrainer::Create(*spec, args.Int("micro-batches", 0));
+  if (!trainer.ok()) return Fail(std::string(trainer.status().message()));
+  ReferenceTrainer& t = **trainer;
+
+  std::printf("step_bench: %s (%s)\n",
+              spec->name().empty() ? "unnamed" : spec->name().c_str(),
+              path.c_str());
+  std::printf(
+      "  batch %lld in %lld micro-batches, %d threads, %ld warm-up + "
+      "%ld timed steps\n",
+      static_cast<long long>(spec->batch_size()),
+      static_cast<long long>(t.micro_batches()), ComputeThreads(), warmup,
+      steps);
+  std::printf("  OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s\n",
+              Env("OPENBLAS_CORETYPE"), Env("OPENBLAS_L2_SIZE"));
+  std::fflush(stdout);
+
+  const SgemmPeak peak = MeasureSgemmPeak();
+  for (long s = 0; s < warmup; ++s) {
+    absl::StatusOr<StepReport> r = t.Step();
+    if (!r.ok()) return Fail(std::string(r.status().message()));
+  }
+  std::vector<double> ms;
+  for (long s = 0; s < steps; ++s) {
+    absl::Status status;
+    ms.push_back(1e3 * TimeSeconds([&] { status = t.Step().status(); }));
+    if (!status.ok()) return Fail(std::string(status.message()));
+  }
+  const double median = Median(ms), mean = Mean(ms);
+  std::printf("ms/step: median %.3f  mean %.3f  min %.3f  max %.3f\n", median,
+              mean, *std::min_element(ms.begin(), ms.end()),
+              *std::max_element(ms.begin(), ms.end()));
+  const double step_flops = 3.0 * forward_flops * spec->batch_size();
+  const double gflops = step_flops / (median * 1e-3) / 1e9;
+  std::printf(
+      "training FLOPs: 3 x forward (forward + 2x for backward) = 3 x "
+      "%.3f MFLOP/sample x %lld = %.1f MFLOP/step\n",
+      forward_flops / 1e6, static_cast<long long>(spec->batch_size()),
+      step_flops / 1e6);
+  std::printf(
+      "achieved: %.2f GFLOP/s at the median step = %.1f%% of the "
+      "sgemm peak\n",
+      gflops, 100.0 * gflops / peak.gflops);
+  std::printf("peak: cblas_sgemm %lld^3, best of %d: %.1f GFLOP/s (this run)\n",
+              static_cast<long long>(peak.size), peak.reps, peak.gflops);
+  std::printf(
+      "note: a step includes gathering its batch from the dataset in "
+      "memory, the forward\n      and backward of every micro-batch, "
+      "clipping and the optimizer update.\n");
+  std::fflush(stdout);
+
+  if (args.Has("profile")) PrintProfile(ProfileSteps(t, 5));
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpipe::bench
+
+int main(int argc, char** argv) {
+  using gpipe::bench::Args;
+  const Args args(argc, argv, {"steps", "warmup", "threads", "micro-batches"},
+                  {"profile"});
+  if (!args.ok() || args.positional().size() != 1) {
+    std::fprintf(stderr, "step_bench: %s\n%s",
+                 args.ok() ? "expected one SPEC.json" : args.error().c_str(),
+                 gpipe::bench::kUsage);
+    return 2;
+  }
+  return gpipe::bench::Run(args);
+}

@@ -1,0 +1,181 @@
+// The tensor engine: storage sharing, the counting allocator, and CPU kernels
+// against naive references.
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/tensor/allocator.h"
+#include "services/tensor/cpu/conv.h"
+#include "services/tensor/cpu/gemm.h"
+#include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/softmax.h"
+#include "services/tensor/tensor.h"
+#include "services/tensor/threads.h"
+
+namespace gpipe {
+namespace {
+
+std::vector<float> Random(int64_t n, uint64_t key) {
+  std::vector<float> v(n);
+  Rng rng(key);
+  for (float& x : v) x = static_cast<float>(rng.Normal());
+  return v;
+}
+
+TEST(Tensor, RowsAndReshapeShareStorage) {
+  Tensor t = Tensor::FromVector({3, 2}, {0, 1, 2, 3, 4, 5});
+  Tensor r = t.Rows(1, 3);
+  EXPECT_EQ(r.shape(), Shape({2, 2}));
+  EXPECT_EQ(r.f32()[0], 2.0f);
+  r.f32()[0] = 9.0f;
+  EXPECT_EQ(t.f32()[2], 9.0f);
+  Tensor flat = t.Reshape({6});
+  EXPECT_EQ(flat.f32()[2], 9.0f);
+  Tensor copy = t.Clone();
+  copy.f32()[0] = -1.0f;
+  EXPECT_EQ(t.f32()[0], 0.0f);
+  EXPECT_TRUE(BitwiseEqual(t, t.Clone()));
+  EXPECT_FALSE(BitwiseEqual(t, copy));
+}
+
+TEST(CountingAllocator, CountsCurrentAndPeak) {
+  CpuAllocator cpu;
+  CountingAllocator counting(&cpu);
+  {
+    AllocatorScope scope(&counting);
+    Tensor a = Tensor::Empty({256});  // 1 KiB
+    EXPECT_EQ(counting.current_bytes(), 1024);
+    {
+      Tensor b = Tensor::Zeros({512});
+      EXPECT_EQ(counting.current_bytes(), 3072);
+    }
+    EXPECT_EQ(counting.current_bytes(), 1024);
+    EXPECT_EQ(counting.peak_bytes(), 3072);
+    counting.ResetPeak();
+    EXPECT_EQ(counting.peak_bytes(), 1024);
+    Tensor view = a.Rows(0, 10);  // a view allocates nothing
+    EXPECT_EQ(counting.current_bytes(), 1024);
+  }
+  EXPECT_EQ(counting.current_bytes(), 0);
+  EXPECT_EQ(CurrentAllocator(), DefaultCpuAllocator());
+}
+
+TEST(Gemm, AllTransposesMatchNaive) {
+  const int64_t m = 7, n = 5, k = 9;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<float> a = Random(m * k, 1), b = Random(k * n, 2);
+      std::vector<float> c = Random(m * n, 3), want = c;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += double(ta ? a[p * m + i] : a[i * k + p]) *
+                 (tb ? b[j * k + p] : b[p * n + j]);
+          want[i * n + j] = static_cast<float>(0.5 * s + 2.0 * c[i * n + j]);
+        }
+      cpu::Gemm(ta, tb, m, n, k, 0.5f, a.data(), b.data(), 2.0f, c.data());
+      for (int64_t i = 0; i < m * n; ++i)
+        EXPECT_NEAR(c[i], want[i], 1e-4) << "ta=" << ta << " tb=" << tb;
+    }
+  }
+}
+
+TEST(Gemm, LongReductionMatchesNaive) {
+  const int64_t m = 6, n = 5, k = 3000;  // takes the K-sliced path
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      std::vector<float> a = Random(m * k, 11), b = Random(k * n, 12);
+      std::vector<float> c = Random(m * n, 13), want = c;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += double(ta ? a[p * m + i] : a[i * k + p]) *
+                 (tb ? b[j * k + p] : b[p * n + j]);
+          want[i * n + j] = static_cast<float>(s + c[i * n + j]);
+        }
+      cpu::Gemm(ta, tb, m, n, k, 1.0f, a.data(), b.data(), 1.0f, c.data());
+      for (int64_t i = 0; i < m * n; ++i)
+        EXPECT_NEAR(c[i], want[i], 2e-3) << "ta=" << ta << " tb=" << tb;
+    }
+  }
+}
+
+TEST(Conv, Im2ColGemmMatchesDirectConvolution) {
+  const cpu::ConvGeometry g{2, 6, 5, 3, 2, 1};
+  const int64_t cout = 3, oh = g.out_height(), ow = g.out_width();
+  std::vector<float> x = Random(2 * 6 * 5, 4), w = Random(cout * 2 * 9, 5);
+  std::vector<float> col(2 * 9 * oh * ow), y(cout * oh * ow);
+  cpu::Im2Col(g, x.data(), col.data(), oh * ow);
+  cpu::Gemm(false, false, cout, oh * ow, 18, 1.0f, w.data(), col.data(), 0.0f,
+            y.data());
+  for (int64_t o = 0; o < cout; ++o)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        double s = 0;
+        for (int64_t c = 0; c < 2; ++c)
+          for (int64_t ki = 0; ki < 3; ++ki)
+            for (int64_t kj = 0; kj < 3; ++kj) {
+              const int64_t yy = i * 2 - 1 + ki, xx = j * 2 - 1 + kj;
+              if (yy < 0 || yy >= 6 || xx < 0 || xx >= 5) continue;
+              s += double(w[((o * 2 + c) * 3 + ki) * 3 + kj]) *
+                   x[(c * 6 + yy) * 5 + xx];
+            }
+        EXPECT_NEAR(y[(o * oh + i) * ow + j], s, 1e-4);
+      }
+}
+
+TEST(Softmax, RowsSumToOne) {
+  std::vector<float> x = Random(4 * 6, 6), y(24);
+  x[0] = 80.0f;  // large logits must not overflow
+  cpu::SoftmaxRows(4, 6, x.data(), y.data());
+  for (int r = 0; r < 4; ++r) {
+    double s = 0;
+    for (int c = 0; c < 6; ++c) s += y[r * 6 + c];
+    EXPECT_NEAR(s, 1.0, 1e-6);
+  }
+}
+
+TEST(LayerNorm, NormalizesRows) {
+  std::vector<float> x = Random(3 * 16, 7), y(48), mean(3), rstd(3);
+  std::vector<float> gamma(16, 1.0f), beta(16, 0.0f);
+  cpu::LayerNormForward(3, 16, 1e-5f, x.data(), gamma.data(), beta.data(),
+                        y.data(), mean.data(), rstd.data());
+  for (int r = 0; r < 3; ++r) {
+    double s = 0, ss = 0;
+    for (int c = 0; c < 16; ++c) s += y[r * 16 + c], ss += y[r * 16 + c] * y[r * 16 + c];
+    EXPECT_NEAR(s / 16, 0.0, 1e-5);
+    EXPECT_NEAR(ss / 16, 1.0, 1e-3);
+  }
+}
+
+TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
+  struct Case {
+    bool ta, tb;
+    int64_t m, n, k;
+  };
+  // Row panels, column panels, one panel, and long-K shapes (conv dW).
+  const Case cases[] = {{false, true, 256, 192, 300}, {false, false, 100, 700, 64},
+                        {true, false, 90, 60, 50}, {true, false, 256, 784, 1024},
+                        {true, true, 513, 129, 77}, {false, true, 16, 9, 100000},
+                        {false, false, 20, 30, 5000}};
+  const int before = ComputeThreads();
+  for (const Case& c : cases) {
+    std::vector<float> a = Random(c.m * c.k, 8), b = Random(c.k * c.n, 9);
+    std::vector<std::vector<float>> out;
+    for (int threads : {1, 2, 3}) {
+      SetComputeThreads(threads);
+      std::vector<float> y = Random(c.m * c.n, 10);
+      cpu::Gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), 1.0f, y.data());
+      out.push_back(std::move(y));
+    }
+    EXPECT_EQ(out[0], out[1]) << c.m << "x" << c.n << "x" << c.k;
+    EXPECT_EQ(out[0], out[2]) << c.m << "x" << c.n << "x" << c.k;
+  }
+  SetComputeThreads(before);
+}
+
+}  // namespace
+}  // namespace gpipe
