@@ -8,7 +8,23 @@
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
 
+namespace {
+
+// absl flags are spelled with underscores; users type --micro-batches too.
+void AcceptDashedFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* a = argv[i];
+    if (a[0] != '-' || a[1] != '-') continue;
+    if (a[2] == '\0') break;  // "--" ends the flags
+    for (char* p = a + 2; *p != '\0' && *p != '='; ++p)
+      if (*p == '-') *p = '_';
+  }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  AcceptDashedFlags(argc, argv);
   absl::SetProgramUsageMessage(
       "gpipectl COMMAND [ARGS] [--flags]\n\n"
       "commands:\n"

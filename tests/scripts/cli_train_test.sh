@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# gpipectl train end to end: trains a small synthetic job, writes
+# model.safetensors, and an independent reader (Python's standard library
+# only) reads it back; bad input gets a clear message and exit code 1.
+#   cli_train_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+gpipectl="$build/cli/gpipectl"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cat >"$work/job.json" <<'JSON'
+{
+  "name": "cli-test",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"batchNorm": {"features": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {"momentum": 0.9}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 600, "testSamples": 300}},
+  "batchSize": 32,
+  "steps": 150,
+  "seed": 11,
+  "eval": {"every": 50}
+}
+JSON
+
+out=$("$gpipectl" train "$work/job.json" --micro-batches 4 --out "$work/model" --threads 1 2>"$work/stderr")
+echo "$out"
+grep -q "step 150/150" "$work/stderr" || fail "no progress line for the last step"
+grep -q "step 50: test loss" <<<"$out" || fail "no periodic evaluation"
+acc=$(sed -n 's/^final: .*test accuracy \([0-9.]*\).*/\1/p' <<<"$out")
+[[ -n "$acc" ]] || fail "no final accuracy line"
+python3 -c "import sys; sys.exit(0 if float('$acc') >= 0.9 else 1)" ||
+  fail "accuracy $acc below 0.9 on separable clusters"
+
+names="layers.0.weight,layers.0.bias,layers.1.weight,layers.1.bias,layers.1.running_mean,layers.1.running_var,layers.3.weight,layers.3.bias"
+python3 "$src/tests/scripts/read_safetensors.py" "$work/model/model.safetensors" \
+  --expect-names "$names" --print >"$work/read.txt" || fail "independent reader rejected the file"
+grep -q "layers.0.weight" "$work/read.txt" || fail "reader did not list layers.0.weight"
+grep -q "\[16, 8\]" "$work/read.txt" || fail "layers.0.weight is not [16, 8]"
+
+# The same job with the same flags gives the same bytes.
+"$gpipectl" train "$work/job.json" --micro-batches 4 --out "$work/again" --threads 2 >/dev/null 2>&1
+cmp -s "$work/model/model.safetensors" "$work/again/model.safetensors" ||
+  fail "two identical runs (1 and 2 threads) wrote different parameters"
+
+# Bad input: a clear message naming the field, exit code 1, no crash.
+sed 's/"inFeatures": 16, "outFeatures": 3/"inFeatures": 15, "outFeatures": 3/' \
+  "$work/job.json" >"$work/bad.json"
+set +e
+msg=$("$gpipectl" train "$work/bad.json" 2>&1)
+rc=$?
+set -e
+[[ $rc -eq 1 ]] || fail "bad spec exited $rc, want 1"
+grep -q "model.layers\[3\].linear.in_features: 15 does not match the previous layer's output 16" <<<"$msg" ||
+  fail "bad spec message: $msg"
+
+set +e
+msg=$("$gpipectl" train "$work/missing.json" 2>&1)
+rc=$?
+set -e
+[[ $rc -eq 1 ]] || fail "missing spec exited $rc, want 1"
+grep -q "missing.json" <<<"$msg" || fail "missing spec message does not name the file: $msg"
+
+echo "1 passed, 0 failed"
