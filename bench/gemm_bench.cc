@@ -128,6 +128,16 @@ const char* Env(const char* name) {
   return v != nullptr ? v : "(unset)";
 }
 
+// Says so when the library runs on fewer OpenMP threads than asked for.
+void WarnThreads(int asked) {
+  if (ComputeThreads() != asked) {
+    std::printf(
+        "warning: SetComputeThreads(%d) left ComputeThreads() at %d: "
+        "our kernels and GEMM panels run on %d thread(s)\n",
+        asked, ComputeThreads(), ComputeThreads());
+  }
+}
+
 constexpr char kUsage[] =
     "usage: gemm_bench [--threads N] [--micro-batches M] [--min-seconds S]\n"
     "  --threads N        compute threads (default: all cores)\n"
@@ -145,14 +155,17 @@ int Run(const Args& args) {
   const double min_seconds = args.Double("min-seconds", 0.1);
   SetComputeThreads(threads);
   std::printf(
-      "gemm_bench: %d threads, OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s\n",
-      ComputeThreads(), Env("OPENBLAS_CORETYPE"), Env("OPENBLAS_L2_SIZE"));
-  const SgemmPeak peak = MeasureSgemmPeak();
+      "gemm_bench: --threads %d, ComputeThreads() %d, "
+      "OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s\n",
+      threads, ComputeThreads(), Env("OPENBLAS_CORETYPE"),
+      Env("OPENBLAS_L2_SIZE"));
+  WarnThreads(threads);
+  const SgemmPeak peak = MeasureSgemmPeak(threads);
   std::printf(
-      "peak: cblas_sgemm %lldx%lldx%lld, best of %d: %.1f GFLOP/s "
-      "(%.1f ms)\n\n",
+      "peak: cblas_sgemm %lldx%lldx%lld on %d OpenBLAS threads, best "
+      "of %d: %.1f GFLOP/s (%.1f ms)\n\n",
       static_cast<long long>(peak.size), static_cast<long long>(peak.size),
-      static_cast<long long>(peak.size), peak.reps, peak.gflops,
+      static_cast<long long>(peak.size), peak.threads, peak.reps, peak.gflops,
       peak.best_s * 1e3);
   std::printf("%-18s %-26s %-3s %6s %6s %6s %10s %8s %6s\n", "model", "gemm",
               "op", "m", "n", "k", "us/call", "GFLOP/s", "/peak");
@@ -168,6 +181,7 @@ int Run(const Args& args) {
                 r.median_s * 1e6, r.gflops, 100.0 * r.gflops / peak.gflops);
     std::fflush(stdout);
   }
+  std::printf("\nafter the GEMMs: ComputeThreads() %d\n", ComputeThreads());
   std::printf(
       "\nHow to read: each row is one cpu::Gemm call exactly as the layer "
       "issues "

@@ -1,6 +1,7 @@
 #include "bench/peak.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <random>
@@ -10,7 +11,10 @@
 
 namespace gpipe::bench {
 
-SgemmPeak MeasureSgemmPeak(int64_t size, int reps) {
+SgemmPeak MeasureSgemmPeak(int threads, int64_t size, int reps) {
+  const int saved_blas = openblas_get_num_threads();
+  const int saved_omp = omp_get_max_threads();
+  openblas_set_num_threads(threads);
   const int64_t n = size;
   std::vector<float> a(n * n), b(n * n), c(n * n, 0.0f);
   std::mt19937 rng(1);
@@ -23,12 +27,15 @@ SgemmPeak MeasureSgemmPeak(int64_t size, int reps) {
   };
   once();  // warm-up: thread pool start, page faults, frequency ramp
   SgemmPeak peak;
+  peak.threads = openblas_get_num_threads();
   peak.size = n;
   peak.reps = reps;
   peak.best_s = 1e30;
   for (int r = 0; r < reps; ++r)
     peak.best_s = std::min(peak.best_s, TimeSeconds(once));
   peak.gflops = 2.0 * n * n * n / peak.best_s / 1e9;
+  openblas_set_num_threads(saved_blas);
+  omp_set_num_threads(saved_omp);
   return peak;
 }
 

@@ -9,6 +9,7 @@
 namespace gpipe::bench {
 
 struct SgemmPeak {
+  int threads = 0;      // OpenBLAS threads it ran with
   int64_t size = 0;     // square n = m = k
   int reps = 0;         // timed repetitions (after one warm-up)
   double best_s = 0.0;  // fastest repetition
@@ -16,9 +17,11 @@ struct SgemmPeak {
 };
 
 // Calls cblas_sgemm directly (no gpipe code in between) on random n x n
-// row-major matrices with the current OpenBLAS thread count, and keeps the
-// best of `reps`. 2048^3 takes ~0.15 s per rep on 2 AVX2 cores.
-SgemmPeak MeasureSgemmPeak(int64_t size = 2048, int reps = 5);
+// row-major matrices with OpenBLAS set to `threads` threads, and keeps the
+// best of `reps`; then puts OpenBLAS's and OpenMP's thread counts back as
+// they were (in the OpenMP build, openblas_set_num_threads also sets
+// OpenMP's). 2048^3 takes ~0.1-0.2 s per rep on 2 AVX2 cores.
+SgemmPeak MeasureSgemmPeak(int threads, int64_t size = 2048, int reps = 5);
 
 }  // namespace gpipe::bench
 

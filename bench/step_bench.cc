@@ -60,9 +60,10 @@ int Run(const Args& args) {
   const long steps = std::max(1L, args.Int("steps", 20));
   const long warmup = std::max(0L, args.Int("warmup", 3));
   const long threads_flag = args.Int("threads", 0);
-  SetComputeThreads(
+  const int threads =
       threads_flag > 0 ? static_cast<int>(threads_flag)
-                       : static_cast<int>(std::thread::hardware_concurrency()));
+                       : static_cast<int>(std::thread::hardware_concurrency());
+  SetComputeThreads(threads);
 
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(path);
   if (!spec.ok()) return Fail(std::string(spec.status().message()));
@@ -80,19 +81,27 @@ int Run(const Args& args) {
               spec->name().empty() ? "unnamed" : spec->name().c_str(),
               path.c_str());
   std::printf(
-      "  batch %lld in %lld micro-batches, %d threads, %ld warm-up + "
+      "  batch %lld in %lld micro-batches, --threads %d, %ld warm-up + "
       "%ld timed steps\n",
       static_cast<long long>(spec->batch_size()),
-      static_cast<long long>(t.micro_batches()), ComputeThreads(), warmup,
-      steps);
+      static_cast<long long>(t.micro_batches()), threads, warmup, steps);
   std::printf("  OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s\n",
               Env("OPENBLAS_CORETYPE"), Env("OPENBLAS_L2_SIZE"));
   std::fflush(stdout);
 
-  const SgemmPeak peak = MeasureSgemmPeak();
+  const SgemmPeak peak = MeasureSgemmPeak(threads);
   for (long s = 0; s < warmup; ++s) {
     absl::StatusOr<StepReport> r = t.Step();
     if (!r.ok()) return Fail(std::string(r.status().message()));
+  }
+  // After a step, so that whatever the library sets on first use is in place.
+  std::printf("  ComputeThreads() %d during the timed steps\n",
+              ComputeThreads());
+  if (ComputeThreads() != threads) {
+    std::printf(
+        "warning: SetComputeThreads(%d) left ComputeThreads() at %d: "
+        "our kernels and GEMM panels run on %d thread(s)\n",
+        threads, ComputeThreads(), ComputeThreads());
   }
   std::vector<double> ms;
   for (long s = 0; s < steps; ++s) {
@@ -115,8 +124,10 @@ int Run(const Args& args) {
       "achieved: %.2f GFLOP/s at the median step = %.1f%% of the "
       "sgemm peak\n",
       gflops, 100.0 * gflops / peak.gflops);
-  std::printf("peak: cblas_sgemm %lld^3, best of %d: %.1f GFLOP/s (this run)\n",
-              static_cast<long long>(peak.size), peak.reps, peak.gflops);
+  std::printf(
+      "peak: cblas_sgemm %lld^3 on %d OpenBLAS threads, best of %d: "
+      "%.1f GFLOP/s (this run)\n",
+      static_cast<long long>(peak.size), peak.threads, peak.reps, peak.gflops);
   std::printf(
       "note: a step includes gathering its batch from the dataset in "
       "memory, the forward\n      and backward of every micro-batch, "
