@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Our reference trainer against PyTorch on the example models, same steps,
+# warm-up, threads and micro-batches on both sides; then the GEMM benchmark.
+#   bench/compare_torch.sh [THREADS]       (default: all cores)
+# Environment: STEPS (default 20), WARMUP (default 3), ROUNDS (default 2),
+# PYTHON (a python3 that can import torch). Builds nothing: run
+# scripts/setup.sh --bench && scripts/build.sh first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+threads=${1:-$(nproc)}
+steps=${STEPS:-20}
+warmup=${WARMUP:-3}
+rounds=${ROUNDS:-2}
+specs=(examples/fashion_mnist_mlp.json examples/char_transformer.json
+       examples/fashion_mnist_cnn.json)
+
+for bin in build/bench/step_bench build/bench/gemm_bench; do
+  if [[ ! -x $bin ]]; then
+    echo "compare_torch: $bin is missing; run scripts/build.sh first" >&2
+    exit 1
+  fi
+done
+python=${PYTHON:-}
+if [[ -z $python ]]; then
+  # Debian's python3-torch lives in /usr/bin/python3's dist-packages; a
+  # python3 earlier on PATH (pyenv, venv) may not see it.
+  for candidate in python3 /usr/bin/python3; do
+    if "$candidate" -c 'import torch' 2>/dev/null; then python=$candidate; break; fi
+  done
+fi
+if [[ -z $python ]]; then
+  echo "compare_torch: no python3 can import torch; run scripts/setup.sh --bench" >&2
+  exit 1
+fi
+
+logs=$(mktemp -d /tmp/compare_torch.XXXXXX)
+echo "compare_torch: $threads threads, $warmup warm-up + $steps timed steps, best median of $rounds rounds"
+echo "  environment (left as it is for both sides): OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-(unset)}" \
+     "OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-(unset)}"
+echo "  python: $python; full outputs in $logs"
+echo
+
+median() { awk '/^ms\/step:/ { print $3 }' "$1"; }
+best() { if [[ -z $1 ]] || awk -v a="$2" -v b="$1" 'BEGIN { exit !(a < b) }'; then echo "$2"; else echo "$1"; fi; }
+
+rows=()
+for spec in "${specs[@]}"; do
+  name=$(basename "$spec" .json)
+  ours_best="" torch_best=""
+  for ((r = 1; r <= rounds; ++r)); do
+    build/bench/step_bench "$spec" --steps "$steps" --warmup "$warmup" \
+      --threads "$threads" > "$logs/$name.ours.$r.txt"
+    ours_best=$(best "$ours_best" "$(median "$logs/$name.ours.$r.txt")")
+    "$python" bench/torch_step.py "$spec" --steps "$steps" --warmup "$warmup" \
+      --threads "$threads" > "$logs/$name.torch.$r.txt"
+    torch_best=$(best "$torch_best" "$(median "$logs/$name.torch.$r.txt")")
+  done
+  echo "== $name: last round"
+  sed -n '/^ms\/step:/,/^peak:/p' "$logs/$name.ours.$rounds.txt" | sed 's/^/  ours   /'
+  grep '^ms/step:' "$logs/$name.torch.$rounds.txt" | sed 's/^/  torch  /'
+  grep -h '^warning:' "$logs/$name.ours.$rounds.txt" || true
+  rows+=("$name $ours_best $torch_best")
+done
+
+echo
+echo "== gemm_bench --threads $threads"
+build/bench/gemm_bench --threads "$threads" | tee "$logs/gemm_bench.txt"
+
+echo
+echo "== step time, best median of $rounds rounds ($threads threads; goal: ours/torch <= 1.0)"
+printf '%-20s %14s %14s %11s\n' model "ours ms/step" "torch ms/step" ours/torch
+for row in "${rows[@]}"; do
+  read -r name ours torch <<< "$row"
+  printf '%-20s %14.2f %14.2f %11.2f\n' "$name" "$ours" "$torch" \
+    "$(awk -v a="$ours" -v b="$torch" 'BEGIN { print a / b }')"
+done
+echo
+echo "ours includes gathering each batch from the dataset; torch reuses one random"
+echo "batch (no data loading), so its figure is a lower bound for a PyTorch loop."
