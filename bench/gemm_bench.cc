@@ -53,7 +53,7 @@ void AddConv(std::vector<GemmCase>& cases, const std::string& model,
   if (batch % chunk != 0 && batch > chunk) sizes.push_back(batch % chunk);
   for (int64_t nb : sizes) {
     const std::string layer =
-        absl::StrFormat("%s %dx%d chunk %d", name, cin, cout, nb);
+        absl::StrFormat("%s %d->%d chunk %d", name, cin, cout, nb);
     const int64_t ld = nb * hw;
     cases.push_back({model, layer + " fwd", false, false, cout, ld, ckk, 0.0f});
     cases.push_back({model, layer + " dW", false, true, cout, ckk, ld, 1.0f});
@@ -167,14 +167,14 @@ int Run(const Args& args) {
       static_cast<long long>(peak.size), static_cast<long long>(peak.size),
       static_cast<long long>(peak.size), peak.threads, peak.reps, peak.gflops,
       peak.best_s * 1e3);
-  std::printf("%-18s %-26s %-3s %6s %6s %6s %10s %8s %6s\n", "model", "gemm",
+  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s\n", "model", "gemm",
               "op", "m", "n", "k", "us/call", "GFLOP/s", "/peak");
   std::string last_model;
   for (const GemmCase& g : ModelCases(m)) {
     const CaseResult r = TimeCase(g, min_seconds);
     if (g.model != last_model && !last_model.empty()) std::printf("\n");
     last_model = g.model;
-    std::printf("%-18s %-26s %c,%c %6lld %6lld %6lld %10.1f %8.1f %5.0f%%\n",
+    std::printf("%-20s %-28s %c,%c %6lld %6lld %6lld %10.1f %8.1f %5.0f%%\n",
                 g.model.c_str(), g.what.c_str(), g.trans_a ? 'T' : 'N',
                 g.trans_b ? 'T' : 'N', static_cast<long long>(g.m),
                 static_cast<long long>(g.n), static_cast<long long>(g.k),
@@ -184,12 +184,16 @@ int Run(const Args& args) {
   std::printf("\nafter the GEMMs: ComputeThreads() %d\n", ComputeThreads());
   std::printf(
       "\nHow to read: each row is one cpu::Gemm call exactly as the layer "
-      "issues "
-      "it\n(row-major, op = transposes of A,B; dW rows accumulate with "
-      "beta=1). "
-      "us/call and\nGFLOP/s (2mnk per call) are medians over ~%.1fs; /peak is "
-      "GFLOP/s over the cblas_sgemm\npeak above. Small shapes (k or n <= 64) "
-      "cannot reach the peak: packing and\nthread start-up dominate.\n",
+      "issues it\n"
+      "(names carry the spec's layer index; op = transposes of A,B, "
+      "row-major; dW\n"
+      "accumulates with beta=1). us/call and GFLOP/s (2mnk per call) are "
+      "medians over\n"
+      "~%.2fs per row; /peak divides by the cblas_sgemm peak above, taken on "
+      "all\n"
+      "--threads. A row near 1/threads of the peak is running on one core; "
+      "rows with\n"
+      "n or k <= 64 lose to packing and call overhead whatever the threads.\n",
       min_seconds);
   return 0;
 }

@@ -85,6 +85,12 @@ int Run(const Args& args) {
       "%ld timed steps\n",
       static_cast<long long>(spec->batch_size()),
       static_cast<long long>(t.micro_batches()), threads, warmup, steps);
+  int64_t parameters = 0;
+  for (const NamedParameter& p : t.model().Parameters())
+    parameters += p.param->value.numel();
+  std::printf("  model: %lld layers, %lld parameters\n",
+              static_cast<long long>(t.model().size()),
+              static_cast<long long>(parameters));
   std::printf("  OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s\n",
               Env("OPENBLAS_CORETYPE"), Env("OPENBLAS_L2_SIZE"));
   std::fflush(stdout);

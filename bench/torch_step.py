@@ -230,6 +230,7 @@ def main():
     print(f"torch_step: {job.get('name', 'unnamed')} ({path})")
     print(f"  batch {batch} in {micro} micro-batches, --threads {THREADS}, "
           f"{ARGS.warmup} warm-up + {ARGS.steps} timed steps")
+    print(f"  model: {len(model)} layers, {sum(p.numel() for p in model.parameters())} parameters")
     print(f"  OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')}")
     print(f"  torch {torch.__version__}, torch.get_num_threads() {torch.get_num_threads()}")

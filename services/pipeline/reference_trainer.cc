@@ -13,7 +13,8 @@
 namespace gpipe {
 
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
-    const gpipe::v1::JobSpec& spec, int64_t micro_batches) {
+    const gpipe::v1::JobSpec& spec, int64_t micro_batches,
+    std::shared_ptr<const Dataset> dataset) {
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
   t->spec_ = spec;
@@ -26,7 +27,11 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   }
   const Shape input(std::vector<int64_t>(spec.model().input().shape().dims().begin(),
                                          spec.model().input().shape().dims().end()));
-  ASSIGN_OR_RETURN(t->dataset_, OpenDataset(spec.data(), input, spec.seed()));
+  if (dataset != nullptr) {
+    t->dataset_ = std::move(dataset);
+  } else {
+    ASSIGN_OR_RETURN(t->dataset_, OpenDataset(spec.data(), input, spec.seed()));
+  }
   if (t->dataset_->size(Split::kTrain) <= 0) {
     return absl::InvalidArgumentError("data: the training split is empty");
   }
@@ -82,7 +87,8 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   return report;
 }
 
-EvalResult ReferenceTrainer::Evaluate(Split split, int64_t max_samples) {
+absl::StatusOr<EvalResult> ReferenceTrainer::Evaluate(Split split,
+                                                 int64_t max_samples) {
   int64_t n = dataset_->size(split);
   if (max_samples > 0) n = std::min(n, max_samples);
   const int64_t batch_size = spec_.eval().batch_size() > 0

@@ -13,37 +13,27 @@
 #include "services/data/sampler.h"
 #include "services/nn/model.h"
 #include "services/nn/optimizer.h"
+#include "services/pipeline/trainer.h"
 
 namespace gpipe {
 
-struct StepReport {
-  int64_t step = 0;      // 0-based index of the step just taken
-  double loss = 0.0;     // mean over the mini-batch
-  double accuracy = 0.0; // of the mini-batch's counted targets
-  float lr = 0.0f;
-  double grad_norm = 0.0;  // before clipping
-};
-
-struct EvalResult {
-  double loss = 0.0;
-  double accuracy = 0.0;
-  int64_t counted = 0;  // targets evaluated
-};
-
-class ReferenceTrainer {
+class ReferenceTrainer final : public Trainer {
  public:
   // Opens the data, builds and initializes the model and optimizer.
   // `micro_batches` overrides the spec's M when > 0.
+  // `dataset`, when given, is used instead of opening the spec's (tests
+  // share one across many runs).
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(
-      const gpipe::v1::JobSpec& spec, int64_t micro_batches = 0);
+      const gpipe::v1::JobSpec& spec, int64_t micro_batches = 0,
+      std::shared_ptr<const Dataset> dataset = nullptr);
 
-  // Trains step number step() and advances. Fails (FAILED_PRECONDITION) on a
-  // loss that is not finite.
-  absl::StatusOr<StepReport> Step();
-  // Mean loss and accuracy over a split (at most `max_samples`, 0: all).
-  EvalResult Evaluate(Split split, int64_t max_samples = 0);
-
-  int64_t step() const { return step_; }
+  absl::StatusOr<StepReport> Step() override;
+  absl::StatusOr<EvalResult> Evaluate(Split split,
+                                      int64_t max_samples = 0) override;
+  int64_t step() const override { return step_; }
+  std::vector<NamedTensor> StateTensors() override {
+    return model_->StateTensors();
+  }
   int64_t micro_batches() const { return micro_batches_; }
   const gpipe::v1::JobSpec& spec() const { return spec_; }
   Model& model() { return *model_; }
@@ -56,7 +46,7 @@ class ReferenceTrainer {
   gpipe::v1::JobSpec spec_;
   int64_t micro_batches_ = 1;
   int64_t step_ = 0;
-  std::unique_ptr<Dataset> dataset_;
+  std::shared_ptr<const Dataset> dataset_;
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;

@@ -1,0 +1,182 @@
+#include "services/pipeline/in_process_pipeline.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/partitioner.h"
+#include "services/transport/in_process_link.h"
+
+namespace gpipe {
+
+PipelineOptions OptionsFromSpec(const gpipe::v1::JobSpec& spec) {
+  PipelineOptions o;
+  o.stages = StageCount(spec);
+  o.micro_batches = MicroBatchCount(spec);
+  o.schedule = spec.pipeline().schedule() == gpipe::v1::ONE_F_ONE_B
+                   ? ScheduleKind::kOneFOneB
+                   : ScheduleKind::kGPipe;
+  o.remat = RematFromSpec(spec.pipeline().remat());
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
+    const gpipe::v1::JobSpec& spec, const PipelineOptions& options) {
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  std::unique_ptr<InProcessPipeline> p(new InProcessPipeline());
+  p->spec_ = spec;
+  const int64_t k = options.stages > 0 ? options.stages : StageCount(spec);
+  const int64_t m =
+      options.micro_batches > 0 ? options.micro_batches : MicroBatchCount(spec);
+  const int64_t layers = spec.model().layers_size();
+  if (k > layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stages: ", k, " is more than the model's ", layers, " layers"));
+  }
+  if (!options.balance.empty()) {
+    p->balance_ = options.balance;
+    if (static_cast<int64_t>(p->balance_.size()) != k ||
+        std::accumulate(p->balance_.begin(), p->balance_.end(), int64_t{0}) !=
+            layers ||
+        *std::min_element(p->balance_.begin(), p->balance_.end()) < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "balance: [", absl::StrJoin(p->balance_, ", "), "] is not ", k,
+          " positive layer counts adding up to ", layers));
+    }
+  } else {
+    // The spec's balance describes its own stage count only.
+    gpipe::v1::JobSpec for_k = spec;
+    if (k != StageCount(spec)) for_k.mutable_pipeline()->clear_balance();
+    for_k.mutable_pipeline()->set_stages(k);
+    ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
+  }
+  const Shape input(std::vector<int64_t>(
+      spec.model().input().shape().dims().begin(),
+      spec.model().input().shape().dims().end()));
+  if (options.dataset != nullptr) {
+    p->dataset_ = options.dataset;
+  } else {
+    ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset,
+                     OpenDataset(spec.data(), input, spec.seed()));
+    p->dataset_ = std::move(dataset);
+  }
+
+  // Each direction holds a whole step's messages, so a send never waits on
+  // a neighbour that is itself waiting to send (no cycle of full queues).
+  const size_t capacity = static_cast<size_t>(m) + 4;
+  std::vector<Link*> up(k, nullptr), down(k, nullptr);
+  for (int64_t i = 0; i + 1 < k; ++i) {
+    auto [a, b] = MakeInProcessLinkPair(capacity);
+    down[i] = a.get();
+    up[i + 1] = b.get();
+    p->links_.push_back(std::move(a));
+    p->links_.push_back(std::move(b));
+  }
+  const std::vector<int64_t> begins = StageBegins(p->balance_);
+  const auto origin = Timeline::Clock::now();
+  for (int64_t i = 0; i < k; ++i) {
+    StagePlacement placement;
+    placement.index = i;
+    placement.count = k;
+    placement.layer_begin = begins[i];
+    placement.layer_end = begins[i] + p->balance_[i];
+    placement.micro_batches = m;
+    placement.schedule = options.schedule;
+    placement.remat = options.remat;
+    const bool needs_data = i == 0 || i == k - 1;
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
+                     Stage::Create(spec, placement,
+                                   needs_data ? p->dataset_ : nullptr, up[i],
+                                   down[i], origin));
+    p->stages_.push_back(std::move(stage));
+    p->threads_.push_back(
+        std::make_unique<StageThread>(std::max(1, options.threads_per_stage)));
+  }
+  return p;
+}
+
+InProcessPipeline::~InProcessPipeline() {
+  for (auto& link : links_) link->Close();
+  threads_.clear();  // joins after queued work ends
+}
+
+template <typename Result, typename Work>
+absl::StatusOr<std::vector<Result>> InProcessPipeline::OnAllStages(Work work) {
+  if (broken_) {
+    return absl::FailedPreconditionError(
+        "the pipeline failed earlier; its links are closed");
+  }
+  const size_t k = stages_.size();
+  std::vector<absl::StatusOr<Result>> results(k, absl::UnknownError("not run"));
+  std::vector<std::future<void>> done;
+  for (size_t i = 0; i < k; ++i) {
+    done.push_back(threads_[i]->Post([this, i, &results, &work] {
+      results[i] = work(*stages_[i]);
+      if (!results[i].ok()) {
+        for (auto& link : links_) link->Close();
+      }
+    }));
+  }
+  for (auto& d : done) d.wait();
+  // Report the error that caused the others (they only see closed links).
+  absl::Status first = absl::OkStatus();
+  for (const auto& r : results) {
+    if (r.ok()) continue;
+    if (first.ok() || (absl::IsCancelled(first) && !absl::IsCancelled(r.status())))
+      first = r.status();
+  }
+  if (!first.ok()) {
+    broken_ = true;
+    return first;
+  }
+  std::vector<Result> out;
+  for (auto& r : results) out.push_back(std::move(*r));
+  return out;
+}
+
+absl::StatusOr<StepReport> InProcessPipeline::Step() {
+  const int64_t s = step_;
+  ASSIGN_OR_RETURN(std::vector<StageStepResult> results,
+                   OnAllStages<StageStepResult>(
+                       [s](Stage& stage) { return stage.RunStep(s); }));
+  const StageStepResult& last = results.back();
+  StepReport report;
+  report.step = s;
+  report.loss = last.loss.loss_sum / last.loss_normalizer;
+  report.accuracy = last.loss.counted > 0
+                        ? static_cast<double>(last.loss.correct) /
+                              last.loss.counted
+                        : 0.0;
+  report.lr = last.lr;
+  report.grad_norm = last.grad_norm;
+  ++step_;
+  return report;
+}
+
+absl::StatusOr<EvalResult> InProcessPipeline::Evaluate(Split split,
+                                                       int64_t max_samples) {
+  ASSIGN_OR_RETURN(std::vector<LossResult> results,
+                   OnAllStages<LossResult>([split, max_samples](Stage& stage) {
+                     return stage.RunEval(split, max_samples);
+                   }));
+  const LossResult& total = results.back();
+  EvalResult e;
+  e.counted = total.counted;
+  if (total.counted > 0) {
+    e.loss = total.loss_sum / total.counted;
+    e.accuracy = static_cast<double>(total.correct) / total.counted;
+  }
+  return e;
+}
+
+std::vector<NamedTensor> InProcessPipeline::StateTensors() {
+  std::vector<NamedTensor> out;
+  for (auto& stage : stages_)
+    for (NamedTensor& t : stage->model().StateTensors()) out.push_back(t);
+  return out;
+}
+
+}  // namespace gpipe

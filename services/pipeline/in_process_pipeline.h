@@ -1,0 +1,71 @@
+// K stages on K threads of this process, joined by in-process links: the
+// whole GPipe machinery (schedules, re-materialization, exact gradients)
+// without a network. The gRPC cluster swaps only the links.
+#ifndef GPIPE_SERVICES_PIPELINE_IN_PROCESS_PIPELINE_H_
+#define GPIPE_SERVICES_PIPELINE_IN_PROCESS_PIPELINE_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+#include "services/pipeline/stage.h"
+#include "services/pipeline/stage_thread.h"
+#include "services/pipeline/trainer.h"
+#include "services/transport/link.h"
+
+namespace gpipe {
+
+struct PipelineOptions {
+  int64_t stages = 0;         // K; 0: the spec's
+  int64_t micro_batches = 0;  // M; 0: the spec's
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  RematMode remat = RematMode::kExceptLast;
+  std::vector<int64_t> balance;  // layers per stage; empty: partitioner
+  int threads_per_stage = 1;
+  // Used instead of opening the spec's dataset when set (tests share one).
+  std::shared_ptr<const Dataset> dataset;
+};
+
+// The options a spec asks for (stages, micro-batches, schedule, remat).
+PipelineOptions OptionsFromSpec(const gpipe::v1::JobSpec& spec);
+
+class InProcessPipeline final : public Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<InProcessPipeline>> Create(
+      const gpipe::v1::JobSpec& spec, const PipelineOptions& options);
+  ~InProcessPipeline() override;
+
+  absl::StatusOr<StepReport> Step() override;
+  absl::StatusOr<EvalResult> Evaluate(Split split,
+                                      int64_t max_samples) override;
+  int64_t step() const override { return step_; }
+  std::vector<NamedTensor> StateTensors() override;
+
+  int64_t stage_count() const { return static_cast<int64_t>(stages_.size()); }
+  Stage& stage(int64_t i) { return *stages_[i]; }
+  const std::vector<int64_t>& balance() const { return balance_; }
+  const Dataset& dataset() const { return *dataset_; }
+
+ private:
+  InProcessPipeline() = default;
+  // Runs `work(stage)` on every stage's thread at once. On the first error
+  // the links are closed so no stage waits forever for a dead neighbour.
+  template <typename Result, typename Work>
+  absl::StatusOr<std::vector<Result>> OnAllStages(Work work);
+
+  gpipe::v1::JobSpec spec_;
+  std::vector<int64_t> balance_;
+  std::shared_ptr<const Dataset> dataset_;
+  std::vector<std::unique_ptr<Link>> links_;  // 2 per neighbouring pair
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<std::unique_ptr<StageThread>> threads_;
+  int64_t step_ = 0;
+  bool broken_ = false;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_IN_PROCESS_PIPELINE_H_

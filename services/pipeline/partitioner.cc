@@ -1,0 +1,171 @@
+#include "services/pipeline/partitioner.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+
+namespace gpipe {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+absl::Status CheckStageCount(int64_t stages, int64_t layers) {
+  if (stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages: must be >= 1, got ", stages));
+  }
+  if (stages > layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages: ", stages, " is more than the model's ", layers,
+                     " layers (every stage needs at least one layer)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> PartitionByCost(
+    const std::vector<double>& layer_costs, int64_t stages) {
+  const int64_t n = static_cast<int64_t>(layer_costs.size());
+  RETURN_IF_ERROR(CheckStageCount(stages, n));
+  // Stage costs are differences of one prefix-sum array in both passes
+  // below, so the bound found by the first pass is met bit for bit by the
+  // second: no tolerance is needed to recognise the optimal splits.
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double c = layer_costs[i];
+    if (!std::isfinite(c) || c < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "layer cost ", i, ": must be finite and >= 0, got ", c));
+    }
+    prefix[i + 1] = prefix[i] + c;
+  }
+  if (!std::isfinite(prefix[n])) {
+    return absl::InvalidArgumentError("layer costs: the sum is not finite");
+  }
+  const int64_t k_stages = stages;
+  const auto at = [n](int64_t k, int64_t i) { return k * (n + 1) + i; };
+
+  // Pass 1: best[k][i] = the smallest possible most-expensive stage when the
+  // first i layers form k non-empty stages. best[k-1][j] never decreases with
+  // j while the last stage (j, i] only shrinks, so scanning j downwards can
+  // stop at the first j where the last stage dominates.
+  std::vector<double> best((k_stages + 1) * (n + 1), kInf);
+  for (int64_t i = 1; i <= n; ++i) best[at(1, i)] = prefix[i];
+  for (int64_t k = 2; k <= k_stages; ++k) {
+    for (int64_t i = k; i <= n; ++i) {
+      double b = kInf;
+      for (int64_t j = i - 1; j >= k - 1; --j) {
+        const double last = prefix[i] - prefix[j];
+        const double before = best[at(k - 1, j)];
+        b = std::min(b, std::max(before, last));
+        if (last >= before) break;
+      }
+      best[at(k, i)] = b;
+    }
+  }
+  const double bound = best[at(k_stages, n)];
+
+  // Pass 2: among the splits whose every stage costs <= bound, the smallest
+  // sum of squared stage costs. K and the total are fixed, so this is the
+  // smallest variance.
+  std::vector<double> squares((k_stages + 1) * (n + 1), kInf);
+  std::vector<int64_t> cut((k_stages + 1) * (n + 1), -1);
+  for (int64_t i = 1; i <= n; ++i) {
+    if (prefix[i] <= bound) {
+      squares[at(1, i)] = prefix[i] * prefix[i];
+      cut[at(1, i)] = 0;
+    }
+  }
+  for (int64_t k = 2; k <= k_stages; ++k) {
+    for (int64_t i = k; i <= n; ++i) {
+      for (int64_t j = i - 1; j >= k - 1; --j) {
+        const double last = prefix[i] - prefix[j];
+        if (last > bound) break;  // only grows as j decreases
+        const double before = squares[at(k - 1, j)];
+        if (before == kInf) continue;
+        const double s = before + last * last;
+        if (s < squares[at(k, i)]) {
+          squares[at(k, i)] = s;
+          cut[at(k, i)] = j;
+        }
+      }
+    }
+  }
+
+  std::vector<int64_t> balance(k_stages);
+  int64_t i = n;
+  for (int64_t k = k_stages; k >= 1; --k) {
+    const int64_t j = cut[at(k, i)];
+    if (j < 0) {
+      // Unreachable: pass 1's optimal split itself satisfies the bound.
+      return absl::InternalError("partitioner: no split meets its own bound");
+    }
+    balance[k - 1] = i - j;
+    i = j;
+  }
+  return balance;
+}
+
+absl::StatusOr<std::vector<int64_t>> PartitionJob(
+    const gpipe::v1::JobSpec& spec, int64_t stages) {
+  const int64_t layers = spec.model().layers_size();
+  RETURN_IF_ERROR(CheckStageCount(stages, layers));
+  const auto& balance = spec.pipeline().balance();
+  if (!balance.empty()) {
+    if (balance.size() != stages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline.balance: has ", balance.size(),
+                       " entries but there are ", stages, " stages"));
+    }
+    int64_t sum = 0;
+    for (int i = 0; i < balance.size(); ++i) {
+      if (balance[i] <= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("pipeline.balance[", i, "]: must be > 0, got ",
+                         balance[i]));
+      }
+      // Capped so the sum cannot overflow; any entry > layers is a mismatch.
+      sum += std::min<int64_t>(balance[i], layers + 1);
+    }
+    if (sum != layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline.balance: sums to ", sum > layers ? "more than " : "",
+                       sum > layers ? layers : sum, " but the model has ",
+                       layers, " layers"));
+    }
+    return std::vector<int64_t>(balance.begin(), balance.end());
+  }
+  ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
+  return PartitionByCost(CostModelLayerCosts(shapes), stages);
+}
+
+std::vector<double> CostModelLayerCosts(const ModelShapes& shapes) {
+  const size_t n = shapes.costs.size();
+  std::vector<double> costs(n);
+  double total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    costs[i] = std::max(0.0, shapes.costs[i].forward_flops);
+    total += costs[i];
+  }
+  // Relative to the model, so that the partition does not change with the
+  // unit the costs are counted in.
+  const double floor = total > 0 ? 1e-3 * total / static_cast<double>(n) : 1.0;
+  for (double& c : costs) c += floor;
+  return costs;
+}
+
+std::vector<int64_t> StageBegins(const std::vector<int64_t>& balance) {
+  std::vector<int64_t> begins(balance.size());
+  int64_t begin = 0;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    begins[s] = begin;
+    begin += balance[s];
+  }
+  return begins;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,43 @@
+// The partitioner: which contiguous run of layers each of the K stages gets.
+// A pipeline runs at the pace of its slowest stage, so the layers are split
+// to minimize the most expensive stage, exactly (not greedily); among the
+// splits that reach that minimum it takes the one whose stage costs vary
+// least, which leaves the most slack on every other stage.
+#ifndef GPIPE_SERVICES_PIPELINE_PARTITIONER_H_
+#define GPIPE_SERVICES_PIPELINE_PARTITIONER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/nn/layer_spec.h"
+
+namespace gpipe {
+
+// Layers per stage minimizing the most expensive stage (exact), ties broken
+// by lower variance of stage costs. Every stage gets at least one layer.
+// Errors (InvalidArgument): stages < 1, stages > costs.size(), a negative or
+// non-finite cost.
+absl::StatusOr<std::vector<int64_t>> PartitionByCost(
+    const std::vector<double>& layer_costs, int64_t stages);
+
+// The spec's explicit pipeline.balance when set (must have `stages` entries
+// > 0 summing to the layer count: the error names pipeline.balance), else
+// PartitionByCost over CostModelLayerCosts of the spec's model.
+absl::StatusOr<std::vector<int64_t>> PartitionJob(
+    const gpipe::v1::JobSpec& spec, int64_t stages);
+
+// Cost of each layer from the cost model: forward FLOPs per sample plus a
+// small floor (0.1% of the mean layer), so that free layers such as Flatten
+// still count a little and a split never piles them up for nothing. Training
+// cost is proportional (backward ~2x forward), so balancing the forward
+// balances the step.
+std::vector<double> CostModelLayerCosts(const ModelShapes& shapes);
+
+// First layer index of each stage: {0, b0, b0+b1, ...} (size K).
+std::vector<int64_t> StageBegins(const std::vector<int64_t>& balance);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_PARTITIONER_H_

@@ -1,0 +1,298 @@
+#include "services/pipeline/stage.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+
+namespace gpipe {
+
+Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
+             Timeline::Clock::time_point origin)
+    : spec_(spec),
+      placement_(placement),
+      remat_(StageRematerializes(placement.remat, placement.index,
+                                 placement.count)),
+      schedule_(MakeSchedule(placement.schedule, placement.count,
+                             placement.micro_batches, placement.index)),
+      timeline_(origin) {}
+
+absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
+    const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
+    std::shared_ptr<const Dataset> dataset, Link* upstream, Link* downstream,
+    Timeline::Clock::time_point origin) {
+  if (placement.count < 1 || placement.index < 0 ||
+      placement.index >= placement.count || placement.micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage ", placement.index, " of ", placement.count, " with ",
+        placement.micro_batches, " micro-batches is not a valid placement"));
+  }
+  if (placement.micro_batches > spec.batch_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batches: ", placement.micro_batches,
+                     " is larger than batch_size ", spec.batch_size()));
+  }
+  if ((placement.first() || placement.last()) && dataset == nullptr) {
+    return absl::InvalidArgumentError(
+        "the first and the last stage need the dataset");
+  }
+  if ((!placement.first() && upstream == nullptr) ||
+      (!placement.last() && downstream == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", placement.index, " is missing a link"));
+  }
+  std::unique_ptr<Stage> stage(new Stage(spec, placement, origin));
+  stage->dataset_ = std::move(dataset);
+  stage->upstream_ = upstream;
+  stage->downstream_ = downstream;
+  if (stage->dataset_ != nullptr) {
+    stage->sampler_ = std::make_unique<Sampler>(
+        spec.seed(), stage->dataset_->size(Split::kTrain), spec.batch_size());
+  }
+  ASSIGN_OR_RETURN(stage->model_,
+                   Model::Build(spec.model(), spec.seed(),
+                                placement.layer_begin, placement.layer_end));
+  ASSIGN_OR_RETURN(stage->optimizer_, MakeOptimizer(spec.optimizer(),
+                                                    stage->model_->Parameters()));
+  return stage;
+}
+
+LayerContext Stage::Context(int64_t step, int64_t m) const {
+  LayerContext ctx;
+  ctx.training = step != kEvalStep;
+  ctx.seed = spec_.seed();
+  ctx.step = step;
+  ctx.micro_batch = m;
+  return ctx;
+}
+
+absl::StatusOr<Message> Stage::Expect(Link* link, MessageKind kind,
+                                      int64_t step, int64_t micro_batch) {
+  ASSIGN_OR_RETURN(Message m, link->Receive());
+  if (m.kind != kind || m.step != step ||
+      (kind != MessageKind::kGradSquares && m.micro_batch != micro_batch)) {
+    Message want;
+    want.kind = kind;
+    want.step = step;
+    want.micro_batch = micro_batch;
+    return absl::InternalError(absl::StrCat("stage ", placement_.index,
+                                            ": expected ", Describe(want),
+                                            ", received ", Describe(m)));
+  }
+  return m;
+}
+
+absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
+                            const std::vector<RowRange>& ranges,
+                            double normalizer, std::vector<InFlight>& flight,
+                            LossResult& loss) {
+  OpTimer timer(timeline_, Phase::kForward, m);
+  Tensor x;
+  if (placement_.first()) {
+    x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+  } else {
+    ASSIGN_OR_RETURN(Message in,
+                     Expect(upstream_, MessageKind::kActivation, step, m));
+    timer.record().bytes_received = in.tensor.nbytes();
+    x = std::move(in.tensor);
+  }
+  InFlight& f = flight[m];
+  const LayerContext ctx = Context(step, m);
+  Tensor y = model_->Forward(x, ctx, remat_ ? nullptr : &f.saved);
+  if (remat_) f.input = x;
+  if (placement_.last()) {
+    loss += SoftmaxCrossEntropyLoss(
+        y, batch.targets.Rows(ranges[m].begin, ranges[m].end), normalizer,
+        &f.dlogits);
+    return absl::OkStatus();
+  }
+  Message out;
+  out.kind = MessageKind::kActivation;
+  out.step = step;
+  out.micro_batch = m;
+  timer.record().bytes_sent = y.nbytes();
+  out.tensor = std::move(y);
+  return downstream_->Send(std::move(out));
+}
+
+absl::Status Stage::Backward(int64_t step, int64_t m,
+                             std::vector<InFlight>& flight) {
+  InFlight& f = flight[m];
+  Tensor dy;
+  int64_t received = 0;
+  if (placement_.last()) {
+    dy = std::move(f.dlogits);
+  } else {
+    // Waiting for the gradient is bubble, not backward time.
+    ASSIGN_OR_RETURN(Message in,
+                     Expect(downstream_, MessageKind::kGradient, step, m));
+    received = in.tensor.nbytes();
+    dy = std::move(in.tensor);
+  }
+  const LayerContext ctx = Context(step, m);
+  if (remat_) {
+    OpTimer recompute(timeline_, Phase::kRecompute, m);
+    LayerContext again = ctx;
+    again.recompute = true;
+    model_->Forward(f.input, again, &f.saved);
+    f.input = Tensor();
+  }
+  OpTimer timer(timeline_, Phase::kBackward, m);
+  timer.record().bytes_received = received;
+  Tensor dx = model_->Backward(dy, f.saved, ctx);
+  f = InFlight();
+  if (placement_.first()) return absl::OkStatus();
+  Message out;
+  out.kind = MessageKind::kGradient;
+  out.step = step;
+  out.micro_batch = m;
+  timer.record().bytes_sent = dx.nbytes();
+  out.tensor = std::move(dx);
+  return upstream_->Send(std::move(out));
+}
+
+// Global-norm clipping across stages: the squared norm is folded parameter by
+// parameter down the chain (stage i continues from stage i-1's sum), which
+// is exactly the single-process order; the total then travels back up.
+absl::StatusOr<double> Stage::OptimizerStep(int64_t step, float* lr) {
+  double squares = 0.0;
+  if (!placement_.first()) {
+    ASSIGN_OR_RETURN(Message in,
+                     Expect(upstream_, MessageKind::kGradSquares, step, -1));
+    squares = in.scalar;
+  }
+  OpTimer timer(timeline_, Phase::kOptimizer, -1);
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  squares = AccumulateGradSquares(params, squares);
+  Message msg;
+  msg.kind = MessageKind::kGradSquares;
+  msg.step = step;
+  if (!placement_.last()) {
+    msg.scalar = squares;
+    RETURN_IF_ERROR(downstream_->Send(msg));
+    ASSIGN_OR_RETURN(Message total,
+                     Expect(downstream_, MessageKind::kGradSquares, step, -1));
+    squares = total.scalar;
+  }
+  if (!placement_.first()) {
+    msg.scalar = squares;
+    RETURN_IF_ERROR(upstream_->Send(msg));
+  }
+  ScaleGradients(params,
+                 ClipCoefficient(squares, spec_.optimizer().clip_norm()));
+  *lr = LearningRate(spec_.optimizer(), step, spec_.steps());
+  optimizer_->Step(*lr, step + 1);
+  model_->ZeroGrad();
+  return squares;
+}
+
+absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
+  AllocatorScope scope(&activations_);
+  activations_.ResetPeak();
+  timeline_.BeginStep(step);
+  StageStepResult result;
+  result.step = step;
+  Batch batch;
+  std::vector<RowRange> ranges;
+  if (placement_.first() || placement_.last()) {
+    batch = dataset_->Gather(Split::kTrain, sampler_->Indices(step));
+    ranges = SplitMicroBatches(batch.inputs.dim(0), placement_.micro_batches);
+    if (placement_.last())
+      result.loss_normalizer =
+          std::max<int64_t>(CountTargets(batch.targets), 1);
+  }
+  std::vector<InFlight> flight(placement_.micro_batches);
+  for (const Op& op : schedule_) {
+    switch (op.kind) {
+      case OpKind::kForward:
+        RETURN_IF_ERROR(Forward(step, op.micro_batch, batch, ranges,
+                                result.loss_normalizer, flight, result.loss));
+        break;
+      case OpKind::kBackward:
+        RETURN_IF_ERROR(Backward(step, op.micro_batch, flight));
+        break;
+      case OpKind::kOptimizerStep: {
+        if (placement_.last()) {
+          const double loss = result.loss.loss_sum / result.loss_normalizer;
+          if (!std::isfinite(loss)) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "loss is not finite (", loss, ") at step ", step));
+          }
+        }
+        ASSIGN_OR_RETURN(const double squares, OptimizerStep(step, &result.lr));
+        result.grad_norm = std::sqrt(squares);
+        break;
+      }
+    }
+  }
+  timeline_.EndStep();
+  last_peak_bytes_ = activations_.peak_bytes();
+  result.peak_activation_bytes = last_peak_bytes_;
+  return result;
+}
+
+// Evaluation streams batches down the pipe until the first stage sends the
+// end marker, so middle stages need neither the dataset nor its size.
+absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
+  AllocatorScope scope(&activations_);
+  const int64_t batch_size = spec_.eval().batch_size() > 0
+                                 ? spec_.eval().batch_size()
+                                 : spec_.batch_size();
+  int64_t n = dataset_ != nullptr ? dataset_->size(split) : 0;
+  if (max_samples > 0) n = std::min(n, max_samples);
+  LossResult total;
+  std::vector<int64_t> indices;
+  for (int64_t b = 0;; ++b) {
+    Tensor x;
+    if (placement_.first()) {
+      if (b * batch_size >= n) break;
+    } else {
+      ASSIGN_OR_RETURN(Message in, upstream_->Receive());
+      if (in.kind == MessageKind::kEvalEnd) break;
+      if (in.kind != MessageKind::kActivation || in.step != kEvalStep ||
+          in.micro_batch != b) {
+        return absl::InternalError(
+            absl::StrCat("stage ", placement_.index,
+                         ": expected evaluation batch ", b, ", received ",
+                         Describe(in)));
+      }
+      x = std::move(in.tensor);
+    }
+    Batch batch;
+    if (placement_.first() || placement_.last()) {
+      const int64_t begin = b * batch_size;
+      const int64_t end = std::min(n, begin + batch_size);
+      if (begin >= end) {
+        return absl::InternalError(absl::StrCat(
+            "stage ", placement_.index, ": evaluation batch ", b,
+            " is past the end of the split"));
+      }
+      indices.resize(end - begin);
+      std::iota(indices.begin(), indices.end(), begin);
+      batch = dataset_->Gather(split, indices);
+      if (placement_.first()) x = batch.inputs;
+    }
+    Tensor y = model_->Forward(x, Context(kEvalStep, b), nullptr);
+    if (placement_.last()) {
+      total += SoftmaxCrossEntropyLoss(y, batch.targets, 1.0, nullptr);
+      continue;
+    }
+    Message out;
+    out.kind = MessageKind::kActivation;
+    out.step = kEvalStep;
+    out.micro_batch = b;
+    out.tensor = std::move(y);
+    RETURN_IF_ERROR(downstream_->Send(std::move(out)));
+  }
+  if (!placement_.last()) {
+    Message end;
+    end.kind = MessageKind::kEvalEnd;
+    end.step = kEvalStep;
+    RETURN_IF_ERROR(downstream_->Send(std::move(end)));
+  }
+  return total;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,113 @@
+// One pipeline stage: a contiguous range of layers, its optimizer, and the
+// runtime that executes the stage's schedule for a step against its links.
+// The first stage reads inputs and the last reads targets from the same
+// deterministic sampler, so labels never travel through the pipe.
+#ifndef GPIPE_SERVICES_PIPELINE_STAGE_H_
+#define GPIPE_SERVICES_PIPELINE_STAGE_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/data/dataset.h"
+#include "services/data/sampler.h"
+#include "services/nn/loss.h"
+#include "services/nn/model.h"
+#include "services/nn/optimizer.h"
+#include "services/pipeline/micro_batch.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+#include "services/pipeline/timeline.h"
+#include "services/pipeline/trainer.h"
+#include "services/transport/link.h"
+
+namespace gpipe {
+
+// Where a stage sits in its pipeline and how it runs.
+struct StagePlacement {
+  int64_t index = 0;        // 0-based
+  int64_t count = 1;        // K
+  int64_t layer_begin = 0;  // global layer range [begin, end)
+  int64_t layer_end = 0;
+  int64_t micro_batches = 1;  // M
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  RematMode remat = RematMode::kExceptLast;
+
+  bool first() const { return index == 0; }
+  bool last() const { return index == count - 1; }
+};
+
+// What a stage reports after a step. Loss figures are the last stage's.
+struct StageStepResult {
+  int64_t step = 0;
+  LossResult loss;
+  double loss_normalizer = 1.0;
+  double grad_norm = 0.0;
+  float lr = 0.0f;
+  int64_t peak_activation_bytes = 0;
+};
+
+class Stage {
+ public:
+  // `dataset` is read by the first and the last stage (others may pass
+  // null). The links are not owned; the first stage has no upstream and the
+  // last no downstream.
+  static absl::StatusOr<std::unique_ptr<Stage>> Create(
+      const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
+      std::shared_ptr<const Dataset> dataset, Link* upstream, Link* downstream,
+      Timeline::Clock::time_point origin = Timeline::Clock::now());
+
+  // Runs the schedule of training step `step` and the optimizer step.
+  absl::StatusOr<StageStepResult> RunStep(int64_t step);
+  // A forward-only pass over a split in batches of the evaluation batch
+  // size; the last stage returns the loss and accuracy, others zeros.
+  absl::StatusOr<LossResult> RunEval(Split split, int64_t max_samples);
+
+  const StagePlacement& placement() const { return placement_; }
+  Model& model() { return *model_; }
+  Optimizer& optimizer() { return *optimizer_; }
+  const Timeline& timeline() const { return timeline_; }
+  // Peak bytes this stage's allocator held during the last step.
+  int64_t peak_activation_bytes() const { return last_peak_bytes_; }
+
+ private:
+  Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
+        Timeline::Clock::time_point origin);
+
+  // Per micro-batch state between its forward and its backward.
+  struct InFlight {
+    Tensor input;              // kept under re-materialization
+    std::vector<Saved> saved;  // kept without it
+    Tensor dlogits;            // last stage: gradient of the loss
+  };
+
+  absl::StatusOr<Message> Expect(Link* link, MessageKind kind, int64_t step,
+                                 int64_t micro_batch);
+  absl::Status Forward(int64_t step, int64_t m, const Batch& batch,
+                       const std::vector<RowRange>& ranges,
+                       double normalizer, std::vector<InFlight>& flight,
+                       LossResult& loss);
+  absl::Status Backward(int64_t step, int64_t m, std::vector<InFlight>& flight);
+  absl::StatusOr<double> OptimizerStep(int64_t step, float* lr);
+  LayerContext Context(int64_t step, int64_t m) const;
+
+  gpipe::v1::JobSpec spec_;
+  StagePlacement placement_;
+  bool remat_;
+  std::vector<Op> schedule_;
+  std::shared_ptr<const Dataset> dataset_;
+  std::unique_ptr<Sampler> sampler_;
+  Link* upstream_ = nullptr;
+  Link* downstream_ = nullptr;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  CpuAllocator host_;
+  CountingAllocator activations_{&host_};
+  Timeline timeline_;
+  int64_t last_peak_bytes_ = 0;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_STAGE_H_

@@ -1,0 +1,19 @@
+#include "services/transport/link.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace gpipe {
+
+std::string Describe(const Message& m) {
+  if (m.kind == MessageKind::kEvalEnd) return "end of evaluation";
+  const char* kind = m.kind == MessageKind::kActivation ? "activation"
+                     : m.kind == MessageKind::kGradient ? "gradient"
+                                                        : "gradient norm";
+  if (m.kind == MessageKind::kGradSquares)
+    return absl::StrCat(kind, " at step ", m.step);
+  return absl::StrCat(kind, " of micro-batch ", m.micro_batch,
+                      m.step == kEvalStep ? std::string(" in evaluation")
+                                          : absl::StrCat(" at step ", m.step));
+}
+
+}  // namespace gpipe

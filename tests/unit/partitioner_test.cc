@@ -1,0 +1,261 @@
+// The partitioner is exact: on every small cost vector its split has the
+// smallest possible most-expensive stage and, among those, the smallest
+// variance, as found by trying every split. Explicit balances override it.
+#include "services/pipeline/partitioner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <string_view>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/layer_profile.h"
+
+namespace gpipe {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Stage costs summed directly, independent of the partitioner's prefix sums.
+std::vector<double> StageSums(const std::vector<double>& costs,
+                              const std::vector<int64_t>& balance) {
+  std::vector<double> sums;
+  size_t l = 0;
+  for (int64_t b : balance) {
+    double s = 0;
+    for (int64_t i = 0; i < b; ++i) s += costs[l++];
+    sums.push_back(s);
+  }
+  return sums;
+}
+
+double MaxOf(const std::vector<double>& v) {
+  return *std::max_element(v.begin(), v.end());
+}
+
+double VarianceOf(const std::vector<double>& v) {
+  const double mean = std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+  double sq = 0;
+  for (double x : v) sq += (x - mean) * (x - mean);
+  return sq / v.size();
+}
+
+// Every way to cut n layers into k non-empty contiguous stages.
+void AllBalances(int64_t n, int64_t k, std::vector<int64_t>& prefix,
+                 std::vector<std::vector<int64_t>>& out) {
+  if (k == 1) {
+    prefix.push_back(n);
+    out.push_back(prefix);
+    prefix.pop_back();
+    return;
+  }
+  for (int64_t first = 1; first <= n - (k - 1); ++first) {
+    prefix.push_back(first);
+    AllBalances(n - first, k - 1, prefix, out);
+    prefix.pop_back();
+  }
+}
+
+struct BruteForce {
+  double min_max;
+  double min_variance;  // among the splits that reach min_max
+};
+
+BruteForce Solve(const std::vector<double>& costs, int64_t k, double tol) {
+  std::vector<std::vector<int64_t>> all;
+  std::vector<int64_t> prefix;
+  AllBalances(static_cast<int64_t>(costs.size()), k, prefix, all);
+  BruteForce best{std::numeric_limits<double>::infinity(),
+                  std::numeric_limits<double>::infinity()};
+  for (const auto& b : all) best.min_max = std::min(best.min_max, MaxOf(StageSums(costs, b)));
+  for (const auto& b : all) {
+    const std::vector<double> sums = StageSums(costs, b);
+    if (MaxOf(sums) <= best.min_max + tol) {
+      best.min_variance = std::min(best.min_variance, VarianceOf(sums));
+    }
+  }
+  return best;
+}
+
+void ExpectOptimal(const std::vector<double>& costs, int64_t k) {
+  const double total = std::accumulate(costs.begin(), costs.end(), 0.0);
+  const double tol = 1e-9 * std::max(1.0, total);
+  absl::StatusOr<std::vector<int64_t>> balance = PartitionByCost(costs, k);
+  ASSERT_TRUE(balance.ok()) << balance.status();
+  ASSERT_EQ(balance->size(), static_cast<size_t>(k));
+  int64_t layers = 0;
+  for (int64_t b : *balance) {
+    EXPECT_GE(b, 1);
+    layers += b;
+  }
+  ASSERT_EQ(layers, static_cast<int64_t>(costs.size()));
+  const std::vector<double> sums = StageSums(costs, *balance);
+  const BruteForce best = Solve(costs, k, tol);
+  EXPECT_NEAR(MaxOf(sums), best.min_max, tol) << "k=" << k;
+  EXPECT_NEAR(VarianceOf(sums), best.min_variance, tol * std::max(1.0, total))
+      << "k=" << k;
+}
+
+TEST(PartitionByCostTest, MatchesBruteForceOnSmallIntegerCosts) {
+  // Small integers tie often, so the variance tie-break is exercised.
+  Rng rng(1);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng.Below(9));
+    std::vector<double> costs(n);
+    for (double& c : costs) c = static_cast<double>(rng.Below(6));
+    for (int64_t k = 1; k <= n; ++k) ExpectOptimal(costs, k);
+  }
+}
+
+TEST(PartitionByCostTest, MatchesBruteForceOnRealCosts) {
+  Rng rng(2);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng.Below(9));
+    std::vector<double> costs(n);
+    for (double& c : costs) c = rng.Uniform() * std::pow(10.0, rng.Below(4));
+    for (int64_t k = 1; k <= n; ++k) ExpectOptimal(costs, k);
+  }
+}
+
+TEST(PartitionByCostTest, HandMadeCases) {
+  EXPECT_THAT(*PartitionByCost({1, 1, 1, 1}, 2), ElementsAre(2, 2));
+  EXPECT_THAT(*PartitionByCost({4, 1, 1, 1, 1}, 2), ElementsAre(1, 4));
+  EXPECT_THAT(*PartitionByCost({5, 5, 5}, 3), ElementsAre(1, 1, 1));
+  EXPECT_THAT(*PartitionByCost({1, 2, 3}, 1), ElementsAre(3));
+  // Several splits reach max 10 ({10 | 1 1 1 1 | 1 5} too); the variance
+  // tie-break picks the evenest rest.
+  const std::vector<int64_t> b = *PartitionByCost({10, 1, 1, 1, 1, 1, 5}, 3);
+  EXPECT_THAT(StageSums({10, 1, 1, 1, 1, 1, 5}, b), ElementsAre(10, 5, 5));
+  EXPECT_THAT(*PartitionByCost({3, 3, 3, 3, 3, 3, 3}, 3),
+              ::testing::AnyOf(ElementsAre(2, 2, 3), ElementsAre(2, 3, 2),
+                               ElementsAre(3, 2, 2)));
+  // Zero-cost layers are fine; every stage still gets one.
+  EXPECT_THAT(*PartitionByCost({0, 0, 0}, 3), ElementsAre(1, 1, 1));
+}
+
+TEST(PartitionByCostTest, ManyLayersAndStagesAreQuick) {
+  std::vector<double> costs(2000);
+  Rng rng(3);
+  for (double& c : costs) c = 1 + rng.Uniform();
+  absl::StatusOr<std::vector<int64_t>> b = PartitionByCost(costs, 128);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->size(), 128u);
+}
+
+TEST(PartitionByCostTest, Errors) {
+  absl::StatusOr<std::vector<int64_t>> r = PartitionByCost({1, 2}, 3);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("3 is more than the model's 2"));
+  EXPECT_THAT(PartitionByCost({1, 2}, 0).status().message(),
+              HasSubstr("must be >= 1"));
+  EXPECT_FALSE(PartitionByCost({}, 1).ok());
+  EXPECT_THAT(PartitionByCost({1, -1}, 1).status().message(),
+              HasSubstr("layer cost 1"));
+  EXPECT_FALSE(PartitionByCost({1, std::nan("")}, 1).ok());
+  EXPECT_FALSE(
+      PartitionByCost({1, std::numeric_limits<double>::infinity()}, 1).ok());
+}
+
+TEST(StageBeginsTest, PrefixSums) {
+  EXPECT_THAT(StageBegins({3, 1, 2}), ElementsAre(0, 3, 4));
+  EXPECT_THAT(StageBegins({5}), ElementsAre(0));
+  EXPECT_TRUE(StageBegins({}).empty());
+}
+
+// 784-256-128-10 MLP: linear, relu, linear, relu, linear.
+gpipe::v1::JobSpec MlpSpec() {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(R"({
+    "model": {
+      "input": {"dtype": "FLOAT32", "shape": {"dims": [784]}},
+      "layers": [
+        {"linear": {"in_features": 784, "out_features": 256}},
+        {"relu": {}},
+        {"linear": {"in_features": 256, "out_features": 128}},
+        {"relu": {}},
+        {"linear": {"in_features": 128, "out_features": 10}}
+      ],
+      "loss": {"softmax_cross_entropy": {}}
+    },
+    "optimizer": {"lr": 0.1, "sgd": {}},
+    "data": {"fashion_mnist": {}},
+    "batch_size": 16, "steps": 1, "seed": 5
+  })");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return *spec;
+}
+
+TEST(PartitionJobTest, ByCostModel) {
+  const gpipe::v1::JobSpec spec = MlpSpec();
+  // The first linear has ~85% of the FLOPs: it is a stage of its own.
+  EXPECT_THAT(*PartitionJob(spec, 2), ElementsAre(1, 4));
+  EXPECT_THAT(*PartitionJob(spec, 5), ElementsAre(1, 1, 1, 1, 1));
+  EXPECT_THAT(PartitionJob(spec, 6).status().message(),
+              HasSubstr("more than the model's 5 layers"));
+}
+
+TEST(PartitionJobTest, ExplicitBalanceWins) {
+  gpipe::v1::JobSpec spec = MlpSpec();
+  spec.mutable_pipeline()->set_stages(2);
+  spec.mutable_pipeline()->add_balance(3);
+  spec.mutable_pipeline()->add_balance(2);
+  EXPECT_THAT(*PartitionJob(spec, 2), ElementsAre(3, 2));
+
+  absl::StatusOr<std::vector<int64_t>> wrong_k = PartitionJob(spec, 3);
+  EXPECT_THAT(wrong_k.status().message(), HasSubstr("pipeline.balance"));
+
+  spec.mutable_pipeline()->set_balance(1, 3);  // sums to 6
+  EXPECT_THAT(PartitionJob(spec, 2).status().message(),
+              HasSubstr("pipeline.balance: sums to more than 5"));
+  spec.mutable_pipeline()->set_balance(1, 1);  // sums to 4
+  EXPECT_THAT(PartitionJob(spec, 2).status().message(),
+              HasSubstr("pipeline.balance: sums to 4"));
+  spec.mutable_pipeline()->set_balance(0, 0);
+  spec.mutable_pipeline()->set_balance(1, 5);
+  EXPECT_THAT(PartitionJob(spec, 2).status().message(),
+              HasSubstr("pipeline.balance[0]"));
+}
+
+TEST(CostModelLayerCostsTest, FlopsWithAFloor) {
+  const gpipe::v1::JobSpec spec = MlpSpec();
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec.model());
+  ASSERT_TRUE(shapes.ok());
+  const std::vector<double> costs = CostModelLayerCosts(*shapes);
+  ASSERT_EQ(costs.size(), 5u);
+  for (size_t i = 0; i < costs.size(); ++i) {
+    EXPECT_GT(costs[i], shapes->costs[i].forward_flops);
+  }
+  EXPECT_GT(costs[0], 100 * costs[1]);  // the floor stays small
+}
+
+TEST(MeasureLayerSecondsTest, OneFigurePerLayer) {
+  const gpipe::v1::JobSpec spec = MlpSpec();
+  absl::StatusOr<std::vector<double>> seconds = MeasureLayerSeconds(spec, 8, 3);
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  ASSERT_EQ(seconds->size(), 5u);
+  for (double s : *seconds) EXPECT_GE(s, 0);
+  // Balancing by measured time gives a valid split.
+  absl::StatusOr<std::vector<int64_t>> b = PartitionByCost(*seconds, 2);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ((*b)[0] + (*b)[1], 5);
+  EXPECT_FALSE(MeasureLayerSeconds(spec, 0, 3).ok());
+  EXPECT_FALSE(MeasureLayerSeconds(spec, 8, 0).ok());
+}
+
+TEST(MeasureLayerSecondsTest, TokenInputs) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
+      std::string(GPIPE_SOURCE_DIR) + "/examples/char_transformer.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<double>> seconds = MeasureLayerSeconds(*spec, 2, 1);
+  ASSERT_TRUE(seconds.ok()) << seconds.status();
+  EXPECT_EQ(seconds->size(), 5u);
+}
+
+}  // namespace
+}  // namespace gpipe

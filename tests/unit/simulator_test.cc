@@ -1,0 +1,183 @@
+// The simulator reproduces the pipeline's closed forms: GPipe's bubble on a
+// balanced pipeline is (K-1)/(M+K-1), 1F1B takes as long but holds at most K
+// micro-batches, re-materialization trades time for memory, and links cost.
+#include "services/pipeline/simulator.h"
+
+#include <chrono>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/pipeline/job_spec.h"
+
+namespace gpipe {
+namespace {
+
+SimulationConfig Balanced(int64_t k, int64_t m, ScheduleKind schedule,
+                          RematMode remat = RematMode::kNever) {
+  SimulationConfig config;
+  StageCost cost;
+  cost.forward_seconds = 1.0;
+  cost.backward_seconds = 2.0;
+  cost.input_bytes = 100;
+  cost.internal_bytes = 1000;
+  cost.output_bytes = 0;  // free links
+  config.stages.assign(k, cost);
+  config.micro_batches = m;
+  config.schedule = schedule;
+  config.remat = remat;
+  return config;
+}
+
+TEST(SimulatorTest, GPipeBubbleMatchesClosedForm) {
+  for (int64_t k : {1, 2, 4, 8}) {
+    for (int64_t m : {1, 4, 16, 32}) {
+      const SimulationResult r = Simulate(Balanced(k, m, ScheduleKind::kGPipe));
+      const double expected = static_cast<double>(k - 1) / (m + k - 1);
+      ASSERT_EQ(r.stages.size(), static_cast<size_t>(k));
+      EXPECT_NEAR(r.step_seconds, 3.0 * (m + k - 1), 1e-9);
+      for (const StageSimulation& s : r.stages) {
+        EXPECT_NEAR(s.bubble_fraction, expected, 1e-9) << k << " " << m;
+        EXPECT_NEAR(s.busy_seconds, 3.0 * m, 1e-9);
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, RematEverywhereKeepsTheBubble) {
+  // Recompute makes every backward longer by the same amount: still balanced.
+  const SimulationResult r =
+      Simulate(Balanced(4, 8, ScheduleKind::kGPipe, RematMode::kAlways));
+  EXPECT_NEAR(r.step_seconds, 4.0 * (8 + 4 - 1), 1e-9);
+  for (const StageSimulation& s : r.stages) {
+    EXPECT_NEAR(s.bubble_fraction, 3.0 / 11.0, 1e-9);
+  }
+}
+
+TEST(SimulatorTest, OneFOneBTakesAsLongAsGPipe) {
+  for (int64_t k : {1, 2, 3, 4, 8}) {
+    for (int64_t m : {1, 2, 4, 5, 16, 32}) {
+      const double gpipe =
+          Simulate(Balanced(k, m, ScheduleKind::kGPipe)).step_seconds;
+      const double one_f_one_b =
+          Simulate(Balanced(k, m, ScheduleKind::kOneFOneB)).step_seconds;
+      EXPECT_NEAR(one_f_one_b, gpipe, 1e-9) << "k=" << k << " m=" << m;
+    }
+  }
+}
+
+TEST(SimulatorTest, OneFOneBHoldsAtMostKMicroBatches) {
+  const int64_t k = 4, m = 16;
+  const SimulationResult gpipe = Simulate(Balanced(k, m, ScheduleKind::kGPipe));
+  const SimulationResult ofob =
+      Simulate(Balanced(k, m, ScheduleKind::kOneFOneB));
+  const int64_t per_micro_batch = 100 + 1000;
+  EXPECT_EQ(gpipe.stages[0].peak_activation_bytes, m * per_micro_batch);
+  EXPECT_EQ(ofob.stages[0].peak_activation_bytes, k * per_micro_batch);
+  for (int64_t s = 0; s < k; ++s) {
+    EXPECT_EQ(gpipe.stages[s].peak_activation_bytes, m * per_micro_batch);
+    EXPECT_LE(ofob.stages[s].peak_activation_bytes, k * per_micro_batch);
+  }
+  EXPECT_EQ(ofob.stages[k - 1].peak_activation_bytes, per_micro_batch);
+}
+
+TEST(SimulatorTest, RematLowersPeakMemoryAndCostsTime) {
+  const int64_t k = 4, m = 8;
+  const SimulationResult never =
+      Simulate(Balanced(k, m, ScheduleKind::kGPipe, RematMode::kNever));
+  const SimulationResult always =
+      Simulate(Balanced(k, m, ScheduleKind::kGPipe, RematMode::kAlways));
+  const SimulationResult except_last =
+      Simulate(Balanced(k, m, ScheduleKind::kGPipe, RematMode::kExceptLast));
+  for (int64_t s = 0; s < k; ++s) {
+    // Remat: every micro-batch's input plus one micro-batch's internals.
+    EXPECT_EQ(always.stages[s].peak_activation_bytes, m * 100 + 1000);
+    EXPECT_LT(always.stages[s].peak_activation_bytes,
+              never.stages[s].peak_activation_bytes);
+  }
+  EXPECT_EQ(except_last.stages[k - 1].peak_activation_bytes,
+            never.stages[k - 1].peak_activation_bytes);
+  EXPECT_EQ(except_last.stages[0].peak_activation_bytes,
+            always.stages[0].peak_activation_bytes);
+  EXPECT_GT(always.step_seconds, never.step_seconds);
+  EXPECT_GT(except_last.step_seconds, never.step_seconds);
+  EXPECT_LT(except_last.step_seconds, always.step_seconds);
+  // The recompute counts as busy time.
+  EXPECT_NEAR(always.stages[0].busy_seconds, m * 4.0, 1e-9);
+  EXPECT_NEAR(except_last.stages[k - 1].busy_seconds, m * 3.0, 1e-9);
+}
+
+TEST(SimulatorTest, LargePipelinesAreInstant) {
+  const auto start = std::chrono::steady_clock::now();
+  const SimulationResult r =
+      Simulate(Balanced(128, 1024, ScheduleKind::kOneFOneB));
+  const SimulationResult g = Simulate(Balanced(128, 1024, ScheduleKind::kGPipe));
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+  EXPECT_LT(seconds, 1.0);
+  EXPECT_NEAR(g.stages[0].bubble_fraction, 127.0 / (1024 + 127), 1e-9);
+  EXPECT_NEAR(r.step_seconds, g.step_seconds, 1e-6);
+}
+
+TEST(SimulatorTest, TransfersCostTime) {
+  SimulationConfig free_links = Balanced(4, 8, ScheduleKind::kGPipe);
+  SimulationConfig slow = free_links;
+  for (StageCost& c : slow.stages) c.output_bytes = 1000;
+  slow.link_bytes_per_second = 1e4;  // 0.1 s a transfer
+  const double base = Simulate(free_links).step_seconds;
+  const double with_bandwidth = Simulate(slow).step_seconds;
+  EXPECT_GT(with_bandwidth, base);
+  // Each of the 3 links is crossed once forward and once backward on the
+  // critical path of the first and last micro-batch.
+  EXPECT_NEAR(with_bandwidth, base + 6 * 0.1, 1e-9);
+
+  SimulationConfig latency = free_links;
+  latency.link_latency_seconds = 0.5;
+  EXPECT_NEAR(Simulate(latency).step_seconds, base + 6 * 0.5, 1e-9);
+}
+
+TEST(SimulatorTest, SlowLinkBecomesTheBottleneck) {
+  // A transfer longer than a forward: the link, not the stages, sets the
+  // pace, which only a link carrying one tensor at a time shows.
+  SimulationConfig config = Balanced(2, 16, ScheduleKind::kGPipe);
+  for (StageCost& c : config.stages) c.output_bytes = 2000;
+  config.link_bytes_per_second = 1000;  // 2 s a transfer, forward takes 1 s
+  const SimulationResult r = Simulate(config);
+  // Stage 1 receives its last input no earlier than 1 + 16 * 2 seconds.
+  EXPECT_GE(r.step_seconds, 1 + 16 * 2.0 + 1 + 2.0 * 16);
+}
+
+TEST(SimulatorTest, UnbalancedStagesSetThePace) {
+  SimulationConfig config = Balanced(2, 8, ScheduleKind::kGPipe);
+  config.stages[1].forward_seconds = 2.0;
+  config.stages[1].backward_seconds = 4.0;
+  const SimulationResult r = Simulate(config);
+  EXPECT_LT(r.stages[1].bubble_fraction, r.stages[0].bubble_fraction);
+  EXPECT_GE(r.step_seconds, 8 * 6.0);
+}
+
+TEST(StageCostsFromLayersTest, SumsLayersOfEachStage) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
+      std::string(GPIPE_SOURCE_DIR) + "/examples/fashion_mnist_mlp.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
+  ASSERT_TRUE(shapes.ok());
+  // 784-256-128-10: linear, relu, linear, relu, linear.
+  const std::vector<double> seconds = {1, 0.5, 0.25, 0.125, 0.0625};
+  const std::vector<StageCost> stages =
+      StageCostsFromLayers(*shapes, seconds, {2, 3}, 8);
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_DOUBLE_EQ(stages[0].forward_seconds, 1.5);
+  EXPECT_DOUBLE_EQ(stages[0].backward_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(stages[1].forward_seconds, 0.4375);
+  EXPECT_EQ(stages[0].input_bytes, 784 * 4 * 8);
+  EXPECT_EQ(stages[0].output_bytes, 256 * 4 * 8);
+  EXPECT_EQ(stages[0].internal_bytes, (256 + 256) * 4 * 8);
+  EXPECT_EQ(stages[1].input_bytes, 256 * 4 * 8);
+  EXPECT_EQ(stages[1].output_bytes, 10 * 4 * 8);
+  EXPECT_EQ(stages[1].internal_bytes, (128 + 128 + 10) * 4 * 8);
+}
+
+}  // namespace
+}  // namespace gpipe
