@@ -39,6 +39,7 @@ echo "compare_torch: $threads threads, $warmup warm-up + $steps timed steps, bes
 echo "  environment (left as it is for both sides): OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE-(unset)}" \
      "OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE-(unset)}"
 echo "  python: $python; full outputs in $logs"
+echo "  load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (other work on the cores skews both sides)"
 echo
 
 median() { awk '/^ms\/step:/ { print $3 }' "$1"; }
@@ -68,6 +69,7 @@ echo "== gemm_bench --threads $threads"
 build/bench/gemm_bench --threads "$threads" | tee "$logs/gemm_bench.txt"
 
 echo
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "== step time, best median of $rounds rounds ($threads threads; goal: ours/torch <= 1.0)"
 printf '%-20s %14s %14s %11s\n' model "ours ms/step" "torch ms/step" ours/torch
 for row in "${rows[@]}"; do

@@ -171,6 +171,18 @@ def build_model(model_spec, sample_shape):
     return nn.Sequential(*layers)
 
 
+def loaded_blas():
+    """The BLAS library(ies) this process has mapped: Debian's torch calls
+    libblas.so.3, which the alternatives system points at some OpenBLAS."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "blas" in line.split()[-1]}
+    except OSError:
+        return "(unknown)"
+    openblas = [p for p in paths if "libopenblas" in p]
+    return ", ".join(sorted(openblas or paths)) or "(none mapped)"
+
+
 def make_optimizer(spec, params):
     lr = field(spec, "lr", 0.0)
     if "adamw" in spec:
@@ -234,6 +246,7 @@ def main():
     print(f"  OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', '(unset)')} "
           f"OPENBLAS_L2_SIZE={os.environ.get('OPENBLAS_L2_SIZE', '(unset)')}")
     print(f"  torch {torch.__version__}, torch.get_num_threads() {torch.get_num_threads()}")
+    print(f"  BLAS: {loaded_blas()}")
     sys.stdout.flush()
     for _ in range(ARGS.warmup):
         step()

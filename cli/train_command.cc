@@ -7,10 +7,12 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/progress.h"
+#include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
@@ -21,7 +23,15 @@ ABSL_FLAG(int64_t, micro_batches, 0,
 ABSL_FLAG(int64_t, steps, 0, "training steps (0: the job spec's)");
 ABSL_FLAG(std::string, out, "",
           "directory for model.safetensors with the final parameters");
-ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
+ABSL_FLAG(int, threads, 0,
+          "compute threads (0: all cores); with --stages K > 1 they are "
+          "shared out among the stages");
+ABSL_FLAG(int64_t, stages, 0,
+          "pipeline stages K (0: the job spec's; 1: the single-process "
+          "reference trainer)");
+ABSL_FLAG(std::string, schedule, "", "gpipe or 1f1b (default: the job spec's)");
+ABSL_FLAG(std::string, remat, "",
+          "always, except_last or never (default: the job spec's)");
 
 namespace gpipe::cli {
 namespace {
@@ -40,7 +50,8 @@ void PrintEval(const char* when, const EvalResult& e, bool classification) {
   std::fflush(stdout);
 }
 
-absl::Status WriteModel(ReferenceTrainer& trainer, const std::string& dir) {
+absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
+                        const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -48,10 +59,10 @@ absl::Status WriteModel(ReferenceTrainer& trainer, const std::string& dir) {
         absl::StrCat("--out: cannot create ", dir, ": ", ec.message()));
   }
   std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (const NamedTensor& t : trainer.model().StateTensors())
+  for (const NamedTensor& t : trainer.StateTensors())
     tensors.emplace_back(t.name, t.tensor);
   std::string spec_json;
-  (void)google::protobuf::util::MessageToJsonString(trainer.spec(), &spec_json);
+  (void)google::protobuf::util::MessageToJsonString(spec, &spec_json);
   return WriteSafetensors(dir + "/model.safetensors", tensors,
                           {{"format", "pt"},
                            {"gpipe.step", absl::StrCat(trainer.step())},
@@ -60,28 +71,71 @@ absl::Status WriteModel(ReferenceTrainer& trainer, const std::string& dir) {
 
 }  // namespace
 
+// The trainer the flags ask for: the reference trainer for one stage, the
+// in-process pipeline otherwise.
+absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
+    const gpipe::v1::JobSpec& spec, int threads, std::string* description) {
+  PipelineOptions options = OptionsFromSpec(spec);
+  if (absl::GetFlag(FLAGS_stages) > 0) options.stages = absl::GetFlag(FLAGS_stages);
+  if (absl::GetFlag(FLAGS_micro_batches) > 0)
+    options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (!absl::GetFlag(FLAGS_schedule).empty()) {
+    absl::StatusOr<ScheduleKind> s = ParseScheduleName(absl::GetFlag(FLAGS_schedule));
+    if (!s.ok()) return s.status();
+    options.schedule = *s;
+  }
+  if (!absl::GetFlag(FLAGS_remat).empty()) {
+    absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));
+    if (!r.ok()) return r.status();
+    options.remat = *r;
+  }
+  if (options.stages == 1) {
+    SetComputeThreads(threads);
+    *description = absl::StrCat("reference trainer, ", options.micro_batches,
+                                " micro-batches, ", threads, " threads");
+    auto t = ReferenceTrainer::Create(spec, options.micro_batches);
+    if (!t.ok()) return t.status();
+    return std::unique_ptr<Trainer>(std::move(*t));
+  }
+  options.threads_per_stage =
+      std::max<int>(1, threads / static_cast<int>(options.stages));
+  auto p = InProcessPipeline::Create(spec, options);
+  if (!p.ok()) return p.status();
+  *description = absl::StrCat(
+      "in-process pipeline, K=", options.stages, " stages (layers ",
+      absl::StrJoin((*p)->balance(), "+"), "), M=", options.micro_batches,
+      ", ", std::string(ScheduleName(options.schedule)), ", remat ",
+      std::string(RematName(options.remat)), ", ", options.threads_per_stage,
+      " threads per stage");
+  return std::unique_ptr<Trainer>(std::move(*p));
+}
+
 int RunTrain(const std::vector<std::string>& args) {
   if (args.size() != 1) {
-    std::fprintf(stderr, "usage: gpipectl train JOB.json [--micro-batches M] "
-                         "[--steps N] [--out DIR] [--threads T]\n");
+    std::fprintf(stderr,
+                 "usage: gpipectl train JOB.json [--stages K] "
+                 "[--micro-batches M] [--schedule gpipe|1f1b] "
+                 "[--remat always|except_last|never] [--steps N] [--out DIR] "
+                 "[--threads T]\n");
     return 2;
   }
-  const int threads = absl::GetFlag(FLAGS_threads);
-  SetComputeThreads(threads > 0 ? threads
-                                : static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads =
+      absl::GetFlag(FLAGS_threads) > 0
+          ? absl::GetFlag(FLAGS_threads)
+          : static_cast<int>(std::thread::hardware_concurrency());
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
   if (absl::GetFlag(FLAGS_steps) > 0) spec->set_steps(absl::GetFlag(FLAGS_steps));
-  auto trainer = ReferenceTrainer::Create(*spec, absl::GetFlag(FLAGS_micro_batches));
+  std::string description;
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      MakeTrainer(*spec, threads, &description);
   if (!trainer.ok()) return Fail(trainer.status());
-  ReferenceTrainer& t = **trainer;
-  const bool classification = spec->model().input().shape().dims_size() > 0 &&
-                              t.dataset().target_shape().rank() == 0;
-  std::printf("training %s: %lld steps, batch %lld, %lld micro-batches, %d threads\n",
+  Trainer& t = **trainer;
+  const bool classification = spec->model().input().dtype() == gpipe::v1::FLOAT32;
+  std::printf("training %s: %lld steps, batch %lld; %s\n",
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(spec->steps()),
-              static_cast<long long>(spec->batch_size()),
-              static_cast<long long>(t.micro_batches()), ComputeThreads());
+              static_cast<long long>(spec->batch_size()), description.c_str());
   std::fflush(stdout);
 
   const absl::Time start = absl::Now();
@@ -97,9 +151,10 @@ int RunTrain(const std::vector<std::string>& args) {
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
       if (every > 0 && t.step() % every == 0 && t.step() < spec->steps()) {
         progress.Finish();
-        PrintEval(absl::StrCat("step ", t.step()).c_str(),
-                  t.Evaluate(Split::kTest, spec->eval().max_samples()),
-                  classification);
+        absl::StatusOr<EvalResult> e =
+            t.Evaluate(Split::kTest, spec->eval().max_samples());
+        if (!e.ok()) return Fail(e.status());
+        PrintEval(absl::StrCat("step ", t.step()).c_str(), *e, classification);
       }
     }
   }
@@ -107,11 +162,12 @@ int RunTrain(const std::vector<std::string>& args) {
   std::printf("trained %lld steps in %.1fs (%.0f samples/s)\n",
               static_cast<long long>(t.step()), seconds,
               t.step() * spec->batch_size() / seconds);
-  PrintEval("final", t.Evaluate(Split::kTest, spec->eval().max_samples()),
-            classification);
+  absl::StatusOr<EvalResult> e = t.Evaluate(Split::kTest, spec->eval().max_samples());
+  if (!e.ok()) return Fail(e.status());
+  PrintEval("final", *e, classification);
   const std::string out = absl::GetFlag(FLAGS_out);
   if (!out.empty()) {
-    absl::Status s = WriteModel(t, out);
+    absl::Status s = WriteModel(t, *spec, out);
     if (!s.ok()) return Fail(s);
     std::printf("wrote %s/model.safetensors\n", out.c_str());
   }

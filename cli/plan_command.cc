@@ -1,0 +1,443 @@
+// gpipectl plan JOB.json: which K, M, schedule and re-materialization to run
+// a job with. Partitions the model for each K, simulates one step of every
+// combination (simulator.h) and prints the predicted throughput, bubble and
+// activation memory, marking the fastest that fits a memory budget. The
+// simulation is cheap, so it also answers for pipelines far larger than this
+// machine.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "services/core/status.h"
+#include "services/nn/layer_spec.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/layer_profile.h"
+#include "services/pipeline/partitioner.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+#include "services/pipeline/simulator.h"
+#include "services/tensor/cpu/gemm.h"
+#include "services/tensor/threads.h"
+
+ABSL_FLAG(std::string, stages_range, "1..8",
+          "plan: stage counts K to consider, 'LO..HI' or 'K' (capped at the "
+          "number of layers)");
+ABSL_FLAG(bool, measure, false,
+          "plan: balance and predict with measured per-layer times instead "
+          "of the FLOP cost model");
+ABSL_FLAG(std::string, memory_budget, "0",
+          "plan: activation memory per stage, bytes or with a unit (512MiB, "
+          "2GiB); 0: no limit");
+ABSL_FLAG(double, flops, 0,
+          "plan: FLOP/s of one stage for the cost model (0: measure a "
+          "single-threaded sgemm here)");
+ABSL_FLAG(double, link_gbps, 10,
+          "plan: bandwidth of each link between neighbouring stages, in "
+          "gigabits per second");
+// Shared with `gpipectl train` (defined there). Here they narrow the plan:
+// --stages K and --micro-batches M (0: consider several), --schedule and
+// --remat ("": both schedules, all three modes). With one K and one M the
+// plan also prints that configuration's stages.
+ABSL_DECLARE_FLAG(int64_t, stages);
+ABSL_DECLARE_FLAG(int64_t, micro_batches);
+ABSL_DECLARE_FLAG(std::string, schedule);
+ABSL_DECLARE_FLAG(std::string, remat);
+
+namespace gpipe::cli {
+
+int RunPlan(const std::vector<std::string>& args);
+
+namespace {
+
+constexpr int kMeasureReps = 5;
+constexpr int64_t kMaxPlannedMicroBatches = 256;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "gpipectl plan: %s\n",
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
+    absl::string_view text) {
+  std::vector<absl::string_view> parts = absl::StrSplit(text, "..");
+  int64_t lo = 0, hi = 0;
+  bool ok = false;
+  if (parts.size() == 1) {
+    ok = absl::SimpleAtoi(parts[0], &lo);
+    hi = lo;
+  } else if (parts.size() == 2) {
+    ok = absl::SimpleAtoi(parts[0], &lo) && absl::SimpleAtoi(parts[1], &hi);
+  }
+  if (!ok || lo < 1 || hi < lo) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stages-range: expected LO..HI with 1 <= LO <= HI, got '",
+                     std::string(text), "'"));
+  }
+  return std::make_pair(lo, hi);
+}
+
+// "0", "1048576", "512MiB", "2GiB", "1.5GB".
+absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
+  struct Unit {
+    absl::string_view suffix;
+    double factor;
+  };
+  static constexpr Unit kUnits[] = {
+      {"KiB", 1024.0}, {"MiB", kMiB},   {"GiB", kMiB * 1024},
+      {"TiB", kMiB * kMiB}, {"KB", 1e3}, {"MB", 1e6},
+      {"GB", 1e9},     {"TB", 1e12},    {"B", 1}};
+  double factor = 1;
+  absl::string_view number = text;
+  for (const Unit& u : kUnits) {
+    if (absl::EndsWith(text, u.suffix)) {
+      factor = u.factor;
+      number = text.substr(0, text.size() - u.suffix.size());
+      break;
+    }
+  }
+  double value = 0;
+  if (!absl::SimpleAtod(number, &value) || !(value >= 0) ||
+      value * factor > 9e18) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory-budget: expected bytes such as 0, 1048576, "
+                     "512MiB or 2GiB, got '",
+                     std::string(text), "'"));
+  }
+  return static_cast<int64_t>(value * factor);
+}
+
+// FLOP/s of one single-threaded 512^3 sgemm on this machine: the speed the
+// cost model assumes for every stage when --flops is not given.
+double MeasureSgemmFlops() {
+  constexpr int64_t n = 512;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
+  cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data());
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data());
+    best = std::min(best, std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start)
+                              .count());
+  }
+  return 2.0 * n * n * n / std::max(best, 1e-9);
+}
+
+// One simulated configuration.
+struct Option {
+  int64_t k = 0;
+  int64_t m = 0;
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  RematMode remat = RematMode::kNever;
+  std::vector<int64_t> balance;
+  std::vector<StageCost> costs;
+  SimulationResult sim;
+  double samples_per_second = 0;
+  double max_bubble = 0;
+  int64_t peak_bytes = 0;  // the largest stage's
+};
+
+bool Fits(const Option& o, int64_t budget) {
+  return budget <= 0 || o.peak_bytes <= budget;
+}
+
+// Faster wins; at equal speed (1F1B often matches GPipe) less memory does.
+bool Better(const Option& a, const Option& b) {
+  const double tol = 1e-9 * std::max(a.samples_per_second, b.samples_per_second);
+  if (std::abs(a.samples_per_second - b.samples_per_second) > tol) {
+    return a.samples_per_second > b.samples_per_second;
+  }
+  return a.peak_bytes < b.peak_bytes;
+}
+
+std::string BalanceText(const std::vector<int64_t>& balance) {
+  std::string s = absl::StrJoin(balance, ",");
+  if (s.size() > 24) s = s.substr(0, 21) + "...";
+  return s;
+}
+
+std::string Row(const Option& o, const char* mark) {
+  return absl::StrFormat(
+      "%s %4d %5d  %-8s %-11s %10.3f %11.1f %7.1f%% %10.2f  %s", mark, o.k,
+      o.m, std::string(ScheduleName(o.schedule)),
+      std::string(RematName(o.remat)), o.sim.step_seconds * 1e3,
+      o.samples_per_second, o.max_bubble * 100, o.peak_bytes / kMiB,
+      BalanceText(o.balance));
+}
+
+void PrintHeader() {
+  std::printf("     K     M  schedule remat          step ms   samples/s  "
+              "bubble   peak MiB  balance\n");
+}
+
+void PrintStageDetails(const Option& o) {
+  std::printf("\nper stage (K=%lld, M=%lld, %s, remat %s):\n",
+              static_cast<long long>(o.k), static_cast<long long>(o.m),
+              std::string(ScheduleName(o.schedule)).c_str(),
+              std::string(RematName(o.remat)).c_str());
+  std::printf("  stage  layers      forward ms  backward ms   busy ms  "
+              "bubble   peak MiB\n");
+  const std::vector<int64_t> begins = StageBegins(o.balance);
+  for (int64_t s = 0; s < o.k; ++s) {
+    const StageSimulation& st = o.sim.stages[s];
+    const std::string layers =
+        absl::StrCat("[", begins[s], ", ", begins[s] + o.balance[s], ")");
+    std::printf("  %5lld  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f\n",
+                static_cast<long long>(s), layers.c_str(),
+                o.costs[s].forward_seconds * 1e3,
+                o.costs[s].backward_seconds * 1e3, st.busy_seconds * 1e3,
+                st.bubble_fraction * 100, st.peak_activation_bytes / kMiB);
+  }
+}
+
+}  // namespace
+
+int RunPlan(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    std::fprintf(stderr,
+                 "usage: gpipectl plan JOB.json [--stages-range LO..HI] "
+                 "[--stages K] [--micro-batches M] [--measure] "
+                 "[--memory-budget BYTES] [--flops F] [--link-gbps G]\n");
+    return 2;
+  }
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  if (!spec.ok()) return Fail(spec.status());
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
+  if (!shapes.ok()) return Fail(shapes.status());
+  const int64_t layers = spec->model().layers_size();
+  const int64_t batch = spec->batch_size();
+
+  absl::StatusOr<std::pair<int64_t, int64_t>> range =
+      ParseStagesRange(absl::GetFlag(FLAGS_stages_range));
+  if (!range.ok()) return Fail(range.status());
+  int64_t k_lo = range->first, k_hi = std::min(range->second, layers);
+  if (const int64_t k = absl::GetFlag(FLAGS_stages); k != 0) {
+    if (k < 1 || k > layers) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--stages: ", k, " is not within 1..", layers,
+          " (the model's layers; every stage needs one)")));
+    }
+    k_lo = k_hi = k;
+  }
+  if (k_lo > k_hi) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--stages-range: no K in ", absl::GetFlag(FLAGS_stages_range),
+        " is within the model's ", layers, " layers")));
+  }
+
+  std::vector<int64_t> micro_batches;
+  if (const int64_t m = absl::GetFlag(FLAGS_micro_batches); m != 0) {
+    if (m < 1 || m > batch) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--micro-batches: ", m, " is not within 1..", batch,
+          " (the batch size)")));
+    }
+    micro_batches.push_back(m);
+  } else {
+    for (int64_t m = 1; m <= std::min(batch, kMaxPlannedMicroBatches); m *= 2)
+      micro_batches.push_back(m);
+    micro_batches.push_back(std::min(MicroBatchCount(*spec), batch));
+    std::sort(micro_batches.begin(), micro_batches.end());
+    micro_batches.erase(std::unique(micro_batches.begin(), micro_batches.end()),
+                        micro_batches.end());
+  }
+
+  std::vector<ScheduleKind> schedules = {ScheduleKind::kGPipe,
+                                         ScheduleKind::kOneFOneB};
+  if (const std::string name = absl::GetFlag(FLAGS_schedule); !name.empty()) {
+    absl::StatusOr<ScheduleKind> kind = ParseScheduleName(name);
+    if (!kind.ok()) return Fail(kind.status());
+    schedules = {*kind};
+  }
+  std::vector<RematMode> remats = {RematMode::kNever, RematMode::kExceptLast,
+                                   RematMode::kAlways};
+  if (const std::string name = absl::GetFlag(FLAGS_remat); !name.empty()) {
+    absl::StatusOr<RematMode> mode = ParseRematName(name);
+    if (!mode.ok()) return Fail(mode.status());
+    remats = {*mode};
+  }
+
+  absl::StatusOr<int64_t> budget =
+      ParseBytes(absl::GetFlag(FLAGS_memory_budget));
+  if (!budget.ok()) return Fail(budget.status());
+  const double link_gbps = absl::GetFlag(FLAGS_link_gbps);
+  if (!(link_gbps > 0)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--link-gbps: must be > 0, got ", link_gbps)));
+  }
+
+  // One core per stage: a stage is one worker, and on a small machine
+  // several workers share the cores.
+  SetComputeThreads(1);
+  // Per-layer training seconds per sample (forward + backward); the split
+  // into forward and backward follows the 1:2 rule in StageCostsFromLayers.
+  std::vector<double> layer_seconds_per_sample(layers);
+  std::string cost_source;
+  if (absl::GetFlag(FLAGS_measure)) {
+    const int64_t mb = (batch + MicroBatchCount(*spec) - 1) /
+                       std::max<int64_t>(1, MicroBatchCount(*spec));
+    absl::StatusOr<std::vector<double>> measured =
+        MeasureLayerSeconds(*spec, mb, kMeasureReps);
+    if (!measured.ok()) return Fail(measured.status());
+    // Scaled linearly to other micro-batch sizes: a rough model for small
+    // micro-batches, where fixed per-call costs dominate.
+    for (int64_t l = 0; l < layers; ++l)
+      layer_seconds_per_sample[l] = (*measured)[l] / static_cast<double>(mb);
+    cost_source = absl::StrCat("measured forward+backward per layer (median of ",
+                               kMeasureReps, ", micro-batch of ", mb,
+                               ", 1 thread)");
+  } else {
+    double flops = absl::GetFlag(FLAGS_flops);
+    std::string how = "given";
+    if (flops <= 0) {
+      flops = MeasureSgemmFlops();
+      how = "sgemm 512^3, 1 thread";
+    }
+    for (int64_t l = 0; l < layers; ++l)
+      layer_seconds_per_sample[l] = 3 * shapes->costs[l].forward_flops / flops;
+    cost_source = absl::StrFormat("cost model at %.1f GFLOP/s per stage (%s)",
+                                  flops / 1e9, how);
+  }
+
+  // Without an explicit balance, the partition follows the same costs the
+  // simulation uses, so a measured plan is also balanced by measurement.
+  gpipe::v1::JobSpec unbalanced = *spec;
+  unbalanced.mutable_pipeline()->clear_balance();
+  std::vector<Option> options;
+  const auto started = std::chrono::steady_clock::now();
+  for (int64_t k = k_lo; k <= k_hi; ++k) {
+    const bool explicit_balance =
+        !spec->pipeline().balance().empty() && k == StageCount(*spec);
+    absl::StatusOr<std::vector<int64_t>> balance =
+        explicit_balance ? PartitionJob(*spec, k)
+        : absl::GetFlag(FLAGS_measure)
+            ? PartitionByCost(layer_seconds_per_sample, k)
+            : PartitionJob(unbalanced, k);
+    if (!balance.ok()) return Fail(balance.status());
+    for (int64_t m : micro_batches) {
+      const int64_t mb = (batch + m - 1) / m;
+      std::vector<double> forward(layers);
+      for (int64_t l = 0; l < layers; ++l)
+        forward[l] = layer_seconds_per_sample[l] * mb / 3;
+      const std::vector<StageCost> costs =
+          StageCostsFromLayers(*shapes, forward, *balance, mb);
+      for (ScheduleKind schedule : schedules) {
+        for (RematMode remat : remats) {
+          Option o;
+          o.k = k;
+          o.m = m;
+          o.schedule = schedule;
+          o.remat = remat;
+          o.balance = *balance;
+          o.costs = costs;
+          SimulationConfig config;
+          config.stages = costs;
+          config.micro_batches = m;
+          config.schedule = schedule;
+          config.remat = remat;
+          config.link_bytes_per_second = link_gbps * 1e9 / 8;
+          o.sim = Simulate(config);
+          o.samples_per_second =
+              o.sim.step_seconds > 0 ? batch / o.sim.step_seconds : 0;
+          for (const StageSimulation& st : o.sim.stages) {
+            o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
+            o.peak_bytes = std::max(o.peak_bytes, st.peak_activation_bytes);
+          }
+          options.push_back(std::move(o));
+        }
+      }
+    }
+  }
+  const double simulate_ms = std::chrono::duration<double, std::milli>(
+                                 std::chrono::steady_clock::now() - started)
+                                 .count();
+
+  const Option* best = nullptr;
+  for (const Option& o : options) {
+    if (Fits(o, *budget) && (best == nullptr || Better(o, *best))) best = &o;
+  }
+
+  std::printf("plan for %s: %lld layers, batch %lld\n",
+              spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
+              static_cast<long long>(layers), static_cast<long long>(batch));
+  std::printf("costs: %s; links %.3g Gb/s\n", cost_source.c_str(), link_gbps);
+  std::printf("memory: peak activations of the largest stage (parameters and "
+              "optimizer state not counted); budget %s\n\n",
+              *budget > 0 ? absl::StrFormat("%.2f MiB", *budget / kMiB).c_str()
+                          : "none");
+
+  const bool single = k_lo == k_hi && micro_batches.size() == 1;
+  PrintHeader();
+  if (single) {
+    // One configuration: every schedule and remat mode, then its stages.
+    for (const Option& o : options) {
+      const char* mark = &o == best ? "*" : Fits(o, *budget) ? " " : "!";
+      std::printf("%s\n", Row(o, mark).c_str());
+    }
+  } else {
+    // One row per (K, M): its best schedule and remat mode within the
+    // budget, else its smallest; all of them were simulated.
+    const size_t group = schedules.size() * remats.size();
+    for (size_t i = 0; i < options.size(); i += group) {
+      const Option* pick = nullptr;
+      for (size_t j = i; j < i + group; ++j) {
+        const Option& o = options[j];
+        if (Fits(o, *budget) && (pick == nullptr || Better(o, *pick))) pick = &o;
+      }
+      if (pick == nullptr) {
+        for (size_t j = i; j < i + group; ++j) {
+          if (pick == nullptr || options[j].peak_bytes < pick->peak_bytes)
+            pick = &options[j];
+        }
+      }
+      const char* mark = pick == best ? "*" : Fits(*pick, *budget) ? " " : "!";
+      std::printf("%s\n", Row(*pick, mark).c_str());
+    }
+  }
+  std::printf("\n%zu configurations simulated in %.1f ms (%s)\n",
+              options.size(), simulate_ms,
+              single ? "* best, ! over budget"
+                     : "best schedule/remat per K and M; * best overall, ! "
+                       "over budget");
+  if (best == nullptr) {
+    const Option* smallest = &options[0];
+    for (const Option& o : options)
+      if (o.peak_bytes < smallest->peak_bytes) smallest = &o;
+    std::printf("no configuration fits the memory budget; the smallest needs "
+                "%.2f MiB (K=%lld, M=%lld, %s, remat %s)\n",
+                smallest->peak_bytes / kMiB,
+                static_cast<long long>(smallest->k),
+                static_cast<long long>(smallest->m),
+                std::string(ScheduleName(smallest->schedule)).c_str(),
+                std::string(RematName(smallest->remat)).c_str());
+    return 1;
+  }
+  std::printf("best: K=%lld M=%lld schedule %s remat %s balance [%s]: "
+              "%.1f samples/s, %.3f ms a step, bubble %.1f%%, peak %.2f MiB\n",
+              static_cast<long long>(best->k), static_cast<long long>(best->m),
+              std::string(ScheduleName(best->schedule)).c_str(),
+              std::string(RematName(best->remat)).c_str(),
+              absl::StrJoin(best->balance, ",").c_str(),
+              best->samples_per_second, best->sim.step_seconds * 1e3,
+              best->max_bubble * 100, best->peak_bytes / kMiB);
+  if (single) PrintStageDetails(*best);
+  return 0;
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,125 @@
+// The schedules as data: op lists checked directly, without running them.
+#include <deque>
+#include <map>
+#include <set>
+
+#include "gtest/gtest.h"
+#include "services/pipeline/schedule.h"
+
+namespace gpipe {
+namespace {
+
+std::string Render(const std::vector<Op>& ops) {
+  std::string s;
+  for (const Op& op : ops) s += (s.empty() ? "" : " ") + ToString(op);
+  return s;
+}
+
+TEST(Schedule, GPipeIsFillDrain) {
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kGPipe, 3, 4, 1)),
+            "F0 F1 F2 F3 B0 B1 B2 B3 step");
+}
+
+TEST(Schedule, OneFOneBWarmsUpThenAlternates) {
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kOneFOneB, 2, 4, 0)),
+            "F0 F1 B0 F2 B1 F3 B2 B3 step");
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kOneFOneB, 2, 4, 1)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 step");
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kOneFOneB, 4, 2, 0)),
+            "F0 F1 B0 B1 step");
+}
+
+TEST(Schedule, NameRoundTrip) {
+  EXPECT_EQ(*ParseScheduleName("gpipe"), ScheduleKind::kGPipe);
+  EXPECT_EQ(*ParseScheduleName("1f1b"), ScheduleKind::kOneFOneB);
+  EXPECT_FALSE(ParseScheduleName("interleaved").ok());
+}
+
+class ScheduleProperties
+    : public ::testing::TestWithParam<std::tuple<ScheduleKind, int64_t, int64_t>> {};
+
+TEST_P(ScheduleProperties, EveryStageIsWellFormed) {
+  const auto [kind, k, m] = GetParam();
+  for (int64_t s = 0; s < k; ++s) {
+    const std::vector<Op> ops = MakeSchedule(kind, k, m, s);
+    ASSERT_EQ(ops.size(), static_cast<size_t>(2 * m + 1));
+    EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
+    std::set<int64_t> forwarded;
+    int64_t next_backward = 0;
+    for (size_t i = 0; i + 1 < ops.size(); ++i) {
+      const Op& op = ops[i];
+      ASSERT_GE(op.micro_batch, 0);
+      ASSERT_LT(op.micro_batch, m);
+      if (op.kind == OpKind::kForward) {
+        EXPECT_TRUE(forwarded.insert(op.micro_batch).second) << "F twice";
+      } else {
+        ASSERT_EQ(op.kind, OpKind::kBackward);
+        EXPECT_TRUE(forwarded.count(op.micro_batch)) << "B before its F";
+        // Backward order 0..M-1: gradients accumulate as in the reference.
+        EXPECT_EQ(op.micro_batch, next_backward++);
+      }
+    }
+    EXPECT_EQ(static_cast<int64_t>(forwarded.size()), m);
+    const int64_t live = MaxLiveMicroBatches(ops);
+    if (kind == ScheduleKind::kGPipe) EXPECT_EQ(live, m);
+    if (kind == ScheduleKind::kOneFOneB) EXPECT_LE(live, k);
+  }
+}
+
+// Sends of stage s are the receives of s+1 in the same order, and running
+// all stages against unbounded FIFO links finishes (no deadlock).
+TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
+  const auto [kind, k, m] = GetParam();
+  std::vector<std::vector<Op>> ops;
+  for (int64_t s = 0; s < k; ++s) ops.push_back(MakeSchedule(kind, k, m, s));
+  for (int64_t s = 0; s + 1 < k; ++s) {
+    std::vector<int64_t> sent_down, received_down, sent_up, received_up;
+    for (const Op& op : ops[s]) {
+      if (op.kind == OpKind::kForward) sent_down.push_back(op.micro_batch);
+      if (op.kind == OpKind::kBackward) received_up.push_back(op.micro_batch);
+    }
+    for (const Op& op : ops[s + 1]) {
+      if (op.kind == OpKind::kForward) received_down.push_back(op.micro_batch);
+      if (op.kind == OpKind::kBackward) sent_up.push_back(op.micro_batch);
+    }
+    EXPECT_EQ(sent_down, received_down) << "stage " << s;
+    EXPECT_EQ(sent_up, received_up) << "stage " << s;
+  }
+  // down[s]: activations from s to s+1; up[s]: gradients from s+1 to s.
+  std::vector<std::deque<int64_t>> down(k), up(k);
+  std::vector<size_t> pc(k, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int64_t s = 0; s < k; ++s) {
+      if (pc[s] >= ops[s].size()) continue;
+      const Op& op = ops[s][pc[s]];
+      if (op.kind == OpKind::kForward) {
+        if (s > 0) {
+          if (down[s - 1].empty()) continue;
+          EXPECT_EQ(down[s - 1].front(), op.micro_batch);
+          down[s - 1].pop_front();
+        }
+        if (s + 1 < k) down[s].push_back(op.micro_batch);
+      } else if (op.kind == OpKind::kBackward) {
+        if (s + 1 < k) {
+          if (up[s].empty()) continue;
+          EXPECT_EQ(up[s].front(), op.micro_batch);
+          up[s].pop_front();
+        }
+        if (s > 0) up[s - 1].push_back(op.micro_batch);
+      }
+      ++pc[s];
+      progress = true;
+    }
+  }
+  for (int64_t s = 0; s < k; ++s) EXPECT_EQ(pc[s], ops[s].size()) << "stage " << s << " stuck";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AllShapes, ScheduleProperties,
+    ::testing::Combine(::testing::Values(ScheduleKind::kGPipe, ScheduleKind::kOneFOneB),
+                       ::testing::Values(1, 2, 3, 4, 8), ::testing::Values(1, 2, 3, 4, 8, 16)));
+
+}  // namespace
+}  // namespace gpipe
