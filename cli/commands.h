@@ -8,6 +8,7 @@
 namespace gpipe::cli {
 
 int RunTrain(const std::vector<std::string>& args);
+int RunPlan(const std::vector<std::string>& args);
 
 }  // namespace gpipe::cli
 

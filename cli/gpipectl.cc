@@ -28,9 +28,14 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpipectl COMMAND [ARGS] [--flags]\n\n"
       "commands:\n"
-      "  train JOB.json   train with the single-process reference trainer\n"
-      "                   [--micro-batches M] [--steps N] [--out DIR]\n"
-      "                   [--threads T]\n");
+      "  train JOB.json   train: the in-process pipeline, or the reference\n"
+      "                   trainer with --stages 1\n"
+      "                   [--stages K] [--micro-batches M] [--schedule gpipe|1f1b]\n"
+      "                   [--remat always|except_last|never] [--steps N]\n"
+      "                   [--out DIR] [--threads T]\n"
+      "  plan JOB.json    predict throughput, bubble and memory for each K, M,\n"
+      "                   schedule and remat mode [--stages-range 1..8]\n"
+      "                   [--measure] [--memory-budget 2GiB]\n");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   if (args.empty()) {
@@ -40,6 +45,7 @@ int main(int argc, char** argv) {
   const std::string command = args[0];
   args.erase(args.begin());
   if (command == "train") return gpipe::cli::RunTrain(args);
+  if (command == "plan") return gpipe::cli::RunPlan(args);
   std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s\n",
                command.c_str(), absl::ProgramUsageMessage().data());
   return 2;

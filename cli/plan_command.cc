@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, memory_budget, "0",
 ABSL_FLAG(double, flops, 0,
           "plan: FLOP/s of one stage for the cost model (0: measure a "
           "single-threaded sgemm here)");
+ABSL_FLAG(double, layer_overhead_us, -1,
+          "plan: fixed microseconds per layer per forward or backward op, on "
+          "top of the per-sample cost (-1: fitted from --measure, else 5)");
 ABSL_FLAG(double, link_gbps, 10,
           "plan: bandwidth of each link between neighbouring stages, in "
           "gigabits per second");
@@ -66,6 +69,9 @@ namespace {
 constexpr int kMeasureReps = 5;
 constexpr int64_t kMaxPlannedMicroBatches = 256;
 constexpr double kMiB = 1024.0 * 1024.0;
+// A kernel launch or a parallel region plus dispatch: the order of what a
+// layer op costs beyond its arithmetic on CPUs and GPUs alike.
+constexpr double kDefaultLayerOverhead = 5e-6;
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl plan: %s\n",
@@ -85,9 +91,9 @@ absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
     ok = absl::SimpleAtoi(parts[0], &lo) && absl::SimpleAtoi(parts[1], &hi);
   }
   if (!ok || lo < 1 || hi < lo) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--stages-range: expected LO..HI with 1 <= LO <= HI, got '",
-                     std::string(text), "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stages-range: expected LO..HI with 1 <= LO <= HI, got '",
+        std::string(text), "'"));
   }
   return std::make_pair(lo, hi);
 }
@@ -99,9 +105,9 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
     double factor;
   };
   static constexpr Unit kUnits[] = {
-      {"KiB", 1024.0}, {"MiB", kMiB},   {"GiB", kMiB * 1024},
-      {"TiB", kMiB * kMiB}, {"KB", 1e3}, {"MB", 1e6},
-      {"GB", 1e9},     {"TB", 1e12},    {"B", 1}};
+      {"KiB", 1024.0},      {"MiB", kMiB}, {"GiB", kMiB * 1024},
+      {"TiB", kMiB * kMiB}, {"KB", 1e3},   {"MB", 1e6},
+      {"GB", 1e9},          {"TB", 1e12},  {"B", 1}};
   double factor = 1;
   absl::string_view number = text;
   for (const Unit& u : kUnits) {
@@ -149,7 +155,8 @@ struct Option {
   std::vector<StageCost> costs;
   SimulationResult sim;
   double samples_per_second = 0;
-  double max_bubble = 0;
+  double min_bubble = 1;   // the busiest stage's: the pipeline's own bubble
+  double max_bubble = 0;   // the idlest stage's: shows imbalance
   int64_t peak_bytes = 0;  // the largest stage's
 };
 
@@ -159,7 +166,8 @@ bool Fits(const Option& o, int64_t budget) {
 
 // Faster wins; at equal speed (1F1B often matches GPipe) less memory does.
 bool Better(const Option& a, const Option& b) {
-  const double tol = 1e-9 * std::max(a.samples_per_second, b.samples_per_second);
+  const double tol =
+      1e-9 * std::max(a.samples_per_second, b.samples_per_second);
   if (std::abs(a.samples_per_second - b.samples_per_second) > tol) {
     return a.samples_per_second > b.samples_per_second;
   }
@@ -174,16 +182,17 @@ std::string BalanceText(const std::vector<int64_t>& balance) {
 
 std::string Row(const Option& o, const char* mark) {
   return absl::StrFormat(
-      "%s %4d %5d  %-8s %-11s %10.3f %11.1f %7.1f%% %10.2f  %s", mark, o.k,
-      o.m, std::string(ScheduleName(o.schedule)),
+      "%s %4d %5d  %-8s %-11s %10.3f %11.1f %5.1f%% %5.1f%% %10.2f  %s", mark,
+      o.k, o.m, std::string(ScheduleName(o.schedule)),
       std::string(RematName(o.remat)), o.sim.step_seconds * 1e3,
-      o.samples_per_second, o.max_bubble * 100, o.peak_bytes / kMiB,
-      BalanceText(o.balance));
+      o.samples_per_second, o.min_bubble * 100, o.max_bubble * 100,
+      o.peak_bytes / kMiB, BalanceText(o.balance));
 }
 
 void PrintHeader() {
-  std::printf("     K     M  schedule remat          step ms   samples/s  "
-              "bubble   peak MiB  balance\n");
+  std::printf(
+      "     K     M  schedule remat          step ms   samples/s "
+      "bubble    max   peak MiB  balance\n");
 }
 
 void PrintStageDetails(const Option& o) {
@@ -191,8 +200,9 @@ void PrintStageDetails(const Option& o) {
               static_cast<long long>(o.k), static_cast<long long>(o.m),
               std::string(ScheduleName(o.schedule)).c_str(),
               std::string(RematName(o.remat)).c_str());
-  std::printf("  stage  layers      forward ms  backward ms   busy ms  "
-              "bubble   peak MiB\n");
+  std::printf(
+      "  stage  layers      forward ms  backward ms   busy ms  "
+      "bubble   peak MiB\n");
   const std::vector<int64_t> begins = StageBegins(o.balance);
   for (int64_t s = 0; s < o.k; ++s) {
     const StageSimulation& st = o.sim.stages[s];
@@ -212,8 +222,9 @@ int RunPlan(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     std::fprintf(stderr,
                  "usage: gpipectl plan JOB.json [--stages-range LO..HI] "
-                 "[--stages K] [--micro-batches M] [--measure] "
-                 "[--memory-budget BYTES] [--flops F] [--link-gbps G]\n");
+                 "[--stages K] [--micro-batches M] [--schedule S] "
+                 "[--remat R] [--measure] [--memory-budget BYTES] "
+                 "[--flops F] [--layer-overhead-us U] [--link-gbps G]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -229,9 +240,9 @@ int RunPlan(const std::vector<std::string>& args) {
   int64_t k_lo = range->first, k_hi = std::min(range->second, layers);
   if (const int64_t k = absl::GetFlag(FLAGS_stages); k != 0) {
     if (k < 1 || k > layers) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--stages: ", k, " is not within 1..", layers,
-          " (the model's layers; every stage needs one)")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--stages: ", k, " is not within 1..", layers,
+                       " (the model's layers; every stage needs one)")));
     }
     k_lo = k_hi = k;
   }
@@ -244,9 +255,9 @@ int RunPlan(const std::vector<std::string>& args) {
   std::vector<int64_t> micro_batches;
   if (const int64_t m = absl::GetFlag(FLAGS_micro_batches); m != 0) {
     if (m < 1 || m > batch) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "--micro-batches: ", m, " is not within 1..", batch,
-          " (the batch size)")));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--micro-batches: ", m, " is not within 1..", batch,
+                       " (the batch size)")));
     }
     micro_batches.push_back(m);
   } else {
@@ -285,23 +296,40 @@ int RunPlan(const std::vector<std::string>& args) {
   // One core per stage: a stage is one worker, and on a small machine
   // several workers share the cores.
   SetComputeThreads(1);
-  // Per-layer training seconds per sample (forward + backward); the split
-  // into forward and backward follows the 1:2 rule in StageCostsFromLayers.
-  std::vector<double> layer_seconds_per_sample(layers);
+  // Layer l costs, per forward or backward op on a micro-batch of mb
+  // samples: overhead[l] + share * per_sample[l] * mb, where per_sample is
+  // forward + backward and the share is 1/3 forward, 2/3 backward. The fixed
+  // part (kernel launches, dispatch) is what makes tiny micro-batches slow.
+  std::vector<double> per_sample(layers), overhead(layers);
+  std::vector<double> partition_costs(layers);  // what PartitionByCost sees
   std::string cost_source;
+  const double overhead_flag = absl::GetFlag(FLAGS_layer_overhead_us) * 1e-6;
   if (absl::GetFlag(FLAGS_measure)) {
-    const int64_t mb = (batch + MicroBatchCount(*spec) - 1) /
-                       std::max<int64_t>(1, MicroBatchCount(*spec));
-    absl::StatusOr<std::vector<double>> measured =
-        MeasureLayerSeconds(*spec, mb, kMeasureReps);
-    if (!measured.ok()) return Fail(measured.status());
-    // Scaled linearly to other micro-batch sizes: a rough model for small
-    // micro-batches, where fixed per-call costs dominate.
-    for (int64_t l = 0; l < layers; ++l)
-      layer_seconds_per_sample[l] = (*measured)[l] / static_cast<double>(mb);
-    cost_source = absl::StrCat("measured forward+backward per layer (median of ",
-                               kMeasureReps, ", micro-batch of ", mb,
-                               ", 1 thread)");
+    const int64_t spec_mb = (batch + MicroBatchCount(*spec) - 1) /
+                            std::max<int64_t>(1, MicroBatchCount(*spec));
+    absl::StatusOr<std::vector<double>> at_spec =
+        MeasureLayerSeconds(*spec, spec_mb, kMeasureReps);
+    if (!at_spec.ok()) return Fail(at_spec.status());
+    // A second size separates the fixed from the per-sample part.
+    std::vector<double> at_one = *at_spec;
+    if (spec_mb > 1) {
+      absl::StatusOr<std::vector<double>> one =
+          MeasureLayerSeconds(*spec, 1, kMeasureReps);
+      if (!one.ok()) return Fail(one.status());
+      at_one = *one;
+    }
+    for (int64_t l = 0; l < layers; ++l) {
+      const double t = (*at_spec)[l], t1 = at_one[l];
+      per_sample[l] = spec_mb > 1 ? std::max(0.0, (t - t1) / (spec_mb - 1))
+                                  : t;  // one size: no fixed part to tell
+      overhead[l] = overhead_flag >= 0
+                        ? overhead_flag
+                        : std::max(0.0, t - per_sample[l] * spec_mb) / 2;
+      partition_costs[l] = t;
+    }
+    cost_source = absl::StrCat("measured per layer (median of ", kMeasureReps,
+                               ", micro-batches of ", spec_mb,
+                               spec_mb > 1 ? " and 1" : "", ", 1 thread)");
   } else {
     double flops = absl::GetFlag(FLAGS_flops);
     std::string how = "given";
@@ -309,16 +337,22 @@ int RunPlan(const std::vector<std::string>& args) {
       flops = MeasureSgemmFlops();
       how = "sgemm 512^3, 1 thread";
     }
-    for (int64_t l = 0; l < layers; ++l)
-      layer_seconds_per_sample[l] = 3 * shapes->costs[l].forward_flops / flops;
+    const std::vector<double> model_costs = CostModelLayerCosts(*shapes);
+    for (int64_t l = 0; l < layers; ++l) {
+      per_sample[l] = 3 * shapes->costs[l].forward_flops / flops;
+      overhead[l] = overhead_flag >= 0 ? overhead_flag : kDefaultLayerOverhead;
+      partition_costs[l] = model_costs[l];
+    }
     cost_source = absl::StrFormat("cost model at %.1f GFLOP/s per stage (%s)",
                                   flops / 1e9, how);
   }
+  double mean_overhead = 0;
+  for (double o : overhead) mean_overhead += o / layers;
+  cost_source +=
+      absl::StrFormat(", %.1f us a layer per op", mean_overhead * 1e6);
 
-  // Without an explicit balance, the partition follows the same costs the
-  // simulation uses, so a measured plan is also balanced by measurement.
-  gpipe::v1::JobSpec unbalanced = *spec;
-  unbalanced.mutable_pipeline()->clear_balance();
+  // The spec's balance is for its own K; other K are balanced by the same
+  // costs the simulation uses, so a measured plan is balanced by measurement.
   std::vector<Option> options;
   const auto started = std::chrono::steady_clock::now();
   for (int64_t k = k_lo; k <= k_hi; ++k) {
@@ -326,17 +360,21 @@ int RunPlan(const std::vector<std::string>& args) {
         !spec->pipeline().balance().empty() && k == StageCount(*spec);
     absl::StatusOr<std::vector<int64_t>> balance =
         explicit_balance ? PartitionJob(*spec, k)
-        : absl::GetFlag(FLAGS_measure)
-            ? PartitionByCost(layer_seconds_per_sample, k)
-            : PartitionJob(unbalanced, k);
+                         : PartitionByCost(partition_costs, k);
     if (!balance.ok()) return Fail(balance.status());
     for (int64_t m : micro_batches) {
       const int64_t mb = (batch + m - 1) / m;
       std::vector<double> forward(layers);
-      for (int64_t l = 0; l < layers; ++l)
-        forward[l] = layer_seconds_per_sample[l] * mb / 3;
-      const std::vector<StageCost> costs =
+      for (int64_t l = 0; l < layers; ++l) forward[l] = per_sample[l] * mb / 3;
+      std::vector<StageCost> costs =
           StageCostsFromLayers(*shapes, forward, *balance, mb);
+      const std::vector<int64_t> begins = StageBegins(*balance);
+      for (int64_t s = 0; s < k; ++s) {
+        for (int64_t l = begins[s]; l < begins[s] + (*balance)[s]; ++l) {
+          costs[s].forward_seconds += overhead[l];
+          costs[s].backward_seconds += overhead[l];
+        }
+      }
       for (ScheduleKind schedule : schedules) {
         for (RematMode remat : remats) {
           Option o;
@@ -356,6 +394,7 @@ int RunPlan(const std::vector<std::string>& args) {
           o.samples_per_second =
               o.sim.step_seconds > 0 ? batch / o.sim.step_seconds : 0;
           for (const StageSimulation& st : o.sim.stages) {
+            o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
             o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
             o.peak_bytes = std::max(o.peak_bytes, st.peak_activation_bytes);
           }
@@ -377,10 +416,11 @@ int RunPlan(const std::vector<std::string>& args) {
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(layers), static_cast<long long>(batch));
   std::printf("costs: %s; links %.3g Gb/s\n", cost_source.c_str(), link_gbps);
-  std::printf("memory: peak activations of the largest stage (parameters and "
-              "optimizer state not counted); budget %s\n\n",
-              *budget > 0 ? absl::StrFormat("%.2f MiB", *budget / kMiB).c_str()
-                          : "none");
+  std::printf(
+      "memory: peak activations of the largest stage (parameters and "
+      "optimizer state not counted); budget %s\n\n",
+      *budget > 0 ? absl::StrFormat("%.2f MiB", *budget / kMiB).c_str()
+                  : "none");
 
   const bool single = k_lo == k_hi && micro_batches.size() == 1;
   PrintHeader();
@@ -398,7 +438,8 @@ int RunPlan(const std::vector<std::string>& args) {
       const Option* pick = nullptr;
       for (size_t j = i; j < i + group; ++j) {
         const Option& o = options[j];
-        if (Fits(o, *budget) && (pick == nullptr || Better(o, *pick))) pick = &o;
+        if (Fits(o, *budget) && (pick == nullptr || Better(o, *pick)))
+          pick = &o;
       }
       if (pick == nullptr) {
         for (size_t j = i; j < i + group; ++j) {
@@ -419,23 +460,25 @@ int RunPlan(const std::vector<std::string>& args) {
     const Option* smallest = &options[0];
     for (const Option& o : options)
       if (o.peak_bytes < smallest->peak_bytes) smallest = &o;
-    std::printf("no configuration fits the memory budget; the smallest needs "
-                "%.2f MiB (K=%lld, M=%lld, %s, remat %s)\n",
-                smallest->peak_bytes / kMiB,
-                static_cast<long long>(smallest->k),
-                static_cast<long long>(smallest->m),
-                std::string(ScheduleName(smallest->schedule)).c_str(),
-                std::string(RematName(smallest->remat)).c_str());
+    std::printf(
+        "no configuration fits the memory budget; the smallest needs "
+        "%.2f MiB (K=%lld, M=%lld, %s, remat %s)\n",
+        smallest->peak_bytes / kMiB, static_cast<long long>(smallest->k),
+        static_cast<long long>(smallest->m),
+        std::string(ScheduleName(smallest->schedule)).c_str(),
+        std::string(RematName(smallest->remat)).c_str());
     return 1;
   }
-  std::printf("best: K=%lld M=%lld schedule %s remat %s balance [%s]: "
-              "%.1f samples/s, %.3f ms a step, bubble %.1f%%, peak %.2f MiB\n",
-              static_cast<long long>(best->k), static_cast<long long>(best->m),
-              std::string(ScheduleName(best->schedule)).c_str(),
-              std::string(RematName(best->remat)).c_str(),
-              absl::StrJoin(best->balance, ",").c_str(),
-              best->samples_per_second, best->sim.step_seconds * 1e3,
-              best->max_bubble * 100, best->peak_bytes / kMiB);
+  std::printf(
+      "best: K=%lld M=%lld schedule %s remat %s balance [%s]: "
+      "%.1f samples/s, %.3f ms a step, bubble %.1f%% (idlest stage "
+      "%.1f%%), peak %.2f MiB a stage\n",
+      static_cast<long long>(best->k), static_cast<long long>(best->m),
+      std::string(ScheduleName(best->schedule)).c_str(),
+      std::string(RematName(best->remat)).c_str(),
+      absl::StrJoin(best->balance, ",").c_str(), best->samples_per_second,
+      best->sim.step_seconds * 1e3, best->min_bubble * 100,
+      best->max_bubble * 100, best->peak_bytes / kMiB);
   if (single) PrintStageDetails(*best);
   return 0;
 }

@@ -38,8 +38,8 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   for (int64_t i = 0; i < n; ++i) {
     const double c = layer_costs[i];
     if (!std::isfinite(c) || c < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "layer cost ", i, ": must be finite and >= 0, got ", c));
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer cost ", i, ": must be finite and >= 0, got ", c));
     }
     prefix[i + 1] = prefix[i] + c;
   }
@@ -124,18 +124,17 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
     int64_t sum = 0;
     for (int i = 0; i < balance.size(); ++i) {
       if (balance[i] <= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("pipeline.balance[", i, "]: must be > 0, got ",
-                         balance[i]));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "pipeline.balance[", i, "]: must be > 0, got ", balance[i]));
       }
       // Capped so the sum cannot overflow; any entry > layers is a mismatch.
       sum += std::min<int64_t>(balance[i], layers + 1);
     }
     if (sum != layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("pipeline.balance: sums to ", sum > layers ? "more than " : "",
-                       sum > layers ? layers : sum, " but the model has ",
-                       layers, " layers"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline.balance: sums to ", sum > layers ? "more than " : "",
+          sum > layers ? layers : sum, " but the model has ", layers,
+          " layers"));
     }
     return std::vector<int64_t>(balance.begin(), balance.end());
   }

@@ -19,8 +19,9 @@ int64_t PeakActivationBytes(const std::vector<Op>& ops, const StageCost& cost,
       ++live;
       // Without remat the forward leaves all its activations behind; with
       // remat only the input stays (the forward's own temporaries pass).
-      const int64_t held = remat ? live * cost.input_bytes
-                                 : live * (cost.input_bytes + cost.internal_bytes);
+      const int64_t held =
+          remat ? live * cost.input_bytes
+                : live * (cost.input_bytes + cost.internal_bytes);
       peak = std::max(peak, held);
     } else if (op.kind == OpKind::kBackward) {
       // Under remat the backward first rebuilds this micro-batch's
@@ -51,8 +52,8 @@ SimulationResult Simulate(const SimulationConfig& config) {
   std::vector<double> forward_ready(k * m, kUnknown);
   std::vector<double> backward_ready(k * m, kUnknown);
   for (int64_t i = 0; i < m; ++i) {
-    forward_ready[i] = 0;                     // stage 0 reads its data
-    backward_ready[(k - 1) * m + i] = 0;      // the last stage has the loss
+    forward_ready[i] = 0;                 // stage 0 reads its data
+    backward_ready[(k - 1) * m + i] = 0;  // the last stage has the loss
   }
   std::vector<size_t> next(k, 0);
   std::vector<double> free_at(k, 0);

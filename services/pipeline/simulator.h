@@ -37,7 +37,7 @@ struct SimulationConfig {
 };
 
 struct StageSimulation {
-  double busy_seconds = 0;  // forward + backward + recompute
+  double busy_seconds = 0;     // forward + backward + recompute
   double bubble_fraction = 0;  // (step - busy) / step
   int64_t peak_activation_bytes = 0;
 };

@@ -28,7 +28,10 @@ double TrainAndEvaluate(const std::string& example) {
     if (!r.ok()) return 0;
     last_loss = r->loss;
   }
-  const EvalResult e = (*trainer)->Evaluate(Split::kTest);
+  const absl::StatusOr<EvalResult> evaluated = (*trainer)->Evaluate(Split::kTest);
+  EXPECT_TRUE(evaluated.ok()) << evaluated.status();
+  if (!evaluated.ok()) return 0;
+  const EvalResult& e = *evaluated;
   std::printf("%s: last train loss %.4f, test loss %.4f, test accuracy %.4f\n",
               example.c_str(), last_loss, e.loss, e.accuracy);
   return e.accuracy;

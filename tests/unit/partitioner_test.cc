@@ -74,7 +74,8 @@ BruteForce Solve(const std::vector<double>& costs, int64_t k, double tol) {
   AllBalances(static_cast<int64_t>(costs.size()), k, prefix, all);
   BruteForce best{std::numeric_limits<double>::infinity(),
                   std::numeric_limits<double>::infinity()};
-  for (const auto& b : all) best.min_max = std::min(best.min_max, MaxOf(StageSums(costs, b)));
+  for (const auto& b : all)
+    best.min_max = std::min(best.min_max, MaxOf(StageSums(costs, b)));
   for (const auto& b : all) {
     const std::vector<double> sums = StageSums(costs, b);
     if (MaxOf(sums) <= best.min_max + tol) {
@@ -252,7 +253,8 @@ TEST(MeasureLayerSecondsTest, TokenInputs) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
       std::string(GPIPE_SOURCE_DIR) + "/examples/char_transformer.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<std::vector<double>> seconds = MeasureLayerSeconds(*spec, 2, 1);
+  absl::StatusOr<std::vector<double>> seconds =
+      MeasureLayerSeconds(*spec, 2, 1);
   ASSERT_TRUE(seconds.ok()) << seconds.status();
   EXPECT_EQ(seconds->size(), 5u);
 }

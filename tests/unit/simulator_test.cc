@@ -111,10 +111,11 @@ TEST(SimulatorTest, LargePipelinesAreInstant) {
   const auto start = std::chrono::steady_clock::now();
   const SimulationResult r =
       Simulate(Balanced(128, 1024, ScheduleKind::kOneFOneB));
-  const SimulationResult g = Simulate(Balanced(128, 1024, ScheduleKind::kGPipe));
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const SimulationResult g =
+      Simulate(Balanced(128, 1024, ScheduleKind::kGPipe));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   EXPECT_LT(seconds, 1.0);
   EXPECT_NEAR(g.stages[0].bubble_fraction, 127.0 / (1024 + 127), 1e-9);
   EXPECT_NEAR(r.step_seconds, g.step_seconds, 1e-6);
