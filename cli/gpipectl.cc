@@ -30,10 +30,12 @@ int main(int argc, char** argv) {
       "commands:\n"
       "  train JOB.json   train: the in-process pipeline, or the reference\n"
       "                   trainer with --stages 1\n"
-      "                   [--stages K] [--micro-batches M] [--schedule gpipe|1f1b]\n"
+      "                   [--stages K] [--micro-batches M] [--schedule "
+      "gpipe|1f1b]\n"
       "                   [--remat always|except_last|never] [--steps N]\n"
       "                   [--out DIR] [--threads T]\n"
-      "  plan JOB.json    predict throughput, bubble and memory for each K, M,\n"
+      "  plan JOB.json    predict throughput, bubble and memory for each K, "
+      "M,\n"
       "                   schedule and remat mode [--stages-range 1..8]\n"
       "                   [--measure] [--memory-budget 2GiB]\n");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);

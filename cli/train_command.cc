@@ -44,8 +44,10 @@ int Fail(const absl::Status& status) {
 
 void PrintEval(const char* when, const EvalResult& e, bool classification) {
   std::printf("%s: test loss %.4f", when, e.loss);
-  if (classification) std::printf(", test accuracy %.4f", e.accuracy);
-  else std::printf(", test token accuracy %.4f", e.accuracy);
+  if (classification)
+    std::printf(", test accuracy %.4f", e.accuracy);
+  else
+    std::printf(", test token accuracy %.4f", e.accuracy);
   std::printf(" (%lld targets)\n", static_cast<long long>(e.counted));
   std::fflush(stdout);
 }
@@ -76,11 +78,13 @@ absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
 absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     const gpipe::v1::JobSpec& spec, int threads, std::string* description) {
   PipelineOptions options = OptionsFromSpec(spec);
-  if (absl::GetFlag(FLAGS_stages) > 0) options.stages = absl::GetFlag(FLAGS_stages);
+  if (absl::GetFlag(FLAGS_stages) > 0)
+    options.stages = absl::GetFlag(FLAGS_stages);
   if (absl::GetFlag(FLAGS_micro_batches) > 0)
     options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
-    absl::StatusOr<ScheduleKind> s = ParseScheduleName(absl::GetFlag(FLAGS_schedule));
+    absl::StatusOr<ScheduleKind> s =
+        ParseScheduleName(absl::GetFlag(FLAGS_schedule));
     if (!s.ok()) return s.status();
     options.schedule = *s;
   }
@@ -103,8 +107,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   if (!p.ok()) return p.status();
   *description = absl::StrCat(
       "in-process pipeline, K=", options.stages, " stages (layers ",
-      absl::StrJoin((*p)->balance(), "+"), "), M=", options.micro_batches,
-      ", ", std::string(ScheduleName(options.schedule)), ", remat ",
+      absl::StrJoin((*p)->balance(), "+"), "), M=", options.micro_batches, ", ",
+      std::string(ScheduleName(options.schedule)), ", remat ",
       std::string(RematName(options.remat)), ", ", options.threads_per_stage,
       " threads per stage");
   return std::unique_ptr<Trainer>(std::move(*p));
@@ -125,13 +129,15 @@ int RunTrain(const std::vector<std::string>& args) {
           : static_cast<int>(std::thread::hardware_concurrency());
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
-  if (absl::GetFlag(FLAGS_steps) > 0) spec->set_steps(absl::GetFlag(FLAGS_steps));
+  if (absl::GetFlag(FLAGS_steps) > 0)
+    spec->set_steps(absl::GetFlag(FLAGS_steps));
   std::string description;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       MakeTrainer(*spec, threads, &description);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer& t = **trainer;
-  const bool classification = spec->model().input().dtype() == gpipe::v1::FLOAT32;
+  const bool classification =
+      spec->model().input().dtype() == gpipe::v1::FLOAT32;
   std::printf("training %s: %lld steps, batch %lld; %s\n",
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(spec->steps()),
@@ -162,7 +168,8 @@ int RunTrain(const std::vector<std::string>& args) {
   std::printf("trained %lld steps in %.1fs (%.0f samples/s)\n",
               static_cast<long long>(t.step()), seconds,
               t.step() * spec->batch_size() / seconds);
-  absl::StatusOr<EvalResult> e = t.Evaluate(Split::kTest, spec->eval().max_samples());
+  absl::StatusOr<EvalResult> e =
+      t.Evaluate(Split::kTest, spec->eval().max_samples());
   if (!e.ok()) return Fail(e.status());
   PrintEval("final", *e, classification);
   const std::string out = absl::GetFlag(FLAGS_out);

@@ -8,9 +8,9 @@
 #define GPIPE_CONCAT_INNER(a, b) a##b
 #define GPIPE_CONCAT(a, b) GPIPE_CONCAT_INNER(a, b)
 
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _gpipe_status = (expr);     \
+#define RETURN_IF_ERROR(expr)                      \
+  do {                                             \
+    ::absl::Status _gpipe_status = (expr);         \
     if (!_gpipe_status.ok()) return _gpipe_status; \
   } while (0)
 

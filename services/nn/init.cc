@@ -23,7 +23,8 @@ Parameter MakeParameter(std::string name, const Shape& shape, bool decay) {
   // Parameters live for the whole run; they are not activations, so they are
   // not charged to whichever stage allocator happens to be current.
   AllocatorScope scope(DefaultCpuAllocator());
-  return Parameter{std::move(name), Tensor::Zeros(shape), Tensor::Zeros(shape), decay};
+  return Parameter{std::move(name), Tensor::Zeros(shape), Tensor::Zeros(shape),
+                   decay};
 }
 
 }  // namespace gpipe

@@ -63,9 +63,9 @@ struct Saved {
 
 // What the partitioner balances with.
 struct LayerCost {
-  double forward_flops = 0;        // per sample
+  double forward_flops = 0;  // per sample
   int64_t param_bytes = 0;
-  int64_t activation_bytes = 0;    // output bytes per sample
+  int64_t activation_bytes = 0;  // output bytes per sample
 };
 
 class Layer {

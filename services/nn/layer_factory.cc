@@ -63,7 +63,8 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LayerSpec& spec,
     case LayerSpec::kMaxPool2D: {
       const auto& s = spec.max_pool2d();
       return std::make_unique<MaxPool2d>(
-          input, s.kernel_size(), s.has_stride() ? s.stride() : s.kernel_size());
+          input, s.kernel_size(),
+          s.has_stride() ? s.stride() : s.kernel_size());
     }
     case LayerSpec::kGlobalAvgPool:
       return std::make_unique<GlobalAvgPool>(input);
@@ -71,9 +72,9 @@ absl::StatusOr<std::unique_ptr<Layer>> MakeLayer(const LayerSpec& spec,
       return std::make_unique<Flatten>(input);
     case LayerSpec::kBatchNorm: {
       const auto& s = spec.batch_norm();
-      return std::make_unique<BatchNorm>(
-          input, s.has_momentum() ? s.momentum() : 0.1f,
-          s.has_eps() ? s.eps() : 1e-5f);
+      return std::make_unique<BatchNorm>(input,
+                                         s.has_momentum() ? s.momentum() : 0.1f,
+                                         s.has_eps() ? s.eps() : 1e-5f);
     }
     case LayerSpec::KIND_NOT_SET:
       break;

@@ -9,23 +9,17 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/descriptor.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 
 namespace gpipe {
 namespace {
 
 namespace v1 = ::gpipe::v1;
 
-// This absl's StrCat takes absl::string_view, which is not std::string_view.
-template <typename T>
-const T& Arg(const T& v) {
-  return v;
-}
-absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
-
 template <typename... Args>
 absl::Status FieldError(std::string_view path, const Args&... args) {
   return absl::InvalidArgumentError(
-      absl::StrCat(Arg(path), ": ", Arg(args)...));
+      absl::StrCat(AsAbsl(path), ": ", AsAbsl(args)...));
 }
 
 // A size field: positive, and small enough that products of a few of them
@@ -282,7 +276,8 @@ absl::StatusOr<Shape> InferOutputShape(const v1::LayerSpec& spec,
   if (spec.kind_case() == v1::LayerSpec::KIND_NOT_SET) {
     return FieldError(path, "no layer kind set");
   }
-  const std::string p = absl::StrCat(Arg(path), ".", Arg(LayerKindName(spec)));
+  const std::string p =
+      absl::StrCat(AsAbsl(path), ".", AsAbsl(LayerKindName(spec)));
   if (spec.has_embedding() && input_dtype != DType::kI32) {
     return FieldError(p, "needs int32 token ids as input, got ",
                       DTypeName(input_dtype));

@@ -133,7 +133,8 @@ float LearningRate(const gpipe::v1::OptimizerSpec& spec, int64_t step,
   const int64_t warmup = spec.warmup_steps();
   if (step < warmup) return static_cast<float>(lr * (step + 1) / warmup);
   const int64_t span = total_steps - warmup;
-  const double t = span > 1 ? static_cast<double>(step - warmup) / (span - 1) : 1.0;
+  const double t =
+      span > 1 ? static_cast<double>(step - warmup) / (span - 1) : 1.0;
   switch (spec.decay()) {
     case gpipe::v1::LR_DECAY_COSINE:
       return static_cast<float>(min_lr + (lr - min_lr) * 0.5 *

@@ -53,9 +53,9 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     for_k.mutable_pipeline()->set_stages(k);
     ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
   }
-  const Shape input(std::vector<int64_t>(
-      spec.model().input().shape().dims().begin(),
-      spec.model().input().shape().dims().end()));
+  const Shape input(
+      std::vector<int64_t>(spec.model().input().shape().dims().begin(),
+                           spec.model().input().shape().dims().end()));
   if (options.dataset != nullptr) {
     p->dataset_ = options.dataset;
   } else {
@@ -87,10 +87,10 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     placement.schedule = options.schedule;
     placement.remat = options.remat;
     const bool needs_data = i == 0 || i == k - 1;
-    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
-                     Stage::Create(spec, placement,
-                                   needs_data ? p->dataset_ : nullptr, up[i],
-                                   down[i], origin));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Stage> stage,
+        Stage::Create(spec, placement, needs_data ? p->dataset_ : nullptr,
+                      up[i], down[i], origin));
     p->stages_.push_back(std::move(stage));
     p->threads_.push_back(
         std::make_unique<StageThread>(std::max(1, options.threads_per_stage)));
@@ -125,7 +125,8 @@ absl::StatusOr<std::vector<Result>> InProcessPipeline::OnAllStages(Work work) {
   absl::Status first = absl::OkStatus();
   for (const auto& r : results) {
     if (r.ok()) continue;
-    if (first.ok() || (absl::IsCancelled(first) && !absl::IsCancelled(r.status())))
+    if (first.ok() ||
+        (absl::IsCancelled(first) && !absl::IsCancelled(r.status())))
       first = r.status();
   }
   if (!first.ok()) {
@@ -146,10 +147,10 @@ absl::StatusOr<StepReport> InProcessPipeline::Step() {
   StepReport report;
   report.step = s;
   report.loss = last.loss.loss_sum / last.loss_normalizer;
-  report.accuracy = last.loss.counted > 0
-                        ? static_cast<double>(last.loss.correct) /
-                              last.loss.counted
-                        : 0.0;
+  report.accuracy =
+      last.loss.counted > 0
+          ? static_cast<double>(last.loss.correct) / last.loss.counted
+          : 0.0;
   report.lr = last.lr;
   report.grad_norm = last.grad_norm;
   ++step_;

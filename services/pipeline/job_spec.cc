@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 #include "services/nn/layer_spec.h"
 #include "services/tensor/shape.h"
 
@@ -20,17 +21,10 @@ namespace {
 
 namespace v1 = ::gpipe::v1;
 
-// This absl's StrCat takes absl::string_view, which is not std::string_view.
-template <typename T>
-const T& Arg(const T& v) {
-  return v;
-}
-absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
-
 template <typename... Args>
 absl::Status FieldError(std::string_view path, const Args&... args) {
   return absl::InvalidArgumentError(
-      absl::StrCat(Arg(path), ": ", Arg(args)...));
+      absl::StrCat(AsAbsl(path), ": ", AsAbsl(args)...));
 }
 
 absl::Status CheckPositive(std::string_view path, int64_t v) {

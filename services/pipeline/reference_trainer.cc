@@ -18,15 +18,15 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
   t->spec_ = spec;
-  t->micro_batches_ =
-      micro_batches > 0 ? micro_batches : MicroBatchCount(spec);
+  t->micro_batches_ = micro_batches > 0 ? micro_batches : MicroBatchCount(spec);
   if (t->micro_batches_ > spec.batch_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("micro-batches: ", t->micro_batches_,
                      " is larger than batch_size ", spec.batch_size()));
   }
-  const Shape input(std::vector<int64_t>(spec.model().input().shape().dims().begin(),
-                                         spec.model().input().shape().dims().end()));
+  const Shape input(
+      std::vector<int64_t>(spec.model().input().shape().dims().begin(),
+                           spec.model().input().shape().dims().end()));
   if (dataset != nullptr) {
     t->dataset_ = std::move(dataset);
   } else {
@@ -45,10 +45,8 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
 
 absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   const int64_t s = step_;
-  const Batch batch =
-      dataset_->Gather(Split::kTrain, sampler_->Indices(s));
-  const double normalizer =
-      std::max<int64_t>(CountTargets(batch.targets), 1);
+  const Batch batch = dataset_->Gather(Split::kTrain, sampler_->Indices(s));
+  const double normalizer = std::max<int64_t>(CountTargets(batch.targets), 1);
   LayerContext ctx;
   ctx.training = true;
   ctx.seed = spec_.seed();
@@ -70,8 +68,9 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   StepReport report;
   report.step = s;
   report.loss = total.loss_sum / normalizer;
-  report.accuracy =
-      total.counted > 0 ? static_cast<double>(total.correct) / total.counted : 0;
+  report.accuracy = total.counted > 0
+                        ? static_cast<double>(total.correct) / total.counted
+                        : 0;
   if (!std::isfinite(report.loss)) {
     return absl::FailedPreconditionError(
         absl::StrCat("loss is not finite (", report.loss, ") at step ", s));
@@ -79,7 +78,8 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   const std::vector<NamedParameter>& params = model_->Parameters();
   const double squares = AccumulateGradSquares(params, 0.0);
   report.grad_norm = std::sqrt(squares);
-  ScaleGradients(params, ClipCoefficient(squares, spec_.optimizer().clip_norm()));
+  ScaleGradients(params,
+                 ClipCoefficient(squares, spec_.optimizer().clip_norm()));
   report.lr = LearningRate(spec_.optimizer(), s, spec_.steps());
   optimizer_->Step(report.lr, s + 1);
   model_->ZeroGrad();
@@ -88,7 +88,7 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
 }
 
 absl::StatusOr<EvalResult> ReferenceTrainer::Evaluate(Split split,
-                                                 int64_t max_samples) {
+                                                      int64_t max_samples) {
   int64_t n = dataset_->size(split);
   if (max_samples > 0) n = std::min(n, max_samples);
   const int64_t batch_size = spec_.eval().batch_size() > 0

@@ -25,7 +25,8 @@ std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
       ops.push_back({OpKind::kForward, next_forward++});
       ops.push_back({OpKind::kBackward, next_backward++});
     }
-    while (next_backward < m) ops.push_back({OpKind::kBackward, next_backward++});
+    while (next_backward < m)
+      ops.push_back({OpKind::kBackward, next_backward++});
   }
   ops.push_back({OpKind::kOptimizerStep, -1});
   return ops;

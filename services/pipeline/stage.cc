@@ -54,8 +54,9 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   ASSIGN_OR_RETURN(stage->model_,
                    Model::Build(spec.model(), spec.seed(),
                                 placement.layer_begin, placement.layer_end));
-  ASSIGN_OR_RETURN(stage->optimizer_, MakeOptimizer(spec.optimizer(),
-                                                    stage->model_->Parameters()));
+  ASSIGN_OR_RETURN(
+      stage->optimizer_,
+      MakeOptimizer(spec.optimizer(), stage->model_->Parameters()));
   return stage;
 }
 
@@ -217,8 +218,8 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
         if (placement_.last()) {
           const double loss = result.loss.loss_sum / result.loss_normalizer;
           if (!std::isfinite(loss)) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "loss is not finite (", loss, ") at step ", step));
+            return absl::FailedPreconditionError(
+                absl::StrCat("loss is not finite (", loss, ") at step ", step));
           }
         }
         ASSIGN_OR_RETURN(const double squares, OptimizerStep(step, &result.lr));
@@ -253,10 +254,9 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
       if (in.kind == MessageKind::kEvalEnd) break;
       if (in.kind != MessageKind::kActivation || in.step != kEvalStep ||
           in.micro_batch != b) {
-        return absl::InternalError(
-            absl::StrCat("stage ", placement_.index,
-                         ": expected evaluation batch ", b, ", received ",
-                         Describe(in)));
+        return absl::InternalError(absl::StrCat(
+            "stage ", placement_.index, ": expected evaluation batch ", b,
+            ", received ", Describe(in)));
       }
       x = std::move(in.tensor);
     }
@@ -265,9 +265,9 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
       const int64_t begin = b * batch_size;
       const int64_t end = std::min(n, begin + batch_size);
       if (begin >= end) {
-        return absl::InternalError(absl::StrCat(
-            "stage ", placement_.index, ": evaluation batch ", b,
-            " is past the end of the split"));
+        return absl::InternalError(
+            absl::StrCat("stage ", placement_.index, ": evaluation batch ", b,
+                         " is past the end of the split"));
       }
       indices.resize(end - begin);
       std::iota(indices.begin(), indices.end(), begin);

@@ -85,9 +85,8 @@ class Stage {
   absl::StatusOr<Message> Expect(Link* link, MessageKind kind, int64_t step,
                                  int64_t micro_batch);
   absl::Status Forward(int64_t step, int64_t m, const Batch& batch,
-                       const std::vector<RowRange>& ranges,
-                       double normalizer, std::vector<InFlight>& flight,
-                       LossResult& loss);
+                       const std::vector<RowRange>& ranges, double normalizer,
+                       std::vector<InFlight>& flight, LossResult& loss);
   absl::Status Backward(int64_t step, int64_t m, std::vector<InFlight>& flight);
   absl::StatusOr<double> OptimizerStep(int64_t step, float* lr);
   LayerContext Context(int64_t step, int64_t m) const;

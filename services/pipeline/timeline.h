@@ -68,8 +68,7 @@ class Timeline {
 class OpTimer {
  public:
   OpTimer(Timeline& timeline, Phase phase, int64_t micro_batch)
-      : timeline_(timeline),
-        record_{phase, micro_batch, timeline.Now(), 0} {}
+      : timeline_(timeline), record_{phase, micro_batch, timeline.Now(), 0} {}
   ~OpTimer() {
     record_.end_ns = timeline_.Now();
     timeline_.Record(record_);

@@ -15,11 +15,11 @@
 namespace gpipe {
 
 struct StepReport {
-  int64_t step = 0;         // 0-based index of the step just taken
-  double loss = 0.0;        // mean over the mini-batch
-  double accuracy = 0.0;    // of the mini-batch's counted targets
+  int64_t step = 0;       // 0-based index of the step just taken
+  double loss = 0.0;      // mean over the mini-batch
+  double accuracy = 0.0;  // of the mini-batch's counted targets
   float lr = 0.0f;
-  double grad_norm = 0.0;   // global, before clipping
+  double grad_norm = 0.0;  // global, before clipping
 };
 
 struct EvalResult {

@@ -9,12 +9,10 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "services/core/strings.h"
 
 namespace gpipe::storage {
 namespace {
-
-// This absl's StrCat takes absl::string_view, which is not std::string_view.
-absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
 
 // Linux moves at most this much per read() or write() call anyway.
 constexpr size_t kMaxChunk = size_t{1} << 30;
@@ -22,7 +20,7 @@ constexpr size_t kMaxChunk = size_t{1} << 30;
 absl::Status ErrnoError(int error, std::string_view action,
                         std::string_view path) {
   return absl::ErrnoToStatus(
-      error, absl::StrCat("cannot ", Arg(action), " ", Arg(path)));
+      error, absl::StrCat("cannot ", AsAbsl(action), " ", AsAbsl(path)));
 }
 
 }  // namespace

@@ -4,12 +4,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 
 namespace gpipe::storage {
 namespace {
-
-// This absl's StrCat takes absl::string_view, which is not std::string_view.
-absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
 
 // Returns the length of the well-formed UTF-8 sequence starting at s[i], or 0
 // when there is none (Unicode 15, table 3-7).
@@ -279,10 +277,10 @@ absl::Status JsonHeaderReader::Expect(char c) {
 absl::Status JsonHeaderReader::Error(std::string_view what) const {
   if (pos_ >= text_.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("invalid JSON at end of header: ", Arg(what)));
+        absl::StrCat("invalid JSON at end of header: ", AsAbsl(what)));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("invalid JSON at byte ", pos_, ": ", Arg(what)));
+      absl::StrCat("invalid JSON at byte ", pos_, ": ", AsAbsl(what)));
 }
 
 void AppendJsonString(std::string_view s, std::string* out) {

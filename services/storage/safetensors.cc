@@ -8,6 +8,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 #include "services/storage/file_io.h"
 #include "services/storage/json_header.h"
 #include "services/storage/safetensors_header.h"
@@ -15,9 +16,6 @@
 
 namespace gpipe {
 namespace {
-
-// This absl's StrCat takes absl::string_view, which is not std::string_view.
-absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
 
 using storage::QuoteForMessage;
 using storage::SafetensorsEntry;
@@ -34,9 +32,9 @@ absl::Status CheckTensor(const std::string& name, const Tensor* t) {
         absl::StrCat("tensor ", quoted, " is null or undefined"));
   }
   if (t->device() != Device::kCpu) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("tensor ", quoted, " is on ", Arg(DeviceName(t->device())),
-                     "; copy it to the CPU before writing"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor ", quoted, " is on ", AsAbsl(DeviceName(t->device())),
+        "; copy it to the CPU before writing"));
   }
   for (const int64_t d : t->shape().dims()) {
     if (d < 0) {

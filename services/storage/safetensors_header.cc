@@ -7,13 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 #include "services/storage/json_header.h"
 
 namespace gpipe::storage {
 namespace {
-
-// This absl's StrCat takes absl::string_view, which is not std::string_view.
-absl::string_view Arg(std::string_view v) { return {v.data(), v.size()}; }
 
 using Token = JsonHeaderReader::Token;
 
@@ -40,12 +38,12 @@ std::optional<size_t> DTypeSizeByName(std::string_view name) {
 }
 
 absl::Status Malformed(std::string_view message) {
-  return absl::InvalidArgumentError(Arg(message));
+  return absl::InvalidArgumentError(AsAbsl(message));
 }
 
 // Prefixes a status's message, keeping its code.
 absl::Status Annotate(const absl::Status& s, std::string_view prefix) {
-  return absl::Status(s.code(), absl::StrCat(Arg(prefix), s.message()));
+  return absl::Status(s.code(), absl::StrCat(AsAbsl(prefix), s.message()));
 }
 
 std::string OffsetsString(const SafetensorsEntry& e) {
@@ -300,7 +298,7 @@ absl::StatusOr<uint64_t> DecodeHeaderLength(std::string_view prefix,
                                             std::string_view what) {
   if (file_size < kHeaderLengthBytes || prefix.size() < kHeaderLengthBytes) {
     return absl::DataLossError(
-        absl::StrCat(Arg(what), ": file is ", file_size,
+        absl::StrCat(AsAbsl(what), ": file is ", file_size,
                      " bytes, too short for the 8-byte header length"));
   }
   uint64_t n = 0;
@@ -308,13 +306,13 @@ absl::StatusOr<uint64_t> DecodeHeaderLength(std::string_view prefix,
     n |= uint64_t{static_cast<unsigned char>(prefix[i])} << (8 * i);
   }
   if (n > kMaxHeaderBytes) {
-    return absl::DataLossError(absl::StrCat(Arg(what), ": header length ", n,
+    return absl::DataLossError(absl::StrCat(AsAbsl(what), ": header length ", n,
                                             " exceeds the limit of ",
                                             kMaxHeaderBytes, " bytes"));
   }
   if (n > file_size - kHeaderLengthBytes) {
     return absl::DataLossError(
-        absl::StrCat(Arg(what), ": header length ", n, " is more than the ",
+        absl::StrCat(AsAbsl(what), ": header length ", n, " is more than the ",
                      file_size - kHeaderLengthBytes,
                      " bytes that follow it (file truncated?)"));
   }
@@ -327,7 +325,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
       HeaderParser(json, data_size).Parse();
   if (header.ok()) return header;
   const std::string message =
-      absl::StrCat(Arg(what), ": ", header.status().message());
+      absl::StrCat(AsAbsl(what), ": ", header.status().message());
   if (header.status().code() == absl::StatusCode::kUnimplemented) {
     return absl::UnimplementedError(message);
   }
@@ -352,9 +350,10 @@ std::string EncodeSafetensorsHeader(const SafetensorsHeader& header) {
     const SafetensorsEntry& e = header.entries[i];
     if (i > 0 || !header.metadata.empty()) json += ',';
     AppendJsonString(e.name, &json);
-    absl::StrAppend(&json, ":{\"dtype\":\"", Arg(SafetensorsDTypeName(e.dtype)),
-                    "\",\"shape\":[", absl::StrJoin(e.shape, ","),
-                    "],\"data_offsets\":[", e.begin, ",", e.end, "]}");
+    absl::StrAppend(&json, ":{\"dtype\":\"",
+                    AsAbsl(SafetensorsDTypeName(e.dtype)), "\",\"shape\":[",
+                    absl::StrJoin(e.shape, ","), "],\"data_offsets\":[",
+                    e.begin, ",", e.end, "]}");
   }
   json += '}';
   // Aligned data lets readers that map the file use it in place.

@@ -101,10 +101,10 @@ class InProcessLink final : public Link {
 std::pair<std::unique_ptr<Link>, std::unique_ptr<Link>> MakeInProcessLinkPair(
     size_t capacity) {
   auto shared = std::make_shared<Shared>(capacity);
-  auto a = std::make_unique<InProcessLink>(shared, &shared->a_to_b,
-                                           &shared->b_to_a);
-  auto b = std::make_unique<InProcessLink>(shared, &shared->b_to_a,
-                                           &shared->a_to_b);
+  auto a =
+      std::make_unique<InProcessLink>(shared, &shared->a_to_b, &shared->b_to_a);
+  auto b =
+      std::make_unique<InProcessLink>(shared, &shared->b_to_a, &shared->a_to_b);
   return {std::move(a), std::move(b)};
 }
 

@@ -30,11 +30,12 @@ struct Message {
   MessageKind kind = MessageKind::kActivation;
   int64_t step = 0;
   int64_t micro_batch = -1;
-  Tensor tensor;       // activations and gradients
-  double scalar = 0;   // kGradSquares
+  Tensor tensor;      // activations and gradients
+  double scalar = 0;  // kGradSquares
 };
 
-std::string Describe(const Message& m);  // "gradient of micro-batch 3 at step 7"
+std::string Describe(
+    const Message& m);  // "gradient of micro-batch 3 at step 7"
 
 class Link {
  public:

@@ -10,7 +10,8 @@ namespace gpipe {
 namespace {
 
 double TrainAndEvaluate(const std::string& example) {
-  auto spec = LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + example);
+  auto spec =
+      LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + example);
   EXPECT_TRUE(spec.ok()) << spec.status();
   if (!spec.ok()) return 0;
   auto trainer = ReferenceTrainer::Create(*spec);
@@ -28,7 +29,8 @@ double TrainAndEvaluate(const std::string& example) {
     if (!r.ok()) return 0;
     last_loss = r->loss;
   }
-  const absl::StatusOr<EvalResult> evaluated = (*trainer)->Evaluate(Split::kTest);
+  const absl::StatusOr<EvalResult> evaluated =
+      (*trainer)->Evaluate(Split::kTest);
   EXPECT_TRUE(evaluated.ok()) << evaluated.status();
   if (!evaluated.ok()) return 0;
   const EvalResult& e = *evaluated;

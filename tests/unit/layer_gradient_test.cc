@@ -39,7 +39,8 @@ Tensor SpreadTensor(const Shape& shape, uint64_t key) {
   std::vector<int64_t> order(n);
   for (int64_t i = 0; i < n; ++i) order[i] = i;
   Rng rng(key);
-  for (int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.Below(i + 1)]);
+  for (int64_t i = n - 1; i > 0; --i)
+    std::swap(order[i], order[rng.Below(i + 1)]);
   for (int64_t i = 0; i < n; ++i)
     t.f32()[order[i]] = -1.0f + 0.05f * i + 0.025f;
   return t;
@@ -51,12 +52,14 @@ double Objective(Layer& layer, const Tensor& x, const Tensor& r,
   c.recompute = true;  // no side effects while probing
   Tensor y = layer.Forward(x, c, nullptr);
   double s = 0.0;
-  for (int64_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.f32()[i]) * r.f32()[i];
+  for (int64_t i = 0; i < y.numel(); ++i)
+    s += static_cast<double>(y.f32()[i]) * r.f32()[i];
   return s;
 }
 
 void ExpectClose(double analytic, double numeric, const std::string& what) {
-  const double tol = 2e-3 + 2e-2 * std::max(std::fabs(analytic), std::fabs(numeric));
+  const double tol =
+      2e-3 + 2e-2 * std::max(std::fabs(analytic), std::fabs(numeric));
   EXPECT_NEAR(analytic, numeric, tol) << what;
 }
 
@@ -67,8 +70,10 @@ void CheckGradients(Layer& layer, Tensor x, const LayerContext& ctx,
   layer.Initialize(MixKey({99, 1}));
   // Nudge parameters off their special initial values (ones, zeros).
   for (Parameter* p : layer.Parameters()) {
-    Tensor noise = RandomTensor(p->value.shape(), MixKey({7, p->value.numel()}), 0.1f);
-    for (int64_t i = 0; i < p->value.numel(); ++i) p->value.f32()[i] += noise.f32()[i];
+    Tensor noise =
+        RandomTensor(p->value.shape(), MixKey({7, p->value.numel()}), 0.1f);
+    for (int64_t i = 0; i < p->value.numel(); ++i)
+      p->value.f32()[i] += noise.f32()[i];
     p->grad.SetZero();
   }
   Saved saved;
@@ -215,7 +220,8 @@ TEST(LayerGradient, BatchNormFeatures) {
 
 TEST(LossGradient, SoftmaxCrossEntropy) {
   Tensor logits = RandomTensor({3, 4, 5}, 19);
-  Tensor targets = Tensor::FromInts({3, 4}, {0, 4, -1, 2, 1, 1, 3, -1, 0, 2, 4, 3});
+  Tensor targets =
+      Tensor::FromInts({3, 4}, {0, 4, -1, 2, 1, 1, 3, -1, 0, 2, 4, 3});
   const double normalizer = CountTargets(targets);
   EXPECT_EQ(normalizer, 10);
   Tensor dlogits;
@@ -225,9 +231,11 @@ TEST(LossGradient, SoftmaxCrossEntropy) {
   for (int64_t i = 0; i < logits.numel(); ++i) {
     const float keep = logits.f32()[i];
     logits.f32()[i] = keep + eps;
-    const double plus = SoftmaxCrossEntropyLoss(logits, targets, normalizer, nullptr).loss_sum;
+    const double plus =
+        SoftmaxCrossEntropyLoss(logits, targets, normalizer, nullptr).loss_sum;
     logits.f32()[i] = keep - eps;
-    const double minus = SoftmaxCrossEntropyLoss(logits, targets, normalizer, nullptr).loss_sum;
+    const double minus =
+        SoftmaxCrossEntropyLoss(logits, targets, normalizer, nullptr).loss_sum;
     logits.f32()[i] = keep;
     ExpectClose(dlogits.f32()[i], (plus - minus) / (2 * eps) / normalizer,
                 "dlogits[" + std::to_string(i) + "]");

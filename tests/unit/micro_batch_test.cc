@@ -1,10 +1,11 @@
 // Micro-batch accumulation: M micro-batches give the mini-batch gradient (to
 // fp32 rounding), and the same M twice is bitwise the same run.
+#include "services/pipeline/micro_batch.h"
+
 #include <cmath>
 
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
-#include "services/pipeline/micro_batch.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/tensor/threads.h"
 
@@ -93,7 +94,8 @@ TEST(MicroBatchAccumulation, SameMTwiceIsBitwiseEqual) {
   const auto& a = first->model().Parameters();
   const auto& b = second->model().Parameters();
   for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(BitwiseEqual(a[i].param->value, b[i].param->value)) << a[i].name;
+    EXPECT_TRUE(BitwiseEqual(a[i].param->value, b[i].param->value))
+        << a[i].name;
 }
 
 TEST(MicroBatchAccumulation, ThreadCountDoesNotChangeTheResult) {
@@ -106,7 +108,8 @@ TEST(MicroBatchAccumulation, ThreadCountDoesNotChangeTheResult) {
   const auto& a = one->model().Parameters();
   const auto& b = two->model().Parameters();
   for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_TRUE(BitwiseEqual(a[i].param->value, b[i].param->value)) << a[i].name;
+    EXPECT_TRUE(BitwiseEqual(a[i].param->value, b[i].param->value))
+        << a[i].name;
 }
 
 TEST(MicroBatchAccumulation, MoreMicroBatchesThanRowsIsAnError) {

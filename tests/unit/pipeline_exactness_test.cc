@@ -16,7 +16,8 @@ namespace {
 constexpr int kSteps = 3;
 
 gpipe::v1::JobSpec LoadExample(const std::string& name, int64_t batch) {
-  auto spec = LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + name);
+  auto spec =
+      LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + name);
   EXPECT_TRUE(spec.ok()) << spec.status();
   spec->set_batch_size(batch);
   spec->set_steps(kSteps);
@@ -24,8 +25,9 @@ gpipe::v1::JobSpec LoadExample(const std::string& name, int64_t batch) {
 }
 
 std::shared_ptr<const Dataset> Open(const gpipe::v1::JobSpec& spec) {
-  const Shape input(std::vector<int64_t>(spec.model().input().shape().dims().begin(),
-                                         spec.model().input().shape().dims().end()));
+  const Shape input(
+      std::vector<int64_t>(spec.model().input().shape().dims().begin(),
+                           spec.model().input().shape().dims().end()));
   auto d = OpenDataset(spec.data(), input, spec.seed());
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? std::shared_ptr<const Dataset>(std::move(*d)) : nullptr;
@@ -37,8 +39,9 @@ std::map<std::string, Tensor> Snapshot(Trainer& t) {
   return out;
 }
 
-std::map<std::string, Tensor> RunReference(const gpipe::v1::JobSpec& spec, int64_t m,
-                                           std::shared_ptr<const Dataset> data) {
+std::map<std::string, Tensor> RunReference(
+    const gpipe::v1::JobSpec& spec, int64_t m,
+    std::shared_ptr<const Dataset> data) {
   auto ref = ReferenceTrainer::Create(spec, m, data);
   EXPECT_TRUE(ref.ok()) << ref.status();
   for (int s = 0; s < kSteps; ++s) EXPECT_TRUE((*ref)->Step().ok());
@@ -46,12 +49,14 @@ std::map<std::string, Tensor> RunReference(const gpipe::v1::JobSpec& spec, int64
 }
 
 void ExpectSame(const std::map<std::string, Tensor>& want,
-                const std::map<std::string, Tensor>& got, const std::string& what) {
+                const std::map<std::string, Tensor>& got,
+                const std::string& what) {
   ASSERT_EQ(want.size(), got.size()) << what;
   for (const auto& [name, tensor] : want) {
     auto it = got.find(name);
     ASSERT_NE(it, got.end()) << what << ": " << name << " missing";
-    EXPECT_TRUE(BitwiseEqual(tensor, it->second)) << what << ": " << name << " differs";
+    EXPECT_TRUE(BitwiseEqual(tensor, it->second))
+        << what << ": " << name << " differs";
   }
 }
 
@@ -63,17 +68,20 @@ void CheckAllCombinations(const std::string& example, int64_t batch) {
   for (int64_t m : {1, 2, 4, 8}) {
     const std::map<std::string, Tensor> want = RunReference(spec, m, data);
     for (int64_t k = 1; k <= 4; ++k) {
-      for (ScheduleKind schedule : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
-        for (RematMode remat : {RematMode::kAlways, RematMode::kExceptLast, RematMode::kNever}) {
+      for (ScheduleKind schedule :
+           {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+        for (RematMode remat :
+             {RematMode::kAlways, RematMode::kExceptLast, RematMode::kNever}) {
           PipelineOptions o;
           o.stages = k;
           o.micro_batches = m;
           o.schedule = schedule;
           o.remat = remat;
           o.dataset = data;
-          const std::string what =
-              example + " K=" + std::to_string(k) + " M=" + std::to_string(m) + " " +
-              std::string(ScheduleName(schedule)) + " remat=" + std::string(RematName(remat));
+          const std::string what = example + " K=" + std::to_string(k) +
+                                   " M=" + std::to_string(m) + " " +
+                                   std::string(ScheduleName(schedule)) +
+                                   " remat=" + std::string(RematName(remat));
           auto p = InProcessPipeline::Create(spec, o);
           ASSERT_TRUE(p.ok()) << what << ": " << p.status();
           for (int s = 0; s < kSteps; ++s) {
@@ -87,7 +95,9 @@ void CheckAllCombinations(const std::string& example, int64_t batch) {
   }
 }
 
-TEST(PipelineExactness, MlpAllCombinations) { CheckAllCombinations("fashion_mnist_mlp.json", 32); }
+TEST(PipelineExactness, MlpAllCombinations) {
+  CheckAllCombinations("fashion_mnist_mlp.json", 32);
+}
 
 TEST(PipelineExactness, CnnWithBatchNormAndDropoutAllCombinations) {
   CheckAllCombinations("fashion_mnist_cnn.json", 32);
@@ -105,7 +115,8 @@ TEST(PipelineExactness, UnevenMicroBatchesAndUnevenStages) {
   ASSERT_NE(data, nullptr);
   for (int64_t m : {4, 8}) {
     const auto want = RunReference(spec, m, data);
-    for (ScheduleKind schedule : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (ScheduleKind schedule :
+         {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
       PipelineOptions o;
       o.stages = 3;
       o.micro_batches = m;
@@ -136,7 +147,8 @@ TEST(PipelineExactness, TheComparisonSeesADifferentMicroBatchCount) {
   for (int s = 0; s < kSteps; ++s) ASSERT_TRUE((*p)->Step().ok());
   const auto got = Snapshot(**p);
   int differing = 0;
-  for (const auto& [name, t] : want) differing += !BitwiseEqual(t, got.at(name));
+  for (const auto& [name, t] : want)
+    differing += !BitwiseEqual(t, got.at(name));
   EXPECT_GT(differing, 0);
 }
 

@@ -18,14 +18,18 @@ gpipe::v1::JobSpec DeepMlp() {
   std::string layers;
   for (int i = 0; i < 16; ++i) {
     const int out = i == 15 ? 4 : kWidth;
-    layers += absl::StrCat(i ? "," : "", R"({"linear": {"inFeatures": 64, "outFeatures": )",
+    layers += absl::StrCat(i ? "," : "",
+                           R"({"linear": {"inFeatures": 64, "outFeatures": )",
                            out, "}}");
-    if (i != 15) layers += R"(,{"relu": {}})";
-    else layers += R"(,{"tanh": {}})";
+    if (i != 15)
+      layers += R"(,{"relu": {}})";
+    else
+      layers += R"(,{"tanh": {}})";
   }
   const std::string json = absl::StrCat(R"({
     "model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [64]}},
-              "layers": [)", layers, R"(],
+              "layers": [)",
+                                        layers, R"(],
               "loss": {"softmaxCrossEntropy": {}}},
     "optimizer": {"lr": 0.01, "sgd": {}},
     "data": {"synthetic": {"task": "CLASSES", "features": 64, "classes": 4,
@@ -46,7 +50,8 @@ std::vector<int64_t> PeakBytes(RematMode remat, ScheduleKind schedule) {
   auto p = InProcessPipeline::Create(DeepMlp(), o);
   EXPECT_TRUE(p.ok()) << p.status();
   for (int s = 0; s < 2; ++s) EXPECT_TRUE((*p)->Step().ok());
-  return {(*p)->stage(0).peak_activation_bytes(), (*p)->stage(1).peak_activation_bytes()};
+  return {(*p)->stage(0).peak_activation_bytes(),
+          (*p)->stage(1).peak_activation_bytes()};
 }
 
 TEST(PipelineMemory, RematIsAtLeastThreeTimesSmaller) {
@@ -54,7 +59,8 @@ TEST(PipelineMemory, RematIsAtLeastThreeTimesSmaller) {
   const auto without = PeakBytes(RematMode::kNever, ScheduleKind::kGPipe);
   for (int s = 0; s < 2; ++s) {
     std::printf("stage %d: peak %lld bytes with remat, %lld without\n", s,
-                static_cast<long long>(with[s]), static_cast<long long>(without[s]));
+                static_cast<long long>(with[s]),
+                static_cast<long long>(without[s]));
     EXPECT_GE(without[s], 3 * with[s]) << "stage " << s;
   }
 }
@@ -78,7 +84,8 @@ TEST(PipelineMemory, RematStaysWithinGPipesBound) {
 
 TEST(PipelineMemory, OneFOneBHoldsFewerMicroBatchesThanGPipe) {
   const auto gpipe = PeakBytes(RematMode::kNever, ScheduleKind::kGPipe);
-  const auto one_f_one_b = PeakBytes(RematMode::kNever, ScheduleKind::kOneFOneB);
+  const auto one_f_one_b =
+      PeakBytes(RematMode::kNever, ScheduleKind::kOneFOneB);
   // Stage 0 keeps at most K=2 micro-batches alive instead of M=8.
   EXPECT_LT(2 * one_f_one_b[0], gpipe[0]);
 }

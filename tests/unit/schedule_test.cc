@@ -1,10 +1,11 @@
 // The schedules as data: op lists checked directly, without running them.
+#include "services/pipeline/schedule.h"
+
 #include <deque>
 #include <map>
 #include <set>
 
 #include "gtest/gtest.h"
-#include "services/pipeline/schedule.h"
 
 namespace gpipe {
 namespace {
@@ -35,8 +36,8 @@ TEST(Schedule, NameRoundTrip) {
   EXPECT_FALSE(ParseScheduleName("interleaved").ok());
 }
 
-class ScheduleProperties
-    : public ::testing::TestWithParam<std::tuple<ScheduleKind, int64_t, int64_t>> {};
+class ScheduleProperties : public ::testing::TestWithParam<
+                               std::tuple<ScheduleKind, int64_t, int64_t>> {};
 
 TEST_P(ScheduleProperties, EveryStageIsWellFormed) {
   const auto [kind, k, m] = GetParam();
@@ -113,13 +114,16 @@ TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
       progress = true;
     }
   }
-  for (int64_t s = 0; s < k; ++s) EXPECT_EQ(pc[s], ops[s].size()) << "stage " << s << " stuck";
+  for (int64_t s = 0; s < k; ++s)
+    EXPECT_EQ(pc[s], ops[s].size()) << "stage " << s << " stuck";
 }
 
 INSTANTIATE_TEST_SUITE_P(
     AllShapes, ScheduleProperties,
-    ::testing::Combine(::testing::Values(ScheduleKind::kGPipe, ScheduleKind::kOneFOneB),
-                       ::testing::Values(1, 2, 3, 4, 8), ::testing::Values(1, 2, 3, 4, 8, 16)));
+    ::testing::Combine(::testing::Values(ScheduleKind::kGPipe,
+                                         ScheduleKind::kOneFOneB),
+                       ::testing::Values(1, 2, 3, 4, 8),
+                       ::testing::Values(1, 2, 3, 4, 8, 16)));
 
 }  // namespace
 }  // namespace gpipe

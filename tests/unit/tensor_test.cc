@@ -1,5 +1,7 @@
 // The tensor engine: storage sharing, the counting allocator, and CPU kernels
 // against naive references.
+#include "services/tensor/tensor.h"
+
 #include <cmath>
 #include <vector>
 
@@ -10,7 +12,6 @@
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
 #include "services/tensor/cpu/softmax.h"
-#include "services/tensor/tensor.h"
 #include "services/tensor/threads.h"
 
 namespace gpipe {
@@ -145,7 +146,8 @@ TEST(LayerNorm, NormalizesRows) {
                         y.data(), mean.data(), rstd.data());
   for (int r = 0; r < 3; ++r) {
     double s = 0, ss = 0;
-    for (int c = 0; c < 16; ++c) s += y[r * 16 + c], ss += y[r * 16 + c] * y[r * 16 + c];
+    for (int c = 0; c < 16; ++c)
+      s += y[r * 16 + c], ss += y[r * 16 + c] * y[r * 16 + c];
     EXPECT_NEAR(s / 16, 0.0, 1e-5);
     EXPECT_NEAR(ss / 16, 1.0, 1e-3);
   }
@@ -157,10 +159,11 @@ TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
     int64_t m, n, k;
   };
   // Row panels, column panels, one panel, and long-K shapes (conv dW).
-  const Case cases[] = {{false, true, 256, 192, 300}, {false, false, 100, 700, 64},
-                        {true, false, 90, 60, 50}, {true, false, 256, 784, 1024},
-                        {true, true, 513, 129, 77}, {false, true, 16, 9, 100000},
-                        {false, false, 20, 30, 5000}};
+  const Case cases[] = {
+      {false, true, 256, 192, 300}, {false, false, 100, 700, 64},
+      {true, false, 90, 60, 50},    {true, false, 256, 784, 1024},
+      {true, true, 513, 129, 77},   {false, true, 16, 9, 100000},
+      {false, false, 20, 30, 5000}};
   const int before = ComputeThreads();
   for (const Case& c : cases) {
     std::vector<float> a = Random(c.m * c.k, 8), b = Random(c.k * c.n, 9);
@@ -168,7 +171,8 @@ TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
     for (int threads : {1, 2, 3}) {
       SetComputeThreads(threads);
       std::vector<float> y = Random(c.m * c.n, 10);
-      cpu::Gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), 1.0f, y.data());
+      cpu::Gemm(c.ta, c.tb, c.m, c.n, c.k, 1.0f, a.data(), b.data(), 1.0f,
+                y.data());
       out.push_back(std::move(y));
     }
     EXPECT_EQ(out[0], out[1]) << c.m << "x" << c.n << "x" << c.k;

@@ -34,7 +34,8 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
   Tensor probs = Tensor::Zeros({batch, heads_, t, t});
   Tensor heads_out = Tensor::Zeros({batch, t, d});
   const float* base = qkv.f32();
-#pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > (1 << 16))
+#pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
+                                         (1 << 16))
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads_; ++h) {
       const float* q = base + b * t * 3 * d + h * dh;
@@ -48,7 +49,8 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
         float m = -INFINITY;
         for (int64_t j = 0; j <= last; ++j) {
           float s = 0.0f;
-          for (int64_t c = 0; c < dh; ++c) s += q[i * 3 * d + c] * k[j * 3 * d + c];
+          for (int64_t c = 0; c < dh; ++c)
+            s += q[i * 3 * d + c] * k[j * 3 * d + c];
           pi[j] = s * scale;
           m = pi[j] > m ? pi[j] : m;
         }
@@ -84,7 +86,8 @@ Tensor SelfAttention::Backward(const Tensor& dy, const Saved& saved,
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   Tensor dout = proj_.Backward(dy, saved.children[1], ctx);
   Tensor dqkv = Tensor::Zeros(qkv.shape());
-#pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > (1 << 16))
+#pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
+                                         (1 << 16))
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads_; ++h) {
       const int64_t off = b * t * 3 * d + h * dh;

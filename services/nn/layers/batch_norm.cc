@@ -98,7 +98,8 @@ Tensor BatchNorm::Backward(const Tensor& dy, const Saved& saved,
       const int64_t off = (b * channels_ + c) * inner_;
       for (int64_t i = 0; i < inner_; ++i) {
         sum_dy += dy.f32()[off + i];
-        sum_dy_xhat += static_cast<double>(dy.f32()[off + i]) * xhat.f32()[off + i];
+        sum_dy_xhat +=
+            static_cast<double>(dy.f32()[off + i]) * xhat.f32()[off + i];
       }
     }
     weight_.grad.f32()[c] += static_cast<float>(sum_dy_xhat);

@@ -15,8 +15,8 @@ Conv2d::Conv2d(const Shape& input, int64_t out_channels, int64_t kernel,
     : geometry_{input[0], input[1], input[2], kernel, stride, padding},
       out_channels_(out_channels),
       has_bias_(bias),
-      weight_(MakeParameter("weight",
-                            {out_channels, input[0], kernel, kernel}, true)) {
+      weight_(MakeParameter("weight", {out_channels, input[0], kernel, kernel},
+                            true)) {
   if (has_bias_) bias_ = MakeParameter("bias", {out_channels}, false);
 }
 
@@ -26,7 +26,8 @@ std::vector<Parameter*> Conv2d::Parameters() {
 }
 
 void Conv2d::Initialize(uint64_t key) {
-  const int64_t fan_in = geometry_.channels * geometry_.kernel * geometry_.kernel;
+  const int64_t fan_in =
+      geometry_.channels * geometry_.kernel * geometry_.kernel;
   const float bound = 1.0f / std::sqrt(static_cast<float>(fan_in));
   InitUniform(weight_.value, MixKey({key, 0}), bound);
   if (has_bias_) InitUniform(bias_.value, MixKey({key, 1}), bound);
@@ -46,7 +47,8 @@ Tensor Conv2d::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   const int64_t ckk = g.channels * g.kernel * g.kernel;
   const int64_t in_size = g.channels * g.height * g.width;
   const int64_t chunk = ChunkSize(batch);
-  Tensor y = Tensor::Empty({batch, out_channels_, g.out_height(), g.out_width()});
+  Tensor y =
+      Tensor::Empty({batch, out_channels_, g.out_height(), g.out_width()});
   Tensor col = Tensor::Empty({ckk, chunk * hw});
   Tensor out = Tensor::Empty({out_channels_, chunk * hw});
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
@@ -96,8 +98,8 @@ Tensor Conv2d::Backward(const Tensor& dy, const Saved& saved,
     cpu::GemmStrided(false, true, out_channels_, ckk, ld, 1.0f, dout.f32(), ld,
                      col.f32(), ld, 1.0f, weight_.grad.f32(), ckk);
     cpu::GemmStrided(true, false, ckk, ld, out_channels_, 1.0f,
-                     weight_.value.f32(), ckk, dout.f32(), ld, 0.0f,
-                     dcol.f32(), ld);
+                     weight_.value.f32(), ckk, dout.f32(), ld, 0.0f, dcol.f32(),
+                     ld);
 #pragma omp parallel for if (nb > 1)
     for (int64_t i = 0; i < nb; ++i)
       cpu::Col2Im(g, dcol.f32() + i * hw, ld, dx.f32() + (b0 + i) * in_size);

@@ -29,8 +29,7 @@ Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   for (int64_t i = 0; i < x.numel(); ++i)
     ids.i32()[i] = std::clamp<int32_t>(x.i32()[i], 0, vocab_ - 1);
   Tensor y = Tensor::Empty({batch, t, dim_});
-  cpu::EmbeddingGather(batch * t, dim_, ids.i32(), token_.value.f32(),
-                       y.f32());
+  cpu::EmbeddingGather(batch * t, dim_, ids.i32(), token_.value.f32(), y.f32());
   for (int64_t b = 0; b < batch; ++b)
     cpu::AddInPlace(t * dim_, position_.value.f32(), y.f32() + b * t * dim_);
   if (saved != nullptr) saved->tensors = {ids};

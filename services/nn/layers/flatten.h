@@ -9,7 +9,8 @@ namespace gpipe {
 class Flatten final : public Layer {
  public:
   // `sample_shape` is the per-sample input shape, needed to unflatten dy.
-  explicit Flatten(Shape sample_shape) : sample_shape_(std::move(sample_shape)) {}
+  explicit Flatten(Shape sample_shape)
+      : sample_shape_(std::move(sample_shape)) {}
   std::string_view kind() const override { return "flatten"; }
   Tensor Forward(const Tensor& x, const LayerContext&, Saved*) override {
     return x.Reshape({x.dim(0), sample_shape_.numel()});

@@ -14,8 +14,8 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias,
     : in_(in_features),
       out_(out_features),
       has_bias_(bias),
-      weight_(MakeParameter(prefix + "weight", {out_features, in_features},
-                            true)) {
+      weight_(
+          MakeParameter(prefix + "weight", {out_features, in_features}, true)) {
   if (has_bias_) bias_ = MakeParameter(prefix + "bias", {out_features}, false);
 }
 
@@ -35,8 +35,7 @@ void Linear::InitializeNormal(uint64_t key, float stddev) {
   if (has_bias_) bias_.value.SetZero();
 }
 
-Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx,
-                       Saved* saved) {
+Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx, Saved* saved) {
   const int64_t rows = x.numel() / in_;
   std::vector<int64_t> dims = x.shape().dims();
   dims.back() = out_;

@@ -21,8 +21,7 @@ Tensor MaxPool2d::Backward(const Tensor& dy, const Saved& saved,
   const int64_t batch = dy.dim(0);
   Tensor dx = Tensor::Empty(input_.WithBatch(batch));
   cpu::MaxPool2dBackward(batch * input_[0], input_[1], input_[2], dy.dim(2),
-                         dy.dim(3), dy.f32(), saved.tensors[0].i32(),
-                         dx.f32());
+                         dy.dim(3), dy.f32(), saved.tensors[0].i32(), dx.f32());
   return dx;
 }
 
@@ -38,8 +37,8 @@ Tensor GlobalAvgPool::Backward(const Tensor& dy, const Saved&,
                                const LayerContext&) {
   const int64_t batch = dy.dim(0);
   Tensor dx = Tensor::Empty(input_.WithBatch(batch));
-  cpu::GlobalAvgPoolBackward(batch * input_[0], input_[1] * input_[2],
-                             dy.f32(), dx.f32());
+  cpu::GlobalAvgPoolBackward(batch * input_[0], input_[1] * input_[2], dy.f32(),
+                             dx.f32());
   return dx;
 }
 

@@ -17,7 +17,8 @@ TransformerBlock::TransformerBlock(int64_t dim, int64_t heads,
 
 std::vector<Parameter*> TransformerBlock::Parameters() {
   std::vector<Parameter*> out;
-  for (Layer* l : std::initializer_list<Layer*>{&ln1_, &attn_, &ln2_, &fc1_, &fc2_})
+  for (Layer* l :
+       std::initializer_list<Layer*>{&ln1_, &attn_, &ln2_, &fc1_, &fc2_})
     for (Parameter* p : l->Parameters()) out.push_back(p);
   return out;
 }

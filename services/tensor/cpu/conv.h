@@ -9,8 +9,12 @@ namespace gpipe::cpu {
 struct ConvGeometry {
   int64_t channels, height, width;  // input, one sample
   int64_t kernel, stride, padding;
-  int64_t out_height() const { return (height + 2 * padding - kernel) / stride + 1; }
-  int64_t out_width() const { return (width + 2 * padding - kernel) / stride + 1; }
+  int64_t out_height() const {
+    return (height + 2 * padding - kernel) / stride + 1;
+  }
+  int64_t out_width() const {
+    return (width + 2 * padding - kernel) / stride + 1;
+  }
 };
 
 // col[(c*k + ki)*k + kj, oh*OW + ow] = x[c, oh*s - p + ki, ow*s - p + kj]

@@ -8,7 +8,7 @@
 namespace gpipe::cpu {
 
 void Add(int64_t n, const float* a, const float* b, float* out);
-void AddInPlace(int64_t n, const float* x, float* y);  // y += x
+void AddInPlace(int64_t n, const float* x, float* y);         // y += x
 void Axpy(int64_t n, float alpha, const float* x, float* y);  // y += a*x
 void Scale(int64_t n, float alpha, float* x);
 void Multiply(int64_t n, const float* a, const float* b, float* out);

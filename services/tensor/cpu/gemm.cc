@@ -59,7 +59,8 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
       float* row = c + i * ldc;
       for (int64_t j = 0; j < n; ++j) {
         float sum = beta == 0.0f ? 0.0f : beta * row[j];
-        for (int64_t p = 0; p < slices; ++p) sum += partial[(p * m + i) * n + j];
+        for (int64_t p = 0; p < slices; ++p)
+          sum += partial[(p * m + i) * n + j];
         row[j] = sum;
       }
     }
@@ -82,8 +83,8 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t c0 = p * panel, cols = std::min(panel, n - c0);
       const float* bp = trans_b ? b + c0 * ldb : b + c0;
-      Sgemm(trans_a, trans_b, m, cols, k, alpha, a, lda, bp, ldb, beta,
-            c + c0, ldc);
+      Sgemm(trans_a, trans_b, m, cols, k, alpha, a, lda, bp, ldb, beta, c + c0,
+            ldc);
     }
   }
 }

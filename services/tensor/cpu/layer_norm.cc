@@ -26,9 +26,9 @@ void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
 }
 
 void LayerNormBackward(int64_t rows, int64_t cols, const float* x,
-                       const float* mean, const float* rstd,
-                       const float* gamma, const float* dy, float* dx,
-                       float* dgamma, float* dbeta) {
+                       const float* mean, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma,
+                       float* dbeta) {
 #pragma omp parallel for if (rows * cols > (1 << 14))
   for (int64_t r = 0; r < rows; ++r) {
     const float* in = x + r * cols;

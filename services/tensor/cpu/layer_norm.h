@@ -13,9 +13,8 @@ void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
 
 // dx is overwritten; dgamma and dbeta are accumulated (rows in order).
 void LayerNormBackward(int64_t rows, int64_t cols, const float* x,
-                       const float* mean, const float* rstd,
-                       const float* gamma, const float* dy, float* dx,
-                       float* dgamma, float* dbeta);
+                       const float* mean, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma, float* dbeta);
 
 }  // namespace gpipe::cpu
 

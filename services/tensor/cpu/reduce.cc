@@ -9,8 +9,8 @@ void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out) {
   }
 }
 
-void SumChannelsInto(int64_t n, int64_t channels, int64_t inner,
-                     const float* x, float* out) {
+void SumChannelsInto(int64_t n, int64_t channels, int64_t inner, const float* x,
+                     float* out) {
 #pragma omp parallel for if (n * channels * inner > (1 << 16))
   for (int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;

@@ -10,8 +10,8 @@ namespace gpipe::cpu {
 // out[c] += sum over r of x[r, c], rows in order.
 void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out);
 // out[c] += sum over n and i of x[n, c, i] (channel sums of NCHW data).
-void SumChannelsInto(int64_t n, int64_t channels, int64_t inner,
-                     const float* x, float* out);
+void SumChannelsInto(int64_t n, int64_t channels, int64_t inner, const float* x,
+                     float* out);
 double Sum(int64_t n, const float* x);
 double SumSquares(int64_t n, const float* x);
 // Index of the largest element (first on ties).
