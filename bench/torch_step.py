@@ -221,7 +221,9 @@ def main():
     with torch.no_grad():
         out_shape = list(model(inputs[:1]).shape[1:])
     classes = out_shape[-1]
-    # [C] logits: one class per sample; [T, V]: one token per position.
+    # [C] logits: one class per sample; [T, V]: one token per position. All
+    # targets count here (the synthetic tasks mark some -1), which changes the
+    # loss's cost by next to nothing.
     targets = torch.randint(0, classes, [batch] + out_shape[:-1], dtype=torch.long)
     optimizer = make_optimizer(field(job, "optimizer"), model.parameters())
     clip = field(field(job, "optimizer"), "clipNorm", 0.0)

@@ -153,6 +153,17 @@ TEST(LayerNorm, NormalizesRows) {
   }
 }
 
+TEST(Threads, SettingThreadsSticksAfterAGemm) {
+  // OpenBLAS must not take the OpenMP thread count down with it.
+  const int before = ComputeThreads();
+  SetComputeThreads(2);
+  EXPECT_EQ(ComputeThreads(), 2);
+  std::vector<float> a = Random(300 * 300, 1), c(300 * 300);
+  cpu::Gemm(false, false, 300, 300, 300, 1.0f, a.data(), a.data(), 0.0f, c.data());
+  EXPECT_EQ(ComputeThreads(), 2);
+  SetComputeThreads(before);
+}
+
 TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
   struct Case {
     bool ta, tb;
