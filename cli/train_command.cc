@@ -7,13 +7,17 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/progress.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/layer_profile.h"
+#include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
 #include "services/tensor/threads.h"
@@ -30,6 +34,10 @@ ABSL_FLAG(int64_t, stages, 0,
           "pipeline stages K (0: the job spec's; 1: the single-process "
           "reference trainer)");
 ABSL_FLAG(std::string, schedule, "", "gpipe or 1f1b (default: the job spec's)");
+ABSL_FLAG(std::string, balance, "",
+          "layers per stage: a list such as 2,3,1, or 'measured' to balance "
+          "by profiled layer times (default: the spec's balance or the cost "
+          "model)");
 ABSL_FLAG(std::string, remat, "",
           "always, except_last or never (default: the job spec's)");
 
@@ -92,6 +100,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));
     if (!r.ok()) return r.status();
     options.remat = *r;
+  }
+  const std::string balance = absl::GetFlag(FLAGS_balance);
+  if (balance == "measured" && options.stages > 1) {
+    // Profile each layer on one micro-batch, as a stage would run it.
+    SetComputeThreads(std::max<int>(1, threads / static_cast<int>(options.stages)));
+    auto seconds = MeasureLayerSeconds(
+        spec, std::max<int64_t>(1, spec.batch_size() / options.micro_batches), 3);
+    if (!seconds.ok()) return seconds.status();
+    auto parts = PartitionByCost(*seconds, options.stages);
+    if (!parts.ok()) return parts.status();
+    options.balance = *parts;
+  } else if (!balance.empty() && balance != "measured") {
+    for (absl::string_view part : absl::StrSplit(balance, ',')) {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(part, &n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--balance: '", balance, "' is not a list of layer counts"));
+      }
+      options.balance.push_back(n);
+    }
   }
   if (options.stages == 1) {
     SetComputeThreads(threads);

@@ -55,6 +55,19 @@ grep -q "\[16, 8\]" "$work/read.txt" || fail "layers.0.weight is not [16, 8]"
 cmp -s "$work/model/model.safetensors" "$work/again/model.safetensors" ||
   fail "two identical runs (1 and 2 threads) wrote different parameters"
 
+# The in-process pipeline writes bitwise the reference trainer's parameters,
+# whatever the schedule, re-materialization and partition.
+for flags in "--stages 2 --schedule gpipe --remat never" \
+             "--stages 3 --schedule 1f1b --remat always --balance 1,2,1" \
+             "--stages 2 --schedule 1f1b --remat except_last --balance measured"; do
+  # shellcheck disable=SC2086
+  "$gpipectl" train "$work/job.json" --micro-batches 4 $flags --out "$work/pipe" >"$work/pipe.txt" 2>&1 ||
+    fail "pipeline run ($flags) failed: $(cat "$work/pipe.txt")"
+  grep -q "in-process pipeline" "$work/pipe.txt" || fail "($flags) did not run the pipeline"
+  cmp -s "$work/model/model.safetensors" "$work/pipe/model.safetensors" ||
+    fail "pipeline ($flags) parameters differ from the reference trainer's"
+done
+
 # Bad input: a clear message naming the field, exit code 1, no crash.
 sed 's/"inFeatures": 16, "outFeatures": 3/"inFeatures": 15, "outFeatures": 3/' \
   "$work/job.json" >"$work/bad.json"
@@ -72,5 +85,12 @@ rc=$?
 set -e
 [[ $rc -eq 1 ]] || fail "missing spec exited $rc, want 1"
 grep -q "missing.json" <<<"$msg" || fail "missing spec message does not name the file: $msg"
+
+set +e
+msg=$("$gpipectl" train "$work/job.json" --stages 2 --balance 1,1 2>&1)
+rc=$?
+set -e
+[[ $rc -eq 1 ]] || fail "bad balance exited $rc, want 1"
+grep -q "adding up to 4" <<<"$msg" || fail "bad balance message: $msg"
 
 echo "1 passed, 0 failed"
