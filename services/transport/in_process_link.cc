@@ -1,63 +1,22 @@
 #include "services/transport/in_process_link.h"
 
 #include <atomic>
-#include <condition_variable>
-#include <deque>
-#include <mutex>
 
-#include "absl/strings/str_cat.h"
+#include "services/transport/message_queue.h"
 
 namespace gpipe {
 
 namespace {
 
-// One direction: a bounded FIFO shared by both ends, closed by either.
-class Channel {
- public:
-  explicit Channel(size_t capacity) : capacity_(capacity) {}
-
-  absl::Status Push(Message m) {
-    std::unique_lock<std::mutex> lock(mu_);
-    not_full_.wait(lock, [&] { return closed_ || queue_.size() < capacity_; });
-    if (closed_) return absl::CancelledError("link closed");
-    queue_.push_back(std::move(m));
-    not_empty_.notify_one();
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<Message> Pop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    not_empty_.wait(lock, [&] { return closed_ || !queue_.empty(); });
-    if (queue_.empty()) return absl::CancelledError("link closed");
-    Message m = std::move(queue_.front());
-    queue_.pop_front();
-    not_full_.notify_one();
-    return m;
-  }
-
-  void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    closed_ = true;
-    not_full_.notify_all();
-    not_empty_.notify_all();
-  }
-
- private:
-  const size_t capacity_;
-  std::mutex mu_;
-  std::condition_variable not_full_, not_empty_;
-  std::deque<Message> queue_;
-  bool closed_ = false;
-};
-
 struct Shared {
   explicit Shared(size_t capacity) : a_to_b(capacity), b_to_a(capacity) {}
-  Channel a_to_b, b_to_a;
+  MessageQueue a_to_b, b_to_a;  // one per direction, closed by either end
 };
 
 class InProcessLink final : public Link {
  public:
-  InProcessLink(std::shared_ptr<Shared> shared, Channel* out, Channel* in)
+  InProcessLink(std::shared_ptr<Shared> shared, MessageQueue* out,
+                MessageQueue* in)
       : shared_(std::move(shared)), out_(out), in_(in) {}
   ~InProcessLink() override { Close(); }
 
@@ -82,8 +41,8 @@ class InProcessLink final : public Link {
   }
 
   void Close() override {
-    out_->Close();
-    in_->Close();
+    out_->Close(absl::CancelledError("link closed"));
+    in_->Close(absl::CancelledError("link closed"));
   }
 
   int64_t bytes_sent() const override { return sent_.load(); }
@@ -91,8 +50,8 @@ class InProcessLink final : public Link {
 
  private:
   std::shared_ptr<Shared> shared_;
-  Channel* out_;
-  Channel* in_;
+  MessageQueue* out_;
+  MessageQueue* in_;
   std::atomic<int64_t> sent_{0}, received_{0};
 };
 

@@ -1,0 +1,52 @@
+// Messages <-> Exchange frames. A tensor travels as one or more frames of at
+// most kMaxChunkBytes payload; the first carries its header and total size.
+// The reassembler checks every frame against the link's job and epoch
+// (fencing) and every header against its byte count, so a stale worker or a
+// corrupt peer is rejected with a clear status instead of crashing anyone.
+#ifndef GPIPE_SERVICES_TRANSPORT_FRAME_CODEC_H_
+#define GPIPE_SERVICES_TRANSPORT_FRAME_CODEC_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpipe/v1/stage.pb.h"
+#include "services/transport/link.h"
+
+namespace gpipe {
+
+inline constexpr int64_t kMaxChunkBytes = 1 << 20;
+// Largest tensor a frame sequence may announce (2 GiB): a garbage header
+// cannot make the receiver allocate more.
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 31;
+
+// Calls `emit` with each frame of `m` in order (stops at the first false,
+// which this returns).
+bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
+                  const std::function<bool(const gpipe::v1::Frame&)>& emit);
+
+class FrameAssembler {
+ public:
+  FrameAssembler(std::string job_id, int64_t epoch)
+      : job_id_(std::move(job_id)), epoch_(epoch) {}
+  // Feeds one frame. Returns a complete message when `frame` ends one,
+  // nullopt while a tensor is still arriving, or an error naming what is
+  // wrong (FAILED_PRECONDITION for another job or epoch, INVALID_ARGUMENT for
+  // a malformed frame).
+  absl::StatusOr<std::optional<Message>> Add(const gpipe::v1::Frame& frame);
+
+ private:
+  std::string job_id_;
+  int64_t epoch_;
+  bool in_tensor_ = false;
+  Message partial_;
+  int64_t expected_ = 0;
+  int64_t received_ = 0;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TRANSPORT_FRAME_CODEC_H_

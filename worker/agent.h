@@ -1,0 +1,46 @@
+// The worker's side of Attach: one bidirectional stream to the controller
+// for the worker's whole life. Sends hello, heartbeats and the executor's
+// reports; receives assignments and cancellations. Reconnects with
+// exponential backoff when the controller is not up yet or goes away.
+#ifndef GPIPE_WORKER_AGENT_H_
+#define GPIPE_WORKER_AGENT_H_
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "gpipe/v1/controller.grpc.pb.h"
+#include "worker/executor.h"
+
+namespace gpipe {
+
+class Agent {
+ public:
+  Agent(std::string controller_address, gpipe::v1::WorkerHello hello);
+
+  // Attaches and serves until Stop(); `executor` runs the assignments.
+  void Run(Executor* executor);
+  void Stop();
+  // Sends a report if attached (dropped otherwise: the controller treats a
+  // detached worker's stage as lost anyway).
+  void Report(const gpipe::v1::WorkerMessage& m);
+  bool attached() const { return attached_.load(); }
+
+ private:
+  // One Attach session; returns when the stream ends.
+  void Session(Executor* executor);
+
+  const std::string address_;
+  const gpipe::v1::WorkerHello hello_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> attached_{false};
+  std::mutex mu_;  // guards the stream pointers and writes
+  grpc::ClientContext* context_ = nullptr;
+  grpc::ClientReaderWriter<gpipe::v1::WorkerMessage,
+                           gpipe::v1::ControllerMessage>* stream_ = nullptr;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_WORKER_AGENT_H_

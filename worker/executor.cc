@@ -1,0 +1,260 @@
+#include "worker/executor.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "services/core/log.h"
+#include "services/core/status.h"
+#include "services/pipeline/stage.h"
+#include "services/storage/safetensors.h"
+#include "services/tensor/threads.h"
+
+namespace gpipe {
+
+struct Executor::Run {
+  gpipe::v1::Assignment assignment;
+  bool cancelled = false;
+  std::shared_ptr<GrpcLink> upstream;  // set by AcceptUpstream
+  Link* downstream = nullptr;          // while connected, for Cancel
+};
+
+Executor::Executor(int threads, Reporter report)
+    : threads_(threads), report_(std::move(report)) {}
+
+Executor::~Executor() { CancelAll(); }
+
+bool Executor::busy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_ != nullptr;
+}
+
+void Executor::StopLocked(std::unique_lock<std::mutex>& lock) {
+  if (current_ != nullptr) {
+    current_->cancelled = true;
+    if (current_->upstream) current_->upstream->Close();
+    if (current_->downstream) current_->downstream->Close();
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) {
+    std::thread t = std::move(thread_);
+    lock.unlock();
+    t.join();
+    lock.lock();
+  }
+}
+
+void Executor::Start(const gpipe::v1::Assignment& a) {
+  std::unique_lock<std::mutex> lock(mu_);
+  StopLocked(lock);
+  auto run = std::make_shared<Run>();
+  run->assignment = a;
+  current_ = run;
+  cv_.notify_all();
+  thread_ = std::thread([this, run] { Execute(run); });
+}
+
+void Executor::Cancel(const std::string& job_id, int64_t epoch) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (current_ == nullptr || current_->assignment.job_id() != job_id ||
+      current_->assignment.epoch() != epoch) {
+    return;
+  }
+  LogInfo("cancelling stage %d of %s (epoch %d)",
+          current_->assignment.stage(), job_id, epoch);
+  StopLocked(lock);
+}
+
+void Executor::CancelAll() {
+  std::unique_lock<std::mutex> lock(mu_);
+  StopLocked(lock);
+}
+
+absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
+                                      int64_t from_stage,
+                                      std::shared_ptr<GrpcLink> link,
+                                      int64_t wait_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  for (;;) {
+    if (current_ != nullptr && !current_->cancelled) {
+      const gpipe::v1::Assignment& a = current_->assignment;
+      if (a.job_id() == job_id && epoch < a.epoch()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "link of job ", job_id, " epoch ", epoch,
+            " is older than this worker's epoch ", a.epoch(), ": rejected"));
+      }
+      if (a.job_id() == job_id && a.epoch() == epoch) {
+        if (from_stage != a.stage() - 1) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "link from stage ", from_stage, " but this worker runs stage ",
+              a.stage(), " of job ", job_id));
+        }
+        if (current_->upstream != nullptr) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              "stage ", a.stage(), " of job ", job_id, " epoch ", epoch,
+              " already has its upstream link"));
+        }
+        current_->upstream = std::move(link);
+        cv_.notify_all();
+        return absl::OkStatus();
+      }
+    }
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "this worker has no assignment for job ", job_id, " epoch ", epoch,
+          ": link rejected"));
+    }
+  }
+}
+
+namespace {
+
+gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
+                                 const absl::Status& status) {
+  gpipe::v1::WorkerMessage m;
+  auto* f = m.mutable_failed();
+  f->set_job_id(a.job_id());
+  f->set_epoch(a.epoch());
+  f->set_stage(a.stage());
+  f->set_message(std::string(status.message()));
+  // A loss that is not finite will not get better by retrying.
+  f->set_permanent(absl::IsFailedPrecondition(status) ||
+                   absl::IsInvalidArgument(status));
+  return m;
+}
+
+}  // namespace
+
+void Executor::Execute(std::shared_ptr<Run> run) {
+  SetComputeThreads(threads_);
+  const gpipe::v1::Assignment& a = run->assignment;
+  const gpipe::v1::JobSpec& spec = a.spec();
+  const bool first = a.stage() == 0, last = a.stage() == a.stages() - 1;
+  const size_t capacity = static_cast<size_t>(a.micro_batches()) + 4;
+  LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
+          a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
+          a.layer_end(), a.micro_batches());
+
+  auto cancelled = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return run->cancelled;
+  };
+  std::unique_ptr<Link> downstream;
+  std::shared_ptr<GrpcLink> upstream;
+  absl::Status status = [&]() -> absl::Status {
+    std::shared_ptr<const Dataset> dataset;
+    if (first || last) {
+      const Shape input(std::vector<int64_t>(
+          spec.model().input().shape().dims().begin(),
+          spec.model().input().shape().dims().end()));
+      ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d,
+                       OpenDataset(spec.data(), input, spec.seed()));
+      dataset = std::move(d);
+    }
+    if (!last) {
+      ASSIGN_OR_RETURN(downstream,
+                       ConnectDownstream(a.downstream_address(), a.job_id(),
+                                         a.epoch(), a.stage(), capacity,
+                                         30000));
+      std::lock_guard<std::mutex> lock(mu_);
+      if (run->cancelled) return absl::CancelledError("cancelled");
+      run->downstream = downstream.get();
+    }
+    if (!first) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] {
+            return run->cancelled || run->upstream != nullptr;
+          })) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "stage ", a.stage() - 1, " did not connect within 60 s"));
+      }
+      if (run->cancelled) return absl::CancelledError("cancelled");
+      upstream = run->upstream;
+    }
+    StagePlacement placement;
+    placement.index = a.stage();
+    placement.count = a.stages();
+    placement.layer_begin = a.layer_begin();
+    placement.layer_end = a.layer_end();
+    placement.micro_batches = a.micro_batches();
+    placement.schedule = a.schedule() == gpipe::v1::ONE_F_ONE_B
+                             ? ScheduleKind::kOneFOneB
+                             : ScheduleKind::kGPipe;
+    placement.remat = RematFromSpec(a.remat());
+    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
+                     Stage::Create(spec, placement, dataset, upstream.get(),
+                                   downstream.get()));
+    for (int64_t s = a.start_step(); s < spec.steps(); ++s) {
+      const auto start = std::chrono::steady_clock::now();
+      ASSIGN_OR_RETURN(StageStepResult r, stage->RunStep(s));
+      const double seconds = std::chrono::duration<double>(
+                                 std::chrono::steady_clock::now() - start)
+                                 .count();
+      const StepTimeline t = stage->timeline().LastStep();
+      gpipe::v1::WorkerMessage m;
+      auto* p = m.mutable_progress();
+      p->set_job_id(a.job_id());
+      p->set_epoch(a.epoch());
+      p->set_stage(a.stage());
+      p->set_step(s + 1);
+      if (last) {
+        p->set_loss(r.loss.loss_sum / r.loss_normalizer);
+        p->set_accuracy(r.loss.counted > 0 ? static_cast<double>(r.loss.correct) /
+                                                 r.loss.counted
+                                           : 0.0);
+      }
+      p->set_step_seconds(seconds);
+      p->set_busy_seconds(t.busy_seconds());
+      p->set_bubble_seconds(t.bubble_seconds());
+      p->set_peak_activation_bytes(r.peak_activation_bytes);
+      report_(m);
+      if (cancelled()) return absl::CancelledError("cancelled");
+    }
+    ASSIGN_OR_RETURN(LossResult eval,
+                     stage->RunEval(Split::kTest, spec.eval().max_samples()));
+    std::error_code ec;
+    std::filesystem::create_directories(a.output_dir(), ec);
+    const std::string path =
+        absl::StrCat(a.output_dir(), "/stage-", a.stage(), ".safetensors");
+    std::vector<std::pair<std::string, const Tensor*>> tensors;
+    for (const NamedTensor& t : stage->model().StateTensors())
+      tensors.emplace_back(t.name, t.tensor);
+    RETURN_IF_ERROR(WriteSafetensors(path, tensors, {{"format", "pt"}}));
+    gpipe::v1::WorkerMessage m;
+    auto* f = m.mutable_finished();
+    f->set_job_id(a.job_id());
+    f->set_epoch(a.epoch());
+    f->set_stage(a.stage());
+    f->set_parameters_path(path);
+    if (last && eval.counted > 0) {
+      f->mutable_evaluation()->set_loss(eval.loss_sum / eval.counted);
+      f->mutable_evaluation()->set_accuracy(static_cast<double>(eval.correct) /
+                                            eval.counted);
+      f->mutable_evaluation()->set_counted(eval.counted);
+    }
+    report_(m);
+    return absl::OkStatus();
+  }();
+
+  if (!status.ok()) {
+    if (upstream) upstream->Close();
+    if (downstream) downstream->Close();
+    if (!cancelled()) {
+      LogWarning("stage %d of %s failed: %s", a.stage(), a.job_id(),
+                 std::string(status.message()));
+      report_(Failure(a, status));
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    run->downstream = nullptr;
+  }
+  downstream.reset();  // half-closes and waits for the next stage
+  if (upstream) upstream->Release();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (current_ == run) current_ = nullptr;
+}
+
+}  // namespace gpipe

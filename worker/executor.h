@@ -1,0 +1,60 @@
+// Runs the worker's stage assignment: builds the stage's layers, connects
+// its links (the downstream one as a gRPC client, the upstream one handed
+// over by the Exchange handler), runs the steps, the final evaluation, and
+// writes the stage's final parameters. Holds nothing beyond the assignment:
+// a cancelled or lost assignment leaves no state behind.
+#ifndef GPIPE_WORKER_EXECUTOR_H_
+#define GPIPE_WORKER_EXECUTOR_H_
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "gpipe/v1/controller.pb.h"
+#include "services/transport/grpc_link.h"
+
+namespace gpipe {
+
+class Executor {
+ public:
+  using Reporter = std::function<void(const gpipe::v1::WorkerMessage&)>;
+  // `threads`: compute threads for the stage; `report` sends progress,
+  // completion and failure to the controller.
+  Executor(int threads, Reporter report);
+  ~Executor();  // cancels and joins the running assignment
+
+  // Starts `a`, cancelling whatever ran before.
+  void Start(const gpipe::v1::Assignment& a);
+  // Cancels the assignment of (job, epoch) if it is the current one.
+  void Cancel(const std::string& job_id, int64_t epoch);
+  void CancelAll();
+
+  // The Exchange handler offers the server end of an upstream link. Waits up
+  // to `wait_ms` for a matching assignment (it may still be on its way from
+  // the controller); rejects frames of another job or an older epoch.
+  absl::Status AcceptUpstream(const std::string& job_id, int64_t epoch,
+                              int64_t from_stage,
+                              std::shared_ptr<GrpcLink> link, int64_t wait_ms);
+
+  bool busy() const;
+
+ private:
+  struct Run;  // one assignment's state
+  void Execute(std::shared_ptr<Run> run);
+  void StopLocked(std::unique_lock<std::mutex>& lock);
+
+  const int threads_;
+  Reporter report_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::shared_ptr<Run> current_;
+  std::thread thread_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_WORKER_EXECUTOR_H_
