@@ -49,7 +49,7 @@ grpc::Status StageService::Exchange(
     LogWarning("rejected a link: %s", std::string(accepted.message()));
     return ToGrpc(accepted);
   }
-  link->ReadLoop();
+  link->ReadLoop(/*cancel_on_reject=*/false);
   // The stream object lives until this handler returns, so wait until the
   // stage has stopped writing to it.
   link->WaitReleased();

@@ -40,7 +40,7 @@ class ClientLink final : public Link {
  public:
   ClientLink(ClientFrameStream* stream, std::unique_ptr<GrpcLink> link)
       : stream_(stream), link_(std::move(link)) {
-    reader_ = std::thread([this] { link_->ReadLoop(); });
+    reader_ = std::thread([this] { link_->ReadLoop(/*cancel_on_reject=*/true); });
   }
   ~ClientLink() override {
     if (!aborted_) stream_->WritesDone();
@@ -98,11 +98,13 @@ absl::StatusOr<Message> GrpcLink::Receive() {
 }
 
 void GrpcLink::Close() {
-  stream_->Cancel();
+  // A link that rejected a frame keeps its stream, so the server's handler
+  // can still answer the peer with the reason instead of a bare CANCELLED.
+  if (read_status().ok()) stream_->Cancel();
   inbox_.Close(absl::CancelledError("link closed"));
 }
 
-void GrpcLink::ReadLoop() {
+void GrpcLink::ReadLoop(bool cancel_on_reject) {
   FrameAssembler assembler(job_id_, epoch_);
   Frame frame;
   absl::Status status;
@@ -110,7 +112,7 @@ void GrpcLink::ReadLoop() {
     absl::StatusOr<std::optional<Message>> m = assembler.Add(frame);
     if (!m.ok()) {
       status = m.status();
-      stream_->Cancel();
+      if (cancel_on_reject) stream_->Cancel();
       break;
     }
     if (!m->has_value()) continue;

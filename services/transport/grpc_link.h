@@ -47,10 +47,11 @@ class GrpcLink final : public Link {
   int64_t bytes_received() const override { return received_.load(); }
 
   // Reads frames into the queue until the stream ends or fails, or a frame
-  // is rejected (then the stream is cancelled and the queue closed with the
-  // reason). Runs on the server's handler thread, or on the client's reader
-  // thread.
-  void ReadLoop();
+  // is rejected (then the queue is closed with the reason). Runs on the
+  // server's handler thread, which returns the reason as the RPC's status,
+  // or on the client's reader thread, which cancels the stream instead
+  // (`cancel_on_reject`).
+  void ReadLoop(bool cancel_on_reject);
   // Why reading stopped (OK when the peer finished normally).
   absl::Status read_status() const;
 

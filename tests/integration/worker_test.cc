@@ -1,0 +1,277 @@
+// Two workers in this process, each with its real gRPC Stage service on a
+// loopback port, run a job's stages over gRPC links; the result is bitwise the
+// reference trainer's. Bad links (another job, an old epoch, a header whose
+// byte count does not match its shape, bytes that are no frame at all) are
+// rejected with a clear status, and the workers keep serving.
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/partitioner.h"
+#include "services/pipeline/reference_trainer.h"
+#include "services/storage/safetensors.h"
+#include "worker/executor.h"
+#include "worker/stage_service.h"
+
+namespace gpipe {
+namespace {
+
+constexpr char kSpec[] = R"json({
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"batchNorm": {"features": 16}},
+      {"relu": {}},
+      {"dropout": {"p": 0.1}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "adamw": {}, "clipNorm": 0.5},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 600, "testSamples": 100}},
+  "batchSize": 30, "steps": 6, "seed": 4
+})json";
+
+// Collects what the executors report.
+class Reports {
+ public:
+  void Add(const gpipe::v1::WorkerMessage& m) {
+    std::lock_guard<std::mutex> lock(mu_);
+    messages_.push_back(m);
+    cv_.notify_all();
+  }
+  // Waits until `n` stages finished or one failed (bounded).
+  bool WaitFinished(int n, std::string* failure) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(60), [&] {
+      return Count(true) >= n || Count(false) > 0;
+    });
+    for (const auto& m : messages_)
+      if (m.has_failed()) *failure = m.failed().message();
+    return Count(true) >= n;
+  }
+  std::vector<gpipe::v1::WorkerMessage> All() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return messages_;
+  }
+  void Clear() {
+    std::lock_guard<std::mutex> lock(mu_);
+    messages_.clear();
+  }
+
+ private:
+  int Count(bool finished) const {
+    int n = 0;
+    for (const auto& m : messages_) n += finished ? m.has_finished() : m.has_failed();
+    return n;
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<gpipe::v1::WorkerMessage> messages_;
+};
+
+struct TestWorker {
+  TestWorker(Reports* reports, int64_t link_wait_ms)
+      : executor(1, [reports](const gpipe::v1::WorkerMessage& m) { reports->Add(m); }),
+        service(&executor, link_wait_ms) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&service);
+    server = b.BuildAndStart();
+    address = "127.0.0.1:" + std::to_string(port);
+  }
+  ~TestWorker() {
+    executor.CancelAll();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+  Executor executor;
+  StageService service;
+  int port = 0;
+  std::string address;
+  std::unique_ptr<grpc::Server> server;
+};
+
+class WorkerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto spec = ParseJobSpecJson(kSpec);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec_ = *spec;
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gpipe-worker-test-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+    a_ = std::make_unique<TestWorker>(&reports_, 300);
+    b_ = std::make_unique<TestWorker>(&reports_, 300);
+  }
+  void TearDown() override {
+    a_.reset();
+    b_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  gpipe::v1::Assignment Assign(int64_t stage, int64_t epoch, const std::string& job) {
+    const std::vector<int64_t> balance = *PartitionJob(spec_, 2);
+    const std::vector<int64_t> begins = StageBegins(balance);
+    gpipe::v1::Assignment a;
+    a.set_job_id(job);
+    a.set_epoch(epoch);
+    *a.mutable_spec() = spec_;
+    a.set_stage(stage);
+    a.set_stages(2);
+    a.set_layer_begin(begins[stage]);
+    a.set_layer_end(begins[stage] + balance[stage]);
+    a.set_micro_batches(4);
+    a.set_schedule(gpipe::v1::ONE_F_ONE_B);
+    a.set_remat(gpipe::v1::ALWAYS);
+    if (stage == 0) a.set_downstream_address(b_->address);
+    if (stage == 1) a.set_upstream_address(a_->address);
+    a.set_output_dir((dir_ / job).string());
+    return a;
+  }
+
+  // Runs the job on the two workers and checks the merged parameters
+  // against the reference trainer.
+  void RunAndCompare(const std::string& job, int64_t epoch) {
+    reports_.Clear();
+    b_->executor.Start(Assign(1, epoch, job));
+    a_->executor.Start(Assign(0, epoch, job));
+    std::string failure;
+    ASSERT_TRUE(reports_.WaitFinished(2, &failure)) << failure;
+    auto ref = ReferenceTrainer::Create(spec_, 4);
+    ASSERT_TRUE(ref.ok());
+    for (int s = 0; s < spec_.steps(); ++s) ASSERT_TRUE((*ref)->Step().ok());
+    std::map<std::string, Tensor> got;
+    double last_loss = -1;
+    for (const auto& m : reports_.All()) {
+      if (m.has_progress() && m.progress().stage() == 1) last_loss = m.progress().loss();
+      if (!m.has_finished()) continue;
+      auto file = ReadSafetensors(m.finished().parameters_path());
+      ASSERT_TRUE(file.ok()) << file.status();
+      for (auto& [name, t] : file->tensors) got[name] = t;
+    }
+    EXPECT_GT(last_loss, 0);
+    int compared = 0;
+    for (const NamedTensor& t : (*ref)->StateTensors()) {
+      ASSERT_TRUE(got.count(t.name)) << t.name;
+      EXPECT_TRUE(BitwiseEqual(*t.tensor, got[t.name])) << t.name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, static_cast<int>(got.size()));
+  }
+
+  gpipe::v1::JobSpec spec_;
+  std::filesystem::path dir_;
+  Reports reports_;
+  std::unique_ptr<TestWorker> a_, b_;
+};
+
+TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) { RunAndCompare("job-a", 1); }
+
+// Opens an Exchange to `address`, writes `frames`, and returns how the
+// worker ended the stream.
+grpc::Status Exchange(const std::string& address, const std::vector<gpipe::v1::Frame>& frames) {
+  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = gpipe::v1::Stage::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto rw = stub->Exchange(&context);
+  for (const auto& f : frames)
+    if (!rw->Write(f)) break;
+  rw->WritesDone();
+  gpipe::v1::Frame ignored;
+  while (rw->Read(&ignored)) {
+  }
+  return rw->Finish();
+}
+
+gpipe::v1::Frame Open(const std::string& job, int64_t epoch, int64_t from) {
+  gpipe::v1::Frame f;
+  f.set_kind(gpipe::v1::OPEN);
+  f.set_job_id(job);
+  f.set_epoch(epoch);
+  f.set_from_stage(from);
+  return f;
+}
+
+TEST_F(WorkerTest, BadLinksAreRejectedAndTheWorkerKeepsServing) {
+  // Worker b runs stage 1 of job-b epoch 2 and waits for its upstream.
+  b_->executor.Start(Assign(1, 2, "job-b"));
+
+  grpc::Status s = Exchange(b_->address, {Open("job-other", 2, 0)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("no assignment for job job-other"), std::string::npos)
+      << s.error_message();
+
+  s = Exchange(b_->address, {Open("job-b", 1, 0)});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("older than this worker's epoch 2"), std::string::npos)
+      << s.error_message();
+
+  gpipe::v1::Frame first;
+  first.set_kind(gpipe::v1::ACTIVATION);
+  s = Exchange(b_->address, {first});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+
+  // A header whose byte count does not match its shape.
+  gpipe::v1::Frame bad;
+  bad.set_job_id("job-b");
+  bad.set_epoch(2);
+  bad.set_kind(gpipe::v1::ACTIVATION);
+  bad.mutable_header()->set_dtype(gpipe::v1::FLOAT32);
+  bad.mutable_header()->mutable_shape()->add_dims(2);
+  bad.mutable_header()->mutable_shape()->add_dims(3);
+  bad.set_total_bytes(10);
+  bad.set_payload(std::string(10, 'x'));
+  bad.set_last(true);
+  s = Exchange(b_->address, {Open("job-b", 2, 0), bad});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("header announces 10 bytes but shape [2, 3] needs 24"),
+            std::string::npos)
+      << s.error_message();
+  std::string failure;
+  reports_.WaitFinished(1, &failure);  // stage 1 fails: its link was bad
+  EXPECT_NE(failure.find("header announces"), std::string::npos) << failure;
+
+  // Bytes that are no Frame at all.
+  {
+    auto channel = grpc::CreateChannel(b_->address, grpc::InsecureChannelCredentials());
+    grpc::GenericStub generic(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::CompletionQueue cq;
+    auto call = generic.PrepareCall(&context, "/gpipe.v1.Stage/Exchange", &cq);
+    void* tag;
+    bool ok;
+    call->StartCall(reinterpret_cast<void*>(1));
+    cq.Next(&tag, &ok);
+    const char junk[] = "\xff\xff\xff\xff garbage that is not a protobuf \x01\x02";
+    grpc::Slice slice(junk, sizeof(junk));
+    grpc::ByteBuffer buffer(&slice, 1);
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    call->WritesDone(reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(4));
+    while (cq.Next(&tag, &ok) && tag != reinterpret_cast<void*>(4)) {
+    }
+    EXPECT_FALSE(status.ok());
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+  }
+
+  // Both workers still serve a whole job.
+  RunAndCompare("job-c", 3);
+}
+
+}  // namespace
+}  // namespace gpipe
