@@ -2,13 +2,48 @@
 #ifndef GPIPE_CLI_COMMANDS_H_
 #define GPIPE_CLI_COMMANDS_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
+#include "gpipe/v1/controller.pb.h"
+
 namespace gpipe::cli {
+
+class ControllerClient;
 
 int RunTrain(const std::vector<std::string>& args);
 int RunPlan(const std::vector<std::string>& args);
+
+// Talking to a controller (client_commands.cc).
+int RunSubmit(const std::vector<std::string>& args);
+int RunStatus(const std::vector<std::string>& args);
+int RunList(const std::vector<std::string>& args);
+int RunWatch(const std::vector<std::string>& args);
+int RunCancel(const std::vector<std::string>& args);
+int RunWorkers(const std::vector<std::string>& args);
+
+// A controller and workers on this machine, for one job (local_command.cc).
+int RunLocal(const std::vector<std::string>& args);
+
+// Shared by `watch`, `submit --watch` and `local`: follows a job to its end
+// with a progress bar (plain lines when not on a terminal) and a line per
+// state change, then prints the final state, evaluation and model path
+// (with `json`: each event as one line of protobuf JSON instead). Stops early
+// when `stop` returns true. Returns the job as last seen.
+absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
+                                         const std::string& job_id, bool json,
+                                         const std::function<bool()>& stop);
+
+// Applies --stages, --micro-batches, --schedule, --remat and --steps to a
+// spec and validates the result.
+absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec);
+
+// Ctrl-C and SIGTERM set a flag instead of killing gpipectl, so that a watch
+// ends cleanly and `local` stops its processes; a second one kills at once.
+void InstallInterruptHandlers();
+bool Interrupted();
 
 }  // namespace gpipe::cli
 

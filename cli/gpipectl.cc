@@ -1,5 +1,6 @@
-// gpipectl: the command-line client. `gpipectl train JOB.json` runs the
-// single-process reference trainer; later commands talk to a controller.
+// gpipectl: the command-line client. `train` and `plan` run here; `submit`,
+// `status`, `list`, `watch`, `cancel` and `workers` talk to a controller;
+// `local` starts a controller and workers on this machine for one job.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -37,7 +38,20 @@ int main(int argc, char** argv) {
       "  plan JOB.json    predict throughput, bubble and memory for each K, "
       "M,\n"
       "                   schedule and remat mode [--stages-range 1..8]\n"
-      "                   [--measure] [--memory-budget 2GiB]\n");
+      "                   [--measure] [--memory-budget 2GiB]\n"
+      "  local JOB.json   run the job on a controller and workers started on\n"
+      "                   this machine [--workers K] [--keep DIR], with the\n"
+      "                   flags of train\n"
+      "\n"
+      "talking to a controller (--controller ADDR, default $GPIPE_CONTROLLER\n"
+      "or 127.0.0.1:7070; --json prints protobuf JSON for scripts):\n"
+      "  submit JOB.json  submit a job and print its id [--watch]\n"
+      "  status [JOB]     one job in detail; without JOB, the list\n"
+      "  list             all jobs: id, name, state, step, loss, age\n"
+      "  watch JOB        follow a job to its end with a progress bar;\n"
+      "                   exits 0 if it succeeded\n"
+      "  cancel JOB       cancel a job\n"
+      "  workers          the attached workers\n");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   if (args.empty()) {
@@ -48,6 +62,13 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   if (command == "train") return gpipe::cli::RunTrain(args);
   if (command == "plan") return gpipe::cli::RunPlan(args);
+  if (command == "submit") return gpipe::cli::RunSubmit(args);
+  if (command == "status") return gpipe::cli::RunStatus(args);
+  if (command == "list") return gpipe::cli::RunList(args);
+  if (command == "watch") return gpipe::cli::RunWatch(args);
+  if (command == "cancel") return gpipe::cli::RunCancel(args);
+  if (command == "workers") return gpipe::cli::RunWorkers(args);
+  if (command == "local") return gpipe::cli::RunLocal(args);
   std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s\n",
                command.c_str(), absl::ProgramUsageMessage().data());
   return 2;

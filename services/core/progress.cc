@@ -7,8 +7,9 @@
 
 namespace gpipe {
 
-Progress::Progress(int64_t total_steps, FILE* out)
+Progress::Progress(int64_t total_steps, FILE* out, int64_t start_step)
     : total_(total_steps),
+      start_step_(start_step),
       out_(out),
       tty_(isatty(fileno(out)) != 0),
       start_(absl::Now()),
@@ -18,8 +19,10 @@ Progress::~Progress() { Finish(); }
 
 std::string Progress::Line(int64_t step, double loss) const {
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
-  const double rate = elapsed > 0 ? samples_ / elapsed : 0.0;
-  const double eta = step > 0 ? elapsed / step * (total_ - step) : 0.0;
+  const int64_t done = step - start_step_;
+  const double per_step = step > 0 ? static_cast<double>(samples_) / step : 0.0;
+  const double rate = elapsed > 0 ? done * per_step / elapsed : 0.0;
+  const double eta = done > 0 ? elapsed / done * (total_ - step) : 0.0;
   const int width = 24;
   const int filled = total_ > 0 ? static_cast<int>(width * step / total_) : 0;
   std::string bar(filled, '#');

@@ -14,7 +14,9 @@ namespace gpipe {
 class Progress {
  public:
   // `out` is usually stderr; the bar is drawn only when it is a terminal.
-  Progress(int64_t total_steps, FILE* out = stderr);
+  // `start_step`: steps already done when watching begins (a job watched
+  // mid-run), so rates and ETA count only what happens from now on.
+  Progress(int64_t total_steps, FILE* out = stderr, int64_t start_step = 0);
   ~Progress();
 
   // Reports that `step` (1-based) finished with `loss` after `samples` samples.
@@ -27,6 +29,7 @@ class Progress {
   std::string Line(int64_t step, double loss) const;
 
   int64_t total_;
+  int64_t start_step_;
   FILE* out_;
   bool tty_;
   absl::Time start_;

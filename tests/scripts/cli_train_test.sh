@@ -6,7 +6,7 @@
 set -euo pipefail
 build=$1
 src=$2
-gpipectl="$build/cli/gpipectl"
+gpipectl="$build/bin/gpipectl"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -1,0 +1,556 @@
+// gpipectl submit / status / list / watch / cancel / workers: the controller
+// API for people (tables, a progress bar) and for scripts (--json).
+#include <signal.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/commands.h"
+#include "cli/controller_client.h"
+#include "google/protobuf/util/json_util.h"
+#include "services/core/progress.h"
+#include "services/core/strings.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+
+ABSL_FLAG(std::string, controller, "",
+          "the controller's address host:port (default: $GPIPE_CONTROLLER, "
+          "else 127.0.0.1:7070)");
+ABSL_FLAG(bool, json, false,
+          "print the responses as protobuf JSON (one event per line for "
+          "watch) instead of tables, for scripts");
+ABSL_FLAG(bool, watch, false, "submit: then watch the job to its end");
+ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
+          "how long to wait for the controller's answer to each request");
+// Defined with `gpipectl train`; submit and local apply them to the spec.
+ABSL_DECLARE_FLAG(int64_t, stages);
+ABSL_DECLARE_FLAG(int64_t, micro_batches);
+ABSL_DECLARE_FLAG(int64_t, steps);
+ABSL_DECLARE_FLAG(std::string, schedule);
+ABSL_DECLARE_FLAG(std::string, remat);
+ABSL_DECLARE_FLAG(std::string, balance);
+
+namespace gpipe::cli {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void OnInterrupt(int) { g_interrupted = 1; }
+
+std::string ControllerAddress() {
+  std::string address = absl::GetFlag(FLAGS_controller);
+  if (address.empty()) {
+    const char* env = std::getenv("GPIPE_CONTROLLER");
+    address = env != nullptr && env[0] != '\0' ? env : "127.0.0.1:7070";
+  }
+  return address;
+}
+
+ControllerClient MakeClient() {
+  return ControllerClient(ControllerAddress(), absl::GetFlag(FLAGS_timeout));
+}
+
+int Fail(const char* command, const absl::Status& status) {
+  std::fprintf(stderr, "gpipectl %s: %s\n", command,
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+int Usage(const char* usage) {
+  std::fprintf(stderr, "usage: gpipectl %s\n", usage);
+  return 2;
+}
+
+void PrintJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!json.empty() && json.back() == '\n') json.pop_back();
+  std::printf("%s\n", json.c_str());
+  std::fflush(stdout);
+}
+
+bool IsSet(const google::protobuf::Timestamp& t) {
+  return t.seconds() != 0 || t.nanos() != 0;
+}
+
+absl::Time ToTime(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+// "45s", "3m", "5h", "2d" as kubectl prints ages.
+std::string Age(const google::protobuf::Timestamp& t) {
+  if (!IsSet(t)) return "-";
+  const int64_t s =
+      std::max<int64_t>(0, absl::ToInt64Seconds(absl::Now() - ToTime(t)));
+  if (s < 120) return absl::StrCat(s, "s");
+  if (s < 120 * 60) return absl::StrCat(s / 60, "m");
+  if (s < 48 * 3600) return absl::StrCat(s / 3600, "h");
+  return absl::StrCat(s / 86400, "d");
+}
+
+std::string StateName(gpipe::v1::JobState state) {
+  if (state == gpipe::v1::JOB_STATE_UNSPECIFIED) return "UNKNOWN";
+  return gpipe::v1::JobState_Name(state);
+}
+
+std::string StepText(const gpipe::v1::JobStatus& s) {
+  return absl::StrCat(s.step(), "/", s.total_steps());
+}
+
+std::string LossText(const gpipe::v1::JobStatus& s) {
+  return s.step() > 0 ? absl::StrFormat("%.4f", s.loss()) : "-";
+}
+
+// As `gpipectl train` prints it: "test loss 0.1234, test accuracy 0.9567
+// (300 targets)".
+std::string EvaluationText(const gpipe::v1::Job& job) {
+  const gpipe::v1::Evaluation& e = job.status().evaluation();
+  const bool classification =
+      job.spec().model().input().dtype() == gpipe::v1::FLOAT32;
+  return absl::StrFormat("test loss %.4f, test %saccuracy %.4f (%d targets)",
+                         e.loss(), classification ? "" : "token ", e.accuracy(),
+                         e.counted());
+}
+
+// The message of the newest condition of `type` that holds, if any.
+std::string ConditionMessage(const gpipe::v1::JobStatus& s,
+                             const std::string& type) {
+  for (int i = s.conditions_size() - 1; i >= 0; --i) {
+    const gpipe::v1::Condition& c = s.conditions(i);
+    if (c.type() == type && c.status() && !c.message().empty())
+      return c.message();
+  }
+  return "";
+}
+
+// Left-aligned columns two spaces apart; the first row is the header.
+void PrintTable(const std::vector<std::vector<std::string>>& rows,
+                const char* indent = "") {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i)
+      width[i] = std::max(width[i], row[i].size());
+  }
+  for (const auto& row : rows) {
+    std::string line = indent;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line.append(width[i] - row[i].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void PrintJobTable(const gpipe::v1::ListJobsResponse& list) {
+  if (list.jobs().empty()) {
+    std::printf("no jobs\n");
+    return;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "STATE", "STEP", "LOSS", "AGE"}};
+  for (const gpipe::v1::Job& job : list.jobs()) {
+    rows.push_back({job.id(),
+                    job.spec().name().empty() ? "-" : job.spec().name(),
+                    StateName(job.status().state()), StepText(job.status()),
+                    LossText(job.status()), Age(job.status().created())});
+  }
+  PrintTable(rows);
+}
+
+std::string ScheduleText(const gpipe::v1::JobSpec& spec) {
+  return spec.pipeline().schedule() == gpipe::v1::ONE_F_ONE_B ? "1f1b"
+                                                              : "gpipe";
+}
+
+void PrintJobDetail(const gpipe::v1::Job& job) {
+  const gpipe::v1::JobStatus& s = job.status();
+  const gpipe::v1::JobSpec& spec = job.spec();
+  std::vector<std::vector<std::string>> rows;
+  rows.push_back({"job:", job.id()});
+  if (!spec.name().empty()) rows.push_back({"name:", spec.name()});
+  rows.push_back(
+      {"state:", absl::StrCat(StateName(s.state()), " (epoch ", s.epoch(), ", ",
+                              s.restarts(),
+                              s.restarts() == 1 ? " restart)" : " restarts)")});
+  rows.push_back({"step:", StepText(s)});
+  rows.push_back({"loss:", LossText(s)});
+  rows.push_back(
+      {"samples/s:", s.samples_per_second() > 0
+                         ? absl::StrFormat("%.0f", s.samples_per_second())
+                         : "-"});
+  rows.push_back(
+      {"pipeline:",
+       absl::StrCat("K=", StageCount(spec),
+                    " stages, M=", MicroBatchCount(spec), " micro-batches, ",
+                    ScheduleText(spec), ", remat ",
+                    AsAbsl(RematName(RematFromSpec(spec.pipeline().remat()))),
+                    ", batch ", spec.batch_size())});
+  rows.push_back({"created:", IsSet(s.created())
+                                  ? absl::StrCat(Age(s.created()), " ago")
+                                  : "-"});
+  rows.push_back({"started:", IsSet(s.started())
+                                  ? absl::StrCat(Age(s.started()), " ago")
+                                  : "-"});
+  rows.push_back({"finished:", IsSet(s.finished())
+                                   ? absl::StrCat(Age(s.finished()), " ago")
+                                   : "-"});
+  if (s.evaluation().counted() > 0)
+    rows.push_back({"evaluation:", EvaluationText(job)});
+  if (!s.model_path().empty()) rows.push_back({"model:", s.model_path()});
+  PrintTable(rows);
+
+  if (s.stages_size() > 0) {
+    std::printf("stages:\n");
+    std::vector<std::vector<std::string>> t = {
+        {"STAGE", "WORKER", "ADDRESS", "LAYERS"}};
+    for (const gpipe::v1::StageStatus& st : s.stages()) {
+      const std::string layers =
+          st.layer_end() > st.layer_begin()
+              ? absl::StrCat(st.layer_begin(), "..", st.layer_end() - 1)
+              : "-";
+      t.push_back({absl::StrCat(st.stage()),
+                   st.worker_id().empty() ? "-" : st.worker_id(),
+                   st.address().empty() ? "-" : st.address(), layers});
+    }
+    PrintTable(t, "  ");
+  }
+  if (s.conditions_size() > 0) {
+    std::printf("conditions:\n");
+    std::vector<std::vector<std::string>> t = {
+        {"TYPE", "STATUS", "REASON", "AGE", "MESSAGE"}};
+    for (const gpipe::v1::Condition& c : s.conditions()) {
+      t.push_back({c.type(), c.status() ? "True" : "False",
+                   c.reason().empty() ? "-" : c.reason(), Age(c.time()),
+                   c.message()});
+    }
+    PrintTable(t, "  ");
+  }
+}
+
+std::string WorkerStateName(gpipe::v1::WorkerState state) {
+  if (state == gpipe::v1::WORKER_STATE_UNSPECIFIED) return "UNKNOWN";
+  return gpipe::v1::WorkerState_Name(state);
+}
+
+// Draws a watched job: the progress bar while it trains, a line whenever
+// its state changes or something happens to it, a summary at the end.
+class JobFollower {
+ public:
+  explicit JobFollower(bool json) : json_(json) {}
+
+  void OnEvent(const gpipe::v1::JobEvent& event) {
+    job_ = event.job();
+    if (json_) {
+      PrintJson(event, /*pretty=*/false);
+      return;
+    }
+    const gpipe::v1::JobStatus& s = job_.status();
+    const bool state_changed = !seen_ || s.state() != state_;
+    const bool epoch_changed = seen_ && s.epoch() != epoch_;
+    // Progress reports move the step, the loss or the rate, and the bar
+    // shows them; other messages (assignments, a lost worker, a finished
+    // stage) are news worth a line of their own.
+    const bool progress = seen_ && (s.step() != step_ || s.loss() != loss_ ||
+                                    s.samples_per_second() != rate_);
+    const bool news = !event.message().empty() &&
+                      event.message() != last_message_ && !progress;
+    const bool terminal = IsTerminal(s.state());
+    // The summary reports the terminal state.
+    if (!terminal && (state_changed || epoch_changed || news)) {
+      if (progress_ != nullptr) progress_->Finish();
+      std::string line = absl::StrCat(job_.id(), " ", StateName(s.state()));
+      if (!event.message().empty())
+        absl::StrAppend(&line, ": ", event.message());
+      std::printf("%s\n", line.c_str());
+      std::fflush(stdout);
+      last_message_ = event.message();
+    }
+    // The bar's clock starts when training does (or when the watch begins,
+    // for a job that already runs), so samples/s counts training time only.
+    if (progress_ == nullptr && s.total_steps() > 0 && !terminal &&
+        s.state() != gpipe::v1::PENDING &&
+        s.state() != gpipe::v1::JOB_STATE_UNSPECIFIED) {
+      progress_ = std::make_unique<Progress>(s.total_steps(), stderr, s.step());
+    }
+    if (progress_ != nullptr && seen_ && s.step() > step_) {
+      progress_->Update(s.step(), s.loss(), s.step() * job_.spec().batch_size());
+    }
+    if (!event.message().empty()) final_message_ = event.message();
+    seen_ = true;
+    state_ = s.state();
+    epoch_ = s.epoch();
+    step_ = s.step();
+    loss_ = s.loss();
+    rate_ = s.samples_per_second();
+  }
+
+  void EndBar() {
+    if (progress_ != nullptr) progress_->Finish();
+  }
+
+  // The final state, evaluation and model path.
+  void PrintSummary() const {
+    if (json_) return;
+    const gpipe::v1::JobStatus& s = job_.status();
+    std::string line = absl::StrCat(job_.id(), " ", StateName(s.state()), ": ",
+                                    StepText(s), " steps");
+    if (IsSet(s.started()) && IsSet(s.finished())) {
+      absl::StrAppend(
+          &line, " in ",
+          absl::StrFormat("%.1fs", absl::ToDoubleSeconds(ToTime(s.finished()) -
+                                                         ToTime(s.started()))));
+    }
+    if (s.samples_per_second() > 0)
+      absl::StrAppend(
+          &line, absl::StrFormat(" (%.0f samples/s)", s.samples_per_second()));
+    if (s.restarts() > 0)
+      absl::StrAppend(&line, ", ", s.restarts(), " restarts");
+    const std::string why =
+        s.state() == gpipe::v1::FAILED      ? ConditionMessage(s, "Failed")
+        : s.state() == gpipe::v1::CANCELLED ? ConditionMessage(s, "Cancelled")
+                                            : "";
+    if (!why.empty()) {
+      absl::StrAppend(&line, ": ", why);
+    } else if (s.state() != gpipe::v1::SUCCEEDED && !final_message_.empty()) {
+      absl::StrAppend(&line, ": ", final_message_);
+    }
+    std::printf("%s\n", line.c_str());
+    if (s.evaluation().counted() > 0)
+      std::printf("final: %s\n", EvaluationText(job_).c_str());
+    if (!s.model_path().empty())
+      std::printf("model: %s\n", s.model_path().c_str());
+    std::fflush(stdout);
+  }
+
+  const gpipe::v1::Job& job() const { return job_; }
+
+ private:
+  bool json_;
+  gpipe::v1::Job job_;
+  bool seen_ = false;
+  gpipe::v1::JobState state_ = gpipe::v1::JOB_STATE_UNSPECIFIED;
+  int64_t epoch_ = 0;
+  double loss_ = 0;
+  double rate_ = 0;
+  int64_t step_ = 0;
+  std::string last_message_;   // of the last line printed
+  std::string final_message_;  // of the last event
+  std::unique_ptr<Progress> progress_;
+};
+
+int ExitCodeFor(const gpipe::v1::Job& job) {
+  return job.status().state() == gpipe::v1::SUCCEEDED ? 0 : 1;
+}
+
+// Follows a job for `watch` and `submit --watch`.
+int WatchToEnd(const char* command, ControllerClient& client,
+               const std::string& job_id) {
+  InstallInterruptHandlers();
+  absl::StatusOr<gpipe::v1::Job> job =
+      FollowJob(client, job_id, absl::GetFlag(FLAGS_json), &Interrupted);
+  if (!job.ok()) {
+    if (absl::IsCancelled(job.status())) {
+      std::fprintf(stderr,
+                   "gpipectl %s: stopped watching %s; it keeps running "
+                   "(gpipectl cancel %s stops it)\n",
+                   command, job_id.c_str(), job_id.c_str());
+      return 1;
+    }
+    return Fail(command, job.status());
+  }
+  return ExitCodeFor(*job);
+}
+
+}  // namespace
+
+void InstallInterruptHandlers() {
+  struct sigaction action = {};
+  action.sa_handler = OnInterrupt;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESETHAND;  // a second Ctrl-C kills at once
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+}
+
+bool Interrupted() { return g_interrupted != 0; }
+
+absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
+  gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
+  if (absl::GetFlag(FLAGS_stages) > 0)
+    p.set_stages(absl::GetFlag(FLAGS_stages));
+  if (absl::GetFlag(FLAGS_micro_batches) > 0)
+    p.set_micro_batches(absl::GetFlag(FLAGS_micro_batches));
+  if (absl::GetFlag(FLAGS_steps) > 0)
+    spec.set_steps(absl::GetFlag(FLAGS_steps));
+  if (!absl::GetFlag(FLAGS_schedule).empty()) {
+    absl::StatusOr<ScheduleKind> s =
+        ParseScheduleName(absl::GetFlag(FLAGS_schedule));
+    if (!s.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", s.status().message()));
+    p.set_schedule(*s == ScheduleKind::kOneFOneB ? gpipe::v1::ONE_F_ONE_B
+                                                 : gpipe::v1::GPIPE);
+  }
+  if (!absl::GetFlag(FLAGS_remat).empty()) {
+    absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));
+    if (!r.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", r.status().message()));
+    p.set_remat(*r == RematMode::kAlways       ? gpipe::v1::ALWAYS
+                : *r == RematMode::kExceptLast ? gpipe::v1::EXCEPT_LAST
+                                               : gpipe::v1::NEVER);
+  }
+  const std::string balance = absl::GetFlag(FLAGS_balance);
+  if (balance == "measured") {
+    return absl::InvalidArgumentError(
+        "--balance measured works with `gpipectl train` only; give a list "
+        "of layer counts such as 2,3,1");
+  }
+  if (!balance.empty()) {
+    p.clear_balance();
+    for (absl::string_view part : absl::StrSplit(balance, ',')) {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(part, &n)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--balance: '", balance, "' is not a list of layer counts"));
+      }
+      p.add_balance(n);
+    }
+  }
+  return ValidateJobSpec(spec);
+}
+
+absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
+                                         const std::string& job_id, bool json,
+                                         const std::function<bool()>& stop) {
+  JobFollower follower(json);
+  absl::Status s = client.WatchJob(
+      job_id,
+      [&](const gpipe::v1::JobEvent& event) { follower.OnEvent(event); }, stop);
+  follower.EndBar();
+  if (!s.ok()) return s;
+  follower.PrintSummary();
+  return follower.job();
+}
+
+int RunSubmit(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    return Usage(
+        "submit JOB.json [--watch] [--stages K] [--micro-batches M] "
+        "[--schedule gpipe|1f1b] [--remat always|except_last|never] "
+        "[--steps N] [--balance 2,3,1] [--controller ADDR] [--json]");
+  }
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  if (!spec.ok()) return Fail("submit", spec.status());
+  absl::Status flags = ApplySpecFlags(*spec);
+  if (!flags.ok()) return Fail("submit", flags);
+  ControllerClient client = MakeClient();
+  absl::StatusOr<gpipe::v1::Job> job = client.SubmitJob(*spec);
+  if (!job.ok()) return Fail("submit", job.status());
+  const bool watch = absl::GetFlag(FLAGS_watch);
+  if (absl::GetFlag(FLAGS_json))
+    PrintJson(*job, /*pretty=*/!watch);
+  else
+    std::printf("%s\n", job->id().c_str());
+  std::fflush(stdout);
+  if (!watch) return 0;
+  return WatchToEnd("submit", client, job->id());
+}
+
+int RunList(const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("list [--controller ADDR] [--json]");
+  ControllerClient client = MakeClient();
+  absl::StatusOr<gpipe::v1::ListJobsResponse> list = client.ListJobs();
+  if (!list.ok()) return Fail("list", list.status());
+  if (absl::GetFlag(FLAGS_json))
+    PrintJson(*list, /*pretty=*/true);
+  else
+    PrintJobTable(*list);
+  return 0;
+}
+
+int RunStatus(const std::vector<std::string>& args) {
+  if (args.empty()) return RunList(args);
+  if (args.size() != 1)
+    return Usage("status [JOB] [--controller ADDR] [--json]");
+  ControllerClient client = MakeClient();
+  absl::StatusOr<gpipe::v1::Job> job = client.GetJob(args[0]);
+  if (!job.ok()) return Fail("status", job.status());
+  if (absl::GetFlag(FLAGS_json))
+    PrintJson(*job, /*pretty=*/true);
+  else
+    PrintJobDetail(*job);
+  return 0;
+}
+
+int RunWatch(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("watch JOB [--controller ADDR] [--json]");
+  ControllerClient client = MakeClient();
+  return WatchToEnd("watch", client, args[0]);
+}
+
+int RunCancel(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("cancel JOB [--controller ADDR] [--json]");
+  ControllerClient client = MakeClient();
+  absl::StatusOr<gpipe::v1::Job> job = client.CancelJob(args[0]);
+  if (!job.ok()) return Fail("cancel", job.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(*job, /*pretty=*/true);
+  } else {
+    std::printf("%s %s\n", job->id().c_str(),
+                StateName(job->status().state()).c_str());
+  }
+  return 0;
+}
+
+int RunWorkers(const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("workers [--controller ADDR] [--json]");
+  ControllerClient client = MakeClient();
+  absl::StatusOr<gpipe::v1::ListWorkersResponse> list = client.ListWorkers();
+  if (!list.ok()) return Fail("workers", list.status());
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(*list, /*pretty=*/true);
+    return 0;
+  }
+  if (list->workers().empty()) {
+    std::printf("no workers attached\n");
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "ADDRESS", "STATE", "JOB", "STAGE", "CPUS", "HEARTBEAT"}};
+  for (const gpipe::v1::WorkerInfo& w : list->workers()) {
+    const bool busy = !w.job_id().empty();
+    rows.push_back(
+        {w.worker_id(), w.address().empty() ? "-" : w.address(),
+         WorkerStateName(w.state()), busy ? w.job_id() : "-",
+         busy ? absl::StrCat(w.stage()) : "-",
+         w.resources().cpus() > 0 ? absl::StrCat(w.resources().cpus()) : "-",
+         IsSet(w.last_heartbeat())
+             ? absl::StrCat(Age(w.last_heartbeat()), " ago")
+             : "-"});
+  }
+  PrintTable(rows);
+  return 0;
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,223 @@
+#include "cli/controller_client.h"
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace gpipe::cli {
+namespace {
+
+// A watch may sit quiet for long (a job pending for workers). gRPC servers by
+// default strike a client that pings more often than every 5 minutes while
+// they send nothing, and close its connection after two strikes
+// (GOAWAY "too_many_pings"); pinging a little less often than that still
+// finds a dead connection on a long watch without being struck.
+constexpr int kKeepaliveTimeMs = 330 * 1000;
+constexpr int kKeepaliveTimeoutMs = 20 * 1000;
+constexpr absl::Duration kPoll = absl::Milliseconds(100);
+
+absl::StatusCode ToAbsl(grpc::StatusCode code) {
+  return static_cast<absl::StatusCode>(static_cast<int>(code));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 0);
+  // Keepalive pings on a stream that only receives must not be held back
+  // waiting for the client to send data.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+}  // namespace
+
+bool IsTerminal(gpipe::v1::JobState state) {
+  return state == gpipe::v1::SUCCEEDED || state == gpipe::v1::FAILED ||
+         state == gpipe::v1::CANCELLED;
+}
+
+ControllerClient::ControllerClient(std::string address, absl::Duration timeout)
+    : address_(std::move(address)),
+      timeout_(timeout),
+      channel_(MakeChannel(address_)),
+      stub_(gpipe::v1::Controller::NewStub(channel_)) {}
+
+void ControllerClient::SetDeadline(grpc::ClientContext* context) const {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(timeout_));
+}
+
+absl::Status ControllerClient::UserStatus(const grpc::Status& status,
+                                          const char* rpc) const {
+  const absl::StatusCode code = ToAbsl(status.error_code());
+  switch (status.error_code()) {
+    case grpc::StatusCode::OK:
+      return absl::OkStatus();
+    case grpc::StatusCode::UNAVAILABLE:
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach the controller at ", address_,
+                       " (is gpipe-controller running?)"));
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the controller at ", address_, " did not answer within ",
+          absl::FormatDuration(timeout_)));
+    case grpc::StatusCode::CANCELLED:
+      return absl::CancelledError("interrupted");
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return absl::UnimplementedError(
+          absl::StrCat("the server at ", address_, " does not implement ", rpc,
+                       " (is it a gpipe-controller of this version?)"));
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::OUT_OF_RANGE:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      if (!status.error_message().empty())
+        return absl::Status(code, status.error_message());
+      break;
+    default:
+      break;
+  }
+  return absl::Status(
+      code,
+      absl::StrCat("the controller at ", address_, " failed ", rpc, ": ",
+                   status.error_message().empty() ? std::string("no details")
+                                                  : status.error_message()));
+}
+
+absl::StatusOr<gpipe::v1::Job> ControllerClient::SubmitJob(
+    const gpipe::v1::JobSpec& spec) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  gpipe::v1::Job job;
+  grpc::Status s = stub_->SubmitJob(&context, request, &job);
+  if (!s.ok()) return UserStatus(s, "SubmitJob");
+  return job;
+}
+
+absl::StatusOr<gpipe::v1::Job> ControllerClient::GetJob(
+    const std::string& job_id) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  gpipe::v1::Job job;
+  grpc::Status s = stub_->GetJob(&context, request, &job);
+  if (!s.ok()) return UserStatus(s, "GetJob");
+  return job;
+}
+
+absl::StatusOr<gpipe::v1::ListJobsResponse> ControllerClient::ListJobs() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::ListJobsResponse response;
+  grpc::Status s =
+      stub_->ListJobs(&context, gpipe::v1::ListJobsRequest(), &response);
+  if (!s.ok()) return UserStatus(s, "ListJobs");
+  return response;
+}
+
+absl::StatusOr<gpipe::v1::Job> ControllerClient::CancelJob(
+    const std::string& job_id) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  gpipe::v1::Job job;
+  grpc::Status s = stub_->CancelJob(&context, request, &job);
+  if (!s.ok()) return UserStatus(s, "CancelJob");
+  return job;
+}
+
+absl::StatusOr<gpipe::v1::ListWorkersResponse> ControllerClient::ListWorkers() {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::ListWorkersResponse response;
+  grpc::Status s =
+      stub_->ListWorkers(&context, gpipe::v1::ListWorkersRequest(), &response);
+  if (!s.ok()) return UserStatus(s, "ListWorkers");
+  return response;
+}
+
+absl::Status ControllerClient::WatchJob(
+    const std::string& job_id,
+    const std::function<void(const gpipe::v1::JobEvent&)>& on_event,
+    const std::function<bool()>& stop, absl::Duration reconnect_for) {
+  bool ever_connected = false;
+  absl::Time lost_since = absl::InfiniteFuture();
+  for (;;) {
+    if (stop()) return absl::CancelledError("interrupted");
+    grpc::ClientContext context;  // no deadline: a job may run for days
+    gpipe::v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+
+    // Read() blocks; a second thread polls `stop` and cancels the call.
+    std::atomic<bool> finished{false};
+    std::atomic<bool> stopped{false};
+    std::thread guard([&] {
+      while (!finished.load()) {
+        if (stop()) {
+          stopped = true;
+          context.TryCancel();
+          return;
+        }
+        absl::SleepFor(kPoll);
+      }
+    });
+    std::unique_ptr<grpc::ClientReader<gpipe::v1::JobEvent>> reader =
+        stub_->WatchJob(&context, request);
+    gpipe::v1::JobEvent event;
+    bool terminal = false;
+    while (!terminal && reader->Read(&event)) {
+      ever_connected = true;
+      lost_since = absl::InfiniteFuture();
+      on_event(event);
+      terminal = IsTerminal(event.job().status().state());
+    }
+    if (terminal) context.TryCancel();  // do not wait for the server's close
+    grpc::Status status = reader->Finish();
+    finished = true;
+    guard.join();
+    if (terminal) return absl::OkStatus();
+    if (stopped.load()) return absl::CancelledError("interrupted");
+
+    // The stream ended early. A controller that restarts (it keeps its jobs
+    // in its store) is worth waiting for; anything else is the answer.
+    const bool retry =
+        ever_connected &&
+        (status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE);
+    if (!retry) {
+      if (status.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("the controller at ", address_, " ended the watch of ",
+                         job_id, " before it finished"));
+      }
+      return UserStatus(status, "WatchJob");
+    }
+    const absl::Time now = absl::Now();
+    if (lost_since == absl::InfiniteFuture()) lost_since = now;
+    if (now - lost_since > reconnect_for) {
+      return absl::UnavailableError(absl::StrCat(
+          "lost the controller at ", address_, " for more than ",
+          absl::FormatDuration(reconnect_for), " while watching ", job_id));
+    }
+    for (absl::Time until = now + absl::Seconds(1); absl::Now() < until;) {
+      if (stop()) return absl::CancelledError("interrupted");
+      absl::SleepFor(kPoll);
+    }
+  }
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,528 @@
+// gpipectl local JOB.json: a whole cluster on this machine for one job. Starts
+// gpipe-controller and K gpipe-workers as child processes (found next to
+// gpipectl), submits the job, watches it with the progress bar, copies the
+// final model to --out, and stops every process it started, also on Ctrl-C
+// or when one of them dies.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "cli/commands.h"
+#include "cli/controller_client.h"
+#include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
+
+ABSL_FLAG(int64_t, workers, 0,
+          "local: worker processes to start (0: the job's stage count)");
+ABSL_FLAG(std::string, keep, "",
+          "local: run in this (new or empty) directory and keep its logs and "
+          "checkpoints (default: a temporary directory, removed when the job "
+          "succeeds)");
+// Defined with `gpipectl train` and the client commands.
+ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(absl::Duration, timeout);
+
+namespace gpipe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr absl::Duration kPortFileWait = absl::Seconds(20);
+constexpr absl::Duration kAttachWait = absl::Seconds(30);
+constexpr absl::Duration kStopGrace = absl::Seconds(5);
+constexpr absl::Duration kPoll = absl::Milliseconds(50);
+constexpr int kLogTailLines = 20;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "gpipectl local: %s\n",
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+// The last `n` lines of a log file, each indented for quoting; no newline at
+// the end.
+std::string LogTail(const std::string& path, int n) {
+  std::ifstream in(path);
+  if (!in) return absl::StrCat("  (cannot read ", path, ")");
+  std::deque<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(std::move(line));
+    if (static_cast<int>(lines.size()) > n) lines.pop_front();
+  }
+  if (lines.empty()) return "  (empty)";
+  std::string text;
+  for (const std::string& line : lines) {
+    if (!text.empty()) text += '\n';
+    absl::StrAppend(&text, "  | ", line);
+  }
+  return text;
+}
+
+// One process that gpipectl started: its output goes to a log file, it dies
+// with gpipectl (PR_SET_PDEATHSIG), and it sits in its own process group so
+// that a Ctrl-C on the terminal reaches gpipectl alone, which then stops it
+// in order. Killed and reaped at the latest when this object goes.
+class ChildProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
+      std::string name, const std::vector<std::string>& argv,
+      std::string log_path) {
+    // Everything the child needs is prepared here: between fork and exec
+    // only async-signal-safe calls are allowed.
+    std::vector<char*> cargv;
+    for (const std::string& a : argv)
+      cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    const int log =
+        open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log < 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create ", log_path, ": ", std::strerror(errno)));
+    }
+    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    const pid_t parent = getpid();
+    static const char kExecFailed[] = "gpipectl local: exec failed\n";
+    const pid_t pid = fork();
+    if (pid < 0) {
+      const int err = errno;
+      close(log);
+      if (null >= 0) close(null);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot start ", name, ": fork: ", std::strerror(err)));
+    }
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(1);  // gpipectl died before prctl
+      setpgid(0, 0);
+      if (null >= 0) dup2(null, STDIN_FILENO);
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+      execv(cargv[0], cargv.data());
+      (void)!write(STDERR_FILENO, kExecFailed, sizeof(kExecFailed) - 1);
+      _exit(127);
+    }
+    close(log);
+    if (null >= 0) close(null);
+    return std::unique_ptr<ChildProcess>(
+        new ChildProcess(std::move(name), pid, std::move(log_path)));
+  }
+
+  ~ChildProcess() {
+    if (Running()) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &wait_status_, 0);
+      exited_ = true;
+    }
+  }
+
+  const std::string& name() const { return name_; }
+  const std::string& log_path() const { return log_path_; }
+
+  // Reaps the process when it has ended.
+  bool Running() {
+    if (exited_) return false;
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_ || (r < 0 && errno == ECHILD)) {
+      exited_ = true;
+      wait_status_ = status;
+      return false;
+    }
+    return true;
+  }
+
+  void Signal(int sig) {
+    if (Running()) kill(pid_, sig);
+  }
+
+  // Waits until the process has ended or `deadline` passes.
+  bool WaitUntil(absl::Time deadline) {
+    while (Running()) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return true;
+  }
+
+  // "exited with code 1", "was killed by signal 9 (Killed)".
+  std::string HowItEnded() const {
+    if (!exited_) return "is running";
+    if (WIFEXITED(wait_status_))
+      return absl::StrCat("exited with code ", WEXITSTATUS(wait_status_));
+    if (WIFSIGNALED(wait_status_)) {
+      const int sig = WTERMSIG(wait_status_);
+      return absl::StrCat("was killed by signal ", sig, " (", strsignal(sig),
+                          ")");
+    }
+    return "ended";
+  }
+
+ private:
+  ChildProcess(std::string name, pid_t pid, std::string log_path)
+      : name_(std::move(name)), pid_(pid), log_path_(std::move(log_path)) {}
+
+  std::string name_;
+  pid_t pid_;
+  std::string log_path_;
+  bool exited_ = false;
+  int wait_status_ = 0;
+};
+
+// An executable next to this gpipectl, else on PATH.
+absl::StatusOr<std::string> FindBinary(const std::string& name) {
+  std::string searched;
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n > 0) {
+    self[n] = '\0';
+    const fs::path dir = fs::path(self).parent_path();
+    const std::string candidate = (dir / name).string();
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    searched = dir.string();
+  }
+  if (const char* path = std::getenv("PATH"); path != nullptr) {
+    for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+      const std::string candidate = absl::StrCat(dir, "/", name);
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "cannot find ", name, searched.empty() ? "" : " next to gpipectl in ",
+      searched, " or on PATH; build it with scripts/build.sh"));
+}
+
+// The controller and workers of one local run, stopped in order (workers
+// first, so they detach from a live controller) when this object goes.
+class LocalCluster {
+ public:
+  explicit LocalCluster(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+  ~LocalCluster() { Stop(); }
+
+  // Starts the controller and waits for the port it listens on.
+  absl::Status StartController(const std::string& binary) {
+    const std::string port_file = run_dir_ + "/controller.port";
+    const std::string checkpoints = run_dir_ + "/checkpoints";
+    std::error_code ec;
+    fs::create_directories(checkpoints, ec);
+    const std::vector<std::string> argv = {binary, "--listen=127.0.0.1:0",
+                                           "--port_file=" + port_file,
+                                           "--checkpoint_dir=" + checkpoints};
+    ASSIGN_OR_RETURN(controller_,
+                     ChildProcess::Start("gpipe-controller", argv,
+                                         run_dir_ + "/controller.log"));
+    const absl::Time deadline = absl::Now() + kPortFileWait;
+    for (;;) {
+      int port = 0;
+      if (ReadPort(port_file, &port)) {
+        address_ = absl::StrCat("127.0.0.1:", port);
+        return absl::OkStatus();
+      }
+      if (!controller_->Running()) return Died(*controller_);
+      if (Interrupted()) return absl::CancelledError("interrupted");
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("gpipe-controller wrote no port file within ",
+                         absl::FormatDuration(kPortFileWait),
+                         "; the last lines of ", controller_->log_path(), ":\n",
+                         LogTail(controller_->log_path(), kLogTailLines)));
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  absl::Status StartWorkers(const std::string& binary, int64_t count,
+                            int threads_each) {
+    for (int64_t i = 0; i < count; ++i) {
+      const std::vector<std::string> argv = {
+          binary, "--controller=" + address_, "--listen=127.0.0.1:0",
+          absl::StrCat("--threads=", threads_each)};
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<ChildProcess> worker,
+          ChildProcess::Start(absl::StrCat("gpipe-worker ", i), argv,
+                              absl::StrCat(run_dir_, "/worker-", i, ".log")));
+      std::lock_guard<std::mutex> lock(mu_);
+      workers_.push_back(std::move(worker));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const { return address_; }
+
+  // The first process that has ended (nullptr while all run). Safe to call
+  // from the watch's guard thread.
+  ChildProcess* Ended() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (controller_ != nullptr && !controller_->Running())
+      return controller_.get();
+    for (auto& w : workers_)
+      if (!w->Running()) return w.get();
+    return nullptr;
+  }
+
+  // What to tell the user about a process that ended on its own.
+  static absl::Status Died(const ChildProcess& child) {
+    return absl::UnavailableError(
+        absl::StrCat(child.name(), " ", child.HowItEnded(),
+                     " unexpectedly; the last lines of ", child.log_path(),
+                     ":\n", LogTail(child.log_path(), kLogTailLines)));
+  }
+
+  // SIGTERM to the workers, then the controller; SIGKILL to whatever is
+  // still there after a grace period.
+  void Stop() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) w->Signal(SIGTERM);
+    absl::Time deadline = absl::Now() + kStopGrace;
+    for (auto& w : workers_) {
+      if (!w->WaitUntil(deadline)) w->Signal(SIGKILL);
+    }
+    workers_.clear();  // reaps
+    if (controller_ != nullptr) {
+      controller_->Signal(SIGTERM);
+      if (!controller_->WaitUntil(absl::Now() + kStopGrace))
+        controller_->Signal(SIGKILL);
+      controller_.reset();
+    }
+  }
+
+ private:
+  // The port file holds the port, or host:port; it may be half-written.
+  static bool ReadPort(const std::string& path, int* port) {
+    std::ifstream in(path);
+    if (!in) return false;
+    std::string text((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    absl::string_view v = absl::StripAsciiWhitespace(text);
+    if (const size_t colon = v.rfind(':'); colon != absl::string_view::npos)
+      v.remove_prefix(colon + 1);
+    return absl::SimpleAtoi(v, port) && *port > 0 && *port < 65536;
+  }
+
+  std::string run_dir_;
+  std::string address_;
+  std::mutex mu_;
+  std::unique_ptr<ChildProcess> controller_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+};
+
+// Waits until `count` workers have attached to the controller.
+absl::Status WaitForWorkers(ControllerClient& client, LocalCluster& cluster,
+                            int64_t count) {
+  const absl::Time deadline = absl::Now() + kAttachWait;
+  int64_t attached = 0;
+  absl::Status last = absl::OkStatus();
+  for (;;) {
+    absl::StatusOr<gpipe::v1::ListWorkersResponse> list = client.ListWorkers();
+    if (list.ok()) {
+      attached = list->workers_size();
+      if (attached >= count) return absl::OkStatus();
+    } else {
+      last = list.status();
+    }
+    if (ChildProcess* c = cluster.Ended(); c != nullptr)
+      return LocalCluster::Died(*c);
+    if (Interrupted()) return absl::CancelledError("interrupted");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "only ", attached, " of ", count, " workers attached within ",
+          absl::FormatDuration(kAttachWait),
+          last.ok() ? "" : absl::StrCat(" (", last.message(), ")")));
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+}
+
+// A new temporary directory, or --keep's (created; refused when it holds
+// files, so an old run's checkpoints are never picked up).
+absl::StatusOr<std::string> MakeRunDir(const std::string& keep) {
+  if (keep.empty()) {
+    char tmpl[] = "/tmp/gpipe-local-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot create a directory under /tmp: ", std::strerror(errno)));
+    }
+    return std::string(tmpl);
+  }
+  std::error_code ec;
+  fs::create_directories(keep, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("--keep: cannot create ", keep, ": ", ec.message()));
+  }
+  if (!fs::is_empty(keep, ec)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--keep: ", keep, " is not empty; give a new or empty directory"));
+  }
+  return fs::absolute(keep).lexically_normal().string();
+}
+
+absl::Status CopyModel(const std::string& model_path, const std::string& out) {
+  if (model_path.empty())
+    return absl::DataLossError("the controller reported no model path");
+  std::error_code ec;
+  fs::create_directories(out, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("--out: cannot create ", out, ": ", ec.message()));
+  }
+  const std::string target = out + "/model.safetensors";
+  fs::copy_file(model_path, target, fs::copy_options::overwrite_existing, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot copy ", model_path, " to ", target, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Everything between starting the processes and stopping them; the exit code.
+int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
+           int64_t workers, bool* keep_logs) {
+  ControllerClient client(cluster.address(), absl::GetFlag(FLAGS_timeout));
+  *keep_logs = true;
+  if (absl::Status s = WaitForWorkers(client, cluster, workers); !s.ok())
+    return Fail(s);
+  absl::StatusOr<gpipe::v1::Job> submitted = client.SubmitJob(spec);
+  if (!submitted.ok()) return Fail(submitted.status());
+  const std::string id = submitted->id();
+  const bool json = absl::GetFlag(FLAGS_json);
+  if (!json) {
+    std::printf("submitted %s to the local controller at %s\n", id.c_str(),
+                cluster.address().c_str());
+    std::fflush(stdout);
+  }
+
+  absl::StatusOr<gpipe::v1::Job> job = FollowJob(
+      client, id, json, [&] { return Interrupted() || cluster.Ended(); });
+  if (!job.ok()) {
+    if (ChildProcess* c = cluster.Ended(); c != nullptr) {
+      Fail(LocalCluster::Died(*c));
+    } else if (Interrupted()) {
+      std::fprintf(stderr, "gpipectl local: interrupted; cancelling %s\n",
+                   id.c_str());
+      *keep_logs = false;
+    } else {
+      Fail(job.status());
+    }
+    // Best effort: the processes stop next anyway.
+    if (cluster.Ended() == nullptr) (void)client.CancelJob(id);
+    return 1;
+  }
+  if (job->status().state() != gpipe::v1::SUCCEEDED) {
+    // A process that died may be why.
+    if (ChildProcess* c = cluster.Ended(); c != nullptr)
+      Fail(LocalCluster::Died(*c));
+    return 1;
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (!out.empty()) {
+    if (absl::Status s = CopyModel(job->status().model_path(), out); !s.ok())
+      return Fail(s);
+    if (!json) std::printf("wrote %s/model.safetensors\n", out.c_str());
+  }
+  *keep_logs = false;
+  return 0;
+}
+
+}  // namespace
+
+int RunLocal(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    std::fprintf(stderr,
+                 "usage: gpipectl local JOB.json [--workers K] [--stages K] "
+                 "[--micro-batches M] [--schedule gpipe|1f1b] "
+                 "[--remat always|except_last|never] [--steps N] [--out DIR] "
+                 "[--threads T] [--keep DIR]\n");
+    return 2;
+  }
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  if (!spec.ok()) return Fail(spec.status());
+  if (absl::Status s = ApplySpecFlags(*spec); !s.ok()) return Fail(s);
+  const int64_t stages = StageCount(*spec);
+  const int64_t workers =
+      absl::GetFlag(FLAGS_workers) > 0 ? absl::GetFlag(FLAGS_workers) : stages;
+  if (workers < stages) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--workers ", workers, " is fewer than the job's ", stages,
+                     " stages")));
+  }
+  const int threads =
+      absl::GetFlag(FLAGS_threads) > 0
+          ? absl::GetFlag(FLAGS_threads)
+          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads_each =
+      std::max<int>(1, threads / static_cast<int>(workers));
+
+  absl::StatusOr<std::string> controller_bin = FindBinary("gpipe-controller");
+  if (!controller_bin.ok()) return Fail(controller_bin.status());
+  absl::StatusOr<std::string> worker_bin = FindBinary("gpipe-worker");
+  if (!worker_bin.ok()) return Fail(worker_bin.status());
+
+  const std::string keep = absl::GetFlag(FLAGS_keep);
+  absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
+  if (!run_dir.ok()) return Fail(run_dir.status());
+
+  InstallInterruptHandlers();
+  int code = 1;
+  bool keep_logs = true;
+  {
+    LocalCluster cluster(*run_dir);
+    absl::Status s = cluster.StartController(*controller_bin);
+    if (s.ok()) s = cluster.StartWorkers(*worker_bin, workers, threads_each);
+    if (!s.ok()) {
+      if (!absl::IsCancelled(s)) Fail(s);
+      keep_logs = !absl::IsCancelled(s);
+    } else {
+      if (!absl::GetFlag(FLAGS_json)) {
+        std::printf(
+            "local cluster: controller %s, %lld workers (%d thread%s each), "
+            "run directory %s\n",
+            cluster.address().c_str(), static_cast<long long>(workers),
+            threads_each, threads_each == 1 ? "" : "s", run_dir->c_str());
+        std::fflush(stdout);
+      }
+      code = RunJob(*spec, cluster, workers, &keep_logs);
+    }
+  }  // stops every process
+  if (!keep.empty()) {
+    if (!absl::GetFlag(FLAGS_json))
+      std::printf("logs and checkpoints kept in %s\n", run_dir->c_str());
+  } else if (keep_logs) {
+    std::fprintf(stderr, "gpipectl local: logs kept in %s\n", run_dir->c_str());
+  } else {
+    std::error_code ec;
+    fs::remove_all(*run_dir, ec);
+  }
+  return code;
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,187 @@
+#!/usr/bin/env bash
+# gpipectl against real processes. `gpipectl local` runs a small job on a
+# controller and two workers it starts itself and writes bitwise the
+# parameters of the single-process reference trainer, leaving no process
+# behind; then the client commands against a controller started by hand: a
+# missing job, a malformed spec, an unreachable controller, submit / status /
+# cancel / watch of a job that no worker runs, and valid JSON for scripts.
+# Skips (and passes) while gpipe-controller or gpipe-worker is not built.
+#   cli_cluster_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+bin="$build/bin"
+gpipectl="$bin/gpipectl"
+
+for b in gpipe-controller gpipe-worker; do
+  if [[ ! -x "$bin/$b" ]]; then
+    echo "SKIP: $bin/$b is not built yet (scripts/build.sh builds it)"
+    echo "0 passed, 0 failed"
+    exit 0
+  fi
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# Runs a command with a bound; sets $rc and $out (stdout and stderr).
+run() {
+  set +e
+  out=$(timeout -k 5 60 "$@" 2>&1)
+  rc=$?
+  set -e
+}
+
+# Prints the tails of the logs of a local run, for a failure's context.
+show_logs() {
+  local f
+  for f in "$1"/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "--- $f" >&2
+    tail -n 20 "$f" >&2
+  done
+}
+
+cat >"$work/job.json" <<'JSON'
+{
+  "name": "cli-cluster-test",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"batchNorm": {"features": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {"momentum": 0.9}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 600, "testSamples": 300}},
+  "pipeline": {"stages": 2, "microBatches": 4},
+  "batchSize": 32,
+  "steps": 60,
+  "seed": 11
+}
+JSON
+
+# --- gpipectl local: a controller and two workers, to the end -------------
+set +e
+timeout -k 10 300 "$gpipectl" local "$work/job.json" --workers 2 --micro-batches 4 \
+  --threads 2 --out "$work/local" --keep "$work/run" >"$work/local.txt" 2>&1
+rc=$?
+set -e
+cat "$work/local.txt"
+if [[ $rc -ne 0 ]]; then
+  show_logs "$work/run"
+  fail "gpipectl local exited $rc, want 0"
+fi
+grep -q "SUCCEEDED" "$work/local.txt" || fail "gpipectl local printed no SUCCEEDED"
+grep -q "^final: test loss" "$work/local.txt" || fail "gpipectl local printed no final evaluation"
+[[ -f "$work/local/model.safetensors" ]] || fail "gpipectl local wrote no model.safetensors"
+
+# Nothing it started is left running.
+port=$(tr -d '[:space:]' <"$work/run/controller.port")
+port=${port##*:}
+for _ in $(seq 50); do
+  pgrep -f -- "127.0.0.1:$port" >/dev/null || break
+  sleep 0.1
+done
+if pgrep -f -- "127.0.0.1:$port" >/dev/null; then
+  pgrep -af -- "127.0.0.1:$port" >&2 || true
+  fail "processes of the local cluster (port $port) outlived gpipectl local"
+fi
+
+# Bitwise the reference trainer's parameters over the same micro-batches.
+"$gpipectl" train "$work/job.json" --stages 1 --micro-batches 4 --threads 1 \
+  --out "$work/ref" >"$work/ref.txt" 2>&1 || fail "reference run failed: $(cat "$work/ref.txt")"
+if ! cmp -s "$work/ref/model.safetensors" "$work/local/model.safetensors"; then
+  python3 "$src/tests/scripts/read_safetensors.py" "$work/ref/model.safetensors" --print >"$work/ref.read" 2>&1 || true
+  python3 "$src/tests/scripts/read_safetensors.py" "$work/local/model.safetensors" --print >"$work/local.read" 2>&1 || true
+  diff "$work/ref.read" "$work/local.read" >&2 || true
+  fail "gpipectl local's model.safetensors differs from gpipectl train --stages 1's"
+fi
+
+# --- the client commands against a controller started by hand -------------
+(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 \
+  --port_file="$work/controller.port" --checkpoint_dir="$work/checkpoints" \
+  >"$work/controller.log" 2>&1) &
+pids+=($!)
+for _ in $(seq 200); do
+  [[ -s "$work/controller.port" ]] && break
+  kill -0 "${pids[0]}" 2>/dev/null || fail "gpipe-controller exited: $(tail -n 20 "$work/controller.log")"
+  sleep 0.1
+done
+[[ -s "$work/controller.port" ]] || fail "gpipe-controller wrote no port file within 20s"
+port=$(tr -d '[:space:]' <"$work/controller.port")
+addr="127.0.0.1:${port##*:}"
+
+run "$gpipectl" --controller "$addr" status job-nope
+[[ $rc -eq 1 ]] || fail "status of a missing job exited $rc, want 1: $out"
+grep -qi "not found" <<<"$out" || fail "status of a missing job: $out"
+grep -q "job-nope" <<<"$out" || fail "status of a missing job does not name it: $out"
+
+run "$gpipectl" --controller "$addr" watch job-nope
+[[ $rc -eq 1 ]] || fail "watch of a missing job exited $rc, want 1: $out"
+grep -qi "not found" <<<"$out" || fail "watch of a missing job: $out"
+
+sed 's/"inFeatures": 16, "outFeatures": 3/"inFeatures": 15, "outFeatures": 3/' \
+  "$work/job.json" >"$work/bad.json"
+run "$gpipectl" --controller "$addr" submit "$work/bad.json"
+[[ $rc -eq 1 ]] || fail "submit of a malformed spec exited $rc, want 1: $out"
+grep -q "model.layers\[3\].linear.in_features: 15" <<<"$out" ||
+  fail "submit of a malformed spec does not name the field: $out"
+
+run "$gpipectl" --controller 127.0.0.1:1 list
+[[ $rc -eq 1 ]] || fail "list against no controller exited $rc, want 1: $out"
+grep -q "cannot reach the controller at 127.0.0.1:1" <<<"$out" ||
+  fail "list against no controller: $out"
+run env GPIPE_CONTROLLER=127.0.0.1:1 "$gpipectl" workers
+grep -q "cannot reach the controller at 127.0.0.1:1" <<<"$out" ||
+  fail "GPIPE_CONTROLLER is not used: $out"
+
+run "$gpipectl" --controller "$addr" workers --json
+[[ $rc -eq 0 ]] || fail "workers --json exited $rc: $out"
+python3 -m json.tool <<<"$out" >/dev/null || fail "workers --json is not JSON: $out"
+run "$gpipectl" --controller "$addr" list --json
+[[ $rc -eq 0 ]] || fail "list --json exited $rc: $out"
+python3 -m json.tool <<<"$out" >/dev/null || fail "list --json is not JSON: $out"
+
+# A job that no worker runs: submitted, listed, pending, cancelled; watching
+# it ends with exit code 1.
+run "$gpipectl" --controller "$addr" submit "$work/job.json"
+[[ $rc -eq 0 ]] || fail "submit exited $rc: $out"
+job=$(tail -n 1 <<<"$out")
+[[ -n "$job" && "$job" != *" "* ]] || fail "submit did not print a job id: $out"
+run "$gpipectl" --controller "$addr" list
+grep -q "^$job .*cli-cluster-test" <<<"$out" || fail "list does not show $job: $out"
+run "$gpipectl" --controller "$addr" status "$job"
+[[ $rc -eq 0 ]] || fail "status $job exited $rc: $out"
+grep -q "PENDING" <<<"$out" || fail "a job without workers is not PENDING: $out"
+run "$gpipectl" --controller "$addr" status "$job" --json
+python3 -m json.tool <<<"$out" >/dev/null || fail "status --json is not JSON: $out"
+run "$gpipectl" --controller "$addr" cancel "$job"
+[[ $rc -eq 0 ]] || fail "cancel $job exited $rc: $out"
+run "$gpipectl" --controller "$addr" watch "$job"
+[[ $rc -eq 1 ]] || fail "watch of a cancelled job exited $rc, want 1: $out"
+grep -q "CANCELLED" <<<"$out" || fail "watch of a cancelled job: $out"
+
+echo "1 passed, 0 failed"
