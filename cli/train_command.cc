@@ -12,11 +12,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
-#include "google/protobuf/util/json_util.h"
 #include "services/core/progress.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
+#include "services/pipeline/model_file.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
@@ -71,12 +71,8 @@ absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
   std::vector<std::pair<std::string, const Tensor*>> tensors;
   for (const NamedTensor& t : trainer.StateTensors())
     tensors.emplace_back(t.name, t.tensor);
-  std::string spec_json;
-  (void)google::protobuf::util::MessageToJsonString(spec, &spec_json);
   return WriteSafetensors(dir + "/model.safetensors", tensors,
-                          {{"format", "pt"},
-                           {"gpipe.step", absl::StrCat(trainer.step())},
-                           {"gpipe.job", spec_json}});
+                          ModelFileMetadata(spec, trainer.step()));
 }
 
 }  // namespace

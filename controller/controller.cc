@@ -1,0 +1,511 @@
+#include "controller/controller.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "controller/job_status.h"
+#include "controller/merge.h"
+#include "controller/scheduler.h"
+#include "services/core/log.h"
+#include "services/core/strings.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/model_file.h"
+
+namespace gpipe::controller {
+
+namespace v1 = gpipe::v1;
+
+namespace {
+
+constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+
+absl::Status JobNotFound(std::string_view id) {
+  return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
+}
+
+std::string ShortDuration(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Milliseconds(1)));
+}
+
+}  // namespace
+
+Controller::Controller(ControllerOptions options)
+    : options_(std::move(options)) {
+  lease_thread_ = std::thread([this] { LeaseLoop(); });
+  merge_thread_ = std::thread([this] { MergeLoop(); });
+}
+
+Controller::~Controller() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    Changed();
+  }
+  lease_thread_.join();
+  merge_thread_.join();
+}
+
+void Controller::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  for (const std::shared_ptr<WorkerRecord>& worker : workers_.All()) {
+    workers_.Remove(worker->id());
+    worker->lost = true;
+    worker->gone = absl::UnavailableError("the controller is shutting down");
+    if (worker->disconnect) worker->disconnect();
+  }
+  Changed();
+}
+
+int64_t Controller::ignored_reports() {
+  absl::MutexLock lock(&mu_);
+  return ignored_reports_;
+}
+
+// ---- Jobs -----------------------------------------------------------------
+
+absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
+  if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
+  const int64_t k = StageCount(spec);
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) {
+    return absl::UnavailableError("the controller is shutting down");
+  }
+  JobRecord& job = jobs_.Add(std::move(spec), k, now);
+  const std::string waiting =
+      WaitingMessage(k, static_cast<int64_t>(workers_.Idle().size()));
+  SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
+               now);
+  jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
+  Reschedule(now);
+  Changed();
+  return job.job;
+}
+
+absl::StatusOr<v1::Job> Controller::GetJob(std::string_view id) {
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = jobs_.Find(id);
+  if (job == nullptr) return JobNotFound(id);
+  return job->job;
+}
+
+std::vector<v1::Job> Controller::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> jobs;
+  for (const JobRecord* job : jobs_.NewestFirst()) jobs.push_back(job->job);
+  return jobs;
+}
+
+absl::StatusOr<v1::Job> Controller::CancelJob(std::string_view id) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = jobs_.Find(id);
+  if (job == nullptr) return JobNotFound(id);
+  const v1::JobState state = job->status().state();
+  if (IsTerminal(state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", AsAbsl(id), " has already ended (",
+                     v1::JobState_Name(state), ")"));
+  }
+  EndJob(*job, v1::CANCELLED, kCancelled, "UserRequested",
+         "cancelled by the user", nullptr, now);
+  Reschedule(now);
+  Changed();
+  return job->job;
+}
+
+absl::Status Controller::WatchJob(
+    std::string_view id, const std::function<bool()>& cancelled,
+    const std::function<bool(const v1::JobEvent&)>& send) {
+  v1::JobEvent event;
+  uint64_t seen = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const JobRecord* job = jobs_.Find(id);
+    if (job == nullptr) return JobNotFound(id);
+    *event.mutable_time() = ToTimestamp(absl::Now());
+    *event.mutable_job() = job->job;
+    event.set_message(job->events.empty() ? "" : job->events.back().message());
+    seen = job->version;
+  }
+  while (true) {
+    if (!send(event) || IsTerminal(event.job().status().state())) {
+      return absl::OkStatus();
+    }
+    absl::MutexLock lock(&mu_);
+    const JobRecord* job = jobs_.Find(id);
+    while (job->version == seen && !shutting_down_ && !cancelled()) {
+      changed_.WaitWithTimeout(&mu_, kPollInterval);
+    }
+    if (shutting_down_) {
+      return absl::UnavailableError("the controller is shutting down");
+    }
+    if (cancelled()) return absl::CancelledError("the watch was cancelled");
+    // The next event, or the latest when this watcher fell behind the kept
+    // history.
+    const uint64_t first = job->version - job->events.size() + 1;
+    const uint64_t next = std::max(seen + 1, first);
+    event = job->events[next - first];
+    seen = next;
+  }
+}
+
+// ---- Workers --------------------------------------------------------------
+
+std::vector<v1::WorkerInfo> Controller::ListWorkers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> workers;
+  for (const auto& worker : workers_.All()) workers.push_back(worker->info);
+  return workers;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
+    const v1::WorkerHello& hello, std::function<void()> disconnect) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) {
+    return absl::UnavailableError("the controller is shutting down");
+  }
+  // Worker ids are unique per process start: a second Attach under the same
+  // id is that process again (its old stream may not have broken on this
+  // side yet), so the newer stream replaces the older.
+  if (std::shared_ptr<WorkerRecord> old = workers_.Find(hello.worker_id())) {
+    LoseWorker(old,
+               absl::AbortedError("replaced by a newer Attach stream of the "
+                                  "same worker"),
+               "it attached again", /*disconnect=*/true, now);
+  }
+  absl::StatusOr<std::shared_ptr<WorkerRecord>> worker =
+      workers_.Add(hello, now);
+  if (!worker.ok()) return worker.status();
+  (*worker)->disconnect = std::move(disconnect);
+  v1::ControllerMessage welcome;
+  welcome.mutable_welcome()->set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  WorkerRegistry::Send(**worker, std::move(welcome));
+  LogInfo("worker %s attached from %s (%d cpus, %d gpus)", hello.worker_id(),
+          hello.address(), hello.resources().cpus(), hello.resources().gpus());
+  Reschedule(now);
+  Changed();
+  return worker;
+}
+
+Outgoing Controller::NextMessage(WorkerRecord& worker,
+                                 absl::Duration max_wait) {
+  const absl::Time deadline = absl::Now() + max_wait;
+  absl::MutexLock lock(&mu_);
+  while (worker.outbox.empty() && !worker.lost) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return {};
+    changed_.WaitWithTimeout(&mu_, left);
+  }
+  Outgoing out;
+  if (!worker.outbox.empty()) {
+    out.message = std::move(worker.outbox.front());
+    worker.outbox.pop_front();
+  } else {
+    out.end = worker.gone;
+  }
+  return out;
+}
+
+void Controller::HandleMessage(WorkerRecord& worker,
+                               const v1::WorkerMessage& message) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (worker.lost) return;
+  worker.last_heartbeat = now;
+  *worker.info.mutable_last_heartbeat() = ToTimestamp(now);
+  switch (message.kind_case()) {
+    case v1::WorkerMessage::kHeartbeat:
+      return;  // the lease is renewed above
+    case v1::WorkerMessage::kProgress:
+      OnProgress(worker, message.progress(), now);
+      break;
+    case v1::WorkerMessage::kFinished:
+      OnFinished(worker, message.finished(), now);
+      break;
+    case v1::WorkerMessage::kFailed:
+      OnFailed(worker, message.failed(), now);
+      break;
+    case v1::WorkerMessage::kHello:
+      LogWarning("worker %s sent a second hello; ignored", worker.id());
+      return;
+    case v1::WorkerMessage::KIND_NOT_SET:
+      LogWarning("worker %s sent an empty message; ignored", worker.id());
+      return;
+  }
+  Changed();
+}
+
+void Controller::DetachWorker(WorkerRecord& worker, absl::Status end,
+                              std::string_view why) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  if (worker.lost) return;
+  std::shared_ptr<WorkerRecord> registered = workers_.Find(worker.id());
+  if (registered.get() != &worker) return;
+  LoseWorker(registered, std::move(end), why, /*disconnect=*/false, now);
+  Changed();
+}
+
+// ---- The state machine ----------------------------------------------------
+
+void Controller::Reschedule(absl::Time now) {
+  if (shutting_down_) return;
+  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir, now);
+}
+
+void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
+                            absl::Status end, std::string_view why,
+                            bool disconnect, absl::Time now) {
+  workers_.Remove(worker->id());
+  worker->lost = true;
+  worker->gone = std::move(end);
+  if (disconnect && worker->disconnect) worker->disconnect();
+  const v1::WorkerInfo& info = worker->info;
+  LogInfo("worker %s at %s detached: %s", info.worker_id(), info.address(),
+          why);
+  if (info.state() != v1::BUSY) {
+    Reschedule(now);  // a PENDING job's "N free" changed
+    return;
+  }
+  JobRecord* job = jobs_.Find(info.job_id());
+  if (job == nullptr || IsTerminal(job->status().state()) || job->merging ||
+      info.stage() >= static_cast<int64_t>(job->finished_paths.size()) ||
+      !job->finished_paths[info.stage()].empty()) {
+    Reschedule(now);
+    return;  // its stage was done: nothing is lost
+  }
+  const std::string message = absl::StrCat(
+      "worker ", info.worker_id(), " at ", info.address(),
+      " was lost at step ", job->status().step(), ": ", AsAbsl(why));
+  EndJob(*job, v1::FAILED, kFailed, "WorkerLost", message, worker.get(), now);
+  Reschedule(now);
+}
+
+void Controller::EndJob(JobRecord& job, v1::JobState state,
+                        std::string_view type, std::string_view reason,
+                        const std::string& message, const WorkerRecord* except,
+                        absl::Time now) {
+  for (const v1::StageStatus& stage : job.status().stages()) {
+    std::shared_ptr<WorkerRecord> worker = workers_.Find(stage.worker_id());
+    if (worker == nullptr || worker->info.state() != v1::BUSY ||
+        worker->info.job_id() != job.id()) {
+      continue;
+    }
+    if (worker.get() != except) {
+      v1::ControllerMessage cancel;
+      cancel.mutable_cancel()->set_job_id(job.id());
+      cancel.mutable_cancel()->set_epoch(job.status().epoch());
+      cancel.mutable_cancel()->set_reason(message);
+      WorkerRegistry::Send(*worker, std::move(cancel));
+    }
+    WorkerRegistry::MarkIdle(*worker);
+  }
+  job.merging = false;
+  MarkTerminal(&job.status(), state, type, reason, message, now);
+  jobs_.Publish(job, message, now);
+}
+
+JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
+                                   std::string_view what,
+                                   const std::string& job_id, int64_t epoch,
+                                   int64_t stage) {
+  JobRecord* job = jobs_.Find(job_id);
+  std::string problem;
+  if (job == nullptr) {
+    problem = "the job is unknown";
+  } else if (epoch != job->status().epoch()) {
+    problem = absl::StrCat("the job is at epoch ", job->status().epoch());
+  } else if (IsTerminal(job->status().state()) || job->merging) {
+    problem = "the job has finished";
+  } else if (worker.info.state() != v1::BUSY ||
+             worker.info.job_id() != job_id || worker.info.stage() != stage) {
+    problem = worker.info.state() == v1::BUSY
+                  ? absl::StrCat("the worker runs stage ", worker.info.stage(),
+                                 " of ", worker.info.job_id())
+                  : "the worker is idle";
+  } else {
+    return job;
+  }
+  ++ignored_reports_;
+  LogWarning("ignored %s from worker %s for %s epoch %d stage %d: %s (%d "
+             "reports ignored so far)",
+             what, worker.id(), job_id, epoch, stage, problem,
+             ignored_reports_);
+  return nullptr;
+}
+
+void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
+                            absl::Time now) {
+  JobRecord* job =
+      ReportedJob(worker, "progress", p.job_id(), p.epoch(), p.stage());
+  if (job == nullptr) return;
+  v1::JobStatus& status = job->status();
+  job->stage_steps[p.stage()] = p.step();
+  const int64_t step =
+      *std::min_element(job->stage_steps.begin(), job->stage_steps.end());
+  const bool last_stage = p.stage() == job->stages - 1;
+  if (step == status.step() && !last_stage) return;
+  status.set_step(step);
+  if (last_stage) {
+    status.set_loss(p.loss());
+    if (p.step_seconds() > 0) {
+      status.set_samples_per_second(
+          static_cast<double>(job->job.spec().batch_size()) / p.step_seconds());
+    }
+  }
+  jobs_.Publish(*job,
+                absl::StrFormat("step %d/%d, loss %.4f, %.1f samples/s", step,
+                                status.total_steps(), status.loss(),
+                                status.samples_per_second()),
+                now);
+}
+
+void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
+                            absl::Time now) {
+  JobRecord* job =
+      ReportedJob(worker, "finished", f.job_id(), f.epoch(), f.stage());
+  if (job == nullptr) return;
+  if (f.parameters_path().empty()) {
+    EndJob(*job, v1::FAILED, kFailed, "StageFailed",
+           absl::StrCat("stage ", f.stage(), " (worker ", worker.id(),
+                        ") finished without a parameters_path"),
+           &worker, now);
+    Reschedule(now);
+    return;
+  }
+  job->finished_paths[f.stage()] = f.parameters_path();
+  job->stage_steps[f.stage()] = job->status().total_steps();
+  if (f.stage() == job->stages - 1) {
+    *job->status().mutable_evaluation() = f.evaluation();
+  }
+  const int64_t done =
+      std::count_if(job->finished_paths.begin(), job->finished_paths.end(),
+                    [](const std::string& p) { return !p.empty(); });
+  if (done < job->stages) {
+    jobs_.Publish(*job,
+                  absl::StrCat("stage ", f.stage(), " finished (", done, " of ",
+                               job->stages, ")"),
+                  now);
+    return;
+  }
+  // Every stage is done: free the workers now and merge off the lock.
+  job->merging = true;
+  job->status().set_step(job->status().total_steps());
+  for (const v1::StageStatus& stage : job->status().stages()) {
+    std::shared_ptr<WorkerRecord> w = workers_.Find(stage.worker_id());
+    if (w != nullptr && w->info.job_id() == job->id()) {
+      WorkerRegistry::MarkIdle(*w);
+    }
+  }
+  merges_.push_back(job->id());
+  jobs_.Publish(*job,
+                absl::StrCat("all ", job->stages,
+                             " stages finished; merging their parameters"),
+                now);
+  Reschedule(now);
+}
+
+void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
+                          absl::Time now) {
+  JobRecord* job =
+      ReportedJob(worker, "failure", f.job_id(), f.epoch(), f.stage());
+  if (job == nullptr) return;
+  // No restarts yet: every failure ends the job. A permanent one (the loss
+  // is not finite) would end it even with restarts.
+  const std::string message =
+      absl::StrCat("stage ", f.stage(), " (worker ", worker.id(),
+                   ") failed: ", f.message());
+  EndJob(*job, v1::FAILED, kFailed,
+         f.permanent() ? "LossNotFinite" : "StageFailed", message, &worker,
+         now);
+  Reschedule(now);
+}
+
+// ---- Background threads ---------------------------------------------------
+
+void Controller::LeaseLoop() {
+  const absl::Duration period =
+      std::clamp(options_.heartbeat_timeout / 4, absl::Milliseconds(10),
+                 absl::Seconds(1));
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    changed_.WaitWithTimeout(&mu_, period);
+    if (stopping_ || shutting_down_) continue;
+    const absl::Time now = absl::Now();
+    bool lost = false;
+    for (const std::shared_ptr<WorkerRecord>& worker :
+         workers_.Expired(now, options_.heartbeat_timeout)) {
+      const std::string why = absl::StrCat(
+          "no heartbeat for ", ShortDuration(now - worker->last_heartbeat),
+          " (timeout ", ShortDuration(options_.heartbeat_timeout), ")");
+      LoseWorker(worker,
+                 absl::UnavailableError(absl::StrCat("lease expired: ", why)),
+                 why, /*disconnect=*/true, now);
+      lost = true;
+    }
+    if (lost) Changed();
+  }
+}
+
+void Controller::MergeLoop() {
+  while (true) {
+    std::string id;
+    int64_t epoch = 0;
+    std::vector<std::string> paths;
+    std::string out_path;
+    std::map<std::string, std::string> metadata;
+    {
+      absl::MutexLock lock(&mu_);
+      while (merges_.empty() && !stopping_) changed_.Wait(&mu_);
+      if (stopping_) return;
+      id = std::move(merges_.front());
+      merges_.pop_front();
+      JobRecord* job = jobs_.Find(id);
+      if (job == nullptr || !job->merging) continue;
+      epoch = job->status().epoch();
+      paths = job->finished_paths;
+      out_path = (std::filesystem::path(options_.checkpoint_dir) / id /
+                  "model.safetensors")
+                     .string();
+      metadata = ModelFileMetadata(job->job.spec(), job->status().step());
+    }
+    const absl::Status merged = MergeStageParameters(paths, out_path, metadata);
+    const absl::Time now = absl::Now();
+    absl::MutexLock lock(&mu_);
+    JobRecord* job = jobs_.Find(id);
+    if (job == nullptr || !job->merging || job->status().epoch() != epoch) {
+      continue;  // cancelled meanwhile
+    }
+    job->merging = false;
+    if (!merged.ok()) {
+      const std::string message = absl::StrCat(
+          "cannot merge the stages' parameters: ", merged.message());
+      MarkTerminal(&job->status(), v1::FAILED, kFailed, "MergeFailed", message,
+                   now);
+      jobs_.Publish(*job, message, now);
+    } else {
+      job->status().set_model_path(out_path);
+      const v1::Evaluation& e = job->status().evaluation();
+      const std::string message = absl::StrFormat(
+          "model at %s; test loss %.4f, accuracy %.4f over %d samples",
+          out_path, e.loss(), e.accuracy(), e.counted());
+      MarkTerminal(&job->status(), v1::SUCCEEDED, kComplete,
+                   "AllStagesFinished", message, now);
+      jobs_.Publish(*job, message, now);
+    }
+    Changed();
+  }
+}
+
+}  // namespace gpipe::controller

@@ -1,0 +1,154 @@
+// The controller's state machine: jobs, attached workers, scheduling,
+// leases, reports from the stages and the final merge of their parameters,
+// all behind one mutex (simple and correct beats clever). The gRPC service
+// (controller_service.h) is a thin adapter over it.
+//
+// A job goes PENDING -> RUNNING when enough workers are free, then ends
+// SUCCEEDED (every stage finished and their parameters were merged), FAILED
+// (a stage failed, or a worker of a running stage was lost) or CANCELLED.
+// Reports carry the job's epoch; one from another epoch, another job or a
+// worker not assigned to that stage is ignored and counted (fencing).
+#ifndef GPIPE_CONTROLLER_CONTROLLER_H_
+#define GPIPE_CONTROLLER_CONTROLLER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "controller/job_table.h"
+#include "controller/worker_registry.h"
+#include "gpipe/v1/controller.pb.h"
+
+namespace gpipe::controller {
+
+struct ControllerOptions {
+  // Final models go to <checkpoint_dir>/<job id>/model.safetensors; the
+  // stages write theirs under <checkpoint_dir>/<job id>/final.
+  std::string checkpoint_dir = "gpipe-checkpoints";
+  // A worker silent for longer is lost; workers are told to send a
+  // heartbeat every heartbeat_interval.
+  absl::Duration heartbeat_timeout = absl::Seconds(10);
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+};
+
+// What an Attach handler does next (see Controller::NextMessage).
+struct Outgoing {
+  std::optional<gpipe::v1::ControllerMessage> message;  // write this
+  std::optional<absl::Status> end;  // or end the stream with this status
+  // Neither: nothing yet; check the call is alive and ask again.
+};
+
+class Controller {
+ public:
+  explicit Controller(ControllerOptions options);
+  ~Controller();  // Shutdown(), then stops the background threads.
+
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // Jobs. SubmitJob validates the spec (InvalidArgument naming the field).
+  // Get and Cancel of an unknown id are NotFound; cancelling an ended job is
+  // FailedPrecondition.
+  absl::StatusOr<gpipe::v1::Job> SubmitJob(gpipe::v1::JobSpec spec);
+  absl::StatusOr<gpipe::v1::Job> GetJob(std::string_view id);
+  std::vector<gpipe::v1::Job> ListJobs();  // newest first
+  absl::StatusOr<gpipe::v1::Job> CancelJob(std::string_view id);
+
+  // Calls `send` with the job as it is now, then once per change, and
+  // returns OK after the event of a terminal state (or when `send` returns
+  // false: the client is gone). Cancelled once `cancelled()` is true,
+  // Unavailable on shutdown, NotFound for an unknown id. `cancelled` is
+  // polled at least every 100 ms.
+  absl::Status WatchJob(
+      std::string_view id, const std::function<bool()>& cancelled,
+      const std::function<bool(const gpipe::v1::JobEvent&)>& send);
+
+  std::vector<gpipe::v1::WorkerInfo> ListWorkers();  // attach order
+
+  // The Attach protocol, for the stream's handler. AttachWorker registers
+  // the worker of `hello` (replacing an older stream of the same worker id,
+  // which counts as lost) and queues its Welcome; `disconnect` must end the
+  // stream from any thread (the controller calls it when the lease expires
+  // or on shutdown). Then the handler writes what NextMessage gives it and
+  // passes every message read to HandleMessage; when the stream ends on the
+  // worker's side (or a write fails) it calls DetachWorker.
+  absl::StatusOr<std::shared_ptr<WorkerRecord>> AttachWorker(
+      const gpipe::v1::WorkerHello& hello, std::function<void()> disconnect);
+  // Waits up to `max_wait` for a message for `worker` or the end of its
+  // stream.
+  Outgoing NextMessage(WorkerRecord& worker, absl::Duration max_wait);
+  void HandleMessage(WorkerRecord& worker,
+                     const gpipe::v1::WorkerMessage& message);
+  // The worker is gone (`why` says how, for people); `end` is the status its
+  // stream ends with. A running stage's job fails with WorkerLost.
+  void DetachWorker(WorkerRecord& worker, absl::Status end,
+                    std::string_view why);
+
+  // Ends every Attach and WatchJob stream and refuses new ones. Idempotent.
+  void Shutdown();
+
+  // Reports ignored by fencing (old epoch, other job, wrong stage).
+  int64_t ignored_reports();
+
+  const ControllerOptions& options() const { return options_; }
+
+ private:
+  // Every change ends with Changed(): Attach writers and watchers wait for
+  // it.
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { changed_.SignalAll(); }
+  void Reschedule(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Removes `worker`; fails its job when it was running a stage.
+  void LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
+                  absl::Status end, std::string_view why, bool disconnect,
+                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `job` in a terminal `state`: cancels its other stages (all but
+  // `except`), frees its workers, records the condition and the event.
+  // The caller reschedules.
+  void EndJob(JobRecord& job, gpipe::v1::JobState state,
+              std::string_view type, std::string_view reason,
+              const std::string& message, const WorkerRecord* except,
+              absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job a report of `worker` is about, or nullptr (counted, logged)
+  // when fencing rejects it.
+  JobRecord* ReportedJob(const WorkerRecord& worker, std::string_view what,
+                         const std::string& job_id, int64_t epoch,
+                         int64_t stage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void OnProgress(WorkerRecord& worker, const gpipe::v1::StepProgress& p,
+                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFinished(WorkerRecord& worker, const gpipe::v1::StageFinished& f,
+                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFailed(WorkerRecord& worker, const gpipe::v1::StageFailed& f,
+                absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void LeaseLoop();  // expires silent workers
+  void MergeLoop();  // merges finished jobs' parameters off the lock
+
+  const ControllerOptions options_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;
+  JobTable jobs_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> merges_ ABSL_GUARDED_BY(mu_);  // job ids
+  int64_t ignored_reports_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread lease_thread_;
+  std::thread merge_thread_;
+};
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_CONTROLLER_H_

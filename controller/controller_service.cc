@@ -1,0 +1,131 @@
+#include "controller/controller_service.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+namespace gpipe::controller {
+
+namespace v1 = gpipe::v1;
+
+namespace {
+
+// How often a stream handler that is waiting checks whether its call is
+// still alive.
+constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+
+// `result`'s value into `response`, or its status.
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* response) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+grpc::Status ControllerService::SubmitJob(grpc::ServerContext* context,
+                                          const v1::SubmitJobRequest* request,
+                                          v1::Job* response) {
+  return Reply(controller_.SubmitJob(request->spec()), response);
+}
+
+grpc::Status ControllerService::GetJob(grpc::ServerContext* context,
+                                       const v1::GetJobRequest* request,
+                                       v1::Job* response) {
+  return Reply(controller_.GetJob(request->job_id()), response);
+}
+
+grpc::Status ControllerService::ListJobs(grpc::ServerContext* context,
+                                         const v1::ListJobsRequest* request,
+                                         v1::ListJobsResponse* response) {
+  for (v1::Job& job : controller_.ListJobs()) {
+    *response->add_jobs() = std::move(job);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::CancelJob(grpc::ServerContext* context,
+                                          const v1::CancelJobRequest* request,
+                                          v1::Job* response) {
+  return Reply(controller_.CancelJob(request->job_id()), response);
+}
+
+grpc::Status ControllerService::WatchJob(
+    grpc::ServerContext* context, const v1::WatchJobRequest* request,
+    grpc::ServerWriter<v1::JobEvent>* writer) {
+  return ToGrpcStatus(controller_.WatchJob(
+      request->job_id(), [context] { return context->IsCancelled(); },
+      [writer](const v1::JobEvent& event) { return writer->Write(event); }));
+}
+
+grpc::Status ControllerService::ListWorkers(
+    grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+    v1::ListWorkersResponse* response) {
+  for (v1::WorkerInfo& worker : controller_.ListWorkers()) {
+    *response->add_workers() = std::move(worker);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerService::Attach(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ControllerMessage, v1::WorkerMessage>*
+        stream) {
+  v1::WorkerMessage first;
+  if (!stream->Read(&first)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the stream ended before hello");
+  }
+  if (!first.has_hello()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "first message must be hello");
+  }
+  absl::StatusOr<std::shared_ptr<WorkerRecord>> attached =
+      controller_.AttachWorker(first.hello(),
+                               [context] { context->TryCancel(); });
+  if (!attached.ok()) return ToGrpcStatus(attached.status());
+  WorkerRecord& worker = **attached;
+
+  // Reports up on a reader thread; assignments down on this one. A sync
+  // stream allows one reader and one writer at the same time.
+  std::atomic<bool> reader_done{false};
+  std::thread reader([&] {
+    v1::WorkerMessage message;
+    while (stream->Read(&message)) controller_.HandleMessage(worker, message);
+    reader_done = true;
+    controller_.DetachWorker(worker, absl::OkStatus(),
+                             "its Attach stream ended");
+  });
+  absl::Status end;
+  while (true) {
+    Outgoing next = controller_.NextMessage(worker, kPollInterval);
+    if (next.end.has_value()) {
+      end = *next.end;
+      break;
+    }
+    if (next.message.has_value()) {
+      if (!stream->Write(*next.message)) {
+        end = absl::UnavailableError("a write to the Attach stream failed");
+        controller_.DetachWorker(worker, end,
+                                 "a write to its Attach stream failed");
+        break;
+      }
+    } else if (context->IsCancelled()) {
+      end = absl::CancelledError("the Attach call was cancelled");
+      controller_.DetachWorker(worker, end, "its Attach call was cancelled");
+      break;
+    }
+  }
+  if (!reader_done) context->TryCancel();  // unblocks the reader's Read
+  reader.join();
+  return ToGrpcStatus(end);
+}
+
+}  // namespace gpipe::controller

@@ -1,0 +1,67 @@
+#include "controller/job_status.h"
+
+#include <string>
+
+namespace gpipe::controller {
+
+namespace v1 = gpipe::v1;
+
+google::protobuf::Timestamp ToTimestamp(absl::Time t) {
+  const int64_t nanos = absl::ToUnixNanos(t);
+  google::protobuf::Timestamp ts;
+  int64_t seconds = nanos / 1000000000;
+  int64_t rest = nanos % 1000000000;
+  if (rest < 0) {
+    rest += 1000000000;
+    --seconds;
+  }
+  ts.set_seconds(seconds);
+  ts.set_nanos(static_cast<int32_t>(rest));
+  return ts;
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED ||
+         state == v1::CANCELLED;
+}
+
+void SetCondition(v1::JobStatus* status, std::string_view type, bool value,
+                  std::string_view reason, std::string_view message,
+                  absl::Time now) {
+  v1::Condition* condition = nullptr;
+  for (v1::Condition& c : *status->mutable_conditions()) {
+    if (c.type() == type) condition = &c;
+  }
+  if (condition == nullptr) {
+    condition = status->add_conditions();
+    condition->set_type(std::string(type));
+    condition->set_status(!value);  // so that the time is set below
+  }
+  if (condition->status() != value) {
+    condition->set_status(value);
+    *condition->mutable_time() = ToTimestamp(now);
+  }
+  condition->set_reason(std::string(reason));
+  condition->set_message(std::string(message));
+}
+
+const v1::Condition* FindCondition(const v1::JobStatus& status,
+                                   std::string_view type) {
+  for (const v1::Condition& c : status.conditions()) {
+    if (c.type() == type) return &c;
+  }
+  return nullptr;
+}
+
+void MarkTerminal(v1::JobStatus* status, v1::JobState state,
+                  std::string_view type, std::string_view reason,
+                  std::string_view message, absl::Time now) {
+  status->set_state(state);
+  *status->mutable_finished() = ToTimestamp(now);
+  if (FindCondition(*status, kRunning) != nullptr) {
+    SetCondition(status, kRunning, false, reason, message, now);
+  }
+  SetCondition(status, type, true, reason, message, now);
+}
+
+}  // namespace gpipe::controller

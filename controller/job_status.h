@@ -1,0 +1,46 @@
+// Job status in Kubernetes style: which states are terminal, conditions
+// (type, status, reason, message, time) and timestamps. Pure functions on
+// the JobStatus message; the controller's state machine calls them.
+#ifndef GPIPE_CONTROLLER_JOB_STATUS_H_
+#define GPIPE_CONTROLLER_JOB_STATUS_H_
+
+#include <string_view>
+
+#include "absl/time/time.h"
+#include "gpipe/v1/controller.pb.h"
+#include "google/protobuf/timestamp.pb.h"
+
+namespace gpipe::controller {
+
+// Condition types.
+inline constexpr std::string_view kScheduled = "Scheduled";
+inline constexpr std::string_view kRunning = "Running";
+inline constexpr std::string_view kComplete = "Complete";
+inline constexpr std::string_view kFailed = "Failed";
+inline constexpr std::string_view kCancelled = "Cancelled";
+
+google::protobuf::Timestamp ToTimestamp(absl::Time t);
+
+// SUCCEEDED, FAILED and CANCELLED: nothing changes a job after these.
+bool IsTerminal(gpipe::v1::JobState state);
+
+// Sets the condition of `type`, adding it when absent. Like Kubernetes'
+// lastTransitionTime, its time moves only when its status changes.
+void SetCondition(gpipe::v1::JobStatus* status, std::string_view type,
+                  bool value, std::string_view reason,
+                  std::string_view message, absl::Time now);
+
+// The condition of `type`, or nullptr.
+const gpipe::v1::Condition* FindCondition(const gpipe::v1::JobStatus& status,
+                                          std::string_view type);
+
+// Ends a job: sets `state` (terminal), the finished time, the condition
+// `type` (Complete, Failed or Cancelled) true with `reason` and `message`,
+// and Running false when it was set.
+void MarkTerminal(gpipe::v1::JobStatus* status, gpipe::v1::JobState state,
+                  std::string_view type, std::string_view reason,
+                  std::string_view message, absl::Time now);
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_JOB_STATUS_H_

@@ -1,0 +1,77 @@
+#include "controller/job_table.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "controller/job_status.h"
+#include "services/core/log.h"
+
+namespace gpipe::controller {
+
+namespace v1 = gpipe::v1;
+
+JobTable::JobTable() : rng_(std::random_device{}()) {}
+
+std::string JobTable::NewId() {
+  while (true) {
+    std::string id =
+        absl::StrFormat("job-%08x", static_cast<uint32_t>(rng_() >> 32));
+    if (jobs_.find(id) == jobs_.end()) return id;
+  }
+}
+
+JobRecord& JobTable::Add(v1::JobSpec spec, int64_t stages, absl::Time now) {
+  auto record = std::make_unique<JobRecord>();
+  record->seq = next_seq_++;
+  record->stages = stages;
+  record->job.set_id(NewId());
+  *record->job.mutable_spec() = std::move(spec);
+  v1::JobStatus& status = record->status();
+  status.set_state(v1::PENDING);
+  status.set_total_steps(record->job.spec().steps());
+  *status.mutable_created() = ToTimestamp(now);
+  JobRecord& added = *record;
+  jobs_.emplace(added.id(), std::move(record));
+  return added;
+}
+
+JobRecord* JobTable::Find(std::string_view id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+std::vector<JobRecord*> JobTable::Pending() {
+  std::vector<JobRecord*> pending;
+  for (auto& [id, job] : jobs_) {
+    if (job->status().state() == v1::PENDING) pending.push_back(job.get());
+  }
+  std::sort(pending.begin(), pending.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
+  return pending;
+}
+
+std::vector<const JobRecord*> JobTable::NewestFirst() const {
+  std::vector<const JobRecord*> all;
+  for (const auto& [id, job] : jobs_) all.push_back(job.get());
+  std::sort(all.begin(), all.end(),
+            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+  return all;
+}
+
+void JobTable::Publish(JobRecord& job, std::string message, absl::Time now) {
+  const v1::JobState state = job.status().state();
+  if (state != job.logged_state) {
+    LogInfo("job %s %s: %s", job.id(), v1::JobState_Name(state), message);
+    job.logged_state = state;
+  }
+  v1::JobEvent& event = job.events.emplace_back();
+  *event.mutable_time() = ToTimestamp(now);
+  *event.mutable_job() = job.job;
+  event.set_message(std::move(message));
+  ++job.version;
+  const size_t keep = IsTerminal(state) ? kEndedEventHistory : kEventHistory;
+  while (job.events.size() > keep) job.events.pop_front();
+}
+
+}  // namespace gpipe::controller

@@ -1,0 +1,76 @@
+// The jobs the controller knows, by id, with what the state machine needs
+// beyond the Job message: per-stage progress, finished stages, and the
+// recent events that WatchJob streams. In memory; not thread-safe (the
+// controller's one mutex guards it).
+#ifndef GPIPE_CONTROLLER_JOB_TABLE_H_
+#define GPIPE_CONTROLLER_JOB_TABLE_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "gpipe/v1/controller.pb.h"
+
+namespace gpipe::controller {
+
+struct JobRecord {
+  gpipe::v1::Job job;  // what GetJob returns
+  uint64_t seq = 0;    // submission order: FIFO scheduling, ListJobs
+  int64_t stages = 1;  // K
+
+  // For the current epoch, indexed by stage.
+  std::vector<int64_t> stage_steps;         // steps completed
+  std::vector<std::string> finished_paths;  // "" until StageFinished
+  bool merging = false;  // every stage finished; the merge is under way
+
+  // Every change is one event; `version` numbers the latest. The latest
+  // kEventHistory events are kept (fewer once the job has ended), so a
+  // watcher that is briefly behind still sees each transition.
+  uint64_t version = 0;
+  std::deque<gpipe::v1::JobEvent> events;  // events.back() is `version`
+  gpipe::v1::JobState logged_state = gpipe::v1::JOB_STATE_UNSPECIFIED;
+
+  const std::string& id() const { return job.id(); }
+  gpipe::v1::JobStatus& status() { return *job.mutable_status(); }
+  const gpipe::v1::JobStatus& status() const { return job.status(); }
+};
+
+class JobTable {
+ public:
+  static constexpr size_t kEventHistory = 256;
+  static constexpr size_t kEndedEventHistory = 16;
+
+  JobTable();
+
+  // Stores `spec` as a new PENDING job with a fresh id ("job-<8 hex>").
+  // The caller publishes its first event.
+  JobRecord& Add(gpipe::v1::JobSpec spec, int64_t stages, absl::Time now);
+
+  JobRecord* Find(std::string_view id);
+
+  // PENDING jobs, oldest first.
+  std::vector<JobRecord*> Pending();
+  // Every job, newest first.
+  std::vector<const JobRecord*> NewestFirst() const;
+
+  // Records a change of `job` as an event with `message` (for people), and
+  // logs a line when its state changed.
+  void Publish(JobRecord& job, std::string message, absl::Time now);
+
+ private:
+  std::string NewId();
+
+  std::map<std::string, std::unique_ptr<JobRecord>, std::less<>> jobs_;
+  uint64_t next_seq_ = 0;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_JOB_TABLE_H_

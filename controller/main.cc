@@ -1,0 +1,116 @@
+// gpipe-controller: accepts jobs, assigns their stages to attached workers,
+// watches their leases and merges their final parameters.
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "controller/controller_server.h"
+#include "services/core/log.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
+          "host:port to serve on; port 0 picks a free one");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, the bound port is written there once the server is up");
+ABSL_FLAG(std::string, checkpoint_dir, "./gpipe-checkpoints",
+          "where jobs' checkpoints and final models go");
+ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
+          "a worker silent for longer is lost");
+ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
+          "how often workers are told to send a heartbeat");
+
+namespace {
+
+// Writes `port` to `path` via a temporary file and a rename, so that a
+// reader sees either nothing or the whole number.
+absl::Status WritePortFile(const std::string& path, int port) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << port << "\n";
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  std::error_code error;
+  std::filesystem::rename(tmp, path, error);
+  if (error) {
+    std::filesystem::remove(tmp, error);
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
+      "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
+      "                 [--heartbeat_interval_ms N]");
+  absl::ParseCommandLine(argc, argv);
+  const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
+  const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  if (timeout_ms <= 0 || interval_ms <= 0) {
+    std::fprintf(stderr,
+                 "gpipe-controller: --heartbeat_timeout_ms and "
+                 "--heartbeat_interval_ms must be positive\n");
+    return 2;
+  }
+
+  // SIGTERM and SIGINT are taken by sigwait below: block them before any
+  // thread starts, so every thread inherits the mask. A shell starts
+  // background jobs with SIGINT ignored, and an ignored signal never reaches
+  // sigwait: restore the default first.
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  gpipe::controller::ControllerServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  std::error_code error;
+  const std::filesystem::path dir =
+      std::filesystem::absolute(absl::GetFlag(FLAGS_checkpoint_dir), error);
+  options.controller.checkpoint_dir =
+      error ? absl::GetFlag(FLAGS_checkpoint_dir) : dir.lexically_normal().string();
+  options.controller.heartbeat_timeout = absl::Milliseconds(timeout_ms);
+  options.controller.heartbeat_interval = absl::Milliseconds(interval_ms);
+
+  auto server = gpipe::controller::ControllerServer::Start(options);
+  if (!server.ok()) {
+    gpipe::LogError("gpipe-controller: %s", server.status().ToString());
+    return 1;
+  }
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    if (absl::Status written = WritePortFile(port_file, (*server)->port());
+        !written.ok()) {
+      gpipe::LogError("gpipe-controller: %s", written.ToString());
+      return 1;
+    }
+  }
+  gpipe::LogInfo("gpipe-controller listening on %s (checkpoints in %s)",
+                 (*server)->address(), options.controller.checkpoint_dir);
+
+  int received = 0;
+  sigwait(&signals, &received);
+  gpipe::LogInfo("gpipe-controller: %s, shutting down",
+                 received == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->Shutdown(absl::Seconds(5));
+  gpipe::LogInfo("gpipe-controller stopped");
+  return 0;
+}

@@ -1,0 +1,132 @@
+#include "controller/scheduler.h"
+
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "controller/job_status.h"
+#include "services/core/strings.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/partitioner.h"
+
+namespace gpipe::controller {
+namespace {
+
+namespace v1 = gpipe::v1;
+
+constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
+
+v1::Schedule ResolvedSchedule(const v1::JobSpec& spec) {
+  const v1::Schedule s = spec.pipeline().schedule();
+  return s == v1::SCHEDULE_UNSPECIFIED ? v1::GPIPE : s;
+}
+
+v1::Remat ResolvedRemat(const v1::JobSpec& spec) {
+  const v1::Remat r = spec.pipeline().remat();
+  return r == v1::REMAT_UNSPECIFIED ? v1::EXCEPT_LAST : r;
+}
+
+// Assigns `job` to `workers` (exactly its K): partition, epoch, messages.
+void Start(JobTable& jobs, JobRecord& job,
+           const std::vector<std::shared_ptr<WorkerRecord>>& workers,
+           const std::string& checkpoint_dir, absl::Time now) {
+  const v1::JobSpec& spec = job.job.spec();
+  const int64_t k = job.stages;
+  absl::StatusOr<std::vector<int64_t>> balance = PartitionJob(spec, k);
+  if (!balance.ok()) {
+    const std::string message =
+        absl::StrCat("cannot partition: ", balance.status().message());
+    MarkTerminal(&job.status(), v1::FAILED, kFailed, "PartitionFailed",
+                 message, now);
+    jobs.Publish(job, message, now);
+    return;
+  }
+  const std::vector<int64_t> begins = StageBegins(*balance);
+  v1::JobStatus& status = job.status();
+  const int64_t epoch = status.epoch() + 1;
+  status.set_epoch(epoch);
+  status.set_step(0);
+  status.clear_stages();
+  job.stage_steps.assign(k, 0);
+  job.finished_paths.assign(k, "");
+  job.merging = false;
+  const std::string output_dir =
+      (std::filesystem::path(checkpoint_dir) / job.id() / "final").string();
+  std::string placed;
+  for (int64_t i = 0; i < k; ++i) {
+    WorkerRecord& worker = *workers[i];
+    v1::StageStatus* stage = status.add_stages();
+    stage->set_stage(i);
+    stage->set_worker_id(worker.id());
+    stage->set_address(worker.info.address());
+    stage->set_layer_begin(begins[i]);
+    stage->set_layer_end(begins[i] + (*balance)[i]);
+
+    v1::ControllerMessage message;
+    v1::Assignment& a = *message.mutable_assignment();
+    a.set_job_id(job.id());
+    a.set_epoch(epoch);
+    *a.mutable_spec() = spec;
+    a.set_stage(i);
+    a.set_stages(k);
+    a.set_layer_begin(stage->layer_begin());
+    a.set_layer_end(stage->layer_end());
+    a.set_micro_batches(MicroBatchCount(spec));
+    a.set_schedule(ResolvedSchedule(spec));
+    a.set_remat(ResolvedRemat(spec));
+    a.set_upstream_address(i > 0 ? workers[i - 1]->info.address() : "");
+    a.set_downstream_address(i + 1 < k ? workers[i + 1]->info.address() : "");
+    a.set_start_step(0);
+    a.set_output_dir(output_dir);
+    WorkerRegistry::Send(worker, std::move(message));
+    WorkerRegistry::MarkBusy(worker, job.id(), i);
+    absl::StrAppend(&placed, i > 0 ? ", " : "", "stage ", i, " (layers ",
+                    stage->layer_begin(), "..", stage->layer_end() - 1,
+                    ") on ", worker.id());
+  }
+  status.set_state(v1::RUNNING);
+  if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
+  SetCondition(&status, kScheduled, true, "StagesAssigned", placed, now);
+  const std::string running =
+      absl::StrCat(k, " stages, epoch ", epoch, ": ", placed);
+  SetCondition(&status, kRunning, true, "Started", running, now);
+  jobs.Publish(job, running, now);
+}
+
+}  // namespace
+
+std::string WaitingMessage(int64_t needed, int64_t free) {
+  return absl::StrCat("needs ", needed, needed == 1 ? " worker, " : " workers, ",
+                      free, " free");
+}
+
+void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
+                  const std::string& checkpoint_dir, absl::Time now) {
+  std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Idle();
+  const JobRecord* blocked_by = nullptr;
+  for (JobRecord* job : jobs.Pending()) {
+    const int64_t k = job->stages;
+    if (blocked_by == nullptr && static_cast<int64_t>(idle.size()) >= k) {
+      std::vector<std::shared_ptr<WorkerRecord>> chosen(idle.begin(),
+                                                        idle.begin() + k);
+      idle.erase(idle.begin(), idle.begin() + k);
+      Start(jobs, *job, chosen, checkpoint_dir, now);
+      continue;
+    }
+    std::string message = WaitingMessage(k, static_cast<int64_t>(idle.size()));
+    if (blocked_by != nullptr) {
+      absl::StrAppend(&message, "; queued behind ", blocked_by->id());
+    } else {
+      blocked_by = job;
+    }
+    const v1::Condition* scheduled = FindCondition(job->status(), kScheduled);
+    if (scheduled == nullptr || scheduled->message() != message) {
+      SetCondition(&job->status(), kScheduled, false, kWaitingForWorkers,
+                   message, now);
+      jobs.Publish(*job, message, now);
+    }
+  }
+}
+
+}  // namespace gpipe::controller

@@ -1,0 +1,30 @@
+// The scheduler: starts PENDING jobs, oldest first, on free workers. A job
+// of K stages takes the K free workers that attached first; its layers are
+// partitioned over them (PartitionJob), its epoch is bumped, and each worker
+// gets an Assignment naming its neighbours. Strict FIFO: a job that does not
+// fit yet holds back the jobs behind it, so a large job is never starved by
+// a stream of small ones.
+#ifndef GPIPE_CONTROLLER_SCHEDULER_H_
+#define GPIPE_CONTROLLER_SCHEDULER_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "controller/job_table.h"
+#include "controller/worker_registry.h"
+
+namespace gpipe::controller {
+
+// One scheduling pass; call it whenever a job is submitted or a worker
+// becomes free. Jobs left waiting get their Scheduled condition's message
+// updated ("needs K workers, N free"). Final parameters of a job go to
+// <checkpoint_dir>/<job id>/final.
+void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
+                  const std::string& checkpoint_dir, absl::Time now);
+
+// "needs 2 workers, 1 free".
+std::string WaitingMessage(int64_t needed, int64_t free);
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_SCHEDULER_H_
