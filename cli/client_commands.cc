@@ -293,7 +293,8 @@ class JobFollower {
       progress_ = std::make_unique<Progress>(s.total_steps(), stderr, s.step());
     }
     if (progress_ != nullptr && seen_ && s.step() > step_) {
-      progress_->Update(s.step(), s.loss(), s.step() * job_.spec().batch_size());
+      progress_->Update(s.step(), s.loss(),
+                        s.step() * job_.spec().batch_size());
     }
     if (!event.message().empty()) final_message_ = event.message();
     seen_ = true;

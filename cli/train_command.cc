@@ -6,8 +6,8 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -100,9 +100,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   const std::string balance = absl::GetFlag(FLAGS_balance);
   if (balance == "measured" && options.stages > 1) {
     // Profile each layer on one micro-batch, as a stage would run it.
-    SetComputeThreads(std::max<int>(1, threads / static_cast<int>(options.stages)));
+    SetComputeThreads(
+        std::max<int>(1, threads / static_cast<int>(options.stages)));
     auto seconds = MeasureLayerSeconds(
-        spec, std::max<int64_t>(1, spec.batch_size() / options.micro_batches), 3);
+        spec, std::max<int64_t>(1, spec.batch_size() / options.micro_batches),
+        3);
     if (!seconds.ok()) return seconds.status();
     auto parts = PartitionByCost(*seconds, options.stages);
     if (!parts.ok()) return parts.status();

@@ -286,8 +286,8 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
     return;  // its stage was done: nothing is lost
   }
   const std::string message = absl::StrCat(
-      "worker ", info.worker_id(), " at ", info.address(),
-      " was lost at step ", job->status().step(), ": ", AsAbsl(why));
+      "worker ", info.worker_id(), " at ", info.address(), " was lost at step ",
+      job->status().step(), ": ", AsAbsl(why));
   EndJob(*job, v1::FAILED, kFailed, "WorkerLost", message, worker.get(), now);
   Reschedule(now);
 }
@@ -338,10 +338,10 @@ JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
     return job;
   }
   ++ignored_reports_;
-  LogWarning("ignored %s from worker %s for %s epoch %d stage %d: %s (%d "
-             "reports ignored so far)",
-             what, worker.id(), job_id, epoch, stage, problem,
-             ignored_reports_);
+  LogWarning(
+      "ignored %s from worker %s for %s epoch %d stage %d: %s (%d "
+      "reports ignored so far)",
+      what, worker.id(), job_id, epoch, stage, problem, ignored_reports_);
   return nullptr;
 }
 
@@ -423,11 +423,10 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   if (job == nullptr) return;
   // No restarts yet: every failure ends the job. A permanent one (the loss
   // is not finite) would end it even with restarts.
-  const std::string message =
-      absl::StrCat("stage ", f.stage(), " (worker ", worker.id(),
-                   ") failed: ", f.message());
+  const std::string message = absl::StrCat(
+      "stage ", f.stage(), " (worker ", worker.id(), ") failed: ", f.message());
   EndJob(*job, v1::FAILED, kFailed,
-         f.permanent() ? "LossNotFinite" : "StageFailed", message, &worker,
+         !f.reason().empty() ? f.reason() : "StageFailed", message, &worker,
          now);
   Reschedule(now);
 }
@@ -435,9 +434,8 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
 // ---- Background threads ---------------------------------------------------
 
 void Controller::LeaseLoop() {
-  const absl::Duration period =
-      std::clamp(options_.heartbeat_timeout / 4, absl::Milliseconds(10),
-                 absl::Seconds(1));
+  const absl::Duration period = std::clamp(
+      options_.heartbeat_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     changed_.WaitWithTimeout(&mu_, period);

@@ -110,16 +110,16 @@ class Controller {
   void Reschedule(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Removes `worker`; fails its job when it was running a stage.
-  void LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
-                  absl::Status end, std::string_view why, bool disconnect,
-                  absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseWorker(const std::shared_ptr<WorkerRecord>& worker, absl::Status end,
+                  std::string_view why, bool disconnect, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job` in a terminal `state`: cancels its other stages (all but
   // `except`), frees its workers, records the condition and the event.
   // The caller reschedules.
-  void EndJob(JobRecord& job, gpipe::v1::JobState state,
-              std::string_view type, std::string_view reason,
-              const std::string& message, const WorkerRecord* except,
-              absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndJob(JobRecord& job, gpipe::v1::JobState state, std::string_view type,
+              std::string_view reason, const std::string& message,
+              const WorkerRecord* except, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job a report of `worker` is about, or nullptr (counted, logged)
   // when fencing rejects it.
   JobRecord* ReportedJob(const WorkerRecord& worker, std::string_view what,

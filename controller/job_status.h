@@ -7,8 +7,8 @@
 #include <string_view>
 
 #include "absl/time/time.h"
-#include "gpipe/v1/controller.pb.h"
 #include "google/protobuf/timestamp.pb.h"
+#include "gpipe/v1/controller.pb.h"
 
 namespace gpipe::controller {
 
@@ -27,8 +27,8 @@ bool IsTerminal(gpipe::v1::JobState state);
 // Sets the condition of `type`, adding it when absent. Like Kubernetes'
 // lastTransitionTime, its time moves only when its status changes.
 void SetCondition(gpipe::v1::JobStatus* status, std::string_view type,
-                  bool value, std::string_view reason,
-                  std::string_view message, absl::Time now);
+                  bool value, std::string_view reason, std::string_view message,
+                  absl::Time now);
 
 // The condition of `type`, or nullptr.
 const gpipe::v1::Condition* FindCondition(const gpipe::v1::JobStatus& status,

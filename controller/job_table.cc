@@ -46,16 +46,18 @@ std::vector<JobRecord*> JobTable::Pending() {
   for (auto& [id, job] : jobs_) {
     if (job->status().state() == v1::PENDING) pending.push_back(job.get());
   }
-  std::sort(pending.begin(), pending.end(),
-            [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
+  std::sort(
+      pending.begin(), pending.end(),
+      [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
   return pending;
 }
 
 std::vector<const JobRecord*> JobTable::NewestFirst() const {
   std::vector<const JobRecord*> all;
   for (const auto& [id, job] : jobs_) all.push_back(job.get());
-  std::sort(all.begin(), all.end(),
-            [](const JobRecord* a, const JobRecord* b) { return a->seq > b->seq; });
+  std::sort(all.begin(), all.end(), [](const JobRecord* a, const JobRecord* b) {
+    return a->seq > b->seq;
+  });
   return all;
 }
 

@@ -1,14 +1,14 @@
 // gpipe-controller: accepts jobs, assigns their stages to attached workers,
 // watches their leases and merges their final parameters.
+#include <pthread.h>
+#include <unistd.h>
+
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <system_error>
-
-#include <pthread.h>
-#include <unistd.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
   std::error_code error;
   const std::filesystem::path dir =
       std::filesystem::absolute(absl::GetFlag(FLAGS_checkpoint_dir), error);
-  options.controller.checkpoint_dir =
-      error ? absl::GetFlag(FLAGS_checkpoint_dir) : dir.lexically_normal().string();
+  options.controller.checkpoint_dir = error
+                                          ? absl::GetFlag(FLAGS_checkpoint_dir)
+                                          : dir.lexically_normal().string();
   options.controller.heartbeat_timeout = absl::Milliseconds(timeout_ms);
   options.controller.heartbeat_interval = absl::Milliseconds(interval_ms);
 

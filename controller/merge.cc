@@ -16,15 +16,14 @@ absl::Status MergeStageParameters(
   std::map<std::string, Tensor> tensors;
   std::map<std::string, size_t> owner;  // tensor name -> stage
   for (size_t stage = 0; stage < stage_paths.size(); ++stage) {
-    ASSIGN_OR_RETURN(SafetensorsFile file,
-                     ReadSafetensors(stage_paths[stage]));
+    ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(stage_paths[stage]));
     for (auto& [name, tensor] : file.tensors) {
       auto [it, added] = owner.emplace(name, stage);
       if (!added) {
-        return absl::DataLossError(absl::StrCat(
-            stage_paths[stage], ": tensor ", name, " of stage ", stage,
-            " is also in stage ", it->second, " (", stage_paths[it->second],
-            ")"));
+        return absl::DataLossError(
+            absl::StrCat(stage_paths[stage], ": tensor ", name, " of stage ",
+                         stage, " is also in stage ", it->second, " (",
+                         stage_paths[it->second], ")"));
       }
       tensors.emplace(name, std::move(tensor));
     }
@@ -34,8 +33,8 @@ absl::Status MergeStageParameters(
       std::filesystem::path(out_path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, error);
   if (error) {
-    return absl::InternalError(absl::StrCat("cannot create ", parent.string(),
-                                            ": ", error.message()));
+    return absl::InternalError(
+        absl::StrCat("cannot create ", parent.string(), ": ", error.message()));
   }
   std::vector<std::pair<std::string, const Tensor*>> list;
   list.reserve(tensors.size());

@@ -28,7 +28,9 @@ v1::Remat ResolvedRemat(const v1::JobSpec& spec) {
 }
 
 // Assigns `job` to `workers` (exactly its K): partition, epoch, messages.
-void Start(JobTable& jobs, JobRecord& job,
+// False when the job cannot be partitioned: it has failed, and the workers
+// are still free.
+bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
            const std::string& checkpoint_dir, absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
@@ -37,10 +39,10 @@ void Start(JobTable& jobs, JobRecord& job,
   if (!balance.ok()) {
     const std::string message =
         absl::StrCat("cannot partition: ", balance.status().message());
-    MarkTerminal(&job.status(), v1::FAILED, kFailed, "PartitionFailed",
-                 message, now);
+    MarkTerminal(&job.status(), v1::FAILED, kFailed, "PartitionFailed", message,
+                 now);
     jobs.Publish(job, message, now);
-    return;
+    return false;
   }
   const std::vector<int64_t> begins = StageBegins(*balance);
   v1::JobStatus& status = job.status();
@@ -82,8 +84,8 @@ void Start(JobTable& jobs, JobRecord& job,
     WorkerRegistry::Send(worker, std::move(message));
     WorkerRegistry::MarkBusy(worker, job.id(), i);
     absl::StrAppend(&placed, i > 0 ? ", " : "", "stage ", i, " (layers ",
-                    stage->layer_begin(), "..", stage->layer_end() - 1,
-                    ") on ", worker.id());
+                    stage->layer_begin(), "..", stage->layer_end() - 1, ") on ",
+                    worker.id());
   }
   status.set_state(v1::RUNNING);
   if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
@@ -92,13 +94,14 @@ void Start(JobTable& jobs, JobRecord& job,
       absl::StrCat(k, " stages, epoch ", epoch, ": ", placed);
   SetCondition(&status, kRunning, true, "Started", running, now);
   jobs.Publish(job, running, now);
+  return true;
 }
 
 }  // namespace
 
 std::string WaitingMessage(int64_t needed, int64_t free) {
-  return absl::StrCat("needs ", needed, needed == 1 ? " worker, " : " workers, ",
-                      free, " free");
+  return absl::StrCat("needs ", needed,
+                      needed == 1 ? " worker, " : " workers, ", free, " free");
 }
 
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
@@ -110,8 +113,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     if (blocked_by == nullptr && static_cast<int64_t>(idle.size()) >= k) {
       std::vector<std::shared_ptr<WorkerRecord>> chosen(idle.begin(),
                                                         idle.begin() + k);
-      idle.erase(idle.begin(), idle.begin() + k);
-      Start(jobs, *job, chosen, checkpoint_dir, now);
+      if (Start(jobs, *job, chosen, checkpoint_dir, now)) {
+        idle.erase(idle.begin(), idle.begin() + k);
+      }
       continue;
     }
     std::string message = WaitingMessage(k, static_cast<int64_t>(idle.size()));

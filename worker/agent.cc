@@ -35,7 +35,8 @@ void Agent::Run(Executor* executor) {
     if (std::chrono::steady_clock::now() - start > std::chrono::seconds(10))
       backoff = std::chrono::milliseconds(100);
     for (auto waited = std::chrono::milliseconds(0);
-         waited < backoff && !stopping_; waited += std::chrono::milliseconds(50))
+         waited < backoff && !stopping_;
+         waited += std::chrono::milliseconds(50))
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     backoff = std::min<std::chrono::milliseconds>(backoff * 2,
                                                   std::chrono::seconds(5));
@@ -43,8 +44,9 @@ void Agent::Run(Executor* executor) {
 }
 
 void Agent::Session(Executor* executor) {
-  auto channel = grpc::CreateCustomChannel(
-      address_, grpc::InsecureChannelCredentials(), KeepaliveChannelArguments());
+  auto channel =
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                KeepaliveChannelArguments());
   auto stub = gpipe::v1::Controller::NewStub(channel);
   grpc::ClientContext context;
   auto stream = stub->Attach(&context);
@@ -71,13 +73,14 @@ void Agent::Session(Executor* executor) {
     attached_ = true;
     LogInfo("attached to the controller at %s as %s", address_,
             hello_.worker_id());
-    const auto interval =
-        std::chrono::milliseconds(std::max<int64_t>(50, in.welcome().heartbeat_interval_ms()));
+    const auto interval = std::chrono::milliseconds(
+        std::max<int64_t>(50, in.welcome().heartbeat_interval_ms()));
     heartbeat = std::thread([&] {
       gpipe::v1::WorkerMessage beat;
       beat.mutable_heartbeat();
       std::unique_lock<std::mutex> lock(beat_mu);
-      while (!beat_cv.wait_for(lock, interval, [&] { return done; })) Report(beat);
+      while (!beat_cv.wait_for(lock, interval, [&] { return done; }))
+        Report(beat);
     });
     while (stream->Read(&in)) {
       if (in.has_assignment()) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
@@ -60,8 +61,8 @@ void Executor::Cancel(const std::string& job_id, int64_t epoch) {
       current_->assignment.epoch() != epoch) {
     return;
   }
-  LogInfo("cancelling stage %d of %s (epoch %d)",
-          current_->assignment.stage(), job_id, epoch);
+  LogInfo("cancelling stage %d of %s (epoch %d)", current_->assignment.stage(),
+          job_id, epoch);
   StopLocked(lock);
 }
 
@@ -92,9 +93,9 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
               a.stage(), " of job ", job_id));
         }
         if (current_->upstream != nullptr) {
-          return absl::AlreadyExistsError(absl::StrCat(
-              "stage ", a.stage(), " of job ", job_id, " epoch ", epoch,
-              " already has its upstream link"));
+          return absl::AlreadyExistsError(
+              absl::StrCat("stage ", a.stage(), " of job ", job_id, " epoch ",
+                           epoch, " already has its upstream link"));
         }
         current_->upstream = std::move(link);
         cv_.notify_all();
@@ -102,9 +103,9 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
       }
     }
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "this worker has no assignment for job ", job_id, " epoch ", epoch,
-          ": link rejected"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("this worker has no assignment for job ", job_id,
+                       " epoch ", epoch, ": link rejected"));
     }
   }
 }
@@ -119,9 +120,13 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   f->set_epoch(a.epoch());
   f->set_stage(a.stage());
   f->set_message(std::string(status.message()));
-  // A loss that is not finite will not get better by retrying.
-  f->set_permanent(absl::IsFailedPrecondition(status) ||
-                   absl::IsInvalidArgument(status));
+  // Neither a loss that is not finite nor bad data gets better by retrying;
+  // a lost neighbour or link does.
+  const bool loss = absl::StrContains(status.message(), "loss is not finite");
+  const bool data = absl::IsInvalidArgument(status) ||
+                    absl::IsNotFound(status) || absl::IsDataLoss(status);
+  f->set_permanent(loss || data);
+  f->set_reason(loss ? "LossNotFinite" : data ? "InvalidData" : "LinkFailed");
   return m;
 }
 
@@ -146,18 +151,17 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   absl::Status status = [&]() -> absl::Status {
     std::shared_ptr<const Dataset> dataset;
     if (first || last) {
-      const Shape input(std::vector<int64_t>(
-          spec.model().input().shape().dims().begin(),
-          spec.model().input().shape().dims().end()));
+      const Shape input(
+          std::vector<int64_t>(spec.model().input().shape().dims().begin(),
+                               spec.model().input().shape().dims().end()));
       ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d,
                        OpenDataset(spec.data(), input, spec.seed()));
       dataset = std::move(d);
     }
     if (!last) {
-      ASSIGN_OR_RETURN(downstream,
-                       ConnectDownstream(a.downstream_address(), a.job_id(),
-                                         a.epoch(), a.stage(), capacity,
-                                         30000));
+      ASSIGN_OR_RETURN(
+          downstream, ConnectDownstream(a.downstream_address(), a.job_id(),
+                                        a.epoch(), a.stage(), capacity, 30000));
       std::lock_guard<std::mutex> lock(mu_);
       if (run->cancelled) return absl::CancelledError("cancelled");
       run->downstream = downstream.get();
@@ -201,9 +205,10 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       p->set_step(s + 1);
       if (last) {
         p->set_loss(r.loss.loss_sum / r.loss_normalizer);
-        p->set_accuracy(r.loss.counted > 0 ? static_cast<double>(r.loss.correct) /
-                                                 r.loss.counted
-                                           : 0.0);
+        p->set_accuracy(r.loss.counted > 0
+                            ? static_cast<double>(r.loss.correct) /
+                                  r.loss.counted
+                            : 0.0);
       }
       p->set_step_seconds(seconds);
       p->set_busy_seconds(t.busy_seconds());

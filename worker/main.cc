@@ -61,13 +61,15 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const int threads = absl::GetFlag(FLAGS_threads) > 0
-                          ? absl::GetFlag(FLAGS_threads)
-                          : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads =
+      absl::GetFlag(FLAGS_threads) > 0
+          ? absl::GetFlag(FLAGS_threads)
+          : static_cast<int>(std::thread::hardware_concurrency());
   std::unique_ptr<gpipe::Agent> agent;
-  gpipe::Executor executor(threads, [&agent](const gpipe::v1::WorkerMessage& m) {
-    if (agent) agent->Report(m);
-  });
+  gpipe::Executor executor(threads,
+                           [&agent](const gpipe::v1::WorkerMessage& m) {
+                             if (agent) agent->Report(m);
+                           });
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
 
   grpc::ServerBuilder builder;
@@ -79,7 +81,8 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -98,7 +101,8 @@ int main(int argc, char** argv) {
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   gpipe::LogInfo("gpipe-worker %s serving stages on %s, controller %s",
                  hello.worker_id(), advertise, absl::GetFlag(FLAGS_controller));
-  agent = std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello);
+  agent =
+      std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello);
 
   std::thread signal_waiter([&] {
     int sig = 0;

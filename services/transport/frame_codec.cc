@@ -62,7 +62,8 @@ bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
   const Tensor& t = m.tensor;
   f.mutable_header()->set_dtype(t.dtype() == DType::kF32 ? gpipe::v1::FLOAT32
                                                          : gpipe::v1::INT32);
-  for (int64_t d : t.shape().dims()) f.mutable_header()->mutable_shape()->add_dims(d);
+  for (int64_t d : t.shape().dims())
+    f.mutable_header()->mutable_shape()->add_dims(d);
   const int64_t total = static_cast<int64_t>(t.nbytes());
   f.set_total_bytes(total);
   const char* bytes = static_cast<const char*>(t.raw());
@@ -114,9 +115,9 @@ absl::StatusOr<std::optional<Message>> FrameAssembler::Add(const Frame& f) {
     }
     const gpipe::v1::TensorHeader& h = f.header();
     if (h.dtype() != gpipe::v1::FLOAT32 && h.dtype() != gpipe::v1::INT32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "frame: tensor dtype ", static_cast<int>(h.dtype()),
-          " is not FLOAT32 or INT32"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("frame: tensor dtype ", static_cast<int>(h.dtype()),
+                       " is not FLOAT32 or INT32"));
     }
     std::vector<int64_t> dims;
     int64_t numel = 1;
@@ -136,8 +137,9 @@ absl::StatusOr<std::optional<Message>> FrameAssembler::Add(const Frame& f) {
           "frame: header announces ", f.total_bytes(), " bytes but shape ",
           Shape(dims).ToString(), " needs ", numel * 4));
     }
-    partial_.tensor = Tensor::Empty(
-        Shape(dims), h.dtype() == gpipe::v1::FLOAT32 ? DType::kF32 : DType::kI32);
+    partial_.tensor = Tensor::Empty(Shape(dims), h.dtype() == gpipe::v1::FLOAT32
+                                                     ? DType::kF32
+                                                     : DType::kI32);
     expected_ = numel * 4;
     received_ = 0;
     in_tensor_ = true;

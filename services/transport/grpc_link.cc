@@ -40,7 +40,8 @@ class ClientLink final : public Link {
  public:
   ClientLink(ClientFrameStream* stream, std::unique_ptr<GrpcLink> link)
       : stream_(stream), link_(std::move(link)) {
-    reader_ = std::thread([this] { link_->ReadLoop(/*cancel_on_reject=*/true); });
+    reader_ =
+        std::thread([this] { link_->ReadLoop(/*cancel_on_reject=*/true); });
   }
   ~ClientLink() override {
     if (!aborted_) stream_->WritesDone();
@@ -78,9 +79,8 @@ GrpcLink::~GrpcLink() = default;
 absl::Status GrpcLink::Send(Message m) {
   std::lock_guard<std::mutex> lock(write_mu_);
   const int64_t bytes = m.tensor.defined() ? m.tensor.nbytes() : 0;
-  const bool ok = EncodeFrames(m, job_id_, epoch_, [this](const Frame& f) {
-    return stream_->Write(f);
-  });
+  const bool ok = EncodeFrames(
+      m, job_id_, epoch_, [this](const Frame& f) { return stream_->Write(f); });
   if (!ok) {
     absl::Status why = read_status();
     return why.ok() ? absl::UnavailableError(absl::StrCat(
@@ -162,9 +162,9 @@ absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
       address, grpc::InsecureChannelCredentials(), KeepaliveChannelArguments());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::milliseconds(deadline_ms))) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reach the next stage at ", address, " within ", deadline_ms,
-        " ms"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the next stage at ", address, " within ",
+                     deadline_ms, " ms"));
   }
   auto stub = gpipe::v1::Stage::NewStub(channel);
   auto context = std::make_unique<grpc::ClientContext>();
@@ -176,9 +176,9 @@ absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
   open.set_from_stage(from_stage);
   if (!rw->Write(open)) {
     grpc::Status s = rw->Finish();
-    return absl::UnavailableError(absl::StrCat(
-        "the next stage at ", address, " refused the link: ",
-        s.error_message()));
+    return absl::UnavailableError(
+        absl::StrCat("the next stage at ", address,
+                     " refused the link: ", s.error_message()));
   }
   auto stream = std::make_unique<ClientFrameStream>(
       std::move(channel), std::move(stub), std::move(context), std::move(rw));

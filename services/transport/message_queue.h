@@ -20,7 +20,8 @@ class MessageQueue {
 
   absl::Status Push(Message m) {
     std::unique_lock<std::mutex> lock(mu_);
-    not_full_.wait(lock, [&] { return !status_.ok() || queue_.size() < capacity_; });
+    not_full_.wait(lock,
+                   [&] { return !status_.ok() || queue_.size() < capacity_; });
     if (!status_.ok()) return status_;
     queue_.push_back(std::move(m));
     not_empty_.notify_one();

@@ -51,9 +51,8 @@ class Reports {
   // Waits until `n` stages finished or one failed (bounded).
   bool WaitFinished(int n, std::string* failure) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(60), [&] {
-      return Count(true) >= n || Count(false) > 0;
-    });
+    cv_.wait_for(lock, std::chrono::seconds(60),
+                 [&] { return Count(true) >= n || Count(false) > 0; });
     for (const auto& m : messages_)
       if (m.has_failed()) *failure = m.failed().message();
     return Count(true) >= n;
@@ -70,7 +69,8 @@ class Reports {
  private:
   int Count(bool finished) const {
     int n = 0;
-    for (const auto& m : messages_) n += finished ? m.has_finished() : m.has_failed();
+    for (const auto& m : messages_)
+      n += finished ? m.has_finished() : m.has_failed();
     return n;
   }
   std::mutex mu_;
@@ -80,7 +80,9 @@ class Reports {
 
 struct TestWorker {
   TestWorker(Reports* reports, int64_t link_wait_ms)
-      : executor(1, [reports](const gpipe::v1::WorkerMessage& m) { reports->Add(m); }),
+      : executor(
+            1,
+            [reports](const gpipe::v1::WorkerMessage& m) { reports->Add(m); }),
         service(&executor, link_wait_ms) {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -90,7 +92,8 @@ struct TestWorker {
   }
   ~TestWorker() {
     executor.CancelAll();
-    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    server->Shutdown(std::chrono::system_clock::now() +
+                     std::chrono::seconds(1));
   }
   Executor executor;
   StageService service;
@@ -117,7 +120,8 @@ class WorkerTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
   }
 
-  gpipe::v1::Assignment Assign(int64_t stage, int64_t epoch, const std::string& job) {
+  gpipe::v1::Assignment Assign(int64_t stage, int64_t epoch,
+                               const std::string& job) {
     const std::vector<int64_t> balance = *PartitionJob(spec_, 2);
     const std::vector<int64_t> begins = StageBegins(balance);
     gpipe::v1::Assignment a;
@@ -151,7 +155,8 @@ class WorkerTest : public ::testing::Test {
     std::map<std::string, Tensor> got;
     double last_loss = -1;
     for (const auto& m : reports_.All()) {
-      if (m.has_progress() && m.progress().stage() == 1) last_loss = m.progress().loss();
+      if (m.has_progress() && m.progress().stage() == 1)
+        last_loss = m.progress().loss();
       if (!m.has_finished()) continue;
       auto file = ReadSafetensors(m.finished().parameters_path());
       ASSERT_TRUE(file.ok()) << file.status();
@@ -173,15 +178,20 @@ class WorkerTest : public ::testing::Test {
   std::unique_ptr<TestWorker> a_, b_;
 };
 
-TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) { RunAndCompare("job-a", 1); }
+TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) {
+  RunAndCompare("job-a", 1);
+}
 
 // Opens an Exchange to `address`, writes `frames`, and returns how the
 // worker ended the stream.
-grpc::Status Exchange(const std::string& address, const std::vector<gpipe::v1::Frame>& frames) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+grpc::Status Exchange(const std::string& address,
+                      const std::vector<gpipe::v1::Frame>& frames) {
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = gpipe::v1::Stage::NewStub(channel);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
   auto rw = stub->Exchange(&context);
   for (const auto& f : frames)
     if (!rw->Write(f)) break;
@@ -207,18 +217,21 @@ TEST_F(WorkerTest, BadLinksAreRejectedAndTheWorkerKeepsServing) {
 
   grpc::Status s = Exchange(b_->address, {Open("job-other", 2, 0)});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("no assignment for job job-other"), std::string::npos)
+  EXPECT_NE(s.error_message().find("no assignment for job job-other"),
+            std::string::npos)
       << s.error_message();
 
   s = Exchange(b_->address, {Open("job-b", 1, 0)});
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_NE(s.error_message().find("older than this worker's epoch 2"), std::string::npos)
+  EXPECT_NE(s.error_message().find("older than this worker's epoch 2"),
+            std::string::npos)
       << s.error_message();
 
   gpipe::v1::Frame first;
   first.set_kind(gpipe::v1::ACTIVATION);
   s = Exchange(b_->address, {first});
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_message();
 
   // A header whose byte count does not match its shape.
   gpipe::v1::Frame bad;
@@ -232,8 +245,10 @@ TEST_F(WorkerTest, BadLinksAreRejectedAndTheWorkerKeepsServing) {
   bad.set_payload(std::string(10, 'x'));
   bad.set_last(true);
   s = Exchange(b_->address, {Open("job-b", 2, 0), bad});
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
-  EXPECT_NE(s.error_message().find("header announces 10 bytes but shape [2, 3] needs 24"),
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find(
+                "header announces 10 bytes but shape [2, 3] needs 24"),
             std::string::npos)
       << s.error_message();
   std::string failure;
@@ -242,17 +257,20 @@ TEST_F(WorkerTest, BadLinksAreRejectedAndTheWorkerKeepsServing) {
 
   // Bytes that are no Frame at all.
   {
-    auto channel = grpc::CreateChannel(b_->address, grpc::InsecureChannelCredentials());
+    auto channel =
+        grpc::CreateChannel(b_->address, grpc::InsecureChannelCredentials());
     grpc::GenericStub generic(channel);
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
     grpc::CompletionQueue cq;
     auto call = generic.PrepareCall(&context, "/gpipe.v1.Stage/Exchange", &cq);
     void* tag;
     bool ok;
     call->StartCall(reinterpret_cast<void*>(1));
     cq.Next(&tag, &ok);
-    const char junk[] = "\xff\xff\xff\xff garbage that is not a protobuf \x01\x02";
+    const char junk[] =
+        "\xff\xff\xff\xff garbage that is not a protobuf \x01\x02";
     grpc::Slice slice(junk, sizeof(junk));
     grpc::ByteBuffer buffer(&slice, 1);
     call->Write(buffer, reinterpret_cast<void*>(2));

@@ -68,8 +68,10 @@ TEST(PipelineTimeline, RecordsEveryOpAndAccountsForTheWholeStep) {
     EXPECT_GE(t.bubble_seconds(), 0);
     EXPECT_NEAR(t.busy_seconds() + t.bubble_seconds(), t.wall_seconds(), 1e-12);
     EXPECT_NEAR(t.busy_seconds(),
-                t.busy_seconds(Phase::kForward) + t.busy_seconds(Phase::kBackward) +
-                    t.busy_seconds(Phase::kRecompute) + t.busy_seconds(Phase::kOptimizer),
+                t.busy_seconds(Phase::kForward) +
+                    t.busy_seconds(Phase::kBackward) +
+                    t.busy_seconds(Phase::kRecompute) +
+                    t.busy_seconds(Phase::kOptimizer),
                 1e-9);
   }
 }
@@ -94,14 +96,16 @@ TEST(InProcessPipeline, ClearErrors) {
   o.stages = 6;
   auto p = InProcessPipeline::Create(*spec, o);
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(std::string(p.status().message()).find("more than the model's 5 layers"),
-            std::string::npos)
+  EXPECT_NE(
+      std::string(p.status().message()).find("more than the model's 5 layers"),
+      std::string::npos)
       << p.status();
   o.stages = 2;
   o.balance = {2, 2};
   p = InProcessPipeline::Create(*spec, o);
   ASSERT_FALSE(p.ok());
-  EXPECT_NE(std::string(p.status().message()).find("adding up to 5"), std::string::npos)
+  EXPECT_NE(std::string(p.status().message()).find("adding up to 5"),
+            std::string::npos)
       << p.status();
   o.balance = {};
   o.micro_batches = 25;

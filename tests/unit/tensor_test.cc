@@ -159,7 +159,8 @@ TEST(Threads, SettingThreadsSticksAfterAGemm) {
   SetComputeThreads(2);
   EXPECT_EQ(ComputeThreads(), 2);
   std::vector<float> a = Random(300 * 300, 1), c(300 * 300);
-  cpu::Gemm(false, false, 300, 300, 300, 1.0f, a.data(), a.data(), 0.0f, c.data());
+  cpu::Gemm(false, false, 300, 300, 300, 1.0f, a.data(), a.data(), 0.0f,
+            c.data());
   EXPECT_EQ(ComputeThreads(), 2);
   SetComputeThreads(before);
 }

@@ -1,0 +1,952 @@
+// The controller over real gRPC on loopback: jobs submitted and watched
+// through the Controller API, fake workers driven by the test through real
+// Attach streams (hello, heartbeats, progress, finished, failed).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "controller/controller_server.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gpipe/v1/controller.grpc.pb.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/pipeline/model_file.h"
+#include "services/storage/safetensors.h"
+#include "services/tensor/tensor.h"
+
+namespace gpipe::controller {
+namespace {
+
+namespace v1 = gpipe::v1;
+using ::testing::HasSubstr;
+
+// Five layers, two of them without parameters; K comes from the test.
+constexpr std::string_view kSpecJson = R"({
+  "name": "controller-test",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [16]}},
+    "layers": [
+      {"linear": {"in_features": 16, "out_features": 32}},
+      {"relu": {}},
+      {"linear": {"in_features": 32, "out_features": 32}},
+      {"relu": {}},
+      {"linear": {"in_features": 32, "out_features": 4}}
+    ],
+    "loss": {"softmax_cross_entropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 16, "classes": 4,
+                         "train_samples": 512}},
+  "pipeline": {"stages": 2, "micro_batches": 4},
+  "batch_size": 32,
+  "steps": 10
+})";
+constexpr int64_t kLayers = 5;
+constexpr absl::Duration kWait = absl::Seconds(5);
+
+// The JSON as a JobSpec, not validated (the controller must do that).
+v1::JobSpec Spec(std::string_view json = kSpecJson) {
+  v1::JobSpec spec;
+  const auto status =
+      google::protobuf::util::JsonStringToMessage(std::string(json), &spec);
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  return spec;
+}
+
+v1::JobSpec SpecWithStages(int64_t stages) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_pipeline()->set_stages(stages);
+  return spec;
+}
+
+// A worker process as the controller sees it: one Attach stream, messages
+// read on a thread into a queue so the test can wait with a timeout.
+class FakeWorker {
+ public:
+  FakeWorker(v1::Controller::Stub &stub, std::string id, std::string address)
+      : id_(std::move(id)), address_(std::move(address)) {
+    context_.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(60));
+    stream_ = stub.Attach(&context_);
+    reader_ = std::thread([this] {
+      v1::ControllerMessage message;
+      while (stream_->Read(&message)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        inbox_.push_back(message);
+        cv_.notify_all();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      cv_.notify_all();
+    });
+  }
+
+  ~FakeWorker() {
+    StopHeartbeats();
+    context_.TryCancel();
+    reader_.join();
+    if (!finished_) stream_->Finish();
+  }
+
+  const std::string &id() const { return id_; }
+  const std::string &address() const { return address_; }
+
+  bool Send(const v1::WorkerMessage &message) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    return stream_->Write(message);
+  }
+
+  // Hello, then the Welcome.
+  void Attach() {
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_worker_id(id_);
+    hello.mutable_hello()->set_address(address_);
+    hello.mutable_hello()->mutable_resources()->set_cpus(2);
+    ASSERT_TRUE(Send(hello));
+    std::optional<v1::ControllerMessage> welcome = Next();
+    ASSERT_TRUE(welcome.has_value()) << id_ << " got no welcome";
+    ASSERT_TRUE(welcome->has_welcome()) << welcome->DebugString();
+    EXPECT_GT(welcome->welcome().heartbeat_interval_ms(), 0);
+  }
+
+  // The next message from the controller, or nullopt after `timeout` or
+  // when the stream has ended.
+  std::optional<v1::ControllerMessage> Next(absl::Duration timeout = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                 [&] { return !inbox_.empty() || closed_; });
+    if (inbox_.empty()) return std::nullopt;
+    v1::ControllerMessage message = std::move(inbox_.front());
+    inbox_.pop_front();
+    return message;
+  }
+
+  v1::Assignment NextAssignment() {
+    std::optional<v1::ControllerMessage> m = Next();
+    EXPECT_TRUE(m.has_value() && m->has_assignment())
+        << id_ << ": expected an assignment, got "
+        << (m ? m->DebugString() : "nothing");
+    return m && m->has_assignment() ? m->assignment() : v1::Assignment();
+  }
+
+  v1::CancelAssignment NextCancel() {
+    std::optional<v1::ControllerMessage> m = Next();
+    EXPECT_TRUE(m.has_value() && m->has_cancel())
+        << id_ << ": expected a cancel, got "
+        << (m ? m->DebugString() : "nothing");
+    return m && m->has_cancel() ? m->cancel() : v1::CancelAssignment();
+  }
+
+  // Waits for the controller to end the stream; its status.
+  grpc::Status WaitClosed(absl::Duration timeout = kWait) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                        [&] { return closed_; })) {
+        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            "the stream did not end");
+      }
+    }
+    finished_ = true;
+    return stream_->Finish();
+  }
+
+  // The stream breaks as if the process died.
+  void Break() { context_.TryCancel(); }
+
+  void StartHeartbeats(absl::Duration interval) {
+    heartbeat_ = std::thread([this, interval] {
+      v1::WorkerMessage beat;
+      beat.mutable_heartbeat();
+      while (!stop_heartbeats_) {
+        Send(beat);
+        absl::SleepFor(interval);
+      }
+    });
+  }
+  void StopHeartbeats() {
+    stop_heartbeats_ = true;
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  bool Progress(const v1::Assignment &a, int64_t step, double loss = 0,
+                double step_seconds = 0) {
+    v1::WorkerMessage m;
+    v1::StepProgress &p = *m.mutable_progress();
+    p.set_job_id(a.job_id());
+    p.set_epoch(a.epoch());
+    p.set_stage(a.stage());
+    p.set_step(step);
+    p.set_loss(loss);
+    p.set_step_seconds(step_seconds);
+    return Send(m);
+  }
+
+ private:
+  const std::string id_;
+  const std::string address_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::WorkerMessage, v1::ControllerMessage>>
+      stream_;
+  std::mutex write_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::ControllerMessage> inbox_;
+  bool closed_ = false;
+  bool finished_ = false;
+  std::thread reader_;
+  std::thread heartbeat_;
+  std::atomic<bool> stop_heartbeats_{false};
+};
+
+// Collects a WatchJob stream on a thread until it ends.
+class Watcher {
+ public:
+  Watcher(v1::Controller::Stub &stub, const std::string &job_id) {
+    context_.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(30));
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    thread_ = std::thread([this, &stub, request] {
+      auto reader = stub.WatchJob(&context_, request);
+      v1::JobEvent event;
+      while (reader->Read(&event)) {
+        std::lock_guard<std::mutex> lock(mu_);
+        events_.push_back(event);
+        cv_.notify_all();
+      }
+      grpc::Status status = reader->Finish();
+      std::lock_guard<std::mutex> lock(mu_);
+      status_ = status;
+      cv_.notify_all();
+    });
+  }
+  ~Watcher() {
+    context_.TryCancel();
+    thread_.join();
+  }
+
+  // The stream's status once it ended (DEADLINE_EXCEEDED if it did not).
+  grpc::Status Wait(absl::Duration timeout = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                      [&] { return status_.has_value(); })) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "still open");
+    }
+    return *status_;
+  }
+  // Waits until at least `n` events arrived; whether they did.
+  bool WaitForEvents(size_t n, absl::Duration timeout = kWait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
+                        [&] { return events_.size() >= n; });
+  }
+  std::vector<v1::JobState> States() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<v1::JobState> states;
+    for (const v1::JobEvent &e : events_) {
+      const v1::JobState s = e.job().status().state();
+      if (states.empty() || states.back() != s) states.push_back(s);
+    }
+    return states;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<v1::JobEvent> events_;
+  std::optional<grpc::Status> status_;
+};
+
+class ControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto *info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat("controller_test-", getpid(), "-", info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+
+  void TearDown() override {
+    stub_.reset();
+    server_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void StartController(absl::Duration heartbeat_timeout = absl::Seconds(10)) {
+    ControllerServerOptions options;
+    options.listen = "127.0.0.1:0";
+    options.controller.checkpoint_dir = (dir_ / "checkpoints").string();
+    options.controller.heartbeat_timeout = heartbeat_timeout;
+    options.controller.heartbeat_interval = absl::Milliseconds(100);
+    auto server = ControllerServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    auto channel = grpc::CreateChannel(server_->address(),
+                                       grpc::InsecureChannelCredentials());
+    stub_ = v1::Controller::NewStub(channel);
+  }
+
+  std::unique_ptr<FakeWorker> AttachWorker(int n) {
+    auto worker = std::make_unique<FakeWorker>(
+        *stub_, absl::StrCat("w", n), absl::StrCat("127.0.0.1:", 9000 + n));
+    worker->Attach();
+    return worker;
+  }
+
+  grpc::Status Submit(const v1::JobSpec &spec, v1::Job *job) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    return stub_->SubmitJob(&context, request, job);
+  }
+
+  v1::Job SubmitOk(const v1::JobSpec &spec) {
+    v1::Job job;
+    const grpc::Status status = Submit(spec, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job;
+  }
+
+  grpc::Status Get(const std::string &id, v1::Job *job) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::GetJobRequest request;
+    request.set_job_id(id);
+    return stub_->GetJob(&context, request, job);
+  }
+
+  grpc::Status Cancel(const std::string &id, v1::Job *job) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::CancelJobRequest request;
+    request.set_job_id(id);
+    return stub_->CancelJob(&context, request, job);
+  }
+
+  std::vector<v1::WorkerInfo> Workers() {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(10));
+    v1::ListWorkersResponse response;
+    const grpc::Status status =
+        stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return {response.workers().begin(), response.workers().end()};
+  }
+
+  // Polls GetJob until `done` holds (or fails the test after `timeout`).
+  v1::Job WaitForJob(const std::string &id,
+                     const std::function<bool(const v1::Job &)> &done,
+                     absl::Duration timeout = kWait) {
+    const absl::Time deadline = absl::Now() + timeout;
+    v1::Job job;
+    while (true) {
+      const grpc::Status status = Get(id, &job);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      if (!status.ok() || done(job)) return job;
+      if (absl::Now() > deadline) {
+        ADD_FAILURE() << "timed out waiting for " << id << ": "
+                      << job.status().DebugString();
+        return job;
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+
+  v1::Job WaitForState(const std::string &id, v1::JobState state) {
+    return WaitForJob(id, [state](const v1::Job &job) {
+      return job.status().state() == state;
+    });
+  }
+
+  // Writes a stage's parameters as a worker would: one small tensor per
+  // layer of its range, filled with the layer index.
+  std::string WriteStageParameters(const v1::Assignment &a) {
+    std::vector<Tensor> tensors;
+    std::vector<std::string> names;
+    for (int64_t layer = a.layer_begin(); layer < a.layer_end(); ++layer) {
+      names.push_back(absl::StrCat("layers.", layer, ".weight"));
+      tensors.push_back(Tensor::Filled({2, 3}, static_cast<float>(layer)));
+    }
+    std::vector<std::pair<std::string, const Tensor *>> list;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      list.emplace_back(names[i], &tensors[i]);
+    }
+    std::filesystem::create_directories(a.output_dir());
+    const std::string path =
+        absl::StrCat(a.output_dir(), "/stage-", a.stage(), ".safetensors");
+    const absl::Status written = WriteSafetensors(path, list);
+    EXPECT_TRUE(written.ok()) << written;
+    return path;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<ControllerServer> server_;
+  std::unique_ptr<v1::Controller::Stub> stub_;
+};
+
+const v1::Condition *Condition(const v1::Job &job, std::string_view type) {
+  for (const v1::Condition &c : job.status().conditions()) {
+    if (c.type() == type) return &c;
+  }
+  return nullptr;
+}
+
+v1::WorkerMessage Finished(const v1::Assignment &a, const std::string &path) {
+  v1::WorkerMessage m;
+  v1::StageFinished &f = *m.mutable_finished();
+  f.set_job_id(a.job_id());
+  f.set_epoch(a.epoch());
+  f.set_stage(a.stage());
+  f.set_parameters_path(path);
+  return m;
+}
+
+std::string ToString(const grpc::ByteBuffer &buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice &s : slices) {
+    out.append(reinterpret_cast<const char *>(s.begin()), s.size());
+  }
+  return out;
+}
+
+grpc::ByteBuffer ToBuffer(const std::string &bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// The standard health service answers SERVING and server reflection lists
+// the Controller service (both checked on the wire, without their stubs).
+TEST_F(ControllerTest, ServesHealthAndReflection) {
+  StartController();
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+
+  grpc::ClientContext health_context;
+  health_context.set_deadline(std::chrono::system_clock::now() +
+                              std::chrono::seconds(5));
+  const grpc::ByteBuffer health_request = ToBuffer("");  // service ""
+  grpc::ByteBuffer health_response;
+  std::promise<grpc::Status> health_done;
+  generic.UnaryCall(&health_context, "/grpc.health.v1.Health/Check",
+                    grpc::StubOptions(), &health_request, &health_response,
+                    [&](grpc::Status s) { health_done.set_value(s); });
+  const grpc::Status health = health_done.get_future().get();
+  ASSERT_TRUE(health.ok()) << health.error_message();
+  EXPECT_EQ(ToString(health_response), std::string("\x08\x01"));  // SERVING
+
+  // ServerReflectionRequest{list_services: "*"} on the bidi stream.
+  grpc::CompletionQueue cq;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(5));
+  auto call = generic.PrepareCall(
+      &context,
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+  auto step = [&cq](int tag) {
+    void *got = nullptr;
+    bool ok = false;
+    const auto deadline =
+        std::chrono::system_clock::now() + std::chrono::seconds(5);
+    return cq.AsyncNext(&got, &ok, deadline) ==
+               grpc::CompletionQueue::GOT_EVENT &&
+           got == reinterpret_cast<void *>(static_cast<intptr_t>(tag)) && ok;
+  };
+  auto tag = [](int t) {
+    return reinterpret_cast<void *>(static_cast<intptr_t>(t));
+  };
+  call->StartCall(tag(1));
+  ASSERT_TRUE(step(1));
+  call->Write(ToBuffer(std::string("\x3a\x01*", 3)), tag(2));
+  ASSERT_TRUE(step(2));
+  grpc::ByteBuffer reply;
+  call->Read(&reply, tag(3));
+  ASSERT_TRUE(step(3));
+  EXPECT_THAT(ToString(reply), HasSubstr("gpipe.v1.Controller"));
+  call->WritesDone(tag(4));
+  ASSERT_TRUE(step(4));
+  grpc::Status status;
+  call->Finish(&status, tag(5));
+  ASSERT_TRUE(step(5));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  cq.Shutdown();
+  void *ignored;
+  bool ok;
+  while (cq.Next(&ignored, &ok)) {
+  }
+}
+
+TEST_F(ControllerTest, MalformedSpecIsInvalidArgumentNamingTheField) {
+  StartController();
+  struct Case {
+    std::string name;
+    std::function<void(v1::JobSpec &)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {"LayerShape",
+       [](v1::JobSpec &s) {
+         s.mutable_model()
+             ->mutable_layers(2)
+             ->mutable_linear()
+             ->set_in_features(31);
+       },
+       "model.layers[2].linear.in_features"},
+      {"NoSteps", [](v1::JobSpec &s) { s.set_steps(0); }, "steps"},
+      {"NegativeBatch", [](v1::JobSpec &s) { s.set_batch_size(-4); },
+       "batch_size"},
+      {"TooManyStages",
+       [](v1::JobSpec &s) { s.mutable_pipeline()->set_stages(9); },
+       "pipeline.stages"},
+  };
+  for (const Case &c : cases) {
+    v1::JobSpec spec = Spec();
+    c.edit(spec);
+    v1::Job job;
+    const grpc::Status status = Submit(spec, &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name;
+    EXPECT_THAT(status.error_message(), HasSubstr(c.field + ":")) << c.name;
+  }
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 0);
+}
+
+TEST_F(ControllerTest, UnknownJobIsNotFound) {
+  StartController();
+  v1::Job job;
+  grpc::Status status = Get("job-00000000", &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "job job-00000000 not found");
+  status = Cancel("job-00000000", &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "job job-00000000 not found");
+  Watcher watcher(*stub_, "job-00000000");
+  status = watcher.Wait();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_message(), "job job-00000000 not found");
+}
+
+TEST_F(ControllerTest, TwoStageJobRunsToSuccess) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  const v1::Job submitted = SubmitOk(SpecWithStages(2));
+  ASSERT_THAT(submitted.id(), ::testing::MatchesRegex("job-[0-9a-f]{8}"));
+  EXPECT_EQ(submitted.status().state(), v1::PENDING);
+  EXPECT_EQ(submitted.status().total_steps(), 10);
+  const v1::Condition *scheduled = Condition(submitted, "Scheduled");
+  ASSERT_NE(scheduled, nullptr);
+  EXPECT_FALSE(scheduled->status());
+  EXPECT_EQ(scheduled->reason(), "WaitingForWorkers");
+  EXPECT_EQ(scheduled->message(), "needs 2 workers, 1 free");
+  const std::string id = submitted.id();
+
+  Watcher watcher(*stub_, id);
+  ASSERT_TRUE(watcher.WaitForEvents(1));
+  // One worker is not enough.
+  EXPECT_FALSE(w1->Next(absl::Milliseconds(200)).has_value());
+  v1::Job job;
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::PENDING);
+
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  const v1::Assignment a0 = w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  const std::string output_dir = (dir_ / "checkpoints" / id / "final").string();
+  for (const v1::Assignment *a : {&a0, &a1}) {
+    EXPECT_EQ(a->job_id(), id);
+    EXPECT_EQ(a->epoch(), 1);
+    EXPECT_EQ(a->stages(), 2);
+    EXPECT_EQ(a->micro_batches(), 4);
+    EXPECT_EQ(a->schedule(), v1::GPIPE);
+    EXPECT_EQ(a->remat(), v1::EXCEPT_LAST);
+    EXPECT_EQ(a->start_step(), 0);
+    EXPECT_EQ(a->output_dir(), output_dir);
+    EXPECT_EQ(a->spec().SerializeAsString(),
+              SpecWithStages(2).SerializeAsString());
+  }
+  EXPECT_EQ(a0.stage(), 0);
+  EXPECT_EQ(a1.stage(), 1);
+  EXPECT_EQ(a0.upstream_address(), "");
+  EXPECT_EQ(a0.downstream_address(), w2->address());
+  EXPECT_EQ(a1.upstream_address(), w1->address());
+  EXPECT_EQ(a1.downstream_address(), "");
+  // Contiguous ranges that cover every layer, none empty.
+  EXPECT_EQ(a0.layer_begin(), 0);
+  EXPECT_LT(a0.layer_begin(), a0.layer_end());
+  EXPECT_EQ(a0.layer_end(), a1.layer_begin());
+  EXPECT_LT(a1.layer_begin(), a1.layer_end());
+  EXPECT_EQ(a1.layer_end(), kLayers);
+
+  job = WaitForState(id, v1::RUNNING);
+  EXPECT_EQ(job.status().epoch(), 1);
+  ASSERT_EQ(job.status().stages_size(), 2);
+  EXPECT_EQ(job.status().stages(0).worker_id(), "w1");
+  EXPECT_EQ(job.status().stages(1).worker_id(), "w2");
+  EXPECT_EQ(job.status().stages(1).layer_begin(), a1.layer_begin());
+  ASSERT_NE(Condition(job, "Running"), nullptr);
+  EXPECT_TRUE(Condition(job, "Running")->status());
+  EXPECT_TRUE(Condition(job, "Scheduled")->status());
+  for (const v1::WorkerInfo &w : Workers()) {
+    EXPECT_EQ(w.state(), v1::BUSY) << w.worker_id();
+    EXPECT_EQ(w.job_id(), id);
+  }
+
+  // The job's step is the slowest stage's; loss and speed are the last's.
+  ASSERT_TRUE(w1->Progress(a0, 3));
+  ASSERT_TRUE(w2->Progress(a1, 2, /*loss=*/1.5, /*step_seconds=*/0.5));
+  job = WaitForJob(id, [](const v1::Job &j) {
+    return j.status().step() == 2 && j.status().loss() == 1.5;
+  });
+  EXPECT_DOUBLE_EQ(job.status().samples_per_second(), 64.0);
+  ASSERT_TRUE(w2->Progress(a1, 3, 1.25, 0.5));
+  job = WaitForJob(id, [](const v1::Job &j) { return j.status().step() == 3; });
+  EXPECT_DOUBLE_EQ(job.status().loss(), 1.25);
+
+  // Both stages finish: their parameters are merged into one file.
+  ASSERT_TRUE(w1->Send(Finished(a0, WriteStageParameters(a0))));
+  v1::WorkerMessage last = Finished(a1, WriteStageParameters(a1));
+  last.mutable_finished()->mutable_evaluation()->set_loss(0.25);
+  last.mutable_finished()->mutable_evaluation()->set_accuracy(0.875);
+  last.mutable_finished()->mutable_evaluation()->set_counted(64);
+  ASSERT_TRUE(w2->Send(last));
+  job = WaitForState(id, v1::SUCCEEDED);
+  EXPECT_EQ(job.status().step(), 10);
+  EXPECT_DOUBLE_EQ(job.status().evaluation().accuracy(), 0.875);
+  EXPECT_EQ(job.status().evaluation().counted(), 64);
+  ASSERT_NE(Condition(job, "Complete"), nullptr);
+  EXPECT_TRUE(Condition(job, "Complete")->status());
+  EXPECT_FALSE(Condition(job, "Running")->status());
+  EXPECT_TRUE(job.status().has_finished());
+  EXPECT_EQ(job.status().model_path(),
+            (dir_ / "checkpoints" / id / "model.safetensors").string());
+  absl::StatusOr<SafetensorsFile> model =
+      ReadSafetensors(job.status().model_path());
+  ASSERT_TRUE(model.ok()) << model.status();
+  // The metadata gpipectl train writes, so the two files can be compared.
+  EXPECT_EQ(model->metadata, ModelFileMetadata(SpecWithStages(2), 10));
+  EXPECT_EQ(model->metadata["format"], "pt");
+  ASSERT_EQ(model->tensors.size(), static_cast<size_t>(kLayers));
+  for (int64_t layer = 0; layer < kLayers; ++layer) {
+    const std::string name = absl::StrCat("layers.", layer, ".weight");
+    ASSERT_EQ(model->tensors.count(name), 1u) << name;
+    EXPECT_EQ(model->tensors[name].ToVector(),
+              std::vector<float>(6, static_cast<float>(layer)));
+  }
+  for (const v1::WorkerInfo &w : Workers()) {
+    EXPECT_EQ(w.state(), v1::IDLE) << w.worker_id();
+    EXPECT_EQ(w.job_id(), "");
+  }
+
+  // The watch saw every transition and ended after the terminal one.
+  EXPECT_TRUE(watcher.Wait().ok());
+  EXPECT_EQ(watcher.States(), (std::vector<v1::JobState>{
+                                  v1::PENDING, v1::RUNNING, v1::SUCCEEDED}));
+}
+
+TEST_F(ControllerTest, CancelRunningJobFreesItsWorkers) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  const v1::Assignment a0 = w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  WaitForState(id, v1::RUNNING);
+
+  v1::Job job;
+  ASSERT_TRUE(Cancel(id, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::CANCELLED);
+  const v1::Condition *cancelled = Condition(job, "Cancelled");
+  ASSERT_NE(cancelled, nullptr);
+  EXPECT_TRUE(cancelled->status());
+  EXPECT_EQ(cancelled->reason(), "UserRequested");
+  for (FakeWorker *w : {w1.get(), w2.get()}) {
+    const v1::CancelAssignment cancel = w->NextCancel();
+    EXPECT_EQ(cancel.job_id(), id);
+    EXPECT_EQ(cancel.epoch(), 1);
+    EXPECT_FALSE(cancel.reason().empty());
+  }
+  for (const v1::WorkerInfo &w : Workers()) {
+    EXPECT_EQ(w.state(), v1::IDLE) << w.worker_id();
+  }
+  // Late reports of the cancelled job change nothing.
+  ASSERT_TRUE(w2->Progress(a1, 5, 1.0, 0.1));
+  ASSERT_TRUE(w1->Send(Finished(a0, "/nonexistent")));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::CANCELLED);
+  EXPECT_EQ(job.status().step(), 0);
+
+  // An ended job cannot be cancelled again; a pending one can.
+  EXPECT_EQ(Cancel(id, &job).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  const std::string pending = SubmitOk(SpecWithStages(3)).id();
+  ASSERT_TRUE(Cancel(pending, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::CANCELLED);
+}
+
+TEST_F(ControllerTest, TwoJobsRunAtOnceOnDisjointWorkers) {
+  StartController();
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  for (int i = 1; i <= 4; ++i) workers.push_back(AttachWorker(i));
+  const std::string a = SubmitOk(SpecWithStages(2)).id();
+  const std::string b = SubmitOk(SpecWithStages(2)).id();
+  const v1::Job third = SubmitOk(SpecWithStages(2));
+  EXPECT_EQ(third.status().state(), v1::PENDING);
+  EXPECT_EQ(Condition(third, "Scheduled")->message(),
+            "needs 2 workers, 0 free");
+
+  std::map<std::string, std::set<std::string>> by_job;
+  for (const auto &w : workers) {
+    const v1::Assignment assignment = w->NextAssignment();
+    by_job[assignment.job_id()].insert(w->id());
+    EXPECT_FALSE(w->Next(absl::Milliseconds(50)).has_value())
+        << w->id() << " got a second message";
+  }
+  ASSERT_EQ(by_job.size(), 2u);
+  EXPECT_EQ(by_job[a], (std::set<std::string>{"w1", "w2"}));
+  EXPECT_EQ(by_job[b], (std::set<std::string>{"w3", "w4"}));
+  EXPECT_EQ(WaitForState(a, v1::RUNNING).status().state(), v1::RUNNING);
+  EXPECT_EQ(WaitForState(b, v1::RUNNING).status().state(), v1::RUNNING);
+
+  // Jobs list newest first.
+  grpc::ClientContext context;
+  v1::ListJobsResponse jobs;
+  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 3);
+  EXPECT_EQ(jobs.jobs(0).id(), third.id());
+  EXPECT_EQ(jobs.jobs(1).id(), b);
+  EXPECT_EQ(jobs.jobs(2).id(), a);
+
+  // Cancelling the first frees two workers: the third job takes them.
+  v1::Job job;
+  ASSERT_TRUE(Cancel(a, &job).ok());
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(workers[i]->NextCancel().job_id() == a);
+    EXPECT_EQ(workers[i]->NextAssignment().job_id(), third.id());
+  }
+  WaitForState(third.id(), v1::RUNNING);
+}
+
+TEST_F(ControllerTest, AttachWithoutHelloIsFailedPrecondition) {
+  StartController();
+  FakeWorker worker(*stub_, "w1", "127.0.0.1:9001");
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat();
+  worker.Send(beat);
+  const grpc::Status status = worker.WaitClosed();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(status.error_message(), "first message must be hello");
+  EXPECT_TRUE(Workers().empty());
+
+  // A hello without an address is rejected too.
+  FakeWorker nameless(*stub_, "w2", "");
+  v1::WorkerMessage hello;
+  hello.mutable_hello()->set_worker_id("w2");
+  nameless.Send(hello);
+  EXPECT_EQ(nameless.WaitClosed().error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ControllerTest, BrokenStreamOfBusyWorkerFailsJobWithWorkerLost) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  const v1::Assignment a0 = w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  ASSERT_TRUE(w1->Progress(a0, 3));
+  ASSERT_TRUE(w2->Progress(a1, 3, 1.0, 0.1));
+  WaitForJob(id, [](const v1::Job &j) { return j.status().step() == 3; });
+
+  w2->Break();
+  const v1::Job job = WaitForState(id, v1::FAILED);
+  const v1::Condition *failed = Condition(job, "Failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason(), "WorkerLost");
+  EXPECT_THAT(failed->message(),
+              HasSubstr("worker w2 at 127.0.0.1:9002 was lost at step 3"));
+  EXPECT_EQ(w1->NextCancel().job_id(), id);
+  const std::vector<v1::WorkerInfo> workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].worker_id(), "w1");
+  EXPECT_EQ(workers[0].state(), v1::IDLE);
+}
+
+TEST_F(ControllerTest, ExpiredLeaseFailsJobWithWorkerLost) {
+  StartController(/*heartbeat_timeout=*/absl::Milliseconds(500));
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  w1->StartHeartbeats(absl::Milliseconds(50));
+  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  w1->NextAssignment();
+  w2->NextAssignment();
+  // w2 says nothing more: its lease runs out.
+  const v1::Job job = WaitForState(id, v1::FAILED);
+  const v1::Condition *failed = Condition(job, "Failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason(), "WorkerLost");
+  EXPECT_THAT(failed->message(), HasSubstr("worker w2 at 127.0.0.1:9002"));
+  EXPECT_THAT(failed->message(), HasSubstr("no heartbeat"));
+  // The controller ended its stream (a sync handler can only cancel it).
+  const grpc::Status status = w2->WaitClosed();
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_EQ(w1->NextCancel().job_id(), id);
+  // The worker that kept beating is still there, free.
+  absl::SleepFor(absl::Milliseconds(700));
+  const std::vector<v1::WorkerInfo> workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].worker_id(), "w1");
+  EXPECT_EQ(workers[0].state(), v1::IDLE);
+}
+
+TEST_F(ControllerTest, ReportsOfAnotherEpochOrStageAreIgnored) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  const v1::Assignment a0 = w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  ASSERT_EQ(a0.epoch(), 1);
+
+  v1::Assignment stale0 = a0;
+  stale0.set_epoch(0);
+  v1::Assignment future1 = a1;
+  future1.set_epoch(2);
+  v1::Assignment wrong_stage = a1;  // w1 claiming stage 1
+  ASSERT_TRUE(w1->Progress(stale0, 7));
+  ASSERT_TRUE(w2->Progress(future1, 7, 0.5, 0.1));
+  ASSERT_TRUE(w1->Progress(wrong_stage, 7, 0.5, 0.1));
+  ASSERT_TRUE(w1->Send(Finished(stale0, "/nonexistent")));
+  ASSERT_TRUE(w2->Send(Finished(future1, "/nonexistent")));
+  Controller &controller = server_->controller();
+  const absl::Time deadline = absl::Now() + kWait;
+  while (controller.ignored_reports() < 5 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(controller.ignored_reports(), 5);
+  v1::Job job;
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::RUNNING);
+  EXPECT_EQ(job.status().step(), 0);
+  EXPECT_EQ(job.status().loss(), 0);
+
+  // Reports of the current epoch count.
+  ASSERT_TRUE(w1->Progress(a0, 1));
+  ASSERT_TRUE(w2->Progress(a1, 1, 2.0, 0.1));
+  job = WaitForJob(id, [](const v1::Job &j) { return j.status().step() == 1; });
+  EXPECT_DOUBLE_EQ(job.status().loss(), 2.0);
+}
+
+TEST_F(ControllerTest, StageFailureFailsJobAndCancelsTheOtherStages) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  v1::WorkerMessage m;
+  v1::StageFailed &f = *m.mutable_failed();
+  f.set_job_id(id);
+  f.set_epoch(a1.epoch());
+  f.set_stage(1);
+  f.set_message("loss is not finite at step 4");
+  f.set_permanent(true);
+  f.set_reason("LossNotFinite");
+  ASSERT_TRUE(w2->Send(m));
+  const v1::Job job = WaitForState(id, v1::FAILED);
+  const v1::Condition *failed = Condition(job, "Failed");
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason(), "LossNotFinite");
+  EXPECT_THAT(failed->message(), HasSubstr("loss is not finite at step 4"));
+  EXPECT_EQ(w1->NextCancel().job_id(), id);
+  EXPECT_FALSE(w2->Next(absl::Milliseconds(100)).has_value());
+  for (const v1::WorkerInfo &w : Workers()) {
+    EXPECT_EQ(w.state(), v1::IDLE) << w.worker_id();
+  }
+}
+
+TEST_F(ControllerTest, FinishedStageWithUnreadableParametersFailsTheJob) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  const std::string id = SubmitOk(SpecWithStages(1)).id();
+  const v1::Assignment a = w1->NextAssignment();
+  EXPECT_EQ(a.layer_begin(), 0);
+  EXPECT_EQ(a.layer_end(), kLayers);
+  ASSERT_TRUE(w1->Send(Finished(a, (dir_ / "missing.safetensors").string())));
+  const v1::Job job = WaitForState(id, v1::FAILED);
+  EXPECT_EQ(Condition(job, "Failed")->reason(), "MergeFailed");
+  EXPECT_THAT(Condition(job, "Failed")->message(),
+              HasSubstr("missing.safetensors"));
+}
+
+TEST_F(ControllerTest, SameWorkerAttachingAgainReplacesItsOldStream) {
+  StartController();
+  std::unique_ptr<FakeWorker> first = AttachWorker(1);
+  std::unique_ptr<FakeWorker> again = AttachWorker(1);
+  const grpc::Status status = first->WaitClosed();
+  EXPECT_FALSE(status.ok());
+  EXPECT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const std::vector<v1::WorkerInfo> workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].worker_id(), "w1");
+  // The new stream is the one that gets work.
+  SubmitOk(SpecWithStages(1));
+  EXPECT_EQ(again->NextAssignment().stage(), 0);
+}
+
+TEST_F(ControllerTest, ShutdownEndsAttachAndWatchStreams) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  Watcher watcher(*stub_, id);
+  ASSERT_TRUE(watcher.WaitForEvents(1));
+  const absl::Time start = absl::Now();
+  server_->Shutdown(absl::Seconds(2));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  const grpc::Status attach = w1->WaitClosed();
+  EXPECT_FALSE(attach.ok());
+  EXPECT_NE(attach.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const grpc::Status watch = watcher.Wait();
+  EXPECT_EQ(watch.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(watch.error_message(), HasSubstr("shutting down"));
+}
+
+}  // namespace
+}  // namespace gpipe::controller
