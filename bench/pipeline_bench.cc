@@ -25,8 +25,9 @@ namespace {
 gpipe::v1::JobSpec BalancedMlp(int64_t width, int64_t batch) {
   std::string layers;
   for (int i = 0; i < 8; ++i) {
-    layers += absl::StrCat(i ? "," : "", R"({"linear": {"inFeatures": )", width,
-                           R"(, "outFeatures": )", width, R"(}}, {"relu": {}})");
+    layers +=
+        absl::StrCat(i ? "," : "", R"({"linear": {"inFeatures": )", width,
+                     R"(, "outFeatures": )", width, R"(}}, {"relu": {}})");
   }
   layers += absl::StrCat(R"(, {"linear": {"inFeatures": )", width,
                          R"(, "outFeatures": 16}})");
@@ -97,7 +98,8 @@ double Predict(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     config.remat = mode;
     return Simulate(config).step_seconds;
   };
-  const double scale = measured_one_stage_seconds / simulate(1, RematMode::kNever);
+  const double scale =
+      measured_one_stage_seconds / simulate(1, RematMode::kNever);
   for (double& c : costs) c *= scale;
   return simulate(k, remat);
 }
@@ -119,15 +121,18 @@ int main(int argc, char** argv) {
   auto opened = OpenDataset(spec.data(), Shape(), spec.seed());
   std::shared_ptr<const Dataset> data(std::move(*opened));
 
-  std::printf("in-process pipeline, MLP 8x(Linear %lld + ReLU) + head, batch %lld, "
-              "1 thread per stage, median of %d steps\n\n",
-              static_cast<long long>(args.Int("width", 1024)),
-              static_cast<long long>(spec.batch_size()), steps);
+  std::printf(
+      "in-process pipeline, MLP 8x(Linear %lld + ReLU) + head, batch %lld, "
+      "1 thread per stage, median of %d steps\n\n",
+      static_cast<long long>(args.Int("width", 1024)),
+      static_cast<long long>(spec.batch_size()), steps);
   std::printf("%4s %10s %10s %8s %8s %7s %12s %9s\n", "M", "K=1 ms", "K=2 ms",
               "speedup", "bound", "of bnd", "predicted ms", "meas/pred");
   for (int64_t m : {1, 2, 4, 8, 16}) {
-    const Measured one = Run(spec, 1, m, RematMode::kNever, warmup, steps, data);
-    const Measured two = Run(spec, 2, m, RematMode::kNever, warmup, steps, data);
+    const Measured one =
+        Run(spec, 1, m, RematMode::kNever, warmup, steps, data);
+    const Measured two =
+        Run(spec, 2, m, RematMode::kNever, warmup, steps, data);
     const double speedup = one.step_seconds / two.step_seconds;
     const double bound = 2.0 * m / (m + 1.0);
     const double predicted =
@@ -139,26 +144,31 @@ int main(int argc, char** argv) {
   }
 
   std::printf("\nre-materialization at K=2, M=8:\n");
-  const Measured never = Run(spec, 2, 8, RematMode::kNever, warmup, steps, data);
+  const Measured never =
+      Run(spec, 2, 8, RematMode::kNever, warmup, steps, data);
   const Measured one = Run(spec, 1, 8, RematMode::kNever, warmup, steps, data);
-  const Measured always = Run(spec, 2, 8, RematMode::kAlways, warmup, steps, data);
-  std::printf("  step: %.1f ms without, %.1f ms with remat (%.0f%% compute overhead; "
-              "predicted %.0f%%)\n",
-              never.step_seconds * 1e3, always.step_seconds * 1e3,
-              100 * (always.step_seconds / never.step_seconds - 1),
-              100 * (Predict(spec, 2, 8, RematMode::kAlways, one.step_seconds) /
-                         Predict(spec, 2, 8, RematMode::kNever, one.step_seconds) -
-                     1));
+  const Measured always =
+      Run(spec, 2, 8, RematMode::kAlways, warmup, steps, data);
+  std::printf(
+      "  step: %.1f ms without, %.1f ms with remat (%.0f%% compute overhead; "
+      "predicted %.0f%%)\n",
+      never.step_seconds * 1e3, always.step_seconds * 1e3,
+      100 * (always.step_seconds / never.step_seconds - 1),
+      100 * (Predict(spec, 2, 8, RematMode::kAlways, one.step_seconds) /
+                 Predict(spec, 2, 8, RematMode::kNever, one.step_seconds) -
+             1));
   for (int s = 0; s < 2; ++s) {
-    std::printf("  stage %d peak activations: %.2f MiB without, %.2f MiB with "
-                "(%.1fx less)\n",
-                s, never.peak_bytes[s] / 1048576.0, always.peak_bytes[s] / 1048576.0,
-                static_cast<double>(never.peak_bytes[s]) / always.peak_bytes[s]);
+    std::printf(
+        "  stage %d peak activations: %.2f MiB without, %.2f MiB with "
+        "(%.1fx less)\n",
+        s, never.peak_bytes[s] / 1048576.0, always.peak_bytes[s] / 1048576.0,
+        static_cast<double>(never.peak_bytes[s]) / always.peak_bytes[s]);
   }
-  std::printf("\nspeedup = K=1 step / K=2 step; bound = 2M/(M+1), GPipe's bubble "
-              "on 2 equal stages; meas/pred = measured K=2 step / simulator's\n"
-              "prediction: the cost model's relative layer costs, scaled so\n"
-              "that the simulated single stage matches the measured K=1 step at "
-              "the same M (1.00 is perfect; the goal is within 10%%).\n");
+  std::printf(
+      "\nspeedup = K=1 step / K=2 step; bound = 2M/(M+1), GPipe's bubble "
+      "on 2 equal stages; meas/pred = measured K=2 step / simulator's\n"
+      "prediction: the cost model's relative layer costs, scaled so\n"
+      "that the simulated single stage matches the measured K=1 step at "
+      "the same M (1.00 is perfect; the goal is within 10%%).\n");
   return 0;
 }

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
+#include "services/core/memory.h"
 
 namespace {
 
@@ -25,6 +26,7 @@ void AcceptDashedFlags(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gpipe::KeepFreedMemory();
   AcceptDashedFlags(argc, argv);
   absl::SetProgramUsageMessage(
       "gpipectl COMMAND [ARGS] [--flags]\n\n"

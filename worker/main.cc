@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "services/core/log.h"
+#include "services/core/memory.h"
 #include "worker/agent.h"
 #include "worker/executor.h"
 #include "worker/stage_service.h"
@@ -44,6 +45,7 @@ std::string NewWorkerId() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gpipe::KeepFreedMemory();
   for (int i = 1; i < argc; ++i) {  // accept --link-wait-ms as well
     if (argv[i][0] == '-' && argv[i][1] == '-')
       for (char* p = argv[i] + 2; *p && *p != '='; ++p)

@@ -1,0 +1,596 @@
+// Tensor streaming between two worker processes over loopback: our gRPC link
+// (GrpcLink over one Exchange stream, exactly as two stages use it) against a
+// plain TCP socket measured in the same run, which is what this machine's
+// loopback can do at best.
+//   Throughput: the parent sends K float32 tensors of S bytes as activations;
+//   the child answers once after it has received all K, so the timer covers
+//   full delivery. TCP: the same K*S bytes, then a 1-byte ack.
+//   Latency: a tensor (64 KiB by default) echoed back and forth; per-hop
+//   latency is the median round trip / 2.
+// The child process is the receiver (gRPC server and TCP listener on
+// 127.0.0.1); it dies with the parent (PR_SET_PDEATHSIG).
+// Both processes keep freed memory in the heap, as gpipe-worker does
+// (services/core/memory.h); --glibc-malloc shows glibc's defaults instead.
+// Usage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
+//                     [--latency-size 64K] [--glibc-malloc]
+#include <fcntl.h>
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "bench/args.h"
+#include "bench/timing.h"
+#include "gpipe/v1/stage.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "services/core/memory.h"
+#include "services/transport/frame_codec.h"
+#include "services/transport/grpc_link.h"
+
+namespace gpipe::bench {
+namespace {
+
+using gpipe::v1::Frame;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kJob[] = "stream-bench";
+constexpr int64_t kEpoch = 1;
+// The OPEN frame's from_stage picks what the child does with the stream.
+constexpr int64_t kSinkMode = 0;  // count tensors, answer each barrier
+constexpr int64_t kEchoMode = 1;  // send every tensor straight back
+// Bytes per throughput round (at least 2 tensors), and bounds on every loop.
+constexpr int64_t kRoundBytes = 32 << 20;
+constexpr int kMaxRounds = 1000;
+constexpr int kMaxRoundTrips = 20000;
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fflush(stdout);
+  std::fprintf(stderr, "stream_bench: %s\n", what.c_str());
+  ::_exit(1);  // gRPC's threads may still run: skip static destructors
+}
+
+double Since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// "64K", "1M", "4096" -> bytes (a positive multiple of 4, at most 1 GiB).
+int64_t ParseSize(const std::string& s) {
+  char* end = nullptr;
+  const long long v = std::strtoll(s.c_str(), &end, 10);
+  int64_t mult = 1;
+  switch (*end) {
+    case 'K':
+    case 'k':
+      mult = int64_t{1} << 10, ++end;
+      break;
+    case 'M':
+    case 'm':
+      mult = int64_t{1} << 20, ++end;
+      break;
+    case 'G':
+    case 'g':
+      mult = int64_t{1} << 30, ++end;
+      break;
+  }
+  if (*end != '\0' || v <= 0 || v > (int64_t{1} << 30) / mult ||
+      v * mult % 4 != 0) {
+    Die(absl::StrCat("bad size '", s,
+                     "': want a positive multiple of 4 bytes up to 1G, e.g. "
+                     "64K or 4M"));
+  }
+  return v * mult;
+}
+
+// The string value of option --name (Args has no string accessor).
+std::string StringOption(int argc, char** argv, const std::string& name,
+                         std::string fallback) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::replace(a.begin(), a.end(), '_', '-');
+    if (a == "--" + name && i + 1 < argc) fallback = argv[++i];
+    if (a.rfind("--" + name + "=", 0) == 0) {
+      fallback = std::string(argv[i]).substr(name.size() + 3);
+    }
+  }
+  return fallback;
+}
+
+std::string SizeName(int64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) {
+    return absl::StrCat(bytes >> 20, " MiB");
+  }
+  if (bytes >= 1024 && bytes % 1024 == 0)
+    return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " B");
+}
+
+// --- plain TCP -----------------------------------------------------------
+
+bool ReadFull(int fd, void* buf, size_t n) {
+  char* p = static_cast<char*>(buf);
+  while (n > 0) {
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool WriteFull(int fd, const void* buf, size_t n) {
+  const char* p = static_cast<const char*>(buf);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+void NoDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// What the parent asks of the child's TCP side, before each round.
+struct TcpRequest {
+  uint64_t mode;   // kSinkMode or kEchoMode
+  uint64_t size;   // bytes per tensor
+  uint64_t count;  // tensors
+};
+
+// Sink: reads count*size bytes, then acks with one byte. Echo: reads and
+// writes back `size` bytes, `count` times.
+void ServeTcp(int fd) {
+  NoDelay(fd);
+  std::vector<char> buf;
+  TcpRequest req;
+  while (ReadFull(fd, &req, sizeof(req))) {
+    if (req.size == 0 || req.size > (uint64_t{1} << 30)) break;
+    buf.resize(req.size);
+    bool ok = true;
+    for (uint64_t i = 0; ok && i < req.count; ++i) {
+      ok = ReadFull(fd, buf.data(), req.size);
+      if (ok && req.mode == kEchoMode) ok = WriteFull(fd, buf.data(), req.size);
+    }
+    const char ack = 'k';
+    if (!ok || (req.mode == kSinkMode && !WriteFull(fd, &ack, 1))) break;
+  }
+  ::close(fd);
+}
+
+// Listens on 127.0.0.1 at a free port; returns the fd and sets `port`.
+int ListenTcp(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) ||
+      ::listen(fd, 4) ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len)) {
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+int ConnectTcp(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (fd < 0 ||
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    Die(absl::StrCat("cannot connect to the child's TCP port ", port, ": ",
+                     std::strerror(errno)));
+  }
+  NoDelay(fd);
+  return fd;
+}
+
+// --- the child: a bench-local Stage service -------------------------------
+
+class ServerFrameStream final : public FrameStream {
+ public:
+  ServerFrameStream(grpc::ServerContext* context,
+                    grpc::ServerReaderWriter<Frame, Frame>* stream)
+      : context_(context), stream_(stream) {}
+  bool Read(Frame* f) override { return stream_->Read(f); }
+  bool Write(const Frame& f) override { return stream_->Write(f); }
+  void Cancel() override { context_->TryCancel(); }
+
+ private:
+  grpc::ServerContext* context_;
+  grpc::ServerReaderWriter<Frame, Frame>* stream_;
+};
+
+// Wraps each Exchange stream in a GrpcLink, as worker/stage_service.cc does,
+// and drains it on a second thread: in sink mode it counts the tensors and
+// answers each GRAD_SQUARES barrier with a one-element GRADIENT holding that
+// count; in echo mode it sends every tensor straight back as a GRADIENT.
+class BenchStageService final : public gpipe::v1::Stage::Service {
+ public:
+  grpc::Status Exchange(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<Frame, Frame>* stream) override {
+    Frame open;
+    if (!stream->Read(&open) || open.kind() != gpipe::v1::OPEN) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no OPEN frame");
+    }
+    GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
+                  open.job_id(), open.epoch(), /*capacity=*/64);
+    const bool echo = open.from_stage() == kEchoMode;
+    std::thread worker([&link, echo] {
+      int64_t tensors = 0;
+      for (;;) {
+        absl::StatusOr<Message> m = link.Receive();
+        if (!m.ok()) break;
+        if (m->kind == MessageKind::kActivation) {
+          ++tensors;
+          if (!echo) continue;
+          m->kind = MessageKind::kGradient;
+          if (!link.Send(std::move(*m)).ok()) break;
+        } else if (m->kind == MessageKind::kGradSquares) {
+          Message reply;
+          reply.kind = MessageKind::kGradient;
+          reply.step = m->step;
+          reply.tensor =
+              Tensor::Filled(Shape({1}), static_cast<float>(tensors));
+          tensors = 0;
+          if (!link.Send(std::move(reply)).ok()) break;
+        }
+      }
+      link.Release();
+    });
+    link.ReadLoop(/*cancel_on_reject=*/false);
+    worker.join();
+    const absl::Status why = link.read_status();
+    return grpc::Status(static_cast<grpc::StatusCode>(why.code()),
+                        std::string(why.message()));
+  }
+};
+
+// Serves gRPC and TCP until the parent closes `control_fd` (or dies).
+[[noreturn]] void RunChild(pid_t parent, int ports_fd, int control_fd) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(0);
+  BenchStageService service;
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &grpc_port);
+  builder.RegisterService(&service);
+  // As worker/main.cc builds the worker's server.
+  builder.SetMaxReceiveMessageSize(4 << 20);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  int tcp_port = 0;
+  const int listen_fd = ListenTcp(&tcp_port);
+  if (server == nullptr || grpc_port == 0 || listen_fd < 0) {
+    std::fprintf(stderr, "stream_bench child: cannot listen\n");
+    ::_exit(1);
+  }
+  std::thread([listen_fd] {
+    for (;;) {
+      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0 && errno == EINTR) continue;
+      if (fd < 0) return;
+      std::thread(ServeTcp, fd).detach();
+    }
+  }).detach();
+  const std::string ports = absl::StrCat(grpc_port, " ", tcp_port, "\n");
+  WriteFull(ports_fd, ports.data(), ports.size());
+  ::close(ports_fd);
+  char c;
+  for (;;) {
+    const ssize_t r = ::read(control_fd, &c, 1);
+    if (r == 0 || (r < 0 && errno != EINTR)) break;
+  }
+  ::_exit(0);  // the parent is done: no orderly shutdown needed
+}
+
+// --- the parent: measurements --------------------------------------------
+
+// Runs timed rounds of `bytes_per_round` (after one untimed warm-up round)
+// until `seconds` have passed (at least 3 rounds, at most kMaxRounds);
+// returns the median round's GB/s (1e9 bytes/s).
+template <typename Round>
+double MeasureGBps(int64_t bytes_per_round, double seconds, Round&& round) {
+  round();
+  std::vector<double> gbps;
+  const Clock::time_point start = Clock::now();
+  while (gbps.size() < 3 ||
+         (Since(start) < seconds && gbps.size() < kMaxRounds)) {
+    gbps.push_back(static_cast<double>(bytes_per_round) / TimeSeconds(round) /
+                   1e9);
+  }
+  return Median(gbps);
+}
+
+struct Latency {
+  double median_us = 0, p90_us = 0;
+  int round_trips = 0;
+};
+
+// Per-hop latency: round trip / 2, over round trips for `seconds` (after 20
+// untimed ones; at least 50, at most kMaxRoundTrips).
+template <typename RoundTrip>
+Latency MeasureLatency(double seconds, RoundTrip&& round_trip) {
+  for (int i = 0; i < 20; ++i) round_trip();
+  std::vector<double> hop_us;
+  const Clock::time_point start = Clock::now();
+  while (hop_us.size() < 50 ||
+         (Since(start) < seconds && hop_us.size() < kMaxRoundTrips)) {
+    hop_us.push_back(TimeSeconds(round_trip) * 1e6 / 2);
+  }
+  Latency l;
+  l.median_us = Median(hop_us);
+  std::sort(hop_us.begin(), hop_us.end());
+  l.p90_us = hop_us[hop_us.size() * 9 / 10];
+  l.round_trips = static_cast<int>(hop_us.size());
+  return l;
+}
+
+Tensor PatternTensor(int64_t bytes) {
+  Tensor t = Tensor::Empty(Shape({bytes / 4}));
+  float* p = t.f32();
+  for (int64_t i = 0; i < bytes / 4; ++i) p[i] = static_cast<float>(i % 1000);
+  return t;
+}
+
+// K tensors of `t`, then a barrier; the child's answer holds the count.
+void GrpcSinkRound(Link& link, const Tensor& t, int64_t count, int64_t step) {
+  for (int64_t i = 0; i < count; ++i) {
+    Message m;
+    m.kind = MessageKind::kActivation;
+    m.step = step;
+    m.micro_batch = i;
+    m.tensor = t;
+    if (absl::Status s = link.Send(std::move(m)); !s.ok()) {
+      Die(std::string(s.message()));
+    }
+  }
+  Message barrier;
+  barrier.kind = MessageKind::kGradSquares;
+  barrier.step = step;
+  if (absl::Status s = link.Send(std::move(barrier)); !s.ok()) {
+    Die(std::string(s.message()));
+  }
+  absl::StatusOr<Message> ack = link.Receive();
+  if (!ack.ok()) Die(std::string(ack.status().message()));
+  if (ack->kind != MessageKind::kGradient || !ack->tensor.defined() ||
+      ack->tensor.f32()[0] != static_cast<float>(count)) {
+    Die(absl::StrCat("the child acknowledged a round of ", count,
+                     " tensors with ", Describe(*ack)));
+  }
+}
+
+Tensor GrpcEcho(Link& link, const Tensor& t) {
+  Message m;
+  m.kind = MessageKind::kActivation;
+  m.tensor = t;
+  if (absl::Status s = link.Send(std::move(m)); !s.ok()) {
+    Die(std::string(s.message()));
+  }
+  absl::StatusOr<Message> back = link.Receive();
+  if (!back.ok()) Die(std::string(back.status().message()));
+  return back->tensor;
+}
+
+void TcpSinkRound(int fd, const std::vector<char>& buf, int64_t count) {
+  const TcpRequest req{kSinkMode, buf.size(), static_cast<uint64_t>(count)};
+  bool ok = WriteFull(fd, &req, sizeof(req));
+  for (int64_t i = 0; ok && i < count; ++i) {
+    ok = WriteFull(fd, buf.data(), buf.size());
+  }
+  char ack = 0;
+  if (!ok || !ReadFull(fd, &ack, 1)) Die("the child's TCP side went away");
+}
+
+void TcpEcho(int fd, std::vector<char>& buf) {
+  const TcpRequest req{kEchoMode, buf.size(), 1};
+  if (!WriteFull(fd, &req, sizeof(req)) ||
+      !WriteFull(fd, buf.data(), buf.size()) ||
+      !ReadFull(fd, buf.data(), buf.size())) {
+    Die("the child's TCP side went away");
+  }
+}
+
+struct Row {
+  int64_t size;
+  double grpc_gbps, tcp_gbps;
+};
+
+int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
+              int64_t latency_size, bool mallopt) {
+  pollfd pfd{ports_fd, POLLIN, 0};
+  char line[64] = {};
+  if (::poll(&pfd, 1, 10000) != 1 ||
+      ::read(ports_fd, line, sizeof(line) - 1) <= 0) {
+    Die("the child did not report its ports within 10 s");
+  }
+  int grpc_port = 0, tcp_port = 0;
+  if (std::sscanf(line, "%d %d", &grpc_port, &tcp_port) != 2) {
+    Die("the child reported no ports");
+  }
+  const std::string address = absl::StrCat("127.0.0.1:", grpc_port);
+
+  std::printf(
+      "stream_bench: tensors from this process to a child process over "
+      "127.0.0.1,\n"
+      "  gRPC: GrpcLink over one Exchange stream (%lld KiB frames), as two "
+      "stages use it\n"
+      "  TCP:  the same bytes through one plain socket (TCP_NODELAY), the "
+      "loopback's limit\n"
+      "  ~%.1f s per figure, median of rounds of >= %lld MiB; GB/s = 1e9 "
+      "bytes/s\n"
+      "  malloc: %s\n\n",
+      static_cast<long long>(kMaxChunkBytes >> 10), seconds,
+      static_cast<long long>(kRoundBytes >> 20),
+      mallopt ? "freed memory kept (no mmap below 256 MiB, no trim below "
+                "1 GiB, 1 arena), as gpipe-worker runs"
+              : "glibc defaults (--glibc-malloc)");
+  std::fflush(stdout);
+
+  absl::StatusOr<std::unique_ptr<Link>> sink =
+      ConnectDownstream(address, kJob, kEpoch, kSinkMode, 64, 5000);
+  if (!sink.ok()) Die(std::string(sink.status().message()));
+  const int tcp = ConnectTcp(tcp_port);
+
+  std::printf("%-9s %10s %10s %9s  %s\n", "size", "gRPC GB/s", "TCP GB/s",
+              "gRPC/TCP", "goal >= 0.50 from 1 MiB");
+  std::vector<Row> rows;
+  int64_t step = 0;
+  for (int64_t size : sizes) {
+    const int64_t count = std::max<int64_t>(2, kRoundBytes / size);
+    const Tensor t = PatternTensor(size);
+    const std::vector<char> buf(static_cast<size_t>(size), 'x');
+    Row r{size, 0, 0};
+    r.grpc_gbps = MeasureGBps(size * count, seconds,
+                              [&] { GrpcSinkRound(**sink, t, count, step++); });
+    r.tcp_gbps = MeasureGBps(size * count, seconds,
+                             [&] { TcpSinkRound(tcp, buf, count); });
+    const double ratio = r.grpc_gbps / r.tcp_gbps;
+    std::printf("%-9s %10.2f %10.2f %9.2f  %s\n", SizeName(size).c_str(),
+                r.grpc_gbps, r.tcp_gbps, ratio,
+                size < (1 << 20) ? "-" : (ratio >= 0.5 ? "ok" : "MISSED"));
+    std::fflush(stdout);
+    rows.push_back(r);
+  }
+  sink->reset();  // half-closes and waits for the child's handler
+
+  absl::StatusOr<std::unique_ptr<Link>> echo =
+      ConnectDownstream(address, kJob, kEpoch, kEchoMode, 64, 5000);
+  if (!echo.ok()) Die(std::string(echo.status().message()));
+  const Tensor t = PatternTensor(latency_size);
+  if (!BitwiseEqual(GrpcEcho(**echo, t), t)) {
+    Die("the echoed tensor differs from the one sent");
+  }
+  const Latency grpc_lat =
+      MeasureLatency(seconds, [&] { GrpcEcho(**echo, t); });
+  echo->reset();
+  std::vector<char> buf(static_cast<size_t>(latency_size), 'x');
+  const Latency tcp_lat = MeasureLatency(seconds, [&] { TcpEcho(tcp, buf); });
+  ::close(tcp);
+
+  std::printf("\nper-hop latency of a %s tensor (round trip / 2):\n",
+              SizeName(latency_size).c_str());
+  std::printf("  gRPC %8.1f us median, %8.1f us p90 (%d round trips)  %s\n",
+              grpc_lat.median_us, grpc_lat.p90_us, grpc_lat.round_trips,
+              latency_size != (64 << 10) ? ""
+              : grpc_lat.median_us < 200 ? "goal < 200 us: ok"
+                                         : "goal < 200 us: MISSED");
+  std::printf("  TCP  %8.1f us median, %8.1f us p90 (%d round trips)\n",
+              tcp_lat.median_us, tcp_lat.p90_us, tcp_lat.round_trips);
+  std::printf(
+      "\nHow to read: GB/s is K tensors of the row's size sent back to back, "
+      "over the time until\n"
+      "the receiver has them all (gRPC: reassembled into tensors; TCP: bytes "
+      "read into one\n"
+      "reused buffer). gRPC/TCP is the share of the loopback's own throughput "
+      "that our link\n"
+      "reaches (goal >= 0.50 from 1 MiB). Per-hop latency is what one "
+      "activation or gradient\n"
+      "of that size costs between neighbouring stages (goal < 200 us for 64 "
+      "KiB). Both\n"
+      "processes share this machine's cores, so the figures include the "
+      "receiver's CPU work.\n"
+      "Many page faults per MiB moved mean buffers come fresh from the kernel "
+      "each time:\n"
+      "compare a run with --glibc-malloc.\n");
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace gpipe::bench
+
+int main(int argc, char** argv) {
+  using namespace gpipe::bench;
+  Args args(argc, argv, {"sizes", "seconds", "latency-size"}, {"glibc-malloc"});
+  if (!args.ok() || !args.positional().empty()) {
+    std::fprintf(stderr,
+                 "%s\nusage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] "
+                 "[--seconds 1] [--latency-size 64K] [--glibc-malloc]\n",
+                 args.error().c_str());
+    return 2;
+  }
+  std::vector<int64_t> sizes;
+  const std::string list =
+      StringOption(argc, argv, "sizes", "64K,256K,1M,4M,16M,64M");
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    sizes.push_back(ParseSize(list.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  const int64_t latency_size =
+      ParseSize(StringOption(argc, argv, "latency-size", "64K"));
+  const double seconds = args.Double("seconds", 1.0);
+  if (!(seconds > 0 && seconds <= 60)) Die("--seconds must be in (0, 60]");
+
+  // As gpipe-worker does (services/core/memory.h), unless asked to show
+  // glibc's defaults for comparison.
+  const bool mallopt = !args.Has("glibc-malloc");
+  if (mallopt) gpipe::KeepFreedMemory();  // before fork: both processes
+  ::signal(SIGPIPE, SIG_IGN);
+  // A watchdog: no run may hang (SIGALRM ends the process, the child follows).
+  ::alarm(static_cast<unsigned>(60 + 6 * seconds * (sizes.size() + 2)));
+
+  int ports[2], control[2];
+  if (::pipe2(ports, O_CLOEXEC) != 0 || ::pipe2(control, O_CLOEXEC) != 0) {
+    Die("pipe failed");
+  }
+  const pid_t parent = ::getpid();
+  // Fork before anything starts gRPC's threads in this process.
+  const pid_t child = ::fork();
+  if (child < 0) Die("fork failed");
+  if (child == 0) {
+    ::close(ports[0]);
+    ::close(control[1]);
+    RunChild(parent, ports[1], control[0]);
+  }
+  ::close(ports[1]);
+  ::close(control[0]);
+  const int rc = RunParent(ports[0], sizes, seconds, latency_size, mallopt);
+  ::close(control[1]);  // the child exits on EOF
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  rusage self{}, children{};
+  ::getrusage(RUSAGE_SELF, &self);
+  ::getrusage(RUSAGE_CHILDREN, &children);
+  std::printf(
+      "Page faults (first touch of memory fresh from the kernel), whole "
+      "run: sender %ld, receiver %ld.\n",
+      self.ru_minflt, children.ru_minflt);
+  return rc;
+}
