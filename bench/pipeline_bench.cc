@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   const int steps = args.Int("steps", 8), warmup = args.Int("warmup", 2);
   const gpipe::v1::JobSpec spec =
       BalancedMlp(args.Int("width", 1024), args.Int("batch", 256));
-  auto opened = OpenDataset(spec.data(), Shape(), spec.seed());
+  auto opened = OpenJobDataset(spec);
   std::shared_ptr<const Dataset> data(std::move(*opened));
 
   std::printf(

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
 #include "services/storage/safetensors.h"
 #include "services/tensor/threads.h"
@@ -151,11 +152,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   absl::Status status = [&]() -> absl::Status {
     std::shared_ptr<const Dataset> dataset;
     if (first || last) {
-      const Shape input(
-          std::vector<int64_t>(spec.model().input().shape().dims().begin(),
-                               spec.model().input().shape().dims().end()));
-      ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d,
-                       OpenDataset(spec.data(), input, spec.seed()));
+      ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(spec));
       dataset = std::move(d);
     }
     if (!last) {

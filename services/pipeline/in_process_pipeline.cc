@@ -53,14 +53,10 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     for_k.mutable_pipeline()->set_stages(k);
     ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
   }
-  const Shape input(
-      std::vector<int64_t>(spec.model().input().shape().dims().begin(),
-                           spec.model().input().shape().dims().end()));
   if (options.dataset != nullptr) {
     p->dataset_ = options.dataset;
   } else {
-    ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset,
-                     OpenDataset(spec.data(), input, spec.seed()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Dataset> dataset, OpenJobDataset(spec));
     p->dataset_ = std::move(dataset);
   }
 

@@ -378,4 +378,12 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   return spec;
 }
 
+absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
+    const gpipe::v1::JobSpec& spec) {
+  const auto& dims = spec.model().input().shape().dims();
+  return OpenDataset(spec.data(),
+                     Shape(std::vector<int64_t>(dims.begin(), dims.end())),
+                     spec.seed());
+}
+
 }  // namespace gpipe

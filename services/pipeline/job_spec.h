@@ -6,12 +6,14 @@
 #define GPIPE_SERVICES_PIPELINE_JOB_SPEC_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpipe/v1/job.pb.h"
+#include "services/data/dataset.h"
 
 namespace gpipe {
 
@@ -28,6 +30,10 @@ absl::Status ValidateJobSpec(const gpipe::v1::JobSpec& spec);
 
 // K and M with their defaults applied (0 means 1).
 int64_t StageCount(const gpipe::v1::JobSpec& spec);
+
+// The dataset of a job, laid out for its model's input shape.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
+    const gpipe::v1::JobSpec& spec);
 int64_t MicroBatchCount(const gpipe::v1::JobSpec& spec);
 
 }  // namespace gpipe

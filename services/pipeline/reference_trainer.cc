@@ -24,13 +24,10 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
         absl::StrCat("micro-batches: ", t->micro_batches_,
                      " is larger than batch_size ", spec.batch_size()));
   }
-  const Shape input(
-      std::vector<int64_t>(spec.model().input().shape().dims().begin(),
-                           spec.model().input().shape().dims().end()));
   if (dataset != nullptr) {
     t->dataset_ = std::move(dataset);
   } else {
-    ASSIGN_OR_RETURN(t->dataset_, OpenDataset(spec.data(), input, spec.seed()));
+    ASSIGN_OR_RETURN(t->dataset_, OpenJobDataset(spec));
   }
   if (t->dataset_->size(Split::kTrain) <= 0) {
     return absl::InvalidArgumentError("data: the training split is empty");

@@ -25,10 +25,7 @@ gpipe::v1::JobSpec LoadExample(const std::string& name, int64_t batch) {
 }
 
 std::shared_ptr<const Dataset> Open(const gpipe::v1::JobSpec& spec) {
-  const Shape input(
-      std::vector<int64_t>(spec.model().input().shape().dims().begin(),
-                           spec.model().input().shape().dims().end()));
-  auto d = OpenDataset(spec.data(), input, spec.seed());
+  auto d = OpenJobDataset(spec);
   EXPECT_TRUE(d.ok()) << d.status();
   return d.ok() ? std::shared_ptr<const Dataset>(std::move(*d)) : nullptr;
 }
