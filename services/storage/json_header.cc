@@ -80,23 +80,40 @@ absl::Status JsonHeaderReader::BeginObject() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> JsonHeaderReader::NextMember(std::string* key) {
-  if (open_.empty() || open_.back().close != '}') {
-    return absl::FailedPreconditionError("NextMember outside an object");
+// Steps to the next entry of the innermost open container, whose closing
+// character is `close`: false (and the container closed) at its end.
+absl::StatusOr<bool> JsonHeaderReader::NextEntry(char close) {
+  if (open_.empty() || open_.back().close != close) {
+    return absl::FailedPreconditionError(close == '}'
+                                             ? "NextMember outside an object"
+                                             : "NextElement outside an array");
   }
   SkipWhitespace();
-  if (pos_ < text_.size() && text_[pos_] == '}') {
+  if (pos_ < text_.size() && text_[pos_] == close) {
     ++pos_;
     open_.pop_back();
     return false;
   }
   if (open_.back().first) {
     open_.back().first = false;
-  } else if (pos_ < text_.size() && text_[pos_] == ',') {
-    ++pos_;  // "{"a":1,}" then fails below: '}' is not a key
-  } else {
-    return Error("expected ',' or '}'");
+    return true;
   }
+  if (pos_ >= text_.size() || text_[pos_] != ',') {
+    return Error(close == '}' ? "expected ',' or '}'" : "expected ',' or ']'");
+  }
+  ++pos_;
+  // "{"a":1,}" fails when the key is read ('}' is not a string); "[1,]"
+  // must fail here, since ']' could otherwise end the array.
+  SkipWhitespace();
+  if (close == ']' && pos_ < text_.size() && text_[pos_] == ']') {
+    return Error("trailing ',' in array");
+  }
+  return true;
+}
+
+absl::StatusOr<bool> JsonHeaderReader::NextMember(std::string* key) {
+  ASSIGN_OR_RETURN(const bool more, NextEntry('}'));
+  if (!more) return false;
   ASSIGN_OR_RETURN(*key, ReadString());
   SkipWhitespace();
   RETURN_IF_ERROR(Expect(':'));
@@ -110,30 +127,7 @@ absl::Status JsonHeaderReader::BeginArray() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> JsonHeaderReader::NextElement() {
-  if (open_.empty() || open_.back().close != ']') {
-    return absl::FailedPreconditionError("NextElement outside an array");
-  }
-  SkipWhitespace();
-  if (pos_ < text_.size() && text_[pos_] == ']') {
-    ++pos_;
-    open_.pop_back();
-    return false;
-  }
-  if (open_.back().first) {
-    open_.back().first = false;
-  } else if (pos_ < text_.size() && text_[pos_] == ',') {
-    ++pos_;
-    // "[1,]": the element that must follow a ',' cannot be a ']'.
-    SkipWhitespace();
-    if (pos_ < text_.size() && text_[pos_] == ']') {
-      return Error("trailing ',' in array");
-    }
-  } else {
-    return Error("expected ',' or ']'");
-  }
-  return true;
-}
+absl::StatusOr<bool> JsonHeaderReader::NextElement() { return NextEntry(']'); }
 
 absl::StatusOr<std::string> JsonHeaderReader::ReadString() {
   SkipWhitespace();

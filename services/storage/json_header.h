@@ -58,9 +58,12 @@ class JsonHeaderReader {
   // second escape when the first is a high surrogate.
   absl::Status ReadUnicodeEscape(std::string* out);
   absl::StatusOr<uint32_t> ReadHex4();
+  // The next entry of the innermost container closed by `close`.
+  absl::StatusOr<bool> NextEntry(char close);
 
   std::string_view text_;
   size_t pos_ = 0;
+
   struct Open {
     char close;  // '}' or ']'
     bool first;  // no member or element read yet
