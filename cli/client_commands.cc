@@ -247,6 +247,25 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   }
 }
 
+// Per-stage utilization and bubble of the last step, for the progress bar:
+// "util 81% 79%  bubble 19% 21%" (stage 0 first); empty before any report.
+std::string StageFiguresText(const gpipe::v1::JobStatus& s) {
+  std::string util, bubble;
+  for (const gpipe::v1::StageStatus& st : s.stages()) {
+    if (st.step_seconds() <= 0) return "";
+    const double u =
+        std::clamp(st.busy_seconds() / st.step_seconds(), 0.0, 1.0);
+    const double b =
+        std::clamp(st.bubble_seconds() / st.step_seconds(), 0.0, 1.0);
+    absl::StrAppend(&util, util.empty() ? "" : " ",
+                    absl::StrFormat("%.0f%%", 100 * u));
+    absl::StrAppend(&bubble, bubble.empty() ? "" : " ",
+                    absl::StrFormat("%.0f%%", 100 * b));
+  }
+  if (util.empty()) return "";
+  return absl::StrCat("util ", util, "  bubble ", bubble);
+}
+
 std::string WorkerStateName(gpipe::v1::WorkerState state) {
   if (state == gpipe::v1::WORKER_STATE_UNSPECIFIED) return "UNKNOWN";
   return gpipe::v1::WorkerState_Name(state);
@@ -293,6 +312,7 @@ class JobFollower {
       progress_ = std::make_unique<Progress>(s.total_steps(), stderr, s.step());
     }
     if (progress_ != nullptr && seen_ && s.step() > step_) {
+      progress_->SetSuffix(StageFiguresText(s));
       progress_->Update(s.step(), s.loss(),
                         s.step() * job_.spec().batch_size());
     }

@@ -46,6 +46,10 @@ ABSL_FLAG(std::string, keep, "",
           "local: run in this (new or empty) directory and keep its logs and "
           "checkpoints (default: a temporary directory, removed when the job "
           "succeeds)");
+ABSL_FLAG(std::string, metrics_targets, "",
+          "local: where to write the Prometheus file_sd targets of the local "
+          "cluster's /metrics endpoints (default: OUT/prometheus-targets.json "
+          "with --out, else in the run directory)");
 // Defined with `gpipectl train` and the client commands.
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(int, threads);
@@ -62,6 +66,7 @@ constexpr absl::Duration kAttachWait = absl::Seconds(30);
 constexpr absl::Duration kStopGrace = absl::Seconds(5);
 constexpr absl::Duration kPoll = absl::Milliseconds(50);
 constexpr int kLogTailLines = 20;
+constexpr absl::Duration kMetricsPortWait = absl::Seconds(10);
 
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl local: %s\n",
@@ -234,9 +239,15 @@ class LocalCluster {
     const std::string checkpoints = run_dir_ + "/checkpoints";
     std::error_code ec;
     fs::create_directories(checkpoints, ec);
-    const std::vector<std::string> argv = {binary, "--listen=127.0.0.1:0",
-                                           "--port_file=" + port_file,
-                                           "--checkpoint_dir=" + checkpoints};
+    const std::string metrics_port_file = run_dir_ + "/controller.metrics.port";
+    const std::vector<std::string> argv = {
+        binary,
+        "--listen=127.0.0.1:0",
+        "--port_file=" + port_file,
+        "--checkpoint_dir=" + checkpoints,
+        "--metrics_listen=127.0.0.1:0",
+        "--metrics_port_file=" + metrics_port_file};
+    metrics_port_files_.emplace_back("controller", metrics_port_file);
     ASSIGN_OR_RETURN(controller_,
                      ChildProcess::Start("gpipe-controller", argv,
                                          run_dir_ + "/controller.log"));
@@ -263,9 +274,16 @@ class LocalCluster {
   absl::Status StartWorkers(const std::string& binary, int64_t count,
                             int threads_each) {
     for (int64_t i = 0; i < count; ++i) {
+      const std::string metrics_port_file =
+          absl::StrCat(run_dir_, "/worker-", i, ".metrics.port");
       const std::vector<std::string> argv = {
-          binary, "--controller=" + address_, "--listen=127.0.0.1:0",
-          absl::StrCat("--threads=", threads_each)};
+          binary,
+          "--controller=" + address_,
+          "--listen=127.0.0.1:0",
+          absl::StrCat("--threads=", threads_each),
+          "--metrics_listen=127.0.0.1:0",
+          "--metrics_port_file=" + metrics_port_file};
+      metrics_port_files_.emplace_back("worker", metrics_port_file);
       ASSIGN_OR_RETURN(
           std::unique_ptr<ChildProcess> worker,
           ChildProcess::Start(absl::StrCat("gpipe-worker ", i), argv,
@@ -277,6 +295,26 @@ class LocalCluster {
   }
 
   const std::string& address() const { return address_; }
+
+  // The /metrics endpoints of every process as (role, host:port), once each
+  // has written its port; an endpoint that did not within the wait is left
+  // out (the job runs without it).
+  std::vector<std::pair<std::string, std::string>> MetricsEndpoints() {
+    std::vector<std::pair<std::string, std::string>> endpoints;
+    const absl::Time deadline = absl::Now() + kMetricsPortWait;
+    for (const auto& [role, path] : metrics_port_files_) {
+      int port = 0;
+      while (!ReadPort(path, &port) && absl::Now() < deadline && !Interrupted())
+        absl::SleepFor(kPoll);
+      if (port > 0) {
+        endpoints.emplace_back(role, absl::StrCat("127.0.0.1:", port));
+      } else {
+        std::fprintf(stderr, "gpipectl local: no metrics port in %s\n",
+                     path.c_str());
+      }
+    }
+    return endpoints;
+  }
 
   // The first process that has ended (nullptr while all run). Safe to call
   // from the watch's guard thread.
@@ -330,6 +368,7 @@ class LocalCluster {
 
   std::string run_dir_;
   std::string address_;
+  std::vector<std::pair<std::string, std::string>> metrics_port_files_;
   std::mutex mu_;
   std::unique_ptr<ChildProcess> controller_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
@@ -404,13 +443,59 @@ absl::Status CopyModel(const std::string& model_path, const std::string& out) {
   return absl::OkStatus();
 }
 
+// A Prometheus file_sd file: one group per role, labelled `role`. Written
+// through a rename so that Prometheus never reads half a file.
+absl::Status WriteTargets(
+    const std::string& path,
+    const std::vector<std::pair<std::string, std::string>>& endpoints) {
+  std::string json = "[";
+  for (const char* role : {"controller", "worker"}) {
+    std::string targets;
+    for (const auto& [r, address] : endpoints) {
+      if (r != role) continue;
+      absl::StrAppend(&targets, targets.empty() ? "" : ", ", "\"", address,
+                      "\"");
+    }
+    if (targets.empty()) continue;
+    absl::StrAppend(&json, json.size() > 1 ? ",\n " : "\n ", "{\"targets\": [",
+                    targets, "], \"labels\": {\"role\": \"", role, "\"}}");
+  }
+  json += "\n]\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << json;
+    out.close();
+    if (!out) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics_targets: cannot write ", tmp));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_targets: cannot rename ", tmp, " to ", path,
+                     ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
 // Everything between starting the processes and stopping them; the exit code.
 int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
-           int64_t workers, bool* keep_logs) {
+           int64_t workers, const std::string& targets_path, bool* keep_logs) {
   ControllerClient client(cluster.address(), absl::GetFlag(FLAGS_timeout));
   *keep_logs = true;
   if (absl::Status s = WaitForWorkers(client, cluster, workers); !s.ok())
     return Fail(s);
+  if (absl::Status s = WriteTargets(targets_path, cluster.MetricsEndpoints());
+      !s.ok()) {
+    return Fail(s);
+  }
+  if (!absl::GetFlag(FLAGS_json)) {
+    std::printf("metrics: Prometheus file_sd targets in %s\n",
+                targets_path.c_str());
+  }
   absl::StatusOr<gpipe::v1::Job> submitted = client.SubmitJob(spec);
   if (!submitted.ok()) return Fail(submitted.status());
   const std::string id = submitted->id();
@@ -461,7 +546,7 @@ int RunLocal(const std::vector<std::string>& args) {
                  "usage: gpipectl local JOB.json [--workers K] [--stages K] "
                  "[--micro-batches M] [--schedule gpipe|1f1b] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
-                 "[--threads T] [--keep DIR]\n");
+                 "[--threads T] [--keep DIR] [--metrics_targets FILE]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -491,6 +576,14 @@ int RunLocal(const std::vector<std::string>& args) {
   absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
   if (!run_dir.ok()) return Fail(run_dir.status());
 
+  std::string targets_path = absl::GetFlag(FLAGS_metrics_targets);
+  if (targets_path.empty()) {
+    const std::string out = absl::GetFlag(FLAGS_out);
+    std::error_code ec;
+    if (!out.empty()) fs::create_directories(out, ec);
+    targets_path = (out.empty() ? *run_dir : out) + "/prometheus-targets.json";
+  }
+
   InstallInterruptHandlers();
   int code = 1;
   bool keep_logs = true;
@@ -510,9 +603,12 @@ int RunLocal(const std::vector<std::string>& args) {
             threads_each, threads_each == 1 ? "" : "s", run_dir->c_str());
         std::fflush(stdout);
       }
-      code = RunJob(*spec, cluster, workers, &keep_logs);
+      code = RunJob(*spec, cluster, workers, targets_path, &keep_logs);
     }
   }  // stops every process
+  // The endpoints are gone: an empty group list tells Prometheus so (and
+  // keeps "target down" alerts quiet).
+  if (fs::exists(targets_path)) (void)WriteTargets(targets_path, {});
   if (!keep.empty()) {
     if (!absl::GetFlag(FLAGS_json))
       std::printf("logs and checkpoints kept in %s\n", run_dir->c_str());

@@ -167,6 +167,22 @@ std::vector<v1::WorkerInfo> Controller::ListWorkers() {
   return workers;
 }
 
+ClusterCounts Controller::Counts() {
+  ClusterCounts counts;
+  for (v1::JobState state : {v1::PENDING, v1::RUNNING, v1::RESTARTING,
+                             v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}) {
+    counts.jobs[v1::JobState_Name(state)] = 0;
+  }
+  counts.workers[v1::WorkerState_Name(v1::IDLE)] = 0;
+  counts.workers[v1::WorkerState_Name(v1::BUSY)] = 0;
+  absl::MutexLock lock(&mu_);
+  for (const JobRecord* job : jobs_.NewestFirst())
+    ++counts.jobs[v1::JobState_Name(job->status().state())];
+  for (const auto& worker : workers_.All())
+    ++counts.workers[v1::WorkerState_Name(worker->info.state())];
+  return counts;
+}
+
 absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
     const v1::WorkerHello& hello, std::function<void()> disconnect) {
   const absl::Time now = absl::Now();
@@ -352,6 +368,15 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   if (job == nullptr) return;
   v1::JobStatus& status = job->status();
   job->stage_steps[p.stage()] = p.step();
+  // The stage's last step as its worker measured it; watchers see it with
+  // the next published change.
+  for (v1::StageStatus& st : *status.mutable_stages()) {
+    if (st.stage() != p.stage()) continue;
+    st.set_step_seconds(p.step_seconds());
+    st.set_busy_seconds(p.busy_seconds());
+    st.set_bubble_seconds(p.bubble_seconds());
+    st.set_peak_activation_bytes(p.peak_activation_bytes());
+  }
   const int64_t step =
       *std::min_element(job->stage_steps.begin(), job->stage_steps.end());
   const bool last_stage = p.stage() == job->stages - 1;

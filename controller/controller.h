@@ -29,6 +29,7 @@
 #include "controller/job_table.h"
 #include "controller/worker_registry.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/telemetry/controller_metrics.h"
 
 namespace gpipe::controller {
 
@@ -40,6 +41,9 @@ struct ControllerOptions {
   // heartbeat every heartbeat_interval.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
   absl::Duration heartbeat_interval = absl::Seconds(1);
+  // Restarts, checkpoints and recovery durations are counted here when set
+  // (not owned; must outlive the controller).
+  ControllerMetrics* metrics = nullptr;
 };
 
 // What an Attach handler does next (see Controller::NextMessage).
@@ -75,6 +79,10 @@ class Controller {
       const std::function<bool(const gpipe::v1::JobEvent&)>& send);
 
   std::vector<gpipe::v1::WorkerInfo> ListWorkers();  // attach order
+
+  // Jobs and workers by state (every state present, zeros included), for
+  // the gpipe_jobs and gpipe_workers gauges.
+  ClusterCounts Counts();
 
   // The Attach protocol, for the stream's handler. AttachWorker registers
   // the worker of `hello` (replacing an older stream of the same worker id,

@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "controller/controller_server.h"
 #include "services/core/log.h"
+#include "services/telemetry/controller_metrics.h"
+#include "services/telemetry/metrics_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on; port 0 picks a free one");
@@ -28,6 +30,11 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
           "a worker silent for longer is lost");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
           "how often workers are told to send a heartbeat");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
+          "HOST:PORT of the Prometheus /metrics endpoint (empty: off; port 0: "
+          "a free port)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, the bound metrics port is written there once it serves");
 
 namespace {
 
@@ -57,7 +64,8 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
       "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
-      "                 [--heartbeat_interval_ms N]");
+      "                 [--heartbeat_interval_ms N] [--metrics_listen "
+      "HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
   const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
@@ -66,6 +74,16 @@ int main(int argc, char** argv) {
                  "gpipe-controller: --heartbeat_timeout_ms and "
                  "--heartbeat_interval_ms must be positive\n");
     return 2;
+  }
+  const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  if (!metrics_listen.empty()) {
+    if (absl::Status s =
+            gpipe::CheckListenAddress("metrics_listen", metrics_listen);
+        !s.ok()) {
+      std::fprintf(stderr, "gpipe-controller: %s\n",
+                   std::string(s.message()).c_str());
+      return 2;
+    }
   }
 
   // SIGTERM and SIGINT are taken by sigwait below: block them before any
@@ -90,6 +108,8 @@ int main(int argc, char** argv) {
                                           : dir.lexically_normal().string();
   options.controller.heartbeat_timeout = absl::Milliseconds(timeout_ms);
   options.controller.heartbeat_interval = absl::Milliseconds(interval_ms);
+  auto metrics = std::make_shared<gpipe::ControllerMetrics>();
+  options.controller.metrics = metrics.get();
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {
@@ -106,6 +126,33 @@ int main(int argc, char** argv) {
   }
   gpipe::LogInfo("gpipe-controller listening on %s (checkpoints in %s)",
                  (*server)->address(), options.controller.checkpoint_dir);
+
+  // Declared after the server, so it stops scraping the controller first.
+  std::unique_ptr<gpipe::MetricsServer> metrics_server;
+  if (!metrics_listen.empty()) {
+    gpipe::controller::Controller* controller = &(*server)->controller();
+    metrics->SetCounts([controller] { return controller->Counts(); });
+    absl::StatusOr<std::unique_ptr<gpipe::MetricsServer>> started =
+        gpipe::MetricsServer::Start(metrics_listen, {metrics});
+    if (started.ok()) {
+      metrics_server = *std::move(started);
+      gpipe::LogInfo("gpipe-controller metrics on http://%s/metrics",
+                     metrics_server->address());
+      const std::string f = absl::GetFlag(FLAGS_metrics_port_file);
+      if (!f.empty()) {
+        if (absl::Status w = WritePortFile(f, metrics_server->port());
+            !w.ok()) {
+          gpipe::LogError("gpipe-controller: %s", w.ToString());
+          return 1;
+        }
+      }
+    } else {
+      // The job API matters more than its metrics: a taken port (another
+      // controller on this machine) must not stop the controller.
+      gpipe::LogWarning("gpipe-controller: %s; serving without metrics",
+                        std::string(started.status().message()));
+    }
+  }
 
   int received = 0;
   sigwait(&signals, &received);

@@ -10,7 +10,7 @@ packages=(
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc libgrpc-dev
   libabsl-dev libopenblas-pthread-dev libsqlite3-dev zlib1g-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus-cpp-dev
+  prometheus-cpp-dev prometheus
   dataset-fashion-mnist
 )
 if [[ "${1:-}" == "--bench" ]]; then

@@ -10,6 +10,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
 #include "services/storage/safetensors.h"
+#include "services/telemetry/metered_link.h"
 #include "services/tensor/threads.h"
 
 namespace gpipe {
@@ -21,8 +22,8 @@ struct Executor::Run {
   Link* downstream = nullptr;          // while connected, for Cancel
 };
 
-Executor::Executor(int threads, Reporter report)
-    : threads_(threads), report_(std::move(report)) {}
+Executor::Executor(int threads, Reporter report, PipelineMetrics* metrics)
+    : threads_(threads), report_(std::move(report)), metrics_(metrics) {}
 
 Executor::~Executor() { CancelAll(); }
 
@@ -149,6 +150,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   };
   std::unique_ptr<Link> downstream;
   std::shared_ptr<GrpcLink> upstream;
+  std::shared_ptr<StageMetrics> stage_metrics;
+  if (metrics_ != nullptr) {
+    stage_metrics = metrics_->ForStage(a.job_id(), a.stage(), a.stages(),
+                                       a.micro_batches(), last);
+  }
+  std::unique_ptr<MeteredLink> metered_up, metered_down;
   absl::Status status = [&]() -> absl::Status {
     std::shared_ptr<const Dataset> dataset;
     if (first || last) {
@@ -184,9 +191,20 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                              ? ScheduleKind::kOneFOneB
                              : ScheduleKind::kGPipe;
     placement.remat = RematFromSpec(a.remat());
+    Link* up = upstream.get();
+    Link* down = downstream.get();
+    if (stage_metrics != nullptr) {
+      if (up != nullptr) {
+        metered_up = std::make_unique<MeteredLink>(up, stage_metrics.get());
+        up = metered_up.get();
+      }
+      if (down != nullptr) {
+        metered_down = std::make_unique<MeteredLink>(down, stage_metrics.get());
+        down = metered_down.get();
+      }
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
-                     Stage::Create(spec, placement, dataset, upstream.get(),
-                                   downstream.get()));
+                     Stage::Create(spec, placement, dataset, up, down));
     for (int64_t s = a.start_step(); s < spec.steps(); ++s) {
       const auto start = std::chrono::steady_clock::now();
       ASSIGN_OR_RETURN(StageStepResult r, stage->RunStep(s));
@@ -211,6 +229,14 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       p->set_busy_seconds(t.busy_seconds());
       p->set_bubble_seconds(t.bubble_seconds());
       p->set_peak_activation_bytes(r.peak_activation_bytes);
+      if (stage_metrics != nullptr) {
+        StepOutcome report;
+        report.completed_steps = s + 1;
+        report.samples = spec.batch_size();
+        report.peak_activation_bytes = r.peak_activation_bytes;
+        if (last) report.loss = p->loss();
+        stage_metrics->ObserveStep(t, report);
+      }
       report_(m);
       if (cancelled()) return absl::CancelledError("cancelled");
     }
@@ -255,6 +281,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
   downstream.reset();  // half-closes and waits for the next stage
   if (upstream) upstream->Release();
+  // The stage and its metered links are gone: nothing observes any more.
+  if (stage_metrics != nullptr) metrics_->Finish(a.job_id(), a.stage());
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == run) current_ = nullptr;
 }

@@ -18,6 +18,9 @@
 #include "grpcpp/grpcpp.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
+#include "services/telemetry/metrics_server.h"
+#include "services/telemetry/port_file.h"
+#include "services/telemetry/stage_metrics.h"
 #include "worker/agent.h"
 #include "worker/executor.h"
 #include "worker/stage_service.h"
@@ -32,6 +35,11 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
 ABSL_FLAG(int64_t, link_wait_ms, 10000,
           "how long an incoming link may wait for its assignment");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT of the Prometheus /metrics endpoint (empty: off; port "
+          "0: a free port, logged)");
+ABSL_FLAG(std::string, metrics_port_file, "",
+          "if set, the bound metrics port is written there once it serves");
 
 namespace {
 
@@ -53,7 +61,7 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
-      "[--advertise HOST:PORT] [--threads T]");
+      "[--advertise HOST:PORT] [--threads T] [--metrics_listen HOST:PORT]");
   absl::ParseCommandLine(argc, argv);
 
   // Signals are taken by a dedicated thread (sigwait), not a handler.
@@ -63,15 +71,43 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Metrics first: a bad address is refused before anything attaches.
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<gpipe::PipelineMetrics>(registry);
+  std::unique_ptr<gpipe::MetricsServer> metrics_server;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_listen); !m.empty()) {
+    absl::StatusOr<std::unique_ptr<gpipe::MetricsServer>> started =
+        gpipe::MetricsServer::Start(m, {metrics});
+    if (!started.ok()) {
+      std::fprintf(stderr, "gpipe-worker: %s\n",
+                   std::string(started.status().message()).c_str());
+      return absl::IsInvalidArgument(started.status()) ? 2 : 1;
+    }
+    metrics_server = *std::move(started);
+    gpipe::LogInfo("gpipe-worker metrics on http://%s/metrics",
+                   metrics_server->address());
+    if (const std::string f = absl::GetFlag(FLAGS_metrics_port_file);
+        !f.empty()) {
+      if (absl::Status s = gpipe::WritePortFile(f, metrics_server->port());
+          !s.ok()) {
+        std::fprintf(stderr, "gpipe-worker: %s\n",
+                     std::string(s.message()).c_str());
+        return 1;
+      }
+    }
+  }
+
   const int threads =
       absl::GetFlag(FLAGS_threads) > 0
           ? absl::GetFlag(FLAGS_threads)
           : static_cast<int>(std::thread::hardware_concurrency());
   std::unique_ptr<gpipe::Agent> agent;
-  gpipe::Executor executor(threads,
-                           [&agent](const gpipe::v1::WorkerMessage& m) {
-                             if (agent) agent->Report(m);
-                           });
+  gpipe::Executor executor(
+      threads,
+      [&agent](const gpipe::v1::WorkerMessage& m) {
+        if (agent) agent->Report(m);
+      },
+      metrics_server != nullptr ? metrics.get() : nullptr);
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
 
   grpc::ServerBuilder builder;

@@ -27,9 +27,11 @@ std::string Progress::Line(int64_t step, double loss) const {
   const int filled = total_ > 0 ? static_cast<int>(width * step / total_) : 0;
   std::string bar(filled, '#');
   bar.resize(width, '.');
-  return absl::StrFormat("[%s] step %d/%d  loss %.4f  %.0f samples/s  ETA %ds",
-                         bar, step, total_, loss, rate,
-                         static_cast<int>(eta + 0.5));
+  std::string line = absl::StrFormat(
+      "[%s] step %d/%d  loss %.4f  %.0f samples/s  ETA %ds", bar, step, total_,
+      loss, rate, static_cast<int>(eta + 0.5));
+  if (!suffix_.empty()) line += "  " + suffix_;
+  return line;
 }
 
 void Progress::Update(int64_t step, double loss, int64_t samples) {

@@ -21,6 +21,9 @@ class Progress {
 
   // Reports that `step` (1-based) finished with `loss` after `samples` samples.
   void Update(int64_t step, double loss, int64_t samples);
+  // Text drawn after the bar from the next Update on (e.g. per-stage
+  // utilization and bubble); empty for none.
+  void SetSuffix(std::string suffix) { suffix_ = std::move(suffix); }
   // Ends the bar's line so other output can follow on a fresh one; a later
   // Update() draws the bar again below it.
   void Finish();
@@ -36,6 +39,7 @@ class Progress {
   absl::Time last_print_;
   int64_t samples_ = 0;
   bool drawn_ = false;
+  std::string suffix_;
 };
 
 }  // namespace gpipe

@@ -97,6 +97,9 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
     ASSIGN_OR_RETURN(Message in,
                      Expect(upstream_, MessageKind::kActivation, step, m));
     timer.record().bytes_received = in.tensor.nbytes();
+    // Waiting for the activation is bubble, not forward time (as in
+    // Backward): the op starts when its input is here.
+    timer.record().start_ns = timeline_.Now();
     x = std::move(in.tensor);
   }
   InFlight& f = flight[m];

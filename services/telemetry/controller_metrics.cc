@@ -1,0 +1,65 @@
+#include "services/telemetry/controller_metrics.h"
+
+#include <utility>
+
+namespace gpipe {
+namespace {
+
+prometheus::MetricFamily StateGauge(const std::string& name,
+                                    const std::string& help,
+                                    const std::map<std::string, int64_t>& by) {
+  prometheus::MetricFamily family;
+  family.name = name;
+  family.help = help;
+  family.type = prometheus::MetricType::Gauge;
+  for (const auto& [state, count] : by) {
+    prometheus::ClientMetric m;
+    m.label.push_back({"state", state});
+    m.gauge.value = static_cast<double>(count);
+    family.metric.push_back(std::move(m));
+  }
+  return family;
+}
+
+}  // namespace
+
+void ControllerMetrics::SetCounts(std::function<ClusterCounts()> counts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  counts_ = std::move(counts);
+}
+
+ControllerMetrics::ControllerMetrics() {
+  restarts_ = &prometheus::BuildCounter()
+                   .Name("gpipe_job_restarts_total")
+                   .Help("Times a job went RESTARTING after losing a stage")
+                   .Register(registry_)
+                   .Add({});
+  checkpoints_ = &prometheus::BuildCounter()
+                      .Name("gpipe_checkpoints_total")
+                      .Help("Checkpoints committed (manifest written)")
+                      .Register(registry_)
+                      .Add({});
+  recovery_ = &prometheus::BuildHistogram()
+                   .Name("gpipe_recovery_duration_seconds")
+                   .Help("Time from losing a stage to the job running again")
+                   .Register(registry_)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{
+                                0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600});
+}
+
+std::vector<prometheus::MetricFamily> ControllerMetrics::Collect() const {
+  std::vector<prometheus::MetricFamily> families = registry_.Collect();
+  ClusterCounts counts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (counts_) counts = counts_();
+  }
+  families.push_back(StateGauge(
+      "gpipe_jobs", "Jobs the controller knows, by state", counts.jobs));
+  families.push_back(StateGauge("gpipe_workers",
+                                "Workers attached to the controller, by state",
+                                counts.workers));
+  return families;
+}
+
+}  // namespace gpipe

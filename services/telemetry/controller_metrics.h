@@ -1,0 +1,54 @@
+// The controller's metric families: jobs and workers by state (read from
+// the controller at scrape time, so they are never stale), restarts,
+// committed checkpoints and recovery durations (counted by whoever drives
+// recovery). Every family is exported from the start, zeros included.
+#ifndef GPIPE_SERVICES_TELEMETRY_CONTROLLER_METRICS_H_
+#define GPIPE_SERVICES_TELEMETRY_CONTROLLER_METRICS_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace gpipe {
+
+// How many jobs and workers are in each state now. Every state the
+// product knows should be a key (with 0), so a series never vanishes.
+struct ClusterCounts {
+  std::map<std::string, int64_t> jobs;     // PENDING, RUNNING, ...
+  std::map<std::string, int64_t> workers;  // IDLE, BUSY
+};
+
+class ControllerMetrics : public prometheus::Collectable {
+ public:
+  ControllerMetrics();
+
+  // `counts` is called on every scrape, from the exposer's thread, until it
+  // is replaced; before it is set the state gauges are empty.
+  void SetCounts(std::function<ClusterCounts()> counts);
+
+  void OnRestart() { restarts_->Increment(); }
+  void OnCheckpoint() { checkpoints_->Increment(); }
+  void ObserveRecovery(double seconds) { recovery_->Observe(seconds); }
+
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  mutable std::mutex mu_;
+  std::function<ClusterCounts()> counts_;  // guarded by mu_
+  prometheus::Registry registry_;
+  prometheus::Counter* restarts_;
+  prometheus::Counter* checkpoints_;
+  prometheus::Histogram* recovery_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TELEMETRY_CONTROLLER_METRICS_H_

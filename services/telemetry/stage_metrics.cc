@@ -1,0 +1,223 @@
+#include "services/telemetry/stage_metrics.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace gpipe {
+namespace {
+
+// Micro-batch ops run from sub-millisecond (small layers on a CPU) to
+// seconds (large ones); sends are usually far quicker.
+prometheus::Histogram::BucketBoundaries MicroBatchBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+          0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+}
+prometheus::Histogram::BucketBoundaries StepBuckets() {
+  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+}
+prometheus::Histogram::BucketBoundaries SendBuckets() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
+          0.01,    0.025,  0.05,    0.1,    0.25,  0.5,    1};
+}
+
+constexpr std::array<Phase, kPhaseCount> kPhases = {
+    Phase::kForward, Phase::kBackward, Phase::kRecompute, Phase::kOptimizer};
+
+}  // namespace
+
+void StageMetrics::ObserveStep(const StepTimeline& step,
+                               const StepOutcome& report) {
+  const StepFigures f = ComputeStepFigures(step);
+  for (Phase phase : kPhases) {
+    const int i = static_cast<int>(phase);
+    busy_[i]->Increment(f.busy_by_phase[i]);
+  }
+  for (const OpRecord& op : step.ops) {
+    if (op.phase == Phase::kOptimizer) continue;  // not a micro-batch
+    micro_batch_[static_cast<int>(op.phase)]->Observe(
+        std::max<int64_t>(0, op.end_ns - op.start_ns) * 1e-9);
+  }
+  bubble_->Increment(f.bubble_seconds);
+  utilization_->Set(f.utilization_ratio);
+  bubble_ratio_->Set(f.bubble_ratio);
+  step_duration_->Observe(f.wall_seconds);
+  samples_->Increment(
+      static_cast<double>(std::max<int64_t>(0, report.samples)));
+  step_->Set(static_cast<double>(report.completed_steps));
+  if (loss_ != nullptr && report.loss.has_value()) loss_->Set(*report.loss);
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_bytes_ = std::max(peak_bytes_, report.peak_activation_bytes);
+  activation_->Set(static_cast<double>(peak_bytes_));
+}
+
+void StageMetrics::ObserveSend(int64_t bytes, double seconds) {
+  sent_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
+  send_duration_->Observe(std::max(0.0, seconds));
+}
+
+void StageMetrics::ObserveReceive(int64_t bytes) {
+  received_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
+}
+
+PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
+                                 size_t keep_finished, Clock::duration linger)
+    : registry_(registry),
+      keep_(keep_finished),
+      linger_(linger),
+      busy_(prometheus::BuildCounter()
+                .Name("gpipe_stage_busy_seconds_total")
+                .Help("Seconds the stage spent computing, by phase")
+                .Register(registry)),
+      bubble_(prometheus::BuildCounter()
+                  .Name("gpipe_stage_bubble_seconds_total")
+                  .Help("Seconds of the stage's steps not spent computing "
+                        "(step wall time minus busy time)")
+                  .Register(registry)),
+      utilization_(prometheus::BuildGauge()
+                       .Name("gpipe_stage_utilization_ratio")
+                       .Help("Busy share of the stage's last step")
+                       .Register(registry)),
+      bubble_ratio_(prometheus::BuildGauge()
+                        .Name("gpipe_stage_bubble_ratio")
+                        .Help("Bubble share of the stage's last step")
+                        .Register(registry)),
+      theoretical_(prometheus::BuildGauge()
+                       .Name("gpipe_pipeline_bubble_theoretical_ratio")
+                       .Help("Bubble share of a balanced pipeline with the "
+                             "job's K and M: (K-1)/(M+K-1)")
+                       .Register(registry)),
+      micro_batch_(prometheus::BuildHistogram()
+                       .Name("gpipe_microbatch_duration_seconds")
+                       .Help("Duration of one micro-batch op, by phase")
+                       .Register(registry)),
+      sent_(prometheus::BuildCounter()
+                .Name("gpipe_transport_sent_bytes_total")
+                .Help("Tensor bytes sent to neighbouring stages")
+                .Register(registry)),
+      received_(prometheus::BuildCounter()
+                    .Name("gpipe_transport_received_bytes_total")
+                    .Help("Tensor bytes received from neighbouring stages")
+                    .Register(registry)),
+      send_duration_(prometheus::BuildHistogram()
+                         .Name("gpipe_transport_send_duration_seconds")
+                         .Help("Time one send to a neighbour took")
+                         .Register(registry)),
+      activation_(prometheus::BuildGauge()
+                      .Name("gpipe_stage_activation_memory_bytes")
+                      .Help("Peak bytes of activations the stage held in a "
+                            "step, over its assignment")
+                      .Register(registry)),
+      step_duration_(prometheus::BuildHistogram()
+                         .Name("gpipe_step_duration_seconds")
+                         .Help("Wall time of one training step on the stage")
+                         .Register(registry)),
+      samples_(prometheus::BuildCounter()
+                   .Name("gpipe_samples_total")
+                   .Help("Training samples the stage processed")
+                   .Register(registry)),
+      loss_(prometheus::BuildGauge()
+                .Name("gpipe_loss")
+                .Help("Training loss of the last step (last stage)")
+                .Register(registry)),
+      step_(prometheus::BuildGauge()
+                .Name("gpipe_job_step")
+                .Help("Training steps the job has completed")
+                .Register(registry)) {}
+
+std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(const std::string& job,
+                                                        int64_t stage,
+                                                        int64_t stages,
+                                                        int64_t micro_batches,
+                                                        bool last) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Key key(job, stage);
+  if (auto it = live_.find(key); it != live_.end()) return it->second;
+  for (auto it = finished_.begin(); it != finished_.end(); ++it) {
+    if (it->metrics->job() == job && it->metrics->stage() == stage) {
+      std::shared_ptr<StageMetrics> m = it->metrics;
+      finished_.erase(it);
+      live_[key] = m;
+      return m;
+    }
+  }
+  auto m = std::shared_ptr<StageMetrics>(new StageMetrics(job, stage));
+  const prometheus::Labels labels = {{"job", job},
+                                     {"stage", absl::StrCat(stage)}};
+  for (Phase phase : kPhases) {
+    prometheus::Labels with_phase = labels;
+    with_phase["phase"] = std::string(PhaseName(phase));
+    const int i = static_cast<int>(phase);
+    m->busy_[i] = &busy_.Add(with_phase);
+    if (phase != Phase::kOptimizer)
+      m->micro_batch_[i] = &micro_batch_.Add(with_phase, MicroBatchBuckets());
+  }
+  m->bubble_ = &bubble_.Add(labels);
+  m->utilization_ = &utilization_.Add(labels);
+  m->bubble_ratio_ = &bubble_ratio_.Add(labels);
+  m->theoretical_ = &theoretical_.Add(labels);
+  m->theoretical_->Set(TheoreticalBubbleRatio(stages, micro_batches));
+  m->sent_ = &sent_.Add(labels);
+  m->received_ = &received_.Add(labels);
+  m->send_duration_ = &send_duration_.Add(labels, SendBuckets());
+  m->activation_ = &activation_.Add(labels);
+  m->step_duration_ = &step_duration_.Add(labels, StepBuckets());
+  m->samples_ = &samples_.Add(labels);
+  if (last) m->loss_ = &loss_.Add(labels);
+  m->step_ = &step_.Add(labels);
+  live_[key] = m;
+  return m;
+}
+
+void PipelineMetrics::Finish(const std::string& job, int64_t stage) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(Key(job, stage));
+  if (it == live_.end()) return;
+  finished_.push_back({it->second, Clock::now()});
+  live_.erase(it);
+  while (finished_.size() > keep_) {
+    RemoveLocked(finished_.front().metrics);
+    finished_.pop_front();
+  }
+}
+
+void PipelineMetrics::Prune(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!finished_.empty() && now - finished_.front().at >= linger_) {
+    RemoveLocked(finished_.front().metrics);
+    finished_.pop_front();
+  }
+}
+
+std::vector<prometheus::MetricFamily> PipelineMetrics::Collect() const {
+  // Pruning changes which series exist, not what a series says: the const
+  // is about the scrape.
+  const_cast<PipelineMetrics*>(this)->Prune();
+  return registry_.Collect();
+}
+
+void PipelineMetrics::RemoveLocked(const std::shared_ptr<StageMetrics>& m) {
+  for (int i = 0; i < kPhaseCount; ++i) {
+    busy_.Remove(m->busy_[i]);
+    if (m->micro_batch_[i] != nullptr) micro_batch_.Remove(m->micro_batch_[i]);
+  }
+  bubble_.Remove(m->bubble_);
+  utilization_.Remove(m->utilization_);
+  bubble_ratio_.Remove(m->bubble_ratio_);
+  theoretical_.Remove(m->theoretical_);
+  sent_.Remove(m->sent_);
+  received_.Remove(m->received_);
+  send_duration_.Remove(m->send_duration_);
+  activation_.Remove(m->activation_);
+  step_duration_.Remove(m->step_duration_);
+  samples_.Remove(m->samples_);
+  if (m->loss_ != nullptr) loss_.Remove(m->loss_);
+  step_.Remove(m->step_);
+}
+
+size_t PipelineMetrics::exported() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_.size() + finished_.size();
+}
+
+}  // namespace gpipe

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# The metrics against a real Prometheus. `gpipectl local` runs a long job on a
+# controller and two workers with metrics on free loopback ports and writes
+# their file_sd targets; a Prometheus (Debian's, on a free loopback port,
+# generated config: 1 s scrapes, the shipped alert rules) scrapes them. Then:
+# `promtool check metrics` on every endpoint's output, `promtool check rules`
+# and `check config` on deploy/prometheus/, and every PromQL expression of
+# every dashboard panel and alert rule evaluated through the HTTP API must
+# return data (tests/scripts/prometheus_queries.py). Bounded: about 30 s;
+# everything started is killed at the end, also on failure.
+#   prometheus_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+bin="$build/bin"
+
+for b in gpipectl gpipe-controller gpipe-worker; do
+  if [[ ! -x "$bin/$b" ]]; then
+    echo "SKIP: $bin/$b is not built yet (scripts/build.sh builds it)"
+    exit 0
+  fi
+done
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+for b in prometheus promtool; do
+  command -v "$b" >/dev/null || fail "$b is not installed (scripts/setup.sh installs Debian's prometheus)"
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 50); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+show_logs() {
+  local f
+  for f in "$work"/*.log "$work"/run/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "--- $f" >&2
+    tail -n 15 "$f" >&2
+  done
+}
+
+# --- the shipped config and rules -----------------------------------------
+promtool check rules "$src/deploy/prometheus/gpipe-rules.yml" ||
+  fail "promtool check rules"
+promtool check config "$src/deploy/prometheus/prometheus.yml" ||
+  fail "promtool check config"
+
+# --- a local cluster with metrics: a job long enough to scrape ------------
+cat >"$work/job.json" <<'JSON'
+{
+  "name": "prometheus-test",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {"momentum": 0.9}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 600, "testSamples": 60}},
+  "pipeline": {"stages": 2, "microBatches": 4},
+  "batchSize": 32,
+  "steps": 1000000,
+  "seed": 3
+}
+JSON
+targets="$work/targets.json"
+"$bin/gpipectl" local "$work/job.json" --workers 2 --threads 2 \
+  --keep "$work/run" --metrics_targets "$targets" >"$work/local.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 300); do
+  [[ -s "$targets" ]] && break
+  kill -0 "${pids[0]}" 2>/dev/null || { show_logs; fail "gpipectl local exited"; }
+  sleep 0.1
+done
+[[ -s "$targets" ]] || { show_logs; fail "gpipectl local wrote no $targets within 30 s"; }
+endpoints=$(python3 -c '
+import json, sys
+for group in json.load(open(sys.argv[1])):
+    for t in group["targets"]:
+        print(t)' "$targets")
+[[ $(wc -l <<<"$endpoints") -eq 3 ]] ||
+  fail "want 3 metrics endpoints (controller, 2 workers), got: $endpoints"
+for e in $endpoints; do
+  [[ $e == 127.0.0.1:* ]] || fail "endpoint $e is not on loopback"
+done
+
+# --- Prometheus on a free loopback port ------------------------------------
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$work/prometheus.yml" <<YAML
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $src/deploy/prometheus/gpipe-rules.yml
+scrape_configs:
+  - job_name: gpipe
+    honor_labels: true
+    file_sd_configs:
+      - files: ["$targets"]
+        refresh_interval: 1s
+YAML
+prometheus --config.file="$work/prometheus.yml" \
+  --web.listen-address="127.0.0.1:$port" --storage.tsdb.path="$work/tsdb" \
+  >"$work/prometheus.log" 2>&1 &
+pids+=($!)
+url="http://127.0.0.1:$port"
+for _ in $(seq 100); do
+  python3 -c 'import urllib.request, sys; urllib.request.urlopen(sys.argv[1] + "/-/ready", timeout=1)' "$url" 2>/dev/null && break
+  kill -0 "${pids[1]}" 2>/dev/null || { show_logs; fail "prometheus exited"; }
+  sleep 0.2
+done
+
+# --- every endpoint's exposition passes promtool's lint ----------------------
+# The workers export their stage's series once the job runs: wait for them.
+for e in $endpoints; do
+  ok=0
+  for _ in $(seq 100); do
+    python3 -c 'import urllib.request, sys; sys.stdout.write(urllib.request.urlopen("http://" + sys.argv[1] + "/metrics", timeout=2).read().decode())' "$e" >"$work/scrape.txt" 2>/dev/null || true
+    if grep -q '^gpipe_job_step\|^gpipe_jobs' "$work/scrape.txt" && ! grep -q 'gpipe_job_step.* 0$' "$work/scrape.txt"; then ok=1; break; fi
+    sleep 0.2
+  done
+  [[ $ok == 1 ]] || { show_logs; fail "$e exported no gpipe series within 20 s"; }
+  promtool check metrics <"$work/scrape.txt" || fail "promtool check metrics on $e"
+done
+
+# --- every dashboard and rule expression returns data ---------------------
+python3 "$src/tests/scripts/prometheus_queries.py" "$url" \
+  "$src/dashboards/grafana" --deadline "${PROMETHEUS_TEST_DEADLINE:-40}" ||
+  { show_logs; fail "dashboard or rule expressions"; }
+kill -0 "${pids[0]}" 2>/dev/null || fail "gpipectl local ended before the checks were done"
+echo "PASS"

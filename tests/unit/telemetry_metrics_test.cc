@@ -1,0 +1,317 @@
+// The metric arithmetic (busy, bubble, ratios, theory), the families a stage
+// and the controller export, the bound on label sets over many jobs, the
+// metered link, and the /metrics endpoint over real HTTP on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "services/telemetry/controller_metrics.h"
+#include "services/telemetry/metered_link.h"
+#include "services/telemetry/metrics_server.h"
+#include "services/telemetry/stage_metrics.h"
+#include "services/telemetry/step_figures.h"
+#include "services/transport/in_process_link.h"
+
+namespace gpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+OpRecord Op(Phase phase, int64_t m, int64_t start_ms, int64_t end_ms) {
+  return OpRecord{phase, m, start_ms * 1000000, end_ms * 1000000};
+}
+
+StepTimeline Step(int64_t wall_ms, std::vector<OpRecord> ops) {
+  StepTimeline t;
+  t.step = 3;
+  t.start_ns = 0;
+  t.end_ns = wall_ms * 1000000;
+  t.ops = std::move(ops);
+  return t;
+}
+
+TEST(StepFigures, BusyByPhaseBubbleAndRatios) {
+  const StepFigures f = ComputeStepFigures(Step(
+      100, {Op(Phase::kForward, 0, 10, 20), Op(Phase::kForward, 1, 20, 30),
+            Op(Phase::kRecompute, 0, 50, 55), Op(Phase::kBackward, 0, 55, 75),
+            Op(Phase::kOptimizer, -1, 90, 95)}));
+  EXPECT_NEAR(f.wall_seconds, 0.100, 1e-12);
+  EXPECT_NEAR(f.busy_by_phase[static_cast<int>(Phase::kForward)], 0.020, 1e-12);
+  EXPECT_NEAR(f.busy_by_phase[static_cast<int>(Phase::kRecompute)], 0.005,
+              1e-12);
+  EXPECT_NEAR(f.busy_by_phase[static_cast<int>(Phase::kBackward)], 0.020,
+              1e-12);
+  EXPECT_NEAR(f.busy_by_phase[static_cast<int>(Phase::kOptimizer)], 0.005,
+              1e-12);
+  EXPECT_NEAR(f.busy_seconds, 0.050, 1e-12);
+  EXPECT_NEAR(f.bubble_seconds, 0.050, 1e-12);
+  EXPECT_NEAR(f.utilization_ratio, 0.5, 1e-12);
+  EXPECT_NEAR(f.bubble_ratio, 0.5, 1e-12);
+}
+
+TEST(StepFigures, NeverNegativeNorAboveOne) {
+  // Clock reads at the edges can make busy a hair longer than the step.
+  StepFigures f = ComputeStepFigures(Step(10, {Op(Phase::kForward, 0, 0, 11)}));
+  EXPECT_EQ(f.bubble_seconds, 0.0);
+  EXPECT_EQ(f.utilization_ratio, 1.0);
+  EXPECT_EQ(f.bubble_ratio, 0.0);
+  f = ComputeStepFigures(StepTimeline());  // before the first step
+  EXPECT_EQ(f.wall_seconds, 0.0);
+  EXPECT_EQ(f.utilization_ratio, 0.0);
+  EXPECT_EQ(f.bubble_ratio, 0.0);
+}
+
+TEST(StepFigures, TheoreticalBubble) {
+  EXPECT_EQ(TheoreticalBubbleRatio(1, 8), 0.0);
+  EXPECT_DOUBLE_EQ(TheoreticalBubbleRatio(2, 4), 1.0 / 5);
+  EXPECT_DOUBLE_EQ(TheoreticalBubbleRatio(4, 4), 3.0 / 7);
+  EXPECT_DOUBLE_EQ(TheoreticalBubbleRatio(4, 16), 3.0 / 19);
+  EXPECT_EQ(TheoreticalBubbleRatio(4, 0), 0.0);
+}
+
+// Finds `name` with labels job=`job`, stage=`stage` (and phase when given).
+const prometheus::ClientMetric* Find(
+    const std::vector<prometheus::MetricFamily>& families,
+    const std::string& name, const std::string& job, const std::string& stage,
+    const std::string& phase = "") {
+  for (const auto& f : families) {
+    if (f.name != name) continue;
+    for (const auto& m : f.metric) {
+      bool j = false, s = false, p = phase.empty();
+      for (const auto& l : m.label) {
+        j |= l.name == "job" && l.value == job;
+        s |= l.name == "stage" && l.value == stage;
+        p |= l.name == "phase" && l.value == phase;
+      }
+      if (j && s && p) return &m;
+    }
+  }
+  return nullptr;
+}
+
+TEST(StageMetrics, AStepLandsInEveryFamily) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  auto last = metrics.ForStage("job-1", 1, 2, 4, /*last=*/true);
+  StepOutcome report;
+  report.completed_steps = 4;
+  report.samples = 32;
+  report.peak_activation_bytes = 1000;
+  report.loss = 0.75;
+  last->ObserveStep(Step(100, {Op(Phase::kForward, 0, 0, 30),
+                               Op(Phase::kBackward, 0, 40, 80)}),
+                    report);
+  report.peak_activation_bytes = 600;  // the peak stays the peak
+  last->ObserveStep(Step(50, {Op(Phase::kForward, 0, 0, 25)}), report);
+  last->ObserveSend(4096, 0.002);
+  last->ObserveReceive(2048);
+
+  const auto f = registry.Collect();
+  auto value = [&](const char* name, const char* phase = "") {
+    const prometheus::ClientMetric* m = Find(f, name, "job-1", "1", phase);
+    EXPECT_NE(m, nullptr) << name << " " << phase;
+    return m;
+  };
+  EXPECT_NEAR(value("gpipe_stage_busy_seconds_total", "forward")->counter.value,
+              0.055, 1e-9);
+  EXPECT_NEAR(
+      value("gpipe_stage_busy_seconds_total", "backward")->counter.value, 0.040,
+      1e-9);
+  EXPECT_EQ(value("gpipe_stage_busy_seconds_total", "recompute")->counter.value,
+            0.0);
+  EXPECT_NEAR(value("gpipe_stage_bubble_seconds_total")->counter.value,
+              0.030 + 0.025, 1e-9);
+  EXPECT_NEAR(value("gpipe_stage_utilization_ratio")->gauge.value, 0.5, 1e-9);
+  EXPECT_NEAR(value("gpipe_stage_bubble_ratio")->gauge.value, 0.5, 1e-9);
+  EXPECT_DOUBLE_EQ(
+      value("gpipe_pipeline_bubble_theoretical_ratio")->gauge.value, 0.2);
+  EXPECT_EQ(value("gpipe_microbatch_duration_seconds", "forward")
+                ->histogram.sample_count,
+            2u);
+  EXPECT_EQ(value("gpipe_step_duration_seconds")->histogram.sample_count, 2u);
+  EXPECT_EQ(value("gpipe_samples_total")->counter.value, 64);
+  EXPECT_EQ(value("gpipe_loss")->gauge.value, 0.75);
+  EXPECT_EQ(value("gpipe_job_step")->gauge.value, 4);
+  EXPECT_EQ(value("gpipe_stage_activation_memory_bytes")->gauge.value, 1000);
+  EXPECT_EQ(value("gpipe_transport_sent_bytes_total")->counter.value, 4096);
+  EXPECT_EQ(value("gpipe_transport_received_bytes_total")->counter.value, 2048);
+  EXPECT_EQ(
+      value("gpipe_transport_send_duration_seconds")->histogram.sample_count,
+      1u);
+  // No step or micro-batch labels, ever.
+  for (const auto& family : f)
+    for (const auto& m : family.metric)
+      for (const auto& l : m.label)
+        EXPECT_THAT(l.name, ::testing::AnyOf("job", "stage", "phase"));
+}
+
+TEST(StageMetrics, OnlyTheLastStageExportsTheLoss) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  metrics.ForStage("j", 0, 2, 4, /*last=*/false)
+      ->ObserveStep(Step(10, {}), StepOutcome{1, 8, 0, 1.5});
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_loss", "j", "0"), nullptr);
+}
+
+TEST(StageMetrics, LabelSetsOfEndedJobsStayBounded) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry, /*keep_finished=*/2);
+  for (int job = 0; job < 50; ++job) {
+    const std::string id = "job-" + std::to_string(job);
+    metrics.ForStage(id, 0, 2, 4, false)->ObserveStep(Step(10, {}), {});
+    metrics.Finish(id, 0);
+  }
+  EXPECT_EQ(metrics.exported(), 2u);
+  for (const auto& f : registry.Collect()) {
+    if (f.name == "gpipe_stage_busy_seconds_total") {
+      EXPECT_EQ(f.metric.size(), 2u * kPhaseCount);
+    } else if (f.name == "gpipe_stage_bubble_seconds_total") {
+      EXPECT_EQ(f.metric.size(), 2u);
+    }
+  }
+  // The newest ended jobs are the ones kept, so their final values are
+  // still scraped.
+  EXPECT_NE(Find(registry.Collect(), "gpipe_job_step", "job-49", "0"), nullptr);
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_job_step", "job-0", "0"), nullptr);
+  // Past the linger time the ended ones go; a live one stays.
+  metrics.ForStage("live", 1, 2, 4, false);
+  metrics.Prune(PipelineMetrics::Clock::now() + std::chrono::hours(1));
+  EXPECT_EQ(metrics.exported(), 1u);
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_job_step", "job-49", "0"), nullptr);
+  EXPECT_NE(Find(registry.Collect(), "gpipe_job_step", "live", "1"), nullptr);
+  // A stage reassigned to the same worker continues its series while they
+  // are exported.
+  metrics.Finish("live", 1);
+  auto again = metrics.ForStage("live", 1, 2, 4, false);
+  again->ObserveStep(Step(10, {}), {});
+  again->ObserveStep(Step(10, {}), {});
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_step_duration_seconds", "live", "1")
+                ->histogram.sample_count,
+            2u);
+}
+
+TEST(MeteredLink, CountsTensorBytesBothWays) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  auto down = metrics.ForStage("j", 0, 2, 1, false);
+  auto up = metrics.ForStage("j", 1, 2, 1, true);
+  auto [a, b] = MakeInProcessLinkPair(4);
+  MeteredLink ma(a.get(), down.get()), mb(b.get(), up.get());
+  Message msg;
+  msg.tensor = Tensor::Zeros(Shape({3, 5}));
+  ASSERT_TRUE(ma.Send(msg).ok());
+  Message scalar;
+  scalar.kind = MessageKind::kGradSquares;
+  ASSERT_TRUE(ma.Send(scalar).ok());  // no tensor: no bytes
+  ASSERT_TRUE(mb.Receive().ok());
+  ASSERT_TRUE(mb.Receive().ok());
+  const auto f = registry.Collect();
+  EXPECT_EQ(
+      Find(f, "gpipe_transport_sent_bytes_total", "j", "0")->counter.value, 60);
+  EXPECT_EQ(
+      Find(f, "gpipe_transport_received_bytes_total", "j", "1")->counter.value,
+      60);
+  EXPECT_EQ(Find(f, "gpipe_transport_send_duration_seconds", "j", "0")
+                ->histogram.sample_count,
+            2u);
+}
+
+TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
+  ControllerMetrics metrics;
+  auto names = [&] {
+    std::vector<std::string> n;
+    for (const auto& f : metrics.Collect()) n.push_back(f.name);
+    return n;
+  };
+  EXPECT_THAT(
+      names(),
+      ::testing::IsSupersetOf(
+          {"gpipe_jobs", "gpipe_workers", "gpipe_job_restarts_total",
+           "gpipe_checkpoints_total", "gpipe_recovery_duration_seconds"}));
+  metrics.SetCounts([] {
+    ClusterCounts c;
+    c.jobs = {{"RUNNING", 2}, {"FAILED", 0}};
+    c.workers = {{"IDLE", 1}, {"BUSY", 4}};
+    return c;
+  });
+  metrics.OnRestart();
+  metrics.ObserveRecovery(3.5);
+  for (const auto& f : metrics.Collect()) {
+    if (f.name == "gpipe_jobs") {
+      ASSERT_EQ(f.metric.size(), 2u);
+      EXPECT_EQ(f.metric[1].label[0].value, "RUNNING");
+      EXPECT_EQ(f.metric[1].gauge.value, 2);
+    } else if (f.name == "gpipe_workers") {
+      ASSERT_EQ(f.metric.size(), 2u);
+    } else if (f.name == "gpipe_job_restarts_total") {
+      EXPECT_EQ(f.metric[0].counter.value, 1);
+    } else if (f.name == "gpipe_recovery_duration_seconds") {
+      EXPECT_EQ(f.metric[0].histogram.sample_count, 1u);
+    }
+  }
+}
+
+// GET /metrics from 127.0.0.1:port with a plain socket.
+std::string Scrape(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request =
+      "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+    response.append(buf, n);
+  close(fd);
+  return response;
+}
+
+TEST(MetricsServer, ServesOnAFreeLoopbackPort) {
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<PipelineMetrics>(registry);
+  metrics->ForStage("job-7", 2, 4, 8, true)->ObserveStep(Step(10, {}), {});
+  auto server = MetricsServer::Start("127.0.0.1:0", {metrics});
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_GT((*server)->port(), 0);
+  EXPECT_EQ((*server)->address(),
+            "127.0.0.1:" + std::to_string((*server)->port()));
+  const std::string text = Scrape((*server)->port());
+  EXPECT_THAT(text, HasSubstr("200 OK"));
+  EXPECT_THAT(text,
+              HasSubstr("gpipe_pipeline_bubble_theoretical_ratio{job=\"job-7\","
+                        "stage=\"2\"} 0.2727"));
+  // The port is taken now: a clear Unavailable, no exception.
+  auto again = MetricsServer::Start((*server)->address(), {metrics});
+  EXPECT_TRUE(absl::IsUnavailable(again.status())) << again.status();
+}
+
+TEST(MetricsServer, RejectsMalformedAddresses) {
+  for (const char* bad : {"9464", ":9464", "127.0.0.1:", "127.0.0.1:http",
+                          "127.0.0.1:70000", "127.0.0.1:-1"}) {
+    const absl::Status s = CheckListenAddress("metrics_listen", bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("--metrics_listen"));
+    EXPECT_TRUE(
+        absl::IsInvalidArgument(MetricsServer::Start(bad, {}).status()));
+  }
+  EXPECT_TRUE(CheckListenAddress("m", "0.0.0.0:0").ok());
+  EXPECT_TRUE(CheckListenAddress("m", "[::1]:9464").ok());
+}
+
+}  // namespace
+}  // namespace gpipe
