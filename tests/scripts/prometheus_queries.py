@@ -53,7 +53,8 @@ def training_job(url):
 def substitute(expr, job):
     expr = expr.replace("$__rate_interval", RATE_INTERVAL)
     expr = expr.replace("$__interval", "5s")
-    expr = expr.replace("$job", re.escape(job))
+    # Job ids are [a-z0-9-]: no regex metacharacters to escape.
+    expr = expr.replace("$job", job)
     expr = expr.replace("$stage", ".*")
     return expr
 

@@ -11,7 +11,7 @@
 #   prometheus_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
-src=$2
+src=$(cd "$2" && pwd)
 bin="$build/bin"
 
 for b in gpipectl gpipe-controller gpipe-worker; do
