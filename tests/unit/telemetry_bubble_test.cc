@@ -33,6 +33,7 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kForward(5);
 constexpr milliseconds kBackward(10);
+constexpr milliseconds kOptimizer(1);
 constexpr int kSteps = 3;
 
 Message Make(MessageKind kind, int64_t step, int64_t m) {
@@ -84,8 +85,8 @@ void RunStage(StageRun& r) {
       } else {
         // The clipping chain ties the stages' step ends together, as in
         // Stage::OptimizerStep: squares go down, the total comes back up.
+        // Waiting for the total is bubble; the op is the update.
         if (r.up != nullptr && !check(r.up->Receive().status())) return;
-        OpTimer timer(*r.timeline, Phase::kOptimizer, -1);
         Message sq;
         sq.kind = MessageKind::kGradSquares;
         sq.step = step;
@@ -93,7 +94,9 @@ void RunStage(StageRun& r) {
           if (!check(r.down->Send(sq)) || !check(r.down->Receive().status()))
             return;
         }
+        OpTimer timer(*r.timeline, Phase::kOptimizer, -1);
         if (r.up != nullptr && !check(r.up->Send(sq))) return;
+        std::this_thread::sleep_for(kOptimizer);
       }
     }
     r.timeline->EndStep();
@@ -189,10 +192,11 @@ TEST_P(BalancedPipeline, BubbleRatioIsCloseToTheory) {
         Value(registry, "gpipe_transport_send_duration_seconds", i, true) /
         wall;
     const double measured = bubble / wall;
-    std::printf("K=%lld M=%lld stage %lld: bubble %.4f, theory %.4f, "
-                "transport share %.4f\n",
-                static_cast<long long>(k), static_cast<long long>(m),
-                static_cast<long long>(i), measured, theory, transport_share);
+    std::printf(
+        "K=%lld M=%lld stage %lld: bubble %.4f, theory %.4f, "
+        "transport share %.4f\n",
+        static_cast<long long>(k), static_cast<long long>(m),
+        static_cast<long long>(i), measured, theory, transport_share);
     EXPECT_NEAR(measured, theory, 0.05 + transport_share)
         << "K=" << k << " M=" << m << " stage " << i << ": measured "
         << measured << ", theory " << theory << ", transport share "
