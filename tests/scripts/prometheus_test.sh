@@ -54,6 +54,17 @@ show_logs() {
   done
 }
 
+# --- a malformed metrics address is refused with the flag's name ----------
+for b in gpipe-controller gpipe-worker; do
+  set +e
+  msg=$(timeout -k 5 20 "$bin/$b" --metrics_listen=localhost 2>&1)
+  rc=$?
+  set -e
+  [[ $rc == 2 ]] || fail "$b --metrics_listen=localhost exited $rc, want 2: $msg"
+  grep -q -- "--metrics_listen: 'localhost' is not HOST:PORT" <<<"$msg" ||
+    fail "$b --metrics_listen=localhost said: $msg"
+done
+
 # --- the shipped config and rules -----------------------------------------
 promtool check rules "$src/deploy/prometheus/gpipe-rules.yml" ||
   fail "promtool check rules"
