@@ -158,4 +158,13 @@ python3 "$src/tests/scripts/prometheus_queries.py" "$url" \
   "$src/dashboards/grafana" --deadline "${PROMETHEUS_TEST_DEADLINE:-40}" ||
   { show_logs; fail "dashboard or rule expressions"; }
 kill -0 "${pids[0]}" 2>/dev/null || fail "gpipectl local ended before the checks were done"
+
+# --- the progress lines carry each stage's utilization and bubble ----------
+# (plain lines off a terminal: at least one every 10 s)
+for _ in $(seq 120); do
+  grep -Eq 'util [0-9]+% [0-9]+%  bubble [0-9]+% [0-9]+%' "$work/local.log" && break
+  sleep 0.1
+done
+grep -Eq 'util [0-9]+% [0-9]+%  bubble [0-9]+% [0-9]+%' "$work/local.log" ||
+  { show_logs; fail "gpipectl local's progress lines show no per-stage util and bubble"; }
 echo "PASS"
