@@ -119,6 +119,16 @@ absl::StatusOr<gpipe::v1::Job> ControllerClient::GetJob(
   return job;
 }
 
+absl::StatusOr<gpipe::v1::GetTraceResponse> ControllerClient::GetTrace(
+    const gpipe::v1::GetTraceRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::GetTraceResponse trace;
+  grpc::Status s = stub_->GetTrace(&context, request, &trace);
+  if (!s.ok()) return UserStatus(s, "GetTrace");
+  return trace;
+}
+
 absl::StatusOr<gpipe::v1::ListJobsResponse> ControllerClient::ListJobs() {
   grpc::ClientContext context;
   SetDeadline(&context);

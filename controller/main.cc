@@ -29,6 +29,12 @@ ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
           "how often workers are told to send a heartbeat");
 
+ABSL_FLAG(int64_t, trace_steps, 16,
+          "stage timelines kept per job and stage for GetTrace (the last N "
+          "steps)");
+ABSL_FLAG(int64_t, trace_jobs, 32,
+          "jobs whose stage timelines are kept (the most recently active)");
+
 namespace {
 
 // Writes `port` to `path` via a temporary file and a rename, so that a
@@ -57,10 +63,18 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
       "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
-      "                 [--heartbeat_interval_ms N]");
+      "                 [--heartbeat_interval_ms N] [--trace_steps 16]\n"
+      "                 [--trace_jobs 32]");
   absl::ParseCommandLine(argc, argv);
   const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  if (absl::GetFlag(FLAGS_trace_steps) < 1 ||
+      absl::GetFlag(FLAGS_trace_jobs) < 1) {
+    std::fprintf(stderr,
+                 "gpipe-controller: --trace_steps and --trace_jobs must be at "
+                 "least 1\n");
+    return 2;
+  }
   if (timeout_ms <= 0 || interval_ms <= 0) {
     std::fprintf(stderr,
                  "gpipe-controller: --heartbeat_timeout_ms and "
@@ -90,6 +104,8 @@ int main(int argc, char** argv) {
                                           : dir.lexically_normal().string();
   options.controller.heartbeat_timeout = absl::Milliseconds(timeout_ms);
   options.controller.heartbeat_interval = absl::Milliseconds(interval_ms);
+  options.controller.trace_steps = absl::GetFlag(FLAGS_trace_steps);
+  options.controller.trace_jobs = absl::GetFlag(FLAGS_trace_jobs);
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {

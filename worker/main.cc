@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, advertise, "",
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
 ABSL_FLAG(int64_t, link_wait_ms, 10000,
           "how long an incoming link may wait for its assignment");
+ABSL_FLAG(int64_t, trace_every, 1,
+          "send the stage's op timeline of every N-th step to the controller "
+          "(0: never)");
 
 namespace {
 
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
-      "[--advertise HOST:PORT] [--threads T]");
+      "[--advertise HOST:PORT] [--threads T] [--trace-every N]");
   absl::ParseCommandLine(argc, argv);
 
   // Signals are taken by a dedicated thread (sigwait), not a handler.
@@ -72,6 +75,11 @@ int main(int argc, char** argv) {
                            [&agent](const gpipe::v1::WorkerMessage& m) {
                              if (agent) agent->Report(m);
                            });
+  if (absl::GetFlag(FLAGS_trace_every) < 0) {
+    std::fprintf(stderr, "gpipe-worker: --trace_every must be 0 or more\n");
+    return 2;
+  }
+  executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
 
   grpc::ServerBuilder builder;
