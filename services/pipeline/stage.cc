@@ -96,6 +96,8 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   } else {
     ASSIGN_OR_RETURN(Message in,
                      Expect(upstream_, MessageKind::kActivation, step, m));
+    // Waiting for the activation is bubble, not forward time.
+    timer.record().start_ns = timeline_.Now();
     timer.record().bytes_received = in.tensor.nbytes();
     x = std::move(in.tensor);
   }
