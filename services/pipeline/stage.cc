@@ -175,8 +175,13 @@ absl::StatusOr<double> Stage::OptimizerStep(int64_t step, float* lr) {
   if (!placement_.last()) {
     msg.scalar = squares;
     RETURN_IF_ERROR(downstream_->Send(msg));
+    const int64_t wait_start = timeline_.Now();
     ASSIGN_OR_RETURN(Message total,
                      Expect(downstream_, MessageKind::kGradSquares, step, -1));
+    // The global norm's round trip through the later stages is a wait, not
+    // optimizer work: the op keeps its working time and the wait shows as
+    // bubble before it.
+    timer.record().start_ns += timeline_.Now() - wait_start;
     squares = total.scalar;
   }
   if (!placement_.first()) {
