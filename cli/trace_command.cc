@@ -19,7 +19,6 @@
 #include "cli/commands.h"
 #include "cli/controller_client.h"
 #include "google/protobuf/util/json_util.h"
-#include "services/core/status.h"
 #include "services/telemetry/step_trace.h"
 #include "services/telemetry/trace_files.h"
 
@@ -72,7 +71,8 @@ absl::Status ParseStepRange(const std::string& flag,
   const absl::string_view first = absl::string_view(flag).substr(0, dots);
   const absl::string_view last = absl::string_view(flag).substr(dots + 2);
   if (first.empty() && last.empty()) {
-    return ParseStep("x", flag).status();
+    return absl::InvalidArgumentError(
+        "--steps: '..' names no step: give A..B, A.., ..B or N");
   }
   if (!first.empty()) {
     absl::StatusOr<int64_t> a = ParseStep(first, flag);
@@ -196,6 +196,10 @@ int RunTrace(const std::vector<std::string>& args) {
   ControllerClient client = MakeControllerClient();
   absl::StatusOr<v1::GetTraceResponse> trace = client.GetTrace(request);
   if (!trace.ok()) return Fail(trace.status());
+  if (trace->steps().empty()) {
+    return Fail(absl::NotFoundError(
+        absl::StrCat("the controller returned no steps for ", args[0])));
+  }
   if (absl::GetFlag(FLAGS_json) && outputs.empty()) {
     std::string json;
     google::protobuf::util::JsonPrintOptions options;
