@@ -2,6 +2,7 @@
 // JSON parser into a Struct) and SVG, on hand-made records and on the
 // timelines of a real in-process pipeline.
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "services/telemetry/chrome_trace.h"
 #include "services/telemetry/step_trace.h"
 #include "services/telemetry/timeline_svg.h"
+#include "services/telemetry/trace_files.h"
 
 namespace gpipe {
 namespace {
@@ -145,6 +147,25 @@ TEST(TimelineSvgTest, WellFormedWithEscapedTextAndABoxPerOp) {
   EXPECT_THAT(svg, HasSubstr("time (ms)"));
   EXPECT_THAT(svg, HasSubstr("busy 38%"));  // 1.5 ms of ops in a 4 ms step
   EXPECT_EQ(XmlEscape("a\x01<"), "a\xEF\xBF\xBD&lt;");
+}
+
+TEST(TraceFilesTest, FormatByExtensionAndClearErrors) {
+  const v1::GetTraceResponse trace = HandMade("job-f");
+  const std::string dir = ::testing::TempDir() + "/trace-files-test";
+  ASSERT_TRUE(WriteTraceDir(trace, dir).ok());
+  std::ifstream json(dir + "/trace.json"), svg(dir + "/timeline.svg");
+  std::string first_json, first_svg;
+  std::getline(json, first_json);
+  std::getline(svg, first_svg);
+  EXPECT_EQ(first_json, "{\"traceEvents\":[");
+  EXPECT_EQ(first_svg, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>");
+  const absl::Status txt = WriteTraceFile(trace, dir + "/trace.txt");
+  EXPECT_TRUE(absl::IsInvalidArgument(txt)) << txt;
+  EXPECT_THAT(std::string(txt.message()), HasSubstr(".json"));
+  const absl::Status missing =
+      WriteTraceFile(trace, dir + "/no/such/dir/trace.svg");
+  EXPECT_TRUE(absl::IsUnavailable(missing)) << missing;
+  EXPECT_TRUE(WriteTraceFile(trace, dir + "/UPPER.SVG").ok());
 }
 
 // The timelines of K=3 real stages, M=4, remat except_last, 2 steps.
