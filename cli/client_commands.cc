@@ -40,7 +40,7 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
 // Defined with `gpipectl train`; submit and local apply them to the spec.
 ABSL_DECLARE_FLAG(int64_t, stages);
 ABSL_DECLARE_FLAG(int64_t, micro_batches);
-ABSL_DECLARE_FLAG(int64_t, steps);
+ABSL_DECLARE_FLAG(std::string, steps);
 ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
 ABSL_DECLARE_FLAG(std::string, balance);
@@ -415,14 +415,17 @@ void InstallInterruptHandlers() {
 
 bool Interrupted() { return g_interrupted != 0; }
 
+ControllerClient MakeControllerClient() { return MakeClient(); }
+
 absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
   gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
   if (absl::GetFlag(FLAGS_stages) > 0)
     p.set_stages(absl::GetFlag(FLAGS_stages));
   if (absl::GetFlag(FLAGS_micro_batches) > 0)
     p.set_micro_batches(absl::GetFlag(FLAGS_micro_batches));
-  if (absl::GetFlag(FLAGS_steps) > 0)
-    spec.set_steps(absl::GetFlag(FLAGS_steps));
+  absl::StatusOr<int64_t> steps = StepCountFlag();
+  if (!steps.ok()) return steps.status();
+  if (*steps > 0) spec.set_steps(*steps);
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
     absl::StatusOr<ScheduleKind> s =
         ParseScheduleName(absl::GetFlag(FLAGS_schedule));

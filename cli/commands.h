@@ -23,6 +23,23 @@ int RunList(const std::vector<std::string>& args);
 int RunWatch(const std::vector<std::string>& args);
 int RunCancel(const std::vector<std::string>& args);
 int RunWorkers(const std::vector<std::string>& args);
+// Stage timelines of a job as Chrome trace JSON or SVG (trace_command.cc).
+int RunTrace(const std::vector<std::string>& args);
+
+// The client of the controller that --controller (else $GPIPE_CONTROLLER,
+// else 127.0.0.1:7070) and --timeout name.
+ControllerClient MakeControllerClient();
+
+// --steps as a step count (train, submit, local): 0 when not given.
+absl::StatusOr<int64_t> StepCountFlag();
+
+// How many of the last kept steps `--trace DIR` writes (train and local).
+inline constexpr int64_t kTraceDirSteps = 4;
+// Fetches the last kTraceDirSteps kept steps of `job_id` and writes
+// DIR/trace.json and DIR/timeline.svg.
+absl::Status WriteJobTraceDir(ControllerClient& client,
+                              const std::string& job_id,
+                              const std::string& dir);
 
 // A controller and workers on this machine, for one job (local_command.cc).
 int RunLocal(const std::vector<std::string>& args);

@@ -19,6 +19,7 @@ namespace {
 constexpr int kKeepaliveTimeMs = 330 * 1000;
 constexpr int kKeepaliveTimeoutMs = 20 * 1000;
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
+constexpr int kMaxReceiveBytes = 256 << 20;
 
 absl::StatusCode ToAbsl(grpc::StatusCode code) {
   return static_cast<absl::StatusCode>(static_cast<int>(code));
@@ -32,6 +33,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // Keepalive pings on a stream that only receives must not be held back
   // waiting for the client to send data.
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // GetTrace of a long pipeline is large (16 kept steps x K stages x
+  // 3M+1 ops: K=8, M=1024 is about 15 MB), beyond gRPC's 4 MB default.
+  args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
                                    args);
 }
@@ -117,6 +121,16 @@ absl::StatusOr<gpipe::v1::Job> ControllerClient::GetJob(
   grpc::Status s = stub_->GetJob(&context, request, &job);
   if (!s.ok()) return UserStatus(s, "GetJob");
   return job;
+}
+
+absl::StatusOr<gpipe::v1::GetTraceResponse> ControllerClient::GetTrace(
+    const gpipe::v1::GetTraceRequest& request) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::GetTraceResponse trace;
+  grpc::Status s = stub_->GetTrace(&context, request, &trace);
+  if (!s.ok()) return UserStatus(s, "GetTrace");
+  return trace;
 }
 
 absl::StatusOr<gpipe::v1::ListJobsResponse> ControllerClient::ListJobs() {

@@ -31,6 +31,8 @@ class ControllerClient {
   absl::StatusOr<gpipe::v1::ListJobsResponse> ListJobs();
   absl::StatusOr<gpipe::v1::Job> CancelJob(const std::string& job_id);
   absl::StatusOr<gpipe::v1::ListWorkersResponse> ListWorkers();
+  absl::StatusOr<gpipe::v1::GetTraceResponse> GetTrace(
+      const gpipe::v1::GetTraceRequest& request);
 
   // Follows the job's event stream, calling `on_event` for each event, until
   // the job reaches a terminal state (returns OK), the stream fails (the

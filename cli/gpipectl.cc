@@ -36,14 +36,14 @@ int main(int argc, char** argv) {
       "                   [--stages K] [--micro-batches M] [--schedule "
       "gpipe|1f1b]\n"
       "                   [--remat always|except_last|never] [--steps N]\n"
-      "                   [--out DIR] [--threads T]\n"
+      "                   [--out DIR] [--threads T] [--trace DIR]\n"
       "  plan JOB.json    predict throughput, bubble and memory for each K, "
       "M,\n"
       "                   schedule and remat mode [--stages-range 1..8]\n"
       "                   [--measure] [--memory-budget 2GiB]\n"
       "  local JOB.json   run the job on a controller and workers started on\n"
       "                   this machine [--workers K] [--keep DIR], with the\n"
-      "                   flags of train\n"
+      "                   flags of train (--trace DIR too)\n"
       "\n"
       "talking to a controller (--controller ADDR, default $GPIPE_CONTROLLER\n"
       "or 127.0.0.1:7070; --json prints protobuf JSON for scripts):\n"
@@ -53,7 +53,10 @@ int main(int argc, char** argv) {
       "  watch JOB        follow a job to its end with a progress bar;\n"
       "                   exits 0 if it succeeded\n"
       "  cancel JOB       cancel a job\n"
-      "  workers          the attached workers\n");
+      "  workers          the attached workers\n"
+      "  trace JOB        the stage timelines of the job's last steps: a\n"
+      "                   summary, or -o trace.json (Chrome trace, for\n"
+      "                   Perfetto) and/or -o timeline.svg; [--steps A..B]\n");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   if (args.empty()) {
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
   if (command == "cancel") return gpipe::cli::RunCancel(args);
   if (command == "workers") return gpipe::cli::RunWorkers(args);
   if (command == "local") return gpipe::cli::RunLocal(args);
+  if (command == "trace") return gpipe::cli::RunTrace(args);
   std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s\n",
                command.c_str(), absl::ProgramUsageMessage().data());
   return 2;

@@ -52,6 +52,7 @@ ABSL_FLAG(std::string, metrics_targets, "",
           "with --out, else in the run directory)");
 // Defined with `gpipectl train` and the client commands.
 ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(std::string, trace);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
@@ -522,6 +523,17 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
     if (cluster.Ended() == nullptr) (void)client.CancelJob(id);
     return 1;
   }
+  // The timelines tell most about a job that failed, too.
+  if (const std::string dir = absl::GetFlag(FLAGS_trace); !dir.empty()) {
+    if (absl::Status s = WriteJobTraceDir(client, id, dir); !s.ok()) {
+      std::fprintf(stderr, "gpipectl local: --trace: %s\n",
+                   std::string(s.message()).c_str());
+      if (job->status().state() == gpipe::v1::SUCCEEDED) return 1;
+    } else if (!json) {
+      std::printf("wrote %s/trace.json and %s/timeline.svg\n", dir.c_str(),
+                  dir.c_str());
+    }
+  }
   if (job->status().state() != gpipe::v1::SUCCEEDED) {
     // A process that died may be why.
     if (ChildProcess* c = cluster.Ended(); c != nullptr)
@@ -546,7 +558,8 @@ int RunLocal(const std::vector<std::string>& args) {
                  "usage: gpipectl local JOB.json [--workers K] [--stages K] "
                  "[--micro-batches M] [--schedule gpipe|1f1b] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
-                 "[--threads T] [--keep DIR] [--metrics_targets FILE]\n");
+                 "[--threads T] [--keep DIR] [--metrics_targets FILE] "
+                 "[--trace DIR]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);

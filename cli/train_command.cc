@@ -20,11 +20,19 @@
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
+#include "services/telemetry/step_trace.h"
+#include "services/telemetry/trace_files.h"
 #include "services/tensor/threads.h"
 
 ABSL_FLAG(int64_t, micro_batches, 0,
           "micro-batches per mini-batch (0: the job spec's)");
-ABSL_FLAG(int64_t, steps, 0, "training steps (0: the job spec's)");
+ABSL_FLAG(std::string, steps, "",
+          "train, submit, local: training steps (default: the job spec's); "
+          "trace: the steps to show, A..B (0-based, both included), A.., ..B "
+          "or N (default: all the controller keeps)");
+ABSL_FLAG(std::string, trace, "",
+          "train, local: write the stage timelines of the last steps to "
+          "DIR/trace.json (Chrome trace, for Perfetto) and DIR/timeline.svg");
 ABSL_FLAG(std::string, out, "",
           "directory for model.safetensors with the final parameters");
 ABSL_FLAG(int, threads, 0,
@@ -73,6 +81,35 @@ absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
     tensors.emplace_back(t.name, t.tensor);
   return WriteSafetensors(dir + "/model.safetensors", tensors,
                           ModelFileMetadata(spec, trainer.step()));
+}
+
+// The last kTraceDirSteps steps each in-process stage kept, as the cluster's
+// GetTrace returns them, in DIR/trace.json and DIR/timeline.svg.
+absl::Status WritePipelineTrace(InProcessPipeline& pipeline,
+                                const gpipe::v1::JobSpec& spec,
+                                const std::string& dir) {
+  gpipe::v1::GetTraceResponse trace;
+  trace.set_job_id(spec.name().empty() ? "train" : spec.name());
+  trace.set_stages(pipeline.stage_count());
+  trace.set_micro_batches(pipeline.stage(0).placement().micro_batches);
+  trace.set_schedule(pipeline.stage(0).placement().schedule ==
+                             ScheduleKind::kOneFOneB
+                         ? gpipe::v1::ONE_F_ONE_B
+                         : gpipe::v1::GPIPE);
+  const int64_t first = std::max<int64_t>(0, pipeline.step() - kTraceDirSteps);
+  for (int64_t i = 0; i < pipeline.stage_count(); ++i) {
+    AppendTimeline(pipeline.stage(i).timeline(), i, &trace);
+  }
+  gpipe::v1::GetTraceResponse last;
+  last.CopyFrom(trace);
+  last.clear_steps();
+  for (const gpipe::v1::StepTrace& s : trace.steps()) {
+    if (s.step() >= first) *last.add_steps() = s;
+  }
+  if (last.steps().empty()) {
+    return absl::FailedPreconditionError("--trace: no step was recorded");
+  }
+  return WriteTraceDir(last, dir);
 }
 
 }  // namespace
@@ -146,7 +183,7 @@ int RunTrain(const std::vector<std::string>& args) {
                  "usage: gpipectl train JOB.json [--stages K] "
                  "[--micro-batches M] [--schedule gpipe|1f1b] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
-                 "[--threads T]\n");
+                 "[--threads T] [--trace DIR]\n");
     return 2;
   }
   const int threads =
@@ -155,13 +192,21 @@ int RunTrain(const std::vector<std::string>& args) {
           : static_cast<int>(std::thread::hardware_concurrency());
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
-  if (absl::GetFlag(FLAGS_steps) > 0)
-    spec->set_steps(absl::GetFlag(FLAGS_steps));
+  absl::StatusOr<int64_t> steps = StepCountFlag();
+  if (!steps.ok()) return Fail(steps.status());
+  if (*steps > 0) spec->set_steps(*steps);
   std::string description;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       MakeTrainer(*spec, threads, &description);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer& t = **trainer;
+  const std::string trace_dir = absl::GetFlag(FLAGS_trace);
+  auto* pipeline = dynamic_cast<InProcessPipeline*>(&t);
+  if (!trace_dir.empty() && pipeline == nullptr) {
+    return Fail(absl::InvalidArgumentError(
+        "--trace: the reference trainer (--stages 1) has no stages to trace; "
+        "give --stages 2 or more"));
+  }
   const bool classification =
       spec->model().input().dtype() == gpipe::v1::FLOAT32;
   std::printf("training %s: %lld steps, batch %lld; %s\n",
@@ -203,6 +248,12 @@ int RunTrain(const std::vector<std::string>& args) {
     absl::Status s = WriteModel(t, *spec, out);
     if (!s.ok()) return Fail(s);
     std::printf("wrote %s/model.safetensors\n", out.c_str());
+  }
+  if (!trace_dir.empty()) {
+    absl::Status s = WritePipelineTrace(*pipeline, *spec, trace_dir);
+    if (!s.ok()) return Fail(s);
+    std::printf("wrote %s/trace.json and %s/timeline.svg\n", trace_dir.c_str(),
+                trace_dir.c_str());
   }
   return 0;
 }

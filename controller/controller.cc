@@ -35,7 +35,8 @@ std::string ShortDuration(absl::Duration d) {
 }  // namespace
 
 Controller::Controller(ControllerOptions options)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      traces_(options_.trace_steps, options_.trace_jobs) {
   lease_thread_ = std::thread([this] { LeaseLoop(); });
   merge_thread_ = std::thread([this] { MergeLoop(); });
 }
@@ -158,6 +159,36 @@ absl::Status Controller::WatchJob(
   }
 }
 
+// ---- Traces ---------------------------------------------------------------
+
+absl::StatusOr<v1::GetTraceResponse> Controller::GetTrace(
+    const v1::GetTraceRequest& request) {
+  if (request.job_id().empty()) {
+    return absl::InvalidArgumentError("job_id is empty");
+  }
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = jobs_.Find(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  absl::StatusOr<v1::GetTraceResponse> trace = traces_.Get(
+      request.job_id(),
+      request.has_first_step() ? std::optional<int64_t>(request.first_step())
+                               : std::nullopt,
+      request.has_last_step() ? std::optional<int64_t>(request.last_step())
+                              : std::nullopt);
+  if (!trace.ok() && absl::IsFailedPrecondition(trace.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(trace.status().message(), "; the job is ",
+                     v1::JobState_Name(job->status().state())));
+  }
+  if (!trace.ok()) return trace.status();
+  trace->set_stages(job->stages);
+  trace->set_micro_batches(MicroBatchCount(job->job.spec()));
+  const v1::Schedule schedule = job->job.spec().pipeline().schedule();
+  trace->set_schedule(schedule == v1::SCHEDULE_UNSPECIFIED ? v1::GPIPE
+                                                           : schedule);
+  return trace;
+}
+
 // ---- Workers --------------------------------------------------------------
 
 std::vector<v1::WorkerInfo> Controller::ListWorkers() {
@@ -246,6 +277,9 @@ void Controller::HandleMessage(WorkerRecord& worker,
     case v1::WorkerMessage::kProgress:
       OnProgress(worker, message.progress(), now);
       break;
+    case v1::WorkerMessage::kTrace:
+      OnTrace(worker, message.trace(), now);
+      return;  // nothing a watcher sees changed
     case v1::WorkerMessage::kFinished:
       OnFinished(worker, message.finished(), now);
       break;
@@ -394,6 +428,29 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
                                 status.total_steps(), status.loss(),
                                 status.samples_per_second()),
                 now);
+}
+
+void Controller::OnTrace(WorkerRecord& worker, const v1::StepTrace& t,
+                         absl::Time now) {
+  if (ReportedJob(worker, "trace", t.job_id(), t.epoch(), t.stage()) ==
+      nullptr) {
+    return;
+  }
+  // Stages on other hosts stamp their own wall clock. A record that ends
+  // after it arrived comes from a clock that runs ahead of this one by at
+  // least the difference: say so once per worker, as a hint to check NTP.
+  const absl::Duration ahead =
+      absl::Nanoseconds(t.end_unix_ns()) - (now - absl::UnixEpoch());
+  if (ahead > absl::Milliseconds(50) &&
+      clock_ahead_warned_.insert(worker.id()).second) {
+    LogWarning(
+        "worker %s's clock runs at least %s ahead of the controller's; its "
+        "timelines will not line up with other hosts' (is NTP running?)",
+        worker.id(), ShortDuration(ahead));
+  }
+  v1::StepTrace kept = t;
+  kept.set_worker_id(worker.id());
+  traces_.Add(std::move(kept));
 }
 
 void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,

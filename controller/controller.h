@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "controller/job_table.h"
+#include "controller/trace_store.h"
 #include "controller/worker_registry.h"
 #include "gpipe/v1/controller.pb.h"
 #include "services/telemetry/controller_metrics.h"
@@ -44,6 +46,10 @@ struct ControllerOptions {
   // Restarts, checkpoints and recovery durations are counted here when set
   // (not owned; must outlive the controller).
   ControllerMetrics* metrics = nullptr;
+  // Stage timelines kept for GetTrace: the last `trace_steps` steps of each
+  // stage, for the `trace_jobs` jobs that reported most recently.
+  int64_t trace_steps = TraceStore::kDefaultKeepSteps;
+  int64_t trace_jobs = TraceStore::kDefaultKeepJobs;
 };
 
 // What an Attach handler does next (see Controller::NextMessage).
@@ -83,6 +89,12 @@ class Controller {
   // Jobs and workers by state (every state present, zeros included), for
   // the gpipe_jobs and gpipe_workers gauges.
   ClusterCounts Counts();
+  // The kept stage timelines of a job's steps [first, last] (0-based; an
+  // end left out: the oldest or newest kept). NotFound for an unknown job,
+  // InvalidArgument for a bad range, FailedPrecondition when nothing is kept
+  // yet, OutOfRange when none of the range is kept.
+  absl::StatusOr<gpipe::v1::GetTraceResponse> GetTrace(
+      const gpipe::v1::GetTraceRequest& request);
 
   // The Attach protocol, for the stream's handler. AttachWorker registers
   // the worker of `hello` (replacing an older stream of the same worker id,
@@ -136,6 +148,8 @@ class Controller {
 
   void OnProgress(WorkerRecord& worker, const gpipe::v1::StepProgress& p,
                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnTrace(WorkerRecord& worker, const gpipe::v1::StepTrace& t,
+               absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFinished(WorkerRecord& worker, const gpipe::v1::StageFinished& f,
                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFailed(WorkerRecord& worker, const gpipe::v1::StageFailed& f,
@@ -150,6 +164,9 @@ class Controller {
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> merges_ ABSL_GUARDED_BY(mu_);  // job ids
+  TraceStore traces_ ABSL_GUARDED_BY(mu_);
+  // Workers already warned about for a clock that runs ahead.
+  std::set<std::string> clock_ahead_warned_ ABSL_GUARDED_BY(mu_);
   int64_t ignored_reports_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

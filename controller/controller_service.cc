@@ -74,6 +74,12 @@ grpc::Status ControllerService::ListWorkers(
   return grpc::Status::OK;
 }
 
+grpc::Status ControllerService::GetTrace(grpc::ServerContext* context,
+                                         const v1::GetTraceRequest* request,
+                                         v1::GetTraceResponse* response) {
+  return Reply(controller_.GetTrace(*request), response);
+}
+
 grpc::Status ControllerService::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ControllerMessage, v1::WorkerMessage>*

@@ -32,6 +32,9 @@ class ControllerService final : public gpipe::v1::Controller::Service {
   grpc::Status ListWorkers(grpc::ServerContext* context,
                            const gpipe::v1::ListWorkersRequest* request,
                            gpipe::v1::ListWorkersResponse* response) override;
+  grpc::Status GetTrace(grpc::ServerContext* context,
+                        const gpipe::v1::GetTraceRequest* request,
+                        gpipe::v1::GetTraceResponse* response) override;
   // Hello first (else FAILED_PRECONDITION), then reports up and assignments
   // down until either side ends the stream.
   grpc::Status Attach(

@@ -36,6 +36,12 @@ ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written there once it serves");
 
+ABSL_FLAG(int64_t, trace_steps, 16,
+          "stage timelines kept per job and stage for GetTrace (the last N "
+          "steps)");
+ABSL_FLAG(int64_t, trace_jobs, 32,
+          "jobs whose stage timelines are kept (the most recently active)");
+
 namespace {
 
 // Writes `port` to `path` via a temporary file and a rename, so that a
@@ -65,10 +71,18 @@ int main(int argc, char** argv) {
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
       "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
       "                 [--heartbeat_interval_ms N] [--metrics_listen "
-      "HOST:PORT]");
+      "HOST:PORT]\n"
+      "                 [--trace_steps 16] [--trace_jobs 32]");
   absl::ParseCommandLine(argc, argv);
   const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  if (absl::GetFlag(FLAGS_trace_steps) < 1 ||
+      absl::GetFlag(FLAGS_trace_jobs) < 1) {
+    std::fprintf(stderr,
+                 "gpipe-controller: --trace_steps and --trace_jobs must be at "
+                 "least 1\n");
+    return 2;
+  }
   if (timeout_ms <= 0 || interval_ms <= 0) {
     std::fprintf(stderr,
                  "gpipe-controller: --heartbeat_timeout_ms and "
@@ -110,6 +124,8 @@ int main(int argc, char** argv) {
   options.controller.heartbeat_interval = absl::Milliseconds(interval_ms);
   auto metrics = std::make_shared<gpipe::ControllerMetrics>();
   options.controller.metrics = metrics.get();
+  options.controller.trace_steps = absl::GetFlag(FLAGS_trace_steps);
+  options.controller.trace_jobs = absl::GetFlag(FLAGS_trace_jobs);
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {

@@ -11,6 +11,7 @@
 #include "services/pipeline/stage.h"
 #include "services/storage/safetensors.h"
 #include "services/telemetry/metered_link.h"
+#include "services/telemetry/step_trace.h"
 #include "services/tensor/threads.h"
 
 namespace gpipe {
@@ -212,6 +213,14 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                                  std::chrono::steady_clock::now() - start)
                                  .count();
       const StepTimeline t = stage->timeline().LastStep();
+      if (trace_every_ > 0 && s % trace_every_ == 0) {
+        gpipe::v1::WorkerMessage trace;
+        *trace.mutable_trace() =
+            ToStepTrace(t, a.stage(), UnixNsAtOrigin(stage->timeline()));
+        trace.mutable_trace()->set_job_id(a.job_id());
+        trace.mutable_trace()->set_epoch(a.epoch());
+        report_(trace);
+      }
       gpipe::v1::WorkerMessage m;
       auto* p = m.mutable_progress();
       p->set_job_id(a.job_id());

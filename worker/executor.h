@@ -44,6 +44,11 @@ class Executor {
 
   bool busy() const;
 
+  // Sends the stage's op timeline of every n-th step to the controller (a
+  // StepTrace before the step's progress report); 0: none. Set before the
+  // first Start.
+  void set_trace_every(int64_t n) { trace_every_ = n; }
+
  private:
   struct Run;  // one assignment's state
   void Execute(std::shared_ptr<Run> run);
@@ -52,6 +57,7 @@ class Executor {
   const int threads_;
   Reporter report_;
   PipelineMetrics* const metrics_;
+  int64_t trace_every_ = 1;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;

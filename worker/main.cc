@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, metrics_listen, "",
           "0: a free port, logged)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written there once it serves");
+ABSL_FLAG(int64_t, trace_every, 1,
+          "send the stage's op timeline of every N-th step to the controller "
+          "(0: never)");
 
 namespace {
 
@@ -61,7 +64,8 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
-      "[--advertise HOST:PORT] [--threads T] [--metrics_listen HOST:PORT]");
+      "[--advertise HOST:PORT] [--threads T] [--metrics_listen HOST:PORT] "
+      "[--trace_every N]");
   absl::ParseCommandLine(argc, argv);
 
   // Signals are taken by a dedicated thread (sigwait), not a handler.
@@ -108,6 +112,11 @@ int main(int argc, char** argv) {
         if (agent) agent->Report(m);
       },
       metrics_server != nullptr ? metrics.get() : nullptr);
+  if (absl::GetFlag(FLAGS_trace_every) < 0) {
+    std::fprintf(stderr, "gpipe-worker: --trace_every must be 0 or more\n");
+    return 2;
+  }
+  executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
 
   grpc::ServerBuilder builder;

@@ -180,6 +180,43 @@ class WorkerTest : public ::testing::Test {
 
 TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) {
   RunAndCompare("job-a", 1);
+  // Each stage sent one timeline per step before its progress report:
+  // M forwards, M recomputes (remat always), M backwards and the optimizer,
+  // wall-clock times that lie inside the step and do not overlap.
+  std::map<int64_t, std::vector<int64_t>> traced;  // stage -> steps
+  std::map<int64_t, int64_t> progressed;           // stage -> steps reported
+  for (const auto& m : reports_.All()) {
+    if (m.has_progress()) {
+      ++progressed[m.progress().stage()];
+      continue;
+    }
+    if (!m.has_trace()) continue;
+    const gpipe::v1::StepTrace& t = m.trace();
+    EXPECT_EQ(t.job_id(), "job-a");
+    EXPECT_EQ(t.epoch(), 1);
+    // Sent before this step's progress.
+    EXPECT_EQ(progressed[t.stage()], t.step());
+    traced[t.stage()].push_back(t.step());
+    ASSERT_EQ(t.ops_size(), 3 * 4 + 1);
+    EXPECT_GT(t.start_unix_ns(), int64_t{1'600'000'000} * 1'000'000'000);
+    int64_t previous_end = t.start_unix_ns();
+    std::map<gpipe::v1::OpTrace::Phase, int> phases;
+    for (const gpipe::v1::OpTrace& op : t.ops()) {
+      ++phases[op.phase()];
+      EXPECT_GE(op.start_unix_ns(), previous_end);
+      EXPECT_GE(op.end_unix_ns(), op.start_unix_ns());
+      previous_end = op.end_unix_ns();
+    }
+    EXPECT_LE(previous_end, t.end_unix_ns());
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::FORWARD], 4);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::RECOMPUTE], 4);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::BACKWARD], 4);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::OPTIMIZER], 1);
+  }
+  std::vector<int64_t> all_steps;
+  for (int64_t s = 0; s < spec_.steps(); ++s) all_steps.push_back(s);
+  EXPECT_EQ(traced[0], all_steps);
+  EXPECT_EQ(traced[1], all_steps);
 }
 
 // Opens an Exchange to `address`, writes `frames`, and returns how the
