@@ -165,8 +165,9 @@ int main(int argc, char** argv) {
                       drain_ms);
       std::_Exit(1);
     }).detach();
-    agent->Leave(sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                 std::chrono::milliseconds(drain_ms / 2));
+    agent->Leave(
+        sig == SIGTERM ? "SIGTERM" : "SIGINT",
+        std::chrono::milliseconds(std::min<int64_t>(drain_ms / 2, 3000)));
   });
   agent->Run(&executor);
   executor.CancelAll();  // abandons the step; the controller replays it

@@ -8,21 +8,30 @@ set -euo pipefail
 for b in "$@"; do
   [[ -x "$b" ]] || { echo "runtime-packages.sh: $b is not an executable" >&2; exit 1; }
 done
-ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u |
-  while read -r lib; do
-    # Alternatives (libblas, libopenblas) resolve to the real file, and on a
-    # merged /usr the same file may be registered under /lib or /usr/lib.
-    real=$(readlink -f "$lib")
-    for path in "$real" "/usr$real" "${real#/usr}" "$lib"; do
-      if owner=$(dpkg -S "$path" 2>/dev/null); then
-        echo "${owner%%:*}"
-        continue 2
-      fi
-    done
-    # CUDA libraries of an nvidia/cuda base image are already in the runtime
-    # base; anything else unowned is an error worth seeing.
-    case "$lib" in
-      */cuda*|*/libcu*|*/libnv*) ;;
-      *) echo "runtime-packages.sh: no package owns $lib" >&2; exit 1 ;;
-    esac
-  done | sort -u
+libs=$(ldd "$@" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' | sort -u)
+# Alternatives (libblas, libopenblas) resolve to the real file, and on a
+# merged /usr one file may be registered under /lib or /usr/lib: ask dpkg
+# about every spelling at once (one dpkg call: each one reads its database).
+declare -A spellings=()
+for lib in $libs; do
+  real=$(readlink -f "$lib")
+  spellings[$lib]="$real /usr$real ${real#/usr} $lib"
+done
+owners=$(dpkg -S ${spellings[@]+${spellings[@]}} 2>/dev/null || true)
+for lib in $libs; do
+  pkg=""
+  for path in ${spellings[$lib]}; do
+    pkg=$(awk -v p="$path" '{ f = $NF } f == p { sub(/:.*/, "", $1); print $1; exit }' <<<"$owners")
+    [[ -n "$pkg" ]] && break
+  done
+  if [[ -n "$pkg" ]]; then
+    echo "$pkg"
+    continue
+  fi
+  # CUDA libraries of an nvidia/cuda base image are in the runtime base
+  # already; anything else nobody owns is an error worth seeing.
+  case "$lib" in
+    */cuda*|*/libcu*|*/libnv*) ;;
+    *) echo "runtime-packages.sh: no package owns $lib" >&2; exit 1 ;;
+  esac
+done | sort -u
