@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
-      "[--advertise HOST:PORT] [--threads T]");
+      "[--advertise HOST:PORT] [--threads T] [--drain_timeout_ms N]\n"
+      "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
   if (drain_ms <= 0) {
