@@ -286,6 +286,8 @@ void Controller::HandleMessage(WorkerRecord& worker,
     case v1::WorkerMessage::kFailed:
       OnFailed(worker, message.failed(), now);
       break;
+    case v1::WorkerMessage::kGoodbye:  // ends the stream in the service
+      return;
     case v1::WorkerMessage::kHello:
       LogWarning("worker %s sent a second hello; ignored", worker.id());
       return;

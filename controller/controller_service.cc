@@ -104,10 +104,18 @@ grpc::Status ControllerService::Attach(
   std::atomic<bool> reader_done{false};
   std::thread reader([&] {
     v1::WorkerMessage message;
-    while (stream->Read(&message)) controller_.HandleMessage(worker, message);
+    std::string why = "its Attach stream ended";
+    while (stream->Read(&message)) {
+      // A goodbye (the worker is draining on SIGTERM) ends the stream as a
+      // break does, without waiting for the lease.
+      if (message.has_goodbye()) {
+        why = "it said goodbye (" + message.goodbye().reason() + ")";
+        break;
+      }
+      controller_.HandleMessage(worker, message);
+    }
     reader_done = true;
-    controller_.DetachWorker(worker, absl::OkStatus(),
-                             "its Attach stream ended");
+    controller_.DetachWorker(worker, absl::OkStatus(), why);
   });
   absl::Status end;
   while (true) {

@@ -3,6 +3,8 @@
 # Quick when all is present: it asks apt only for what is missing.
 #   scripts/setup.sh           build, test and run
 #   scripts/setup.sh --bench   also PyTorch (CPU) for the side-by-side benchmarks
+#   scripts/setup.sh --image   what an image build needs (deploy/docker): not
+#                              the offline Kubernetes checks' tools
 set -euo pipefail
 
 packages=(
@@ -13,6 +15,15 @@ packages=(
   prometheus-cpp-dev prometheus
   dataset-fashion-mnist
 )
+# The offline Kubernetes checks (tests/scripts/k8s_*): yamllint, and kubectl
+# to render the manifests. Debian's kubernetes-client conflicts with other
+# kubectl packages: only when there is no kubectl at all.
+if [[ "${1:-}" != "--image" ]]; then
+  packages+=(yamllint python3-yaml)
+  if ! command -v kubectl >/dev/null 2>&1; then
+    packages+=(kubernetes-client)
+  fi
+fi
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch python3-numpy)
 fi

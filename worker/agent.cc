@@ -11,12 +11,31 @@
 
 namespace gpipe {
 
-Agent::Agent(std::string controller_address, gpipe::v1::WorkerHello hello)
-    : address_(std::move(controller_address)), hello_(std::move(hello)) {}
+Agent::Agent(std::string controller_address, gpipe::v1::WorkerHello hello,
+             std::function<void(bool)> on_attached)
+    : address_(std::move(controller_address)),
+      hello_(std::move(hello)),
+      on_attached_(std::move(on_attached)) {}
 
 void Agent::Stop() {
   stopping_ = true;
   std::lock_guard<std::mutex> lock(mu_);
+  if (context_ != nullptr) context_->TryCancel();
+}
+
+void Agent::Leave(const std::string& reason, std::chrono::milliseconds grace) {
+  stopping_ = true;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stream_ != nullptr && attached_) {
+    gpipe::v1::WorkerMessage bye;
+    bye.mutable_goodbye()->set_reason(reason);
+    // The controller ends the stream when it reads the goodbye; cancelling
+    // before that could drop the goodbye on the wire.
+    if (stream_->Write(bye)) {
+      LogInfo("said goodbye to the controller (%s)", reason);
+      session_ended_.wait_for(lock, grace, [&] { return stream_ == nullptr; });
+    }
+  }
   if (context_ != nullptr) context_->TryCancel();
 }
 
@@ -71,6 +90,7 @@ void Agent::Session(Executor* executor) {
   std::thread heartbeat;
   if (ok) {
     attached_ = true;
+    if (on_attached_) on_attached_(true);
     LogInfo("attached to the controller at %s as %s", address_,
             hello_.worker_id());
     const auto interval = std::chrono::milliseconds(
@@ -101,7 +121,9 @@ void Agent::Session(Executor* executor) {
     context_ = nullptr;
     stream_ = nullptr;
   }
+  session_ended_.notify_all();
   const bool was_attached = attached_.exchange(false);
+  if (was_attached && on_attached_) on_attached_(false);
   context.TryCancel();
   grpc::Status status = stream->Finish();
   // The controller counts this worker's stage as lost; drop it here too so

@@ -2,10 +2,15 @@
 // for the worker's whole life. Sends hello, heartbeats and the executor's
 // reports; receives assignments and cancellations. Reconnects with
 // exponential backoff when the controller is not up yet or goes away.
+// Leave() is the drain on SIGTERM: a Goodbye tells the controller to count
+// the worker's stage as lost at once rather than when its lease runs out.
 #ifndef GPIPE_WORKER_AGENT_H_
 #define GPIPE_WORKER_AGENT_H_
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -17,11 +22,17 @@ namespace gpipe {
 
 class Agent {
  public:
-  Agent(std::string controller_address, gpipe::v1::WorkerHello hello);
+  // `on_attached(true)` runs when the controller's Welcome arrives,
+  // `on_attached(false)` when that session ends (readiness follows it).
+  Agent(std::string controller_address, gpipe::v1::WorkerHello hello,
+        std::function<void(bool)> on_attached = nullptr);
 
   // Attaches and serves until Stop(); `executor` runs the assignments.
   void Run(Executor* executor);
   void Stop();
+  // Says goodbye (with `reason`) if attached, waits up to `grace` for the
+  // controller to end the stream, then stops as Stop() does.
+  void Leave(const std::string& reason, std::chrono::milliseconds grace);
   // Sends a report if attached (dropped otherwise: the controller treats a
   // detached worker's stage as lost anyway).
   void Report(const gpipe::v1::WorkerMessage& m);
@@ -33,9 +44,11 @@ class Agent {
 
   const std::string address_;
   const gpipe::v1::WorkerHello hello_;
+  const std::function<void(bool)> on_attached_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> attached_{false};
   std::mutex mu_;  // guards the stream pointers and writes
+  std::condition_variable session_ended_;  // stream_ went back to null
   grpc::ClientContext* context_ = nullptr;
   grpc::ClientReaderWriter<gpipe::v1::WorkerMessage,
                            gpipe::v1::ControllerMessage>* stream_ = nullptr;

@@ -2,9 +2,19 @@
 // serves the Stage service for its upstream neighbour and runs whatever stage
 // it is assigned. Kill it at any moment: nothing is lost beyond the
 // assignment, which the controller reassigns.
+//
+// On SIGTERM (Kubernetes deleting the pod) it drains: readiness goes
+// NOT_SERVING, it says goodbye so the controller recovers the job at once,
+// abandons its step and exits 0 within --drain_timeout_ms.
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -23,6 +33,7 @@
 #include "services/telemetry/stage_metrics.h"
 #include "worker/agent.h"
 #include "worker/executor.h"
+#include "worker/health.h"
 #include "worker/stage_service.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7070",
@@ -30,8 +41,9 @@ ABSL_FLAG(std::string, controller, "127.0.0.1:7070",
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "where the Stage service listens (port 0: any free port)");
 ABSL_FLAG(std::string, advertise, "",
-          "address neighbours use to reach this worker (default: the listen "
-          "host and the bound port)");
+          "address neighbours use to reach this worker, e.g. the pod IP from "
+          "the downward API: --advertise=$(POD_IP):7071 (default: the "
+          "listen host and the bound port)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
 ABSL_FLAG(int64_t, link_wait_ms, 10000,
           "how long an incoming link may wait for its assignment");
@@ -43,8 +55,20 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(int64_t, trace_every, 1,
           "send the stage's op timeline of every N-th step to the controller "
           "(0: never)");
+ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
+          "on SIGTERM, the longest the worker takes to say goodbye, abandon "
+          "its step and exit");
 
 namespace {
+
+// Written once before any handler can run; the handler only writes to it
+// (write(2) is async-signal-safe).
+int signal_pipe[2] = {-1, -1};
+
+extern "C" void OnSignal(int sig) {
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!write(signal_pipe[1], &byte, 1);
+}
 
 std::string NewWorkerId() {
   char host[64] = {0};
@@ -65,15 +89,29 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
       "[--advertise HOST:PORT] [--threads T] [--metrics_listen HOST:PORT] "
-      "[--trace_every N]");
+      "[--trace_every N] [--drain_timeout_ms N]\n"
+      "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
+  const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
+  if (drain_ms <= 0) {
+    std::fprintf(stderr, "gpipe-worker: --drain_timeout_ms must be positive\n");
+    return 2;
+  }
 
-  // Signals are taken by a dedicated thread (sigwait), not a handler.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGTERM and SIGINT reach a waiting thread through a pipe. Blocking them
+  // for sigwait is not enough here: OpenBLAS starts its threads before
+  // main(), with the signals unblocked, and the default action on one of
+  // them would kill the process mid-drain.
+  if (pipe2(signal_pipe, O_CLOEXEC) != 0) {
+    std::perror("gpipe-worker: pipe");
+    return 1;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &action, nullptr);
+  sigaction(SIGINT, &action, nullptr);
 
   // Metrics first: a bad address is refused before anything attaches.
   prometheus::Registry registry;
@@ -119,6 +157,7 @@ int main(int argc, char** argv) {
   executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
 
+  gpipe::EnableHealthService();
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
@@ -136,6 +175,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpipe-worker: cannot listen on %s\n", listen.c_str());
     return 1;
   }
+  gpipe::Readiness readiness(server.get());
   std::string advertise = absl::GetFlag(FLAGS_advertise);
   if (advertise.empty()) {
     advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
@@ -148,20 +188,45 @@ int main(int argc, char** argv) {
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   gpipe::LogInfo("gpipe-worker %s serving stages on %s, controller %s",
                  hello.worker_id(), advertise, absl::GetFlag(FLAGS_controller));
-  agent =
-      std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello);
+  agent = std::make_unique<gpipe::Agent>(
+      absl::GetFlag(FLAGS_controller), hello,
+      [&readiness](bool attached) { readiness.Set(attached); });
 
+  std::atomic<bool> signalled{false};
+  std::atomic<bool> exiting{false};
   std::thread signal_waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    gpipe::LogInfo("signal %d: shutting down", sig);
-    agent->Stop();
+    unsigned char byte = 0;
+    while (read(signal_pipe[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    const int sig = byte;
+    if (exiting || sig == 0) return;
+    signalled = true;
+    gpipe::LogInfo("%s: draining (at most %d ms)",
+                   sig == SIGTERM ? "SIGTERM" : "SIGINT", drain_ms);
+    readiness.Set(false);
+    // A step that will not stop must not keep the pod past its grace.
+    std::thread([drain_ms] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(drain_ms));
+      gpipe::LogError("gpipe-worker: the drain took longer than %d ms; exiting",
+                      drain_ms);
+      std::_Exit(1);
+    }).detach();
+    agent->Leave(
+        sig == SIGTERM ? "SIGTERM" : "SIGINT",
+        std::chrono::milliseconds(std::min<int64_t>(drain_ms / 2, 3000)));
   });
   agent->Run(&executor);
-  executor.CancelAll();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  executor.CancelAll();  // abandons the step; the controller replays it
+  const auto grace = std::chrono::milliseconds(
+      signalled ? std::min<int64_t>(2000, drain_ms / 4) : 2000);
+  server->Shutdown(std::chrono::system_clock::now() + grace);
   // Wake the signal thread if we got here without a signal.
-  pthread_kill(signal_waiter.native_handle(), SIGTERM);
+  exiting = true;
+  if (!signalled) {
+    const unsigned char wake = 0;
+    (void)!write(signal_pipe[1], &wake, 1);
+  }
   signal_waiter.join();
+  gpipe::LogInfo("gpipe-worker stopped");
   return 0;
 }
