@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written there once the server is up");
 ABSL_FLAG(std::string, checkpoint_dir, "./gpipe-checkpoints",
           "where jobs' checkpoints and final models go");
+ABSL_FLAG(std::string, store, "",
+          "SQLite job store (WAL): jobs survive a restart of the controller; "
+          "empty: in memory only");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
           "a worker silent for longer is lost");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
@@ -57,7 +60,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
       "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
-      "                 [--heartbeat_interval_ms N]");
+      "                 [--heartbeat_interval_ms N] [--store FILE]");
   absl::ParseCommandLine(argc, argv);
   const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
@@ -90,6 +93,7 @@ int main(int argc, char** argv) {
                                           : dir.lexically_normal().string();
   options.controller.heartbeat_timeout = absl::Milliseconds(timeout_ms);
   options.controller.heartbeat_interval = absl::Milliseconds(interval_ms);
+  options.controller.store_path = absl::GetFlag(FLAGS_store);
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {

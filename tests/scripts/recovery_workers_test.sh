@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Workers die during a job and the job still ends bitwise where an
+# uninterrupted run ends (the single-process reference trainer over the same
+# micro-batches), on a real controller and worker processes on loopback:
+#   1. kill -9 a random busy worker at random steps, RECOVERY_KILLS times
+#      (default 3), starting a fresh worker each time;
+#   2. SIGSTOP a worker past its lease; the job recovers on another; SIGCONT
+#      it: whatever it still sends belongs to a dead epoch and is rejected;
+#   3. corrupt the newest committed checkpoint, then kill a worker: recovery
+#      falls back to the checkpoint before.
+# Knobs: RECOVERY_KILLS, RECOVERY_STEPS (default 300), KEEP_WORK=1.
+#   recovery_workers_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin="$1/bin"
+src=$2
+for b in gpipectl gpipe-controller gpipe-worker; do
+  [[ -x "$bin/$b" ]] || { echo "SKIP: $bin/$b is not built"; echo "0 passed, 0 failed"; exit 0; }
+done
+work=$(mktemp -d)
+source "$src/tests/scripts/recovery_lib.sh"
+trap cleanup EXIT
+
+kills=${RECOVERY_KILLS:-3}
+steps=${RECOVERY_STEPS:-300}
+cport=$(free_port)
+start_controller
+for _ in 1 2 3 4; do start_worker; done
+wait_workers 4
+write_spec "$work/sgd.json" recovery-kill "$steps" 3 0 "$SGD"
+
+# --- 1. kill -9 busy workers at random steps --------------------------------
+job=$(submit "$work/sgd.json")
+survived=0
+for i in $(seq "$kills"); do
+  target=$((i * steps / (kills + 1) + RANDOM % 10))
+  wait_step "$job" "$target"
+  mapfile -t busy < <(busy_workers "$job")
+  ((${#busy[@]} > 0)) || break  # the job has ended
+  victim=${busy[RANDOM % ${#busy[@]}]}
+  kill -9 "${worker_pid[$victim]}"
+  echo "kill -9 $victim (step >= $target)"
+  unset "worker_port[$victim]"
+  start_worker
+  survived=$((survived + 1))
+done
+wait_done "$job"
+same_as_reference "$job" "$work/sgd.json" 4
+restarts=$(job_field "$job" "s.get('restarts', 0)")
+((restarts >= survived)) || fail "job $job counts $restarts restarts for $survived kills"
+echo "kill -9: the job survived $survived kills of busy workers ($restarts restarts), bitwise the uninterrupted run"
+
+# --- 2. SIGSTOP past the lease, then SIGCONT --------------------------------
+job=$(submit "$work/sgd.json")
+wait_step "$job" $((steps / 3))
+mapfile -t busy < <(busy_workers "$job")
+((${#busy[@]} > 0)) || fail "job $job has no busy workers at step $((steps / 3))"
+paused=${busy[0]}
+epoch=$(job_field "$job" "s.get('epoch', 0)")
+kill -STOP "${worker_pid[$paused]}"
+for _ in $(seq 200); do  # 20 s: the lease (1.5 s) expires, the job moves on
+  [[ "$(job_field "$job" "s.get('state','') if int(s.get('epoch',0)) > $epoch else ''")" == RUNNING ]] && break
+  sleep 0.1
+done
+[[ "$(job_field "$job" "int(s.get('epoch',0)) > $epoch")" == True ]] ||
+  fail "job $job did not recover from the paused worker $paused"
+[[ "$(job_field "$job" "' '.join(x.get('address','') for x in s.get('stages', []))")" != *":${worker_port[$paused]}"* ]] ||
+  fail "the paused worker $paused still holds a stage"
+kill -CONT "${worker_pid[$paused]}"
+wait_done "$job"
+same_as_reference "$job" "$work/sgd.json" 4
+echo "SIGSTOP: recovered without $paused, which woke at a dead epoch; bitwise the uninterrupted run"
+
+# --- 3. a corrupt newest checkpoint -------------------------------------------
+job=$(submit "$work/sgd.json")
+for _ in $(seq 300); do
+  n=$(job_field "$job" "len(s.get('checkpoints', []))")
+  ((${n:-0} >= 2)) && break
+  sleep 0.05
+done
+((${n:-0} >= 2)) || fail "job $job committed fewer than 2 checkpoints"
+# Freeze the pipeline so that no newer checkpoint commits meanwhile.
+mapfile -t busy < <(busy_workers "$job")
+victim=${busy[0]}
+kill -STOP "${worker_pid[$victim]}"
+sleep 0.2
+manifest=$(job_field "$job" "s['checkpoints'][-1]['manifestPath']")
+newest=$(job_field "$job" "s['checkpoints'][-1]['step']")
+stage_file=$(dirname "$manifest")/$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["files"][0]["path"])' "$manifest")
+python3 - "$stage_file" <<'PY'
+import sys
+p = sys.argv[1]
+data = bytearray(open(p, "rb").read())
+data[len(data) // 2] ^= 0xFF  # one flipped byte in the tensor data
+open(p, "wb").write(bytes(data))
+PY
+before=$(grep -c "unusable, falling back" "$work/controller.log" || true)
+kill -9 "${worker_pid[$victim]}"
+unset "worker_port[$victim]"
+start_worker
+wait_done "$job"
+after=$(grep -c "unusable, falling back" "$work/controller.log" || true)
+((after > before)) || fail "the controller did not report the corrupt checkpoint of step $newest"
+same_as_reference "$job" "$work/sgd.json" 4
+echo "corrupt checkpoint: step $newest was detected (DataLoss) and the one before used; bitwise the uninterrupted run"
+echo "1 passed, 0 failed"
