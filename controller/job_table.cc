@@ -48,7 +48,7 @@ absl::StatusOr<JobRecord*> JobTable::Restore(storage::StoredJob stored,
   record->stages = stages;
   record->job = std::move(stored.job);
   record->logged_state = record->status().state();
-  next_seq_ = std::max(next_seq_, stored.seq + 1);
+  next_seq_ = std::max<uint64_t>(next_seq_, stored.seq + 1);
   JobRecord* restored = record.get();
   jobs_.emplace(restored->id(), std::move(record));
   return restored;

@@ -114,7 +114,7 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
 
 namespace {
 
-constexpr std::string_view kCheckpointErrorPrefix = "checkpoint: ";
+constexpr absl::string_view kCheckpointErrorPrefix = "checkpoint: ";
 
 gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
                                  const absl::Status& status) {
