@@ -28,6 +28,9 @@ namespace v1 = gpipe::v1;
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+// How long a restarting job waits before it is scheduled again, so that the
+// streams of workers that died with the failure are noticed first.
+constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
 
 absl::Status JobNotFound(std::string_view id) {
   return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
@@ -409,6 +412,7 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   job.merging = false;
   job.checkpointing.clear();
   job.waiting_since = now;
+  job.not_before = now + kRestartSettle;
   const std::string from =
       status.checkpoints().empty()
           ? std::string("the beginning")
@@ -611,8 +615,11 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
 // ---- Background threads ---------------------------------------------------
 
 void Controller::LeaseLoop() {
-  const absl::Duration period = std::clamp(
-      options_.heartbeat_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
+  // Short enough for the restart settle time and the elastic grace period
+  // to end on time.
+  const absl::Duration period =
+      std::clamp(options_.heartbeat_timeout / 4, absl::Milliseconds(10),
+                 absl::Milliseconds(100));
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     changed_.WaitWithTimeout(&mu_, period);

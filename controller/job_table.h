@@ -36,6 +36,10 @@ struct JobRecord {
   // When the job began waiting for workers (PENDING or RESTARTING): the
   // elastic grace period counts from here.
   absl::Time waiting_since = absl::InfinitePast();
+  // A restarting job is not scheduled before this: the failure that
+  // restarted it often comes from a neighbour of a dead worker whose own
+  // stream has not broken yet, and that worker must not be chosen again.
+  absl::Time not_before = absl::InfinitePast();
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a

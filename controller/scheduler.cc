@@ -144,6 +144,10 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
   std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Idle();
   const JobRecord* blocked_by = nullptr;
   for (JobRecord* job : jobs.Waiting()) {
+    if (now < job->not_before) {
+      if (blocked_by == nullptr) blocked_by = job;  // FIFO: it goes first
+      continue;
+    }
     const int64_t free = static_cast<int64_t>(idle.size());
     int64_t k = job->stages;
     // Short of workers for longer than the grace period: run on what there

@@ -173,9 +173,23 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       dataset = std::move(d);
     }
     if (!last) {
-      ASSIGN_OR_RETURN(
-          downstream, ConnectDownstream(a.downstream_address(), a.job_id(),
-                                        a.epoch(), a.stage(), capacity, 30000));
+      // In short attempts, so that a cancel (the job restarted: the peer
+      // may be dead) is noticed within a second rather than after 30.
+      absl::Status connected = absl::UnavailableError("not tried");
+      for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
+        absl::StatusOr<std::unique_ptr<Link>> link =
+            ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
+                              a.stage(), capacity, 1000);
+        if (link.ok()) {
+          downstream = std::move(*link);
+          connected = absl::OkStatus();
+          break;
+        }
+        connected = link.status();
+        if (!absl::IsUnavailable(connected)) break;
+      }
+      if (cancelled()) return absl::CancelledError("cancelled");
+      RETURN_IF_ERROR(connected);
       std::lock_guard<std::mutex> lock(mu_);
       if (run->cancelled) return absl::CancelledError("cancelled");
       run->downstream = downstream.get();
