@@ -6,8 +6,9 @@
 #      (default 3), starting a fresh worker each time;
 #   2. SIGSTOP a worker past its lease; the job recovers on another; SIGCONT
 #      it: whatever it still sends belongs to a dead epoch and is rejected;
-#   3. corrupt the newest committed checkpoint, then kill a worker: recovery
-#      falls back to the checkpoint before.
+#   3. corrupt the newest committed checkpoint, then kill the workers (frozen
+#      first, so that nothing moves meanwhile): recovery falls back to the
+#      checkpoint before.
 # Knobs: RECOVERY_KILLS, RECOVERY_STEPS (default 1500), KEEP_WORK=1.
 #   recovery_workers_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -87,13 +88,15 @@ for _ in $(seq 300); do
   sleep 0.05
 done
 ((${n:-0} >= 2)) || fail "job $job committed fewer than 2 checkpoints"
-# Freeze the pipeline so that no newer checkpoint commits meanwhile.
-mapfile -t busy < <(busy_workers "$job")
-victim=${busy[0]}
-kill -STOP "${worker_pid[$victim]}"
-sleep 0.2
-manifest=$(job_field "$job" "s['checkpoints'][-1]['manifestPath']")
-newest=$(job_field "$job" "s['checkpoints'][-1]['step']")
+# Freeze every worker, so that no newer checkpoint commits and no restart
+# chooses its restore point before the corruption is in place.
+stopped=()
+for name in "${!worker_port[@]}"; do
+  kill -STOP "${worker_pid[$name]}"
+  stopped+=("$name")
+done
+sleep 0.5
+read -r newest manifest < <(job_field "$job" "s['checkpoints'][-1]['step'] + ' ' + s['checkpoints'][-1]['manifestPath']")
 stage_file=$(dirname "$manifest")/$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["files"][0]["path"])' "$manifest")
 python3 - "$stage_file" <<'PY'
 import sys
@@ -103,9 +106,11 @@ data[len(data) // 2] ^= 0xFF  # one flipped byte in the tensor data
 open(p, "wb").write(bytes(data))
 PY
 before=$(grep -c "unusable, falling back" "$work/controller.log" || true)
-kill -9 "${worker_pid[$victim]}"
-unset "worker_port[$victim]"
-start_worker
+for name in "${stopped[@]}"; do
+  kill -9 "${worker_pid[$name]}"
+  unset "worker_port[$name]"
+done
+for _ in 1 2 3; do start_worker; done
 wait_done "$job"
 after=$(grep -c "unusable, falling back" "$work/controller.log" || true)
 ((after > before)) || fail "the controller did not report the corrupt checkpoint of step $newest"
