@@ -39,7 +39,9 @@ echo "controller kill -9: job $job resumed from the store and completed; bitwise
 
 # --- 2. shrink from 4 stages to 2 and grow back -------------------------------
 wait_workers 4
-write_spec "$work/elastic.json" recovery-elastic "$steps" 4 2 "$SGD"
+# Twice as long: on 2 stages it must outlast the start of two new workers
+# (seconds each on a loaded machine) and reach a checkpoint after them.
+write_spec "$work/elastic.json" recovery-elastic "$((2 * steps))" 4 2 "$SGD"
 job=$(submit "$work/elastic.json")
 wait_step "$job" $((steps / 10))
 mapfile -t busy < <(busy_workers "$job")
@@ -58,7 +60,7 @@ echo "elastic: job $job runs on 2 of 4 stages"
 start_worker
 start_worker
 grown=""
-for _ in $(seq 300); do
+for _ in $(seq 600); do
   st=$(job_field "$job" "s.get('state','') + str(s.get('runningStages', 0))")
   [[ "$st" == RUNNING4 || "$st" == SUCCEEDED4 ]] && { grown=1; break; }
   [[ "$st" == SUCCEEDED* ]] && break
