@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,11 +12,14 @@
 #include "absl/time/clock.h"
 #include "controller/job_status.h"
 #include "controller/merge.h"
+#include "controller/recovery.h"
 #include "controller/scheduler.h"
 #include "services/core/log.h"
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
+#include "services/storage/manifest.h"
+#include "services/storage/sha256.h"
 
 namespace gpipe::controller {
 
@@ -23,6 +28,9 @@ namespace v1 = gpipe::v1;
 namespace {
 
 constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
+// How long a restarting job waits before it is scheduled again, so that the
+// streams of workers that died with the failure are noticed first.
+constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
 
 absl::Status JobNotFound(std::string_view id) {
   return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
@@ -68,6 +76,67 @@ void Controller::Shutdown() {
 int64_t Controller::ignored_reports() {
   absl::MutexLock lock(&mu_);
   return ignored_reports_;
+}
+
+int64_t Controller::corrupt_checkpoints() {
+  absl::MutexLock lock(&mu_);
+  return corrupt_checkpoints_;
+}
+
+absl::Status Controller::Recover() {
+  if (options_.store_path.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<storage::JobStore>> store =
+      storage::JobStore::Open(options_.store_path);
+  if (!store.ok()) return store.status();
+  absl::StatusOr<storage::LoadedJobs> loaded = (*store)->LoadAll();
+  if (!loaded.ok()) return loaded.status();
+  for (const std::string& bad : loaded->bad) {
+    LogError("job store %s: skipped a bad row: %s", options_.store_path, bad);
+  }
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  store_ = std::move(*store);
+  jobs_.set_store(store_.get());
+  int64_t resumed = 0;
+  for (storage::StoredJob& stored : loaded->jobs) {
+    const int64_t k = StageCount(stored.job.spec());
+    absl::StatusOr<JobRecord*> restored = jobs_.Restore(std::move(stored), k);
+    if (!restored.ok()) {
+      LogError("job store %s: %s", options_.store_path,
+               restored.status().ToString());
+      continue;
+    }
+    JobRecord& job = **restored;
+    v1::JobStatus& status = job.status();
+    if (IsTerminal(status.state())) {
+      jobs_.Publish(job, "restored from the job store", now);
+      continue;
+    }
+    ++resumed;
+    const bool ran = status.epoch() > 0;
+    status.set_state(ran ? v1::RESTARTING : v1::PENDING);
+    status.clear_stages();
+    status.set_running_stages(0);
+    job.waiting_since = now;
+    std::string message = "the controller restarted";
+    if (ran) {
+      absl::StrAppend(
+          &message, "; resuming from ",
+          status.checkpoints().empty()
+              ? std::string("the beginning")
+              : absl::StrCat(
+                    "the checkpoint of step ",
+                    status.checkpoints(status.checkpoints_size() - 1).step()));
+      SetCondition(&status, kRunning, false, "ControllerRestarted", message,
+                   now);
+    }
+    jobs_.Publish(job, message, now);
+  }
+  LogInfo("job store %s: %d jobs, %d to resume", options_.store_path,
+          loaded->jobs.size(), resumed);
+  Reschedule(now);
+  Changed();
+  return absl::OkStatus();
 }
 
 // ---- Jobs -----------------------------------------------------------------
@@ -288,6 +357,9 @@ void Controller::HandleMessage(WorkerRecord& worker,
       break;
     case v1::WorkerMessage::kGoodbye:  // ends the stream in the service
       return;
+    case v1::WorkerMessage::kCheckpointed:
+      OnCheckpointed(worker, message.checkpointed(), now);
+      break;
     case v1::WorkerMessage::kHello:
       LogWarning("worker %s sent a second hello; ignored", worker.id());
       return;
@@ -313,7 +385,26 @@ void Controller::DetachWorker(WorkerRecord& worker, absl::Status end,
 
 void Controller::Reschedule(absl::Time now) {
   if (shutting_down_) return;
-  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir, now);
+  std::vector<JobRecord*> recovering;
+  for (JobRecord* job : jobs_.Waiting()) {
+    if (job->status().state() == v1::RESTARTING) recovering.push_back(job);
+  }
+  const int64_t corrupt = corrupt_checkpoints_;
+  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir, now,
+               &corrupt_checkpoints_);
+  if (options_.metrics == nullptr) return;
+  if (corrupt_checkpoints_ > corrupt) {
+    options_.metrics->OnCorruptCheckpoints(corrupt_checkpoints_ - corrupt);
+  }
+  for (JobRecord* job : recovering) {
+    if (job->status().state() != v1::RUNNING ||
+        job->recovery_began == absl::InfinitePast()) {
+      continue;
+    }
+    options_.metrics->ObserveRecovery(
+        absl::ToDoubleSeconds(now - job->recovery_began));
+    job->recovery_began = absl::InfinitePast();
+  }
 }
 
 void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
@@ -337,17 +428,20 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
     Reschedule(now);
     return;  // its stage was done: nothing is lost
   }
+  if (job->status().state() != v1::RUNNING) {
+    Reschedule(now);
+    return;  // restarting already: the job holds no stages
+  }
   const std::string message = absl::StrCat(
       "worker ", info.worker_id(), " at ", info.address(), " was lost at step ",
       job->status().step(), ": ", AsAbsl(why));
-  EndJob(*job, v1::FAILED, kFailed, "WorkerLost", message, worker.get(), now);
+  RestartOrFail(*job, "WorkerLost", message, worker.get(), /*counted=*/true,
+                now);
   Reschedule(now);
 }
 
-void Controller::EndJob(JobRecord& job, v1::JobState state,
-                        std::string_view type, std::string_view reason,
-                        const std::string& message, const WorkerRecord* except,
-                        absl::Time now) {
+void Controller::ReleaseStages(JobRecord& job, const std::string& why,
+                               const WorkerRecord* except) {
   for (const v1::StageStatus& stage : job.status().stages()) {
     std::shared_ptr<WorkerRecord> worker = workers_.Find(stage.worker_id());
     if (worker == nullptr || worker->info.state() != v1::BUSY ||
@@ -358,12 +452,62 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
       v1::ControllerMessage cancel;
       cancel.mutable_cancel()->set_job_id(job.id());
       cancel.mutable_cancel()->set_epoch(job.status().epoch());
-      cancel.mutable_cancel()->set_reason(message);
+      cancel.mutable_cancel()->set_reason(why);
       WorkerRegistry::Send(*worker, std::move(cancel));
     }
     WorkerRegistry::MarkIdle(*worker);
   }
+}
+
+void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
+                               const std::string& message,
+                               const WorkerRecord* except, bool counted,
+                               absl::Time now) {
+  v1::JobStatus& status = job.status();
+  const int64_t max = job.job.spec().max_restarts();
+  if (counted && status.restarts() >= max) {
+    EndJob(job, v1::FAILED, kFailed, reason,
+           absl::StrCat(message, "; ",
+                        max == 0 ? std::string("the job allows no restarts "
+                                               "(max_restarts is 0)")
+                                 : absl::StrCat("no restarts left (",
+                                                "max_restarts ", max, ")")),
+           except, now);
+    return;
+  }
+  ReleaseStages(job, message, except);
+  if (counted) {
+    status.set_restarts(status.restarts() + 1);
+    if (options_.metrics != nullptr) options_.metrics->OnRestart();
+  }
+  if (status.state() != v1::RESTARTING) job.recovery_began = now;
+  status.set_state(v1::RESTARTING);
+  status.clear_stages();
   job.merging = false;
+  job.checkpointing.clear();
+  job.waiting_since = now;
+  job.not_before = now + kRestartSettle;
+  const std::string from =
+      status.checkpoints().empty()
+          ? std::string("the beginning")
+          : absl::StrCat(
+                "the checkpoint of step ",
+                status.checkpoints(status.checkpoints_size() - 1).step());
+  const std::string restarting =
+      counted ? absl::StrCat("restart ", status.restarts(), " of ", max, ": ",
+                             message, "; resuming from ", from)
+              : absl::StrCat(message, "; resuming from ", from);
+  SetCondition(&status, kRunning, false, reason, restarting, now);
+  jobs_.Publish(job, restarting, now);
+}
+
+void Controller::EndJob(JobRecord& job, v1::JobState state,
+                        std::string_view type, std::string_view reason,
+                        const std::string& message, const WorkerRecord* except,
+                        absl::Time now) {
+  ReleaseStages(job, message, except);
+  job.merging = false;
+  job.checkpointing.clear();
   MarkTerminal(&job.status(), state, type, reason, message, now);
   jobs_.Publish(job, message, now);
 }
@@ -380,6 +524,8 @@ JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
     problem = absl::StrCat("the job is at epoch ", job->status().epoch());
   } else if (IsTerminal(job->status().state()) || job->merging) {
     problem = "the job has finished";
+  } else if (job->status().state() != v1::RUNNING) {
+    problem = "the job is restarting";
   } else if (worker.info.state() != v1::BUSY ||
              worker.info.job_id() != job_id || worker.info.stage() != stage) {
     problem = worker.info.state() == v1::BUSY
@@ -415,7 +561,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   }
   const int64_t step =
       *std::min_element(job->stage_steps.begin(), job->stage_steps.end());
-  const bool last_stage = p.stage() == job->stages - 1;
+  const bool last_stage =
+      p.stage() == static_cast<int64_t>(job->stage_steps.size()) - 1;
   if (step == status.step() && !last_stage) return;
   status.set_step(step);
   if (last_stage) {
@@ -468,18 +615,19 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
     Reschedule(now);
     return;
   }
+  const int64_t running = static_cast<int64_t>(job->finished_paths.size());
   job->finished_paths[f.stage()] = f.parameters_path();
   job->stage_steps[f.stage()] = job->status().total_steps();
-  if (f.stage() == job->stages - 1) {
+  if (f.stage() == running - 1) {
     *job->status().mutable_evaluation() = f.evaluation();
   }
   const int64_t done =
       std::count_if(job->finished_paths.begin(), job->finished_paths.end(),
                     [](const std::string& p) { return !p.empty(); });
-  if (done < job->stages) {
+  if (done < running) {
     jobs_.Publish(*job,
                   absl::StrCat("stage ", f.stage(), " finished (", done, " of ",
-                               job->stages, ")"),
+                               running, ")"),
                   now);
     return;
   }
@@ -494,7 +642,7 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
   }
   merges_.push_back(job->id());
   jobs_.Publish(*job,
-                absl::StrCat("all ", job->stages,
+                absl::StrCat("all ", running,
                              " stages finished; merging their parameters"),
                 now);
   Reschedule(now);
@@ -505,21 +653,80 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   JobRecord* job =
       ReportedJob(worker, "failure", f.job_id(), f.epoch(), f.stage());
   if (job == nullptr) return;
-  // No restarts yet: every failure ends the job. A permanent one (the loss
-  // is not finite) would end it even with restarts.
+  // A permanent failure (the loss is not finite, bad data) would fail
+  // again on replay; anything else (a lost link, a checkpoint that could not
+  // be written or read) may pass on a restart.
   const std::string message = absl::StrCat(
       "stage ", f.stage(), " (worker ", worker.id(), ") failed: ", f.message());
-  EndJob(*job, v1::FAILED, kFailed,
-         !f.reason().empty() ? f.reason() : "StageFailed", message, &worker,
-         now);
+  const std::string reason = !f.reason().empty() ? f.reason() : "StageFailed";
+  if (f.permanent()) {
+    EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
+  } else {
+    RestartOrFail(*job, reason, message, &worker, /*counted=*/true, now);
+  }
   Reschedule(now);
+}
+
+void Controller::OnCheckpointed(WorkerRecord& worker,
+                                const v1::StageCheckpointed& c,
+                                absl::Time now) {
+  JobRecord* job =
+      ReportedJob(worker, "checkpoint", c.job_id(), c.epoch(), c.stage());
+  if (job == nullptr) return;
+  const v1::JobSpec& spec = job->job.spec();
+  if (absl::Status ok = CheckCheckpointReport(
+          options_.checkpoint_dir, c, spec.checkpoint().every(), spec.steps());
+      !ok.ok()) {
+    ++ignored_reports_;
+    LogWarning("ignored checkpoint report of stage %d of %s: %s", c.stage(),
+               c.job_id(), ok.ToString());
+    return;
+  }
+  const size_t running = job->finished_paths.size();
+  std::vector<v1::StageCheckpointed>& reports = job->checkpointing[c.step()];
+  reports.resize(running);
+  reports[c.stage()] = c;
+  for (const v1::StageCheckpointed& r : reports) {
+    if (r.path().empty()) return;  // not every stage has written it yet
+  }
+  std::vector<v1::StageCheckpointed> all = std::move(reports);
+  job->checkpointing.erase(job->checkpointing.begin(),
+                           job->checkpointing.upper_bound(c.step()));
+  v1::JobStatus& status = job->status();
+  absl::StatusOr<v1::CheckpointRef> ref =
+      CommitCheckpoint(options_.checkpoint_dir, job->id(), status.epoch(), all);
+  if (!ref.ok()) {
+    // The job goes on: the previous checkpoint stays the restore point.
+    LogError("job %s: cannot commit the checkpoint of step %d: %s", job->id(),
+             c.step(), ref.status().ToString());
+    return;
+  }
+  KeepCheckpoints(&status, *ref, spec.checkpoint().keep());
+  if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();
+  jobs_.Publish(*job,
+                absl::StrCat("checkpoint of step ", c.step(), " committed (",
+                             running, " stages)"),
+                now);
+  // Elastic: a job running short grows back at a checkpoint boundary once
+  // the workers it lacks are free.
+  const int64_t missing = job->stages - static_cast<int64_t>(running);
+  if (missing > 0 && static_cast<int64_t>(workers_.Idle().size()) >= missing) {
+    RestartOrFail(*job, "Resize",
+                  absl::StrCat("growing back from ", running, " to ",
+                               job->stages, " stages"),
+                  nullptr, /*counted=*/false, now);
+    Reschedule(now);
+  }
 }
 
 // ---- Background threads ---------------------------------------------------
 
 void Controller::LeaseLoop() {
-  const absl::Duration period = std::clamp(
-      options_.heartbeat_timeout / 4, absl::Milliseconds(10), absl::Seconds(1));
+  // Short enough for the restart settle time and the elastic grace period
+  // to end on time.
+  const absl::Duration period =
+      std::clamp(options_.heartbeat_timeout / 4, absl::Milliseconds(10),
+                 absl::Milliseconds(100));
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
     changed_.WaitWithTimeout(&mu_, period);
@@ -536,6 +743,11 @@ void Controller::LeaseLoop() {
                  why, /*disconnect=*/true, now);
       lost = true;
     }
+    // The elastic grace period of a waiting job runs out without any event.
+    if (!jobs_.Waiting().empty()) {
+      Reschedule(now);
+      lost = true;
+    }
     if (lost) Changed();
   }
 }
@@ -547,6 +759,7 @@ void Controller::MergeLoop() {
     std::vector<std::string> paths;
     std::string out_path;
     std::map<std::string, std::string> metadata;
+    v1::CheckpointManifest final_manifest;
     {
       absl::MutexLock lock(&mu_);
       while (merges_.empty() && !stopping_) changed_.Wait(&mu_);
@@ -561,8 +774,43 @@ void Controller::MergeLoop() {
                   "model.safetensors")
                      .string();
       metadata = ModelFileMetadata(job->job.spec(), job->status().step());
+      final_manifest.set_job_id(id);
+      final_manifest.set_step(job->status().step());
+      final_manifest.set_epoch(epoch);
+      for (const v1::StageStatus& stage : job->status().stages()) {
+        v1::CheckpointFile* f = final_manifest.add_files();
+        f->set_stage(stage.stage());
+        f->set_layer_begin(stage.layer_begin());
+        f->set_layer_end(stage.layer_end());
+      }
     }
-    const absl::Status merged = MergeStageParameters(paths, out_path, metadata);
+    // The final parameters are a committed checkpoint too: hashed and listed
+    // in their own manifest, off the lock.
+    std::optional<v1::CheckpointRef> final_ref;
+    absl::Status merged = absl::OkStatus();
+    for (int i = 0; i < final_manifest.files_size() && merged.ok(); ++i) {
+      v1::CheckpointFile* f = final_manifest.mutable_files(i);
+      const std::filesystem::path path = paths[i];
+      f->set_path(path.filename().string());
+      absl::StatusOr<std::string> digest = storage::Sha256File(path.string());
+      std::error_code error;
+      f->set_bytes(
+          static_cast<int64_t>(std::filesystem::file_size(path, error)));
+      if (!digest.ok())
+        merged = digest.status();
+      else
+        f->set_sha256(*digest);
+    }
+    if (merged.ok() && !paths.empty()) {
+      v1::CheckpointRef ref;
+      ref.set_step(final_manifest.step());
+      ref.set_manifest_path((std::filesystem::path(paths[0]).parent_path() /
+                             storage::kManifestName)
+                                .string());
+      merged = storage::WriteManifest(ref.manifest_path(), final_manifest);
+      if (merged.ok()) final_ref = ref;
+    }
+    if (merged.ok()) merged = MergeStageParameters(paths, out_path, metadata);
     const absl::Time now = absl::Now();
     absl::MutexLock lock(&mu_);
     JobRecord* job = jobs_.Find(id);
@@ -577,6 +825,10 @@ void Controller::MergeLoop() {
                    now);
       jobs_.Publish(*job, message, now);
     } else {
+      if (final_ref) {
+        KeepCheckpoints(&job->status(), *final_ref,
+                        job->job.spec().checkpoint().keep());
+      }
       job->status().set_model_path(out_path);
       const v1::Evaluation& e = job->status().evaluation();
       const std::string message = absl::StrFormat(

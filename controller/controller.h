@@ -5,9 +5,21 @@
 //
 // A job goes PENDING -> RUNNING when enough workers are free, then ends
 // SUCCEEDED (every stage finished and their parameters were merged), FAILED
-// (a stage failed, or a worker of a running stage was lost) or CANCELLED.
-// Reports carry the job's epoch; one from another epoch, another job or a
-// worker not assigned to that stage is ignored and counted (fencing).
+// or CANCELLED. A lost worker or a stage failure that may pass puts a
+// running job in RESTARTING (at most max_restarts times; then FAILED): its
+// other stages are cancelled and it waits for workers again, to restore its
+// last committed checkpoint under a new epoch. A permanent failure (a loss
+// that is not finite, bad data) fails it at once. Stages report checkpoint
+// files; when every stage of the epoch has reported a step, the controller
+// commits it (recovery.h). A job that runs on fewer stages than it asked for
+// (elastic) grows back at the next committed checkpoint once enough workers
+// are free. Reports carry the job's epoch; one from another epoch, another
+// job, a worker not assigned to that stage, or about a job that is not
+// RUNNING is ignored and counted (fencing).
+//
+// With a store (ControllerOptions::store_path) every change of a job is
+// written to SQLite; Recover() takes the jobs back after a restart and puts
+// every unfinished one in RESTARTING.
 #ifndef GPIPE_CONTROLLER_CONTROLLER_H_
 #define GPIPE_CONTROLLER_CONTROLLER_H_
 
@@ -50,6 +62,8 @@ struct ControllerOptions {
   // stage, for the `trace_jobs` jobs that reported most recently.
   int64_t trace_steps = TraceStore::kDefaultKeepSteps;
   int64_t trace_jobs = TraceStore::kDefaultKeepJobs;
+  // The SQLite job store; empty: jobs live in memory only.
+  std::string store_path;
 };
 
 // What an Attach handler does next (see Controller::NextMessage).
@@ -66,6 +80,11 @@ class Controller {
 
   Controller(const Controller&) = delete;
   Controller& operator=(const Controller&) = delete;
+
+  // Opens options.store_path (when set) and takes back the jobs it holds:
+  // ended ones as they were, the others RESTARTING (PENDING if they never
+  // ran). Call once, before serving. Errors name the store.
+  absl::Status Recover();
 
   // Jobs. SubmitJob validates the spec (InvalidArgument naming the field).
   // Get and Cancel of an unknown id are NotFound; cancelling an ended job is
@@ -120,6 +139,9 @@ class Controller {
 
   // Reports ignored by fencing (old epoch, other job, wrong stage).
   int64_t ignored_reports();
+  // Committed checkpoints found corrupt or truncated (DataLoss) when a job
+  // was to restore them; each time the one before was used instead.
+  int64_t corrupt_checkpoints();
 
   const ControllerOptions& options() const { return options_; }
 
@@ -132,6 +154,18 @@ class Controller {
   // Removes `worker`; fails its job when it was running a stage.
   void LoseWorker(const std::shared_ptr<WorkerRecord>& worker, absl::Status end,
                   std::string_view why, bool disconnect, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Cancels the stages of `job` (all but `except`, which is gone or failed)
+  // and frees their workers.
+  void ReleaseStages(JobRecord& job, const std::string& why,
+                     const WorkerRecord* except)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running job lost a stage to something that may pass: RESTARTING
+  // (counted against max_restarts when `counted`), or FAILED once they are
+  // used up. The caller reschedules.
+  void RestartOrFail(JobRecord& job, std::string_view reason,
+                     const std::string& message, const WorkerRecord* except,
+                     bool counted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job` in a terminal `state`: cancels its other stages (all but
   // `except`), frees its workers, records the condition and the event.
@@ -154,11 +188,15 @@ class Controller {
                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFailed(WorkerRecord& worker, const gpipe::v1::StageFailed& f,
                 absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCheckpointed(WorkerRecord& worker,
+                      const gpipe::v1::StageCheckpointed& c, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void LeaseLoop();  // expires silent workers
   void MergeLoop();  // merges finished jobs' parameters off the lock
 
   const ControllerOptions options_;
+  std::unique_ptr<storage::JobStore> store_;  // outlives jobs_, which uses it
   absl::Mutex mu_;
   absl::CondVar changed_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
@@ -168,6 +206,7 @@ class Controller {
   // Workers already warned about for a clock that runs ahead.
   std::set<std::string> clock_ahead_warned_ ABSL_GUARDED_BY(mu_);
   int64_t ignored_reports_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t corrupt_checkpoints_ ABSL_GUARDED_BY(mu_) = 0;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lease_thread_;

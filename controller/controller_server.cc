@@ -14,6 +14,11 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
     const ControllerServerOptions& options) {
   std::unique_ptr<ControllerServer> server(new ControllerServer());
   server->controller_ = std::make_unique<Controller>(options.controller);
+  // Jobs of the store first: workers that attach find them waiting.
+  if (absl::Status recovered = server->controller_->Recover();
+      !recovered.ok()) {
+    return recovered;
+  }
   server->service_ = std::make_unique<ControllerService>(*server->controller_);
 
   grpc::EnableDefaultHealthCheckService(true);

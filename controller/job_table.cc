@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "controller/job_status.h"
 #include "services/core/log.h"
@@ -36,15 +37,35 @@ JobRecord& JobTable::Add(v1::JobSpec spec, int64_t stages, absl::Time now) {
   return added;
 }
 
+absl::StatusOr<JobRecord*> JobTable::Restore(storage::StoredJob stored,
+                                             int64_t stages) {
+  if (jobs_.find(stored.job.id()) != jobs_.end()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("job ", stored.job.id(), " is stored twice"));
+  }
+  auto record = std::make_unique<JobRecord>();
+  record->seq = stored.seq;
+  record->stages = stages;
+  record->job = std::move(stored.job);
+  record->logged_state = record->status().state();
+  next_seq_ = std::max<uint64_t>(next_seq_, stored.seq + 1);
+  JobRecord* restored = record.get();
+  jobs_.emplace(restored->id(), std::move(record));
+  return restored;
+}
+
 JobRecord* JobTable::Find(std::string_view id) {
   auto it = jobs_.find(id);
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
-std::vector<JobRecord*> JobTable::Pending() {
+std::vector<JobRecord*> JobTable::Waiting() {
   std::vector<JobRecord*> pending;
   for (auto& [id, job] : jobs_) {
-    if (job->status().state() == v1::PENDING) pending.push_back(job.get());
+    const v1::JobState state = job->status().state();
+    if (state == v1::PENDING || state == v1::RESTARTING) {
+      pending.push_back(job.get());
+    }
   }
   std::sort(
       pending.begin(), pending.end(),
@@ -74,6 +95,13 @@ void JobTable::Publish(JobRecord& job, std::string message, absl::Time now) {
   ++job.version;
   const size_t keep = IsTerminal(state) ? kEndedEventHistory : kEventHistory;
   while (job.events.size() > keep) job.events.pop_front();
+  if (store_ != nullptr) {
+    // The job goes on in memory: a store that fails now only loses what a
+    // restart would replay (logged for the operator).
+    if (absl::Status s = store_->Put(job.seq, job.job); !s.ok()) {
+      LogError("cannot store job %s: %s", job.id(), s.ToString());
+    }
+  }
 }
 
 }  // namespace gpipe::controller

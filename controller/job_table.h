@@ -1,7 +1,8 @@
 // The jobs the controller knows, by id, with what the state machine needs
-// beyond the Job message: per-stage progress, finished stages, and the
-// recent events that WatchJob streams. In memory; not thread-safe (the
-// controller's one mutex guards it).
+// beyond the Job message: per-stage progress, finished stages, checkpoint
+// reports, and the recent events that WatchJob streams. In memory, and
+// written through to the job store (when there is one) on every change; not
+// thread-safe (the controller's one mutex guards it).
 #ifndef GPIPE_CONTROLLER_JOB_TABLE_H_
 #define GPIPE_CONTROLLER_JOB_TABLE_H_
 
@@ -16,6 +17,7 @@
 
 #include "absl/time/time.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/storage/job_store.h"
 
 namespace gpipe::controller {
 
@@ -28,6 +30,19 @@ struct JobRecord {
   std::vector<int64_t> stage_steps;         // steps completed
   std::vector<std::string> finished_paths;  // "" until StageFinished
   bool merging = false;  // every stage finished; the merge is under way
+  // Checkpoint reports of the current epoch not yet committed: step ->
+  // one report per stage (empty path until that stage reported).
+  std::map<int64_t, std::vector<gpipe::v1::StageCheckpointed>> checkpointing;
+  // When the job began waiting for workers (PENDING or RESTARTING): the
+  // elastic grace period counts from here.
+  absl::Time waiting_since = absl::InfinitePast();
+  // A restarting job is not scheduled before this: the failure that
+  // restarted it often comes from a neighbour of a dead worker whose own
+  // stream has not broken yet, and that worker must not be chosen again.
+  absl::Time not_before = absl::InfinitePast();
+  // When the running job last lost a stage: gpipe_recovery_duration_seconds
+  // measures from here to RUNNING again.
+  absl::Time recovery_began = absl::InfinitePast();
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a
@@ -51,11 +66,17 @@ class JobTable {
   // Stores `spec` as a new PENDING job with a fresh id ("job-<8 hex>").
   // The caller publishes its first event.
   JobRecord& Add(gpipe::v1::JobSpec spec, int64_t stages, absl::Time now);
+  // Takes back a job from the store as it was; the caller decides how it
+  // resumes. AlreadyExists for a duplicate id.
+  absl::StatusOr<JobRecord*> Restore(storage::StoredJob stored, int64_t stages);
+
+  // Every Publish writes the job to `store` from now on (may be null).
+  void set_store(storage::JobStore* store) { store_ = store; }
 
   JobRecord* Find(std::string_view id);
 
-  // PENDING jobs, oldest first.
-  std::vector<JobRecord*> Pending();
+  // Jobs waiting for workers (PENDING or RESTARTING), oldest first.
+  std::vector<JobRecord*> Waiting();
   // Every job, newest first.
   std::vector<const JobRecord*> NewestFirst() const;
 
@@ -69,6 +90,7 @@ class JobTable {
   std::map<std::string, std::unique_ptr<JobRecord>, std::less<>> jobs_;
   uint64_t next_seq_ = 0;
   std::mt19937_64 rng_;
+  storage::JobStore* store_ = nullptr;
 };
 
 }  // namespace gpipe::controller

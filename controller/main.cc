@@ -26,6 +26,9 @@ ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written there once the server is up");
 ABSL_FLAG(std::string, checkpoint_dir, "./gpipe-checkpoints",
           "where jobs' checkpoints and final models go");
+ABSL_FLAG(std::string, store, "",
+          "SQLite job store (WAL): jobs survive a restart of the controller; "
+          "empty: in memory only");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
           "a worker silent for longer is lost");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
@@ -72,7 +75,7 @@ int main(int argc, char** argv) {
       "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
       "                 [--heartbeat_interval_ms N] [--metrics_listen "
       "HOST:PORT]\n"
-      "                 [--trace_steps 16] [--trace_jobs 32]");
+      "                 [--trace_steps 16] [--trace_jobs 32] [--store FILE]");
   absl::ParseCommandLine(argc, argv);
   const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
   options.controller.metrics = metrics.get();
   options.controller.trace_steps = absl::GetFlag(FLAGS_trace_steps);
   options.controller.trace_jobs = absl::GetFlag(FLAGS_trace_jobs);
+  options.controller.store_path = absl::GetFlag(FLAGS_store);
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {

@@ -1,11 +1,15 @@
 #include "controller/scheduler.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "controller/job_status.h"
+#include "controller/recovery.h"
+#include "services/core/log.h"
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
@@ -27,15 +31,20 @@ v1::Remat ResolvedRemat(const v1::JobSpec& spec) {
   return r == v1::REMAT_UNSPECIFIED ? v1::EXCEPT_LAST : r;
 }
 
-// Assigns `job` to `workers` (exactly its K): partition, epoch, messages.
-// False when the job cannot be partitioned: it has failed, and the workers
-// are still free.
+// Assigns `job` to `workers` (one stage each): partition, epoch, restore
+// point, messages. False when the job cannot be partitioned: it has failed,
+// and the workers are still free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
-           const std::string& checkpoint_dir, absl::Time now) {
+           const std::string& checkpoint_dir, absl::Time now,
+           int64_t* corrupt_checkpoints) {
   const v1::JobSpec& spec = job.job.spec();
-  const int64_t k = job.stages;
-  absl::StatusOr<std::vector<int64_t>> balance = PartitionJob(spec, k);
+  const int64_t k = static_cast<int64_t>(workers.size());
+  // Fewer stages than asked (elastic): an explicit balance has K entries,
+  // so the cost model cuts the K' stages.
+  v1::JobSpec cut = spec;
+  if (k != job.stages) cut.mutable_pipeline()->clear_balance();
+  absl::StatusOr<std::vector<int64_t>> balance = PartitionJob(cut, k);
   if (!balance.ok()) {
     const std::string message =
         absl::StrCat("cannot partition: ", balance.status().message());
@@ -47,14 +56,21 @@ bool Start(JobTable& jobs, JobRecord& job,
   const std::vector<int64_t> begins = StageBegins(*balance);
   v1::JobStatus& status = job.status();
   const int64_t epoch = status.epoch() + 1;
+  const std::optional<v1::CheckpointRef> restore =
+      ChooseRestorePoint(job.id(), &status, corrupt_checkpoints);
+  const int64_t start_step = restore ? restore->step() : 0;
   status.set_epoch(epoch);
-  status.set_step(0);
+  status.set_step(start_step);
+  status.set_running_stages(k);
   status.clear_stages();
-  job.stage_steps.assign(k, 0);
+  job.stage_steps.assign(k, start_step);
   job.finished_paths.assign(k, "");
+  job.checkpointing.clear();
   job.merging = false;
+  const std::string job_dir =
+      (std::filesystem::path(checkpoint_dir) / job.id()).string();
   const std::string output_dir =
-      (std::filesystem::path(checkpoint_dir) / job.id() / "final").string();
+      (std::filesystem::path(job_dir) / "final").string();
   std::string placed;
   for (int64_t i = 0; i < k; ++i) {
     WorkerRecord& worker = *workers[i];
@@ -79,8 +95,10 @@ bool Start(JobTable& jobs, JobRecord& job,
     a.set_remat(ResolvedRemat(spec));
     a.set_upstream_address(i > 0 ? workers[i - 1]->info.address() : "");
     a.set_downstream_address(i + 1 < k ? workers[i + 1]->info.address() : "");
-    a.set_start_step(0);
+    a.set_start_step(start_step);
     a.set_output_dir(output_dir);
+    a.set_checkpoint_dir(job_dir);
+    if (restore) a.set_restore_manifest(restore->manifest_path());
     WorkerRegistry::Send(worker, std::move(message));
     WorkerRegistry::MarkBusy(worker, job.id(), i);
     absl::StrAppend(&placed, i > 0 ? ", " : "", "stage ", i, " (layers ",
@@ -90,8 +108,13 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.set_state(v1::RUNNING);
   if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
   SetCondition(&status, kScheduled, true, "StagesAssigned", placed, now);
-  const std::string running =
-      absl::StrCat(k, " stages, epoch ", epoch, ": ", placed);
+  std::string running = absl::StrCat(k, " stages, epoch ", epoch, ": ", placed);
+  if (k != job.stages) {
+    absl::StrAppend(&running, " (elastic: ", k, " of ", job.stages, ")");
+  }
+  if (restore) {
+    absl::StrAppend(&running, "; restored the checkpoint of step ", start_step);
+  }
   SetCondition(&status, kRunning, true, "Started", running, now);
   jobs.Publish(job, running, now);
   return true;
@@ -104,20 +127,45 @@ std::string WaitingMessage(int64_t needed, int64_t free) {
                       needed == 1 ? " worker, " : " workers, ", free, " free");
 }
 
+absl::Duration ElasticGrace(const v1::JobSpec& spec) {
+  const int64_t ms = spec.pipeline().elastic_grace_ms();
+  return ms > 0 ? absl::Milliseconds(ms) : absl::Seconds(10);
+}
+
+int64_t MinStages(const v1::JobSpec& spec) {
+  const int64_t k = StageCount(spec);
+  const int64_t min = spec.pipeline().min_stages();
+  return min > 0 ? std::min(min, k) : k;
+}
+
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
-                  const std::string& checkpoint_dir, absl::Time now) {
+                  const std::string& checkpoint_dir, absl::Time now,
+                  int64_t* corrupt_checkpoints) {
   std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Idle();
   const JobRecord* blocked_by = nullptr;
-  for (JobRecord* job : jobs.Pending()) {
-    const int64_t k = job->stages;
-    if (blocked_by == nullptr && static_cast<int64_t>(idle.size()) >= k) {
+  for (JobRecord* job : jobs.Waiting()) {
+    if (now < job->not_before) {
+      if (blocked_by == nullptr) blocked_by = job;  // FIFO: it goes first
+      continue;
+    }
+    const int64_t free = static_cast<int64_t>(idle.size());
+    int64_t k = job->stages;
+    // Short of workers for longer than the grace period: run on what there
+    // is. Exact all the same: stages change only at checkpoint boundaries.
+    if (blocked_by == nullptr && free < k &&
+        free >= MinStages(job->job.spec()) &&
+        now - job->waiting_since >= ElasticGrace(job->job.spec())) {
+      k = free;
+    }
+    if (blocked_by == nullptr && free >= k && k > 0) {
       std::vector<std::shared_ptr<WorkerRecord>> chosen(idle.begin(),
                                                         idle.begin() + k);
-      if (Start(jobs, *job, chosen, checkpoint_dir, now)) {
+      if (Start(jobs, *job, chosen, checkpoint_dir, now, corrupt_checkpoints)) {
         idle.erase(idle.begin(), idle.begin() + k);
       }
       continue;
     }
+    k = job->stages;
     std::string message = WaitingMessage(k, static_cast<int64_t>(idle.size()));
     if (blocked_by != nullptr) {
       absl::StrAppend(&message, "; queued behind ", blocked_by->id());

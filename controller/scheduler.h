@@ -1,9 +1,12 @@
-// The scheduler: starts PENDING jobs, oldest first, on free workers. A job
-// of K stages takes the K free workers that attached first; its layers are
-// partitioned over them (PartitionJob), its epoch is bumped, and each worker
-// gets an Assignment naming its neighbours. Strict FIFO: a job that does not
-// fit yet holds back the jobs behind it, so a large job is never starved by
-// a stream of small ones.
+// The scheduler: starts waiting jobs (PENDING, or RESTARTING after a lost
+// worker), oldest first, on free workers. A job of K stages takes the K free
+// workers that attached first; its layers are partitioned over them
+// (PartitionJob), its epoch is bumped, and each worker gets an Assignment
+// naming its neighbours and the committed checkpoint to restore (the newest
+// whose files still match their manifest). A job that has waited longer than
+// its elastic grace period runs on fewer workers, down to min_stages.
+// Strict FIFO: a job that does not fit yet holds back the jobs behind it, so
+// a large job is never starved by a stream of small ones.
 #ifndef GPIPE_CONTROLLER_SCHEDULER_H_
 #define GPIPE_CONTROLLER_SCHEDULER_H_
 
@@ -19,8 +22,16 @@ namespace gpipe::controller {
 // becomes free. Jobs left waiting get their Scheduled condition's message
 // updated ("needs K workers, N free"). Final parameters of a job go to
 // <checkpoint_dir>/<job id>/final.
+// Checkpoints found corrupt are dropped from their job and counted in
+// *corrupt_checkpoints.
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
-                  const std::string& checkpoint_dir, absl::Time now);
+                  const std::string& checkpoint_dir, absl::Time now,
+                  int64_t* corrupt_checkpoints);
+
+// The elastic grace period of `spec` (pipeline.elastic_grace_ms, default
+// 10 s) and its minimum stage count (pipeline.min_stages, default K).
+absl::Duration ElasticGrace(const gpipe::v1::JobSpec& spec);
+int64_t MinStages(const gpipe::v1::JobSpec& spec);
 
 // "needs 2 workers, 1 free".
 std::string WaitingMessage(int64_t needed, int64_t free);

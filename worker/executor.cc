@@ -9,6 +9,7 @@
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
+#include "services/pipeline/stage_checkpoint.h"
 #include "services/storage/safetensors.h"
 #include "services/telemetry/metered_link.h"
 #include "services/telemetry/step_trace.h"
@@ -115,6 +116,8 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
 
 namespace {
 
+constexpr absl::string_view kCheckpointErrorPrefix = "checkpoint: ";
+
 gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
                                  const absl::Status& status) {
   gpipe::v1::WorkerMessage m;
@@ -125,12 +128,26 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   f->set_message(std::string(status.message()));
   // Neither a loss that is not finite nor bad data gets better by retrying;
   // a lost neighbour or link does.
+  // A checkpoint that cannot be written or restored is retried too: the
+  // controller then falls back to the previous committed checkpoint.
   const bool loss = absl::StrContains(status.message(), "loss is not finite");
-  const bool data = absl::IsInvalidArgument(status) ||
-                    absl::IsNotFound(status) || absl::IsDataLoss(status);
+  const bool checkpoint =
+      absl::StartsWith(status.message(), kCheckpointErrorPrefix);
+  const bool data =
+      !checkpoint && (absl::IsInvalidArgument(status) ||
+                      absl::IsNotFound(status) || absl::IsDataLoss(status));
   f->set_permanent(loss || data);
-  f->set_reason(loss ? "LossNotFinite" : data ? "InvalidData" : "LinkFailed");
+  f->set_reason(loss         ? "LossNotFinite"
+                : checkpoint ? "CheckpointFailed"
+                : data       ? "InvalidData"
+                             : "LinkFailed");
   return m;
+}
+
+// Marks a status as a checkpoint's, keeping its code.
+absl::Status CheckpointError(const absl::Status& s) {
+  return absl::Status(s.code(),
+                      absl::StrCat(kCheckpointErrorPrefix, s.message()));
 }
 
 }  // namespace
@@ -164,9 +181,23 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       dataset = std::move(d);
     }
     if (!last) {
-      ASSIGN_OR_RETURN(
-          downstream, ConnectDownstream(a.downstream_address(), a.job_id(),
-                                        a.epoch(), a.stage(), capacity, 30000));
+      // In short attempts, so that a cancel (the job restarted: the peer
+      // may be dead) is noticed within a second rather than after 30.
+      absl::Status connected = absl::UnavailableError("not tried");
+      for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
+        absl::StatusOr<std::unique_ptr<Link>> link =
+            ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
+                              a.stage(), capacity, 1000);
+        if (link.ok()) {
+          downstream = std::move(*link);
+          connected = absl::OkStatus();
+          break;
+        }
+        connected = link.status();
+        if (!absl::IsUnavailable(connected)) break;
+      }
+      if (cancelled()) return absl::CancelledError("cancelled");
+      RETURN_IF_ERROR(connected);
       std::lock_guard<std::mutex> lock(mu_);
       if (run->cancelled) return absl::CancelledError("cancelled");
       run->downstream = downstream.get();
@@ -206,6 +237,19 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     }
     ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
                      Stage::Create(spec, placement, dataset, up, down));
+    if (!a.restore_manifest().empty()) {
+      absl::StatusOr<int64_t> restored =
+          RestoreStageCheckpoint(*stage, a.restore_manifest());
+      if (!restored.ok()) return CheckpointError(restored.status());
+      if (*restored != a.start_step()) {
+        return CheckpointError(absl::DataLossError(
+            absl::StrCat(a.restore_manifest(), " is of step ", *restored,
+                         ", the assignment starts at ", a.start_step())));
+      }
+      LogInfo("stage %d of %s restored step %d from %s", a.stage(), a.job_id(),
+              *restored, a.restore_manifest());
+    }
+    const int64_t every = spec.checkpoint().every();
     for (int64_t s = a.start_step(); s < spec.steps(); ++s) {
       const auto start = std::chrono::steady_clock::now();
       ASSIGN_OR_RETURN(StageStepResult r, stage->RunStep(s));
@@ -248,13 +292,37 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       }
       report_(m);
       if (cancelled()) return absl::CancelledError("cancelled");
+      const int64_t done = s + 1;
+      if (every > 0 && done % every == 0 && done < spec.steps() &&
+          !a.checkpoint_dir().empty()) {
+        // Named by epoch: a stale worker of an older epoch that wakes up
+        // writes beside the current files, never over them.
+        const std::string path =
+            absl::StrCat(a.checkpoint_dir(), "/step-", done, "/e", a.epoch(),
+                         "-stage-", a.stage(), ".safetensors");
+        absl::StatusOr<WrittenCheckpoint> written =
+            SaveStageCheckpoint(*stage, done, path);
+        if (!written.ok()) return CheckpointError(written.status());
+        gpipe::v1::WorkerMessage c;
+        auto* r = c.mutable_checkpointed();
+        r->set_job_id(a.job_id());
+        r->set_epoch(a.epoch());
+        r->set_stage(a.stage());
+        r->set_step(done);
+        r->set_path(path);
+        r->set_sha256(written->sha256);
+        r->set_bytes(written->bytes);
+        r->set_layer_begin(a.layer_begin());
+        r->set_layer_end(a.layer_end());
+        report_(c);
+      }
     }
     ASSIGN_OR_RETURN(LossResult eval,
                      stage->RunEval(Split::kTest, spec.eval().max_samples()));
     std::error_code ec;
     std::filesystem::create_directories(a.output_dir(), ec);
-    const std::string path =
-        absl::StrCat(a.output_dir(), "/stage-", a.stage(), ".safetensors");
+    const std::string path = absl::StrCat(a.output_dir(), "/e", a.epoch(),
+                                          "-stage-", a.stage(), ".safetensors");
     std::vector<std::pair<std::string, const Tensor*>> tensors;
     for (const NamedTensor& t : stage->model().StateTensors())
       tensors.emplace_back(t.name, t.tensor);

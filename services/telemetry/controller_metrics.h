@@ -36,6 +36,7 @@ class ControllerMetrics : public prometheus::Collectable {
 
   void OnRestart() { restarts_->Increment(); }
   void OnCheckpoint() { checkpoints_->Increment(); }
+  void OnCorruptCheckpoints(int64_t n) { corrupt_->Increment(n); }
   void ObserveRecovery(double seconds) { recovery_->Observe(seconds); }
 
   std::vector<prometheus::MetricFamily> Collect() const override;
@@ -46,6 +47,7 @@ class ControllerMetrics : public prometheus::Collectable {
   prometheus::Registry registry_;
   prometheus::Counter* restarts_;
   prometheus::Counter* checkpoints_;
+  prometheus::Counter* corrupt_;
   prometheus::Histogram* recovery_;
 };
 

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <future>
 #include <map>
@@ -31,7 +32,9 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/model_file.h"
+#include "services/storage/manifest.h"
 #include "services/storage/safetensors.h"
+#include "services/storage/sha256.h"
 #include "services/tensor/tensor.h"
 
 namespace gpipe::controller {
@@ -303,6 +306,7 @@ class ControllerTest : public ::testing::Test {
     options.controller.checkpoint_dir = (dir_ / "checkpoints").string();
     options.controller.heartbeat_timeout = heartbeat_timeout;
     options.controller.heartbeat_interval = absl::Milliseconds(100);
+    options.controller.store_path = store_path_;
     auto server = ControllerServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -410,6 +414,32 @@ class ControllerTest : public ::testing::Test {
     return path;
   }
 
+  // Writes stage a's checkpoint file for `step` where the controller expects
+  // it and returns the report a worker sends.
+  v1::WorkerMessage Checkpointed(const v1::Assignment &a, int64_t step) {
+    const std::string path =
+        absl::StrCat(a.checkpoint_dir(), "/step-", step, "/e", a.epoch(),
+                     "-stage-", a.stage(), ".safetensors");
+    std::filesystem::create_directories(
+        std::filesystem::path(path).parent_path());
+    const std::string bytes =
+        absl::StrCat("stage ", a.stage(), " at step ", step);
+    std::ofstream(path, std::ios::binary) << bytes;
+    v1::WorkerMessage m;
+    v1::StageCheckpointed &c = *m.mutable_checkpointed();
+    c.set_job_id(a.job_id());
+    c.set_epoch(a.epoch());
+    c.set_stage(a.stage());
+    c.set_step(step);
+    c.set_path(path);
+    c.set_sha256(storage::Sha256Hex(bytes));
+    c.set_bytes(bytes.size());
+    c.set_layer_begin(a.layer_begin());
+    c.set_layer_end(a.layer_end());
+    return m;
+  }
+
+  std::string store_path_;  // StartController uses it when set
   std::filesystem::path dir_;
   std::unique_ptr<ControllerServer> server_;
   std::unique_ptr<v1::Controller::Stub> stub_;
@@ -946,6 +976,207 @@ TEST_F(ControllerTest, ShutdownEndsAttachAndWatchStreams) {
   const grpc::Status watch = watcher.Wait();
   EXPECT_EQ(watch.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(watch.error_message(), HasSubstr("shutting down"));
+}
+
+v1::JobSpec RecoverableSpec(int64_t stages, int64_t max_restarts) {
+  v1::JobSpec spec = SpecWithStages(stages);
+  spec.mutable_checkpoint()->set_every(2);
+  spec.set_max_restarts(max_restarts);
+  return spec;
+}
+
+// The state machine under faults: checkpoints commit when every stage has
+// reported; a lost worker puts the job in RESTARTING and its stages go, under
+// a new epoch, to free workers that restore the newest intact checkpoint
+// (a corrupt one is skipped and counted); reports of the old epoch are
+// ignored; once max_restarts are used up the next loss fails the job.
+TEST_F(ControllerTest, LostWorkerRestartsFromNewestIntactCheckpoint) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  std::unique_ptr<FakeWorker> w3 = AttachWorker(3);
+  const std::string id = SubmitOk(RecoverableSpec(2, 1)).id();
+  const v1::Assignment a0 = w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  EXPECT_EQ(a0.checkpoint_dir(), (dir_ / "checkpoints" / id).string());
+  EXPECT_EQ(a0.restore_manifest(), "");
+
+  // Step 2: one stage is not a checkpoint yet; both are.
+  ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
+  absl::SleepFor(absl::Milliseconds(100));
+  v1::Job job;
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().checkpoints_size(), 0);
+  ASSERT_TRUE(w2->Send(Checkpointed(a1, 2)));
+  ASSERT_TRUE(w1->Send(Checkpointed(a0, 4)));
+  ASSERT_TRUE(w2->Send(Checkpointed(a1, 4)));
+  job = WaitForJob(
+      id, [](const v1::Job &j) { return j.status().checkpoints_size() == 2; });
+  const std::string manifest2 = job.status().checkpoints(0).manifest_path();
+  const std::string manifest4 = job.status().checkpoints(1).manifest_path();
+  absl::StatusOr<v1::CheckpointManifest> m4 =
+      storage::ReadVerifiedManifest(manifest4);
+  ASSERT_TRUE(m4.ok()) << m4.status();
+  EXPECT_EQ(m4->step(), 4);
+  ASSERT_EQ(m4->files_size(), 2);
+  EXPECT_EQ(m4->files(1).layer_end(), kLayers);
+
+  // A report that names a file outside its place is ignored.
+  v1::WorkerMessage elsewhere = Checkpointed(a0, 6);
+  elsewhere.mutable_checkpointed()->set_path("/etc/passwd");
+  ASSERT_TRUE(w1->Send(elsewhere));
+
+  // The newest checkpoint is corrupt, then a worker is lost.
+  std::ofstream(
+      std::filesystem::path(manifest4).parent_path() / "e1-stage-0.safetensors",
+      std::ios::binary)
+      << "stage 0 at step 5";
+  w2->Break();
+  EXPECT_EQ(w1->NextCancel().epoch(), 1);
+  const v1::Assignment b0 = w1->NextAssignment();
+  const v1::Assignment b1 = w3->NextAssignment();
+  for (const v1::Assignment *b : {&b0, &b1}) {
+    EXPECT_EQ(b->epoch(), 2);
+    EXPECT_EQ(b->start_step(), 2);
+    EXPECT_EQ(b->restore_manifest(), manifest2);
+    EXPECT_EQ(b->stages(), 2);
+  }
+  job = WaitForState(id, v1::RUNNING);
+  EXPECT_EQ(job.status().restarts(), 1);
+  EXPECT_EQ(job.status().step(), 2);
+  ASSERT_EQ(job.status().checkpoints_size(), 1);
+  EXPECT_EQ(server_->controller().corrupt_checkpoints(), 1);
+  EXPECT_EQ(Condition(job, "Running")->reason(), "Started");
+
+  // The old epoch's reports no longer count.
+  const int64_t ignored = server_->controller().ignored_reports();
+  ASSERT_TRUE(w1->Progress(a0, 9));
+  ASSERT_TRUE(w1->Send(Checkpointed(a0, 6)));
+  ASSERT_TRUE(w1->Send(Finished(a0, "/nonexistent")));
+  const absl::Time deadline = absl::Now() + kWait;
+  while (server_->controller().ignored_reports() < ignored + 3 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_->controller().ignored_reports(), ignored + 3);
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().step(), 2);
+
+  // The one restart allowed is used up.
+  w3->Break();
+  job = WaitForState(id, v1::FAILED);
+  EXPECT_EQ(Condition(job, "Failed")->reason(), "WorkerLost");
+  EXPECT_THAT(Condition(job, "Failed")->message(),
+              HasSubstr("no restarts left (max_restarts 1)"));
+}
+
+// A stage failure that may pass restarts the job; a permanent one (a loss
+// that is not finite) fails it even with restarts left.
+TEST_F(ControllerTest, TransientFailureRestartsAndPermanentOneFails) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  const std::string id = SubmitOk(RecoverableSpec(1, 5)).id();
+  const v1::Assignment a = w1->NextAssignment();
+  v1::WorkerMessage m;
+  v1::StageFailed &f = *m.mutable_failed();
+  f.set_job_id(id);
+  f.set_epoch(a.epoch());
+  f.set_stage(0);
+  f.set_message("checkpoint: disk full");
+  f.set_reason("CheckpointFailed");
+  ASSERT_TRUE(w1->Send(m));
+  const v1::Assignment b = w1->NextAssignment();
+  EXPECT_EQ(b.epoch(), a.epoch() + 1);
+  EXPECT_EQ(b.start_step(), 0);
+  f.set_epoch(b.epoch());
+  f.set_message("loss is not finite (nan) at step 3");
+  f.set_reason("LossNotFinite");
+  f.set_permanent(true);
+  ASSERT_TRUE(w1->Send(m));
+  const v1::Job job = WaitForState(id, v1::FAILED);
+  EXPECT_EQ(job.status().restarts(), 1);
+  EXPECT_EQ(Condition(job, "Failed")->reason(), "LossNotFinite");
+}
+
+// Killed and started again on the same store, the controller still knows
+// its jobs: an unfinished one waits as RESTARTING and resumes from its last
+// committed checkpoint under a new epoch on the workers that attach.
+TEST_F(ControllerTest, RestartedControllerResumesJobsFromItsStore) {
+  store_path_ = (dir_ / "jobs.db").string();
+  StartController();
+  std::string id;
+  std::string manifest;
+  {
+    std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+    std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+    id = SubmitOk(RecoverableSpec(2, 0)).id();
+    const v1::Assignment a0 = w1->NextAssignment();
+    const v1::Assignment a1 = w2->NextAssignment();
+    ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
+    ASSERT_TRUE(w2->Send(Checkpointed(a1, 2)));
+    const v1::Job job = WaitForJob(id, [](const v1::Job &j) {
+      return j.status().checkpoints_size() == 1;
+    });
+    manifest = job.status().checkpoints(0).manifest_path();
+    stub_.reset();
+    server_.reset();
+  }
+  StartController();
+  v1::Job job;
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::RESTARTING);
+  EXPECT_EQ(job.status().epoch(), 1);
+  EXPECT_EQ(job.status().restarts(), 0);  // not the job's fault
+  EXPECT_EQ(Condition(job, "Running")->reason(), "ControllerRestarted");
+  std::unique_ptr<FakeWorker> w3 = AttachWorker(3);
+  std::unique_ptr<FakeWorker> w4 = AttachWorker(4);
+  const v1::Assignment b0 = w3->NextAssignment();
+  const v1::Assignment b1 = w4->NextAssignment();
+  EXPECT_EQ(b0.epoch(), 2);
+  EXPECT_EQ(b1.start_step(), 2);
+  EXPECT_EQ(b1.restore_manifest(), manifest);
+  WaitForState(id, v1::RUNNING);
+}
+
+// Elastic: short of workers for longer than the grace period, a job runs on
+// fewer stages (down to min_stages), and grows back at its next committed
+// checkpoint once workers are free again.
+TEST_F(ControllerTest, ElasticJobShrinksAndGrowsBackAtACheckpoint) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  v1::JobSpec spec = RecoverableSpec(2, 3);
+  spec.mutable_pipeline()->set_min_stages(1);
+  spec.mutable_pipeline()->set_elastic_grace_ms(300);
+  const std::string id = SubmitOk(spec).id();
+  w1->NextAssignment();
+  w2->NextAssignment();
+  w2->Break();
+  EXPECT_EQ(w1->NextCancel().epoch(), 1);
+  // Nothing for a while: the grace period runs.
+  EXPECT_FALSE(w1->Next(absl::Milliseconds(150)).has_value());
+  const v1::Assignment solo = w1->NextAssignment();
+  EXPECT_EQ(solo.stages(), 1);
+  EXPECT_EQ(solo.layer_begin(), 0);
+  EXPECT_EQ(solo.layer_end(), kLayers);
+  v1::Job job = WaitForState(id, v1::RUNNING);
+  EXPECT_EQ(job.status().running_stages(), 1);
+
+  std::unique_ptr<FakeWorker> w3 = AttachWorker(3);
+  EXPECT_FALSE(w3->Next(absl::Milliseconds(100)).has_value());
+  ASSERT_TRUE(w1->Send(Checkpointed(solo, 2)));
+  EXPECT_EQ(w1->NextCancel().epoch(), solo.epoch());
+  const v1::Assignment b0 = w1->NextAssignment();
+  const v1::Assignment b1 = w3->NextAssignment();
+  EXPECT_EQ(b0.stages(), 2);
+  EXPECT_EQ(b1.stage(), 1);
+  EXPECT_EQ(b1.start_step(), 2);
+  EXPECT_FALSE(b1.restore_manifest().empty());
+  job = WaitForJob(id, [](const v1::Job &j) {
+    return j.status().state() == v1::RUNNING &&
+           j.status().running_stages() == 2;
+  });
+  EXPECT_EQ(job.status().restarts(), 1);  // growing back is not a restart
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// The controller's durable state: every job (spec and status, which carries
+// its state, epoch and committed checkpoints) in one SQLite database in WAL
+// mode, so a restarted controller resumes every job. Rows are written whole
+// on every change; a row that does not parse is reported, never fatal.
+#ifndef GPIPE_SERVICES_STORAGE_JOB_STORE_H_
+#define GPIPE_SERVICES_STORAGE_JOB_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "gpipe/v1/controller.pb.h"
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace gpipe::storage {
+
+struct StoredJob {
+  int64_t seq = 0;  // submission order
+  gpipe::v1::Job job;
+};
+
+struct LoadedJobs {
+  std::vector<StoredJob> jobs;   // by seq
+  std::vector<std::string> bad;  // one message per row that did not parse
+};
+
+class JobStore {
+ public:
+  // Opens (creating) the database at `path`; errors name the path.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(
+      const std::string& path);
+  ~JobStore();
+
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Inserts or replaces the row of `job` (by id).
+  absl::Status Put(int64_t seq, const gpipe::v1::Job& job);
+  absl::StatusOr<LoadedJobs> LoadAll();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  JobStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  absl::Status Error(const std::string& what) const;
+
+  std::string path_;
+  sqlite3* db_ = nullptr;
+  sqlite3_stmt* put_ = nullptr;
+};
+
+}  // namespace gpipe::storage
+
+#endif  // GPIPE_SERVICES_STORAGE_JOB_STORE_H_

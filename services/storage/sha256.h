@@ -1,0 +1,20 @@
+// SHA-256 digests (OpenSSL's libcrypto EVP), as lowercase hex: what
+// checkpoint manifests record to detect a corrupt or truncated file.
+#ifndef GPIPE_SERVICES_STORAGE_SHA256_H_
+#define GPIPE_SERVICES_STORAGE_SHA256_H_
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace gpipe::storage {
+
+std::string Sha256Hex(std::string_view bytes);
+
+// The digest of a whole file, read in chunks; errors name `path`.
+absl::StatusOr<std::string> Sha256File(const std::string& path);
+
+}  // namespace gpipe::storage
+
+#endif  // GPIPE_SERVICES_STORAGE_SHA256_H_

@@ -1,0 +1,174 @@
+# Helpers for the recovery tests (sourced, not a test): a controller with a
+# job store on a fixed loopback port, workers on known ports, job status
+# polling, and the comparison with the single-process reference trainer.
+# The caller sets $bin, $src and $work and sources this file.
+
+pids=()
+declare -A worker_pid   # worker name -> pid
+declare -A worker_port  # worker name -> Stage service port
+controller_pid=""
+next_worker=0
+
+cleanup() {
+  local pid
+  for pid in "${pids[@]}"; do kill -CONT "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  [[ -n "${KEEP_WORK:-}" ]] || rm -rf "$work"
+}
+
+show_logs() {
+  local f
+  for f in "$work"/*.log; do
+    [[ -f "$f" ]] || continue
+    echo "--- $f" >&2
+    tail -n 15 "$f" >&2
+  done
+}
+
+fail() {
+  echo "FAIL: $*" >&2
+  show_logs
+  exit 1
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_controller: on $cport (kept across restarts), same --store.
+start_controller() {
+  "$bin/gpipe-controller" --listen "127.0.0.1:$cport" \
+    --checkpoint_dir "$work/ckpt" --store "$work/jobs.db" \
+    --heartbeat_timeout_ms "${LEASE_MS:-1500}" --heartbeat_interval_ms 100 \
+    >>"$work/controller.log" 2>&1 &
+  controller_pid=$!
+  pids+=("$controller_pid")
+  local _
+  for _ in $(seq 100); do
+    "$bin/gpipectl" --controller "127.0.0.1:$cport" list >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  fail "the controller did not come up within 10 s"
+}
+
+# start_worker: a new worker process; prints nothing, sets $last_worker.
+start_worker() {
+  local name="w$next_worker" port
+  next_worker=$((next_worker + 1))
+  port=$(free_port)
+  "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" \
+    --threads 1 >"$work/$name.log" 2>&1 &
+  worker_pid[$name]=$!
+  worker_port[$name]=$port
+  pids+=($!)
+  last_worker=$name
+}
+
+# wait_workers N: until N workers are attached (10 s).
+wait_workers() {
+  local _ n
+  for _ in $(seq 100); do
+    n=$("$bin/gpipectl" --controller "127.0.0.1:$cport" workers --json 2>/dev/null |
+      python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("workers", [])))' 2>/dev/null || echo 0)
+    ((n >= $1)) && return 0
+    sleep 0.1
+  done
+  fail "only $n of $1 workers attached within 10 s"
+}
+
+# job_field JOB EXPR: a Python expression over the job status `s`.
+job_field() {
+  "$bin/gpipectl" --controller "127.0.0.1:$cport" status "$1" --json 2>/dev/null |
+    python3 -c "import json,sys; s=json.load(sys.stdin).get('status', {}); print($2)" 2>/dev/null
+}
+
+# busy_workers JOB: names of the workers running stages of JOB now.
+busy_workers() {
+  local addrs name
+  addrs=$(job_field "$1" "' '.join(x.get('address','') for x in s.get('stages', []))")
+  for name in "${!worker_port[@]}"; do
+    [[ " $addrs " == *" 127.0.0.1:${worker_port[$name]} "* ]] && echo "$name"
+  done
+  return 0
+}
+
+# wait_step JOB STEP: until the job has completed STEP steps (or ended).
+wait_step() {
+  local _ st
+  for _ in $(seq 600); do
+    st=$(job_field "$1" "s.get('state','') + ' ' + str(s.get('step', 0))")
+    case "$st" in
+      SUCCEEDED* | FAILED* | CANCELLED*) return 0 ;;
+      RUNNING*) (("${st#* }" >= $2)) && return 0 ;;
+    esac
+    sleep 0.05
+  done
+  fail "job $1 did not reach step $2 within 30 s (last: $st)"
+}
+
+# wait_done JOB: until it ends; fails unless SUCCEEDED.
+wait_done() {
+  local out rc
+  set +e
+  out=$(timeout -k 5 "${DONE_TIMEOUT:-120}" "$bin/gpipectl" --controller "127.0.0.1:$cport" watch "$1" 2>&1)
+  rc=$?
+  set -e
+  grep -q SUCCEEDED <<<"$out" || fail "job $1 did not succeed (watch exit $rc): $(tail -n 5 <<<"$out")"
+}
+
+submit() {
+  "$bin/gpipectl" --controller "127.0.0.1:$cport" submit "$1" | tail -n 1
+}
+
+# same_as_reference JOB SPEC M: the job's model.safetensors is bitwise the
+# single-process reference trainer's over the same M micro-batches.
+same_as_reference() {
+  local model="$work/ckpt/$1/model.safetensors" ref="$work/ref-$(basename "$2" .json)"
+  [[ -f "$model" ]] || fail "job $1 wrote no $model"
+  if [[ ! -f "$ref/model.safetensors" ]]; then
+    "$bin/gpipectl" train "$2" --stages 1 --micro-batches "$3" --threads 1 \
+      --out "$ref" >"$work/ref.txt" 2>&1 || fail "reference run failed: $(cat "$work/ref.txt")"
+  fi
+  python3 "$src/tests/scripts/same_tensors.py" "$ref/model.safetensors" "$model" ||
+    fail "job $1's parameters differ from the uninterrupted reference run"
+}
+
+# write_spec FILE NAME STEPS STAGES MIN_STAGES OPTIMIZER_JSON
+write_spec() {
+  cat >"$1" <<JSON
+{
+  "name": "$2",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 32}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 32, "outFeatures": 32}},
+      {"batchNorm": {"features": 32}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 32, "outFeatures": 32}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 32, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": $6,
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 512, "testSamples": 128}},
+  "pipeline": {"stages": $4, "microBatches": 4, "minStages": $5,
+               "elasticGraceMs": 1000},
+  "checkpoint": {"every": 10, "keep": 3},
+  "batchSize": 32,
+  "steps": $3,
+  "seed": 7,
+  "maxRestarts": 100
+}
+JSON
+}
+
+SGD='{"lr": 0.05, "sgd": {"momentum": 0.9}, "warmupSteps": 20, "decay": "LR_DECAY_COSINE", "minLr": 0.001}'
+ADAMW='{"lr": 0.01, "adamw": {}, "clipNorm": 1.0, "decay": "LR_DECAY_LINEAR"}'

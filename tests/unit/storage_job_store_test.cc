@@ -1,0 +1,139 @@
+// The job store: jobs round-trip through SQLite (and survive reopening),
+// rows that do not parse are reported and skipped, and a file that is not a
+// database is a clear error.
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/storage/job_store.h"
+
+namespace gpipe::storage {
+namespace {
+
+namespace v1 = gpipe::v1;
+using ::testing::HasSubstr;
+
+class JobStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           absl::StrCat(
+               "job_store_test-", getpid(), "-",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = (dir_ / "jobs.db").string();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  static v1::Job MakeJob(const std::string& id, v1::JobState state) {
+    v1::Job job;
+    job.set_id(id);
+    job.mutable_spec()->set_name(absl::StrCat("spec of ", id));
+    job.mutable_spec()->set_steps(100);
+    job.mutable_status()->set_state(state);
+    job.mutable_status()->set_epoch(4);
+    v1::CheckpointRef* ref = job.mutable_status()->add_checkpoints();
+    ref->set_step(40);
+    ref->set_manifest_path("/ckpt/" + id + "/step-40/MANIFEST.json");
+    return job;
+  }
+
+  void Exec(const std::string& sql) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    char* error = nullptr;
+    EXPECT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error),
+              SQLITE_OK)
+        << (error ? error : "");
+    sqlite3_free(error);
+    sqlite3_close(db);
+  }
+
+  std::filesystem::path dir_;
+  std::string path_;
+};
+
+TEST_F(JobStoreTest, RoundTripsAcrossReopening) {
+  {
+    auto store = JobStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Put(1, MakeJob("job-b", v1::RUNNING)).ok());
+    ASSERT_TRUE((*store)->Put(0, MakeJob("job-a", v1::SUCCEEDED)).ok());
+    v1::Job updated = MakeJob("job-b", v1::RESTARTING);
+    updated.mutable_status()->set_epoch(5);
+    ASSERT_TRUE((*store)->Put(1, updated).ok());  // replaces the row
+  }
+  auto store = JobStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<LoadedJobs> loaded = (*store)->LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->bad.empty());
+  ASSERT_EQ(loaded->jobs.size(), 2u);
+  EXPECT_EQ(loaded->jobs[0].seq, 0);
+  EXPECT_EQ(loaded->jobs[0].job.SerializeAsString(),
+            MakeJob("job-a", v1::SUCCEEDED).SerializeAsString());
+  EXPECT_EQ(loaded->jobs[1].job.status().state(), v1::RESTARTING);
+  EXPECT_EQ(loaded->jobs[1].job.status().epoch(), 5);
+  EXPECT_EQ(loaded->jobs[1].job.status().checkpoints(0).step(), 40);
+}
+
+TEST_F(JobStoreTest, BadRowsAreReportedAndSkipped) {
+  {
+    auto store = JobStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Put(0, MakeJob("job-good", v1::RUNNING)).ok());
+  }
+  Exec(
+      "INSERT INTO jobs VALUES ('job-garbage', 1, 'RUNNING', 1, "
+      "x'ffffffff0102');"
+      "INSERT INTO jobs VALUES ('job-text', 2, 'RUNNING', 1, 'not a blob');");
+  // A row whose blob is another job's.
+  {
+    const std::string other =
+        MakeJob("job-other", v1::RUNNING).SerializeAsString();
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path_.c_str(), &db), SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    ASSERT_EQ(sqlite3_prepare_v2(db,
+                                 "INSERT INTO jobs VALUES ('job-wrong', 3, "
+                                 "'RUNNING', 1, ?)",
+                                 -1, &stmt, nullptr),
+              SQLITE_OK);
+    sqlite3_bind_blob(stmt, 1, other.data(), other.size(), SQLITE_TRANSIENT);
+    EXPECT_EQ(sqlite3_step(stmt), SQLITE_DONE);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+  }
+  auto store = JobStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<LoadedJobs> loaded = (*store)->LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->jobs.size(), 1u);
+  EXPECT_EQ(loaded->jobs[0].job.id(), "job-good");
+  ASSERT_EQ(loaded->bad.size(), 3u);
+  EXPECT_THAT(loaded->bad[0], HasSubstr("job-garbage"));
+  EXPECT_THAT(loaded->bad[1], HasSubstr("job-text"));
+  EXPECT_THAT(loaded->bad[2], HasSubstr("job-other"));
+}
+
+TEST_F(JobStoreTest, FileThatIsNotADatabaseIsAnError) {
+  std::ofstream(path_) << "this is not an SQLite database, just text that is "
+                          "long enough to fill a header page............";
+  auto store = JobStore::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(store.status().message(), HasSubstr(path_));
+  auto missing_dir =
+      JobStore::Open((dir_ / "no" / "such" / "jobs.db").string());
+  ASSERT_FALSE(missing_dir.ok());
+  EXPECT_THAT(missing_dir.status().message(), HasSubstr("no/such"));
+}
+
+}  // namespace
+}  // namespace gpipe::storage
