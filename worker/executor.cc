@@ -21,8 +21,8 @@ struct Executor::Run {
   Link* downstream = nullptr;          // while connected, for Cancel
 };
 
-Executor::Executor(int threads, Reporter report)
-    : threads_(threads), report_(std::move(report)) {}
+Executor::Executor(int threads, Reporter report, Device device)
+    : threads_(threads), report_(std::move(report)), device_(device) {}
 
 Executor::~Executor() { CancelAll(); }
 
@@ -184,6 +184,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                              ? ScheduleKind::kOneFOneB
                              : ScheduleKind::kGPipe;
     placement.remat = RematFromSpec(a.remat());
+    placement.device = device_;
     ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
                      Stage::Create(spec, placement, dataset, upstream.get(),
                                    downstream.get()));

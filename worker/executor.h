@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/tensor/dtype.h"
 #include "services/transport/grpc_link.h"
 
 namespace gpipe {
@@ -23,8 +24,8 @@ class Executor {
  public:
   using Reporter = std::function<void(const gpipe::v1::WorkerMessage&)>;
   // `threads`: compute threads for the stage; `report` sends progress,
-  // completion and failure to the controller.
-  Executor(int threads, Reporter report);
+  // completion and failure to the controller; `device`: where stages compute.
+  Executor(int threads, Reporter report, Device device = Device::kCpu);
   ~Executor();  // cancels and joins the running assignment
 
   // Starts `a`, cancelling whatever ran before.
@@ -49,6 +50,7 @@ class Executor {
 
   const int threads_;
   Reporter report_;
+  const Device device_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;

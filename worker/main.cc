@@ -18,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
+#include "services/tensor/device.h"
 #include "worker/agent.h"
 #include "worker/executor.h"
 #include "worker/stage_service.h"
@@ -30,6 +31,8 @@ ABSL_FLAG(std::string, advertise, "",
           "address neighbours use to reach this worker (default: the listen "
           "host and the bound port)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where stages compute: cpu, cuda or auto (the GPU when present)");
 ABSL_FLAG(int64_t, link_wait_ms, 10000,
           "how long an incoming link may wait for its assignment");
 
@@ -53,7 +56,7 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
-      "[--advertise HOST:PORT] [--threads T]");
+      "[--advertise HOST:PORT] [--threads T] [--device cpu|cuda|auto]");
   absl::ParseCommandLine(argc, argv);
 
   // Signals are taken by a dedicated thread (sigwait), not a handler.
@@ -67,11 +70,20 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_threads) > 0
           ? absl::GetFlag(FLAGS_threads)
           : static_cast<int>(std::thread::hardware_concurrency());
+  const absl::StatusOr<gpipe::Device> device =
+      gpipe::ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "gpipe-worker: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 2;
+  }
   std::unique_ptr<gpipe::Agent> agent;
-  gpipe::Executor executor(threads,
-                           [&agent](const gpipe::v1::WorkerMessage& m) {
-                             if (agent) agent->Report(m);
-                           });
+  gpipe::Executor executor(
+      threads,
+      [&agent](const gpipe::v1::WorkerMessage& m) {
+        if (agent) agent->Report(m);
+      },
+      *device);
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
 
   grpc::ServerBuilder builder;

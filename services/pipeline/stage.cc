@@ -54,6 +54,12 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   ASSIGN_OR_RETURN(stage->model_,
                    Model::Build(spec.model(), spec.seed(),
                                 placement.layer_begin, placement.layer_end));
+  if (placement.device != Device::kCpu) {
+    RETURN_IF_ERROR(stage->model_->To(placement.device));
+    stage->device_ = DeviceTransfer::Create();
+    if (stage->device_ == nullptr)
+      return absl::FailedPreconditionError("stage device: no GPU present");
+  }
   ASSIGN_OR_RETURN(
       stage->optimizer_,
       MakeOptimizer(spec.optimizer(), stage->model_->Parameters()));
@@ -93,11 +99,13 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   Tensor x;
   if (placement_.first()) {
     x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+    if (device_ != nullptr) x = device_->ToDevice(x);
   } else {
     ASSIGN_OR_RETURN(Message in,
                      Expect(upstream_, MessageKind::kActivation, step, m));
     timer.record().bytes_received = in.tensor.nbytes();
-    x = std::move(in.tensor);
+    x = device_ != nullptr ? device_->ToDevice(in.tensor)
+                           : std::move(in.tensor);
   }
   InFlight& f = flight[m];
   const LayerContext ctx = Context(step, m);
@@ -114,7 +122,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   out.step = step;
   out.micro_batch = m;
   timer.record().bytes_sent = y.nbytes();
-  out.tensor = std::move(y);
+  out.tensor = device_ != nullptr ? device_->ToHost(y) : std::move(y);
   return downstream_->Send(std::move(out));
 }
 
@@ -130,7 +138,8 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
     ASSIGN_OR_RETURN(Message in,
                      Expect(downstream_, MessageKind::kGradient, step, m));
     received = in.tensor.nbytes();
-    dy = std::move(in.tensor);
+    dy = device_ != nullptr ? device_->ToDevice(in.tensor)
+                            : std::move(in.tensor);
   }
   const LayerContext ctx = Context(step, m);
   if (remat_) {
@@ -150,7 +159,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
   out.step = step;
   out.micro_batch = m;
   timer.record().bytes_sent = dx.nbytes();
-  out.tensor = std::move(dx);
+  out.tensor = device_ != nullptr ? device_->ToHost(dx) : std::move(dx);
   return upstream_->Send(std::move(out));
 }
 
@@ -191,7 +200,10 @@ absl::StatusOr<double> Stage::OptimizerStep(int64_t step, float* lr) {
 
 absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
   AllocatorScope scope(&activations_);
-  activations_.ResetPeak();
+  DeviceTransfer::Scope on_device(device_.get());
+  CountingAllocator& activations =
+      device_ != nullptr ? device_->activations() : activations_;
+  activations.ResetPeak();
   timeline_.BeginStep(step);
   StageStepResult result;
   result.step = step;
@@ -229,7 +241,7 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
     }
   }
   timeline_.EndStep();
-  last_peak_bytes_ = activations_.peak_bytes();
+  last_peak_bytes_ = activations.peak_bytes();
   result.peak_activation_bytes = last_peak_bytes_;
   return result;
 }
@@ -238,6 +250,7 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
 // end marker, so middle stages need neither the dataset nor its size.
 absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
   AllocatorScope scope(&activations_);
+  DeviceTransfer::Scope on_device(device_.get());
   const int64_t batch_size = spec_.eval().batch_size() > 0
                                  ? spec_.eval().batch_size()
                                  : spec_.batch_size();
@@ -274,6 +287,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
       batch = dataset_->Gather(split, indices);
       if (placement_.first()) x = batch.inputs;
     }
+    if (device_ != nullptr) x = device_->ToDevice(x);
     Tensor y = model_->Forward(x, Context(kEvalStep, b), nullptr);
     if (placement_.last()) {
       total += SoftmaxCrossEntropyLoss(y, batch.targets, 1.0, nullptr);
@@ -283,7 +297,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
     out.kind = MessageKind::kActivation;
     out.step = kEvalStep;
     out.micro_batch = b;
-    out.tensor = std::move(y);
+    out.tensor = device_ != nullptr ? device_->ToHost(y) : std::move(y);
     RETURN_IF_ERROR(downstream_->Send(std::move(out)));
   }
   if (!placement_.last()) {

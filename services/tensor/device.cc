@@ -93,6 +93,11 @@ CountingAllocator* DefaultCudaAllocator() {
   return counting;
 }
 
+Allocator* DefaultAllocator(Device device) {
+  if (device == Device::kCpu) return DefaultCpuAllocator();
+  return DefaultCudaAllocator();
+}
+
 void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
                size_t bytes) {
   if (bytes == 0) return;
@@ -110,6 +115,12 @@ void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
   }
 #else
   NoCuda("CopyBytes");
+#endif
+}
+
+void SynchronizeCuda() {
+#if GPIPE_HAVE_CUDA
+  if (CudaAvailable()) cuda::SynchronizeStream(cuda::CurrentStream());
 #endif
 }
 

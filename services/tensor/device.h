@@ -26,6 +26,8 @@ absl::StatusOr<Device> ResolveDevice(std::string_view name);
 // The process-wide counting allocator of device memory (a caching allocator
 // over cudaMalloc); null without CUDA.
 CountingAllocator* DefaultCudaAllocator();
+// DefaultCpuAllocator() or DefaultCudaAllocator().
+Allocator* DefaultAllocator(Device device);
 // Device memory through the caching allocator's upstream (cudaMalloc).
 RawMemory* CudaDeviceMemory();
 
@@ -34,6 +36,8 @@ RawMemory* CudaDeviceMemory();
 void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
                size_t bytes);
 void ZeroBytes(void* dst, Device device, size_t bytes);
+// Waits until the thread's current stream is idle (timing; no-op on CPU).
+void SynchronizeCuda();
 
 }  // namespace gpipe
 

@@ -1,9 +1,11 @@
 #include "services/tensor/ops.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
 #include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/embedding.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
 #include "services/tensor/cpu/reduce.h"
@@ -122,6 +124,82 @@ void LayerNormBackward(Device d, int64_t rows, int64_t cols, const float* x,
                                      dgamma, dbeta));
   cpu::LayerNormBackward(rows, cols, x, mean, rstd, gamma, dy, dx, dgamma,
                          dbeta);
+}
+
+void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
+                 bool first, const float* g, float* w, float* buf) {
+#if GPIPE_HAVE_CUDA
+  cuda::SgdStep(n, lr, decay, mu, nesterov, first, g, w, buf);
+#else
+  NoCuda("SgdStep");
+#endif
+}
+void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
+                   float step_size, float c2_sqrt, float eps, const float* g,
+                   float* w, float* m, float* v) {
+#if GPIPE_HAVE_CUDA
+  cuda::AdamWStep(n, decay, beta1, beta2, step_size, c2_sqrt, eps, g, w, m, v);
+#else
+  NoCuda("AdamWStep");
+#endif
+}
+
+void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                          bool causal, float scale, const float* qkv,
+                          float* probs, float* out) {
+#if GPIPE_HAVE_CUDA
+  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out);
+#else
+  NoCuda("AttentionForward");
+#endif
+}
+void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                           bool causal, float scale, const float* qkv,
+                           const float* probs, const float* dout, float* dqkv,
+                           float* scratch) {
+#if GPIPE_HAVE_CUDA
+  cuda::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs, dout,
+                          dqkv, scratch);
+#else
+  NoCuda("AttentionBackward");
+#endif
+}
+
+void EmbeddingForward(Device d, int64_t batch, int64_t t, int64_t dim,
+                      int64_t vocab, const int32_t* ids, const float* token,
+                      const float* position, float* y, int32_t* clamped) {
+  const int64_t n = batch * t;
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    cuda::EmbeddingGather(n, dim, vocab, ids, token, y, clamped);
+    cuda::AddBroadcastInPlace(batch, t * dim, position, y);
+    return;
+  }
+#else
+  if (d == Device::kCuda) NoCuda("EmbeddingForward");
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    clamped[i] = std::clamp<int32_t>(ids[i], 0, vocab - 1);
+  cpu::EmbeddingGather(n, dim, clamped, token, y);
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::AddInPlace(t * dim, position, y + b * t * dim);
+}
+
+void EmbeddingBackward(Device d, int64_t batch, int64_t t, int64_t dim,
+                       const int32_t* ids, const float* dy, float* dtoken,
+                       float* dposition) {
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    cuda::EmbeddingScatterAdd(batch * t, dim, ids, dy, dtoken);
+    cuda::SumBlocksInto(batch, t * dim, dy, dposition);
+    return;
+  }
+#else
+  if (d == Device::kCuda) NoCuda("EmbeddingBackward");
+#endif
+  cpu::EmbeddingScatterAdd(batch * t, dim, ids, dy, dtoken);
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::AddInPlace(t * dim, dy + b * t * dim, dposition);
 }
 
 }  // namespace gpipe::ops

@@ -50,6 +50,33 @@ void LayerNormBackward(Device d, int64_t rows, int64_t cols, const float* x,
                        const float* mean, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma, float* dbeta);
 
+// Token plus position embedding of [batch, t] ids (clamped into the
+// vocabulary; the clamped ids are written to `clamped` for backward).
+void EmbeddingForward(Device d, int64_t batch, int64_t t, int64_t dim,
+                      int64_t vocab, const int32_t* ids, const float* token,
+                      const float* position, float* y, int32_t* clamped);
+// Accumulates the token and position gradients, tokens in order.
+void EmbeddingBackward(Device d, int64_t batch, int64_t t, int64_t dim,
+                       const int32_t* ids, const float* dy, float* dtoken,
+                       float* dposition);
+
+// Optimizer updates on the GPU (the CPU loops stay in services/nn).
+void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
+                 bool first, const float* g, float* w, float* buf);
+void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
+                   float step_size, float c2_sqrt, float eps, const float* g,
+                   float* w, float* m, float* v);
+
+// Self-attention on the GPU (the CPU loops stay in the layer, where the
+// bitwise contract was written); see cuda/kernels.h. Device pointers only.
+void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                          bool causal, float scale, const float* qkv,
+                          float* probs, float* out);
+void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                           bool causal, float scale, const float* qkv,
+                           const float* probs, const float* dout, float* dqkv,
+                           float* scratch);
+
 }  // namespace gpipe::ops
 
 #endif  // GPIPE_SERVICES_TENSOR_OPS_H_
