@@ -15,6 +15,8 @@ exec > >(tee "$out/device_check.log") 2>&1
 echo "== machine"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 uname -srm
+ls -d /usr/local/cuda*/ 2>/dev/null
+find /usr/local /usr/lib /opt -name 'libcublas.so*' 2>/dev/null | head -8
 # cuBLAS 13: the toolkit's, or python's nvidia packages'.
 libdirs=()
 for d in /usr/local/cuda/lib64 /usr/local/cuda*/lib64 \

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "services/core/rng.h"
 #include "services/nn/layers/activations.h"
@@ -235,16 +236,17 @@ TEST_F(CudaLayersTest, TransformerStepsTrackTheCpu) {
 
 // Runs everywhere: the device errors are clear.
 TEST(CudaDeviceErrorsTest, LayersWithoutKernelsAndMissingGpus) {
-  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(R"({
-    "model": {
+  gpipe::v1::ModelSpec spec;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(R"({
       "input": {"dtype": "FLOAT32", "shape": {"dims": [1, 8, 8]}},
-      "layers": [{"conv2d": {"inChannels": 1, "outChannels": 2, "kernelSize": 3}},
-                 {"flatten": {}}, {"linear": {"inFeatures": 72,
-                 "outFeatures": 2}}],
-      "loss": {"softmaxCrossEntropy": {}}
-    }})");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Build(spec->model(), 1);
+      "layers": [{"conv2d": {"inChannels": 1, "outChannels": 2,
+                             "kernelSize": 3}},
+                 {"flatten": {}},
+                 {"linear": {"inFeatures": 72, "outFeatures": 2}}],
+      "loss": {"softmaxCrossEntropy": {}}})",
+                                                          &spec)
+                  .ok());
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Build(spec, 1);
   ASSERT_TRUE(model.ok()) << model.status();
   absl::Status s = (*model)->To(kCuda);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
