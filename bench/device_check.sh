@@ -10,6 +10,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/gpipe-device-out}
 mkdir -p "$out"
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
 tar -C "$work" -xJf "$here/gpipe-device.tar.xz" || { echo "FAIL: unpack"; exit 1; }
 exec > >(tee "$out/device_check.log") 2>&1
 echo "== machine"

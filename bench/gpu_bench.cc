@@ -14,6 +14,7 @@
 
 #include "bench/args.h"
 #include "bench/timing.h"
+#include "services/data/sampler.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/tensor/device.h"
@@ -102,6 +103,26 @@ int Run(const Args& args) {
         "gpu step %s: ms/step %.3f (median of %ld; mean %.3f), "
         "loss %.4f\n",
         path.c_str(), 1e3 * Median(secs), steps, 1e3 * Mean(secs), loss);
+    // The host side of a step: the batch gathered from the dataset and its
+    // copy to the device (part of the figure above, not of PyTorch's).
+    absl::StatusOr<std::unique_ptr<Dataset>> data = OpenJobDataset(*spec);
+    if (!data.ok()) return 1;
+    Sampler sampler(spec->seed(), (*data)->size(Split::kTrain),
+                    spec->batch_size());
+    std::vector<double> gather, copy;
+    for (int i = 0; i < 10; ++i) {
+      Batch b;
+      gather.push_back(TimeSeconds(
+          [&] { b = (*data)->Gather(Split::kTrain, sampler.Indices(i)); }));
+      copy.push_back(TimeSeconds([&] {
+        Tensor d = b.inputs.To(Device::kCuda);
+        SynchronizeCuda();
+      }));
+    }
+    std::printf(
+        "  of which host batch gather %.3f ms, copy to device %.3f "
+        "ms\n",
+        1e3 * Median(gather), 1e3 * Median(copy));
   }
   return 0;
 }

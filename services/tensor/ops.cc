@@ -9,6 +9,7 @@
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
 #include "services/tensor/cpu/reduce.h"
+#include "services/tensor/tensor.h"
 
 #if GPIPE_HAVE_CUDA
 #include "services/tensor/cuda/kernels.h"
@@ -58,7 +59,17 @@ void SumRowsInto(Device d, int64_t rows, int64_t cols, const float* x,
   cpu::SumRowsInto(rows, cols, x, out);
 }
 double SumSquares(Device d, int64_t n, const float* x) {
-  GPIPE_ON_CUDA(d, SumSquares(n, x));
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    // Scratch from the thread's device allocator: cached, so no cudaMalloc
+    // (which would synchronize the device) per call.
+    Tensor scratch = Tensor::Empty({cuda::kSumSquaresScratch * 2}, DType::kF32,
+                                   Device::kCuda);
+    return cuda::SumSquares(n, x, static_cast<double*>(scratch.raw()));
+  }
+#else
+  if (d == Device::kCuda) NoCuda("SumSquares");
+#endif
   return cpu::SumSquares(n, x);
 }
 void ReluForward(Device d, int64_t n, const float* x, float* y) {
@@ -104,8 +115,17 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(Device d, int64_t rows,
                                             const float* logits,
                                             const int32_t* targets,
                                             double normalizer, float* dlogits) {
-  GPIPE_ON_CUDA(d, SoftmaxCrossEntropy(rows, classes, logits, targets,
-                                       normalizer, dlogits));
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    Tensor loss = Tensor::Empty({rows * 2}, DType::kF32, Device::kCuda);
+    Tensor correct = Tensor::Empty({rows}, DType::kI32, Device::kCuda);
+    return cuda::SoftmaxCrossEntropy(rows, classes, logits, targets, normalizer,
+                                     dlogits, static_cast<double*>(loss.raw()),
+                                     correct.i32());
+  }
+#else
+  if (d == Device::kCuda) NoCuda("SoftmaxCrossEntropy");
+#endif
   return cpu::SoftmaxCrossEntropy(rows, classes, logits, targets, normalizer,
                                   dlogits);
 }

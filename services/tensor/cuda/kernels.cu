@@ -100,7 +100,7 @@ __global__ void DropoutKernel(int64_t n, float p, float scale, uint64_t key,
 
 // Partial sums of squares: block b folds a fixed slice pattern in a fixed
 // tree, so the result depends only on n.
-constexpr int kSumBlocks = 256;
+constexpr int kSumBlocks = static_cast<int>(kSumSquaresScratch);
 __global__ void SumSquaresPartial(int64_t n, const float* x, double* partial) {
   __shared__ double acc[kThreads];
   double s = 0.0;
@@ -371,23 +371,6 @@ __global__ void AttentionBackwardKernel(int64_t batch, int64_t heads, int64_t t,
   }
 }
 
-// Scratch device memory for results that come back to the host; small and
-// short-lived, so plain cudaMalloc is fine here.
-class Scratch {
- public:
-  explicit Scratch(size_t bytes) : p_(DeviceMalloc(bytes)) {
-    if (p_ == nullptr) CheckLastError("scratch allocation");
-  }
-  ~Scratch() { DeviceFree(p_); }
-  template <typename T>
-  T* as() {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_;
-};
-
 }  // namespace
 
 void Add(int64_t n, const float* a, const float* b, float* out) {
@@ -439,16 +422,14 @@ void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out) {
   GPIPE_LAUNCH(SumRowsKernel, cols, rows, cols, x, out);
 }
 
-double SumSquares(int64_t n, const float* x) {
+double SumSquares(int64_t n, const float* x, double* partial) {
   if (n == 0) return 0.0;
-  Scratch partial(kSumBlocks * sizeof(double));
-  SumSquaresPartial<<<kSumBlocks, kThreads, 0, Current()>>>(
-      n, x, partial.as<double>());
+  SumSquaresPartial<<<kSumBlocks, kThreads, 0, Current()>>>(n, x, partial);
   CheckLastError("SumSquaresPartial");
-  SumPartials<<<1, 1, 0, Current()>>>(kSumBlocks, partial.as<double>());
+  SumPartials<<<1, 1, 0, Current()>>>(kSumBlocks, partial);
   CheckLastError("SumPartials");
   double s = 0.0;
-  CopyDeviceToHost(&s, partial.as<double>(), sizeof(double));
+  CopyDeviceToHost(&s, partial, sizeof(double));
   return s;
 }
 
@@ -463,18 +444,17 @@ void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
 cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
                                             const float* logits,
                                             const int32_t* targets,
-                                            double normalizer, float* dlogits) {
+                                            double normalizer, float* dlogits,
+                                            double* loss, int32_t* correct) {
   cpu::CrossEntropyResult result;
   if (rows == 0) return result;
-  Scratch loss(rows * sizeof(double)), correct(rows * sizeof(int32_t));
   const float scale = static_cast<float>(1.0 / normalizer);
   GPIPE_LAUNCH(CrossEntropyKernel, rows, rows, classes, logits, targets, scale,
-               dlogits, loss.as<double>(), correct.as<int32_t>());
+               dlogits, loss, correct);
   std::vector<double> row_loss(rows);
   std::vector<int32_t> row_correct(rows);
-  CopyDeviceToHost(row_loss.data(), loss.as<double>(), rows * sizeof(double));
-  CopyDeviceToHost(row_correct.data(), correct.as<int32_t>(),
-                   rows * sizeof(int32_t));
+  CopyDeviceToHost(row_loss.data(), loss, rows * sizeof(double));
+  CopyDeviceToHost(row_correct.data(), correct, rows * sizeof(int32_t));
   // Folded on the host in row order, as the CPU does.
   for (int64_t r = 0; r < rows; ++r) {
     if (row_correct[r] < 0) continue;

@@ -45,16 +45,18 @@ void DropoutForward(int64_t n, float p, uint64_t key, const float* x, float* y);
 void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out);
 // Sum of squares in double: fixed-size partial sums, then one block folds
 // them in order. Synchronizes (the result comes back to the host).
-double SumSquares(int64_t n, const float* x);
+// `scratch` holds kSumSquaresScratch doubles on the device.
+constexpr int64_t kSumSquaresScratch = 256;
+double SumSquares(int64_t n, const float* x, double* scratch);
 
 void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y);
 void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
                          const float* dy, float* dx);
-// As cpu::SoftmaxCrossEntropy; `targets` on the device. Synchronizes.
-cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
-                                            const float* logits,
-                                            const int32_t* targets,
-                                            double normalizer, float* dlogits);
+// As cpu::SoftmaxCrossEntropy; `targets` on the device; `row_loss` and
+// `row_correct` hold `rows` entries of device scratch. Synchronizes.
+cpu::CrossEntropyResult SoftmaxCrossEntropy(
+    int64_t rows, int64_t classes, const float* logits, const int32_t* targets,
+    double normalizer, float* dlogits, double* row_loss, int32_t* row_correct);
 
 void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
                       const float* gamma, const float* beta, float* y,
