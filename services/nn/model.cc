@@ -86,6 +86,9 @@ absl::Status Model::To(Device device) {
   for (auto& layer : layers_)
     for (const NamedBuffer& b : layer->Buffers())
       *b.value = b.value->To(device);
+  // The copies were queued on this thread's stream; a stage computes on its
+  // own stream, which does not wait for this one.
+  SynchronizeCuda();
   return absl::OkStatus();
 }
 

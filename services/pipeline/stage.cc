@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/tensor/device.h"
 
 namespace gpipe {
 
@@ -63,6 +64,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   ASSIGN_OR_RETURN(
       stage->optimizer_,
       MakeOptimizer(spec.optimizer(), stage->model_->Parameters()));
+  // Optimizer state was zeroed on this thread's stream, not the stage's.
+  if (stage->device_ != nullptr) SynchronizeCuda();
   return stage;
 }
 
