@@ -59,8 +59,8 @@ void CopyHostToDevice(void* dst, const void* src, size_t bytes);
 void CopyDeviceToHost(void* dst, const void* src, size_t bytes);
 void CopyDeviceToDevice(void* dst, const void* src, size_t bytes);
 void ZeroDevice(void* dst, size_t bytes);
-// Copies on `stream` without waiting; `done` (a cudaEvent_t made here) is
-// recorded after it so another stream can wait for it.
+// Copies queued on `stream` without waiting (pinned host memory makes them
+// truly asynchronous); order other streams after them with StreamWaitStream.
 void CopyHostToDeviceAsync(void* dst, const void* src, size_t bytes,
                            void* stream);
 void CopyDeviceToHostAsync(void* dst, const void* src, size_t bytes,
