@@ -22,6 +22,7 @@
 #include "services/storage/safetensors.h"
 #include "services/telemetry/step_trace.h"
 #include "services/telemetry/trace_files.h"
+#include "services/tensor/device.h"
 #include "services/tensor/threads.h"
 
 ABSL_FLAG(int64_t, micro_batches, 0,
@@ -46,6 +47,8 @@ ABSL_FLAG(std::string, balance, "",
           "layers per stage: a list such as 2,3,1, or 'measured' to balance "
           "by profiled layer times (default: the spec's balance or the cost "
           "model)");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu, cuda or auto (the GPU when one is present)");
 ABSL_FLAG(std::string, remat, "",
           "always, except_last or never (default: the job spec's)");
 
@@ -77,8 +80,13 @@ absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
         absl::StrCat("--out: cannot create ", dir, ": ", ec.message()));
   }
   std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (const NamedTensor& t : trainer.StateTensors())
-    tensors.emplace_back(t.name, t.tensor);
+  const std::vector<NamedTensor> state = trainer.StateTensors();
+  std::vector<Tensor> host;  // device tensors copied back for the file
+  host.reserve(state.size());
+  for (const NamedTensor& t : state) {
+    host.push_back(t.tensor->To(Device::kCpu));
+    tensors.emplace_back(t.name, &host.back());
+  }
   return WriteSafetensors(dir + "/model.safetensors", tensors,
                           ModelFileMetadata(spec, trainer.step()));
 }
@@ -156,16 +164,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
       options.balance.push_back(n);
     }
   }
+  absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return device.status();
   if (options.stages == 1) {
     SetComputeThreads(threads);
-    *description = absl::StrCat("reference trainer, ", options.micro_batches,
-                                " micro-batches, ", threads, " threads");
-    auto t = ReferenceTrainer::Create(spec, options.micro_batches);
+    *description = absl::StrCat(
+        "reference trainer, ", options.micro_batches, " micro-batches, ",
+        *device == Device::kCpu ? absl::StrCat(threads, " threads")
+                                : absl::StrCat("on ", CudaDescription()));
+    auto t =
+        ReferenceTrainer::Create(spec, options.micro_batches, nullptr, *device);
     if (!t.ok()) return t.status();
     return std::unique_ptr<Trainer>(std::move(*t));
   }
   options.threads_per_stage =
       std::max<int>(1, threads / static_cast<int>(options.stages));
+  options.device = *device;
   auto p = InProcessPipeline::Create(spec, options);
   if (!p.ok()) return p.status();
   *description = absl::StrCat(
@@ -173,7 +187,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
       absl::StrJoin((*p)->balance(), "+"), "), M=", options.micro_batches, ", ",
       std::string(ScheduleName(options.schedule)), ", remat ",
       std::string(RematName(options.remat)), ", ", options.threads_per_stage,
-      " threads per stage");
+      " threads per stage", *device == Device::kCpu ? "" : ", on the GPU");
   return std::unique_ptr<Trainer>(std::move(*p));
 }
 
@@ -183,7 +197,7 @@ int RunTrain(const std::vector<std::string>& args) {
                  "usage: gpipectl train JOB.json [--stages K] "
                  "[--micro-batches M] [--schedule gpipe|1f1b] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
-                 "[--threads T] [--trace DIR]\n");
+                 "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
     return 2;
   }
   const int threads =

@@ -19,4 +19,18 @@ if(NOT GPIPE_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "GPIPE_CUDA=ON but no CUDA toolkit was found")
   endif()
 endif()
+if(GPIPE_HAVE_CUDA)
+  # sm_90 code for H100/H200 and one PTX (compute_75) that the driver compiles
+  # for anything else: two targets keep nvcc time small on CI's two cores.
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90-real 75-virtual)
+  endif()
+  set(CMAKE_CUDA_STANDARD 17)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  enable_language(CUDA)
+  # No fused multiply-add: the kernels then round as the CPU's do (the CPU
+  # build uses -ffp-contract=off for the same reason).
+  set(CMAKE_CUDA_FLAGS_RELEASE "-O2 -DNDEBUG")
+  string(APPEND CMAKE_CUDA_FLAGS " --fmad=false")
+endif()
 message(STATUS "gpipe: CUDA backend ${GPIPE_HAVE_CUDA}")

@@ -24,8 +24,12 @@ struct Executor::Run {
   Link* downstream = nullptr;          // while connected, for Cancel
 };
 
-Executor::Executor(int threads, Reporter report, PipelineMetrics* metrics)
-    : threads_(threads), report_(std::move(report)), metrics_(metrics) {}
+Executor::Executor(int threads, Reporter report, PipelineMetrics* metrics,
+                   Device device)
+    : threads_(threads),
+      report_(std::move(report)),
+      metrics_(metrics),
+      device_(device) {}
 
 Executor::~Executor() { CancelAll(); }
 
@@ -235,6 +239,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
         down = metered_down.get();
       }
     }
+    placement.device = device_;
     ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
                      Stage::Create(spec, placement, dataset, up, down));
     if (!a.restore_manifest().empty()) {

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "gpipe/v1/controller.pb.h"
 #include "services/telemetry/stage_metrics.h"
+#include "services/tensor/dtype.h"
 #include "services/transport/grpc_link.h"
 
 namespace gpipe {
@@ -25,8 +26,10 @@ class Executor {
   using Reporter = std::function<void(const gpipe::v1::WorkerMessage&)>;
   // `threads`: compute threads for the stage; `report` sends progress,
   // completion and failure to the controller; `metrics` (optional, not
-  // owned) receives each step's figures and the links' traffic.
-  Executor(int threads, Reporter report, PipelineMetrics* metrics = nullptr);
+  // owned) receives each step's figures and the links' traffic; `device`:
+  // where stages compute.
+  Executor(int threads, Reporter report, PipelineMetrics* metrics = nullptr,
+           Device device = Device::kCpu);
   ~Executor();  // cancels and joins the running assignment
 
   // Starts `a`, cancelling whatever ran before.
@@ -58,6 +61,7 @@ class Executor {
   Reporter report_;
   PipelineMetrics* const metrics_;
   int64_t trace_every_ = 1;
+  const Device device_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;

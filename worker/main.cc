@@ -31,6 +31,7 @@
 #include "services/telemetry/metrics_server.h"
 #include "services/telemetry/port_file.h"
 #include "services/telemetry/stage_metrics.h"
+#include "services/tensor/device.h"
 #include "worker/agent.h"
 #include "worker/executor.h"
 #include "worker/health.h"
@@ -45,6 +46,8 @@ ABSL_FLAG(std::string, advertise, "",
           "the downward API: --advertise=$(POD_IP):7071 (default: the "
           "listen host and the bound port)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
+ABSL_FLAG(std::string, device, "cpu",
+          "where stages compute: cpu, cuda or auto (the GPU when present)");
 ABSL_FLAG(int64_t, link_wait_ms, 10000,
           "how long an incoming link may wait for its assignment");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -88,8 +91,8 @@ int main(int argc, char** argv) {
   }
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
-      "[--advertise HOST:PORT] [--threads T] [--metrics_listen HOST:PORT] "
-      "[--trace_every N] [--drain_timeout_ms N]\n"
+      "[--advertise HOST:PORT] [--threads T] [--device cpu|cuda|auto] "
+      "[--metrics_listen HOST:PORT] [--trace_every N] [--drain_timeout_ms N]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
@@ -143,13 +146,20 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_threads) > 0
           ? absl::GetFlag(FLAGS_threads)
           : static_cast<int>(std::thread::hardware_concurrency());
+  const absl::StatusOr<gpipe::Device> device =
+      gpipe::ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "gpipe-worker: %s\n",
+                 std::string(device.status().message()).c_str());
+    return 2;
+  }
   std::unique_ptr<gpipe::Agent> agent;
   gpipe::Executor executor(
       threads,
       [&agent](const gpipe::v1::WorkerMessage& m) {
         if (agent) agent->Report(m);
       },
-      metrics_server != nullptr ? metrics.get() : nullptr);
+      metrics_server != nullptr ? metrics.get() : nullptr, *device);
   if (absl::GetFlag(FLAGS_trace_every) < 0) {
     std::fprintf(stderr, "gpipe-worker: --trace_every must be 0 or more\n");
     return 2;

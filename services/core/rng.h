@@ -8,9 +8,17 @@
 #include <cstdint>
 #include <initializer_list>
 
+// Compiled by nvcc, the per-element functions also run on the device, so a
+// CUDA kernel draws the same dropout masks as the CPU from the same key.
+#if defined(__CUDACC__)
+#define GPIPE_HOST_DEVICE __host__ __device__
+#else
+#define GPIPE_HOST_DEVICE
+#endif
+
 namespace gpipe {
 
-inline uint64_t SplitMix64(uint64_t x) {
+GPIPE_HOST_DEVICE inline uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
@@ -25,7 +33,7 @@ inline uint64_t MixKey(std::initializer_list<uint64_t> parts) {
 }
 
 // Uniform in [0, 1) with 24 random bits, exact in float.
-inline float UniformAt(uint64_t key, uint64_t index) {
+GPIPE_HOST_DEVICE inline float UniformAt(uint64_t key, uint64_t index) {
   return static_cast<float>(SplitMix64(key ^ SplitMix64(index)) >> 40) *
          (1.0f / 16777216.0f);
 }

@@ -73,6 +73,8 @@ class Layer {
   virtual ~Layer() = default;
 
   virtual std::string_view kind() const = 0;
+  // Whether Forward and Backward have kernels for tensors on `device`.
+  virtual bool RunsOn(Device device) const { return device == Device::kCpu; }
   // x is [B, input shape...]. `saved` is null when no backward follows.
   virtual Tensor Forward(const Tensor& x, const LayerContext& ctx,
                          Saved* saved) = 0;

@@ -2,8 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 #include "services/nn/layer_factory.h"
 #include "services/nn/layer_spec.h"
+#include "services/tensor/device.h"
 
 namespace gpipe {
 
@@ -61,6 +63,33 @@ std::vector<NamedTensor> Model::StateTensors() {
       out.push_back({absl::StrCat("layers.", index, ".", b.name), b.value});
   }
   return out;
+}
+
+absl::Status Model::To(Device device) {
+  if (device == Device::kCuda && !CudaAvailable())
+    return absl::FailedPreconditionError(CudaDescription());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]->RunsOn(device)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", begin_ + static_cast<int64_t>(i), " (",
+                       AsAbsl(layers_[i]->kind()), ") has no ",
+                       AsAbsl(DeviceName(device)), " kernels yet"));
+    }
+  }
+  // Parameters live as long as the model: not charged to a stage's
+  // activation allocator.
+  AllocatorScope scope(DefaultAllocator(device));
+  for (const NamedParameter& p : params_) {
+    p.param->value = p.param->value.To(device);
+    p.param->grad = p.param->grad.To(device);
+  }
+  for (auto& layer : layers_)
+    for (const NamedBuffer& b : layer->Buffers())
+      *b.value = b.value->To(device);
+  // The copies were queued on this thread's stream; a stage computes on its
+  // own stream, which does not wait for this one.
+  SynchronizeCuda();
+  return absl::OkStatus();
 }
 
 void Model::ZeroGrad() {

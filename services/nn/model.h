@@ -49,6 +49,9 @@ class Model {
   // Parameters and buffers by global name: what a checkpoint holds.
   std::vector<NamedTensor> StateTensors();
   void ZeroGrad();
+  // Moves parameters, gradients and buffers to `device` (inputs must then
+  // be on it too). FAILED_PRECONDITION names a layer without kernels there.
+  absl::Status To(Device device);
 
  private:
   Model() = default;

@@ -3,15 +3,16 @@
 #include <cmath>
 
 #include "absl/status/status.h"
-#include "services/tensor/cpu/elementwise.h"
-#include "services/tensor/cpu/reduce.h"
+#include "services/tensor/device.h"
+#include "services/tensor/ops.h"
 
 namespace gpipe {
 namespace {
 
+// Optimizer state lives with its parameter, on its device.
 Tensor ZerosLike(const Tensor& t) {
-  AllocatorScope scope(DefaultCpuAllocator());
-  return Tensor::Zeros(t.shape());
+  AllocatorScope scope(DefaultAllocator(t.device()));
+  return Tensor::Zeros(t.shape(), DType::kF32, t.device());
 }
 
 // PyTorch's SGD: g += wd * p; buf = mu * buf + g; p -= lr * (nesterov ? g +
@@ -33,6 +34,11 @@ class Sgd final : public Optimizer {
       const float* g = p.grad.f32();
       const int64_t n = p.value.numel();
       const float decay = p.decay ? wd : 0.0f;
+      if (p.value.device() == Device::kCuda) {
+        ops::CudaSgdStep(n, lr, decay, mu, spec_.nesterov(), step == 1, g, w,
+                         mu == 0.0f ? nullptr : momentum_[i].f32());
+        continue;
+      }
       if (mu == 0.0f) {
         for (int64_t j = 0; j < n; ++j) w[j] -= lr * (g[j] + decay * w[j]);
         continue;
@@ -87,6 +93,11 @@ class AdamW final : public Optimizer {
       float* v = v_[i].f32();
       const int64_t n = p.value.numel();
       const float decay = p.decay ? 1.0f - lr * wd_ : 1.0f;
+      if (p.value.device() == Device::kCuda) {
+        ops::CudaAdamWStep(n, decay, beta1_, beta2_, step_size, c2_sqrt, eps_,
+                           g, w, m, v);
+        continue;
+      }
 #pragma omp parallel for if (n > (1 << 15))
       for (int64_t j = 0; j < n; ++j) {
         w[j] *= decay;
@@ -149,7 +160,8 @@ float LearningRate(const gpipe::v1::OptimizerSpec& spec, int64_t step,
 double AccumulateGradSquares(const std::vector<NamedParameter>& params,
                              double running) {
   for (const NamedParameter& p : params)
-    running += cpu::SumSquares(p.param->grad.numel(), p.param->grad.f32());
+    running += ops::SumSquares(p.param->grad.device(), p.param->grad.numel(),
+                               p.param->grad.f32());
   return running;
 }
 
@@ -163,7 +175,8 @@ float ClipCoefficient(double grad_squares, float clip_norm) {
 void ScaleGradients(const std::vector<NamedParameter>& params, float factor) {
   if (factor == 1.0f) return;
   for (const NamedParameter& p : params)
-    cpu::Scale(p.param->grad.numel(), factor, p.param->grad.f32());
+    ops::Scale(p.param->grad.device(), p.param->grad.numel(), factor,
+               p.param->grad.f32());
 }
 
 }  // namespace gpipe

@@ -82,6 +82,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     placement.micro_batches = m;
     placement.schedule = options.schedule;
     placement.remat = options.remat;
+    placement.device = options.device;
     const bool needs_data = i == 0 || i == k - 1;
     ASSIGN_OR_RETURN(
         std::unique_ptr<Stage> stage,

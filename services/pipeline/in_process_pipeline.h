@@ -25,6 +25,7 @@ struct PipelineOptions {
   RematMode remat = RematMode::kExceptLast;
   std::vector<int64_t> balance;  // layers per stage; empty: partitioner
   int threads_per_stage = 1;
+  Device device = Device::kCpu;  // where every stage computes
   // Used instead of opening the spec's dataset when set (tests share one).
   std::shared_ptr<const Dataset> dataset;
 };

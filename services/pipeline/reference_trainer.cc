@@ -14,7 +14,7 @@ namespace gpipe {
 
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
     const gpipe::v1::JobSpec& spec, int64_t micro_batches,
-    std::shared_ptr<const Dataset> dataset) {
+    std::shared_ptr<const Dataset> dataset, Device device) {
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
   t->spec_ = spec;
@@ -35,6 +35,8 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   t->sampler_ = std::make_unique<Sampler>(
       spec.seed(), t->dataset_->size(Split::kTrain), spec.batch_size());
   ASSIGN_OR_RETURN(t->model_, Model::Build(spec.model(), spec.seed()));
+  t->device_ = device;
+  if (device != Device::kCpu) RETURN_IF_ERROR(t->model_->To(device));
   ASSIGN_OR_RETURN(t->optimizer_,
                    MakeOptimizer(spec.optimizer(), t->model_->Parameters()));
   return t;
@@ -54,7 +56,8 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   std::vector<Saved> saved;
   for (int64_t m = 0; m < static_cast<int64_t>(ranges.size()); ++m) {
     ctx.micro_batch = m;
-    const Tensor x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+    const Tensor x =
+        batch.inputs.Rows(ranges[m].begin, ranges[m].end).To(device_);
     const Tensor targets = batch.targets.Rows(ranges[m].begin, ranges[m].end);
     const Tensor logits = model_->Forward(x, ctx, &saved);
     Tensor dlogits;
@@ -101,7 +104,8 @@ absl::StatusOr<EvalResult> ReferenceTrainer::Evaluate(Split split,
     indices.resize(end - begin);
     std::iota(indices.begin(), indices.end(), begin);
     const Batch batch = dataset_->Gather(split, indices);
-    const Tensor logits = model_->Forward(batch.inputs, ctx, nullptr);
+    const Tensor logits =
+        model_->Forward(batch.inputs.To(device_), ctx, nullptr);
     total += SoftmaxCrossEntropyLoss(logits, batch.targets, 1.0, nullptr);
   }
   EvalResult result;

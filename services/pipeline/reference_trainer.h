@@ -22,10 +22,12 @@ class ReferenceTrainer final : public Trainer {
   // Opens the data, builds and initializes the model and optimizer.
   // `micro_batches` overrides the spec's M when > 0.
   // `dataset`, when given, is used instead of opening the spec's (tests
-  // share one across many runs).
+  // share one across many runs). `device` is where the model computes
+  // (inputs are copied to it; the CPU keeps the bitwise contract).
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(
       const gpipe::v1::JobSpec& spec, int64_t micro_batches = 0,
-      std::shared_ptr<const Dataset> dataset = nullptr);
+      std::shared_ptr<const Dataset> dataset = nullptr,
+      Device device = Device::kCpu);
 
   absl::StatusOr<StepReport> Step() override;
   absl::StatusOr<EvalResult> Evaluate(Split split,
@@ -45,6 +47,7 @@ class ReferenceTrainer final : public Trainer {
 
   gpipe::v1::JobSpec spec_;
   int64_t micro_batches_ = 1;
+  Device device_ = Device::kCpu;
   int64_t step_ = 0;
   std::shared_ptr<const Dataset> dataset_;
   std::unique_ptr<Sampler> sampler_;

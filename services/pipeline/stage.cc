@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/tensor/device.h"
 
 namespace gpipe {
 
@@ -54,9 +55,17 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   ASSIGN_OR_RETURN(stage->model_,
                    Model::Build(spec.model(), spec.seed(),
                                 placement.layer_begin, placement.layer_end));
+  if (placement.device != Device::kCpu) {
+    RETURN_IF_ERROR(stage->model_->To(placement.device));
+    stage->device_ = DeviceTransfer::Create();
+    if (stage->device_ == nullptr)
+      return absl::FailedPreconditionError("stage device: no GPU present");
+  }
   ASSIGN_OR_RETURN(
       stage->optimizer_,
       MakeOptimizer(spec.optimizer(), stage->model_->Parameters()));
+  // Optimizer state was zeroed on this thread's stream, not the stage's.
+  if (stage->device_ != nullptr) SynchronizeCuda();
   return stage;
 }
 
@@ -93,6 +102,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   Tensor x;
   if (placement_.first()) {
     x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+    if (device_ != nullptr) x = device_->ToDevice(x);
   } else {
     ASSIGN_OR_RETURN(Message in,
                      Expect(upstream_, MessageKind::kActivation, step, m));
@@ -100,7 +110,8 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
     // Waiting for the activation is bubble, not forward time (as in
     // Backward): the op starts when its input is here.
     timer.record().start_ns = timeline_.Now();
-    x = std::move(in.tensor);
+    x = device_ != nullptr ? device_->ToDevice(in.tensor)
+                           : std::move(in.tensor);
   }
   InFlight& f = flight[m];
   const LayerContext ctx = Context(step, m);
@@ -117,7 +128,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   out.step = step;
   out.micro_batch = m;
   timer.record().bytes_sent = y.nbytes();
-  out.tensor = std::move(y);
+  out.tensor = device_ != nullptr ? device_->ToHost(y) : std::move(y);
   return downstream_->Send(std::move(out));
 }
 
@@ -133,7 +144,8 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
     ASSIGN_OR_RETURN(Message in,
                      Expect(downstream_, MessageKind::kGradient, step, m));
     received = in.tensor.nbytes();
-    dy = std::move(in.tensor);
+    dy = device_ != nullptr ? device_->ToDevice(in.tensor)
+                            : std::move(in.tensor);
   }
   const LayerContext ctx = Context(step, m);
   if (remat_) {
@@ -153,7 +165,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
   out.step = step;
   out.micro_batch = m;
   timer.record().bytes_sent = dx.nbytes();
-  out.tensor = std::move(dx);
+  out.tensor = device_ != nullptr ? device_->ToHost(dx) : std::move(dx);
   return upstream_->Send(std::move(out));
 }
 
@@ -196,7 +208,10 @@ absl::StatusOr<double> Stage::OptimizerStep(int64_t step, float* lr) {
 
 absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
   AllocatorScope scope(&activations_);
-  activations_.ResetPeak();
+  DeviceTransfer::Scope on_device(device_.get());
+  CountingAllocator& activations =
+      device_ != nullptr ? device_->activations() : activations_;
+  activations.ResetPeak();
   timeline_.BeginStep(step);
   StageStepResult result;
   result.step = step;
@@ -234,7 +249,7 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
     }
   }
   timeline_.EndStep();
-  last_peak_bytes_ = activations_.peak_bytes();
+  last_peak_bytes_ = activations.peak_bytes();
   result.peak_activation_bytes = last_peak_bytes_;
   return result;
 }
@@ -243,6 +258,7 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
 // end marker, so middle stages need neither the dataset nor its size.
 absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
   AllocatorScope scope(&activations_);
+  DeviceTransfer::Scope on_device(device_.get());
   const int64_t batch_size = spec_.eval().batch_size() > 0
                                  ? spec_.eval().batch_size()
                                  : spec_.batch_size();
@@ -279,6 +295,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
       batch = dataset_->Gather(split, indices);
       if (placement_.first()) x = batch.inputs;
     }
+    if (device_ != nullptr) x = device_->ToDevice(x);
     Tensor y = model_->Forward(x, Context(kEvalStep, b), nullptr);
     if (placement_.last()) {
       total += SoftmaxCrossEntropyLoss(y, batch.targets, 1.0, nullptr);
@@ -288,7 +305,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
     out.kind = MessageKind::kActivation;
     out.step = kEvalStep;
     out.micro_batch = b;
-    out.tensor = std::move(y);
+    out.tensor = device_ != nullptr ? device_->ToHost(y) : std::move(y);
     RETURN_IF_ERROR(downstream_->Send(std::move(out)));
   }
   if (!placement_.last()) {

@@ -20,6 +20,7 @@
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/timeline.h"
 #include "services/pipeline/trainer.h"
+#include "services/tensor/device_transfer.h"
 #include "services/transport/link.h"
 
 namespace gpipe {
@@ -33,6 +34,8 @@ struct StagePlacement {
   int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kExceptLast;
+  // Where the stage computes; links always carry host tensors.
+  Device device = Device::kCpu;
 
   bool first() const { return index == 0; }
   bool last() const { return index == count - 1; }
@@ -103,6 +106,9 @@ class Stage {
   std::unique_ptr<Optimizer> optimizer_;
   CpuAllocator host_;
   CountingAllocator activations_{&host_};
+  // Streams, device allocator and pinned staging of a GPU stage; null on
+  // the CPU.
+  std::unique_ptr<DeviceTransfer> device_;
   Timeline timeline_;
   int64_t last_peak_bytes_ = 0;
 };

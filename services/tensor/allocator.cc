@@ -3,9 +3,16 @@
 #include <cstdlib>
 #include <new>
 
+#include "services/tensor/device.h"
+
 namespace gpipe {
 namespace {
 thread_local Allocator* current_allocator = nullptr;
+thread_local Allocator* current_cuda_allocator = nullptr;
+
+Allocator*& Slot(Device d) {
+  return d == Device::kCpu ? current_allocator : current_cuda_allocator;
+}
 }  // namespace
 
 void* CpuAllocator::Allocate(size_t bytes) {
@@ -42,10 +49,17 @@ Allocator* CurrentAllocator() {
                                       : DefaultCpuAllocator();
 }
 
-AllocatorScope::AllocatorScope(Allocator* a) : previous_(current_allocator) {
-  current_allocator = a;
+Allocator* CurrentAllocator(Device device) {
+  if (device == Device::kCpu) return CurrentAllocator();
+  return current_cuda_allocator != nullptr ? current_cuda_allocator
+                                           : DefaultCudaAllocator();
 }
 
-AllocatorScope::~AllocatorScope() { current_allocator = previous_; }
+AllocatorScope::AllocatorScope(Allocator* a)
+    : device_(a->device()), previous_(Slot(device_)) {
+  Slot(device_) = a;
+}
+
+AllocatorScope::~AllocatorScope() { Slot(device_) = previous_; }
 
 }  // namespace gpipe

@@ -51,11 +51,14 @@ class CountingAllocator final : public Allocator {
 // The process-wide counting allocator for host memory.
 CountingAllocator* DefaultCpuAllocator();
 
-// The allocator new tensors on this thread use (DefaultCpuAllocator() unless
-// an AllocatorScope says otherwise).
+// The allocator new host tensors on this thread use (DefaultCpuAllocator()
+// unless an AllocatorScope says otherwise).
 Allocator* CurrentAllocator();
+// The same for tensors on `device` (DefaultCudaAllocator() for kCuda).
+Allocator* CurrentAllocator(Device device);
 
-// Makes `a` the allocator of new tensors on this thread for its lifetime.
+// Makes `a` the allocator of new tensors on its device on this thread for
+// its lifetime.
 class AllocatorScope {
  public:
   explicit AllocatorScope(Allocator* a);
@@ -64,6 +67,7 @@ class AllocatorScope {
   AllocatorScope& operator=(const AllocatorScope&) = delete;
 
  private:
+  Device device_;
   Allocator* previous_;
 };
 

@@ -3,6 +3,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "services/tensor/device.h"
+
 namespace gpipe {
 
 struct Tensor::Buffer {
@@ -18,17 +20,18 @@ struct Tensor::Buffer {
   void* data;
 };
 
-Tensor Tensor::Empty(const Shape& shape, DType dtype) {
+Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.buffer_ = std::make_shared<Buffer>(CurrentAllocator(),
-                                       shape.numel() * DTypeSize(dtype));
+  Allocator* a = CurrentAllocator(device);
+  assert(a != nullptr && "no allocator for the device (no CUDA backend?)");
+  t.buffer_ = std::make_shared<Buffer>(a, shape.numel() * DTypeSize(dtype));
   return t;
 }
 
-Tensor Tensor::Zeros(const Shape& shape, DType dtype) {
-  Tensor t = Empty(shape, dtype);
+Tensor Tensor::Zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Empty(shape, dtype, device);
   t.SetZero();
   return t;
 }
@@ -83,21 +86,43 @@ Tensor Tensor::Rows(int64_t begin, int64_t end) const {
 
 Tensor Tensor::Clone() const {
   if (!defined()) return Tensor();
-  Tensor t = Empty(shape_, dtype_);
-  std::memcpy(t.raw(), raw(), nbytes());
+  const Device d = device();
+  Tensor t = Empty(shape_, dtype_, d);
+  if (d == Device::kCpu) {
+    std::memcpy(t.raw(), raw(), nbytes());
+  } else {
+    CopyBytes(t.raw(), d, raw(), d, nbytes());
+  }
+  return t;
+}
+
+Tensor Tensor::To(Device target) const {
+  if (!defined() || device() == target) return *this;
+  Tensor t = Empty(shape_, dtype_, target);
+  CopyBytes(t.raw(), target, raw(), device(), nbytes());
   return t;
 }
 
 void Tensor::SetZero() {
-  if (defined()) std::memset(raw(), 0, nbytes());
+  if (!defined()) return;
+  if (device() == Device::kCpu) {
+    std::memset(raw(), 0, nbytes());
+  } else {
+    ZeroBytes(raw(), device(), nbytes());
+  }
 }
 
 void Tensor::CopyFrom(const Tensor& other) {
   assert(other.numel() == numel() && other.dtype() == dtype());
-  std::memcpy(raw(), other.raw(), nbytes());
+  if (device() == Device::kCpu && other.device() == Device::kCpu) {
+    std::memcpy(raw(), other.raw(), nbytes());
+  } else {
+    CopyBytes(raw(), device(), other.raw(), other.device(), nbytes());
+  }
 }
 
 std::vector<float> Tensor::ToVector() const {
+  if (device() != Device::kCpu) return To(Device::kCpu).ToVector();
   std::vector<float> v(numel());
   if (dtype_ == DType::kF32) {
     std::memcpy(v.data(), raw(), nbytes());
@@ -109,6 +134,8 @@ std::vector<float> Tensor::ToVector() const {
 
 bool BitwiseEqual(const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape() || a.dtype() != b.dtype()) return false;
+  if (a.device() != Device::kCpu || b.device() != Device::kCpu)
+    return BitwiseEqual(a.To(Device::kCpu), b.To(Device::kCpu));
   return std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
 }
 

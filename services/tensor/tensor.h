@@ -19,9 +19,12 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Uninitialized memory of `shape`.
-  static Tensor Empty(const Shape& shape, DType dtype = DType::kF32);
-  static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32);
+  // Uninitialized memory of `shape` on `device` (from the thread's current
+  // allocator of that device).
+  static Tensor Empty(const Shape& shape, DType dtype = DType::kF32,
+                      Device device = Device::kCpu);
+  static Tensor Zeros(const Shape& shape, DType dtype = DType::kF32,
+                      Device device = Device::kCpu);
   static Tensor Filled(const Shape& shape, float value);
   static Tensor FromVector(const Shape& shape, const std::vector<float>& v);
   static Tensor FromInts(const Shape& shape, const std::vector<int32_t>& v);
@@ -46,10 +49,13 @@ class Tensor {
   Tensor Reshape(const Shape& shape) const;
   // Rows [begin, end) of the leading dimension, sharing storage.
   Tensor Rows(int64_t begin, int64_t end) const;
-  Tensor Clone() const;
+  Tensor Clone() const;  // on the same device
+  // This tensor on `device`: itself when it is already there, else a copy.
+  Tensor To(Device device) const;
   void SetZero();
-  void CopyFrom(const Tensor& other);  // same numel and dtype
+  void CopyFrom(const Tensor& other);  // same numel and dtype, any devices
 
+  // The elements on the host (copied back from a device).
   std::vector<float> ToVector() const;
 
  private:
@@ -60,7 +66,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
 };
 
-// True when both have the same shape, dtype and bytes.
+// True when both have the same shape, dtype and bytes (on any devices).
 bool BitwiseEqual(const Tensor& a, const Tensor& b);
 
 }  // namespace gpipe

@@ -9,6 +9,7 @@ namespace gpipe {
 class ReLU final : public Layer {
  public:
   std::string_view kind() const override { return "relu"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
@@ -18,6 +19,7 @@ class ReLU final : public Layer {
 class GELU final : public Layer {
  public:
   std::string_view kind() const override { return "gelu"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
@@ -27,6 +29,7 @@ class GELU final : public Layer {
 class Tanh final : public Layer {
  public:
   std::string_view kind() const override { return "tanh"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

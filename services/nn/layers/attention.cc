@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "services/tensor/ops.h"
+
 namespace gpipe {
 
 SelfAttention::SelfAttention(int64_t dim, int64_t heads, bool causal,
@@ -31,40 +33,47 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   Saved qkv_saved;
   Tensor qkv = qkv_.Forward(x, ctx, saved ? &qkv_saved : nullptr);
-  Tensor probs = Tensor::Zeros({batch, heads_, t, t});
-  Tensor heads_out = Tensor::Zeros({batch, t, d});
+  const Device dev = x.device();
+  Tensor probs = Tensor::Zeros({batch, heads_, t, t}, DType::kF32, dev);
+  Tensor heads_out = Tensor::Zeros({batch, t, d}, DType::kF32, dev);
+  if (dev == Device::kCuda) {
+    ops::CudaAttentionForward(batch, heads_, t, d, causal_, scale, qkv.f32(),
+                              probs.f32(), heads_out.f32());
+  }
   const float* base = qkv.f32();
+  if (dev == Device::kCpu) {
 #pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
                                          (1 << 16))
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < heads_; ++h) {
-      const float* q = base + b * t * 3 * d + h * dh;
-      const float* k = q + d;
-      const float* v = q + 2 * d;
-      float* p = probs.f32() + (b * heads_ + h) * t * t;
-      float* o = heads_out.f32() + b * t * d + h * dh;
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t last = causal_ ? i : t - 1;
-        float* pi = p + i * t;
-        float m = -INFINITY;
-        for (int64_t j = 0; j <= last; ++j) {
-          float s = 0.0f;
-          for (int64_t c = 0; c < dh; ++c)
-            s += q[i * 3 * d + c] * k[j * 3 * d + c];
-          pi[j] = s * scale;
-          m = pi[j] > m ? pi[j] : m;
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= last; ++j) {
-          pi[j] = std::exp(pi[j] - m);
-          sum += pi[j];
-        }
-        const float inv = 1.0f / sum;
-        float* oi = o + i * d;
-        for (int64_t j = 0; j <= last; ++j) {
-          pi[j] *= inv;
-          const float* vj = v + j * 3 * d;
-          for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t h = 0; h < heads_; ++h) {
+        const float* q = base + b * t * 3 * d + h * dh;
+        const float* k = q + d;
+        const float* v = q + 2 * d;
+        float* p = probs.f32() + (b * heads_ + h) * t * t;
+        float* o = heads_out.f32() + b * t * d + h * dh;
+        for (int64_t i = 0; i < t; ++i) {
+          const int64_t last = causal_ ? i : t - 1;
+          float* pi = p + i * t;
+          float m = -INFINITY;
+          for (int64_t j = 0; j <= last; ++j) {
+            float s = 0.0f;
+            for (int64_t c = 0; c < dh; ++c)
+              s += q[i * 3 * d + c] * k[j * 3 * d + c];
+            pi[j] = s * scale;
+            m = pi[j] > m ? pi[j] : m;
+          }
+          float sum = 0.0f;
+          for (int64_t j = 0; j <= last; ++j) {
+            pi[j] = std::exp(pi[j] - m);
+            sum += pi[j];
+          }
+          const float inv = 1.0f / sum;
+          float* oi = o + i * d;
+          for (int64_t j = 0; j <= last; ++j) {
+            pi[j] *= inv;
+            const float* vj = v + j * 3 * d;
+            for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
+          }
         }
       }
     }
@@ -85,7 +94,15 @@ Tensor SelfAttention::Backward(const Tensor& dy, const Saved& saved,
   const int64_t batch = qkv.dim(0), t = qkv.dim(1), d = dim_, dh = d / heads_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   Tensor dout = proj_.Backward(dy, saved.children[1], ctx);
-  Tensor dqkv = Tensor::Zeros(qkv.shape());
+  const Device dev = qkv.device();
+  Tensor dqkv = Tensor::Zeros(qkv.shape(), DType::kF32, dev);
+  if (dev == Device::kCuda) {
+    Tensor scratch = Tensor::Empty({batch, heads_, t}, DType::kF32, dev);
+    ops::CudaAttentionBackward(batch, heads_, t, d, causal_, scale, qkv.f32(),
+                               probs.f32(), dout.f32(), dqkv.f32(),
+                               scratch.f32());
+    return qkv_.Backward(dqkv, saved.children[0], ctx);
+  }
 #pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
                                          (1 << 16))
   for (int64_t b = 0; b < batch; ++b) {

@@ -13,6 +13,7 @@ class SelfAttention final : public Layer {
   SelfAttention(int64_t dim, int64_t heads, bool causal,
                 const std::string& prefix = "");
   std::string_view kind() const override { return "self_attention"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

@@ -13,6 +13,7 @@ class Dropout final : public Layer {
   // `sub` tells apart several dropouts that share one layer index.
   explicit Dropout(float p, uint64_t sub = 0) : p_(p), sub_(sub) {}
   std::string_view kind() const override { return "dropout"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

@@ -4,8 +4,7 @@
 #include <vector>
 
 #include "services/nn/init.h"
-#include "services/tensor/cpu/elementwise.h"
-#include "services/tensor/cpu/embedding.h"
+#include "services/tensor/ops.h"
 
 namespace gpipe {
 
@@ -25,13 +24,11 @@ Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   const int64_t batch = x.dim(0), t = x.dim(1);
   // Ids outside the vocabulary come from data, not from us: clamp them
   // rather than read out of bounds (validation reports bad data earlier).
-  Tensor ids = Tensor::Empty(x.shape(), DType::kI32);
-  for (int64_t i = 0; i < x.numel(); ++i)
-    ids.i32()[i] = std::clamp<int32_t>(x.i32()[i], 0, vocab_ - 1);
-  Tensor y = Tensor::Empty({batch, t, dim_});
-  cpu::EmbeddingGather(batch * t, dim_, ids.i32(), token_.value.f32(), y.f32());
-  for (int64_t b = 0; b < batch; ++b)
-    cpu::AddInPlace(t * dim_, position_.value.f32(), y.f32() + b * t * dim_);
+  const Device d = x.device();
+  Tensor ids = Tensor::Empty(x.shape(), DType::kI32, d);
+  Tensor y = Tensor::Empty({batch, t, dim_}, DType::kF32, d);
+  ops::EmbeddingForward(d, batch, t, dim_, vocab_, x.i32(), token_.value.f32(),
+                        position_.value.f32(), y.f32(), ids.i32());
   if (saved != nullptr) saved->tensors = {ids};
   return y;
 }
@@ -40,10 +37,8 @@ Tensor Embedding::Backward(const Tensor& dy, const Saved& saved,
                            const LayerContext&) {
   const Tensor& ids = saved.tensors[0];
   const int64_t batch = ids.dim(0), t = ids.dim(1);
-  cpu::EmbeddingScatterAdd(batch * t, dim_, ids.i32(), dy.f32(),
-                           token_.grad.f32());
-  for (int64_t b = 0; b < batch; ++b)
-    cpu::AddInPlace(t * dim_, dy.f32() + b * t * dim_, position_.grad.f32());
+  ops::EmbeddingBackward(ids.device(), batch, t, dim_, ids.i32(), dy.f32(),
+                         token_.grad.f32(), position_.grad.f32());
   return Tensor();
 }
 

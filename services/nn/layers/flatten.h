@@ -12,6 +12,7 @@ class Flatten final : public Layer {
   explicit Flatten(Shape sample_shape)
       : sample_shape_(std::move(sample_shape)) {}
   std::string_view kind() const override { return "flatten"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext&, Saved*) override {
     return x.Reshape({x.dim(0), sample_shape_.numel()});
   }

@@ -1,7 +1,7 @@
 #include "services/nn/layers/layer_norm.h"
 
 #include "services/nn/init.h"
-#include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/ops.h"
 
 namespace gpipe {
 
@@ -19,10 +19,11 @@ void LayerNorm::Initialize(uint64_t) {
 
 Tensor LayerNorm::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   const int64_t rows = x.numel() / features_;
-  Tensor y = Tensor::Empty(x.shape());
-  Tensor mean = Tensor::Empty({rows});
-  Tensor rstd = Tensor::Empty({rows});
-  cpu::LayerNormForward(rows, features_, eps_, x.f32(), weight_.value.f32(),
+  const Device d = x.device();
+  Tensor y = Tensor::Empty(x.shape(), DType::kF32, d);
+  Tensor mean = Tensor::Empty({rows}, DType::kF32, d);
+  Tensor rstd = Tensor::Empty({rows}, DType::kF32, d);
+  ops::LayerNormForward(d, rows, features_, eps_, x.f32(), weight_.value.f32(),
                         bias_.value.f32(), y.f32(), mean.f32(), rstd.f32());
   if (saved != nullptr) saved->tensors = {x, mean, rstd};
   return y;
@@ -32,10 +33,11 @@ Tensor LayerNorm::Backward(const Tensor& dy, const Saved& saved,
                            const LayerContext&) {
   const Tensor& x = saved.tensors[0];
   const int64_t rows = x.numel() / features_;
-  Tensor dx = Tensor::Empty(x.shape());
-  cpu::LayerNormBackward(rows, features_, x.f32(), saved.tensors[1].f32(),
-                         saved.tensors[2].f32(), weight_.value.f32(), dy.f32(),
-                         dx.f32(), weight_.grad.f32(), bias_.grad.f32());
+  Tensor dx = Tensor::Empty(x.shape(), DType::kF32, x.device());
+  ops::LayerNormBackward(x.device(), rows, features_, x.f32(),
+                         saved.tensors[1].f32(), saved.tensors[2].f32(),
+                         weight_.value.f32(), dy.f32(), dx.f32(),
+                         weight_.grad.f32(), bias_.grad.f32());
   return dx;
 }
 

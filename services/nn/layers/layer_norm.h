@@ -10,6 +10,7 @@ class LayerNorm final : public Layer {
  public:
   LayerNorm(int64_t features, float eps, const std::string& prefix = "");
   std::string_view kind() const override { return "layer_norm"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

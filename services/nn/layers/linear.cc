@@ -3,9 +3,7 @@
 #include <cmath>
 
 #include "services/nn/init.h"
-#include "services/tensor/cpu/elementwise.h"
-#include "services/tensor/cpu/gemm.h"
-#include "services/tensor/cpu/reduce.h"
+#include "services/tensor/ops.h"
 
 namespace gpipe {
 
@@ -39,10 +37,11 @@ Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx, Saved* saved) {
   const int64_t rows = x.numel() / in_;
   std::vector<int64_t> dims = x.shape().dims();
   dims.back() = out_;
-  Tensor y = Tensor::Empty(Shape(dims));
-  cpu::Gemm(false, true, rows, out_, in_, 1.0f, x.f32(), weight_.value.f32(),
+  const Device d = x.device();
+  Tensor y = Tensor::Empty(Shape(dims), DType::kF32, d);
+  ops::Gemm(d, false, true, rows, out_, in_, 1.0f, x.f32(), weight_.value.f32(),
             0.0f, y.f32());
-  if (has_bias_) cpu::AddRowBias(rows, out_, bias_.value.f32(), y.f32());
+  if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
   if (saved != nullptr) saved->tensors = {x};
   return y;
 }
@@ -52,12 +51,13 @@ Tensor Linear::Backward(const Tensor& dy, const Saved& saved,
   const Tensor& x = saved.tensors[0];
   const int64_t rows = x.numel() / in_;
   // dW += dy^T x; db += column sums of dy; dx = dy W.
-  cpu::Gemm(true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
+  const Device d = x.device();
+  ops::Gemm(d, true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
             weight_.grad.f32());
-  if (has_bias_) cpu::SumRowsInto(rows, out_, dy.f32(), bias_.grad.f32());
-  Tensor dx = Tensor::Empty(x.shape());
-  cpu::Gemm(false, false, rows, in_, out_, 1.0f, dy.f32(), weight_.value.f32(),
-            0.0f, dx.f32());
+  if (has_bias_) ops::SumRowsInto(d, rows, out_, dy.f32(), bias_.grad.f32());
+  Tensor dx = Tensor::Empty(x.shape(), DType::kF32, d);
+  ops::Gemm(d, false, false, rows, in_, out_, 1.0f, dy.f32(),
+            weight_.value.f32(), 0.0f, dx.f32());
   return dx;
 }
 

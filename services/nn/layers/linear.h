@@ -12,6 +12,7 @@ class Linear final : public Layer {
   Linear(int64_t in_features, int64_t out_features, bool bias,
          const std::string& prefix = "");
   std::string_view kind() const override { return "linear"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

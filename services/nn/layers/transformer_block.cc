@@ -1,6 +1,6 @@
 #include "services/nn/layers/transformer_block.h"
 
-#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/ops.h"
 
 namespace gpipe {
 
@@ -37,15 +37,16 @@ Tensor TransformerBlock::Forward(const Tensor& x, const LayerContext& ctx,
   auto slot = [&](int i) { return saved != nullptr ? &s[i] : nullptr; };
   Tensor a = attn_.Forward(ln1_.Forward(x, ctx, slot(0)), ctx, slot(1));
   a = drop1_.Forward(a, ctx, nullptr);
-  Tensor x1 = Tensor::Empty(x.shape());
-  cpu::Add(x.numel(), x.f32(), a.f32(), x1.f32());
+  const Device d = x.device();
+  Tensor x1 = Tensor::Empty(x.shape(), DType::kF32, d);
+  ops::Add(d, x.numel(), x.f32(), a.f32(), x1.f32());
   Tensor h = fc1_.Forward(ln2_.Forward(x1, ctx, slot(2)), ctx, slot(3));
   Saved gelu_saved;
   h = gelu_.Forward(h, ctx, saved != nullptr ? &gelu_saved : nullptr);
   Tensor m = fc2_.Forward(h, ctx, slot(4));
   m = drop2_.Forward(m, ctx, nullptr);
-  Tensor y = Tensor::Empty(x.shape());
-  cpu::Add(x.numel(), x1.f32(), m.f32(), y.f32());
+  Tensor y = Tensor::Empty(x.shape(), DType::kF32, d);
+  ops::Add(d, x.numel(), x1.f32(), m.f32(), y.f32());
   if (saved != nullptr) {
     s.push_back(std::move(gelu_saved));
     saved->children = std::move(s);
@@ -60,10 +61,10 @@ Tensor TransformerBlock::Backward(const Tensor& dy, const Saved& saved,
   Tensor dh = fc2_.Backward(dm, s[4], ctx);
   dh = gelu_.Backward(dh, s[5], ctx);
   Tensor dx1 = ln2_.Backward(fc1_.Backward(dh, s[3], ctx), s[2], ctx);
-  cpu::AddInPlace(dy.numel(), dy.f32(), dx1.f32());
+  ops::AddInPlace(dy.device(), dy.numel(), dy.f32(), dx1.f32());
   Tensor da = drop1_.Backward(dx1, Saved(), ctx);
   Tensor dx = ln1_.Backward(attn_.Backward(da, s[1], ctx), s[0], ctx);
-  cpu::AddInPlace(dx1.numel(), dx1.f32(), dx.f32());
+  ops::AddInPlace(dx.device(), dx1.numel(), dx1.f32(), dx.f32());
   return dx;
 }
 

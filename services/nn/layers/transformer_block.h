@@ -18,6 +18,7 @@ class TransformerBlock final : public Layer {
   TransformerBlock(int64_t dim, int64_t heads, int64_t mlp_hidden,
                    float dropout, bool causal);
   std::string_view kind() const override { return "transformer_block"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

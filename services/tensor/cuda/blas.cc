@@ -1,0 +1,72 @@
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "services/tensor/cuda/kernels.h"
+#include "services/tensor/cuda/runtime.h"
+
+namespace gpipe::cuda {
+namespace {
+
+void Check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  std::fprintf(stderr, "cuBLAS error in %s: %s\n", what,
+               cublasGetStatusString(s));
+  std::abort();
+}
+
+// One handle per thread (a cuBLAS handle must not be shared between threads
+// that use it at once); its stream follows the thread's current stream.
+class Handle {
+ public:
+  Handle() {
+    Check(cublasCreate(&h_), "cublasCreate");
+    // Plain fp32 products: TF32 would leave fp32 rounding of the CPU's.
+    Check(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+  }
+  ~Handle() { cublasDestroy(h_); }
+  cublasHandle_t get() {
+    Check(cublasSetStream(h_, static_cast<cudaStream_t>(CurrentStream())),
+          "cublasSetStream");
+    return h_;
+  }
+
+ private:
+  cublasHandle_t h_;
+};
+
+cublasHandle_t ThreadHandle() {
+  thread_local Handle handle;
+  return handle.get();
+}
+
+}  // namespace
+
+// Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, so the
+// operands swap places and keep their transposition flags.
+void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+          float alpha, const float* a, const float* b, float beta, float* c) {
+  if (m == 0 || n == 0) return;
+  const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  Check(cublasSgemm(ThreadHandle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                    ldb, a, lda, &beta, c, n),
+        "cublasSgemm");
+}
+
+void GemmStridedBatched(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                        int64_t k, float alpha, const float* a,
+                        int64_t stride_a, const float* b, int64_t stride_b,
+                        float beta, float* c, int64_t stride_c, int64_t batch) {
+  if (m == 0 || n == 0 || batch == 0) return;
+  const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  Check(cublasSgemmStridedBatched(
+            ThreadHandle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+            trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
+            stride_b, a, lda, stride_a, &beta, c, n, stride_c, batch),
+        "cublasSgemmStridedBatched");
+}
+
+}  // namespace gpipe::cuda

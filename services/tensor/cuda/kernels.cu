@@ -1,0 +1,524 @@
+// All own CUDA kernels in one translation unit: nvcc time is what CI pays,
+// and none of these needs templates beyond a grid-stride loop.
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "services/core/rng.h"
+#include "services/tensor/cuda/kernels.h"
+#include "services/tensor/cuda/runtime.h"
+
+namespace gpipe::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+cudaStream_t Current() { return static_cast<cudaStream_t>(CurrentStream()); }
+
+int Blocks(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65535 ? (b < 1 ? 1 : b) : 65535);
+}
+
+#define GPIPE_FOR_EACH(i, n)                                            \
+  for (int64_t i =                                                      \
+           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+#define GPIPE_LAUNCH(kernel, n, ...)                              \
+  do {                                                            \
+    if ((n) > 0) {                                                \
+      kernel<<<Blocks(n), kThreads, 0, Current()>>>(__VA_ARGS__); \
+      CheckLastError(#kernel);                                    \
+    }                                                             \
+  } while (0)
+
+__global__ void AddKernel(int64_t n, const float* a, const float* b,
+                          float* out) {
+  GPIPE_FOR_EACH(i, n) out[i] = a[i] + b[i];
+}
+__global__ void AxpyKernel(int64_t n, float alpha, const float* x, float* y) {
+  GPIPE_FOR_EACH(i, n) y[i] += alpha * x[i];
+}
+__global__ void AddInPlaceKernel(int64_t n, const float* x, float* y) {
+  GPIPE_FOR_EACH(i, n) y[i] += x[i];
+}
+__global__ void ScaleKernel(int64_t n, float alpha, float* x) {
+  GPIPE_FOR_EACH(i, n) x[i] *= alpha;
+}
+__global__ void AddRowBiasKernel(int64_t rows, int64_t cols, const float* bias,
+                                 float* y) {
+  GPIPE_FOR_EACH(i, rows * cols) y[i] += bias[i % cols];
+}
+__global__ void AddBroadcastKernel(int64_t batch, int64_t inner, const float* x,
+                                   float* y) {
+  GPIPE_FOR_EACH(i, batch * inner) y[i] += x[i % inner];
+}
+// One thread per column walks the rows in order: the CPU's summation order.
+__global__ void SumRowsKernel(int64_t rows, int64_t cols, const float* x,
+                              float* out) {
+  GPIPE_FOR_EACH(c, cols) {
+    float s = out[c];
+    for (int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
+    out[c] = s;
+  }
+}
+__global__ void ReluForwardKernel(int64_t n, const float* x, float* y) {
+  GPIPE_FOR_EACH(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+__global__ void ReluBackwardKernel(int64_t n, const float* y, const float* dy,
+                                   float* dx) {
+  GPIPE_FOR_EACH(i, n) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+__global__ void GeluForwardKernel(int64_t n, const float* x, float* y) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  GPIPE_FOR_EACH(i, n) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * kInvSqrt2));
+}
+__global__ void GeluBackwardKernel(int64_t n, const float* x, const float* dy,
+                                   float* dx) {
+  constexpr float kInvSqrt2 = 0.70710678118654752f;
+  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+  GPIPE_FOR_EACH(i, n) {
+    const float cdf = 0.5f * (1.0f + erff(x[i] * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * expf(-0.5f * x[i] * x[i]);
+    dx[i] = dy[i] * (cdf + x[i] * pdf);
+  }
+}
+__global__ void TanhForwardKernel(int64_t n, const float* x, float* y) {
+  GPIPE_FOR_EACH(i, n) y[i] = tanhf(x[i]);
+}
+__global__ void TanhBackwardKernel(int64_t n, const float* y, const float* dy,
+                                   float* dx) {
+  GPIPE_FOR_EACH(i, n) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
+}
+__global__ void DropoutKernel(int64_t n, float p, float scale, uint64_t key,
+                              const float* x, float* y) {
+  GPIPE_FOR_EACH(i, n) {
+    y[i] = UniformAt(key, static_cast<uint64_t>(i)) >= p ? x[i] * scale : 0.0f;
+  }
+}
+
+// Partial sums of squares: block b folds a fixed slice pattern in a fixed
+// tree, so the result depends only on n.
+constexpr int kSumBlocks = static_cast<int>(kSumSquaresScratch);
+__global__ void SumSquaresPartial(int64_t n, const float* x, double* partial) {
+  __shared__ double acc[kThreads];
+  double s = 0.0;
+  GPIPE_FOR_EACH(i, n) s += static_cast<double>(x[i]) * x[i];
+  acc[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
+}
+__global__ void SumPartials(int n, double* partial) {
+  if (threadIdx.x != 0 || blockIdx.x != 0) return;
+  double s = 0.0;
+  for (int i = 0; i < n; ++i) s += partial[i];
+  partial[0] = s;
+}
+
+// Row kernels: one thread per row, the CPU's loop inside.
+__global__ void SoftmaxRowsKernel(int64_t rows, int64_t cols, const float* x,
+                                  float* y) {
+  GPIPE_FOR_EACH(r, rows) {
+    const float* in = x + r * cols;
+    float* out = y + r * cols;
+    float m = in[0];
+    for (int64_t c = 1; c < cols; ++c) m = in[c] > m ? in[c] : m;
+    float s = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      out[c] = expf(in[c] - m);
+      s += out[c];
+    }
+    const float inv = 1.0f / s;
+    for (int64_t c = 0; c < cols; ++c) out[c] *= inv;
+  }
+}
+__global__ void SoftmaxRowsBackwardKernel(int64_t rows, int64_t cols,
+                                          const float* y, const float* dy,
+                                          float* dx) {
+  GPIPE_FOR_EACH(r, rows) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    float dot = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
+    for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
+  }
+}
+__global__ void CrossEntropyKernel(int64_t rows, int64_t classes,
+                                   const float* logits, const int32_t* targets,
+                                   float scale, float* dlogits,
+                                   double* row_loss, int32_t* row_correct) {
+  GPIPE_FOR_EACH(r, rows) {
+    const float* z = logits + r * classes;
+    const int32_t t = targets[r];
+    float m = z[0];
+    int64_t arg = 0;
+    for (int64_t c = 1; c < classes; ++c)
+      if (z[c] > m) m = z[c], arg = c;
+    float s = 0.0f;
+    for (int64_t c = 0; c < classes; ++c) s += expf(z[c] - m);
+    const float log_s = logf(s);
+    row_loss[r] = t >= 0 ? static_cast<double>(log_s - (z[t] - m)) : 0.0;
+    row_correct[r] = t >= 0 ? (arg == t ? 1 : 0) : -1;
+    if (dlogits != nullptr) {
+      float* d = dlogits + r * classes;
+      if (t < 0) {
+        for (int64_t c = 0; c < classes; ++c) d[c] = 0.0f;
+      } else {
+        const float inv = 1.0f / s;
+        for (int64_t c = 0; c < classes; ++c)
+          d[c] = expf(z[c] - m) * inv * scale;
+        d[t] -= scale;
+      }
+    }
+  }
+}
+__global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps,
+                                       const float* x, const float* gamma,
+                                       const float* beta, float* y, float* mean,
+                                       float* rstd) {
+  GPIPE_FOR_EACH(r, rows) {
+    const float* in = x + r * cols;
+    float* out = y + r * cols;
+    float m = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) m += in[c];
+    m /= cols;
+    float v = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) v += (in[c] - m) * (in[c] - m);
+    v /= cols;
+    const float s = 1.0f / sqrtf(v + eps);
+    for (int64_t c = 0; c < cols; ++c)
+      out[c] = (in[c] - m) * s * gamma[c] + beta[c];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+__global__ void LayerNormBackwardRows(int64_t rows, int64_t cols,
+                                      const float* x, const float* mean,
+                                      const float* rstd, const float* gamma,
+                                      const float* dy, float* dx) {
+  GPIPE_FOR_EACH(r, rows) {
+    const float* in = x + r * cols;
+    const float* g = dy + r * cols;
+    float* out = dx + r * cols;
+    const float m = mean[r], s = rstd[r];
+    float sum_d = 0.0f, sum_dx = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float xhat = (in[c] - m) * s;
+      const float d = g[c] * gamma[c];
+      sum_d += d;
+      sum_dx += d * xhat;
+    }
+    sum_d /= cols;
+    sum_dx /= cols;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float xhat = (in[c] - m) * s;
+      out[c] = s * (g[c] * gamma[c] - sum_d - xhat * sum_dx);
+    }
+  }
+}
+// Parameter gradients: one thread per column, rows in order.
+__global__ void LayerNormBackwardParams(int64_t rows, int64_t cols,
+                                        const float* x, const float* mean,
+                                        const float* rstd, const float* dy,
+                                        float* dgamma, float* dbeta) {
+  GPIPE_FOR_EACH(c, cols) {
+    float dg = dgamma[c], db = dbeta[c];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float g = dy[r * cols + c];
+      dg += g * (x[r * cols + c] - mean[r]) * rstd[r];
+      db += g;
+    }
+    dgamma[c] = dg;
+    dbeta[c] = db;
+  }
+}
+__global__ void EmbeddingGatherKernel(int64_t n, int64_t dim, int64_t vocab,
+                                      const int32_t* ids, const float* table,
+                                      float* out, int32_t* clamped) {
+  GPIPE_FOR_EACH(i, n * dim) {
+    const int64_t row = i / dim;
+    int32_t id = ids[row];
+    id = id < 0 ? 0 : (id >= vocab ? static_cast<int32_t>(vocab - 1) : id);
+    if (i % dim == 0) clamped[row] = id;
+    out[i] = table[static_cast<int64_t>(id) * dim + i % dim];
+  }
+}
+// One thread per embedding column, tokens in order: no atomics, and the
+// CPU's order of additions into each row.
+__global__ void EmbeddingScatterKernel(int64_t n, int64_t dim,
+                                       const int32_t* ids, const float* dout,
+                                       float* dtable) {
+  GPIPE_FOR_EACH(d, dim) {
+    for (int64_t i = 0; i < n; ++i)
+      dtable[static_cast<int64_t>(ids[i]) * dim + d] += dout[i * dim + d];
+  }
+}
+__global__ void SumBlocksKernel(int64_t batch, int64_t inner, const float* y,
+                                float* out) {
+  GPIPE_FOR_EACH(i, inner) {
+    float s = out[i];
+    for (int64_t b = 0; b < batch; ++b) s += y[b * inner + i];
+    out[i] = s;
+  }
+}
+__global__ void SgdKernel(int64_t n, float lr, float decay, float mu,
+                          bool nesterov, bool first, const float* g, float* w,
+                          float* buf) {
+  GPIPE_FOR_EACH(j, n) {
+    if (mu == 0.0f) {
+      w[j] -= lr * (g[j] + decay * w[j]);
+    } else {
+      const float d = g[j] + decay * w[j];
+      buf[j] = first ? d : mu * buf[j] + d;
+      w[j] -= lr * (nesterov ? d + mu * buf[j] : buf[j]);
+    }
+  }
+}
+__global__ void AdamWKernel(int64_t n, float decay, float beta1, float beta2,
+                            float step_size, float c2_sqrt, float eps,
+                            const float* g, float* w, float* m, float* v) {
+  GPIPE_FOR_EACH(j, n) {
+    w[j] *= decay;
+    m[j] = beta1 * m[j] + (1.0f - beta1) * g[j];
+    v[j] = beta2 * v[j] + (1.0f - beta2) * g[j] * g[j];
+    w[j] -= step_size * m[j] / (sqrtf(v[j]) / c2_sqrt + eps);
+  }
+}
+
+__global__ void AttentionForwardKernel(int64_t batch, int64_t heads, int64_t t,
+                                       int64_t d, bool causal, float scale,
+                                       const float* qkv, float* probs,
+                                       float* out) {
+  const int64_t dh = d / heads;
+  GPIPE_FOR_EACH(row, batch * heads * t) {
+    const int64_t i = row % t, h = (row / t) % heads, b = row / (t * heads);
+    const float* q = qkv + b * t * 3 * d + h * dh;
+    const float* k = q + d;
+    const float* v = q + 2 * d;
+    float* pi = probs + (b * heads + h) * t * t + i * t;
+    float* oi = out + b * t * d + h * dh + i * d;
+    const int64_t last = causal ? i : t - 1;
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= last; ++j) {
+      float s = 0.0f;
+      for (int64_t c = 0; c < dh; ++c) s += q[i * 3 * d + c] * k[j * 3 * d + c];
+      pi[j] = s * scale;
+      m = pi[j] > m ? pi[j] : m;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j <= last; ++j) {
+      pi[j] = expf(pi[j] - m);
+      sum += pi[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= last; ++j) {
+      pi[j] *= inv;
+      const float* vj = v + j * 3 * d;
+      for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
+    }
+  }
+}
+__global__ void AttentionBackwardKernel(int64_t batch, int64_t heads, int64_t t,
+                                        int64_t d, bool causal, float scale,
+                                        const float* qkv, const float* probs,
+                                        const float* dout, float* dqkv,
+                                        float* scratch) {
+  const int64_t dh = d / heads;
+  GPIPE_FOR_EACH(bh, batch * heads) {
+    const int64_t b = bh / heads, h = bh % heads;
+    const int64_t off = b * t * 3 * d + h * dh;
+    const float* q = qkv + off;
+    const float* k = q + d;
+    const float* v = q + 2 * d;
+    float* dq = dqkv + off;
+    float* dk = dq + d;
+    float* dv = dq + 2 * d;
+    const float* p = probs + bh * t * t;
+    const float* go = dout + b * t * d + h * dh;
+    float* dp = scratch + bh * t;
+    for (int64_t i = 0; i < t; ++i) {
+      const int64_t last = causal ? i : t - 1;
+      const float* pi = p + i * t;
+      const float* goi = go + i * d;
+      float dot = 0.0f;
+      for (int64_t j = 0; j <= last; ++j) {
+        const float* vj = v + j * 3 * d;
+        float s = 0.0f;
+        for (int64_t c = 0; c < dh; ++c) s += goi[c] * vj[c];
+        dp[j] = s;
+        dot += s * pi[j];
+        float* dvj = dv + j * 3 * d;
+        for (int64_t c = 0; c < dh; ++c) dvj[c] += pi[j] * goi[c];
+      }
+      float* dqi = dq + i * 3 * d;
+      const float* qi = q + i * 3 * d;
+      for (int64_t j = 0; j <= last; ++j) {
+        const float ds = pi[j] * (dp[j] - dot) * scale;
+        const float* kj = k + j * 3 * d;
+        float* dkj = dk + j * 3 * d;
+        for (int64_t c = 0; c < dh; ++c) {
+          dqi[c] += ds * kj[c];
+          dkj[c] += ds * qi[c];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void Add(int64_t n, const float* a, const float* b, float* out) {
+  GPIPE_LAUNCH(AddKernel, n, n, a, b, out);
+}
+void AddInPlace(int64_t n, const float* x, float* y) {
+  GPIPE_LAUNCH(AddInPlaceKernel, n, n, x, y);
+}
+void Axpy(int64_t n, float alpha, const float* x, float* y) {
+  GPIPE_LAUNCH(AxpyKernel, n, n, alpha, x, y);
+}
+void Scale(int64_t n, float alpha, float* x) {
+  GPIPE_LAUNCH(ScaleKernel, n, n, alpha, x);
+}
+void AddRowBias(int64_t rows, int64_t cols, const float* bias, float* y) {
+  GPIPE_LAUNCH(AddRowBiasKernel, rows * cols, rows, cols, bias, y);
+}
+void AddBroadcastInPlace(int64_t batch, int64_t inner, const float* x,
+                         float* y) {
+  GPIPE_LAUNCH(AddBroadcastKernel, batch * inner, batch, inner, x, y);
+}
+void SumBlocksInto(int64_t batch, int64_t inner, const float* y, float* out) {
+  GPIPE_LAUNCH(SumBlocksKernel, inner, batch, inner, y, out);
+}
+void ReluForward(int64_t n, const float* x, float* y) {
+  GPIPE_LAUNCH(ReluForwardKernel, n, n, x, y);
+}
+void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
+  GPIPE_LAUNCH(ReluBackwardKernel, n, n, y, dy, dx);
+}
+void GeluForward(int64_t n, const float* x, float* y) {
+  GPIPE_LAUNCH(GeluForwardKernel, n, n, x, y);
+}
+void GeluBackward(int64_t n, const float* x, const float* dy, float* dx) {
+  GPIPE_LAUNCH(GeluBackwardKernel, n, n, x, dy, dx);
+}
+void TanhForward(int64_t n, const float* x, float* y) {
+  GPIPE_LAUNCH(TanhForwardKernel, n, n, x, y);
+}
+void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
+  GPIPE_LAUNCH(TanhBackwardKernel, n, n, y, dy, dx);
+}
+void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
+                    float* y) {
+  const float scale = 1.0f / (1.0f - p);
+  GPIPE_LAUNCH(DropoutKernel, n, n, p, scale, key, x, y);
+}
+void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out) {
+  GPIPE_LAUNCH(SumRowsKernel, cols, rows, cols, x, out);
+}
+
+double SumSquares(int64_t n, const float* x, double* partial) {
+  if (n == 0) return 0.0;
+  SumSquaresPartial<<<kSumBlocks, kThreads, 0, Current()>>>(n, x, partial);
+  CheckLastError("SumSquaresPartial");
+  SumPartials<<<1, 1, 0, Current()>>>(kSumBlocks, partial);
+  CheckLastError("SumPartials");
+  double s = 0.0;
+  CopyDeviceToHost(&s, partial, sizeof(double));
+  return s;
+}
+
+void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y) {
+  GPIPE_LAUNCH(SoftmaxRowsKernel, rows, rows, cols, x, y);
+}
+void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
+                         const float* dy, float* dx) {
+  GPIPE_LAUNCH(SoftmaxRowsBackwardKernel, rows, rows, cols, y, dy, dx);
+}
+
+cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
+                                            const float* logits,
+                                            const int32_t* targets,
+                                            double normalizer, float* dlogits,
+                                            double* loss, int32_t* correct) {
+  cpu::CrossEntropyResult result;
+  if (rows == 0) return result;
+  const float scale = static_cast<float>(1.0 / normalizer);
+  GPIPE_LAUNCH(CrossEntropyKernel, rows, rows, classes, logits, targets, scale,
+               dlogits, loss, correct);
+  std::vector<double> row_loss(rows);
+  std::vector<int32_t> row_correct(rows);
+  CopyDeviceToHost(row_loss.data(), loss, rows * sizeof(double));
+  CopyDeviceToHost(row_correct.data(), correct, rows * sizeof(int32_t));
+  // Folded on the host in row order, as the CPU does.
+  for (int64_t r = 0; r < rows; ++r) {
+    if (row_correct[r] < 0) continue;
+    result.loss_sum += row_loss[r];
+    result.counted += 1;
+    result.correct += row_correct[r];
+  }
+  return result;
+}
+
+void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
+                      const float* gamma, const float* beta, float* y,
+                      float* mean, float* rstd) {
+  GPIPE_LAUNCH(LayerNormForwardKernel, rows, rows, cols, eps, x, gamma, beta, y,
+               mean, rstd);
+}
+void LayerNormBackward(int64_t rows, int64_t cols, const float* x,
+                       const float* mean, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma,
+                       float* dbeta) {
+  GPIPE_LAUNCH(LayerNormBackwardRows, rows, rows, cols, x, mean, rstd, gamma,
+               dy, dx);
+  GPIPE_LAUNCH(LayerNormBackwardParams, cols, rows, cols, x, mean, rstd, dy,
+               dgamma, dbeta);
+}
+
+void EmbeddingGather(int64_t n, int64_t dim, int64_t vocab, const int32_t* ids,
+                     const float* table, float* out, int32_t* clamped_ids) {
+  GPIPE_LAUNCH(EmbeddingGatherKernel, n * dim, n, dim, vocab, ids, table, out,
+               clamped_ids);
+}
+void EmbeddingScatterAdd(int64_t n, int64_t dim, const int32_t* ids,
+                         const float* dout, float* dtable) {
+  GPIPE_LAUNCH(EmbeddingScatterKernel, dim, n, dim, ids, dout, dtable);
+}
+
+void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                      bool causal, float scale, const float* qkv, float* probs,
+                      float* out) {
+  GPIPE_LAUNCH(AttentionForwardKernel, batch * heads * t, batch, heads, t, dim,
+               causal, scale, qkv, probs, out);
+}
+void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                       bool causal, float scale, const float* qkv,
+                       const float* probs, const float* dout, float* dqkv,
+                       float* scratch) {
+  // Few threads with long loops: small blocks spread them over the SMs.
+  const int64_t n = batch * heads;
+  if (n == 0) return;
+  AttentionBackwardKernel<<<static_cast<int>((n + 31) / 32), 32, 0,
+                            Current()>>>(batch, heads, t, dim, causal, scale,
+                                         qkv, probs, dout, dqkv, scratch);
+  CheckLastError("AttentionBackwardKernel");
+}
+
+void SgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
+             bool first, const float* g, float* w, float* buf) {
+  GPIPE_LAUNCH(SgdKernel, n, n, lr, decay, mu, nesterov, first, g, w, buf);
+}
+void AdamWStep(int64_t n, float decay, float beta1, float beta2,
+               float step_size, float c2_sqrt, float eps, const float* g,
+               float* w, float* m, float* v) {
+  GPIPE_LAUNCH(AdamWKernel, n, n, decay, beta1, beta2, step_size, c2_sqrt, eps,
+               g, w, m, v);
+}
+
+}  // namespace gpipe::cuda

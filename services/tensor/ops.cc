@@ -1,0 +1,225 @@
+#include "services/tensor/ops.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/embedding.h"
+#include "services/tensor/cpu/gemm.h"
+#include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/reduce.h"
+#include "services/tensor/tensor.h"
+
+#if GPIPE_HAVE_CUDA
+#include "services/tensor/cuda/kernels.h"
+// Runs the CUDA kernel for device tensors and returns; falls through to the
+// CPU kernel otherwise.
+#define GPIPE_ON_CUDA(d, call) \
+  if ((d) == Device::kCuda) return cuda::call
+#else
+// Device tensors cannot exist without the backend (no allocator makes them).
+#define GPIPE_ON_CUDA(d, call) \
+  if ((d) == Device::kCuda) NoCuda(#call)
+#endif
+
+namespace gpipe::ops {
+namespace {
+[[maybe_unused]] [[noreturn]] void NoCuda(const char* what) {
+  std::fprintf(stderr, "%s: CUDA tensor without the CUDA backend\n", what);
+  std::abort();
+}
+}  // namespace
+
+void Gemm(Device d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+          float alpha, const float* a, const float* b, float beta, float* c) {
+  GPIPE_ON_CUDA(d, Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c));
+  cpu::Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+}
+void Add(Device d, int64_t n, const float* a, const float* b, float* out) {
+  GPIPE_ON_CUDA(d, Add(n, a, b, out));
+  cpu::Add(n, a, b, out);
+}
+void AddInPlace(Device d, int64_t n, const float* x, float* y) {
+  GPIPE_ON_CUDA(d, AddInPlace(n, x, y));
+  cpu::AddInPlace(n, x, y);
+}
+void Scale(Device d, int64_t n, float alpha, float* x) {
+  GPIPE_ON_CUDA(d, Scale(n, alpha, x));
+  cpu::Scale(n, alpha, x);
+}
+void AddRowBias(Device d, int64_t rows, int64_t cols, const float* bias,
+                float* y) {
+  GPIPE_ON_CUDA(d, AddRowBias(rows, cols, bias, y));
+  cpu::AddRowBias(rows, cols, bias, y);
+}
+void SumRowsInto(Device d, int64_t rows, int64_t cols, const float* x,
+                 float* out) {
+  GPIPE_ON_CUDA(d, SumRowsInto(rows, cols, x, out));
+  cpu::SumRowsInto(rows, cols, x, out);
+}
+double SumSquares(Device d, int64_t n, const float* x) {
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    // Scratch from the thread's device allocator: cached, so no cudaMalloc
+    // (which would synchronize the device) per call.
+    Tensor scratch = Tensor::Empty({cuda::kSumSquaresScratch * 2}, DType::kF32,
+                                   Device::kCuda);
+    return cuda::SumSquares(n, x, static_cast<double*>(scratch.raw()));
+  }
+#else
+  if (d == Device::kCuda) NoCuda("SumSquares");
+#endif
+  return cpu::SumSquares(n, x);
+}
+void ReluForward(Device d, int64_t n, const float* x, float* y) {
+  GPIPE_ON_CUDA(d, ReluForward(n, x, y));
+  cpu::ReluForward(n, x, y);
+}
+void ReluBackward(Device d, int64_t n, const float* y, const float* dy,
+                  float* dx) {
+  GPIPE_ON_CUDA(d, ReluBackward(n, y, dy, dx));
+  cpu::ReluBackward(n, y, dy, dx);
+}
+void GeluForward(Device d, int64_t n, const float* x, float* y) {
+  GPIPE_ON_CUDA(d, GeluForward(n, x, y));
+  cpu::GeluForward(n, x, y);
+}
+void GeluBackward(Device d, int64_t n, const float* x, const float* dy,
+                  float* dx) {
+  GPIPE_ON_CUDA(d, GeluBackward(n, x, dy, dx));
+  cpu::GeluBackward(n, x, dy, dx);
+}
+void TanhForward(Device d, int64_t n, const float* x, float* y) {
+  GPIPE_ON_CUDA(d, TanhForward(n, x, y));
+  cpu::TanhForward(n, x, y);
+}
+void TanhBackward(Device d, int64_t n, const float* y, const float* dy,
+                  float* dx) {
+  GPIPE_ON_CUDA(d, TanhBackward(n, y, dy, dx));
+  cpu::TanhBackward(n, y, dy, dx);
+}
+void DropoutForward(Device d, int64_t n, float p, uint64_t key, const float* x,
+                    float* y) {
+  GPIPE_ON_CUDA(d, DropoutForward(n, p, key, x, y));
+  cpu::DropoutForward(n, p, key, x, y);
+}
+void DropoutBackward(Device d, int64_t n, float p, uint64_t key,
+                     const float* dy, float* dx) {
+  // The same mask and scale applied to the gradient.
+  GPIPE_ON_CUDA(d, DropoutForward(n, p, key, dy, dx));
+  cpu::DropoutBackward(n, p, key, dy, dx);
+}
+cpu::CrossEntropyResult SoftmaxCrossEntropy(Device d, int64_t rows,
+                                            int64_t classes,
+                                            const float* logits,
+                                            const int32_t* targets,
+                                            double normalizer, float* dlogits) {
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    Tensor loss = Tensor::Empty({rows * 2}, DType::kF32, Device::kCuda);
+    Tensor correct = Tensor::Empty({rows}, DType::kI32, Device::kCuda);
+    return cuda::SoftmaxCrossEntropy(rows, classes, logits, targets, normalizer,
+                                     dlogits, static_cast<double*>(loss.raw()),
+                                     correct.i32());
+  }
+#else
+  if (d == Device::kCuda) NoCuda("SoftmaxCrossEntropy");
+#endif
+  return cpu::SoftmaxCrossEntropy(rows, classes, logits, targets, normalizer,
+                                  dlogits);
+}
+void LayerNormForward(Device d, int64_t rows, int64_t cols, float eps,
+                      const float* x, const float* gamma, const float* beta,
+                      float* y, float* mean, float* rstd) {
+  GPIPE_ON_CUDA(
+      d, LayerNormForward(rows, cols, eps, x, gamma, beta, y, mean, rstd));
+  cpu::LayerNormForward(rows, cols, eps, x, gamma, beta, y, mean, rstd);
+}
+void LayerNormBackward(Device d, int64_t rows, int64_t cols, const float* x,
+                       const float* mean, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma,
+                       float* dbeta) {
+  GPIPE_ON_CUDA(d, LayerNormBackward(rows, cols, x, mean, rstd, gamma, dy, dx,
+                                     dgamma, dbeta));
+  cpu::LayerNormBackward(rows, cols, x, mean, rstd, gamma, dy, dx, dgamma,
+                         dbeta);
+}
+
+void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
+                 bool first, const float* g, float* w, float* buf) {
+#if GPIPE_HAVE_CUDA
+  cuda::SgdStep(n, lr, decay, mu, nesterov, first, g, w, buf);
+#else
+  NoCuda("SgdStep");
+#endif
+}
+void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
+                   float step_size, float c2_sqrt, float eps, const float* g,
+                   float* w, float* m, float* v) {
+#if GPIPE_HAVE_CUDA
+  cuda::AdamWStep(n, decay, beta1, beta2, step_size, c2_sqrt, eps, g, w, m, v);
+#else
+  NoCuda("AdamWStep");
+#endif
+}
+
+void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                          bool causal, float scale, const float* qkv,
+                          float* probs, float* out) {
+#if GPIPE_HAVE_CUDA
+  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out);
+#else
+  NoCuda("AttentionForward");
+#endif
+}
+void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                           bool causal, float scale, const float* qkv,
+                           const float* probs, const float* dout, float* dqkv,
+                           float* scratch) {
+#if GPIPE_HAVE_CUDA
+  cuda::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs, dout,
+                          dqkv, scratch);
+#else
+  NoCuda("AttentionBackward");
+#endif
+}
+
+void EmbeddingForward(Device d, int64_t batch, int64_t t, int64_t dim,
+                      int64_t vocab, const int32_t* ids, const float* token,
+                      const float* position, float* y, int32_t* clamped) {
+  const int64_t n = batch * t;
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    cuda::EmbeddingGather(n, dim, vocab, ids, token, y, clamped);
+    cuda::AddBroadcastInPlace(batch, t * dim, position, y);
+    return;
+  }
+#else
+  if (d == Device::kCuda) NoCuda("EmbeddingForward");
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    clamped[i] = std::clamp<int32_t>(ids[i], 0, vocab - 1);
+  cpu::EmbeddingGather(n, dim, clamped, token, y);
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::AddInPlace(t * dim, position, y + b * t * dim);
+}
+
+void EmbeddingBackward(Device d, int64_t batch, int64_t t, int64_t dim,
+                       const int32_t* ids, const float* dy, float* dtoken,
+                       float* dposition) {
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda) {
+    cuda::EmbeddingScatterAdd(batch * t, dim, ids, dy, dtoken);
+    cuda::SumBlocksInto(batch, t * dim, dy, dposition);
+    return;
+  }
+#else
+  if (d == Device::kCuda) NoCuda("EmbeddingBackward");
+#endif
+  cpu::EmbeddingScatterAdd(batch * t, dim, ids, dy, dtoken);
+  for (int64_t b = 0; b < batch; ++b)
+    cpu::AddInPlace(t * dim, dy + b * t * dim, dposition);
+}
+
+}  // namespace gpipe::ops

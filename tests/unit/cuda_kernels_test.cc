@@ -1,0 +1,202 @@
+// Every CUDA kernel against the CPU kernel on the same inputs. Kernels
+// without transcendental functions must agree bitwise (same order of
+// operations, no FMA contraction on either side); GELU, tanh, exp and log
+// within a few float ulps (relative 1e-5); cuBLAS GEMM within fp32 rounding
+// of a K-term dot product (relative 1e-4 of the row's magnitude).
+// Skipped when no GPU is present.
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/tensor/device.h"
+#include "services/tensor/ops.h"
+#include "services/tensor/tensor.h"
+
+namespace gpipe {
+namespace {
+
+constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
+
+class CudaKernelsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
+  }
+};
+
+Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
+  Tensor t = Tensor::Empty(shape);
+  Rng rng(key);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
+  return t;
+}
+
+void ExpectNear(const Tensor& cpu, const Tensor& gpu, double rel,
+                const char* what) {
+  const std::vector<float> a = cpu.ToVector(), b = gpu.ToVector();
+  ASSERT_EQ(a.size(), b.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double err = std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0);
+    worst = std::max(worst, err);
+  }
+  EXPECT_LE(worst, rel) << what;
+}
+
+TEST_F(CudaKernelsTest, TensorRoundTripAndZero) {
+  Tensor x = Random({37, 5}, 1);
+  Tensor d = x.To(kCuda);
+  EXPECT_EQ(d.device(), kCuda);
+  EXPECT_TRUE(BitwiseEqual(d.To(kCpu), x));
+  Tensor c = d.Clone();
+  EXPECT_EQ(c.device(), kCuda);
+  EXPECT_TRUE(BitwiseEqual(c, x));
+  c.SetZero();
+  for (float v : c.ToVector()) EXPECT_EQ(v, 0.0f);
+  Tensor rows = d.Rows(3, 7).To(kCpu);
+  EXPECT_TRUE(BitwiseEqual(rows, x.Rows(3, 7).Clone()));
+}
+
+TEST_F(CudaKernelsTest, GemmAllTranspositions) {
+  const int64_t m = 67, n = 45, k = 129;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      Tensor a = Random(ta ? Shape{k, m} : Shape{m, k}, 2);
+      Tensor b = Random(tb ? Shape{n, k} : Shape{k, n}, 3);
+      Tensor c0 = Random({m, n}, 4);
+      Tensor c = c0.Clone();
+      ops::Gemm(kCpu, ta, tb, m, n, k, 0.5f, a.f32(), b.f32(), 1.0f, c.f32());
+      Tensor da = a.To(kCuda), db = b.To(kCuda), dc = c0.To(kCuda);
+      ops::Gemm(kCuda, ta, tb, m, n, k, 0.5f, da.f32(), db.f32(), 1.0f,
+                dc.f32());
+      ExpectNear(c, dc, 1e-4, ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
+    }
+  }
+}
+
+TEST_F(CudaKernelsTest, ElementwiseBitwise) {
+  const int64_t rows = 300, cols = 77, n = rows * cols;
+  Tensor a = Random({rows, cols}, 5), b = Random({rows, cols}, 6);
+  Tensor bias = Random({cols}, 7);
+  Tensor da = a.To(kCuda), db = b.To(kCuda), dbias = bias.To(kCuda);
+  Tensor out = Tensor::Empty(a.shape()), dout = out.To(kCuda);
+  ops::Add(kCpu, n, a.f32(), b.f32(), out.f32());
+  ops::Add(kCuda, n, da.f32(), db.f32(), dout.f32());
+  EXPECT_TRUE(BitwiseEqual(out, dout));
+  ops::AddRowBias(kCpu, rows, cols, bias.f32(), out.f32());
+  ops::AddRowBias(kCuda, rows, cols, dbias.f32(), dout.f32());
+  EXPECT_TRUE(BitwiseEqual(out, dout));
+  ops::AddInPlace(kCpu, n, a.f32(), out.f32());
+  ops::AddInPlace(kCuda, n, da.f32(), dout.f32());
+  EXPECT_TRUE(BitwiseEqual(out, dout));
+  ops::Scale(kCpu, n, 0.37f, out.f32());
+  ops::Scale(kCuda, n, 0.37f, dout.f32());
+  EXPECT_TRUE(BitwiseEqual(out, dout));
+  ops::ReluForward(kCpu, n, a.f32(), out.f32());
+  ops::ReluForward(kCuda, n, da.f32(), dout.f32());
+  EXPECT_TRUE(BitwiseEqual(out, dout));
+  Tensor g = Tensor::Empty(a.shape()), dg = g.To(kCuda);
+  ops::ReluBackward(kCpu, n, out.f32(), b.f32(), g.f32());
+  ops::ReluBackward(kCuda, n, dout.f32(), db.f32(), dg.f32());
+  EXPECT_TRUE(BitwiseEqual(g, dg));
+  Tensor sums = Random({cols}, 8), dsums = sums.To(kCuda);
+  ops::SumRowsInto(kCpu, rows, cols, a.f32(), sums.f32());
+  ops::SumRowsInto(kCuda, rows, cols, da.f32(), dsums.f32());
+  EXPECT_TRUE(BitwiseEqual(sums, dsums));
+}
+
+TEST_F(CudaKernelsTest, DropoutSameMasksAsCpu) {
+  const int64_t n = 100'003;
+  Tensor x = Random({n}, 9), dx = x.To(kCuda);
+  for (float p : {0.1f, 0.5f}) {
+    const uint64_t key = MixKey({42, static_cast<uint64_t>(p * 100)});
+    Tensor y = Tensor::Empty({n}), dy = y.To(kCuda);
+    ops::DropoutForward(kCpu, n, p, key, x.f32(), y.f32());
+    ops::DropoutForward(kCuda, n, p, key, dx.f32(), dy.f32());
+    EXPECT_TRUE(BitwiseEqual(y, dy)) << "p=" << p;
+    ops::DropoutBackward(kCpu, n, p, key, x.f32(), y.f32());
+    ops::DropoutBackward(kCuda, n, p, key, dx.f32(), dy.f32());
+    EXPECT_TRUE(BitwiseEqual(y, dy)) << "p=" << p;
+  }
+}
+
+TEST_F(CudaKernelsTest, TranscendentalActivations) {
+  const int64_t n = 50'000;
+  Tensor x = Random({n}, 10, 3.0f), g = Random({n}, 11);
+  Tensor dx = x.To(kCuda), dg = g.To(kCuda);
+  Tensor y = Tensor::Empty({n}), dy = y.To(kCuda);
+  ops::GeluForward(kCpu, n, x.f32(), y.f32());
+  ops::GeluForward(kCuda, n, dx.f32(), dy.f32());
+  ExpectNear(y, dy, 1e-5, "gelu forward");
+  ops::GeluBackward(kCpu, n, x.f32(), g.f32(), y.f32());
+  ops::GeluBackward(kCuda, n, dx.f32(), dg.f32(), dy.f32());
+  ExpectNear(y, dy, 1e-5, "gelu backward");
+  ops::TanhForward(kCpu, n, x.f32(), y.f32());
+  ops::TanhForward(kCuda, n, dx.f32(), dy.f32());
+  ExpectNear(y, dy, 1e-5, "tanh forward");
+  Tensor t = y.Clone(), dt = dy.Clone();
+  ops::TanhBackward(kCpu, n, t.f32(), g.f32(), y.f32());
+  ops::TanhBackward(kCuda, n, dt.f32(), dg.f32(), dy.f32());
+  ExpectNear(y, dy, 1e-5, "tanh backward");
+}
+
+TEST_F(CudaKernelsTest, SoftmaxCrossEntropy) {
+  const int64_t rows = 513, classes = 10;
+  Tensor logits = Random({rows, classes}, 12, 4.0f);
+  std::vector<int32_t> t(rows);
+  for (int64_t r = 0; r < rows; ++r) t[r] = r % 7 == 3 ? -1 : r % classes;
+  Tensor targets = Tensor::FromInts({rows}, t);
+  Tensor d = Tensor::Empty(logits.shape());
+  Tensor dd = d.To(kCuda), dlogits = logits.To(kCuda);
+  Tensor dtargets = targets.To(kCuda);
+  const cpu::CrossEntropyResult a = ops::SoftmaxCrossEntropy(
+      kCpu, rows, classes, logits.f32(), targets.i32(), 600.0, d.f32());
+  const cpu::CrossEntropyResult b = ops::SoftmaxCrossEntropy(
+      kCuda, rows, classes, dlogits.f32(), dtargets.i32(), 600.0, dd.f32());
+  EXPECT_EQ(a.counted, b.counted);
+  EXPECT_EQ(a.correct, b.correct);
+  EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-5 * a.loss_sum);
+  ExpectNear(d, dd, 1e-6, "dlogits");
+}
+
+TEST_F(CudaKernelsTest, LayerNorm) {
+  const int64_t rows = 129, cols = 96;
+  Tensor x = Random({rows, cols}, 13, 2.0f), dy = Random({rows, cols}, 14);
+  Tensor gamma = Random({cols}, 15), beta = Random({cols}, 16);
+  Tensor y = Tensor::Empty(x.shape()), mean = Tensor::Empty({rows}),
+         rstd = Tensor::Empty({rows}), dx = Tensor::Empty(x.shape());
+  Tensor dgamma = Tensor::Zeros({cols}), dbeta = Tensor::Zeros({cols});
+  Tensor gx = x.To(kCuda), gdy = dy.To(kCuda), ggamma = gamma.To(kCuda),
+         gbeta = beta.To(kCuda), gy = y.To(kCuda), gmean = mean.To(kCuda),
+         grstd = rstd.To(kCuda), gdx = dx.To(kCuda), gdgamma = dgamma.To(kCuda),
+         gdbeta = dbeta.To(kCuda);
+  ops::LayerNormForward(kCpu, rows, cols, 1e-5f, x.f32(), gamma.f32(),
+                        beta.f32(), y.f32(), mean.f32(), rstd.f32());
+  ops::LayerNormForward(kCuda, rows, cols, 1e-5f, gx.f32(), ggamma.f32(),
+                        gbeta.f32(), gy.f32(), gmean.f32(), grstd.f32());
+  ExpectNear(y, gy, 1e-5, "layer norm y");
+  ops::LayerNormBackward(kCpu, rows, cols, x.f32(), mean.f32(), rstd.f32(),
+                         gamma.f32(), dy.f32(), dx.f32(), dgamma.f32(),
+                         dbeta.f32());
+  ops::LayerNormBackward(kCuda, rows, cols, gx.f32(), gmean.f32(), grstd.f32(),
+                         ggamma.f32(), gdy.f32(), gdx.f32(), gdgamma.f32(),
+                         gdbeta.f32());
+  ExpectNear(dx, gdx, 1e-5, "layer norm dx");
+  ExpectNear(dgamma, gdgamma, 1e-5, "dgamma");
+  EXPECT_TRUE(BitwiseEqual(dbeta, gdbeta));
+}
+
+TEST_F(CudaKernelsTest, SumSquaresIsReproducible) {
+  const int64_t n = 1'000'001;
+  Tensor x = Random({n}, 17), dx = x.To(kCuda);
+  const double cpu = ops::SumSquares(kCpu, n, x.f32());
+  const double gpu = ops::SumSquares(kCuda, n, dx.f32());
+  EXPECT_NEAR(cpu, gpu, 1e-9 * cpu);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(gpu, ops::SumSquares(kCuda, n, dx.f32()));  // bitwise
+}
+
+}  // namespace
+}  // namespace gpipe
