@@ -98,9 +98,14 @@ absl::StatusOr<Message> GrpcLink::Receive() {
 }
 
 void GrpcLink::Close() {
-  // A link that rejected a frame keeps its stream, so the server's handler
-  // can still answer the peer with the reason instead of a bare CANCELLED.
-  if (read_status().ok()) stream_->Cancel();
+  {
+    // A link that rejected a frame keeps its stream, so the server's handler
+    // can still answer the peer with the reason instead of a bare CANCELLED.
+    // Once released, the server's handler may have returned and its call be
+    // gone; holding mu_ keeps WaitReleased from returning while we cancel.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (read_status_.ok() && !released_) stream_->Cancel();
+  }
   inbox_.Close(absl::CancelledError("link closed"));
 }
 

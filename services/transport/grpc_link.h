@@ -44,7 +44,8 @@ class GrpcLink final : public Link {
 
   absl::Status Send(Message message) override;
   absl::StatusOr<Message> Receive() override;
-  // Aborts: cancels the stream and wakes everything blocked on it.
+  // Aborts: cancels the stream and wakes everything blocked on it. Safe
+  // after Release() (then the stream is left alone: it may be gone).
   void Close() override;
   int64_t bytes_sent() const override { return sent_.load(); }
   int64_t bytes_received() const override { return received_.load(); }
