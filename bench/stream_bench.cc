@@ -1,7 +1,9 @@
 // Tensor streaming between two worker processes over loopback: our gRPC link
 // (GrpcLink over one Exchange stream, exactly as two stages use it) against a
 // plain TCP socket measured in the same run, which is what this machine's
-// loopback can do at best.
+// loopback can do at best. The link runs twice: with the zero-copy frame
+// codec the workers use, and with the copying one (payloads through
+// Frame.payload strings: 4 copies per byte) for comparison.
 //   Throughput: the parent sends K float32 tensors of S bytes as activations;
 //   the child answers once after it has received all K, so the timer covers
 //   full delivery. TCP: the same K*S bytes, then a 1-byte ack.
@@ -12,7 +14,7 @@
 // Both processes keep freed memory in the heap, as gpipe-worker does
 // (services/core/memory.h); --glibc-malloc shows glibc's defaults instead.
 // Usage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
-//                     [--latency-size 64K] [--glibc-malloc]
+//                     [--latency-size 64K] [--glibc-malloc] [--no-copying]
 #include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -40,23 +42,24 @@
 #include "absl/strings/str_cat.h"
 #include "bench/args.h"
 #include "bench/timing.h"
-#include "gpipe/v1/stage.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "services/core/memory.h"
+#include "services/transport/exchange_method.h"
 #include "services/transport/frame_codec.h"
 #include "services/transport/grpc_link.h"
 
 namespace gpipe::bench {
 namespace {
 
-using gpipe::v1::Frame;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kJob[] = "stream-bench";
 constexpr int64_t kEpoch = 1;
-// The OPEN frame's from_stage picks what the child does with the stream.
+// The OPEN frame's from_stage picks what the child does with the stream
+// (mode + kCopyingFlag when the link uses the copying codec).
 constexpr int64_t kSinkMode = 0;  // count tensors, answer each barrier
 constexpr int64_t kEchoMode = 1;  // send every tensor straight back
+constexpr int64_t kCopyingFlag = 2;
 // Bytes per throughput round (at least 2 tensors), and bounds on every loop.
 constexpr int64_t kRoundBytes = 32 << 20;
 constexpr int kMaxRounds = 1000;
@@ -215,36 +218,22 @@ int ConnectTcp(int port) {
 
 // --- the child: a bench-local Stage service -------------------------------
 
-class ServerFrameStream final : public FrameStream {
- public:
-  ServerFrameStream(grpc::ServerContext* context,
-                    grpc::ServerReaderWriter<Frame, Frame>* stream)
-      : context_(context), stream_(stream) {}
-  bool Read(Frame* f) override { return stream_->Read(f); }
-  bool Write(const Frame& f) override { return stream_->Write(f); }
-  void Cancel() override { context_->TryCancel(); }
-
- private:
-  grpc::ServerContext* context_;
-  grpc::ServerReaderWriter<Frame, Frame>* stream_;
-};
-
 // Wraps each Exchange stream in a GrpcLink, as worker/stage_service.cc does,
 // and drains it on a second thread: in sink mode it counts the tensors and
 // answers each GRAD_SQUARES barrier with a one-element GRADIENT holding that
 // count; in echo mode it sends every tensor straight back as a GRADIENT.
-class BenchStageService final : public gpipe::v1::Stage::Service {
+class BenchStageService final : public ExchangeService {
  public:
-  grpc::Status Exchange(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<Frame, Frame>* stream) override {
-    Frame open;
-    if (!stream->Read(&open) || open.kind() != gpipe::v1::OPEN) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no OPEN frame");
-    }
+  grpc::Status Exchange(grpc::ServerContext* context,
+                        ExchangeServerStream* stream) override {
+    absl::StatusOr<gpipe::v1::Frame> open = ReadOpenFrame(stream);
+    if (!open.ok()) return ToGrpcStatus(open.status());
+    const FrameCodec codec = (open->from_stage() & kCopyingFlag) != 0
+                                 ? FrameCodec::kCopying
+                                 : FrameCodec::kZeroCopy;
     GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
-                  open.job_id(), open.epoch(), /*capacity=*/64);
-    const bool echo = open.from_stage() == kEchoMode;
+                  open->job_id(), open->epoch(), /*capacity=*/64, codec);
+    const bool echo = (open->from_stage() & ~kCopyingFlag) == kEchoMode;
     std::thread worker([&link, echo] {
       int64_t tensors = 0;
       for (;;) {
@@ -428,11 +417,33 @@ void TcpEcho(int fd, std::vector<char>& buf) {
 
 struct Row {
   int64_t size;
-  double grpc_gbps, tcp_gbps;
+  double grpc_gbps, copying_gbps, tcp_gbps;
 };
 
+// A link to the child in `mode` with `codec`.
+std::unique_ptr<Link> Connect(const std::string& address, int64_t mode,
+                              FrameCodec codec) {
+  absl::StatusOr<std::unique_ptr<Link>> link = ConnectDownstream(
+      address, kJob, kEpoch,
+      mode + (codec == FrameCodec::kCopying ? kCopyingFlag : 0), 64, 5000,
+      codec);
+  if (!link.ok()) Die(std::string(link.status().message()));
+  return std::move(*link);
+}
+
+// Per-hop latency over a fresh echo link with `codec`; checks the echo first.
+Latency GrpcLatency(const std::string& address, FrameCodec codec,
+                    int64_t latency_size, double seconds) {
+  std::unique_ptr<Link> echo = Connect(address, kEchoMode, codec);
+  const Tensor t = PatternTensor(latency_size);
+  if (!BitwiseEqual(GrpcEcho(*echo, t), t)) {
+    Die("the echoed tensor differs from the one sent");
+  }
+  return MeasureLatency(seconds, [&] { GrpcEcho(*echo, t); });
+}
+
 int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
-              int64_t latency_size, bool mallopt) {
+              int64_t latency_size, bool mallopt, bool copying) {
   pollfd pfd{ports_fd, POLLIN, 0};
   char line[64] = {};
   if (::poll(&pfd, 1, 10000) != 1 ||
@@ -450,6 +461,8 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       "127.0.0.1,\n"
       "  gRPC: GrpcLink over one Exchange stream (%lld KiB frames), as two "
       "stages use it\n"
+      "        (zero-copy codec; 'copying': the same link with payloads "
+      "through protobuf strings)\n"
       "  TCP:  the same bytes through one plain socket (TCP_NODELAY), the "
       "loopback's limit\n"
       "  ~%.1f s per figure, median of rounds of >= %lld MiB; GB/s = 1e9 "
@@ -462,43 +475,48 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
               : "glibc defaults (--glibc-malloc)");
   std::fflush(stdout);
 
-  absl::StatusOr<std::unique_ptr<Link>> sink =
-      ConnectDownstream(address, kJob, kEpoch, kSinkMode, 64, 5000);
-  if (!sink.ok()) Die(std::string(sink.status().message()));
+  std::unique_ptr<Link> sink =
+      Connect(address, kSinkMode, FrameCodec::kZeroCopy);
+  std::unique_ptr<Link> copying_sink =
+      copying ? Connect(address, kSinkMode, FrameCodec::kCopying) : nullptr;
   const int tcp = ConnectTcp(tcp_port);
 
-  std::printf("%-9s %10s %10s %9s  %s\n", "size", "gRPC GB/s", "TCP GB/s",
-              "gRPC/TCP", "goal >= 0.50 from 1 MiB");
+  std::printf("%-9s %10s %10s %10s %9s %9s  %s\n", "size", "gRPC GB/s",
+              "copying", "TCP GB/s", "gRPC/TCP", "gRPC/copy",
+              "goal >= 0.50 from 1 MiB");
   std::vector<Row> rows;
   int64_t step = 0;
   for (int64_t size : sizes) {
     const int64_t count = std::max<int64_t>(2, kRoundBytes / size);
     const Tensor t = PatternTensor(size);
     const std::vector<char> buf(static_cast<size_t>(size), 'x');
-    Row r{size, 0, 0};
+    Row r{size, 0, 0, 0};
     r.grpc_gbps = MeasureGBps(size * count, seconds,
-                              [&] { GrpcSinkRound(**sink, t, count, step++); });
+                              [&] { GrpcSinkRound(*sink, t, count, step++); });
+    if (copying) {
+      r.copying_gbps = MeasureGBps(size * count, seconds, [&] {
+        GrpcSinkRound(*copying_sink, t, count, step++);
+      });
+    }
     r.tcp_gbps = MeasureGBps(size * count, seconds,
                              [&] { TcpSinkRound(tcp, buf, count); });
     const double ratio = r.grpc_gbps / r.tcp_gbps;
-    std::printf("%-9s %10.2f %10.2f %9.2f  %s\n", SizeName(size).c_str(),
-                r.grpc_gbps, r.tcp_gbps, ratio,
+    std::printf("%-9s %10.2f %10.2f %10.2f %9.2f %9.2f  %s\n",
+                SizeName(size).c_str(), r.grpc_gbps, r.copying_gbps, r.tcp_gbps,
+                ratio, copying ? r.grpc_gbps / r.copying_gbps : 0.0,
                 size < (1 << 20) ? "-" : (ratio >= 0.5 ? "ok" : "MISSED"));
     std::fflush(stdout);
     rows.push_back(r);
   }
-  sink->reset();  // half-closes and waits for the child's handler
+  sink.reset();  // half-closes and waits for the child's handler
+  copying_sink.reset();
 
-  absl::StatusOr<std::unique_ptr<Link>> echo =
-      ConnectDownstream(address, kJob, kEpoch, kEchoMode, 64, 5000);
-  if (!echo.ok()) Die(std::string(echo.status().message()));
-  const Tensor t = PatternTensor(latency_size);
-  if (!BitwiseEqual(GrpcEcho(**echo, t), t)) {
-    Die("the echoed tensor differs from the one sent");
-  }
   const Latency grpc_lat =
-      MeasureLatency(seconds, [&] { GrpcEcho(**echo, t); });
-  echo->reset();
+      GrpcLatency(address, FrameCodec::kZeroCopy, latency_size, seconds);
+  const Latency copying_lat =
+      copying
+          ? GrpcLatency(address, FrameCodec::kCopying, latency_size, seconds)
+          : Latency{};
   std::vector<char> buf(static_cast<size_t>(latency_size), 'x');
   const Latency tcp_lat = MeasureLatency(seconds, [&] { TcpEcho(tcp, buf); });
   ::close(tcp);
@@ -510,6 +528,12 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
               latency_size != (64 << 10) ? ""
               : grpc_lat.median_us < 200 ? "goal < 200 us: ok"
                                          : "goal < 200 us: MISSED");
+  if (copying) {
+    std::printf(
+        "  gRPC %8.1f us median, %8.1f us p90 (%d round trips), copying "
+        "codec\n",
+        copying_lat.median_us, copying_lat.p90_us, copying_lat.round_trips);
+  }
   std::printf("  TCP  %8.1f us median, %8.1f us p90 (%d round trips)\n",
               tcp_lat.median_us, tcp_lat.p90_us, tcp_lat.round_trips);
   std::printf(
@@ -519,12 +543,14 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       "read into one\n"
       "reused buffer). gRPC/TCP is the share of the loopback's own throughput "
       "that our link\n"
-      "reaches (goal >= 0.50 from 1 MiB). Per-hop latency is what one "
-      "activation or gradient\n"
-      "of that size costs between neighbouring stages (goal < 200 us for 64 "
-      "KiB). Both\n"
-      "processes share this machine's cores, so the figures include the "
-      "receiver's CPU work.\n"
+      "reaches (goal >= 0.50 from 1 MiB); gRPC/copy is the zero-copy codec's "
+      "speed-up over\n"
+      "the copying one (no copy sending, one receiving; against 2 + 2).\n"
+      "Per-hop latency is what one activation or gradient of that size costs "
+      "between\n"
+      "neighbouring stages (goal < 200 us for 64 KiB). Both processes share "
+      "this machine's\n"
+      "cores, so the figures include the receiver's CPU work.\n"
       "Many page faults per MiB moved mean buffers come fresh from the kernel "
       "each time:\n"
       "compare a run with --glibc-malloc.\n");
@@ -537,11 +563,13 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
 
 int main(int argc, char** argv) {
   using namespace gpipe::bench;
-  Args args(argc, argv, {"sizes", "seconds", "latency-size"}, {"glibc-malloc"});
+  Args args(argc, argv, {"sizes", "seconds", "latency-size"},
+            {"glibc-malloc", "no-copying"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr,
                  "%s\nusage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] "
-                 "[--seconds 1] [--latency-size 64K] [--glibc-malloc]\n",
+                 "[--seconds 1] [--latency-size 64K] [--glibc-malloc] "
+                 "[--no-copying]\n",
                  args.error().c_str());
     return 2;
   }
@@ -564,7 +592,7 @@ int main(int argc, char** argv) {
   if (mallopt) gpipe::KeepFreedMemory();  // before fork: both processes
   ::signal(SIGPIPE, SIG_IGN);
   // A watchdog: no run may hang (SIGALRM ends the process, the child follows).
-  ::alarm(static_cast<unsigned>(60 + 6 * seconds * (sizes.size() + 2)));
+  ::alarm(static_cast<unsigned>(60 + 9 * seconds * (sizes.size() + 2)));
 
   int ports[2], control[2];
   if (::pipe2(ports, O_CLOEXEC) != 0 || ::pipe2(control, O_CLOEXEC) != 0) {
@@ -581,7 +609,8 @@ int main(int argc, char** argv) {
   }
   ::close(ports[1]);
   ::close(control[0]);
-  const int rc = RunParent(ports[0], sizes, seconds, latency_size, mallopt);
+  const int rc = RunParent(ports[0], sizes, seconds, latency_size, mallopt,
+                           !args.Has("no-copying"));
   ::close(control[1]);  // the child exits on EOF
   int status = 0;
   ::waitpid(child, &status, 0);

@@ -1,24 +1,27 @@
 // The worker's Stage service: accepts the upstream stage's Exchange stream,
 // checks that it belongs to this worker's job and epoch, and hands it to the
-// executor as the stage's upstream link.
+// executor as the stage's upstream link. Frames travel as raw byte buffers
+// (services/transport/exchange_method.h), so payloads are not copied through
+// protobuf strings.
 #ifndef GPIPE_WORKER_STAGE_SERVICE_H_
 #define GPIPE_WORKER_STAGE_SERVICE_H_
 
+// The generated stub of the same service: what other clients (tools,
+// tests) of this worker call.
 #include "gpipe/v1/stage.grpc.pb.h"
+#include "services/transport/exchange_method.h"
 #include "worker/executor.h"
 
 namespace gpipe {
 
-class StageService final : public gpipe::v1::Stage::Service {
+class StageService final : public ExchangeService {
  public:
   // `link_wait_ms`: how long a link may wait for its assignment to arrive.
   StageService(Executor* executor, int64_t link_wait_ms)
       : executor_(executor), link_wait_ms_(link_wait_ms) {}
 
-  grpc::Status Exchange(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<gpipe::v1::Frame, gpipe::v1::Frame>* stream)
-      override;
+  grpc::Status Exchange(grpc::ServerContext* context,
+                        ExchangeServerStream* stream) override;
 
  private:
   Executor* executor_;
@@ -26,7 +29,7 @@ class StageService final : public gpipe::v1::Stage::Service {
 };
 
 // absl::Status -> grpc::Status with the same code and message.
-grpc::Status ToGrpc(const absl::Status& s);
+inline grpc::Status ToGrpc(const absl::Status& s) { return ToGrpcStatus(s); }
 
 }  // namespace gpipe
 

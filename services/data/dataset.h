@@ -35,6 +35,13 @@ class Dataset {
   // Gathers the samples `indices` (each < size(split)) into one batch.
   virtual Batch Gather(Split split,
                        const std::vector<int64_t>& indices) const = 0;
+  // Only the targets of those samples, as Gather returns them: the last
+  // stage's input comes down the pipe. Datasets whose inputs cost more to
+  // gather than their targets override it.
+  virtual Tensor GatherTargets(Split split,
+                               const std::vector<int64_t>& indices) const {
+    return Gather(split, indices).targets;
+  }
 };
 
 // Opens the dataset a job's DataSpec describes (reads files, makes synthetic

@@ -82,4 +82,14 @@ Batch FashionMnist::Gather(Split split,
   return batch;
 }
 
+Tensor FashionMnist::GatherTargets(Split split,
+                                   const std::vector<int64_t>& indices) const {
+  AllocatorScope host(DefaultCpuAllocator());
+  const Part& p = part(split);
+  const int64_t b = static_cast<int64_t>(indices.size());
+  Tensor targets = Tensor::Empty(Shape{b}, DType::kI32);
+  for (int64_t i = 0; i < b; ++i) targets.i32()[i] = p.labels[indices[i]];
+  return targets;
+}
+
 }  // namespace gpipe

@@ -37,6 +37,8 @@ class FashionMnist final : public Dataset {
   int64_t num_classes() const override { return 10; }
   // Inputs are normalized: (pixel / 255 - kMean) / kStd.
   Batch Gather(Split split, const std::vector<int64_t>& indices) const override;
+  Tensor GatherTargets(Split split,
+                       const std::vector<int64_t>& indices) const override;
 
  private:
   // Raw bytes stay in memory (55 MB rather than 220 MB of floats); Gather

@@ -119,6 +119,18 @@ Batch GaussianClasses::Gather(Split split,
   return batch;
 }
 
+Tensor GaussianClasses::GatherTargets(
+    Split split, const std::vector<int64_t>& indices) const {
+  AllocatorScope host(DefaultCpuAllocator());
+  const int64_t b = static_cast<int64_t>(indices.size());
+  Tensor targets = Tensor::Empty(Shape{b}, DType::kI32);
+  for (int64_t i = 0; i < b; ++i) {
+    Rng rng(SampleKey(seed_, split, indices[i]));
+    targets.i32()[i] = static_cast<int32_t>(rng.Below(classes_));
+  }
+  return targets;
+}
+
 absl::StatusOr<std::unique_ptr<Dataset>> MakeSynthetic(
     const gpipe::v1::Synthetic& spec, uint64_t seed) {
   // Keep generation cheap and tensors addressable with int32 ids.

@@ -59,6 +59,9 @@ class GaussianClasses final : public Dataset {
   Shape target_shape() const override { return Shape(); }
   int64_t num_classes() const override { return classes_; }
   Batch Gather(Split split, const std::vector<int64_t>& indices) const override;
+  // A sample's label is its generator's first draw: no features needed.
+  Tensor GatherTargets(Split split,
+                       const std::vector<int64_t>& indices) const override;
 
   // Center of class c, features() values.
   const float* center(int64_t c) const { return &centers_[c * features_]; }

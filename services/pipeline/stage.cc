@@ -218,8 +218,15 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
   Batch batch;
   std::vector<RowRange> ranges;
   if (placement_.first() || placement_.last()) {
-    batch = dataset_->Gather(Split::kTrain, sampler_->Indices(step));
-    ranges = SplitMicroBatches(batch.inputs.dim(0), placement_.micro_batches);
+    const std::vector<int64_t> indices = sampler_->Indices(step);
+    // The last stage's inputs come down the pipe: it needs the targets only.
+    if (placement_.first()) {
+      batch = dataset_->Gather(Split::kTrain, indices);
+    } else {
+      batch.targets = dataset_->GatherTargets(Split::kTrain, indices);
+    }
+    ranges = SplitMicroBatches(static_cast<int64_t>(indices.size()),
+                               placement_.micro_batches);
     if (placement_.last())
       result.loss_normalizer =
           std::max<int64_t>(CountTargets(batch.targets), 1);
@@ -292,8 +299,12 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
       }
       indices.resize(end - begin);
       std::iota(indices.begin(), indices.end(), begin);
-      batch = dataset_->Gather(split, indices);
-      if (placement_.first()) x = batch.inputs;
+      if (placement_.first()) {
+        batch = dataset_->Gather(split, indices);
+        x = batch.inputs;
+      } else {
+        batch.targets = dataset_->GatherTargets(split, indices);
+      }
     }
     if (device_ != nullptr) x = device_->ToDevice(x);
     Tensor y = model_->Forward(x, Context(kEvalStep, b), nullptr);

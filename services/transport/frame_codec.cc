@@ -46,8 +46,9 @@ bool CarriesTensor(MessageKind k) {
 
 }  // namespace
 
-bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
-                  const std::function<bool(const Frame&)>& emit) {
+bool EncodeFrameFields(
+    const Message& m, const std::string& job_id, int64_t epoch,
+    const std::function<bool(const Frame&, int64_t, int64_t)>& emit) {
   Frame f;
   f.set_job_id(job_id);
   f.set_epoch(epoch);
@@ -57,7 +58,7 @@ bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
   f.set_scalar(m.scalar);
   if (!CarriesTensor(m.kind) || !m.tensor.defined()) {
     f.set_last(true);
-    return emit(f);
+    return emit(f, 0, 0);
   }
   const Tensor& t = m.tensor;
   f.mutable_header()->set_dtype(t.dtype() == DType::kF32 ? gpipe::v1::FLOAT32
@@ -66,14 +67,12 @@ bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
     f.mutable_header()->mutable_shape()->add_dims(d);
   const int64_t total = static_cast<int64_t>(t.nbytes());
   f.set_total_bytes(total);
-  const char* bytes = static_cast<const char*>(t.raw());
   int64_t at = 0;
   do {
     const int64_t n = std::min(kMaxChunkBytes, total - at);
-    f.set_payload(bytes + at, n);
+    f.set_last(at + n == total);
+    if (!emit(f, at, n)) return false;
     at += n;
-    f.set_last(at == total);
-    if (!emit(f)) return false;
     // Later chunks repeat only the routing fields.
     f.clear_header();
     f.clear_total_bytes();
@@ -81,7 +80,34 @@ bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
   return true;
 }
 
+bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
+                  const std::function<bool(const Frame&)>& emit) {
+  Frame frame;
+  return EncodeFrameFields(
+      m, job_id, epoch, [&](const Frame& fields, int64_t at, int64_t n) {
+        frame = fields;
+        if (n > 0) {
+          frame.set_payload(static_cast<const char*>(m.tensor.raw()) + at, n);
+        }
+        return emit(frame);
+      });
+}
+
 absl::StatusOr<std::optional<Message>> FrameAssembler::Add(const Frame& f) {
+  return Add(f, static_cast<int64_t>(f.payload().size()), [&](char* dst) {
+    std::memcpy(dst, f.payload().data(), f.payload().size());
+  });
+}
+
+absl::StatusOr<std::optional<Message>> FrameAssembler::Add(
+    const ReceivedFrame& frame) {
+  return Add(frame.fields(), frame.payload_size(),
+             [&](char* dst) { frame.CopyPayload(dst); });
+}
+
+absl::StatusOr<std::optional<Message>> FrameAssembler::Add(
+    const Frame& f, int64_t payload_size,
+    const std::function<void(char* dst)>& copy_payload) {
   if (f.job_id() != job_id_ || f.epoch() != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "frame of job '", f.job_id(), "' epoch ", f.epoch(),
@@ -107,7 +133,7 @@ absl::StatusOr<std::optional<Message>> FrameAssembler::Add(const Frame& f) {
     partial_.micro_batch = f.micro_batch();
     partial_.scalar = f.scalar();
     if (!CarriesTensor(*kind)) {
-      if (!f.payload().empty() || !f.last()) {
+      if (payload_size != 0 || !f.last()) {
         return absl::InvalidArgumentError(
             "frame: a scalar frame carries a payload or continues");
       }
@@ -144,13 +170,13 @@ absl::StatusOr<std::optional<Message>> FrameAssembler::Add(const Frame& f) {
     received_ = 0;
     in_tensor_ = true;
   }
-  const int64_t n = static_cast<int64_t>(f.payload().size());
+  const int64_t n = payload_size;
   if (n > expected_ - received_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "frame: payload runs past the announced ", expected_, " bytes"));
   }
-  std::memcpy(static_cast<char*>(partial_.tensor.raw()) + received_,
-              f.payload().data(), n);
+  if (n > 0)
+    copy_payload(static_cast<char*>(partial_.tensor.raw()) + received_);
   received_ += n;
   if (!f.last()) return std::optional<Message>();
   if (received_ != expected_) {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpipe/v1/stage.pb.h"
+#include "services/transport/frame_wire.h"
 #include "services/transport/link.h"
 
 namespace gpipe {
@@ -27,6 +28,12 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 31;
 // which this returns).
 bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
                   const std::function<bool(const gpipe::v1::Frame&)>& emit);
+// The same frames without their payloads: `emit` gets each frame's fields
+// and the byte range [at, at + n) of m.tensor that is its payload.
+bool EncodeFrameFields(const Message& m, const std::string& job_id,
+                       int64_t epoch,
+                       const std::function<bool(const gpipe::v1::Frame&,
+                                                int64_t at, int64_t n)>& emit);
 
 class FrameAssembler {
  public:
@@ -37,8 +44,15 @@ class FrameAssembler {
   // wrong (FAILED_PRECONDITION for another job or epoch, INVALID_ARGUMENT for
   // a malformed frame).
   absl::StatusOr<std::optional<Message>> Add(const gpipe::v1::Frame& frame);
+  // The same for a frame decoded from the wire: its payload is copied once,
+  // from gRPC's slices into the tensor being assembled.
+  absl::StatusOr<std::optional<Message>> Add(const ReceivedFrame& frame);
 
  private:
+  absl::StatusOr<std::optional<Message>> Add(
+      const gpipe::v1::Frame& fields, int64_t payload_size,
+      const std::function<void(char* dst)>& copy_payload);
+
   std::string job_id_;
   int64_t epoch_;
   bool in_tensor_ = false;

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "services/transport/exchange_method.h"
 
 namespace gpipe {
 namespace {
@@ -13,24 +14,21 @@ using gpipe::v1::Frame;
 class ClientFrameStream final : public FrameStream {
  public:
   ClientFrameStream(std::shared_ptr<grpc::Channel> channel,
-                    std::unique_ptr<gpipe::v1::Stage::Stub> stub,
                     std::unique_ptr<grpc::ClientContext> context,
-                    std::unique_ptr<grpc::ClientReaderWriter<Frame, Frame>> rw)
+                    std::unique_ptr<ExchangeClientStream> rw)
       : channel_(std::move(channel)),
-        stub_(std::move(stub)),
         context_(std::move(context)),
         rw_(std::move(rw)) {}
-  bool Read(Frame* f) override { return rw_->Read(f); }
-  bool Write(const Frame& f) override { return rw_->Write(f); }
+  bool Read(grpc::ByteBuffer* b) override { return rw_->Read(b); }
+  bool Write(const grpc::ByteBuffer& b) override { return rw_->Write(b); }
   void Cancel() override { context_->TryCancel(); }
   void WritesDone() { rw_->WritesDone(); }
   grpc::Status Finish() { return rw_->Finish(); }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<gpipe::v1::Stage::Stub> stub_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::unique_ptr<grpc::ClientReaderWriter<Frame, Frame>> rw_;
+  std::unique_ptr<ExchangeClientStream> rw_;
 };
 
 // The upstream end: owns the reader thread, and on normal destruction
@@ -68,10 +66,11 @@ class ClientLink final : public Link {
 }  // namespace
 
 GrpcLink::GrpcLink(std::unique_ptr<FrameStream> stream, std::string job_id,
-                   int64_t epoch, size_t capacity)
+                   int64_t epoch, size_t capacity, FrameCodec codec)
     : stream_(std::move(stream)),
       job_id_(std::move(job_id)),
       epoch_(epoch),
+      codec_(codec),
       inbox_(capacity) {}
 
 GrpcLink::~GrpcLink() = default;
@@ -79,8 +78,9 @@ GrpcLink::~GrpcLink() = default;
 absl::Status GrpcLink::Send(Message m) {
   std::lock_guard<std::mutex> lock(write_mu_);
   const int64_t bytes = m.tensor.defined() ? m.tensor.nbytes() : 0;
-  const bool ok = EncodeFrames(
-      m, job_id_, epoch_, [this](const Frame& f) { return stream_->Write(f); });
+  const bool ok = WriteFrames(
+      m, job_id_, epoch_, codec_,
+      [this](const grpc::ByteBuffer& b) { return stream_->Write(b); });
   if (!ok) {
     absl::Status why = read_status();
     return why.ok() ? absl::UnavailableError(absl::StrCat(
@@ -98,18 +98,29 @@ absl::StatusOr<Message> GrpcLink::Receive() {
 }
 
 void GrpcLink::Close() {
-  // A link that rejected a frame keeps its stream, so the server's handler
-  // can still answer the peer with the reason instead of a bare CANCELLED.
-  if (read_status().ok()) stream_->Cancel();
+  {
+    // A link that rejected a frame keeps its stream, so the server's handler
+    // can still answer the peer with the reason instead of a bare CANCELLED.
+    // Once released, the server's handler may have returned and its call be
+    // gone; holding mu_ keeps WaitReleased from returning while we cancel.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (read_status_.ok() && !released_) stream_->Cancel();
+  }
   inbox_.Close(absl::CancelledError("link closed"));
 }
 
 void GrpcLink::ReadLoop(bool cancel_on_reject) {
   FrameAssembler assembler(job_id_, epoch_);
-  Frame frame;
+  grpc::ByteBuffer buffer;
+  ReceivedFrame frame;
   absl::Status status;
-  while (stream_->Read(&frame)) {
-    absl::StatusOr<std::optional<Message>> m = assembler.Add(frame);
+  while (stream_->Read(&buffer)) {
+    const absl::Status decoded = codec_ == FrameCodec::kZeroCopy
+                                     ? DecodeFrame(buffer, &frame)
+                                     : DecodeFrameCopying(buffer, &frame);
+    absl::StatusOr<std::optional<Message>> m =
+        decoded.ok() ? assembler.Add(frame)
+                     : absl::StatusOr<std::optional<Message>>(decoded);
     if (!m.ok()) {
       status = m.status();
       if (cancel_on_reject) stream_->Cancel();
@@ -157,7 +168,8 @@ grpc::ChannelArguments KeepaliveChannelArguments() {
 
 absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
-    int64_t from_stage, size_t capacity, int64_t deadline_ms) {
+    int64_t from_stage, size_t capacity, int64_t deadline_ms,
+    FrameCodec codec) {
   auto channel = grpc::CreateCustomChannel(
       address, grpc::InsecureChannelCredentials(), KeepaliveChannelArguments());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
@@ -166,25 +178,25 @@ absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
         absl::StrCat("cannot reach the next stage at ", address, " within ",
                      deadline_ms, " ms"));
   }
-  auto stub = gpipe::v1::Stage::NewStub(channel);
   auto context = std::make_unique<grpc::ClientContext>();
-  auto rw = stub->Exchange(context.get());
+  std::unique_ptr<ExchangeClientStream> rw =
+      StartExchange(channel.get(), context.get());
   Frame open;
   open.set_job_id(job_id);
   open.set_epoch(epoch);
   open.set_kind(gpipe::v1::OPEN);
   open.set_from_stage(from_stage);
-  if (!rw->Write(open)) {
+  if (!rw->Write(FrameToBuffer(open))) {
     grpc::Status s = rw->Finish();
     return absl::UnavailableError(
         absl::StrCat("the next stage at ", address,
                      " refused the link: ", s.error_message()));
   }
   auto stream = std::make_unique<ClientFrameStream>(
-      std::move(channel), std::move(stub), std::move(context), std::move(rw));
+      std::move(channel), std::move(context), std::move(rw));
   ClientFrameStream* raw = stream.get();
-  auto link =
-      std::make_unique<GrpcLink>(std::move(stream), job_id, epoch, capacity);
+  auto link = std::make_unique<GrpcLink>(std::move(stream), job_id, epoch,
+                                         capacity, codec);
   return std::unique_ptr<Link>(new ClientLink(raw, std::move(link)));
 }
 

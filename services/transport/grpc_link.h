@@ -15,20 +15,22 @@
 #include <string>
 #include <thread>
 
-#include "gpipe/v1/stage.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "services/transport/frame_codec.h"
+#include "services/transport/frame_wire.h"
 #include "services/transport/link.h"
 #include "services/transport/message_queue.h"
 
 namespace gpipe {
 
-// The two kinds of gRPC stream behind a link.
+// The two kinds of gRPC stream behind a link: each message is one
+// serialized gpipe.v1.Frame (see frame_wire.h).
 class FrameStream {
  public:
   virtual ~FrameStream() = default;
-  virtual bool Read(gpipe::v1::Frame* frame) = 0;
-  virtual bool Write(const gpipe::v1::Frame& frame) = 0;
+  virtual bool Read(grpc::ByteBuffer* frame) = 0;
+  virtual bool Write(const grpc::ByteBuffer& frame) = 0;
   // Makes pending and future Read/Write calls fail.
   virtual void Cancel() = 0;
 };
@@ -36,12 +38,14 @@ class FrameStream {
 class GrpcLink final : public Link {
  public:
   GrpcLink(std::unique_ptr<FrameStream> stream, std::string job_id,
-           int64_t epoch, size_t capacity);
+           int64_t epoch, size_t capacity,
+           FrameCodec codec = FrameCodec::kZeroCopy);
   ~GrpcLink() override;
 
   absl::Status Send(Message message) override;
   absl::StatusOr<Message> Receive() override;
-  // Aborts: cancels the stream and wakes everything blocked on it.
+  // Aborts: cancels the stream and wakes everything blocked on it. Safe
+  // after Release() (then the stream is left alone: it may be gone).
   void Close() override;
   int64_t bytes_sent() const override { return sent_.load(); }
   int64_t bytes_received() const override { return received_.load(); }
@@ -64,6 +68,7 @@ class GrpcLink final : public Link {
   std::unique_ptr<FrameStream> stream_;
   std::string job_id_;
   int64_t epoch_;
+  FrameCodec codec_;
   MessageQueue inbox_;
   std::mutex write_mu_;
   mutable std::mutex mu_;
@@ -78,7 +83,8 @@ class GrpcLink final : public Link {
 // Fails with UNAVAILABLE when the peer cannot be reached by `deadline_ms`.
 absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
-    int64_t from_stage, size_t capacity, int64_t deadline_ms);
+    int64_t from_stage, size_t capacity, int64_t deadline_ms,
+    FrameCodec codec = FrameCodec::kZeroCopy);
 
 // Channel arguments that make a dead peer noticed within seconds.
 grpc::ChannelArguments KeepaliveChannelArguments();
