@@ -41,16 +41,18 @@ ControllerMetrics::ControllerMetrics() {
                       .Add({});
   corrupt_ = &prometheus::BuildCounter()
                   .Name("gpipe_checkpoints_corrupt_total")
-                  .Help("Committed checkpoints found corrupt or truncated "
-                        "(DATA_LOSS) and passed over for an older one")
+                  .Help(
+                      "Committed checkpoints found corrupt or truncated "
+                      "(DATA_LOSS) and passed over for an older one")
                   .Register(registry_)
                   .Add({});
-  recovery_ = &prometheus::BuildHistogram()
-                   .Name("gpipe_recovery_duration_seconds")
-                   .Help("Time from losing a stage to the job running again")
-                   .Register(registry_)
-                   .Add({}, prometheus::Histogram::BucketBoundaries{
-                                0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600});
+  recovery_ =
+      &prometheus::BuildHistogram()
+           .Name("gpipe_recovery_duration_seconds")
+           .Help("Time from losing a stage to the job running again")
+           .Register(registry_)
+           .Add({}, prometheus::Histogram::BucketBoundaries{
+                        0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600});
 }
 
 std::vector<prometheus::MetricFamily> ControllerMetrics::Collect() const {

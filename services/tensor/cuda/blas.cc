@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "services/tensor/cuda/cublas_library.h"
 #include "services/tensor/cuda/kernels.h"
 #include "services/tensor/cuda/runtime.h"
 
@@ -13,7 +14,7 @@ namespace {
 void Check(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
   std::fprintf(stderr, "cuBLAS error in %s: %s\n", what,
-               cublasGetStatusString(s));
+               Cublas().GetStatusString(s));
   std::abort();
 }
 
@@ -22,13 +23,13 @@ void Check(cublasStatus_t s, const char* what) {
 class Handle {
  public:
   Handle() {
-    Check(cublasCreate(&h_), "cublasCreate");
+    Check(Cublas().Create(&h_), "cublasCreate");
     // Plain fp32 products: TF32 would leave fp32 rounding of the CPU's.
-    Check(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    Check(Cublas().SetMathMode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
-  ~Handle() { cublasDestroy(h_); }
+  ~Handle() { Cublas().Destroy(h_); }
   cublasHandle_t get() {
-    Check(cublasSetStream(h_, static_cast<cudaStream_t>(CurrentStream())),
+    Check(Cublas().SetStream(h_, static_cast<cudaStream_t>(CurrentStream())),
           "cublasSetStream");
     return h_;
   }
@@ -50,9 +51,9 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c) {
   if (m == 0 || n == 0) return;
   const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
-  Check(cublasSgemm(ThreadHandle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                    ldb, a, lda, &beta, c, n),
+  Check(Cublas().Sgemm(ThreadHandle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                       ldb, a, lda, &beta, c, n),
         "cublasSgemm");
 }
 
@@ -62,7 +63,7 @@ void GemmStridedBatched(bool trans_a, bool trans_b, int64_t m, int64_t n,
                         float beta, float* c, int64_t stride_c, int64_t batch) {
   if (m == 0 || n == 0 || batch == 0) return;
   const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
-  Check(cublasSgemmStridedBatched(
+  Check(Cublas().SgemmStridedBatched(
             ThreadHandle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
             trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb,
             stride_b, a, lda, stride_a, &beta, c, n, stride_c, batch),
