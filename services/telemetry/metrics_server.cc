@@ -1,12 +1,46 @@
 #include "services/telemetry/metrics_server.h"
 
-#include <exception>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "prometheus/text_serializer.h"
+#include "services/core/log.h"
 
 namespace gpipe {
+namespace {
+
+constexpr size_t kMaxRequestBytes = 16 << 10;
+
+void WriteAll(int fd, const std::string& data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the scraper went away: nothing to tell it
+    done += n;
+  }
+}
+
+std::string Response(const char* status, const char* type,
+                     const std::string& body) {
+  return absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
+                      "\r\nContent-Length: ", body.size(),
+                      "\r\nConnection: close\r\n\r\n", body);
+}
+
+}  // namespace
 
 absl::Status CheckListenAddress(const std::string& flag,
                                 const std::string& address) {
@@ -31,25 +65,137 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::vector<std::shared_ptr<prometheus::Collectable>>& collectables) {
   if (absl::Status s = CheckListenAddress("metrics_listen", address); !s.ok())
     return s;
-  std::unique_ptr<prometheus::Exposer> exposer;
-  try {
-    // civetweb throws when it cannot bind; nothing crosses this boundary.
-    exposer = std::make_unique<prometheus::Exposer>(address, 2);
-  } catch (const std::exception& e) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  const std::string port = address.substr(colon + 1);
+  addrinfo hints = {};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_listen: cannot resolve '", host, "': ", gai_strerror(e)));
+  }
+  int fd = -1;
+  std::string why = "no address";
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    const int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      why = std::strerror(errno);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) {
     return absl::UnavailableError(absl::StrCat("cannot serve metrics on ",
-                                               address, ": ", e.what(),
+                                               address, ": ", why,
                                                " (is the port in use?)"));
   }
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (ports.empty() || ports[0] <= 0) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics server on ", address, " reports no port"));
+  sockaddr_storage bound = {};
+  socklen_t len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int bound_port =
+      bound.ss_family == AF_INET6
+          ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+          : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::vector<std::weak_ptr<prometheus::Collectable>> sources(
+      collectables.begin(), collectables.end());
+  return std::unique_ptr<MetricsServer>(new MetricsServer(
+      fd, bound_port, absl::StrCat(address.substr(0, colon), ":", bound_port),
+      std::move(sources)));
+}
+
+MetricsServer::MetricsServer(
+    int fd, int port, std::string address,
+    std::vector<std::weak_ptr<prometheus::Collectable>> sources)
+    : fd_(fd),
+      port_(port),
+      address_(std::move(address)),
+      sources_(std::move(sources)) {
+  thread_ = std::thread([this] { Serve(); });
+}
+
+MetricsServer::~MetricsServer() {
+  stop_ = true;
+  thread_.join();
+  close(fd_);
+}
+
+void MetricsServer::Serve() {
+  // One scrape at a time: Prometheus asks once per interval, and a client
+  // that stalls is cut off by the receive timeout below.
+  while (!stop_) {
+    pollfd p = {fd_, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;  // wakes to notice stop_
+    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (connection < 0) continue;
+    timeval timeout = {2, 0};
+    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+    setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+    Answer(connection);
+    close(connection);
   }
-  for (const auto& c : collectables) exposer->RegisterCollectable(c);
-  const std::string bound =
-      absl::StrCat(address.substr(0, address.rfind(':')), ":", ports[0]);
-  return std::unique_ptr<MetricsServer>(
-      new MetricsServer(std::move(exposer), ports[0], bound));
+}
+
+void MetricsServer::Answer(int connection) {
+  std::string request;
+  char buffer[2048];
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos) {
+    if (request.size() > kMaxRequestBytes) {
+      WriteAll(connection, Response("431 Request Header Fields Too Large",
+                                    "text/plain", "request too large\n"));
+      return;
+    }
+    const ssize_t n = recv(connection, buffer, sizeof(buffer), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // closed or timed out before a whole request
+    request.append(buffer, n);
+  }
+  const std::string line = request.substr(0, request.find_first_of("\r\n"));
+  if (!absl::StartsWith(line, "GET ") && !absl::StartsWith(line, "HEAD ")) {
+    WriteAll(connection, Response("405 Method Not Allowed", "text/plain",
+                                  "only GET /metrics\n"));
+    return;
+  }
+  const size_t path_begin = line.find(' ') + 1;
+  const std::string path =
+      line.substr(path_begin, line.find(' ', path_begin) - path_begin);
+  if (path != "/metrics" && !absl::StartsWith(path, "/metrics?")) {
+    WriteAll(connection, Response("404 Not Found", "text/plain",
+                                  "metrics are at /metrics\n"));
+    return;
+  }
+  std::string body = Exposition();
+  if (absl::StartsWith(line, "HEAD ")) {
+    std::string head = Response("200 OK", "text/plain; version=0.0.4", body);
+    head.resize(head.size() - body.size());
+    WriteAll(connection, head);
+    return;
+  }
+  WriteAll(
+      connection,
+      Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body));
+}
+
+std::string MetricsServer::Exposition() {
+  std::vector<prometheus::MetricFamily> families;
+  for (const auto& weak : sources_) {
+    if (std::shared_ptr<prometheus::Collectable> c = weak.lock()) {
+      std::vector<prometheus::MetricFamily> more = c->Collect();
+      families.insert(families.end(), std::make_move_iterator(more.begin()),
+                      std::make_move_iterator(more.end()));
+    }
+  }
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace gpipe

@@ -1,16 +1,20 @@
-// The /metrics endpoint of a process (prometheus-cpp's pull exposer) on a
-// HOST:PORT address; port 0 takes a free port.
+// The /metrics endpoint of a process on a HOST:PORT address; port 0 takes a
+// free port. A small HTTP/1.0 server of our own on one thread with a normal
+// stack: prometheus-cpp's civetweb exposer runs handlers on 100 KB threads,
+// and the static TLS of our libraries (OpenBLAS alone takes 60 KB of it)
+// left too little of that stack, so scrapes crashed workers.
 #ifndef GPIPE_SERVICES_TELEMETRY_METRICS_SERVER_H_
 #define GPIPE_SERVICES_TELEMETRY_METRICS_SERVER_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "prometheus/collectable.h"
-#include "prometheus/exposer.h"
 
 namespace gpipe {
 
@@ -29,20 +33,25 @@ class MetricsServer {
       const std::vector<std::shared_ptr<prometheus::Collectable>>&
           collectables);
 
+  ~MetricsServer();  // stops serving and joins the thread
+
   int port() const { return port_; }
   // HOST:PORT with the bound port.
   const std::string& address() const { return address_; }
 
  private:
-  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, int port,
-                std::string address)
-      : exposer_(std::move(exposer)),
-        port_(port),
-        address_(std::move(address)) {}
+  MetricsServer(int fd, int port, std::string address,
+                std::vector<std::weak_ptr<prometheus::Collectable>> sources);
+  void Serve();
+  void Answer(int connection);
+  std::string Exposition();
 
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  int port_;
-  std::string address_;
+  const int fd_;  // the listening socket
+  const int port_;
+  const std::string address_;
+  const std::vector<std::weak_ptr<prometheus::Collectable>> sources_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
 };
 
 }  // namespace gpipe

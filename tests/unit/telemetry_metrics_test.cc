@@ -259,8 +259,8 @@ TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
   }
 }
 
-// GET /metrics from 127.0.0.1:port with a plain socket.
-std::string Scrape(int port) {
+// Sends `request` to 127.0.0.1:port with a plain socket; the whole reply.
+std::string Ask(int port, const std::string& request) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -270,15 +270,34 @@ std::string Scrape(int port) {
     close(fd);
     return "";
   }
-  const std::string request =
-      "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
   (void)!write(fd, request.data(), request.size());
+  shutdown(fd, SHUT_WR);
   std::string response;
   char buf[4096];
   for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
     response.append(buf, n);
   close(fd);
   return response;
+}
+
+std::string Scrape(int port) {
+  return Ask(port, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+}
+
+TEST(MetricsServer, AnswersBadRequestsAndKeepsServing) {
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<PipelineMetrics>(registry);
+  auto server = MetricsServer::Start("127.0.0.1:0", {metrics});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  EXPECT_THAT(Ask(port, "GET / HTTP/1.0\r\n\r\n"), HasSubstr("404"));
+  EXPECT_THAT(Ask(port, "POST /metrics HTTP/1.0\r\n\r\n"), HasSubstr("405"));
+  EXPECT_THAT(Ask(port, std::string(40000, 'x')), HasSubstr("431"));
+  EXPECT_EQ(Ask(port, "GET /metr"), "");  // cut off: closed without a reply
+  std::string noise;
+  for (int i = 0; i < 300; ++i) noise.push_back(static_cast<char>(i * 37));
+  Ask(port, noise + "\r\n\r\n");
+  EXPECT_THAT(Scrape(port), HasSubstr("200 OK"));
 }
 
 TEST(MetricsServer, ServesOnAFreeLoopbackPort) {
