@@ -13,29 +13,8 @@ src=$2
 bin="$build/bin"
 gpipectl="$bin/gpipectl"
 
-for b in gpipe-controller gpipe-worker; do
-  if [[ ! -x "$bin/$b" ]]; then
-    echo "SKIP: $bin/$b is not built yet (scripts/build.sh builds it)"
-    echo "0 passed, 0 failed"
-    exit 0
-  fi
-done
-
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/processes_lib.sh"
+skip_unless_built gpipe-controller gpipe-worker
 
 fail() {
   echo "FAIL: $*" >&2

@@ -29,21 +29,7 @@ for b in prometheus promtool; do
   command -v "$b" >/dev/null || fail "$b is not installed (scripts/setup.sh installs Debian's prometheus)"
 done
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do
-    for _ in $(seq 50); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.1
-    done
-    kill -9 "$pid" 2>/dev/null || true
-  done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/processes_lib.sh"
 
 show_logs() {
   local f
