@@ -39,7 +39,6 @@
 #include "cli/controller_client.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
-#include "services/storage/file_io.h"
 
 ABSL_FLAG(int64_t, workers, 0,
           "local: worker processes to start (0: the job's stage count)");
@@ -463,9 +462,22 @@ absl::Status WriteTargets(
                     targets, "], \"labels\": {\"role\": \"", role, "\"}}");
   }
   json += "\n]\n";
-  if (absl::Status s = storage::WriteFileAtomically(path, json); !s.ok()) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << json;
+    out.close();
+    if (!out) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics_targets: cannot write ", tmp));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics_targets: ", s.message()));
+        absl::StrCat("--metrics_targets: cannot rename ", tmp, " to ", path,
+                     ": ", ec.message()));
   }
   return absl::OkStatus();
 }
