@@ -45,9 +45,11 @@ for i in $(seq "$kills"); do
   at=$(job_field "$job" "s.get('state','') + ' at step ' + str(s.get('step', 0))")
   echo "kill -9 $victim ($at)"
   unset "worker_port[$victim]"
+  # Replace the victim even when the kill came too late: the next case pauses
+  # one of the job's workers and needs a spare to recover on.
+  start_worker
   [[ "$at" == SUCCEEDED* ]] && break
   survived=$((survived + 1))
-  start_worker
   # The next kill hits the job once it runs again.
   for _ in $(seq 300); do
     [[ "$(job_field "$job" "s.get('state','') + str(int(s.get('restarts', 0)) >= $survived)")" =~ ^(RUNNING|SUCCEEDED)True$ ]] && break
@@ -62,6 +64,7 @@ restarts=$(job_field "$job" "s.get('restarts', 0)")
 echo "kill -9: the job survived $survived kills of busy workers ($restarts restarts), bitwise the uninterrupted run"
 
 # --- 2. SIGSTOP past the lease, then SIGCONT --------------------------------
+wait_workers 4
 job=$(submit "$work/sgd.json")
 wait_step "$job" $((steps / 9))
 mapfile -t busy < <(busy_workers "$job")
