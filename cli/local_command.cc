@@ -39,6 +39,7 @@
 #include "cli/controller_client.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
+#include "services/storage/file_io.h"
 
 ABSL_FLAG(int64_t, workers, 0,
           "local: worker processes to start (0: the job's stage count)");
@@ -462,22 +463,9 @@ absl::Status WriteTargets(
                     targets, "], \"labels\": {\"role\": \"", role, "\"}}");
   }
   json += "\n]\n";
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << json;
-    out.close();
-    if (!out) {
-      return absl::UnavailableError(
-          absl::StrCat("--metrics_targets: cannot write ", tmp));
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
+  if (absl::Status s = storage::WriteFileAtomically(path, json); !s.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics_targets: cannot rename ", tmp, " to ", path,
-                     ": ", ec.message()));
+        absl::StrCat("--metrics_targets: ", s.message()));
   }
   return absl::OkStatus();
 }

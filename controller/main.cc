@@ -19,6 +19,7 @@
 #include "services/core/log.h"
 #include "services/telemetry/controller_metrics.h"
 #include "services/telemetry/metrics_server.h"
+#include "services/telemetry/port_file.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port to serve on; port 0 picks a free one");
@@ -44,30 +45,6 @@ ABSL_FLAG(int64_t, trace_steps, 16,
           "steps)");
 ABSL_FLAG(int64_t, trace_jobs, 32,
           "jobs whose stage timelines are kept (the most recently active)");
-
-namespace {
-
-// Writes `port` to `path` via a temporary file and a rename, so that a
-// reader sees either nothing or the whole number.
-absl::Status WritePortFile(const std::string& path, int port) {
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << port << "\n";
-    out.close();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code error;
-  std::filesystem::rename(tmp, path, error);
-  if (error) {
-    std::filesystem::remove(tmp, error);
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -138,7 +115,8 @@ int main(int argc, char** argv) {
   }
   const std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty()) {
-    if (absl::Status written = WritePortFile(port_file, (*server)->port());
+    if (absl::Status written =
+            gpipe::WritePortFile(port_file, (*server)->port());
         !written.ok()) {
       gpipe::LogError("gpipe-controller: %s", written.ToString());
       return 1;
@@ -160,7 +138,7 @@ int main(int argc, char** argv) {
                      metrics_server->address());
       const std::string f = absl::GetFlag(FLAGS_metrics_port_file);
       if (!f.empty()) {
-        if (absl::Status w = WritePortFile(f, metrics_server->port());
+        if (absl::Status w = gpipe::WritePortFile(f, metrics_server->port());
             !w.ok()) {
           gpipe::LogError("gpipe-controller: %s", w.ToString());
           return 1;

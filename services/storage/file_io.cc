@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "services/core/status.h"
 #include "services/core/strings.h"
 
 namespace gpipe::storage {
@@ -142,6 +143,13 @@ absl::Status AtomicFileWriter::Commit() {
     return ErrnoError(errno, "fsync", dir.native());
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::string_view data) {
+  ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Create(path));
+  RETURN_IF_ERROR(writer.Append(data));
+  return writer.Commit();
 }
 
 }  // namespace gpipe::storage

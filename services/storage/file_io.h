@@ -78,6 +78,10 @@ class AtomicFileWriter {
   bool done_ = false;  // committed, or moved from: nothing to clean up
 };
 
+// `data` as the whole of `path`, through an AtomicFileWriter.
+absl::Status WriteFileAtomically(const std::string& path,
+                                 std::string_view data);
+
 }  // namespace gpipe::storage
 
 #endif  // GPIPE_SERVICES_STORAGE_FILE_IO_H_
