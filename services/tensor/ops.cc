@@ -4,14 +4,17 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "services/tensor/cpu/batch_norm.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/embedding.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/pool.h"
 #include "services/tensor/cpu/reduce.h"
 #include "services/tensor/tensor.h"
 
 #if GPIPE_HAVE_CUDA
+#include "services/tensor/cuda/cnn_kernels.h"
 #include "services/tensor/cuda/kernels.h"
 // Runs the CUDA kernel for device tensors and returns; falls through to the
 // CPU kernel otherwise.
@@ -144,6 +147,54 @@ void LayerNormBackward(Device d, int64_t rows, int64_t cols, const float* x,
                                      dgamma, dbeta));
   cpu::LayerNormBackward(rows, cols, x, mean, rstd, gamma, dy, dx, dgamma,
                          dbeta);
+}
+
+void MaxPool2dForward(Device d, int64_t planes, int64_t h, int64_t w,
+                      int64_t kernel, int64_t stride, const float* x, float* y,
+                      int32_t* argmax) {
+  GPIPE_ON_CUDA(d,
+                MaxPool2dForward(planes, h, w, kernel, stride, x, y, argmax));
+  cpu::MaxPool2dForward(planes, h, w, kernel, stride, x, y, argmax);
+}
+void MaxPool2dBackward(Device d, int64_t planes, int64_t h, int64_t w,
+                       int64_t kernel, int64_t stride, const float* dy,
+                       const int32_t* argmax, float* dx) {
+  GPIPE_ON_CUDA(
+      d, MaxPool2dBackward(planes, h, w, kernel, stride, dy, argmax, dx));
+  cpu::MaxPool2dBackward(planes, h, w, (h - kernel) / stride + 1,
+                         (w - kernel) / stride + 1, dy, argmax, dx);
+}
+void GlobalAvgPoolForward(Device d, int64_t planes, int64_t inner,
+                          const float* x, float* y) {
+  GPIPE_ON_CUDA(d, GlobalAvgPoolForward(planes, inner, x, y));
+  cpu::GlobalAvgPoolForward(planes, inner, x, y);
+}
+void GlobalAvgPoolBackward(Device d, int64_t planes, int64_t inner,
+                           const float* dy, float* dx) {
+  GPIPE_ON_CUDA(d, GlobalAvgPoolBackward(planes, inner, dy, dx));
+  cpu::GlobalAvgPoolBackward(planes, inner, dy, dx);
+}
+void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
+                      bool batch_stats, bool update_running, float momentum,
+                      float eps, const float* x, const float* gamma,
+                      const float* beta, float* running_mean,
+                      float* running_var, float* y, float* xhat, float* rstd) {
+  GPIPE_ON_CUDA(
+      d, BatchNormForward(batch, channels, inner, batch_stats, update_running,
+                          momentum, eps, x, gamma, beta, running_mean,
+                          running_var, y, xhat, rstd));
+  cpu::BatchNormForward(batch, channels, inner, batch_stats, update_running,
+                        momentum, eps, x, gamma, beta, running_mean,
+                        running_var, y, xhat, rstd);
+}
+void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
+                       const float* xhat, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma,
+                       float* dbeta) {
+  GPIPE_ON_CUDA(d, BatchNormBackward(batch, channels, inner, xhat, rstd, gamma,
+                                     dy, dx, dgamma, dbeta));
+  cpu::BatchNormBackward(batch, channels, inner, xhat, rstd, gamma, dy, dx,
+                         dgamma, dbeta);
 }
 
 void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
