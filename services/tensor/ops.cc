@@ -14,6 +14,7 @@
 #include "services/tensor/tensor.h"
 
 #if GPIPE_HAVE_CUDA
+#include "services/tensor/cuda/attention.h"
 #include "services/tensor/cuda/cnn_kernels.h"
 #include "services/tensor/cuda/kernels.h"
 // Runs the CUDA kernel for device tensors and returns; falls through to the
@@ -219,18 +220,26 @@ void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                           bool causal, float scale, const float* qkv,
                           float* probs, float* out) {
 #if GPIPE_HAVE_CUDA
-  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out);
+  Tensor scratch = Tensor::Empty(
+      {std::max<int64_t>(cuda::AttentionForwardScratch(batch, heads, t, dim),
+                         1)},
+      DType::kF32, Device::kCuda);
+  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out,
+                         scratch.f32());
 #else
   NoCuda("AttentionForward");
 #endif
 }
 void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                            bool causal, float scale, const float* qkv,
-                           const float* probs, const float* dout, float* dqkv,
-                           float* scratch) {
+                           const float* probs, const float* dout, float* dqkv) {
 #if GPIPE_HAVE_CUDA
+  Tensor scratch = Tensor::Empty(
+      {std::max<int64_t>(cuda::AttentionBackwardScratch(batch, heads, t, dim),
+                         1)},
+      DType::kF32, Device::kCuda);
   cuda::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs, dout,
-                          dqkv, scratch);
+                          dqkv, scratch.f32());
 #else
   NoCuda("AttentionBackward");
 #endif

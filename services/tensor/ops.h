@@ -114,14 +114,15 @@ void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
                    float* w, float* m, float* v);
 
 // Self-attention on the GPU (the CPU loops stay in the layer, where the
-// bitwise contract was written); see cuda/kernels.h. Device pointers only.
+// bitwise contract was written): cuBLAS strided-batched GEMMs, see
+// cuda/attention.h. Device pointers only; probs, out and dqkv are written
+// whole.
 void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                           bool causal, float scale, const float* qkv,
                           float* probs, float* out);
 void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                            bool causal, float scale, const float* qkv,
-                           const float* probs, const float* dout, float* dqkv,
-                           float* scratch);
+                           const float* probs, const float* dout, float* dqkv);
 
 }  // namespace gpipe::ops
 

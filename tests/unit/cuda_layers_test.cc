@@ -119,6 +119,32 @@ TEST_F(CudaLayersTest, SelfAttentionAndTransformerBlock) {
   CompareLayer(e, f, {2, 7, 32}, 1e-4);
 }
 
+// Sequences longer than a warp (the GPU's row softmaxes loop), odd lengths,
+// one head and many: the batched-GEMM attention against the CPU's loops.
+TEST_F(CudaLayersTest, SelfAttentionLongSequences) {
+  SelfAttention a(64, 4, true), b(64, 4, true);
+  CompareLayer(a, b, {3, 70, 64}, 1e-4);
+  SelfAttention c(48, 1, false), d(48, 1, false);
+  CompareLayer(c, d, {2, 45, 48}, 1e-4);
+  SelfAttention e(64, 16, true), f(64, 16, true);
+  CompareLayer(e, f, {1, 129, 64}, 1e-4);
+}
+
+// The same inputs give the same bits, run after run.
+TEST_F(CudaLayersTest, SelfAttentionIsReproducible) {
+  SelfAttention a(32, 4, true);
+  a.Initialize(3);
+  MoveParameters(a, kCuda);
+  LayerContext ctx;
+  Tensor x = Random({2, 40, 32}, 4).To(kCuda);
+  Tensor dy = Random({2, 40, 32}, 5).To(kCuda);
+  Saved s1, s2;
+  Tensor y1 = a.Forward(x, ctx, &s1), y2 = a.Forward(x, ctx, &s2);
+  EXPECT_TRUE(BitwiseEqual(y1, y2));
+  Tensor dx1 = a.Backward(dy, s1, ctx), dx2 = a.Backward(dy, s2, ctx);
+  EXPECT_TRUE(BitwiseEqual(dx1, dx2));
+}
+
 TEST_F(CudaLayersTest, EmbeddingIsBitwiseTheCpu) {
   Embedding cpu(11, 8, 6), gpu(11, 8, 6);
   cpu.Initialize(5);
