@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 
 #include "services/tensor/cpu/conv.h"
@@ -104,8 +105,46 @@ Tensor DeviceScratch(int64_t floats) {
 bool UseCudnn(ConvPath path) {
 #if GPIPE_HAVE_CUDNN
   if (path == ConvPath::kIm2Col) return false;
-  if (path == ConvPath::kCudnn) return cuda::CudnnConvUsable();
+  if (path == ConvPath::kCudnn) return CudnnUsable();
   return CudnnSelected();
+#else
+  return false;
+#endif
+}
+
+// cuDNN's convolution; false (and a note on stderr, once) when a call
+// failed, and the caller computes it with im2col instead.
+bool CudnnFailed(const std::string& error) {
+  static std::once_flag noted;
+  std::call_once(noted, [&] {
+    std::fprintf(stderr, "cuDNN convolution failed (%s); using im2col\n",
+                 error.c_str());
+  });
+  return false;
+}
+
+bool CudnnForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
+                  const float* x, const float* weight, float* y) {
+#if GPIPE_HAVE_CUDNN
+  cuda::CudnnConvolution conv(g, batch, cout);
+  if (!conv.ok()) return CudnnFailed(conv.error());
+  Tensor ws = DeviceScratch((conv.forward_workspace_bytes() + 3) / 4);
+  conv.Forward(x, weight, y, ws.raw());
+  return conv.ok() || CudnnFailed(conv.error());
+#else
+  return false;
+#endif
+}
+
+bool CudnnBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
+                   const float* x, const float* weight, const float* dy,
+                   float* dx, float* dweight) {
+#if GPIPE_HAVE_CUDNN
+  cuda::CudnnConvolution conv(g, batch, cout);
+  if (!conv.ok()) return CudnnFailed(conv.error());
+  Tensor ws = DeviceScratch((conv.backward_workspace_bytes() + 3) / 4);
+  conv.Backward(x, weight, dy, dx, dweight, ws.raw());
+  return conv.ok() || CudnnFailed(conv.error());
 #else
   return false;
 #endif
@@ -115,13 +154,7 @@ void CudaForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                  const float* x, const float* weight, const float* bias,
                  float* y, ConvPath path) {
   const int64_t hw = g.out_height() * g.out_width();
-  if (UseCudnn(path)) {
-#if GPIPE_HAVE_CUDNN
-    cuda::CudnnConvolution conv(g, batch, cout);
-    Tensor ws = DeviceScratch((conv.forward_workspace_bytes() + 3) / 4);
-    conv.Forward(x, weight, y, ws.raw());
-#endif
-  } else {
+  if (!UseCudnn(path) || !CudnnForward(g, batch, cout, x, weight, y)) {
     const int64_t ckk = g.channels * g.kernel * g.kernel;
     const int64_t in_size = g.channels * g.height * g.width;
     const int64_t chunk = ChunkSize(Device::kCuda, g, batch);
@@ -147,14 +180,9 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
     Tensor planes = DeviceScratch(batch * cout);
     cuda::SumChannelsInto(batch, cout, hw, dy, dbias, planes.f32());
   }
-  if (UseCudnn(path)) {
-#if GPIPE_HAVE_CUDNN
-    cuda::CudnnConvolution conv(g, batch, cout);
-    Tensor ws = DeviceScratch((conv.backward_workspace_bytes() + 3) / 4);
-    conv.Backward(x, weight, dy, dx, dweight, ws.raw());
-#endif
+  if (UseCudnn(path) &&
+      CudnnBackward(g, batch, cout, x, weight, dy, dx, dweight))
     return;
-  }
   const int64_t ckk = g.channels * g.kernel * g.kernel;
   const int64_t chunk = ChunkSize(Device::kCuda, g, batch);
   cuda::ZeroDevice(dx, batch * in_size * sizeof(float));
@@ -175,6 +203,14 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
 #endif
 
 }  // namespace
+
+bool CudnnUsable() {
+#if GPIPE_HAVE_CUDNN
+  return cuda::CudnnConvUsable();
+#else
+  return false;
+#endif
+}
 
 bool CudnnSelected() {
 #if GPIPE_HAVE_CUDNN

@@ -67,6 +67,8 @@ void EmbeddingBackward(Device d, int64_t batch, int64_t t, int64_t dim,
 // kAuto takes cuDNN when CudnnSelected(); kCudnn takes it whenever it is
 // usable (tests compare the paths); both fall back to im2col otherwise.
 enum class ConvPath { kAuto, kIm2Col, kCudnn };
+// Whether cuDNN opens and runs here (whatever GPIPE_CUDNN says).
+bool CudnnUsable();
 // Whether kAuto convolutions on the GPU go through cuDNN: it opens and runs
 // here, and GPIPE_CUDNN is not "0". Decided once per process.
 bool CudnnSelected();

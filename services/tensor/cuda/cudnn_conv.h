@@ -18,8 +18,9 @@ namespace gpipe::cuda {
 // says why not. Decided once per process (needs a GPU).
 bool CudnnConvUsable(std::string* why = nullptr);
 
-// One convolution's descriptors and chosen algorithms for a batch. Aborts
-// with cuDNN's message when a call fails (only after CudnnConvUsable()).
+// One convolution's descriptors and chosen algorithms for a batch. A failed
+// cuDNN call is remembered, not fatal: later calls do nothing and ok() turns
+// false, so the caller can compute the convolution another way.
 class CudnnConvolution {
  public:
   CudnnConvolution(const cpu::ConvGeometry& g, int64_t batch,
@@ -27,6 +28,10 @@ class CudnnConvolution {
   ~CudnnConvolution();
   CudnnConvolution(const CudnnConvolution&) = delete;
   CudnnConvolution& operator=(const CudnnConvolution&) = delete;
+
+  bool ok() const { return error_.empty(); }
+  // The first failed call and cuDNN's message.
+  const std::string& error() const { return error_; }
 
   // Workspace for the forward, or for both backward calls.
   size_t forward_workspace_bytes() const { return forward_bytes_; }
@@ -39,12 +44,17 @@ class CudnnConvolution {
                 float* dw, void* workspace);
 
  private:
+  // Records the first failure; false once anything has failed.
+  bool Ok(int status, const char* what);
+
+  void* handle_ = nullptr;  // the thread's cudnnHandle_t
   void* x_desc_ = nullptr;  // cudnnTensorDescriptor_t
   void* y_desc_ = nullptr;
   void* w_desc_ = nullptr;     // cudnnFilterDescriptor_t
   void* conv_desc_ = nullptr;  // cudnnConvolutionDescriptor_t
   int forward_algo_ = 0, data_algo_ = 0, filter_algo_ = 0;
   size_t forward_bytes_ = 0, data_bytes_ = 0, filter_bytes_ = 0;
+  std::string error_;
 };
 
 }  // namespace gpipe::cuda
