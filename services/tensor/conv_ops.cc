@@ -163,8 +163,8 @@ void CudaForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
     for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
       const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;
       cuda::Im2ColBatch(g, nb, x + b0 * in_size, col.f32());
-      cuda::Gemm(false, false, cout, ld, ckk, 1.0f, weight, col.f32(), 0.0f,
-                 out.f32());
+      Gemm(Device::kCuda, false, false, cout, ld, ckk, 1.0f, weight, col.f32(),
+           0.0f, out.f32());
       cuda::ChunkToNchw(nb, cout, hw, out.f32(), y + b0 * cout * hw);
     }
   }
@@ -193,10 +193,10 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
     const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;
     cuda::Im2ColBatch(g, nb, x + b0 * in_size, col.f32());
     cuda::NchwToChunk(nb, cout, hw, dy + b0 * cout * hw, dout.f32());
-    cuda::Gemm(false, true, cout, ckk, ld, 1.0f, dout.f32(), col.f32(), 1.0f,
-               dweight);
-    cuda::Gemm(true, false, ckk, ld, cout, 1.0f, weight, dout.f32(), 0.0f,
-               dcol.f32());
+    Gemm(Device::kCuda, false, true, cout, ckk, ld, 1.0f, dout.f32(), col.f32(),
+         1.0f, dweight);
+    Gemm(Device::kCuda, true, false, ckk, ld, cout, 1.0f, weight, dout.f32(),
+         0.0f, dcol.f32());
     cuda::Col2ImBatch(g, nb, dcol.f32(), dx + b0 * in_size);
   }
 }

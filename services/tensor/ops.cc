@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "services/tensor/cpu/batch_norm.h"
 #include "services/tensor/cpu/elementwise.h"
@@ -35,8 +36,49 @@ namespace {
 }
 }  // namespace
 
+namespace {
+// -1: no scope on this thread (the process default applies).
+thread_local int scoped_precision = -1;
+
+GemmPrecision DefaultGemmPrecision() {
+  static const GemmPrecision p = [] {
+    const char* env = std::getenv("GPIPE_BF16");
+    return env != nullptr && std::string(env) == "1" ? GemmPrecision::kBf16
+                                                     : GemmPrecision::kF32;
+  }();
+  return p;
+}
+}  // namespace
+
+GemmPrecision CurrentGemmPrecision() {
+  return scoped_precision < 0 ? DefaultGemmPrecision()
+                              : static_cast<GemmPrecision>(scoped_precision);
+}
+GemmPrecisionScope::GemmPrecisionScope(GemmPrecision p)
+    : previous_(scoped_precision) {
+  scoped_precision = static_cast<int>(p);
+}
+GemmPrecisionScope::~GemmPrecisionScope() { scoped_precision = previous_; }
+
 void Gemm(Device d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c) {
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda && CurrentGemmPrecision() == GemmPrecision::kBf16 &&
+      m > 0 && n > 0 && k > 0) {
+    // Both operands as bf16 in one scratch buffer (2 bytes each, so half
+    // as many floats; B starts 16-byte aligned, as tensor cores like), from
+    // the thread's cached device allocator.
+    const int64_t a_len = (m * k + 7) / 8 * 8;
+    Tensor scratch = Tensor::Empty({(a_len + k * n + 1) / 2 + 1}, DType::kF32,
+                                   Device::kCuda);
+    uint16_t* a16 = static_cast<uint16_t*>(scratch.raw());
+    uint16_t* b16 = a16 + a_len;
+    cuda::ToBf16(m * k, a, a16);
+    cuda::ToBf16(k * n, b, b16);
+    cuda::GemmBf16(trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c);
+    return;
+  }
+#endif
   GPIPE_ON_CUDA(d, Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c));
   cpu::Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }

@@ -15,6 +15,25 @@
 
 namespace gpipe::ops {
 
+// GEMM precision on the GPU: fp32 (no TF32), or bf16 operands with fp32
+// accumulation and an fp32 result. bf16 compute keeps fp32 master weights:
+// parameters, gradients, activations and optimizer state stay fp32 and only
+// a product's two operands are rounded to bf16 on the way in. The CPU
+// always computes in fp32. A thread's precision is the innermost
+// GemmPrecisionScope's, else the process default: bf16 when GPIPE_BF16=1.
+enum class GemmPrecision { kF32, kBf16 };
+GemmPrecision CurrentGemmPrecision();
+class GemmPrecisionScope {
+ public:
+  explicit GemmPrecisionScope(GemmPrecision p);
+  ~GemmPrecisionScope();
+  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
+
+ private:
+  int previous_;
+};
+
 void Gemm(Device d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c);
 void Add(Device d, int64_t n, const float* a, const float* b, float* out);

@@ -1,5 +1,6 @@
 // All own CUDA kernels in one translation unit: nvcc time is what CI pays,
 // and none of these needs templates beyond a grid-stride loop.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -36,6 +37,11 @@ int Blocks(int64_t n) {
 __global__ void AddKernel(int64_t n, const float* a, const float* b,
                           float* out) {
   GPIPE_FOR_EACH(i, n) out[i] = a[i] + b[i];
+}
+__global__ void ToBf16Kernel(int64_t n, const float* x, uint16_t* y) {
+  GPIPE_FOR_EACH(i, n) {
+    y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+  }
 }
 __global__ void AxpyKernel(int64_t n, float alpha, const float* x, float* y) {
   GPIPE_FOR_EACH(i, n) y[i] += alpha * x[i];
@@ -298,6 +304,9 @@ void Add(int64_t n, const float* a, const float* b, float* out) {
 }
 void AddInPlace(int64_t n, const float* x, float* y) {
   GPIPE_LAUNCH(AddInPlaceKernel, n, n, x, y);
+}
+void ToBf16(int64_t n, const float* x, uint16_t* y) {
+  GPIPE_LAUNCH(ToBf16Kernel, n, n, x, y);
 }
 void Axpy(int64_t n, float alpha, const float* x, float* y) {
   GPIPE_LAUNCH(AxpyKernel, n, n, alpha, x, y);

@@ -15,6 +15,13 @@ namespace gpipe::cuda {
 // cuBLAS (blas.cc), row-major like cpu::Gemm; fp32 math (no TF32).
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c);
+// The same product with bf16 operands (raw bf16 bits, from ToBf16), fp32
+// accumulation and an fp32 C: tensor cores on sm_80 and later.
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              float alpha, const uint16_t* a, const uint16_t* b, float beta,
+              float* c);
+// y = x rounded to bf16 (to nearest, ties to even), as raw bits.
+void ToBf16(int64_t n, const float* x, uint16_t* y);
 // `batch` products, the i-th on a + i*stride_a, b + i*stride_b, c +
 // i*stride_c (attention heads).
 void GemmStridedBatched(bool trans_a, bool trans_b, int64_t m, int64_t n,
