@@ -113,7 +113,9 @@ bool UseCudnn(ConvPath path) {
 }
 
 // cuDNN's convolution; false (and a note on stderr, once) when a call
-// failed, and the caller computes it with im2col instead.
+// failed, and the caller computes it with im2col instead. cuDNN reports bad
+// arguments and missing engines before it launches anything, so a failed
+// call has not touched its outputs (dweight included).
 bool CudnnFailed(const std::string& error) {
   static std::once_flag noted;
   std::call_once(noted, [&] {
