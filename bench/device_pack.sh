@@ -10,8 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-/work/main/.devcarry}
-bins=(cuda_kernels_test cuda_layers_test tensor_caching_allocator_test
-      gpu_bench gpipectl)
+bins=(cuda_kernels_test cuda_layers_test cuda_cnn_test cuda_cudnn_test
+      tensor_caching_allocator_test gpu_bench gpipectl)
 scripts/build.sh "${bins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -32,8 +32,8 @@ done | sort -u | while read -r lib; do
   esac
   cp -L "$lib" "$stage/lib/"
 done
-cp bench/gpu_mlp.json bench/gpu_wide_mlp.json examples/char_transformer.json \
-  "$stage/bench/"
+cp bench/gpu_mlp.json bench/gpu_wide_mlp.json bench/gpu_cnn.json \
+  examples/char_transformer.json examples/fashion_mnist_cnn.json "$stage/bench/"
 mkdir -p "$dest"
 rm -f "$dest"/gpipe-device.tar.xz
 tar -C "$stage" -cf - . | xz -T2 -6 > "$dest/gpipe-device.tar.xz"

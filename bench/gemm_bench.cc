@@ -41,8 +41,8 @@ void AddLinear(std::vector<GemmCase>& cases, const std::string& model,
 }
 
 // Conv2d(cin -> cout, k x k, stride 1, padding k/2) through im2col, one chunk
-// of samples per GEMM (services/nn/layers/conv2d.cc; the chunk rule mirrors
-// Conv2d::ChunkSize: about 2M floats of im2col columns per chunk).
+// of samples per GEMM (services/tensor/conv_ops.cc; the chunk rule mirrors
+// its ChunkSize on the CPU: about 2M floats of im2col columns per chunk).
 void AddConv(std::vector<GemmCase>& cases, const std::string& model,
              const std::string& name, int64_t batch, int64_t cin, int64_t hw_in,
              int64_t cout, int64_t k) {

@@ -1,9 +1,10 @@
 // gpu_bench: the CUDA backend's figures on the machine's GPU. First cuBLAS's
 // own sgemm peak (large square products), then our GEMM (ops::Gemm on
 // device tensors) on the shapes the benchmark models issue, as a share of
-// that peak; then ms per training step of the reference trainer on the GPU
-// for each job spec given (compare with bench/device_check.sh's PyTorch run
-// of the same model).
+// that peak; the CNN example's two convolutions (forward + backward) by our
+// im2col + cuBLAS path and by cuDNN when it loads; then ms per training step
+// of the reference trainer on the GPU for each job spec given (compare with
+// bench/device_check.sh's PyTorch run of the same model).
 //
 //   gpu_bench [SPEC.json...] [--steps N] [--warmup W]
 #include <algorithm>
@@ -47,6 +48,38 @@ double GemmTflops(int64_t m, int64_t n, int64_t k, int reps) {
   return 2.0 * m * n * k / Median(secs) / 1e12;
 }
 
+// ms of one convolution's forward + backward (median of reps) by `path`.
+double ConvMs(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
+              ops::ConvPath path, int reps) {
+  const int64_t in = batch * g.channels * g.height * g.width;
+  const int64_t out = batch * cout * g.out_height() * g.out_width();
+  const int64_t wn = cout * g.channels * g.kernel * g.kernel;
+  Tensor x = Tensor::Zeros({in}, DType::kF32, Device::kCuda);
+  Tensor dx = Tensor::Zeros({in}, DType::kF32, Device::kCuda);
+  Tensor y = Tensor::Zeros({out}, DType::kF32, Device::kCuda);
+  Tensor w = Tensor::Zeros({wn}, DType::kF32, Device::kCuda);
+  Tensor dw = Tensor::Zeros({wn}, DType::kF32, Device::kCuda);
+  Tensor b = Tensor::Zeros({cout}, DType::kF32, Device::kCuda);
+  Tensor db = Tensor::Zeros({cout}, DType::kF32, Device::kCuda);
+  auto run = [&] {
+    ops::Conv2dForward(Device::kCuda, g, batch, cout, x.f32(), w.f32(), b.f32(),
+                       y.f32(), path);
+    ops::Conv2dBackward(Device::kCuda, g, batch, cout, x.f32(), w.f32(),
+                        y.f32(), dx.f32(), dw.f32(), db.f32(), path);
+  };
+  run();
+  SynchronizeCuda();
+  std::vector<double> secs;
+  for (int r = 0; r < reps; ++r) {
+    secs.push_back(TimeSeconds([&] {
+                     for (int i = 0; i < 20; ++i) run();
+                     SynchronizeCuda();
+                   }) /
+                   20);
+  }
+  return 1e3 * Median(secs);
+}
+
 int Run(const Args& args) {
   if (!CudaAvailable()) {
     std::printf("gpu_bench: no GPU (%s)\n", CudaDescription().c_str());
@@ -76,6 +109,25 @@ int Run(const Args& args) {
     std::printf("gemm %5ld x %5ld x %5ld  %6.2f TFLOP/s  %5.1f%% of peak  %s\n",
                 static_cast<long>(s.m), static_cast<long>(s.n),
                 static_cast<long>(s.k), t, 100.0 * t / peak, s.what);
+  }
+  std::printf("cuDNN: %s\n", ops::CudnnDescription().c_str());
+  struct ConvCase {
+    cpu::ConvGeometry g;
+    int64_t cout;
+    const char* what;
+  };
+  const ConvCase convs[] = {
+      {{1, 28, 28, 3, 1, 1}, 16, "cnn conv1 (1->16, 28x28)"},
+      {{16, 14, 14, 3, 1, 1}, 32, "cnn conv2 (16->32, 14x14)"}};
+  for (const ConvCase& c : convs) {
+    const double own = ConvMs(c.g, 128, c.cout, ops::ConvPath::kIm2Col, 5);
+    if (ops::CudnnUsable()) {
+      const double dnn = ConvMs(c.g, 128, c.cout, ops::ConvPath::kCudnn, 5);
+      std::printf("conv fwd+bwd batch 128 %s: im2col %.3f ms, cuDNN %.3f ms\n",
+                  c.what, own, dnn);
+    } else {
+      std::printf("conv fwd+bwd batch 128 %s: im2col %.3f ms\n", c.what, own);
+    }
   }
   const long steps = std::max(1L, args.Int("steps", 50));
   const long warmup = std::max(1L, args.Int("warmup", 5));

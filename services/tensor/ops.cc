@@ -3,15 +3,20 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
+#include "services/tensor/cpu/batch_norm.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/embedding.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/pool.h"
 #include "services/tensor/cpu/reduce.h"
 #include "services/tensor/tensor.h"
 
 #if GPIPE_HAVE_CUDA
+#include "services/tensor/cuda/attention.h"
+#include "services/tensor/cuda/cnn_kernels.h"
 #include "services/tensor/cuda/kernels.h"
 // Runs the CUDA kernel for device tensors and returns; falls through to the
 // CPU kernel otherwise.
@@ -31,8 +36,49 @@ namespace {
 }
 }  // namespace
 
+namespace {
+// -1: no scope on this thread (the process default applies).
+thread_local int scoped_precision = -1;
+
+GemmPrecision DefaultGemmPrecision() {
+  static const GemmPrecision p = [] {
+    const char* env = std::getenv("GPIPE_BF16");
+    return env != nullptr && std::string(env) == "1" ? GemmPrecision::kBf16
+                                                     : GemmPrecision::kF32;
+  }();
+  return p;
+}
+}  // namespace
+
+GemmPrecision CurrentGemmPrecision() {
+  return scoped_precision < 0 ? DefaultGemmPrecision()
+                              : static_cast<GemmPrecision>(scoped_precision);
+}
+GemmPrecisionScope::GemmPrecisionScope(GemmPrecision p)
+    : previous_(scoped_precision) {
+  scoped_precision = static_cast<int>(p);
+}
+GemmPrecisionScope::~GemmPrecisionScope() { scoped_precision = previous_; }
+
 void Gemm(Device d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c) {
+#if GPIPE_HAVE_CUDA
+  if (d == Device::kCuda && CurrentGemmPrecision() == GemmPrecision::kBf16 &&
+      m > 0 && n > 0 && k > 0) {
+    // Both operands as bf16 in one scratch buffer (2 bytes each, so half
+    // as many floats; B starts 16-byte aligned, as tensor cores like), from
+    // the thread's cached device allocator.
+    const int64_t a_len = (m * k + 7) / 8 * 8;
+    Tensor scratch = Tensor::Empty({(a_len + k * n + 1) / 2 + 1}, DType::kF32,
+                                   Device::kCuda);
+    uint16_t* a16 = static_cast<uint16_t*>(scratch.raw());
+    uint16_t* b16 = a16 + a_len;
+    cuda::ToBf16(m * k, a, a16);
+    cuda::ToBf16(k * n, b, b16);
+    cuda::GemmBf16(trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c);
+    return;
+  }
+#endif
   GPIPE_ON_CUDA(d, Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c));
   cpu::Gemm(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
 }
@@ -146,6 +192,54 @@ void LayerNormBackward(Device d, int64_t rows, int64_t cols, const float* x,
                          dbeta);
 }
 
+void MaxPool2dForward(Device d, int64_t planes, int64_t h, int64_t w,
+                      int64_t kernel, int64_t stride, const float* x, float* y,
+                      int32_t* argmax) {
+  GPIPE_ON_CUDA(d,
+                MaxPool2dForward(planes, h, w, kernel, stride, x, y, argmax));
+  cpu::MaxPool2dForward(planes, h, w, kernel, stride, x, y, argmax);
+}
+void MaxPool2dBackward(Device d, int64_t planes, int64_t h, int64_t w,
+                       int64_t kernel, int64_t stride, const float* dy,
+                       const int32_t* argmax, float* dx) {
+  GPIPE_ON_CUDA(
+      d, MaxPool2dBackward(planes, h, w, kernel, stride, dy, argmax, dx));
+  cpu::MaxPool2dBackward(planes, h, w, (h - kernel) / stride + 1,
+                         (w - kernel) / stride + 1, dy, argmax, dx);
+}
+void GlobalAvgPoolForward(Device d, int64_t planes, int64_t inner,
+                          const float* x, float* y) {
+  GPIPE_ON_CUDA(d, GlobalAvgPoolForward(planes, inner, x, y));
+  cpu::GlobalAvgPoolForward(planes, inner, x, y);
+}
+void GlobalAvgPoolBackward(Device d, int64_t planes, int64_t inner,
+                           const float* dy, float* dx) {
+  GPIPE_ON_CUDA(d, GlobalAvgPoolBackward(planes, inner, dy, dx));
+  cpu::GlobalAvgPoolBackward(planes, inner, dy, dx);
+}
+void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
+                      bool batch_stats, bool update_running, float momentum,
+                      float eps, const float* x, const float* gamma,
+                      const float* beta, float* running_mean,
+                      float* running_var, float* y, float* xhat, float* rstd) {
+  GPIPE_ON_CUDA(
+      d, BatchNormForward(batch, channels, inner, batch_stats, update_running,
+                          momentum, eps, x, gamma, beta, running_mean,
+                          running_var, y, xhat, rstd));
+  cpu::BatchNormForward(batch, channels, inner, batch_stats, update_running,
+                        momentum, eps, x, gamma, beta, running_mean,
+                        running_var, y, xhat, rstd);
+}
+void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
+                       const float* xhat, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma,
+                       float* dbeta) {
+  GPIPE_ON_CUDA(d, BatchNormBackward(batch, channels, inner, xhat, rstd, gamma,
+                                     dy, dx, dgamma, dbeta));
+  cpu::BatchNormBackward(batch, channels, inner, xhat, rstd, gamma, dy, dx,
+                         dgamma, dbeta);
+}
+
 void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
                  bool first, const float* g, float* w, float* buf) {
 #if GPIPE_HAVE_CUDA
@@ -168,18 +262,26 @@ void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                           bool causal, float scale, const float* qkv,
                           float* probs, float* out) {
 #if GPIPE_HAVE_CUDA
-  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out);
+  Tensor scratch = Tensor::Empty(
+      {std::max<int64_t>(cuda::AttentionForwardScratch(batch, heads, t, dim),
+                         1)},
+      DType::kF32, Device::kCuda);
+  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out,
+                         scratch.f32());
 #else
   NoCuda("AttentionForward");
 #endif
 }
 void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                            bool causal, float scale, const float* qkv,
-                           const float* probs, const float* dout, float* dqkv,
-                           float* scratch) {
+                           const float* probs, const float* dout, float* dqkv) {
 #if GPIPE_HAVE_CUDA
+  Tensor scratch = Tensor::Empty(
+      {std::max<int64_t>(cuda::AttentionBackwardScratch(batch, heads, t, dim),
+                         1)},
+      DType::kF32, Device::kCuda);
   cuda::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs, dout,
-                          dqkv, scratch);
+                          dqkv, scratch.f32());
 #else
   NoCuda("AttentionBackward");
 #endif

@@ -7,11 +7,32 @@
 #define GPIPE_SERVICES_TENSOR_OPS_H_
 
 #include <cstdint>
+#include <string>
 
+#include "services/tensor/cpu/conv.h"
 #include "services/tensor/cpu/softmax.h"
 #include "services/tensor/dtype.h"
 
 namespace gpipe::ops {
+
+// GEMM precision on the GPU: fp32 (no TF32), or bf16 operands with fp32
+// accumulation and an fp32 result. bf16 compute keeps fp32 master weights:
+// parameters, gradients, activations and optimizer state stay fp32 and only
+// a product's two operands are rounded to bf16 on the way in. The CPU
+// always computes in fp32. A thread's precision is the innermost
+// GemmPrecisionScope's, else the process default: bf16 when GPIPE_BF16=1.
+enum class GemmPrecision { kF32, kBf16 };
+GemmPrecision CurrentGemmPrecision();
+class GemmPrecisionScope {
+ public:
+  explicit GemmPrecisionScope(GemmPrecision p);
+  ~GemmPrecisionScope();
+  GemmPrecisionScope(const GemmPrecisionScope&) = delete;
+  GemmPrecisionScope& operator=(const GemmPrecisionScope&) = delete;
+
+ private:
+  int previous_;
+};
 
 void Gemm(Device d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c);
@@ -60,6 +81,52 @@ void EmbeddingBackward(Device d, int64_t batch, int64_t t, int64_t dim,
                        const int32_t* ids, const float* dy, float* dtoken,
                        float* dposition);
 
+// 2-D convolution, NCHW, weight [Cout, Cin, k, k] (conv_ops.cc): im2col and
+// one GEMM per chunk of samples on either device, or cuDNN on the GPU.
+// kAuto takes cuDNN when CudnnSelected(); kCudnn takes it whenever it is
+// usable (tests compare the paths); both fall back to im2col otherwise.
+enum class ConvPath { kAuto, kIm2Col, kCudnn };
+// Whether cuDNN opens and runs here (whatever GPIPE_CUDNN says).
+bool CudnnUsable();
+// Whether kAuto convolutions on the GPU go through cuDNN: it opens and runs
+// here, and GPIPE_CUDNN is not "0". Decided once per process.
+bool CudnnSelected();
+// Why (not): "cuDNN 9.19.0" or "GPIPE_CUDNN=0" or what failed to load.
+std::string CudnnDescription();
+// y = conv(x) (+ bias per channel when `bias` is not null).
+void Conv2dForward(Device d, const cpu::ConvGeometry& g, int64_t batch,
+                   int64_t out_channels, const float* x, const float* weight,
+                   const float* bias, float* y,
+                   ConvPath path = ConvPath::kAuto);
+// dx is overwritten; dweight and dbias (when not null) accumulate.
+void Conv2dBackward(Device d, const cpu::ConvGeometry& g, int64_t batch,
+                    int64_t out_channels, const float* x, const float* weight,
+                    const float* dy, float* dx, float* dweight, float* dbias,
+                    ConvPath path = ConvPath::kAuto);
+
+// Pooling over [planes, h, w] (no padding); argmax saves each maximum's
+// index within its plane. The backward overwrites dx.
+void MaxPool2dForward(Device d, int64_t planes, int64_t h, int64_t w,
+                      int64_t kernel, int64_t stride, const float* x, float* y,
+                      int32_t* argmax);
+void MaxPool2dBackward(Device d, int64_t planes, int64_t h, int64_t w,
+                       int64_t kernel, int64_t stride, const float* dy,
+                       const int32_t* argmax, float* dx);
+void GlobalAvgPoolForward(Device d, int64_t planes, int64_t inner,
+                          const float* x, float* y);
+void GlobalAvgPoolBackward(Device d, int64_t planes, int64_t inner,
+                           const float* dy, float* dx);
+
+// Batch norm over [batch, channels, inner]; see cpu/batch_norm.h.
+void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
+                      bool batch_stats, bool update_running, float momentum,
+                      float eps, const float* x, const float* gamma,
+                      const float* beta, float* running_mean,
+                      float* running_var, float* y, float* xhat, float* rstd);
+void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
+                       const float* xhat, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma, float* dbeta);
+
 // Optimizer updates on the GPU (the CPU loops stay in services/nn).
 void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
                  bool first, const float* g, float* w, float* buf);
@@ -68,14 +135,15 @@ void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
                    float* w, float* m, float* v);
 
 // Self-attention on the GPU (the CPU loops stay in the layer, where the
-// bitwise contract was written); see cuda/kernels.h. Device pointers only.
+// bitwise contract was written): cuBLAS strided-batched GEMMs, see
+// cuda/attention.h. Device pointers only; probs, out and dqkv are written
+// whole.
 void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                           bool causal, float scale, const float* qkv,
                           float* probs, float* out);
 void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                            bool causal, float scale, const float* qkv,
-                           const float* probs, const float* dout, float* dqkv,
-                           float* scratch);
+                           const float* probs, const float* dout, float* dqkv);
 
 }  // namespace gpipe::ops
 

@@ -5,6 +5,8 @@
 // of a K-term dot product (relative 1e-4 of the row's magnitude).
 // Skipped when no GPU is present.
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -74,6 +76,79 @@ TEST_F(CudaKernelsTest, GemmAllTranspositions) {
       ExpectNear(c, dc, 1e-4, ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
     }
   }
+}
+
+// x rounded to bf16, to nearest even (finite inputs), as the GPU rounds.
+float RoundBf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  u += 0x7fffu + ((u >> 16) & 1u);
+  u &= 0xffff0000u;
+  std::memcpy(&x, &u, sizeof(u));
+  return x;
+}
+
+// bf16 compute rounds the two operands and nothing else: the GPU's product
+// of fp32 inputs equals the CPU's fp32 product of the rounded inputs within
+// fp32 rounding (products of bf16 values are exact in fp32), and is not the
+// fp32 product of the unrounded ones.
+TEST_F(CudaKernelsTest, GemmBf16RoundsOnlyTheOperands) {
+  const int64_t m = 67, n = 45, k = 129;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(ta ? (tb ? "TT" : "TN") : (tb ? "NT" : "NN"));
+      Tensor a = Random(ta ? Shape{k, m} : Shape{m, k}, 2);
+      Tensor b = Random(tb ? Shape{n, k} : Shape{k, n}, 3);
+      Tensor a16 = a.Clone(), b16 = b.Clone();
+      for (int64_t i = 0; i < a.numel(); ++i)
+        a16.f32()[i] = RoundBf16(a.f32()[i]);
+      for (int64_t i = 0; i < b.numel(); ++i)
+        b16.f32()[i] = RoundBf16(b.f32()[i]);
+      Tensor c0 = Random({m, n}, 4);
+      Tensor rounded = c0.Clone(), exact = c0.Clone();
+      ops::Gemm(kCpu, ta, tb, m, n, k, 0.5f, a16.f32(), b16.f32(), 1.0f,
+                rounded.f32());
+      ops::Gemm(kCpu, ta, tb, m, n, k, 0.5f, a.f32(), b.f32(), 1.0f,
+                exact.f32());
+      Tensor da = a.To(kCuda), db = b.To(kCuda), dc = c0.To(kCuda);
+      {
+        ops::GemmPrecisionScope bf16(ops::GemmPrecision::kBf16);
+        EXPECT_EQ(ops::CurrentGemmPrecision(), ops::GemmPrecision::kBf16);
+        ops::Gemm(kCuda, ta, tb, m, n, k, 0.5f, da.f32(), db.f32(), 1.0f,
+                  dc.f32());
+      }
+      ExpectNear(rounded, dc, 1e-4, "against the rounded operands");
+      const std::vector<float> e = exact.ToVector(), g = dc.ToVector();
+      double worst = 0;
+      for (size_t i = 0; i < e.size(); ++i)
+        worst = std::max<double>(worst, std::fabs(e[i] - g[i]));
+      EXPECT_GT(worst, 1e-3) << "bf16 was not used";
+    }
+  }
+}
+
+// Runs everywhere: scopes nest and restore, and the CPU computes in fp32
+// whatever the scope says.
+TEST(GemmPrecisionTest, ScopesNestAndTheCpuStaysFp32) {
+  const ops::GemmPrecision outer = ops::CurrentGemmPrecision();
+  {
+    ops::GemmPrecisionScope bf16(ops::GemmPrecision::kBf16);
+    EXPECT_EQ(ops::CurrentGemmPrecision(), ops::GemmPrecision::kBf16);
+    {
+      ops::GemmPrecisionScope f32(ops::GemmPrecision::kF32);
+      EXPECT_EQ(ops::CurrentGemmPrecision(), ops::GemmPrecision::kF32);
+    }
+    EXPECT_EQ(ops::CurrentGemmPrecision(), ops::GemmPrecision::kBf16);
+  }
+  EXPECT_EQ(ops::CurrentGemmPrecision(), outer);
+  Tensor a = Random({9, 13}, 1), b = Random({13, 7}, 2);
+  Tensor c1 = Tensor::Zeros({9, 7}), c2 = Tensor::Zeros({9, 7});
+  ops::Gemm(kCpu, false, false, 9, 7, 13, 1.0f, a.f32(), b.f32(), 0.0f,
+            c1.f32());
+  ops::GemmPrecisionScope bf16(ops::GemmPrecision::kBf16);
+  ops::Gemm(kCpu, false, false, 9, 7, 13, 1.0f, a.f32(), b.f32(), 0.0f,
+            c2.f32());
+  EXPECT_TRUE(BitwiseEqual(c1, c2));
 }
 
 TEST_F(CudaKernelsTest, ElementwiseBitwise) {

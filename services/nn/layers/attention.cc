@@ -34,11 +34,17 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
   Saved qkv_saved;
   Tensor qkv = qkv_.Forward(x, ctx, saved ? &qkv_saved : nullptr);
   const Device dev = x.device();
-  Tensor probs = Tensor::Zeros({batch, heads_, t, t}, DType::kF32, dev);
-  Tensor heads_out = Tensor::Zeros({batch, t, d}, DType::kF32, dev);
+  // The GPU writes both whole; the CPU loops add into zeros and leave the
+  // masked probabilities at zero.
+  Tensor probs, heads_out;
   if (dev == Device::kCuda) {
+    probs = Tensor::Empty({batch, heads_, t, t}, DType::kF32, dev);
+    heads_out = Tensor::Empty({batch, t, d}, DType::kF32, dev);
     ops::CudaAttentionForward(batch, heads_, t, d, causal_, scale, qkv.f32(),
                               probs.f32(), heads_out.f32());
+  } else {
+    probs = Tensor::Zeros({batch, heads_, t, t});
+    heads_out = Tensor::Zeros({batch, t, d});
   }
   const float* base = qkv.f32();
   if (dev == Device::kCpu) {
@@ -95,14 +101,13 @@ Tensor SelfAttention::Backward(const Tensor& dy, const Saved& saved,
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   Tensor dout = proj_.Backward(dy, saved.children[1], ctx);
   const Device dev = qkv.device();
-  Tensor dqkv = Tensor::Zeros(qkv.shape(), DType::kF32, dev);
   if (dev == Device::kCuda) {
-    Tensor scratch = Tensor::Empty({batch, heads_, t}, DType::kF32, dev);
+    Tensor dqkv = Tensor::Empty(qkv.shape(), DType::kF32, dev);
     ops::CudaAttentionBackward(batch, heads_, t, d, causal_, scale, qkv.f32(),
-                               probs.f32(), dout.f32(), dqkv.f32(),
-                               scratch.f32());
+                               probs.f32(), dout.f32(), dqkv.f32());
     return qkv_.Backward(dqkv, saved.children[0], ctx);
   }
+  Tensor dqkv = Tensor::Zeros(qkv.shape());
 #pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
                                          (1 << 16))
   for (int64_t b = 0; b < batch; ++b) {

@@ -1,8 +1,7 @@
 #include "services/nn/layers/batch_norm.h"
 
-#include <cmath>
-
 #include "services/nn/init.h"
+#include "services/tensor/ops.h"
 
 namespace gpipe {
 
@@ -31,89 +30,32 @@ void BatchNorm::Initialize(uint64_t) {
   bias_.value.SetZero();
 }
 
-// Channel statistics are summed in double, channel by channel, so they do
-// not depend on threads; the normalized input is saved for backward.
+// The normalized input is saved for backward; a re-materialized forward
+// does not move the running averages a second time.
 Tensor BatchNorm::Forward(const Tensor& x, const LayerContext& ctx,
                           Saved* saved) {
-  const int64_t batch = x.dim(0), n = batch * inner_;
-  Tensor y = Tensor::Empty(x.shape());
-  Tensor xhat = saved != nullptr ? Tensor::Empty(x.shape()) : Tensor();
-  Tensor rstd = Tensor::Empty({channels_});
-  const bool batch_stats = ctx.training;
-#pragma omp parallel for if (x.numel() > (1 << 15))
-  for (int64_t c = 0; c < channels_; ++c) {
-    float mean, var;
-    if (batch_stats) {
-      double s = 0.0, ss = 0.0;
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* p = x.f32() + (b * channels_ + c) * inner_;
-        for (int64_t i = 0; i < inner_; ++i) s += p[i];
-      }
-      mean = static_cast<float>(s / n);
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* p = x.f32() + (b * channels_ + c) * inner_;
-        for (int64_t i = 0; i < inner_; ++i) {
-          const double d = p[i] - mean;
-          ss += d * d;
-        }
-      }
-      var = static_cast<float>(ss / n);
-      if (!ctx.recompute) {
-        const float unbiased = n > 1 ? static_cast<float>(ss / (n - 1)) : var;
-        float& rm = running_mean_.f32()[c];
-        float& rv = running_var_.f32()[c];
-        rm = (1.0f - momentum_) * rm + momentum_ * mean;
-        rv = (1.0f - momentum_) * rv + momentum_ * unbiased;
-      }
-    } else {
-      mean = running_mean_.f32()[c];
-      var = running_var_.f32()[c];
-    }
-    const float r = 1.0f / std::sqrt(var + eps_);
-    rstd.f32()[c] = r;
-    const float gamma = weight_.value.f32()[c], beta = bias_.value.f32()[c];
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t off = (b * channels_ + c) * inner_;
-      for (int64_t i = 0; i < inner_; ++i) {
-        const float h = (x.f32()[off + i] - mean) * r;
-        if (xhat.defined()) xhat.f32()[off + i] = h;
-        y.f32()[off + i] = h * gamma + beta;
-      }
-    }
-  }
+  const Device d = x.device();
+  Tensor y = Tensor::Empty(x.shape(), DType::kF32, d);
+  Tensor xhat =
+      saved != nullptr ? Tensor::Empty(x.shape(), DType::kF32, d) : Tensor();
+  Tensor rstd = Tensor::Empty({channels_}, DType::kF32, d);
+  ops::BatchNormForward(d, x.dim(0), channels_, inner_, ctx.training,
+                        ctx.training && !ctx.recompute, momentum_, eps_,
+                        x.f32(), weight_.value.f32(), bias_.value.f32(),
+                        running_mean_.f32(), running_var_.f32(), y.f32(),
+                        xhat.defined() ? xhat.f32() : nullptr, rstd.f32());
   if (saved != nullptr) saved->tensors = {xhat, rstd};
   return y;
 }
 
 Tensor BatchNorm::Backward(const Tensor& dy, const Saved& saved,
                            const LayerContext&) {
-  const Tensor& xhat = saved.tensors[0];
-  const Tensor& rstd = saved.tensors[1];
-  const int64_t batch = dy.dim(0), n = batch * inner_;
-  Tensor dx = Tensor::Empty(dy.shape());
-#pragma omp parallel for if (dy.numel() > (1 << 15))
-  for (int64_t c = 0; c < channels_; ++c) {
-    double sum_dy = 0.0, sum_dy_xhat = 0.0;
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t off = (b * channels_ + c) * inner_;
-      for (int64_t i = 0; i < inner_; ++i) {
-        sum_dy += dy.f32()[off + i];
-        sum_dy_xhat +=
-            static_cast<double>(dy.f32()[off + i]) * xhat.f32()[off + i];
-      }
-    }
-    weight_.grad.f32()[c] += static_cast<float>(sum_dy_xhat);
-    bias_.grad.f32()[c] += static_cast<float>(sum_dy);
-    const float k = weight_.value.f32()[c] * rstd.f32()[c] / n;
-    const float mean_dy = static_cast<float>(sum_dy);
-    const float mean_dyx = static_cast<float>(sum_dy_xhat);
-    for (int64_t b = 0; b < batch; ++b) {
-      const int64_t off = (b * channels_ + c) * inner_;
-      for (int64_t i = 0; i < inner_; ++i)
-        dx.f32()[off + i] = k * (n * dy.f32()[off + i] - mean_dy -
-                                 xhat.f32()[off + i] * mean_dyx);
-    }
-  }
+  const Device d = dy.device();
+  Tensor dx = Tensor::Empty(dy.shape(), DType::kF32, d);
+  ops::BatchNormBackward(d, dy.dim(0), channels_, inner_,
+                         saved.tensors[0].f32(), saved.tensors[1].f32(),
+                         weight_.value.f32(), dy.f32(), dx.f32(),
+                         weight_.grad.f32(), bias_.grad.f32());
   return dx;
 }
 

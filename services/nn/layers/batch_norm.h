@@ -12,6 +12,7 @@ class BatchNorm final : public Layer {
  public:
   BatchNorm(const Shape& input, float momentum, float eps);
   std::string_view kind() const override { return "batch_norm"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

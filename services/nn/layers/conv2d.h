@@ -1,5 +1,6 @@
-// 2-D convolution by im2col and one GEMM per chunk of samples:
-// [B, Cin, H, W] -> [B, Cout, OH, OW]; weight [Cout, Cin, k, k] as PyTorch.
+// 2-D convolution (ops::Conv2dForward: im2col and one GEMM per chunk of
+// samples, or cuDNN on a GPU): [B, Cin, H, W] -> [B, Cout, OH, OW]; weight
+// [Cout, Cin, k, k] as PyTorch.
 #ifndef GPIPE_SERVICES_NN_LAYERS_CONV2D_H_
 #define GPIPE_SERVICES_NN_LAYERS_CONV2D_H_
 
@@ -14,6 +15,7 @@ class Conv2d final : public Layer {
   Conv2d(const Shape& input, int64_t out_channels, int64_t kernel,
          int64_t stride, int64_t padding, bool bias);
   std::string_view kind() const override { return "conv2d"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
@@ -22,9 +24,6 @@ class Conv2d final : public Layer {
   void Initialize(uint64_t key) override;
 
  private:
-  // Samples per im2col chunk, so the column buffer stays near 8 MiB.
-  int64_t ChunkSize(int64_t batch) const;
-
   cpu::ConvGeometry geometry_;
   int64_t out_channels_;
   bool has_bias_;

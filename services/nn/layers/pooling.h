@@ -12,6 +12,7 @@ class MaxPool2d final : public Layer {
   MaxPool2d(const Shape& input, int64_t kernel, int64_t stride)
       : input_(input), kernel_(kernel), stride_(stride) {}
   std::string_view kind() const override { return "max_pool2d"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
@@ -26,6 +27,7 @@ class GlobalAvgPool final : public Layer {
  public:
   explicit GlobalAvgPool(const Shape& input) : input_(input) {}
   std::string_view kind() const override { return "global_avg_pool"; }
+  bool RunsOn(Device) const override { return true; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

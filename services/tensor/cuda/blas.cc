@@ -57,6 +57,18 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
         "cublasSgemm");
 }
 
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              float alpha, const uint16_t* a, const uint16_t* b, float beta,
+              float* c) {
+  if (m == 0 || n == 0) return;
+  const int lda = trans_a ? m : k, ldb = trans_b ? k : n;
+  Check(Cublas().GemmEx(ThreadHandle(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                        trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                        CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c,
+                        CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx(bf16)");
+}
+
 void GemmStridedBatched(bool trans_a, bool trans_b, int64_t m, int64_t n,
                         int64_t k, float alpha, const float* a,
                         int64_t stride_a, const float* b, int64_t stride_b,

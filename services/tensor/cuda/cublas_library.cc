@@ -37,6 +37,7 @@ CublasLibrary Open() {
   Resolve(lib, "cublasSetStream_v2", &c.SetStream);
   Resolve(lib, "cublasSgemm_v2", &c.Sgemm);
   Resolve(lib, "cublasSgemmStridedBatched", &c.SgemmStridedBatched);
+  Resolve(lib, "cublasGemmEx", &c.GemmEx);
   return c;  // the library stays open for the life of the process
 }
 

@@ -19,6 +19,13 @@ struct CublasLibrary {
   decltype(&cublasSetStream_v2) SetStream;
   decltype(&cublasSgemm_v2) Sgemm;
   decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
+  // Spelled out: C++ sees an overload of cublasGemmEx (cublas_api.h's
+  // wrapper for the old compute-type argument), so decltype cannot pick.
+  cublasStatus_t (*GemmEx)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
+                           int, int, int, const void*, const void*,
+                           cudaDataType, int, const void*, cudaDataType, int,
+                           const void*, void*, cudaDataType, int,
+                           cublasComputeType_t, cublasGemmAlgo_t);
 };
 
 // The process's cuBLAS; aborts naming the library when it cannot be opened

@@ -1,5 +1,6 @@
 // All own CUDA kernels in one translation unit: nvcc time is what CI pays,
 // and none of these needs templates beyond a grid-stride loop.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <vector>
@@ -36,6 +37,11 @@ int Blocks(int64_t n) {
 __global__ void AddKernel(int64_t n, const float* a, const float* b,
                           float* out) {
   GPIPE_FOR_EACH(i, n) out[i] = a[i] + b[i];
+}
+__global__ void ToBf16Kernel(int64_t n, const float* x, uint16_t* y) {
+  GPIPE_FOR_EACH(i, n) {
+    y[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+  }
 }
 __global__ void AxpyKernel(int64_t n, float alpha, const float* x, float* y) {
   GPIPE_FOR_EACH(i, n) y[i] += alpha * x[i];
@@ -291,86 +297,6 @@ __global__ void AdamWKernel(int64_t n, float decay, float beta1, float beta2,
   }
 }
 
-__global__ void AttentionForwardKernel(int64_t batch, int64_t heads, int64_t t,
-                                       int64_t d, bool causal, float scale,
-                                       const float* qkv, float* probs,
-                                       float* out) {
-  const int64_t dh = d / heads;
-  GPIPE_FOR_EACH(row, batch * heads * t) {
-    const int64_t i = row % t, h = (row / t) % heads, b = row / (t * heads);
-    const float* q = qkv + b * t * 3 * d + h * dh;
-    const float* k = q + d;
-    const float* v = q + 2 * d;
-    float* pi = probs + (b * heads + h) * t * t + i * t;
-    float* oi = out + b * t * d + h * dh + i * d;
-    const int64_t last = causal ? i : t - 1;
-    float m = -INFINITY;
-    for (int64_t j = 0; j <= last; ++j) {
-      float s = 0.0f;
-      for (int64_t c = 0; c < dh; ++c) s += q[i * 3 * d + c] * k[j * 3 * d + c];
-      pi[j] = s * scale;
-      m = pi[j] > m ? pi[j] : m;
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j <= last; ++j) {
-      pi[j] = expf(pi[j] - m);
-      sum += pi[j];
-    }
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j <= last; ++j) {
-      pi[j] *= inv;
-      const float* vj = v + j * 3 * d;
-      for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
-    }
-  }
-}
-__global__ void AttentionBackwardKernel(int64_t batch, int64_t heads, int64_t t,
-                                        int64_t d, bool causal, float scale,
-                                        const float* qkv, const float* probs,
-                                        const float* dout, float* dqkv,
-                                        float* scratch) {
-  const int64_t dh = d / heads;
-  GPIPE_FOR_EACH(bh, batch * heads) {
-    const int64_t b = bh / heads, h = bh % heads;
-    const int64_t off = b * t * 3 * d + h * dh;
-    const float* q = qkv + off;
-    const float* k = q + d;
-    const float* v = q + 2 * d;
-    float* dq = dqkv + off;
-    float* dk = dq + d;
-    float* dv = dq + 2 * d;
-    const float* p = probs + bh * t * t;
-    const float* go = dout + b * t * d + h * dh;
-    float* dp = scratch + bh * t;
-    for (int64_t i = 0; i < t; ++i) {
-      const int64_t last = causal ? i : t - 1;
-      const float* pi = p + i * t;
-      const float* goi = go + i * d;
-      float dot = 0.0f;
-      for (int64_t j = 0; j <= last; ++j) {
-        const float* vj = v + j * 3 * d;
-        float s = 0.0f;
-        for (int64_t c = 0; c < dh; ++c) s += goi[c] * vj[c];
-        dp[j] = s;
-        dot += s * pi[j];
-        float* dvj = dv + j * 3 * d;
-        for (int64_t c = 0; c < dh; ++c) dvj[c] += pi[j] * goi[c];
-      }
-      float* dqi = dq + i * 3 * d;
-      const float* qi = q + i * 3 * d;
-      for (int64_t j = 0; j <= last; ++j) {
-        const float ds = pi[j] * (dp[j] - dot) * scale;
-        const float* kj = k + j * 3 * d;
-        float* dkj = dk + j * 3 * d;
-        for (int64_t c = 0; c < dh; ++c) {
-          dqi[c] += ds * kj[c];
-          dkj[c] += ds * qi[c];
-        }
-      }
-    }
-  }
-}
-
 }  // namespace
 
 void Add(int64_t n, const float* a, const float* b, float* out) {
@@ -378,6 +304,9 @@ void Add(int64_t n, const float* a, const float* b, float* out) {
 }
 void AddInPlace(int64_t n, const float* x, float* y) {
   GPIPE_LAUNCH(AddInPlaceKernel, n, n, x, y);
+}
+void ToBf16(int64_t n, const float* x, uint16_t* y) {
+  GPIPE_LAUNCH(ToBf16Kernel, n, n, x, y);
 }
 void Axpy(int64_t n, float alpha, const float* x, float* y) {
   GPIPE_LAUNCH(AxpyKernel, n, n, alpha, x, y);
@@ -489,25 +418,6 @@ void EmbeddingGather(int64_t n, int64_t dim, int64_t vocab, const int32_t* ids,
 void EmbeddingScatterAdd(int64_t n, int64_t dim, const int32_t* ids,
                          const float* dout, float* dtable) {
   GPIPE_LAUNCH(EmbeddingScatterKernel, dim, n, dim, ids, dout, dtable);
-}
-
-void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                      bool causal, float scale, const float* qkv, float* probs,
-                      float* out) {
-  GPIPE_LAUNCH(AttentionForwardKernel, batch * heads * t, batch, heads, t, dim,
-               causal, scale, qkv, probs, out);
-}
-void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                       bool causal, float scale, const float* qkv,
-                       const float* probs, const float* dout, float* dqkv,
-                       float* scratch) {
-  // Few threads with long loops: small blocks spread them over the SMs.
-  const int64_t n = batch * heads;
-  if (n == 0) return;
-  AttentionBackwardKernel<<<static_cast<int>((n + 31) / 32), 32, 0,
-                            Current()>>>(batch, heads, t, dim, causal, scale,
-                                         qkv, probs, dout, dqkv, scratch);
-  CheckLastError("AttentionBackwardKernel");
 }
 
 void SgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,

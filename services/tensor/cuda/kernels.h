@@ -15,6 +15,13 @@ namespace gpipe::cuda {
 // cuBLAS (blas.cc), row-major like cpu::Gemm; fp32 math (no TF32).
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c);
+// The same product with bf16 operands (raw bf16 bits, from ToBf16), fp32
+// accumulation and an fp32 C: tensor cores on sm_80 and later.
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              float alpha, const uint16_t* a, const uint16_t* b, float beta,
+              float* c);
+// y = x rounded to bf16 (to nearest, ties to even), as raw bits.
+void ToBf16(int64_t n, const float* x, uint16_t* y);
 // `batch` products, the i-th on a + i*stride_a, b + i*stride_b, c +
 // i*stride_c (attention heads).
 void GemmStridedBatched(bool trans_a, bool trans_b, int64_t m, int64_t n,
@@ -71,19 +78,7 @@ void EmbeddingGather(int64_t n, int64_t dim, int64_t vocab, const int32_t* ids,
 void EmbeddingScatterAdd(int64_t n, int64_t dim, const int32_t* ids,
                          const float* dout, float* dtable);
 
-// Multi-head self-attention over qkv [batch, t, 3*dim] rows ([q | k | v],
-// head h in columns [h*dh, (h+1)*dh) of each): the CPU layer's loops, one
-// thread per (sample, head, query row) forward; one per (sample, head)
-// backward, since key and value gradients gather over all query rows.
-// probs [batch, heads, t, t], out [batch, t, dim] and dqkv must be zeroed;
-// `scratch` holds batch*heads*t floats.
-void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                      bool causal, float scale, const float* qkv, float* probs,
-                      float* out);
-void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                       bool causal, float scale, const float* qkv,
-                       const float* probs, const float* dout, float* dqkv,
-                       float* scratch);
+// Self-attention: attention.h.
 
 // Optimizer updates, element by element as in services/nn/optimizer.cc.
 void SgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,

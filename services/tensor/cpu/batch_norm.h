@@ -1,0 +1,28 @@
+// Batch normalization over [batch, channels, inner] data, per channel.
+// Statistics are summed in double, channel by channel, so they do not depend
+// on the number of threads.
+#ifndef GPIPE_SERVICES_TENSOR_CPU_BATCH_NORM_H_
+#define GPIPE_SERVICES_TENSOR_CPU_BATCH_NORM_H_
+
+#include <cstdint>
+
+namespace gpipe::cpu {
+
+// With `batch_stats` the batch's mean and (biased) variance normalize, and
+// when `update_running` the running averages move by `momentum` (PyTorch's
+// convention, unbiased variance); otherwise the running averages normalize.
+// Writes y, the per-channel 1/sqrt(var + eps) to `rstd`, and the normalized
+// input to `xhat` unless it is null.
+void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
+                      bool batch_stats, bool update_running, float momentum,
+                      float eps, const float* x, const float* gamma,
+                      const float* beta, float* running_mean,
+                      float* running_var, float* y, float* xhat, float* rstd);
+// dx (overwritten) from the saved xhat and rstd; dgamma and dbeta accumulate.
+void BatchNormBackward(int64_t batch, int64_t channels, int64_t inner,
+                       const float* xhat, const float* rstd, const float* gamma,
+                       const float* dy, float* dx, float* dgamma, float* dbeta);
+
+}  // namespace gpipe::cpu
+
+#endif  // GPIPE_SERVICES_TENSOR_CPU_BATCH_NORM_H_

@@ -1,0 +1,99 @@
+// The optional cuDNN convolution against our im2col + cuBLAS one on the
+// same GPU: within 1e-4 relative (both are fp32 without TF32, summing in
+// different orders), and reproducible run after run (deterministic
+// algorithms only). Skipped without a GPU or without a loadable cuDNN 9.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/tensor/device.h"
+#include "services/tensor/ops.h"
+#include "services/tensor/tensor.h"
+
+namespace gpipe {
+namespace {
+
+constexpr Device kCuda = Device::kCuda;
+using ops::ConvPath;
+
+Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
+  Tensor t = Tensor::Empty(shape);
+  Rng rng(key);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
+  return t.To(kCuda);
+}
+
+double MaxRelError(const Tensor& a_t, const Tensor& b_t) {
+  const std::vector<float> a = a_t.ToVector(), b = b_t.ToVector();
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0));
+  return worst;
+}
+
+class CudaCudnnTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
+    std::printf("cuDNN: %s\n", ops::CudnnDescription().c_str());
+    if (!ops::CudnnUsable())
+      GTEST_SKIP() << "no cuDNN: " << ops::CudnnDescription();
+  }
+};
+
+struct Result {
+  Tensor y, dx, dw, db;
+};
+
+Result RunConv(ConvPath path, const cpu::ConvGeometry& g, int64_t batch,
+               int64_t cout) {
+  const Shape in{batch, g.channels, g.height, g.width};
+  const Shape out{batch, cout, g.out_height(), g.out_width()};
+  Tensor x = Random(in, 1),
+         w = Random({cout, g.channels, g.kernel, g.kernel}, 2, 0.3f);
+  Tensor bias = Random({cout}, 3), dy = Random(out, 4);
+  Result r{Tensor::Empty(out, DType::kF32, kCuda),
+           Tensor::Empty(in, DType::kF32, kCuda), Random(w.shape(), 5),
+           Random({cout}, 6)};
+  ops::Conv2dForward(kCuda, g, batch, cout, x.f32(), w.f32(), bias.f32(),
+                     r.y.f32(), path);
+  ops::Conv2dBackward(kCuda, g, batch, cout, x.f32(), w.f32(), dy.f32(),
+                      r.dx.f32(), r.dw.f32(), r.db.f32(), path);
+  return r;
+}
+
+TEST_F(CudaCudnnTest, MatchesIm2ColAndIsReproducible) {
+  struct Case {
+    cpu::ConvGeometry g;
+    int64_t batch, cout;
+  };
+  // The CNN example's two layers at its batch size, strides, 1x1, 5x5 and
+  // images that are not square.
+  const std::vector<Case> cases = {{{1, 28, 28, 3, 1, 1}, 64, 16},
+                                   {{16, 14, 14, 3, 1, 1}, 64, 32},
+                                   {{4, 11, 9, 3, 2, 0}, 3, 6},
+                                   {{2, 7, 7, 1, 1, 0}, 4, 5},
+                                   {{3, 10, 12, 5, 2, 2}, 2, 7}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE("C=" + std::to_string(c.g.channels) +
+                 " k=" + std::to_string(c.g.kernel) +
+                 " s=" + std::to_string(c.g.stride));
+    const Result own = RunConv(ConvPath::kIm2Col, c.g, c.batch, c.cout);
+    const Result dnn = RunConv(ConvPath::kCudnn, c.g, c.batch, c.cout);
+    EXPECT_LE(MaxRelError(own.y, dnn.y), 1e-4) << "y";
+    EXPECT_LE(MaxRelError(own.dx, dnn.dx), 1e-4) << "dx";
+    EXPECT_LE(MaxRelError(own.dw, dnn.dw), 1e-4) << "dw";
+    EXPECT_TRUE(BitwiseEqual(own.db, dnn.db)) << "dbias: our kernel on both";
+    const Result again = RunConv(ConvPath::kCudnn, c.g, c.batch, c.cout);
+    EXPECT_TRUE(BitwiseEqual(dnn.y, again.y));
+    EXPECT_TRUE(BitwiseEqual(dnn.dx, again.dx));
+    EXPECT_TRUE(BitwiseEqual(dnn.dw, again.dw));
+  }
+}
+
+}  // namespace
+}  // namespace gpipe
