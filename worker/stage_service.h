@@ -1,5 +1,6 @@
 // The worker's Stage service: accepts the upstream stage's Exchange stream,
-// checks that it belongs to this worker's job and epoch, and hands it to the
+// checks that it belongs to this worker's job and epoch and carries the
+// assignment's stream key (PERMISSION_DENIED otherwise), and hands it to the
 // executor as the stage's upstream link. Frames travel as raw byte buffers
 // (services/transport/exchange_method.h), so payloads are not copied through
 // protobuf strings.

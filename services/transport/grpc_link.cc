@@ -168,10 +168,17 @@ grpc::ChannelArguments KeepaliveChannelArguments() {
 
 absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
-    int64_t from_stage, size_t capacity, int64_t deadline_ms,
-    FrameCodec codec) {
+    int64_t from_stage, size_t capacity, int64_t deadline_ms, FrameCodec codec,
+    const ExchangeCredentials& credentials) {
+  grpc::ChannelArguments args = KeepaliveChannelArguments();
+  if (credentials.channel != nullptr && !credentials.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(credentials.tls_server_name);
+  }
   auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), KeepaliveChannelArguments());
+      address,
+      credentials.channel != nullptr ? credentials.channel
+                                     : grpc::InsecureChannelCredentials(),
+      args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::milliseconds(deadline_ms))) {
     return absl::UnavailableError(
@@ -179,6 +186,9 @@ absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
                      deadline_ms, " ms"));
   }
   auto context = std::make_unique<grpc::ClientContext>();
+  if (!credentials.stream_key.empty()) {
+    context->AddMetadata(kStreamKeyMetadata, credentials.stream_key);
+  }
   std::unique_ptr<ExchangeClientStream> rw =
       StartExchange(channel.get(), context.get());
   Frame open;
