@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The cluster with TLS and tokens on (docs/security.md), on loopback: a CA
-# and controller, worker and client certificates made with the openssl CLI,
+# and controller, worker and client certificates and tokens made by
+# deploy/k8s/make-secrets.sh (the openssl CLI),
 # a controller with mutual TLS, job API and worker tokens and a plaintext
 # health port, three workers with certificates and the worker token.
 #   1. bad security flags: each binary refuses to start / gpipectl refuses to
@@ -30,29 +31,14 @@ steps=${SECURITY_STEPS:-1500}
 pki="$work/pki"
 mkdir -p "$pki"
 
-# --- certificates and tokens (as docs/security.md makes them) --------------
-# make_ca NAME, make_cert CA NAME: EC P-256, SANs for loopback.
-make_ca() {
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-    -days 2 -subj "/CN=$1" -keyout "$pki/$1.key" -out "$pki/$1.crt" 2>/dev/null
-}
-make_cert() {
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
-    -subj "/CN=$2" -keyout "$pki/$2.key" -out "$pki/$2.csr" 2>/dev/null
-  printf 'subjectAltName=DNS:localhost,DNS:%s,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n' "$2" >"$pki/$2.ext"
-  openssl x509 -req -in "$pki/$2.csr" -CA "$pki/$1.crt" -CAkey "$pki/$1.key" \
-    -CAcreateserial -days 2 -extfile "$pki/$2.ext" -out "$pki/$2.crt" 2>/dev/null
-}
-make_ca ca
-make_ca other-ca
-make_cert ca controller
-make_cert ca worker
-make_cert ca client
-make_cert other-ca stranger
-printf '# job API tokens\n%s\n\n%s\n' "$(openssl rand -hex 32)" "$(openssl rand -hex 32)" >"$pki/api.tokens"
-openssl rand -hex 32 >"$pki/worker.token"
+# --- certificates and tokens, made as docs/security.md makes them ----------
+"$src/deploy/k8s/make-secrets.sh" "$pki" --days 2 >/dev/null
+# A second CA with its own certificates: a stranger's.
+"$src/deploy/k8s/make-secrets.sh" "$pki/other" --days 2 >/dev/null
+# A second job API token (rotation: both are good).
+openssl rand -hex 32 >>"$pki/api.tokens"
 openssl rand -hex 32 >"$pki/wrong.token"
-api_token=$(sed -n 2p "$pki/api.tokens")
+api_token=$(cat "$pki/client.token")
 
 passed=0
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
@@ -110,7 +96,8 @@ for name in w0 w1 w2; do
   port=$(free_port)
   whealth[$name]=$(free_port)
   "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" \
-    --threads 1 --link_wait_ms 2000 "${worker_tls[@]}" --token_file "$pki/worker.token" \
+    --threads 1 --link_wait_ms 2000 "${worker_tls[@]}" --tls_peer_name gpipe-worker \
+    --token_file "$pki/worker.token" \
     --health_listen "127.0.0.1:${whealth[$name]}" >"$work/$name.log" 2>&1 &
   pids+=($!)
   worker_port[$name]=$port
@@ -120,7 +107,7 @@ done
   "${worker_tls[@]}" --token_file "$pki/wrong.token" >"$work/wrong-token.log" 2>&1 &
 pids+=($!)
 "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:0" --threads 1 \
-  --tls_cert "$pki/stranger.crt" --tls_key "$pki/stranger.key" --tls_ca "$pki/ca.crt" \
+  --tls_cert "$pki/other/worker.crt" --tls_key "$pki/other/worker.key" --tls_ca "$pki/ca.crt" \
   --token_file "$pki/worker.token" >"$work/stranger.log" 2>&1 &
 pids+=($!)
 
@@ -134,10 +121,10 @@ expect_refusal "is the controller using TLS? (--tls_ca" env GPIPE_TOKEN="$api_to
 expect_refusal "does it require a client certificate (--tls_cert, --tls_key)?" env GPIPE_TOKEN="$api_token" \
   "$bin/gpipectl" --controller "127.0.0.1:$cport" --tls_ca "$pki/ca.crt" list
 expect_refusal "TLS handshake with 127.0.0.1:$cport failed" env GPIPE_TOKEN="$api_token" \
-  "$bin/gpipectl" --controller "127.0.0.1:$cport" --tls_ca "$pki/other-ca.crt" \
+  "$bin/gpipectl" --controller "127.0.0.1:$cport" --tls_ca "$pki/other/ca.crt" \
   --tls_cert "$pki/client.crt" --tls_key "$pki/client.key" list
-# The other tokens of the file work too (rotation).
-GPIPE_TOKEN=$(sed -n 4p "$pki/api.tokens") "$bin/gpipectl" --controller "127.0.0.1:$cport" \
+# The file's other token works too (rotation).
+GPIPE_TOKEN=$(tail -n 1 "$pki/api.tokens") "$bin/gpipectl" --controller "127.0.0.1:$cport" \
   "${tls_client[@]}" list >/dev/null || fail "the file's second token was refused"
 grep -q "refused ListJobs from" "$work/controller.log" || fail "the controller did not log the refused call"
 ok "gpipectl without or with a wrong token, in plaintext, without a client certificate or trusting another CA: refused, exit non-zero, and said why"
