@@ -181,9 +181,21 @@ absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
       args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::milliseconds(deadline_ms))) {
+    // With TLS a refused handshake looks the same as a peer that is down.
+    const std::string tls_hint =
+        credentials.channel == nullptr
+            ? std::string()
+            : absl::StrCat(
+                  " (TLS: is its certificate signed by our --tls_ca and "
+                  "issued for ",
+                  credentials.tls_server_name.empty()
+                      ? std::string("its host")
+                      : absl::StrCat("\"", credentials.tls_server_name,
+                                     "\" (--tls_peer_name)"),
+                  "?)");
     return absl::UnavailableError(
         absl::StrCat("cannot reach the next stage at ", address, " within ",
-                     deadline_ms, " ms"));
+                     deadline_ms, " ms", tls_hint));
   }
   auto context = std::make_unique<grpc::ClientContext>();
   if (!credentials.stream_key.empty()) {
