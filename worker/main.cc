@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/counter.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/security/client_security.h"
@@ -243,6 +244,20 @@ int main(int argc, char** argv) {
   executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
   executor.set_exchange_credentials(security->exchange);
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
+  // Refused Exchange streams by reason: "stream_key" (no or a wrong key:
+  // someone not assigned tried to push frames), "fenced" (another job or
+  // epoch, a duplicate link), "other".
+  auto& rejected = prometheus::BuildCounter()
+                       .Name("gpipe_stage_rejected_streams_total")
+                       .Help("Exchange streams this worker refused, by reason")
+                       .Register(registry);
+  service.set_on_rejected([&rejected](const absl::Status& s) {
+    const char* reason =
+        absl::IsPermissionDenied(s) ? "stream_key"
+        : absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) ? "fenced"
+                                                                    : "other";
+    rejected.Add({{"reason", reason}}).Increment();
+  });
 
   gpipe::EnableHealthService();
   grpc::ServerBuilder builder;

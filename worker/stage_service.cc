@@ -25,6 +25,7 @@ grpc::Status StageService::Exchange(grpc::ServerContext* context,
     // The peer and the reason, never the key.
     LogWarning("rejected a link from %s: %s", context->peer(),
                std::string(accepted.message()));
+    if (on_rejected_) on_rejected_(accepted);
     return ToGrpc(accepted);
   }
   link->ReadLoop(/*cancel_on_reject=*/false);

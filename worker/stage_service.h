@@ -9,6 +9,8 @@
 
 // The generated stub of the same service: what other clients (tools,
 // tests) of this worker call.
+#include <functional>
+
 #include "gpipe/v1/stage.grpc.pb.h"
 #include "services/transport/exchange_method.h"
 #include "worker/executor.h"
@@ -21,12 +23,19 @@ class StageService final : public ExchangeService {
   StageService(Executor* executor, int64_t link_wait_ms)
       : executor_(executor), link_wait_ms_(link_wait_ms) {}
 
+  // Called with the reason of every refused stream (a metric counts them).
+  // Set before the server starts.
+  void set_on_rejected(std::function<void(const absl::Status&)> f) {
+    on_rejected_ = std::move(f);
+  }
+
   grpc::Status Exchange(grpc::ServerContext* context,
                         ExchangeServerStream* stream) override;
 
  private:
   Executor* executor_;
   int64_t link_wait_ms_;
+  std::function<void(const absl::Status&)> on_rejected_;
 };
 
 // absl::Status -> grpc::Status with the same code and message.

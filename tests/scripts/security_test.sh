@@ -12,8 +12,9 @@
 #      attached; probes get answers on the plaintext health ports;
 #   4. a job runs to SUCCEEDED while a stranger (rogue_exchange) pushes
 #      frames into its second stage with no stream key, a made-up one and no
-#      certificate: each refused, the job not restarted, and its parameters
-#      bitwise the single-process reference run's;
+#      certificate: each refused (logged, and counted in
+#      gpipe_stage_rejected_streams_total), the job not restarted, and its
+#      parameters bitwise the single-process reference run's;
 #   5. no token or key in any log or in `status --json`.
 # Knob: SECURITY_STEPS (default 1500), KEEP_WORK=1.
 #   security_test.sh BUILD_DIR SOURCE_DIR
@@ -98,7 +99,9 @@ for name in w0 w1 w2; do
   "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" \
     --threads 1 --link_wait_ms 2000 "${worker_tls[@]}" --tls_peer_name gpipe-worker \
     --token_file "$pki/worker.token" \
-    --health_listen "127.0.0.1:${whealth[$name]}" >"$work/$name.log" 2>&1 &
+    --health_listen "127.0.0.1:${whealth[$name]}" \
+    --metrics_listen 127.0.0.1:0 --metrics_port_file "$work/$name.metrics_port" \
+    >"$work/$name.log" 2>&1 &
   pids+=($!)
   worker_port[$name]=$port
 done
@@ -172,6 +175,17 @@ grep -q "^UNAVAILABLE" <<<"$out" || fail "no certificate: $out"
 [[ "$(ctl status "$job" --json | python3 -c "import json,sys; print(json.load(sys.stdin)['status'].get('state',''))")" =~ ^(RUNNING|SUCCEEDED)$ ]] ||
   fail "the job did not survive the stranger's streams"
 grep -q "rejected a link from .*stream key" "$work"/w?.log || fail "no worker logged the rejected streams"
+for name in "${!worker_port[@]}"; do
+  [[ "127.0.0.1:${worker_port[$name]}" == "$stage1" ]] && victim=$name
+done
+rejected=$(python3 - "http://127.0.0.1:$(cat "$work/$victim.metrics_port")/metrics" <<'PY'
+import sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=5).read().decode()
+print(sum(float(l.split()[-1]) for l in text.splitlines()
+          if l.startswith('gpipe_stage_rejected_streams_total{reason="stream_key"}')))
+PY
+)
+[[ "$rejected" == 2.0 ]] || fail "gpipe_stage_rejected_streams_total{reason=\"stream_key\"} of $victim is $rejected, expected 2"
 out=$(ctl watch "$job" 2>&1) || fail "job $job did not succeed: $(tail -n 3 <<<"$out")"
 restarts=$(ctl status "$job" --json | python3 -c "import json,sys; print(int(json.load(sys.stdin)['status'].get('restarts', 0)))")
 ((restarts == 0)) || fail "the job restarted $restarts times"
