@@ -74,9 +74,9 @@ std::optional<absl::Status> ControllerClient::TlsProblem(
   if (security_.secure() && handshake) {
     return absl::UnavailableError(absl::StrCat(
         "TLS handshake with ", address_,
-        " failed: is the controller using "
-        "TLS, and is its certificate signed by --tls_ca (and ours by its "
-        "CA)? (",
+        " failed: is the controller using TLS, is its certificate signed by "
+        "--tls_ca and issued for the name dialled (else --tls_server_name), "
+        "and ours by its CA? (",
         status.error_message(), ")"));
   }
   // A server that requires a client certificate ends the handshake with
