@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
+#include "cli/security_flags.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/progress.h"
 #include "services/core/strings.h"
@@ -62,7 +63,10 @@ std::string ControllerAddress() {
 }
 
 ControllerClient MakeClient() {
-  return ControllerClient(ControllerAddress(), absl::GetFlag(FLAGS_timeout));
+  // gpipectl's main has checked the security flags before any command.
+  return ControllerClient(
+      ControllerAddress(), absl::GetFlag(FLAGS_timeout),
+      ClientSecurityFromFlags().value_or(security::ClientSecurity()));
 }
 
 int Fail(const char* command, const absl::Status& status) {

@@ -5,6 +5,8 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -25,7 +27,8 @@ absl::StatusCode ToAbsl(grpc::StatusCode code) {
   return static_cast<absl::StatusCode>(static_cast<int>(code));
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address, const security::ClientSecurity& security) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveTimeMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
@@ -36,8 +39,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   // GetTrace of a long pipeline is large (16 kept steps x K stages x
   // 3M+1 ops: K=8, M=1024 is about 15 MB), beyond gRPC's 4 MB default.
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  security.ApplyTo(args);
+  return grpc::CreateCustomChannel(address, security.Credentials(), args);
 }
 
 }  // namespace
@@ -47,15 +50,54 @@ bool IsTerminal(gpipe::v1::JobState state) {
          state == gpipe::v1::CANCELLED;
 }
 
-ControllerClient::ControllerClient(std::string address, absl::Duration timeout)
+ControllerClient::ControllerClient(std::string address, absl::Duration timeout,
+                                   security::ClientSecurity security)
     : address_(std::move(address)),
       timeout_(timeout),
-      channel_(MakeChannel(address_)),
+      security_(std::move(security)),
+      channel_(MakeChannel(address_, security_)),
       stub_(gpipe::v1::Controller::NewStub(channel_)) {}
 
 void ControllerClient::SetDeadline(grpc::ClientContext* context) const {
   context->set_deadline(std::chrono::system_clock::now() +
                         absl::ToChronoMilliseconds(timeout_));
+  security_.ApplyTo(context);
+}
+
+std::optional<absl::Status> ControllerClient::TlsProblem(
+    const grpc::Status& status) const {
+  const std::string message = absl::AsciiStrToLower(status.error_message());
+  const bool handshake = absl::StrContains(message, "ssl") ||
+                         absl::StrContains(message, "tls") ||
+                         absl::StrContains(message, "handshake") ||
+                         absl::StrContains(message, "certificate");
+  if (security_.secure() && handshake) {
+    return absl::UnavailableError(absl::StrCat(
+        "TLS handshake with ", address_,
+        " failed: is the controller using TLS, is its certificate signed by "
+        "--tls_ca and issued for the name dialled (else --tls_server_name), "
+        "and ours by its CA? (",
+        status.error_message(), ")"));
+  }
+  // A server that requires a client certificate ends the handshake with
+  // little said; the detail is all the client has.
+  if (security_.secure()) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the controller at ", address_,
+        " over TLS: is gpipe-controller running, and does it require a "
+        "client certificate (--tls_cert, --tls_key)? (",
+        status.error_message(), ")"));
+  }
+  // A TLS server closes a plaintext connection as soon as it reads it.
+  if (!security_.secure() &&
+      (handshake || absl::StrContains(message, "socket closed") ||
+       absl::StrContains(message, "connection reset"))) {
+    return absl::UnavailableError(absl::StrCat(
+        "the controller at ", address_,
+        " closed the plaintext connection: is the controller using TLS? "
+        "(--tls_ca, with --tls_cert and --tls_key for mutual TLS)"));
+  }
+  return std::nullopt;
 }
 
 absl::Status ControllerClient::UserStatus(const grpc::Status& status,
@@ -65,6 +107,7 @@ absl::Status ControllerClient::UserStatus(const grpc::Status& status,
     case grpc::StatusCode::OK:
       return absl::OkStatus();
     case grpc::StatusCode::UNAVAILABLE:
+      if (std::optional<absl::Status> tls = TlsProblem(status)) return *tls;
       return absl::UnavailableError(
           absl::StrCat("cannot reach the controller at ", address_,
                        " (is gpipe-controller running?)"));
@@ -78,13 +121,19 @@ absl::Status ControllerClient::UserStatus(const grpc::Status& status,
       return absl::UnimplementedError(
           absl::StrCat("the server at ", address_, " does not implement ", rpc,
                        " (is it a gpipe-controller of this version?)"));
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return absl::UnauthenticatedError(
+          absl::StrCat("the controller refused the token (UNAUTHENTICATED): ",
+                       status.error_message(),
+                       security_.token.empty()
+                           ? "; give one with --token_file or $GPIPE_TOKEN"
+                           : "; check --token_file or $GPIPE_TOKEN"));
     case grpc::StatusCode::NOT_FOUND:
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::FAILED_PRECONDITION:
     case grpc::StatusCode::ALREADY_EXISTS:
     case grpc::StatusCode::OUT_OF_RANGE:
     case grpc::StatusCode::PERMISSION_DENIED:
-    case grpc::StatusCode::UNAUTHENTICATED:
     case grpc::StatusCode::RESOURCE_EXHAUSTED:
       if (!status.error_message().empty())
         return absl::Status(code, status.error_message());
@@ -174,6 +223,7 @@ absl::Status ControllerClient::WatchJob(
   for (;;) {
     if (stop()) return absl::CancelledError("interrupted");
     grpc::ClientContext context;  // no deadline: a job may run for days
+    security_.ApplyTo(&context);
     gpipe::v1::WatchJobRequest request;
     request.set_job_id(job_id);
 

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,14 +16,17 @@
 #include "gpipe/v1/controller.grpc.pb.h"
 #include "gpipe/v1/controller.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "services/security/client_security.h"
 
 namespace gpipe::cli {
 
 class ControllerClient {
  public:
-  // `address` is host:port; `timeout` bounds each unary call.
+  // `address` is host:port; `timeout` bounds each unary call; `security`:
+  // TLS and the job API token (default: plaintext, no token).
   explicit ControllerClient(std::string address,
-                            absl::Duration timeout = absl::Seconds(10));
+                            absl::Duration timeout = absl::Seconds(10),
+                            security::ClientSecurity security = {});
 
   const std::string& address() const { return address_; }
 
@@ -47,13 +51,18 @@ class ControllerClient {
       absl::Duration reconnect_for = absl::Seconds(30));
 
   // The user-facing form of a failed call's status; `rpc` names the call.
+  // A refused token or a failed TLS handshake says which flag to look at.
   absl::Status UserStatus(const grpc::Status& status, const char* rpc) const;
 
  private:
+  // The deadline and the token.
   void SetDeadline(grpc::ClientContext* context) const;
+  // An UNAVAILABLE that is a TLS mismatch, in words; nullopt otherwise.
+  std::optional<absl::Status> TlsProblem(const grpc::Status& status) const;
 
   std::string address_;
   absl::Duration timeout_;
+  security::ClientSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<gpipe::v1::Controller::Stub> stub_;
 };

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
+#include "cli/security_flags.h"
 #include "services/core/memory.h"
 
 namespace {
@@ -56,7 +57,11 @@ int main(int argc, char** argv) {
       "  workers          the attached workers\n"
       "  trace JOB        the stage timelines of the job's last steps: a\n"
       "                   summary, or -o trace.json (Chrome trace, for\n"
-      "                   Perfetto) and/or -o timeline.svg; [--steps A..B]\n");
+      "                   Perfetto) and/or -o timeline.svg; [--steps A..B]\n"
+      "\n"
+      "a secured controller (docs/security.md): --tls_ca CA.pem [--tls_cert\n"
+      "CRT --tls_key KEY] [--tls_server_name NAME]; the token from\n"
+      "--token_file FILE or $GPIPE_TOKEN (which does not show in ps)\n");
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   if (args.empty()) {
@@ -65,6 +70,16 @@ int main(int argc, char** argv) {
   }
   const std::string command = args[0];
   args.erase(args.begin());
+  // Bad security flags are refused before anything is sent.
+  if (command == "submit" || command == "status" || command == "list" ||
+      command == "watch" || command == "cancel" || command == "workers" ||
+      command == "trace") {
+    if (auto security = gpipe::cli::ClientSecurityFromFlags(); !security.ok()) {
+      std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
+                   std::string(security.status().message()).c_str());
+      return 2;
+    }
+  }
   if (command == "train") return gpipe::cli::RunTrain(args);
   if (command == "plan") return gpipe::cli::RunPlan(args);
   if (command == "submit") return gpipe::cli::RunSubmit(args);

@@ -19,12 +19,16 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       !recovered.ok()) {
     return recovered;
   }
-  server->service_ = std::make_unique<ControllerService>(*server->controller_);
+  server->service_ =
+      std::make_unique<ControllerService>(*server->controller_, options.auth);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(options.listen,
+                           options.credentials != nullptr
+                               ? options.credentials
+                               : grpc::InsecureServerCredentials(),
                            &server->port_);
   builder.RegisterService(server->service_.get());
   // Ping idle connections so that a worker whose host vanished is noticed
@@ -39,6 +43,12 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", options.listen));
+  }
+  if (!options.health_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<security::HealthPort>> health =
+        security::HealthPort::Start(options.health_listen);
+    if (!health.ok()) return health.status();
+    server->health_port_ = *std::move(health);
   }
   const std::string& listen = options.listen;
   const size_t colon = listen.rfind(':');
@@ -59,6 +69,7 @@ void ControllerServer::Shutdown(absl::Duration grace) {
                       absl::ToChronoMilliseconds(grace));
     server_->Wait();
   }
+  health_port_.reset();
 }
 
 }  // namespace gpipe::controller

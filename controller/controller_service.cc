@@ -4,6 +4,8 @@
 #include <string>
 #include <thread>
 
+#include "services/core/log.h"
+
 namespace gpipe::controller {
 
 namespace v1 = gpipe::v1;
@@ -30,21 +32,34 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+grpc::Status ControllerService::CheckApiToken(
+    const grpc::ServerContext& context, const char* rpc) const {
+  grpc::Status checked = auth_.api.Check(context, "the job API");
+  if (!checked.ok()) {
+    LogWarning("refused %s from %s: %s", rpc, context.peer(),
+               checked.error_message());
+  }
+  return checked;
+}
+
 grpc::Status ControllerService::SubmitJob(grpc::ServerContext* context,
                                           const v1::SubmitJobRequest* request,
                                           v1::Job* response) {
+  if (grpc::Status s = CheckApiToken(*context, "SubmitJob"); !s.ok()) return s;
   return Reply(controller_.SubmitJob(request->spec()), response);
 }
 
 grpc::Status ControllerService::GetJob(grpc::ServerContext* context,
                                        const v1::GetJobRequest* request,
                                        v1::Job* response) {
+  if (grpc::Status s = CheckApiToken(*context, "GetJob"); !s.ok()) return s;
   return Reply(controller_.GetJob(request->job_id()), response);
 }
 
 grpc::Status ControllerService::ListJobs(grpc::ServerContext* context,
                                          const v1::ListJobsRequest* request,
                                          v1::ListJobsResponse* response) {
+  if (grpc::Status s = CheckApiToken(*context, "ListJobs"); !s.ok()) return s;
   for (v1::Job& job : controller_.ListJobs()) {
     *response->add_jobs() = std::move(job);
   }
@@ -54,12 +69,14 @@ grpc::Status ControllerService::ListJobs(grpc::ServerContext* context,
 grpc::Status ControllerService::CancelJob(grpc::ServerContext* context,
                                           const v1::CancelJobRequest* request,
                                           v1::Job* response) {
+  if (grpc::Status s = CheckApiToken(*context, "CancelJob"); !s.ok()) return s;
   return Reply(controller_.CancelJob(request->job_id()), response);
 }
 
 grpc::Status ControllerService::WatchJob(
     grpc::ServerContext* context, const v1::WatchJobRequest* request,
     grpc::ServerWriter<v1::JobEvent>* writer) {
+  if (grpc::Status s = CheckApiToken(*context, "WatchJob"); !s.ok()) return s;
   return ToGrpcStatus(controller_.WatchJob(
       request->job_id(), [context] { return context->IsCancelled(); },
       [writer](const v1::JobEvent& event) { return writer->Write(event); }));
@@ -68,6 +85,8 @@ grpc::Status ControllerService::WatchJob(
 grpc::Status ControllerService::ListWorkers(
     grpc::ServerContext* context, const v1::ListWorkersRequest* request,
     v1::ListWorkersResponse* response) {
+  if (grpc::Status s = CheckApiToken(*context, "ListWorkers"); !s.ok())
+    return s;
   for (v1::WorkerInfo& worker : controller_.ListWorkers()) {
     *response->add_workers() = std::move(worker);
   }
@@ -77,6 +96,7 @@ grpc::Status ControllerService::ListWorkers(
 grpc::Status ControllerService::GetTrace(grpc::ServerContext* context,
                                          const v1::GetTraceRequest* request,
                                          v1::GetTraceResponse* response) {
+  if (grpc::Status s = CheckApiToken(*context, "GetTrace"); !s.ok()) return s;
   return Reply(controller_.GetTrace(*request), response);
 }
 
@@ -84,6 +104,12 @@ grpc::Status ControllerService::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ControllerMessage, v1::WorkerMessage>*
         stream) {
+  if (grpc::Status s = auth_.workers.Check(*context, "attaching a worker");
+      !s.ok()) {
+    LogWarning("refused a worker's Attach from %s: %s", context->peer(),
+               s.error_message());
+    return s;
+  }
   v1::WorkerMessage first;
   if (!stream->Read(&first)) {
     return grpc::Status(grpc::StatusCode::CANCELLED,

@@ -6,13 +6,22 @@
 
 #include "controller/controller.h"
 #include "gpipe/v1/controller.grpc.pb.h"
+#include "services/security/bearer_token.h"
 
 namespace gpipe::controller {
 
+// Who may call what: bearer tokens for the job API (every method but
+// Attach) and for workers attaching. A verifier without tokens lets every
+// call through (no token file given).
+struct ServiceAuth {
+  security::TokenVerifier api;
+  security::TokenVerifier workers;
+};
+
 class ControllerService final : public gpipe::v1::Controller::Service {
  public:
-  explicit ControllerService(Controller& controller)
-      : controller_(controller) {}
+  explicit ControllerService(Controller& controller, ServiceAuth auth = {})
+      : controller_(controller), auth_(std::move(auth)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const gpipe::v1::SubmitJobRequest* request,
@@ -35,7 +44,8 @@ class ControllerService final : public gpipe::v1::Controller::Service {
   grpc::Status GetTrace(grpc::ServerContext* context,
                         const gpipe::v1::GetTraceRequest* request,
                         gpipe::v1::GetTraceResponse* response) override;
-  // Hello first (else FAILED_PRECONDITION), then reports up and assignments
+  // The worker token first (else UNAUTHENTICATED), then hello (else
+  // FAILED_PRECONDITION), then reports up and assignments
   // down until either side ends the stream.
   grpc::Status Attach(
       grpc::ServerContext* context,
@@ -43,7 +53,13 @@ class ControllerService final : public gpipe::v1::Controller::Service {
                                gpipe::v1::WorkerMessage>* stream) override;
 
  private:
+  // UNAUTHENTICATED (logged with the peer) unless the call carries a job
+  // API token.
+  grpc::Status CheckApiToken(const grpc::ServerContext& context,
+                             const char* rpc) const;
+
   Controller& controller_;
+  const ServiceAuth auth_;
 };
 
 // The same code and message.

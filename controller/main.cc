@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -17,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "controller/controller_server.h"
 #include "services/core/log.h"
+#include "services/security/tls.h"
+#include "services/security/token_file.h"
 #include "services/telemetry/controller_metrics.h"
 #include "services/telemetry/metrics_server.h"
 #include "services/telemetry/port_file.h"
@@ -45,6 +49,59 @@ ABSL_FLAG(int64_t, trace_steps, 16,
           "steps)");
 ABSL_FLAG(int64_t, trace_jobs, 32,
           "jobs whose stage timelines are kept (the most recently active)");
+
+// Security (docs/security.md). Without these everything is plaintext and
+// open, as a local cluster wants it.
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of the controller: serve TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate: require and verify client certificates signed "
+          "by it (mutual TLS for workers and gpipectl)");
+ABSL_FLAG(std::string, api_token_file, "",
+          "bearer tokens (one per line, # comments) that the job API "
+          "(submit, status, list, watch, cancel, workers, trace) requires");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "bearer tokens (one per line, # comments) that workers must "
+          "present to attach");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT of a plaintext port serving only grpc.health.v1, for "
+          "probes that cannot speak TLS (empty: off)");
+
+namespace {
+
+// The security flags as server options; errors name the flag and file.
+absl::Status LoadSecurity(gpipe::controller::ControllerServerOptions& options) {
+  gpipe::security::TlsFlags tls_flags{absl::GetFlag(FLAGS_tls_cert),
+                                      absl::GetFlag(FLAGS_tls_key),
+                                      absl::GetFlag(FLAGS_tls_ca)};
+  absl::StatusOr<std::optional<gpipe::security::TlsMaterial>> tls =
+      gpipe::security::LoadServerTls(tls_flags);
+  if (!tls.ok()) return tls.status();
+  if (tls->has_value()) {
+    options.credentials = gpipe::security::MakeServerCredentials(*tls);
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_api_token_file); !f.empty()) {
+    absl::StatusOr<std::vector<std::string>> tokens =
+        gpipe::security::ReadTokenFile("api_token_file", f);
+    if (!tokens.ok()) return tokens.status();
+    options.auth.api = gpipe::security::TokenVerifier(*std::move(tokens));
+  }
+  if (const std::string f = absl::GetFlag(FLAGS_worker_token_file);
+      !f.empty()) {
+    absl::StatusOr<std::vector<std::string>> tokens =
+        gpipe::security::ReadTokenFile("worker_token_file", f);
+    if (!tokens.ok()) return tokens.status();
+    options.auth.workers = gpipe::security::TokenVerifier(*std::move(tokens));
+  }
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (!options.health_listen.empty()) {
+    return gpipe::CheckListenAddress("health_listen", options.health_listen);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
@@ -94,6 +151,11 @@ int main(int argc, char** argv) {
 
   gpipe::controller::ControllerServerOptions options;
   options.listen = absl::GetFlag(FLAGS_listen);
+  if (absl::Status s = LoadSecurity(options); !s.ok()) {
+    std::fprintf(stderr, "gpipe-controller: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
   std::error_code error;
   const std::filesystem::path dir =
       std::filesystem::absolute(absl::GetFlag(FLAGS_checkpoint_dir), error);
@@ -124,6 +186,17 @@ int main(int argc, char** argv) {
   }
   gpipe::LogInfo("gpipe-controller listening on %s (checkpoints in %s)",
                  (*server)->address(), options.controller.checkpoint_dir);
+  gpipe::LogInfo(
+      "gpipe-controller security: %s, job API %s, Attach %s%s",
+      options.credentials != nullptr
+          ? (absl::GetFlag(FLAGS_tls_ca).empty() ? "TLS" : "mutual TLS")
+          : "plaintext",
+      options.auth.api.enabled() ? "needs a token" : "open",
+      options.auth.workers.enabled() ? "needs a token" : "open",
+      (*server)->health_port() != 0
+          ? absl::StrCat(", plaintext health on port ",
+                         (*server)->health_port())
+          : std::string());
 
   // Declared after the server, so it stops scraping the controller first.
   std::unique_ptr<gpipe::MetricsServer> metrics_server;

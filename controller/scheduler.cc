@@ -13,6 +13,7 @@
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
+#include "services/security/stream_key.h"
 
 namespace gpipe::controller {
 namespace {
@@ -49,6 +50,17 @@ bool Start(JobTable& jobs, JobRecord& job,
     const std::string message =
         absl::StrCat("cannot partition: ", balance.status().message());
     MarkTerminal(&job.status(), v1::FAILED, kFailed, "PartitionFailed", message,
+                 now);
+    jobs.Publish(job, message, now);
+    return false;
+  }
+  // One key for the epoch's streams (services/security/stream_key.h);
+  // never logged or stored: a restart of the controller bumps the epoch and
+  // makes a new one.
+  absl::StatusOr<std::string> stream_key = security::NewStreamKey();
+  if (!stream_key.ok()) {
+    const std::string message = std::string(stream_key.status().message());
+    MarkTerminal(&job.status(), v1::FAILED, kFailed, "StreamKeyFailed", message,
                  now);
     jobs.Publish(job, message, now);
     return false;
@@ -99,6 +111,7 @@ bool Start(JobTable& jobs, JobRecord& job,
     a.set_output_dir(output_dir);
     a.set_checkpoint_dir(job_dir);
     if (restore) a.set_restore_manifest(restore->manifest_path());
+    a.set_stream_key(*stream_key);
     WorkerRegistry::Send(worker, std::move(message));
     WorkerRegistry::MarkBusy(worker, job.id(), i);
     absl::StrAppend(&placed, i > 0 ? ", " : "", "stage ", i, " (layers ",

@@ -12,10 +12,12 @@
 namespace gpipe {
 
 Agent::Agent(std::string controller_address, gpipe::v1::WorkerHello hello,
-             std::function<void(bool)> on_attached)
+             std::function<void(bool)> on_attached,
+             security::ClientSecurity security)
     : address_(std::move(controller_address)),
       hello_(std::move(hello)),
-      on_attached_(std::move(on_attached)) {}
+      on_attached_(std::move(on_attached)),
+      security_(std::move(security)) {}
 
 void Agent::Stop() {
   stopping_ = true;
@@ -63,11 +65,13 @@ void Agent::Run(Executor* executor) {
 }
 
 void Agent::Session(Executor* executor) {
+  grpc::ChannelArguments args = KeepaliveChannelArguments();
+  security_.ApplyTo(args);
   auto channel =
-      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
-                                KeepaliveChannelArguments());
+      grpc::CreateCustomChannel(address_, security_.Credentials(), args);
   auto stub = gpipe::v1::Controller::NewStub(channel);
   grpc::ClientContext context;
+  security_.ApplyTo(&context);
   auto stream = stub->Attach(&context);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -83,7 +87,13 @@ void Agent::Session(Executor* executor) {
     std::lock_guard<std::mutex> lock(mu_);
     ok = stream->Write(hello);
   }
-  if (ok) ok = stream->Read(&in) && in.has_welcome();
+  // Whether the stream is still open (else Finish has the server's reason,
+  // e.g. a refused token, which cancelling would hide).
+  bool open = ok;
+  if (ok) {
+    open = stream->Read(&in);
+    ok = open && in.has_welcome();
+  }
   std::mutex beat_mu;
   std::condition_variable beat_cv;
   bool done = false;
@@ -124,13 +134,25 @@ void Agent::Session(Executor* executor) {
   session_ended_.notify_all();
   const bool was_attached = attached_.exchange(false);
   if (was_attached && on_attached_) on_attached_(false);
-  context.TryCancel();
+  if (open) context.TryCancel();
   grpc::Status status = stream->Finish();
   // The controller counts this worker's stage as lost; drop it here too so
   // the worker comes back clean.
   executor->CancelAll();
   if (was_attached && !stopping_) {
     LogWarning("lost the controller at %s (%s); reattaching", address_,
+               status.error_message());
+    last_refusal_.clear();
+  } else if (!was_attached && !stopping_ && !status.ok() &&
+             status.error_message() != last_refusal_) {
+    // Refused (a token, a certificate) or unreachable: say why once.
+    last_refusal_ = status.error_message();
+    LogWarning("cannot attach to the controller at %s (%s): %s; retrying",
+               address_,
+               grpc::StatusCode(status.error_code()) ==
+                       grpc::StatusCode::UNAUTHENTICATED
+                   ? "UNAUTHENTICATED: check --token_file"
+                   : "check --controller and the --tls_* flags",
                status.error_message());
   }
 }

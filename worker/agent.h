@@ -16,6 +16,7 @@
 #include <string>
 
 #include "gpipe/v1/controller.grpc.pb.h"
+#include "services/security/client_security.h"
 #include "worker/executor.h"
 
 namespace gpipe {
@@ -24,8 +25,11 @@ class Agent {
  public:
   // `on_attached(true)` runs when the controller's Welcome arrives,
   // `on_attached(false)` when that session ends (readiness follows it).
+  // `security`: TLS and the worker token for Attach (default: plaintext,
+  // no token).
   Agent(std::string controller_address, gpipe::v1::WorkerHello hello,
-        std::function<void(bool)> on_attached = nullptr);
+        std::function<void(bool)> on_attached = nullptr,
+        security::ClientSecurity security = {});
 
   // Attaches and serves until Stop(); `executor` runs the assignments.
   void Run(Executor* executor);
@@ -45,6 +49,10 @@ class Agent {
   const std::string address_;
   const gpipe::v1::WorkerHello hello_;
   const std::function<void(bool)> on_attached_;
+  const security::ClientSecurity security_;
+  // Why the last attempt to attach failed, logged once until it changes, so
+  // a refused token says so without a line every backoff.
+  std::string last_refusal_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> attached_{false};
   std::mutex mu_;  // guards the stream pointers and writes

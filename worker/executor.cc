@@ -10,6 +10,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/stage_checkpoint.h"
+#include "services/security/stream_key.h"
 #include "services/storage/safetensors.h"
 #include "services/telemetry/metered_link.h"
 #include "services/telemetry/step_trace.h"
@@ -82,7 +83,8 @@ void Executor::CancelAll() {
 absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
                                       int64_t from_stage,
                                       std::shared_ptr<GrpcLink> link,
-                                      int64_t wait_ms) {
+                                      int64_t wait_ms,
+                                      const std::optional<std::string>& key) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
@@ -95,6 +97,9 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
             " is older than this worker's epoch ", a.epoch(), ": rejected"));
       }
       if (a.job_id() == job_id && a.epoch() == epoch) {
+        if (key.has_value()) {
+          RETURN_IF_ERROR(security::CheckStreamKey(a.stream_key(), *key));
+        }
         if (from_stage != a.stage() - 1) {
           return absl::FailedPreconditionError(absl::StrCat(
               "link from stage ", from_stage, " but this worker runs stage ",
@@ -189,9 +194,13 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       // may be dead) is noticed within a second rather than after 30.
       absl::Status connected = absl::UnavailableError("not tried");
       for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
-        absl::StatusOr<std::unique_ptr<Link>> link =
-            ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
-                              a.stage(), capacity, 1000);
+        absl::StatusOr<std::unique_ptr<Link>> link = ConnectDownstream(
+            a.downstream_address(), a.job_id(), a.epoch(), a.stage(), capacity,
+            1000, FrameCodec::kZeroCopy, [&] {
+              ExchangeCredentials c = exchange_credentials_;
+              c.stream_key = a.stream_key();
+              return c;
+            }());
         if (link.ok()) {
           downstream = std::move(*link);
           connected = absl::OkStatus();

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -41,9 +42,12 @@ class Executor {
   // The Exchange handler offers the server end of an upstream link. Waits up
   // to `wait_ms` for a matching assignment (it may still be on its way from
   // the controller); rejects frames of another job or an older epoch.
-  absl::Status AcceptUpstream(const std::string& job_id, int64_t epoch,
-                              int64_t from_stage,
-                              std::shared_ptr<GrpcLink> link, int64_t wait_ms);
+  // `stream_key`: what the stream presented, checked against the
+  // assignment's key (PERMISSION_DENIED); nullopt: not checked.
+  absl::Status AcceptUpstream(
+      const std::string& job_id, int64_t epoch, int64_t from_stage,
+      std::shared_ptr<GrpcLink> link, int64_t wait_ms,
+      const std::optional<std::string>& stream_key = std::nullopt);
 
   bool busy() const;
 
@@ -51,6 +55,11 @@ class Executor {
   // StepTrace before the step's progress report); 0: none. Set before the
   // first Start.
   void set_trace_every(int64_t n) { trace_every_ = n; }
+  // TLS for the downstream Exchange client (the assignment's stream key is
+  // added per link). Set before the first Start.
+  void set_exchange_credentials(ExchangeCredentials c) {
+    exchange_credentials_ = std::move(c);
+  }
 
  private:
   struct Run;  // one assignment's state
@@ -61,6 +70,7 @@ class Executor {
   Reporter report_;
   PipelineMetrics* const metrics_;
   int64_t trace_every_ = 1;
+  ExchangeCredentials exchange_credentials_;
   const Device device_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -26,8 +27,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/counter.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
+#include "services/security/client_security.h"
+#include "services/security/health_port.h"
+#include "services/security/tls.h"
 #include "services/telemetry/metrics_server.h"
 #include "services/telemetry/port_file.h"
 #include "services/telemetry/stage_metrics.h"
@@ -62,7 +67,60 @@ ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");
 
+// Security (docs/security.md): without these, plaintext and no token.
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate of this worker: its Stage port serves TLS and it "
+          "presents the certificate to the controller and to its downstream "
+          "stage (with --tls_key and --tls_ca)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that the controller's and other workers' "
+          "certificates are verified against; the Stage port then requires "
+          "client certificates signed by it");
+ABSL_FLAG(std::string, tls_peer_name, "",
+          "the name expected in other workers' certificates, which are "
+          "dialled by IP (e.g. gpipe-worker); empty: the address's host");
+ABSL_FLAG(std::string, token_file, "",
+          "file whose first token (one per line, # comments) the worker "
+          "presents to attach (the controller's --worker_token_file)");
+ABSL_FLAG(std::string, health_listen, "",
+          "HOST:PORT of a plaintext port serving only grpc.health.v1 (same "
+          "liveness and readiness as the Stage port), for probes that cannot "
+          "speak TLS (empty: off)");
+
 namespace {
+
+// The worker's TLS and token from the flags.
+struct WorkerSecurity {
+  std::optional<gpipe::security::TlsMaterial> server_tls;
+  gpipe::security::ClientSecurity attach;  // to the controller
+  gpipe::ExchangeCredentials exchange;     // to the downstream stage
+};
+
+absl::StatusOr<WorkerSecurity> LoadSecurity() {
+  const gpipe::security::TlsFlags tls_flags{absl::GetFlag(FLAGS_tls_cert),
+                                            absl::GetFlag(FLAGS_tls_key),
+                                            absl::GetFlag(FLAGS_tls_ca)};
+  WorkerSecurity security;
+  absl::StatusOr<std::optional<gpipe::security::TlsMaterial>> server =
+      gpipe::security::LoadServerTls(tls_flags);
+  if (!server.ok()) return server.status();
+  absl::StatusOr<std::optional<gpipe::security::TlsMaterial>> client =
+      gpipe::security::LoadClientTls(tls_flags);
+  if (!client.ok()) return client.status();
+  security.server_tls = *server;
+  security.attach.tls = *client;
+  absl::StatusOr<std::string> token = gpipe::security::LoadClientToken(
+      "token_file", absl::GetFlag(FLAGS_token_file), nullptr);
+  if (!token.ok()) return token.status();
+  security.attach.token = *token;
+  if (client->has_value()) {
+    security.exchange.channel =
+        gpipe::security::MakeChannelCredentials(*client);
+    security.exchange.tls_server_name = absl::GetFlag(FLAGS_tls_peer_name);
+  }
+  return security;
+}
 
 // Written once before any handler can run; the handler only writes to it
 // (write(2) is async-signal-safe).
@@ -92,13 +150,32 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
       "[--advertise HOST:PORT] [--threads T] [--device cpu|cuda|auto] "
-      "[--metrics_listen HOST:PORT] [--trace_every N] [--drain_timeout_ms N]\n"
+      "[--metrics_listen HOST:PORT] [--trace_every N] [--drain_timeout_ms N] "
+      "[--tls_cert F --tls_key F --tls_ca F] [--tls_peer_name NAME] "
+      "[--token_file F] [--health_listen HOST:PORT]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
   if (drain_ms <= 0) {
     std::fprintf(stderr, "gpipe-worker: --drain_timeout_ms must be positive\n");
     return 2;
+  }
+
+  absl::StatusOr<WorkerSecurity> security = LoadSecurity();
+  if (!security.ok()) {
+    std::fprintf(stderr, "gpipe-worker: %s\n",
+                 std::string(security.status().message()).c_str());
+    return 2;
+  }
+  const std::string health_listen = absl::GetFlag(FLAGS_health_listen);
+  if (!health_listen.empty()) {
+    if (absl::Status s =
+            gpipe::CheckListenAddress("health_listen", health_listen);
+        !s.ok()) {
+      std::fprintf(stderr, "gpipe-worker: %s\n",
+                   std::string(s.message()).c_str());
+      return 2;
+    }
   }
 
   // SIGTERM and SIGINT reach a waiting thread through a pipe. Blocking them
@@ -165,13 +242,30 @@ int main(int argc, char** argv) {
     return 2;
   }
   executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
+  executor.set_exchange_credentials(security->exchange);
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
+  // Refused Exchange streams by reason: "stream_key" (no or a wrong key:
+  // someone not assigned tried to push frames), "fenced" (another job or
+  // epoch, a duplicate link), "other".
+  auto& rejected = prometheus::BuildCounter()
+                       .Name("gpipe_stage_rejected_streams_total")
+                       .Help("Exchange streams this worker refused, by reason")
+                       .Register(registry);
+  service.set_on_rejected([&rejected](const absl::Status& s) {
+    const char* reason =
+        absl::IsPermissionDenied(s) ? "stream_key"
+        : absl::IsFailedPrecondition(s) || absl::IsAlreadyExists(s) ? "fenced"
+                                                                    : "other";
+    rejected.Add({{"reason", reason}}).Increment();
+  });
 
   gpipe::EnableHealthService();
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      listen, gpipe::security::MakeServerCredentials(security->server_tls),
+      &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(4 << 20);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
@@ -186,6 +280,26 @@ int main(int argc, char** argv) {
     return 1;
   }
   gpipe::Readiness readiness(server.get());
+  // Probes that cannot speak TLS ask a plaintext port the same questions.
+  std::unique_ptr<gpipe::security::HealthPort> health_port;
+  std::optional<gpipe::Readiness> probe_readiness;
+  if (!health_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<gpipe::security::HealthPort>> started =
+        gpipe::security::HealthPort::Start(health_listen);
+    if (!started.ok()) {
+      std::fprintf(stderr, "gpipe-worker: %s\n",
+                   std::string(started.status().message()).c_str());
+      return 1;
+    }
+    health_port = *std::move(started);
+    probe_readiness.emplace(health_port->server());
+    gpipe::LogInfo("gpipe-worker plaintext health on port %d",
+                   health_port->port());
+  }
+  const auto set_ready = [&readiness, &probe_readiness](bool attached) {
+    readiness.Set(attached);
+    if (probe_readiness) probe_readiness->Set(attached);
+  };
   std::string advertise = absl::GetFlag(FLAGS_advertise);
   if (advertise.empty()) {
     advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
@@ -198,9 +312,8 @@ int main(int argc, char** argv) {
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   gpipe::LogInfo("gpipe-worker %s serving stages on %s, controller %s",
                  hello.worker_id(), advertise, absl::GetFlag(FLAGS_controller));
-  agent = std::make_unique<gpipe::Agent>(
-      absl::GetFlag(FLAGS_controller), hello,
-      [&readiness](bool attached) { readiness.Set(attached); });
+  agent = std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello,
+                                         set_ready, security->attach);
 
   std::atomic<bool> signalled{false};
   std::atomic<bool> exiting{false};
@@ -213,7 +326,7 @@ int main(int argc, char** argv) {
     signalled = true;
     gpipe::LogInfo("%s: draining (at most %d ms)",
                    sig == SIGTERM ? "SIGTERM" : "SIGINT", drain_ms);
-    readiness.Set(false);
+    set_ready(false);
     // A step that will not stop must not keep the pod past its grace.
     std::thread([drain_ms] {
       std::this_thread::sleep_for(std::chrono::milliseconds(drain_ms));

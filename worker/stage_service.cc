@@ -11,10 +11,21 @@ grpc::Status StageService::Exchange(grpc::ServerContext* context,
   auto link = std::make_shared<GrpcLink>(
       std::make_unique<ServerFrameStream>(context, stream), open->job_id(),
       open->epoch(), /*capacity=*/64);
+  // The stream key is checked with the assignment (the stage's epoch may
+  // still be on its way); a missing one is presented as empty.
+  std::string stream_key;
+  const auto& metadata = context->client_metadata();
+  if (auto it = metadata.find(kStreamKeyMetadata); it != metadata.end()) {
+    stream_key.assign(it->second.data(), it->second.size());
+  }
   absl::Status accepted = executor_->AcceptUpstream(
-      open->job_id(), open->epoch(), open->from_stage(), link, link_wait_ms_);
+      open->job_id(), open->epoch(), open->from_stage(), link, link_wait_ms_,
+      std::move(stream_key));
   if (!accepted.ok()) {
-    LogWarning("rejected a link: %s", std::string(accepted.message()));
+    // The peer and the reason, never the key.
+    LogWarning("rejected a link from %s: %s", context->peer(),
+               std::string(accepted.message()));
+    if (on_rejected_) on_rejected_(accepted);
     return ToGrpc(accepted);
   }
   link->ReadLoop(/*cancel_on_reject=*/false);

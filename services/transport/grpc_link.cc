@@ -168,17 +168,39 @@ grpc::ChannelArguments KeepaliveChannelArguments() {
 
 absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
-    int64_t from_stage, size_t capacity, int64_t deadline_ms,
-    FrameCodec codec) {
+    int64_t from_stage, size_t capacity, int64_t deadline_ms, FrameCodec codec,
+    const ExchangeCredentials& credentials) {
+  grpc::ChannelArguments args = KeepaliveChannelArguments();
+  if (credentials.channel != nullptr && !credentials.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(credentials.tls_server_name);
+  }
   auto channel = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), KeepaliveChannelArguments());
+      address,
+      credentials.channel != nullptr ? credentials.channel
+                                     : grpc::InsecureChannelCredentials(),
+      args);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
                                  std::chrono::milliseconds(deadline_ms))) {
+    // With TLS a refused handshake looks the same as a peer that is down.
+    const std::string tls_hint =
+        credentials.channel == nullptr
+            ? std::string()
+            : absl::StrCat(
+                  " (TLS: is its certificate signed by our --tls_ca and "
+                  "issued for ",
+                  credentials.tls_server_name.empty()
+                      ? std::string("its host")
+                      : absl::StrCat("\"", credentials.tls_server_name,
+                                     "\" (--tls_peer_name)"),
+                  "?)");
     return absl::UnavailableError(
         absl::StrCat("cannot reach the next stage at ", address, " within ",
-                     deadline_ms, " ms"));
+                     deadline_ms, " ms", tls_hint));
   }
   auto context = std::make_unique<grpc::ClientContext>();
+  if (!credentials.stream_key.empty()) {
+    context->AddMetadata(kStreamKeyMetadata, credentials.stream_key);
+  }
   std::unique_ptr<ExchangeClientStream> rw =
       StartExchange(channel.get(), context.get());
   Frame open;

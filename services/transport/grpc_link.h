@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "services/transport/frame_codec.h"
@@ -78,13 +79,27 @@ class GrpcLink final : public Link {
   std::atomic<int64_t> sent_{0}, received_{0};
 };
 
+// The metadata that carries the assignment's stream key on Exchange
+// (services/security/stream_key.h).
+inline constexpr char kStreamKeyMetadata[] = "x-gpipe-stream-key";
+
+// How an Exchange client proves itself to the downstream stage.
+struct ExchangeCredentials {
+  std::shared_ptr<grpc::ChannelCredentials> channel;  // null: plaintext
+  // The name expected in the peer's certificate instead of the address's
+  // host (pod IPs are in no certificate); empty: the host.
+  std::string tls_server_name;
+  std::string stream_key;  // sent as kStreamKeyMetadata when not empty
+};
+
 // Connects to the downstream stage at `address` and opens the job's
 // Exchange stream; the returned link's reader runs on its own thread.
 // Fails with UNAVAILABLE when the peer cannot be reached by `deadline_ms`.
 absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
     int64_t from_stage, size_t capacity, int64_t deadline_ms,
-    FrameCodec codec = FrameCodec::kZeroCopy);
+    FrameCodec codec = FrameCodec::kZeroCopy,
+    const ExchangeCredentials& credentials = {});
 
 // Channel arguments that make a dead peer noticed within seconds.
 grpc::ChannelArguments KeepaliveChannelArguments();

@@ -8,9 +8,10 @@ Checks, for every container that runs one of our binaries:
   - every argument that is a flag (and every GPIPE_<BINARY>_<FLAG>
     environment variable the entrypoint turns into one) is a flag that the
     binary's --helpfull lists;
-  - the container's ports are the ports of its --listen/--metrics_listen
-    flags and the other way round; --advertise uses the --listen port;
-    probes use the --listen port;
+  - the container's ports are the ports of its --listen/--metrics_listen/
+    --health_listen flags and the other way round; --advertise uses the
+    --listen port; probes use the --health_listen port when there is one
+    (TLS on the --listen port), else the --listen port;
 and across objects: Services select pods and name their container ports,
 ServiceMonitor endpoints name ports of the Services they select,
 NetworkPolicy ports name container ports of the pods they select, and the
@@ -39,7 +40,8 @@ ENV_PREFIX = {
 }
 # Flags whose value is HOST:PORT that the container serves on, and the
 # container port name each must carry.
-LISTEN_FLAGS = {"listen": None, "metrics_listen": "metrics"}
+LISTEN_FLAGS = {"listen": None, "metrics_listen": "metrics",
+                "health_listen": "health"}
 DASHBOARD_LABEL = "grafana_dashboard"
 
 errors = []
@@ -181,6 +183,10 @@ def check_container(owner, container, flags_by_binary, config_maps, probes):
         if port_of(values["advertise"]) != listen_port:
             error(where, "--advertise=%s does not use the --listen port %s" %
                   (values["advertise"], listen_port))
+    # With TLS on, probes ask the plaintext --health_listen port instead.
+    probe_port, probe_flag = listen_port, "--listen"
+    if values.get("health_listen") is not None:
+        probe_port, probe_flag = port_of(values["health_listen"]), "--health_listen"
     for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
         probe = container.get(kind)
         if probe is None:
@@ -191,9 +197,9 @@ def check_container(owner, container, flags_by_binary, config_maps, probes):
         if grpc is None:
             error(where, "%s is not a native gRPC probe" % kind)
             continue
-        if grpc.get("port") != listen_port:
-            error(where, "%s asks port %s, but gRPC serves on --listen port %s"
-                  % (kind, grpc.get("port"), listen_port))
+        if grpc.get("port") != probe_port:
+            error(where, "%s asks port %s, but health is served on %s port %s"
+                  % (kind, grpc.get("port"), probe_flag, probe_port))
         probes.append((binary, kind, grpc.get("service", "")))
 
 

@@ -2,9 +2,9 @@
 # The rendered manifests against the binaries they run
 # (tests/scripts/k8s_manifests.py: flags, ports, Services, ServiceMonitors,
 # NetworkPolicies, the dashboards ConfigMap), then every probe's health
-# service name asked of the real binaries on loopback: the controller's and
-# the worker's liveness/startup services SERVING, the worker's readiness
-# service SERVING once it is attached.
+# service name asked of the real binaries' --health_listen ports on
+# loopback: the controller's and the worker's liveness/startup services
+# SERVING, the worker's readiness service SERVING once it is attached.
 #   k8s_manifests_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -44,19 +44,24 @@ passed=$((passed + 1))
 
 # The probes' services, asked of the real binaries.
 [[ -s "$work/probes.txt" ]] || fail "the manifests have no probes"
+# The manifests probe the plaintext --health_listen ports (TLS is on in
+# the base): the binaries run with one here (and plaintext gRPC, which the
+# health ports do not depend on).
 cport=$(free_port)
 wport=$(free_port)
+chealth=$(free_port)
+whealth=$(free_port)
 "$bin/gpipe-controller" --listen "127.0.0.1:$cport" --checkpoint_dir "$work/ckpt" \
-  >"$work/controller.log" 2>&1 &
+  --health_listen "127.0.0.1:$chealth" >"$work/controller.log" 2>&1 &
 pids+=($!)
 "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$wport" \
-  --threads 1 >"$work/worker.log" 2>&1 &
+  --health_listen "127.0.0.1:$whealth" --threads 1 >"$work/worker.log" 2>&1 &
 pids+=($!)
 while read -r binary kind service; do
   [[ "$service" == '""' ]] && service=""
   case "$binary" in
-    gpipe-controller) port=$cport ;;
-    gpipe-worker) port=$wport ;;
+    gpipe-controller) port=$chealth ;;
+    gpipe-worker) port=$whealth ;;
     *) fail "a probe on $binary" ;;
   esac
   ok=0
@@ -71,7 +76,7 @@ while read -r binary kind service; do
   echo "$binary $kind: $(cat "$work/probe.out")"
 done <"$work/probes.txt"
 # A name the binary does not register is not SERVING (the probe can fail).
-if "$bin/grpc_health_probe" "127.0.0.1:$wport" gpipe.v1.NoSuchService >/dev/null 2>&1; then
+if "$bin/grpc_health_probe" "127.0.0.1:$whealth" gpipe.v1.NoSuchService >/dev/null 2>&1; then
   fail "the worker reports an unknown service as SERVING"
 fi
 passed=$((passed + 1))
