@@ -11,6 +11,7 @@ grpc::Status StageService::Exchange(grpc::ServerContext* context,
   auto link = std::make_shared<GrpcLink>(
       std::make_unique<ServerFrameStream>(context, stream), open->job_id(),
       open->epoch(), /*capacity=*/64);
+  link->set_data_plane(executor_->data_plane());
   absl::Status accepted = executor_->AcceptUpstream(
       open->job_id(), open->epoch(), open->from_stage(), link, link_wait_ms_);
   if (!accepted.ok()) {
