@@ -347,7 +347,7 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
 }
 
 absl::StatusOr<std::optional<Message>> GrpcLink::ReceiveShm(
-    const ReceivedFrame& frame, FrameAssembler& assembler) {
+    const ReceivedFrame& frame, FrameAssembler& assembler, int64_t* release) {
   const Frame& f = frame.fields();
   if (shm_ == nullptr) {
     return absl::InvalidArgumentError(
@@ -363,16 +363,17 @@ absl::StatusOr<std::optional<Message>> GrpcLink::ReceiveShm(
       assembler.Add(f, slot.length(), [&](char* dst) {
         std::memcpy(dst, bytes, static_cast<size_t>(slot.length()));
       });
-  if (!m.ok()) return m;
+  if (m.ok()) *release = slot.sequence();
+  return m;
+}
+
+bool GrpcLink::WriteRelease(int64_t sequence) {
   Frame release;
   release.set_job_id(job_id_);
   release.set_epoch(epoch_);
   release.set_kind(gpipe::v1::SHM_RELEASE);
-  release.mutable_shm_slot()->set_sequence(slot.sequence());
-  if (!WriteLocked(FrameToBuffer(release))) {
-    return absl::UnavailableError("the neighbouring stage went away");
-  }
-  return m;
+  release.mutable_shm_slot()->set_sequence(sequence);
+  return WriteLocked(FrameToBuffer(release));
 }
 
 void GrpcLink::ReadLoop(bool cancel_on_reject) {
@@ -380,6 +381,7 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
   grpc::ByteBuffer buffer;
   ReceivedFrame frame;
   absl::Status status;
+  int64_t release = -1;  // a shared-memory chunk copied out, to give back
   while (stream_->Read(&buffer)) {
     const absl::Status decoded = codec_ == FrameCodec::kZeroCopy
                                      ? DecodeFrame(buffer, &frame)
@@ -403,7 +405,7 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
         m = s;
       }
     } else if (f.has_shm_slot()) {
-      m = ReceiveShm(frame, assembler);
+      m = ReceiveShm(frame, assembler, &release);
     } else if (options_.mode == DataPlaneMode::kShm && offered_ == nullptr &&
                shm_ == nullptr && !offer_seen_) {
       m = absl::FailedPreconditionError(
@@ -421,9 +423,16 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
       if (cancel_on_reject) stream_->Cancel();
       break;
     }
-    if (!m->has_value()) continue;
-    if (absl::Status pushed = inbox_.Push(std::move(**m)); !pushed.ok()) {
-      break;  // closed locally
+    if (m->has_value()) {
+      if (absl::Status pushed = inbox_.Push(std::move(**m)); !pushed.ok()) {
+        break;  // closed locally
+      }
+    }
+    // Released once the message is on its way to the stage: the release
+    // is off the path of the message itself.
+    if (release >= 0) {
+      if (!WriteRelease(release)) break;  // the peer went away
+      release = -1;
     }
   }
   const absl::Status why = status.ok()

@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
     return absl::ResourceExhaustedError(why);
   }
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
-                 MAP_SHARED, fd, 0);
+                 MAP_SHARED | MAP_POPULATE, fd, 0);
   if (p == MAP_FAILED) {
     const std::string why = Errno("shared memory: mmap");
     close(fd);
@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::OpenPeer(
         absl::StrCat(path, " is not a segment of ", bytes, " bytes"));
   }
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
-                 MAP_SHARED, own, 0);
+                 MAP_SHARED | MAP_POPULATE, own, 0);
   close(own);  // the mapping keeps the memory
   if (p == MAP_FAILED) {
     return absl::FailedPreconditionError(
