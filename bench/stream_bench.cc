@@ -564,8 +564,8 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       copying
           ? GrpcLatency(address, FrameCodec::kCopying, latency_size, seconds)
           : Latency{};
-  const Latency shm_lat = GrpcLatency(address, FrameCodec::kZeroCopy,
-                                      latency_size, seconds, shm);
+  const Latency shm_lat =
+      GrpcLatency(address, FrameCodec::kZeroCopy, latency_size, seconds, shm);
   std::vector<char> buf(static_cast<size_t>(latency_size), 'x');
   const Latency tcp_lat = MeasureLatency(seconds, [&] { TcpEcho(tcp, buf); });
   ::close(tcp);
@@ -620,8 +620,8 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
 
 int main(int argc, char** argv) {
   using namespace gpipe::bench;
-  Args args(argc, argv, {"sizes", "seconds", "latency-size", "shm-ring",
-                         "shm-chunk"},
+  Args args(argc, argv,
+            {"sizes", "seconds", "latency-size", "shm-ring", "shm-chunk"},
             {"glibc-malloc", "no-copying"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr,

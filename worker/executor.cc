@@ -167,11 +167,12 @@ absl::Status Executor::AwaitDataPlane(
         link.link().WaitDataPlane(std::chrono::milliseconds(250));
     if (plane.ok()) {
       const std::string refusal = link.link().data_plane_refusal();
-      LogInfo("stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s",
-              a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
-              DataPlaneModeName(data_plane_.mode),
-              refusal.empty() ? std::string()
-                              : absl::StrCat(": no shared memory: ", refusal));
+      LogInfo(
+          "stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s",
+          a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
+          DataPlaneModeName(data_plane_.mode),
+          refusal.empty() ? std::string()
+                          : absl::StrCat(": no shared memory: ", refusal));
       if (metrics != nullptr) metrics->SetDataPlane(DataPlaneName(*plane));
       return absl::OkStatus();
     }
@@ -216,8 +217,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
         absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
             ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
-                              a.stage(), capacity, 1000,
-                              FrameCodec::kZeroCopy, data_plane_);
+                              a.stage(), capacity, 1000, FrameCodec::kZeroCopy,
+                              data_plane_);
         if (link.ok()) {
           client = link->get();
           downstream = std::move(*link);

@@ -30,15 +30,15 @@ absl::StatusOr<DataPlaneMode> ParseDataPlaneMode(const std::string& text) {
   if (text == "grpc") return DataPlaneMode::kGrpc;
   if (text == "shm") return DataPlaneMode::kShm;
   if (text == "auto") return DataPlaneMode::kAuto;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--data_plane must be auto, grpc or shm, not '", text, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--data_plane must be auto, grpc or shm, not '", text, "'"));
 }
 
 absl::Status ValidateDataPlaneOptions(const DataPlaneOptions& o) {
   if (o.ring_bytes < kMinShmRingBytes || o.ring_bytes > kMaxShmRingBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--shm_ring_bytes ", o.ring_bytes, " is outside [", kMinShmRingBytes,
-        ", ", kMaxShmRingBytes, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shm_ring_bytes ", o.ring_bytes, " is outside [",
+                     kMinShmRingBytes, ", ", kMaxShmRingBytes, "]"));
   }
   if (o.chunk_bytes < 4096 || o.chunk_bytes > o.ring_bytes / 2) {
     return absl::InvalidArgumentError(
@@ -63,8 +63,8 @@ HostIdentity ThisHost() {
 std::string OfferMismatch(const gpipe::v1::ShmOffer& offer,
                           const HostIdentity& here) {
   if (offer.boot_id().empty() || offer.boot_id() != here.boot_id) {
-    return absl::StrCat("another host (boot id '", offer.boot_id(),
-                        "', here '", here.boot_id, "')");
+    return absl::StrCat("another host (boot id '", offer.boot_id(), "', here '",
+                        here.boot_id, "')");
   }
   if (offer.ipc_namespace() != here.ipc_namespace) {
     return absl::StrCat("another IPC namespace (", offer.ipc_namespace(),

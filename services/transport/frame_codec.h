@@ -57,7 +57,6 @@ class FrameAssembler {
       const std::function<void(char* dst)>& copy_payload);
 
  private:
-
   std::string job_id_;
   int64_t epoch_;
   bool in_tensor_ = false;

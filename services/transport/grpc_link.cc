@@ -290,8 +290,8 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
   if (!WriteLocked(FrameToBuffer(answer))) {
     return absl::UnavailableError("the upstream stage went away");
   }
-  LogInfo("link of %s epoch %d from stage %d: data plane %s%s", job_id_,
-          epoch_, f.from_stage(), answer.data_plane(),
+  LogInfo("link of %s epoch %d from stage %d: data plane %s%s", job_id_, epoch_,
+          f.from_stage(), answer.data_plane(),
           refusal.empty() ? std::string() : absl::StrCat(" (", refusal, ")"));
   if (plane_ != DataPlane::kShm && options_.mode == DataPlaneMode::kShm) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -308,19 +308,17 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
         " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
   }
   if (offered_ == nullptr) {
-    return absl::InvalidArgumentError(
-        "frame: a data-plane answer to no offer");
+    return absl::InvalidArgumentError("frame: a data-plane answer to no offer");
   }
   std::string refusal = f.refusal();
   std::unique_ptr<ShmChannel> channel;
   if (f.data_plane() == "shm") {
-    if (offered_->answer_nonce() != f.answer_nonce() ||
-        f.answer_nonce() == 0) {
+    if (offered_->answer_nonce() != f.answer_nonce() || f.answer_nonce() == 0) {
       refusal = "the peer's answer is not in the segment (another host?)";
     } else {
       offered_->CloseFd();
-      const int64_t chunk = std::min(options_.chunk_bytes,
-                                     offered_->ring_bytes() / 2);
+      const int64_t chunk =
+          std::min(options_.chunk_bytes, offered_->ring_bytes() / 2);
       channel = std::make_unique<ShmChannel>(std::move(offered_),
                                              /*creator=*/true, chunk);
     }
@@ -435,10 +433,10 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
       release = -1;
     }
   }
-  const absl::Status why = status.ok()
-                               ? absl::UnavailableError(
-                                     "the neighbouring stage closed the link")
-                               : status;
+  const absl::Status why =
+      status.ok()
+          ? absl::UnavailableError("the neighbouring stage closed the link")
+          : status;
   {
     std::lock_guard<std::mutex> lock(mu_);
     read_status_ = status;
@@ -477,8 +475,8 @@ grpc::ChannelArguments KeepaliveChannelArguments() {
 
 absl::StatusOr<std::unique_ptr<GrpcClientLink>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
-    int64_t from_stage, size_t capacity, int64_t deadline_ms,
-    FrameCodec codec, const DataPlaneOptions& data_plane) {
+    int64_t from_stage, size_t capacity, int64_t deadline_ms, FrameCodec codec,
+    const DataPlaneOptions& data_plane) {
   auto channel = grpc::CreateCustomChannel(
       address, grpc::InsecureChannelCredentials(), KeepaliveChannelArguments());
   if (!channel->WaitForConnected(std::chrono::system_clock::now() +
@@ -505,7 +503,8 @@ absl::StatusOr<std::unique_ptr<GrpcClientLink>> ConnectDownstream(
       std::make_unique<ClientFrameStream>(std::move(channel),
                                           std::move(context), std::move(rw)),
       job_id, epoch, capacity, codec);
-  if (absl::Status offered = link->link().OfferDataPlane(data_plane, from_stage);
+  if (absl::Status offered =
+          link->link().OfferDataPlane(data_plane, from_stage);
       !offered.ok()) {
     link->Close();
     return offered;

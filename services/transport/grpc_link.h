@@ -98,8 +98,9 @@ class GrpcLink final : public Link {
   absl::Status HandleOffer(const gpipe::v1::Frame& f);
   absl::Status HandleAnswer(const gpipe::v1::Frame& f);
   // Copies out the chunk a descriptor names; `release` gets its sequence.
-  absl::StatusOr<std::optional<Message>> ReceiveShm(
-      const ReceivedFrame& frame, FrameAssembler& assembler, int64_t* release);
+  absl::StatusOr<std::optional<Message>> ReceiveShm(const ReceivedFrame& frame,
+                                                    FrameAssembler& assembler,
+                                                    int64_t* release);
   bool WriteRelease(int64_t sequence);
 
   std::unique_ptr<FrameStream> stream_;

@@ -32,8 +32,7 @@ absl::Status ShmChannel::Release(int64_t sequence) {
   return s;
 }
 
-absl::StatusOr<const char*> ShmChannel::Accept(
-    const gpipe::v1::ShmSlot& slot) {
+absl::StatusOr<const char*> ShmChannel::Accept(const gpipe::v1::ShmSlot& slot) {
   absl::StatusOr<int64_t> offset = reader_.Accept(slot);
   if (!offset.ok()) return offset.status();
   return in_ + *offset;

@@ -32,9 +32,9 @@ absl::Status ShmRingWriter::Release(int64_t sequence) {
   if (used_.empty() || used_.front().sequence != sequence) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared memory: release of chunk ", sequence, " but ",
-        used_.empty() ? std::string("none is in use")
-                      : absl::StrCat("the oldest in use is ",
-                                     used_.front().sequence)));
+        used_.empty()
+            ? std::string("none is in use")
+            : absl::StrCat("the oldest in use is ", used_.front().sequence)));
   }
   tail_ = used_.front().end;
   used_.pop_front();
@@ -53,16 +53,15 @@ absl::StatusOr<int64_t> ShmRingReader::Accept(const gpipe::v1::ShmSlot& s) {
                      " is not in (0, ", max_chunk_, "]"));
   }
   if (s.offset() < 0 || s.offset() > capacity_ - s.length()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shared memory: chunk [", s.offset(), ", +", s.length(),
-        ") lies outside the ring of ", capacity_, " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared memory: chunk [", s.offset(), ", +", s.length(),
+                     ") lies outside the ring of ", capacity_, " bytes"));
   }
   const int64_t start = PlaceAt(head_, s.length(), capacity_);
   if (s.offset() != start % capacity_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shared memory: chunk ", s.sequence(), " at offset ",
-                     s.offset(), " where the writer places it at ",
-                     start % capacity_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory: chunk ", s.sequence(), " at offset ", s.offset(),
+        " where the writer places it at ", start % capacity_));
   }
   head_ = start + s.length();
   ++next_sequence_;

@@ -39,7 +39,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
     int64_t ring_bytes, uint64_t nonce) {
   const int64_t bytes = ShmSegmentBytes(ring_bytes);
   const int fd = memfd_create("gpipe-stage-link", MFD_CLOEXEC);
-  if (fd < 0) return absl::UnavailableError(Errno("shared memory: memfd_create"));
+  if (fd < 0)
+    return absl::UnavailableError(Errno("shared memory: memfd_create"));
   if (ftruncate(fd, bytes) != 0) {
     const std::string why = Errno("shared memory: ftruncate");
     close(fd);
@@ -67,9 +68,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::OpenPeer(
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
   const int own = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (own < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot open the peer's segment ", path, ": ",
-                     std::strerror(errno)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open the peer's segment ", path, ": ", std::strerror(errno)));
   }
   const int64_t bytes = ShmSegmentBytes(ring_bytes);
   struct stat st;

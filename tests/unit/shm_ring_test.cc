@@ -4,6 +4,8 @@
 // the memfd segment (mapped twice in one process through /proc, the nonces
 // proving it is the same memory), and the selection rules (modes, bounds,
 // host identity).
+#include "services/transport/shm_ring.h"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -15,7 +17,6 @@
 #include "gtest/gtest.h"
 #include "services/transport/data_plane.h"
 #include "services/transport/shm_channel.h"
-#include "services/transport/shm_ring.h"
 #include "services/transport/shm_segment.h"
 
 namespace gpipe {
@@ -135,8 +136,8 @@ TEST(ShmSegmentTest, BothMappingsSeeTheSameBytesAndNonces) {
       ShmSegment::Create(kMinShmRingBytes, 0x1234);
   ASSERT_TRUE(created.ok()) << created.status();
   ShmSegment& a = **created;
-  absl::StatusOr<std::unique_ptr<ShmSegment>> opened = ShmSegment::OpenPeer(
-      getpid(), a.fd(), kMinShmRingBytes, 0x1234, 0x5678);
+  absl::StatusOr<std::unique_ptr<ShmSegment>> opened =
+      ShmSegment::OpenPeer(getpid(), a.fd(), kMinShmRingBytes, 0x1234, 0x5678);
   ASSERT_TRUE(opened.ok()) << opened.status();
   ShmSegment& b = **opened;
   EXPECT_EQ(a.answer_nonce(), 0x5678u);
