@@ -158,7 +158,7 @@ absl::Status CheckpointError(const absl::Status& s) {
 
 // The next stage's answer to this stage's data-plane offer, in short waits
 // so that a cancel is noticed; logged and exported.
-absl::Status Executor::AwaitDataPlane(
+absl::StatusOr<DataPlane> Executor::AwaitDataPlane(
     GrpcClientLink& link, const gpipe::v1::Assignment& a,
     const std::function<bool()>& cancelled,
     const std::shared_ptr<StageMetrics>& metrics) {
@@ -174,7 +174,7 @@ absl::Status Executor::AwaitDataPlane(
           refusal.empty() ? std::string()
                           : absl::StrCat(": no shared memory: ", refusal));
       if (metrics != nullptr) metrics->SetDataPlane(DataPlaneName(*plane));
-      return absl::OkStatus();
+      return *plane;
     }
     if (!absl::IsDeadlineExceeded(plane.status())) return plane.status();
     if (cancelled()) return absl::CancelledError("cancelled");
@@ -203,6 +203,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                                        a.micro_batches(), last);
   }
   std::unique_ptr<MeteredLink> metered_up, metered_down;
+  std::string data_plane_name;  // of the link downstream, for progress
   absl::Status status = [&]() -> absl::Status {
     std::shared_ptr<const Dataset> dataset;
     if (first || last) {
@@ -235,7 +236,9 @@ void Executor::Execute(std::shared_ptr<Run> run) {
         if (run->cancelled) return absl::CancelledError("cancelled");
         run->downstream = downstream.get();
       }
-      RETURN_IF_ERROR(AwaitDataPlane(*client, a, cancelled, stage_metrics));
+      ASSIGN_OR_RETURN(DataPlane plane,
+                       AwaitDataPlane(*client, a, cancelled, stage_metrics));
+      data_plane_name = DataPlaneName(plane);
     }
     if (!first) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -318,6 +321,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       p->set_busy_seconds(t.busy_seconds());
       p->set_bubble_seconds(t.bubble_seconds());
       p->set_peak_activation_bytes(r.peak_activation_bytes);
+      p->set_data_plane(data_plane_name);
       if (stage_metrics != nullptr) {
         StepOutcome report;
         report.completed_steps = s + 1;

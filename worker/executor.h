@@ -59,10 +59,10 @@ class Executor {
  private:
   struct Run;  // one assignment's state
   void Execute(std::shared_ptr<Run> run);
-  absl::Status AwaitDataPlane(GrpcClientLink& link,
-                              const gpipe::v1::Assignment& a,
-                              const std::function<bool()>& cancelled,
-                              const std::shared_ptr<StageMetrics>& metrics);
+  absl::StatusOr<DataPlane> AwaitDataPlane(
+      GrpcClientLink& link, const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled,
+      const std::shared_ptr<StageMetrics>& metrics);
   void StopLocked(std::unique_lock<std::mutex>& lock);
 
   const int threads_;

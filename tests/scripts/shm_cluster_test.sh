@@ -2,8 +2,8 @@
 # The shared-memory data plane on local clusters (real processes on one
 # host): a 2-worker and a 3-stage cluster with --data_plane shm end with
 # parameters bitwise equal to the same cluster on gRPC frames, the workers
-# say in their logs and metrics that shared memory carried the tensors, and
-# nothing is left in /dev/shm. GPIPE_SHM_STEPS changes the step count.
+# say in their logs and metrics that shared memory carried the tensors (and
+# the job status says so per stage), and nothing is left in /dev/shm. GPIPE_SHM_STEPS changes the step count.
 #   shm_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -23,7 +23,7 @@ for run in "fashion_mnist_mlp 2 4" "char_transformer 3 3"; do
   spec="$src/examples/$example.json"
   for plane in grpc shm; do
     "$bin/gpipectl" local "$spec" --workers "$stages" --stages "$stages" \
-      --micro-batches "$mbs" --steps "$steps" --threads 2 --data_plane "$plane" \
+      --micro-batches "$mbs" --steps "$steps" --threads 2 --data_plane "$plane" --json \
       --keep "$work/$example-$plane" --out "$work/$example-$plane-out" \
       >"$work/$example-$plane.log" 2>&1 ||
       { tail -30 "$work/$example-$plane.log"; fail "$example on $plane"; }
@@ -38,6 +38,9 @@ for run in "fashion_mnist_mlp 2 4" "char_transformer 3 3"; do
     [[ "$n" == $((stages - 1)) ]] ||
       fail "$example: $n of $((stages - 1)) links logged data plane $plane"
   done
+  # The controller shows it per stage too (gpipectl status, --json events).
+  grep -q '"dataPlane":"shm"' "$work/$example-shm.log" ||
+    fail "$example: no job status shows a stage with dataPlane shm"
   echo "ok: $example, $stages stages: shm bitwise equal to grpc frames"
   passed=$((passed + 1))
 done
