@@ -3,7 +3,10 @@
 // plain TCP socket measured in the same run, which is what this machine's
 // loopback can do at best. The link runs twice: with the zero-copy frame
 // codec the workers use, and with the copying one (payloads through
-// Frame.payload strings: 4 copies per byte) for comparison.
+// Frame.payload strings: 4 copies per byte) for comparison. A third run
+// uses the shared-memory data plane (the same link, tensor bytes through a
+// ring in a memfd segment, descriptors on the stream), measured against
+// memcpy's bandwidth on this machine (one buffer into another, same sizes).
 //   Throughput: the parent sends K float32 tensors of S bytes as activations;
 //   the child answers once after it has received all K, so the timer covers
 //   full delivery. TCP: the same K*S bytes, then a 1-byte ack.
@@ -15,6 +18,7 @@
 // (services/core/memory.h); --glibc-malloc shows glibc's defaults instead.
 // Usage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
 //                     [--latency-size 64K] [--glibc-malloc] [--no-copying]
+//                     [--shm-ring 32M] [--shm-chunk 4M]
 #include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -60,6 +64,7 @@ constexpr int64_t kEpoch = 1;
 constexpr int64_t kSinkMode = 0;  // count tensors, answer each barrier
 constexpr int64_t kEchoMode = 1;  // send every tensor straight back
 constexpr int64_t kCopyingFlag = 2;
+// The parent offers shared memory (the child accepts whatever is offered).
 // Bytes per throughput round (at least 2 tensors), and bounds on every loop.
 constexpr int64_t kRoundBytes = 32 << 20;
 constexpr int kMaxRounds = 1000;
@@ -233,6 +238,9 @@ class BenchStageService final : public ExchangeService {
                                  : FrameCodec::kZeroCopy;
     GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
                   open->job_id(), open->epoch(), /*capacity=*/64, codec);
+    DataPlaneOptions planes;
+    planes.mode = DataPlaneMode::kAuto;
+    link.set_data_plane(planes);
     const bool echo = (open->from_stage() & ~kCopyingFlag) == kEchoMode;
     std::thread worker([&link, echo] {
       int64_t tensors = 0;
@@ -415,26 +423,45 @@ void TcpEcho(int fd, std::vector<char>& buf) {
   }
 }
 
+// K copies of `src` into one reused buffer (memcpy's bandwidth, warm).
+void MemcpyRound(const std::vector<char>& src, std::vector<char>& dst,
+                 int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    std::memcpy(dst.data(), src.data(), src.size());
+    // Keep the compiler from dropping copies nobody reads.
+    asm volatile("" : : "r"(dst.data()) : "memory");
+  }
+}
+
 struct Row {
   int64_t size;
-  double grpc_gbps, copying_gbps, tcp_gbps;
+  double grpc_gbps, copying_gbps, tcp_gbps, shm_gbps, memcpy_gbps;
 };
 
-// A link to the child in `mode` with `codec`.
+// A link to the child in `mode` with `codec`; with `planes.mode` shm the
+// tensors go through shared memory (checked: the child must have mapped it).
 std::unique_ptr<Link> Connect(const std::string& address, int64_t mode,
-                              FrameCodec codec) {
-  absl::StatusOr<std::unique_ptr<Link>> link = ConnectDownstream(
+                              FrameCodec codec,
+                              const DataPlaneOptions& planes = {}) {
+  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link = ConnectDownstream(
       address, kJob, kEpoch,
       mode + (codec == FrameCodec::kCopying ? kCopyingFlag : 0), 64, 5000,
-      codec);
+      codec, planes);
   if (!link.ok()) Die(std::string(link.status().message()));
+  absl::StatusOr<DataPlane> plane =
+      (*link)->link().WaitDataPlane(std::chrono::seconds(5));
+  if (!plane.ok()) Die(std::string(plane.status().message()));
+  if (planes.mode == DataPlaneMode::kShm && *plane != DataPlane::kShm) {
+    Die("the child did not map the shared-memory segment");
+  }
   return std::move(*link);
 }
 
 // Per-hop latency over a fresh echo link with `codec`; checks the echo first.
 Latency GrpcLatency(const std::string& address, FrameCodec codec,
-                    int64_t latency_size, double seconds) {
-  std::unique_ptr<Link> echo = Connect(address, kEchoMode, codec);
+                    int64_t latency_size, double seconds,
+                    const DataPlaneOptions& planes = {}) {
+  std::unique_ptr<Link> echo = Connect(address, kEchoMode, codec, planes);
   const Tensor t = PatternTensor(latency_size);
   if (!BitwiseEqual(GrpcEcho(*echo, t), t)) {
     Die("the echoed tensor differs from the one sent");
@@ -443,7 +470,8 @@ Latency GrpcLatency(const std::string& address, FrameCodec codec,
 }
 
 int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
-              int64_t latency_size, bool mallopt, bool copying) {
+              int64_t latency_size, bool mallopt, bool copying,
+              const DataPlaneOptions& shm) {
   pollfd pfd{ports_fd, POLLIN, 0};
   char line[64] = {};
   if (::poll(&pfd, 1, 10000) != 1 ||
@@ -465,10 +493,16 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       "through protobuf strings)\n"
       "  TCP:  the same bytes through one plain socket (TCP_NODELAY), the "
       "loopback's limit\n"
+      "  shm:  the same GrpcLink on the shared-memory plane (rings of %lld "
+      "MiB, chunks of %lld KiB);\n"
+      "        memcpy: one buffer into another on this machine, the bound "
+      "for any copy\n"
       "  ~%.1f s per figure, median of rounds of >= %lld MiB; GB/s = 1e9 "
       "bytes/s\n"
       "  malloc: %s\n\n",
-      static_cast<long long>(kMaxChunkBytes >> 10), seconds,
+      static_cast<long long>(kMaxChunkBytes >> 10),
+      static_cast<long long>(shm.ring_bytes >> 20),
+      static_cast<long long>(shm.chunk_bytes >> 10), seconds,
       static_cast<long long>(kRoundBytes >> 20),
       mallopt ? "freed memory kept (no mmap below 256 MiB, no trim below "
                 "1 GiB, 1 arena), as gpipe-worker runs"
@@ -479,18 +513,20 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       Connect(address, kSinkMode, FrameCodec::kZeroCopy);
   std::unique_ptr<Link> copying_sink =
       copying ? Connect(address, kSinkMode, FrameCodec::kCopying) : nullptr;
+  std::unique_ptr<Link> shm_sink =
+      Connect(address, kSinkMode, FrameCodec::kZeroCopy, shm);
   const int tcp = ConnectTcp(tcp_port);
 
-  std::printf("%-9s %10s %10s %10s %9s %9s  %s\n", "size", "gRPC GB/s",
-              "copying", "TCP GB/s", "gRPC/TCP", "gRPC/copy",
-              "goal >= 0.50 from 1 MiB");
+  std::printf("%-9s %10s %10s %10s %9s %9s  %-6s %9s %11s %10s  %s\n", "size",
+              "gRPC GB/s", "copying", "TCP GB/s", "gRPC/TCP", "gRPC/copy",
+              ">=0.50", "shm GB/s", "memcpy GB/s", "shm/memcpy", ">=0.70");
   std::vector<Row> rows;
   int64_t step = 0;
   for (int64_t size : sizes) {
     const int64_t count = std::max<int64_t>(2, kRoundBytes / size);
     const Tensor t = PatternTensor(size);
     const std::vector<char> buf(static_cast<size_t>(size), 'x');
-    Row r{size, 0, 0, 0};
+    Row r{size, 0, 0, 0, 0, 0};
     r.grpc_gbps = MeasureGBps(size * count, seconds,
                               [&] { GrpcSinkRound(*sink, t, count, step++); });
     if (copying) {
@@ -500,16 +536,27 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
     }
     r.tcp_gbps = MeasureGBps(size * count, seconds,
                              [&] { TcpSinkRound(tcp, buf, count); });
+    r.shm_gbps = MeasureGBps(size * count, seconds, [&] {
+      GrpcSinkRound(*shm_sink, t, count, step++);
+    });
+    std::vector<char> dst(buf.size());
+    r.memcpy_gbps = MeasureGBps(size * count, seconds,
+                                [&] { MemcpyRound(buf, dst, count); });
     const double ratio = r.grpc_gbps / r.tcp_gbps;
-    std::printf("%-9s %10.2f %10.2f %10.2f %9.2f %9.2f  %s\n",
-                SizeName(size).c_str(), r.grpc_gbps, r.copying_gbps, r.tcp_gbps,
-                ratio, copying ? r.grpc_gbps / r.copying_gbps : 0.0,
-                size < (1 << 20) ? "-" : (ratio >= 0.5 ? "ok" : "MISSED"));
+    const double shm_ratio = r.shm_gbps / r.memcpy_gbps;
+    std::printf(
+        "%-9s %10.2f %10.2f %10.2f %9.2f %9.2f  %-6s %9.2f %11.2f %10.2f  %s\n",
+        SizeName(size).c_str(), r.grpc_gbps, r.copying_gbps, r.tcp_gbps, ratio,
+        copying ? r.grpc_gbps / r.copying_gbps : 0.0,
+        size < (1 << 20) ? "-" : (ratio >= 0.5 ? "ok" : "MISSED"), r.shm_gbps,
+        r.memcpy_gbps, shm_ratio,
+        size < (1 << 20) ? "-" : (shm_ratio >= 0.7 ? "ok" : "MISSED"));
     std::fflush(stdout);
     rows.push_back(r);
   }
   sink.reset();  // half-closes and waits for the child's handler
   copying_sink.reset();
+  shm_sink.reset();
 
   const Latency grpc_lat =
       GrpcLatency(address, FrameCodec::kZeroCopy, latency_size, seconds);
@@ -517,6 +564,8 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       copying
           ? GrpcLatency(address, FrameCodec::kCopying, latency_size, seconds)
           : Latency{};
+  const Latency shm_lat =
+      GrpcLatency(address, FrameCodec::kZeroCopy, latency_size, seconds, shm);
   std::vector<char> buf(static_cast<size_t>(latency_size), 'x');
   const Latency tcp_lat = MeasureLatency(seconds, [&] { TcpEcho(tcp, buf); });
   ::close(tcp);
@@ -534,6 +583,8 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
         "codec\n",
         copying_lat.median_us, copying_lat.p90_us, copying_lat.round_trips);
   }
+  std::printf("  shm  %8.1f us median, %8.1f us p90 (%d round trips)\n",
+              shm_lat.median_us, shm_lat.p90_us, shm_lat.round_trips);
   std::printf("  TCP  %8.1f us median, %8.1f us p90 (%d round trips)\n",
               tcp_lat.median_us, tcp_lat.p90_us, tcp_lat.round_trips);
   std::printf(
@@ -546,6 +597,12 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       "reaches (goal >= 0.50 from 1 MiB); gRPC/copy is the zero-copy codec's "
       "speed-up over\n"
       "the copying one (no copy sending, one receiving; against 2 + 2).\n"
+      "shm/memcpy is the shared-memory plane's share of one memcpy (goal >= "
+      "0.70 from 1 MiB):\n"
+      "it copies twice (tensor -> ring in the sender, ring -> tensor in the "
+      "receiver), chunk\n"
+      "by chunk, so the two copies overlap on two cores; on one free core it "
+      "cannot pass 0.5.\n"
       "Per-hop latency is what one activation or gradient of that size costs "
       "between\n"
       "neighbouring stages (goal < 200 us for 64 KiB). Both processes share "
@@ -563,13 +620,14 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
 
 int main(int argc, char** argv) {
   using namespace gpipe::bench;
-  Args args(argc, argv, {"sizes", "seconds", "latency-size"},
+  Args args(argc, argv,
+            {"sizes", "seconds", "latency-size", "shm-ring", "shm-chunk"},
             {"glibc-malloc", "no-copying"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr,
                  "%s\nusage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] "
                  "[--seconds 1] [--latency-size 64K] [--glibc-malloc] "
-                 "[--no-copying]\n",
+                 "[--no-copying] [--shm-ring 32M] [--shm-chunk 4M]\n",
                  args.error().c_str());
     return 2;
   }
@@ -584,6 +642,13 @@ int main(int argc, char** argv) {
   const int64_t latency_size =
       ParseSize(StringOption(argc, argv, "latency-size", "64K"));
   const double seconds = args.Double("seconds", 1.0);
+  gpipe::DataPlaneOptions shm;
+  shm.mode = gpipe::DataPlaneMode::kShm;
+  shm.ring_bytes = ParseSize(StringOption(argc, argv, "shm-ring", "32M"));
+  shm.chunk_bytes = ParseSize(StringOption(argc, argv, "shm-chunk", "4M"));
+  if (absl::Status s = gpipe::ValidateDataPlaneOptions(shm); !s.ok()) {
+    Die(std::string(s.message()));
+  }
   if (!(seconds > 0 && seconds <= 60)) Die("--seconds must be in (0, 60]");
 
   // As gpipe-worker does (services/core/memory.h), unless asked to show
@@ -592,7 +657,7 @@ int main(int argc, char** argv) {
   if (mallopt) gpipe::KeepFreedMemory();  // before fork: both processes
   ::signal(SIGPIPE, SIG_IGN);
   // A watchdog: no run may hang (SIGALRM ends the process, the child follows).
-  ::alarm(static_cast<unsigned>(60 + 9 * seconds * (sizes.size() + 2)));
+  ::alarm(static_cast<unsigned>(60 + 12 * seconds * (sizes.size() + 2)));
 
   int ports[2], control[2];
   if (::pipe2(ports, O_CLOEXEC) != 0 || ::pipe2(control, O_CLOEXEC) != 0) {
@@ -610,7 +675,7 @@ int main(int argc, char** argv) {
   ::close(ports[1]);
   ::close(control[0]);
   const int rc = RunParent(ports[0], sizes, seconds, latency_size, mallopt,
-                           !args.Has("no-copying"));
+                           !args.Has("no-copying"), shm);
   ::close(control[1]);  // the child exits on EOF
   int status = 0;
   ::waitpid(child, &status, 0);

@@ -226,7 +226,7 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   if (s.stages_size() > 0) {
     std::printf("stages:\n");
     std::vector<std::vector<std::string>> t = {
-        {"STAGE", "WORKER", "ADDRESS", "LAYERS"}};
+        {"STAGE", "WORKER", "ADDRESS", "LAYERS", "DATA PLANE"}};
     for (const gpipe::v1::StageStatus& st : s.stages()) {
       const std::string layers =
           st.layer_end() > st.layer_begin()
@@ -234,7 +234,8 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
               : "-";
       t.push_back({absl::StrCat(st.stage()),
                    st.worker_id().empty() ? "-" : st.worker_id(),
-                   st.address().empty() ? "-" : st.address(), layers});
+                   st.address().empty() ? "-" : st.address(), layers,
+                   st.data_plane().empty() ? "-" : st.data_plane()});
     }
     PrintTable(t, "  ");
   }

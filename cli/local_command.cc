@@ -51,6 +51,9 @@ ABSL_FLAG(std::string, metrics_targets, "",
           "local: where to write the Prometheus file_sd targets of the local "
           "cluster's /metrics endpoints (default: OUT/prometheus-targets.json "
           "with --out, else in the run directory)");
+ABSL_FLAG(std::string, data_plane, "",
+          "local: the workers' --data_plane (auto, grpc or shm; default: "
+          "the workers' own default)");
 // Defined with `gpipectl train` and the client commands.
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, trace);
@@ -285,10 +288,15 @@ class LocalCluster {
           absl::StrCat("--threads=", threads_each),
           "--metrics_listen=127.0.0.1:0",
           "--metrics_port_file=" + metrics_port_file};
+      std::vector<std::string> args = argv;
+      if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
+          !plane.empty()) {
+        args.push_back("--data_plane=" + plane);
+      }
       metrics_port_files_.emplace_back("worker", metrics_port_file);
       ASSIGN_OR_RETURN(
           std::unique_ptr<ChildProcess> worker,
-          ChildProcess::Start(absl::StrCat("gpipe-worker ", i), argv,
+          ChildProcess::Start(absl::StrCat("gpipe-worker ", i), args,
                               absl::StrCat(run_dir_, "/worker-", i, ".log")));
       std::lock_guard<std::mutex> lock(mu_);
       workers_.push_back(std::move(worker));
@@ -547,12 +555,17 @@ int RunLocal(const std::vector<std::string>& args) {
                  "[--micro-batches M] [--schedule gpipe|1f1b] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
-                 "[--trace DIR]\n");
+                 "[--trace DIR] [--data_plane auto|grpc|shm]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
   if (absl::Status s = ApplySpecFlags(*spec); !s.ok()) return Fail(s);
+  if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
+      !plane.empty() && plane != "auto" && plane != "grpc" && plane != "shm") {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--data_plane must be auto, grpc or shm, not '", plane, "'")));
+  }
   const int64_t stages = StageCount(*spec);
   const int64_t workers =
       absl::GetFlag(FLAGS_workers) > 0 ? absl::GetFlag(FLAGS_workers) : stages;

@@ -161,6 +161,31 @@ absl::Status CheckpointError(const absl::Status& s) {
 
 }  // namespace
 
+// The next stage's answer to this stage's data-plane offer, in short waits
+// so that a cancel is noticed; logged and exported.
+absl::StatusOr<DataPlane> Executor::AwaitDataPlane(
+    GrpcClientLink& link, const gpipe::v1::Assignment& a,
+    const std::function<bool()>& cancelled,
+    const std::shared_ptr<StageMetrics>& metrics) {
+  for (;;) {
+    absl::StatusOr<DataPlane> plane =
+        link.link().WaitDataPlane(std::chrono::milliseconds(250));
+    if (plane.ok()) {
+      const std::string refusal = link.link().data_plane_refusal();
+      LogInfo(
+          "stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s",
+          a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
+          DataPlaneModeName(data_plane_.mode),
+          refusal.empty() ? std::string()
+                          : absl::StrCat(": no shared memory: ", refusal));
+      if (metrics != nullptr) metrics->SetDataPlane(DataPlaneName(*plane));
+      return *plane;
+    }
+    if (!absl::IsDeadlineExceeded(plane.status())) return plane.status();
+    if (cancelled()) return absl::CancelledError("cancelled");
+  }
+}
+
 void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
   const gpipe::v1::Assignment& a = run->assignment;
@@ -183,6 +208,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                                        a.micro_batches(), last);
   }
   std::unique_ptr<MeteredLink> metered_up, metered_down;
+  std::string data_plane_name;  // of the link downstream, for progress
   absl::Status status = [&]() -> absl::Status {
     std::shared_ptr<const Dataset> dataset;
     if (first || last) {
@@ -193,15 +219,18 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       // In short attempts, so that a cancel (the job restarted: the peer
       // may be dead) is noticed within a second rather than after 30.
       absl::Status connected = absl::UnavailableError("not tried");
+      GrpcClientLink* client = nullptr;
       for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
-        absl::StatusOr<std::unique_ptr<Link>> link = ConnectDownstream(
-            a.downstream_address(), a.job_id(), a.epoch(), a.stage(), capacity,
-            1000, FrameCodec::kZeroCopy, [&] {
-              ExchangeCredentials c = exchange_credentials_;
-              c.stream_key = a.stream_key();
-              return c;
-            }());
+        absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
+            ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
+                              a.stage(), capacity, 1000, FrameCodec::kZeroCopy,
+                              data_plane_, [&] {
+                                ExchangeCredentials c = exchange_credentials_;
+                                c.stream_key = a.stream_key();
+                                return c;
+                              }());
         if (link.ok()) {
+          client = link->get();
           downstream = std::move(*link);
           connected = absl::OkStatus();
           break;
@@ -211,9 +240,14 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       }
       if (cancelled()) return absl::CancelledError("cancelled");
       RETURN_IF_ERROR(connected);
-      std::lock_guard<std::mutex> lock(mu_);
-      if (run->cancelled) return absl::CancelledError("cancelled");
-      run->downstream = downstream.get();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (run->cancelled) return absl::CancelledError("cancelled");
+        run->downstream = downstream.get();
+      }
+      ASSIGN_OR_RETURN(DataPlane plane,
+                       AwaitDataPlane(*client, a, cancelled, stage_metrics));
+      data_plane_name = DataPlaneName(plane);
     }
     if (!first) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -296,6 +330,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       p->set_busy_seconds(t.busy_seconds());
       p->set_bubble_seconds(t.bubble_seconds());
       p->set_peak_activation_bytes(r.peak_activation_bytes);
+      p->set_data_plane(data_plane_name);
       if (stage_metrics != nullptr) {
         StepOutcome report;
         report.completed_steps = s + 1;

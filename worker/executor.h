@@ -60,10 +60,18 @@ class Executor {
   void set_exchange_credentials(ExchangeCredentials c) {
     exchange_credentials_ = std::move(c);
   }
+  // The data planes this worker offers its next stage and accepts from its
+  // previous one (--data_plane). Set before the first Start.
+  void set_data_plane(const DataPlaneOptions& o) { data_plane_ = o; }
+  const DataPlaneOptions& data_plane() const { return data_plane_; }
 
  private:
   struct Run;  // one assignment's state
   void Execute(std::shared_ptr<Run> run);
+  absl::StatusOr<DataPlane> AwaitDataPlane(
+      GrpcClientLink& link, const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled,
+      const std::shared_ptr<StageMetrics>& metrics);
   void StopLocked(std::unique_lock<std::mutex>& lock);
 
   const int threads_;
@@ -71,6 +79,7 @@ class Executor {
   PipelineMetrics* const metrics_;
   int64_t trace_every_ = 1;
   ExchangeCredentials exchange_credentials_;
+  DataPlaneOptions data_plane_;
   const Device device_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -63,6 +63,13 @@ ABSL_FLAG(std::string, metrics_port_file, "",
 ABSL_FLAG(int64_t, trace_every, 1,
           "send the stage's op timeline of every N-th step to the controller "
           "(0: never)");
+ABSL_FLAG(std::string, data_plane, "auto",
+          "how tensors travel to and from the neighbouring stages: auto "
+          "(shared memory with a stage on this host that can map it, else "
+          "gRPC frames), grpc (frames only) or shm (shared memory or fail)");
+ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{32} << 20,
+          "shared-memory plane: bytes of each direction's ring per "
+          "neighbouring pair (a full ring makes the sender wait)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");
@@ -152,7 +159,8 @@ int main(int argc, char** argv) {
       "[--advertise HOST:PORT] [--threads T] [--device cpu|cuda|auto] "
       "[--metrics_listen HOST:PORT] [--trace_every N] [--drain_timeout_ms N] "
       "[--tls_cert F --tls_key F --tls_ca F] [--tls_peer_name NAME] "
-      "[--token_file F] [--health_listen HOST:PORT]\n"
+      "[--token_file F] [--health_listen HOST:PORT] "
+      "[--data_plane auto|grpc|shm] [--shm_ring_bytes N]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
@@ -243,6 +251,22 @@ int main(int argc, char** argv) {
   }
   executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
   executor.set_exchange_credentials(security->exchange);
+  {
+    const absl::StatusOr<gpipe::DataPlaneMode> mode =
+        gpipe::ParseDataPlaneMode(absl::GetFlag(FLAGS_data_plane));
+    gpipe::DataPlaneOptions planes;
+    if (mode.ok()) planes.mode = *mode;
+    planes.ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
+    planes.chunk_bytes = std::min(planes.chunk_bytes, planes.ring_bytes / 2);
+    const absl::Status valid =
+        mode.ok() ? gpipe::ValidateDataPlaneOptions(planes) : mode.status();
+    if (!valid.ok()) {
+      std::fprintf(stderr, "gpipe-worker: %s\n",
+                   std::string(valid.message()).c_str());
+      return 2;
+    }
+    executor.set_data_plane(planes);
+  }
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
   // Refused Exchange streams by reason: "stream_key" (no or a wrong key:
   // someone not assigned tried to push frames), "fenced" (another job or

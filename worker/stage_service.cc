@@ -18,6 +18,7 @@ grpc::Status StageService::Exchange(grpc::ServerContext* context,
   if (auto it = metadata.find(kStreamKeyMetadata); it != metadata.end()) {
     stream_key.assign(it->second.data(), it->second.size());
   }
+  link->set_data_plane(executor_->data_plane());
   absl::Status accepted = executor_->AcceptUpstream(
       open->job_id(), open->epoch(), open->from_stage(), link, link_wait_ms_,
       std::move(stream_key));

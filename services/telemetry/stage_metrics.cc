@@ -60,6 +60,14 @@ void StageMetrics::ObserveReceive(int64_t bytes) {
   received_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
 }
 
+void StageMetrics::SetDataPlane(const std::string& plane) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (data_plane_ != nullptr) data_plane_family_->Remove(data_plane_);
+  data_plane_ = &data_plane_family_->Add(
+      {{"job", job_}, {"stage", std::to_string(stage_)}, {"plane", plane}});
+  data_plane_->Set(1);
+}
+
 PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                                  size_t keep_finished, Clock::duration linger)
     : registry_(registry),
@@ -123,7 +131,12 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
       step_(prometheus::BuildGauge()
                 .Name("gpipe_job_step")
                 .Help("Training steps the job has completed")
-                .Register(registry)) {}
+                .Register(registry)),
+      data_plane_(prometheus::BuildGauge()
+                      .Name("gpipe_transport_data_plane")
+                      .Help("1 for the data plane (grpc or shm) that carries "
+                            "tensors from this stage to the next")
+                      .Register(registry)) {}
 
 std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(const std::string& job,
                                                         int64_t stage,
@@ -142,6 +155,7 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(const std::string& job,
     }
   }
   auto m = std::shared_ptr<StageMetrics>(new StageMetrics(job, stage));
+  m->data_plane_family_ = &data_plane_;
   const prometheus::Labels labels = {{"job", job},
                                      {"stage", absl::StrCat(stage)}};
   for (Phase phase : kPhases) {
@@ -213,6 +227,11 @@ void PipelineMetrics::RemoveLocked(const std::shared_ptr<StageMetrics>& m) {
   samples_.Remove(m->samples_);
   if (m->loss_ != nullptr) loss_.Remove(m->loss_);
   step_.Remove(m->step_);
+  {
+    std::lock_guard<std::mutex> lock(m->mu_);
+    if (m->data_plane_ != nullptr) data_plane_.Remove(m->data_plane_);
+    m->data_plane_ = nullptr;
+  }
 }
 
 size_t PipelineMetrics::exported() const {

@@ -51,6 +51,9 @@ class StageMetrics {
   // received from one.
   void ObserveSend(int64_t bytes, double seconds);
   void ObserveReceive(int64_t bytes);
+  // The data plane (services/transport/data_plane.h: "grpc", "shm") of the
+  // link to the next stage: gpipe_transport_data_plane{plane} is 1.
+  void SetDataPlane(const std::string& plane);
 
   const std::string& job() const { return job_; }
   int64_t stage() const { return stage_; }
@@ -76,6 +79,8 @@ class StageMetrics {
   prometheus::Counter* samples_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;  // last stage only
   prometheus::Gauge* step_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* data_plane_family_ = nullptr;
+  prometheus::Gauge* data_plane_ = nullptr;  // under mu_
   std::mutex mu_;
   int64_t peak_bytes_ = 0;
 };
@@ -135,6 +140,7 @@ class PipelineMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& samples_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& step_;
+  prometheus::Family<prometheus::Gauge>& data_plane_;
   mutable std::mutex mu_;
   std::map<Key, std::shared_ptr<StageMetrics>> live_;
   std::deque<Finished> finished_;  // oldest first

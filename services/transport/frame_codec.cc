@@ -48,7 +48,8 @@ bool CarriesTensor(MessageKind k) {
 
 bool EncodeFrameFields(
     const Message& m, const std::string& job_id, int64_t epoch,
-    const std::function<bool(const Frame&, int64_t, int64_t)>& emit) {
+    const std::function<bool(const Frame&, int64_t, int64_t)>& emit,
+    int64_t chunk_bytes) {
   Frame f;
   f.set_job_id(job_id);
   f.set_epoch(epoch);
@@ -69,7 +70,7 @@ bool EncodeFrameFields(
   f.set_total_bytes(total);
   int64_t at = 0;
   do {
-    const int64_t n = std::min(kMaxChunkBytes, total - at);
+    const int64_t n = std::min(chunk_bytes, total - at);
     f.set_last(at + n == total);
     if (!emit(f, at, n)) return false;
     at += n;

@@ -29,11 +29,13 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 31;
 bool EncodeFrames(const Message& m, const std::string& job_id, int64_t epoch,
                   const std::function<bool(const gpipe::v1::Frame&)>& emit);
 // The same frames without their payloads: `emit` gets each frame's fields
-// and the byte range [at, at + n) of m.tensor that is its payload.
+// and the byte range [at, at + n) of m.tensor that is its payload, in chunks
+// of at most `chunk_bytes` (the shared-memory plane uses larger ones).
 bool EncodeFrameFields(const Message& m, const std::string& job_id,
                        int64_t epoch,
                        const std::function<bool(const gpipe::v1::Frame&,
-                                                int64_t at, int64_t n)>& emit);
+                                                int64_t at, int64_t n)>& emit,
+                       int64_t chunk_bytes = kMaxChunkBytes);
 
 class FrameAssembler {
  public:
@@ -47,12 +49,14 @@ class FrameAssembler {
   // The same for a frame decoded from the wire: its payload is copied once,
   // from gRPC's slices into the tensor being assembled.
   absl::StatusOr<std::optional<Message>> Add(const ReceivedFrame& frame);
-
- private:
+  // The same for a frame whose payload lies elsewhere (the shared-memory
+  // plane): `copy_payload` copies its `payload_size` bytes to `dst`, and is
+  // called only once the frame passed every check.
   absl::StatusOr<std::optional<Message>> Add(
       const gpipe::v1::Frame& fields, int64_t payload_size,
       const std::function<void(char* dst)>& copy_payload);
 
+ private:
   std::string job_id_;
   int64_t epoch_;
   bool in_tensor_ = false;

@@ -1,9 +1,15 @@
 #include "services/transport/grpc_link.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "services/core/log.h"
+#include "services/core/status.h"
 #include "services/transport/exchange_method.h"
 
 namespace gpipe {
@@ -22,8 +28,8 @@ class ClientFrameStream final : public FrameStream {
   bool Read(grpc::ByteBuffer* b) override { return rw_->Read(b); }
   bool Write(const grpc::ByteBuffer& b) override { return rw_->Write(b); }
   void Cancel() override { context_->TryCancel(); }
-  void WritesDone() { rw_->WritesDone(); }
-  grpc::Status Finish() { return rw_->Finish(); }
+  void WritesDone() override { rw_->WritesDone(); }
+  void Finish() override { rw_->Finish(); }
 
  private:
   std::shared_ptr<grpc::Channel> channel_;
@@ -31,39 +37,35 @@ class ClientFrameStream final : public FrameStream {
   std::unique_ptr<ExchangeClientStream> rw_;
 };
 
-// The upstream end: owns the reader thread, and on normal destruction
-// half-closes and waits for the peer to finish, so no frame in flight is
-// dropped.
-class ClientLink final : public Link {
- public:
-  ClientLink(ClientFrameStream* stream, std::unique_ptr<GrpcLink> link)
-      : stream_(stream), link_(std::move(link)) {
-    reader_ =
-        std::thread([this] { link_->ReadLoop(/*cancel_on_reject=*/true); });
-  }
-  ~ClientLink() override {
-    if (!aborted_) stream_->WritesDone();
-    reader_.join();
-    stream_->Finish();
-    link_->Release();
-  }
-  absl::Status Send(Message m) override { return link_->Send(std::move(m)); }
-  absl::StatusOr<Message> Receive() override { return link_->Receive(); }
-  void Close() override {
-    aborted_ = true;
-    link_->Close();
-  }
-  int64_t bytes_sent() const override { return link_->bytes_sent(); }
-  int64_t bytes_received() const override { return link_->bytes_received(); }
-
- private:
-  ClientFrameStream* stream_;  // owned by link_
-  std::unique_ptr<GrpcLink> link_;
-  std::thread reader_;
-  std::atomic<bool> aborted_{false};
-};
+// A nonce no other segment is likely to hold (never 0: 0 is "unanswered").
+uint64_t NewNonce() {
+  std::random_device rd;
+  uint64_t n = 0;
+  while (n == 0) n = (uint64_t{rd()} << 32) ^ rd();
+  return n;
+}
 
 }  // namespace
+
+GrpcClientLink::GrpcClientLink(std::unique_ptr<FrameStream> stream,
+                               std::string job_id, int64_t epoch,
+                               size_t capacity, FrameCodec codec)
+    : link_(std::make_unique<GrpcLink>(std::move(stream), std::move(job_id),
+                                       epoch, capacity, codec)) {
+  reader_ = std::thread([this] { link_->ReadLoop(/*cancel_on_reject=*/true); });
+}
+
+GrpcClientLink::~GrpcClientLink() {
+  if (!aborted_) link_->HalfClose();
+  reader_.join();
+  link_->FinishStream();
+  link_->Release();
+}
+
+void GrpcClientLink::Close() {
+  aborted_ = true;
+  link_->Close();
+}
 
 GrpcLink::GrpcLink(std::unique_ptr<FrameStream> stream, std::string job_id,
                    int64_t epoch, size_t capacity, FrameCodec codec)
@@ -75,20 +77,67 @@ GrpcLink::GrpcLink(std::unique_ptr<FrameStream> stream, std::string job_id,
 
 GrpcLink::~GrpcLink() = default;
 
-absl::Status GrpcLink::Send(Message m) {
+bool GrpcLink::WriteLocked(const grpc::ByteBuffer& frame) {
   std::lock_guard<std::mutex> lock(write_mu_);
+  return stream_->Write(frame);
+}
+
+absl::Status GrpcLink::Send(Message m) {
+  std::lock_guard<std::mutex> send_lock(send_mu_);
+  ShmChannel* shm = nullptr;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    plane_cv_.wait(lock, [&] { return !awaiting_answer_ || closed_; });
+    if (!plane_status_.ok()) return plane_status_;
+    if (plane_ == DataPlane::kShm) shm = shm_.get();
+  }
   const int64_t bytes = m.tensor.defined() ? m.tensor.nbytes() : 0;
-  const bool ok = WriteFrames(
-      m, job_id_, epoch_, codec_,
-      [this](const grpc::ByteBuffer& b) { return stream_->Write(b); });
+  absl::Status failed;
+  bool ok;
+  if (shm != nullptr) {
+    failed = SendShm(m, shm);
+    ok = failed.ok();
+  } else {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    ok = WriteFrames(
+        m, job_id_, epoch_, codec_,
+        [this](const grpc::ByteBuffer& b) { return stream_->Write(b); });
+  }
   if (!ok) {
     absl::Status why = read_status();
-    return why.ok() ? absl::UnavailableError(absl::StrCat(
-                          "sending ", Describe(m), ": the peer went away"))
-                    : why;
+    if (!why.ok()) return why;
+    if (!failed.ok() && !absl::IsUnavailable(failed)) return failed;
+    return absl::UnavailableError(
+        absl::StrCat("sending ", Describe(m), ": the peer went away"));
   }
   sent_ += bytes;
   return absl::OkStatus();
+}
+
+// Each chunk is copied into the ring, then its descriptor goes down the
+// stream; the receiver copies it out and gives it back with SHM_RELEASE.
+absl::Status GrpcLink::SendShm(const Message& m, ShmChannel* shm) {
+  absl::Status failed;
+  const char* src =
+      m.tensor.defined() ? static_cast<const char*>(m.tensor.raw()) : nullptr;
+  Frame descriptor;
+  const bool ok = EncodeFrameFields(
+      m, job_id_, epoch_,
+      [&](const Frame& fields, int64_t at, int64_t n) {
+        if (n == 0) return WriteLocked(FrameToBuffer(fields));
+        absl::StatusOr<gpipe::v1::ShmSlot> slot = shm->Reserve(n);
+        if (!slot.ok()) {
+          failed = slot.status();
+          return false;
+        }
+        std::memcpy(shm->Data(*slot), src + at, static_cast<size_t>(n));
+        descriptor = fields;
+        *descriptor.mutable_shm_slot() = *slot;
+        return WriteLocked(FrameToBuffer(descriptor));
+      },
+      shm->chunk_bytes());
+  if (ok) return absl::OkStatus();
+  return failed.ok() ? absl::UnavailableError("the stream broke") : failed;
 }
 
 absl::StatusOr<Message> GrpcLink::Receive() {
@@ -105,8 +154,224 @@ void GrpcLink::Close() {
     // gone; holding mu_ keeps WaitReleased from returning while we cancel.
     std::lock_guard<std::mutex> lock(mu_);
     if (read_status_.ok() && !released_) stream_->Cancel();
+    closed_ = true;
+    plane_cv_.notify_all();
+    if (shm_ != nullptr) shm_->Close(absl::CancelledError("link closed"));
   }
   inbox_.Close(absl::CancelledError("link closed"));
+}
+
+void GrpcLink::FinishStream() { stream_->Finish(); }
+
+void GrpcLink::HalfClose() {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  stream_->WritesDone();
+}
+
+void GrpcLink::set_data_plane(const DataPlaneOptions& options) {
+  options_ = options;
+}
+
+absl::Status GrpcLink::OfferDataPlane(const DataPlaneOptions& options,
+                                      int64_t from_stage) {
+  options_ = options;
+  if (options.mode == DataPlaneMode::kGrpc) return absl::OkStatus();
+  RETURN_IF_ERROR(ValidateDataPlaneOptions(options));
+  const uint64_t nonce = NewNonce();
+  absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
+      ShmSegment::Create(options.ring_bytes, nonce);
+  if (!segment.ok()) {
+    if (options.mode == DataPlaneMode::kShm) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--data_plane shm: ", segment.status().message()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    refusal_ = std::string(segment.status().message());
+    return absl::OkStatus();
+  }
+  Frame offer;
+  offer.set_job_id(job_id_);
+  offer.set_epoch(epoch_);
+  offer.set_kind(gpipe::v1::DATA_PLANE_OFFER);
+  offer.set_from_stage(from_stage);
+  gpipe::v1::ShmOffer* o = offer.mutable_shm_offer();
+  const HostIdentity host = ThisHost();
+  o->set_pid(getpid());
+  o->set_fd((*segment)->fd());
+  o->set_segment_bytes(ShmSegmentBytes(options.ring_bytes));
+  o->set_ring_bytes(options.ring_bytes);
+  o->set_nonce(nonce);
+  o->set_boot_id(host.boot_id);
+  o->set_ipc_namespace(host.ipc_namespace);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    offered_ = *std::move(segment);
+    awaiting_answer_ = true;
+  }
+  if (!WriteLocked(FrameToBuffer(offer))) {
+    return absl::UnavailableError(
+        "the next stage closed the link before the data-plane offer");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DataPlane> GrpcLink::WaitDataPlane(
+    std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!plane_cv_.wait_for(lock, timeout,
+                          [&] { return !awaiting_answer_ || closed_; })) {
+    return absl::DeadlineExceededError(
+        "the next stage has not answered the data-plane offer yet");
+  }
+  if (!plane_status_.ok()) return plane_status_;
+  if (awaiting_answer_) {
+    return read_status_.ok()
+               ? absl::UnavailableError(
+                     "the next stage closed the link before answering the "
+                     "data-plane offer")
+               : read_status_;
+  }
+  return plane_;
+}
+
+std::string GrpcLink::data_plane_refusal() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refusal_;
+}
+
+// The downstream end maps the offered segment when its mode allows and
+// the offer is from this host, then answers either way.
+absl::Status GrpcLink::HandleOffer(const Frame& f) {
+  if (f.job_id() != job_id_ || f.epoch() != epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data-plane offer of job '", f.job_id(), "' epoch ", f.epoch(),
+        " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
+  }
+  if (offer_seen_ || offered_ != nullptr) {
+    return absl::InvalidArgumentError(
+        "frame: a second data-plane offer, or one from the downstream end");
+  }
+  offer_seen_ = true;
+  const gpipe::v1::ShmOffer& o = f.shm_offer();
+  std::string refusal =
+      options_.mode == DataPlaneMode::kGrpc
+          ? "this worker runs --data_plane grpc"
+          : (f.has_shm_offer() ? OfferMismatch(o, ThisHost())
+                               : std::string("no segment was offered"));
+  std::unique_ptr<ShmSegment> segment;
+  const uint64_t answer_nonce = NewNonce();
+  if (refusal.empty()) {
+    absl::StatusOr<std::unique_ptr<ShmSegment>> mapped = ShmSegment::OpenPeer(
+        o.pid(), o.fd(), o.ring_bytes(), o.nonce(), answer_nonce);
+    if (mapped.ok()) {
+      segment = *std::move(mapped);
+    } else {
+      refusal = std::string(mapped.status().message());
+    }
+  }
+  Frame answer;
+  answer.set_job_id(job_id_);
+  answer.set_epoch(epoch_);
+  answer.set_kind(gpipe::v1::DATA_PLANE_ANSWER);
+  answer.set_data_plane(segment != nullptr ? "shm" : "grpc");
+  if (segment != nullptr) answer.set_answer_nonce(answer_nonce);
+  answer.set_refusal(refusal);
+  if (segment != nullptr) {
+    const int64_t chunk =
+        std::min(options_.chunk_bytes, segment->ring_bytes() / 2);
+    std::lock_guard<std::mutex> lock(mu_);
+    shm_ = std::make_unique<ShmChannel>(std::move(segment), /*creator=*/false,
+                                        chunk);
+    plane_ = DataPlane::kShm;
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusal_ = refusal;
+  }
+  if (!WriteLocked(FrameToBuffer(answer))) {
+    return absl::UnavailableError("the upstream stage went away");
+  }
+  LogInfo("link of %s epoch %d from stage %d: data plane %s%s", job_id_, epoch_,
+          f.from_stage(), answer.data_plane(),
+          refusal.empty() ? std::string() : absl::StrCat(" (", refusal, ")"));
+  if (plane_ != DataPlane::kShm && options_.mode == DataPlaneMode::kShm) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data_plane shm: cannot map the upstream stage's segment: ",
+        refusal));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcLink::HandleAnswer(const Frame& f) {
+  if (f.job_id() != job_id_ || f.epoch() != epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "data-plane answer of job '", f.job_id(), "' epoch ", f.epoch(),
+        " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
+  }
+  if (offered_ == nullptr) {
+    return absl::InvalidArgumentError("frame: a data-plane answer to no offer");
+  }
+  std::string refusal = f.refusal();
+  std::unique_ptr<ShmChannel> channel;
+  if (f.data_plane() == "shm") {
+    if (offered_->answer_nonce() != f.answer_nonce() || f.answer_nonce() == 0) {
+      refusal = "the peer's answer is not in the segment (another host?)";
+    } else {
+      offered_->CloseFd();
+      const int64_t chunk =
+          std::min(options_.chunk_bytes, offered_->ring_bytes() / 2);
+      channel = std::make_unique<ShmChannel>(std::move(offered_),
+                                             /*creator=*/true, chunk);
+    }
+  } else if (refusal.empty()) {
+    refusal = absl::StrCat("the peer answered '", f.data_plane(), "'");
+  }
+  offered_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (channel != nullptr) {
+    shm_ = std::move(channel);
+    plane_ = DataPlane::kShm;
+  } else {
+    refusal_ = refusal;
+    if (options_.mode == DataPlaneMode::kShm) {
+      plane_status_ = absl::FailedPreconditionError(absl::StrCat(
+          "--data_plane shm: the next stage cannot share memory with this "
+          "one: ",
+          refusal));
+    }
+  }
+  awaiting_answer_ = false;
+  plane_cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<Message>> GrpcLink::ReceiveShm(
+    const ReceivedFrame& frame, FrameAssembler& assembler, int64_t* release) {
+  const Frame& f = frame.fields();
+  if (shm_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "frame: a shared-memory descriptor on a link without shared memory");
+  }
+  if (frame.payload_size() != 0) {
+    return absl::InvalidArgumentError(
+        "frame: both a payload and a shared-memory descriptor");
+  }
+  const gpipe::v1::ShmSlot& slot = f.shm_slot();
+  ASSIGN_OR_RETURN(const char* bytes, shm_->Accept(slot));
+  absl::StatusOr<std::optional<Message>> m =
+      assembler.Add(f, slot.length(), [&](char* dst) {
+        std::memcpy(dst, bytes, static_cast<size_t>(slot.length()));
+      });
+  if (m.ok()) *release = slot.sequence();
+  return m;
+}
+
+bool GrpcLink::WriteRelease(int64_t sequence) {
+  Frame release;
+  release.set_job_id(job_id_);
+  release.set_epoch(epoch_);
+  release.set_kind(gpipe::v1::SHM_RELEASE);
+  release.mutable_shm_slot()->set_sequence(sequence);
+  return WriteLocked(FrameToBuffer(release));
 }
 
 void GrpcLink::ReadLoop(bool cancel_on_reject) {
@@ -114,30 +379,72 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
   grpc::ByteBuffer buffer;
   ReceivedFrame frame;
   absl::Status status;
+  int64_t release = -1;  // a shared-memory chunk copied out, to give back
   while (stream_->Read(&buffer)) {
     const absl::Status decoded = codec_ == FrameCodec::kZeroCopy
                                      ? DecodeFrame(buffer, &frame)
                                      : DecodeFrameCopying(buffer, &frame);
-    absl::StatusOr<std::optional<Message>> m =
-        decoded.ok() ? assembler.Add(frame)
-                     : absl::StatusOr<std::optional<Message>>(decoded);
+    absl::StatusOr<std::optional<Message>> m = std::optional<Message>();
+    const Frame& f = frame.fields();
+    if (!decoded.ok()) {
+      m = decoded;
+    } else if (f.kind() == gpipe::v1::DATA_PLANE_OFFER) {
+      if (absl::Status s = HandleOffer(f); !s.ok()) m = s;
+    } else if (f.kind() == gpipe::v1::DATA_PLANE_ANSWER) {
+      if (absl::Status s = HandleAnswer(f); !s.ok()) m = s;
+    } else if (f.kind() == gpipe::v1::SHM_RELEASE) {
+      if (f.job_id() != job_id_ || f.epoch() != epoch_) {
+        m = absl::FailedPreconditionError("a release of another job or epoch");
+      } else if (shm_ == nullptr) {
+        m = absl::InvalidArgumentError(
+            "frame: a shared-memory release on a link without shared memory");
+      } else if (absl::Status s = shm_->Release(f.shm_slot().sequence());
+                 !s.ok()) {
+        m = s;
+      }
+    } else if (f.has_shm_slot()) {
+      m = ReceiveShm(frame, assembler, &release);
+    } else if (options_.mode == DataPlaneMode::kShm && offered_ == nullptr &&
+               shm_ == nullptr && !offer_seen_) {
+      m = absl::FailedPreconditionError(
+          "--data_plane shm: the upstream stage sends frames without offering "
+          "shared memory");
+    } else {
+      m = assembler.Add(frame);
+    }
     if (!m.ok()) {
       status = m.status();
+      if (absl::IsUnavailable(status)) {
+        status = absl::OkStatus();  // the peer went away: not a rejection
+        break;
+      }
       if (cancel_on_reject) stream_->Cancel();
       break;
     }
-    if (!m->has_value()) continue;
-    if (absl::Status pushed = inbox_.Push(std::move(**m)); !pushed.ok()) {
-      break;  // closed locally
+    if (m->has_value()) {
+      if (absl::Status pushed = inbox_.Push(std::move(**m)); !pushed.ok()) {
+        break;  // closed locally
+      }
+    }
+    // Released once the message is on its way to the stage: the release
+    // is off the path of the message itself.
+    if (release >= 0) {
+      if (!WriteRelease(release)) break;  // the peer went away
+      release = -1;
     }
   }
+  const absl::Status why =
+      status.ok()
+          ? absl::UnavailableError("the neighbouring stage closed the link")
+          : status;
   {
     std::lock_guard<std::mutex> lock(mu_);
     read_status_ = status;
+    closed_ = true;
+    plane_cv_.notify_all();
+    if (shm_ != nullptr) shm_->Close(why);
   }
-  inbox_.Close(status.ok() ? absl::UnavailableError(
-                                 "the neighbouring stage closed the link")
-                           : status);
+  inbox_.Close(why);
 }
 
 absl::Status GrpcLink::read_status() const {
@@ -166,9 +473,10 @@ grpc::ChannelArguments KeepaliveChannelArguments() {
   return args;
 }
 
-absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
+absl::StatusOr<std::unique_ptr<GrpcClientLink>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
     int64_t from_stage, size_t capacity, int64_t deadline_ms, FrameCodec codec,
+    const DataPlaneOptions& data_plane,
     const ExchangeCredentials& credentials) {
   grpc::ChannelArguments args = KeepaliveChannelArguments();
   if (credentials.channel != nullptr && !credentials.tls_server_name.empty()) {
@@ -214,12 +522,17 @@ absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
         absl::StrCat("the next stage at ", address,
                      " refused the link: ", s.error_message()));
   }
-  auto stream = std::make_unique<ClientFrameStream>(
-      std::move(channel), std::move(context), std::move(rw));
-  ClientFrameStream* raw = stream.get();
-  auto link = std::make_unique<GrpcLink>(std::move(stream), job_id, epoch,
-                                         capacity, codec);
-  return std::unique_ptr<Link>(new ClientLink(raw, std::move(link)));
+  auto link = std::make_unique<GrpcClientLink>(
+      std::make_unique<ClientFrameStream>(std::move(channel),
+                                          std::move(context), std::move(rw)),
+      job_id, epoch, capacity, codec);
+  if (absl::Status offered =
+          link->link().OfferDataPlane(data_plane, from_stage);
+      !offered.ok()) {
+    link->Close();
+    return offered;
+  }
+  return link;
 }
 
 }  // namespace gpipe

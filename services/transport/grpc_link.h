@@ -9,6 +9,7 @@
 #define GPIPE_SERVICES_TRANSPORT_GRPC_LINK_H_
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -18,10 +19,12 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/transport/data_plane.h"
 #include "services/transport/frame_codec.h"
 #include "services/transport/frame_wire.h"
 #include "services/transport/link.h"
 #include "services/transport/message_queue.h"
+#include "services/transport/shm_channel.h"
 
 namespace gpipe {
 
@@ -34,6 +37,9 @@ class FrameStream {
   virtual bool Write(const grpc::ByteBuffer& frame) = 0;
   // Makes pending and future Read/Write calls fail.
   virtual void Cancel() = 0;
+  // The client's end: half-close, then wait for the server's status.
+  virtual void WritesDone() {}
+  virtual void Finish() {}
 };
 
 class GrpcLink final : public Link {
@@ -64,19 +70,86 @@ class GrpcLink final : public Link {
   // handler may return once this is called.
   void Release();
   void WaitReleased();
+  // The client's end: no more writes (after the stage's last Send), then
+  // the server's final status once reading ended.
+  void HalfClose();
+  void FinishStream();
+
+  // Data planes (data_plane.h). Until a shared-memory segment is agreed on,
+  // tensors travel in frames.
+  // The downstream end: what it accepts when the upstream stage offers
+  // shared memory (default: frames only). Call before ReadLoop.
+  void set_data_plane(const DataPlaneOptions& options);
+  // The upstream end, once its reader runs: offers a segment when
+  // `options` allow it; Send then waits for the answer. Fails only when
+  // shared memory is forced and no segment can be made.
+  absl::Status OfferDataPlane(const DataPlaneOptions& options,
+                              int64_t from_stage);
+  // The plane Send uses, waiting up to `timeout` for the peer's answer
+  // (DEADLINE_EXCEEDED while none came). Forced shared memory that the
+  // peer could not map is FAILED_PRECONDITION naming why.
+  absl::StatusOr<DataPlane> WaitDataPlane(std::chrono::milliseconds timeout);
+  // Why the shared-memory plane is not used ("" when it is or was not
+  // offered), for the log.
+  std::string data_plane_refusal() const;
 
  private:
+  bool WriteLocked(const grpc::ByteBuffer& frame);
+  absl::Status SendShm(const Message& m, ShmChannel* shm);
+  absl::Status HandleOffer(const gpipe::v1::Frame& f);
+  absl::Status HandleAnswer(const gpipe::v1::Frame& f);
+  // Copies out the chunk a descriptor names; `release` gets its sequence.
+  absl::StatusOr<std::optional<Message>> ReceiveShm(const ReceivedFrame& frame,
+                                                    FrameAssembler& assembler,
+                                                    int64_t* release);
+  bool WriteRelease(int64_t sequence);
+
   std::unique_ptr<FrameStream> stream_;
   std::string job_id_;
   int64_t epoch_;
   FrameCodec codec_;
   MessageQueue inbox_;
-  std::mutex write_mu_;
+  std::mutex send_mu_;   // one Send at a time
+  std::mutex write_mu_;  // one stream write at a time (Send, releases)
   mutable std::mutex mu_;
   std::condition_variable released_cv_;
   bool released_ = false;
   absl::Status read_status_;
   std::atomic<int64_t> sent_{0}, received_{0};
+
+  DataPlaneOptions options_;
+  std::condition_variable plane_cv_;
+  // Under mu_: set by the reader thread, read by Send.
+  bool awaiting_answer_ = false;
+  bool closed_ = false;
+  DataPlane plane_ = DataPlane::kGrpc;
+  absl::Status plane_status_;
+  std::string refusal_;
+  std::unique_ptr<ShmChannel> shm_;  // set once, under mu_
+  // The reader thread's alone.
+  std::unique_ptr<ShmSegment> offered_;
+  bool offer_seen_ = false;
+};
+
+// The upstream end of an Exchange stream: owns the reader thread, and on
+// normal destruction half-closes and waits for the peer to finish, so no
+// frame in flight is dropped.
+class GrpcClientLink final : public Link {
+ public:
+  GrpcClientLink(std::unique_ptr<FrameStream> stream, std::string job_id,
+                 int64_t epoch, size_t capacity, FrameCodec codec);
+  ~GrpcClientLink() override;
+  absl::Status Send(Message m) override { return link_->Send(std::move(m)); }
+  absl::StatusOr<Message> Receive() override { return link_->Receive(); }
+  void Close() override;
+  int64_t bytes_sent() const override { return link_->bytes_sent(); }
+  int64_t bytes_received() const override { return link_->bytes_received(); }
+  GrpcLink& link() { return *link_; }
+
+ private:
+  std::unique_ptr<GrpcLink> link_;
+  std::thread reader_;
+  std::atomic<bool> aborted_{false};
 };
 
 // The metadata that carries the assignment's stream key on Exchange
@@ -95,10 +168,13 @@ struct ExchangeCredentials {
 // Connects to the downstream stage at `address` and opens the job's
 // Exchange stream; the returned link's reader runs on its own thread.
 // Fails with UNAVAILABLE when the peer cannot be reached by `deadline_ms`.
-absl::StatusOr<std::unique_ptr<Link>> ConnectDownstream(
+// `data_plane`: what to offer the peer (GrpcLink::OfferDataPlane); the
+// answer comes later (link().WaitDataPlane).
+absl::StatusOr<std::unique_ptr<GrpcClientLink>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
     int64_t from_stage, size_t capacity, int64_t deadline_ms,
     FrameCodec codec = FrameCodec::kZeroCopy,
+    const DataPlaneOptions& data_plane = DataPlaneOptions(),
     const ExchangeCredentials& credentials = {});
 
 // Channel arguments that make a dead peer noticed within seconds.

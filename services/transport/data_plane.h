@@ -1,0 +1,69 @@
+// Which data plane carries the tensor bytes between two neighbouring stages.
+// gRPC frames work everywhere; the shared-memory plane only between stages
+// on one host that can map the same segment. The upstream stage of a pair
+// offers what its --data_plane allows right after OPEN, the downstream stage
+// answers with what it could set up (DATA_PLANE_OFFER / DATA_PLANE_ANSWER in
+// gpipe.v1.Frame). A CUDA IPC plane slots in as one more DataPlane value and
+// one more part of the offer.
+#ifndef GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_
+#define GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/stage.pb.h"
+
+namespace gpipe {
+
+enum class DataPlane : uint8_t {
+  kGrpc,  // tensor bytes inside Exchange frames
+  kShm,   // tensor bytes in a shared-memory ring, descriptors in frames
+};
+
+// What a worker allows (--data_plane).
+enum class DataPlaneMode : uint8_t {
+  kGrpc,  // frames only
+  kShm,   // shared memory or fail
+  kAuto,  // shared memory when the peer can map it, else frames
+};
+
+const char* DataPlaneName(DataPlane plane);  // "grpc", "shm"
+const char* DataPlaneModeName(DataPlaneMode mode);
+// "auto", "grpc" or "shm"; anything else is INVALID_ARGUMENT.
+absl::StatusOr<DataPlaneMode> ParseDataPlaneMode(const std::string& text);
+
+// Bounds on the per-direction ring of a shared-memory segment.
+inline constexpr int64_t kMinShmRingBytes = int64_t{1} << 20;
+inline constexpr int64_t kMaxShmRingBytes = int64_t{4} << 30;
+
+struct DataPlaneOptions {
+  DataPlaneMode mode = DataPlaneMode::kGrpc;
+  // Each direction's ring; a full ring blocks Send (back-pressure).
+  int64_t ring_bytes = int64_t{32} << 20;
+  // Largest piece of a tensor that one descriptor covers: pieces let the
+  // receiver copy one while the sender writes the next.
+  int64_t chunk_bytes = int64_t{4} << 20;
+};
+
+// INVALID_ARGUMENT naming the bad field when `o` is out of bounds.
+absl::Status ValidateDataPlaneOptions(const DataPlaneOptions& o);
+
+// What identifies this host and IPC namespace to a peer: two processes
+// whose ids differ cannot share memory (the nonce in the segment then
+// proves that they do).
+struct HostIdentity {
+  std::string boot_id;        // empty when unreadable
+  std::string ipc_namespace;  // e.g. "ipc:[4026531839]"
+};
+HostIdentity ThisHost();
+
+// Why the answering side cannot take `offer` ("" when nothing speaks
+// against it before trying to map it): another host or IPC namespace, a
+// segment size out of bounds or not matching its rings.
+std::string OfferMismatch(const gpipe::v1::ShmOffer& offer,
+                          const HostIdentity& here);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_

@@ -1,0 +1,63 @@
+// A shared-memory segment between two processes on one host: an anonymous
+// memfd that the creating stage maps and offers, and the peer opens through
+// /proc/PID/fd/N and maps. It never has a name in any file system, so a
+// process killed with -9 leaks nothing: the memory goes when the last
+// mapping does. The segment holds a small header (a nonce from each side,
+// which proves both map the same memory) and two rings, one per direction.
+#ifndef GPIPE_SERVICES_TRANSPORT_SHM_SEGMENT_H_
+#define GPIPE_SERVICES_TRANSPORT_SHM_SEGMENT_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace gpipe {
+
+// Header bytes before the rings (one page keeps the rings page-aligned).
+inline constexpr int64_t kShmHeaderBytes = 4096;
+
+// The size of a segment with two rings of `ring_bytes`.
+inline int64_t ShmSegmentBytes(int64_t ring_bytes) {
+  return kShmHeaderBytes + 2 * ring_bytes;
+}
+
+class ShmSegment {
+ public:
+  // Which ring a side writes: the creator (upstream stage) writes
+  // kDownstream, the opener kUpstream.
+  enum Ring { kDownstream = 0, kUpstream = 1 };
+
+  // A new segment with two rings of `ring_bytes`, `nonce` in its header.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(int64_t ring_bytes,
+                                                            uint64_t nonce);
+  // Maps the segment that process `pid` holds as descriptor `fd`; checks its
+  // size and that its header carries `nonce`, then writes `answer_nonce`.
+  static absl::StatusOr<std::unique_ptr<ShmSegment>> OpenPeer(
+      int64_t pid, int64_t fd, int64_t ring_bytes, uint64_t nonce,
+      uint64_t answer_nonce);
+
+  ~ShmSegment();
+  ShmSegment(const ShmSegment&) = delete;
+  ShmSegment& operator=(const ShmSegment&) = delete;
+
+  int fd() const { return fd_; }  // the creator's, until CloseFd
+  // Drops the descriptor once the peer has mapped (or refused) the segment.
+  void CloseFd();
+  int64_t ring_bytes() const { return ring_bytes_; }
+  char* ring(Ring r) const { return base_ + kShmHeaderBytes + r * ring_bytes_; }
+  // The opener's nonce as the creator sees it in the shared header.
+  uint64_t answer_nonce() const;
+
+ private:
+  ShmSegment(char* base, int64_t bytes, int fd, int64_t ring_bytes)
+      : base_(base), bytes_(bytes), fd_(fd), ring_bytes_(ring_bytes) {}
+  char* base_;
+  int64_t bytes_;
+  int fd_;
+  int64_t ring_bytes_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TRANSPORT_SHM_SEGMENT_H_

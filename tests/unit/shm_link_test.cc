@@ -1,0 +1,357 @@
+// The shared-memory plane inside a real GrpcLink pair on loopback gRPC: the
+// upstream end offers a segment, the downstream end maps it, tensors of every
+// size (one chunk, many chunks, more than the ring holds) come back bitwise;
+// forced shared memory that the peer refuses is a clear error; and a peer
+// that sends garbage descriptors on a mapped segment is cut off with
+// INVALID_ARGUMENT naming what is wrong, without crashing.
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/transport/exchange_method.h"
+#include "services/transport/grpc_link.h"
+#include "services/transport/shm_segment.h"
+
+namespace gpipe {
+namespace {
+
+using gpipe::v1::Frame;
+using ::testing::HasSubstr;
+
+constexpr char kJob[] = "job-shm";
+constexpr int64_t kEpoch = 2;
+
+// A downstream stage that sends every activation straight back as a
+// gradient (and answers scalars in kind), on the data plane it is given.
+class EchoService final : public ExchangeService {
+ public:
+  explicit EchoService(DataPlaneOptions planes) : planes_(planes) {}
+
+  grpc::Status Exchange(grpc::ServerContext* context,
+                        ExchangeServerStream* stream) override {
+    absl::StatusOr<Frame> open = ReadOpenFrame(stream);
+    if (!open.ok()) return ToGrpcStatus(open.status());
+    GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
+                  open->job_id(), open->epoch(), /*capacity=*/8);
+    link.set_data_plane(planes_);
+    std::thread echo([&link] {
+      for (;;) {
+        absl::StatusOr<Message> m = link.Receive();
+        if (!m.ok()) break;
+        if (m->kind == MessageKind::kActivation)
+          m->kind = MessageKind::kGradient;
+        if (!link.Send(std::move(*m)).ok()) break;
+      }
+      link.Release();
+    });
+    link.ReadLoop(/*cancel_on_reject=*/false);
+    link.Close();
+    echo.join();
+    return ToGrpcStatus(link.read_status());
+  }
+
+ private:
+  DataPlaneOptions planes_;
+};
+
+class Server {
+ public:
+  explicit Server(DataPlaneOptions planes) : service_(planes) {
+    grpc::ServerBuilder b;
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&service_);
+    b.SetMaxReceiveMessageSize(4 << 20);
+    server_ = b.BuildAndStart();
+    address_ = "127.0.0.1:" + std::to_string(port);
+  }
+  ~Server() {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(2));
+  }
+  const std::string& address() const { return address_; }
+
+ private:
+  EchoService service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+DataPlaneOptions Planes(DataPlaneMode mode, int64_t ring = kMinShmRingBytes,
+                        int64_t chunk = 64 << 10) {
+  DataPlaneOptions o;
+  o.mode = mode;
+  o.ring_bytes = ring;
+  o.chunk_bytes = chunk;
+  return o;
+}
+
+Tensor Pattern(int64_t floats, float seed) {
+  Tensor t = Tensor::Empty(Shape({floats}));
+  for (int64_t i = 0; i < floats; ++i) t.f32()[i] = seed + 0.25f * (i % 977);
+  return t;
+}
+
+std::unique_ptr<GrpcClientLink> Connect(const Server& server,
+                                        const DataPlaneOptions& planes) {
+  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
+      ConnectDownstream(server.address(), kJob, kEpoch, 0, 8, 5000,
+                        FrameCodec::kZeroCopy, planes);
+  EXPECT_TRUE(link.ok()) << link.status();
+  return link.ok() ? std::move(*link) : nullptr;
+}
+
+TEST(ShmLinkTest, TensorsOfAnySizeComeBackBitwiseThroughSharedMemory) {
+  Server server(Planes(DataPlaneMode::kAuto));
+  std::unique_ptr<GrpcClientLink> link =
+      Connect(server, Planes(DataPlaneMode::kShm));
+  ASSERT_NE(link, nullptr);
+  absl::StatusOr<DataPlane> plane =
+      link->link().WaitDataPlane(std::chrono::seconds(5));
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  EXPECT_EQ(*plane, DataPlane::kShm);
+  // One float, one chunk, several chunks, and 2 MiB: twice the ring, so
+  // the sender must wait for releases.
+  const int64_t sizes[] = {1, 1000, 16 << 10, 100000, 512 << 10};
+  for (int round = 0; round < 3; ++round) {
+    for (int64_t n : sizes) {
+      const Tensor t = Pattern(n, static_cast<float>(round));
+      Message m;
+      m.kind = MessageKind::kActivation;
+      m.step = round;
+      m.micro_batch = n;
+      m.tensor = t;
+      ASSERT_TRUE(link->Send(std::move(m)).ok());
+      Message s;
+      s.kind = MessageKind::kGradSquares;
+      s.step = round;
+      s.scalar = 1.5 * n;
+      ASSERT_TRUE(link->Send(std::move(s)).ok());
+      absl::StatusOr<Message> back = link->Receive();
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->kind, MessageKind::kGradient);
+      EXPECT_EQ(back->micro_batch, n);
+      EXPECT_TRUE(BitwiseEqual(back->tensor, t)) << n << " floats";
+      absl::StatusOr<Message> scalar = link->Receive();
+      ASSERT_TRUE(scalar.ok()) << scalar.status();
+      EXPECT_EQ(scalar->kind, MessageKind::kGradSquares);
+      EXPECT_EQ(scalar->scalar, 1.5 * n);
+    }
+  }
+  EXPECT_EQ(link->bytes_sent(), link->bytes_received());
+}
+
+TEST(ShmLinkTest, AutoFallsBackToFramesWhenThePeerRunsGrpc) {
+  Server server(Planes(DataPlaneMode::kGrpc));
+  std::unique_ptr<GrpcClientLink> link =
+      Connect(server, Planes(DataPlaneMode::kAuto));
+  ASSERT_NE(link, nullptr);
+  absl::StatusOr<DataPlane> plane =
+      link->link().WaitDataPlane(std::chrono::seconds(5));
+  ASSERT_TRUE(plane.ok()) << plane.status();
+  EXPECT_EQ(*plane, DataPlane::kGrpc);
+  EXPECT_THAT(link->link().data_plane_refusal(),
+              HasSubstr("--data_plane grpc"));
+  const Tensor t = Pattern(300000, 2);
+  Message m;
+  m.tensor = t;
+  ASSERT_TRUE(link->Send(std::move(m)).ok());
+  absl::StatusOr<Message> back = link->Receive();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(BitwiseEqual(back->tensor, t));
+}
+
+TEST(ShmLinkTest, ForcedSharedMemoryThatThePeerRefusesIsAClearError) {
+  Server server(Planes(DataPlaneMode::kGrpc));
+  std::unique_ptr<GrpcClientLink> link =
+      Connect(server, Planes(DataPlaneMode::kShm));
+  ASSERT_NE(link, nullptr);
+  absl::StatusOr<DataPlane> plane =
+      link->link().WaitDataPlane(std::chrono::seconds(5));
+  EXPECT_TRUE(absl::IsFailedPrecondition(plane.status())) << plane.status();
+  EXPECT_THAT(plane.status().message(),
+              HasSubstr("--data_plane shm: the next stage cannot share"));
+  Message m;
+  m.tensor = Pattern(10, 0);
+  absl::Status sent = link->Send(std::move(m));
+  EXPECT_TRUE(absl::IsFailedPrecondition(sent)) << sent;
+  link->Close();
+}
+
+// A hand-driven upstream end: OPEN and a real offer, then whatever frames
+// the test writes; returns the status the downstream end finished with.
+class RawPeer {
+ public:
+  explicit RawPeer(const Server& server)
+      : channel_(grpc::CreateChannel(server.address(),
+                                     grpc::InsecureChannelCredentials())),
+        rw_(StartExchange(channel_.get(), &context_)) {}
+
+  Frame Base(gpipe::v1::FrameKind kind) {
+    Frame f;
+    f.set_job_id(kJob);
+    f.set_epoch(kEpoch);
+    f.set_kind(kind);
+    return f;
+  }
+  bool Write(const Frame& f) { return rw_->Write(FrameToBuffer(f)); }
+
+  // OPEN, and an offer of a fresh segment that the peer maps.
+  void OpenWithSegment() {
+    Frame open = Base(gpipe::v1::OPEN);
+    ASSERT_TRUE(Write(open));
+    absl::StatusOr<std::unique_ptr<ShmSegment>> seg =
+        ShmSegment::Create(kMinShmRingBytes, 77);
+    ASSERT_TRUE(seg.ok()) << seg.status();
+    segment_ = std::move(*seg);
+    Frame offer = Base(gpipe::v1::DATA_PLANE_OFFER);
+    const HostIdentity h = ThisHost();
+    gpipe::v1::ShmOffer* o = offer.mutable_shm_offer();
+    o->set_pid(getpid());
+    o->set_fd(segment_->fd());
+    o->set_ring_bytes(kMinShmRingBytes);
+    o->set_segment_bytes(ShmSegmentBytes(kMinShmRingBytes));
+    o->set_nonce(77);
+    o->set_boot_id(h.boot_id);
+    o->set_ipc_namespace(h.ipc_namespace);
+    ASSERT_TRUE(Write(offer));
+    grpc::ByteBuffer b;
+    ASSERT_TRUE(rw_->Read(&b));
+    ReceivedFrame answer;
+    ASSERT_TRUE(DecodeFrame(b, &answer).ok());
+    ASSERT_EQ(answer.fields().kind(), gpipe::v1::DATA_PLANE_ANSWER);
+    ASSERT_EQ(answer.fields().data_plane(), "shm") << answer.fields().refusal();
+    ASSERT_EQ(segment_->answer_nonce(), answer.fields().answer_nonce());
+  }
+
+  // An activation of `floats` floats whose bytes the descriptor `slot`
+  // claims to hold.
+  Frame Descriptor(int64_t floats, int64_t offset, int64_t length,
+                   int64_t sequence, bool last = true) {
+    Frame f = Base(gpipe::v1::ACTIVATION);
+    f.mutable_header()->set_dtype(gpipe::v1::FLOAT32);
+    f.mutable_header()->mutable_shape()->add_dims(floats);
+    f.set_total_bytes(floats * 4);
+    f.set_last(last);
+    f.mutable_shm_slot()->set_offset(offset);
+    f.mutable_shm_slot()->set_length(length);
+    f.mutable_shm_slot()->set_sequence(sequence);
+    return f;
+  }
+
+  // Drains what the peer sends, then its final status.
+  grpc::Status Finish() {
+    rw_->WritesDone();
+    grpc::ByteBuffer b;
+    while (rw_->Read(&b)) {
+    }
+    return rw_->Finish();
+  }
+
+ private:
+  std::shared_ptr<grpc::Channel> channel_;
+  grpc::ClientContext context_;
+  std::unique_ptr<ExchangeClientStream> rw_;
+  std::unique_ptr<ShmSegment> segment_;
+};
+
+TEST(ShmLinkTest, GarbageDescriptorsAreRejectedWithoutACrash) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  struct Case {
+    const char* what;
+    std::function<void(RawPeer&)> send;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"offset past the ring",
+       [](RawPeer& p) {
+         p.Write(p.Descriptor(16, kMinShmRingBytes - 8, 64, 0));
+       },
+       "outside the ring"},
+      {"overflowing offset",
+       [](RawPeer& p) { p.Write(p.Descriptor(16, kMax - 10, 64, 0)); },
+       "outside the ring"},
+      {"negative length",
+       [](RawPeer& p) { p.Write(p.Descriptor(16, 0, -64, 0)); },
+       "chunk length -64"},
+      {"not the next sequence",
+       [](RawPeer& p) { p.Write(p.Descriptor(16, 0, 64, 5)); },
+       "where chunk 0 comes next"},
+      {"replayed",
+       [](RawPeer& p) {
+         p.Write(p.Descriptor(16, 0, 64, 0));
+         p.Write(p.Descriptor(16, 0, 64, 0));
+       },
+       "descriptor of chunk 0 where chunk 1 comes next"},
+      {"fewer bytes than the header announces",
+       [](RawPeer& p) { p.Write(p.Descriptor(16, 0, 32, 0)); },
+       "tensor ended after 32 of 64 bytes"},
+      {"more bytes than the header announces",
+       [](RawPeer& p) { p.Write(p.Descriptor(4, 0, 64, 0)); },
+       "runs past the announced 16 bytes"},
+      {"a payload as well",
+       [](RawPeer& p) {
+         Frame f = p.Descriptor(16, 0, 64, 0);
+         f.set_payload(std::string(64, 'x'));
+         p.Write(f);
+       },
+       "both a payload and a shared-memory descriptor"},
+      {"a release of nothing",
+       [](RawPeer& p) {
+         Frame f = p.Base(gpipe::v1::SHM_RELEASE);
+         f.mutable_shm_slot()->set_sequence(3);
+         p.Write(f);
+       },
+       "none is in use"},
+  };
+  Server server(Planes(DataPlaneMode::kAuto));
+  for (const Case& c : cases) {
+    RawPeer peer(server);
+    ASSERT_NO_FATAL_FAILURE(peer.OpenWithSegment()) << c.what;
+    c.send(peer);
+    const grpc::Status s = peer.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.what;
+  }
+  // A descriptor without any segment, and one of another epoch (fencing
+  // comes before any byte is read).
+  {
+    RawPeer peer(server);
+    ASSERT_TRUE(peer.Write(peer.Base(gpipe::v1::OPEN)));
+    peer.Write(peer.Descriptor(16, 0, 64, 0));
+    const grpc::Status s = peer.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("link without shared memory"));
+  }
+  {
+    RawPeer peer(server);
+    ASSERT_NO_FATAL_FAILURE(peer.OpenWithSegment());
+    Frame f = peer.Descriptor(16, 0, 64, 0);
+    f.set_epoch(kEpoch - 1);
+    peer.Write(f);
+    const grpc::Status s = peer.Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), HasSubstr("epoch 1"));
+  }
+  // The server still serves a well-behaved peer.
+  std::unique_ptr<GrpcClientLink> link =
+      Connect(server, Planes(DataPlaneMode::kShm));
+  ASSERT_NE(link, nullptr);
+  Message m;
+  m.tensor = Pattern(5000, 1);
+  const Tensor sent = m.tensor;
+  ASSERT_TRUE(link->Send(std::move(m)).ok());
+  absl::StatusOr<Message> back = link->Receive();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(BitwiseEqual(back->tensor, sent));
+}
+
+}  // namespace
+}  // namespace gpipe
