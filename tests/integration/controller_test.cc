@@ -569,6 +569,29 @@ TEST_F(ControllerTest, MalformedSpecIsInvalidArgumentNamingTheField) {
       {"TooManyStages",
        [](v1::JobSpec &s) { s.mutable_pipeline()->set_stages(9); },
        "pipeline.stages"},
+      // Sizes no worker could hold: rejected here, not an OOM later.
+      {"LayerOfABillionUnits",
+       [](v1::JobSpec &s) {
+         s.mutable_model()
+             ->mutable_layers(0)
+             ->mutable_linear()
+             ->set_out_features(1'000'000'000);
+         s.mutable_model()
+             ->mutable_layers(2)
+             ->mutable_linear()
+             ->set_in_features(1'000'000'000);
+       },
+       "model.layers[0].linear"},
+      {"BatchOfATrillion",
+       [](v1::JobSpec &s) { s.set_batch_size(1'000'000'000'000); },
+       "batch_size"},
+      {"EvalBatchOfATrillion",
+       [](v1::JobSpec &s) {
+         s.mutable_eval()->set_batch_size(1'000'000'000'000);
+       },
+       "eval.batch_size"},
+      {"NegativeEvalEvery",
+       [](v1::JobSpec &s) { s.mutable_eval()->set_every(-1); }, "eval.every"},
   };
   for (const Case &c : cases) {
     v1::JobSpec spec = Spec();
