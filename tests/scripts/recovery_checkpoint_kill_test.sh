@@ -6,7 +6,7 @@
 # uninterrupted run, no committed manifest may list a partial file, and the
 # periodic evaluations it reports (replays included) must be exactly those
 # `gpipectl train` prints at the same steps.
-# Knobs: RECOVERY_KILLS (default 3), RECOVERY_STEPS (default 60), KEEP_WORK=1.
+# Knobs: RECOVERY_KILLS (default 3), RECOVERY_STEPS (default 40), KEEP_WORK=1.
 #   recovery_checkpoint_kill_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -22,14 +22,15 @@ stop_watcher() { [[ -z "$watcher" ]] || kill "$watcher" 2>/dev/null || true; }
 trap 'stop_watcher; cleanup' EXIT
 
 kills=${RECOVERY_KILLS:-3}
-steps=${RECOVERY_STEPS:-60}
+steps=${RECOVERY_STEPS:-40}
 cport=$(free_port)
 start_controller
 for _ in 1 2 3 4; do start_worker; done
 wait_workers 4
-# Wider layers than the other recovery tests (a middle stage's file with its
-# Adam moments is about 7 MB), so that writing and fsyncing it takes long
-# enough for the kill to land inside.
+# Wide layers inside each stage (a stage file with its Adam moments is about
+# 1.5 MB), so that writing and fsyncing it takes long enough for the kill to
+# land inside; narrow ones between stages, since wide activations on the
+# gRPC links are slow (about 50 ms a frame of 16 KB on loopback).
 spec="$work/ckpt-kill.json"
 cat >"$spec" <<JSON
 {
@@ -37,20 +38,23 @@ cat >"$spec" <<JSON
   "model": {
     "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
     "layers": [
-      {"linear": {"inFeatures": 8, "outFeatures": 768}},
+      {"linear": {"inFeatures": 8, "outFeatures": 32}},
+      {"linear": {"inFeatures": 32, "outFeatures": 2048}},
       {"relu": {}},
-      {"linear": {"inFeatures": 768, "outFeatures": 768}},
+      {"linear": {"inFeatures": 2048, "outFeatures": 32}},
+      {"linear": {"inFeatures": 32, "outFeatures": 2048}},
       {"relu": {}},
-      {"linear": {"inFeatures": 768, "outFeatures": 768}},
+      {"linear": {"inFeatures": 2048, "outFeatures": 32}},
+      {"linear": {"inFeatures": 32, "outFeatures": 2048}},
       {"relu": {}},
-      {"linear": {"inFeatures": 768, "outFeatures": 3}}
+      {"linear": {"inFeatures": 2048, "outFeatures": 3}}
     ],
     "loss": {"softmaxCrossEntropy": {}}
   },
   "optimizer": {"lr": 0.01, "adamw": {}, "clipNorm": 1.0},
   "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
                          "trainSamples": 512, "testSamples": 96}},
-  "pipeline": {"stages": 3, "microBatches": 4},
+  "pipeline": {"stages": 3, "microBatches": 4, "balance": [4, 3, 3]},
   "checkpoint": {"every": 5, "keep": 3},
   "eval": {"every": 10, "maxSamples": 64},
   "batchSize": 32,
