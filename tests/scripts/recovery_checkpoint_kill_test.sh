@@ -31,6 +31,8 @@ wait_workers 4
 # 1.5 MB), so that writing and fsyncing it takes long enough for the kill to
 # land inside; narrow ones between stages, since wide activations on the
 # gRPC links are slow (about 50 ms a frame of 16 KB on loopback).
+# A small learning rate keeps the test loss moving over the whole run, so
+# that comparing evaluations step by step means something.
 spec="$work/ckpt-kill.json"
 cat >"$spec" <<JSON
 {
@@ -51,12 +53,12 @@ cat >"$spec" <<JSON
     ],
     "loss": {"softmaxCrossEntropy": {}}
   },
-  "optimizer": {"lr": 0.01, "adamw": {}, "clipNorm": 1.0},
+  "optimizer": {"lr": 0.0001, "adamw": {}, "clipNorm": 1.0},
   "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
                          "trainSamples": 512, "testSamples": 96}},
   "pipeline": {"stages": 3, "microBatches": 4, "balance": [4, 3, 3]},
   "checkpoint": {"every": 5, "keep": 3},
-  "eval": {"every": 10, "maxSamples": 64},
+  "eval": {"every": 5, "maxSamples": 64},
   "batchSize": 32,
   "steps": $steps,
   "seed": 11,

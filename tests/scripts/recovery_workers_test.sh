@@ -30,8 +30,9 @@ wait_workers 4
 # The kills need the longest job: each one waits for the job to run again.
 write_spec "$work/kill.json" recovery-kill "$((2 * steps))" 3 0 "$SGD"
 write_spec "$work/sgd.json" recovery-pause "$steps" 3 0 "$SGD"
-# The job stands still while its workers are frozen: a shorter one will do.
-write_spec "$work/short.json" recovery-corrupt "$((steps / 3))" 3 0 "$SGD"
+# Long enough that it is still running when the poll below (seconds on a
+# loaded machine) sees its second checkpoint.
+write_spec "$work/short.json" recovery-corrupt "$steps" 3 0 "$SGD"
 
 # --- 1. kill -9 busy workers at random moments -----------------------------
 job=$(submit "$work/kill.json")
@@ -97,6 +98,8 @@ for _ in $(seq 300); do
   sleep 0.05
 done
 ((${n:-0} >= 2)) || fail "job $job committed fewer than 2 checkpoints"
+[[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] ||
+  fail "job $job ended before its workers were frozen; raise RECOVERY_STEPS"
 # Freeze every worker, so that no newer checkpoint commits and no restart
 # chooses its restore point before the corruption is in place.
 stopped=()
