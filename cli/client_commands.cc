@@ -125,8 +125,8 @@ std::string LossText(const gpipe::v1::JobStatus& s) {
 
 // As `gpipectl train` prints it: "test loss 0.1234, test accuracy 0.9567
 // (300 targets)".
-std::string EvaluationText(const gpipe::v1::Job& job) {
-  const gpipe::v1::Evaluation& e = job.status().evaluation();
+std::string EvaluationText(const gpipe::v1::Job& job,
+                           const gpipe::v1::Evaluation& e) {
   const bool classification =
       job.spec().model().input().dtype() == gpipe::v1::FLOAT32;
   return absl::StrFormat("test loss %.4f, test %saccuracy %.4f (%d targets)",
@@ -218,8 +218,13 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   rows.push_back({"finished:", IsSet(s.finished())
                                    ? absl::StrCat(Age(s.finished()), " ago")
                                    : "-"});
-  if (s.evaluation().counted() > 0)
-    rows.push_back({"evaluation:", EvaluationText(job)});
+  if (s.evaluation().counted() > 0) {
+    rows.push_back({"evaluation:", EvaluationText(job, s.evaluation())});
+  } else if (s.latest_evaluation().counted() > 0) {
+    rows.push_back({"evaluation:",
+                    absl::StrCat(EvaluationText(job, s.latest_evaluation()),
+                                 " at step ", s.latest_evaluation().step())});
+  }
   if (!s.model_path().empty()) rows.push_back({"model:", s.model_path()});
   PrintTable(rows);
 
@@ -299,8 +304,21 @@ class JobFollower {
     const bool news = !event.message().empty() &&
                       event.message() != last_message_ && !progress;
     const bool terminal = IsTerminal(s.state());
+    // A periodic evaluation reads as `gpipectl train` prints it:
+    // "step 20: test loss ...". The final one is in the summary.
+    const gpipe::v1::Evaluation& e = s.latest_evaluation();
+    const bool evaluated =
+        e.counted() > 0 && e.step() != eval_step_ && e.step() < s.total_steps();
+    if (evaluated) {
+      if (progress_ != nullptr) progress_->Finish();
+      std::printf("step %lld: %s\n", static_cast<long long>(e.step()),
+                  EvaluationText(job_, e).c_str());
+      std::fflush(stdout);
+      eval_step_ = e.step();
+      if (news) last_message_ = event.message();
+    }
     // The summary reports the terminal state.
-    if (!terminal && (state_changed || epoch_changed || news)) {
+    if (!terminal && (state_changed || epoch_changed || (news && !evaluated))) {
       if (progress_ != nullptr) progress_->Finish();
       std::string line = absl::StrCat(job_.id(), " ", StateName(s.state()));
       if (!event.message().empty())
@@ -362,7 +380,7 @@ class JobFollower {
     }
     std::printf("%s\n", line.c_str());
     if (s.evaluation().counted() > 0)
-      std::printf("final: %s\n", EvaluationText(job_).c_str());
+      std::printf("final: %s\n", EvaluationText(job_, s.evaluation()).c_str());
     if (!s.model_path().empty())
       std::printf("model: %s\n", s.model_path().c_str());
     std::fflush(stdout);
@@ -376,6 +394,7 @@ class JobFollower {
   bool seen_ = false;
   gpipe::v1::JobState state_ = gpipe::v1::JOB_STATE_UNSPECIFIED;
   int64_t epoch_ = 0;
+  int64_t eval_step_ = 0;  // of the last evaluation printed
   double loss_ = 0;
   double rate_ = 0;
   int64_t step_ = 0;

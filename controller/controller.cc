@@ -360,6 +360,9 @@ void Controller::HandleMessage(WorkerRecord& worker,
     case v1::WorkerMessage::kCheckpointed:
       OnCheckpointed(worker, message.checkpointed(), now);
       break;
+    case v1::WorkerMessage::kEvaluated:
+      OnEvaluated(worker, message.evaluated(), now);
+      break;
     case v1::WorkerMessage::kHello:
       LogWarning("worker %s sent a second hello; ignored", worker.id());
       return;
@@ -549,6 +552,18 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
       ReportedJob(worker, "progress", p.job_id(), p.epoch(), p.stage());
   if (job == nullptr) return;
   v1::JobStatus& status = job->status();
+  // A step behind the stage's last report or past the end is no step this
+  // epoch can have made.
+  if (p.step() < job->stage_steps[p.stage()] ||
+      p.step() > status.total_steps()) {
+    ++ignored_reports_;
+    LogWarning(
+        "ignored progress of stage %d of %s from worker %s: step %d is not in "
+        "[%d, %d]",
+        p.stage(), p.job_id(), worker.id(), p.step(),
+        job->stage_steps[p.stage()], status.total_steps());
+    return;
+  }
   job->stage_steps[p.stage()] = p.step();
   // The stage's last step as its worker measured it; watchers see it with
   // the next published change.
@@ -616,11 +631,32 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
     Reschedule(now);
     return;
   }
+  // The merge reads this file and the final manifest lists it: it must be
+  // the one the assignment named, never another file on the controller's
+  // disk (path traversal).
+  if (absl::Status ok = CheckFinishedReport(options_.checkpoint_dir, f);
+      !ok.ok()) {
+    ++ignored_reports_;
+    LogWarning("ignored finished report of stage %d of %s from worker %s: %s",
+               f.stage(), f.job_id(), worker.id(), ok.ToString());
+    return;
+  }
   const int64_t running = static_cast<int64_t>(job->finished_paths.size());
   job->finished_paths[f.stage()] = f.parameters_path();
   job->stage_steps[f.stage()] = job->status().total_steps();
-  if (f.stage() == running - 1) {
-    *job->status().mutable_evaluation() = f.evaluation();
+  if (f.stage() == running - 1 && f.evaluation().counted() > 0) {
+    if (absl::Status ok =
+            CheckEvaluation(f.evaluation(), job->status().total_steps(), 0);
+        !ok.ok()) {
+      ++ignored_reports_;
+      LogWarning("ignored the final evaluation of %s from worker %s: %s",
+                 job->id(), worker.id(), ok.ToString());
+    } else {
+      v1::Evaluation e = f.evaluation();
+      e.set_step(job->status().total_steps());
+      *job->status().mutable_evaluation() = e;
+      KeepEvaluation(*job, e);
+    }
   }
   const int64_t done =
       std::count_if(job->finished_paths.begin(), job->finished_paths.end(),
@@ -668,6 +704,60 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   Reschedule(now);
 }
 
+void Controller::OnEvaluated(WorkerRecord& worker, const v1::StageEvaluated& r,
+                             absl::Time now) {
+  JobRecord* job =
+      ReportedJob(worker, "evaluation", r.job_id(), r.epoch(), r.stage());
+  if (job == nullptr) return;
+  const v1::JobSpec& spec = job->job.spec();
+  absl::Status ok =
+      r.stage() != static_cast<int64_t>(job->finished_paths.size()) - 1
+          ? absl::InvalidArgumentError(
+                absl::StrCat("stage ", r.stage(), " is not the last stage"))
+          : CheckEvaluation(r.evaluation(), spec.steps(), spec.eval().every());
+  if (!ok.ok()) {
+    ++ignored_reports_;
+    LogWarning("ignored evaluation of stage %d of %s from worker %s: %s",
+               r.stage(), r.job_id(), worker.id(), ok.ToString());
+    return;
+  }
+  KeepEvaluation(*job, r.evaluation());
+  const v1::Evaluation& e = r.evaluation();
+  jobs_.Publish(*job,
+                absl::StrFormat("evaluation at step %d: test loss %.4f, "
+                                "accuracy %.4f over %d targets",
+                                e.step(), e.loss(), e.accuracy(), e.counted()),
+                now);
+}
+
+void Controller::KeepEvaluation(JobRecord& job, const v1::Evaluation& e) {
+  RecordEvaluation(&job.status(), e);
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveEvaluation(job.id(), e.loss(), e.accuracy());
+  }
+}
+
+namespace {
+
+// The manifest tells a restore which layers each file holds: they must be
+// the ones the stage was assigned.
+absl::Status SameLayers(const JobRecord& job, const v1::StageCheckpointed& c) {
+  for (const v1::StageStatus& stage : job.status().stages()) {
+    if (stage.stage() != c.stage()) continue;
+    if (stage.layer_begin() == c.layer_begin() &&
+        stage.layer_end() == c.layer_end()) {
+      return absl::OkStatus();
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers [", c.layer_begin(), ", ", c.layer_end(), ") are not stage ",
+        c.stage(), "'s [", stage.layer_begin(), ", ", stage.layer_end(), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("stage ", c.stage(), " is not running"));
+}
+
+}  // namespace
+
 void Controller::OnCheckpointed(WorkerRecord& worker,
                                 const v1::StageCheckpointed& c,
                                 absl::Time now) {
@@ -677,7 +767,7 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
   const v1::JobSpec& spec = job->job.spec();
   if (absl::Status ok = CheckCheckpointReport(
           options_.checkpoint_dir, c, spec.checkpoint().every(), spec.steps());
-      !ok.ok()) {
+      !ok.ok() || !(ok = SameLayers(*job, c)).ok()) {
     ++ignored_reports_;
     LogWarning("ignored checkpoint report of stage %d of %s: %s", c.stage(),
                c.job_id(), ok.ToString());

@@ -188,6 +188,12 @@ class Controller {
                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnFailed(WorkerRecord& worker, const gpipe::v1::StageFailed& f,
                 absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnEvaluated(WorkerRecord& worker, const gpipe::v1::StageEvaluated& e,
+                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps an evaluation of the job's last stage (periodic or final) in its
+  // status and the eval gauges.
+  void KeepEvaluation(JobRecord& job, const gpipe::v1::Evaluation& e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void OnCheckpointed(WorkerRecord& worker,
                       const gpipe::v1::StageCheckpointed& c, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

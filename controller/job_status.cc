@@ -1,6 +1,10 @@
 #include "controller/job_status.h"
 
+#include <algorithm>
+#include <cmath>
 #include <string>
+
+#include "absl/strings/str_cat.h"
 
 namespace gpipe::controller {
 
@@ -62,6 +66,49 @@ void MarkTerminal(v1::JobStatus* status, v1::JobState state,
     SetCondition(status, kRunning, false, reason, message, now);
   }
   SetCondition(status, type, true, reason, message, now);
+}
+
+absl::Status CheckEvaluation(const v1::Evaluation& e, int64_t total_steps,
+                             int64_t every) {
+  if (!std::isfinite(e.loss()) || e.loss() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss ", e.loss(),
+                     " is not a finite, non-negative "
+                     "number"));
+  }
+  if (!(e.accuracy() >= 0 && e.accuracy() <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("accuracy ", e.accuracy(), " is not in [0, 1]"));
+  }
+  if (e.counted() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("counted ", e.counted(), " is not positive"));
+  }
+  if (every > 0 &&
+      (e.step() <= 0 || e.step() >= total_steps || e.step() % every != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", e.step(), " is not an evaluation step (every ",
+                     every, ", ", total_steps, " steps)"));
+  }
+  return absl::OkStatus();
+}
+
+void RecordEvaluation(v1::JobStatus* status, const v1::Evaluation& e) {
+  *status->mutable_latest_evaluation() = e;
+  auto* list = status->mutable_evaluations();
+  auto at = std::find_if(
+      list->begin(), list->end(),
+      [&](const v1::Evaluation& kept) { return kept.step() >= e.step(); });
+  if (at != list->end() && at->step() == e.step()) {
+    *at = e;
+    return;
+  }
+  const int index = static_cast<int>(at - list->begin());
+  *list->Add() = e;
+  for (int i = list->size() - 1; i > index; --i) list->SwapElements(i, i - 1);
+  if (list->size() > kEvaluationHistory) {
+    list->DeleteSubrange(0, list->size() - kEvaluationHistory);
+  }
 }
 
 }  // namespace gpipe::controller

@@ -6,6 +6,7 @@
 
 #include <string_view>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "gpipe/v1/controller.pb.h"
@@ -40,6 +41,22 @@ const gpipe::v1::Condition* FindCondition(const gpipe::v1::JobStatus& status,
 void MarkTerminal(gpipe::v1::JobStatus* status, gpipe::v1::JobState state,
                   std::string_view type, std::string_view reason,
                   std::string_view message, absl::Time now);
+
+// InvalidArgument unless `e` is an evaluation a stage could have made: a
+// finite, non-negative loss, an accuracy in [0, 1], targets counted and,
+// when `every` > 0 (a periodic one), a step in (0, total_steps) that is a
+// multiple of `every`.
+absl::Status CheckEvaluation(const gpipe::v1::Evaluation& e,
+                             int64_t total_steps, int64_t every);
+
+// How many evaluations JobStatus.evaluations keeps (the newest).
+inline constexpr int kEvaluationHistory = 64;
+
+// Records `e` (its step set) as the latest evaluation and in the history by
+// step: one of a step already there (a replay after a restart) replaces it,
+// and the oldest fall off beyond kEvaluationHistory.
+void RecordEvaluation(gpipe::v1::JobStatus* status,
+                      const gpipe::v1::Evaluation& e);
 
 }  // namespace gpipe::controller
 

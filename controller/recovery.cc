@@ -55,6 +55,22 @@ absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
+absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
+                                 const v1::StageFinished& report) {
+  const std::string want =
+      (std::filesystem::path(checkpoint_dir) / report.job_id() / "final" /
+       StageFileName(report.epoch(), report.stage()))
+          .lexically_normal()
+          .string();
+  if (std::filesystem::path(report.parameters_path())
+          .lexically_normal()
+          .string() != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameters_path ", report.parameters_path(), " is not ", want));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::CheckpointRef> CommitCheckpoint(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
     const std::vector<v1::StageCheckpointed>& reports) {

@@ -28,6 +28,11 @@ absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
                                    const gpipe::v1::StageCheckpointed& report,
                                    int64_t every, int64_t total_steps);
 
+// InvalidArgument unless a StageFinished report names the file its stage
+// must write: <checkpoint_dir>/<job>/final/e<epoch>-stage-<stage>.safetensors.
+absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
+                                 const gpipe::v1::StageFinished& report);
+
 // Writes the manifest of `reports` (one per stage, all of one step) in that
 // step's directory, atomically, and returns its reference.
 absl::StatusOr<gpipe::v1::CheckpointRef> CommitCheckpoint(

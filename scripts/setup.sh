@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
   dataset-fashion-mnist
+  inotify-tools
 )
 # The offline Kubernetes checks (tests/scripts/k8s_*): yamllint, and kubectl
 # to render the manifests. Debian's kubernetes-client conflicts with other

@@ -159,6 +159,26 @@ absl::Status CheckpointError(const absl::Status& s) {
                       absl::StrCat(kCheckpointErrorPrefix, s.message()));
 }
 
+gpipe::v1::Evaluation ToEvaluation(int64_t step, const LossResult& e) {
+  gpipe::v1::Evaluation out;
+  out.set_loss(e.loss_sum / e.counted);
+  out.set_accuracy(static_cast<double>(e.correct) / e.counted);
+  out.set_counted(e.counted);
+  out.set_step(step);
+  return out;
+}
+
+gpipe::v1::WorkerMessage Evaluated(const gpipe::v1::Assignment& a, int64_t step,
+                                   const LossResult& e) {
+  gpipe::v1::WorkerMessage m;
+  auto* r = m.mutable_evaluated();
+  r->set_job_id(a.job_id());
+  r->set_epoch(a.epoch());
+  r->set_stage(a.stage());
+  *r->mutable_evaluation() = ToEvaluation(step, e);
+  return m;
+}
+
 }  // namespace
 
 // The next stage's answer to this stage's data-plane offer, in short waits
@@ -365,6 +385,15 @@ void Executor::Execute(std::shared_ptr<Run> run) {
         r->set_layer_end(a.layer_end());
         report_(c);
       }
+      // As `gpipectl train` does: every eval.every steps but the last (the
+      // final evaluation below covers it). All stages take part.
+      const int64_t eval_every = spec.eval().every();
+      if (eval_every > 0 && done % eval_every == 0 && done < spec.steps()) {
+        ASSIGN_OR_RETURN(
+            LossResult e,
+            stage->RunEval(Split::kTest, spec.eval().max_samples()));
+        if (last && e.counted > 0) report_(Evaluated(a, done, e));
+      }
     }
     ASSIGN_OR_RETURN(LossResult eval,
                      stage->RunEval(Split::kTest, spec.eval().max_samples()));
@@ -383,10 +412,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     f->set_stage(a.stage());
     f->set_parameters_path(path);
     if (last && eval.counted > 0) {
-      f->mutable_evaluation()->set_loss(eval.loss_sum / eval.counted);
-      f->mutable_evaluation()->set_accuracy(static_cast<double>(eval.correct) /
-                                            eval.counted);
-      f->mutable_evaluation()->set_counted(eval.counted);
+      *f->mutable_evaluation() = ToEvaluation(spec.steps(), eval);
     }
     report_(m);
     return absl::OkStatus();

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <vector>
 
@@ -303,6 +304,59 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// a * b, or INT64_MAX when that overflows (both >= 0).
+int64_t SaturatingProduct(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  if (a > std::numeric_limits<int64_t>::max() / b) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return a * b;
+}
+
+int64_t SaturatingNumel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape.dims())
+    n = SaturatingProduct(n, std::max<int64_t>(d, 0));
+  return n;
+}
+
+// The memory a spec asks for, against the k* limits (job_spec.h).
+absl::Status ValidateSizes(const v1::JobSpec& spec, const ModelShapes& shapes) {
+  if (spec.batch_size() > kMaxBatchSize) {
+    return FieldError("batch_size", spec.batch_size(),
+                      " is too large (at most ", kMaxBatchSize, ")");
+  }
+  if (spec.eval().batch_size() > kMaxBatchSize) {
+    return FieldError("eval.batch_size", spec.eval().batch_size(),
+                      " is too large (at most ", kMaxBatchSize, ")");
+  }
+  const int64_t batch = std::max(spec.batch_size(), spec.eval().batch_size());
+  int64_t parameters = 0;
+  for (size_t i = 0; i < shapes.outputs.size(); ++i) {
+    const std::string layer = absl::StrCat(
+        "model.layers[", i, "].",
+        AsAbsl(LayerKindName(spec.model().layers(static_cast<int>(i)))));
+    const int64_t sample = SaturatingNumel(shapes.outputs[i]);
+    if (sample > kMaxSampleValues) {
+      return FieldError(layer, "its output ", shapes.outputs[i].ToString(),
+                        " has ", sample, " values per sample, more than ",
+                        kMaxSampleValues);
+    }
+    if (SaturatingProduct(sample, batch) > kMaxBatchValues) {
+      return FieldError(layer, "its output ", shapes.outputs[i].ToString(),
+                        " times the batch of ", batch, " is more than ",
+                        kMaxBatchValues, " values");
+    }
+    parameters = std::min(parameters + shapes.costs[i].param_bytes / 4,
+                          std::numeric_limits<int64_t>::max() / 2);
+    if (parameters > kMaxModelParameters) {
+      return FieldError(layer, "brings the model to more than ",
+                        kMaxModelParameters, " parameters");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t StageCount(const v1::JobSpec& spec) {
@@ -318,6 +372,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   RETURN_IF_ERROR(CheckPositive("batch_size", spec.batch_size()));
   RETURN_IF_ERROR(CheckPositive("steps", spec.steps()));
+  RETURN_IF_ERROR(ValidateSizes(spec, shapes));
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateData(spec.data(), spec.model(), shapes));
   RETURN_IF_ERROR(ValidatePipeline(spec));

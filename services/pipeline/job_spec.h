@@ -17,6 +17,18 @@
 
 namespace gpipe {
 
+// Limits that keep a spec from asking a worker for more memory than a
+// machine has: such a spec is rejected here, naming the field, instead of a
+// worker running out of memory (or a size overflowing) later.
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
+// Parameters of the whole model (16 GiB of fp32, before gradients and
+// optimizer state).
+inline constexpr int64_t kMaxModelParameters = int64_t{1} << 32;
+// One layer's output for one sample (1 GiB of fp32).
+inline constexpr int64_t kMaxSampleValues = int64_t{1} << 28;
+// One layer's output for a whole training or evaluation batch (16 GiB).
+inline constexpr int64_t kMaxBatchValues = int64_t{1} << 32;
+
 // Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields
 // are errors: a misspelt option must not silently fall back to its default.
 absl::StatusOr<gpipe::v1::JobSpec> ParseJobSpecJson(std::string_view json);

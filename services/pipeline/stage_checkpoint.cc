@@ -72,7 +72,12 @@ absl::StatusOr<int64_t> RestoreStageCheckpoint(
       found.insert_or_assign(name, std::move(tensor));
     }
   }
-  for (const NamedTensor& t : CheckpointTensors(stage)) {
+  // Every tensor is checked before any is copied: a checkpoint of another
+  // model must leave the stage as it was, not half overwritten.
+  const std::vector<NamedTensor> wanted = CheckpointTensors(stage);
+  std::vector<const Tensor*> sources;
+  sources.reserve(wanted.size());
+  for (const NamedTensor& t : wanted) {
     auto it = found.find(t.name);
     if (it == found.end()) {
       return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path,
@@ -81,11 +86,16 @@ absl::StatusOr<int64_t> RestoreStageCheckpoint(
     const Tensor& from = it->second;
     if (from.dtype() != t.tensor->dtype() ||
         !(from.shape() == t.tensor->shape())) {
-      return absl::DataLossError(
-          absl::StrCat("checkpoint ", manifest_path, ": tensor ", t.name,
-                       " has another shape or dtype than the model's"));
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", manifest_path, ": tensor ", t.name, " is ",
+          from.shape().ToString(), ", another shape or dtype than the model's ",
+          t.tensor->shape().ToString(), " (a checkpoint of another model?)"));
     }
-    std::memcpy(t.tensor->raw(), from.raw(), from.nbytes());
+    sources.push_back(&from);
+  }
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    std::memcpy(wanted[i].tensor->raw(), sources[i]->raw(),
+                sources[i]->nbytes());
   }
   return manifest.step();
 }

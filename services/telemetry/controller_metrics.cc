@@ -53,6 +53,24 @@ ControllerMetrics::ControllerMetrics() {
            .Register(registry_)
            .Add({}, prometheus::Histogram::BucketBoundaries{
                         0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600});
+  eval_loss_ = &prometheus::BuildGauge()
+                    .Name("gpipe_eval_loss")
+                    .Help(
+                        "Mean loss on the test split at the job's newest "
+                        "evaluation (every eval.every steps and at the end)")
+                    .Register(registry_);
+  eval_accuracy_ = &prometheus::BuildGauge()
+                        .Name("gpipe_eval_accuracy")
+                        .Help(
+                            "Accuracy on the test split at the job's newest "
+                            "evaluation")
+                        .Register(registry_);
+}
+
+void ControllerMetrics::ObserveEvaluation(const std::string& job, double loss,
+                                          double accuracy) {
+  eval_loss_->Add({{"job", job}}).Set(loss);
+  eval_accuracy_->Add({{"job", job}}).Set(accuracy);
 }
 
 std::vector<prometheus::MetricFamily> ControllerMetrics::Collect() const {

@@ -14,6 +14,7 @@
 
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 
@@ -38,6 +39,8 @@ class ControllerMetrics : public prometheus::Collectable {
   void OnCheckpoint() { checkpoints_->Increment(); }
   void OnCorruptCheckpoints(int64_t n) { corrupt_->Increment(n); }
   void ObserveRecovery(double seconds) { recovery_->Observe(seconds); }
+  // The newest evaluation of `job` on the test split.
+  void ObserveEvaluation(const std::string& job, double loss, double accuracy);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
@@ -49,6 +52,8 @@ class ControllerMetrics : public prometheus::Collectable {
   prometheus::Counter* checkpoints_;
   prometheus::Counter* corrupt_;
   prometheus::Histogram* recovery_;
+  prometheus::Family<prometheus::Gauge>* eval_loss_;
+  prometheus::Family<prometheus::Gauge>* eval_accuracy_;
 };
 
 }  // namespace gpipe

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -393,6 +395,13 @@ class ControllerTest : public ::testing::Test {
     });
   }
 
+  // Where the assignment's stage writes its final parameters (the only path
+  // the controller accepts in its StageFinished).
+  static std::string FinalPath(const v1::Assignment &a) {
+    return absl::StrCat(a.output_dir(), "/e", a.epoch(), "-stage-", a.stage(),
+                        ".safetensors");
+  }
+
   // Writes a stage's parameters as a worker would: one small tensor per
   // layer of its range, filled with the layer index.
   std::string WriteStageParameters(const v1::Assignment &a) {
@@ -407,8 +416,7 @@ class ControllerTest : public ::testing::Test {
       list.emplace_back(names[i], &tensors[i]);
     }
     std::filesystem::create_directories(a.output_dir());
-    const std::string path =
-        absl::StrCat(a.output_dir(), "/stage-", a.stage(), ".safetensors");
+    const std::string path = FinalPath(a);
     const absl::Status written = WriteSafetensors(path, list);
     EXPECT_TRUE(written.ok()) << written;
     return path;
@@ -561,6 +569,29 @@ TEST_F(ControllerTest, MalformedSpecIsInvalidArgumentNamingTheField) {
       {"TooManyStages",
        [](v1::JobSpec &s) { s.mutable_pipeline()->set_stages(9); },
        "pipeline.stages"},
+      // Sizes no worker could hold: rejected here, not an OOM later.
+      {"LayerOfABillionUnits",
+       [](v1::JobSpec &s) {
+         s.mutable_model()
+             ->mutable_layers(0)
+             ->mutable_linear()
+             ->set_out_features(1'000'000'000);
+         s.mutable_model()
+             ->mutable_layers(2)
+             ->mutable_linear()
+             ->set_in_features(1'000'000'000);
+       },
+       "model.layers[0].linear"},
+      {"BatchOfATrillion",
+       [](v1::JobSpec &s) { s.set_batch_size(1'000'000'000'000); },
+       "batch_size"},
+      {"EvalBatchOfATrillion",
+       [](v1::JobSpec &s) {
+         s.mutable_eval()->set_batch_size(1'000'000'000'000);
+       },
+       "eval.batch_size"},
+      {"NegativeEvalEvery",
+       [](v1::JobSpec &s) { s.mutable_eval()->set_every(-1); }, "eval.every"},
   };
   for (const Case &c : cases) {
     v1::JobSpec spec = Spec();
@@ -939,11 +970,153 @@ TEST_F(ControllerTest, FinishedStageWithUnreadableParametersFailsTheJob) {
   const v1::Assignment a = w1->NextAssignment();
   EXPECT_EQ(a.layer_begin(), 0);
   EXPECT_EQ(a.layer_end(), kLayers);
-  ASSERT_TRUE(w1->Send(Finished(a, (dir_ / "missing.safetensors").string())));
+  ASSERT_TRUE(w1->Send(Finished(a, FinalPath(a))));  // never written
   const v1::Job job = WaitForState(id, v1::FAILED);
   EXPECT_EQ(Condition(job, "Failed")->reason(), "MergeFailed");
-  EXPECT_THAT(Condition(job, "Failed")->message(),
-              HasSubstr("missing.safetensors"));
+  EXPECT_THAT(Condition(job, "Failed")->message(), HasSubstr(FinalPath(a)));
+}
+
+v1::WorkerMessage Evaluated(const v1::Assignment &a, int64_t step, double loss,
+                            double accuracy, int64_t counted = 64) {
+  v1::WorkerMessage m;
+  v1::StageEvaluated &r = *m.mutable_evaluated();
+  r.set_job_id(a.job_id());
+  r.set_epoch(a.epoch());
+  r.set_stage(a.stage());
+  r.mutable_evaluation()->set_step(step);
+  r.mutable_evaluation()->set_loss(loss);
+  r.mutable_evaluation()->set_accuracy(accuracy);
+  r.mutable_evaluation()->set_counted(counted);
+  return m;
+}
+
+// Reports an attached worker might send by mistake or malice: each is
+// ignored with a log line and counted, and the job goes on unharmed to
+// SUCCEEDED with the figures of the honest reports only.
+TEST_F(ControllerTest, HostileReportsAreIgnoredAndTheJobCompletes) {
+  StartController();
+  std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
+  std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
+  v1::JobSpec spec = SpecWithStages(2);
+  spec.mutable_checkpoint()->set_every(2);
+  spec.mutable_eval()->set_every(4);
+  const std::string id = SubmitOk(spec).id();
+  const v1::Assignment a0 = w1->NextAssignment();
+  const v1::Assignment a1 = w2->NextAssignment();
+  WaitForState(id, v1::RUNNING);
+  Controller &controller = server_->controller();
+  const std::filesystem::path job_dir = dir_ / "checkpoints" / id;
+  std::filesystem::create_directories(job_dir);
+  // A file outside the job's directory that must never be read or listed.
+  const std::filesystem::path secret = dir_ / "secret.safetensors";
+  std::ofstream(secret) << "not yours";
+
+  std::vector<v1::WorkerMessage> hostile;
+  v1::Assignment unknown = a0;
+  unknown.set_job_id("job-deadbeef");
+  hostile.push_back(Finished(unknown, FinalPath(unknown)));
+  v1::Assignment future = a1;
+  future.set_epoch(a1.epoch() + 1000);
+  hostile.push_back(Evaluated(future, 4, 0.5, 0.5));
+  v1::Assignment beyond = a1;
+  beyond.set_stage(99);
+  hostile.push_back(Checkpointed(beyond, 2));
+  // Absurd steps.
+  v1::WorkerMessage m;
+  for (int64_t step : {int64_t{-5}, int64_t{11}, INT64_MAX}) {
+    m.Clear();
+    m.mutable_progress()->set_job_id(id);
+    m.mutable_progress()->set_epoch(a1.epoch());
+    m.mutable_progress()->set_stage(1);
+    m.mutable_progress()->set_step(step);
+    m.mutable_progress()->set_loss(9.0);
+    hostile.push_back(m);
+  }
+  // Path traversal: final parameters and checkpoint files elsewhere.
+  hostile.push_back(Finished(a1, secret.string()));
+  hostile.push_back(Finished(a1, "/etc/passwd"));
+  hostile.push_back(Finished(
+      a1, absl::StrCat(a1.output_dir(), "/../../../secret.safetensors")));
+  m = Checkpointed(a0, 2);
+  m.mutable_checkpointed()->set_path(
+      absl::StrCat(a0.checkpoint_dir(), "/step-2/../../../secret.safetensors"));
+  hostile.push_back(m);
+  m = Checkpointed(a0, 2);
+  m.mutable_checkpointed()->set_path(secret.string());
+  hostile.push_back(m);
+  m = Checkpointed(a0, 2);  // another stage's file
+  m.mutable_checkpointed()->set_stage(1);
+  hostile.push_back(m);
+  // Checkpoints of a step that is none, past the end, or layers not its own.
+  hostile.push_back(Checkpointed(a0, 3));
+  hostile.push_back(Checkpointed(a0, 1'000'000'000'000));
+  m = Checkpointed(a0, 2);
+  m.mutable_checkpointed()->set_layer_end(kLayers + 100);
+  hostile.push_back(m);
+  // Evaluations: not the last stage, not an evaluation step, not a number.
+  hostile.push_back(Evaluated(a0, 4, 0.5, 0.5));
+  hostile.push_back(Evaluated(a1, 3, 0.5, 0.5));
+  hostile.push_back(Evaluated(a1, INT64_MAX, 0.5, 0.5));
+  hostile.push_back(Evaluated(a1, 4, std::nan(""), 0.5));
+  hostile.push_back(Evaluated(a1, 4, 0.5, 7.0));
+  hostile.push_back(Evaluated(a1, 4, 0.5, 0.5, /*counted=*/0));
+  const int64_t ignored = controller.ignored_reports();
+  for (const v1::WorkerMessage &h : hostile) {
+    FakeWorker &from =
+        h.has_checkpointed() && h.checkpointed().stage() == 0 ? *w1 : *w2;
+    ASSERT_TRUE(from.Send(h));
+  }
+  v1::WorkerMessage empty;
+  ASSERT_TRUE(w1->Send(empty));  // no kind at all: logged, not counted
+  const int64_t want = ignored + static_cast<int64_t>(hostile.size());
+  const absl::Time deadline = absl::Now() + kWait;
+  while (controller.ignored_reports() < want && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(controller.ignored_reports(), want);
+  v1::Job job;
+  ASSERT_TRUE(Get(id, &job).ok());
+  EXPECT_EQ(job.status().state(), v1::RUNNING);
+  EXPECT_EQ(job.status().step(), 0);
+  EXPECT_EQ(job.status().loss(), 0);
+  EXPECT_EQ(job.status().checkpoints_size(), 0);
+  EXPECT_FALSE(job.status().has_latest_evaluation());
+  for (const auto &entry :
+       std::filesystem::recursive_directory_iterator(job_dir)) {
+    EXPECT_NE(entry.path().filename(), storage::kManifestName) << entry.path();
+  }
+  EXPECT_TRUE(std::filesystem::exists(secret));
+
+  // Honest reports still count: a checkpoint, two evaluations (the second
+  // of step 4 is a replay and replaces the first), the final evaluation.
+  ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
+  ASSERT_TRUE(w2->Send(Checkpointed(a1, 2)));
+  job = WaitForJob(
+      id, [](const v1::Job &j) { return j.status().checkpoints_size() == 1; });
+  ASSERT_TRUE(w2->Send(Evaluated(a1, 4, 1.5, 0.25)));
+  ASSERT_TRUE(w2->Send(Evaluated(a1, 8, 1.0, 0.5)));
+  ASSERT_TRUE(w2->Send(Evaluated(a1, 4, 1.25, 0.375)));
+  job = WaitForJob(id, [](const v1::Job &j) {
+    return j.status().latest_evaluation().step() == 4;
+  });
+  ASSERT_EQ(job.status().evaluations_size(), 2);
+  EXPECT_EQ(job.status().evaluations(0).step(), 4);
+  EXPECT_EQ(job.status().evaluations(0).loss(), 1.25);
+  EXPECT_EQ(job.status().evaluations(1).step(), 8);
+  EXPECT_EQ(job.status().evaluations(1).accuracy(), 0.5);
+  ASSERT_TRUE(w1->Send(Finished(a0, WriteStageParameters(a0))));
+  v1::WorkerMessage last = Finished(a1, WriteStageParameters(a1));
+  last.mutable_finished()->mutable_evaluation()->set_loss(0.75);
+  last.mutable_finished()->mutable_evaluation()->set_accuracy(0.625);
+  last.mutable_finished()->mutable_evaluation()->set_counted(64);
+  ASSERT_TRUE(w2->Send(last));
+  job = WaitForState(id, v1::SUCCEEDED);
+  EXPECT_EQ(job.status().evaluation().step(), 10);
+  EXPECT_EQ(job.status().latest_evaluation().step(), 10);
+  EXPECT_EQ(job.status().latest_evaluation().loss(), 0.75);
+  ASSERT_EQ(job.status().evaluations_size(), 3);
+  EXPECT_EQ(job.status().evaluations(2).step(), 10);
+  EXPECT_TRUE(std::filesystem::exists(secret));
 }
 
 TEST_F(ControllerTest, SameWorkerAttachingAgainReplacesItsOldStream) {

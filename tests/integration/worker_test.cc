@@ -219,6 +219,51 @@ TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) {
   EXPECT_EQ(traced[1], all_steps);
 }
 
+// With eval.every, the last stage evaluates the test split every that many
+// steps (all stages take part) and reports it; each figure is bitwise what
+// the reference trainer's Evaluate gives after the same steps, as
+// `gpipectl train` prints it.
+TEST_F(WorkerTest, PeriodicEvaluationsAreTheReferenceTrainers) {
+  spec_.mutable_eval()->set_every(2);
+  spec_.mutable_eval()->set_max_samples(70);
+  spec_.mutable_eval()->set_batch_size(16);
+  RunAndCompare("job-eval", 1);
+  auto ref = ReferenceTrainer::Create(spec_, 4);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::vector<gpipe::v1::Evaluation> want;
+  for (int s = 1; s <= spec_.steps(); ++s) {
+    ASSERT_TRUE((*ref)->Step().ok());
+    if (s % 2 != 0) continue;
+    auto e = (*ref)->Evaluate(Split::kTest, 70);
+    ASSERT_TRUE(e.ok()) << e.status();
+    gpipe::v1::Evaluation w;
+    w.set_step(s);
+    w.set_loss(e->loss);
+    w.set_accuracy(e->accuracy);
+    w.set_counted(e->counted);
+    want.push_back(w);
+  }
+  std::vector<gpipe::v1::Evaluation> got;
+  for (const auto& m : reports_.All()) {
+    if (m.has_evaluated()) {
+      EXPECT_EQ(m.evaluated().stage(), 1);
+      EXPECT_EQ(m.evaluated().job_id(), "job-eval");
+      got.push_back(m.evaluated().evaluation());
+    }
+    if (m.has_finished() && m.finished().stage() == 1)
+      got.push_back(m.finished().evaluation());
+  }
+  // Steps 2 and 4 periodic, 6 the final one (StageFinished).
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].step(), want[i].step()) << i;
+    EXPECT_EQ(got[i].loss(), want[i].loss()) << "step " << want[i].step();
+    EXPECT_EQ(got[i].accuracy(), want[i].accuracy())
+        << "step " << want[i].step();
+    EXPECT_EQ(got[i].counted(), 70) << "step " << want[i].step();
+  }
+}
+
 // Opens an Exchange to `address`, writes `frames`, and returns how the
 // worker ended the stream.
 grpc::Status Exchange(const std::string& address,

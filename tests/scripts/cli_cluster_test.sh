@@ -58,6 +58,7 @@ cat >"$work/job.json" <<'JSON'
   "pipeline": {"stages": 2, "microBatches": 4},
   "batchSize": 32,
   "steps": 60,
+  "eval": {"every": 20},
   "seed": 11
 }
 JSON
@@ -92,6 +93,13 @@ fi
 # Bitwise the reference trainer's parameters over the same micro-batches.
 "$gpipectl" train "$work/job.json" --stages 1 --micro-batches 4 --threads 1 \
   --out "$work/ref" >"$work/ref.txt" 2>&1 || fail "reference run failed: $(cat "$work/ref.txt")"
+# The cluster's periodic evaluations print as the reference's, figure for
+# figure (steps 20 and 40; the final one at 60).
+evals_local=$(grep -E '^(step [0-9]+|final): test loss' "$work/local.txt" || true)
+evals_ref=$(grep -E '^(step [0-9]+|final): test loss' "$work/ref.txt" || true)
+[[ $(grep -c '^step' <<<"$evals_ref") -eq 2 ]] || fail "gpipectl train printed no periodic evaluations: $evals_ref"
+[[ "$evals_local" == "$evals_ref" ]] ||
+  fail "the cluster's evaluations differ from gpipectl train's: $evals_local / $evals_ref"
 if ! cmp -s "$work/ref/model.safetensors" "$work/local/model.safetensors"; then
   python3 "$src/tests/scripts/read_safetensors.py" "$work/ref/model.safetensors" --print >"$work/ref.read" 2>&1 || true
   python3 "$src/tests/scripts/read_safetensors.py" "$work/local/model.safetensors" --print >"$work/local.read" 2>&1 || true

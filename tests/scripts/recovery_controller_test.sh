@@ -6,7 +6,7 @@
 #   2. elastic: a 4-stage job (min_stages 2) loses two workers, runs on two
 #      after its grace period, and grows back to four at the next checkpoint
 #      once two workers return.
-# Knobs: RECOVERY_STEPS (default 1500), KEEP_WORK=1.
+# Knobs: RECOVERY_STEPS (default 600), KEEP_WORK=1.
 #   recovery_controller_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -18,7 +18,7 @@ work=$(mktemp -d)
 source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
 
-steps=${RECOVERY_STEPS:-1500}
+steps=${RECOVERY_STEPS:-600}
 cport=$(free_port)
 start_controller
 for _ in 1 2 3 4; do start_worker; done
@@ -27,7 +27,8 @@ wait_workers 4
 # --- 1. kill -9 the controller ------------------------------------------------
 write_spec "$work/adamw.json" recovery-controller "$steps" 3 0 "$ADAMW"
 job=$(submit "$work/adamw.json")
-wait_step "$job" $((steps / 2))
+# Early, so that most of the job is left to run after the restart.
+wait_step "$job" $((steps / 5))
 kill -9 "$controller_pid"
 wait "$controller_pid" 2>/dev/null || true
 start_controller
@@ -39,11 +40,12 @@ echo "controller kill -9: job $job resumed from the store and completed; bitwise
 
 # --- 2. shrink from 4 stages to 2 and grow back -------------------------------
 wait_workers 4
-# Twice as long: on 2 stages it must outlast the start of two new workers
-# (seconds each on a loaded machine) and reach a checkpoint after them.
-write_spec "$work/elastic.json" recovery-elastic "$((2 * steps))" 4 2 "$SGD"
+# Three times as long: on 2 stages it must outlast the start of two new
+# workers (seconds each on a loaded machine) and reach a checkpoint after
+# them.
+write_spec "$work/elastic.json" recovery-elastic "$((3 * steps))" 4 2 "$SGD"
 job=$(submit "$work/elastic.json")
-wait_step "$job" $((steps / 10))
+wait_step "$job" $((steps / 20))
 mapfile -t busy < <(busy_workers "$job")
 ((${#busy[@]} == 4)) || fail "job $job runs on ${#busy[@]} workers, want 4"
 for victim in "${busy[@]:0:2}"; do

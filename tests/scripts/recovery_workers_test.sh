@@ -9,7 +9,7 @@
 #   3. corrupt the newest committed checkpoint, then kill the workers (frozen
 #      first, so that nothing moves meanwhile): recovery falls back to the
 #      checkpoint before.
-# Knobs: RECOVERY_KILLS, RECOVERY_STEPS (default 1500), KEEP_WORK=1.
+# Knobs: RECOVERY_KILLS, RECOVERY_STEPS (default 800), KEEP_WORK=1.
 #   recovery_workers_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -22,17 +22,20 @@ source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
 
 kills=${RECOVERY_KILLS:-3}
-steps=${RECOVERY_STEPS:-1500}
+steps=${RECOVERY_STEPS:-800}
 cport=$(free_port)
 start_controller
 for _ in 1 2 3 4; do start_worker; done
 wait_workers 4
-write_spec "$work/sgd.json" recovery-kill "$steps" 3 0 "$SGD"
-# The job stands still while its workers are frozen: a shorter one will do.
-write_spec "$work/short.json" recovery-corrupt "$((steps / 3))" 3 0 "$SGD"
+# The kills need the longest job: each one waits for the job to run again.
+write_spec "$work/kill.json" recovery-kill "$((2 * steps))" 3 0 "$SGD"
+write_spec "$work/sgd.json" recovery-pause "$steps" 3 0 "$SGD"
+# Long enough that it is still running when the poll below (seconds on a
+# loaded machine) sees its second checkpoint.
+write_spec "$work/short.json" recovery-corrupt "$steps" 3 0 "$SGD"
 
 # --- 1. kill -9 busy workers at random moments -----------------------------
-job=$(submit "$work/sgd.json")
+job=$(submit "$work/kill.json")
 wait_step "$job" 1
 survived=0
 for i in $(seq "$kills"); do
@@ -57,7 +60,7 @@ for i in $(seq "$kills"); do
   done
 done
 wait_done "$job"
-same_as_reference "$job" "$work/sgd.json" 4
+same_as_reference "$job" "$work/kill.json" 4
 ((survived >= 1)) || fail "no kill landed while job $job was running"
 restarts=$(job_field "$job" "s.get('restarts', 0)")
 ((restarts >= survived)) || fail "job $job counts $restarts restarts for $survived kills"
@@ -95,6 +98,8 @@ for _ in $(seq 300); do
   sleep 0.05
 done
 ((${n:-0} >= 2)) || fail "job $job committed fewer than 2 checkpoints"
+[[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] ||
+  fail "job $job ended before its workers were frozen; raise RECOVERY_STEPS"
 # Freeze every worker, so that no newer checkpoint commits and no restart
 # chooses its restore point before the corruption is in place.
 stopped=()

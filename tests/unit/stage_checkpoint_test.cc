@@ -186,5 +186,48 @@ TEST_F(StageCheckpointTest, CorruptOrIncompleteCheckpointIsDataLoss) {
   EXPECT_TRUE(RestoreStageCheckpoint(*first, manifest_path).ok());
 }
 
+// A checkpoint of another model (other widths) or one whose manifest points
+// outside its directory is refused with DataLoss naming what is wrong; the
+// stage's parameters are not half-overwritten by a shape mismatch.
+TEST_F(StageCheckpointTest, CheckpointOfAnotherModelIsDataLoss) {
+  // Layers 0 and 1 match; layer 3 and 5 do not.
+  v1::JobSpec wider = spec_;
+  wider.mutable_model()->mutable_layers(3)->mutable_linear()->set_out_features(
+      32);
+  wider.mutable_model()->mutable_layers(5)->mutable_linear()->set_in_features(
+      32);
+  StagePlacement p;
+  p.layer_begin = 0;
+  p.layer_end = kLayers;
+  absl::StatusOr<std::unique_ptr<Stage>> other =
+      Stage::Create(wider, p, dataset_, nullptr, nullptr);
+  ASSERT_TRUE(other.ok()) << other.status();
+  v1::CheckpointManifest manifest;
+  manifest.set_step(3);
+  Save(**other, 3, &manifest);
+  const std::string manifest_path = (dir_ / storage::kManifestName).string();
+  ASSERT_TRUE(storage::WriteManifest(manifest_path, manifest).ok());
+
+  std::unique_ptr<Stage> mine = MakeStage(0, kLayers);
+  Scribble(*mine, 7);
+  const auto before = State(*mine);
+  absl::Status s = RestoreStageCheckpoint(*mine, manifest_path).status();
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_THAT(s.message(), HasSubstr("tensor layers.3."));
+  EXPECT_THAT(s.message(), HasSubstr("another shape"));
+  EXPECT_EQ(State(*mine), before);
+
+  // A manifest that names a file outside its directory.
+  for (const char* escape : {"../stage-0.safetensors", "/etc/passwd", ""}) {
+    v1::CheckpointManifest bad = manifest;
+    bad.mutable_files(0)->set_path(escape);
+    const std::string bad_path = (dir_ / "bad.json").string();
+    ASSERT_TRUE(storage::WriteManifest(bad_path, bad).ok());
+    s = RestoreStageCheckpoint(*mine, bad_path).status();
+    EXPECT_TRUE(absl::IsDataLoss(s)) << escape << ": " << s;
+    EXPECT_THAT(s.message(), HasSubstr("not a plain path")) << escape;
+  }
+}
+
 }  // namespace
 }  // namespace gpipe
