@@ -16,6 +16,9 @@ packages=(
   prometheus-cpp-dev prometheus
   dataset-fashion-mnist
   inotify-tools
+  # The libFuzzer targets (tests/fuzz, scripts/build-fuzz.sh): clang, its
+  # runtime (libFuzzer, ASan, UBSan) and its OpenMP.
+  clang libclang-rt-dev libomp-dev
 )
 # The offline Kubernetes checks (tests/scripts/k8s_*): yamllint, and kubectl
 # to render the manifests. Debian's kubernetes-client conflicts with other
