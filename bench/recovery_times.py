@@ -40,19 +40,20 @@ def read_events(path):
 
 
 def step_time(events, epoch, before):
-    """Median seconds per step over the epoch's RUNNING events before `before`
-    (the first 5 steps of the epoch left out: the pipeline fills)."""
+    """Seconds per step over the epoch's RUNNING events before `before`: the
+    span over the steps it covers, so checkpoint writes count as they do in a
+    replay (the first 5 steps of the epoch left out: the pipeline fills).
+    Not a median of event gaps: the controller often publishes a few steps
+    at once."""
     run = [e for e in events if e["epoch"] == epoch and e["state"] == "RUNNING"
            and e["t"] < before]
     if not run:
         return None
     first = run[0]["step"] + 5
     run = [e for e in run if e["step"] >= first]
-    per = []
-    for a, b in zip(run, run[1:]):
-        if b["step"] > a["step"]:
-            per.append((b["t"] - a["t"]) / (b["step"] - a["step"]))
-    return statistics.median(per) if per else None
+    if len(run) < 2 or run[-1]["step"] <= run[0]["step"]:
+        return None
+    return (run[-1]["t"] - run[0]["t"]) / (run[-1]["step"] - run[0]["step"])
 
 
 def analyse(events, kill_t):
