@@ -63,6 +63,11 @@ class Args {
     return it == options_.end() ? fallback
                                 : std::strtol(it->second.c_str(), nullptr, 10);
   }
+  // The option's value as given, or `fallback` when it was not given.
+  std::string Str(const std::string& name, const std::string& fallback) const {
+    auto it = options_.find(name);
+    return it == options_.end() ? fallback : it->second;
+  }
   double Double(const std::string& name, double fallback) const {
     auto it = options_.find(name);
     return it == options_.end() ? fallback

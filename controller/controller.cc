@@ -820,7 +820,15 @@ void Controller::LeaseLoop() {
                  absl::Milliseconds(100));
   absl::MutexLock lock(&mu_);
   while (!stopping_) {
-    changed_.WaitWithTimeout(&mu_, period);
+    // A restarting job is scheduled the moment its settle time ends, not up
+    // to a period later: nothing else wakes this loop after a failure.
+    absl::Duration wait = period;
+    const absl::Time before = absl::Now();
+    for (const JobRecord* job : jobs_.Waiting()) {
+      if (job->not_before > before)
+        wait = std::min(wait, job->not_before - before);
+    }
+    changed_.WaitWithTimeout(&mu_, wait);
     if (stopping_ || shutting_down_) continue;
     const absl::Time now = absl::Now();
     bool lost = false;
