@@ -243,7 +243,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
         absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
             ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
-                              a.stage(), capacity, 1000, FrameCodec::kZeroCopy,
+                              a.stage(), capacity, 1000, FrameCodec::kOneCopy,
                               data_plane_, [&] {
                                 ExchangeCredentials c = exchange_credentials_;
                                 c.stream_key = a.stream_key();

@@ -151,6 +151,30 @@ grpc::ByteBuffer ZeroCopyFrame(const Frame& fields, const Tensor& tensor,
   return grpc::ByteBuffer(slices, 2);
 }
 
+// The fields, the payload's tag and length, and the payload, in one slice
+// that gRPC owns.
+grpc::ByteBuffer OneCopyFrame(const Frame& fields, const Tensor& tensor,
+                              int64_t at, int64_t n) {
+  std::string head;
+  fields.SerializeToString(&head);
+  if (n > 0) {
+    uint8_t prefix[1 + 5];
+    prefix[0] = kPayloadTag;
+    const uint8_t* end = CodedOutputStream::WriteVarint32ToArray(
+        static_cast<uint32_t>(n), prefix + 1);
+    head.append(reinterpret_cast<const char*>(prefix), end - prefix);
+  }
+  grpc::Slice slice(head.size() + static_cast<size_t>(n));
+  // A fresh slice is ours alone until it is handed to the ByteBuffer.
+  char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
+  std::memcpy(out, head.data(), head.size());
+  if (n > 0) {
+    std::memcpy(out + head.size(), static_cast<const char*>(tensor.raw()) + at,
+                static_cast<size_t>(n));
+  }
+  return grpc::ByteBuffer(&slice, 1);
+}
+
 }  // namespace
 
 void ReceivedFrame::CopyPayload(char* dst) const {
@@ -285,6 +309,12 @@ bool WriteFrames(const Message& m, const std::string& job_id, int64_t epoch,
     return EncodeFrames(m, job_id, epoch, [&](const Frame& f) {
       return write(FrameToBuffer(f));
     });
+  }
+  if (codec == FrameCodec::kOneCopy) {
+    return EncodeFrameFields(
+        m, job_id, epoch, [&](const Frame& fields, int64_t at, int64_t n) {
+          return write(OneCopyFrame(fields, m.tensor, at, n));
+        });
   }
   auto state = std::make_shared<PinState>();
   const bool ok = EncodeFrameFields(

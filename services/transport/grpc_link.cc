@@ -381,9 +381,9 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
   absl::Status status;
   int64_t release = -1;  // a shared-memory chunk copied out, to give back
   while (stream_->Read(&buffer)) {
-    const absl::Status decoded = codec_ == FrameCodec::kZeroCopy
-                                     ? DecodeFrame(buffer, &frame)
-                                     : DecodeFrameCopying(buffer, &frame);
+    const absl::Status decoded = codec_ == FrameCodec::kCopying
+                                     ? DecodeFrameCopying(buffer, &frame)
+                                     : DecodeFrame(buffer, &frame);
     absl::StatusOr<std::optional<Message>> m = std::optional<Message>();
     const Frame& f = frame.fields();
     if (!decoded.ok()) {

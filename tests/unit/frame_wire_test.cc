@@ -80,9 +80,9 @@ absl::StatusOr<Message> Assemble(const std::vector<std::string>& frames,
   ReceivedFrame frame;
   for (size_t i = 0; i < frames.size(); ++i) {
     const grpc::ByteBuffer buffer = Buffer(frames[i], {1, 7, 100, 5000});
-    absl::Status s = codec == FrameCodec::kZeroCopy
-                         ? DecodeFrame(buffer, &frame)
-                         : DecodeFrameCopying(buffer, &frame);
+    absl::Status s = codec == FrameCodec::kCopying
+                         ? DecodeFrameCopying(buffer, &frame)
+                         : DecodeFrame(buffer, &frame);
     if (!s.ok()) return s;
     absl::StatusOr<std::optional<Message>> m = assembler.Add(frame);
     if (!m.ok()) return m.status();
@@ -165,6 +165,36 @@ TEST(FrameWireTest, TheSenderOwnsItsTensorAgainWhenWriteFramesReturns) {
   }
   // Dropping the message freed its tensor: no payload slice still holds it.
   EXPECT_EQ(counting.current_bytes(), 0);
+}
+
+TEST(FrameWireTest, OneCopyFramesAreTheZeroCopyBytesAndHoldNoTensor) {
+  // Empty, inline-sized, one slice's worth and several chunks.
+  for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{4096}, int64_t{300000},
+                    int64_t{(5 << 20) / 8}}) {
+    const Tensor expected = Pattern(n);
+    const std::vector<std::string> zero =
+        Encode(Activation(expected), FrameCodec::kZeroCopy);
+    CpuAllocator host;
+    CountingAllocator counting(&host);
+    std::vector<grpc::ByteBuffer> held;  // as gRPC may, after Send returned
+    std::vector<std::string> one;
+    {
+      AllocatorScope scope(&counting);
+      const Message m = Activation(Pattern(n));
+      ASSERT_TRUE(WriteFrames(m, kJob, kEpoch, FrameCodec::kOneCopy,
+                              [&](const grpc::ByteBuffer& b) {
+                                held.push_back(b);
+                                one.push_back(Bytes(b));
+                                return true;
+                              }));
+    }
+    // The message is gone while its frames live on: they own their bytes.
+    EXPECT_EQ(counting.current_bytes(), 0) << n;
+    EXPECT_EQ(one, zero) << n;
+    absl::StatusOr<Message> back = Assemble(one, FrameCodec::kOneCopy);
+    ASSERT_TRUE(back.ok()) << n << ": " << back.status();
+    EXPECT_TRUE(BitwiseEqual(back->tensor, expected)) << n;
+  }
 }
 
 absl::Status DecodeBytes(const std::string& bytes) {
