@@ -120,20 +120,28 @@ void ReleasePin(void* p) {
   state->released.notify_all();
 }
 
-grpc::ByteBuffer ZeroCopyFrame(const Frame& fields, const Tensor& tensor,
-                               int64_t at, int64_t n,
-                               const std::shared_ptr<PinState>& state) {
+// The serialized fields, then (when `n` > 0) the payload field's tag and
+// length: everything of a frame but its payload bytes.
+std::string FieldsAndPayloadTag(const Frame& fields, int64_t n) {
   std::string head;
   fields.SerializeToString(&head);
-  if (n == 0) {
-    grpc::Slice slice(head);
-    return grpc::ByteBuffer(&slice, 1);
-  }
+  if (n == 0) return head;
   uint8_t prefix[1 + 5];  // the tag and a varint32 of at most 5 bytes
   prefix[0] = kPayloadTag;
   const uint8_t* end = CodedOutputStream::WriteVarint32ToArray(
       static_cast<uint32_t>(n), prefix + 1);
   head.append(reinterpret_cast<const char*>(prefix), end - prefix);
+  return head;
+}
+
+grpc::ByteBuffer ZeroCopyFrame(const Frame& fields, const Tensor& tensor,
+                               int64_t at, int64_t n,
+                               const std::shared_ptr<PinState>& state) {
+  std::string head = FieldsAndPayloadTag(fields, n);
+  if (n == 0) {  // no tensor, or an empty one
+    grpc::Slice slice(head);
+    return grpc::ByteBuffer(&slice, 1);
+  }
   const char* payload = static_cast<const char*>(tensor.raw()) + at;
   if (n <= kInlinePayloadBytes) {
     head.append(payload, n);
@@ -151,19 +159,10 @@ grpc::ByteBuffer ZeroCopyFrame(const Frame& fields, const Tensor& tensor,
   return grpc::ByteBuffer(slices, 2);
 }
 
-// The fields, the payload's tag and length, and the payload, in one slice
-// that gRPC owns.
+// The whole frame in one slice that gRPC owns: the payload copied once.
 grpc::ByteBuffer OneCopyFrame(const Frame& fields, const Tensor& tensor,
                               int64_t at, int64_t n) {
-  std::string head;
-  fields.SerializeToString(&head);
-  if (n > 0) {
-    uint8_t prefix[1 + 5];
-    prefix[0] = kPayloadTag;
-    const uint8_t* end = CodedOutputStream::WriteVarint32ToArray(
-        static_cast<uint32_t>(n), prefix + 1);
-    head.append(reinterpret_cast<const char*>(prefix), end - prefix);
-  }
+  const std::string head = FieldsAndPayloadTag(fields, n);
   grpc::Slice slice(head.size() + static_cast<size_t>(n));
   // A fresh slice is ours alone until it is handed to the ByteBuffer.
   char* out = reinterpret_cast<char*>(const_cast<uint8_t*>(slice.begin()));
