@@ -80,14 +80,18 @@ void WriteFile(const fs::path& path, std::string_view bytes) {
   if (!out) Fail(absl::StrCat("cannot write ", path.string()));
 }
 
-std::vector<float> State(gpipe::Stage& stage) {
-  std::vector<float> out;
-  for (const gpipe::NamedTensor& t : stage.model().StateTensors()) {
-    for (float v : t.tensor->ToVector()) out.push_back(v);
-  }
-  for (const gpipe::NamedTensor& t : stage.optimizer().State()) {
-    for (float v : t.tensor->ToVector()) out.push_back(v);
-  }
+// The stage's parameters and optimizer state as bytes: compared bitwise, as
+// a restore that succeeded earlier may have left NaNs (never equal to
+// themselves) in them.
+std::string State(gpipe::Stage& stage) {
+  std::string out;
+  auto add = [&out](const gpipe::NamedTensor& t) {
+    const std::vector<float> v = t.tensor->ToVector();
+    out.append(reinterpret_cast<const char*>(v.data()),
+               v.size() * sizeof(float));
+  };
+  for (const gpipe::NamedTensor& t : stage.model().StateTensors()) add(t);
+  for (const gpipe::NamedTensor& t : stage.optimizer().State()) add(t);
   return out;
 }
 
@@ -151,7 +155,7 @@ Fixture* fixture = nullptr;
 
 // Restores from `manifest_path`; a failure must leave the stage untouched.
 void Restore(const fs::path& manifest_path) {
-  const std::vector<float> before = State(*fixture->stage);
+  const std::string before = State(*fixture->stage);
   absl::StatusOr<int64_t> step =
       gpipe::RestoreStageCheckpoint(*fixture->stage, manifest_path.string());
   CheckError(step.status());
