@@ -1096,10 +1096,13 @@ TEST_F(ControllerTest, HostileReportsAreIgnoredAndTheJobCompletes) {
   ASSERT_TRUE(w2->Send(Evaluated(a1, 4, 1.5, 0.25)));
   ASSERT_TRUE(w2->Send(Evaluated(a1, 8, 1.0, 0.5)));
   ASSERT_TRUE(w2->Send(Evaluated(a1, 4, 1.25, 0.375)));
+  // Until all three are in: the first alone already has step 4.
   job = WaitForJob(id, [](const v1::Job &j) {
-    return j.status().latest_evaluation().step() == 4;
+    return j.status().evaluations_size() == 2 &&
+           j.status().evaluations(0).loss() == 1.25;
   });
   ASSERT_EQ(job.status().evaluations_size(), 2);
+  EXPECT_EQ(job.status().latest_evaluation().step(), 4);
   EXPECT_EQ(job.status().evaluations(0).step(), 4);
   EXPECT_EQ(job.status().evaluations(0).loss(), 1.25);
   EXPECT_EQ(job.status().evaluations(1).step(), 8);
