@@ -4,25 +4,13 @@
 
 #include "services/tensor/cuda/attention.h"
 #include "services/tensor/cuda/kernels.h"
+#include "services/tensor/cuda/launch.cuh"
 #include "services/tensor/cuda/runtime.h"
 
 namespace gpipe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kWarp = 32;
-
-cudaStream_t Current() { return static_cast<cudaStream_t>(CurrentStream()); }
-
-int Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65535 ? (b < 1 ? 1 : b) : 65535);
-}
-
-#define GPIPE_FOR_EACH(i, n)                                            \
-  for (int64_t i =                                                      \
-           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 // Element e of dst [parts][batch, heads, t, dh] and where it sits in rows
 // of `parts` blocks of dim = heads*dh (the [q | k | v] layout when parts

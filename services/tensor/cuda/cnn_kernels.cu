@@ -3,32 +3,12 @@
 #include <cuda_runtime.h>
 
 #include "services/tensor/cuda/cnn_kernels.h"
+#include "services/tensor/cuda/launch.cuh"
 #include "services/tensor/cuda/runtime.h"
 
 namespace gpipe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-cudaStream_t Current() { return static_cast<cudaStream_t>(CurrentStream()); }
-
-int Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65535 ? (b < 1 ? 1 : b) : 65535);
-}
-
-#define GPIPE_FOR_EACH(i, n)                                            \
-  for (int64_t i =                                                      \
-           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-
-#define GPIPE_LAUNCH(kernel, n, ...)                              \
-  do {                                                            \
-    if ((n) > 0) {                                                \
-      kernel<<<Blocks(n), kThreads, 0, Current()>>>(__VA_ARGS__); \
-      CheckLastError(#kernel);                                    \
-    }                                                             \
-  } while (0)
 
 // col[(c*k + ki)*k + kj, s*OH*OW + i*OW + j] for sample s.
 // (oh, ow) come from the host: ConvGeometry's members are host functions.

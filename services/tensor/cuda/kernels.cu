@@ -7,32 +7,12 @@
 
 #include "services/core/rng.h"
 #include "services/tensor/cuda/kernels.h"
+#include "services/tensor/cuda/launch.cuh"
 #include "services/tensor/cuda/runtime.h"
 
 namespace gpipe::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-
-cudaStream_t Current() { return static_cast<cudaStream_t>(CurrentStream()); }
-
-int Blocks(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65535 ? (b < 1 ? 1 : b) : 65535);
-}
-
-#define GPIPE_FOR_EACH(i, n)                                            \
-  for (int64_t i =                                                      \
-           blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
-
-#define GPIPE_LAUNCH(kernel, n, ...)                              \
-  do {                                                            \
-    if ((n) > 0) {                                                \
-      kernel<<<Blocks(n), kThreads, 0, Current()>>>(__VA_ARGS__); \
-      CheckLastError(#kernel);                                    \
-    }                                                             \
-  } while (0)
 
 __global__ void AddKernel(int64_t n, const float* a, const float* b,
                           float* out) {
