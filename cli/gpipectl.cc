@@ -9,6 +9,7 @@
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
 #include "cli/security_flags.h"
+#include "services/core/flags_help.h"
 #include "services/core/memory.h"
 
 namespace {
@@ -29,6 +30,7 @@ void AcceptDashedFlags(int argc, char** argv) {
 int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   AcceptDashedFlags(argc, argv);
+  gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(
       "gpipectl COMMAND [ARGS] [--flags]\n\n"
       "commands:\n"

@@ -28,6 +28,7 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/counter.h"
+#include "services/core/flags_help.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/security/client_security.h"
@@ -154,6 +155,7 @@ int main(int argc, char** argv) {
       for (char* p = argv[i] + 2; *p && *p != '='; ++p)
         if (*p == '-') *p = '_';
   }
+  gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
       "[--advertise HOST:PORT] [--threads T] [--device cpu|cuda|auto] "

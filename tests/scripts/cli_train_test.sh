@@ -93,4 +93,14 @@ set -e
 [[ $rc -eq 1 ]] || fail "bad balance exited $rc, want 1"
 grep -q "adding up to 4" <<<"$msg" || fail "bad balance message: $msg"
 
+# --help lists each binary's own flags (absl alone would say "No flags
+# matched": it looks for a file named after the binary), not absl's.
+for pair in "gpipectl:--micro_batches" "gpipe-worker:--link_wait_ms" \
+            "gpipe-controller:--api_token_file"; do
+  bin=${pair%%:*} flag=${pair#*:}
+  help=$("$build/bin/$bin" --help 2>&1 || true)
+  grep -q -- "$flag" <<<"$help" || fail "$bin --help does not list $flag"
+  ! grep -q -- "--flagfile" <<<"$help" || fail "$bin --help lists absl's own flags"
+done
+
 echo "1 passed, 0 failed"
