@@ -3,13 +3,18 @@
 # loopback) against the in-process engine with the same K=2 and M, and
 # against PyTorch (torch.distributed.pipeline.sync.Pipe with the same two
 # partitions and chunks, and plain single-process PyTorch), on the same model
-# and the same 2 cores. Usage: bench/cluster_bench.sh [M] [STEPS]   (defaults 8, 40)
+# and the same 2 cores. The engine and the cluster run in PAIRS alternating
+# pairs (engine, cluster, engine, cluster, ...) so that load drifting on a
+# shared machine hits both sides alike; each pair gives an overhead, and the
+# median pair is the figure to read.
+# Usage: bench/cluster_bench.sh [M] [STEPS] [PAIRS]   (defaults 8, 40, 3)
 # Needs build/bin (scripts/build.sh) and, for the PyTorch row, python3-torch
 # (scripts/setup.sh --bench).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 m=${1:-8}
 steps=${2:-40}
+pairs=${3:-3}
 bin=build/bin
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,12 +37,17 @@ cat >"$work/job.json" <<JSON
 JSON
 
 rate() { sed -n 's/.* steps in \([0-9.]*\)s (\([0-9]*\) samples\/s).*/\2/p' | tail -1; }
-inproc=$("$bin/gpipectl" train "$work/job.json" --stages 2 --threads 2 2>&1 | rate)
-cluster=$("$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 2>&1 | rate)
 echo "model: MLP 8 x (Linear 1024 + ReLU) + head, batch 256, K=2, M=$m, $steps steps, 2 cores"
-echo "in-process pipeline (2 stage threads):   $inproc samples/s"
-echo "local cluster (2 worker processes, gRPC): $cluster samples/s"
-python3 -c "print('cluster overhead: %.1f%% (goal <= 10%% at M=8)' % (100.0 * ($inproc / $cluster - 1)))"
+overheads=()
+for ((i = 1; i <= pairs; i++)); do
+  inproc=$("$bin/gpipectl" train "$work/job.json" --stages 2 --threads 2 2>&1 | rate)
+  cluster=$("$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 2>&1 | rate)
+  [[ -n "$inproc" && -n "$cluster" ]] || { echo "pair $i: a run failed" >&2; exit 1; }
+  o=$(python3 -c "print('%.1f' % (100.0 * ($inproc / $cluster - 1)))")
+  overheads+=("$o")
+  echo "pair $i: in-process pipeline (2 stage threads) $inproc samples/s, local cluster (2 worker processes, gRPC) $cluster samples/s, overhead $o%"
+done
+python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:]]; print('cluster overhead: median %.1f%% over %d pairs (min %.1f%%, max %.1f%%; goal <= 10%% at M=8)' % (statistics.median(v), len(v), min(v), max(v)))" "${overheads[@]}"
 
 python=""
 for candidate in python3 /usr/bin/python3; do
