@@ -2,43 +2,33 @@
 // same GPU: within 1e-4 relative (both are fp32 without TF32, summing in
 // different orders), and reproducible run after run (deterministic
 // algorithms only). Skipped without a GPU or without a loadable cuDNN 9.
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/core/rng.h"
 #include "services/tensor/device.h"
 #include "services/tensor/ops.h"
 #include "services/tensor/tensor.h"
+#include "tests/support/cuda_test_util.h"
 
 namespace gpipe {
 namespace {
 
 constexpr Device kCuda = Device::kCuda;
+using cuda_test::MaxRelError;
 using ops::ConvPath;
 
+// The shared inputs, on the GPU (both convolutions run there).
 Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
-  Tensor t = Tensor::Empty(shape);
-  Rng rng(key);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
-  return t.To(kCuda);
+  return cuda_test::Random(shape, key, scale).To(kCuda);
 }
 
-double MaxRelError(const Tensor& a_t, const Tensor& b_t) {
-  const std::vector<float> a = a_t.ToVector(), b = b_t.ToVector();
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0));
-  return worst;
-}
-
-class CudaCudnnTest : public ::testing::Test {
+class CudaCudnnTest : public cuda_test::CudaTest {
  protected:
   void SetUp() override {
-    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
+    cuda_test::CudaTest::SetUp();
+    if (IsSkipped()) return;
     std::printf("cuDNN: %s\n", ops::CudnnDescription().c_str());
     if (!ops::CudnnUsable())
       GTEST_SKIP() << "no cuDNN: " << ops::CudnnDescription();
