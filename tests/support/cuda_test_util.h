@@ -18,6 +18,10 @@
 
 namespace gpipe::cuda_test {
 
+// The tests live in this namespace too, so they use these names as they
+// are.
+inline constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
+
 // Normal(0, scale) values drawn from `key`, on the host.
 Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f);
 

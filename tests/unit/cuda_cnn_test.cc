@@ -20,16 +20,10 @@
 #include "services/tensor/ops.h"
 #include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
-using cuda_test::CompareLayer;
-using cuda_test::ExpectLossesTrack;
-using cuda_test::MaxRelError;
-using cuda_test::Random;
-
-class CudaCnnTest : public cuda_test::CudaTest {};
+class CudaCnnTest : public CudaTest {};
 
 struct ConvCase {
   cpu::ConvGeometry g;
@@ -189,7 +183,7 @@ TEST_F(CudaCnnTest, Layers) {
 // CPU's.
 TEST_F(CudaCnnTest, CnnExampleStepsTrackTheCpu) {
   absl::StatusOr<gpipe::v1::JobSpec> spec =
-      cuda_test::LoadExample("fashion_mnist_cnn.json");
+      LoadExample("fashion_mnist_cnn.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
   gpipe::v1::Synthetic* data = spec->mutable_data()->mutable_synthetic();
   data->set_task(gpipe::v1::CLASSES);
@@ -223,4 +217,4 @@ TEST(CudnnSwitchTest, DescriptionSaysWhy) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

@@ -12,22 +12,20 @@
 #include "services/tensor/tensor.h"
 #include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCuda = Device::kCuda;
-using cuda_test::MaxRelError;
 using ops::ConvPath;
 
 // The shared inputs, on the GPU (both convolutions run there).
-Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
-  return cuda_test::Random(shape, key, scale).To(kCuda);
+Tensor GpuRandom(const Shape& shape, uint64_t key, float scale = 1.0f) {
+  return Random(shape, key, scale).To(kCuda);
 }
 
-class CudaCudnnTest : public cuda_test::CudaTest {
+class CudaCudnnTest : public CudaTest {
  protected:
   void SetUp() override {
-    cuda_test::CudaTest::SetUp();
+    CudaTest::SetUp();
     if (IsSkipped()) return;
     std::printf("cuDNN: %s\n", ops::CudnnDescription().c_str());
     if (!ops::CudnnUsable())
@@ -43,12 +41,12 @@ Result RunConv(ConvPath path, const cpu::ConvGeometry& g, int64_t batch,
                int64_t cout) {
   const Shape in{batch, g.channels, g.height, g.width};
   const Shape out{batch, cout, g.out_height(), g.out_width()};
-  Tensor x = Random(in, 1),
-         w = Random({cout, g.channels, g.kernel, g.kernel}, 2, 0.3f);
-  Tensor bias = Random({cout}, 3), dy = Random(out, 4);
+  Tensor x = GpuRandom(in, 1),
+         w = GpuRandom({cout, g.channels, g.kernel, g.kernel}, 2, 0.3f);
+  Tensor bias = GpuRandom({cout}, 3), dy = GpuRandom(out, 4);
   Result r{Tensor::Empty(out, DType::kF32, kCuda),
-           Tensor::Empty(in, DType::kF32, kCuda), Random(w.shape(), 5),
-           Random({cout}, 6)};
+           Tensor::Empty(in, DType::kF32, kCuda), GpuRandom(w.shape(), 5),
+           GpuRandom({cout}, 6)};
   ops::Conv2dForward(kCuda, g, batch, cout, x.f32(), w.f32(), bias.f32(),
                      r.y.f32(), path);
   ops::Conv2dBackward(kCuda, g, batch, cout, x.f32(), w.f32(), dy.f32(),
@@ -86,4 +84,4 @@ TEST_F(CudaCudnnTest, MatchesIm2ColAndIsReproducible) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

@@ -16,17 +16,14 @@
 #include "services/tensor/tensor.h"
 #include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
-using cuda_test::Random;
-
-class CudaKernelsTest : public cuda_test::CudaTest {};
+class CudaKernelsTest : public CudaTest {};
 
 void ExpectNear(const Tensor& cpu, const Tensor& gpu, double rel,
                 const char* what) {
-  EXPECT_LE(cuda_test::MaxRelError(cpu, gpu), rel) << what;
+  EXPECT_LE(MaxRelError(cpu, gpu), rel) << what;
 }
 
 TEST_F(CudaKernelsTest, TensorRoundTripAndZero) {
@@ -256,4 +253,4 @@ TEST_F(CudaKernelsTest, SumSquaresIsReproducible) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

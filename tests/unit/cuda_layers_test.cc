@@ -22,17 +22,10 @@
 #include "services/tensor/ops.h"
 #include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
-using cuda_test::CompareLayer;
-using cuda_test::ExpectLossesTrack;
-using cuda_test::MaxRelError;
-using cuda_test::MoveState;
-using cuda_test::Random;
-
-class CudaLayersTest : public cuda_test::CudaTest {};
+class CudaLayersTest : public CudaTest {};
 
 TEST_F(CudaLayersTest, Linear) {
   Linear a(96, 40, true), b(96, 40, true);
@@ -215,7 +208,7 @@ TEST_F(CudaLayersTest, Bf16TrainingReachesTheCpuAccuracy) {
 // GPU: the first steps' losses track the CPU's.
 TEST_F(CudaLayersTest, TransformerStepsTrackTheCpu) {
   absl::StatusOr<gpipe::v1::JobSpec> spec =
-      cuda_test::LoadExample("char_transformer.json");
+      LoadExample("char_transformer.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto cpu = ReferenceTrainer::Create(*spec, 0, nullptr, kCpu);
   auto gpu = ReferenceTrainer::Create(*spec, 0, nullptr, kCuda);
@@ -253,4 +246,4 @@ TEST(CudaDeviceErrorsTest, ConvModelMovesOrSaysWhyNot) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test
