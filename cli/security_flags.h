@@ -1,6 +1,7 @@
-// gpipectl's TLS and token flags (--tls_ca, --tls_cert, --tls_key,
-// --tls_server_name, --token_file; the token also from $GPIPE_TOKEN, which
-// unlike a flag value does not show in `ps`).
+// gpipectl's security flags: the TLS flags and --token_file shared with the
+// workers (services/security/tls_flags.h, client_flags.h), the token also
+// from $GPIPE_TOKEN, which unlike a flag value does not show in `ps`, and
+// gpipectl's own --tls_server_name.
 #ifndef GPIPE_CLI_SECURITY_FLAGS_H_
 #define GPIPE_CLI_SECURITY_FLAGS_H_
 

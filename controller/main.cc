@@ -20,7 +20,9 @@
 #include "controller/controller_server.h"
 #include "services/core/flags_help.h"
 #include "services/core/log.h"
+#include "services/core/status.h"
 #include "services/security/tls.h"
+#include "services/security/tls_flags.h"
 #include "services/security/token_file.h"
 #include "services/telemetry/controller_metrics.h"
 #include "services/telemetry/metrics_server.h"
@@ -52,13 +54,8 @@ ABSL_FLAG(int64_t, trace_jobs, 32,
           "jobs whose stage timelines are kept (the most recently active)");
 
 // Security (docs/security.md). Without these everything is plaintext and
-// open, as a local cluster wants it.
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate of the controller: serve TLS (with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA certificate: require and verify client certificates signed "
-          "by it (mutual TLS for workers and gpipectl)");
+// open, as a local cluster wants it. --tls_cert, --tls_key and --tls_ca:
+// services/security/tls_flags.h.
 ABSL_FLAG(std::string, api_token_file, "",
           "bearer tokens (one per line, # comments) that the job API "
           "(submit, status, list, watch, cancel, workers, trace) requires");
@@ -71,30 +68,29 @@ ABSL_FLAG(std::string, health_listen, "",
 
 namespace {
 
+// The tokens in the file --<flag> names; without the flag, none are
+// required.
+absl::StatusOr<gpipe::security::TokenVerifier> LoadTokenVerifier(
+    const char* flag, const std::string& path) {
+  if (path.empty()) return gpipe::security::TokenVerifier();
+  ASSIGN_OR_RETURN(std::vector<std::string> tokens,
+                   gpipe::security::ReadTokenFile(flag, path));
+  return gpipe::security::TokenVerifier(std::move(tokens));
+}
+
 // The security flags as server options; errors name the flag and file.
 absl::Status LoadSecurity(gpipe::controller::ControllerServerOptions& options) {
-  gpipe::security::TlsFlags tls_flags{absl::GetFlag(FLAGS_tls_cert),
-                                      absl::GetFlag(FLAGS_tls_key),
-                                      absl::GetFlag(FLAGS_tls_ca)};
-  absl::StatusOr<std::optional<gpipe::security::TlsMaterial>> tls =
-      gpipe::security::LoadServerTls(tls_flags);
-  if (!tls.ok()) return tls.status();
-  if (tls->has_value()) {
-    options.credentials = gpipe::security::MakeServerCredentials(*tls);
+  ASSIGN_OR_RETURN(const std::optional<gpipe::security::TlsMaterial> tls,
+                   gpipe::security::ServerTlsFromFlags());
+  if (tls.has_value()) {
+    options.credentials = gpipe::security::MakeServerCredentials(tls);
   }
-  if (const std::string f = absl::GetFlag(FLAGS_api_token_file); !f.empty()) {
-    absl::StatusOr<std::vector<std::string>> tokens =
-        gpipe::security::ReadTokenFile("api_token_file", f);
-    if (!tokens.ok()) return tokens.status();
-    options.auth.api = gpipe::security::TokenVerifier(*std::move(tokens));
-  }
-  if (const std::string f = absl::GetFlag(FLAGS_worker_token_file);
-      !f.empty()) {
-    absl::StatusOr<std::vector<std::string>> tokens =
-        gpipe::security::ReadTokenFile("worker_token_file", f);
-    if (!tokens.ok()) return tokens.status();
-    options.auth.workers = gpipe::security::TokenVerifier(*std::move(tokens));
-  }
+  ASSIGN_OR_RETURN(
+      options.auth.api,
+      LoadTokenVerifier("api_token_file", absl::GetFlag(FLAGS_api_token_file)));
+  ASSIGN_OR_RETURN(options.auth.workers,
+                   LoadTokenVerifier("worker_token_file",
+                                     absl::GetFlag(FLAGS_worker_token_file)));
   options.health_listen = absl::GetFlag(FLAGS_health_listen);
   if (!options.health_listen.empty()) {
     return gpipe::CheckListenAddress("health_listen", options.health_listen);
@@ -188,17 +184,18 @@ int main(int argc, char** argv) {
   }
   gpipe::LogInfo("gpipe-controller listening on %s (checkpoints in %s)",
                  (*server)->address(), options.controller.checkpoint_dir);
-  gpipe::LogInfo(
-      "gpipe-controller security: %s, job API %s, Attach %s%s",
-      options.credentials != nullptr
-          ? (absl::GetFlag(FLAGS_tls_ca).empty() ? "TLS" : "mutual TLS")
-          : "plaintext",
-      options.auth.api.enabled() ? "needs a token" : "open",
-      options.auth.workers.enabled() ? "needs a token" : "open",
-      (*server)->health_port() != 0
-          ? absl::StrCat(", plaintext health on port ",
-                         (*server)->health_port())
-          : std::string());
+  const bool mutual_tls =
+      !gpipe::security::TlsFlagsFromCommandLine().ca.empty();
+  gpipe::LogInfo("gpipe-controller security: %s, job API %s, Attach %s%s",
+                 options.credentials != nullptr
+                     ? (mutual_tls ? "mutual TLS" : "TLS")
+                     : "plaintext",
+                 options.auth.api.enabled() ? "needs a token" : "open",
+                 options.auth.workers.enabled() ? "needs a token" : "open",
+                 (*server)->health_port() != 0
+                     ? absl::StrCat(", plaintext health on port ",
+                                    (*server)->health_port())
+                     : std::string());
 
   // Declared after the server, so it stops scraping the controller first.
   std::unique_ptr<gpipe::MetricsServer> metrics_server;

@@ -31,9 +31,12 @@
 #include "services/core/flags_help.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
+#include "services/core/status.h"
+#include "services/security/client_flags.h"
 #include "services/security/client_security.h"
 #include "services/security/health_port.h"
 #include "services/security/tls.h"
+#include "services/security/tls_flags.h"
 #include "services/telemetry/metrics_server.h"
 #include "services/telemetry/port_file.h"
 #include "services/telemetry/stage_metrics.h"
@@ -76,21 +79,11 @@ ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "its step and exit");
 
 // Security (docs/security.md): without these, plaintext and no token.
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM certificate of this worker: its Stage port serves TLS and it "
-          "presents the certificate to the controller and to its downstream "
-          "stage (with --tls_key and --tls_ca)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA certificate that the controller's and other workers' "
-          "certificates are verified against; the Stage port then requires "
-          "client certificates signed by it");
+// --tls_cert, --tls_key, --tls_ca (services/security/tls_flags.h) and
+// --token_file (services/security/client_flags.h) are shared with gpipectl.
 ABSL_FLAG(std::string, tls_peer_name, "",
           "the name expected in other workers' certificates, which are "
           "dialled by IP (e.g. gpipe-worker); empty: the address's host");
-ABSL_FLAG(std::string, token_file, "",
-          "file whose first token (one per line, # comments) the worker "
-          "presents to attach (the controller's --worker_token_file)");
 ABSL_FLAG(std::string, health_listen, "",
           "HOST:PORT of a plaintext port serving only grpc.health.v1 (same "
           "liveness and readiness as the Stage port), for probes that cannot "
@@ -106,25 +99,12 @@ struct WorkerSecurity {
 };
 
 absl::StatusOr<WorkerSecurity> LoadSecurity() {
-  const gpipe::security::TlsFlags tls_flags{absl::GetFlag(FLAGS_tls_cert),
-                                            absl::GetFlag(FLAGS_tls_key),
-                                            absl::GetFlag(FLAGS_tls_ca)};
   WorkerSecurity security;
-  absl::StatusOr<std::optional<gpipe::security::TlsMaterial>> server =
-      gpipe::security::LoadServerTls(tls_flags);
-  if (!server.ok()) return server.status();
-  absl::StatusOr<std::optional<gpipe::security::TlsMaterial>> client =
-      gpipe::security::LoadClientTls(tls_flags);
-  if (!client.ok()) return client.status();
-  security.server_tls = *server;
-  security.attach.tls = *client;
-  absl::StatusOr<std::string> token = gpipe::security::LoadClientToken(
-      "token_file", absl::GetFlag(FLAGS_token_file), nullptr);
-  if (!token.ok()) return token.status();
-  security.attach.token = *token;
-  if (client->has_value()) {
-    security.exchange.channel =
-        gpipe::security::MakeChannelCredentials(*client);
+  ASSIGN_OR_RETURN(security.server_tls, gpipe::security::ServerTlsFromFlags());
+  ASSIGN_OR_RETURN(security.attach,
+                   gpipe::security::ClientSecurityFromFlags(nullptr));
+  if (security.attach.secure()) {
+    security.exchange.channel = security.attach.Credentials();
     security.exchange.tls_server_name = absl::GetFlag(FLAGS_tls_peer_name);
   }
   return security;

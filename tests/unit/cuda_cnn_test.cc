@@ -6,12 +6,10 @@
 // GPU is present, except the checks that need none.
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/core/rng.h"
 #include "services/nn/layers/batch_norm.h"
 #include "services/nn/layers/conv2d.h"
 #include "services/nn/layers/pooling.h"
@@ -20,34 +18,12 @@
 #include "services/pipeline/reference_trainer.h"
 #include "services/tensor/device.h"
 #include "services/tensor/ops.h"
+#include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
-
-Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
-  Tensor t = Tensor::Empty(shape);
-  Rng rng(key);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
-  return t;
-}
-
-double MaxRelError(const Tensor& cpu, const Tensor& gpu) {
-  const std::vector<float> a = cpu.ToVector(), b = gpu.ToVector();
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0));
-  return worst;
-}
-
-class CudaCnnTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
-  }
-};
+class CudaCnnTest : public CudaTest {};
 
 struct ConvCase {
   cpu::ConvGeometry g;
@@ -184,44 +160,6 @@ TEST_F(CudaCnnTest, BatchNormMatchesTheCpu) {
   }
 }
 
-void MoveState(Layer& layer, Device d) {
-  for (Parameter* p : layer.Parameters()) {
-    p->value = p->value.To(d);
-    p->grad = p->grad.To(d);
-  }
-  for (const NamedBuffer& b : layer.Buffers()) *b.value = b.value->To(d);
-}
-
-// Forward and backward of two copies of a layer, one per device: output,
-// input gradient, parameter gradients and buffers.
-void CompareLayer(Layer& cpu, Layer& gpu, const Shape& input, double tol,
-                  bool training = true) {
-  SCOPED_TRACE(std::string(cpu.kind()));
-  ASSERT_TRUE(gpu.RunsOn(kCuda));
-  cpu.Initialize(77);
-  gpu.Initialize(77);
-  MoveState(gpu, kCuda);
-  LayerContext ctx;
-  ctx.training = training;
-  Tensor x = Random(input, 1);
-  Saved s_cpu, s_gpu;
-  Tensor y = cpu.Forward(x, ctx, &s_cpu);
-  Tensor gy = gpu.Forward(x.To(kCuda), ctx, &s_gpu);
-  ASSERT_EQ(gy.device(), kCuda);
-  EXPECT_LE(MaxRelError(y, gy), tol) << "forward";
-  Tensor dy = Random(y.shape(), 2);
-  Tensor dx = cpu.Backward(dy, s_cpu, ctx);
-  Tensor gdx = gpu.Backward(dy.To(kCuda), s_gpu, ctx);
-  ASSERT_EQ(gdx.device(), kCuda);
-  EXPECT_LE(MaxRelError(dx, gdx), tol) << "backward";
-  std::vector<Parameter*> pc = cpu.Parameters(), pg = gpu.Parameters();
-  for (size_t i = 0; i < pc.size(); ++i)
-    EXPECT_LE(MaxRelError(pc[i]->grad, pg[i]->grad), tol) << pc[i]->name;
-  std::vector<NamedBuffer> bc = cpu.Buffers(), bg = gpu.Buffers();
-  for (size_t i = 0; i < bc.size(); ++i)
-    EXPECT_LE(MaxRelError(*bc[i].value, *bg[i].value), tol) << bc[i].name;
-}
-
 TEST_F(CudaCnnTest, Layers) {
   Conv2d a({3, 12, 12}, 8, 3, 1, 1, true), b({3, 12, 12}, 8, 3, 1, 1, true);
   CompareLayer(a, b, {4, 3, 12, 12}, 1e-4);
@@ -244,11 +182,8 @@ TEST_F(CudaCnnTest, Layers) {
 // synthetic images: Model::To(kCuda) takes it and the first steps track the
 // CPU's.
 TEST_F(CudaCnnTest, CnnExampleStepsTrackTheCpu) {
-  const char* dir = std::getenv("GPIPE_EXAMPLES");
-  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
-      (dir != nullptr ? std::string(dir)
-                      : std::string(GPIPE_SOURCE_DIR) + "/examples") +
-      "/fashion_mnist_cnn.json");
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      LoadExample("fashion_mnist_cnn.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
   gpipe::v1::Synthetic* data = spec->mutable_data()->mutable_synthetic();
   data->set_task(gpipe::v1::CLASSES);
@@ -262,11 +197,8 @@ TEST_F(CudaCnnTest, CnnExampleStepsTrackTheCpu) {
   auto gpu = ReferenceTrainer::Create(*spec, 0, nullptr, kCuda);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  for (int s = 0; s < 4; ++s) {
-    absl::StatusOr<StepReport> a = (*cpu)->Step(), b = (*gpu)->Step();
-    ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_NEAR(a->loss, b->loss, 1e-3 * (1 + a->loss)) << "step " << s;
-  }
+  ExpectLossesTrack(**cpu, **gpu, 4, 1e-3);
+  if (HasFatalFailure()) return;
   absl::StatusOr<EvalResult> ea = (*cpu)->Evaluate(Split::kTest);
   absl::StatusOr<EvalResult> eb = (*gpu)->Evaluate(Split::kTest);
   ASSERT_TRUE(ea.ok() && eb.ok());
@@ -285,4 +217,4 @@ TEST(CudnnSwitchTest, DescriptionSaysWhy) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

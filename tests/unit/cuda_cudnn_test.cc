@@ -2,43 +2,31 @@
 // same GPU: within 1e-4 relative (both are fp32 without TF32, summing in
 // different orders), and reproducible run after run (deterministic
 // algorithms only). Skipped without a GPU or without a loadable cuDNN 9.
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "services/core/rng.h"
 #include "services/tensor/device.h"
 #include "services/tensor/ops.h"
 #include "services/tensor/tensor.h"
+#include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCuda = Device::kCuda;
 using ops::ConvPath;
 
-Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
-  Tensor t = Tensor::Empty(shape);
-  Rng rng(key);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
-  return t.To(kCuda);
+// The shared inputs, on the GPU (both convolutions run there).
+Tensor GpuRandom(const Shape& shape, uint64_t key, float scale = 1.0f) {
+  return Random(shape, key, scale).To(kCuda);
 }
 
-double MaxRelError(const Tensor& a_t, const Tensor& b_t) {
-  const std::vector<float> a = a_t.ToVector(), b = b_t.ToVector();
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0));
-  return worst;
-}
-
-class CudaCudnnTest : public ::testing::Test {
+class CudaCudnnTest : public CudaTest {
  protected:
   void SetUp() override {
-    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
     std::printf("cuDNN: %s\n", ops::CudnnDescription().c_str());
     if (!ops::CudnnUsable())
       GTEST_SKIP() << "no cuDNN: " << ops::CudnnDescription();
@@ -53,12 +41,12 @@ Result RunConv(ConvPath path, const cpu::ConvGeometry& g, int64_t batch,
                int64_t cout) {
   const Shape in{batch, g.channels, g.height, g.width};
   const Shape out{batch, cout, g.out_height(), g.out_width()};
-  Tensor x = Random(in, 1),
-         w = Random({cout, g.channels, g.kernel, g.kernel}, 2, 0.3f);
-  Tensor bias = Random({cout}, 3), dy = Random(out, 4);
+  Tensor x = GpuRandom(in, 1),
+         w = GpuRandom({cout, g.channels, g.kernel, g.kernel}, 2, 0.3f);
+  Tensor bias = GpuRandom({cout}, 3), dy = GpuRandom(out, 4);
   Result r{Tensor::Empty(out, DType::kF32, kCuda),
-           Tensor::Empty(in, DType::kF32, kCuda), Random(w.shape(), 5),
-           Random({cout}, 6)};
+           Tensor::Empty(in, DType::kF32, kCuda), GpuRandom(w.shape(), 5),
+           GpuRandom({cout}, 6)};
   ops::Conv2dForward(kCuda, g, batch, cout, x.f32(), w.f32(), bias.f32(),
                      r.y.f32(), path);
   ops::Conv2dBackward(kCuda, g, batch, cout, x.f32(), w.f32(), dy.f32(),
@@ -96,4 +84,4 @@ TEST_F(CudaCudnnTest, MatchesIm2ColAndIsReproducible) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

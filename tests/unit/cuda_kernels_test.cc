@@ -14,37 +14,16 @@
 #include "services/tensor/device.h"
 #include "services/tensor/ops.h"
 #include "services/tensor/tensor.h"
+#include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
-
-class CudaKernelsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
-  }
-};
-
-Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
-  Tensor t = Tensor::Empty(shape);
-  Rng rng(key);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
-  return t;
-}
+class CudaKernelsTest : public CudaTest {};
 
 void ExpectNear(const Tensor& cpu, const Tensor& gpu, double rel,
                 const char* what) {
-  const std::vector<float> a = cpu.ToVector(), b = gpu.ToVector();
-  ASSERT_EQ(a.size(), b.size()) << what;
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double err = std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0);
-    worst = std::max(worst, err);
-  }
-  EXPECT_LE(worst, rel) << what;
+  EXPECT_LE(MaxRelError(cpu, gpu), rel) << what;
 }
 
 TEST_F(CudaKernelsTest, TensorRoundTripAndZero) {
@@ -274,4 +253,4 @@ TEST_F(CudaKernelsTest, SumSquaresIsReproducible) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

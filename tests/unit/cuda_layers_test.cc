@@ -2,15 +2,12 @@
 // the CPU. Layers agree within 1e-4 relative (cuBLAS sums in another order);
 // a training run on the GPU reaches the CPU's accuracy band. Skipped when no
 // GPU is present; the device errors are checked everywhere.
-#include <cmath>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
-#include "services/core/rng.h"
 #include "services/nn/layers/activations.h"
 #include "services/nn/layers/attention.h"
 #include "services/nn/layers/dropout.h"
@@ -23,67 +20,12 @@
 #include "services/pipeline/reference_trainer.h"
 #include "services/tensor/device.h"
 #include "services/tensor/ops.h"
+#include "tests/support/cuda_test_util.h"
 
-namespace gpipe {
+namespace gpipe::cuda_test {
 namespace {
 
-constexpr Device kCpu = Device::kCpu, kCuda = Device::kCuda;
-
-Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f) {
-  Tensor t = Tensor::Empty(shape);
-  Rng rng(key);
-  for (int64_t i = 0; i < t.numel(); ++i)
-    t.f32()[i] = static_cast<float>(rng.Normal() * scale);
-  return t;
-}
-
-double MaxRelError(const Tensor& cpu, const Tensor& gpu) {
-  const std::vector<float> a = cpu.ToVector(), b = gpu.ToVector();
-  double worst = a.size() == b.size() ? 0.0 : INFINITY;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
-    worst = std::max(worst, std::fabs(a[i] - b[i]) / (std::fabs(a[i]) + 1.0));
-  return worst;
-}
-
-void MoveParameters(Layer& layer, Device d) {
-  for (Parameter* p : layer.Parameters()) {
-    p->value = p->value.To(d);
-    p->grad = p->grad.To(d);
-  }
-}
-
-// Runs forward and backward of two copies of a layer (same initialization),
-// one on each device, and compares output, input gradient and parameter
-// gradients.
-void CompareLayer(Layer& cpu, Layer& gpu, const Shape& input, double tol) {
-  SCOPED_TRACE(std::string(cpu.kind()));
-  cpu.Initialize(77);
-  gpu.Initialize(77);
-  MoveParameters(gpu, kCuda);
-  LayerContext ctx;
-  ctx.seed = 5;
-  ctx.step = 3;
-  Tensor x = Random(input, 1);
-  Saved s_cpu, s_gpu;
-  Tensor y = cpu.Forward(x, ctx, &s_cpu);
-  Tensor gy = gpu.Forward(x.To(kCuda), ctx, &s_gpu);
-  ASSERT_EQ(gy.device(), kCuda);
-  EXPECT_LE(MaxRelError(y, gy), tol) << "forward";
-  Tensor dy = Random(y.shape(), 2);
-  Tensor dx = cpu.Backward(dy, s_cpu, ctx);
-  Tensor gdx = gpu.Backward(dy.To(kCuda), s_gpu, ctx);
-  EXPECT_LE(MaxRelError(dx, gdx), tol) << "backward";
-  std::vector<Parameter*> pc = cpu.Parameters(), pg = gpu.Parameters();
-  for (size_t i = 0; i < pc.size(); ++i)
-    EXPECT_LE(MaxRelError(pc[i]->grad, pg[i]->grad), tol) << pc[i]->name;
-}
-
-class CudaLayersTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
-  }
-};
+class CudaLayersTest : public CudaTest {};
 
 TEST_F(CudaLayersTest, Linear) {
   Linear a(96, 40, true), b(96, 40, true);
@@ -135,7 +77,7 @@ TEST_F(CudaLayersTest, SelfAttentionLongSequences) {
 TEST_F(CudaLayersTest, SelfAttentionIsReproducible) {
   SelfAttention a(32, 4, true);
   a.Initialize(3);
-  MoveParameters(a, kCuda);
+  MoveState(a, kCuda);
   LayerContext ctx;
   Tensor x = Random({2, 40, 32}, 4).To(kCuda);
   Tensor dy = Random({2, 40, 32}, 5).To(kCuda);
@@ -150,7 +92,7 @@ TEST_F(CudaLayersTest, EmbeddingIsBitwiseTheCpu) {
   Embedding cpu(11, 8, 6), gpu(11, 8, 6);
   cpu.Initialize(5);
   gpu.Initialize(5);
-  MoveParameters(gpu, kCuda);
+  MoveState(gpu, kCuda);
   // Out-of-range ids are clamped on both devices; repeated ids accumulate.
   Tensor ids = Tensor::FromInts(
       {3, 6}, {0, 1, 2, 3, 4, 5, 10, 10, 10, -3, 99, 7, 1, 1, 1, 2, 2, 2});
@@ -265,22 +207,14 @@ TEST_F(CudaLayersTest, Bf16TrainingReachesTheCpuAccuracy) {
 // The char transformer example's model (embedding, blocks, head) on the
 // GPU: the first steps' losses track the CPU's.
 TEST_F(CudaLayersTest, TransformerStepsTrackTheCpu) {
-  // GPIPE_EXAMPLES: where the examples are on a machine without our tree.
-  const char* dir = std::getenv("GPIPE_EXAMPLES");
-  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
-      (dir != nullptr ? std::string(dir)
-                      : std::string(GPIPE_SOURCE_DIR) + "/examples") +
-      "/char_transformer.json");
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      LoadExample("char_transformer.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto cpu = ReferenceTrainer::Create(*spec, 0, nullptr, kCpu);
   auto gpu = ReferenceTrainer::Create(*spec, 0, nullptr, kCuda);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  for (int s = 0; s < 4; ++s) {
-    absl::StatusOr<StepReport> a = (*cpu)->Step(), b = (*gpu)->Step();
-    ASSERT_TRUE(a.ok() && b.ok());
-    EXPECT_NEAR(a->loss, b->loss, 1e-3 * (1 + a->loss)) << "step " << s;
-  }
+  ExpectLossesTrack(**cpu, **gpu, 4, 1e-3);
 }
 
 // Runs everywhere: every layer has CUDA kernels now, so a convolutional
@@ -312,4 +246,4 @@ TEST(CudaDeviceErrorsTest, ConvModelMovesOrSaysWhyNot) {
 }
 
 }  // namespace
-}  // namespace gpipe
+}  // namespace gpipe::cuda_test

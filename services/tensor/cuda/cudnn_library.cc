@@ -2,7 +2,9 @@
 
 #include <dlfcn.h>
 
+#include <iterator>
 #include <optional>
+#include <type_traits>
 
 #ifndef GPIPE_CUDNN_SONAME
 #define GPIPE_CUDNN_SONAME "libcudnn.so.9"
@@ -16,13 +18,68 @@ struct Opened {
   std::string why;
 };
 
-template <typename F>
-bool Resolve(void* lib, const char* name, F* f, std::string* why) {
-  *f = reinterpret_cast<F>(dlsym(lib, name));
-  if (*f == nullptr && why->empty())
-    *why = std::string(GPIPE_CUDNN_SONAME) + " lacks " + name;
-  return *f != nullptr;
+// One entry per CudnnLibrary member: the symbol's name and how to store
+// what dlsym found for it. The members have as many types as there are
+// entries, so each entry carries its own typed store.
+struct Symbol {
+  const char* name;
+  void (*store)(CudnnLibrary& library, void* address);
+};
+
+template <auto kMember>
+void Store(CudnnLibrary& library, void* address) {
+  using F = std::remove_reference_t<decltype(library.*kMember)>;
+  library.*kMember = reinterpret_cast<F>(address);
 }
+
+constexpr Symbol kSymbols[] = {
+    {"cudnnGetVersion", &Store<&CudnnLibrary::GetVersion>},
+    {"cudnnGetErrorString", &Store<&CudnnLibrary::GetErrorString>},
+    {"cudnnCreate", &Store<&CudnnLibrary::Create>},
+    {"cudnnDestroy", &Store<&CudnnLibrary::Destroy>},
+    {"cudnnSetStream", &Store<&CudnnLibrary::SetStream>},
+    {"cudnnCreateTensorDescriptor",
+     &Store<&CudnnLibrary::CreateTensorDescriptor>},
+    {"cudnnSetTensor4dDescriptor",
+     &Store<&CudnnLibrary::SetTensor4dDescriptor>},
+    {"cudnnDestroyTensorDescriptor",
+     &Store<&CudnnLibrary::DestroyTensorDescriptor>},
+    {"cudnnCreateFilterDescriptor",
+     &Store<&CudnnLibrary::CreateFilterDescriptor>},
+    {"cudnnSetFilter4dDescriptor",
+     &Store<&CudnnLibrary::SetFilter4dDescriptor>},
+    {"cudnnDestroyFilterDescriptor",
+     &Store<&CudnnLibrary::DestroyFilterDescriptor>},
+    {"cudnnCreateConvolutionDescriptor",
+     &Store<&CudnnLibrary::CreateConvolutionDescriptor>},
+    {"cudnnSetConvolution2dDescriptor",
+     &Store<&CudnnLibrary::SetConvolution2dDescriptor>},
+    {"cudnnSetConvolutionMathType",
+     &Store<&CudnnLibrary::SetConvolutionMathType>},
+    {"cudnnDestroyConvolutionDescriptor",
+     &Store<&CudnnLibrary::DestroyConvolutionDescriptor>},
+    {"cudnnGetConvolutionForwardAlgorithm_v7",
+     &Store<&CudnnLibrary::GetForwardAlgorithm>},
+    {"cudnnGetConvolutionForwardWorkspaceSize",
+     &Store<&CudnnLibrary::GetForwardWorkspaceSize>},
+    {"cudnnConvolutionForward", &Store<&CudnnLibrary::ConvolutionForward>},
+    {"cudnnGetConvolutionBackwardDataAlgorithm_v7",
+     &Store<&CudnnLibrary::GetBackwardDataAlgorithm>},
+    {"cudnnGetConvolutionBackwardDataWorkspaceSize",
+     &Store<&CudnnLibrary::GetBackwardDataWorkspaceSize>},
+    {"cudnnConvolutionBackwardData",
+     &Store<&CudnnLibrary::ConvolutionBackwardData>},
+    {"cudnnGetConvolutionBackwardFilterAlgorithm_v7",
+     &Store<&CudnnLibrary::GetBackwardFilterAlgorithm>},
+    {"cudnnGetConvolutionBackwardFilterWorkspaceSize",
+     &Store<&CudnnLibrary::GetBackwardFilterWorkspaceSize>},
+    {"cudnnConvolutionBackwardFilter",
+     &Store<&CudnnLibrary::ConvolutionBackwardFilter>},
+};
+
+// Every member is in the table once (a member left out would stay
+// uninitialized and be called through).
+static_assert(sizeof(CudnnLibrary) == std::size(kSymbols) * sizeof(void*));
 
 Opened Open() {
   Opened out;
@@ -33,54 +90,15 @@ Opened Open() {
               (err != nullptr ? err : "unknown error");
     return out;
   }
-  CudnnLibrary c;
-  std::string* why = &out.why;
-  bool ok = true;
-  ok &= Resolve(lib, "cudnnGetVersion", &c.GetVersion, why);
-  ok &= Resolve(lib, "cudnnGetErrorString", &c.GetErrorString, why);
-  ok &= Resolve(lib, "cudnnCreate", &c.Create, why);
-  ok &= Resolve(lib, "cudnnDestroy", &c.Destroy, why);
-  ok &= Resolve(lib, "cudnnSetStream", &c.SetStream, why);
-  ok &= Resolve(lib, "cudnnCreateTensorDescriptor", &c.CreateTensorDescriptor,
-                why);
-  ok &=
-      Resolve(lib, "cudnnSetTensor4dDescriptor", &c.SetTensor4dDescriptor, why);
-  ok &= Resolve(lib, "cudnnDestroyTensorDescriptor", &c.DestroyTensorDescriptor,
-                why);
-  ok &= Resolve(lib, "cudnnCreateFilterDescriptor", &c.CreateFilterDescriptor,
-                why);
-  ok &=
-      Resolve(lib, "cudnnSetFilter4dDescriptor", &c.SetFilter4dDescriptor, why);
-  ok &= Resolve(lib, "cudnnDestroyFilterDescriptor", &c.DestroyFilterDescriptor,
-                why);
-  ok &= Resolve(lib, "cudnnCreateConvolutionDescriptor",
-                &c.CreateConvolutionDescriptor, why);
-  ok &= Resolve(lib, "cudnnSetConvolution2dDescriptor",
-                &c.SetConvolution2dDescriptor, why);
-  ok &= Resolve(lib, "cudnnSetConvolutionMathType", &c.SetConvolutionMathType,
-                why);
-  ok &= Resolve(lib, "cudnnDestroyConvolutionDescriptor",
-                &c.DestroyConvolutionDescriptor, why);
-  ok &= Resolve(lib, "cudnnGetConvolutionForwardAlgorithm_v7",
-                &c.GetForwardAlgorithm, why);
-  ok &= Resolve(lib, "cudnnGetConvolutionForwardWorkspaceSize",
-                &c.GetForwardWorkspaceSize, why);
-  ok &= Resolve(lib, "cudnnConvolutionForward", &c.ConvolutionForward, why);
-  ok &= Resolve(lib, "cudnnGetConvolutionBackwardDataAlgorithm_v7",
-                &c.GetBackwardDataAlgorithm, why);
-  ok &= Resolve(lib, "cudnnGetConvolutionBackwardDataWorkspaceSize",
-                &c.GetBackwardDataWorkspaceSize, why);
-  ok &= Resolve(lib, "cudnnConvolutionBackwardData", &c.ConvolutionBackwardData,
-                why);
-  ok &= Resolve(lib, "cudnnGetConvolutionBackwardFilterAlgorithm_v7",
-                &c.GetBackwardFilterAlgorithm, why);
-  ok &= Resolve(lib, "cudnnGetConvolutionBackwardFilterWorkspaceSize",
-                &c.GetBackwardFilterWorkspaceSize, why);
-  ok &= Resolve(lib, "cudnnConvolutionBackwardFilter",
-                &c.ConvolutionBackwardFilter, why);
-  if (!ok) {
-    dlclose(lib);
-    return out;
+  CudnnLibrary c{};
+  for (const Symbol& symbol : kSymbols) {
+    void* address = dlsym(lib, symbol.name);
+    if (address == nullptr) {
+      out.why = std::string(GPIPE_CUDNN_SONAME) + " lacks " + symbol.name;
+      dlclose(lib);
+      return out;
+    }
+    symbol.store(c, address);
   }
   out.library = c;  // the library stays open for the life of the process
   return out;
