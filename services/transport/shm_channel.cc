@@ -66,7 +66,8 @@ absl::StatusOr<ShmChunk> ShmChannel::Reserve(int64_t length) {
       seen = out_queues_->released.load(std::memory_order_acquire);
       if (seen != releases_seen_) continue;  // released meanwhile
     }
-    FutexWait(&out_queues_->released, seen, kPoll);
+    SleepWhile(&out_queues_->released, &out_queues_->released_sleepers, seen,
+               kPoll);
   }
 }
 
@@ -78,8 +79,7 @@ void ShmChannel::Post(const ShmChunk& c) {
   d.header_bytes.store(c.header_bytes, std::memory_order_relaxed);
   // The chunk's bytes and its descriptor happen before the count the peer
   // acquires.
-  out_queues_->posted.store(++posted_, std::memory_order_release);
-  FutexWakeAll(&out_queues_->posted);
+  Bump(&out_queues_->posted, &out_queues_->posted_sleepers, ++posted_);
 }
 
 absl::StatusOr<std::optional<ShmChunk>> ShmChannel::Next() {
@@ -106,7 +106,8 @@ absl::StatusOr<std::optional<ShmChunk>> ShmChannel::Next() {
       return std::optional<ShmChunk>(c);
     }
     if (closed) return std::optional<ShmChunk>();
-    FutexWait(&in_queues_->posted, posted, kPoll);
+    SleepWhile(&in_queues_->posted, &in_queues_->posted_sleepers, posted,
+               kPoll);
   }
 }
 
@@ -130,8 +131,8 @@ void ShmChannel::GiveBack(int64_t sequence, int64_t held_bytes) {
   if (!reader_.Release(sequence).ok()) return;  // given back twice: ours
   in_queues_->releases[releases_posted_ % kShmQueueSlots].store(
       sequence, std::memory_order_relaxed);
-  in_queues_->released.store(++releases_posted_, std::memory_order_release);
-  FutexWakeAll(&in_queues_->released);
+  Bump(&in_queues_->released, &in_queues_->released_sleepers,
+       ++releases_posted_);
 }
 
 void ShmChannel::Close(absl::Status why, bool drain) {

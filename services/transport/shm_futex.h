@@ -18,6 +18,16 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t expected,
 // Wakes every process and thread sleeping on `word`.
 void FutexWakeAll(std::atomic<uint32_t>* word);
 
+// The same with a count of sleepers beside the word, so that a side that
+// bumps the word makes the system call only when someone may sleep: the
+// sleeper counts itself before it rechecks the word, the waker bumps the
+// word before it reads the count (both sequentially consistent), so one of
+// them always sees the other.
+void SleepWhile(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
+                uint32_t expected, std::chrono::microseconds timeout);
+void Bump(std::atomic<uint32_t>* word, std::atomic<uint32_t>* sleepers,
+          uint32_t value);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_TRANSPORT_SHM_FUTEX_H_

@@ -34,10 +34,13 @@ struct ShmPostedChunk {
 // fills descriptors[n % kShmQueueSlots] and then bumps `posted` to n + 1
 // (release); the reader gives chunks back the same way through `releases`
 // and `released`. Both counters are futex words: a side that waits for the
-// other sleeps on them (shm_futex.h), and a bump wakes it.
+// other sleeps on them (shm_futex.h), and a bump wakes it, only when the
+// matching sleepers count says someone may sleep (a wake is a system call).
 struct ShmQueues {
   alignas(64) std::atomic<uint32_t> posted;
+  std::atomic<uint32_t> posted_sleepers;
   alignas(64) std::atomic<uint32_t> released;
+  std::atomic<uint32_t> released_sleepers;
   alignas(64) ShmPostedChunk descriptors[kShmQueueSlots];
   std::atomic<int64_t> releases[kShmQueueSlots];
 };
