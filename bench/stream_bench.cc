@@ -4,14 +4,18 @@
 // loopback can do at best. The link runs twice: with the zero-copy frame
 // codec the workers use, and with the copying one (payloads through
 // Frame.payload strings: 4 copies per byte) for comparison. A third run
-// uses the shared-memory data plane (the same link, tensor bytes through a
-// ring in a memfd segment, descriptors on the stream), measured against
+// uses the shared-memory data plane (the same link, messages through a
+// ring in a memfd segment, notified through the segment), measured against
 // memcpy's bandwidth on this machine (one buffer into another, same sizes).
 //   Throughput: the parent sends K float32 tensors of S bytes as activations;
 //   the child answers once after it has received all K, so the timer covers
 //   full delivery. TCP: the same K*S bytes, then a 1-byte ack.
 //   Latency: a tensor (64 KiB by default) echoed back and forth; per-hop
 //   latency is the median round trip / 2.
+//   Send-then-compute: the parent sends one tensor, then computes (a busy
+//   loop of --compute-ms) before the next, as a stage does; it reports the
+//   time inside Send and the wall time per send beyond the compute, for
+//   one-copy and zero-copy frames and for shared memory.
 // The child process is the receiver (gRPC server and TCP listener on
 // 127.0.0.1); it dies with the parent (PR_SET_PDEATHSIG).
 // Both processes keep freed memory in the heap, as gpipe-worker does
@@ -706,10 +710,16 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       "the copying one (no copy sending, one receiving; against 2 + 2).\n"
       "shm/memcpy is the shared-memory plane's share of one memcpy (goal >= "
       "0.70 from 1 MiB):\n"
-      "it copies twice (tensor -> ring in the sender, ring -> tensor in the "
-      "receiver), chunk\n"
-      "by chunk, so the two copies overlap on two cores; on one free core it "
-      "cannot pass 0.5.\n"
+      "one copy per byte (tensor -> ring in the sender; a tensor of one "
+      "chunk is the receiver's\n"
+      "tensor in place, larger ones are copied out), notified through the "
+      "segment, so the\n"
+      "sender and the receiver share the 2 cores with everything else on "
+      "them.\n"
+      "send-then-compute: a stage sends and goes back to computing; 'send' "
+      "is how long Send\n"
+      "kept it from computing, 'cost' what each send added to the wall time "
+      "(delivery included).\n"
       "Per-hop latency is what one activation or gradient of that size costs "
       "between\n"
       "neighbouring stages (goal < 200 us for 64 KiB). Both processes share "
