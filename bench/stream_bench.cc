@@ -4,14 +4,18 @@
 // loopback can do at best. The link runs twice: with the zero-copy frame
 // codec the workers use, and with the copying one (payloads through
 // Frame.payload strings: 4 copies per byte) for comparison. A third run
-// uses the shared-memory data plane (the same link, tensor bytes through a
-// ring in a memfd segment, descriptors on the stream), measured against
+// uses the shared-memory data plane (the same link, messages through a
+// ring in a memfd segment, notified through the segment), measured against
 // memcpy's bandwidth on this machine (one buffer into another, same sizes).
 //   Throughput: the parent sends K float32 tensors of S bytes as activations;
 //   the child answers once after it has received all K, so the timer covers
 //   full delivery. TCP: the same K*S bytes, then a 1-byte ack.
 //   Latency: a tensor (64 KiB by default) echoed back and forth; per-hop
 //   latency is the median round trip / 2.
+//   Send-then-compute: the parent sends one tensor, then computes (a busy
+//   loop of --compute-ms) before the next, as a stage does; it reports the
+//   time inside Send and the wall time per send beyond the compute, for
+//   one-copy and zero-copy frames and for shared memory.
 // The child process is the receiver (gRPC server and TCP listener on
 // 127.0.0.1); it dies with the parent (PR_SET_PDEATHSIG).
 // Both processes keep freed memory in the heap, as gpipe-worker does
@@ -19,6 +23,8 @@
 // Usage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] [--seconds 1]
 //                     [--latency-size 64K] [--glibc-malloc] [--no-copying]
 //                     [--shm-ring 32M] [--shm-chunk 4M]
+//                     [--compute-sizes 1M,4M] [--compute-sends 30]
+//                     [--compute-ms 2] [--shm-only]
 #include <fcntl.h>
 #include <malloc.h>
 #include <netinet/in.h>
@@ -365,18 +371,9 @@ Tensor PatternTensor(int64_t bytes) {
   return t;
 }
 
-// K tensors of `t`, then a barrier; the child's answer holds the count.
-void GrpcSinkRound(Link& link, const Tensor& t, int64_t count, int64_t step) {
-  for (int64_t i = 0; i < count; ++i) {
-    Message m;
-    m.kind = MessageKind::kActivation;
-    m.step = step;
-    m.micro_batch = i;
-    m.tensor = t;
-    if (absl::Status s = link.Send(std::move(m)); !s.ok()) {
-      Die(std::string(s.message()));
-    }
-  }
+// A barrier: the child answers once it has received all `count` tensors
+// sent since the last one.
+void SinkBarrier(Link& link, int64_t count, int64_t step) {
   Message barrier;
   barrier.kind = MessageKind::kGradSquares;
   barrier.step = step;
@@ -390,6 +387,21 @@ void GrpcSinkRound(Link& link, const Tensor& t, int64_t count, int64_t step) {
     Die(absl::StrCat("the child acknowledged a round of ", count,
                      " tensors with ", Describe(*ack)));
   }
+}
+
+// K tensors of `t`, then a barrier.
+void GrpcSinkRound(Link& link, const Tensor& t, int64_t count, int64_t step) {
+  for (int64_t i = 0; i < count; ++i) {
+    Message m;
+    m.kind = MessageKind::kActivation;
+    m.step = step;
+    m.micro_batch = i;
+    m.tensor = t;
+    if (absl::Status s = link.Send(std::move(m)); !s.ok()) {
+      Die(std::string(s.message()));
+    }
+  }
+  SinkBarrier(link, count, step);
 }
 
 Tensor GrpcEcho(Link& link, const Tensor& t) {
@@ -469,9 +481,99 @@ Latency GrpcLatency(const std::string& address, FrameCodec codec,
   return MeasureLatency(seconds, [&] { GrpcEcho(*echo, t); });
 }
 
+// Spins for `d` doing float work, as a stage computes between sends.
+void ComputeFor(std::chrono::microseconds d) {
+  const Clock::time_point end = Clock::now() + d;
+  volatile float acc = 0;
+  while (Clock::now() < end) {
+    for (int i = 0; i < 256; ++i) acc = acc * 0.999f + 1.0f;
+  }
+}
+
+struct ComputeRow {
+  double send_median_us = 0, send_p90_us = 0;
+  double gbps = 0;
+  double cost_us = 0;  // wall time per send beyond the compute itself
+};
+
+// Send-then-compute: `sends` tensors, each followed by `compute` of busy
+// work, then the sink's barrier (the timer covers full delivery). Send's
+// own duration is what the stage waits before it can compute again.
+ComputeRow SendThenCompute(Link& link, const Tensor& t, int sends,
+                           std::chrono::microseconds compute, int64_t step) {
+  std::vector<double> send_us;
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < sends; ++i) {
+    Message m;
+    m.kind = MessageKind::kActivation;
+    m.step = step;
+    m.micro_batch = i;
+    m.tensor = t;
+    const Clock::time_point sent = Clock::now();
+    if (absl::Status s = link.Send(std::move(m)); !s.ok()) {
+      Die(std::string(s.message()));
+    }
+    send_us.push_back(Since(sent) * 1e6);
+    ComputeFor(compute);
+  }
+  SinkBarrier(link, sends, step);  // all `sends` delivered
+  const double wall = Since(start);
+  ComputeRow r;
+  r.send_median_us = Median(send_us);
+  std::sort(send_us.begin(), send_us.end());
+  r.send_p90_us = send_us[send_us.size() * 9 / 10];
+  r.gbps = static_cast<double>(t.nbytes()) * sends / wall / 1e9;
+  r.cost_us = (wall - sends * compute.count() * 1e-6) / sends * 1e6;
+  return r;
+}
+
+// The send-then-compute table: for each size, one-copy and zero-copy frames
+// and the shared-memory plane, each on its own sink link.
+void RunSendThenCompute(const std::string& address,
+                        const std::vector<int64_t>& sizes, int sends,
+                        std::chrono::microseconds compute,
+                        const DataPlaneOptions& shm) {
+  struct Plane {
+    const char* name;
+    FrameCodec codec;
+    DataPlaneOptions planes;
+  };
+  const Plane planes[] = {{"grpc one-copy", FrameCodec::kOneCopy, {}},
+                          {"grpc zero-copy", FrameCodec::kZeroCopy, {}},
+                          {"shm", FrameCodec::kZeroCopy, shm}};
+  std::printf(
+      "\nsend-then-compute: %d sends, each followed by %.1f ms of busy "
+      "compute (a stage's\nforward), then a barrier; send = time inside "
+      "Send, cost = (wall - compute) / send\n",
+      sends, compute.count() / 1000.0);
+  std::printf("%-9s %-15s %14s %12s %9s %14s\n", "size", "plane",
+              "send median us", "send p90 us", "GB/s", "cost/send us");
+  int64_t step = 1 << 20;
+  for (int64_t size : sizes) {
+    const Tensor t = PatternTensor(size);
+    for (const Plane& p : planes) {
+      std::unique_ptr<Link> link =
+          Connect(address, kSinkMode, p.codec, p.planes);
+      SendThenCompute(*link, t, 3, compute, step++);  // warm-up
+      const ComputeRow r = SendThenCompute(*link, t, sends, compute, step++);
+      std::printf("%-9s %-15s %14.1f %12.1f %9.2f %14.1f\n",
+                  SizeName(size).c_str(), p.name, r.send_median_us,
+                  r.send_p90_us, r.gbps, r.cost_us);
+      std::fflush(stdout);
+    }
+  }
+}
+
+struct ComputeOptions {
+  std::vector<int64_t> sizes;
+  int sends = 0;  // 0: no send-then-compute table
+  std::chrono::microseconds compute{0};
+};
+
 int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
               int64_t latency_size, bool mallopt, bool copying,
-              const DataPlaneOptions& shm) {
+              const DataPlaneOptions& shm, const ComputeOptions& compute,
+              bool shm_only) {
   pollfd pfd{ports_fd, POLLIN, 0};
   char line[64] = {};
   if (::poll(&pfd, 1, 10000) != 1 ||
@@ -527,15 +629,20 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
     const Tensor t = PatternTensor(size);
     const std::vector<char> buf(static_cast<size_t>(size), 'x');
     Row r{size, 0, 0, 0, 0, 0};
-    r.grpc_gbps = MeasureGBps(size * count, seconds,
-                              [&] { GrpcSinkRound(*sink, t, count, step++); });
-    if (copying) {
+    if (!shm_only) {
+      r.grpc_gbps = MeasureGBps(size * count, seconds, [&] {
+        GrpcSinkRound(*sink, t, count, step++);
+      });
+    }
+    if (copying && !shm_only) {
       r.copying_gbps = MeasureGBps(size * count, seconds, [&] {
         GrpcSinkRound(*copying_sink, t, count, step++);
       });
     }
-    r.tcp_gbps = MeasureGBps(size * count, seconds,
-                             [&] { TcpSinkRound(tcp, buf, count); });
+    if (!shm_only) {
+      r.tcp_gbps = MeasureGBps(size * count, seconds,
+                               [&] { TcpSinkRound(tcp, buf, count); });
+    }
     r.shm_gbps = MeasureGBps(size * count, seconds, [&] {
       GrpcSinkRound(*shm_sink, t, count, step++);
     });
@@ -587,6 +694,10 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
               shm_lat.median_us, shm_lat.p90_us, shm_lat.round_trips);
   std::printf("  TCP  %8.1f us median, %8.1f us p90 (%d round trips)\n",
               tcp_lat.median_us, tcp_lat.p90_us, tcp_lat.round_trips);
+  if (compute.sends > 0) {
+    RunSendThenCompute(address, compute.sizes, compute.sends, compute.compute,
+                       shm);
+  }
   std::printf(
       "\nHow to read: GB/s is K tensors of the row's size sent back to back, "
       "over the time until\n"
@@ -599,10 +710,16 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
       "the copying one (no copy sending, one receiving; against 2 + 2).\n"
       "shm/memcpy is the shared-memory plane's share of one memcpy (goal >= "
       "0.70 from 1 MiB):\n"
-      "it copies twice (tensor -> ring in the sender, ring -> tensor in the "
-      "receiver), chunk\n"
-      "by chunk, so the two copies overlap on two cores; on one free core it "
-      "cannot pass 0.5.\n"
+      "one copy per byte (tensor -> ring in the sender; a tensor of one "
+      "chunk is the receiver's\n"
+      "tensor in place, larger ones are copied out), notified through the "
+      "segment, so the\n"
+      "sender and the receiver share the 2 cores with everything else on "
+      "them.\n"
+      "send-then-compute: a stage sends and goes back to computing; 'send' "
+      "is how long Send\n"
+      "kept it from computing, 'cost' what each send added to the wall time "
+      "(delivery included).\n"
       "Per-hop latency is what one activation or gradient of that size costs "
       "between\n"
       "neighbouring stages (goal < 200 us for 64 KiB). Both processes share "
@@ -621,13 +738,16 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
 int main(int argc, char** argv) {
   using namespace gpipe::bench;
   Args args(argc, argv,
-            {"sizes", "seconds", "latency-size", "shm-ring", "shm-chunk"},
-            {"glibc-malloc", "no-copying"});
+            {"sizes", "seconds", "latency-size", "shm-ring", "shm-chunk",
+             "compute-sizes", "compute-sends", "compute-ms"},
+            {"glibc-malloc", "no-copying", "shm-only"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr,
                  "%s\nusage: stream_bench [--sizes 64K,256K,1M,4M,16M,64M] "
                  "[--seconds 1] [--latency-size 64K] [--glibc-malloc] "
-                 "[--no-copying] [--shm-ring 32M] [--shm-chunk 4M]\n",
+                 "[--no-copying] [--shm-ring 32M] [--shm-chunk 4M] "
+                 "[--compute-sizes 1M,4M] [--compute-sends 30] "
+                 "[--compute-ms 2] [--shm-only]\n",
                  args.error().c_str());
     return 2;
   }
@@ -642,6 +762,24 @@ int main(int argc, char** argv) {
   const int64_t latency_size =
       ParseSize(StringOption(argc, argv, "latency-size", "64K"));
   const double seconds = args.Double("seconds", 1.0);
+  ComputeOptions compute;
+  const std::string compute_list =
+      StringOption(argc, argv, "compute-sizes", "1M,4M");
+  for (size_t at = 0; at <= compute_list.size();) {
+    const size_t comma =
+        std::min(compute_list.find(',', at), compute_list.size());
+    compute.sizes.push_back(ParseSize(compute_list.substr(at, comma - at)));
+    at = comma + 1;
+  }
+  const double sends = args.Double("compute-sends", 30);
+  const double compute_ms = args.Double("compute-ms", 2);
+  if (!(sends >= 0 && sends <= 1000) ||
+      !(compute_ms > 0 && compute_ms <= 100)) {
+    Die("--compute-sends must be in [0, 1000] and --compute-ms in (0, 100]");
+  }
+  compute.sends = static_cast<int>(sends);
+  compute.compute =
+      std::chrono::microseconds(static_cast<int64_t>(compute_ms * 1000));
   gpipe::DataPlaneOptions shm;
   shm.mode = gpipe::DataPlaneMode::kShm;
   shm.ring_bytes = ParseSize(StringOption(argc, argv, "shm-ring", "32M"));
@@ -657,7 +795,9 @@ int main(int argc, char** argv) {
   if (mallopt) gpipe::KeepFreedMemory();  // before fork: both processes
   ::signal(SIGPIPE, SIG_IGN);
   // A watchdog: no run may hang (SIGALRM ends the process, the child follows).
-  ::alarm(static_cast<unsigned>(60 + 12 * seconds * (sizes.size() + 2)));
+  ::alarm(static_cast<unsigned>(60 + 12 * seconds * (sizes.size() + 2) +
+                                3 * compute.sizes.size() * 2 * compute.sends *
+                                    compute_ms / 1000));
 
   int ports[2], control[2];
   if (::pipe2(ports, O_CLOEXEC) != 0 || ::pipe2(control, O_CLOEXEC) != 0) {
@@ -674,8 +814,9 @@ int main(int argc, char** argv) {
   }
   ::close(ports[1]);
   ::close(control[0]);
-  const int rc = RunParent(ports[0], sizes, seconds, latency_size, mallopt,
-                           !args.Has("no-copying"), shm);
+  const int rc =
+      RunParent(ports[0], sizes, seconds, latency_size, mallopt,
+                !args.Has("no-copying"), shm, compute, args.Has("shm-only"));
   ::close(control[1]);  // the child exits on EOF
   int status = 0;
   ::waitpid(child, &status, 0);

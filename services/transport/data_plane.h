@@ -18,7 +18,7 @@ namespace gpipe {
 
 enum class DataPlane : uint8_t {
   kGrpc,  // tensor bytes inside Exchange frames
-  kShm,   // tensor bytes in a shared-memory ring, descriptors in frames
+  kShm,   // messages in a shared-memory ring, notified through the segment
 };
 
 // What a worker allows (--data_plane).
@@ -41,8 +41,10 @@ struct DataPlaneOptions {
   DataPlaneMode mode = DataPlaneMode::kGrpc;
   // Each direction's ring; a full ring blocks Send (back-pressure).
   int64_t ring_bytes = int64_t{32} << 20;
-  // Largest piece of a tensor that one descriptor covers: pieces let the
-  // receiver copy one while the sender writes the next.
+  // Largest piece of a tensor that one chunk covers (the channel also caps
+  // it at an eighth of the ring). A tensor of one chunk can stay in the
+  // ring as the receiver's tensor; larger ones are copied out piece by
+  // piece while the sender writes the next.
   int64_t chunk_bytes = int64_t{4} << 20;
 };
 

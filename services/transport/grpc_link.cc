@@ -11,6 +11,7 @@
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/transport/exchange_method.h"
+#include "services/transport/shm_messages.h"
 
 namespace gpipe {
 namespace {
@@ -75,7 +76,9 @@ GrpcLink::GrpcLink(std::unique_ptr<FrameStream> stream, std::string job_id,
       codec_(codec),
       inbox_(capacity) {}
 
-GrpcLink::~GrpcLink() = default;
+GrpcLink::~GrpcLink() {
+  StopShmReader(absl::CancelledError("link destroyed"), /*drain=*/false);
+}
 
 bool GrpcLink::WriteLocked(const grpc::ByteBuffer& frame) {
   std::lock_guard<std::mutex> lock(write_mu_);
@@ -95,7 +98,7 @@ absl::Status GrpcLink::Send(Message m) {
   absl::Status failed;
   bool ok;
   if (shm != nullptr) {
-    failed = SendShm(m, shm);
+    failed = WriteShmMessage(m, job_id_, epoch_, *shm);
     ok = failed.ok();
   } else {
     std::lock_guard<std::mutex> lock(write_mu_);
@@ -106,38 +109,15 @@ absl::Status GrpcLink::Send(Message m) {
   if (!ok) {
     absl::Status why = read_status();
     if (!why.ok()) return why;
-    if (!failed.ok() && !absl::IsUnavailable(failed)) return failed;
+    if (!failed.ok() && !absl::IsUnavailable(failed) &&
+        !absl::IsCancelled(failed)) {
+      return failed;
+    }
     return absl::UnavailableError(
         absl::StrCat("sending ", Describe(m), ": the peer went away"));
   }
   sent_ += bytes;
   return absl::OkStatus();
-}
-
-// Each chunk is copied into the ring, then its descriptor goes down the
-// stream; the receiver copies it out and gives it back with SHM_RELEASE.
-absl::Status GrpcLink::SendShm(const Message& m, ShmChannel* shm) {
-  absl::Status failed;
-  const char* src =
-      m.tensor.defined() ? static_cast<const char*>(m.tensor.raw()) : nullptr;
-  Frame descriptor;
-  const bool ok = EncodeFrameFields(
-      m, job_id_, epoch_,
-      [&](const Frame& fields, int64_t at, int64_t n) {
-        if (n == 0) return WriteLocked(FrameToBuffer(fields));
-        absl::StatusOr<gpipe::v1::ShmSlot> slot = shm->Reserve(n);
-        if (!slot.ok()) {
-          failed = slot.status();
-          return false;
-        }
-        std::memcpy(shm->Data(*slot), src + at, static_cast<size_t>(n));
-        descriptor = fields;
-        *descriptor.mutable_shm_slot() = *slot;
-        return WriteLocked(FrameToBuffer(descriptor));
-      },
-      shm->chunk_bytes());
-  if (ok) return absl::OkStatus();
-  return failed.ok() ? absl::UnavailableError("the stream broke") : failed;
 }
 
 absl::StatusOr<Message> GrpcLink::Receive() {
@@ -156,7 +136,9 @@ void GrpcLink::Close() {
     if (read_status_.ok() && !released_) stream_->Cancel();
     closed_ = true;
     plane_cv_.notify_all();
-    if (shm_ != nullptr) shm_->Close(absl::CancelledError("link closed"));
+    if (shm_ != nullptr) {
+      shm_->Close(absl::CancelledError("link closed"), /*drain=*/false);
+    }
   }
   inbox_.Close(absl::CancelledError("link closed"));
 }
@@ -280,9 +262,8 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
     const int64_t chunk =
         std::min(options_.chunk_bytes, segment->ring_bytes() / 2);
     std::lock_guard<std::mutex> lock(mu_);
-    shm_ = std::make_unique<ShmChannel>(std::move(segment), /*creator=*/false,
-                                        chunk);
-    plane_ = DataPlane::kShm;
+    UseShmLocked(std::make_shared<ShmChannel>(std::move(segment),
+                                              /*creator=*/false, chunk));
   } else {
     std::lock_guard<std::mutex> lock(mu_);
     refusal_ = refusal;
@@ -311,7 +292,7 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
     return absl::InvalidArgumentError("frame: a data-plane answer to no offer");
   }
   std::string refusal = f.refusal();
-  std::unique_ptr<ShmChannel> channel;
+  std::shared_ptr<ShmChannel> channel;
   if (f.data_plane() == "shm") {
     if (offered_->answer_nonce() != f.answer_nonce() || f.answer_nonce() == 0) {
       refusal = "the peer's answer is not in the segment (another host?)";
@@ -319,7 +300,7 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
       offered_->CloseFd();
       const int64_t chunk =
           std::min(options_.chunk_bytes, offered_->ring_bytes() / 2);
-      channel = std::make_unique<ShmChannel>(std::move(offered_),
+      channel = std::make_shared<ShmChannel>(std::move(offered_),
                                              /*creator=*/true, chunk);
     }
   } else if (refusal.empty()) {
@@ -328,8 +309,7 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
   offered_.reset();
   std::lock_guard<std::mutex> lock(mu_);
   if (channel != nullptr) {
-    shm_ = std::move(channel);
-    plane_ = DataPlane::kShm;
+    UseShmLocked(std::move(channel));
   } else {
     refusal_ = refusal;
     if (options_.mode == DataPlaneMode::kShm) {
@@ -344,34 +324,57 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<Message>> GrpcLink::ReceiveShm(
-    const ReceivedFrame& frame, FrameAssembler& assembler, int64_t* release) {
-  const Frame& f = frame.fields();
-  if (shm_ == nullptr) {
-    return absl::InvalidArgumentError(
-        "frame: a shared-memory descriptor on a link without shared memory");
-  }
-  if (frame.payload_size() != 0) {
-    return absl::InvalidArgumentError(
-        "frame: both a payload and a shared-memory descriptor");
-  }
-  const gpipe::v1::ShmSlot& slot = f.shm_slot();
-  ASSIGN_OR_RETURN(const char* bytes, shm_->Accept(slot));
-  absl::StatusOr<std::optional<Message>> m =
-      assembler.Add(f, slot.length(), [&](char* dst) {
-        std::memcpy(dst, bytes, static_cast<size_t>(slot.length()));
-      });
-  if (m.ok()) *release = slot.sequence();
-  return m;
+void GrpcLink::UseShmLocked(std::shared_ptr<ShmChannel> channel) {
+  shm_ = std::move(channel);
+  plane_ = DataPlane::kShm;
+  shm_reader_ = std::thread([this, shm = shm_] { ShmReadLoop(shm); });
 }
 
-bool GrpcLink::WriteRelease(int64_t sequence) {
-  Frame release;
-  release.set_job_id(job_id_);
-  release.set_epoch(epoch_);
-  release.set_kind(gpipe::v1::SHM_RELEASE);
-  release.mutable_shm_slot()->set_sequence(sequence);
-  return WriteLocked(FrameToBuffer(release));
+void GrpcLink::ShmReadLoop(std::shared_ptr<ShmChannel> shm) {
+  FrameAssembler assembler(job_id_, epoch_);
+  absl::Status rejected;
+  for (;;) {
+    absl::StatusOr<std::optional<ShmChunk>> chunk = shm->Next();
+    if (!chunk.ok()) {
+      rejected = chunk.status();  // a chunk that failed a check
+      break;
+    }
+    if (!chunk->has_value()) break;  // closed: the stream or Close says why
+    absl::StatusOr<std::optional<Message>> m =
+        ReadShmChunk(shm, **chunk, assembler);
+    if (!m.ok()) {
+      rejected = m.status();
+      break;
+    }
+    if (m->has_value() && !inbox_.Push(std::move(**m)).ok()) break;
+  }
+  if (rejected.ok()) return;
+  // Fail the link at once: the stage's Receive and Send see the reason;
+  // the stream's reader returns it (the client end cancels the stream, the
+  // server's handler answers with it once the peer stops).
+  shm->Close(rejected, /*drain=*/false);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shm_failure_.ok()) shm_failure_ = rejected;
+    if (cancel_on_reject_ && read_status_.ok() && !released_) {
+      stream_->Cancel();
+    }
+  }
+  inbox_.Close(rejected);
+}
+
+void GrpcLink::StopShmReader(const absl::Status& why, bool drain) {
+  std::shared_ptr<ShmChannel> shm;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shm = shm_;
+  }
+  if (shm == nullptr) return;
+  shm->Close(why, drain);
+  if (shm_reader_.joinable() &&
+      shm_reader_.get_id() != std::this_thread::get_id()) {
+    shm_reader_.join();
+  }
 }
 
 void GrpcLink::ReadLoop(bool cancel_on_reject) {
@@ -379,7 +382,7 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
   grpc::ByteBuffer buffer;
   ReceivedFrame frame;
   absl::Status status;
-  int64_t release = -1;  // a shared-memory chunk copied out, to give back
+  cancel_on_reject_ = cancel_on_reject;
   while (stream_->Read(&buffer)) {
     const absl::Status decoded = codec_ == FrameCodec::kCopying
                                      ? DecodeFrameCopying(buffer, &frame)
@@ -392,18 +395,19 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
       if (absl::Status s = HandleOffer(f); !s.ok()) m = s;
     } else if (f.kind() == gpipe::v1::DATA_PLANE_ANSWER) {
       if (absl::Status s = HandleAnswer(f); !s.ok()) m = s;
-    } else if (f.kind() == gpipe::v1::SHM_RELEASE) {
-      if (f.job_id() != job_id_ || f.epoch() != epoch_) {
-        m = absl::FailedPreconditionError("a release of another job or epoch");
-      } else if (shm_ == nullptr) {
-        m = absl::InvalidArgumentError(
-            "frame: a shared-memory release on a link without shared memory");
-      } else if (absl::Status s = shm_->Release(f.shm_slot().sequence());
-                 !s.ok()) {
-        m = s;
-      }
-    } else if (f.has_shm_slot()) {
-      m = ReceiveShm(frame, assembler, &release);
+    } else if (f.job_id() != job_id_ || f.epoch() != epoch_) {
+      m = assembler.Add(frame);  // fencing names the job and epoch
+    } else if (f.kind() == gpipe::v1::SHM_RELEASE || f.has_shm_slot()) {
+      // Chunks and their releases travel in the segment itself.
+      m = absl::InvalidArgumentError(
+          "frame: a shared-memory descriptor or release in a frame (they "
+          "travel in the segment)");
+    } else if (shm_ != nullptr) {
+      // Once shared memory carries the peer's messages, a message in a
+      // frame could overtake them.
+      m = absl::InvalidArgumentError(
+          "frame: a message in a frame on a link whose messages travel in "
+          "shared memory");
     } else if (options_.mode == DataPlaneMode::kShm && offered_ == nullptr &&
                shm_ == nullptr && !offer_seen_) {
       m = absl::FailedPreconditionError(
@@ -426,12 +430,17 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
         break;  // closed locally
       }
     }
-    // Released once the message is on its way to the stage: the release
-    // is off the path of the message itself.
-    if (release >= 0) {
-      if (!WriteRelease(release)) break;  // the peer went away
-      release = -1;
-    }
+  }
+  // Whatever the peer posted in the segment before it finished comes
+  // before the end of the link; a peer that failed or was killed leaves
+  // nothing worth reading.
+  StopShmReader(status.ok() ? absl::UnavailableError(
+                                  "the neighbouring stage closed the link")
+                            : status,
+                /*drain=*/status.ok());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (status.ok() && !shm_failure_.ok()) status = shm_failure_;
   }
   const absl::Status why =
       status.ok()
@@ -442,7 +451,6 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
     read_status_ = status;
     closed_ = true;
     plane_cv_.notify_all();
-    if (shm_ != nullptr) shm_->Close(why);
   }
   inbox_.Close(why);
 }

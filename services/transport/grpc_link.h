@@ -95,14 +95,17 @@ class GrpcLink final : public Link {
 
  private:
   bool WriteLocked(const grpc::ByteBuffer& frame);
-  absl::Status SendShm(const Message& m, ShmChannel* shm);
   absl::Status HandleOffer(const gpipe::v1::Frame& f);
   absl::Status HandleAnswer(const gpipe::v1::Frame& f);
-  // Copies out the chunk a descriptor names; `release` gets its sequence.
-  absl::StatusOr<std::optional<Message>> ReceiveShm(const ReceivedFrame& frame,
-                                                    FrameAssembler& assembler,
-                                                    int64_t* release);
-  bool WriteRelease(int64_t sequence);
+  // Once a segment is agreed on (reader thread, under mu_): makes it the
+  // plane and starts the thread that reads the peer's chunks.
+  void UseShmLocked(std::shared_ptr<ShmChannel> channel);
+  // The peer's messages out of the segment into the inbox, until the
+  // channel closes; a chunk that fails a check fails the link.
+  void ShmReadLoop(std::shared_ptr<ShmChannel> shm);
+  // Ends the shared-memory reader (after what the peer posted when
+  // `drain`) and waits for it.
+  void StopShmReader(const absl::Status& why, bool drain);
 
   std::unique_ptr<FrameStream> stream_;
   std::string job_id_;
@@ -125,7 +128,10 @@ class GrpcLink final : public Link {
   DataPlane plane_ = DataPlane::kGrpc;
   absl::Status plane_status_;
   std::string refusal_;
-  std::unique_ptr<ShmChannel> shm_;  // set once, under mu_
+  std::shared_ptr<ShmChannel> shm_;  // set once, under mu_
+  std::thread shm_reader_;           // reads shm_ (started with it)
+  absl::Status shm_failure_;         // under mu_: a chunk that failed a check
+  bool cancel_on_reject_ = false;    // ReadLoop's, for the shm reader
   // The reader thread's alone.
   std::unique_ptr<ShmSegment> offered_;
   bool offer_seen_ = false;

@@ -24,8 +24,14 @@ struct Header {
   std::atomic<uint64_t> answer_nonce;
   std::atomic<uint64_t> ring_bytes;
 };
+// The queues follow the nonces in the header page; a fresh memfd is all
+// zeros, which is both queues empty.
+struct ControlArea {
+  Header header;
+  ShmQueues queues[2];
+};
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
-static_assert(sizeof(Header) <= kShmHeaderBytes);
+static_assert(sizeof(ControlArea) <= kShmHeaderBytes);
 
 Header* HeaderOf(char* base) { return reinterpret_cast<Header*>(base); }
 
@@ -106,6 +112,10 @@ ShmSegment::~ShmSegment() {
 void ShmSegment::CloseFd() {
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+}
+
+ShmQueues* ShmSegment::queues(Ring r) const {
+  return &reinterpret_cast<ControlArea*>(base_)->queues[r];
 }
 
 uint64_t ShmSegment::answer_nonce() const {

@@ -3,10 +3,12 @@
 // /proc/PID/fd/N and maps. It never has a name in any file system, so a
 // process killed with -9 leaks nothing: the memory goes when the last
 // mapping does. The segment holds a small header (a nonce from each side,
-// which proves both map the same memory) and two rings, one per direction.
+// which proves both map the same memory, and one pair of notification
+// queues per direction) and two rings, one per direction.
 #ifndef GPIPE_SERVICES_TRANSPORT_SHM_SEGMENT_H_
 #define GPIPE_SERVICES_TRANSPORT_SHM_SEGMENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -16,6 +18,34 @@ namespace gpipe {
 
 // Header bytes before the rings (one page keeps the rings page-aligned).
 inline constexpr int64_t kShmHeaderBytes = 4096;
+
+// Chunks of one direction that may be in use at once (posted and not yet
+// released): the size of both notification queues below.
+inline constexpr uint32_t kShmQueueSlots = 32;
+
+// One chunk as the writer posts it in the segment: where it lies in the
+// ring, and how many of its bytes are the serialized frame fields that
+// precede the payload. The reader copies it out before checking it.
+struct ShmPostedChunk {
+  std::atomic<int64_t> sequence, offset, length, header_bytes;
+};
+
+// The notifications of one direction, in the shared header: the writer
+// fills descriptors[n % kShmQueueSlots] and then bumps `posted` to n + 1
+// (release); the reader gives chunks back the same way through `releases`
+// and `released`. Both counters are futex words: a side that waits for the
+// other sleeps on them (shm_futex.h), and a bump wakes it, only when the
+// matching sleepers count says someone may sleep (a wake is a system call).
+struct ShmQueues {
+  alignas(64) std::atomic<uint32_t> posted;
+  std::atomic<uint32_t> posted_sleepers;
+  alignas(64) std::atomic<uint32_t> released;
+  std::atomic<uint32_t> released_sleepers;
+  alignas(64) ShmPostedChunk descriptors[kShmQueueSlots];
+  std::atomic<int64_t> releases[kShmQueueSlots];
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free &&
+              sizeof(std::atomic<uint32_t>) == 4);
 
 // The size of a segment with two rings of `ring_bytes`.
 inline int64_t ShmSegmentBytes(int64_t ring_bytes) {
@@ -46,6 +76,8 @@ class ShmSegment {
   void CloseFd();
   int64_t ring_bytes() const { return ring_bytes_; }
   char* ring(Ring r) const { return base_ + kShmHeaderBytes + r * ring_bytes_; }
+  // The notification queues of the ring `r` (written by that ring's writer).
+  ShmQueues* queues(Ring r) const;
   // The opener's nonce as the creator sees it in the shared header.
   uint64_t answer_nonce() const;
 

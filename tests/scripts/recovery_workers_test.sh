@@ -29,7 +29,9 @@ for _ in 1 2 3 4; do start_worker; done
 wait_workers 4
 # The kills need the longest job: each one waits for the job to run again.
 write_spec "$work/kill.json" recovery-kill "$((2 * steps))" 3 0 "$SGD"
-write_spec "$work/sgd.json" recovery-pause "$steps" 3 0 "$SGD"
+# 2x: on shared memory the steps are quick enough that a job of RECOVERY_STEPS
+# could end between reaching steps/9 and the SIGSTOP landing.
+write_spec "$work/sgd.json" recovery-pause "$((2 * steps))" 3 0 "$SGD"
 # Long enough that it is still running when the poll below (seconds on a
 # loaded machine) sees its second checkpoint.
 write_spec "$work/short.json" recovery-corrupt "$steps" 3 0 "$SGD"

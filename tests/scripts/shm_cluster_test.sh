@@ -3,7 +3,8 @@
 # host): a 2-worker and a 3-stage cluster with --data_plane shm end with
 # parameters bitwise equal to the same cluster on gRPC frames, the workers
 # say in their logs and metrics that shared memory carried the tensors (and
-# the job status says so per stage), and nothing is left in /dev/shm. GPIPE_SHM_STEPS changes the step count.
+# the job status says so per stage), a peer killed with -9 is noticed, and
+# nothing is left in /dev/shm. GPIPE_SHM_STEPS changes the step count.
 #   shm_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -49,7 +50,7 @@ done
 # trains.
 spec="$src/examples/fashion_mnist_mlp.json"
 "$bin/gpipectl" local "$spec" --workers 2 --stages 2 --micro-batches 4 \
-  --steps 400 --threads 2 --data_plane shm --keep "$work/gauge" \
+  --steps 100000 --threads 2 --data_plane shm --keep "$work/gauge" \
   >"$work/gauge.log" 2>&1 &
 pids+=($!)
 found=""
@@ -66,6 +67,28 @@ for _ in $(seq 300); do  # 60 s: start-up is slow on a loaded machine
 done
 [[ -n "$found" ]] || { tail -20 "$work/gauge.log"; fail "no worker exported gpipe_transport_data_plane{plane=\"shm\"} 1"; }
 echo "ok: gpipe_transport_data_plane{plane=\"shm\"} is 1 on a running worker"
+passed=$((passed + 1))
+
+# A peer killed with -9 mid-training is noticed through the stream's end,
+# though the tensors travel in shared memory: the surviving stage ends its
+# step within seconds instead of waiting on the segment forever (its link
+# fails, or the controller, which saw the Attach stream end first, cancels
+# it: either way nothing hangs).
+victim=$(pgrep -P "${pids[-1]}" gpipe-worker | tail -1 || true)
+[[ -n "$victim" ]] || fail "no gpipe-worker child of gpipectl to kill"
+kill -9 "$victim"
+noticed=""
+for _ in $(seq 50); do  # 10 s
+  for f in "$work"/gauge/worker-*.log; do
+    if grep -Eq "stage [0-9]+ of .* failed: |cancelling stage [0-9]+ of " "$f"; then
+      noticed=$f
+      break 2
+    fi
+  done
+  sleep 0.2
+done
+[[ -n "$noticed" ]] || { tail -n 8 "$work"/gauge/*.log; fail "nobody noticed the killed shm peer within 10 s"; }
+echo "ok: a peer killed with -9 is noticed on shm ($(grep -Eh "failed: |cancelling stage" "$noticed" | head -1 | cut -c1-120))"
 passed=$((passed + 1))
 kill "${pids[-1]}" 2>/dev/null || true
 wait "${pids[-1]}" 2>/dev/null || true

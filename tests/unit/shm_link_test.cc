@@ -2,8 +2,9 @@
 // upstream end offers a segment, the downstream end maps it, tensors of every
 // size (one chunk, many chunks, more than the ring holds) come back bitwise;
 // forced shared memory that the peer refuses is a clear error; and a peer
-// that sends garbage descriptors on a mapped segment is cut off with
-// INVALID_ARGUMENT naming what is wrong, without crashing.
+// that posts garbage chunks straight into a mapped segment (or sends
+// descriptors and releases as frames) is cut off with INVALID_ARGUMENT
+// naming what is wrong, without crashing.
 #include <unistd.h>
 
 #include <chrono>
@@ -11,12 +12,15 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/transport/exchange_method.h"
 #include "services/transport/grpc_link.h"
+#include "services/transport/shm_futex.h"
+#include "services/transport/shm_ring.h"
 #include "services/transport/shm_segment.h"
 
 namespace gpipe {
@@ -148,6 +152,33 @@ TEST(ShmLinkTest, TensorsOfAnySizeComeBackBitwiseThroughSharedMemory) {
   EXPECT_EQ(link->bytes_sent(), link->bytes_received());
 }
 
+// A stage keeps received activations until its backward pass. Tensors that
+// stay in the ring as their storage must not starve the sender: past four
+// held chunks (or a quarter of the ring) the receiver copies out, so
+// holding every message of a long exchange on a small ring still works.
+TEST(ShmLinkTest, HoldingManyReceivedTensorsNeverStallsThePeer) {
+  Server server(Planes(DataPlaneMode::kShm));
+  std::unique_ptr<GrpcClientLink> link =
+      Connect(server, Planes(DataPlaneMode::kShm, kMinShmRingBytes, 64 << 10));
+  ASSERT_NE(link, nullptr);
+  ASSERT_EQ(*link->link().WaitDataPlane(std::chrono::seconds(5)),
+            DataPlane::kShm);
+  std::vector<Tensor> sent, held;
+  for (int i = 0; i < 48; ++i) {
+    Message m;
+    m.micro_batch = i;
+    m.tensor = Pattern(15000, static_cast<float>(i));  // 60 KB: one chunk
+    sent.push_back(m.tensor);
+    ASSERT_TRUE(link->Send(std::move(m)).ok());
+    absl::StatusOr<Message> back = link->Receive();
+    ASSERT_TRUE(back.ok()) << back.status();
+    held.push_back(back->tensor);  // 48 x 60 KB: three times the ring
+  }
+  for (int i = 0; i < 48; ++i) {
+    EXPECT_TRUE(BitwiseEqual(held[i], sent[i])) << i;
+  }
+}
+
 TEST(ShmLinkTest, AutoFallsBackToFramesWhenThePeerRunsGrpc) {
   Server server(Planes(DataPlaneMode::kGrpc));
   std::unique_ptr<GrpcClientLink> link =
@@ -231,19 +262,51 @@ class RawPeer {
     ASSERT_EQ(segment_->answer_nonce(), answer.fields().answer_nonce());
   }
 
-  // An activation of `floats` floats whose bytes the descriptor `slot`
-  // claims to hold.
-  Frame Descriptor(int64_t floats, int64_t offset, int64_t length,
-                   int64_t sequence, bool last = true) {
+  // The fields of an activation of `floats` floats.
+  Frame Activation(int64_t floats, bool last = true) {
     Frame f = Base(gpipe::v1::ACTIVATION);
     f.mutable_header()->set_dtype(gpipe::v1::FLOAT32);
     f.mutable_header()->mutable_shape()->add_dims(floats);
     f.set_total_bytes(floats * 4);
     f.set_last(last);
-    f.mutable_shm_slot()->set_offset(offset);
-    f.mutable_shm_slot()->set_length(length);
-    f.mutable_shm_slot()->set_sequence(sequence);
     return f;
+  }
+
+  // Writes `fields` and `payload` bytes at `offset` of the downstream ring
+  // as the writer would, then posts the chunk (sequence, offset, length
+  // and header size as given, unchecked).
+  void Put(int64_t offset, const std::string& fields, int64_t payload) {
+    char* ring = segment_->ring(ShmSegment::kDownstream);
+    std::memcpy(ring + offset, fields.data(), fields.size());
+    std::memset(ring + offset + ShmAlignUp(fields.size()), 0x3f,
+                static_cast<size_t>(payload));
+  }
+  void Post(int64_t sequence, int64_t offset, int64_t length,
+            int64_t header_bytes) {
+    ShmQueues* q = segment_->queues(ShmSegment::kDownstream);
+    ShmPostedChunk& d = q->descriptors[posted_ % kShmQueueSlots];
+    d.sequence.store(sequence);
+    d.offset.store(offset);
+    d.length.store(length);
+    d.header_bytes.store(header_bytes);
+    q->posted.store(++posted_);
+    FutexWakeAll(&q->posted);
+  }
+  // A well-formed chunk of `fields` and `payload` bytes at `offset`.
+  void PutAndPost(int64_t sequence, int64_t offset, const Frame& fields,
+                  int64_t payload) {
+    const std::string head = fields.SerializeAsString();
+    Put(offset, head, payload);
+    Post(sequence, offset,
+         payload > 0 ? ShmAlignUp(head.size()) + payload
+                     : static_cast<int64_t>(head.size()),
+         static_cast<int64_t>(head.size()));
+  }
+  ShmSegment& segment() { return *segment_; }
+  void SetPosted(uint32_t n) {
+    ShmQueues* q = segment_->queues(ShmSegment::kDownstream);
+    q->posted.store(n);
+    FutexWakeAll(&q->posted);
   }
 
   // Drains what the peer sends, then its final status.
@@ -260,9 +323,10 @@ class RawPeer {
   grpc::ClientContext context_;
   std::unique_ptr<ExchangeClientStream> rw_;
   std::unique_ptr<ShmSegment> segment_;
+  uint32_t posted_ = 0;
 };
 
-TEST(ShmLinkTest, GarbageDescriptorsAreRejectedWithoutACrash) {
+TEST(ShmLinkTest, GarbageChunksInTheSegmentAreRejectedWithoutACrash) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   struct Case {
     const char* what;
@@ -271,45 +335,65 @@ TEST(ShmLinkTest, GarbageDescriptorsAreRejectedWithoutACrash) {
   };
   const Case cases[] = {
       {"offset past the ring",
-       [](RawPeer& p) {
-         p.Write(p.Descriptor(16, kMinShmRingBytes - 8, 64, 0));
-       },
+       [](RawPeer& p) { p.Post(0, kMinShmRingBytes - 64, 128, 16); },
        "outside the ring"},
-      {"overflowing offset",
-       [](RawPeer& p) { p.Write(p.Descriptor(16, kMax - 10, 64, 0)); },
+      {"overflowing offset", [](RawPeer& p) { p.Post(0, kMax - 10, 128, 16); },
        "outside the ring"},
-      {"negative length",
-       [](RawPeer& p) { p.Write(p.Descriptor(16, 0, -64, 0)); },
+      {"negative length", [](RawPeer& p) { p.Post(0, 0, -64, 16); },
        "chunk length -64"},
-      {"not the next sequence",
-       [](RawPeer& p) { p.Write(p.Descriptor(16, 0, 64, 5)); },
+      {"misaligned", [](RawPeer& p) { p.Post(0, 8, 64, 16); }, "not aligned"},
+      {"a header longer than the chunk",
+       [](RawPeer& p) { p.Post(0, 0, 64, 65); }, "65 header bytes"},
+      {"not the next sequence", [](RawPeer& p) { p.Post(5, 0, 64, 16); },
        "where chunk 0 comes next"},
       {"replayed",
        [](RawPeer& p) {
-         p.Write(p.Descriptor(16, 0, 64, 0));
-         p.Write(p.Descriptor(16, 0, 64, 0));
+         p.PutAndPost(0, 0, p.Activation(16), 64);
+         p.Post(0, 0, 192, 30);
        },
        "descriptor of chunk 0 where chunk 1 comes next"},
+      {"more chunks posted than can be in use",
+       [](RawPeer& p) { p.SetPosted(1000); }, "1000 chunks at once"},
+      {"fields that do not parse",
+       [](RawPeer& p) {
+         p.Put(0, std::string(16, '\xff'), 0);
+         p.Post(0, 0, 16, 16);
+       },
+       "do not parse as gpipe.v1.Frame"},
+      {"a payload field inside the fields",
+       [](RawPeer& p) {
+         Frame f = p.Activation(16);
+         f.set_payload(std::string(64, 'x'));
+         p.PutAndPost(0, 0, f, 0);
+       },
+       "carries a payload field"},
       {"fewer bytes than the header announces",
-       [](RawPeer& p) { p.Write(p.Descriptor(16, 0, 32, 0)); },
+       [](RawPeer& p) { p.PutAndPost(0, 0, p.Activation(16), 32); },
        "tensor ended after 32 of 64 bytes"},
       {"more bytes than the header announces",
-       [](RawPeer& p) { p.Write(p.Descriptor(4, 0, 64, 0)); },
+       [](RawPeer& p) { p.PutAndPost(0, 0, p.Activation(4), 64); },
        "runs past the announced 16 bytes"},
-      {"a payload as well",
+      {"a descriptor in a frame",
        [](RawPeer& p) {
-         Frame f = p.Descriptor(16, 0, 64, 0);
-         f.set_payload(std::string(64, 'x'));
+         Frame f = p.Activation(16);
+         f.mutable_shm_slot()->set_length(64);
          p.Write(f);
        },
-       "both a payload and a shared-memory descriptor"},
-      {"a release of nothing",
+       "travel in the segment"},
+      {"a release in a frame",
        [](RawPeer& p) {
          Frame f = p.Base(gpipe::v1::SHM_RELEASE);
          f.mutable_shm_slot()->set_sequence(3);
          p.Write(f);
        },
-       "none is in use"},
+       "travel in the segment"},
+      {"a message in a frame once shared memory carries them",
+       [](RawPeer& p) {
+         Frame f = p.Activation(1);
+         f.set_payload(std::string(4, 'x'));
+         p.Write(f);
+       },
+       "a message in a frame on a link whose messages travel in shared"},
   };
   Server server(Planes(DataPlaneMode::kAuto));
   for (const Case& c : cases) {
@@ -317,28 +401,67 @@ TEST(ShmLinkTest, GarbageDescriptorsAreRejectedWithoutACrash) {
     ASSERT_NO_FATAL_FAILURE(peer.OpenWithSegment()) << c.what;
     c.send(peer);
     const grpc::Status s = peer.Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.what << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.what;
   }
-  // A descriptor without any segment, and one of another epoch (fencing
-  // comes before any byte is read).
+  // A descriptor frame without any segment, and a chunk of another epoch
+  // (fencing comes before the tensor is assembled).
   {
     RawPeer peer(server);
     ASSERT_TRUE(peer.Write(peer.Base(gpipe::v1::OPEN)));
-    peer.Write(peer.Descriptor(16, 0, 64, 0));
+    Frame f = peer.Activation(16);
+    f.mutable_shm_slot()->set_length(64);
+    peer.Write(f);
     const grpc::Status s = peer.Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(s.error_message(), HasSubstr("link without shared memory"));
+    EXPECT_THAT(s.error_message(), HasSubstr("travel in the segment"));
   }
   {
     RawPeer peer(server);
     ASSERT_NO_FATAL_FAILURE(peer.OpenWithSegment());
-    Frame f = peer.Descriptor(16, 0, 64, 0);
+    Frame f = peer.Activation(16);
     f.set_epoch(kEpoch - 1);
-    peer.Write(f);
+    peer.PutAndPost(0, 0, f, 64);
     const grpc::Status s = peer.Finish();
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_THAT(s.error_message(), HasSubstr("epoch 1"));
+  }
+  // A well-formed chunk written by hand arrives, its tensor stored in the
+  // ring itself, and goes back to the writer when that tensor is freed.
+  {
+    RawPeer peer(server);
+    ASSERT_NO_FATAL_FAILURE(peer.OpenWithSegment());
+    peer.PutAndPost(0, 0, peer.Activation(16), 64);
+    // The echo answers in the upstream ring, as a gradient.
+    ShmQueues* up = peer.segment().queues(ShmSegment::kUpstream);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (up->posted.load() == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(up->posted.load(), 1u);
+    const ShmPostedChunk& d = up->descriptors[0];
+    const char* bytes =
+        peer.segment().ring(ShmSegment::kUpstream) + d.offset.load();
+    Frame back;
+    ASSERT_TRUE(
+        back.ParseFromArray(bytes, static_cast<int>(d.header_bytes.load())));
+    EXPECT_EQ(back.kind(), gpipe::v1::GRADIENT);
+    EXPECT_EQ(d.length.load() - ShmAlignUp(d.header_bytes.load()), 64);
+    // The echo sent the tensor on and freed it: chunk 0 was given back.
+    ShmQueues* down = peer.segment().queues(ShmSegment::kDownstream);
+    while (down->released.load() == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(down->released.load(), 1u);
+    EXPECT_EQ(down->releases[0].load(), 0);
+    // (The echo may close before its thread lets go: OK or CANCELLED.)
+    const grpc::Status s = peer.Finish();
+    EXPECT_NE(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message();
   }
   // The server still serves a well-behaved peer.
   std::unique_ptr<GrpcClientLink> link =

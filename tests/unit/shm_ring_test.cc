@@ -1,17 +1,23 @@
 // The shared-memory plane's pieces without a network: the ring bookkeeping
-// (placement, wrap, back-pressure, in-order release), the reader's checks of
-// every descriptor (garbage, truncated, out-of-range, overflowing, replayed),
-// the memfd segment (mapped twice in one process through /proc, the nonces
-// proving it is the same memory), and the selection rules (modes, bounds,
-// host identity).
+// (first-fit placement, back-pressure, releases in any order, coalescing),
+// the reader's checks of every posted chunk (garbage, out-of-range,
+// overflowing, misaligned, replayed, overlapping one still in use), the
+// memfd segment (mapped twice in one process through /proc, the nonces
+// proving it is the same memory), the channel's notifications through the
+// segment (futex wake, blocking, close), and the selection rules (modes,
+// bounds, host identity).
 #include "services/transport/shm_ring.h"
 
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -22,113 +28,146 @@
 namespace gpipe {
 namespace {
 
-using gpipe::v1::ShmSlot;
 using ::testing::HasSubstr;
 
-ShmSlot Slot(int64_t offset, int64_t length, int64_t sequence) {
-  ShmSlot s;
-  s.set_offset(offset);
-  s.set_length(length);
-  s.set_sequence(sequence);
-  return s;
+ShmChunk Chunk(int64_t offset, int64_t length, int64_t sequence,
+               int64_t header = 8) {
+  ShmChunk c;
+  c.offset = offset;
+  c.length = length;
+  c.sequence = sequence;
+  c.header_bytes = header;
+  return c;
 }
 
-TEST(ShmRingTest, PlacesChunksInOrderAndWrapsWhenTheEndIsTooNear) {
-  ShmRingWriter w(100);
-  ShmRingReader r(100, 50);
-  std::optional<ShmSlot> a = w.TryReserve(40);
-  std::optional<ShmSlot> b = w.TryReserve(40);
-  ASSERT_TRUE(a && b);
-  EXPECT_EQ(a->offset(), 0);
-  EXPECT_EQ(b->offset(), 40);
-  EXPECT_EQ(b->sequence(), 1);
-  // 20 bytes are left before the end, too few for 30: the chunk goes to
-  // the start, which is still in use.
-  EXPECT_FALSE(w.TryReserve(30).has_value());
-  ASSERT_TRUE(w.Release(0).ok());
-  std::optional<ShmSlot> c = w.TryReserve(30);
-  ASSERT_TRUE(c);
-  EXPECT_EQ(c->offset(), 0);
-  EXPECT_EQ(c->sequence(), 2);
-  // The reader derives the same places.
-  for (const ShmSlot& s : {*a, *b, *c}) {
-    absl::StatusOr<int64_t> at = r.Accept(s);
-    ASSERT_TRUE(at.ok()) << at.status();
-    EXPECT_EQ(*at, s.offset());
-  }
+TEST(ShmRingTest, PlacesFirstFitAlignedAndFreesInAnyOrder) {
+  ShmRingWriter w(1024, 8);
+  std::optional<ShmChunk> a = w.TryReserve(100), b = w.TryReserve(300),
+                          c = w.TryReserve(500);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->offset, 0);
+  EXPECT_EQ(b->offset, 128);  // 64-byte aligned
+  EXPECT_EQ(c->offset, 448);
+  EXPECT_EQ(c->sequence, 2);
+  EXPECT_FALSE(w.TryReserve(128).has_value());  // 64 bytes left
+  // Freeing the middle chunk first: its space is reused while the first
+  // is still held (a receiver keeping an activation).
+  ASSERT_TRUE(w.Release(b->sequence).ok());
+  std::optional<ShmChunk> d = w.TryReserve(200);
+  ASSERT_TRUE(d);
+  EXPECT_EQ(d->offset, 128);
+  ASSERT_TRUE(w.Release(c->sequence).ok());
+  ASSERT_TRUE(w.Release(d->sequence).ok());
+  // Everything after the first chunk coalesced into one range again.
+  std::optional<ShmChunk> e = w.TryReserve(1024 - 128);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->offset, 128);
+  absl::Status twice = w.Release(b->sequence);
+  EXPECT_TRUE(absl::IsInvalidArgument(twice));
+  EXPECT_THAT(twice.message(), HasSubstr("not in use"));
+  ASSERT_TRUE(w.Release(a->sequence).ok());
+  ASSERT_TRUE(w.Release(e->sequence).ok());
+  EXPECT_EQ(w.bytes_in_use(), 0);
+  EXPECT_TRUE(w.TryReserve(1024).has_value());
 }
 
-TEST(ShmRingTest, AFullRingRefusesUntilReleasedAndReleasesGoInOrder) {
-  ShmRingWriter w(64);
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(w.TryReserve(16).has_value());
-  EXPECT_EQ(w.in_use(), 64);
-  EXPECT_FALSE(w.TryReserve(1).has_value());
+TEST(ShmRingTest, AtMostMaxInUseChunksAndNothingLargerThanTheRing) {
+  ShmRingWriter w(1 << 20, 2);
   EXPECT_FALSE(w.TryReserve(0).has_value());
-  EXPECT_FALSE(w.TryReserve(65).has_value());
-  absl::Status out_of_order = w.Release(1);
-  EXPECT_TRUE(absl::IsInvalidArgument(out_of_order));
-  EXPECT_THAT(out_of_order.message(), HasSubstr("oldest in use is 0"));
-  EXPECT_EQ(w.in_use(), 64);  // nothing freed by a bad release
-  ASSERT_TRUE(w.Release(0).ok());
-  EXPECT_TRUE(w.TryReserve(16).has_value());
-  EXPECT_TRUE(absl::IsInvalidArgument(w.Release(0)));  // released twice
+  EXPECT_FALSE(w.TryReserve((1 << 20) + 1).has_value());
+  ASSERT_TRUE(w.TryReserve(10).has_value());
+  ASSERT_TRUE(w.TryReserve(10).has_value());
+  EXPECT_FALSE(w.TryReserve(10).has_value());  // two in use already
+  ASSERT_TRUE(w.Release(1).ok());
+  EXPECT_TRUE(w.TryReserve(10).has_value());
 }
 
-TEST(ShmRingTest, ManyLapsOfRandomSizesAgreeBetweenWriterAndReader) {
-  ShmRingWriter w(1 << 16);
-  ShmRingReader r(1 << 16, 1 << 15);
+TEST(ShmRingTest, RandomSizesAndReleaseOrdersAgreeBetweenWriterAndReader) {
+  constexpr int64_t kRing = 1 << 16;
+  ShmRingWriter w(kRing, 16);
+  ShmRingReader r(kRing, kRing / 2, 16);
   std::mt19937 rng(7);
-  std::deque<int64_t> in_flight;
+  std::deque<int64_t> in_use;
+  int64_t placed = 0;
   for (int i = 0; i < 5000; ++i) {
-    const int64_t n = 1 + static_cast<int64_t>(rng() % (1 << 15));
-    std::optional<ShmSlot> s = w.TryReserve(n);
-    while (!s) {
-      ASSERT_FALSE(in_flight.empty());
-      ASSERT_TRUE(w.Release(in_flight.front()).ok());
-      in_flight.pop_front();
-      s = w.TryReserve(n);
+    std::optional<ShmChunk> c =
+        w.TryReserve(1 + static_cast<int64_t>(rng() % (kRing / 8)));
+    if (!c) {
+      ASSERT_FALSE(in_use.empty());
+      // Give one back from anywhere: front, back or middle.
+      const size_t k = rng() % in_use.size();
+      ASSERT_TRUE(w.Release(in_use[k]).ok());
+      ASSERT_TRUE(r.Release(in_use[k]).ok());
+      in_use.erase(in_use.begin() + static_cast<std::ptrdiff_t>(k));
+      continue;
     }
-    ASSERT_LE(s->offset() + s->length(), 1 << 16);
-    absl::StatusOr<int64_t> at = r.Accept(*s);
-    ASSERT_TRUE(at.ok()) << at.status();
-    in_flight.push_back(s->sequence());
+    c->header_bytes = 1;
+    ASSERT_TRUE(r.Accept(*c).ok()) << r.Accept(*c);
+    in_use.push_back(c->sequence);
+    ++placed;
   }
+  EXPECT_GT(placed, 1000);
 }
 
-// Every descriptor a broken or hostile peer might send is refused with
-// INVALID_ARGUMENT, and the reader stays where it was.
-TEST(ShmRingTest, TheReaderRejectsGarbageDescriptors) {
+TEST(ShmRingTest, TheReaderRejectsGarbageChunks) {
+  constexpr int64_t kRing = 4096;
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   struct Case {
     const char* what;
-    ShmSlot slot;
+    ShmChunk chunk;
     const char* message;
-  };
-  const Case cases[] = {
-      {"replayed or skipped", Slot(0, 16, 1), "comes next"},
-      {"negative sequence", Slot(0, 16, -1), "comes next"},
-      {"empty", Slot(0, 0, 0), "chunk length 0"},
-      {"negative length", Slot(0, -16, 0), "chunk length -16"},
-      {"longer than a chunk", Slot(0, 600, 0), "is not in (0, 512]"},
-      {"negative offset", Slot(-8, 16, 0), "outside the ring"},
-      {"past the end", Slot(1020, 16, 0), "outside the ring"},
-      {"overflowing", Slot(kMax - 4, 16, 0), "outside the ring"},
-      {"overflowing length", Slot(16, kMax, 0), "chunk length"},
-      {"not where the writer puts it", Slot(64, 16, 0), "places it at 0"},
+  } cases[] = {
+      {"wrong sequence", Chunk(0, 16, 3), "chunk 3 where chunk 0 comes next"},
+      {"negative sequence", Chunk(0, 16, -1), "where chunk 0 comes next"},
+      {"zero length", Chunk(0, 0, 0), "chunk length 0"},
+      {"negative length", Chunk(0, -5, 0), "chunk length -5"},
+      {"longer than a chunk may be", Chunk(0, 2049, 0), "is not in (0, 2048]"},
+      {"past the end", Chunk(4032, 128, 0), "outside the ring"},
+      {"negative offset", Chunk(-64, 16, 0), "outside the ring"},
+      {"overflowing offset", Chunk(kMax - 4, 16, 0), "outside the ring"},
+      {"misaligned", Chunk(8, 16, 0), "not aligned"},
+      {"no header", Chunk(0, 16, 0, 0), "announces 0 header bytes"},
+      {"header longer than the chunk", Chunk(0, 16, 0, 17), "header bytes"},
   };
   for (const Case& c : cases) {
-    ShmRingReader r(1024, 512);
-    absl::StatusOr<int64_t> at = r.Accept(c.slot);
-    EXPECT_TRUE(absl::IsInvalidArgument(at.status())) << c.what;
-    EXPECT_THAT(at.status().message(), HasSubstr(c.message)) << c.what;
-    // Still expects chunk 0 at offset 0.
-    EXPECT_TRUE(r.Accept(Slot(0, 16, 0)).ok()) << c.what;
+    ShmRingReader r(kRing, kRing / 2, 4);
+    absl::Status s = r.Accept(c.chunk);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << c.what;
+    EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.what;
+    EXPECT_TRUE(r.Accept(Chunk(0, 16, 0)).ok()) << c.what;  // unmoved
   }
-  // A replay of an accepted descriptor.
-  ShmRingReader r(1024, 512);
-  ASSERT_TRUE(r.Accept(Slot(0, 16, 0)).ok());
-  EXPECT_TRUE(absl::IsInvalidArgument(r.Accept(Slot(0, 16, 0)).status()));
-  EXPECT_TRUE(r.Accept(Slot(16, 16, 1)).ok());
+  // Replayed, overlapping one in use, and too many in use.
+  ShmRingReader r(kRing, kRing / 2, 2);
+  ASSERT_TRUE(r.Accept(Chunk(0, 100, 0)).ok());
+  EXPECT_THAT(r.Accept(Chunk(0, 100, 0)).message(),
+              HasSubstr("chunk 0 where chunk 1 comes next"));
+  EXPECT_THAT(r.Accept(Chunk(64, 16, 1)).message(),
+              HasSubstr("overlaps a chunk still in use"));
+  ASSERT_TRUE(r.Accept(Chunk(128, 16, 1)).ok());
+  EXPECT_THAT(r.Accept(Chunk(256, 16, 2)).message(),
+              HasSubstr("while 2 chunks are still in use"));
+  ASSERT_TRUE(r.Release(0).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.Release(0)));
+  EXPECT_TRUE(r.Accept(Chunk(0, 64, 2)).ok());  // its space is free again
+}
+
+// Two channels over one segment mapped twice, as two processes would.
+struct ChannelPair {
+  std::shared_ptr<ShmChannel> up, down;
+  ShmQueues* up_queues;  // the ring `up` writes
+};
+ChannelPair MakePair(int64_t ring, int64_t chunk) {
+  absl::StatusOr<std::unique_ptr<ShmSegment>> created =
+      ShmSegment::Create(ring, 0x1234);
+  EXPECT_TRUE(created.ok()) << created.status();
+  absl::StatusOr<std::unique_ptr<ShmSegment>> opened =
+      ShmSegment::OpenPeer(getpid(), (*created)->fd(), ring, 0x1234, 0x5678);
+  EXPECT_TRUE(opened.ok()) << opened.status();
+  (*created)->CloseFd();
+  ShmQueues* up_queues = (*created)->queues(ShmSegment::kDownstream);
+  return {std::make_shared<ShmChannel>(std::move(*created), true, chunk),
+          std::make_shared<ShmChannel>(std::move(*opened), false, chunk),
+          up_queues};
 }
 
 TEST(ShmSegmentTest, BothMappingsSeeTheSameBytesAndNonces) {
@@ -146,63 +185,112 @@ TEST(ShmSegmentTest, BothMappingsSeeTheSameBytesAndNonces) {
   std::memcpy(b.ring(ShmSegment::kUpstream), "up", 2);
   EXPECT_EQ(std::memcmp(b.ring(ShmSegment::kDownstream), "down", 4), 0);
   EXPECT_EQ(std::memcmp(a.ring(ShmSegment::kUpstream), "up", 2), 0);
-
-  // Each end writes its own ring and reads the other's.
-  ShmChannel up(std::move(*created), /*creator=*/true, 4096);
-  ShmChannel down(std::move(*opened), /*creator=*/false, 4096);
-  absl::StatusOr<ShmSlot> slot = up.Reserve(5);
-  ASSERT_TRUE(slot.ok());
-  std::memcpy(up.Data(*slot), "hello", 5);
-  absl::StatusOr<const char*> bytes = down.Accept(*slot);
-  ASSERT_TRUE(bytes.ok()) << bytes.status();
-  EXPECT_EQ(std::string(*bytes, 5), "hello");
-  EXPECT_TRUE(up.Release(slot->sequence()).ok());
+  a.queues(ShmSegment::kUpstream)->posted.store(7);
+  EXPECT_EQ(b.queues(ShmSegment::kUpstream)->posted.load(), 7u);
 }
 
-TEST(ShmSegmentTest, TheWrongNonceSizeOrDescriptorIsRefused) {
-  absl::StatusOr<std::unique_ptr<ShmSegment>> created =
-      ShmSegment::Create(kMinShmRingBytes, 42);
-  ASSERT_TRUE(created.ok()) << created.status();
-  const int fd = (*created)->fd();
-  absl::StatusOr<std::unique_ptr<ShmSegment>> s =
-      ShmSegment::OpenPeer(getpid(), fd, kMinShmRingBytes, 43, 1);
-  EXPECT_TRUE(absl::IsFailedPrecondition(s.status()));
-  EXPECT_THAT(s.status().message(), HasSubstr("nonce"));
-  s = ShmSegment::OpenPeer(getpid(), fd, 2 * kMinShmRingBytes, 42, 1);
-  EXPECT_TRUE(absl::IsFailedPrecondition(s.status()));
-  EXPECT_THAT(s.status().message(), HasSubstr("is not a segment of"));
-  s = ShmSegment::OpenPeer(getpid(), 9999, kMinShmRingBytes, 42, 1);
-  EXPECT_TRUE(absl::IsFailedPrecondition(s.status()));
-  EXPECT_THAT(s.status().message(), HasSubstr("cannot open"));
-  // Nothing answered the creator.
-  EXPECT_EQ((*created)->answer_nonce(), 0u);
-}
-
-TEST(ShmChannelTest, AFullRingBlocksTheWriterUntilReleaseOrClose) {
-  absl::StatusOr<std::unique_ptr<ShmSegment>> seg =
-      ShmSegment::Create(kMinShmRingBytes, 1);
-  ASSERT_TRUE(seg.ok());
-  ShmChannel ch(std::move(*seg), true, kMinShmRingBytes / 2);
-  ASSERT_TRUE(ch.Reserve(kMinShmRingBytes / 2).ok());
-  ASSERT_TRUE(ch.Reserve(kMinShmRingBytes / 2).ok());
-  std::atomic<bool> got{false};
-  std::thread waiter([&] {
-    absl::StatusOr<ShmSlot> s = ch.Reserve(100);
-    got = s.ok();
+TEST(ShmChannelTest, ChunksArePostedAndGivenBackThroughTheSegment) {
+  ChannelPair p = MakePair(kMinShmRingBytes, 4096);
+  absl::StatusOr<ShmChunk> c = p.up->Reserve(5);
+  ASSERT_TRUE(c.ok());
+  std::memcpy(p.up->Data(*c), "hello", 5);
+  c->header_bytes = 5;
+  // The reader sleeps until the writer posts (a futex wake, not a poll).
+  std::thread reader([&] {
+    absl::StatusOr<std::optional<ShmChunk>> got = p.down->Next();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(got->has_value());
+    EXPECT_EQ(std::string(p.down->InData(**got), 5), "hello");
+    p.down->GiveBack((*got)->sequence, 0);
   });
+  // Asleep on the futex (past its spin), counted as a sleeper in the
+  // segment, so the post below wakes it with a system call.
+  ShmQueues* q = p.up_queues;
+  for (int i = 0; i < 200 && q->posted_sleepers.load() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(q->posted_sleepers.load(), 1u);
+  p.up->Post(*c);
+  reader.join();
+  // The release arrives through the segment too: the whole ring is free.
+  EXPECT_TRUE(p.up->Reserve(kMinShmRingBytes).ok());
+}
+
+TEST(ShmChannelTest, AFullRingBlocksTheWriterUntilGivenBackOrClosed) {
+  ChannelPair p = MakePair(kMinShmRingBytes, kMinShmRingBytes / 2);
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<ShmChunk> c = p.up->Reserve(kMinShmRingBytes / 2);
+    ASSERT_TRUE(c.ok());
+    c->header_bytes = 1;
+    p.up->Post(*c);
+  }
+  std::atomic<bool> got{false};
+  std::thread waiter([&] { got = p.up->Reserve(100).ok(); });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_FALSE(got.load());  // still blocked: the ring is full
-  ASSERT_TRUE(ch.Release(0).ok());
+  absl::StatusOr<std::optional<ShmChunk>> first = p.down->Next();
+  ASSERT_TRUE(first.ok() && first->has_value());
+  p.down->GiveBack((*first)->sequence, 0);
   waiter.join();
   EXPECT_TRUE(got.load());
 
   std::thread closed([&] {
-    absl::StatusOr<ShmSlot> s = ch.Reserve(kMinShmRingBytes / 2);
-    EXPECT_TRUE(absl::IsCancelled(s.status()));
+    absl::StatusOr<ShmChunk> s = p.up->Reserve(kMinShmRingBytes / 2);
+    EXPECT_TRUE(absl::IsCancelled(s.status())) << s.status();
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ch.Close(absl::CancelledError("link closed"));
+  p.up->Close(absl::CancelledError("link closed"), /*drain=*/false);
   closed.join();
+}
+
+TEST(ShmChannelTest, CloseWithDrainReturnsWhatWasPostedFirst) {
+  ChannelPair p = MakePair(kMinShmRingBytes, 4096);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<ShmChunk> c = p.up->Reserve(64);
+    ASSERT_TRUE(c.ok());
+    c->header_bytes = 1;
+    p.up->Post(*c);
+  }
+  p.down->Close(absl::UnavailableError("peer finished"), /*drain=*/true);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<std::optional<ShmChunk>> c = p.down->Next();
+    ASSERT_TRUE(c.ok() && c->has_value()) << i;
+    EXPECT_EQ((*c)->sequence, i);
+  }
+  absl::StatusOr<std::optional<ShmChunk>> end = p.down->Next();
+  ASSERT_TRUE(end.ok());
+  EXPECT_FALSE(end->has_value());
+}
+
+TEST(ShmChannelTest, AtMostFourChunksOrAQuarterOfTheRingAreHeld) {
+  ChannelPair p = MakePair(kMinShmRingBytes, 4096);
+  EXPECT_FALSE(p.down->TryHold(kMinShmRingBytes / 4 + 1));
+  for (int i = 0; i < ShmChannel::kMaxHeldChunks; ++i) {
+    EXPECT_TRUE(p.down->TryHold(100)) << i;
+  }
+  EXPECT_FALSE(p.down->TryHold(100));
+}
+
+TEST(ShmChannelTest, GarbageReleasesFailTheWriter) {
+  absl::StatusOr<std::unique_ptr<ShmSegment>> created =
+      ShmSegment::Create(kMinShmRingBytes, 5);
+  ASSERT_TRUE(created.ok());
+  ShmQueues* down = (*created)->queues(ShmSegment::kDownstream);
+  ShmChannel up(std::move(*created), /*creator=*/true, 4096);
+  // The peer gives back chunk 9, which was never posted.
+  down->releases[0].store(9);
+  down->released.store(1);
+  absl::StatusOr<ShmChunk> c = up.Reserve(64);
+  EXPECT_TRUE(absl::IsInvalidArgument(c.status())) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("release of chunk 9"));
+  // And more releases than chunks can be in use.
+  absl::StatusOr<std::unique_ptr<ShmSegment>> other =
+      ShmSegment::Create(kMinShmRingBytes, 6);
+  ASSERT_TRUE(other.ok());
+  (*other)->queues(ShmSegment::kDownstream)->released.store(1000);
+  ShmChannel up2(std::move(*other), /*creator=*/true, 4096);
+  c = up2.Reserve(64);
+  EXPECT_THAT(c.status().message(), HasSubstr("1000 releases at once"));
 }
 
 TEST(DataPlaneTest, ModesParseAndBadOnesAreNamed) {
