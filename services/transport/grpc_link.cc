@@ -464,7 +464,7 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
   } else if (channel != nullptr) {
     shm_ = std::move(channel);
     plane_ = DataPlane::kShm;
-    refusal_ = refusal;  // why not CUDA IPC, if it was offered
+    if (!refusal.empty()) refusal_ = refusal;  // why not CUDA IPC
   } else {
     refusal_ = refusal;
     if (options_.mode == DataPlaneMode::kCudaIpc) {
