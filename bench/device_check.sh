@@ -91,6 +91,7 @@ pipeline_check() {
     chmod +x "$work/wrap/$b"
   done
   local spec="$work/bench/gpu_pipe_mlp.json" short=20 long=120 plane steps
+  [[ $device == cpu ]] && short=2 long=6  # the plumbing check: keep it short
   local -A secs
   for plane in "${planes[@]}"; do
     for steps in $short $long; do
@@ -98,6 +99,7 @@ pipeline_check() {
         --workers 4 --stages 4 --balance 4,4,4,3 --micro-batches 8 \
         --steps "$steps" --threads 2 --device "$device" --data_plane "$plane" \
         --json --out "$work/pipe-$plane-$steps" \
+        --keep "$work/pipe-$plane-$steps-run" \
         >"$out/pipe-$plane-$steps.log" 2>&1
       local rc=$?
       secs[$plane-$steps]=$(job_seconds "$out/pipe-$plane-$steps.log")
@@ -109,7 +111,7 @@ pipeline_check() {
     done
     local n
     n=$(grep -h -c "data plane to stage [0-9]* is $plane (--data_plane $plane)" \
-      "$work/pipe-$plane-$long"/worker-*.log 2>/dev/null | awk '{s += $1} END {print s + 0}')
+      "$work/pipe-$plane-$long-run"/worker-*.log 2>/dev/null | awk '{s += $1} END {print s + 0}')
     local ms
     ms=$(awk -v a="${secs[$plane-$short]}" -v b="${secs[$plane-$long]}" \
       -v n=$((long - short)) 'BEGIN {printf "%.2f", 1000 * (b - a) / n}')
