@@ -42,16 +42,11 @@ absl::Status CudaIpcChannel::Release(int64_t sequence) {
   return s;
 }
 
-absl::StatusOr<Tensor> CudaIpcChannel::Read(const CudaIpcTensor& t) {
-  Tensor out = Tensor::Empty(t.shape, t.dtype, Device::kCuda);
-  char* dst = static_cast<char*>(out.raw());
-  for (const gpipe::v1::ShmSlot& c : t.chunks) {
-    RETURN_IF_ERROR(
-        buffer_->CopyOut(in_, c.offset(), dst, c.length(), c.sequence()));
-    dst += c.length();
-  }
-  RETURN_IF_ERROR(CudaIpcBuffer::SynchronizeCurrentStream());
-  return out;
+absl::Status CudaIpcChannel::ReadChunk(const gpipe::v1::ShmSlot& slot,
+                                       void* dst) {
+  RETURN_IF_ERROR(buffer_->CopyOut(in_, slot.offset(), dst, slot.length(),
+                                   slot.sequence()));
+  return CudaIpcBuffer::SynchronizeCurrentStream();
 }
 
 void CudaIpcChannel::Close(absl::Status why) {

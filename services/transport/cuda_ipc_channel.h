@@ -42,13 +42,13 @@ class CudaIpcChannel {
   absl::Status Release(int64_t sequence);
 
   // Reading, on the link's reader thread: checks one descriptor frame.
-  absl::StatusOr<std::optional<CudaIpcTensor>> Accept(
-      const gpipe::v1::Frame& frame) {
+  absl::StatusOr<CudaIpcChunk> Accept(const gpipe::v1::Frame& frame) {
     return assembler_.Add(frame);
   }
-  // Reading, on the receiving stage's thread: `t` in device memory from the
-  // thread's current allocator, copied on its current stream and finished.
-  absl::StatusOr<Tensor> Read(const CudaIpcTensor& t);
+  // Reading, on the receiving stage's thread: copies the accepted chunk
+  // `slot` to the device memory `dst` on the thread's current stream and
+  // waits for the copy (the chunk may be released then).
+  absl::Status ReadChunk(const gpipe::v1::ShmSlot& slot, void* dst);
 
   // Wakes and fails every Reserve, now and later.
   void Close(absl::Status why);

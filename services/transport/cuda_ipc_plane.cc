@@ -55,8 +55,7 @@ std::string CudaIpcOfferMismatch(const gpipe::v1::CudaIpcOffer& offer,
   return "";
 }
 
-absl::StatusOr<std::optional<CudaIpcTensor>> CudaIpcAssembler::Add(
-    const gpipe::v1::Frame& f) {
+absl::StatusOr<CudaIpcChunk> CudaIpcAssembler::Add(const gpipe::v1::Frame& f) {
   if (f.job_id() != job_id_ || f.epoch() != epoch_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "frame of job '", f.job_id(), "' epoch ", f.epoch(),
@@ -70,17 +69,16 @@ absl::StatusOr<std::optional<CudaIpcTensor>> CudaIpcAssembler::Add(
     return absl::InvalidArgumentError(
         "CUDA IPC descriptor: both a payload and a device slot");
   }
-  CudaIpcTensor next;
+  CudaIpcChunk next;
   int64_t expected = expected_;
   if (in_tensor_) {
-    if (f.step() != partial_.message.step ||
-        f.micro_batch() != partial_.message.micro_batch ||
+    if (f.step() != partial_.step || f.micro_batch() != partial_.micro_batch ||
         (f.kind() == gpipe::v1::ACTIVATION) !=
-            (partial_.message.kind == MessageKind::kActivation)) {
+            (partial_.kind == MessageKind::kActivation)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CUDA IPC descriptor: chunk of micro-batch ", f.micro_batch(),
           " at step ", f.step(), " inside the tensor of micro-batch ",
-          partial_.message.micro_batch, " at step ", partial_.message.step));
+          partial_.micro_batch, " at step ", partial_.step));
     }
   } else {
     const gpipe::v1::TensorHeader& h = f.header();
@@ -140,16 +138,17 @@ absl::StatusOr<std::optional<CudaIpcTensor>> CudaIpcAssembler::Add(
         absl::StrCat("CUDA IPC descriptor: ", at.status().message()));
   }
   if (!in_tensor_) {
-    partial_ = std::move(next);
+    next.first = true;
+    partial_ = next.message;
     expected_ = expected;
     received_ = 0;
     in_tensor_ = true;
   }
-  partial_.chunks.push_back(slot);
   received_ += slot.length();
-  if (!f.last()) return std::optional<CudaIpcTensor>();
-  in_tensor_ = false;
-  return std::optional<CudaIpcTensor>(std::move(partial_));
+  next.slot = slot;
+  next.last = f.last();
+  if (next.last) in_tensor_ = false;
+  return next;
 }
 
 }  // namespace gpipe

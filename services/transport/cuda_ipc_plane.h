@@ -41,16 +41,20 @@ std::string CudaIpcOfferMismatch(const gpipe::v1::CudaIpcOffer& offer,
                                  const HostIdentity& here,
                                  const std::string& local_uuid);
 
-// One device tensor announced by descriptors, checked and waiting to be
-// copied out of the peer's ring by the receiving stage.
-struct CudaIpcTensor {
-  Message message;  // kind, step, micro-batch; tensor not yet filled
+// One checked descriptor: a chunk of a device tensor in the peer's ring,
+// waiting to be copied out by the receiving stage.
+struct CudaIpcChunk {
+  // The tensor's first chunk: `message` (kind, step, micro-batch; no tensor
+  // yet), `shape` and `dtype` say what it is.
+  bool first = false;
+  bool last = false;  // its last chunk
+  Message message;
   Shape shape;
   DType dtype = DType::kF32;
-  std::vector<gpipe::v1::ShmSlot> chunks;  // in order; offsets in the ring
+  gpipe::v1::ShmSlot slot;  // offset in the ring, length, sequence
 };
 
-// Collects the descriptors of one direction's ring into CudaIpcTensors.
+// Checks the descriptors of one direction's ring, tensor by tensor.
 // Every frame is checked before it counts: job and epoch
 // (FAILED_PRECONDITION), the header against its byte count, chunks that run
 // past the announced size or end short, and each slot against the ring's
@@ -63,16 +67,14 @@ class CudaIpcAssembler {
       : job_id_(std::move(job_id)),
         epoch_(epoch),
         ring_(ring_bytes, max_chunk) {}
-  // A complete tensor once `frame` ends one, nullopt while chunks remain.
-  absl::StatusOr<std::optional<CudaIpcTensor>> Add(
-      const gpipe::v1::Frame& frame);
+  absl::StatusOr<CudaIpcChunk> Add(const gpipe::v1::Frame& frame);
 
  private:
   std::string job_id_;
   int64_t epoch_;
   ShmRingReader ring_;
   bool in_tensor_ = false;
-  CudaIpcTensor partial_;
+  Message partial_;  // the tensor's routing fields
   int64_t expected_ = 0, received_ = 0;
 };
 

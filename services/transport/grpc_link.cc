@@ -180,6 +180,11 @@ void GrpcLink::Close() {
     if (shm_ != nullptr) shm_->Close(absl::CancelledError("link closed"));
     if (cuda_ != nullptr) cuda_->Close(absl::CancelledError("link closed"));
   }
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    if (cuda_closed_.ok()) cuda_closed_ = absl::CancelledError("link closed");
+    cuda_cv_.notify_all();
+  }
   inbox_.Close(absl::CancelledError("link closed"));
 }
 
@@ -551,17 +556,29 @@ absl::StatusOr<std::optional<Message>> GrpcLink::ReceiveCudaIpc(
     return absl::InvalidArgumentError(
         "frame: both a payload and a CUDA IPC descriptor");
   }
-  ASSIGN_OR_RETURN(std::optional<CudaIpcTensor> t,
-                   cuda_->Accept(frame.fields()));
-  if (!t.has_value()) return std::optional<Message>();
-  Message m = t->message;
+  ASSIGN_OR_RETURN(CudaIpcChunk c, cuda_->Accept(frame.fields()));
+  std::optional<Message> m;
   std::lock_guard<std::mutex> lock(cuda_mu_);
-  cuda_pending_.push_back(*std::move(t));
-  return std::optional<Message>(std::move(m));
+  if (c.first) {
+    auto t = std::make_shared<ArrivingTensor>();
+    t->message = c.message;
+    t->shape = c.shape;
+    t->dtype = c.dtype;
+    cuda_pending_.push_back(t);
+    cuda_arriving_ = std::move(t);
+    m = c.message;
+  }
+  cuda_arriving_->chunks.push_back(c.slot);
+  if (c.last) {
+    cuda_arriving_->complete = true;
+    cuda_arriving_.reset();
+  }
+  cuda_cv_.notify_all();
+  return m;
 }
 
 absl::Status GrpcLink::ReadDeviceTensor(Message& m) {
-  CudaIpcTensor t;
+  std::shared_ptr<ArrivingTensor> t;
   {
     std::lock_guard<std::mutex> lock(cuda_mu_);
     if (cuda_pending_.empty() || cuda_ == nullptr) {
@@ -571,17 +588,36 @@ absl::Status GrpcLink::ReadDeviceTensor(Message& m) {
     t = std::move(cuda_pending_.front());
     cuda_pending_.pop_front();
   }
-  if (t.message.kind != m.kind || t.message.step != m.step ||
-      t.message.micro_batch != m.micro_batch) {
+  if (t->message.kind != m.kind || t->message.step != m.step ||
+      t->message.micro_batch != m.micro_batch) {
     return absl::InternalError(absl::StrCat(
-        Describe(m), " arrived with the tensor of ", Describe(t.message)));
+        Describe(m), " arrived with the tensor of ", Describe(t->message)));
   }
-  ASSIGN_OR_RETURN(m.tensor, cuda_->Read(t));
-  for (const gpipe::v1::ShmSlot& c : t.chunks) {
-    if (!WriteCudaRelease(c.sequence())) {
+  // In the stage's device memory, on its stream; each chunk is released as
+  // soon as it is copied, so the sender can reuse its place in the ring.
+  Tensor out = Tensor::Empty(t->shape, t->dtype, Device::kCuda);
+  char* dst = static_cast<char*>(out.raw());
+  for (;;) {
+    gpipe::v1::ShmSlot chunk;
+    {
+      std::unique_lock<std::mutex> lock(cuda_mu_);
+      cuda_cv_.wait(lock, [&] {
+        return !t->chunks.empty() || t->complete || !cuda_closed_.ok();
+      });
+      if (t->chunks.empty()) {
+        if (t->complete) break;
+        return cuda_closed_;
+      }
+      chunk = t->chunks.front();
+      t->chunks.pop_front();
+    }
+    RETURN_IF_ERROR(cuda_->ReadChunk(chunk, dst));
+    dst += chunk.length();
+    if (!WriteCudaRelease(chunk.sequence())) {
       return absl::UnavailableError("the neighbouring stage closed the link");
     }
   }
+  m.tensor = std::move(out);
   return absl::OkStatus();
 }
 
@@ -681,6 +717,11 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
     plane_cv_.notify_all();
     if (shm_ != nullptr) shm_->Close(why);
     if (cuda_ != nullptr) cuda_->Close(why);
+  }
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    if (cuda_closed_.ok()) cuda_closed_ = why;
+    cuda_cv_.notify_all();
   }
   inbox_.Close(why);
 }

@@ -154,10 +154,23 @@ class GrpcLink final : public Link {
 
   std::unique_ptr<CudaIpcChannel> cuda_;         // set once, under mu_
   std::unique_ptr<CudaIpcBuffer> offered_cuda_;  // the reader thread's
-  // Device tensors checked by the reader thread, in the order of their
-  // messages in the inbox (which carry no tensor until Receive copies it).
+  // A device tensor on its way: its message goes into the inbox (without
+  // the tensor) with the first chunk, and Receive copies the chunks out as
+  // the reader thread checks them, releasing each, so that a tensor larger
+  // than the ring flows through it.
+  struct ArrivingTensor {
+    Message message;
+    Shape shape;
+    DType dtype = DType::kF32;
+    std::deque<gpipe::v1::ShmSlot> chunks;  // checked, not yet copied
+    bool complete = false;                  // no more chunks will come
+  };
   std::mutex cuda_mu_;
-  std::deque<CudaIpcTensor> cuda_pending_;
+  std::condition_variable cuda_cv_;
+  // Under cuda_mu_: in the order of their messages in the inbox.
+  std::deque<std::shared_ptr<ArrivingTensor>> cuda_pending_;
+  absl::Status cuda_closed_;                       // why no more chunks come
+  std::shared_ptr<ArrivingTensor> cuda_arriving_;  // the reader thread's
 };
 
 // The upstream end of an Exchange stream: owns the reader thread, and on

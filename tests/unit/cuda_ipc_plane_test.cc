@@ -125,27 +125,32 @@ CudaIpcAssembler Assembler() {
   return CudaIpcAssembler(kJob, kEpoch, kRing, kRing / 2);
 }
 
-TEST(CudaIpcPlaneTest, DescriptorsAssembleTensorsInRingOrder) {
+TEST(CudaIpcPlaneTest, DescriptorsAreCheckedChunkByChunkInRingOrder) {
   CudaIpcAssembler a = Assembler();
-  auto one = a.Add(Descriptor(16, 0, 64, 0));
+  absl::StatusOr<CudaIpcChunk> one = a.Add(Descriptor(16, 0, 64, 0));
   ASSERT_TRUE(one.ok()) << one.status();
-  ASSERT_TRUE(one->has_value());
-  EXPECT_EQ((*one)->message.kind, MessageKind::kActivation);
-  EXPECT_EQ((*one)->message.step, 7);
-  EXPECT_EQ((*one)->message.micro_batch, 1);
-  EXPECT_EQ((*one)->shape, Shape({16}));
-  ASSERT_EQ((*one)->chunks.size(), 1u);
+  EXPECT_TRUE(one->first);
+  EXPECT_TRUE(one->last);
+  EXPECT_EQ(one->message.kind, MessageKind::kActivation);
+  EXPECT_EQ(one->message.step, 7);
+  EXPECT_EQ(one->message.micro_batch, 1);
+  EXPECT_EQ(one->shape, Shape({16}));
+  EXPECT_EQ(one->slot.length(), 64);
   // A tensor of two half-rings: two chunks; the second does not fit before
   // the ring's end and wraps to its start, as the writer places it.
   const int64_t half = kRing / 2, floats = 2 * half / 4;
-  auto first = a.Add(Descriptor(floats, 64, half, 1, /*last=*/false));
+  absl::StatusOr<CudaIpcChunk> first =
+      a.Add(Descriptor(floats, 64, half, 1, /*last=*/false));
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_FALSE(first->has_value());
-  auto second = a.Add(Descriptor(floats, 0, half, 2, true, false));
+  EXPECT_TRUE(first->first);
+  EXPECT_FALSE(first->last);
+  absl::StatusOr<CudaIpcChunk> second =
+      a.Add(Descriptor(floats, 0, half, 2, true, false));
   ASSERT_TRUE(second.ok()) << second.status();
-  ASSERT_TRUE(second->has_value());
-  ASSERT_EQ((*second)->chunks.size(), 2u);
-  EXPECT_EQ((*second)->chunks[1].offset(), 0);
+  EXPECT_FALSE(second->first);
+  EXPECT_TRUE(second->last);
+  EXPECT_EQ(second->slot.offset(), 0);
+  EXPECT_EQ(second->slot.sequence(), 2);
 }
 
 TEST(CudaIpcPlaneTest, GarbageDescriptorsAreRejectedAndChangeNothing) {
@@ -196,7 +201,7 @@ TEST(CudaIpcPlaneTest, GarbageDescriptorsAreRejectedAndChangeNothing) {
     EXPECT_THAT(r.status().message(), HasSubstr(c.message)) << c.what;
     // Nothing moved: the honest first chunk is still the one expected.
     auto honest = a.Add(Descriptor(16, 0, 64, 0));
-    EXPECT_TRUE(honest.ok() && honest->has_value())
+    EXPECT_TRUE(honest.ok() && honest->first && honest->last)
         << c.what << ": " << honest.status();
   }
   CudaIpcAssembler a = Assembler();
