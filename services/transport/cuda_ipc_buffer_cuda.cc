@@ -100,6 +100,10 @@ absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> CudaIpcBuffer::Create(
   GPIPE_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(s->base, &nonce, sizeof(nonce), cudaMemcpyHostToDevice),
       "writing the nonce");
+  // A copy from pageable memory may return before it lands: the peer reads
+  // the nonce as soon as the offer reaches it.
+  GPIPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr),
+                             "writing the nonce");
   cudaIpcMemHandle_t handle;
   GPIPE_CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&handle, s->base),
                              "cudaIpcGetMemHandle");
@@ -152,6 +156,8 @@ absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> CudaIpcBuffer::Open(
       cudaMemcpy(s->base + sizeof(uint64_t), &answer_nonce,
                  sizeof(answer_nonce), cudaMemcpyHostToDevice),
       "writing the answer nonce");
+  GPIPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr),
+                             "writing the answer nonce");
   for (int i = 0; i < 2 * kCudaIpcEvents; ++i) {
     const std::string& h = offer.event_handles(i);
     if (h.size() != sizeof(cudaIpcEventHandle_t)) {
