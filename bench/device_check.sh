@@ -4,9 +4,15 @@
 # binaries and libraries, find cuBLAS (and cuDNN, optional) and the driver
 # there, run the CUDA tests (the CNN ones with and without cuDNN when it is
 # there), gpu_bench (sgemm against cuBLAS's peak, convolutions, training
-# steps), the same training steps in PyTorch, and print a PASS/FAIL summary.
-# Logs go to $OUT.
+# steps), the same training steps in PyTorch, a K=4 pipeline of stage
+# processes on the one GPU (gpipectl local: CUDA IPC between the stages,
+# then gRPC frames) against torch.distributed.pipelining with the same model,
+# partition and micro-batches, and print a PASS/FAIL summary. Every part has
+# a timeout and the whole run a budget of 8 minutes. Logs go to $OUT.
 #   bash .devcarry/device_check.sh      (from the checkout's root)
+# Without a GPU it says so and fails at once; GPIPE_DEVICE_CHECK_CPU=1 then
+# runs only the pipeline part's plumbing on the CPU (carried loader,
+# wrappers, timing) with --device cpu, to check the script itself.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/gpipe-device-out}
@@ -15,8 +21,21 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 tar -C "$work" -xJf "$here/gpipe-device.tar.xz" || { echo "FAIL: unpack"; exit 1; }
 exec > >(tee "$out/device_check.log") 2>&1
+# Seconds left of the 8-minute budget, at most $1, at least 1.
+left() {
+  local l=$((470 - SECONDS))
+  ((l > $1)) && l=$1
+  ((l < 1)) && l=1
+  echo "$l"
+}
 echo "== machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+cpu_only=
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "no GPU here: nvidia-smi -L failed (device_check runs on a GPU machine)"
+  [[ ${GPIPE_DEVICE_CHECK_CPU:-} == 1 ]] || { echo "overall: FAIL (no GPU)"; exit 1; }
+  cpu_only=1
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 uname -srm
 ls -d /usr/local/cuda*/ 2>/dev/null
 find /usr/local /usr/lib /opt -name 'libcublas.so*' -o -name 'libcudnn.so*' \
@@ -50,6 +69,83 @@ run() {
 }
 export GPIPE_EXAMPLES="$work/bench"
 declare -A result
+py=python3
+[[ -x /opt/torch/.venv/bin/python3 ]] && py=/opt/torch/.venv/bin/python3
+
+# The pipeline on one GPU: K=4 gpipe-worker processes started by gpipectl
+# local, CUDA IPC between them, then gRPC frames; ms/step from the
+# controller's start and end times of a short and a long run (the difference
+# leaves out start-up, the first step's cuBLAS load and the final
+# evaluation); then PyTorch's pipelining on the same model and partition.
+pipeline_check() {
+  local device=$1 planes=($2)
+  echo "== pipeline: K=4 stage processes on one device ($device), M=8"
+  # gpipectl local finds gpipe-controller and gpipe-worker next to itself
+  # (that is the carried loader here) or on PATH: wrappers that run them
+  # through the loader go first on PATH.
+  mkdir -p "$work/wrap"
+  local b
+  for b in gpipectl gpipe-controller gpipe-worker; do
+    printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
+      "$work/lib/ld-linux-x86-64.so.2" "$path" "$work/bin/$b" >"$work/wrap/$b"
+    chmod +x "$work/wrap/$b"
+  done
+  local spec="$work/bench/gpu_pipe_mlp.json" short=20 long=120 plane steps
+  [[ $device == cpu ]] && short=2 long=6  # the plumbing check: keep it short
+  local -A secs
+  for plane in "${planes[@]}"; do
+    for steps in $short $long; do
+      PATH="$work/wrap:$PATH" timeout "$(left 60)" gpipectl local "$spec" \
+        --workers 4 --stages 4 --balance 4,4,4,3 --micro-batches 8 \
+        --steps "$steps" --threads 2 --device "$device" --data_plane "$plane" \
+        --json --out "$work/pipe-$plane-$steps" \
+        --keep "$work/pipe-$plane-$steps-run" \
+        >"$out/pipe-$plane-$steps.log" 2>&1
+      local rc=$?
+      secs[$plane-$steps]=$(job_seconds "$out/pipe-$plane-$steps.log")
+      if ((rc != 0)) || [[ -z ${secs[$plane-$steps]} ]]; then
+        tail -15 "$out/pipe-$plane-$steps.log"
+        result[pipeline_$plane]="FAIL (rc $rc, $steps steps)"
+        continue 2
+      fi
+    done
+    local n
+    n=$(grep -h -c "data plane to stage [0-9]* is $plane (--data_plane $plane)" \
+      "$work/pipe-$plane-$long-run"/worker-*.log 2>/dev/null | awk '{s += $1} END {print s + 0}')
+    local ms
+    ms=$(awk -v a="${secs[$plane-$short]}" -v b="${secs[$plane-$long]}" \
+      -v n=$((long - short)) 'BEGIN {printf "%.2f", 1000 * (b - a) / n}')
+    echo "ours, $plane between the stages: ${ms} ms/step ($n of 3 links logged $plane)"
+    pipe_ms[$plane]=$ms
+    result[pipeline_$plane]=$([[ $n == 3 ]] && echo PASS || echo "FAIL ($n of 3 links on $plane)")
+  done
+  if [[ -n ${pipe_ms[${planes[0]}]:-} && -n ${pipe_ms[${planes[1]}]:-} ]]; then
+    if cmp -s "$work/pipe-${planes[0]}-$long/model.safetensors" \
+      "$work/pipe-${planes[1]}-$long/model.safetensors"; then
+      echo "parameters after $long steps: bitwise equal on ${planes[0]} and ${planes[1]}"
+    else
+      echo "parameters after $long steps DIFFER between ${planes[0]} and ${planes[1]}"
+      result[pipeline_${planes[0]}]="FAIL (parameters differ from ${planes[1]})"
+    fi
+  fi
+}
+declare -A pipe_ms
+# Seconds between the job's "started" and "finished" in gpipectl's --json.
+job_seconds() {
+  local line s f
+  line=$(grep '"finished"' "$1" | tail -1)
+  s=$(sed -n 's/.*"started":"\([^"]*\)".*/\1/p' <<<"$line")
+  f=$(sed -n 's/.*"finished":"\([^"]*\)".*/\1/p' <<<"$line")
+  [[ -n $s && -n $f ]] || return 0
+  awk -v s="$(date -d "$s" +%s.%N)" -v f="$(date -d "$f" +%s.%N)" \
+    'BEGIN {printf "%.4f", f - s}'
+}
+if [[ -n $cpu_only ]]; then
+  pipeline_check cpu "shm grpc"
+  for k in pipeline_shm pipeline_grpc; do echo "$k: ${result[$k]:-FAIL (not run)}"; done
+  echo "overall: FAIL (no GPU; the CPU plumbing above ran)"
+  exit 1
+fi
 echo "== tests"
 # check NAME LOG: PASS when the run exited 0 and skipped nothing.
 check() {
@@ -61,12 +157,12 @@ check() {
     result[$name]="FAIL (rc $rc, $skipped skipped)"; grep -B2 -A8 'Failure\|SKIPPED\|error' "$log" | head -60; fi
 }
 for t in tensor_caching_allocator_test cuda_kernels_test cuda_layers_test \
-         cuda_cnn_test; do
-  run 180 "$t" --gtest_brief=0 > "$out/$t.log" 2>&1
+         cuda_cnn_test cuda_ipc_link_test cuda_ipc_plane_test; do
+  run "$(left 180)" "$t" --gtest_brief=0 > "$out/$t.log" 2>&1
   check "$t" "$out/$t.log" $?
 done
 tests=(tensor_caching_allocator_test cuda_kernels_test cuda_layers_test
-       cuda_cnn_test cuda_cudnn_test)
+       cuda_cnn_test cuda_ipc_link_test cuda_ipc_plane_test cuda_cudnn_test)
 if [[ -n $cudnn_dir ]]; then
   # The layers went through cuDNN above; our own convolution path too.
   GPIPE_CUDNN=0 run 120 cuda_cnn_test --gtest_brief=0 \
@@ -81,13 +177,30 @@ else
   grep -h 'cuDNN' "$out/cuda_cudnn_test.log" | head -2
   result[cuda_cudnn_test]=$([[ $rc == 0 ]] && echo "PASS (skipped: no cuDNN here)" || echo "FAIL (rc $rc)")
 fi
+# The pipeline first: it is the newest part (the figures below have been
+# measured before).
+pipeline_check cuda "cuda_ipc grpc"
+echo "== torch.distributed.pipelining (PipelineStage + ScheduleGPipe), K=4 processes, same model, balance and M"
+timeout "$(left 120)" "$py" "$work/bench/torch_pipelining.py" \
+  "$work/bench/gpu_pipe_mlp.json" --balance 4,4,4,3 --micro-batches 8 \
+  --steps 30 --warmup 5 2>&1 | tail -20 | tee "$out/torch_pipelining.log"
+torch_ms=$(sed -n 's/^ms\/step: median \([0-9.]*\).*/\1/p' "$out/torch_pipelining.log")
+if [[ -n $torch_ms ]]; then
+  result[torch_pipelining]=PASS
+  for plane in cuda_ipc grpc; do
+    [[ -n ${pipe_ms[$plane]:-} ]] && awk -v o="${pipe_ms[$plane]}" -v t="$torch_ms" -v p="$plane" \
+      'BEGIN {printf "ours (%s) / torch pipelining: %.2f (ms/step %s against %s)\n", p, o / t, o, t}'
+  done
+elif grep -q '^SKIP' "$out/torch_pipelining.log"; then
+  result[torch_pipelining]="PASS (skipped: $(grep -m1 '^SKIP' "$out/torch_pipelining.log"))"
+else
+  result[torch_pipelining]=FAIL
+fi
 echo "== gpu_bench"
-run 240 gpu_bench "$work/bench/gpu_mlp.json" "$work/bench/gpu_wide_mlp.json" \
+run "$(left 240)" gpu_bench "$work/bench/gpu_mlp.json" "$work/bench/gpu_wide_mlp.json" \
   "$work/bench/gpu_cnn.json" --steps 50 | tee "$out/gpu_bench.log"
 result[gpu_bench]=$([[ ${PIPESTATUS[0]} == 0 ]] && echo PASS || echo FAIL)
 echo "== torch (same models, same batch, AdamW, one CUDA device)"
-py=python3
-[[ -x /opt/torch/.venv/bin/python3 ]] && py=/opt/torch/.venv/bin/python3
 cat > "$work/torch_gpu_step.py" <<'PY'
 import json, statistics, sys, time
 import torch, torch.nn as nn
@@ -132,12 +245,14 @@ for path in sys.argv[1:]:
         t = time.perf_counter(); step(); secs.append(time.perf_counter() - t)
     print(f"torch step {path}: ms/step {1e3 * statistics.median(secs):.3f}")
 PY
-timeout 200 "$py" "$work/torch_gpu_step.py" "$work/bench/gpu_mlp.json" \
+timeout "$(left 200)" "$py" "$work/torch_gpu_step.py" "$work/bench/gpu_mlp.json" \
   "$work/bench/gpu_wide_mlp.json" "$work/bench/gpu_cnn.json" | tee "$out/torch.log"
 result[torch]=$([[ ${PIPESTATUS[0]} == 0 ]] && echo PASS || echo FAIL)
+echo "whole check: $SECONDS s"
 echo "== summary"
 status=0
-for k in "${tests[@]}" gpu_bench torch; do
+for k in "${tests[@]}" gpu_bench torch pipeline_cuda_ipc pipeline_grpc \
+         torch_pipelining; do
   echo "$k: ${result[$k]:-FAIL (not run)}"
   [[ ${result[$k]:-} == PASS* ]] || status=1
 done

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs what bench/device_check.sh needs on a GPU machine that has none of
-# our Debian libraries: the CUDA test binaries, gpu_bench and gpipectl, every
+# our Debian libraries: the CUDA test binaries, gpu_bench, gpipectl and the
+# controller and worker it starts for the pipeline check, every
 # shared library they load (glibc and its loader included, so the binaries
 # run on any x86-64 Linux) except the NVIDIA driver (libcuda) and cuBLAS /
 # cuDNN, which that machine has in its CUDA toolkit or in python's nvidia-*
@@ -11,7 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-/work/main/.devcarry}
 bins=(cuda_kernels_test cuda_layers_test cuda_cnn_test cuda_cudnn_test
-      tensor_caching_allocator_test gpu_bench gpipectl)
+      tensor_caching_allocator_test cuda_ipc_link_test cuda_ipc_plane_test
+      gpu_bench gpipectl gpipe-controller gpipe-worker)
 scripts/build.sh "${bins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
@@ -33,6 +35,7 @@ done | sort -u | while read -r lib; do
   cp -L "$lib" "$stage/lib/"
 done
 cp bench/gpu_mlp.json bench/gpu_wide_mlp.json bench/gpu_cnn.json \
+  bench/gpu_pipe_mlp.json bench/torch_pipelining.py \
   examples/char_transformer.json examples/fashion_mnist_cnn.json "$stage/bench/"
 mkdir -p "$dest"
 rm -f "$dest"/gpipe-device.tar.xz

@@ -52,11 +52,13 @@ ABSL_FLAG(std::string, metrics_targets, "",
           "cluster's /metrics endpoints (default: OUT/prometheus-targets.json "
           "with --out, else in the run directory)");
 ABSL_FLAG(std::string, data_plane, "",
-          "local: the workers' --data_plane (auto, grpc or shm; default: "
+          "local: the workers' --data_plane (auto, grpc, shm or cuda_ipc; "
+          "default: "
           "the workers' own default)");
 // Defined with `gpipectl train` and the client commands.
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, trace);
+ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
@@ -292,6 +294,11 @@ class LocalCluster {
       if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
           !plane.empty()) {
         args.push_back("--data_plane=" + plane);
+      }
+      // Where the stages compute (the --device of `gpipectl train`).
+      if (const std::string device = absl::GetFlag(FLAGS_device);
+          device != "cpu") {
+        args.push_back("--device=" + device);
       }
       metrics_port_files_.emplace_back("worker", metrics_port_file);
       ASSIGN_OR_RETURN(
@@ -555,16 +562,20 @@ int RunLocal(const std::vector<std::string>& args) {
                  "[--micro-batches M] [--schedule gpipe|1f1b] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
-                 "[--trace DIR] [--data_plane auto|grpc|shm]\n");
+                 "[--trace DIR] [--data_plane auto|grpc|shm|cuda_ipc] "
+                 "[--device cpu|cuda|auto]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
   if (absl::Status s = ApplySpecFlags(*spec); !s.ok()) return Fail(s);
   if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
-      !plane.empty() && plane != "auto" && plane != "grpc" && plane != "shm") {
+      !plane.empty() && plane != "auto" && plane != "grpc" && plane != "shm" &&
+      plane != "cuda_ipc") {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--data_plane must be auto, grpc or shm, not '", plane, "'")));
+        "--data_plane must be auto, grpc or shm (or cuda_ipc between GPU "
+        "stages), not '",
+        plane, "'")));
   }
   const int64_t stages = StageCount(*spec);
   const int64_t workers =

@@ -196,8 +196,13 @@ absl::StatusOr<DataPlane> Executor::AwaitDataPlane(
           "stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s",
           a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
           DataPlaneModeName(data_plane_.mode),
-          refusal.empty() ? std::string()
-                          : absl::StrCat(": no shared memory: ", refusal));
+          refusal.empty()
+              ? std::string()
+              : absl::StrCat(*plane == DataPlane::kGrpc &&
+                                     !absl::StartsWith(refusal, "no CUDA IPC")
+                                 ? ": no shared memory: "
+                                 : ": ",
+                             refusal));
       if (metrics != nullptr) metrics->SetDataPlane(DataPlaneName(*plane));
       return *plane;
     }

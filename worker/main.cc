@@ -69,11 +69,18 @@ ABSL_FLAG(int64_t, trace_every, 1,
           "(0: never)");
 ABSL_FLAG(std::string, data_plane, "auto",
           "how tensors travel to and from the neighbouring stages: auto "
-          "(shared memory with a stage on this host that can map it, else "
-          "gRPC frames), grpc (frames only) or shm (shared memory or fail)");
+          "(CUDA IPC between GPU stages on this host that can open each "
+          "other's device memory, else shared memory with a stage on this "
+          "host that can map it, else gRPC frames), grpc (frames only), shm "
+          "(shared memory or fail) or cuda_ipc (CUDA IPC or fail; needs "
+          "--device cuda)");
 ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{32} << 20,
           "shared-memory plane: bytes of each direction's ring per "
           "neighbouring pair (a full ring makes the sender wait)");
+ABSL_FLAG(int64_t, cuda_ipc_ring_bytes, int64_t{64} << 20,
+          "CUDA IPC plane: bytes of device memory per direction and "
+          "neighbouring pair, allocated once (a full ring makes the sender "
+          "wait)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");
@@ -142,7 +149,8 @@ int main(int argc, char** argv) {
       "[--metrics_listen HOST:PORT] [--trace_every N] [--drain_timeout_ms N] "
       "[--tls_cert F --tls_key F --tls_ca F] [--tls_peer_name NAME] "
       "[--token_file F] [--health_listen HOST:PORT] "
-      "[--data_plane auto|grpc|shm] [--shm_ring_bytes N]\n"
+      "[--data_plane auto|grpc|shm|cuda_ipc] [--shm_ring_bytes N] "
+      "[--cuda_ipc_ring_bytes N]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
@@ -240,8 +248,15 @@ int main(int argc, char** argv) {
     if (mode.ok()) planes.mode = *mode;
     planes.ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
     planes.chunk_bytes = std::min(planes.chunk_bytes, planes.ring_bytes / 2);
-    const absl::Status valid =
+    planes.on_gpu = *device == gpipe::Device::kCuda;
+    planes.cuda_ipc_ring_bytes = absl::GetFlag(FLAGS_cuda_ipc_ring_bytes);
+    absl::Status valid =
         mode.ok() ? gpipe::ValidateDataPlaneOptions(planes) : mode.status();
+    if (valid.ok() && planes.mode == gpipe::DataPlaneMode::kCudaIpc &&
+        !planes.on_gpu) {
+      valid = absl::InvalidArgumentError(
+          "--data_plane cuda_ipc needs the stages on the GPU (--device cuda)");
+    }
     if (!valid.ok()) {
       std::fprintf(stderr, "gpipe-worker: %s\n",
                    std::string(valid.message()).c_str());

@@ -69,6 +69,14 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   return stage;
 }
 
+// A GPU stage copies what it sends through the host unless the link takes
+// device tensors (the CUDA IPC plane); what such a link delivers is on the
+// device already, and ToDevice passes it through.
+Tensor Stage::ForLink(Link* link, Tensor t) {
+  if (device_ == nullptr || link->CarriesDeviceTensors()) return t;
+  return device_->ToHost(t);
+}
+
 LayerContext Stage::Context(int64_t step, int64_t m) const {
   LayerContext ctx;
   ctx.training = step != kEvalStep;
@@ -128,7 +136,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   out.step = step;
   out.micro_batch = m;
   timer.record().bytes_sent = y.nbytes();
-  out.tensor = device_ != nullptr ? device_->ToHost(y) : std::move(y);
+  out.tensor = ForLink(downstream_, std::move(y));
   return downstream_->Send(std::move(out));
 }
 
@@ -165,7 +173,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
   out.step = step;
   out.micro_batch = m;
   timer.record().bytes_sent = dx.nbytes();
-  out.tensor = device_ != nullptr ? device_->ToHost(dx) : std::move(dx);
+  out.tensor = ForLink(upstream_, std::move(dx));
   return upstream_->Send(std::move(out));
 }
 
@@ -316,7 +324,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
     out.kind = MessageKind::kActivation;
     out.step = kEvalStep;
     out.micro_batch = b;
-    out.tensor = device_ != nullptr ? device_->ToHost(y) : std::move(y);
+    out.tensor = ForLink(downstream_, std::move(y));
     RETURN_IF_ERROR(downstream_->Send(std::move(out)));
   }
   if (!placement_.last()) {

@@ -34,7 +34,8 @@ struct StagePlacement {
   int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kExceptLast;
-  // Where the stage computes; links always carry host tensors.
+  // Where the stage computes; links carry host tensors unless they say
+  // they carry device tensors (Link::CarriesDeviceTensors).
   Device device = Device::kCpu;
 
   bool first() const { return index == 0; }
@@ -93,6 +94,8 @@ class Stage {
   absl::Status Backward(int64_t step, int64_t m, std::vector<InFlight>& flight);
   absl::StatusOr<double> OptimizerStep(int64_t step, float* lr);
   LayerContext Context(int64_t step, int64_t m) const;
+  // `t` as `link` takes it: on the host, or as it is.
+  Tensor ForLink(Link* link, Tensor t);
 
   gpipe::v1::JobSpec spec_;
   StagePlacement placement_;

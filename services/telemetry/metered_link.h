@@ -22,6 +22,9 @@ class MeteredLink : public Link {
   void Close() override { inner_->Close(); }
   int64_t bytes_sent() const override { return inner_->bytes_sent(); }
   int64_t bytes_received() const override { return inner_->bytes_received(); }
+  bool CarriesDeviceTensors() override {
+    return inner_->CarriesDeviceTensors();
+  }
 
  private:
   Link* inner_;

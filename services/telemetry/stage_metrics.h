@@ -51,8 +51,8 @@ class StageMetrics {
   // received from one.
   void ObserveSend(int64_t bytes, double seconds);
   void ObserveReceive(int64_t bytes);
-  // The data plane (services/transport/data_plane.h: "grpc", "shm") of the
-  // link to the next stage: gpipe_transport_data_plane{plane} is 1.
+  // The data plane (services/transport/data_plane.h: "grpc", "shm", "cuda_ipc")
+  // of the link to the next stage: gpipe_transport_data_plane{plane} is 1.
   void SetDataPlane(const std::string& plane);
 
   const std::string& job() const { return job_; }

@@ -11,7 +11,15 @@
 namespace gpipe {
 
 const char* DataPlaneName(DataPlane plane) {
-  return plane == DataPlane::kShm ? "shm" : "grpc";
+  switch (plane) {
+    case DataPlane::kGrpc:
+      return "grpc";
+    case DataPlane::kShm:
+      return "shm";
+    case DataPlane::kCudaIpc:
+      return "cuda_ipc";
+  }
+  return "?";
 }
 
 const char* DataPlaneModeName(DataPlaneMode mode) {
@@ -22,6 +30,8 @@ const char* DataPlaneModeName(DataPlaneMode mode) {
       return "shm";
     case DataPlaneMode::kAuto:
       return "auto";
+    case DataPlaneMode::kCudaIpc:
+      return "cuda_ipc";
   }
   return "?";
 }
@@ -30,8 +40,11 @@ absl::StatusOr<DataPlaneMode> ParseDataPlaneMode(const std::string& text) {
   if (text == "grpc") return DataPlaneMode::kGrpc;
   if (text == "shm") return DataPlaneMode::kShm;
   if (text == "auto") return DataPlaneMode::kAuto;
-  return absl::InvalidArgumentError(
-      absl::StrCat("--data_plane must be auto, grpc or shm, not '", text, "'"));
+  if (text == "cuda_ipc") return DataPlaneMode::kCudaIpc;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--data_plane must be auto, grpc or shm (or cuda_ipc between "
+      "GPU stages), not '",
+      text, "'"));
 }
 
 absl::Status ValidateDataPlaneOptions(const DataPlaneOptions& o) {
@@ -45,6 +58,12 @@ absl::Status ValidateDataPlaneOptions(const DataPlaneOptions& o) {
         absl::StrCat("shared-memory chunk of ", o.chunk_bytes,
                      " bytes must be at least 4096 and at most half the ring (",
                      o.ring_bytes / 2, ")"));
+  }
+  if (o.cuda_ipc_ring_bytes < kMinShmRingBytes ||
+      o.cuda_ipc_ring_bytes > kMaxShmRingBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cuda_ipc_ring_bytes ", o.cuda_ipc_ring_bytes, " is outside [",
+        kMinShmRingBytes, ", ", kMaxShmRingBytes, "]"));
   }
   return absl::OkStatus();
 }

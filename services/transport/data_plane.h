@@ -3,8 +3,8 @@
 // on one host that can map the same segment. The upstream stage of a pair
 // offers what its --data_plane allows right after OPEN, the downstream stage
 // answers with what it could set up (DATA_PLANE_OFFER / DATA_PLANE_ANSWER in
-// gpipe.v1.Frame). A CUDA IPC plane slots in as one more DataPlane value and
-// one more part of the offer.
+// gpipe.v1.Frame). The CUDA IPC plane (cuda_ipc_*.h) is one more DataPlane
+// value and one more part of the offer, for two GPU stages on one host.
 #ifndef GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_
 #define GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_
 
@@ -17,20 +17,22 @@
 namespace gpipe {
 
 enum class DataPlane : uint8_t {
-  kGrpc,  // tensor bytes inside Exchange frames
-  kShm,   // messages in a shared-memory ring, notified through the segment
+  kGrpc,     // tensor bytes inside Exchange frames
+  kShm,      // messages in a shared-memory ring, notified through the segment
+  kCudaIpc,  // device tensors copied through an exported device buffer
 };
 
 // What a worker allows (--data_plane).
 enum class DataPlaneMode : uint8_t {
-  kGrpc,  // frames only
-  kShm,   // shared memory or fail
-  kAuto,  // shared memory when the peer can map it, else frames
+  kGrpc,     // frames only
+  kShm,      // shared memory or fail
+  kAuto,     // CUDA IPC, else shared memory, else frames: the best that works
+  kCudaIpc,  // CUDA IPC between two GPU stages or fail
 };
 
-const char* DataPlaneName(DataPlane plane);  // "grpc", "shm"
+const char* DataPlaneName(DataPlane plane);  // "grpc", "shm", "cuda_ipc"
 const char* DataPlaneModeName(DataPlaneMode mode);
-// "auto", "grpc" or "shm"; anything else is INVALID_ARGUMENT.
+// "auto", "grpc", "shm" or "cuda_ipc"; anything else is INVALID_ARGUMENT.
 absl::StatusOr<DataPlaneMode> ParseDataPlaneMode(const std::string& text);
 
 // Bounds on the per-direction ring of a shared-memory segment.
@@ -46,6 +48,11 @@ struct DataPlaneOptions {
   // ring as the receiver's tensor; larger ones are copied out piece by
   // piece while the sender writes the next.
   int64_t chunk_bytes = int64_t{4} << 20;
+  // The stage computes on the GPU (--device cuda): only then is the CUDA
+  // IPC plane offered or accepted, and its links carry device tensors.
+  bool on_gpu = false;
+  // Each direction's ring in the exported device buffer (CUDA IPC plane).
+  int64_t cuda_ipc_ring_bytes = int64_t{64} << 20;
 };
 
 // INVALID_ARGUMENT naming the bad field when `o` is out of bounds.

@@ -88,16 +88,21 @@ bool GrpcLink::WriteLocked(const grpc::ByteBuffer& frame) {
 absl::Status GrpcLink::Send(Message m) {
   std::lock_guard<std::mutex> send_lock(send_mu_);
   ShmChannel* shm = nullptr;
+  CudaIpcChannel* cuda = nullptr;
   {
     std::unique_lock<std::mutex> lock(mu_);
     plane_cv_.wait(lock, [&] { return !awaiting_answer_ || closed_; });
     if (!plane_status_.ok()) return plane_status_;
     if (plane_ == DataPlane::kShm) shm = shm_.get();
+    if (plane_ == DataPlane::kCudaIpc) cuda = cuda_.get();
   }
   const int64_t bytes = m.tensor.defined() ? m.tensor.nbytes() : 0;
   absl::Status failed;
   bool ok;
-  if (shm != nullptr) {
+  if (cuda != nullptr) {
+    failed = SendCudaIpc(m, cuda);
+    ok = failed.ok();
+  } else if (shm != nullptr) {
     failed = WriteShmMessage(m, job_id_, epoch_, *shm);
     ok = failed.ok();
   } else {
@@ -122,8 +127,24 @@ absl::Status GrpcLink::Send(Message m) {
 
 absl::StatusOr<Message> GrpcLink::Receive() {
   absl::StatusOr<Message> m = inbox_.Pop();
+  // Only the CUDA IPC plane queues an activation or gradient without its
+  // tensor: frames always carry one.
+  if (m.ok() && !m->tensor.defined() &&
+      (m->kind == MessageKind::kActivation ||
+       m->kind == MessageKind::kGradient)) {
+    if (absl::Status read = ReadDeviceTensor(*m); !read.ok()) {
+      Close();
+      return read;
+    }
+  }
   if (m.ok() && m->tensor.defined()) received_ += m->tensor.nbytes();
   return m;
+}
+
+bool GrpcLink::CarriesDeviceTensors() {
+  std::unique_lock<std::mutex> lock(mu_);
+  plane_cv_.wait(lock, [&] { return !awaiting_answer_ || closed_; });
+  return plane_ == DataPlane::kCudaIpc;
 }
 
 void GrpcLink::Close() {
@@ -139,6 +160,12 @@ void GrpcLink::Close() {
     if (shm_ != nullptr) {
       shm_->Close(absl::CancelledError("link closed"), /*drain=*/false);
     }
+    if (cuda_ != nullptr) cuda_->Close(absl::CancelledError("link closed"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    if (cuda_closed_.ok()) cuda_closed_ = absl::CancelledError("link closed");
+    cuda_cv_.notify_all();
   }
   inbox_.Close(absl::CancelledError("link closed"));
 }
@@ -159,6 +186,64 @@ absl::Status GrpcLink::OfferDataPlane(const DataPlaneOptions& options,
   options_ = options;
   if (options.mode == DataPlaneMode::kGrpc) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateDataPlaneOptions(options));
+  Frame offer;
+  offer.set_job_id(job_id_);
+  offer.set_epoch(epoch_);
+  offer.set_kind(gpipe::v1::DATA_PLANE_OFFER);
+  offer.set_from_stage(from_stage);
+  RETURN_IF_ERROR(OfferCudaIpc(options, &offer));
+  if (options.mode == DataPlaneMode::kCudaIpc) {
+    std::lock_guard<std::mutex> lock(mu_);
+    awaiting_answer_ = true;
+  } else if (absl::Status shm = OfferShm(options, &offer); !shm.ok()) {
+    return shm;
+  }
+  if (!offer.has_shm_offer() && !offer.has_cuda_ipc_offer()) {
+    return absl::OkStatus();
+  }
+  if (!WriteLocked(FrameToBuffer(offer))) {
+    return absl::UnavailableError(
+        "the next stage closed the link before the data-plane offer");
+  }
+  return absl::OkStatus();
+}
+
+// The device buffer goes into the offer when the mode allows it and this
+// stage computes on a GPU; forced CUDA IPC that cannot be offered fails.
+absl::Status GrpcLink::OfferCudaIpc(const DataPlaneOptions& options,
+                                    Frame* offer) {
+  const bool forced = options.mode == DataPlaneMode::kCudaIpc;
+  if (!forced && options.mode != DataPlaneMode::kAuto) return absl::OkStatus();
+  std::string why;
+  if (!options.on_gpu) {
+    why = "this stage does not compute on a GPU";
+  } else {
+    absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> buffer =
+        CudaIpcBuffer::Create(options.cuda_ipc_ring_bytes, NewNonce(),
+                              offer->mutable_cuda_ipc_offer());
+    if (buffer.ok()) {
+      const HostIdentity host = ThisHost();
+      offer->mutable_cuda_ipc_offer()->set_boot_id(host.boot_id);
+      offer->mutable_cuda_ipc_offer()->set_ipc_namespace(host.ipc_namespace);
+      std::lock_guard<std::mutex> lock(mu_);
+      offered_cuda_ = *std::move(buffer);
+      return absl::OkStatus();
+    }
+    why = std::string(buffer.status().message());
+    offer->clear_cuda_ipc_offer();
+  }
+  if (forced) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--data_plane cuda_ipc: ", why));
+  }
+  if (options.on_gpu) {
+    std::lock_guard<std::mutex> lock(mu_);
+    refusal_ = absl::StrCat("no CUDA IPC: ", why);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcLink::OfferShm(const DataPlaneOptions& options, Frame* offer) {
   const uint64_t nonce = NewNonce();
   absl::StatusOr<std::unique_ptr<ShmSegment>> segment =
       ShmSegment::Create(options.ring_bytes, nonce);
@@ -169,14 +254,10 @@ absl::Status GrpcLink::OfferDataPlane(const DataPlaneOptions& options,
     }
     std::lock_guard<std::mutex> lock(mu_);
     refusal_ = std::string(segment.status().message());
+    if (offered_cuda_ != nullptr) awaiting_answer_ = true;
     return absl::OkStatus();
   }
-  Frame offer;
-  offer.set_job_id(job_id_);
-  offer.set_epoch(epoch_);
-  offer.set_kind(gpipe::v1::DATA_PLANE_OFFER);
-  offer.set_from_stage(from_stage);
-  gpipe::v1::ShmOffer* o = offer.mutable_shm_offer();
+  gpipe::v1::ShmOffer* o = offer->mutable_shm_offer();
   const HostIdentity host = ThisHost();
   o->set_pid(getpid());
   o->set_fd((*segment)->fd());
@@ -185,15 +266,9 @@ absl::Status GrpcLink::OfferDataPlane(const DataPlaneOptions& options,
   o->set_nonce(nonce);
   o->set_boot_id(host.boot_id);
   o->set_ipc_namespace(host.ipc_namespace);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    offered_ = *std::move(segment);
-    awaiting_answer_ = true;
-  }
-  if (!WriteLocked(FrameToBuffer(offer))) {
-    return absl::UnavailableError(
-        "the next stage closed the link before the data-plane offer");
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  offered_ = *std::move(segment);
+  awaiting_answer_ = true;
   return absl::OkStatus();
 }
 
@@ -229,15 +304,30 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
         "data-plane offer of job '", f.job_id(), "' epoch ", f.epoch(),
         " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
   }
-  if (offer_seen_ || offered_ != nullptr) {
+  if (offer_seen_ || offered_ != nullptr || offered_cuda_ != nullptr) {
     return absl::InvalidArgumentError(
         "frame: a second data-plane offer, or one from the downstream end");
   }
   offer_seen_ = true;
+  Frame answer;
+  answer.set_job_id(job_id_);
+  answer.set_epoch(epoch_);
+  answer.set_kind(gpipe::v1::DATA_PLANE_ANSWER);
+  const std::string cuda_refusal = TakeCudaIpcOffer(f, &answer);
+  if (cuda_refusal.empty()) {
+    if (!WriteLocked(FrameToBuffer(answer))) {
+      return absl::UnavailableError("the upstream stage went away");
+    }
+    LogInfo("link of %s epoch %d from stage %d: data plane cuda_ipc", job_id_,
+            epoch_, f.from_stage());
+    return absl::OkStatus();
+  }
   const gpipe::v1::ShmOffer& o = f.shm_offer();
   std::string refusal =
       options_.mode == DataPlaneMode::kGrpc
           ? "this worker runs --data_plane grpc"
+      : options_.mode == DataPlaneMode::kCudaIpc
+          ? cuda_refusal
           : (f.has_shm_offer() ? OfferMismatch(o, ThisHost())
                                : std::string("no segment was offered"));
   std::unique_ptr<ShmSegment> segment;
@@ -251,12 +341,15 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
       refusal = std::string(mapped.status().message());
     }
   }
-  Frame answer;
-  answer.set_job_id(job_id_);
-  answer.set_epoch(epoch_);
-  answer.set_kind(gpipe::v1::DATA_PLANE_ANSWER);
   answer.set_data_plane(segment != nullptr ? "shm" : "grpc");
   if (segment != nullptr) answer.set_answer_nonce(answer_nonce);
+  if (f.has_cuda_ipc_offer() && options_.mode == DataPlaneMode::kAuto) {
+    // Say why the device buffer was refused too (the upstream logs it).
+    refusal = absl::StrCat("no CUDA IPC: ", cuda_refusal,
+                           segment != nullptr
+                               ? std::string()
+                               : absl::StrCat("; no shared memory: ", refusal));
+  }
   answer.set_refusal(refusal);
   if (segment != nullptr) {
     const int64_t chunk =
@@ -279,7 +372,38 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
         "--data_plane shm: cannot map the upstream stage's segment: ",
         refusal));
   }
+  if (options_.mode == DataPlaneMode::kCudaIpc) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data_plane cuda_ipc: cannot open the upstream stage's device "
+        "buffer: ",
+        refusal));
+  }
   return absl::OkStatus();
+}
+
+std::string GrpcLink::TakeCudaIpcOffer(const Frame& f, Frame* answer) {
+  if (options_.mode != DataPlaneMode::kAuto &&
+      options_.mode != DataPlaneMode::kCudaIpc) {
+    return "not allowed by --data_plane";
+  }
+  if (!f.has_cuda_ipc_offer()) return "no device buffer was offered";
+  if (!options_.on_gpu) return "this stage does not compute on a GPU";
+  const gpipe::v1::CudaIpcOffer& o = f.cuda_ipc_offer();
+  if (std::string why = CudaIpcOfferMismatch(o, ThisHost(), CurrentGpuUuid());
+      !why.empty()) {
+    return why;
+  }
+  const uint64_t answer_nonce = NewNonce();
+  absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> buffer =
+      CudaIpcBuffer::Open(o, answer_nonce);
+  if (!buffer.ok()) return std::string(buffer.status().message());
+  answer->set_data_plane("cuda_ipc");
+  answer->set_answer_nonce(answer_nonce);
+  std::lock_guard<std::mutex> lock(mu_);
+  cuda_ = std::make_unique<CudaIpcChannel>(*std::move(buffer),
+                                           /*creator=*/false, job_id_, epoch_);
+  plane_ = DataPlane::kCudaIpc;
+  return "";
 }
 
 absl::Status GrpcLink::HandleAnswer(const Frame& f) {
@@ -288,12 +412,23 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
         "data-plane answer of job '", f.job_id(), "' epoch ", f.epoch(),
         " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
   }
-  if (offered_ == nullptr) {
+  if (offered_ == nullptr && offered_cuda_ == nullptr) {
     return absl::InvalidArgumentError("frame: a data-plane answer to no offer");
   }
   std::string refusal = f.refusal();
   std::shared_ptr<ShmChannel> channel;
-  if (f.data_plane() == "shm") {
+  std::unique_ptr<CudaIpcChannel> cuda;
+  if (f.data_plane() == "cuda_ipc" && offered_cuda_ != nullptr) {
+    // The answer's nonce, read back through our own buffer: the peer wrote
+    // it there through its mapping.
+    absl::StatusOr<uint64_t> seen = offered_cuda_->ReadAnswerNonce();
+    if (!seen.ok() || *seen != f.answer_nonce() || f.answer_nonce() == 0) {
+      refusal = "the peer's answer is not in the device buffer";
+    } else {
+      cuda = std::make_unique<CudaIpcChannel>(
+          std::move(offered_cuda_), /*creator=*/true, job_id_, epoch_);
+    }
+  } else if (f.data_plane() == "shm" && offered_ != nullptr) {
     if (offered_->answer_nonce() != f.answer_nonce() || f.answer_nonce() == 0) {
       refusal = "the peer's answer is not in the segment (another host?)";
     } else {
@@ -307,12 +442,22 @@ absl::Status GrpcLink::HandleAnswer(const Frame& f) {
     refusal = absl::StrCat("the peer answered '", f.data_plane(), "'");
   }
   offered_.reset();
+  offered_cuda_.reset();
   std::lock_guard<std::mutex> lock(mu_);
-  if (channel != nullptr) {
+  if (cuda != nullptr) {
+    cuda_ = std::move(cuda);
+    plane_ = DataPlane::kCudaIpc;
+  } else if (channel != nullptr) {
     UseShmLocked(std::move(channel));
+    if (!refusal.empty()) refusal_ = refusal;  // why not CUDA IPC
   } else {
     refusal_ = refusal;
-    if (options_.mode == DataPlaneMode::kShm) {
+    if (options_.mode == DataPlaneMode::kCudaIpc) {
+      plane_status_ = absl::FailedPreconditionError(absl::StrCat(
+          "--data_plane cuda_ipc: the next stage cannot open this one's "
+          "device buffer: ",
+          refusal));
+    } else if (options_.mode == DataPlaneMode::kShm) {
       plane_status_ = absl::FailedPreconditionError(absl::StrCat(
           "--data_plane shm: the next stage cannot share memory with this "
           "one: ",
@@ -377,6 +522,117 @@ void GrpcLink::StopShmReader(const absl::Status& why, bool drain) {
   }
 }
 
+// Each chunk is copied device to device into the ring, then its descriptor
+// goes down the stream; the receiver copies it out after the chunk's event
+// and gives it back with CUDA_IPC_RELEASE.
+absl::Status GrpcLink::SendCudaIpc(const Message& m, CudaIpcChannel* cuda) {
+  absl::Status failed;
+  const char* src =
+      m.tensor.defined() ? static_cast<const char*>(m.tensor.raw()) : nullptr;
+  Frame descriptor;
+  const bool ok = EncodeFrameFields(
+      m, job_id_, epoch_,
+      [&](const Frame& fields, int64_t at, int64_t n) {
+        if (n == 0) return WriteLocked(FrameToBuffer(fields));
+        absl::StatusOr<gpipe::v1::ShmSlot> slot = cuda->Reserve(n);
+        if (slot.ok()) failed = cuda->Write(*slot, src + at);
+        if (!slot.ok()) failed = slot.status();
+        if (!failed.ok()) return false;
+        descriptor = fields;
+        *descriptor.mutable_cuda_ipc_slot() = *slot;
+        return WriteLocked(FrameToBuffer(descriptor));
+      },
+      cuda->chunk_bytes());
+  if (ok) return absl::OkStatus();
+  return failed.ok() ? absl::UnavailableError("the stream broke") : failed;
+}
+
+// The reader thread checks the descriptor; a complete tensor queues its
+// message now and its bytes for Receive.
+absl::StatusOr<std::optional<Message>> GrpcLink::ReceiveCudaIpc(
+    const ReceivedFrame& frame) {
+  if (cuda_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "frame: a CUDA IPC descriptor on a link without CUDA IPC");
+  }
+  if (frame.payload_size() != 0) {
+    return absl::InvalidArgumentError(
+        "frame: both a payload and a CUDA IPC descriptor");
+  }
+  ASSIGN_OR_RETURN(CudaIpcChunk c, cuda_->Accept(frame.fields()));
+  std::optional<Message> m;
+  std::lock_guard<std::mutex> lock(cuda_mu_);
+  if (c.first) {
+    auto t = std::make_shared<ArrivingTensor>();
+    t->message = c.message;
+    t->shape = c.shape;
+    t->dtype = c.dtype;
+    cuda_pending_.push_back(t);
+    cuda_arriving_ = std::move(t);
+    m = c.message;
+  }
+  cuda_arriving_->chunks.push_back(c.slot);
+  if (c.last) {
+    cuda_arriving_->complete = true;
+    cuda_arriving_.reset();
+  }
+  cuda_cv_.notify_all();
+  return m;
+}
+
+absl::Status GrpcLink::ReadDeviceTensor(Message& m) {
+  std::shared_ptr<ArrivingTensor> t;
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    if (cuda_pending_.empty() || cuda_ == nullptr) {
+      return absl::InternalError(
+          absl::StrCat(Describe(m), " arrived without its tensor"));
+    }
+    t = std::move(cuda_pending_.front());
+    cuda_pending_.pop_front();
+  }
+  if (t->message.kind != m.kind || t->message.step != m.step ||
+      t->message.micro_batch != m.micro_batch) {
+    return absl::InternalError(absl::StrCat(
+        Describe(m), " arrived with the tensor of ", Describe(t->message)));
+  }
+  // In the stage's device memory, on its stream; each chunk is released as
+  // soon as it is copied, so the sender can reuse its place in the ring.
+  Tensor out = Tensor::Empty(t->shape, t->dtype, Device::kCuda);
+  char* dst = static_cast<char*>(out.raw());
+  for (;;) {
+    gpipe::v1::ShmSlot chunk;
+    {
+      std::unique_lock<std::mutex> lock(cuda_mu_);
+      cuda_cv_.wait(lock, [&] {
+        return !t->chunks.empty() || t->complete || !cuda_closed_.ok();
+      });
+      if (t->chunks.empty()) {
+        if (t->complete) break;
+        return cuda_closed_;
+      }
+      chunk = t->chunks.front();
+      t->chunks.pop_front();
+    }
+    RETURN_IF_ERROR(cuda_->ReadChunk(chunk, dst));
+    dst += chunk.length();
+    if (!WriteCudaRelease(chunk.sequence())) {
+      return absl::UnavailableError("the neighbouring stage closed the link");
+    }
+  }
+  m.tensor = std::move(out);
+  return absl::OkStatus();
+}
+
+bool GrpcLink::WriteCudaRelease(int64_t sequence) {
+  Frame release;
+  release.set_job_id(job_id_);
+  release.set_epoch(epoch_);
+  release.set_kind(gpipe::v1::CUDA_IPC_RELEASE);
+  release.mutable_cuda_ipc_slot()->set_sequence(sequence);
+  return WriteLocked(FrameToBuffer(release));
+}
+
 void GrpcLink::ReadLoop(bool cancel_on_reject) {
   FrameAssembler assembler(job_id_, epoch_);
   grpc::ByteBuffer buffer;
@@ -408,11 +664,26 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
       m = absl::InvalidArgumentError(
           "frame: a message in a frame on a link whose messages travel in "
           "shared memory");
+    } else if (f.kind() == gpipe::v1::CUDA_IPC_RELEASE) {
+      if (cuda_ == nullptr) {
+        m = absl::InvalidArgumentError(
+            "frame: a CUDA IPC release on a link without CUDA IPC");
+      } else if (absl::Status s = cuda_->Release(f.cuda_ipc_slot().sequence());
+                 !s.ok()) {
+        m = s;
+      }
+    } else if (f.has_cuda_ipc_slot()) {
+      m = ReceiveCudaIpc(frame);
     } else if (options_.mode == DataPlaneMode::kShm && offered_ == nullptr &&
                shm_ == nullptr && !offer_seen_) {
       m = absl::FailedPreconditionError(
           "--data_plane shm: the upstream stage sends frames without offering "
           "shared memory");
+    } else if (options_.mode == DataPlaneMode::kCudaIpc &&
+               offered_cuda_ == nullptr && cuda_ == nullptr && !offer_seen_) {
+      m = absl::FailedPreconditionError(
+          "--data_plane cuda_ipc: the upstream stage sends frames without "
+          "offering a device buffer");
     } else {
       m = assembler.Add(frame);
     }
@@ -451,6 +722,12 @@ void GrpcLink::ReadLoop(bool cancel_on_reject) {
     read_status_ = status;
     closed_ = true;
     plane_cv_.notify_all();
+    if (cuda_ != nullptr) cuda_->Close(why);
+  }
+  {
+    std::lock_guard<std::mutex> lock(cuda_mu_);
+    if (cuda_closed_.ok()) cuda_closed_ = why;
+    cuda_cv_.notify_all();
   }
   inbox_.Close(why);
 }

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +20,7 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/transport/cuda_ipc_channel.h"
 #include "services/transport/data_plane.h"
 #include "services/transport/frame_codec.h"
 #include "services/transport/frame_wire.h"
@@ -56,6 +58,10 @@ class GrpcLink final : public Link {
   void Close() override;
   int64_t bytes_sent() const override { return sent_.load(); }
   int64_t bytes_received() const override { return received_.load(); }
+  // True on the CUDA IPC plane (waiting for the peer's answer first, as
+  // Send does): Send then takes device tensors as they are and Receive
+  // returns device tensors from the calling thread's current allocator.
+  bool CarriesDeviceTensors() override;
 
   // Reads frames into the queue until the stream ends or fails, or a frame
   // is rejected (then the queue is closed with the reason). Runs on the
@@ -89,7 +95,7 @@ class GrpcLink final : public Link {
   // (DEADLINE_EXCEEDED while none came). Forced shared memory that the
   // peer could not map is FAILED_PRECONDITION naming why.
   absl::StatusOr<DataPlane> WaitDataPlane(std::chrono::milliseconds timeout);
-  // Why the shared-memory plane is not used ("" when it is or was not
+  // Why the faster planes are not used ("" when one is or none was
   // offered), for the log.
   std::string data_plane_refusal() const;
 
@@ -106,6 +112,22 @@ class GrpcLink final : public Link {
   // Ends the shared-memory reader (after what the peer posted when
   // `drain`) and waits for it.
   void StopShmReader(const absl::Status& why, bool drain);
+  // The CUDA IPC plane (cuda_ipc_channel.h): descriptors of device chunks
+  // in frames, checked by the reader thread; the stage's thread copies the
+  // tensor out in Receive and then releases its chunks.
+  absl::Status OfferCudaIpc(const DataPlaneOptions& options,
+                            gpipe::v1::Frame* offer);
+  absl::Status OfferShm(const DataPlaneOptions& options,
+                        gpipe::v1::Frame* offer);
+  // Opens the offered device buffer ("" when the CUDA IPC plane is now
+  // agreed on and its answer is in `answer`), else why not.
+  std::string TakeCudaIpcOffer(const gpipe::v1::Frame& f,
+                               gpipe::v1::Frame* answer);
+  absl::Status SendCudaIpc(const Message& m, CudaIpcChannel* cuda);
+  absl::StatusOr<std::optional<Message>> ReceiveCudaIpc(
+      const ReceivedFrame& frame);
+  absl::Status ReadDeviceTensor(Message& m);
+  bool WriteCudaRelease(int64_t sequence);
 
   std::unique_ptr<FrameStream> stream_;
   std::string job_id_;
@@ -135,6 +157,26 @@ class GrpcLink final : public Link {
   // The reader thread's alone.
   std::unique_ptr<ShmSegment> offered_;
   bool offer_seen_ = false;
+
+  std::unique_ptr<CudaIpcChannel> cuda_;         // set once, under mu_
+  std::unique_ptr<CudaIpcBuffer> offered_cuda_;  // the reader thread's
+  // A device tensor on its way: its message goes into the inbox (without
+  // the tensor) with the first chunk, and Receive copies the chunks out as
+  // the reader thread checks them, releasing each, so that a tensor larger
+  // than the ring flows through it.
+  struct ArrivingTensor {
+    Message message;
+    Shape shape;
+    DType dtype = DType::kF32;
+    std::deque<gpipe::v1::ShmSlot> chunks;  // checked, not yet copied
+    bool complete = false;                  // no more chunks will come
+  };
+  std::mutex cuda_mu_;
+  std::condition_variable cuda_cv_;
+  // Under cuda_mu_: in the order of their messages in the inbox.
+  std::deque<std::shared_ptr<ArrivingTensor>> cuda_pending_;
+  absl::Status cuda_closed_;                       // why no more chunks come
+  std::shared_ptr<ArrivingTensor> cuda_arriving_;  // the reader thread's
 };
 
 // The upstream end of an Exchange stream: owns the reader thread, and on
@@ -150,6 +192,7 @@ class GrpcClientLink final : public Link {
   void Close() override;
   int64_t bytes_sent() const override { return link_->bytes_sent(); }
   int64_t bytes_received() const override { return link_->bytes_received(); }
+  bool CarriesDeviceTensors() override { return link_->CarriesDeviceTensors(); }
   GrpcLink& link() { return *link_; }
 
  private:

@@ -52,6 +52,10 @@ class Link {
   // Bytes of tensor payload this end sent and received so far.
   virtual int64_t bytes_sent() const = 0;
   virtual int64_t bytes_received() const = 0;
+  // True when Send takes device tensors as they are and Receive returns
+  // device tensors (the CUDA IPC plane): a GPU stage then skips its copies
+  // through the host. May wait until the link's data plane is agreed on.
+  virtual bool CarriesDeviceTensors() { return false; }
 };
 
 }  // namespace gpipe
