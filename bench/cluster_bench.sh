@@ -7,7 +7,9 @@
 # pairs (engine, cluster, engine, cluster, ...) so that load drifting on a
 # shared machine hits both sides alike; each pair gives an overhead, and the
 # median pair is the figure to read.
-# Usage: bench/cluster_bench.sh [M] [STEPS] [PAIRS]   (defaults 8, 40, 3)
+# PLANE is the workers' --data_plane (grpc: frames over loopback TCP; shm:
+# the shared-memory plane that auto picks on one host).
+# Usage: bench/cluster_bench.sh [M] [STEPS] [PAIRS] [PLANE]   (defaults 8, 40, 3, grpc)
 # Needs build/bin (scripts/build.sh) and, for the PyTorch row, python3-torch
 # (scripts/setup.sh --bench).
 set -euo pipefail
@@ -15,6 +17,7 @@ cd "$(dirname "$0")/.."
 m=${1:-8}
 steps=${2:-40}
 pairs=${3:-3}
+plane=${4:-grpc}
 bin=build/bin
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -41,11 +44,11 @@ echo "model: MLP 8 x (Linear 1024 + ReLU) + head, batch 256, K=2, M=$m, $steps s
 overheads=()
 for ((i = 1; i <= pairs; i++)); do
   inproc=$("$bin/gpipectl" train "$work/job.json" --stages 2 --threads 2 2>&1 | rate)
-  cluster=$("$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 2>&1 | rate)
+  cluster=$("$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 --data_plane "$plane" 2>&1 | rate)
   [[ -n "$inproc" && -n "$cluster" ]] || { echo "pair $i: a run failed" >&2; exit 1; }
   o=$(python3 -c "print('%.1f' % (100.0 * ($inproc / $cluster - 1)))")
   overheads+=("$o")
-  echo "pair $i: in-process pipeline (2 stage threads) $inproc samples/s, local cluster (2 worker processes, gRPC) $cluster samples/s, overhead $o%"
+  echo "pair $i: in-process pipeline (2 stage threads) $inproc samples/s, local cluster (2 worker processes, $plane) $cluster samples/s, overhead $o%"
 done
 python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:]]; print('cluster overhead: median %.1f%% over %d pairs (min %.1f%%, max %.1f%%; goal <= 10%% at M=8)' % (statistics.median(v), len(v), min(v), max(v)))" "${overheads[@]}"
 

@@ -76,7 +76,9 @@ ABSL_FLAG(std::string, data_plane, "auto",
           "--device cuda)");
 ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{32} << 20,
           "shared-memory plane: bytes of each direction's ring per "
-          "neighbouring pair (a full ring makes the sender wait)");
+          "neighbouring pair (a full ring makes the sender wait); an "
+          "activation or gradient of up to an eighth of it (at least 4 MiB) "
+          "is copied once, larger ones twice");
 ABSL_FLAG(int64_t, cuda_ipc_ring_bytes, int64_t{64} << 20,
           "CUDA IPC plane: bytes of device memory per direction and "
           "neighbouring pair, allocated once (a full ring makes the sender "
@@ -247,7 +249,12 @@ int main(int argc, char** argv) {
     gpipe::DataPlaneOptions planes;
     if (mode.ok()) planes.mode = *mode;
     planes.ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
-    planes.chunk_bytes = std::min(planes.chunk_bytes, planes.ring_bytes / 2);
+    // A tensor of one chunk is received in place (one copy), and the
+    // channel caps chunks at an eighth of the ring: a larger ring is how
+    // large activations get the one-copy path.
+    planes.chunk_bytes =
+        std::min(std::max(planes.chunk_bytes, planes.ring_bytes / 8),
+                 planes.ring_bytes / 2);
     planes.on_gpu = *device == gpipe::Device::kCuda;
     planes.cuda_ipc_ring_bytes = absl::GetFlag(FLAGS_cuda_ipc_ring_bytes);
     absl::Status valid =
