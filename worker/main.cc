@@ -76,8 +76,8 @@ ABSL_FLAG(std::string, data_plane, "auto",
           "--device cuda)");
 ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{32} << 20,
           "shared-memory plane: bytes of each direction's ring per "
-          "neighbouring pair (a full ring makes the sender wait); an "
-          "activation or gradient of up to an eighth of it (at least 4 MiB) "
+          "neighbouring pair, a multiple of 4096 (a full ring makes the "
+          "sender wait); an activation or gradient of up to an eighth of it "
           "is copied once, larger ones twice");
 ABSL_FLAG(int64_t, cuda_ipc_ring_bytes, int64_t{64} << 20,
           "CUDA IPC plane: bytes of device memory per direction and "
@@ -250,11 +250,9 @@ int main(int argc, char** argv) {
     if (mode.ok()) planes.mode = *mode;
     planes.ring_bytes = absl::GetFlag(FLAGS_shm_ring_bytes);
     // A tensor of one chunk is received in place (one copy), and the
-    // channel caps chunks at an eighth of the ring: a larger ring is how
-    // large activations get the one-copy path.
-    planes.chunk_bytes =
-        std::min(std::max(planes.chunk_bytes, planes.ring_bytes / 8),
-                 planes.ring_bytes / 2);
+    // channel allows chunks of up to an eighth of the ring: a larger ring is
+    // how large activations get the one-copy path.
+    planes.chunk_bytes = planes.ring_bytes / 8;
     planes.on_gpu = *device == gpipe::Device::kCuda;
     planes.cuda_ipc_ring_bytes = absl::GetFlag(FLAGS_cuda_ipc_ring_bytes);
     absl::Status valid =

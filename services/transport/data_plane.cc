@@ -53,6 +53,13 @@ absl::Status ValidateDataPlaneOptions(const DataPlaneOptions& o) {
         absl::StrCat("--shm_ring_bytes ", o.ring_bytes, " is outside [",
                      kMinShmRingBytes, ", ", kMaxShmRingBytes, "]"));
   }
+  // Rings follow each other in the segment and tensors stay in them as
+  // float storage: whole pages keep every chunk aligned.
+  if (o.ring_bytes % kShmRingGranule != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shm_ring_bytes ", o.ring_bytes,
+                     " is not a multiple of ", kShmRingGranule));
+  }
   if (o.chunk_bytes < 4096 || o.chunk_bytes > o.ring_bytes / 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared-memory chunk of ", o.chunk_bytes,
@@ -93,6 +100,10 @@ std::string OfferMismatch(const gpipe::v1::ShmOffer& offer,
       offer.ring_bytes() > kMaxShmRingBytes) {
     return absl::StrCat("a ring of ", offer.ring_bytes(),
                         " bytes is out of bounds");
+  }
+  if (offer.ring_bytes() % kShmRingGranule != 0) {
+    return absl::StrCat("a ring of ", offer.ring_bytes(),
+                        " bytes is not a multiple of ", kShmRingGranule);
   }
   if (offer.segment_bytes() != ShmSegmentBytes(offer.ring_bytes())) {
     return absl::StrCat("a segment of ", offer.segment_bytes(),

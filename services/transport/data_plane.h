@@ -38,6 +38,8 @@ absl::StatusOr<DataPlaneMode> ParseDataPlaneMode(const std::string& text);
 // Bounds on the per-direction ring of a shared-memory segment.
 inline constexpr int64_t kMinShmRingBytes = int64_t{1} << 20;
 inline constexpr int64_t kMaxShmRingBytes = int64_t{4} << 30;
+// Rings are whole pages.
+inline constexpr int64_t kShmRingGranule = 4096;
 
 struct DataPlaneOptions {
   DataPlaneMode mode = DataPlaneMode::kGrpc;

@@ -183,6 +183,10 @@ void GrpcLink::set_data_plane(const DataPlaneOptions& options) {
 
 absl::Status GrpcLink::OfferDataPlane(const DataPlaneOptions& options,
                                       int64_t from_stage) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    offering_end_ = true;
+  }
   options_ = options;
   if (options.mode == DataPlaneMode::kGrpc) return absl::OkStatus();
   RETURN_IF_ERROR(ValidateDataPlaneOptions(options));
@@ -304,7 +308,16 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
         "data-plane offer of job '", f.job_id(), "' epoch ", f.epoch(),
         " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
   }
-  if (offer_seen_ || offered_ != nullptr || offered_cuda_ != nullptr) {
+  bool offering_end, plane_set;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    offering_end = offering_end_;
+    plane_set = shm_ != nullptr || cuda_ != nullptr;
+  }
+  // Taking a second offer would replace a plane in use (a channel Send is
+  // blocked in, a running shared-memory reader).
+  if (offering_end || plane_set || offer_seen_ || offered_ != nullptr ||
+      offered_cuda_ != nullptr) {
     return absl::InvalidArgumentError(
         "frame: a second data-plane offer, or one from the downstream end");
   }
@@ -352,8 +365,9 @@ absl::Status GrpcLink::HandleOffer(const Frame& f) {
   }
   answer.set_refusal(refusal);
   if (segment != nullptr) {
-    const int64_t chunk =
-        std::min(options_.chunk_bytes, segment->ring_bytes() / 2);
+    // The agreed segment's ring decides, not this worker's own flag: both
+    // directions then receive tensors of up to an eighth of it in place.
+    const int64_t chunk = segment->ring_bytes() / 8;
     std::lock_guard<std::mutex> lock(mu_);
     UseShmLocked(std::make_shared<ShmChannel>(std::move(segment),
                                               /*creator=*/false, chunk));

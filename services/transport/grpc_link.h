@@ -154,6 +154,7 @@ class GrpcLink final : public Link {
   std::thread shm_reader_;           // reads shm_ (started with it)
   absl::Status shm_failure_;         // under mu_: a chunk that failed a check
   bool cancel_on_reject_ = false;    // ReadLoop's, for the shm reader
+  bool offering_end_ = false;        // under mu_: OfferDataPlane was called
   // The reader thread's alone.
   std::unique_ptr<ShmSegment> offered_;
   bool offer_seen_ = false;

@@ -44,13 +44,22 @@ std::string Errno(const char* what) {
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
     int64_t ring_bytes, uint64_t nonce) {
   const int64_t bytes = ShmSegmentBytes(ring_bytes);
-  const int fd = memfd_create("gpipe-stage-link", MFD_CLOEXEC);
+  const int fd =
+      memfd_create("gpipe-stage-link", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0)
     return absl::UnavailableError(Errno("shared memory: memfd_create"));
   if (ftruncate(fd, bytes) != 0) {
     const std::string why = Errno("shared memory: ftruncate");
     close(fd);
     return absl::ResourceExhaustedError(why);
+  }
+  // Sealed at its size: neither side can shrink the file under the other's
+  // mapping (every access past the new end would be SIGBUS, held tensors
+  // included), and the seals cannot be lifted.
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    const std::string why = Errno("shared memory: sealing the segment");
+    close(fd);
+    return absl::UnavailableError(why);
   }
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -83,6 +92,13 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::OpenPeer(
     close(own);
     return absl::FailedPreconditionError(
         absl::StrCat(path, " is not a segment of ", bytes, " bytes"));
+  }
+  // An unsealed file could be shrunk by the peer while mapped here.
+  const int seals = fcntl(own, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0 || (seals & F_SEAL_SEAL) == 0) {
+    close(own);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, " is not sealed against shrinking"));
   }
   void* p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
                  MAP_SHARED | MAP_POPULATE, own, 0);

@@ -8,6 +8,7 @@
 // bounds, host identity).
 #include "services/transport/shm_ring.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -189,6 +190,27 @@ TEST(ShmSegmentTest, BothMappingsSeeTheSameBytesAndNonces) {
   EXPECT_EQ(b.queues(ShmSegment::kUpstream)->posted.load(), 7u);
 }
 
+// A peer that shrank the file would make every access past the new end
+// (held tensors included) SIGBUS: segments are sealed, and an unsealed file
+// is refused.
+TEST(ShmSegmentTest, SegmentsAreSealedAndUnsealedFilesAreRefused) {
+  absl::StatusOr<std::unique_ptr<ShmSegment>> created =
+      ShmSegment::Create(kMinShmRingBytes, 7);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_NE(ftruncate((*created)->fd(), 4096), 0);
+  EXPECT_NE(ftruncate((*created)->fd(), 2 * ShmSegmentBytes(kMinShmRingBytes)),
+            0);
+
+  const int plain = memfd_create("not-sealed", MFD_CLOEXEC);
+  ASSERT_GE(plain, 0);
+  ASSERT_EQ(ftruncate(plain, ShmSegmentBytes(kMinShmRingBytes)), 0);
+  absl::StatusOr<std::unique_ptr<ShmSegment>> opened =
+      ShmSegment::OpenPeer(getpid(), plain, kMinShmRingBytes, 7, 8);
+  close(plain);
+  EXPECT_EQ(opened.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(opened.status().message(), HasSubstr("not sealed"));
+}
+
 TEST(ShmChannelTest, ChunksArePostedAndGivenBackThroughTheSegment) {
   ChannelPair p = MakePair(kMinShmRingBytes, 4096);
   absl::StatusOr<ShmChunk> c = p.up->Reserve(5);
@@ -311,6 +333,13 @@ TEST(DataPlaneTest, RingAndChunkSizesAreBounded) {
               HasSubstr("--shm_ring_bytes 1000 is outside"));
   o.ring_bytes = int64_t{1} << 40;
   EXPECT_TRUE(absl::IsInvalidArgument(ValidateDataPlaneOptions(o)));
+  // The upstream ring starts right after the downstream one: an odd size
+  // would leave tensors held in it misaligned.
+  o = DataPlaneOptions();
+  o.ring_bytes = kMinShmRingBytes + 100;
+  o.chunk_bytes = 4096;
+  EXPECT_THAT(ValidateDataPlaneOptions(o).message(),
+              HasSubstr("not a multiple of 4096"));
   o = DataPlaneOptions();
   o.chunk_bytes = o.ring_bytes;
   EXPECT_THAT(ValidateDataPlaneOptions(o).message(),
@@ -348,6 +377,10 @@ TEST(DataPlaneTest, OffersFromElsewhereOrOfBadSizesAreNotTried) {
   o = GoodOffer(here);
   o.set_ring_bytes(int64_t{1} << 50);
   EXPECT_THAT(OfferMismatch(o, here), HasSubstr("out of bounds"));
+  o = GoodOffer(here);
+  o.set_ring_bytes(kMinShmRingBytes + 64);
+  o.set_segment_bytes(ShmSegmentBytes(o.ring_bytes()));
+  EXPECT_THAT(OfferMismatch(o, here), HasSubstr("not a multiple of 4096"));
   o = GoodOffer(here);
   o.set_segment_bytes(o.segment_bytes() + 1);
   EXPECT_THAT(OfferMismatch(o, here), HasSubstr("does not hold two rings"));
