@@ -476,5 +476,59 @@ TEST(ShmLinkTest, GarbageChunksInTheSegmentAreRejectedWithoutACrash) {
   EXPECT_TRUE(BitwiseEqual(back->tensor, sent));
 }
 
+// A downstream end that maps the upstream's segment and answers, then
+// offers a segment back: taking it would replace the plane in use (start a
+// second shared-memory reader), so the upstream must refuse it.
+class OfferBackService final : public ExchangeService {
+ public:
+  grpc::Status Exchange(grpc::ServerContext* context,
+                        ExchangeServerStream* stream) override {
+    absl::StatusOr<Frame> open = ReadOpenFrame(stream);
+    if (!open.ok()) return ToGrpcStatus(open.status());
+    grpc::ByteBuffer b;
+    ReceivedFrame offer;
+    if (!stream->Read(&b) || !DecodeFrame(b, &offer).ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "no offer");
+    }
+    const gpipe::v1::ShmOffer& o = offer.fields().shm_offer();
+    absl::StatusOr<std::unique_ptr<ShmSegment>> mapped = ShmSegment::OpenPeer(
+        o.pid(), o.fd(), o.ring_bytes(), o.nonce(), /*answer_nonce=*/99);
+    if (!mapped.ok()) return ToGrpcStatus(mapped.status());
+    Frame answer;
+    answer.set_job_id(kJob);
+    answer.set_epoch(kEpoch);
+    answer.set_kind(gpipe::v1::DATA_PLANE_ANSWER);
+    answer.set_data_plane("shm");
+    answer.set_answer_nonce(99);
+    stream->Write(FrameToBuffer(answer));
+    Frame again = offer.fields();  // the same kind of offer, back upstream
+    stream->Write(FrameToBuffer(again));
+    while (stream->Read(&b)) {
+    }
+    return grpc::Status::OK;
+  }
+};
+
+TEST(ShmLinkTest, AnOfferComingBackUpstreamIsRejectedNotTaken) {
+  OfferBackService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link = ConnectDownstream(
+      "127.0.0.1:" + std::to_string(port), kJob, kEpoch, 0, 8, 5000,
+      FrameCodec::kZeroCopy, Planes(DataPlaneMode::kShm));
+  ASSERT_TRUE(link.ok()) << link.status();
+  absl::StatusOr<Message> m = (*link)->Receive();
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument)
+      << m.status();
+  EXPECT_THAT(m.status().message(), HasSubstr("second data-plane offer"));
+  (*link)->Close();
+  link->reset();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
 }  // namespace
 }  // namespace gpipe
