@@ -17,6 +17,7 @@
 #include "services/tensor/device.h"
 #include "services/transport/exchange_method.h"
 #include "services/transport/grpc_link.h"
+#include "tests/support/echo_stage.h"
 
 namespace gpipe {
 namespace {
@@ -217,59 +218,10 @@ TEST(CudaIpcPlaneTest, GarbageDescriptorsAreRejectedAndChangeNothing) {
               HasSubstr("inside the tensor of micro-batch 1"));
 }
 
-// --- On real links: a downstream stage that echoes, as in shm_link_test.
+// --- On real links: a downstream stage that echoes
+// (tests/support/echo_stage.h).
 
-class EchoService final : public ExchangeService {
- public:
-  explicit EchoService(DataPlaneOptions planes) : planes_(planes) {}
-  grpc::Status Exchange(grpc::ServerContext* context,
-                        ExchangeServerStream* stream) override {
-    absl::StatusOr<Frame> open = ReadOpenFrame(stream);
-    if (!open.ok()) return ToGrpcStatus(open.status());
-    GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
-                  open->job_id(), open->epoch(), /*capacity=*/8);
-    link.set_data_plane(planes_);
-    std::thread echo([&link] {
-      for (;;) {
-        absl::StatusOr<Message> m = link.Receive();
-        if (!m.ok()) break;
-        if (m->kind == MessageKind::kActivation)
-          m->kind = MessageKind::kGradient;
-        if (!link.Send(std::move(*m)).ok()) break;
-      }
-      link.Release();
-    });
-    link.ReadLoop(/*cancel_on_reject=*/false);
-    link.Close();
-    echo.join();
-    return ToGrpcStatus(link.read_status());
-  }
-
- private:
-  DataPlaneOptions planes_;
-};
-
-class Server {
- public:
-  explicit Server(DataPlaneOptions planes) : service_(planes) {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service_);
-    server_ = b.BuildAndStart();
-    address_ = "127.0.0.1:" + std::to_string(port);
-  }
-  ~Server() {
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::seconds(2));
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  EchoService service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
-};
+using Server = test_support::EchoStageServer;
 
 DataPlaneOptions Planes(DataPlaneMode mode, bool on_gpu) {
   DataPlaneOptions o;

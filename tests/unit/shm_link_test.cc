@@ -22,6 +22,7 @@
 #include "services/transport/shm_futex.h"
 #include "services/transport/shm_ring.h"
 #include "services/transport/shm_segment.h"
+#include "tests/support/echo_stage.h"
 
 namespace gpipe {
 namespace {
@@ -32,61 +33,7 @@ using ::testing::HasSubstr;
 constexpr char kJob[] = "job-shm";
 constexpr int64_t kEpoch = 2;
 
-// A downstream stage that sends every activation straight back as a
-// gradient (and answers scalars in kind), on the data plane it is given.
-class EchoService final : public ExchangeService {
- public:
-  explicit EchoService(DataPlaneOptions planes) : planes_(planes) {}
-
-  grpc::Status Exchange(grpc::ServerContext* context,
-                        ExchangeServerStream* stream) override {
-    absl::StatusOr<Frame> open = ReadOpenFrame(stream);
-    if (!open.ok()) return ToGrpcStatus(open.status());
-    GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
-                  open->job_id(), open->epoch(), /*capacity=*/8);
-    link.set_data_plane(planes_);
-    std::thread echo([&link] {
-      for (;;) {
-        absl::StatusOr<Message> m = link.Receive();
-        if (!m.ok()) break;
-        if (m->kind == MessageKind::kActivation)
-          m->kind = MessageKind::kGradient;
-        if (!link.Send(std::move(*m)).ok()) break;
-      }
-      link.Release();
-    });
-    link.ReadLoop(/*cancel_on_reject=*/false);
-    link.Close();
-    echo.join();
-    return ToGrpcStatus(link.read_status());
-  }
-
- private:
-  DataPlaneOptions planes_;
-};
-
-class Server {
- public:
-  explicit Server(DataPlaneOptions planes) : service_(planes) {
-    grpc::ServerBuilder b;
-    int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    b.RegisterService(&service_);
-    b.SetMaxReceiveMessageSize(4 << 20);
-    server_ = b.BuildAndStart();
-    address_ = "127.0.0.1:" + std::to_string(port);
-  }
-  ~Server() {
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::seconds(2));
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  EchoService service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::string address_;
-};
+using Server = test_support::EchoStageServer;
 
 DataPlaneOptions Planes(DataPlaneMode mode, int64_t ring = kMinShmRingBytes,
                         int64_t chunk = 64 << 10) {
