@@ -44,4 +44,37 @@ EchoStageServer::~EchoStageServer() {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
+RawUpstream::RawUpstream(const std::string& address, std::string job_id,
+                         int64_t epoch)
+    : job_id_(std::move(job_id)),
+      epoch_(epoch),
+      channel_(
+          grpc::CreateChannel(address, grpc::InsecureChannelCredentials())),
+      rw_(StartExchange(channel_.get(), &context_)) {}
+
+gpipe::v1::Frame RawUpstream::Base(gpipe::v1::FrameKind kind) const {
+  gpipe::v1::Frame f;
+  f.set_job_id(job_id_);
+  f.set_epoch(epoch_);
+  f.set_kind(kind);
+  return f;
+}
+
+bool RawUpstream::Write(const gpipe::v1::Frame& f) {
+  return rw_->Write(FrameToBuffer(f));
+}
+
+bool RawUpstream::Read(ReceivedFrame* frame) {
+  grpc::ByteBuffer b;
+  return rw_->Read(&b) && DecodeFrame(b, frame).ok();
+}
+
+grpc::Status RawUpstream::Finish() {
+  rw_->WritesDone();
+  grpc::ByteBuffer b;
+  while (rw_->Read(&b)) {
+  }
+  return rw_->Finish();
+}
+
 }  // namespace gpipe::test_support

@@ -289,43 +289,19 @@ TEST(CudaIpcPlaneTest, CpuStagesNeitherOfferNorMentionCudaIpc) {
 }
 
 // A hand-driven upstream end that offers a (fake) device buffer.
-class RawPeer {
+class RawPeer : public test_support::RawUpstream {
  public:
   explicit RawPeer(const Server& server)
-      : channel_(grpc::CreateChannel(server.address(),
-                                     grpc::InsecureChannelCredentials())),
-        rw_(StartExchange(channel_.get(), &context_)) {}
-  Frame Base(gpipe::v1::FrameKind kind) {
-    Frame f;
-    f.set_job_id(kJob);
-    f.set_epoch(kEpoch);
-    f.set_kind(kind);
-    return f;
-  }
-  bool Write(const Frame& f) { return rw_->Write(FrameToBuffer(f)); }
+      : RawUpstream(server.address(), kJob, kEpoch) {}
   // OPEN and `offer`; the answer.
   Frame Offer(const CudaIpcOffer& offer) {
     Write(Base(gpipe::v1::OPEN));
     Frame f = Base(gpipe::v1::DATA_PLANE_OFFER);
     *f.mutable_cuda_ipc_offer() = offer;
     Write(f);
-    grpc::ByteBuffer b;
     ReceivedFrame answer;
-    if (rw_->Read(&b) && DecodeFrame(b, &answer).ok()) return answer.fields();
-    return Frame();
+    return Read(&answer) ? answer.fields() : Frame();
   }
-  grpc::Status Finish() {
-    rw_->WritesDone();
-    grpc::ByteBuffer b;
-    while (rw_->Read(&b)) {
-    }
-    return rw_->Finish();
-  }
-
- private:
-  std::shared_ptr<grpc::Channel> channel_;
-  grpc::ClientContext context_;
-  std::unique_ptr<ExchangeClientStream> rw_;
 };
 
 TEST(CudaIpcPlaneTest, DownstreamRefusesAnOfferItCannotTakeAndSaysWhy) {

@@ -165,21 +165,10 @@ TEST(ShmLinkTest, ForcedSharedMemoryThatThePeerRefusesIsAClearError) {
 
 // A hand-driven upstream end: OPEN and a real offer, then whatever frames
 // the test writes; returns the status the downstream end finished with.
-class RawPeer {
+class RawPeer : public test_support::RawUpstream {
  public:
   explicit RawPeer(const Server& server)
-      : channel_(grpc::CreateChannel(server.address(),
-                                     grpc::InsecureChannelCredentials())),
-        rw_(StartExchange(channel_.get(), &context_)) {}
-
-  Frame Base(gpipe::v1::FrameKind kind) {
-    Frame f;
-    f.set_job_id(kJob);
-    f.set_epoch(kEpoch);
-    f.set_kind(kind);
-    return f;
-  }
-  bool Write(const Frame& f) { return rw_->Write(FrameToBuffer(f)); }
+      : RawUpstream(server.address(), kJob, kEpoch) {}
 
   // OPEN, and an offer of a fresh segment that the peer maps.
   void OpenWithSegment() {
@@ -200,10 +189,8 @@ class RawPeer {
     o->set_boot_id(h.boot_id);
     o->set_ipc_namespace(h.ipc_namespace);
     ASSERT_TRUE(Write(offer));
-    grpc::ByteBuffer b;
-    ASSERT_TRUE(rw_->Read(&b));
     ReceivedFrame answer;
-    ASSERT_TRUE(DecodeFrame(b, &answer).ok());
+    ASSERT_TRUE(Read(&answer));
     ASSERT_EQ(answer.fields().kind(), gpipe::v1::DATA_PLANE_ANSWER);
     ASSERT_EQ(answer.fields().data_plane(), "shm") << answer.fields().refusal();
     ASSERT_EQ(segment_->answer_nonce(), answer.fields().answer_nonce());
@@ -256,19 +243,7 @@ class RawPeer {
     FutexWakeAll(&q->posted);
   }
 
-  // Drains what the peer sends, then its final status.
-  grpc::Status Finish() {
-    rw_->WritesDone();
-    grpc::ByteBuffer b;
-    while (rw_->Read(&b)) {
-    }
-    return rw_->Finish();
-  }
-
  private:
-  std::shared_ptr<grpc::Channel> channel_;
-  grpc::ClientContext context_;
-  std::unique_ptr<ExchangeClientStream> rw_;
   std::unique_ptr<ShmSegment> segment_;
   uint32_t posted_ = 0;
 };
