@@ -8,13 +8,13 @@
 #include <cstdlib>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "bench/args.h"
 #include "bench/peak.h"
 #include "bench/timing.h"
+#include "services/core/cores.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/threads.h"
 
@@ -140,7 +140,7 @@ void WarnThreads(int asked) {
 
 constexpr char kUsage[] =
     "usage: gemm_bench [--threads N] [--micro-batches M] [--min-seconds S]\n"
-    "  --threads N        compute threads (default: all cores)\n"
+    "  --threads N        compute threads (default: the usable cores)\n"
     "  --micro-batches M  divide every batch by M, as a run with M "
     "micro-batches\n"
     "                     does (default 1: whole batches)\n"
@@ -148,9 +148,8 @@ constexpr char kUsage[] =
 
 int Run(const Args& args) {
   const long threads_flag = args.Int("threads", 0);
-  const int threads =
-      threads_flag > 0 ? static_cast<int>(threads_flag)
-                       : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = threads_flag > 0 ? static_cast<int>(threads_flag)
+                                       : gpipe::AvailableCores();
   const int64_t m = std::max<long>(1, args.Int("micro-batches", 1));
   const double min_seconds = args.Double("min-seconds", 0.1);
   SetComputeThreads(threads);

@@ -6,13 +6,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "bench/args.h"
 #include "bench/peak.h"
 #include "bench/step_profile.h"
 #include "bench/timing.h"
+#include "services/core/cores.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
@@ -26,7 +26,7 @@ constexpr char kUsage[] =
     "                  [--micro-batches M] [--profile]\n"
     "  --steps N          timed steps (default 20)\n"
     "  --warmup W         untimed steps first (default 3)\n"
-    "  --threads T        compute threads (default: all cores)\n"
+    "  --threads T        compute threads (default: the usable cores)\n"
     "  --micro-batches M  micro-batches per step (default: the spec's)\n"
     "  --profile          then time 5 more steps piece by piece, layer by "
     "layer\n";
@@ -60,9 +60,8 @@ int Run(const Args& args) {
   const long steps = std::max(1L, args.Int("steps", 20));
   const long warmup = std::max(0L, args.Int("warmup", 3));
   const long threads_flag = args.Int("threads", 0);
-  const int threads =
-      threads_flag > 0 ? static_cast<int>(threads_flag)
-                       : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = threads_flag > 0 ? static_cast<int>(threads_flag)
+                                       : gpipe::AvailableCores();
   SetComputeThreads(threads);
 
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(path);

@@ -22,7 +22,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -37,6 +36,7 @@
 #include "absl/time/time.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
+#include "services/core/cores.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
@@ -585,12 +585,16 @@ int RunLocal(const std::vector<std::string>& args) {
         absl::StrCat("--workers ", workers, " is fewer than the job's ", stages,
                      " stages")));
   }
-  const int threads =
-      absl::GetFlag(FLAGS_threads) > 0
-          ? absl::GetFlag(FLAGS_threads)
-          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = absl::GetFlag(FLAGS_threads) > 0
+                          ? absl::GetFlag(FLAGS_threads)
+                          : gpipe::AvailableCores();
   const int threads_each =
       std::max<int>(1, threads / static_cast<int>(workers));
+  // The workers share this host's cores: their compute threads sleep at
+  // barriers rather than spin while a neighbour waits for the core
+  // (docs/deploy.md, "Cores and threads"). A user's own setting is kept.
+  // Only children read it; our own OpenMP runtime has started already.
+  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
 
   absl::StatusOr<std::string> controller_bin = FindBinary("gpipe-controller");
   if (!controller_bin.ok()) return Fail(controller_bin.status());

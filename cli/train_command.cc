@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -12,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
+#include "services/core/cores.h"
 #include "services/core/progress.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
@@ -37,7 +37,8 @@ ABSL_FLAG(std::string, trace, "",
 ABSL_FLAG(std::string, out, "",
           "directory for model.safetensors with the final parameters");
 ABSL_FLAG(int, threads, 0,
-          "compute threads (0: all cores); with --stages K > 1 they are "
+          "compute threads (0: the cores this process may use, CPU "
+          "affinity and cgroup quota); with --stages K > 1 they are "
           "shared out among the stages");
 ABSL_FLAG(int64_t, stages, 0,
           "pipeline stages K (0: the job spec's; 1: the single-process "
@@ -200,10 +201,9 @@ int RunTrain(const std::vector<std::string>& args) {
                  "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
     return 2;
   }
-  const int threads =
-      absl::GetFlag(FLAGS_threads) > 0
-          ? absl::GetFlag(FLAGS_threads)
-          : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = absl::GetFlag(FLAGS_threads) > 0
+                          ? absl::GetFlag(FLAGS_threads)
+                          : gpipe::AvailableCores();
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
   absl::StatusOr<int64_t> steps = StepCountFlag();

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <random>
 #include <string>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/counter.h"
+#include "services/core/cores.h"
 #include "services/core/flags_help.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
@@ -54,7 +56,9 @@ ABSL_FLAG(std::string, advertise, "",
           "address neighbours use to reach this worker, e.g. the pod IP from "
           "the downward API: --advertise=$(POD_IP):7071 (default: the "
           "listen host and the bound port)");
-ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
+ABSL_FLAG(int, threads, 0,
+          "compute threads (0: the cores this process may use: its CPU "
+          "affinity, capped by its cgroup's CPU quota)");
 ABSL_FLAG(std::string, device, "cpu",
           "where stages compute: cpu, cuda or auto (the GPU when present)");
 ABSL_FLAG(int64_t, link_wait_ms, 10000,
@@ -219,10 +223,9 @@ int main(int argc, char** argv) {
     }
   }
 
-  const int threads =
-      absl::GetFlag(FLAGS_threads) > 0
-          ? absl::GetFlag(FLAGS_threads)
-          : static_cast<int>(std::thread::hardware_concurrency());
+  const int threads = absl::GetFlag(FLAGS_threads) > 0
+                          ? absl::GetFlag(FLAGS_threads)
+                          : gpipe::AvailableCores();
   const absl::StatusOr<gpipe::Device> device =
       gpipe::ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) {
@@ -338,6 +341,12 @@ int main(int argc, char** argv) {
       static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
   gpipe::LogInfo("gpipe-worker %s serving stages on %s, controller %s",
                  hello.worker_id(), advertise, absl::GetFlag(FLAGS_controller));
+  // Spinning compute threads on shared cores slowed trainings 3x
+  // (bench/shared_cores_bench.sh): say which way this worker waits.
+  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  gpipe::LogInfo(
+      "gpipe-worker compute: %d threads, OMP_WAIT_POLICY=%s", threads,
+      wait_policy != nullptr ? wait_policy : "(default: spin, then sleep)");
   agent = std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello,
                                          set_ready, security->attach);
 

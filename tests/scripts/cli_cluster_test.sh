@@ -65,7 +65,8 @@ JSON
 
 # --- gpipectl local: a controller and two workers, to the end -------------
 set +e
-timeout -k 10 300 "$gpipectl" local "$work/job.json" --workers 2 --micro-batches 4 \
+# Without a wait policy of the user's, the workers sleep at barriers.
+timeout -k 10 300 env -u OMP_WAIT_POLICY "$gpipectl" local "$work/job.json" --workers 2 --micro-batches 4 \
   --threads 2 --out "$work/local" --keep "$work/run" >"$work/local.txt" 2>&1
 rc=$?
 set -e
@@ -75,6 +76,8 @@ if [[ $rc -ne 0 ]]; then
   fail "gpipectl local exited $rc, want 0"
 fi
 grep -q "SUCCEEDED" "$work/local.txt" || fail "gpipectl local printed no SUCCEEDED"
+passive=$(cat "$work"/run/worker*.log | grep -c "OMP_WAIT_POLICY=PASSIVE" || true)
+[[ $passive -eq 2 ]] || fail "$passive of 2 workers of gpipectl local wait passively at barriers"
 grep -q "^final: test loss" "$work/local.txt" || fail "gpipectl local printed no final evaluation"
 [[ -f "$work/local/model.safetensors" ]] || fail "gpipectl local wrote no model.safetensors"
 

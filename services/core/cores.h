@@ -1,0 +1,27 @@
+// How many cores this process may really use: the CPUs it is pinned to,
+// capped by a CPU quota of its cgroup (a Kubernetes CPU limit). A pod limited
+// to 2 CPUs on a 64-core node sees 64 in std::thread::hardware_concurrency();
+// 64 compute threads there would be throttled by the quota most of each
+// period, and the stage would stall at every barrier.
+#ifndef GPIPE_SERVICES_CORE_CORES_H_
+#define GPIPE_SERVICES_CORE_CORES_H_
+
+#include <optional>
+
+#include "absl/strings/string_view.h"
+
+namespace gpipe {
+
+// At least 1.
+int AvailableCores();
+
+// The cores a quota allows, rounded up, from cgroup v2's cpu.max ("QUOTA
+// PERIOD" or "max PERIOD") or from cgroup v1's cfs_quota_us and cfs_period_us
+// (quota -1: none). Nothing when there is no quota or the text is not one.
+std::optional<int> CoresFromCpuMax(absl::string_view cpu_max);
+std::optional<int> CoresFromCfsQuota(absl::string_view quota_us,
+                                     absl::string_view period_us);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_CORE_CORES_H_
