@@ -32,9 +32,11 @@ write_spec "$work/kill.json" recovery-kill "$((2 * steps))" 3 0 "$SGD"
 # 2x: on shared memory the steps are quick enough that a job of RECOVERY_STEPS
 # could end between reaching steps/9 and the SIGSTOP landing.
 write_spec "$work/sgd.json" recovery-pause "$((2 * steps))" 3 0 "$SGD"
-# Long enough that it is still running when the poll below (seconds on a
-# loaded machine) sees its second checkpoint.
-write_spec "$work/short.json" recovery-corrupt "$steps" 3 0 "$SGD"
+# Long enough that it is still running when the poll below sees its second
+# checkpoint: each poll is a gpipectl and a python3 process, and in CI (two
+# tests at a time on two cores) polls took seconds while the job ran at
+# ~180 steps/s.
+write_spec "$work/short.json" recovery-corrupt "$((2 * steps))" 3 0 "$SGD"
 
 # --- 1. kill -9 busy workers at random moments -----------------------------
 job=$(submit "$work/kill.json")
@@ -100,15 +102,18 @@ for _ in $(seq 300); do
   sleep 0.05
 done
 ((${n:-0} >= 2)) || fail "job $job committed fewer than 2 checkpoints"
-[[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] ||
-  fail "job $job ended before its workers were frozen; raise RECOVERY_STEPS"
-# Freeze every worker, so that no newer checkpoint commits and no restart
-# chooses its restore point before the corruption is in place.
+# Freeze every worker at once, so that no newer checkpoint commits and no
+# restart chooses its restore point before the corruption is in place; only
+# then ask whether the job is still running (asking first left a window of
+# one slow poll in which the job could end).
 stopped=()
 for name in "${!worker_port[@]}"; do
   kill -STOP "${worker_pid[$name]}"
   stopped+=("$name")
 done
+# RESTARTING too: a slow poll may outlast the frozen workers' lease.
+[[ "$(job_field "$job" "s.get('state','')")" =~ ^(RUNNING|RESTARTING)$ ]] ||
+  fail "job $job ended before its workers were frozen; raise RECOVERY_STEPS"
 sleep 0.5
 read -r newest manifest < <(job_field "$job" "s['checkpoints'][-1]['step'] + ' ' + s['checkpoints'][-1]['manifestPath']")
 stage_file=$(dirname "$manifest")/$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["files"][0]["path"])' "$manifest")
