@@ -26,16 +26,21 @@ void CpuAllocator::Deallocate(void* ptr, size_t) { std::free(ptr); }
 
 void* CountingAllocator::Allocate(size_t bytes) {
   void* p = upstream_->Allocate(bytes);
-  const int64_t now = current_.fetch_add(static_cast<int64_t>(bytes)) + bytes;
-  int64_t peak = peak_.load();
-  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-  }
+  Charge(static_cast<int64_t>(bytes));
   return p;
 }
 
 void CountingAllocator::Deallocate(void* ptr, size_t bytes) {
   upstream_->Deallocate(ptr, bytes);
-  current_.fetch_sub(static_cast<int64_t>(bytes));
+  Charge(-static_cast<int64_t>(bytes));
+}
+
+void CountingAllocator::Charge(int64_t bytes) {
+  const int64_t now = current_.fetch_add(bytes) + bytes;
+  if (bytes <= 0) return;
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
 }
 
 CountingAllocator* DefaultCpuAllocator() {

@@ -12,12 +12,18 @@
 
 namespace gpipe {
 
+class CountingAllocator;
+
 class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Deallocate(void* ptr, size_t bytes) = 0;
   virtual Device device() const = 0;
+  // This allocator when it counts what it holds (a stage's activations),
+  // else null: a tensor another allocator provided can then be counted here
+  // as well (Tensor::CountIn).
+  virtual CountingAllocator* counting() { return nullptr; }
 };
 
 // 64-byte aligned host memory from the C heap.
@@ -36,6 +42,12 @@ class CountingAllocator final : public Allocator {
   void* Allocate(size_t bytes) override;
   void Deallocate(void* ptr, size_t bytes) override;
   Device device() const override { return upstream_->device(); }
+  CountingAllocator* counting() override { return this; }
+
+  // Counts `bytes` (negative: gives them up) that another allocator
+  // provided but this allocator's owner holds: a tensor a link's reader
+  // thread built, or one whose storage is a shared-memory ring.
+  void Charge(int64_t bytes);
 
   int64_t current_bytes() const { return current_.load(); }
   int64_t peak_bytes() const { return peak_.load(); }

@@ -1,5 +1,6 @@
 #include "services/tensor/tensor.h"
 
+#include <atomic>
 #include <cassert>
 #include <cstring>
 
@@ -11,13 +12,20 @@ struct Tensor::Buffer {
   Buffer(Allocator* a, size_t n) : allocator(a), bytes(n) {
     data = allocator->Allocate(bytes);
   }
-  ~Buffer() { allocator->Deallocate(data, bytes); }
+  ~Buffer() {
+    allocator->Deallocate(data, bytes);
+    if (CountingAllocator* c = counted_in.load()) {
+      c->Charge(-static_cast<int64_t>(bytes));
+    }
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
   Allocator* allocator;
   size_t bytes;
   void* data;
+  // The receiver that counts this storage besides its allocator (CountIn).
+  std::atomic<CountingAllocator*> counted_in{nullptr};
 };
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
@@ -59,6 +67,16 @@ Tensor Tensor::FromInts(const Shape& shape, const std::vector<int32_t>& v) {
 
 Device Tensor::device() const {
   return buffer_ ? buffer_->allocator->device() : Device::kCpu;
+}
+
+void Tensor::CountIn(Allocator* current) {
+  if (buffer_ == nullptr || current == nullptr) return;
+  CountingAllocator* counter = current->counting();
+  if (counter == nullptr || buffer_->allocator == current) return;
+  CountingAllocator* none = nullptr;
+  if (buffer_->counted_in.compare_exchange_strong(none, counter)) {
+    counter->Charge(static_cast<int64_t>(buffer_->bytes));
+  }
 }
 
 void* Tensor::raw() {

@@ -58,6 +58,15 @@ class Tensor {
   // The elements on the host (copied back from a device).
   std::vector<float> ToVector() const;
 
+  // Makes `current` (a thread's current allocator) count this tensor's
+  // storage as held until the storage is freed, when `current` counts
+  // (Allocator::counting) and another allocator provided the storage: a
+  // tensor a link received on its reader thread, or one lent by a
+  // shared-memory ring, then counts as the receiving stage's activation
+  // memory, as one allocated on the stage's thread does. No-op when the
+  // storage came from `current` or is counted by a receiver already.
+  void CountIn(Allocator* current);
+
  private:
   struct Buffer;
   std::shared_ptr<Buffer> buffer_;

@@ -10,6 +10,7 @@
 #include "grpcpp/grpcpp.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
+#include "services/tensor/allocator.h"
 #include "services/transport/exchange_method.h"
 #include "services/transport/shm_messages.h"
 
@@ -137,7 +138,12 @@ absl::StatusOr<Message> GrpcLink::Receive() {
       return read;
     }
   }
-  if (m.ok() && m->tensor.defined()) received_ += m->tensor.nbytes();
+  if (m.ok() && m->tensor.defined()) {
+    // Built on the reader thread (or lent by the shm ring): from here on
+    // the receiving stage holds it, and its allocator counts it.
+    m->tensor.CountIn(CurrentAllocator(m->tensor.device()));
+    received_ += m->tensor.nbytes();
+  }
   return m;
 }
 

@@ -44,8 +44,10 @@ class Link {
   // (back-pressure). Fails once the link is closed.
   virtual absl::Status Send(Message message) = 0;
   // The next message from the peer, blocking until one arrives; fails with
-  // CANCELLED once the link is closed. Tensors come back in memory from the
-  // receiving thread's current allocator.
+  // CANCELLED once the link is closed. Tensors come back counted by the
+  // receiving thread's current allocator (allocated there, or counted in it
+  // with Tensor::CountIn), so a stage's activation memory includes the
+  // inputs and gradients it holds.
   virtual absl::StatusOr<Message> Receive() = 0;
   // Closes both directions and wakes every blocked Send and Receive.
   virtual void Close() = 0;

@@ -12,6 +12,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
@@ -217,6 +218,39 @@ TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) {
   for (int64_t s = 0; s < spec_.steps(); ++s) all_steps.push_back(s);
   EXPECT_EQ(traced[0], all_steps);
   EXPECT_EQ(traced[1], all_steps);
+}
+
+// Each stage reports the activation memory it held, the tensors it received
+// included (the inputs it keeps for re-materialization, the gradients):
+// step for step the peaks the in-process pipeline measures with the same
+// assignment, whose links copy each received tensor into the receiver's
+// allocator. Before, tensors a worker received were built on the link's
+// reader thread and counted by no stage.
+TEST_F(WorkerTest, ActivationMemoryCountsReceivedTensorsAsInProcess) {
+  RunAndCompare("job-memory", 1);
+  std::map<int64_t, std::map<int64_t, int64_t>> cluster;  // stage, step
+  for (const auto& m : reports_.All()) {
+    if (!m.has_progress()) continue;
+    cluster[m.progress().stage()][m.progress().step()] =
+        m.progress().peak_activation_bytes();
+  }
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.schedule = ScheduleKind::kOneFOneB;
+  o.remat = RematMode::kAlways;
+  o.balance = *PartitionJob(spec_, 2);
+  auto in_process = InProcessPipeline::Create(spec_, o);
+  ASSERT_TRUE(in_process.ok()) << in_process.status();
+  for (int64_t step = 1; step <= spec_.steps(); ++step) {
+    ASSERT_TRUE((*in_process)->Step().ok());
+    for (int stage = 0; stage < 2; ++stage) {
+      const int64_t want = (*in_process)->stage(stage).peak_activation_bytes();
+      EXPECT_GT(want, 0);
+      EXPECT_EQ(cluster[stage][step], want)
+          << "stage " << stage << ", step " << step;
+    }
+  }
 }
 
 // With eval.every, the last stage evaluates the test split every that many
