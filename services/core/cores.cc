@@ -65,16 +65,56 @@ std::optional<int> CoresFromCfsQuota(absl::string_view quota_us,
   return CoresFromQuota(quota, period);
 }
 
+std::optional<int> QuotaCores(absl::string_view proc_self_cgroup,
+                              const std::string& mount) {
+  std::optional<int> tightest;
+  auto tighten = [&](std::optional<int> q) {
+    if (q && (!tightest || *q < *tightest)) tightest = q;
+  };
+  // Every directory from `path` up to the hierarchy's root, inclusive.
+  auto walk = [&](const std::string& root, std::string path,
+                  const auto& read_quota) {
+    while (!path.empty() && path.back() == '/') path.pop_back();
+    for (;;) {
+      tighten(read_quota(root + path));
+      if (path.empty()) break;
+      path.erase(path.rfind('/'));
+    }
+  };
+  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
+    // "ID:CONTROLLERS:PATH"; the path may itself hold ':'.
+    const std::vector<absl::string_view> f =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3 || f[2].empty() || f[2][0] != '/') continue;
+    const std::string path(f[2]);
+    if (f[0] == "0" && f[1].empty()) {
+      walk(mount, path, [](const std::string& dir) {
+        return CoresFromCpuMax(ReadSmallFile((dir + "/cpu.max").c_str()));
+      });
+      continue;
+    }
+    const std::vector<absl::string_view> controllers =
+        absl::StrSplit(f[1], ',');
+    if (std::find(controllers.begin(), controllers.end(), "cpu") ==
+        controllers.end()) {
+      continue;
+    }
+    // v1 mounts the cpu controller as cpu, cpu,cpuacct or cpuacct,cpu.
+    for (const char* name : {"/cpu", "/cpu,cpuacct", "/cpuacct,cpu"}) {
+      walk(mount + name, path, [](const std::string& dir) {
+        return CoresFromCfsQuota(
+            ReadSmallFile((dir + "/cpu.cfs_quota_us").c_str()),
+            ReadSmallFile((dir + "/cpu.cfs_period_us").c_str()));
+      });
+    }
+  }
+  return tightest;
+}
+
 int AvailableCores() {
   int cores = AffinityCores();
-  // Inside a container the cgroup namespace makes these the pod's own files.
-  std::optional<int> quota =
-      CoresFromCpuMax(ReadSmallFile("/sys/fs/cgroup/cpu.max"));
-  if (!quota) {
-    quota = CoresFromCfsQuota(
-        ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"),
-        ReadSmallFile("/sys/fs/cgroup/cpu/cpu.cfs_period_us"));
-  }
+  const std::optional<int> quota =
+      QuotaCores(ReadSmallFile("/proc/self/cgroup"), "/sys/fs/cgroup");
   if (quota) cores = std::min(cores, *quota);
   return std::max(1, cores);
 }

@@ -1,5 +1,6 @@
 // How many cores this process may really use: the CPUs it is pinned to,
-// capped by a CPU quota of its cgroup (a Kubernetes CPU limit). A pod limited
+// capped by the CPU quotas of its cgroup and the cgroups above it (a
+// Kubernetes CPU limit, a systemd CPUQuota). A pod limited
 // to 2 CPUs on a 64-core node sees 64 in std::thread::hardware_concurrency();
 // 64 compute threads there would be throttled by the quota most of each
 // period, and the stage would stall at every barrier.
@@ -7,6 +8,7 @@
 #define GPIPE_SERVICES_CORE_CORES_H_
 
 #include <optional>
+#include <string>
 
 #include "absl/strings/string_view.h"
 
@@ -21,6 +23,14 @@ int AvailableCores();
 std::optional<int> CoresFromCpuMax(absl::string_view cpu_max);
 std::optional<int> CoresFromCfsQuota(absl::string_view quota_us,
                                      absl::string_view period_us);
+
+// The tightest quota on the way from this process's cgroup up to the root:
+// a limit may sit on a parent (a systemd slice, a pod above its containers),
+// and without a cgroup namespace the process's cgroup is not the mount's
+// root. `proc_self_cgroup` is /proc/self/cgroup's text ("0::/PATH" for v2,
+// "N:cpu,cpuacct:/PATH" for v1), `mount` where cgroupfs is (/sys/fs/cgroup).
+std::optional<int> QuotaCores(absl::string_view proc_self_cgroup,
+                              const std::string& mount);
 
 }  // namespace gpipe
 

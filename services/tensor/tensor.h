@@ -65,6 +65,8 @@ class Tensor {
   // shared-memory ring, then counts as the receiving stage's activation
   // memory, as one allocated on the stage's thread does. No-op when the
   // storage came from `current` or is counted by a receiver already.
+  // `current` must outlive the storage, as an allocator must outlive what
+  // it allocated: a stage keeps what it receives only within a step.
   void CountIn(Allocator* current);
 
  private:
