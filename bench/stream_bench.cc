@@ -1,6 +1,6 @@
 // Tensor streaming between two worker processes over loopback: our gRPC link
-// (GrpcLink over one Exchange stream, exactly as two stages use it) against a
-// plain TCP socket measured in the same run, which is what this machine's
+// (ExchangeLink over one Exchange stream, exactly as two stages use it) against
+// a plain TCP socket measured in the same run, which is what this machine's
 // loopback can do at best. The link runs twice: with the one-copy frame
 // codec the workers send with, and with the copying one (payloads through
 // Frame.payload strings: 4 copies per byte) for comparison. A third run
@@ -52,11 +52,12 @@
 #include "absl/strings/str_cat.h"
 #include "bench/args.h"
 #include "bench/timing.h"
+#include "cli/child_process.h"
 #include "grpcpp/grpcpp.h"
 #include "services/core/memory.h"
+#include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
 #include "services/transport/frame_codec.h"
-#include "services/transport/grpc_link.h"
 
 namespace gpipe::bench {
 namespace {
@@ -229,10 +230,10 @@ int ConnectTcp(int port) {
 
 // --- the child: a bench-local Stage service -------------------------------
 
-// Wraps each Exchange stream in a GrpcLink, as worker/stage_service.cc does,
-// and drains it on a second thread: in sink mode it counts the tensors and
-// answers each GRAD_SQUARES barrier with a one-element GRADIENT holding that
-// count; in echo mode it sends every tensor straight back as a GRADIENT.
+// Wraps each Exchange stream in a ExchangeLink, as worker/stage_service.cc
+// does, and drains it on a second thread: in sink mode it counts the tensors
+// and answers each GRAD_SQUARES barrier with a one-element GRADIENT holding
+// that count; in echo mode it sends every tensor straight back as a GRADIENT.
 class BenchStageService final : public ExchangeService {
  public:
   grpc::Status Exchange(grpc::ServerContext* context,
@@ -242,8 +243,8 @@ class BenchStageService final : public ExchangeService {
     const FrameCodec codec = (open->from_stage() & kCopyingFlag) != 0
                                  ? FrameCodec::kCopying
                                  : FrameCodec::kZeroCopy;
-    GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
-                  open->job_id(), open->epoch(), /*capacity=*/64, codec);
+    ExchangeLink link(std::make_unique<ServerFrameStream>(context, stream),
+                      open->job_id(), open->epoch(), /*capacity=*/64, codec);
     DataPlaneOptions planes;
     planes.mode = DataPlaneMode::kAuto;
     link.set_data_plane(planes);
@@ -279,9 +280,7 @@ class BenchStageService final : public ExchangeService {
 };
 
 // Serves gRPC and TCP until the parent closes `control_fd` (or dies).
-[[noreturn]] void RunChild(pid_t parent, int ports_fd, int control_fd) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(0);
+[[noreturn]] void RunChild(int ports_fd, int control_fd) {
   BenchStageService service;
   grpc::ServerBuilder builder;
   int grpc_port = 0;
@@ -455,15 +454,15 @@ struct Row {
 std::unique_ptr<Link> Connect(const std::string& address, int64_t mode,
                               FrameCodec codec,
                               const DataPlaneOptions& planes = {}) {
-  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link = ConnectDownstream(
+  absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link = ConnectDownstream(
       address, kJob, kEpoch,
       mode + (codec == FrameCodec::kCopying ? kCopyingFlag : 0), 64, 5000,
       codec, planes);
   if (!link.ok()) Die(std::string(link.status().message()));
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       (*link)->link().WaitDataPlane(std::chrono::seconds(5));
   if (!plane.ok()) Die(std::string(plane.status().message()));
-  if (planes.mode == DataPlaneMode::kShm && *plane != DataPlane::kShm) {
+  if (planes.mode == DataPlaneMode::kShm && *plane != DataPlaneKind::kShm) {
     Die("the child did not map the shared-memory segment");
   }
   return std::move(*link);
@@ -589,13 +588,13 @@ int RunParent(int ports_fd, const std::vector<int64_t>& sizes, double seconds,
   std::printf(
       "stream_bench: tensors from this process to a child process over "
       "127.0.0.1,\n"
-      "  gRPC: GrpcLink over one Exchange stream (%lld KiB frames), as two "
+      "  gRPC: ExchangeLink over one Exchange stream (%lld KiB frames), as two "
       "stages use it\n"
       "        (one-copy codec, as gpipe-worker sends; 'copying': the same "
       "link with payloads through protobuf strings)\n"
       "  TCP:  the same bytes through one plain socket (TCP_NODELAY), the "
       "loopback's limit\n"
-      "  shm:  the same GrpcLink on the shared-memory plane (rings of %lld "
+      "  shm:  the same ExchangeLink on the shared-memory plane (rings of %lld "
       "MiB, chunks of %lld KiB);\n"
       "        memcpy: one buffer into another on this machine, the bound "
       "for any copy\n"
@@ -805,23 +804,21 @@ int main(int argc, char** argv) {
   if (::pipe2(ports, O_CLOEXEC) != 0 || ::pipe2(control, O_CLOEXEC) != 0) {
     Die("pipe failed");
   }
-  const pid_t parent = ::getpid();
   // Fork before anything starts gRPC's threads in this process.
-  const pid_t child = ::fork();
-  if (child < 0) Die("fork failed");
-  if (child == 0) {
-    ::close(ports[0]);
-    ::close(control[1]);
-    RunChild(parent, ports[1], control[0]);
-  }
+  absl::StatusOr<std::unique_ptr<gpipe::ChildProcess>> child =
+      gpipe::ChildProcess::Fork("receiver", [&]() -> int {
+        ::close(ports[0]);
+        ::close(control[1]);
+        RunChild(ports[1], control[0]);
+      });
+  if (!child.ok()) Die("fork failed");
   ::close(ports[1]);
   ::close(control[0]);
   const int rc =
       RunParent(ports[0], sizes, seconds, latency_size, mallopt,
                 !args.Has("no-copying"), shm, compute, args.Has("shm-only"));
   ::close(control[1]);  // the child exits on EOF
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  (*child)->Wait();
   rusage self{}, children{};
   ::getrusage(RUSAGE_SELF, &self);
   ::getrusage(RUSAGE_CHILDREN, &children);

@@ -21,9 +21,9 @@
 #include "absl/time/time.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
+#include "cli/progress.h"
 #include "cli/security_flags.h"
 #include "google/protobuf/util/json_util.h"
-#include "services/core/progress.h"
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/remat.h"
@@ -182,8 +182,8 @@ void PrintJobTable(const gpipe::v1::ListJobsResponse& list) {
 }
 
 std::string ScheduleText(const gpipe::v1::JobSpec& spec) {
-  return spec.pipeline().schedule() == gpipe::v1::ONE_F_ONE_B ? "1f1b"
-                                                              : "gpipe";
+  return std::string(
+      ScheduleName(ScheduleFromSpec(spec.pipeline().schedule())));
 }
 
 void PrintJobDetail(const gpipe::v1::Job& job) {
@@ -456,17 +456,14 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
     if (!s.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("--", s.status().message()));
-    p.set_schedule(*s == ScheduleKind::kOneFOneB ? gpipe::v1::ONE_F_ONE_B
-                                                 : gpipe::v1::GPIPE);
+    p.set_schedule(ScheduleToSpec(*s));
   }
   if (!absl::GetFlag(FLAGS_remat).empty()) {
     absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));
     if (!r.ok())
       return absl::InvalidArgumentError(
           absl::StrCat("--", r.status().message()));
-    p.set_remat(*r == RematMode::kAlways       ? gpipe::v1::ALWAYS
-                : *r == RematMode::kExceptLast ? gpipe::v1::EXCEPT_LAST
-                                               : gpipe::v1::NEVER);
+    p.set_remat(RematToSpec(*r));
   }
   const std::string balance = absl::GetFlag(FLAGS_balance);
   if (balance == "measured") {

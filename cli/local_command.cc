@@ -34,12 +34,14 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "cli/child_process.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
 #include "services/core/cores.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
+#include "services/transport/data_plane.h"
 
 ABSL_FLAG(int64_t, workers, 0,
           "local: worker processes to start (0: the job's stage count)");
@@ -100,116 +102,6 @@ std::string LogTail(const std::string& path, int n) {
   return text;
 }
 
-// One process that gpipectl started: its output goes to a log file, it dies
-// with gpipectl (PR_SET_PDEATHSIG), and it sits in its own process group so
-// that a Ctrl-C on the terminal reaches gpipectl alone, which then stops it
-// in order. Killed and reaped at the latest when this object goes.
-class ChildProcess {
- public:
-  static absl::StatusOr<std::unique_ptr<ChildProcess>> Start(
-      std::string name, const std::vector<std::string>& argv,
-      std::string log_path) {
-    // Everything the child needs is prepared here: between fork and exec
-    // only async-signal-safe calls are allowed.
-    std::vector<char*> cargv;
-    for (const std::string& a : argv)
-      cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    const int log =
-        open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log < 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot create ", log_path, ": ", std::strerror(errno)));
-    }
-    const int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    const pid_t parent = getpid();
-    static const char kExecFailed[] = "gpipectl local: exec failed\n";
-    const pid_t pid = fork();
-    if (pid < 0) {
-      const int err = errno;
-      close(log);
-      if (null >= 0) close(null);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot start ", name, ": fork: ", std::strerror(err)));
-    }
-    if (pid == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (getppid() != parent) _exit(1);  // gpipectl died before prctl
-      setpgid(0, 0);
-      if (null >= 0) dup2(null, STDIN_FILENO);
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-      execv(cargv[0], cargv.data());
-      (void)!write(STDERR_FILENO, kExecFailed, sizeof(kExecFailed) - 1);
-      _exit(127);
-    }
-    close(log);
-    if (null >= 0) close(null);
-    return std::unique_ptr<ChildProcess>(
-        new ChildProcess(std::move(name), pid, std::move(log_path)));
-  }
-
-  ~ChildProcess() {
-    if (Running()) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &wait_status_, 0);
-      exited_ = true;
-    }
-  }
-
-  const std::string& name() const { return name_; }
-  const std::string& log_path() const { return log_path_; }
-
-  // Reaps the process when it has ended.
-  bool Running() {
-    if (exited_) return false;
-    int status = 0;
-    const pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_ || (r < 0 && errno == ECHILD)) {
-      exited_ = true;
-      wait_status_ = status;
-      return false;
-    }
-    return true;
-  }
-
-  void Signal(int sig) {
-    if (Running()) kill(pid_, sig);
-  }
-
-  // Waits until the process has ended or `deadline` passes.
-  bool WaitUntil(absl::Time deadline) {
-    while (Running()) {
-      if (absl::Now() >= deadline) return false;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return true;
-  }
-
-  // "exited with code 1", "was killed by signal 9 (Killed)".
-  std::string HowItEnded() const {
-    if (!exited_) return "is running";
-    if (WIFEXITED(wait_status_))
-      return absl::StrCat("exited with code ", WEXITSTATUS(wait_status_));
-    if (WIFSIGNALED(wait_status_)) {
-      const int sig = WTERMSIG(wait_status_);
-      return absl::StrCat("was killed by signal ", sig, " (", strsignal(sig),
-                          ")");
-    }
-    return "ended";
-  }
-
- private:
-  ChildProcess(std::string name, pid_t pid, std::string log_path)
-      : name_(std::move(name)), pid_(pid), log_path_(std::move(log_path)) {}
-
-  std::string name_;
-  pid_t pid_;
-  std::string log_path_;
-  bool exited_ = false;
-  int wait_status_ = 0;
-};
-
 // An executable next to this gpipectl, else on PATH.
 absl::StatusOr<std::string> FindBinary(const std::string& name) {
   std::string searched;
@@ -233,11 +125,19 @@ absl::StatusOr<std::string> FindBinary(const std::string& name) {
       searched, " or on PATH; build it with scripts/build.sh"));
 }
 
+// How a local cluster runs: from the command line once, then passed down.
+struct LocalClusterOptions {
+  std::string run_dir;         // logs, port files, checkpoints
+  std::string data_plane;      // the workers' --data_plane ("": theirs)
+  std::string device = "cpu";  // the workers' --device
+};
+
 // The controller and workers of one local run, stopped in order (workers
 // first, so they detach from a live controller) when this object goes.
 class LocalCluster {
  public:
-  explicit LocalCluster(std::string run_dir) : run_dir_(std::move(run_dir)) {}
+  explicit LocalCluster(LocalClusterOptions options)
+      : options_(std::move(options)), run_dir_(options_.run_dir) {}
   ~LocalCluster() { Stop(); }
 
   // Starts the controller and waits for the port it listens on.
@@ -291,14 +191,12 @@ class LocalCluster {
           "--metrics_listen=127.0.0.1:0",
           "--metrics_port_file=" + metrics_port_file};
       std::vector<std::string> args = argv;
-      if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
-          !plane.empty()) {
-        args.push_back("--data_plane=" + plane);
+      if (!options_.data_plane.empty()) {
+        args.push_back("--data_plane=" + options_.data_plane);
       }
       // Where the stages compute (the --device of `gpipectl train`).
-      if (const std::string device = absl::GetFlag(FLAGS_device);
-          device != "cpu") {
-        args.push_back("--device=" + device);
+      if (options_.device != "cpu") {
+        args.push_back("--device=" + options_.device);
       }
       metrics_port_files_.emplace_back("worker", metrics_port_file);
       ASSIGN_OR_RETURN(
@@ -383,7 +281,8 @@ class LocalCluster {
     return absl::SimpleAtoi(v, port) && *port > 0 && *port < 65536;
   }
 
-  std::string run_dir_;
+  const LocalClusterOptions options_;
+  const std::string run_dir_;
   std::string address_;
   std::vector<std::pair<std::string, std::string>> metrics_port_files_;
   std::mutex mu_;
@@ -569,13 +468,13 @@ int RunLocal(const std::vector<std::string>& args) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
   if (absl::Status s = ApplySpecFlags(*spec); !s.ok()) return Fail(s);
+  // The workers' own parser: what they accept is what is accepted here.
   if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
-      !plane.empty() && plane != "auto" && plane != "grpc" && plane != "shm" &&
-      plane != "cuda_ipc") {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--data_plane must be auto, grpc or shm (or cuda_ipc between GPU "
-        "stages), not '",
-        plane, "'")));
+      !plane.empty()) {
+    if (absl::StatusOr<DataPlaneMode> mode = ParseDataPlaneMode(plane);
+        !mode.ok()) {
+      return Fail(mode.status());
+    }
   }
   const int64_t stages = StageCount(*spec);
   const int64_t workers =
@@ -617,7 +516,11 @@ int RunLocal(const std::vector<std::string>& args) {
   int code = 1;
   bool keep_logs = true;
   {
-    LocalCluster cluster(*run_dir);
+    LocalClusterOptions cluster_options;
+    cluster_options.run_dir = *run_dir;
+    cluster_options.data_plane = absl::GetFlag(FLAGS_data_plane);
+    cluster_options.device = absl::GetFlag(FLAGS_device);
+    LocalCluster cluster(std::move(cluster_options));
     absl::Status s = cluster.StartController(*controller_bin);
     if (s.ok()) s = cluster.StartWorkers(*worker_bin, workers, threads_each);
     if (!s.ok()) {

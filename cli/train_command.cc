@@ -11,14 +11,16 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
+#include "cli/progress.h"
 #include "services/core/cores.h"
-#include "services/core/progress.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
+#include "services/pipeline/schedule.h"
+#include "services/pipeline/step_plan.h"
 #include "services/storage/safetensors.h"
 #include "services/telemetry/step_trace.h"
 #include "services/telemetry/trace_files.h"
@@ -101,10 +103,7 @@ absl::Status WritePipelineTrace(InProcessPipeline& pipeline,
   trace.set_job_id(spec.name().empty() ? "train" : spec.name());
   trace.set_stages(pipeline.stage_count());
   trace.set_micro_batches(pipeline.stage(0).placement().micro_batches);
-  trace.set_schedule(pipeline.stage(0).placement().schedule ==
-                             ScheduleKind::kOneFOneB
-                         ? gpipe::v1::ONE_F_ONE_B
-                         : gpipe::v1::GPIPE);
+  trace.set_schedule(ScheduleToSpec(pipeline.stage(0).placement().schedule));
   const int64_t first = std::max<int64_t>(0, pipeline.step() - kTraceDirSteps);
   for (int64_t i = 0; i < pipeline.stage_count(); ++i) {
     AppendTimeline(pipeline.stage(i).timeline(), i, &trace);
@@ -232,7 +231,7 @@ int RunTrain(const std::vector<std::string>& args) {
   const absl::Time start = absl::Now();
   {
     Progress progress(spec->steps());
-    const int64_t every = spec->eval().every();
+    const StepPlan plan = StepPlan::FromSpec(*spec);
     while (t.step() < spec->steps()) {
       absl::StatusOr<StepReport> r = t.Step();
       if (!r.ok()) {
@@ -240,7 +239,7 @@ int RunTrain(const std::vector<std::string>& args) {
         return Fail(r.status());
       }
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
-      if (every > 0 && t.step() % every == 0 && t.step() < spec->steps()) {
+      if (plan.EvaluatesAfter(t.step())) {
         progress.Finish();
         absl::StatusOr<EvalResult> e =
             t.Evaluate(Split::kTest, spec->eval().max_samples());

@@ -18,6 +18,7 @@
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
+#include "services/storage/checkpoint_layout.h"
 #include "services/storage/manifest.h"
 #include "services/storage/sha256.h"
 
@@ -46,7 +47,7 @@ Controller::Controller(ControllerOptions options)
     : options_(std::move(options)),
       traces_(options_.trace_steps, options_.trace_jobs) {
   lease_thread_ = std::thread([this] { LeaseLoop(); });
-  merge_thread_ = std::thread([this] { MergeLoop(); });
+  io_thread_ = std::thread([this] { IoLoop(); });
 }
 
 Controller::~Controller() {
@@ -57,7 +58,7 @@ Controller::~Controller() {
     Changed();
   }
   lease_thread_.join();
-  merge_thread_.join();
+  io_thread_.join();
 }
 
 void Controller::Shutdown() {
@@ -85,20 +86,21 @@ int64_t Controller::corrupt_checkpoints() {
 
 absl::Status Controller::Recover() {
   if (options_.store_path.empty()) return absl::OkStatus();
-  absl::StatusOr<std::unique_ptr<storage::JobStore>> store =
-      storage::JobStore::Open(options_.store_path);
+  absl::StatusOr<std::unique_ptr<JobStore>> store =
+      JobStore::Open(options_.store_path);
   if (!store.ok()) return store.status();
-  absl::StatusOr<storage::LoadedJobs> loaded = (*store)->LoadAll();
+  absl::StatusOr<LoadedJobs> loaded = (*store)->LoadAll();
   if (!loaded.ok()) return loaded.status();
   for (const std::string& bad : loaded->bad) {
     LogError("job store %s: skipped a bad row: %s", options_.store_path, bad);
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   store_ = std::move(*store);
-  jobs_.set_store(store_.get());
+  store_writer_ = std::make_unique<StoreWriter>(store_.get());
+  jobs_.set_store(store_writer_.get());
   int64_t resumed = 0;
-  for (storage::StoredJob& stored : loaded->jobs) {
+  for (StoredJob& stored : loaded->jobs) {
     const int64_t k = StageCount(stored.job.spec());
     absl::StatusOr<JobRecord*> restored = jobs_.Restore(std::move(stored), k);
     if (!restored.ok()) {
@@ -144,20 +146,27 @@ absl::Status Controller::Recover() {
 absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
   if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
   const int64_t k = StageCount(spec);
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&mu_);
-  if (shutting_down_) {
-    return absl::UnavailableError("the controller is shutting down");
+  const absl::Time now = Now();
+  v1::Job submitted;
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) {
+      return absl::UnavailableError("the controller is shutting down");
+    }
+    JobRecord& job = jobs_.Add(std::move(spec), k, now);
+    const std::string waiting =
+        WaitingMessage(k, static_cast<int64_t>(workers_.Idle().size()));
+    SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
+                 now);
+    ticket = jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
+    Reschedule(now);
+    Changed();
+    submitted = job.job;
   }
-  JobRecord& job = jobs_.Add(std::move(spec), k, now);
-  const std::string waiting =
-      WaitingMessage(k, static_cast<int64_t>(workers_.Idle().size()));
-  SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
-               now);
-  jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
-  Reschedule(now);
-  Changed();
-  return job.job;
+  // Acknowledged only once stored, off the lock.
+  if (store_writer_ != nullptr) store_writer_->WaitWritten(ticket);
+  return submitted;
 }
 
 absl::StatusOr<v1::Job> Controller::GetJob(std::string_view id) {
@@ -175,8 +184,8 @@ std::vector<v1::Job> Controller::ListJobs() {
 }
 
 absl::StatusOr<v1::Job> Controller::CancelJob(std::string_view id) {
-  const absl::Time now = absl::Now();
-  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  absl::ReleasableMutexLock lock(&mu_);
   JobRecord* job = jobs_.Find(id);
   if (job == nullptr) return JobNotFound(id);
   const v1::JobState state = job->status().state();
@@ -189,7 +198,12 @@ absl::StatusOr<v1::Job> Controller::CancelJob(std::string_view id) {
          "cancelled by the user", nullptr, now);
   Reschedule(now);
   Changed();
-  return job->job;
+  const v1::Job cancelled = job->job;
+  const uint64_t ticket = job->store_ticket;
+  lock.Release();
+  // Acknowledged only once stored.
+  if (store_writer_ != nullptr) store_writer_->WaitWritten(ticket);
+  return cancelled;
 }
 
 absl::Status Controller::WatchJob(
@@ -201,7 +215,7 @@ absl::Status Controller::WatchJob(
     absl::MutexLock lock(&mu_);
     const JobRecord* job = jobs_.Find(id);
     if (job == nullptr) return JobNotFound(id);
-    *event.mutable_time() = ToTimestamp(absl::Now());
+    *event.mutable_time() = ToTimestamp(Now());
     *event.mutable_job() = job->job;
     event.set_message(job->events.empty() ? "" : job->events.back().message());
     seen = job->version;
@@ -285,7 +299,7 @@ ClusterCounts Controller::Counts() {
 
 absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
     const v1::WorkerHello& hello, std::function<void()> disconnect) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   if (shutting_down_) {
     return absl::UnavailableError("the controller is shutting down");
@@ -335,7 +349,7 @@ Outgoing Controller::NextMessage(WorkerRecord& worker,
 
 void Controller::HandleMessage(WorkerRecord& worker,
                                const v1::WorkerMessage& message) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   if (worker.lost) return;
   worker.last_heartbeat = now;
@@ -375,7 +389,7 @@ void Controller::HandleMessage(WorkerRecord& worker,
 
 void Controller::DetachWorker(WorkerRecord& worker, absl::Status end,
                               std::string_view why) {
-  const absl::Time now = absl::Now();
+  const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   if (worker.lost) return;
   std::shared_ptr<WorkerRecord> registered = workers_.Find(worker.id());
@@ -392,13 +406,17 @@ void Controller::Reschedule(absl::Time now) {
   for (JobRecord* job : jobs_.Waiting()) {
     if (job->status().state() == v1::RESTARTING) recovering.push_back(job);
   }
-  const int64_t corrupt = corrupt_checkpoints_;
-  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir, now,
-               &corrupt_checkpoints_);
+  ScheduleJobs(
+      jobs_, workers_, options_.checkpoint_dir, now,
+      [this](JobRecord& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        std::vector<v1::CheckpointRef> committed(
+            job.status().checkpoints().begin(),
+            job.status().checkpoints().end());
+        EnqueueIo([this, id = job.id(), committed = std::move(committed)] {
+          CheckRestorePointIo(id, committed);
+        });
+      });
   if (options_.metrics == nullptr) return;
-  if (corrupt_checkpoints_ > corrupt) {
-    options_.metrics->OnCorruptCheckpoints(corrupt_checkpoints_ - corrupt);
-  }
   for (JobRecord* job : recovering) {
     if (job->status().state() != v1::RUNNING ||
         job->recovery_began == absl::InfinitePast()) {
@@ -645,9 +663,7 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
   job->finished_paths[f.stage()] = f.parameters_path();
   job->stage_steps[f.stage()] = job->status().total_steps();
   if (f.stage() == running - 1 && f.evaluation().counted() > 0) {
-    if (absl::Status ok =
-            CheckEvaluation(f.evaluation(), job->status().total_steps(), 0);
-        !ok.ok()) {
+    if (absl::Status ok = CheckEvaluation(f.evaluation()); !ok.ok()) {
       ++ignored_reports_;
       LogWarning("ignored the final evaluation of %s from worker %s: %s",
                  job->id(), worker.id(), ok.ToString());
@@ -677,7 +693,7 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
       WorkerRegistry::MarkIdle(*w);
     }
   }
-  merges_.push_back(job->id());
+  EnqueueIo([this, id = job->id()] { MergeIo(id); });
   jobs_.Publish(*job,
                 absl::StrCat("all ", running,
                              " stages finished; merging their parameters"),
@@ -714,7 +730,7 @@ void Controller::OnEvaluated(WorkerRecord& worker, const v1::StageEvaluated& r,
       r.stage() != static_cast<int64_t>(job->finished_paths.size()) - 1
           ? absl::InvalidArgumentError(
                 absl::StrCat("stage ", r.stage(), " is not the last stage"))
-          : CheckEvaluation(r.evaluation(), spec.steps(), spec.eval().every());
+          : CheckPeriodicEvaluation(r.evaluation(), StepPlan::FromSpec(spec));
   if (!ok.ok()) {
     ++ignored_reports_;
     LogWarning("ignored evaluation of stage %d of %s from worker %s: %s",
@@ -765,8 +781,8 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
       ReportedJob(worker, "checkpoint", c.job_id(), c.epoch(), c.stage());
   if (job == nullptr) return;
   const v1::JobSpec& spec = job->job.spec();
-  if (absl::Status ok = CheckCheckpointReport(
-          options_.checkpoint_dir, c, spec.checkpoint().every(), spec.steps());
+  if (absl::Status ok = CheckCheckpointReport(options_.checkpoint_dir, c,
+                                              StepPlan::FromSpec(spec));
       !ok.ok() || !(ok = SameLayers(*job, c)).ok()) {
     ++ignored_reports_;
     LogWarning("ignored checkpoint report of stage %d of %s: %s", c.stage(),
@@ -783,30 +799,116 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
   std::vector<v1::StageCheckpointed> all = std::move(reports);
   job->checkpointing.erase(job->checkpointing.begin(),
                            job->checkpointing.upper_bound(c.step()));
-  v1::JobStatus& status = job->status();
+  EnqueueIo([this, id = job->id(), epoch = job->status().epoch(),
+             all = std::move(all)]() mutable {
+    CommitCheckpointIo(id, epoch, std::move(all));
+  });
+}
+
+void Controller::CommitCheckpointIo(
+    const std::string& job_id, int64_t epoch,
+    std::vector<v1::StageCheckpointed> reports) {
+  const int64_t step = reports.front().step();
+  const size_t running = reports.size();
+  absl::Status verified = VerifyCheckpointReports(reports);
   absl::StatusOr<v1::CheckpointRef> ref =
-      CommitCheckpoint(options_.checkpoint_dir, job->id(), status.epoch(), all);
-  if (!ref.ok()) {
-    // The job goes on: the previous checkpoint stays the restore point.
-    LogError("job %s: cannot commit the checkpoint of step %d: %s", job->id(),
-             c.step(), ref.status().ToString());
+      verified.ok()
+          ? CommitCheckpoint(options_.checkpoint_dir, job_id, epoch, reports)
+          : verified;
+  std::vector<std::string> dropped;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ref.ok()) {
+      // The job goes on: the previous checkpoint stays the restore point.
+      LogError("job %s: cannot commit the checkpoint of step %d: %s", job_id,
+               step, ref.status().ToString());
+      return;
+    }
+    JobRecord* job = jobs_.Find(job_id);
+    const v1::JobState state =
+        job != nullptr ? job->status().state() : v1::JOB_STATE_UNSPECIFIED;
+    // A job that started over meanwhile replays this step and commits it
+    // again; its restore point may be chosen already.
+    if (job == nullptr || job->status().epoch() != epoch ||
+        state == v1::PENDING || state == v1::RESTARTING) {
+      LogInfo("job %s: the checkpoint of step %d of epoch %d is superseded",
+              job_id, step, epoch);
+      return;
+    }
+    const absl::Time now = Now();
+    dropped = KeepCheckpoints(&job->status(), *ref,
+                              job->job.spec().checkpoint().keep());
+    if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();
+    jobs_.Publish(*job,
+                  absl::StrCat("checkpoint of step ", step, " committed (",
+                               running, " stages)"),
+                  now);
+    // Elastic: a job running short grows back at a checkpoint boundary
+    // once the workers it lacks are free.
+    const int64_t missing = job->stages - static_cast<int64_t>(running);
+    if (state == v1::RUNNING && missing > 0 &&
+        static_cast<int64_t>(workers_.Idle().size()) >= missing) {
+      RestartOrFail(*job, "Resize",
+                    absl::StrCat("growing back from ", running, " to ",
+                                 job->stages, " stages"),
+                    nullptr, /*counted=*/false, now);
+      Reschedule(now);
+    }
+    Changed();
+  }
+  RemoveCheckpointDirs(dropped);
+}
+
+void Controller::CheckRestorePointIo(
+    const std::string& job_id,
+    const std::vector<v1::CheckpointRef>& committed) {
+  const RestorePoint point = CheckRestorePoint(committed);
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = jobs_.Find(job_id);
+  if (job == nullptr ||
+      job->restore_check != JobRecord::RestoreCheck::kChecking) {
     return;
   }
-  KeepCheckpoints(&status, *ref, spec.checkpoint().keep());
-  if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();
-  jobs_.Publish(*job,
-                absl::StrCat("checkpoint of step ", c.step(), " committed (",
-                             running, " stages)"),
-                now);
-  // Elastic: a job running short grows back at a checkpoint boundary once
-  // the workers it lacks are free.
-  const int64_t missing = job->stages - static_cast<int64_t>(running);
-  if (missing > 0 && static_cast<int64_t>(workers_.Idle().size()) >= missing) {
-    RestartOrFail(*job, "Resize",
-                  absl::StrCat("growing back from ", running, " to ",
-                               job->stages, " stages"),
-                  nullptr, /*counted=*/false, now);
-    Reschedule(now);
+  const int64_t corrupt = DropUnusable(job_id, &job->status(), point);
+  corrupt_checkpoints_ += corrupt;
+  if (corrupt > 0 && options_.metrics != nullptr) {
+    options_.metrics->OnCorruptCheckpoints(corrupt);
+  }
+  job->restore_point = point.chosen;
+  job->restore_check = JobRecord::RestoreCheck::kChecked;
+  Reschedule(Now());
+  Changed();
+}
+
+void Controller::EnqueueIo(std::function<void()> task) {
+  io_tasks_.push_back(std::move(task));
+  ++io_queued_;
+  Changed();
+}
+
+void Controller::FlushIo() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t queued = io_queued_;
+  const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return io_done_ >= queued || stopping_;
+  };
+  mu_.Await(absl::Condition(&done));
+}
+
+void Controller::IoLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      absl::MutexLock lock(&mu_);
+      while (io_tasks_.empty() && !stopping_) changed_.Wait(&mu_);
+      // A checkpoint not committed by now is replayed after a restart.
+      if (stopping_) return;
+      task = std::move(io_tasks_.front());
+      io_tasks_.pop_front();
+    }
+    task();
+    absl::MutexLock lock(&mu_);
+    ++io_done_;
   }
 }
 
@@ -823,98 +925,92 @@ void Controller::LeaseLoop() {
     // A restarting job is scheduled the moment its settle time ends, not up
     // to a period later: nothing else wakes this loop after a failure.
     absl::Duration wait = period;
-    const absl::Time before = absl::Now();
+    const absl::Time before = Now();
     for (const JobRecord* job : jobs_.Waiting()) {
       if (job->not_before > before)
         wait = std::min(wait, job->not_before - before);
     }
     changed_.WaitWithTimeout(&mu_, wait);
     if (stopping_ || shutting_down_) continue;
-    const absl::Time now = absl::Now();
-    bool lost = false;
-    for (const std::shared_ptr<WorkerRecord>& worker :
-         workers_.Expired(now, options_.heartbeat_timeout)) {
-      const std::string why = absl::StrCat(
-          "no heartbeat for ", ShortDuration(now - worker->last_heartbeat),
-          " (timeout ", ShortDuration(options_.heartbeat_timeout), ")");
-      LoseWorker(worker,
-                 absl::UnavailableError(absl::StrCat("lease expired: ", why)),
-                 why, /*disconnect=*/true, now);
-      lost = true;
-    }
-    // The elastic grace period of a waiting job runs out without any event.
-    if (!jobs_.Waiting().empty()) {
-      Reschedule(now);
-      lost = true;
-    }
-    if (lost) Changed();
+    if (TickLocked(Now())) Changed();
   }
 }
 
-void Controller::MergeLoop() {
-  while (true) {
-    std::string id;
-    int64_t epoch = 0;
-    std::vector<std::string> paths;
-    std::string out_path;
-    std::map<std::string, std::string> metadata;
-    v1::CheckpointManifest final_manifest;
-    {
-      absl::MutexLock lock(&mu_);
-      while (merges_.empty() && !stopping_) changed_.Wait(&mu_);
-      if (stopping_) return;
-      id = std::move(merges_.front());
-      merges_.pop_front();
-      JobRecord* job = jobs_.Find(id);
-      if (job == nullptr || !job->merging) continue;
-      epoch = job->status().epoch();
-      paths = job->finished_paths;
-      out_path = (std::filesystem::path(options_.checkpoint_dir) / id /
-                  "model.safetensors")
-                     .string();
-      metadata = ModelFileMetadata(job->job.spec(), job->status().step());
-      final_manifest.set_job_id(id);
-      final_manifest.set_step(job->status().step());
-      final_manifest.set_epoch(epoch);
-      for (const v1::StageStatus& stage : job->status().stages()) {
-        v1::CheckpointFile* f = final_manifest.add_files();
-        f->set_stage(stage.stage());
-        f->set_layer_begin(stage.layer_begin());
-        f->set_layer_end(stage.layer_end());
+void Controller::Tick(absl::Time now) {
+  absl::MutexLock lock(&mu_);
+  if (shutting_down_) return;
+  if (TickLocked(now)) Changed();
+}
+
+bool Controller::TickLocked(absl::Time now) {
+  bool changed = false;
+  for (const std::shared_ptr<WorkerRecord>& worker :
+       workers_.Expired(now, options_.heartbeat_timeout)) {
+    const std::string why = absl::StrCat(
+        "no heartbeat for ", ShortDuration(now - worker->last_heartbeat),
+        " (timeout ", ShortDuration(options_.heartbeat_timeout), ")");
+    LoseWorker(worker,
+               absl::UnavailableError(absl::StrCat("lease expired: ", why)),
+               why, /*disconnect=*/true, now);
+    changed = true;
+  }
+  // The elastic grace period of a waiting job runs out without any event.
+  if (!jobs_.Waiting().empty()) {
+    Reschedule(now);
+    changed = true;
+  }
+  return changed;
+}
+
+void Controller::MergeIo(const std::string& id) {
+  int64_t epoch = 0;
+  std::vector<std::string> paths;
+  std::string out_path;
+  std::map<std::string, std::string> metadata;
+  int64_t step = 0;
+  std::vector<v1::StageCheckpointed> stages;
+  {
+    absl::MutexLock lock(&mu_);
+    JobRecord* job = jobs_.Find(id);
+    if (job == nullptr || !job->merging) return;
+    epoch = job->status().epoch();
+    paths = job->finished_paths;
+    out_path = storage::MergedModelPath(
+        storage::JobCheckpointDir(options_.checkpoint_dir, id));
+    step = job->status().step();
+    metadata = ModelFileMetadata(job->job.spec(), step);
+    for (const v1::StageStatus& stage : job->status().stages()) {
+      if (stage.stage() < 0 ||
+          stage.stage() >= static_cast<int64_t>(paths.size())) {
+        continue;
       }
+      v1::StageCheckpointed& s = stages.emplace_back();
+      s.set_stage(stage.stage());
+      s.set_layer_begin(stage.layer_begin());
+      s.set_layer_end(stage.layer_end());
+      s.set_path(paths[stage.stage()]);
     }
-    // The final parameters are a committed checkpoint too: hashed and listed
-    // in their own manifest, off the lock.
-    std::optional<v1::CheckpointRef> final_ref;
-    absl::Status merged = absl::OkStatus();
-    for (int i = 0; i < final_manifest.files_size() && merged.ok(); ++i) {
-      v1::CheckpointFile* f = final_manifest.mutable_files(i);
-      const std::filesystem::path path = paths[i];
-      f->set_path(path.filename().string());
-      absl::StatusOr<std::string> digest = storage::Sha256File(path.string());
-      std::error_code error;
-      f->set_bytes(
-          static_cast<int64_t>(std::filesystem::file_size(path, error)));
-      if (!digest.ok())
-        merged = digest.status();
-      else
-        f->set_sha256(*digest);
+  }
+  // The final parameters are a committed checkpoint too.
+  std::optional<v1::CheckpointRef> final_ref;
+  absl::Status merged = absl::OkStatus();
+  if (!paths.empty()) {
+    absl::StatusOr<v1::CheckpointRef> ref = CommitFinalParameters(
+        options_.checkpoint_dir, id, epoch, step, std::move(stages));
+    if (ref.ok()) {
+      final_ref = *std::move(ref);
+    } else {
+      merged = ref.status();
     }
-    if (merged.ok() && !paths.empty()) {
-      v1::CheckpointRef ref;
-      ref.set_step(final_manifest.step());
-      ref.set_manifest_path((std::filesystem::path(paths[0]).parent_path() /
-                             storage::kManifestName)
-                                .string());
-      merged = storage::WriteManifest(ref.manifest_path(), final_manifest);
-      if (merged.ok()) final_ref = ref;
-    }
-    if (merged.ok()) merged = MergeStageParameters(paths, out_path, metadata);
-    const absl::Time now = absl::Now();
+  }
+  if (merged.ok()) merged = MergeStageParameters(paths, out_path, metadata);
+  std::vector<std::string> dropped;
+  {
+    const absl::Time now = Now();
     absl::MutexLock lock(&mu_);
     JobRecord* job = jobs_.Find(id);
     if (job == nullptr || !job->merging || job->status().epoch() != epoch) {
-      continue;  // cancelled meanwhile
+      return;  // cancelled meanwhile
     }
     job->merging = false;
     if (!merged.ok()) {
@@ -925,8 +1021,8 @@ void Controller::MergeLoop() {
       jobs_.Publish(*job, message, now);
     } else {
       if (final_ref) {
-        KeepCheckpoints(&job->status(), *final_ref,
-                        job->job.spec().checkpoint().keep());
+        dropped = KeepCheckpoints(&job->status(), *final_ref,
+                                  job->job.spec().checkpoint().keep());
       }
       job->status().set_model_path(out_path);
       const v1::Evaluation& e = job->status().evaluation();
@@ -939,6 +1035,7 @@ void Controller::MergeLoop() {
     }
     Changed();
   }
+  RemoveCheckpointDirs(dropped);
 }
 
 }  // namespace gpipe::controller

@@ -39,7 +39,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "controller/job_store.h"
 #include "controller/job_table.h"
+#include "controller/store_writer.h"
 #include "controller/trace_store.h"
 #include "controller/worker_registry.h"
 #include "gpipe/v1/controller.pb.h"
@@ -64,6 +66,10 @@ struct ControllerOptions {
   int64_t trace_jobs = TraceStore::kDefaultKeepJobs;
   // The SQLite job store; empty: jobs live in memory only.
   std::string store_path;
+  // What "now" is for leases, settle times, grace periods and events
+  // (null: absl::Now). Tests inject a clock they advance by hand and call
+  // Tick().
+  std::function<absl::Time()> clock;
 };
 
 // What an Attach handler does next (see Controller::NextMessage).
@@ -137,6 +143,18 @@ class Controller {
   // Ends every Attach and WatchJob stream and refuses new ones. Idempotent.
   void Shutdown();
 
+  // One pass of the lease thread at `now`: expires workers silent for
+  // longer than the heartbeat timeout, and starts waiting jobs whose settle
+  // time or elastic grace period has run out. The thread calls it at least
+  // every heartbeat_timeout / 4 (at most 100 ms).
+  void Tick(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the file work queued so far (checkpoint commits, restore
+  // point checks, merges) is done, so a test can assert what it did.
+  void FlushIo() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Time Now() const {
+    return options_.clock ? options_.clock() : absl::Now();
+  }
+
   // Reports ignored by fencing (old epoch, other job, wrong stage).
   int64_t ignored_reports();
   // Committed checkpoints found corrupt or truncated (DataLoss) when a job
@@ -198,16 +216,41 @@ class Controller {
                       const gpipe::v1::StageCheckpointed& c, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void LeaseLoop();  // expires silent workers
-  void MergeLoop();  // merges finished jobs' parameters off the lock
+  void LeaseLoop();  // calls Tick
+  // Tick with mu_ held; true when anything changed.
+  bool TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // File work is done off the lock, in order, by io_thread_ (LevelDB's
+  // pattern): decide under the lock, read and write without it, apply the
+  // result under it again. Heartbeats, Attach and the API never wait for a
+  // disk.
+  void EnqueueIo(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void IoLoop();
+  // Verifies the stages' files of a checkpoint, writes its manifest, then
+  // records it (and grows an elastic job back).
+  void CommitCheckpointIo(const std::string& job_id, int64_t epoch,
+                          std::vector<gpipe::v1::StageCheckpointed> reports)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Finds the newest intact checkpoint of `committed` for the job's next
+  // start, drops the corrupt ones, and schedules again.
+  void CheckRestorePointIo(
+      const std::string& job_id,
+      const std::vector<gpipe::v1::CheckpointRef>& committed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Commits the final parameters and merges them into one model file.
+  void MergeIo(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ControllerOptions options_;
-  std::unique_ptr<storage::JobStore> store_;  // outlives jobs_, which uses it
+  // Both outlive jobs_, which queues every change for the writer.
+  std::unique_ptr<JobStore> store_;
+  std::unique_ptr<StoreWriter> store_writer_;
   absl::Mutex mu_;
   absl::CondVar changed_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> merges_ ABSL_GUARDED_BY(mu_);  // job ids
+  std::deque<std::function<void()>> io_tasks_ ABSL_GUARDED_BY(mu_);
+  uint64_t io_queued_ ABSL_GUARDED_BY(mu_) = 0;  // tasks ever queued
+  uint64_t io_done_ ABSL_GUARDED_BY(mu_) = 0;    // and done
   TraceStore traces_ ABSL_GUARDED_BY(mu_);
   // Workers already warned about for a clock that runs ahead.
   std::set<std::string> clock_ahead_warned_ ABSL_GUARDED_BY(mu_);
@@ -216,7 +259,7 @@ class Controller {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lease_thread_;
-  std::thread merge_thread_;
+  std::thread io_thread_;
 };
 
 }  // namespace gpipe::controller

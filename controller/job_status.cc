@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "services/core/status.h"
 
 namespace gpipe::controller {
 
@@ -68,8 +69,7 @@ void MarkTerminal(v1::JobStatus* status, v1::JobState state,
   SetCondition(status, type, true, reason, message, now);
 }
 
-absl::Status CheckEvaluation(const v1::Evaluation& e, int64_t total_steps,
-                             int64_t every) {
+absl::Status CheckEvaluation(const v1::Evaluation& e) {
   if (!std::isfinite(e.loss()) || e.loss() < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("loss ", e.loss(),
@@ -84,11 +84,16 @@ absl::Status CheckEvaluation(const v1::Evaluation& e, int64_t total_steps,
     return absl::InvalidArgumentError(
         absl::StrCat("counted ", e.counted(), " is not positive"));
   }
-  if (every > 0 &&
-      (e.step() <= 0 || e.step() >= total_steps || e.step() % every != 0)) {
+  return absl::OkStatus();
+}
+
+absl::Status CheckPeriodicEvaluation(const v1::Evaluation& e,
+                                     const StepPlan& plan) {
+  RETURN_IF_ERROR(CheckEvaluation(e));
+  if (!plan.EvaluatesAfter(e.step())) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", e.step(), " is not an evaluation step (every ",
-                     every, ", ", total_steps, " steps)"));
+                     plan.eval_every(), ", ", plan.steps(), " steps)"));
   }
   return absl::OkStatus();
 }

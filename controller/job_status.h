@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "google/protobuf/timestamp.pb.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/pipeline/step_plan.h"
 
 namespace gpipe::controller {
 
@@ -43,11 +44,12 @@ void MarkTerminal(gpipe::v1::JobStatus* status, gpipe::v1::JobState state,
                   std::string_view message, absl::Time now);
 
 // InvalidArgument unless `e` is an evaluation a stage could have made: a
-// finite, non-negative loss, an accuracy in [0, 1], targets counted and,
-// when `every` > 0 (a periodic one), a step in (0, total_steps) that is a
-// multiple of `every`.
-absl::Status CheckEvaluation(const gpipe::v1::Evaluation& e,
-                             int64_t total_steps, int64_t every);
+// finite, non-negative loss, an accuracy in [0, 1], targets counted.
+absl::Status CheckEvaluation(const gpipe::v1::Evaluation& e);
+// CheckEvaluation, and a periodic one must be of an evaluation step of
+// `plan`.
+absl::Status CheckPeriodicEvaluation(const gpipe::v1::Evaluation& e,
+                                     const StepPlan& plan);
 
 // How many evaluations JobStatus.evaluations keeps (the newest).
 inline constexpr int kEvaluationHistory = 64;

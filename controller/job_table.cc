@@ -32,13 +32,14 @@ JobRecord& JobTable::Add(v1::JobSpec spec, int64_t stages, absl::Time now) {
   status.set_state(v1::PENDING);
   status.set_total_steps(record->job.spec().steps());
   *status.mutable_created() = ToTimestamp(now);
+  // The elastic grace period of a new job counts from its submission too.
+  record->waiting_since = now;
   JobRecord& added = *record;
   jobs_.emplace(added.id(), std::move(record));
   return added;
 }
 
-absl::StatusOr<JobRecord*> JobTable::Restore(storage::StoredJob stored,
-                                             int64_t stages) {
+absl::StatusOr<JobRecord*> JobTable::Restore(StoredJob stored, int64_t stages) {
   if (jobs_.find(stored.job.id()) != jobs_.end()) {
     return absl::AlreadyExistsError(
         absl::StrCat("job ", stored.job.id(), " is stored twice"));
@@ -82,7 +83,8 @@ std::vector<const JobRecord*> JobTable::NewestFirst() const {
   return all;
 }
 
-void JobTable::Publish(JobRecord& job, std::string message, absl::Time now) {
+uint64_t JobTable::Publish(JobRecord& job, std::string message,
+                           absl::Time now) {
   const v1::JobState state = job.status().state();
   if (state != job.logged_state) {
     LogInfo("job %s %s: %s", job.id(), v1::JobState_Name(state), message);
@@ -95,13 +97,8 @@ void JobTable::Publish(JobRecord& job, std::string message, absl::Time now) {
   ++job.version;
   const size_t keep = IsTerminal(state) ? kEndedEventHistory : kEventHistory;
   while (job.events.size() > keep) job.events.pop_front();
-  if (store_ != nullptr) {
-    // The job goes on in memory: a store that fails now only loses what a
-    // restart would replay (logged for the operator).
-    if (absl::Status s = store_->Put(job.seq, job.job); !s.ok()) {
-      LogError("cannot store job %s: %s", job.id(), s.ToString());
-    }
-  }
+  if (store_ != nullptr) job.store_ticket = store_->Put(job.seq, job.job);
+  return job.store_ticket;
 }
 
 }  // namespace gpipe::controller

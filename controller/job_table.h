@@ -10,14 +10,16 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "controller/job_store.h"
+#include "controller/store_writer.h"
 #include "gpipe/v1/controller.pb.h"
-#include "services/storage/job_store.h"
 
 namespace gpipe::controller {
 
@@ -43,11 +45,19 @@ struct JobRecord {
   // When the running job last lost a stage: gpipe_recovery_duration_seconds
   // measures from here to RUNNING again.
   absl::Time recovery_began = absl::InfinitePast();
+  // The checkpoint the next start restores, checked off the controller's
+  // lock (recovery.h, CheckRestorePoint) before the job may start: kNeeded
+  // until a check is asked for, kChecking while it runs. Each start uses
+  // it up: a restart checks again.
+  enum class RestoreCheck { kNeeded, kChecking, kChecked };
+  RestoreCheck restore_check = RestoreCheck::kNeeded;
+  std::optional<gpipe::v1::CheckpointRef> restore_point;  // when kChecked
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a
   // watcher that is briefly behind still sees each transition.
   uint64_t version = 0;
+  uint64_t store_ticket = 0;  // of the newest Publish (StoreWriter)
   std::deque<gpipe::v1::JobEvent> events;  // events.back() is `version`
   gpipe::v1::JobState logged_state = gpipe::v1::JOB_STATE_UNSPECIFIED;
 
@@ -68,10 +78,10 @@ class JobTable {
   JobRecord& Add(gpipe::v1::JobSpec spec, int64_t stages, absl::Time now);
   // Takes back a job from the store as it was; the caller decides how it
   // resumes. AlreadyExists for a duplicate id.
-  absl::StatusOr<JobRecord*> Restore(storage::StoredJob stored, int64_t stages);
+  absl::StatusOr<JobRecord*> Restore(StoredJob stored, int64_t stages);
 
-  // Every Publish writes the job to `store` from now on (may be null).
-  void set_store(storage::JobStore* store) { store_ = store; }
+  // Every Publish queues the job for `store` from now on (may be null).
+  void set_store(StoreWriter* store) { store_ = store; }
 
   JobRecord* Find(std::string_view id);
 
@@ -80,9 +90,10 @@ class JobTable {
   // Every job, newest first.
   std::vector<const JobRecord*> NewestFirst() const;
 
-  // Records a change of `job` as an event with `message` (for people), and
-  // logs a line when its state changed.
-  void Publish(JobRecord& job, std::string message, absl::Time now);
+  // Records a change of `job` as an event with `message` (for people),
+  // logs a line when its state changed, and queues it for the store.
+  // Returns the store's ticket (StoreWriter::WaitWritten; 0 without one).
+  uint64_t Publish(JobRecord& job, std::string message, absl::Time now);
 
  private:
   std::string NewId();
@@ -90,7 +101,7 @@ class JobTable {
   std::map<std::string, std::unique_ptr<JobRecord>, std::less<>> jobs_;
   uint64_t next_seq_ = 0;
   std::mt19937_64 rng_;
-  storage::JobStore* store_ = nullptr;
+  StoreWriter* store_ = nullptr;
 };
 
 }  // namespace gpipe::controller

@@ -7,41 +7,35 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
+#include "services/storage/checkpoint_layout.h"
 #include "services/storage/manifest.h"
+#include "services/storage/sha256.h"
 
 namespace gpipe::controller {
 
 namespace v1 = gpipe::v1;
 
-std::string CheckpointStepDir(const std::string& checkpoint_dir,
-                              const std::string& job_id, int64_t step) {
-  return (std::filesystem::path(checkpoint_dir) / job_id /
-          absl::StrCat("step-", step))
-      .string();
-}
-
 namespace {
 
-std::string StageFileName(int64_t epoch, int64_t stage) {
-  return absl::StrCat("e", epoch, "-stage-", stage, ".safetensors");
+std::string StepDirOf(const std::string& checkpoint_dir,
+                      const std::string& job_id, int64_t step) {
+  return storage::CheckpointStepDir(
+      storage::JobCheckpointDir(checkpoint_dir, job_id), step);
 }
 
 }  // namespace
 
 absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
                                    const v1::StageCheckpointed& report,
-                                   int64_t every, int64_t total_steps) {
-  if (every <= 0 || report.step() <= 0 || report.step() >= total_steps ||
-      report.step() % every != 0) {
+                                   const StepPlan& plan) {
+  if (!plan.CheckpointsAfter(report.step())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step ", report.step(), " is not a checkpoint step (every ", every,
-        ", ", total_steps, " steps)"));
+        "step ", report.step(), " is not a checkpoint step (every ",
+        plan.checkpoint_every(), ", ", plan.steps(), " steps)"));
   }
-  const std::string want =
-      (std::filesystem::path(
-           CheckpointStepDir(checkpoint_dir, report.job_id(), report.step())) /
-       StageFileName(report.epoch(), report.stage()))
-          .string();
+  const std::string want = storage::StageFilePath(
+      StepDirOf(checkpoint_dir, report.job_id(), report.step()), report.epoch(),
+      report.stage());
   if (std::filesystem::path(report.path()).lexically_normal().string() !=
       want) {
     return absl::InvalidArgumentError(
@@ -58,8 +52,11 @@ absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
 absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
                                  const v1::StageFinished& report) {
   const std::string want =
-      (std::filesystem::path(checkpoint_dir) / report.job_id() / "final" /
-       StageFileName(report.epoch(), report.stage()))
+      std::filesystem::path(
+          storage::StageFilePath(
+              storage::FinalParametersDir(
+                  storage::JobCheckpointDir(checkpoint_dir, report.job_id())),
+              report.epoch(), report.stage()))
           .lexically_normal()
           .string();
   if (std::filesystem::path(report.parameters_path())
@@ -71,13 +68,12 @@ absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::CheckpointRef> CommitCheckpoint(
-    const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
-    const std::vector<v1::StageCheckpointed>& reports) {
-  if (reports.empty()) {
-    return absl::InvalidArgumentError("a checkpoint needs at least one stage");
-  }
-  const int64_t step = reports.front().step();
+namespace {
+
+// Writes the manifest of `reports` (their files in `dir`) into `dir`.
+absl::StatusOr<v1::CheckpointRef> WriteCommit(
+    const std::string& dir, const std::string& job_id, int64_t epoch,
+    int64_t step, const std::vector<v1::StageCheckpointed>& reports) {
   v1::CheckpointManifest manifest;
   manifest.set_job_id(job_id);
   manifest.set_step(step);
@@ -94,15 +90,73 @@ absl::StatusOr<v1::CheckpointRef> CommitCheckpoint(
   v1::CheckpointRef ref;
   ref.set_step(step);
   ref.set_manifest_path(
-      (std::filesystem::path(CheckpointStepDir(checkpoint_dir, job_id, step)) /
-       storage::kManifestName)
-          .string());
+      (std::filesystem::path(dir) / storage::kManifestName).string());
   RETURN_IF_ERROR(storage::WriteManifest(ref.manifest_path(), manifest));
   return ref;
 }
 
-void KeepCheckpoints(v1::JobStatus* status, v1::CheckpointRef ref,
-                     int64_t keep) {
+}  // namespace
+
+absl::StatusOr<v1::CheckpointRef> CommitCheckpoint(
+    const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
+    const std::vector<v1::StageCheckpointed>& reports) {
+  if (reports.empty()) {
+    return absl::InvalidArgumentError("a checkpoint needs at least one stage");
+  }
+  const int64_t step = reports.front().step();
+  return WriteCommit(StepDirOf(checkpoint_dir, job_id, step), job_id, epoch,
+                     step, reports);
+}
+
+absl::StatusOr<v1::CheckpointRef> CommitFinalParameters(
+    const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
+    int64_t step, std::vector<v1::StageCheckpointed> stages) {
+  if (stages.empty()) {
+    return absl::InvalidArgumentError("final parameters need a stage");
+  }
+  for (v1::StageCheckpointed& s : stages) {
+    ASSIGN_OR_RETURN(std::string digest, storage::Sha256File(s.path()));
+    std::error_code error;
+    const auto bytes = std::filesystem::file_size(s.path(), error);
+    if (error) {
+      return absl::DataLossError(
+          absl::StrCat("cannot size ", s.path(), ": ", error.message()));
+    }
+    s.set_sha256(std::move(digest));
+    s.set_bytes(static_cast<int64_t>(bytes));
+  }
+  return WriteCommit(storage::FinalParametersDir(
+                         storage::JobCheckpointDir(checkpoint_dir, job_id)),
+                     job_id, epoch, step, stages);
+}
+
+absl::Status VerifyCheckpointReports(
+    const std::vector<v1::StageCheckpointed>& reports) {
+  for (const v1::StageCheckpointed& r : reports) {
+    std::error_code error;
+    const auto bytes = std::filesystem::file_size(r.path(), error);
+    if (error) {
+      return absl::DataLossError(
+          absl::StrCat(r.path(), " is missing: ", error.message()));
+    }
+    if (static_cast<int64_t>(bytes) != r.bytes()) {
+      return absl::DataLossError(absl::StrCat(r.path(), " holds ", bytes,
+                                              " bytes, the stage reported ",
+                                              r.bytes()));
+    }
+    ASSIGN_OR_RETURN(std::string digest, storage::Sha256File(r.path()));
+    if (digest != r.sha256()) {
+      return absl::DataLossError(
+          absl::StrCat(r.path(),
+                       " does not match the sha256 its stage "
+                       "reported"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> KeepCheckpoints(v1::JobStatus* status,
+                                         v1::CheckpointRef ref, int64_t keep) {
   if (keep <= 0) keep = 3;
   // A checkpoint of the same step (a replay committed it again) replaces
   // the older entry: the same directory holds both.
@@ -111,41 +165,63 @@ void KeepCheckpoints(v1::JobStatus* status, v1::CheckpointRef ref,
     if (list->Get(i).step() >= ref.step()) list->DeleteSubrange(i, 1);
   }
   *list->Add() = std::move(ref);
+  std::vector<std::string> dropped;
   while (list->size() > keep) {
-    const std::filesystem::path dir =
-        std::filesystem::path(list->Get(0).manifest_path()).parent_path();
+    dropped.push_back(
+        std::filesystem::path(list->Get(0).manifest_path()).parent_path());
+    list->DeleteSubrange(0, 1);
+  }
+  return dropped;
+}
+
+void RemoveCheckpointDirs(const std::vector<std::string>& dirs) {
+  for (const std::string& dir : dirs) {
     std::error_code error;
     std::filesystem::remove_all(dir, error);
     if (error) {
-      LogWarning("cannot remove old checkpoint %s: %s", dir.string(),
-                 error.message());
+      LogWarning("cannot remove old checkpoint %s: %s", dir, error.message());
     }
-    list->DeleteSubrange(0, 1);
   }
 }
 
-std::optional<v1::CheckpointRef> ChooseRestorePoint(const std::string& job_id,
-                                                    v1::JobStatus* status,
-                                                    int64_t* corrupt) {
-  auto* list = status->mutable_checkpoints();
-  while (!list->empty()) {
-    const v1::CheckpointRef& newest = list->Get(list->size() - 1);
+RestorePoint CheckRestorePoint(
+    const std::vector<v1::CheckpointRef>& committed) {
+  RestorePoint point;
+  for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     absl::StatusOr<v1::CheckpointManifest> manifest =
-        storage::ReadVerifiedManifest(newest.manifest_path());
-    if (manifest.ok() && manifest->step() == newest.step()) return newest;
-    const absl::Status why =
-        manifest.ok() ? absl::DataLossError(absl::StrCat(
-                            newest.manifest_path(), " is of step ",
-                            manifest->step(), ", not ", newest.step()))
-                      : manifest.status();
-    ++*corrupt;
-    LogError(
-        "job %s: checkpoint of step %d is unusable, falling back to "
-        "the one before: %s",
-        job_id, newest.step(), why.ToString());
-    list->RemoveLast();
+        storage::ReadVerifiedManifest(it->manifest_path());
+    if (manifest.ok() && manifest->step() == it->step()) {
+      point.chosen = *it;
+      break;
+    }
+    point.unusable.emplace_back(
+        *it, manifest.ok() ? absl::DataLossError(absl::StrCat(
+                                 it->manifest_path(), " is of step ",
+                                 manifest->step(), ", not ", it->step()))
+                           : manifest.status());
   }
-  return std::nullopt;
+  return point;
+}
+
+int64_t DropUnusable(const std::string& job_id, v1::JobStatus* status,
+                     const RestorePoint& point) {
+  int64_t dropped = 0;
+  auto* list = status->mutable_checkpoints();
+  for (const auto& [ref, why] : point.unusable) {
+    for (int i = list->size() - 1; i >= 0; --i) {
+      if (list->Get(i).step() != ref.step() ||
+          list->Get(i).manifest_path() != ref.manifest_path()) {
+        continue;
+      }
+      LogError(
+          "job %s: checkpoint of step %d is unusable, falling back to "
+          "the one before: %s",
+          job_id, ref.step(), why.ToString());
+      list->DeleteSubrange(i, 1);
+      ++dropped;
+    }
+  }
+  return dropped;
 }
 
 }  // namespace gpipe::controller

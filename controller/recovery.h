@@ -13,23 +13,20 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/pipeline/step_plan.h"
 
 namespace gpipe::controller {
 
-// Where stage `stage` of epoch `epoch` writes its checkpoint for `step`:
-// <checkpoint_dir>/<job>/step-<step>/e<epoch>-stage-<stage>.safetensors.
-std::string CheckpointStepDir(const std::string& checkpoint_dir,
-                              const std::string& job_id, int64_t step);
-
-// InvalidArgument unless `report` names the file its stage must write for
-// its step and epoch, with a digest and a size (so a stage cannot point the
-// controller at any other file).
+// InvalidArgument unless `report` is of a checkpoint step of `plan` and
+// names the file its stage must write for its step and epoch
+// (services/storage/checkpoint_layout.h), with a digest and a size (so a
+// stage cannot point the controller at any other file).
 absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
                                    const gpipe::v1::StageCheckpointed& report,
-                                   int64_t every, int64_t total_steps);
+                                   const StepPlan& plan);
 
 // InvalidArgument unless a StageFinished report names the file its stage
-// must write: <checkpoint_dir>/<job>/final/e<epoch>-stage-<stage>.safetensors.
+// must write (the final parameters' file of its epoch and stage).
 absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
                                  const gpipe::v1::StageFinished& report);
 
@@ -39,16 +36,43 @@ absl::StatusOr<gpipe::v1::CheckpointRef> CommitCheckpoint(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
     const std::vector<gpipe::v1::StageCheckpointed>& reports);
 
-// Appends `ref` to the status's committed checkpoints and keeps the newest
-// `keep` (default 3 when 0), removing the directories of the rest.
-void KeepCheckpoints(gpipe::v1::JobStatus* status, gpipe::v1::CheckpointRef ref,
-                     int64_t keep);
+// The final parameters are a committed checkpoint too: hashes each stage's
+// final file (`stages`: path, stage and layer range) and writes their
+// manifest in the job's final directory. Reads every file: call it off the
+// controller's lock.
+absl::StatusOr<gpipe::v1::CheckpointRef> CommitFinalParameters(
+    const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
+    int64_t step, std::vector<gpipe::v1::StageCheckpointed> stages);
 
-// The newest committed checkpoint of `status` whose manifest and files are
-// intact. Each one that is not is DataLoss: logged, removed from the
-// status and counted in *corrupt. nullopt: start from the beginning.
-std::optional<gpipe::v1::CheckpointRef> ChooseRestorePoint(
-    const std::string& job_id, gpipe::v1::JobStatus* status, int64_t* corrupt);
+// Checks every file a stage reported for a checkpoint against the size and
+// sha256 it reported (DataLoss naming the file otherwise), so a checkpoint
+// is verified once, when it is committed. Reads every file: off the lock.
+absl::Status VerifyCheckpointReports(
+    const std::vector<gpipe::v1::StageCheckpointed>& reports);
+
+// Appends `ref` to the status's committed checkpoints and keeps the newest
+// `keep` (default 3 when 0). Returns the directories of those it dropped,
+// for RemoveCheckpointDirs off the lock.
+std::vector<std::string> KeepCheckpoints(gpipe::v1::JobStatus* status,
+                                         gpipe::v1::CheckpointRef ref,
+                                         int64_t keep);
+void RemoveCheckpointDirs(const std::vector<std::string>& dirs);
+
+// Which committed checkpoint a restarting job restores: the newest whose
+// manifest and files are intact. Each newer one that is not is DataLoss,
+// listed in `unusable` (newest first). nullopt: start from the beginning.
+struct RestorePoint {
+  std::optional<gpipe::v1::CheckpointRef> chosen;
+  std::vector<std::pair<gpipe::v1::CheckpointRef, absl::Status>> unusable;
+};
+// Reads and hashes every file of the checkpoints it tries: call it off the
+// controller's lock, on a copy of the list.
+RestorePoint CheckRestorePoint(
+    const std::vector<gpipe::v1::CheckpointRef>& committed);
+// Removes the unusable checkpoints of `point` from the status (those still
+// listed); returns how many.
+int64_t DropUnusable(const std::string& job_id, gpipe::v1::JobStatus* status,
+                     const RestorePoint& point);
 
 }  // namespace gpipe::controller
 

@@ -13,7 +13,10 @@
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
 #include "services/security/stream_key.h"
+#include "services/storage/checkpoint_layout.h"
 
 namespace gpipe::controller {
 namespace {
@@ -22,23 +25,12 @@ namespace v1 = gpipe::v1;
 
 constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
 
-v1::Schedule ResolvedSchedule(const v1::JobSpec& spec) {
-  const v1::Schedule s = spec.pipeline().schedule();
-  return s == v1::SCHEDULE_UNSPECIFIED ? v1::GPIPE : s;
-}
-
-v1::Remat ResolvedRemat(const v1::JobSpec& spec) {
-  const v1::Remat r = spec.pipeline().remat();
-  return r == v1::REMAT_UNSPECIFIED ? v1::EXCEPT_LAST : r;
-}
-
 // Assigns `job` to `workers` (one stage each): partition, epoch, restore
 // point, messages. False when the job cannot be partitioned: it has failed,
 // and the workers are still free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
-           const std::string& checkpoint_dir, absl::Time now,
-           int64_t* corrupt_checkpoints) {
+           const std::string& checkpoint_dir, absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(workers.size());
   // Fewer stages than asked (elastic): an explicit balance has K entries,
@@ -68,8 +60,10 @@ bool Start(JobTable& jobs, JobRecord& job,
   const std::vector<int64_t> begins = StageBegins(*balance);
   v1::JobStatus& status = job.status();
   const int64_t epoch = status.epoch() + 1;
-  const std::optional<v1::CheckpointRef> restore =
-      ChooseRestorePoint(job.id(), &status, corrupt_checkpoints);
+  // Checked off the lock before this start (ScheduleJobs); used up now.
+  const std::optional<v1::CheckpointRef> restore = job.restore_point;
+  job.restore_point.reset();
+  job.restore_check = JobRecord::RestoreCheck::kNeeded;
   const int64_t start_step = restore ? restore->step() : 0;
   status.set_epoch(epoch);
   status.set_step(start_step);
@@ -80,9 +74,8 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.checkpointing.clear();
   job.merging = false;
   const std::string job_dir =
-      (std::filesystem::path(checkpoint_dir) / job.id()).string();
-  const std::string output_dir =
-      (std::filesystem::path(job_dir) / "final").string();
+      storage::JobCheckpointDir(checkpoint_dir, job.id());
+  const std::string output_dir = storage::FinalParametersDir(job_dir);
   std::string placed;
   for (int64_t i = 0; i < k; ++i) {
     WorkerRecord& worker = *workers[i];
@@ -103,8 +96,9 @@ bool Start(JobTable& jobs, JobRecord& job,
     a.set_layer_begin(stage->layer_begin());
     a.set_layer_end(stage->layer_end());
     a.set_micro_batches(MicroBatchCount(spec));
-    a.set_schedule(ResolvedSchedule(spec));
-    a.set_remat(ResolvedRemat(spec));
+    a.set_schedule(
+        ScheduleToSpec(ScheduleFromSpec(spec.pipeline().schedule())));
+    a.set_remat(RematToSpec(RematFromSpec(spec.pipeline().remat())));
     a.set_upstream_address(i > 0 ? workers[i - 1]->info.address() : "");
     a.set_downstream_address(i + 1 < k ? workers[i + 1]->info.address() : "");
     a.set_start_step(start_step);
@@ -153,7 +147,7 @@ int64_t MinStages(const v1::JobSpec& spec) {
 
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
                   const std::string& checkpoint_dir, absl::Time now,
-                  int64_t* corrupt_checkpoints) {
+                  const std::function<void(JobRecord&)>& check_restore_point) {
   std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Idle();
   const JobRecord* blocked_by = nullptr;
   for (JobRecord* job : jobs.Waiting()) {
@@ -170,10 +164,22 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
       k = free;
     }
+    if (blocked_by == nullptr && free >= k && k > 0 &&
+        !job->status().checkpoints().empty() &&
+        job->restore_check != JobRecord::RestoreCheck::kChecked) {
+      // Its restore point is read and hashed off the lock first; it goes
+      // first once that is done (the check reschedules).
+      if (job->restore_check == JobRecord::RestoreCheck::kNeeded) {
+        job->restore_check = JobRecord::RestoreCheck::kChecking;
+        check_restore_point(*job);
+      }
+      blocked_by = job;
+      continue;
+    }
     if (blocked_by == nullptr && free >= k && k > 0) {
       std::vector<std::shared_ptr<WorkerRecord>> chosen(idle.begin(),
                                                         idle.begin() + k);
-      if (Start(jobs, *job, chosen, checkpoint_dir, now, corrupt_checkpoints)) {
+      if (Start(jobs, *job, chosen, checkpoint_dir, now)) {
         idle.erase(idle.begin(), idle.begin() + k);
       }
       continue;

@@ -3,13 +3,15 @@
 // workers that attached first; its layers are partitioned over them
 // (PartitionJob), its epoch is bumped, and each worker gets an Assignment
 // naming its neighbours and the committed checkpoint to restore (the newest
-// whose files still match their manifest). A job that has waited longer than
-// its elastic grace period runs on fewer workers, down to min_stages.
+// whose files still match their manifest: checked off the controller's lock
+// before the job starts, see check_restore_point). A job that has waited longer
+// than its elastic grace period runs on fewer workers, down to min_stages.
 // Strict FIFO: a job that does not fit yet holds back the jobs behind it, so
 // a large job is never starved by a stream of small ones.
 #ifndef GPIPE_CONTROLLER_SCHEDULER_H_
 #define GPIPE_CONTROLLER_SCHEDULER_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -22,11 +24,14 @@ namespace gpipe::controller {
 // becomes free. Jobs left waiting get their Scheduled condition's message
 // updated ("needs K workers, N free"). Final parameters of a job go to
 // <checkpoint_dir>/<job id>/final.
-// Checkpoints found corrupt are dropped from their job and counted in
-// *corrupt_checkpoints.
+// A job with committed checkpoints that could start has its restore point
+// checked first: ScheduleJobs marks it kChecking and calls
+// `check_restore_point` (which must do the I/O off the lock, set
+// restore_point and kChecked, and schedule again); meanwhile it holds its
+// place in the queue.
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
                   const std::string& checkpoint_dir, absl::Time now,
-                  int64_t* corrupt_checkpoints);
+                  const std::function<void(JobRecord&)>& check_restore_point);
 
 // The elastic grace period of `spec` (pipeline.elastic_grace_ms, default
 // 10 s) and its minimum stage count (pipeline.min_stages, default K).

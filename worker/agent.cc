@@ -7,7 +7,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "services/core/log.h"
-#include "services/transport/grpc_link.h"
+#include "services/transport/exchange_link.h"
 
 namespace gpipe {
 

@@ -8,21 +8,48 @@
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/schedule.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/stage_checkpoint.h"
+#include "services/pipeline/step_plan.h"
 #include "services/security/stream_key.h"
+#include "services/storage/checkpoint_layout.h"
 #include "services/storage/safetensors.h"
 #include "services/telemetry/metered_link.h"
 #include "services/telemetry/step_trace.h"
 #include "services/tensor/threads.h"
+#include "worker/grpc_downstream_connector.h"
 
 namespace gpipe {
 
 struct Executor::Run {
   gpipe::v1::Assignment assignment;
   bool cancelled = false;
-  std::shared_ptr<GrpcLink> upstream;  // set by AcceptUpstream
-  Link* downstream = nullptr;          // while connected, for Cancel
+  std::shared_ptr<Link> upstream;  // set by AcceptUpstream
+  Link* downstream = nullptr;      // while connected, for Cancel
+};
+
+struct Executor::Execution {
+  explicit Execution(std::shared_ptr<Run> r)
+      : run(std::move(r)),
+        a(run->assignment),
+        spec(a.spec()),
+        plan(StepPlan::FromSpec(spec)),
+        first(a.stage() == 0),
+        last(a.stage() == a.stages() - 1) {}
+
+  const std::shared_ptr<Run> run;
+  const gpipe::v1::Assignment& a;
+  const gpipe::v1::JobSpec& spec;
+  const StepPlan plan;
+  const bool first, last;
+  std::shared_ptr<StageMetrics> metrics;   // null without a metrics server
+  std::shared_ptr<const Dataset> dataset;  // the first and last stage's
+  std::unique_ptr<Link> downstream;
+  std::shared_ptr<Link> upstream;
+  std::unique_ptr<MeteredLink> metered_up, metered_down;
+  std::string data_plane;  // of the link downstream, for progress
+  std::unique_ptr<Stage> stage;
 };
 
 Executor::Executor(int threads, Reporter report, PipelineMetrics* metrics,
@@ -57,6 +84,10 @@ void Executor::StopLocked(std::unique_lock<std::mutex>& lock) {
 void Executor::Start(const gpipe::v1::Assignment& a) {
   std::unique_lock<std::mutex> lock(mu_);
   StopLocked(lock);
+  if (connector_ == nullptr) {
+    connector_ = std::make_unique<GrpcDownstreamConnector>(
+        exchange_credentials_, data_plane_);
+  }
   auto run = std::make_shared<Run>();
   run->assignment = a;
   current_ = run;
@@ -82,7 +113,7 @@ void Executor::CancelAll() {
 
 absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
                                       int64_t from_stage,
-                                      std::shared_ptr<GrpcLink> link,
+                                      std::shared_ptr<Link> link,
                                       int64_t wait_ms,
                                       const std::optional<std::string>& key) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -181,252 +212,39 @@ gpipe::v1::WorkerMessage Evaluated(const gpipe::v1::Assignment& a, int64_t step,
 
 }  // namespace
 
-// The next stage's answer to this stage's data-plane offer, in short waits
-// so that a cancel is noticed; logged and exported.
-absl::StatusOr<DataPlane> Executor::AwaitDataPlane(
-    GrpcClientLink& link, const gpipe::v1::Assignment& a,
-    const std::function<bool()>& cancelled,
-    const std::shared_ptr<StageMetrics>& metrics) {
-  for (;;) {
-    absl::StatusOr<DataPlane> plane =
-        link.link().WaitDataPlane(std::chrono::milliseconds(250));
-    if (plane.ok()) {
-      const std::string refusal = link.link().data_plane_refusal();
-      LogInfo(
-          "stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s",
-          a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
-          DataPlaneModeName(data_plane_.mode),
-          refusal.empty()
-              ? std::string()
-              : absl::StrCat(*plane == DataPlane::kGrpc &&
-                                     !absl::StartsWith(refusal, "no CUDA IPC")
-                                 ? ": no shared memory: "
-                                 : ": ",
-                             refusal));
-      if (metrics != nullptr) metrics->SetDataPlane(DataPlaneName(*plane));
-      return *plane;
-    }
-    if (!absl::IsDeadlineExceeded(plane.status())) return plane.status();
-    if (cancelled()) return absl::CancelledError("cancelled");
-  }
+bool Executor::cancelled(const Run& run) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return run.cancelled;
 }
 
 void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
-  const gpipe::v1::Assignment& a = run->assignment;
-  const gpipe::v1::JobSpec& spec = a.spec();
-  const bool first = a.stage() == 0, last = a.stage() == a.stages() - 1;
-  const size_t capacity = static_cast<size_t>(a.micro_batches()) + 4;
+  Execution x(run);
+  const gpipe::v1::Assignment& a = x.a;
   LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
           a.layer_end(), a.micro_batches());
-
-  auto cancelled = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return run->cancelled;
-  };
-  std::unique_ptr<Link> downstream;
-  std::shared_ptr<GrpcLink> upstream;
-  std::shared_ptr<StageMetrics> stage_metrics;
   if (metrics_ != nullptr) {
-    stage_metrics = metrics_->ForStage(a.job_id(), a.stage(), a.stages(),
-                                       a.micro_batches(), last);
+    x.metrics = metrics_->ForStage(a.job_id(), a.stage(), a.stages(),
+                                   a.micro_batches(), x.last);
   }
-  std::unique_ptr<MeteredLink> metered_up, metered_down;
-  std::string data_plane_name;  // of the link downstream, for progress
   absl::Status status = [&]() -> absl::Status {
-    std::shared_ptr<const Dataset> dataset;
-    if (first || last) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(spec));
-      dataset = std::move(d);
+    if (x.first || x.last) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(x.spec));
+      x.dataset = std::move(d);
     }
-    if (!last) {
-      // In short attempts, so that a cancel (the job restarted: the peer
-      // may be dead) is noticed within a second rather than after 30.
-      absl::Status connected = absl::UnavailableError("not tried");
-      GrpcClientLink* client = nullptr;
-      for (int attempt = 0; attempt < 30 && !cancelled(); ++attempt) {
-        absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
-            ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
-                              a.stage(), capacity, 1000, FrameCodec::kOneCopy,
-                              data_plane_, [&] {
-                                ExchangeCredentials c = exchange_credentials_;
-                                c.stream_key = a.stream_key();
-                                return c;
-                              }());
-        if (link.ok()) {
-          client = link->get();
-          downstream = std::move(*link);
-          connected = absl::OkStatus();
-          break;
-        }
-        connected = link.status();
-        if (!absl::IsUnavailable(connected)) break;
-      }
-      if (cancelled()) return absl::CancelledError("cancelled");
-      RETURN_IF_ERROR(connected);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (run->cancelled) return absl::CancelledError("cancelled");
-        run->downstream = downstream.get();
-      }
-      ASSIGN_OR_RETURN(DataPlane plane,
-                       AwaitDataPlane(*client, a, cancelled, stage_metrics));
-      data_plane_name = DataPlaneName(plane);
-    }
-    if (!first) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] {
-            return run->cancelled || run->upstream != nullptr;
-          })) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "stage ", a.stage() - 1, " did not connect within 60 s"));
-      }
-      if (run->cancelled) return absl::CancelledError("cancelled");
-      upstream = run->upstream;
-    }
-    StagePlacement placement;
-    placement.index = a.stage();
-    placement.count = a.stages();
-    placement.layer_begin = a.layer_begin();
-    placement.layer_end = a.layer_end();
-    placement.micro_batches = a.micro_batches();
-    placement.schedule = a.schedule() == gpipe::v1::ONE_F_ONE_B
-                             ? ScheduleKind::kOneFOneB
-                             : ScheduleKind::kGPipe;
-    placement.remat = RematFromSpec(a.remat());
-    Link* up = upstream.get();
-    Link* down = downstream.get();
-    if (stage_metrics != nullptr) {
-      if (up != nullptr) {
-        metered_up = std::make_unique<MeteredLink>(up, stage_metrics.get());
-        up = metered_up.get();
-      }
-      if (down != nullptr) {
-        metered_down = std::make_unique<MeteredLink>(down, stage_metrics.get());
-        down = metered_down.get();
-      }
-    }
-    placement.device = device_;
-    ASSIGN_OR_RETURN(std::unique_ptr<Stage> stage,
-                     Stage::Create(spec, placement, dataset, up, down));
-    if (!a.restore_manifest().empty()) {
-      absl::StatusOr<int64_t> restored =
-          RestoreStageCheckpoint(*stage, a.restore_manifest());
-      if (!restored.ok()) return CheckpointError(restored.status());
-      if (*restored != a.start_step()) {
-        return CheckpointError(absl::DataLossError(
-            absl::StrCat(a.restore_manifest(), " is of step ", *restored,
-                         ", the assignment starts at ", a.start_step())));
-      }
-      LogInfo("stage %d of %s restored step %d from %s", a.stage(), a.job_id(),
-              *restored, a.restore_manifest());
-    }
-    const int64_t every = spec.checkpoint().every();
-    for (int64_t s = a.start_step(); s < spec.steps(); ++s) {
-      const auto start = std::chrono::steady_clock::now();
-      ASSIGN_OR_RETURN(StageStepResult r, stage->RunStep(s));
-      const double seconds = std::chrono::duration<double>(
-                                 std::chrono::steady_clock::now() - start)
-                                 .count();
-      const StepTimeline t = stage->timeline().LastStep();
-      if (trace_every_ > 0 && s % trace_every_ == 0) {
-        gpipe::v1::WorkerMessage trace;
-        *trace.mutable_trace() =
-            ToStepTrace(t, a.stage(), UnixNsAtOrigin(stage->timeline()));
-        trace.mutable_trace()->set_job_id(a.job_id());
-        trace.mutable_trace()->set_epoch(a.epoch());
-        report_(trace);
-      }
-      gpipe::v1::WorkerMessage m;
-      auto* p = m.mutable_progress();
-      p->set_job_id(a.job_id());
-      p->set_epoch(a.epoch());
-      p->set_stage(a.stage());
-      p->set_step(s + 1);
-      if (last) {
-        p->set_loss(r.loss.loss_sum / r.loss_normalizer);
-        p->set_accuracy(r.loss.counted > 0
-                            ? static_cast<double>(r.loss.correct) /
-                                  r.loss.counted
-                            : 0.0);
-      }
-      p->set_step_seconds(seconds);
-      p->set_busy_seconds(t.busy_seconds());
-      p->set_bubble_seconds(t.bubble_seconds());
-      p->set_peak_activation_bytes(r.peak_activation_bytes);
-      p->set_data_plane(data_plane_name);
-      if (stage_metrics != nullptr) {
-        StepOutcome report;
-        report.completed_steps = s + 1;
-        report.samples = spec.batch_size();
-        report.peak_activation_bytes = r.peak_activation_bytes;
-        if (last) report.loss = p->loss();
-        stage_metrics->ObserveStep(t, report);
-      }
-      report_(m);
-      if (cancelled()) return absl::CancelledError("cancelled");
-      const int64_t done = s + 1;
-      if (every > 0 && done % every == 0 && done < spec.steps() &&
-          !a.checkpoint_dir().empty()) {
-        // Named by epoch: a stale worker of an older epoch that wakes up
-        // writes beside the current files, never over them.
-        const std::string path =
-            absl::StrCat(a.checkpoint_dir(), "/step-", done, "/e", a.epoch(),
-                         "-stage-", a.stage(), ".safetensors");
-        absl::StatusOr<WrittenCheckpoint> written =
-            SaveStageCheckpoint(*stage, done, path);
-        if (!written.ok()) return CheckpointError(written.status());
-        gpipe::v1::WorkerMessage c;
-        auto* r = c.mutable_checkpointed();
-        r->set_job_id(a.job_id());
-        r->set_epoch(a.epoch());
-        r->set_stage(a.stage());
-        r->set_step(done);
-        r->set_path(path);
-        r->set_sha256(written->sha256);
-        r->set_bytes(written->bytes);
-        r->set_layer_begin(a.layer_begin());
-        r->set_layer_end(a.layer_end());
-        report_(c);
-      }
-      // As `gpipectl train` does: every eval.every steps but the last (the
-      // final evaluation below covers it). All stages take part.
-      const int64_t eval_every = spec.eval().every();
-      if (eval_every > 0 && done % eval_every == 0 && done < spec.steps()) {
-        ASSIGN_OR_RETURN(
-            LossResult e,
-            stage->RunEval(Split::kTest, spec.eval().max_samples()));
-        if (last && e.counted > 0) report_(Evaluated(a, done, e));
-      }
-    }
-    ASSIGN_OR_RETURN(LossResult eval,
-                     stage->RunEval(Split::kTest, spec.eval().max_samples()));
-    std::error_code ec;
-    std::filesystem::create_directories(a.output_dir(), ec);
-    const std::string path = absl::StrCat(a.output_dir(), "/e", a.epoch(),
-                                          "-stage-", a.stage(), ".safetensors");
-    std::vector<std::pair<std::string, const Tensor*>> tensors;
-    for (const NamedTensor& t : stage->model().StateTensors())
-      tensors.emplace_back(t.name, t.tensor);
-    RETURN_IF_ERROR(WriteSafetensors(path, tensors, {{"format", "pt"}}));
-    gpipe::v1::WorkerMessage m;
-    auto* f = m.mutable_finished();
-    f->set_job_id(a.job_id());
-    f->set_epoch(a.epoch());
-    f->set_stage(a.stage());
-    f->set_parameters_path(path);
-    if (last && eval.counted > 0) {
-      *f->mutable_evaluation() = ToEvaluation(spec.steps(), eval);
-    }
-    report_(m);
-    return absl::OkStatus();
+    if (!x.last) RETURN_IF_ERROR(ConnectDownstream(x));
+    if (!x.first) RETURN_IF_ERROR(AwaitUpstream(x));
+    RETURN_IF_ERROR(BuildStage(x));
+    RETURN_IF_ERROR(Restore(x));
+    RETURN_IF_ERROR(RunSteps(x));
+    return Finish(x);
   }();
 
   if (!status.ok()) {
-    if (upstream) upstream->Close();
-    if (downstream) downstream->Close();
-    if (!cancelled()) {
+    if (x.upstream) x.upstream->Close();
+    if (x.downstream) x.downstream->Close();
+    if (!cancelled(*run)) {
       LogWarning("stage %d of %s failed: %s", a.stage(), a.job_id(),
                  std::string(status.message()));
       report_(Failure(a, status));
@@ -436,12 +254,209 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     std::lock_guard<std::mutex> lock(mu_);
     run->downstream = nullptr;
   }
-  downstream.reset();  // half-closes and waits for the next stage
-  if (upstream) upstream->Release();
+  x.stage.reset();  // before the links it uses
+  x.metered_down.reset();
+  x.metered_up.reset();
+  x.downstream.reset();  // half-closes and waits for the next stage
+  if (x.upstream) x.upstream->Release();
   // The stage and its metered links are gone: nothing observes any more.
-  if (stage_metrics != nullptr) metrics_->Finish(a.job_id(), a.stage());
+  if (x.metrics != nullptr) metrics_->Finish(a.job_id(), a.stage());
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == run) current_ = nullptr;
+}
+
+absl::Status Executor::ConnectDownstream(Execution& x) {
+  auto is_cancelled = [&] { return cancelled(*x.run); };
+  ASSIGN_OR_RETURN(x.downstream, connector_->Connect(x.a, is_cancelled));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (x.run->cancelled) return absl::CancelledError("cancelled");
+    x.run->downstream = x.downstream.get();
+  }
+  ASSIGN_OR_RETURN(x.data_plane, connector_->AwaitDataPlane(*x.downstream, x.a,
+                                                            is_cancelled));
+  if (x.metrics != nullptr) x.metrics->SetDataPlane(x.data_plane);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::AwaitUpstream(Execution& x) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] {
+        return x.run->cancelled || x.run->upstream != nullptr;
+      })) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "stage ", x.a.stage() - 1, " did not connect within 60 s"));
+  }
+  if (x.run->cancelled) return absl::CancelledError("cancelled");
+  x.upstream = x.run->upstream;
+  return absl::OkStatus();
+}
+
+absl::Status Executor::BuildStage(Execution& x) {
+  StagePlacement placement;
+  placement.index = x.a.stage();
+  placement.count = x.a.stages();
+  placement.layer_begin = x.a.layer_begin();
+  placement.layer_end = x.a.layer_end();
+  placement.micro_batches = x.a.micro_batches();
+  placement.schedule = ScheduleFromSpec(x.a.schedule());
+  placement.remat = RematFromSpec(x.a.remat());
+  placement.device = device_;
+  Link* up = x.upstream.get();
+  Link* down = x.downstream.get();
+  if (x.metrics != nullptr) {
+    if (up != nullptr) {
+      x.metered_up = std::make_unique<MeteredLink>(up, x.metrics.get());
+      up = x.metered_up.get();
+    }
+    if (down != nullptr) {
+      x.metered_down = std::make_unique<MeteredLink>(down, x.metrics.get());
+      down = x.metered_down.get();
+    }
+  }
+  ASSIGN_OR_RETURN(x.stage,
+                   Stage::Create(x.spec, placement, x.dataset, up, down));
+  return absl::OkStatus();
+}
+
+absl::Status Executor::Restore(Execution& x) {
+  const gpipe::v1::Assignment& a = x.a;
+  if (a.restore_manifest().empty()) return absl::OkStatus();
+  absl::StatusOr<int64_t> restored =
+      RestoreStageCheckpoint(*x.stage, a.restore_manifest());
+  if (!restored.ok()) return CheckpointError(restored.status());
+  if (*restored != a.start_step()) {
+    return CheckpointError(absl::DataLossError(
+        absl::StrCat(a.restore_manifest(), " is of step ", *restored,
+                     ", the assignment starts at ", a.start_step())));
+  }
+  LogInfo("stage %d of %s restored step %d from %s", a.stage(), a.job_id(),
+          *restored, a.restore_manifest());
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunSteps(Execution& x) {
+  for (int64_t s = x.a.start_step(); s < x.spec.steps(); ++s) {
+    const auto start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(StageStepResult r, x.stage->RunStep(s));
+    ReportStep(
+        x, s, r,
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count());
+    if (cancelled(*x.run)) return absl::CancelledError("cancelled");
+    const int64_t done = s + 1;
+    if (x.plan.CheckpointsAfter(done) && !x.a.checkpoint_dir().empty()) {
+      RETURN_IF_ERROR(Checkpoint(x, done));
+    }
+    // As `gpipectl train` does; all stages take part.
+    if (x.plan.EvaluatesAfter(done)) {
+      ASSIGN_OR_RETURN(
+          LossResult e,
+          x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
+      if (x.last && e.counted > 0) report_(Evaluated(x.a, done, e));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The step's op timeline (every trace_every_ steps), then its progress.
+void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
+                          double seconds) {
+  const gpipe::v1::Assignment& a = x.a;
+  const StepTimeline t = x.stage->timeline().LastStep();
+  if (trace_every_ > 0 && step % trace_every_ == 0) {
+    gpipe::v1::WorkerMessage trace;
+    *trace.mutable_trace() =
+        ToStepTrace(t, a.stage(), UnixNsAtOrigin(x.stage->timeline()));
+    trace.mutable_trace()->set_job_id(a.job_id());
+    trace.mutable_trace()->set_epoch(a.epoch());
+    report_(trace);
+  }
+  gpipe::v1::WorkerMessage m;
+  auto* p = m.mutable_progress();
+  p->set_job_id(a.job_id());
+  p->set_epoch(a.epoch());
+  p->set_stage(a.stage());
+  p->set_step(step + 1);
+  if (x.last) {
+    p->set_loss(r.loss.loss_sum / r.loss_normalizer);
+    p->set_accuracy(r.loss.counted > 0
+                        ? static_cast<double>(r.loss.correct) / r.loss.counted
+                        : 0.0);
+  }
+  p->set_step_seconds(seconds);
+  p->set_busy_seconds(t.busy_seconds());
+  p->set_bubble_seconds(t.bubble_seconds());
+  p->set_peak_activation_bytes(r.peak_activation_bytes);
+  p->set_data_plane(x.data_plane);
+  if (x.metrics != nullptr) {
+    StepOutcome report;
+    report.completed_steps = step + 1;
+    report.samples = x.spec.batch_size();
+    report.peak_activation_bytes = r.peak_activation_bytes;
+    if (x.last) report.loss = p->loss();
+    x.metrics->ObserveStep(t, report);
+  }
+  report_(m);
+}
+
+absl::Status Executor::Checkpoint(Execution& x, int64_t done) {
+  const gpipe::v1::Assignment& a = x.a;
+  const std::string path = storage::StageFilePath(
+      storage::CheckpointStepDir(a.checkpoint_dir(), done), a.epoch(),
+      a.stage());
+  absl::StatusOr<WrittenCheckpoint> written =
+      SaveStageCheckpoint(*x.stage, done, path);
+  if (!written.ok()) return CheckpointError(written.status());
+  gpipe::v1::WorkerMessage c;
+  auto* r = c.mutable_checkpointed();
+  r->set_job_id(a.job_id());
+  r->set_epoch(a.epoch());
+  r->set_stage(a.stage());
+  r->set_step(done);
+  r->set_path(path);
+  r->set_sha256(written->sha256);
+  r->set_bytes(written->bytes);
+  r->set_layer_begin(a.layer_begin());
+  r->set_layer_end(a.layer_end());
+  report_(c);
+  return absl::OkStatus();
+}
+
+// The final evaluation (all stages take part; the last reports it) and the
+// stage's final parameters, copied to the host when they live on a device.
+absl::Status Executor::Finish(Execution& x) {
+  const gpipe::v1::Assignment& a = x.a;
+  ASSIGN_OR_RETURN(LossResult eval,
+                   x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
+  std::error_code ec;
+  std::filesystem::create_directories(a.output_dir(), ec);
+  const std::string path =
+      storage::StageFilePath(a.output_dir(), a.epoch(), a.stage());
+  const std::vector<NamedTensor> state = x.stage->model().StateTensors();
+  std::vector<Tensor> host;
+  host.reserve(state.size());
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const NamedTensor& t : state) {
+    if (t.tensor->device() == Device::kCpu) {
+      tensors.emplace_back(t.name, t.tensor);
+    } else {
+      host.push_back(t.tensor->To(Device::kCpu));
+      tensors.emplace_back(t.name, &host.back());
+    }
+  }
+  RETURN_IF_ERROR(WriteSafetensors(path, tensors, {{"format", "pt"}}));
+  gpipe::v1::WorkerMessage m;
+  auto* f = m.mutable_finished();
+  f->set_job_id(a.job_id());
+  f->set_epoch(a.epoch());
+  f->set_stage(a.stage());
+  f->set_parameters_path(path);
+  if (x.last && eval.counted > 0) {
+    *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);
+  }
+  report_(m);
+  return absl::OkStatus();
 }
 
 }  // namespace gpipe

@@ -1,8 +1,9 @@
-// Runs the worker's stage assignment: builds the stage's layers, connects
-// its links (the downstream one as a gRPC client, the upstream one handed
-// over by the Exchange handler), runs the steps, the final evaluation, and
-// writes the stage's final parameters. Holds nothing beyond the assignment:
-// a cancelled or lost assignment leaves no state behind.
+// Runs the worker's stage assignment: opens its data, connects its links
+// (the downstream one through a DownstreamConnector, the upstream one handed
+// over by the Exchange handler), builds the stage, restores its checkpoint,
+// runs the steps (progress, checkpoints, evaluations), the final evaluation,
+// and writes the stage's final parameters. Holds nothing beyond the
+// assignment: a cancelled or lost assignment leaves no state behind.
 #ifndef GPIPE_WORKER_EXECUTOR_H_
 #define GPIPE_WORKER_EXECUTOR_H_
 
@@ -16,9 +17,11 @@
 
 #include "absl/status/status.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/pipeline/stage.h"
 #include "services/telemetry/stage_metrics.h"
 #include "services/tensor/dtype.h"
-#include "services/transport/grpc_link.h"
+#include "services/transport/exchange_link.h"
+#include "worker/downstream_connector.h"
 
 namespace gpipe {
 
@@ -46,7 +49,7 @@ class Executor {
   // assignment's key (PERMISSION_DENIED); nullopt: not checked.
   absl::Status AcceptUpstream(
       const std::string& job_id, int64_t epoch, int64_t from_stage,
-      std::shared_ptr<GrpcLink> link, int64_t wait_ms,
+      std::shared_ptr<Link> link, int64_t wait_ms,
       const std::optional<std::string>& stream_key = std::nullopt);
 
   bool busy() const;
@@ -64,14 +67,28 @@ class Executor {
   // previous one (--data_plane). Set before the first Start.
   void set_data_plane(const DataPlaneOptions& o) { data_plane_ = o; }
   const DataPlaneOptions& data_plane() const { return data_plane_; }
+  // How stages reach their next stage; default: gRPC with the credentials
+  // and data planes set above. Set before the first Start.
+  void set_downstream_connector(std::unique_ptr<DownstreamConnector> c) {
+    connector_ = std::move(c);
+  }
 
  private:
-  struct Run;  // one assignment's state
+  struct Run;        // one assignment, as Start and Cancel see it
+  struct Execution;  // what the assignment's thread builds as it goes
   void Execute(std::shared_ptr<Run> run);
-  absl::StatusOr<DataPlane> AwaitDataPlane(
-      GrpcClientLink& link, const gpipe::v1::Assignment& a,
-      const std::function<bool()>& cancelled,
-      const std::shared_ptr<StageMetrics>& metrics);
+  // The steps of Execute, in order.
+  absl::Status ConnectDownstream(Execution& x);
+  absl::Status AwaitUpstream(Execution& x);
+  absl::Status BuildStage(Execution& x);
+  absl::Status Restore(Execution& x);
+  absl::Status RunSteps(Execution& x);
+  absl::Status Finish(Execution& x);
+  // Parts of RunSteps.
+  void ReportStep(Execution& x, int64_t step, const StageStepResult& r,
+                  double seconds);
+  absl::Status Checkpoint(Execution& x, int64_t done);
+  bool cancelled(const Run& run) const;
   void StopLocked(std::unique_lock<std::mutex>& lock);
 
   const int threads_;
@@ -80,6 +97,7 @@ class Executor {
   int64_t trace_every_ = 1;
   ExchangeCredentials exchange_credentials_;
   DataPlaneOptions data_plane_;
+  std::unique_ptr<DownstreamConnector> connector_;
   const Device device_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -8,7 +8,7 @@ grpc::Status StageService::Exchange(grpc::ServerContext* context,
                                     ExchangeServerStream* stream) {
   absl::StatusOr<gpipe::v1::Frame> open = ReadOpenFrame(stream);
   if (!open.ok()) return ToGrpc(open.status());
-  auto link = std::make_shared<GrpcLink>(
+  auto link = std::make_shared<ExchangeLink>(
       std::make_unique<ServerFrameStream>(context, stream), open->job_id(),
       open->epoch(), /*capacity=*/64);
   // The stream key is checked with the assignment (the stage's epoch may

@@ -52,13 +52,25 @@ struct LayerContext {
 
 // What a forward keeps for its backward.
 struct Saved {
-  std::vector<Tensor> tensors;
-  std::vector<Saved> children;  // composite layers: one per sub-layer
+  // Keeps `t` under `name` (replacing an earlier one of that name).
+  void Put(std::string_view name, Tensor t);
+  // The tensor the forward kept under `name`. Asking for a name it did not
+  // keep is a bug in the layer: an undefined tensor, and an assertion in
+  // debug builds.
+  const Tensor& Get(std::string_view name) const;
   int64_t bytes() const;
   void Clear() {
-    tensors.clear();
+    tensors_.clear();
     children.clear();
   }
+
+  std::vector<Saved> children;  // composite layers: one per sub-layer
+
+ private:
+  // By name, so a forward and its backward cannot disagree on an order
+  // (and a backward split in two finds what each half needs). A layer
+  // keeps at most a few: a linear search.
+  std::vector<std::pair<std::string, Tensor>> tensors_;
 };
 
 // What the partitioner balances with.

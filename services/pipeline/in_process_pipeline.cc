@@ -16,9 +16,7 @@ PipelineOptions OptionsFromSpec(const gpipe::v1::JobSpec& spec) {
   PipelineOptions o;
   o.stages = StageCount(spec);
   o.micro_batches = MicroBatchCount(spec);
-  o.schedule = spec.pipeline().schedule() == gpipe::v1::ONE_F_ONE_B
-                   ? ScheduleKind::kOneFOneB
-                   : ScheduleKind::kGPipe;
+  o.schedule = ScheduleFromSpec(spec.pipeline().schedule());
   o.remat = RematFromSpec(spec.pipeline().remat());
   return o;
 }

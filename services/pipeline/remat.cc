@@ -40,4 +40,16 @@ RematMode RematFromSpec(gpipe::v1::Remat remat) {
   }
 }
 
+gpipe::v1::Remat RematToSpec(RematMode mode) {
+  switch (mode) {
+    case RematMode::kAlways:
+      return gpipe::v1::ALWAYS;
+    case RematMode::kExceptLast:
+      return gpipe::v1::EXCEPT_LAST;
+    case RematMode::kNever:
+      return gpipe::v1::NEVER;
+  }
+  return gpipe::v1::EXCEPT_LAST;
+}
+
 }  // namespace gpipe

@@ -26,6 +26,7 @@ inline bool StageRematerializes(RematMode mode, int64_t stage, int64_t k) {
 std::string_view RematName(RematMode mode);  // always, except_last, never
 absl::StatusOr<RematMode> ParseRematName(std::string_view name);
 RematMode RematFromSpec(gpipe::v1::Remat remat);  // unspecified: except_last
+gpipe::v1::Remat RematToSpec(RematMode mode);
 
 }  // namespace gpipe
 

@@ -43,6 +43,21 @@ absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name) {
       "schedule: '", std::string(name), "' is not one of gpipe, 1f1b"));
 }
 
+ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule) {
+  return schedule == gpipe::v1::ONE_F_ONE_B ? ScheduleKind::kOneFOneB
+                                            : ScheduleKind::kGPipe;
+}
+
+gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return gpipe::v1::GPIPE;
+    case ScheduleKind::kOneFOneB:
+      return gpipe::v1::ONE_F_ONE_B;
+  }
+  return gpipe::v1::GPIPE;
+}
+
 int64_t MaxLiveMicroBatches(const std::vector<Op>& ops) {
   int64_t live = 0, peak = 0;
   for (const Op& op : ops) {

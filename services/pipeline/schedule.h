@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
 
 namespace gpipe {
 
@@ -38,6 +39,10 @@ std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
 // "gpipe" / "1f1b".
 std::string_view ScheduleName(ScheduleKind kind);
 absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name);
+// The job spec's enum and ours, the only place they are converted
+// (unspecified: GPipe).
+ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule);
+gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind);
 
 // Most micro-batches whose activations a stage holds at once under `ops`
 // (a forward makes one live, its backward releases it).

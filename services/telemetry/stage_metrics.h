@@ -1,5 +1,5 @@
-// The per-stage metric families of DESIGN.md (Metrics), labelled by job and
-// stage only. A worker holds one PipelineMetrics on its registry and one
+// The per-stage metric families of docs/design.md (Metrics), labelled by job
+// and stage only. A worker holds one PipelineMetrics on its registry and one
 // StageMetrics per assignment; each step's figures come from the stage
 // timeline. Label sets of an ended assignment linger for a while (so their
 // final values get scraped) and are then removed, and at most a few linger

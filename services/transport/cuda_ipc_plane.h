@@ -15,10 +15,10 @@
 #include "absl/status/statusor.h"
 #include "gpipe/v1/stage.pb.h"
 #include "services/tensor/shape.h"
+#include "services/transport/cuda_ipc_ring.h"
 #include "services/transport/data_plane.h"
 #include "services/transport/frame_codec.h"
 #include "services/transport/link.h"
-#include "services/transport/cuda_ipc_ring.h"
 
 namespace gpipe {
 

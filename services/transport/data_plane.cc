@@ -10,13 +10,13 @@
 
 namespace gpipe {
 
-const char* DataPlaneName(DataPlane plane) {
+const char* DataPlaneName(DataPlaneKind plane) {
   switch (plane) {
-    case DataPlane::kGrpc:
+    case DataPlaneKind::kGrpc:
       return "grpc";
-    case DataPlane::kShm:
+    case DataPlaneKind::kShm:
       return "shm";
-    case DataPlane::kCudaIpc:
+    case DataPlaneKind::kCudaIpc:
       return "cuda_ipc";
   }
   return "?";

@@ -1,10 +1,9 @@
-// Which data plane carries the tensor bytes between two neighbouring stages.
-// gRPC frames work everywhere; the shared-memory plane only between stages
-// on one host that can map the same segment. The upstream stage of a pair
-// offers what its --data_plane allows right after OPEN, the downstream stage
-// answers with what it could set up (DATA_PLANE_OFFER / DATA_PLANE_ANSWER in
-// gpipe.v1.Frame). The CUDA IPC plane (cuda_ipc_*.h) is one more DataPlane
-// value and one more part of the offer, for two GPU stages on one host.
+// Which data plane carries the tensor bytes between two neighbouring stages,
+// and what a worker allows (--data_plane). gRPC frames work everywhere; the
+// shared-memory plane only between stages on one host that can map the
+// same segment; the CUDA IPC plane between two GPU stages on one host. The
+// planes themselves are DataPlane implementations (plane.h); the choice is
+// made per link by PlaneNegotiator (plane_negotiator.h).
 #ifndef GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_
 #define GPIPE_SERVICES_TRANSPORT_DATA_PLANE_H_
 
@@ -16,7 +15,7 @@
 
 namespace gpipe {
 
-enum class DataPlane : uint8_t {
+enum class DataPlaneKind : uint8_t {
   kGrpc,     // tensor bytes inside Exchange frames
   kShm,      // messages in a shared-memory ring, notified through the segment
   kCudaIpc,  // device tensors copied through an exported device buffer
@@ -30,7 +29,7 @@ enum class DataPlaneMode : uint8_t {
   kCudaIpc,  // CUDA IPC between two GPU stages or fail
 };
 
-const char* DataPlaneName(DataPlane plane);  // "grpc", "shm", "cuda_ipc"
+const char* DataPlaneName(DataPlaneKind plane);  // "grpc", "shm", "cuda_ipc"
 const char* DataPlaneModeName(DataPlaneMode mode);
 // "auto", "grpc", "shm" or "cuda_ipc"; anything else is INVALID_ARGUMENT.
 absl::StatusOr<DataPlaneMode> ParseDataPlaneMode(const std::string& text);

@@ -22,7 +22,7 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/sync_stream.h"
-#include "services/transport/grpc_link.h"
+#include "services/transport/control_stream.h"
 
 namespace gpipe {
 
@@ -46,7 +46,7 @@ class ExchangeService : public grpc::Service {
                                 ExchangeServerStream* stream) = 0;
 };
 
-// The server's side of one Exchange stream, for a GrpcLink.
+// The server's side of one Exchange stream, for an ExchangeLink.
 class ServerFrameStream final : public FrameStream {
  public:
   ServerFrameStream(grpc::ServerContext* context, ExchangeServerStream* stream)

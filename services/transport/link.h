@@ -51,6 +51,10 @@ class Link {
   virtual absl::StatusOr<Message> Receive() = 0;
   // Closes both directions and wakes every blocked Send and Receive.
   virtual void Close() = 0;
+  // The stage is done with this link, normally or not. An end that a
+  // server's handler lent (ExchangeLink) lets the handler return; others need
+  // nothing.
+  virtual void Release() {}
   // Bytes of tensor payload this end sent and received so far.
   virtual int64_t bytes_sent() const = 0;
   virtual int64_t bytes_received() const = 0;

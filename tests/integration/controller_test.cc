@@ -38,6 +38,7 @@
 #include "services/storage/safetensors.h"
 #include "services/storage/sha256.h"
 #include "services/tensor/tensor.h"
+#include "tests/support/controller_fixtures.h"
 
 namespace gpipe::controller {
 namespace {
@@ -45,43 +46,14 @@ namespace {
 namespace v1 = gpipe::v1;
 using ::testing::HasSubstr;
 
-// Five layers, two of them without parameters; K comes from the test.
-constexpr std::string_view kSpecJson = R"({
-  "name": "controller-test",
-  "model": {
-    "input": {"dtype": "FLOAT32", "shape": {"dims": [16]}},
-    "layers": [
-      {"linear": {"in_features": 16, "out_features": 32}},
-      {"relu": {}},
-      {"linear": {"in_features": 32, "out_features": 32}},
-      {"relu": {}},
-      {"linear": {"in_features": 32, "out_features": 4}}
-    ],
-    "loss": {"softmax_cross_entropy": {}}
-  },
-  "optimizer": {"lr": 0.05, "sgd": {}},
-  "data": {"synthetic": {"task": "CLASSES", "features": 16, "classes": 4,
-                         "train_samples": 512}},
-  "pipeline": {"stages": 2, "micro_batches": 4},
-  "batch_size": 32,
-  "steps": 10
-})";
-constexpr int64_t kLayers = 5;
+using test_support::Checkpointed;
+using test_support::RecoverableSpec;
+constexpr int64_t kLayers = test_support::kControllerSpecLayers;
 constexpr absl::Duration kWait = absl::Seconds(5);
 
-// The JSON as a JobSpec, not validated (the controller must do that).
-v1::JobSpec Spec(std::string_view json = kSpecJson) {
-  v1::JobSpec spec;
-  const auto status =
-      google::protobuf::util::JsonStringToMessage(std::string(json), &spec);
-  EXPECT_TRUE(status.ok()) << status.ToString();
-  return spec;
-}
-
+v1::JobSpec Spec() { return test_support::ControllerSpec(2); }
 v1::JobSpec SpecWithStages(int64_t stages) {
-  v1::JobSpec spec = Spec();
-  spec.mutable_pipeline()->set_stages(stages);
-  return spec;
+  return test_support::ControllerSpec(stages);
 }
 
 // A worker process as the controller sees it: one Attach stream, messages
@@ -424,29 +396,6 @@ class ControllerTest : public ::testing::Test {
 
   // Writes stage a's checkpoint file for `step` where the controller expects
   // it and returns the report a worker sends.
-  v1::WorkerMessage Checkpointed(const v1::Assignment &a, int64_t step) {
-    const std::string path =
-        absl::StrCat(a.checkpoint_dir(), "/step-", step, "/e", a.epoch(),
-                     "-stage-", a.stage(), ".safetensors");
-    std::filesystem::create_directories(
-        std::filesystem::path(path).parent_path());
-    const std::string bytes =
-        absl::StrCat("stage ", a.stage(), " at step ", step);
-    std::ofstream(path, std::ios::binary) << bytes;
-    v1::WorkerMessage m;
-    v1::StageCheckpointed &c = *m.mutable_checkpointed();
-    c.set_job_id(a.job_id());
-    c.set_epoch(a.epoch());
-    c.set_stage(a.stage());
-    c.set_step(step);
-    c.set_path(path);
-    c.set_sha256(storage::Sha256Hex(bytes));
-    c.set_bytes(bytes.size());
-    c.set_layer_begin(a.layer_begin());
-    c.set_layer_end(a.layer_end());
-    return m;
-  }
-
   std::string store_path_;  // StartController uses it when set
   std::filesystem::path dir_;
   std::unique_ptr<ControllerServer> server_;
@@ -1152,13 +1101,6 @@ TEST_F(ControllerTest, ShutdownEndsAttachAndWatchStreams) {
   const grpc::Status watch = watcher.Wait();
   EXPECT_EQ(watch.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(watch.error_message(), HasSubstr("shutting down"));
-}
-
-v1::JobSpec RecoverableSpec(int64_t stages, int64_t max_restarts) {
-  v1::JobSpec spec = SpecWithStages(stages);
-  spec.mutable_checkpoint()->set_every(2);
-  spec.set_max_restarts(max_restarts);
-  return spec;
 }
 
 // The state machine under faults: checkpoints commit when every stage has

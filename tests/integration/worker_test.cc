@@ -17,6 +17,7 @@
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
+#include "tests/support/worker_reports.h"
 #include "worker/executor.h"
 #include "worker/stage_service.h"
 
@@ -41,43 +42,7 @@ constexpr char kSpec[] = R"json({
   "batchSize": 30, "steps": 6, "seed": 4
 })json";
 
-// Collects what the executors report.
-class Reports {
- public:
-  void Add(const gpipe::v1::WorkerMessage& m) {
-    std::lock_guard<std::mutex> lock(mu_);
-    messages_.push_back(m);
-    cv_.notify_all();
-  }
-  // Waits until `n` stages finished or one failed (bounded).
-  bool WaitFinished(int n, std::string* failure) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(60),
-                 [&] { return Count(true) >= n || Count(false) > 0; });
-    for (const auto& m : messages_)
-      if (m.has_failed()) *failure = m.failed().message();
-    return Count(true) >= n;
-  }
-  std::vector<gpipe::v1::WorkerMessage> All() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return messages_;
-  }
-  void Clear() {
-    std::lock_guard<std::mutex> lock(mu_);
-    messages_.clear();
-  }
-
- private:
-  int Count(bool finished) const {
-    int n = 0;
-    for (const auto& m : messages_)
-      n += finished ? m.has_finished() : m.has_failed();
-    return n;
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<gpipe::v1::WorkerMessage> messages_;
-};
+using Reports = test_support::WorkerReports;
 
 struct TestWorker {
   TestWorker(Reports* reports, int64_t link_wait_ms)

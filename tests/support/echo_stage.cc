@@ -4,7 +4,7 @@
 #include <thread>
 #include <utility>
 
-#include "services/transport/grpc_link.h"
+#include "services/transport/exchange_link.h"
 
 namespace gpipe::test_support {
 
@@ -12,8 +12,8 @@ grpc::Status EchoStageService::Exchange(grpc::ServerContext* context,
                                         ExchangeServerStream* stream) {
   absl::StatusOr<gpipe::v1::Frame> open = ReadOpenFrame(stream);
   if (!open.ok()) return ToGrpcStatus(open.status());
-  GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
-                open->job_id(), open->epoch(), /*capacity=*/8);
+  ExchangeLink link(std::make_unique<ServerFrameStream>(context, stream),
+                    open->job_id(), open->epoch(), /*capacity=*/8);
   link.set_data_plane(planes_);
   std::thread echo([&link] {
     for (;;) {

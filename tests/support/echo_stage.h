@@ -1,5 +1,5 @@
 // The two ends the link tests drive. A downstream stage: on each Exchange
-// stream it runs a real GrpcLink on the data plane it is given and sends
+// stream it runs a real ExchangeLink on the data plane it is given and sends
 // every message straight back (activations as gradients, scalars in kind),
 // served by a gRPC server on a free loopback port. And a hand-driven
 // upstream end that writes whatever frames a test builds.

@@ -14,6 +14,7 @@
 
 #include "grpcpp/grpcpp.h"
 #include "services/security/client_security.h"
+#include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
 #include "services/transport/frame_wire.h"
 

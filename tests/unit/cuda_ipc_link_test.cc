@@ -18,11 +18,12 @@
 #include <string>
 #include <thread>
 
+#include "cli/child_process.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/tensor/device.h"
+#include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
-#include "services/transport/grpc_link.h"
 
 namespace gpipe {
 namespace {
@@ -44,11 +45,9 @@ DataPlaneOptions Planes() {
 // Whether a GPU is there, asked in a child so that this process stays
 // free of CUDA until it has forked the downstream stage.
 bool GpuPresentInChild() {
-  const pid_t pid = fork();
-  if (pid == 0) _exit(CudaAvailable() ? 0 : 1);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  absl::StatusOr<std::unique_ptr<ChildProcess>> probe =
+      ChildProcess::Fork("GPU probe", [] { return CudaAvailable() ? 0 : 1; });
+  return probe.ok() && (*probe)->Wait() == 0;
 }
 
 // The downstream stage: echoes on one Exchange stream, then reports how it
@@ -59,8 +58,8 @@ class EchoService final : public ExchangeService {
                         ExchangeServerStream* stream) override {
     absl::StatusOr<Frame> open = ReadOpenFrame(stream);
     if (!open.ok()) return ToGrpcStatus(open.status());
-    GrpcLink link(std::make_unique<ServerFrameStream>(context, stream),
-                  open->job_id(), open->epoch(), /*capacity=*/8);
+    ExchangeLink link(std::make_unique<ServerFrameStream>(context, stream),
+                      open->job_id(), open->epoch(), /*capacity=*/8);
     link.set_data_plane(Planes());
     int rc = 0;
     std::thread echo([&] {
@@ -134,25 +133,25 @@ TEST(CudaIpcLinkTest, DeviceTensorsCrossProcessesBitwiseOnTheGpu) {
   if (!GpuPresentInChild()) GTEST_SKIP() << "no GPU";
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(fds[0]);
-    RunDownstream(fds[1]);
-  }
+  absl::StatusOr<std::unique_ptr<ChildProcess>> child =
+      ChildProcess::Fork("downstream stage", [&]() -> int {
+        close(fds[0]);
+        RunDownstream(fds[1]);
+      });
+  ASSERT_TRUE(child.ok()) << child.status();
   close(fds[1]);
   int port = 0;
   ASSERT_EQ(read(fds[0], &port, sizeof(port)), sizeof(port));
   close(fds[0]);
   {
-    absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
+    absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link =
         ConnectDownstream("127.0.0.1:" + std::to_string(port), kJob, kEpoch, 0,
                           8, 10000, FrameCodec::kOneCopy, Planes());
     ASSERT_TRUE(link.ok()) << link.status();
-    absl::StatusOr<DataPlane> plane =
+    absl::StatusOr<DataPlaneKind> plane =
         (*link)->link().WaitDataPlane(std::chrono::seconds(20));
     ASSERT_TRUE(plane.ok()) << plane.status();
-    EXPECT_EQ(*plane, DataPlane::kCudaIpc);
+    EXPECT_EQ(*plane, DataPlaneKind::kCudaIpc);
     EXPECT_TRUE((*link)->CarriesDeviceTensors());
     // One float; one chunk; two chunks; three times the ring; and four
     // in flight at once.
@@ -199,10 +198,8 @@ TEST(CudaIpcLinkTest, DeviceTensorsCrossProcessesBitwiseOnTheGpu) {
     }
     EXPECT_GT((*link)->bytes_sent(), 3 * kRing);
   }  // half-closes: the child's echo ends
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the downstream process failed";
+  EXPECT_EQ((*child)->Wait(), 0)
+      << "the downstream process " << (*child)->HowItEnded();
 }
 
 }  // namespace

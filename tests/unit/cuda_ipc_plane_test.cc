@@ -1,7 +1,7 @@
 // The CUDA IPC data plane's decisions, on the CPU: --data_plane parsing, an
 // offer from another host, a process without a GPU, another GPU, malformed
 // sizes and handles; every garbage descriptor rejected against a fake ring
-// size before a byte would be copied; and on real GrpcLinks over loopback
+// size before a byte would be copied; and on real ExchangeLinks over loopback
 // gRPC the fall-backs in `auto` and the clear errors of a forced cuda_ipc.
 // Nothing here needs a GPU (cuda_ipc_link_test moves real device tensors).
 #include "services/transport/cuda_ipc_plane.h"
@@ -15,8 +15,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/tensor/device.h"
+#include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
-#include "services/transport/grpc_link.h"
 #include "tests/support/echo_stage.h"
 
 namespace gpipe {
@@ -36,7 +36,7 @@ TEST(CudaIpcPlaneTest, ModeParsesAndPlaneIsNamed) {
   ASSERT_TRUE(mode.ok()) << mode.status();
   EXPECT_EQ(*mode, DataPlaneMode::kCudaIpc);
   EXPECT_STREQ(DataPlaneModeName(DataPlaneMode::kCudaIpc), "cuda_ipc");
-  EXPECT_STREQ(DataPlaneName(DataPlane::kCudaIpc), "cuda_ipc");
+  EXPECT_STREQ(DataPlaneName(DataPlaneKind::kCudaIpc), "cuda_ipc");
   absl::StatusOr<DataPlaneMode> bad = ParseDataPlaneMode("cuda");
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   EXPECT_THAT(bad.status().message(), HasSubstr("cuda_ipc"));
@@ -233,7 +233,7 @@ DataPlaneOptions Planes(DataPlaneMode mode, bool on_gpu) {
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<GrpcClientLink>> Connect(
+absl::StatusOr<std::unique_ptr<ExchangeClientLink>> Connect(
     const Server& server, const DataPlaneOptions& planes) {
   return ConnectDownstream(server.address(), kJob, kEpoch, 0, 8, 5000,
                            FrameCodec::kOneCopy, planes);
@@ -261,10 +261,10 @@ TEST(CudaIpcPlaneTest, AutoFallsBackToSharedMemoryAndSaysWhy) {
   Server server(Planes(DataPlaneMode::kAuto, true));
   auto link = Connect(server, Planes(DataPlaneMode::kAuto, true));
   ASSERT_TRUE(link.ok()) << link.status();
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       (*link)->link().WaitDataPlane(std::chrono::seconds(5));
   ASSERT_TRUE(plane.ok()) << plane.status();
-  EXPECT_EQ(*plane, DataPlane::kShm);
+  EXPECT_EQ(*plane, DataPlaneKind::kShm);
   EXPECT_THAT((*link)->link().data_plane_refusal(), HasSubstr("no CUDA IPC"));
   EXPECT_FALSE((*link)->CarriesDeviceTensors());
   Message m;
@@ -281,10 +281,10 @@ TEST(CudaIpcPlaneTest, CpuStagesNeitherOfferNorMentionCudaIpc) {
   Server server(Planes(DataPlaneMode::kAuto, false));
   auto link = Connect(server, Planes(DataPlaneMode::kAuto, false));
   ASSERT_TRUE(link.ok()) << link.status();
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       (*link)->link().WaitDataPlane(std::chrono::seconds(5));
   ASSERT_TRUE(plane.ok()) << plane.status();
-  EXPECT_EQ(*plane, DataPlane::kShm);
+  EXPECT_EQ(*plane, DataPlaneKind::kShm);
   EXPECT_EQ((*link)->link().data_plane_refusal(), "");
 }
 

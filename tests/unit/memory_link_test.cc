@@ -1,6 +1,6 @@
 // A stage's activation memory includes the tensors it receives: over a real
-// GrpcLink (frames, and the shared-memory plane whose one-chunk tensors stay
-// in the ring) a received tensor is counted by the receiving thread's
+// ExchangeLink (frames, and the shared-memory plane whose one-chunk tensors
+// stay in the ring) a received tensor is counted by the receiving thread's
 // allocator while it is held and given up when freed, as a tensor the stage
 // allocated itself would be. Before, tensors built on the link's reader
 // thread were counted nowhere, and a cross-process stage's peak left out
@@ -11,7 +11,7 @@
 
 #include "gtest/gtest.h"
 #include "services/tensor/allocator.h"
-#include "services/transport/grpc_link.h"
+#include "services/transport/exchange_link.h"
 #include "tests/support/echo_stage.h"
 
 namespace gpipe {
@@ -38,15 +38,15 @@ class LinkMemoryTest : public ::testing::TestWithParam<DataPlaneMode> {};
 
 TEST_P(LinkMemoryTest, ReceivedTensorsAreCountedByTheReceiverWhileHeld) {
   test_support::EchoStageServer server(Planes(DataPlaneMode::kAuto));
-  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
+  absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link =
       ConnectDownstream(server.address(), kJob, kEpoch, 0, 8, 5000,
                         FrameCodec::kOneCopy, Planes(GetParam()));
   ASSERT_TRUE(link.ok()) << link.status();
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       (*link)->link().WaitDataPlane(std::chrono::seconds(5));
   ASSERT_TRUE(plane.ok()) << plane.status();
-  EXPECT_EQ(*plane, GetParam() == DataPlaneMode::kShm ? DataPlane::kShm
-                                                      : DataPlane::kGrpc);
+  EXPECT_EQ(*plane, GetParam() == DataPlaneMode::kShm ? DataPlaneKind::kShm
+                                                      : DataPlaneKind::kGrpc);
 
   // One float, one 60 KB chunk (kept in the ring on shm), and 400 KB in
   // several chunks (copied out of it).

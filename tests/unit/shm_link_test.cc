@@ -1,4 +1,4 @@
-// The shared-memory plane inside a real GrpcLink pair on loopback gRPC: the
+// The shared-memory plane inside a real ExchangeLink pair on loopback gRPC: the
 // upstream end offers a segment, the downstream end maps it, tensors of every
 // size (one chunk, many chunks, more than the ring holds) come back bitwise;
 // forced shared memory that the peer refuses is a clear error; and a peer
@@ -17,8 +17,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
-#include "services/transport/grpc_link.h"
 #include "services/transport/shm_futex.h"
 #include "services/transport/shm_ring.h"
 #include "services/transport/shm_segment.h"
@@ -50,9 +50,9 @@ Tensor Pattern(int64_t floats, float seed) {
   return t;
 }
 
-std::unique_ptr<GrpcClientLink> Connect(const Server& server,
-                                        const DataPlaneOptions& planes) {
-  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link =
+std::unique_ptr<ExchangeClientLink> Connect(const Server& server,
+                                            const DataPlaneOptions& planes) {
+  absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link =
       ConnectDownstream(server.address(), kJob, kEpoch, 0, 8, 5000,
                         FrameCodec::kZeroCopy, planes);
   EXPECT_TRUE(link.ok()) << link.status();
@@ -61,13 +61,13 @@ std::unique_ptr<GrpcClientLink> Connect(const Server& server,
 
 TEST(ShmLinkTest, TensorsOfAnySizeComeBackBitwiseThroughSharedMemory) {
   Server server(Planes(DataPlaneMode::kAuto));
-  std::unique_ptr<GrpcClientLink> link =
+  std::unique_ptr<ExchangeClientLink> link =
       Connect(server, Planes(DataPlaneMode::kShm));
   ASSERT_NE(link, nullptr);
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       link->link().WaitDataPlane(std::chrono::seconds(5));
   ASSERT_TRUE(plane.ok()) << plane.status();
-  EXPECT_EQ(*plane, DataPlane::kShm);
+  EXPECT_EQ(*plane, DataPlaneKind::kShm);
   // One float, one chunk, several chunks, and 2 MiB: twice the ring, so
   // the sender must wait for releases.
   const int64_t sizes[] = {1, 1000, 16 << 10, 100000, 512 << 10};
@@ -105,11 +105,11 @@ TEST(ShmLinkTest, TensorsOfAnySizeComeBackBitwiseThroughSharedMemory) {
 // holding every message of a long exchange on a small ring still works.
 TEST(ShmLinkTest, HoldingManyReceivedTensorsNeverStallsThePeer) {
   Server server(Planes(DataPlaneMode::kShm));
-  std::unique_ptr<GrpcClientLink> link =
+  std::unique_ptr<ExchangeClientLink> link =
       Connect(server, Planes(DataPlaneMode::kShm, kMinShmRingBytes, 64 << 10));
   ASSERT_NE(link, nullptr);
   ASSERT_EQ(*link->link().WaitDataPlane(std::chrono::seconds(5)),
-            DataPlane::kShm);
+            DataPlaneKind::kShm);
   std::vector<Tensor> sent, held;
   for (int i = 0; i < 48; ++i) {
     Message m;
@@ -128,13 +128,13 @@ TEST(ShmLinkTest, HoldingManyReceivedTensorsNeverStallsThePeer) {
 
 TEST(ShmLinkTest, AutoFallsBackToFramesWhenThePeerRunsGrpc) {
   Server server(Planes(DataPlaneMode::kGrpc));
-  std::unique_ptr<GrpcClientLink> link =
+  std::unique_ptr<ExchangeClientLink> link =
       Connect(server, Planes(DataPlaneMode::kAuto));
   ASSERT_NE(link, nullptr);
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       link->link().WaitDataPlane(std::chrono::seconds(5));
   ASSERT_TRUE(plane.ok()) << plane.status();
-  EXPECT_EQ(*plane, DataPlane::kGrpc);
+  EXPECT_EQ(*plane, DataPlaneKind::kGrpc);
   EXPECT_THAT(link->link().data_plane_refusal(),
               HasSubstr("--data_plane grpc"));
   const Tensor t = Pattern(300000, 2);
@@ -148,10 +148,10 @@ TEST(ShmLinkTest, AutoFallsBackToFramesWhenThePeerRunsGrpc) {
 
 TEST(ShmLinkTest, ForcedSharedMemoryThatThePeerRefusesIsAClearError) {
   Server server(Planes(DataPlaneMode::kGrpc));
-  std::unique_ptr<GrpcClientLink> link =
+  std::unique_ptr<ExchangeClientLink> link =
       Connect(server, Planes(DataPlaneMode::kShm));
   ASSERT_NE(link, nullptr);
-  absl::StatusOr<DataPlane> plane =
+  absl::StatusOr<DataPlaneKind> plane =
       link->link().WaitDataPlane(std::chrono::seconds(5));
   EXPECT_TRUE(absl::IsFailedPrecondition(plane.status())) << plane.status();
   EXPECT_THAT(plane.status().message(),
@@ -386,7 +386,7 @@ TEST(ShmLinkTest, GarbageChunksInTheSegmentAreRejectedWithoutACrash) {
         << s.error_message();
   }
   // The server still serves a well-behaved peer.
-  std::unique_ptr<GrpcClientLink> link =
+  std::unique_ptr<ExchangeClientLink> link =
       Connect(server, Planes(DataPlaneMode::kShm));
   ASSERT_NE(link, nullptr);
   Message m;
@@ -439,7 +439,7 @@ TEST(ShmLinkTest, AnOfferComingBackUpstreamIsRejectedNotTaken) {
                            &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  absl::StatusOr<std::unique_ptr<GrpcClientLink>> link = ConnectDownstream(
+  absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link = ConnectDownstream(
       "127.0.0.1:" + std::to_string(port), kJob, kEpoch, 0, 8, 5000,
       FrameCodec::kZeroCopy, Planes(DataPlaneMode::kShm));
   ASSERT_TRUE(link.ok()) << link.status();

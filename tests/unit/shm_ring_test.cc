@@ -322,7 +322,7 @@ TEST(DataPlaneTest, ModesParseAndBadOnesAreNamed) {
   absl::StatusOr<DataPlaneMode> bad = ParseDataPlaneMode("SHM");
   EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
   EXPECT_THAT(bad.status().message(), HasSubstr("not 'SHM'"));
-  EXPECT_STREQ(DataPlaneName(DataPlane::kShm), "shm");
+  EXPECT_STREQ(DataPlaneName(DataPlaneKind::kShm), "shm");
 }
 
 TEST(DataPlaneTest, RingAndChunkSizesAreBounded) {

@@ -87,7 +87,8 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
   Saved proj_saved;
   Tensor y = proj_.Forward(heads_out, ctx, saved ? &proj_saved : nullptr);
   if (saved != nullptr) {
-    saved->tensors = {qkv, probs};
+    saved->Put("qkv", qkv);
+    saved->Put("probs", probs);
     saved->children = {std::move(qkv_saved), std::move(proj_saved)};
   }
   return y;
@@ -95,8 +96,8 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
 
 Tensor SelfAttention::Backward(const Tensor& dy, const Saved& saved,
                                const LayerContext& ctx) {
-  const Tensor& qkv = saved.tensors[0];
-  const Tensor& probs = saved.tensors[1];
+  const Tensor& qkv = saved.Get("qkv");
+  const Tensor& probs = saved.Get("probs");
   const int64_t batch = qkv.dim(0), t = qkv.dim(1), d = dim_, dh = d / heads_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   Tensor dout = proj_.Backward(dy, saved.children[1], ctx);

@@ -44,7 +44,10 @@ Tensor BatchNorm::Forward(const Tensor& x, const LayerContext& ctx,
                         x.f32(), weight_.value.f32(), bias_.value.f32(),
                         running_mean_.f32(), running_var_.f32(), y.f32(),
                         xhat.defined() ? xhat.f32() : nullptr, rstd.f32());
-  if (saved != nullptr) saved->tensors = {xhat, rstd};
+  if (saved != nullptr) {
+    saved->Put("xhat", xhat);
+    saved->Put("rstd", rstd);
+  }
   return y;
 }
 
@@ -53,7 +56,7 @@ Tensor BatchNorm::Backward(const Tensor& dy, const Saved& saved,
   const Device d = dy.device();
   Tensor dx = Tensor::Empty(dy.shape(), DType::kF32, d);
   ops::BatchNormBackward(d, dy.dim(0), channels_, inner_,
-                         saved.tensors[0].f32(), saved.tensors[1].f32(),
+                         saved.Get("xhat").f32(), saved.Get("rstd").f32(),
                          weight_.value.f32(), dy.f32(), dx.f32(),
                          weight_.grad.f32(), bias_.grad.f32());
   return dx;

@@ -38,13 +38,13 @@ Tensor Conv2d::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
       {batch, out_channels_, g.out_height(), g.out_width()}, DType::kF32, d);
   ops::Conv2dForward(d, g, batch, out_channels_, x.f32(), weight_.value.f32(),
                      has_bias_ ? bias_.value.f32() : nullptr, y.f32());
-  if (saved != nullptr) saved->tensors = {x};
+  if (saved != nullptr) saved->Put("x", x);
   return y;
 }
 
 Tensor Conv2d::Backward(const Tensor& dy, const Saved& saved,
                         const LayerContext&) {
-  const Tensor& x = saved.tensors[0];
+  const Tensor& x = saved.Get("x");
   const Device d = x.device();
   Tensor dx = Tensor::Empty(x.shape(), DType::kF32, d);
   ops::Conv2dBackward(d, geometry_, x.dim(0), out_channels_, x.f32(),

@@ -29,13 +29,13 @@ Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   Tensor y = Tensor::Empty({batch, t, dim_}, DType::kF32, d);
   ops::EmbeddingForward(d, batch, t, dim_, vocab_, x.i32(), token_.value.f32(),
                         position_.value.f32(), y.f32(), ids.i32());
-  if (saved != nullptr) saved->tensors = {ids};
+  if (saved != nullptr) saved->Put("ids", ids);
   return y;
 }
 
 Tensor Embedding::Backward(const Tensor& dy, const Saved& saved,
                            const LayerContext&) {
-  const Tensor& ids = saved.tensors[0];
+  const Tensor& ids = saved.Get("ids");
   const int64_t batch = ids.dim(0), t = ids.dim(1);
   ops::EmbeddingBackward(ids.device(), batch, t, dim_, ids.i32(), dy.f32(),
                          token_.grad.f32(), position_.grad.f32());

@@ -25,17 +25,21 @@ Tensor LayerNorm::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   Tensor rstd = Tensor::Empty({rows}, DType::kF32, d);
   ops::LayerNormForward(d, rows, features_, eps_, x.f32(), weight_.value.f32(),
                         bias_.value.f32(), y.f32(), mean.f32(), rstd.f32());
-  if (saved != nullptr) saved->tensors = {x, mean, rstd};
+  if (saved != nullptr) {
+    saved->Put("x", x);
+    saved->Put("mean", mean);
+    saved->Put("rstd", rstd);
+  }
   return y;
 }
 
 Tensor LayerNorm::Backward(const Tensor& dy, const Saved& saved,
                            const LayerContext&) {
-  const Tensor& x = saved.tensors[0];
+  const Tensor& x = saved.Get("x");
   const int64_t rows = x.numel() / features_;
   Tensor dx = Tensor::Empty(x.shape(), DType::kF32, x.device());
   ops::LayerNormBackward(x.device(), rows, features_, x.f32(),
-                         saved.tensors[1].f32(), saved.tensors[2].f32(),
+                         saved.Get("mean").f32(), saved.Get("rstd").f32(),
                          weight_.value.f32(), dy.f32(), dx.f32(),
                          weight_.grad.f32(), bias_.grad.f32());
   return dx;

@@ -42,13 +42,13 @@ Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx, Saved* saved) {
   ops::Gemm(d, false, true, rows, out_, in_, 1.0f, x.f32(), weight_.value.f32(),
             0.0f, y.f32());
   if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
-  if (saved != nullptr) saved->tensors = {x};
+  if (saved != nullptr) saved->Put("x", x);
   return y;
 }
 
 Tensor Linear::Backward(const Tensor& dy, const Saved& saved,
                         const LayerContext& ctx) {
-  const Tensor& x = saved.tensors[0];
+  const Tensor& x = saved.Get("x");
   const int64_t rows = x.numel() / in_;
   // dW += dy^T x; db += column sums of dy; dx = dy W.
   const Device d = x.device();

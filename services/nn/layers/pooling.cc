@@ -13,7 +13,7 @@ Tensor MaxPool2d::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   Tensor argmax = Tensor::Empty({batch, c, oh, ow}, DType::kI32, d);
   ops::MaxPool2dForward(d, batch * c, h, w, kernel_, stride_, x.f32(), y.f32(),
                         argmax.i32());
-  if (saved != nullptr) saved->tensors = {argmax};
+  if (saved != nullptr) saved->Put("argmax", argmax);
   return y;
 }
 
@@ -23,7 +23,8 @@ Tensor MaxPool2d::Backward(const Tensor& dy, const Saved& saved,
   const Device d = dy.device();
   Tensor dx = Tensor::Empty(input_.WithBatch(batch), DType::kF32, d);
   ops::MaxPool2dBackward(d, batch * input_[0], input_[1], input_[2], kernel_,
-                         stride_, dy.f32(), saved.tensors[0].i32(), dx.f32());
+                         stride_, dy.f32(), saved.Get("argmax").i32(),
+                         dx.f32());
   return dx;
 }
 

@@ -1,4 +1,4 @@
-#include "services/storage/job_store.h"
+#include "controller/job_store.h"
 
 #include <sqlite3.h>
 
@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 
-namespace gpipe::storage {
+namespace gpipe::controller {
 
 namespace v1 = gpipe::v1;
 
@@ -109,4 +109,4 @@ absl::StatusOr<LoadedJobs> JobStore::LoadAll() {
   return loaded;
 }
 
-}  // namespace gpipe::storage
+}  // namespace gpipe::controller

@@ -9,11 +9,11 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "controller/job_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/storage/job_store.h"
 
-namespace gpipe::storage {
+namespace gpipe::controller {
 namespace {
 
 namespace v1 = gpipe::v1;
@@ -136,4 +136,4 @@ TEST_F(JobStoreTest, FileThatIsNotADatabaseIsAnError) {
 }
 
 }  // namespace
-}  // namespace gpipe::storage
+}  // namespace gpipe::controller

@@ -2,8 +2,8 @@
 // its state, epoch and committed checkpoints) in one SQLite database in WAL
 // mode, so a restarted controller resumes every job. Rows are written whole
 // on every change; a row that does not parse is reported, never fatal.
-#ifndef GPIPE_SERVICES_STORAGE_JOB_STORE_H_
-#define GPIPE_SERVICES_STORAGE_JOB_STORE_H_
+#ifndef GPIPE_CONTROLLER_JOB_STORE_H_
+#define GPIPE_CONTROLLER_JOB_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -17,7 +17,7 @@
 struct sqlite3;
 struct sqlite3_stmt;
 
-namespace gpipe::storage {
+namespace gpipe::controller {
 
 struct StoredJob {
   int64_t seq = 0;  // submission order
@@ -54,6 +54,6 @@ class JobStore {
   sqlite3_stmt* put_ = nullptr;
 };
 
-}  // namespace gpipe::storage
+}  // namespace gpipe::controller
 
-#endif  // GPIPE_SERVICES_STORAGE_JOB_STORE_H_
+#endif  // GPIPE_CONTROLLER_JOB_STORE_H_

@@ -1,4 +1,4 @@
-#include "services/core/progress.h"
+#include "cli/progress.h"
 
 #include <unistd.h>
 

@@ -1,7 +1,7 @@
 // Progress of a training run: a redrawn bar on a terminal, plain lines
 // otherwise (CI logs, pipes), with step, loss, samples/s and ETA.
-#ifndef GPIPE_SERVICES_CORE_PROGRESS_H_
-#define GPIPE_SERVICES_CORE_PROGRESS_H_
+#ifndef GPIPE_CLI_PROGRESS_H_
+#define GPIPE_CLI_PROGRESS_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -44,4 +44,4 @@ class Progress {
 
 }  // namespace gpipe
 
-#endif  // GPIPE_SERVICES_CORE_PROGRESS_H_
+#endif  // GPIPE_CLI_PROGRESS_H_

@@ -1,0 +1,53 @@
+// Writes jobs to the JobStore on a thread of its own, so the controller's
+// lock is never held across SQLite. Put queues a job's newest state (a
+// later Put of the same job replaces one still queued) and returns a
+// ticket; WaitWritten returns once that state, or a newer one, is on disk.
+// The API waits for it outside the lock, so an acknowledged submit or
+// cancel survives a crash; progress is written as fast as the disk allows.
+#ifndef GPIPE_CONTROLLER_STORE_WRITER_H_
+#define GPIPE_CONTROLLER_STORE_WRITER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "controller/job_store.h"
+#include "gpipe/v1/controller.pb.h"
+
+namespace gpipe::controller {
+
+class StoreWriter {
+ public:
+  explicit StoreWriter(JobStore* store);  // not owned; outlives this
+  ~StoreWriter();                         // writes what is queued, then stops
+
+  StoreWriter(const StoreWriter&) = delete;
+  StoreWriter& operator=(const StoreWriter&) = delete;
+
+  uint64_t Put(int64_t seq, const gpipe::v1::Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  void WaitWritten(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Queued {
+    int64_t seq = 0;
+    gpipe::v1::Job job;
+    uint64_t ticket = 0;
+  };
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  JobStore* const store_;
+  absl::Mutex mu_;
+  std::map<std::string, Queued> queued_ ABSL_GUARDED_BY(mu_);  // by job id
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every ticket up to this one is on disk (or failed, logged).
+  uint64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_STORE_WRITER_H_

@@ -1,0 +1,228 @@
+// The controller's state machine below gRPC, on a clock the test advances
+// by hand: leases expire exactly at the heartbeat timeout, a restarting job
+// waits its settle time, an elastic job its grace period, and checkpoint
+// commits and restore-point checks run off the lock (FlushIo waits for
+// them): nothing here sleeps to see that nothing happened.
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "controller/controller.h"
+#include "gtest/gtest.h"
+#include "services/storage/checkpoint_layout.h"
+#include "tests/support/controller_fixtures.h"
+
+namespace gpipe::controller {
+namespace {
+
+namespace v1 = gpipe::v1;
+
+class FakeClock {
+ public:
+  absl::Time Now() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    now_ += d;
+  }
+
+ private:
+  std::mutex mu_;
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+};
+
+class ControllerStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat(
+               "controller_state_test-", getpid(), "-",
+               ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    ControllerOptions o;
+    o.checkpoint_dir = dir_.string();
+    o.heartbeat_timeout = absl::Seconds(10);
+    o.clock = [this] { return clock_.Now(); };
+    controller_ = std::make_unique<Controller>(o);
+  }
+  void TearDown() override {
+    controller_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  v1::JobSpec Spec(int64_t stages, int64_t max_restarts) {
+    return test_support::RecoverableSpec(stages, max_restarts);
+  }
+  std::shared_ptr<WorkerRecord> Attach(int i) {
+    v1::WorkerHello hello;
+    hello.set_worker_id(absl::StrCat("w", i));
+    hello.set_address(absl::StrCat("127.0.0.1:", 9000 + i));
+    absl::StatusOr<std::shared_ptr<WorkerRecord>> w =
+        controller_->AttachWorker(hello, [this] { ++disconnects_; });
+    EXPECT_TRUE(w.ok()) << w.status();
+    return *w;
+  }
+  // The next assignment queued for `w`, without waiting.
+  std::optional<v1::Assignment> Assignment(WorkerRecord& w) {
+    for (;;) {
+      Outgoing out = controller_->NextMessage(w, absl::ZeroDuration());
+      if (!out.message.has_value()) return std::nullopt;
+      if (out.message->has_assignment()) return out.message->assignment();
+    }
+  }
+  v1::JobState State(const std::string& id) {
+    absl::StatusOr<v1::Job> job = controller_->GetJob(id);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->status().state() : v1::JOB_STATE_UNSPECIFIED;
+  }
+  // A one-stage job (checkpoints every 2 steps) running on w1, w2 free.
+  struct OneStageJob {
+    std::shared_ptr<WorkerRecord> w1, w2;
+    std::string id;
+    std::optional<v1::Assignment> a;  // w1's
+  };
+  OneStageJob StartOneStageJob() {
+    OneStageJob j;
+    j.w1 = Attach(1);
+    j.w2 = Attach(2);
+    absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(1, 2));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (job.ok()) j.id = job->id();
+    j.a = Assignment(*j.w1);
+    return j;
+  }
+
+  // Loses `lost`; once the settle time and the restore point's check are
+  // done, the job's next assignment, on `next`.
+  std::optional<v1::Assignment> RestartOn(WorkerRecord& lost,
+                                          WorkerRecord& next) {
+    controller_->DetachWorker(lost, absl::UnavailableError("gone"), "test");
+    clock_.Advance(absl::Seconds(1));
+    controller_->Tick(clock_.Now());
+    controller_->FlushIo();
+    controller_->Tick(clock_.Now());
+    return Assignment(next);
+  }
+
+  std::filesystem::path dir_;
+  FakeClock clock_;
+  std::atomic<int> disconnects_{0};
+  std::unique_ptr<Controller> controller_;
+};
+
+TEST_F(ControllerStateTest, ALeaseExpiresExactlyAtTheHeartbeatTimeout) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(1, 0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Assignment(*w1).has_value());
+  // A heartbeat at +8 s renews the lease until +18 s.
+  clock_.Advance(absl::Seconds(8));
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat();
+  controller_->HandleMessage(*w1, beat);
+  clock_.Advance(absl::Seconds(10));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  EXPECT_EQ(disconnects_, 0);
+  clock_.Advance(absl::Milliseconds(1));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::FAILED);
+  EXPECT_EQ(disconnects_, 1);
+  EXPECT_TRUE(controller_->ListWorkers().empty());
+}
+
+TEST_F(ControllerStateTest, ARestartingJobWaitsItsSettleTimeThenRestarts) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  std::shared_ptr<WorkerRecord> w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(1, 1));
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(Assignment(*w1).has_value());
+  controller_->DetachWorker(*w1, absl::UnavailableError("gone"), "test");
+  EXPECT_EQ(State(job->id()), v1::RESTARTING);
+  // w2 is free, but the settle time (250 ms) has not passed.
+  clock_.Advance(absl::Milliseconds(249));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RESTARTING);
+  EXPECT_FALSE(Assignment(*w2).has_value());
+  clock_.Advance(absl::Milliseconds(1));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> a = Assignment(*w2);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->epoch(), 2);
+  EXPECT_EQ(a->start_step(), 0);
+}
+
+TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  v1::JobSpec spec = Spec(2, 0);
+  spec.mutable_pipeline()->set_min_stages(1);
+  spec.mutable_pipeline()->set_elastic_grace_ms(3000);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok());
+  clock_.Advance(absl::Milliseconds(2999));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::PENDING);
+  clock_.Advance(absl::Milliseconds(1));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> a = Assignment(*w1);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->stages(), 1);
+}
+
+TEST_F(ControllerStateTest, CommitsAreVerifiedOffTheLockAndRestoredFrom) {
+  OneStageJob j = StartOneStageJob();
+  std::shared_ptr<WorkerRecord> w1 = j.w1, w2 = j.w2;
+  const std::optional<v1::Assignment>& a = j.a;
+  ASSERT_TRUE(a.has_value());
+  controller_->HandleMessage(*w1, test_support::Checkpointed(*a, 2));
+  // A report whose file does not match what it says is not committed.
+  v1::WorkerMessage lying = test_support::Checkpointed(*a, 4);
+  lying.mutable_checkpointed()->set_sha256(std::string(64, 'a'));
+  controller_->HandleMessage(*w1, lying);
+  controller_->FlushIo();
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->status().checkpoints_size(), 1);
+  EXPECT_EQ(got->status().checkpoints(0).step(), 2);
+
+  // Lost: the restart checks step 2 off the lock, then restores it.
+  std::optional<v1::Assignment> b = RestartOn(*w1, *w2);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->start_step(), 2);
+  EXPECT_EQ(b->restore_manifest(),
+            got->status().checkpoints(0).manifest_path());
+  EXPECT_EQ(controller_->corrupt_checkpoints(), 0);
+}
+
+TEST_F(ControllerStateTest, ACorruptRestorePointIsDroppedAndCounted) {
+  OneStageJob j = StartOneStageJob();
+  std::shared_ptr<WorkerRecord> w1 = j.w1, w2 = j.w2;
+  const std::optional<v1::Assignment>& a = j.a;
+  ASSERT_TRUE(a.has_value());
+  controller_->HandleMessage(*w1, test_support::Checkpointed(*a, 2));
+  controller_->HandleMessage(*w1, test_support::Checkpointed(*a, 4));
+  controller_->FlushIo();
+  // Step 4's file changes after its commit.
+  std::ofstream(
+      storage::StageFilePath(storage::CheckpointStepDir(a->checkpoint_dir(), 4),
+                             a->epoch(), 0),
+      std::ios::binary)
+      << "step 4, altered";
+  std::optional<v1::Assignment> b = RestartOn(*w1, *w2);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->start_step(), 2);
+  EXPECT_EQ(controller_->corrupt_checkpoints(), 1);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->status().checkpoints_size(), 1);
+  EXPECT_EQ(got->status().checkpoints(0).step(), 2);
+}
+
+}  // namespace
+}  // namespace gpipe::controller

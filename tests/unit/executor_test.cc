@@ -1,0 +1,324 @@
+// The worker's executor without a network: three executors in this process,
+// joined by in-process links through an injected DownstreamConnector, run a
+// job's stages from the assignment to the final parameters. The result is
+// bitwise the reference trainer's; checkpoints land where the checkpoint
+// layout says, on the steps the step plan says; a checkpoint restores and
+// the replay ends bitwise equal; a cancel of one stage stops its neighbours.
+#include "worker/executor.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/partitioner.h"
+#include "services/pipeline/reference_trainer.h"
+#include "services/pipeline/step_plan.h"
+#include "services/storage/checkpoint_layout.h"
+#include "services/storage/manifest.h"
+#include "services/storage/safetensors.h"
+#include "services/transport/in_process_link.h"
+#include "tests/support/worker_reports.h"
+
+namespace gpipe {
+namespace {
+
+constexpr int kStages = 3;
+constexpr int kMicroBatches = 4;
+
+constexpr char kSpec[] = R"json({
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 16}},
+      {"tanh": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {"momentum": 0.9}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8,
+                         "classes": 3, "trainSamples": 240,
+                         "testSamples": 60}},
+  "checkpoint": {"every": 2},
+  "eval": {"every": 3},
+  "batchSize": 24, "steps": 7, "seed": 11
+})json";
+
+using Reports = test_support::WorkerReports;
+
+// Hands the far end of a fresh in-process link pair to the next stage's
+// executor, as its Exchange handler would.
+class InProcessConnector final : public DownstreamConnector {
+ public:
+  explicit InProcessConnector(Executor** next) : next_(next) {}
+  absl::StatusOr<std::unique_ptr<Link>> Connect(
+      const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled) override {
+    auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
+    RETURN_IF_ERROR((*next_)->AcceptUpstream(
+        a.job_id(), a.epoch(), a.stage(),
+        std::shared_ptr<Link>(std::move(theirs)), /*wait_ms=*/5000));
+    return std::move(mine);
+  }
+  absl::StatusOr<std::string> AwaitDataPlane(
+      Link&, const gpipe::v1::Assignment&,
+      const std::function<bool()>&) override {
+    return std::string("in_process");
+  }
+
+ private:
+  Executor** next_;
+};
+
+class ExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(kSpec);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec_ = *spec;
+    dir_ = std::filesystem::temp_directory_path() /
+           ("gpipe-executor-test-" + std::to_string(getpid()));
+    std::filesystem::remove_all(dir_);
+    for (int i = 0; i < kStages; ++i) {
+      executors_[i] = std::make_unique<Executor>(
+          1, [this](const gpipe::v1::WorkerMessage& m) { reports_.Add(m); });
+    }
+    for (int i = 0; i < kStages; ++i) {
+      next_[i] = i + 1 < kStages ? executors_[i + 1].get() : nullptr;
+      executors_[i]->set_downstream_connector(
+          std::make_unique<InProcessConnector>(&next_[i]));
+    }
+  }
+  void TearDown() override {
+    for (auto& e : executors_) e.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  gpipe::v1::Assignment Assign(int64_t stage, int64_t epoch,
+                               int64_t start_step = 0,
+                               const std::string& restore = "") {
+    const std::vector<int64_t> balance = *PartitionJob(spec_, kStages);
+    const std::vector<int64_t> begins = StageBegins(balance);
+    const std::string job_dir = storage::JobCheckpointDir(dir_.string(), "j");
+    gpipe::v1::Assignment a;
+    a.set_job_id("j");
+    a.set_epoch(epoch);
+    *a.mutable_spec() = spec_;
+    a.set_stage(stage);
+    a.set_stages(kStages);
+    a.set_layer_begin(begins[stage]);
+    a.set_layer_end(begins[stage] + balance[stage]);
+    a.set_micro_batches(kMicroBatches);
+    a.set_schedule(gpipe::v1::ONE_F_ONE_B);
+    a.set_remat(gpipe::v1::ALWAYS);
+    a.set_checkpoint_dir(job_dir);
+    a.set_output_dir(storage::FinalParametersDir(job_dir));
+    a.set_start_step(start_step);
+    a.set_restore_manifest(restore);
+    return a;
+  }
+
+  void StartAll(int64_t epoch, int64_t start_step = 0,
+                const std::string& restore = "") {
+    // The last stage first, as the controller's assignments may arrive.
+    for (int i = kStages - 1; i >= 0; --i) {
+      executors_[i]->Start(Assign(i, epoch, start_step, restore));
+    }
+  }
+
+  // The finished stages' parameters, by tensor name.
+  std::map<std::string, Tensor> FinalParameters() {
+    std::map<std::string, Tensor> got;
+    for (const auto& m : reports_.All()) {
+      if (!m.has_finished()) continue;
+      absl::StatusOr<SafetensorsFile> file =
+          ReadSafetensors(m.finished().parameters_path());
+      EXPECT_TRUE(file.ok()) << file.status();
+      if (!file.ok()) continue;
+      for (auto& [name, t] : file->tensors) got[name] = t;
+    }
+    return got;
+  }
+
+  void ExpectReferenceParameters() {
+    auto ref = ReferenceTrainer::Create(spec_, kMicroBatches);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    for (int s = 0; s < spec_.steps(); ++s) ASSERT_TRUE((*ref)->Step().ok());
+    std::map<std::string, Tensor> got = FinalParameters();
+    int compared = 0;
+    for (const NamedTensor& t : (*ref)->StateTensors()) {
+      ASSERT_TRUE(got.count(t.name)) << t.name;
+      EXPECT_TRUE(BitwiseEqual(*t.tensor, got[t.name])) << t.name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, static_cast<int>(got.size()));
+  }
+
+  void ExpectNoFailure() {
+    for (const auto& m : reports_.All()) {
+      EXPECT_FALSE(m.has_failed()) << m.failed().message();
+    }
+  }
+
+  gpipe::v1::JobSpec spec_;
+  std::filesystem::path dir_;
+  Reports reports_;
+  std::unique_ptr<Executor> executors_[kStages];
+  Executor* next_[kStages] = {};
+};
+
+TEST_F(ExecutorTest, StagesOverInProcessLinksMatchTheReferenceBitwise) {
+  StartAll(/*epoch=*/1);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  ExpectNoFailure();
+  ExpectReferenceParameters();
+
+  const StepPlan plan = StepPlan::FromSpec(spec_);
+  std::map<int64_t, int> progress, checkpoints;  // step -> stages
+  std::vector<int64_t> evaluations;
+  for (const auto& m : reports_.All()) {
+    if (m.has_progress()) {
+      ++progress[m.progress().step()];
+      // The plane of the link downstream: the last stage has none.
+      EXPECT_EQ(m.progress().data_plane(),
+                m.progress().stage() < kStages - 1 ? "in_process" : "");
+    }
+    if (m.has_checkpointed()) {
+      const gpipe::v1::StageCheckpointed& c = m.checkpointed();
+      ++checkpoints[c.step()];
+      EXPECT_TRUE(plan.CheckpointsAfter(c.step())) << c.step();
+      EXPECT_EQ(c.path(), storage::StageFilePath(
+                              storage::CheckpointStepDir(
+                                  storage::JobCheckpointDir(dir_.string(), "j"),
+                                  c.step()),
+                              1, c.stage()));
+      EXPECT_TRUE(std::filesystem::exists(c.path())) << c.path();
+      EXPECT_EQ(c.sha256().size(), 64u);
+    }
+    if (m.has_evaluated()) {
+      EXPECT_EQ(m.evaluated().stage(), kStages - 1);
+      evaluations.push_back(m.evaluated().evaluation().step());
+    }
+    if (m.has_finished()) {
+      const std::string name =
+          std::filesystem::path(m.finished().parameters_path())
+              .filename()
+              .string();
+      std::optional<storage::StageFileId> id =
+          storage::ParseStageFileName(name);
+      ASSERT_TRUE(id.has_value()) << name;
+      EXPECT_EQ(id->epoch, 1);
+      EXPECT_EQ(id->stage, m.finished().stage());
+      EXPECT_EQ(m.finished().has_evaluation(),
+                m.finished().stage() == kStages - 1);
+    }
+  }
+  for (int64_t s = 1; s <= spec_.steps(); ++s) EXPECT_EQ(progress[s], kStages);
+  // Every 2 steps but the last of 7: 2, 4, 6; evaluations after 3 and 6.
+  EXPECT_EQ(checkpoints, (std::map<int64_t, int>{{2, 3}, {4, 3}, {6, 3}}));
+  EXPECT_EQ(evaluations, (std::vector<int64_t>{3, 6}));
+}
+
+TEST_F(ExecutorTest, RestoresACheckpointAndEndsBitwiseEqual) {
+  StartAll(/*epoch=*/1);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  ExpectNoFailure();
+  // Commit step 4 by hand, as the controller would, and replay from it in
+  // a new epoch.
+  std::vector<gpipe::v1::StageCheckpointed> step4;
+  for (const auto& m : reports_.All()) {
+    if (m.has_checkpointed() && m.checkpointed().step() == 4) {
+      step4.push_back(m.checkpointed());
+    }
+  }
+  ASSERT_EQ(step4.size(), static_cast<size_t>(kStages));
+  gpipe::v1::CheckpointManifest manifest;
+  manifest.set_job_id("j");
+  manifest.set_step(4);
+  manifest.set_epoch(1);
+  for (const auto& c : step4) {
+    gpipe::v1::CheckpointFile* f = manifest.add_files();
+    f->set_path(std::filesystem::path(c.path()).filename().string());
+    f->set_sha256(c.sha256());
+    f->set_bytes(c.bytes());
+    f->set_stage(c.stage());
+    f->set_layer_begin(c.layer_begin());
+    f->set_layer_end(c.layer_end());
+  }
+  const std::string manifest_path =
+      (std::filesystem::path(step4[0].path()).parent_path() / "MANIFEST.json")
+          .string();
+  ASSERT_TRUE(storage::WriteManifest(manifest_path, manifest).ok());
+
+  reports_.Clear();
+  StartAll(/*epoch=*/2, /*start_step=*/4, manifest_path);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  ExpectNoFailure();
+  int64_t first_step = spec_.steps();
+  for (const auto& m : reports_.All()) {
+    if (m.has_progress()) {
+      first_step = std::min<int64_t>(first_step, m.progress().step());
+    }
+  }
+  EXPECT_EQ(first_step, 5);
+  ExpectReferenceParameters();
+}
+
+TEST_F(ExecutorTest, CancellingOneStageStopsItsNeighbours) {
+  spec_.set_steps(100000);
+  spec_.mutable_checkpoint()->set_every(0);
+  spec_.mutable_eval()->set_every(0);
+  StartAll(/*epoch=*/1);
+  // Wait until the pipeline runs, then cancel the middle stage only.
+  for (int i = 0; i < 600; ++i) {
+    bool running = false;
+    for (const auto& m : reports_.All()) running |= m.has_progress();
+    if (running) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  executors_[1]->Cancel("j", 1);
+  EXPECT_FALSE(executors_[1]->busy());
+  // Its neighbours see their links close and fail (a lost link, retried by
+  // the controller); the cancelled stage reports nothing.
+  ASSERT_EQ(reports_.WaitEnded(2), 2);
+  for (const auto& m : reports_.All()) {
+    EXPECT_FALSE(m.has_finished());
+    if (m.has_failed()) {
+      EXPECT_NE(m.failed().stage(), 1);
+      EXPECT_EQ(m.failed().reason(), "LinkFailed") << m.failed().message();
+      EXPECT_FALSE(m.failed().permanent());
+    }
+  }
+  for (int i = 0; i < 500 && (executors_[0]->busy() || executors_[2]->busy());
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_FALSE(executors_[0]->busy());
+  EXPECT_FALSE(executors_[2]->busy());
+}
+
+TEST_F(ExecutorTest, AnUpstreamLinkOfAnOlderEpochOrTheWrongStageIsRefused) {
+  spec_.set_steps(100000);
+  executors_[2]->Start(Assign(2, /*epoch=*/3));
+  auto [a, b] = MakeInProcessLinkPair(4);
+  absl::Status old = executors_[2]->AcceptUpstream(
+      "j", 2, 1, std::shared_ptr<Link>(std::move(b)), 1000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(old)) << old;
+  auto [c, d] = MakeInProcessLinkPair(4);
+  absl::Status wrong = executors_[2]->AcceptUpstream(
+      "j", 3, 0, std::shared_ptr<Link>(std::move(d)), 1000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
+  EXPECT_NE(wrong.message().find("from stage 0"), std::string_view::npos);
+  executors_[2]->CancelAll();
+}
+
+}  // namespace
+}  // namespace gpipe

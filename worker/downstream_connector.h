@@ -1,0 +1,36 @@
+// How a stage reaches the next stage. The worker dials it over gRPC
+// (grpc_downstream_connector.h); a unit test joins executors in one process
+// with in-process links, so the executor is tested without a network.
+#ifndef GPIPE_WORKER_DOWNSTREAM_CONNECTOR_H_
+#define GPIPE_WORKER_DOWNSTREAM_CONNECTOR_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/controller.pb.h"
+#include "services/transport/link.h"
+
+namespace gpipe {
+
+class DownstreamConnector {
+ public:
+  virtual ~DownstreamConnector() = default;
+
+  // Opens the link to stage a.stage() + 1 of `a`, retrying while the peer
+  // is not up yet; CANCELLED as soon as `cancelled()` says so.
+  virtual absl::StatusOr<std::unique_ptr<Link>> Connect(
+      const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled) = 0;
+
+  // Waits until the data plane of `link` (as Connect returned it) is agreed
+  // with the peer; returns its name for progress reports and metrics.
+  virtual absl::StatusOr<std::string> AwaitDataPlane(
+      Link& link, const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled) = 0;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_WORKER_DOWNSTREAM_CONNECTOR_H_

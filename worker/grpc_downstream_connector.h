@@ -1,0 +1,37 @@
+// The worker's DownstreamConnector: an Exchange stream to the next stage's
+// worker (TLS and the assignment's stream key when set), offering the data
+// planes --data_plane allows.
+#ifndef GPIPE_WORKER_GRPC_DOWNSTREAM_CONNECTOR_H_
+#define GPIPE_WORKER_GRPC_DOWNSTREAM_CONNECTOR_H_
+
+#include "services/transport/data_plane.h"
+#include "services/transport/exchange_link.h"
+#include "worker/downstream_connector.h"
+
+namespace gpipe {
+
+class GrpcDownstreamConnector final : public DownstreamConnector {
+ public:
+  GrpcDownstreamConnector(ExchangeCredentials credentials,
+                          DataPlaneOptions data_plane)
+      : credentials_(std::move(credentials)), data_plane_(data_plane) {}
+
+  // In attempts of a second each (at most 30), so that a cancel (the job
+  // restarted: the peer may be dead) is noticed at once.
+  absl::StatusOr<std::unique_ptr<Link>> Connect(
+      const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled) override;
+  // The next stage's answer to the offer, in short waits so that a cancel
+  // is noticed; logged with why a faster plane was refused.
+  absl::StatusOr<std::string> AwaitDataPlane(
+      Link& link, const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled) override;
+
+ private:
+  const ExchangeCredentials credentials_;
+  const DataPlaneOptions data_plane_;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_WORKER_GRPC_DOWNSTREAM_CONNECTOR_H_
