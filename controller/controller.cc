@@ -406,16 +406,18 @@ void Controller::Reschedule(absl::Time now) {
   for (JobRecord* job : jobs_.Waiting()) {
     if (job->status().state() == v1::RESTARTING) recovering.push_back(job);
   }
-  ScheduleJobs(
-      jobs_, workers_, options_.checkpoint_dir, now,
-      [this](JobRecord& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        std::vector<v1::CheckpointRef> committed(
-            job.status().checkpoints().begin(),
-            job.status().checkpoints().end());
-        EnqueueIo([this, id = job.id(), committed = std::move(committed)] {
-          CheckRestorePointIo(id, committed);
-        });
-      });
+  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir, now,
+               [this](JobRecord& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                 std::vector<v1::CheckpointRef> committed(
+                     job.status().checkpoints().begin(),
+                     job.status().checkpoints().end());
+                 // A restart waits for it: ahead of merges and commits.
+                 EnqueueIo(
+                     [this, id = job.id(), committed = std::move(committed)] {
+                       CheckRestorePointIo(id, committed);
+                     },
+                     IoTask::kUrgent);
+               });
   if (options_.metrics == nullptr) return;
   for (JobRecord* job : recovering) {
     if (job->status().state() != v1::RUNNING ||
@@ -799,10 +801,12 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
   std::vector<v1::StageCheckpointed> all = std::move(reports);
   job->checkpointing.erase(job->checkpointing.begin(),
                            job->checkpointing.upper_bound(c.step()));
-  EnqueueIo([this, id = job->id(), epoch = job->status().epoch(),
-             all = std::move(all)]() mutable {
-    CommitCheckpointIo(id, epoch, std::move(all));
-  });
+  EnqueueIo(
+      [this, id = job->id(), epoch = job->status().epoch(),
+       all = std::move(all)]() mutable {
+        CommitCheckpointIo(id, epoch, std::move(all));
+      },
+      IoTask::kFinishOnStop);
 }
 
 void Controller::CommitCheckpointIo(
@@ -825,12 +829,11 @@ void Controller::CommitCheckpointIo(
       return;
     }
     JobRecord* job = jobs_.Find(job_id);
-    const v1::JobState state =
-        job != nullptr ? job->status().state() : v1::JOB_STATE_UNSPECIFIED;
     // A job that started over meanwhile replays this step and commits it
-    // again; its restore point may be chosen already.
+    // again (its restore point may be chosen already); one that ended, or
+    // whose stages all finished, has its final parameters.
     if (job == nullptr || job->status().epoch() != epoch ||
-        state == v1::PENDING || state == v1::RESTARTING) {
+        job->status().state() != v1::RUNNING || job->merging) {
       LogInfo("job %s: the checkpoint of step %d of epoch %d is superseded",
               job_id, step, epoch);
       return;
@@ -846,7 +849,7 @@ void Controller::CommitCheckpointIo(
     // Elastic: a job running short grows back at a checkpoint boundary
     // once the workers it lacks are free.
     const int64_t missing = job->stages - static_cast<int64_t>(running);
-    if (state == v1::RUNNING && missing > 0 &&
+    if (missing > 0 &&
         static_cast<int64_t>(workers_.Idle().size()) >= missing) {
       RestartOrFail(*job, "Resize",
                     absl::StrCat("growing back from ", running, " to ",
@@ -869,20 +872,41 @@ void Controller::CheckRestorePointIo(
       job->restore_check != JobRecord::RestoreCheck::kChecking) {
     return;
   }
+  const v1::JobState state = job->status().state();
+  if (state != v1::PENDING && state != v1::RESTARTING) {
+    job->restore_check = JobRecord::RestoreCheck::kNeeded;  // ended meanwhile
+    return;
+  }
+  const absl::Time now = Now();
   const int64_t corrupt = DropUnusable(job_id, &job->status(), point);
-  corrupt_checkpoints_ += corrupt;
-  if (corrupt > 0 && options_.metrics != nullptr) {
-    options_.metrics->OnCorruptCheckpoints(corrupt);
+  if (corrupt > 0) {
+    corrupt_checkpoints_ += corrupt;
+    if (options_.metrics != nullptr) {
+      options_.metrics->OnCorruptCheckpoints(corrupt);
+    }
+    jobs_.Publish(
+        *job,
+        absl::StrCat(corrupt, " corrupt checkpoint", corrupt > 1 ? "s" : "",
+                     " dropped; restoring ",
+                     point.chosen ? absl::StrCat("the checkpoint of step ",
+                                                 point.chosen->step())
+                                  : std::string("from the start")),
+        now);
   }
   job->restore_point = point.chosen;
   job->restore_check = JobRecord::RestoreCheck::kChecked;
-  Reschedule(Now());
+  Reschedule(now);
   Changed();
 }
 
-void Controller::EnqueueIo(std::function<void()> task) {
-  io_tasks_.push_back(std::move(task));
-  ++io_queued_;
+void Controller::EnqueueIo(std::function<void()> task, IoTask kind) {
+  const uint64_t seq = ++io_queued_;
+  io_pending_.insert(seq);
+  if (kind == IoTask::kUrgent) {
+    io_tasks_.push_front({std::move(task), kind, seq});
+  } else {
+    io_tasks_.push_back({std::move(task), kind, seq});
+  }
   Changed();
 }
 
@@ -890,29 +914,36 @@ void Controller::FlushIo() {
   absl::MutexLock lock(&mu_);
   const uint64_t queued = io_queued_;
   const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return io_done_ >= queued || stopping_;
+    return io_pending_.empty() || *io_pending_.begin() > queued || stopping_;
   };
   mu_.Await(absl::Condition(&done));
 }
 
 void Controller::IoLoop() {
   for (;;) {
-    std::function<void()> task;
+    QueuedIo task;
     {
       absl::MutexLock lock(&mu_);
       while (io_tasks_.empty() && !stopping_) changed_.Wait(&mu_);
-      // A checkpoint not committed by now is replayed after a restart.
-      if (stopping_) return;
+      if (stopping_) {
+        // Checkpoints the stages reported are committed before the
+        // controller stops (a restart then resumes from them); merges and
+        // restore checks run again after the restart.
+        while (!io_tasks_.empty() &&
+               io_tasks_.front().kind != IoTask::kFinishOnStop) {
+          io_pending_.erase(io_tasks_.front().seq);
+          io_tasks_.pop_front();
+        }
+        if (io_tasks_.empty()) return;
+      }
       task = std::move(io_tasks_.front());
       io_tasks_.pop_front();
     }
-    task();
+    task.run();
     absl::MutexLock lock(&mu_);
-    ++io_done_;
+    io_pending_.erase(task.seq);
   }
 }
-
-// ---- Background threads ---------------------------------------------------
 
 void Controller::LeaseLoop() {
   // Short enough for the restart settle time and the elastic grace period

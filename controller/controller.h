@@ -220,11 +220,16 @@ class Controller {
   // Tick with mu_ held; true when anything changed.
   bool TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // File work is done off the lock, in order, by io_thread_ (LevelDB's
+  // File work is done off the lock, in order (restore checks first), by
+  // io_thread_ (LevelDB's
   // pattern): decide under the lock, read and write without it, apply the
   // result under it again. Heartbeats, Attach and the API never wait for a
   // disk.
-  void EnqueueIo(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // kUrgent goes to the front of the queue (a restart waits for it);
+  // kFinishOnStop still runs when the controller stops.
+  enum class IoTask { kNormal, kUrgent, kFinishOnStop };
+  void EnqueueIo(std::function<void()> task, IoTask kind = IoTask::kNormal)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IoLoop();
   // Verifies the stages' files of a checkpoint, writes its manifest, then
   // records it (and grows an elastic job back).
@@ -241,16 +246,23 @@ class Controller {
   void MergeIo(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ControllerOptions options_;
-  // Both outlive jobs_, which queues every change for the writer.
+  // Both outlive jobs_, which queues every change for the writer. Set by
+  // Recover() before serving, then read without the lock (SubmitJob and
+  // CancelJob wait for their writes outside it).
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<StoreWriter> store_writer_;
   absl::Mutex mu_;
   absl::CondVar changed_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::function<void()>> io_tasks_ ABSL_GUARDED_BY(mu_);
-  uint64_t io_queued_ ABSL_GUARDED_BY(mu_) = 0;  // tasks ever queued
-  uint64_t io_done_ ABSL_GUARDED_BY(mu_) = 0;    // and done
+  struct QueuedIo {
+    std::function<void()> run;
+    IoTask kind = IoTask::kNormal;
+    uint64_t seq = 0;  // in the order queued
+  };
+  std::deque<QueuedIo> io_tasks_ ABSL_GUARDED_BY(mu_);
+  uint64_t io_queued_ ABSL_GUARDED_BY(mu_) = 0;         // the last seq given
+  std::set<uint64_t> io_pending_ ABSL_GUARDED_BY(mu_);  // queued or running
   TraceStore traces_ ABSL_GUARDED_BY(mu_);
   // Workers already warned about for a clock that runs ahead.
   std::set<std::string> clock_ahead_warned_ ABSL_GUARDED_BY(mu_);

@@ -164,6 +164,15 @@ absl::Status ValidateSequenceTask(const v1::Synthetic& s,
   return absl::OkStatus();
 }
 
+// a * b, or INT64_MAX when that overflows (both >= 0).
+int64_t SaturatingProduct(int64_t a, int64_t b) {
+  if (a == 0 || b == 0) return 0;
+  if (a > std::numeric_limits<int64_t>::max() / b) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return a * b;
+}
+
 absl::Status ValidateClassesTask(const v1::Synthetic& s, const ModelEnds& m) {
   RETURN_IF_ERROR(CheckPositive("data.synthetic.features", s.features()));
   if (s.classes() < 2) {
@@ -201,6 +210,19 @@ absl::Status ValidateSynthetic(const v1::Synthetic& s,
       CheckPositive("data.synthetic.train_samples", s.train_samples()));
   RETURN_IF_ERROR(
       CheckNonNegative("data.synthetic.test_samples", s.test_samples()));
+  // Synthetic data is made whole in every worker that reads it: inputs and
+  // targets of every sample.
+  const int64_t targets = m.output.rank() == 2 ? m.output[0] : 1;
+  const int64_t per_sample = std::max<int64_t>(m.input.numel(), 1) + targets;
+  for (auto [field, n] :
+       {std::pair{"data.synthetic.train_samples", s.train_samples()},
+        std::pair{"data.synthetic.test_samples", s.test_samples()}}) {
+    if (SaturatingProduct(n, per_sample) > kMaxDatasetValues) {
+      return FieldError(field, n, " samples of ", per_sample,
+                        " values each are too many (at most ",
+                        kMaxDatasetValues, " values)");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -304,15 +326,6 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-// a * b, or INT64_MAX when that overflows (both >= 0).
-int64_t SaturatingProduct(int64_t a, int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  if (a > std::numeric_limits<int64_t>::max() / b) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return a * b;
-}
-
 int64_t SaturatingNumel(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape.dims())
@@ -368,7 +381,60 @@ int64_t MicroBatchCount(const v1::JobSpec& spec) {
                                               : spec.pipeline().micro_batches();
 }
 
+namespace {
+
+// Before anything walks the spec: its size, its layer count, its name.
+absl::Status ValidateLimits(const v1::JobSpec& spec) {
+  const int64_t bytes = static_cast<int64_t>(spec.ByteSizeLong());
+  if (bytes > kMaxSpecBytes) {
+    return FieldError("job spec", bytes, " bytes is too large (at most ",
+                      kMaxSpecBytes, ")");
+  }
+  if (spec.model().layers_size() > kMaxLayers) {
+    return FieldError("model.layers", spec.model().layers_size(),
+                      " layers are too many (at most ", kMaxLayers, ")");
+  }
+  const std::string& name = spec.name();
+  if (static_cast<int64_t>(name.size()) > kMaxNameBytes) {
+    return FieldError("name", name.size(), " bytes is too long (at most ",
+                      kMaxNameBytes, ")");
+  }
+  // Names are for people and logs: no control characters (newlines, ANSI
+  // escapes) and nothing that reads as a path.
+  for (unsigned char c : name) {
+    if (c < 0x20 || c == 0x7f) {
+      return FieldError("name", "holds a control character (byte ",
+                        static_cast<int>(c), ")");
+    }
+    if (c == '/' || c == '\\') {
+      return FieldError("name", "holds a path separator ('",
+                        std::string(1, static_cast<char>(c)), "')");
+    }
+  }
+  if (spec.steps() > kMaxSteps) {
+    return FieldError("steps", spec.steps(), " is too many (at most ",
+                      kMaxSteps, ")");
+  }
+  if (spec.checkpoint().keep() > kMaxKeptCheckpoints) {
+    return FieldError("checkpoint.keep", spec.checkpoint().keep(),
+                      " is too many (at most ", kMaxKeptCheckpoints, ")");
+  }
+  if (spec.max_restarts() > kMaxRestarts) {
+    return FieldError("max_restarts", spec.max_restarts(),
+                      " is too many (at most ", kMaxRestarts, ")");
+  }
+  const int64_t grace = spec.pipeline().elastic_grace_ms();
+  if (grace < 0 || grace > kMaxElasticGraceMs) {
+    return FieldError("pipeline.elastic_grace_ms", "must be in [0, ",
+                      kMaxElasticGraceMs, "] (0 means 10 s), got ", grace);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  RETURN_IF_ERROR(ValidateLimits(spec));
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   RETURN_IF_ERROR(CheckPositive("batch_size", spec.batch_size()));
   RETURN_IF_ERROR(CheckPositive("steps", spec.steps()));
@@ -433,12 +499,62 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   return spec;
 }
 
+namespace {
+
+// What the data is, for messages: "data.text.path /x/corpus.txt".
+std::string DataSourceName(const v1::DataSpec& data) {
+  switch (data.source_case()) {
+    case v1::DataSpec::kText:
+      return absl::StrCat("data.text.path ", data.text().path());
+    case v1::DataSpec::kFashionMnist:
+      return "data.fashion_mnist";
+    case v1::DataSpec::kSynthetic:
+      return "data.synthetic";
+    case v1::DataSpec::SOURCE_NOT_SET:
+      break;
+  }
+  return "data";
+}
+
+}  // namespace
+
+absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
+  const int64_t classes = data.num_classes();
+  const v1::ModelSpec& model = spec.model();
+  // Token ids index the embedding's table: one beyond it would read and
+  // write outside it.
+  if (data.input_dtype() == DType::kI32 && model.layers_size() > 0 &&
+      model.layers(0).has_embedding() &&
+      classes > model.layers(0).embedding().vocab_size()) {
+    return FieldError("model.layers[0].embedding.vocab_size",
+                      model.layers(0).embedding().vocab_size(),
+                      " is smaller than the ", classes, " tokens of ",
+                      DataSourceName(spec.data()), " (set it to at least ",
+                      classes, ")");
+  }
+  // Targets index the loss's classes (the last dimension of the output).
+  const Shape& out = shapes.outputs.back();
+  const int64_t head = out.rank() > 0 ? out[out.rank() - 1] : 0;
+  if (classes > head) {
+    return FieldError(
+        absl::StrCat("model.layers[", model.layers_size() - 1, "]"), head,
+        " outputs are fewer than the ", classes, " classes of ",
+        DataSourceName(spec.data()), " (its targets would index past them)");
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
     const gpipe::v1::JobSpec& spec) {
   const auto& dims = spec.model().input().shape().dims();
-  return OpenDataset(spec.data(),
-                     Shape(std::vector<int64_t>(dims.begin(), dims.end())),
-                     spec.seed());
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Dataset> data,
+      OpenDataset(spec.data(),
+                  Shape(std::vector<int64_t>(dims.begin(), dims.end())),
+                  spec.seed()));
+  RETURN_IF_ERROR(CheckDataFitsModel(spec, *data));
+  return data;
 }
 
 }  // namespace gpipe

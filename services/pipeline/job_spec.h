@@ -28,6 +28,20 @@ inline constexpr int64_t kMaxModelParameters = int64_t{1} << 32;
 inline constexpr int64_t kMaxSampleValues = int64_t{1} << 28;
 // One layer's output for a whole training or evaluation batch (16 GiB).
 inline constexpr int64_t kMaxBatchValues = int64_t{1} << 32;
+// One split of a synthetic dataset, which every worker that reads it makes
+// whole (4 GiB of fp32).
+inline constexpr int64_t kMaxDatasetValues = int64_t{1} << 30;
+
+// Limits that keep a spec from costing the controller more than a job is
+// worth (it keeps every spec, and every event holds a copy), or from holding
+// numbers nothing could reach.
+inline constexpr int64_t kMaxSpecBytes = int64_t{1} << 20;  // serialized
+inline constexpr int64_t kMaxLayers = 10000;
+inline constexpr int64_t kMaxNameBytes = 256;
+inline constexpr int64_t kMaxSteps = 1'000'000'000;
+inline constexpr int64_t kMaxKeptCheckpoints = 1000;
+inline constexpr int64_t kMaxRestarts = 10000;
+inline constexpr int64_t kMaxElasticGraceMs = int64_t{24} * 3600 * 1000;
 
 // Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields
 // are errors: a misspelt option must not silently fall back to its default.
@@ -43,9 +57,17 @@ absl::Status ValidateJobSpec(const gpipe::v1::JobSpec& spec);
 // K and M with their defaults applied (0 means 1).
 int64_t StageCount(const gpipe::v1::JobSpec& spec);
 
-// The dataset of a job, laid out for its model's input shape.
+// The dataset of a job, laid out for its model's input shape, and checked
+// against the model (CheckDataFitsModel).
 absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
     const gpipe::v1::JobSpec& spec);
+
+// What only the data can tell (a text file's vocabulary is known once it is
+// read): its token ids must index the first layer's embedding, and its
+// targets the model's outputs. INVALID_ARGUMENT naming the field, the value
+// and the data otherwise, before any id reaches a kernel.
+absl::Status CheckDataFitsModel(const gpipe::v1::JobSpec& spec,
+                                const Dataset& data);
 int64_t MicroBatchCount(const gpipe::v1::JobSpec& spec);
 
 }  // namespace gpipe

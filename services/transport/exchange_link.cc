@@ -154,6 +154,9 @@ void ExchangeLink::ReadLoop(bool cancel_on_reject) {
           "travel in the segment)");
     } else if (DataPlane* plane = negotiator_.agreed(); plane != nullptr) {
       m = plane->OnFrame(frame);
+    } else if (f.kind() == gpipe::v1::CUDA_IPC_RELEASE ||
+               f.has_cuda_ipc_slot()) {
+      m = frames_.OnFrame(frame);  // refused: no CUDA IPC on this link
     } else if (absl::Status s = negotiator_.CheckFramesAllowed(); !s.ok()) {
       m = s;
     } else {

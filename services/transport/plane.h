@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "services/transport/control_stream.h"
 #include "services/transport/data_plane.h"
 #include "services/transport/frame_wire.h"
@@ -55,7 +56,8 @@ class DataPlane {
   // chunk and copies the chunks out here, so a tensor larger than the ring
   // flows through it).
   virtual absl::Status ReceiveTensor(Message& m) {
-    return absl::InternalError("a message arrived without its tensor");
+    return absl::InternalError(
+        absl::StrCat(Describe(m), " arrived without its tensor"));
   }
 
   // Whether Send takes device tensors as they are and received messages

@@ -287,6 +287,8 @@ absl::Status PlaneNegotiator::HandleAnswer(const Frame& f) {
     refusal.cuda_ipc =
         !refusal_.cuda_ipc.empty() ? refusal_.cuda_ipc : f.cuda_ipc_refusal();
     refusal.shm = !refusal_.shm.empty() ? refusal_.shm : f.shm_refusal();
+    // A peer that only says why in words (an older worker): keep them.
+    if (refusal.empty() && !f.refusal().empty()) refusal.shm = f.refusal();
   }
   std::shared_ptr<ShmChannel> channel;
   std::unique_ptr<CudaIpcChannel> cuda;

@@ -132,6 +132,54 @@ std::vector<HostileSpec> HostileSpecs() {
       {"StagesAboveLayers",
        Spec(kLayers, "32", R"(, "pipeline": {"stages": 1000000})"),
        "pipeline.stages"},
+      {"SyntheticDataOfTwoToTheForty",
+       absl::StrCat(
+           Spec(kLayers).substr(0,
+                                Spec(kLayers).find(R"("train_samples": 64)")),
+           R"("train_samples": 1099511627776}}, "batch_size": 32, "steps": 5})"),
+       "data.synthetic.train_samples: 1099511627776 samples of 9 values each "
+       "are too many (at most 1073741824 values)"},
+      // Limits on what the controller keeps.
+      {"AMillionLayers",
+       Spec(absl::StrCat(kLayers, ",",
+                         [] {
+                           std::string relus;
+                           for (int i = 0; i < 20000; ++i) {
+                             relus += R"({"relu": {}},)";
+                           }
+                           relus.pop_back();
+                           return relus;
+                         }())),
+       "model.layers: 20001 layers are too many (at most 10000)"},
+      {"ASpecOfMoreThanAMegabyte",
+       Spec(kLayers, "32",
+            absl::StrCat(R"(, "name": ")", std::string(2 << 20, 'x'), "\"")),
+       "bytes is too large (at most 1048576)"},
+      {"ANameWithANewline", Spec(kLayers, "32", R"(, "name": "a\nb")"),
+       "name: holds a control character (byte 10)"},
+      {"ANameWithAnAnsiEscape",
+       Spec(kLayers, "32", R"(, "name": "\u001b[31mred")"),
+       "name: holds a control character (byte 27)"},
+      {"ANameThatIsAPath", Spec(kLayers, "32", R"(, "name": "../../etc")"),
+       "name: holds a path separator ('/')"},
+      {"ALongName",
+       Spec(kLayers, "32",
+            absl::StrCat(R"(, "name": ")", std::string(300, 'n'), "\"")),
+       "name: 300 bytes is too long (at most 256)"},
+      {"StepsOfTwoToTheSixtyTwo",
+       absl::StrCat(Spec(kLayers).substr(0, Spec(kLayers).rfind("\"steps\"")),
+                    R"("steps": "4611686018427387904"})"),
+       "steps: 4611686018427387904 is too many (at most 1000000000)"},
+      {"KeepTwoToTheSixtyTwo",
+       Spec(kLayers, "32",
+            R"(, "checkpoint": {"every": 1, "keep": "4611686018427387904"})"),
+       "checkpoint.keep: 4611686018427387904 is too many"},
+      {"MaxRestartsTwoToTheSixtyTwo",
+       Spec(kLayers, "32", R"(, "max_restarts": "4611686018427387904")"),
+       "max_restarts: 4611686018427387904 is too many"},
+      {"NegativeElasticGrace",
+       Spec(kLayers, "32", R"(, "pipeline": {"elastic_grace_ms": -5})"),
+       "pipeline.elastic_grace_ms: must be in [0, 86400000]"},
   };
 }
 
@@ -157,6 +205,10 @@ INSTANTIATE_TEST_SUITE_P(Table, HostileSpecTest,
 TEST(HostileSpecTest, TheBaselineIsValid) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(Spec(kLayers));
   EXPECT_TRUE(spec.ok()) << spec.status();
+  // Names people write are fine, escaping characters included.
+  EXPECT_TRUE(
+      ParseJobSpecJson(Spec(kLayers, "32", R"(, "name": "trace-test <&\" é")"))
+          .ok());
   // A batch at the limit is still valid.
   spec = ParseJobSpecJson(Spec(kLayers, absl::StrCat(kMaxBatchSize)));
   EXPECT_TRUE(spec.ok()) << spec.status();
