@@ -359,14 +359,18 @@ class JobFollower {
     std::string line = absl::StrCat(job_.id(), " ", StateName(s.state()), ": ",
                                     StepText(s), " steps");
     if (IsSet(s.started()) && IsSet(s.finished())) {
-      absl::StrAppend(
-          &line, " in ",
-          absl::StrFormat("%.1fs", absl::ToDoubleSeconds(ToTime(s.finished()) -
-                                                         ToTime(s.started()))));
+      const double seconds =
+          absl::ToDoubleSeconds(ToTime(s.finished()) - ToTime(s.started()));
+      absl::StrAppend(&line, " in ", absl::StrFormat("%.1fs", seconds));
+      // The average over that time, as the line reads (the status's rate
+      // is the last step's alone).
+      if (seconds > 0 && s.step() > 0) {
+        absl::StrAppend(
+            &line, absl::StrFormat(" (%.0f samples/s)",
+                                   static_cast<double>(s.step()) *
+                                       job_.spec().batch_size() / seconds));
+      }
     }
-    if (s.samples_per_second() > 0)
-      absl::StrAppend(
-          &line, absl::StrFormat(" (%.0f samples/s)", s.samples_per_second()));
     if (s.restarts() > 0)
       absl::StrAppend(&line, ", ", s.restarts(), " restarts");
     const std::string why =

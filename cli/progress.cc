@@ -21,7 +21,7 @@ std::string Progress::Line(int64_t step, double loss) const {
   const double elapsed = absl::ToDoubleSeconds(absl::Now() - start_);
   const int64_t done = step - start_step_;
   const double per_step = step > 0 ? static_cast<double>(samples_) / step : 0.0;
-  const double rate = elapsed > 0 ? done * per_step / elapsed : 0.0;
+  const double rate = elapsed > 0 && done > 0 ? done * per_step / elapsed : 0.0;
   const double eta = done > 0 ? elapsed / done * (total_ - step) : 0.0;
   const int width = 24;
   const int filled = total_ > 0 ? static_cast<int>(width * step / total_) : 0;
@@ -37,6 +37,11 @@ std::string Progress::Line(int64_t step, double loss) const {
 void Progress::Update(int64_t step, double loss, int64_t samples) {
   samples_ = samples;
   const absl::Time now = absl::Now();
+  if (step < last_step_ || step < start_step_) {
+    start_step_ = step;
+    start_ = now;
+  }
+  last_step_ = step;
   const bool last = step == total_;
   if (tty_) {
     if (!last && now - last_print_ < absl::Milliseconds(100)) return;

@@ -20,6 +20,8 @@ class Progress {
   ~Progress();
 
   // Reports that `step` (1-based) finished with `loss` after `samples` samples.
+  // A step below the last one reported is a replay (the job restarted from
+  // a checkpoint): rates and ETA count again from there, never negative.
   void Update(int64_t step, double loss, int64_t samples);
   // Text drawn after the bar from the next Update on (e.g. per-stage
   // utilization and bubble); empty for none.
@@ -38,6 +40,7 @@ class Progress {
   absl::Time start_;
   absl::Time last_print_;
   int64_t samples_ = 0;
+  int64_t last_step_ = -1;
   bool drawn_ = false;
   std::string suffix_;
 };
