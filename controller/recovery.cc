@@ -70,6 +70,18 @@ absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
 
 namespace {
 
+// A stage's report as its manifest lists it (the file by its name).
+v1::CheckpointFile ManifestEntry(const v1::StageCheckpointed& r) {
+  v1::CheckpointFile f;
+  f.set_path(std::filesystem::path(r.path()).filename().string());
+  f.set_sha256(r.sha256());
+  f.set_bytes(r.bytes());
+  f.set_stage(r.stage());
+  f.set_layer_begin(r.layer_begin());
+  f.set_layer_end(r.layer_end());
+  return f;
+}
+
 // Writes the manifest of `reports` (their files in `dir`) into `dir`.
 absl::StatusOr<v1::CheckpointRef> WriteCommit(
     const std::string& dir, const std::string& job_id, int64_t epoch,
@@ -79,13 +91,7 @@ absl::StatusOr<v1::CheckpointRef> WriteCommit(
   manifest.set_step(step);
   manifest.set_epoch(epoch);
   for (const v1::StageCheckpointed& r : reports) {
-    v1::CheckpointFile* f = manifest.add_files();
-    f->set_path(std::filesystem::path(r.path()).filename().string());
-    f->set_sha256(r.sha256());
-    f->set_bytes(r.bytes());
-    f->set_stage(r.stage());
-    f->set_layer_begin(r.layer_begin());
-    f->set_layer_end(r.layer_end());
+    *manifest.add_files() = ManifestEntry(r);
   }
   v1::CheckpointRef ref;
   ref.set_step(step);
@@ -133,24 +139,11 @@ absl::StatusOr<v1::CheckpointRef> CommitFinalParameters(
 absl::Status VerifyCheckpointReports(
     const std::vector<v1::StageCheckpointed>& reports) {
   for (const v1::StageCheckpointed& r : reports) {
-    std::error_code error;
-    const auto bytes = std::filesystem::file_size(r.path(), error);
-    if (error) {
-      return absl::DataLossError(
-          absl::StrCat(r.path(), " is missing: ", error.message()));
-    }
-    if (static_cast<int64_t>(bytes) != r.bytes()) {
-      return absl::DataLossError(absl::StrCat(r.path(), " holds ", bytes,
-                                              " bytes, the stage reported ",
-                                              r.bytes()));
-    }
-    ASSIGN_OR_RETURN(std::string digest, storage::Sha256File(r.path()));
-    if (digest != r.sha256()) {
-      return absl::DataLossError(
-          absl::StrCat(r.path(),
-                       " does not match the sha256 its stage "
-                       "reported"));
-    }
+    // As a manifest beside the file would list it.
+    const std::string beside =
+        (std::filesystem::path(r.path()).parent_path() / storage::kManifestName)
+            .string();
+    RETURN_IF_ERROR(storage::VerifyCheckpointFile(beside, ManifestEntry(r)));
   }
   return absl::OkStatus();
 }

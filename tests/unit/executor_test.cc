@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "controller/recovery.h"
 #include "gtest/gtest.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
@@ -20,7 +21,6 @@
 #include "services/pipeline/reference_trainer.h"
 #include "services/pipeline/step_plan.h"
 #include "services/storage/checkpoint_layout.h"
-#include "services/storage/manifest.h"
 #include "services/storage/safetensors.h"
 #include "services/transport/in_process_link.h"
 #include "tests/support/worker_reports.h"
@@ -240,23 +240,10 @@ TEST_F(ExecutorTest, RestoresACheckpointAndEndsBitwiseEqual) {
     }
   }
   ASSERT_EQ(step4.size(), static_cast<size_t>(kStages));
-  gpipe::v1::CheckpointManifest manifest;
-  manifest.set_job_id("j");
-  manifest.set_step(4);
-  manifest.set_epoch(1);
-  for (const auto& c : step4) {
-    gpipe::v1::CheckpointFile* f = manifest.add_files();
-    f->set_path(std::filesystem::path(c.path()).filename().string());
-    f->set_sha256(c.sha256());
-    f->set_bytes(c.bytes());
-    f->set_stage(c.stage());
-    f->set_layer_begin(c.layer_begin());
-    f->set_layer_end(c.layer_end());
-  }
-  const std::string manifest_path =
-      (std::filesystem::path(step4[0].path()).parent_path() / "MANIFEST.json")
-          .string();
-  ASSERT_TRUE(storage::WriteManifest(manifest_path, manifest).ok());
+  absl::StatusOr<gpipe::v1::CheckpointRef> committed =
+      controller::CommitCheckpoint(dir_.string(), "j", 1, step4);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  const std::string manifest_path = committed->manifest_path();
 
   reports_.Clear();
   StartAll(/*epoch=*/2, /*start_step=*/4, manifest_path);
