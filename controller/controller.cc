@@ -15,9 +15,12 @@
 #include "controller/recovery.h"
 #include "controller/scheduler.h"
 #include "services/core/log.h"
+#include "services/core/status.h"
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
+#include "services/pipeline/step_plan.h"
+#include "services/security/stream_key.h"
 #include "services/storage/checkpoint_layout.h"
 #include "services/storage/manifest.h"
 #include "services/storage/sha256.h"
@@ -272,6 +275,71 @@ absl::StatusOr<v1::GetTraceResponse> Controller::GetTrace(
   return trace;
 }
 
+// ---- Stage files through the controller -------------------------------------
+
+absl::StatusOr<JobRecord*> Controller::TransferringJob(
+    const std::string& job_id, int64_t epoch, int64_t stage,
+    const std::string& stream_key) {
+  JobRecord* job = jobs_.Find(job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  const v1::JobStatus& status = job->status();
+  if (status.state() != v1::RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " is ", v1::JobState_Name(status.state()),
+                     ", not RUNNING"));
+  }
+  if (epoch != status.epoch()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("epoch ", epoch, " of job ", job_id,
+                     " is over (the job runs epoch ", status.epoch(), ")"));
+  }
+  // An empty key would accept anything: a running epoch always has one.
+  if (job->stream_key.empty() || stream_key.empty()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("no stream key for the files of job ", job_id));
+  }
+  RETURN_IF_ERROR(security::CheckStreamKey(job->stream_key, stream_key));
+  if (stage < 0 || stage >= status.running_stages()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage, " is not a stage of job ", job_id,
+                     " (it runs ", status.running_stages(), ")"));
+  }
+  return job;
+}
+
+absl::StatusOr<std::string> Controller::StageFileDestination(
+    const v1::StageFileHeader& header) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobRecord * job,
+                   TransferringJob(header.job_id(), header.epoch(),
+                                   header.stage(), header.stream_key()));
+  if (header.final()) {
+    return FinalFilePath(options_.checkpoint_dir, job->id(), header.epoch(),
+                         header.stage());
+  }
+  const StepPlan plan = StepPlan::FromSpec(job->job.spec());
+  if (!plan.CheckpointsAfter(header.step())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", header.step(), " is not a checkpoint step of job ", job->id(),
+        " (every ", plan.checkpoint_every(), ", ", plan.steps(), " steps)"));
+  }
+  return CheckpointFilePath(options_.checkpoint_dir, job->id(), header.step(),
+                            header.epoch(), header.stage());
+}
+
+absl::StatusOr<std::string> Controller::CheckpointToFetch(
+    const v1::FetchCheckpointRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobRecord * job,
+                   TransferringJob(request.job_id(), request.epoch(),
+                                   request.stage(), request.stream_key()));
+  for (const v1::CheckpointRef& ref : job->status().checkpoints()) {
+    if (ref.step() == request.step()) return ref.manifest_path();
+  }
+  return absl::NotFoundError(absl::StrCat(
+      "job ", job->id(), " keeps no checkpoint of step ", request.step()));
+}
+
 // ---- Workers --------------------------------------------------------------
 
 std::vector<v1::WorkerInfo> Controller::ListWorkers() {
@@ -320,6 +388,7 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
   v1::ControllerMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  welcome.mutable_welcome()->set_address(hello.address());
   WorkerRegistry::Send(**worker, std::move(welcome));
   LogInfo("worker %s attached from %s (%d cpus, %d gpus)", hello.worker_id(),
           hello.address(), hello.resources().cpus(), hello.resources().gpus());
@@ -406,7 +475,8 @@ void Controller::Reschedule(absl::Time now) {
   for (JobRecord* job : jobs_.Waiting()) {
     if (job->status().state() == v1::RESTARTING) recovering.push_back(job);
   }
-  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir, now,
+  ScheduleJobs(jobs_, workers_, options_.checkpoint_dir,
+               options_.checkpoint_transport, now,
                [this](JobRecord& job) ABSL_NO_THREAD_SAFETY_ANALYSIS {
                  std::vector<v1::CheckpointRef> committed(
                      job.status().checkpoints().begin(),

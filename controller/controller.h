@@ -41,6 +41,7 @@
 #include "absl/time/time.h"
 #include "controller/job_store.h"
 #include "controller/job_table.h"
+#include "controller/stage_file_transfers.h"
 #include "controller/store_writer.h"
 #include "controller/trace_store.h"
 #include "controller/worker_registry.h"
@@ -53,6 +54,13 @@ struct ControllerOptions {
   // Final models go to <checkpoint_dir>/<job id>/model.safetensors; the
   // stages write theirs under <checkpoint_dir>/<job id>/final.
   std::string checkpoint_dir = "gpipe-checkpoints";
+  // How the stages' files reach checkpoint_dir: uploaded through the
+  // controller's API (workers share no disk with it), or written by the
+  // stages themselves on a path every worker shares with the controller.
+  gpipe::v1::CheckpointTransport checkpoint_transport =
+      gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER;
+  // Limits on uploads and fetches of stage files (through the controller).
+  TransferOptions transfers;
   // A worker silent for longer is lost; workers are told to send a
   // heartbeat every heartbeat_interval.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
@@ -140,6 +148,20 @@ class Controller {
   void DetachWorker(WorkerRecord& worker, absl::Status end,
                     std::string_view why);
 
+  // Stage files through the controller. Where the upload of `header` goes
+  // (the path its report must then name), once it is known to come from a
+  // stage of the job's running epoch (its stream key, else
+  // PermissionDenied; another epoch or a job not running is
+  // FailedPrecondition) and to be a checkpoint step of the job or its final
+  // parameters (InvalidArgument otherwise).
+  absl::StatusOr<std::string> StageFileDestination(
+      const gpipe::v1::StageFileHeader& header) ABSL_LOCKS_EXCLUDED(mu_);
+  // The manifest of the committed checkpoint a fetch asks for, checked the
+  // same way; NotFound when the job keeps no checkpoint of that step.
+  absl::StatusOr<std::string> CheckpointToFetch(
+      const gpipe::v1::FetchCheckpointRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Ends every Attach and WatchJob stream and refuses new ones. Idempotent.
   void Shutdown();
 
@@ -197,6 +219,13 @@ class Controller {
   JobRecord* ReportedJob(const WorkerRecord& worker, std::string_view what,
                          const std::string& job_id, int64_t epoch,
                          int64_t stage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // The running job whose stage `stage` of `epoch` presented `stream_key`,
+  // or why a transfer of its files is refused.
+  absl::StatusOr<JobRecord*> TransferringJob(const std::string& job_id,
+                                             int64_t epoch, int64_t stage,
+                                             const std::string& stream_key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void OnProgress(WorkerRecord& worker, const gpipe::v1::StepProgress& p,
                   absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,9 +1,11 @@
 #include "controller/controller_service.h"
 
 #include <atomic>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "services/core/host_port.h"
 #include "services/core/log.h"
 
 namespace gpipe::controller {
@@ -21,6 +23,29 @@ template <typename T>
 grpc::Status Reply(absl::StatusOr<T> result, T* response) {
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = std::move(*result);
+  return grpc::Status::OK;
+}
+
+// A worker that listens on every interface and was not told what to
+// advertise says "0.0.0.0:7071", which its neighbour would dial as itself:
+// it is reachable at the address its Attach came from.
+grpc::Status ResolveWildcard(const std::string& peer, v1::WorkerHello* hello) {
+  absl::StatusOr<HostPort> said = ParseHostPort(hello->address());
+  if (!said.ok() || !IsWildcardHost(said->host)) return grpc::Status::OK;
+  const std::optional<std::string> ip = PeerIp(peer);
+  if (!ip.has_value()) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        "the worker advertises " + hello->address() +
+            ", which nobody can dial, and its Attach came over " + peer +
+            ": start it with --advertise HOST:PORT");
+  }
+  const std::string resolved = JoinHostPort(*ip, said->port);
+  LogInfo(
+      "worker %s listens on %s; registered as %s (where its Attach "
+      "came from)",
+      hello->worker_id(), hello->address(), resolved);
+  hello->set_address(resolved);
   return grpc::Status::OK;
 }
 
@@ -100,6 +125,52 @@ grpc::Status ControllerService::GetTrace(grpc::ServerContext* context,
   return Reply(controller_.GetTrace(*request), response);
 }
 
+grpc::Status ControllerService::UploadStageFile(
+    grpc::ServerContext* context,
+    grpc::ServerReader<v1::UploadStageFileRequest>* reader,
+    v1::UploadStageFileResponse* response) {
+  if (grpc::Status s = auth_.workers.Check(*context, "uploading a stage file");
+      !s.ok()) {
+    LogWarning("refused an upload from %s: %s", context->peer(),
+               s.error_message());
+    return s;
+  }
+  absl::StatusOr<v1::UploadStageFileResponse> received = transfers_.Receive(
+      [reader](v1::UploadStageFileRequest* m) { return reader->Read(m); },
+      [this](const v1::StageFileHeader& header) {
+        return controller_.StageFileDestination(header);
+      });
+  if (!received.ok()) {
+    LogWarning("an upload from %s failed: %s", context->peer(),
+               received.status().ToString());
+  }
+  return Reply(std::move(received), response);
+}
+
+grpc::Status ControllerService::FetchCheckpoint(
+    grpc::ServerContext* context, const v1::FetchCheckpointRequest* request,
+    grpc::ServerWriter<v1::FetchCheckpointResponse>* writer) {
+  if (grpc::Status s = auth_.workers.Check(*context, "fetching a checkpoint");
+      !s.ok()) {
+    LogWarning("refused a checkpoint fetch from %s: %s", context->peer(),
+               s.error_message());
+    return s;
+  }
+  absl::StatusOr<std::string> manifest =
+      controller_.CheckpointToFetch(*request);
+  if (!manifest.ok()) return ToGrpcStatus(manifest.status());
+  absl::Status sent =
+      transfers_.Send(*manifest, request->layer_begin(), request->layer_end(),
+                      [writer](const v1::FetchCheckpointResponse& m) {
+                        return writer->Write(m);
+                      });
+  if (!sent.ok()) {
+    LogWarning("a checkpoint fetch from %s failed: %s", context->peer(),
+               sent.ToString());
+  }
+  return ToGrpcStatus(sent);
+}
+
 grpc::Status ControllerService::Attach(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::ControllerMessage, v1::WorkerMessage>*
@@ -119,9 +190,14 @@ grpc::Status ControllerService::Attach(
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "first message must be hello");
   }
+  v1::WorkerHello hello = first.hello();
+  if (grpc::Status s = ResolveWildcard(context->peer(), &hello); !s.ok()) {
+    LogWarning("refused a worker's Attach from %s: %s", context->peer(),
+               s.error_message());
+    return s;
+  }
   absl::StatusOr<std::shared_ptr<WorkerRecord>> attached =
-      controller_.AttachWorker(first.hello(),
-                               [context] { context->TryCancel(); });
+      controller_.AttachWorker(hello, [context] { context->TryCancel(); });
   if (!attached.ok()) return ToGrpcStatus(attached.status());
   WorkerRecord& worker = **attached;
 

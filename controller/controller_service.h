@@ -5,6 +5,7 @@
 #define GPIPE_CONTROLLER_CONTROLLER_SERVICE_H_
 
 #include "controller/controller.h"
+#include "controller/stage_file_transfers.h"
 #include "gpipe/v1/controller.grpc.pb.h"
 #include "services/security/bearer_token.h"
 
@@ -21,7 +22,9 @@ struct ServiceAuth {
 class ControllerService final : public gpipe::v1::Controller::Service {
  public:
   explicit ControllerService(Controller& controller, ServiceAuth auth = {})
-      : controller_(controller), auth_(std::move(auth)) {}
+      : controller_(controller),
+        auth_(std::move(auth)),
+        transfers_(controller.options().transfers) {}
 
   grpc::Status SubmitJob(grpc::ServerContext* context,
                          const gpipe::v1::SubmitJobRequest* request,
@@ -51,6 +54,16 @@ class ControllerService final : public gpipe::v1::Controller::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<gpipe::v1::ControllerMessage,
                                gpipe::v1::WorkerMessage>* stream) override;
+  // Stage files through the controller: the worker token, then the
+  // epoch's stream key (Controller::StageFileDestination, CheckpointToFetch).
+  grpc::Status UploadStageFile(
+      grpc::ServerContext* context,
+      grpc::ServerReader<gpipe::v1::UploadStageFileRequest>* reader,
+      gpipe::v1::UploadStageFileResponse* response) override;
+  grpc::Status FetchCheckpoint(
+      grpc::ServerContext* context,
+      const gpipe::v1::FetchCheckpointRequest* request,
+      grpc::ServerWriter<gpipe::v1::FetchCheckpointResponse>* writer) override;
 
  private:
   // UNAUTHENTICATED (logged with the peer) unless the call carries a job
@@ -60,6 +73,7 @@ class ControllerService final : public gpipe::v1::Controller::Service {
 
   Controller& controller_;
   const ServiceAuth auth_;
+  StageFileTransfers transfers_;
 };
 
 // The same code and message.

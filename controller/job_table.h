@@ -32,6 +32,9 @@ struct JobRecord {
   std::vector<int64_t> stage_steps;         // steps completed
   std::vector<std::string> finished_paths;  // "" until StageFinished
   bool merging = false;  // every stage finished; the merge is under way
+  // The current epoch's stream key (in memory only, never stored or shown):
+  // what a stage presents to upload or fetch the job's files.
+  std::string stream_key;
   // Checkpoint reports of the current epoch not yet committed: step ->
   // one report per stage (empty path until that stage reported).
   std::map<int64_t, std::vector<gpipe::v1::StageCheckpointed>> checkpointing;

@@ -34,6 +34,15 @@ ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written there once the server is up");
 ABSL_FLAG(std::string, checkpoint_dir, "./gpipe-checkpoints",
           "where jobs' checkpoints and final models go");
+ABSL_FLAG(std::string, checkpoint_transport, "controller",
+          "how stages' checkpoints and final parameters reach "
+          "--checkpoint_dir: \"controller\" (uploaded through this "
+          "controller's API; workers need no shared disk) or "
+          "\"shared_path\" (stages write there themselves: every worker "
+          "mounts the same directory at the same path)");
+ABSL_FLAG(int32_t, max_transfers, 8,
+          "checkpoint uploads and fetches served at once (through the "
+          "controller); more wait");
 ABSL_FLAG(std::string, store, "",
           "SQLite job store (WAL): jobs survive a restart of the controller; "
           "empty: in memory only");
@@ -104,7 +113,9 @@ int main(int argc, char** argv) {
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
-      "                 [--checkpoint_dir DIR] [--heartbeat_timeout_ms N]\n"
+      "                 [--checkpoint_dir DIR] [--checkpoint_transport "
+      "controller|shared_path]\n"
+      "                 [--heartbeat_timeout_ms N]\n"
       "                 [--heartbeat_interval_ms N] [--metrics_listen "
       "HOST:PORT]\n"
       "                 [--trace_steps 16] [--trace_jobs 32] [--store FILE]");
@@ -122,6 +133,19 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "gpipe-controller: --heartbeat_timeout_ms and "
                  "--heartbeat_interval_ms must be positive\n");
+    return 2;
+  }
+  const std::string transport = absl::GetFlag(FLAGS_checkpoint_transport);
+  if (transport != "controller" && transport != "shared_path") {
+    std::fprintf(stderr,
+                 "gpipe-controller: --checkpoint_transport is \"%s\"; want "
+                 "controller or shared_path\n",
+                 transport.c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_transfers) < 1) {
+    std::fprintf(stderr,
+                 "gpipe-controller: --max_transfers must be at least 1\n");
     return 2;
   }
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -167,6 +191,11 @@ int main(int argc, char** argv) {
   options.controller.trace_steps = absl::GetFlag(FLAGS_trace_steps);
   options.controller.trace_jobs = absl::GetFlag(FLAGS_trace_jobs);
   options.controller.store_path = absl::GetFlag(FLAGS_store);
+  options.controller.checkpoint_transport =
+      transport == "controller" ? gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER
+                                : gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
+  options.controller.transfers.max_concurrent =
+      absl::GetFlag(FLAGS_max_transfers);
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {
@@ -182,8 +211,11 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  gpipe::LogInfo("gpipe-controller listening on %s (checkpoints in %s)",
-                 (*server)->address(), options.controller.checkpoint_dir);
+  gpipe::LogInfo("gpipe-controller listening on %s (checkpoints in %s, %s)",
+                 (*server)->address(), options.controller.checkpoint_dir,
+                 transport == "controller"
+                     ? "uploaded through the controller"
+                     : "written by the stages on a shared path");
   const bool mutual_tls =
       !gpipe::security::TlsFlagsFromCommandLine().ca.empty();
   gpipe::LogInfo("gpipe-controller security: %s, job API %s, Attach %s%s",

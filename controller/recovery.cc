@@ -25,6 +25,22 @@ std::string StepDirOf(const std::string& checkpoint_dir,
 
 }  // namespace
 
+std::string CheckpointFilePath(const std::string& checkpoint_dir,
+                               const std::string& job_id, int64_t step,
+                               int64_t epoch, int64_t stage) {
+  return storage::StageFilePath(StepDirOf(checkpoint_dir, job_id, step), epoch,
+                                stage);
+}
+
+std::string FinalFilePath(const std::string& checkpoint_dir,
+                          const std::string& job_id, int64_t epoch,
+                          int64_t stage) {
+  return storage::StageFilePath(
+      storage::FinalParametersDir(
+          storage::JobCheckpointDir(checkpoint_dir, job_id)),
+      epoch, stage);
+}
+
 absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
                                    const v1::StageCheckpointed& report,
                                    const StepPlan& plan) {
@@ -33,9 +49,9 @@ absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
         "step ", report.step(), " is not a checkpoint step (every ",
         plan.checkpoint_every(), ", ", plan.steps(), " steps)"));
   }
-  const std::string want = storage::StageFilePath(
-      StepDirOf(checkpoint_dir, report.job_id(), report.step()), report.epoch(),
-      report.stage());
+  const std::string want =
+      CheckpointFilePath(checkpoint_dir, report.job_id(), report.step(),
+                         report.epoch(), report.stage());
   if (std::filesystem::path(report.path()).lexically_normal().string() !=
       want) {
     return absl::InvalidArgumentError(
@@ -52,11 +68,8 @@ absl::Status CheckCheckpointReport(const std::string& checkpoint_dir,
 absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
                                  const v1::StageFinished& report) {
   const std::string want =
-      std::filesystem::path(
-          storage::StageFilePath(
-              storage::FinalParametersDir(
-                  storage::JobCheckpointDir(checkpoint_dir, report.job_id())),
-              report.epoch(), report.stage()))
+      std::filesystem::path(FinalFilePath(checkpoint_dir, report.job_id(),
+                                          report.epoch(), report.stage()))
           .lexically_normal()
           .string();
   if (std::filesystem::path(report.parameters_path())

@@ -17,6 +17,16 @@
 
 namespace gpipe::controller {
 
+// Where the controller keeps a stage's file of a checkpoint, and of the
+// final parameters (services/storage/checkpoint_layout.h): what a stage
+// writes on a shared path, and where an uploaded file goes.
+std::string CheckpointFilePath(const std::string& checkpoint_dir,
+                               const std::string& job_id, int64_t step,
+                               int64_t epoch, int64_t stage);
+std::string FinalFilePath(const std::string& checkpoint_dir,
+                          const std::string& job_id, int64_t epoch,
+                          int64_t stage);
+
 // InvalidArgument unless `report` is of a checkpoint step of `plan` and
 // names the file its stage must write for its step and epoch
 // (services/storage/checkpoint_layout.h), with a digest and a size (so a

@@ -30,7 +30,8 @@ constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
 // and the workers are still free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
-           const std::string& checkpoint_dir, absl::Time now) {
+           const std::string& checkpoint_dir, v1::CheckpointTransport transport,
+           absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(workers.size());
   // Fewer stages than asked (elastic): an explicit balance has K entries,
@@ -73,6 +74,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.finished_paths.assign(k, "");
   job.checkpointing.clear();
   job.merging = false;
+  job.stream_key = *stream_key;
   const std::string job_dir =
       storage::JobCheckpointDir(checkpoint_dir, job.id());
   const std::string output_dir = storage::FinalParametersDir(job_dir);
@@ -102,9 +104,19 @@ bool Start(JobTable& jobs, JobRecord& job,
     a.set_upstream_address(i > 0 ? workers[i - 1]->info.address() : "");
     a.set_downstream_address(i + 1 < k ? workers[i + 1]->info.address() : "");
     a.set_start_step(start_step);
-    a.set_output_dir(output_dir);
-    a.set_checkpoint_dir(job_dir);
-    if (restore) a.set_restore_manifest(restore->manifest_path());
+    a.set_checkpoint_transport(transport);
+    // Through the controller, a stage gets no path: nothing it could write
+    // or read there would be the controller's.
+    if (transport == v1::CHECKPOINT_TRANSPORT_CONTROLLER) {
+      if (restore) a.set_restore_step(restore->step());
+    } else {
+      a.set_output_dir(output_dir);
+      a.set_checkpoint_dir(job_dir);
+      if (restore) {
+        a.set_restore_manifest(restore->manifest_path());
+        a.set_restore_step(restore->step());
+      }
+    }
     a.set_stream_key(*stream_key);
     WorkerRegistry::Send(worker, std::move(message));
     WorkerRegistry::MarkBusy(worker, job.id(), i);
@@ -146,7 +158,8 @@ int64_t MinStages(const v1::JobSpec& spec) {
 }
 
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
-                  const std::string& checkpoint_dir, absl::Time now,
+                  const std::string& checkpoint_dir,
+                  v1::CheckpointTransport transport, absl::Time now,
                   const std::function<void(JobRecord&)>& check_restore_point) {
   std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Idle();
   const JobRecord* blocked_by = nullptr;
@@ -179,7 +192,7 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     if (blocked_by == nullptr && free >= k && k > 0) {
       std::vector<std::shared_ptr<WorkerRecord>> chosen(idle.begin(),
                                                         idle.begin() + k);
-      if (Start(jobs, *job, chosen, checkpoint_dir, now)) {
+      if (Start(jobs, *job, chosen, checkpoint_dir, transport, now)) {
         idle.erase(idle.begin(), idle.begin() + k);
       }
       continue;

@@ -23,14 +23,16 @@ namespace gpipe::controller {
 // One scheduling pass; call it whenever a job is submitted or a worker
 // becomes free. Jobs left waiting get their Scheduled condition's message
 // updated ("needs K workers, N free"). Final parameters of a job go to
-// <checkpoint_dir>/<job id>/final.
+// <checkpoint_dir>/<job id>/final; `transport` says how the stages' files
+// get there (the assignment's checkpoint_transport).
 // A job with committed checkpoints that could start has its restore point
 // checked first: ScheduleJobs marks it kChecking and calls
 // `check_restore_point` (which must do the I/O off the lock, set
 // restore_point and kChecked, and schedule again); meanwhile it holds its
 // place in the queue.
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
-                  const std::string& checkpoint_dir, absl::Time now,
+                  const std::string& checkpoint_dir,
+                  gpipe::v1::CheckpointTransport transport, absl::Time now,
                   const std::function<void(JobRecord&)>& check_restore_point);
 
 // The elastic grace period of `spec` (pipeline.elastic_grace_ms, default

@@ -101,8 +101,8 @@ void Agent::Session(Executor* executor) {
   if (ok) {
     attached_ = true;
     if (on_attached_) on_attached_(true);
-    LogInfo("attached to the controller at %s as %s", address_,
-            hello_.worker_id());
+    LogInfo("attached to the controller at %s as %s; stages reach it at %s",
+            address_, hello_.worker_id(), in.welcome().address());
     const auto interval = std::chrono::milliseconds(
         std::max<int64_t>(50, in.welcome().heartbeat_interval_ms()));
     heartbeat = std::thread([&] {

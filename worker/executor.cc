@@ -1,7 +1,6 @@
 #include "worker/executor.h"
 
 #include <chrono>
-#include <filesystem>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -10,11 +9,8 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/stage.h"
-#include "services/pipeline/stage_checkpoint.h"
 #include "services/pipeline/step_plan.h"
 #include "services/security/stream_key.h"
-#include "services/storage/checkpoint_layout.h"
-#include "services/storage/safetensors.h"
 #include "services/telemetry/metered_link.h"
 #include "services/telemetry/step_trace.h"
 #include "services/tensor/threads.h"
@@ -319,19 +315,40 @@ absl::Status Executor::BuildStage(Execution& x) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<StageFileStore*> Executor::FilesFor(
+    const gpipe::v1::Assignment& a) {
+  if (a.checkpoint_transport() != gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER) {
+    return &shared_files_;
+  }
+  if (controller_files_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "the assignment sends its files through the controller, and this "
+        "worker has no connection for them");
+  }
+  return controller_files_.get();
+}
+
 absl::Status Executor::Restore(Execution& x) {
   const gpipe::v1::Assignment& a = x.a;
-  if (a.restore_manifest().empty()) return absl::OkStatus();
-  absl::StatusOr<int64_t> restored =
-      RestoreStageCheckpoint(*x.stage, a.restore_manifest());
+  const bool through_controller =
+      a.checkpoint_transport() == gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER;
+  if (through_controller ? a.restore_step() == 0
+                         : a.restore_manifest().empty()) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StageFileStore*> files = FilesFor(a);
+  if (!files.ok()) return CheckpointError(files.status());
+  absl::StatusOr<int64_t> restored = (*files)->Restore(a, *x.stage);
   if (!restored.ok()) return CheckpointError(restored.status());
+  const std::string from =
+      through_controller ? std::string("the controller") : a.restore_manifest();
   if (*restored != a.start_step()) {
     return CheckpointError(absl::DataLossError(
-        absl::StrCat(a.restore_manifest(), " is of step ", *restored,
+        absl::StrCat(from, " sent a checkpoint of step ", *restored,
                      ", the assignment starts at ", a.start_step())));
   }
   LogInfo("stage %d of %s restored step %d from %s", a.stage(), a.job_id(),
-          *restored, a.restore_manifest());
+          *restored, from);
   return absl::OkStatus();
 }
 
@@ -345,7 +362,10 @@ absl::Status Executor::RunSteps(Execution& x) {
             .count());
     if (cancelled(*x.run)) return absl::CancelledError("cancelled");
     const int64_t done = s + 1;
-    if (x.plan.CheckpointsAfter(done) && !x.a.checkpoint_dir().empty()) {
+    if (x.plan.CheckpointsAfter(done) &&
+        (x.a.checkpoint_transport() ==
+             gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER ||
+         !x.a.checkpoint_dir().empty())) {
       RETURN_IF_ERROR(Checkpoint(x, done));
     }
     // As `gpipectl train` does; all stages take part.
@@ -402,21 +422,20 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
 
 absl::Status Executor::Checkpoint(Execution& x, int64_t done) {
   const gpipe::v1::Assignment& a = x.a;
-  const std::string path = storage::StageFilePath(
-      storage::CheckpointStepDir(a.checkpoint_dir(), done), a.epoch(),
-      a.stage());
-  absl::StatusOr<WrittenCheckpoint> written =
-      SaveStageCheckpoint(*x.stage, done, path);
-  if (!written.ok()) return CheckpointError(written.status());
+  absl::StatusOr<StageFileStore*> files = FilesFor(a);
+  if (!files.ok()) return CheckpointError(files.status());
+  absl::StatusOr<StageFileStore::Stored> stored =
+      (*files)->SaveCheckpoint(a, *x.stage, done);
+  if (!stored.ok()) return CheckpointError(stored.status());
   gpipe::v1::WorkerMessage c;
   auto* r = c.mutable_checkpointed();
   r->set_job_id(a.job_id());
   r->set_epoch(a.epoch());
   r->set_stage(a.stage());
   r->set_step(done);
-  r->set_path(path);
-  r->set_sha256(written->sha256);
-  r->set_bytes(written->bytes);
+  r->set_path(stored->path);
+  r->set_sha256(stored->sha256);
+  r->set_bytes(stored->bytes);
   r->set_layer_begin(a.layer_begin());
   r->set_layer_end(a.layer_end());
   report_(c);
@@ -424,34 +443,20 @@ absl::Status Executor::Checkpoint(Execution& x, int64_t done) {
 }
 
 // The final evaluation (all stages take part; the last reports it) and the
-// stage's final parameters, copied to the host when they live on a device.
+// stage's final parameters, saved in the assignment's store.
 absl::Status Executor::Finish(Execution& x) {
   const gpipe::v1::Assignment& a = x.a;
   ASSIGN_OR_RETURN(LossResult eval,
                    x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
-  std::error_code ec;
-  std::filesystem::create_directories(a.output_dir(), ec);
-  const std::string path =
-      storage::StageFilePath(a.output_dir(), a.epoch(), a.stage());
-  const std::vector<NamedTensor> state = x.stage->model().StateTensors();
-  std::vector<Tensor> host;
-  host.reserve(state.size());
-  std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (const NamedTensor& t : state) {
-    if (t.tensor->device() == Device::kCpu) {
-      tensors.emplace_back(t.name, t.tensor);
-    } else {
-      host.push_back(t.tensor->To(Device::kCpu));
-      tensors.emplace_back(t.name, &host.back());
-    }
-  }
-  RETURN_IF_ERROR(WriteSafetensors(path, tensors, {{"format", "pt"}}));
+  ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(a));
+  ASSIGN_OR_RETURN(StageFileStore::Stored stored,
+                   files->SaveFinal(a, *x.stage));
   gpipe::v1::WorkerMessage m;
   auto* f = m.mutable_finished();
   f->set_job_id(a.job_id());
   f->set_epoch(a.epoch());
   f->set_stage(a.stage());
-  f->set_parameters_path(path);
+  f->set_parameters_path(stored.path);
   if (x.last && eval.counted > 0) {
     *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);
   }

@@ -22,6 +22,8 @@
 #include "services/tensor/dtype.h"
 #include "services/transport/exchange_link.h"
 #include "worker/downstream_connector.h"
+#include "worker/shared_path_store.h"
+#include "worker/stage_file_store.h"
 
 namespace gpipe {
 
@@ -72,6 +74,12 @@ class Executor {
   void set_downstream_connector(std::unique_ptr<DownstreamConnector> c) {
     connector_ = std::move(c);
   }
+  // Where assignments with CHECKPOINT_TRANSPORT_CONTROLLER save and restore
+  // their files (the controller's API); without one they fail. Shared-path
+  // assignments use the paths they name. Set before the first Start.
+  void set_controller_file_store(std::unique_ptr<StageFileStore> s) {
+    controller_files_ = std::move(s);
+  }
 
  private:
   struct Run;        // one assignment, as Start and Cancel see it
@@ -88,6 +96,8 @@ class Executor {
   void ReportStep(Execution& x, int64_t step, const StageStepResult& r,
                   double seconds);
   absl::Status Checkpoint(Execution& x, int64_t done);
+  // The store of the assignment's checkpoint transport.
+  absl::StatusOr<StageFileStore*> FilesFor(const gpipe::v1::Assignment& a);
   bool cancelled(const Run& run) const;
   void StopLocked(std::unique_lock<std::mutex>& lock);
 
@@ -98,6 +108,8 @@ class Executor {
   ExchangeCredentials exchange_credentials_;
   DataPlaneOptions data_plane_;
   std::unique_ptr<DownstreamConnector> connector_;
+  SharedPathStore shared_files_;
+  std::unique_ptr<StageFileStore> controller_files_;
   const Device device_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -44,6 +44,7 @@
 #include "services/telemetry/stage_metrics.h"
 #include "services/tensor/device.h"
 #include "worker/agent.h"
+#include "worker/controller_file_store.h"
 #include "worker/executor.h"
 #include "worker/health.h"
 #include "worker/stage_service.h"
@@ -271,6 +272,18 @@ int main(int argc, char** argv) {
       return 2;
     }
     executor.set_data_plane(planes);
+  }
+  {
+    // Checkpoints and final parameters go to the controller on a channel of
+    // their own, so a large upload never delays the Attach stream's
+    // heartbeats.
+    grpc::ChannelArguments args;
+    security->attach.ApplyTo(args);
+    executor.set_controller_file_store(
+        std::make_unique<gpipe::ControllerFileStore>(
+            grpc::CreateCustomChannel(absl::GetFlag(FLAGS_controller),
+                                      security->attach.Credentials(), args),
+            security->attach));
   }
   gpipe::StageService service(&executor, absl::GetFlag(FLAGS_link_wait_ms));
   // Refused Exchange streams by reason: "stream_key" (no or a wrong key:

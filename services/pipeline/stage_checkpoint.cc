@@ -1,8 +1,6 @@
 #include "services/pipeline/stage_checkpoint.h"
 
-#include <cstring>
 #include <filesystem>
-#include <map>
 #include <utility>
 #include <vector>
 
@@ -22,7 +20,38 @@ std::vector<NamedTensor> CheckpointTensors(Stage& stage) {
   return all;
 }
 
+StageFileContent ContentOf(const std::vector<NamedTensor>& state) {
+  StageFileContent content;
+  // Reserved up front: the pointers below refer into it.
+  content.host_copies.reserve(state.size());
+  for (const NamedTensor& t : state) {
+    if (t.tensor->device() == Device::kCpu) {
+      content.tensors.emplace_back(t.name, t.tensor);
+    } else {
+      content.host_copies.push_back(t.tensor->To(Device::kCpu));
+      content.tensors.emplace_back(t.name, &content.host_copies.back());
+    }
+  }
+  return content;
+}
+
 }  // namespace
+
+StageFileContent CheckpointContent(Stage& stage, int64_t step) {
+  StageFileContent content = ContentOf(CheckpointTensors(stage));
+  const StagePlacement& p = stage.placement();
+  content.metadata = {{"format", "pt"},
+                      {"step", absl::StrCat(step)},
+                      {"layer_begin", absl::StrCat(p.layer_begin)},
+                      {"layer_end", absl::StrCat(p.layer_end)}};
+  return content;
+}
+
+StageFileContent FinalParametersContent(Stage& stage) {
+  StageFileContent content = ContentOf(stage.model().StateTensors());
+  content.metadata = {{"format", "pt"}};
+  return content;
+}
 
 absl::StatusOr<WrittenCheckpoint> SaveStageCheckpoint(Stage& stage,
                                                       int64_t step,
@@ -35,17 +64,8 @@ absl::StatusOr<WrittenCheckpoint> SaveStageCheckpoint(Stage& stage,
     return absl::InternalError(
         absl::StrCat("cannot create ", parent.string(), ": ", error.message()));
   }
-  std::vector<std::pair<std::string, const Tensor*>> tensors;
-  for (const NamedTensor& t : CheckpointTensors(stage)) {
-    tensors.emplace_back(t.name, t.tensor);
-  }
-  const StagePlacement& p = stage.placement();
-  RETURN_IF_ERROR(
-      WriteSafetensors(path, tensors,
-                       {{"format", "pt"},
-                        {"step", absl::StrCat(step)},
-                        {"layer_begin", absl::StrCat(p.layer_begin)},
-                        {"layer_end", absl::StrCat(p.layer_end)}}));
+  const StageFileContent content = CheckpointContent(stage, step);
+  RETURN_IF_ERROR(WriteSafetensors(path, content.tensors, content.metadata));
   WrittenCheckpoint written;
   ASSIGN_OR_RETURN(written.sha256, storage::Sha256File(path));
   written.bytes = static_cast<int64_t>(std::filesystem::file_size(path, error));
@@ -56,15 +76,47 @@ absl::StatusOr<WrittenCheckpoint> SaveStageCheckpoint(Stage& stage,
   return written;
 }
 
+bool StageNeedsFile(const StagePlacement& p,
+                    const gpipe::v1::CheckpointFile& file) {
+  return file.layer_end() > p.layer_begin && file.layer_begin() < p.layer_end;
+}
+
+absl::Status LoadStageState(Stage& stage,
+                            const std::map<std::string, Tensor>& found,
+                            absl::string_view what) {
+  const std::vector<NamedTensor> wanted = CheckpointTensors(stage);
+  std::vector<const Tensor*> sources;
+  sources.reserve(wanted.size());
+  for (const NamedTensor& t : wanted) {
+    auto it = found.find(t.name);
+    if (it == found.end()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", what, " has no tensor ", t.name));
+    }
+    const Tensor& from = it->second;
+    if (from.dtype() != t.tensor->dtype() ||
+        !(from.shape() == t.tensor->shape())) {
+      return absl::DataLossError(absl::StrCat(
+          "checkpoint ", what, ": tensor ", t.name, " is ",
+          from.shape().ToString(), ", another shape or dtype than the model's ",
+          t.tensor->shape().ToString(), " (a checkpoint of another model?)"));
+    }
+    sources.push_back(&from);
+  }
+  // CopyFrom, not memcpy: the stage's tensors may live on a device.
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    wanted[i].tensor->CopyFrom(*sources[i]);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> RestoreStageCheckpoint(
     Stage& stage, const std::string& manifest_path) {
   ASSIGN_OR_RETURN(gpipe::v1::CheckpointManifest manifest,
                    storage::ReadManifest(manifest_path));
-  const StagePlacement& p = stage.placement();
   std::map<std::string, Tensor> found;
   for (const gpipe::v1::CheckpointFile& file : manifest.files()) {
-    if (file.layer_end() <= p.layer_begin || file.layer_begin() >= p.layer_end)
-      continue;
+    if (!StageNeedsFile(stage.placement(), file)) continue;
     RETURN_IF_ERROR(storage::VerifyCheckpointFile(manifest_path, file));
     const std::string path = storage::ManifestFilePath(manifest_path, file);
     ASSIGN_OR_RETURN(SafetensorsFile read, ReadSafetensors(path));
@@ -72,31 +124,7 @@ absl::StatusOr<int64_t> RestoreStageCheckpoint(
       found.insert_or_assign(name, std::move(tensor));
     }
   }
-  // Every tensor is checked before any is copied: a checkpoint of another
-  // model must leave the stage as it was, not half overwritten.
-  const std::vector<NamedTensor> wanted = CheckpointTensors(stage);
-  std::vector<const Tensor*> sources;
-  sources.reserve(wanted.size());
-  for (const NamedTensor& t : wanted) {
-    auto it = found.find(t.name);
-    if (it == found.end()) {
-      return absl::DataLossError(absl::StrCat("checkpoint ", manifest_path,
-                                              " has no tensor ", t.name));
-    }
-    const Tensor& from = it->second;
-    if (from.dtype() != t.tensor->dtype() ||
-        !(from.shape() == t.tensor->shape())) {
-      return absl::DataLossError(absl::StrCat(
-          "checkpoint ", manifest_path, ": tensor ", t.name, " is ",
-          from.shape().ToString(), ", another shape or dtype than the model's ",
-          t.tensor->shape().ToString(), " (a checkpoint of another model?)"));
-    }
-    sources.push_back(&from);
-  }
-  for (size_t i = 0; i < wanted.size(); ++i) {
-    std::memcpy(wanted[i].tensor->raw(), sources[i]->raw(),
-                sources[i]->nbytes());
-  }
+  RETURN_IF_ERROR(LoadStageState(stage, found, manifest_path));
   return manifest.step();
 }
 

@@ -1,7 +1,6 @@
 #include "services/storage/safetensors.h"
 
 #include <algorithm>
-#include <bit>
 #include <cstring>
 #include <optional>
 
@@ -12,52 +11,14 @@
 #include "services/storage/file_io.h"
 #include "services/storage/json_header.h"
 #include "services/storage/safetensors_header.h"
+#include "services/storage/safetensors_stream.h"
 #include "services/tensor/allocator.h"
 
 namespace gpipe {
 namespace {
 
-using storage::QuoteForMessage;
 using storage::SafetensorsEntry;
 using storage::SafetensorsHeader;
-
-// The format stores little-endian values, and we copy tensor bytes as is.
-static_assert(std::endian::native == std::endian::little,
-              "safetensors I/O assumes a little-endian host");
-
-absl::Status CheckTensor(const std::string& name, const Tensor* t) {
-  const std::string quoted = QuoteForMessage(name);
-  if (t == nullptr || !t->defined()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor ", quoted, " is null or undefined"));
-  }
-  if (t->device() != Device::kCpu) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor ", quoted, " is on ", AsAbsl(DeviceName(t->device())),
-        "; copy it to the CPU before writing"));
-  }
-  for (const int64_t d : t->shape().dims()) {
-    if (d < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", quoted, " has a negative dimension in ",
-                       t->shape().ToString()));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckName(std::string_view name) {
-  if (name.empty()) return absl::InvalidArgumentError("empty tensor name");
-  if (name == "__metadata__") {
-    return absl::InvalidArgumentError(
-        "\"__metadata__\" is reserved and cannot name a tensor");
-  }
-  if (!storage::IsValidUtf8(name)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor name ", QuoteForMessage(name), " is not valid UTF-8"));
-  }
-  return absl::OkStatus();
-}
 
 // Turns a validated header into tensors; `fill` copies one entry's bytes.
 absl::StatusOr<SafetensorsFile> Materialize(
@@ -85,49 +46,13 @@ absl::Status WriteSafetensors(
     const std::string& path,
     const std::vector<std::pair<std::string, const Tensor*>>& tensors,
     const std::map<std::string, std::string>& metadata) {
-  for (const auto& [key, value] : metadata) {
-    if (!storage::IsValidUtf8(key) || !storage::IsValidUtf8(value)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metadata ", QuoteForMessage(key), " is not valid UTF-8"));
-    }
-  }
-  std::vector<const std::pair<std::string, const Tensor*>*> sorted;
-  sorted.reserve(tensors.size());
-  for (const auto& named : tensors) {
-    RETURN_IF_ERROR(CheckName(named.first));
-    RETURN_IF_ERROR(CheckTensor(named.first, named.second));
-    sorted.push_back(&named);
-  }
-  std::sort(sorted.begin(), sorted.end(),
-            [](const auto* a, const auto* b) { return a->first < b->first; });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    if (sorted[i - 1]->first == sorted[i]->first) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor name ", QuoteForMessage(sorted[i]->first), " appears twice"));
-    }
-  }
-
-  SafetensorsHeader header;
-  header.metadata = metadata;
-  uint64_t offset = 0;
-  for (const auto* named : sorted) {
-    const Tensor& t = *named->second;
-    SafetensorsEntry& e = header.entries.emplace_back();
-    e.name = named->first;
-    e.dtype = t.dtype();
-    e.shape = t.shape().dims();
-    e.begin = offset;
-    offset += t.nbytes();
-    e.end = offset;
-  }
-
+  ASSIGN_OR_RETURN(SafetensorsEncoder encoder,
+                   SafetensorsEncoder::Create(tensors, metadata));
   ASSIGN_OR_RETURN(storage::AtomicFileWriter writer,
                    storage::AtomicFileWriter::Create(path));
-  RETURN_IF_ERROR(writer.Append(storage::EncodeSafetensorsHeader(header)));
-  for (const auto* named : sorted) {
-    RETURN_IF_ERROR(
-        writer.Append(named->second->raw(), named->second->nbytes()));
-  }
+  RETURN_IF_ERROR(encoder.Encode(
+      [&](std::string_view bytes) { return writer.Append(bytes); },
+      size_t{64} << 20));
   return writer.Commit();
 }
 

@@ -15,15 +15,15 @@ namespace {
 struct CtxFree {
   void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
 };
-using Ctx = std::unique_ptr<EVP_MD_CTX, CtxFree>;
+using EvpCtx = std::unique_ptr<EVP_MD_CTX, CtxFree>;
 
-Ctx NewCtx() {
-  Ctx ctx(EVP_MD_CTX_new());
+EvpCtx NewCtx() {
+  EvpCtx ctx(EVP_MD_CTX_new());
   EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   return ctx;
 }
 
-std::string Finish(EVP_MD_CTX* ctx) {
+std::string FinishDigest(EVP_MD_CTX* ctx) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int n = 0;
   EVP_DigestFinal_ex(ctx, digest, &n);
@@ -39,16 +39,28 @@ std::string Finish(EVP_MD_CTX* ctx) {
 
 }  // namespace
 
+struct Sha256::Ctx {
+  EvpCtx ctx = NewCtx();
+};
+Sha256::Sha256() : ctx_(std::make_unique<Ctx>()) {}
+Sha256::~Sha256() = default;
+Sha256::Sha256(Sha256&&) noexcept = default;
+Sha256& Sha256::operator=(Sha256&&) noexcept = default;
+void Sha256::Update(std::string_view bytes) {
+  EVP_DigestUpdate(ctx_->ctx.get(), bytes.data(), bytes.size());
+}
+std::string Sha256::Finish() { return FinishDigest(ctx_->ctx.get()); }
+
 std::string Sha256Hex(std::string_view bytes) {
-  Ctx ctx = NewCtx();
+  EvpCtx ctx = NewCtx();
   EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size());
-  return Finish(ctx.get());
+  return FinishDigest(ctx.get());
 }
 
 absl::StatusOr<std::string> Sha256File(const std::string& path) {
   uint64_t size = 0;
   ASSIGN_OR_RETURN(ScopedFd fd, OpenForRead(path, &size));
-  Ctx ctx = NewCtx();
+  EvpCtx ctx = NewCtx();
   std::vector<char> chunk(1 << 20);
   for (uint64_t offset = 0; offset < size;) {
     const size_t n =
@@ -57,7 +69,7 @@ absl::StatusOr<std::string> Sha256File(const std::string& path) {
     EVP_DigestUpdate(ctx.get(), chunk.data(), n);
     offset += n;
   }
-  return Finish(ctx.get());
+  return FinishDigest(ctx.get());
 }
 
 }  // namespace gpipe::storage

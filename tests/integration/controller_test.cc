@@ -39,6 +39,7 @@
 #include "services/storage/sha256.h"
 #include "services/tensor/tensor.h"
 #include "tests/support/controller_fixtures.h"
+#include "tests/support/fake_worker.h"
 
 namespace gpipe::controller {
 namespace {
@@ -47,6 +48,7 @@ namespace v1 = gpipe::v1;
 using ::testing::HasSubstr;
 
 using test_support::Checkpointed;
+using test_support::FakeWorker;
 using test_support::RecoverableSpec;
 constexpr int64_t kLayers = test_support::kControllerSpecLayers;
 constexpr absl::Duration kWait = absl::Seconds(5);
@@ -55,147 +57,6 @@ v1::JobSpec Spec() { return test_support::ControllerSpec(2); }
 v1::JobSpec SpecWithStages(int64_t stages) {
   return test_support::ControllerSpec(stages);
 }
-
-// A worker process as the controller sees it: one Attach stream, messages
-// read on a thread into a queue so the test can wait with a timeout.
-class FakeWorker {
- public:
-  FakeWorker(v1::Controller::Stub &stub, std::string id, std::string address)
-      : id_(std::move(id)), address_(std::move(address)) {
-    context_.set_deadline(std::chrono::system_clock::now() +
-                          std::chrono::seconds(60));
-    stream_ = stub.Attach(&context_);
-    reader_ = std::thread([this] {
-      v1::ControllerMessage message;
-      while (stream_->Read(&message)) {
-        std::lock_guard<std::mutex> lock(mu_);
-        inbox_.push_back(message);
-        cv_.notify_all();
-      }
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-      cv_.notify_all();
-    });
-  }
-
-  ~FakeWorker() {
-    StopHeartbeats();
-    context_.TryCancel();
-    reader_.join();
-    if (!finished_) stream_->Finish();
-  }
-
-  const std::string &id() const { return id_; }
-  const std::string &address() const { return address_; }
-
-  bool Send(const v1::WorkerMessage &message) {
-    std::lock_guard<std::mutex> lock(write_mu_);
-    return stream_->Write(message);
-  }
-
-  // Hello, then the Welcome.
-  void Attach() {
-    v1::WorkerMessage hello;
-    hello.mutable_hello()->set_worker_id(id_);
-    hello.mutable_hello()->set_address(address_);
-    hello.mutable_hello()->mutable_resources()->set_cpus(2);
-    ASSERT_TRUE(Send(hello));
-    std::optional<v1::ControllerMessage> welcome = Next();
-    ASSERT_TRUE(welcome.has_value()) << id_ << " got no welcome";
-    ASSERT_TRUE(welcome->has_welcome()) << welcome->DebugString();
-    EXPECT_GT(welcome->welcome().heartbeat_interval_ms(), 0);
-  }
-
-  // The next message from the controller, or nullopt after `timeout` or
-  // when the stream has ended.
-  std::optional<v1::ControllerMessage> Next(absl::Duration timeout = kWait) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                 [&] { return !inbox_.empty() || closed_; });
-    if (inbox_.empty()) return std::nullopt;
-    v1::ControllerMessage message = std::move(inbox_.front());
-    inbox_.pop_front();
-    return message;
-  }
-
-  v1::Assignment NextAssignment() {
-    std::optional<v1::ControllerMessage> m = Next();
-    EXPECT_TRUE(m.has_value() && m->has_assignment())
-        << id_ << ": expected an assignment, got "
-        << (m ? m->DebugString() : "nothing");
-    return m && m->has_assignment() ? m->assignment() : v1::Assignment();
-  }
-
-  v1::CancelAssignment NextCancel() {
-    std::optional<v1::ControllerMessage> m = Next();
-    EXPECT_TRUE(m.has_value() && m->has_cancel())
-        << id_ << ": expected a cancel, got "
-        << (m ? m->DebugString() : "nothing");
-    return m && m->has_cancel() ? m->cancel() : v1::CancelAssignment();
-  }
-
-  // Waits for the controller to end the stream; its status.
-  grpc::Status WaitClosed(absl::Duration timeout = kWait) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
-                        [&] { return closed_; })) {
-        return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                            "the stream did not end");
-      }
-    }
-    finished_ = true;
-    return stream_->Finish();
-  }
-
-  // The stream breaks as if the process died.
-  void Break() { context_.TryCancel(); }
-
-  void StartHeartbeats(absl::Duration interval) {
-    heartbeat_ = std::thread([this, interval] {
-      v1::WorkerMessage beat;
-      beat.mutable_heartbeat();
-      while (!stop_heartbeats_) {
-        Send(beat);
-        absl::SleepFor(interval);
-      }
-    });
-  }
-  void StopHeartbeats() {
-    stop_heartbeats_ = true;
-    if (heartbeat_.joinable()) heartbeat_.join();
-  }
-
-  bool Progress(const v1::Assignment &a, int64_t step, double loss = 0,
-                double step_seconds = 0) {
-    v1::WorkerMessage m;
-    v1::StepProgress &p = *m.mutable_progress();
-    p.set_job_id(a.job_id());
-    p.set_epoch(a.epoch());
-    p.set_stage(a.stage());
-    p.set_step(step);
-    p.set_loss(loss);
-    p.set_step_seconds(step_seconds);
-    return Send(m);
-  }
-
- private:
-  const std::string id_;
-  const std::string address_;
-  grpc::ClientContext context_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<v1::WorkerMessage, v1::ControllerMessage>>
-      stream_;
-  std::mutex write_mu_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::ControllerMessage> inbox_;
-  bool closed_ = false;
-  bool finished_ = false;
-  std::thread reader_;
-  std::thread heartbeat_;
-  std::atomic<bool> stop_heartbeats_{false};
-};
 
 // Collects a WatchJob stream on a thread until it ends.
 class Watcher {
@@ -278,6 +139,10 @@ class ControllerTest : public ::testing::Test {
     ControllerServerOptions options;
     options.listen = "127.0.0.1:0";
     options.controller.checkpoint_dir = (dir_ / "checkpoints").string();
+    // The fake workers write their files where shared-path stages do
+    // (controller_stage_files_test covers the files through the API).
+    options.controller.checkpoint_transport =
+        v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
     options.controller.heartbeat_timeout = heartbeat_timeout;
     options.controller.heartbeat_interval = absl::Milliseconds(100);
     options.controller.store_path = store_path_;

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Workers killed -9 exactly while they write their checkpoint files: inotify
 # reports each new file under the job's checkpoint directory; when a
-# worker's temporary file (<stage file>.tmp.<pid>) appears, that pid is
-# killed at once. The job must still SUCCEED bitwise equal to the
-# uninterrupted run, no committed manifest may list a partial file, and the
-# periodic evaluations it reports (replays included) must be exactly those
-# `gpipectl train` prints at the same steps.
+# temporary stage file (<stage file>.tmp.<pid>) appears, the worker writing
+# it is killed at once: on a shared path that pid itself; through the
+# controller (CHECKPOINT_TRANSPORT, default) the temporary file is the
+# controller's and the victim is the worker uploading it, the one that runs
+# that stage of that epoch. The job must still SUCCEED bitwise equal to the
+# uninterrupted run, no committed manifest may list a partial file, no
+# temporary file of a cut upload may remain, and the periodic evaluations it
+# reports (replays included) must be exactly those `gpipectl train` prints
+# at the same steps.
 # Knobs: RECOVERY_KILLS (default 3), RECOVERY_STEPS (default 40), KEEP_WORK=1.
 #   recovery_checkpoint_kill_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -18,7 +22,11 @@ command -v inotifywait >/dev/null || { echo "SKIP: inotifywait (inotify-tools) i
 work=$(mktemp -d)
 source "$src/tests/scripts/recovery_lib.sh"
 watcher=""
-stop_watcher() { [[ -z "$watcher" ]] || kill "$watcher" 2>/dev/null || true; }
+mapper=""
+stop_watcher() {
+  [[ -z "$watcher" ]] || kill "$watcher" 2>/dev/null || true
+  [[ -z "$mapper" ]] || kill "$mapper" 2>/dev/null || true
+}
 trap 'stop_watcher; cleanup' EXIT
 
 kills=${RECOVERY_KILLS:-3}
@@ -76,21 +84,53 @@ sleep 0.3  # the watches are in place
 declare -A victim_of  # pid -> worker name
 for name in "${!worker_pid[@]}"; do victim_of[${worker_pid[$name]}]=$name; done
 job=$(submit "$spec")
+# Through the controller: "<epoch> <stage>=<address> ..." of the running
+# epoch, kept fresh in the background, so that the kill needs no process
+# start between the temporary file appearing and the signal.
+stage_map="$work/stage_map"
+if [[ "$transport" == controller ]]; then
+  (
+    while :; do
+      line=$(job_field "$job" "'%d %s' % (int(s.get('epoch', 0)), ' '.join('%d=%s' % (int(x.get('stage', 0)), x.get('address', '')) for x in s.get('stages', [])))") || true
+      if [[ -n "$line" ]]; then echo "$line" >"$stage_map.tmp" && mv "$stage_map.tmp" "$stage_map"; fi
+      sleep 0.05
+    done
+  ) &
+  mapper=$!
+fi
+# The pid of the worker that runs `stage` of `epoch`, or nothing.
+uploader() {
+  local epoch=$1 stage=$2 line entry name
+  [[ -f "$stage_map" ]] || return 0
+  read -r line <"$stage_map" || return 0
+  [[ "${line%% *}" == "$epoch" ]] || return 0
+  for entry in ${line#* }; do
+    [[ "${entry%%=*}" == "$stage" ]] || continue
+    for name in "${!worker_port[@]}"; do
+      [[ "${entry#*=}" == "127.0.0.1:${worker_port[$name]}" ]] && echo "${worker_pid[$name]}"
+    done
+  done
+  return 0
+}
 landed=0 writing=0 renamed=0 killed_epoch=0
 deadline=$((SECONDS + ${DONE_TIMEOUT:-120}))
 while ((landed < kills && SECONDS < deadline)); do
   read -r -t 1 path <&3 || { [[ "$(job_field "$job" "s.get('state','')")" == SUCCEEDED ]] && break; continue; }
   # One kill per epoch: the other stages' files of a checkpoint whose
   # epoch already lost a worker are part of the same failure.
-  [[ "$path" =~ /e([0-9]+)-stage-[0-9]+\.safetensors\.tmp\.([0-9]+)$ ]] || continue
-  epoch=${BASH_REMATCH[1]} pid=${BASH_REMATCH[2]}
+  [[ "$path" =~ /e([0-9]+)-stage-([0-9]+)\.safetensors\.tmp\.([0-9]+)$ ]] || continue
+  epoch=${BASH_REMATCH[1]} stage=${BASH_REMATCH[2]} pid=${BASH_REMATCH[3]}
   ((epoch > killed_epoch)) || continue
+  if [[ "$transport" == controller ]]; then
+    pid=$(uploader "$epoch" "$stage")
+    [[ -n "$pid" ]] || continue
+  fi
   victim=${victim_of[$pid]:-}
   [[ -n "$victim" && -n "${worker_port[$victim]:-}" ]] || continue
   kill -9 "$pid"
   killed_epoch=$epoch
   if [[ -e "$path" ]]; then
-    phase="while writing (its temporary file is left behind)"
+    phase="while writing"
     writing=$((writing + 1))
   else
     phase="just after the rename of its file"
@@ -129,6 +169,13 @@ assert manifests >= 2, f"only {manifests} committed manifests"
 print(f"{manifests} committed manifests, every file whole")
 PY
 
+# Through the controller, an upload cut by its worker's death leaves no
+# temporary file behind (on a shared path the dead writer's stays).
+if [[ "$transport" == controller ]]; then
+  left=$(find "$work/ckpt" -name '*.tmp.*' | head -n 3)
+  [[ -z "$left" ]] || fail "cut uploads left temporary files: $left"
+fi
+
 # The evaluations, replays included, are gpipectl train's at the same steps.
 "$bin/gpipectl" --controller "127.0.0.1:$cport" status "$job" --json >"$work/status.json"
 python3 - "$work/status.json" "$work/ref.txt" "$steps" <<'PY' || fail "job $job's evaluations differ from gpipectl train's"
@@ -148,5 +195,5 @@ assert line(s["evaluation"]) == final, f"final {line(s['evaluation'])} != {final
 assert int(s["latestEvaluation"]["step"]) == steps
 print(f"{len(got)} periodic evaluations and the final one match gpipectl train")
 PY
-echo "checkpoint kills: the job survived $landed kills ($writing while writing, $renamed just after the rename; $restarts restarts), bitwise the uninterrupted run"
+echo "checkpoint kills ($transport): the job survived $landed kills ($writing while writing, $renamed just after the rename; $restarts restarts), bitwise the uninterrupted run"
 echo "1 passed, 0 failed"

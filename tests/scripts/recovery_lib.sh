@@ -2,6 +2,20 @@
 # job store on a fixed loopback port, workers on known ports, job status
 # polling, and the comparison with the single-process reference trainer.
 # The caller sets $bin, $src and $work and sources this file.
+#
+# CHECKPOINT_TRANSPORT (default controller) is the controller's
+# --checkpoint_transport. Every worker runs in a directory of its own; with
+# the files through the controller, each also runs (where unshare works:
+# root) in a mount namespace of its own in which the controller's
+# checkpoint directory is an empty tmpfs, so a file a stage needs can only
+# have come through the controller's API.
+# Workers start in directories of their own: the binaries by absolute path.
+bin=$(realpath "$bin")
+transport=${CHECKPOINT_TRANSPORT:-controller}
+isolate=""
+if [[ "$transport" == controller ]] && unshare --mount --propagation private true 2>/dev/null; then
+  isolate=yes
+fi
 
 pids=()
 declare -A worker_pid   # worker name -> pid
@@ -22,6 +36,7 @@ cleanup() {
 
 show_logs() {
   local f
+  echo "--- checkpoint transport: $transport${isolate:+ (workers in their own mount namespaces)}" >&2
   for f in "$work"/*.log; do
     [[ -f "$f" ]] || continue
     echo "--- $f" >&2
@@ -42,7 +57,8 @@ free_port() {
 # start_controller: on $cport (kept across restarts), same --store.
 start_controller() {
   "$bin/gpipe-controller" --listen "127.0.0.1:$cport" \
-    --checkpoint_dir "$work/ckpt" --store "$work/jobs.db" \
+    --checkpoint_dir "$work/ckpt" --checkpoint_transport "$transport" \
+    --store "$work/jobs.db" --metrics_listen "" \
     --heartbeat_timeout_ms "${LEASE_MS:-1500}" --heartbeat_interval_ms 100 \
     >>"$work/controller.log" 2>&1 &
   controller_pid=$!
@@ -60,8 +76,15 @@ start_worker() {
   local name="w$next_worker" port
   next_worker=$((next_worker + 1))
   port=$(free_port)
-  "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" \
-    --threads 1 >"$work/$name.log" 2>&1 &
+  mkdir -p "$work/$name" "$work/ckpt"
+  local args=(--controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" --threads 1)
+  if [[ -n "$isolate" ]]; then
+    (cd "$work/$name" && exec unshare --mount --propagation private \
+      sh -c 'mount -t tmpfs -o size=1m gpipe-hidden "$0" && exec "$@"' \
+      "$work/ckpt" "$bin/gpipe-worker" "${args[@]}") >"$work/$name.log" 2>&1 &
+  else
+    (cd "$work/$name" && exec "$bin/gpipe-worker" "${args[@]}") >"$work/$name.log" 2>&1 &
+  fi
   worker_pid[$name]=$!
   worker_port[$name]=$port
   pids+=($!)

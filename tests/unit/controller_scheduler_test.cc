@@ -41,8 +41,8 @@ class SchedulerTest : public ::testing::Test {
   // One pass at now_; the restore-point checks it asks for.
   std::vector<std::string> Schedule() {
     std::vector<std::string> asked;
-    ScheduleJobs(jobs_, workers_, "/ckpt", now_,
-                 [&](JobRecord& job) { asked.push_back(job.id()); });
+    ScheduleJobs(jobs_, workers_, "/ckpt", v1::CHECKPOINT_TRANSPORT_SHARED_PATH,
+                 now_, [&](JobRecord& job) { asked.push_back(job.id()); });
     return asked;
   }
   std::vector<v1::Assignment> Assignments(WorkerRecord& w) {

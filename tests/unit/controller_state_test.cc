@@ -45,6 +45,9 @@ class ControllerStateTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
     ControllerOptions o;
     o.checkpoint_dir = dir_.string();
+    // The fake stages below write their files where shared-path stages do
+    // (controller_stage_files_test covers the files through the API).
+    o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
     o.heartbeat_timeout = absl::Seconds(10);
     o.clock = [this] { return clock_.Now(); };
     controller_ = std::make_unique<Controller>(o);
