@@ -2,10 +2,14 @@
 // for each size (MB of parameters + AdamW state), a one-stage model of that
 // size is saved with SaveStageCheckpoint (safetensors, temp file, fsync,
 // rename, sha256 of the file) and restored with RestoreStageCheckpoint (sha256
-// check against the manifest, read, copy into the stage), and the same byte
-// count is written (write + fsync) and read back plainly in the same
-// directory. Before every read the file's pages are dropped from the page
-// cache (posix_fadvise DONTNEED after fsync), so reads come from the disk.
+// check against the manifest, read, copy into the stage): the shared-path
+// transport; then saved and restored through a controller on loopback
+// (the controller transport: ControllerFileStore's upload, the controller's
+// write + fsync + rename, its commit, and the fetch back into the stage,
+// checkpoint_transport.h); and the same byte count is written (write +
+// fsync) and read back plainly in the same directory. Before every read the
+// file's pages are dropped from the page cache (posix_fadvise DONTNEED after
+// fsync), so reads come from the disk.
 //   checkpoint_bench [--sizes 8,64,256] [--rounds 3] [--dir DIR]
 //                    [--glibc-malloc]
 // DIR defaults to a fresh directory next to the binary (under build/), and
@@ -31,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/args.h"
+#include "bench/checkpoint_transport.h"
 #include "bench/timing.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
@@ -93,7 +98,8 @@ absl::StatusOr<v1::JobSpec> SpecOfSize(int64_t megabytes) {
   "data": {"synthetic": {"task": "CLASSES", "features": )",
       kInputs, R"(, "classes": )", kClasses,
       R"(, "trainSamples": 16, "testSamples": 16}},
-  "batchSize": 8, "steps": 1, "seed": 1})");
+  "checkpoint": {"every": 1, "keep": 2},
+  "batchSize": 8, "steps": 100, "seed": 1})");
   return ParseJobSpecJson(json);
 }
 
@@ -166,6 +172,9 @@ struct Row {
   // The plain read again, into fresh memory of the file's size (as a
   // restore reads into newly allocated tensors): its page faults included.
   std::vector<double> read_fresh;
+  // Through the controller: the upload (until the controller has the file
+  // fsynced under its name) and the fetch from a cold page cache.
+  std::vector<double> upload, fetch;
 };
 
 absl::StatusOr<Row> MeasureSize(int64_t megabytes, int rounds,
@@ -183,8 +192,23 @@ absl::StatusOr<Row> MeasureSize(int64_t megabytes, int rounds,
       (ckpt_dir / storage::kManifestName).string();
   const std::string plain = (dir / absl::StrCat("plain-", megabytes)).string();
   std::vector<char> buf(kChunk, '\x5a');
+  ASSIGN_OR_RETURN(std::unique_ptr<ControllerTransportRig> rig,
+                   ControllerTransportRig::Start(
+                       dir / absl::StrCat("controller-", megabytes), spec));
   Row row;
   for (int r = 0; r < rounds; ++r) {
+    const int64_t uploaded_step = r + 1;
+    absl::StatusOr<StageFileStore::Stored> uploaded;
+    row.upload.push_back(
+        TimeSeconds([&] { uploaded = rig->Upload(*stage, uploaded_step); }));
+    RETURN_IF_ERROR(uploaded.status());
+    RETURN_IF_ERROR(rig->Commit(uploaded_step, *uploaded));
+    RETURN_IF_ERROR(DropCache(uploaded->path));
+    absl::StatusOr<int64_t> fetched;
+    row.fetch.push_back(
+        TimeSeconds([&] { fetched = rig->Fetch(*stage, uploaded_step); }));
+    RETURN_IF_ERROR(fetched.status());
+
     absl::StatusOr<WrittenCheckpoint> written;
     row.save.push_back(
         TimeSeconds([&] { written = SaveStageCheckpoint(*stage, 1, file); }));
@@ -300,9 +324,10 @@ int Run(int argc, char** argv) {
               dir.path().c_str(), rounds,
               glibc_malloc ? "glibc's malloc defaults"
                            : "freed memory kept in the heap (as the worker)");
-  std::printf("%9s %10s %10s %10s %10s %12s %12s %8s %8s %8s\n", "size MB",
-              "save MB/s", "plain w", "restore", "plain r", "save/plain",
-              "restore/plain", "sha256", "read st", "r fresh");
+  std::printf("%9s %10s %10s %10s %10s %12s %12s %8s %8s %8s %9s %9s %9s %9s\n",
+              "size MB", "save MB/s", "plain w", "restore", "plain r",
+              "save/plain", "restore/plain", "sha256", "read st", "r fresh",
+              "upload", "up/save", "fetch", "fetch/rst");
   for (int64_t mb : sizes) {
     absl::StatusOr<Row> row =
         MeasureSize(mb, static_cast<int>(rounds), dir.path());
@@ -315,12 +340,16 @@ int Run(int argc, char** argv) {
     const double write = MBps(row->bytes, Median(row->write));
     const double restore = MBps(row->bytes, Median(row->restore));
     const double read = MBps(row->bytes, Median(row->read));
+    const double upload = MBps(row->bytes, Median(row->upload));
+    const double fetch = MBps(row->bytes, Median(row->fetch));
     std::printf(
-        "%9.1f %10.0f %10.0f %10.0f %10.0f %12.2f %12.2f %8.0f %8.0f %8.0f\n",
+        "%9.1f %10.0f %10.0f %10.0f %10.0f %12.2f %12.2f %8.0f %8.0f %8.0f "
+        "%9.0f %9.2f %9.0f %9.2f\n",
         static_cast<double>(row->bytes) / 1e6, save, write, restore, read,
         save / write, restore / read, MBps(row->bytes, Median(row->sha256)),
         MBps(row->bytes, Median(row->parse)),
-        MBps(row->bytes, Median(row->read_fresh)));
+        MBps(row->bytes, Median(row->read_fresh)), upload, upload / save, fetch,
+        fetch / restore);
     std::fflush(stdout);
   }
   std::printf(
@@ -330,7 +359,11 @@ int Run(int argc, char** argv) {
       "write + fsync / read of the same bytes in the same directory; "
       "sha256 and read st = the restore's two reads alone (Sha256File, "
       "ReadSafetensors), each from a cold page cache; r fresh = the plain read "
-      "into newly allocated memory of the file's size\n");
+      "into newly allocated memory of the file's size; upload = the same "
+      "checkpoint through a controller on loopback (encode + sha256 + gRPC "
+      "stream, the controller's write + sha256 + fsync + rename), up/save its "
+      "speed over save's; fetch = FetchCheckpoint from a cold page cache into "
+      "the stage, fetch/rst over restore's\n");
   return 0;
 }
 

@@ -427,18 +427,7 @@ absl::Status Executor::Checkpoint(Execution& x, int64_t done) {
   absl::StatusOr<StageFileStore::Stored> stored =
       (*files)->SaveCheckpoint(a, *x.stage, done);
   if (!stored.ok()) return CheckpointError(stored.status());
-  gpipe::v1::WorkerMessage c;
-  auto* r = c.mutable_checkpointed();
-  r->set_job_id(a.job_id());
-  r->set_epoch(a.epoch());
-  r->set_stage(a.stage());
-  r->set_step(done);
-  r->set_path(stored->path);
-  r->set_sha256(stored->sha256);
-  r->set_bytes(stored->bytes);
-  r->set_layer_begin(a.layer_begin());
-  r->set_layer_end(a.layer_end());
-  report_(c);
+  report_(CheckpointedReport(a, done, *stored));
   return absl::OkStatus();
 }
 

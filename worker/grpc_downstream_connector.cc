@@ -3,13 +3,19 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "services/core/log.h"
+#include "services/transport/resolve.h"
 
 namespace gpipe {
 namespace {
 
-constexpr int kConnectAttempts = 30;
+// A neighbour may start (or its DNS record appear) a little late: keep
+// trying for this long, in attempts short enough to notice a cancel.
+constexpr absl::Duration kConnectBudget = absl::Seconds(30);
 constexpr int64_t kAttemptMs = 1000;
+constexpr absl::Duration kResolveRetry = absl::Milliseconds(200);
 
 }  // namespace
 
@@ -20,13 +26,43 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
   ExchangeCredentials credentials = credentials_;
   credentials.stream_key = a.stream_key();
   absl::Status connected = absl::UnavailableError("not tried");
-  for (int attempt = 0; attempt < kConnectAttempts && !cancelled(); ++attempt) {
+  const absl::Time start = absl::Now();
+  int attempts = 0;
+  while (!cancelled() && absl::Now() - start < kConnectBudget) {
+    ++attempts;
+    // Resolved here, each attempt, and dialled by IP (resolve.h): a name
+    // connects as fast as an IP, and one that appears late is found.
+    absl::StatusOr<ResolvedTarget> target =
+        ResolveForDial(a.downstream_address(), absl::Milliseconds(kAttemptMs));
+    if (!target.ok()) {
+      connected = target.status();
+      if (!absl::IsUnavailable(connected)) return connected;
+      absl::SleepFor(kResolveRetry);
+      continue;
+    }
+    ExchangeCredentials dial = credentials;
+    // The certificate names the host the neighbour advertised, not its IP.
+    if (dial.channel != nullptr && dial.tls_server_name.empty()) {
+      dial.tls_server_name = target->host;
+    }
     absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link =
-        ConnectDownstream(a.downstream_address(), a.job_id(), a.epoch(),
-                          a.stage(), capacity, kAttemptMs, FrameCodec::kOneCopy,
-                          data_plane_, credentials);
-    if (link.ok()) return std::unique_ptr<Link>(std::move(*link));
+        ConnectDownstream(target->target, a.job_id(), a.epoch(), a.stage(),
+                          capacity, kAttemptMs, FrameCodec::kOneCopy,
+                          data_plane_, dial);
+    if (link.ok()) {
+      if (attempts > 1 || !target->host.empty()) {
+        LogInfo("stage %d of %s reached stage %d at %s (%s) in %d ms",
+                a.stage(), a.job_id(), a.stage() + 1, a.downstream_address(),
+                target->ip, absl::ToInt64Milliseconds(absl::Now() - start));
+      }
+      return std::unique_ptr<Link>(std::move(*link));
+    }
     connected = link.status();
+    if (!target->host.empty()) {
+      connected = absl::Status(
+          connected.code(),
+          absl::StrCat(connected.message(), " (", a.downstream_address(), ")"));
+    }
     if (!absl::IsUnavailable(connected)) return connected;
   }
   if (cancelled()) return absl::CancelledError("cancelled");

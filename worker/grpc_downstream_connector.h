@@ -16,8 +16,9 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
                           DataPlaneOptions data_plane)
       : credentials_(std::move(credentials)), data_plane_(data_plane) {}
 
-  // In attempts of a second each (at most 30), so that a cancel (the job
-  // restarted: the peer may be dead) is noticed at once.
+  // For up to 30 s, in attempts of a second each, so that a cancel (the job
+  // restarted: the peer may be dead) is noticed at once. Each attempt
+  // resolves the neighbour's name anew (resolve.h) and dials its IP.
   absl::StatusOr<std::unique_ptr<Link>> Connect(
       const gpipe::v1::Assignment& a,
       const std::function<bool()>& cancelled) override;

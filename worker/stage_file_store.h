@@ -39,6 +39,11 @@ class StageFileStore {
                                           Stage& stage) = 0;
 };
 
+// The report a stage of `a` sends once its checkpoint of `step` is stored.
+gpipe::v1::WorkerMessage CheckpointedReport(const gpipe::v1::Assignment& a,
+                                            int64_t step,
+                                            const StageFileStore::Stored& s);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_WORKER_STAGE_FILE_STORE_H_

@@ -245,6 +245,11 @@ absl::StatusOr<std::unique_ptr<ExchangeClientLink>> ConnectDownstream(
     const DataPlaneOptions& data_plane,
     const ExchangeCredentials& credentials) {
   grpc::ChannelArguments args = KeepaliveChannelArguments();
+  // A neighbour that is not listening yet is tried again within the
+  // attempt, not a second later (gRPC's default first backoff).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   if (credentials.channel != nullptr && !credentials.tls_server_name.empty()) {
     args.SetSslTargetNameOverride(credentials.tls_server_name);
   }

@@ -150,22 +150,6 @@ class StageFilesTest : public ::testing::Test {
     return out;
   }
 
-  static v1::WorkerMessage Report(const v1::Assignment& a, int64_t step,
-                                  const StageFileStore::Stored& stored) {
-    v1::WorkerMessage m;
-    v1::StageCheckpointed& c = *m.mutable_checkpointed();
-    c.set_job_id(a.job_id());
-    c.set_epoch(a.epoch());
-    c.set_stage(a.stage());
-    c.set_step(step);
-    c.set_path(stored.path);
-    c.set_sha256(stored.sha256);
-    c.set_bytes(stored.bytes);
-    c.set_layer_begin(a.layer_begin());
-    c.set_layer_end(a.layer_end());
-    return m;
-  }
-
   // An upload by hand: header, then `chunks`, then `sha256` (none when
   // empty); `cancel` breaks the call after the chunks instead.
   grpc::Status RawUpload(const v1::StageFileHeader& header,
@@ -237,7 +221,7 @@ TEST_F(StageFilesTest, CheckpointUploadsCommitsAndRestoresBitwise) {
             CheckpointFilePath(server_->controller().options().checkpoint_dir,
                                a.job_id(), 2, a.epoch(), 0));
   EXPECT_EQ(storage::Sha256File(stored->path).value(), stored->sha256);
-  ASSERT_TRUE(worker_->Send(Report(a, 2, *stored)));
+  ASSERT_TRUE(worker_->Send(CheckpointedReport(a, 2, *stored)));
   WaitForJob(a.job_id(), [](const v1::Job& j) {
     return j.status().checkpoints_size() == 1;
   });
