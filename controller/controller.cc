@@ -35,6 +35,8 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 // How long a restarting job waits before it is scheduled again, so that the
 // streams of workers that died with the failure are noticed first.
 constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
+constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
+constexpr std::string_view kCheckpointStoreFull = "CheckpointStoreFull";
 
 absl::Status JobNotFound(std::string_view id) {
   return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
@@ -373,9 +375,21 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
     return absl::UnavailableError("the controller is shutting down");
   }
   // Worker ids are unique per process start: a second Attach under the same
-  // id is that process again (its old stream may not have broken on this
-  // side yet), so the newer stream replaces the older.
+  // id with the same session key is that process again (its old stream may
+  // not have broken on this side yet), so the newer stream replaces the
+  // older. Anyone else saying that id is refused: a forged hello must not
+  // cost the real worker its stage, nor its job a restart.
   if (std::shared_ptr<WorkerRecord> old = workers_.Find(hello.worker_id())) {
+    if (!old->session_key.empty() &&
+        !security::CheckStreamKey(old->session_key, hello.session_key()).ok()) {
+      LogWarning(
+          "refused a hello under the id of live worker %s: another "
+          "session key",
+          hello.worker_id());
+      return absl::AlreadyExistsError(absl::StrCat(
+          "worker ", hello.worker_id(),
+          " is attached on another stream with another session key"));
+    }
     LoseWorker(old,
                absl::AbortedError("replaced by a newer Attach stream of the "
                                   "same worker"),
@@ -557,7 +571,7 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
                                const WorkerRecord* except, bool counted,
                                absl::Time now) {
   v1::JobStatus& status = job.status();
-  const int64_t max = job.job.spec().max_restarts();
+  const int64_t max = MaxRestarts(job.job.spec());
   if (counted && status.restarts() >= max) {
     EndJob(job, v1::FAILED, kFailed, reason,
            absl::StrCat(message, "; ",
@@ -579,7 +593,16 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   job.merging = false;
   job.checkpointing.clear();
   job.waiting_since = now;
-  job.not_before = now + kRestartSettle;
+  // Backoff: a restart that made no progress since the last one waits
+  // twice as long as that one did, up to kMaxRestartBackoff, so a cause
+  // that persists (a full disk, a crashing input) does not burn the
+  // restarts in seconds.
+  ++job.restarts_without_progress;
+  job.not_before =
+      now +
+      std::min(kMaxRestartBackoff,
+               kRestartSettle * (int64_t{1} << std::min<int64_t>(
+                                     job.restarts_without_progress - 1, 10)));
   const std::string from =
       status.checkpoints().empty()
           ? std::string("the beginning")
@@ -670,6 +693,12 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   const bool last_stage =
       p.stage() == static_cast<int64_t>(job->stage_steps.size()) - 1;
   if (step == status.step() && !last_stage) return;
+  // With checkpoints, progress is a commit (a restart keeps it); without,
+  // a step is the only measure there is.
+  if (step > status.step() &&
+      StepPlan::FromSpec(job->job.spec()).checkpoint_every() == 0) {
+    job->restarts_without_progress = 0;
+  }
   status.set_step(step);
   if (last_stage) {
     status.set_loss(p.loss());
@@ -787,7 +816,11 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
   } else {
-    RestartOrFail(*job, reason, message, &worker, /*counted=*/true, now);
+    // A full checkpoint store is the cluster's condition, not the job's
+    // fault: the job waits (with the growing backoff) without spending its
+    // restarts.
+    RestartOrFail(*job, reason, message, &worker,
+                  /*counted=*/reason != kCheckpointStoreFull, now);
   }
   Reschedule(now);
 }
@@ -909,6 +942,7 @@ void Controller::CommitCheckpointIo(
       return;
     }
     const absl::Time now = Now();
+    job->restarts_without_progress = 0;  // progress that survives a restart
     dropped = KeepCheckpoints(&job->status(), *ref,
                               job->job.spec().checkpoint().keep());
     if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();

@@ -45,6 +45,9 @@ struct JobRecord {
   // restarted it often comes from a neighbour of a dead worker whose own
   // stream has not broken yet, and that worker must not be chosen again.
   absl::Time not_before = absl::InfinitePast();
+  // Restarts since the job last made progress (a step past the one it
+  // restarted from): the restart backoff doubles with each.
+  int64_t restarts_without_progress = 0;
   // When the running job last lost a stage: gpipe_recovery_duration_seconds
   // measures from here to RUNNING again.
   absl::Time recovery_began = absl::InfinitePast();

@@ -25,6 +25,7 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> WorkerRegistry::Add(
   auto worker = std::make_shared<WorkerRecord>();
   worker->attach_seq = next_seq_++;
   worker->last_heartbeat = now;
+  worker->session_key = hello.session_key();
   v1::WorkerInfo& info = worker->info;
   info.set_worker_id(hello.worker_id());
   info.set_address(hello.address());

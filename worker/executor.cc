@@ -173,7 +173,12 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
       !checkpoint && (absl::IsInvalidArgument(status) ||
                       absl::IsNotFound(status) || absl::IsDataLoss(status));
   f->set_permanent(loss || data);
+  // A full checkpoint store (the controller's disk, or the shared volume)
+  // is a condition to wait out, which the controller does without counting
+  // a restart.
+  const bool store_full = checkpoint && absl::IsResourceExhausted(status);
   f->set_reason(loss         ? "LossNotFinite"
+                : store_full ? "CheckpointStoreFull"
                 : checkpoint ? "CheckpointFailed"
                 : data       ? "InvalidData"
                              : "LinkFailed");

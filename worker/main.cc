@@ -37,6 +37,7 @@
 #include "services/security/client_flags.h"
 #include "services/security/client_security.h"
 #include "services/security/health_port.h"
+#include "services/security/stream_key.h"
 #include "services/security/tls.h"
 #include "services/security/tls_flags.h"
 #include "services/telemetry/metrics_server.h"
@@ -348,6 +349,16 @@ int main(int argc, char** argv) {
   }
   gpipe::v1::WorkerHello hello;
   hello.set_worker_id(NewWorkerId());
+  {
+    // Proves a re-attach is this process (WorkerHello.session_key).
+    absl::StatusOr<std::string> key = gpipe::security::NewStreamKey();
+    if (!key.ok()) {
+      std::fprintf(stderr, "gpipe-worker: %s\n",
+                   std::string(key.status().message()).c_str());
+      return 1;
+    }
+    hello.set_session_key(*key);
+  }
   hello.set_address(advertise);
   hello.mutable_resources()->set_cpus(threads);
   hello.mutable_resources()->set_memory_bytes(

@@ -1,5 +1,6 @@
 #include "services/nn/loss.h"
 
+#include "absl/strings/str_cat.h"
 #include "services/tensor/ops.h"
 
 namespace gpipe {
@@ -16,7 +17,15 @@ LossResult SoftmaxCrossEntropyLoss(const Tensor& logits, const Tensor& targets,
   const cpu::CrossEntropyResult r = ops::SoftmaxCrossEntropy(
       d, rows, classes, logits.f32(), t.i32(), normalizer,
       dlogits != nullptr ? dlogits->f32() : nullptr);
-  return LossResult{r.loss_sum, r.counted, r.correct};
+  return LossResult{r.loss_sum, r.counted, r.correct, r.out_of_range};
+}
+
+absl::Status CheckTargetsInRange(const LossResult& r, int64_t classes) {
+  if (r.out_of_range == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      r.out_of_range, " target(s) are outside the ", classes,
+      " classes of the model's last layer (a label >= its output size, or "
+      "negative other than -1): the data does not fit the model"));
 }
 
 int64_t CountTargets(const Tensor& targets) {

@@ -41,6 +41,14 @@ inline constexpr int64_t kMaxNameBytes = 256;
 inline constexpr int64_t kMaxSteps = 1'000'000'000;
 inline constexpr int64_t kMaxKeptCheckpoints = 1000;
 inline constexpr int64_t kMaxRestarts = 10000;
+// What a job that does not say gets: a lost worker must not end it (an
+// elastic system's promise), and a job that keeps failing still ends.
+inline constexpr int64_t kDefaultMaxRestarts = 10;
+
+// The spec's max_restarts, or kDefaultMaxRestarts when it has none.
+inline int64_t MaxRestarts(const gpipe::v1::JobSpec& spec) {
+  return spec.has_max_restarts() ? spec.max_restarts() : kDefaultMaxRestarts;
+}
 inline constexpr int64_t kMaxElasticGraceMs = int64_t{24} * 3600 * 1000;
 
 // Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields

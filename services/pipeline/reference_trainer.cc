@@ -61,7 +61,10 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
     const Tensor targets = batch.targets.Rows(ranges[m].begin, ranges[m].end);
     const Tensor logits = model_->Forward(x, ctx, &saved);
     Tensor dlogits;
-    total += SoftmaxCrossEntropyLoss(logits, targets, normalizer, &dlogits);
+    const LossResult r =
+        SoftmaxCrossEntropyLoss(logits, targets, normalizer, &dlogits);
+    RETURN_IF_ERROR(CheckTargetsInRange(r, logits.dim(-1)));
+    total += r;
     model_->Backward(dlogits, saved, ctx);
     saved.clear();
   }
@@ -106,7 +109,10 @@ absl::StatusOr<EvalResult> ReferenceTrainer::Evaluate(Split split,
     const Batch batch = dataset_->Gather(split, indices);
     const Tensor logits =
         model_->Forward(batch.inputs.To(device_), ctx, nullptr);
-    total += SoftmaxCrossEntropyLoss(logits, batch.targets, 1.0, nullptr);
+    const LossResult r =
+        SoftmaxCrossEntropyLoss(logits, batch.targets, 1.0, nullptr);
+    RETURN_IF_ERROR(CheckTargetsInRange(r, logits.dim(-1)));
+    total += r;
   }
   EvalResult result;
   result.counted = total.counted;

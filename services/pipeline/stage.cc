@@ -126,9 +126,11 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   Tensor y = model_->Forward(x, ctx, remat_ ? nullptr : &f.saved);
   if (remat_) f.input = x;
   if (placement_.last()) {
-    loss += SoftmaxCrossEntropyLoss(
+    const LossResult r = SoftmaxCrossEntropyLoss(
         y, batch.targets.Rows(ranges[m].begin, ranges[m].end), normalizer,
         &f.dlogits);
+    RETURN_IF_ERROR(CheckTargetsInRange(r, y.dim(-1)));
+    loss += r;
     return absl::OkStatus();
   }
   Message out;
@@ -317,7 +319,10 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
     if (device_ != nullptr) x = device_->ToDevice(x);
     Tensor y = model_->Forward(x, Context(kEvalStep, b), nullptr);
     if (placement_.last()) {
-      total += SoftmaxCrossEntropyLoss(y, batch.targets, 1.0, nullptr);
+      const LossResult r =
+          SoftmaxCrossEntropyLoss(y, batch.targets, 1.0, nullptr);
+      RETURN_IF_ERROR(CheckTargetsInRange(r, y.dim(-1)));
+      total += r;
       continue;
     }
     Message out;

@@ -658,11 +658,15 @@ TEST_F(ControllerTest, AttachWithoutHelloIsFailedPrecondition) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// A job that allows no restarts (max_restarts 0; the default is
+// kDefaultMaxRestarts) fails at its first lost worker.
 TEST_F(ControllerTest, BrokenStreamOfBusyWorkerFailsJobWithWorkerLost) {
   StartController();
   std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
   std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
-  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  v1::JobSpec spec = SpecWithStages(2);
+  spec.set_max_restarts(0);
+  const std::string id = SubmitOk(spec).id();
   const v1::Assignment a0 = w1->NextAssignment();
   const v1::Assignment a1 = w2->NextAssignment();
   ASSERT_TRUE(w1->Progress(a0, 3));
@@ -688,7 +692,9 @@ TEST_F(ControllerTest, ExpiredLeaseFailsJobWithWorkerLost) {
   std::unique_ptr<FakeWorker> w1 = AttachWorker(1);
   std::unique_ptr<FakeWorker> w2 = AttachWorker(2);
   w1->StartHeartbeats(absl::Milliseconds(50));
-  const std::string id = SubmitOk(SpecWithStages(2)).id();
+  v1::JobSpec spec = SpecWithStages(2);
+  spec.set_max_restarts(0);
+  const std::string id = SubmitOk(spec).id();
   w1->NextAssignment();
   w2->NextAssignment();
   // w2 says nothing more: its lease runs out.
@@ -949,6 +955,40 @@ TEST_F(ControllerTest, SameWorkerAttachingAgainReplacesItsOldStream) {
   // The new stream is the one that gets work.
   SubmitOk(SpecWithStages(1));
   EXPECT_EQ(again->NextAssignment().stage(), 0);
+}
+
+// A hello under the id of a live worker with another session key (a forged
+// one) is refused: the live worker keeps its stage and the job counts no
+// restart. The worker itself re-attaching with its key still replaces its
+// old stream.
+TEST_F(ControllerTest, AForgedHelloCannotTakeALiveWorkersId) {
+  StartController();
+  auto real = std::make_unique<FakeWorker>(*stub_, "w1", "127.0.0.1:9001");
+  real->Attach("key-of-w1");
+  const v1::Job job = SubmitOk(SpecWithStages(1));
+  EXPECT_EQ(real->NextAssignment().stage(), 0);
+  for (const std::string key : {"", "key-of-someone-else"}) {
+    FakeWorker forged(*stub_, "w1", "127.0.0.1:9666");
+    v1::WorkerMessage hello;
+    hello.mutable_hello()->set_worker_id("w1");
+    hello.mutable_hello()->set_address("127.0.0.1:9666");
+    hello.mutable_hello()->set_session_key(key);
+    forged.Send(hello);
+    const grpc::Status refused = forged.WaitClosed();
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::ALREADY_EXISTS)
+        << refused.error_message();
+  }
+  v1::Job now;
+  ASSERT_TRUE(Get(job.id(), &now).ok());
+  EXPECT_EQ(now.status().state(), v1::RUNNING);
+  EXPECT_EQ(now.status().restarts(), 0);
+  const std::vector<v1::WorkerInfo> workers = Workers();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].address(), "127.0.0.1:9001");
+  // The real one, reconnecting: same key, replaces its stream.
+  auto again = std::make_unique<FakeWorker>(*stub_, "w1", "127.0.0.1:9001");
+  again->Attach("key-of-w1");
+  EXPECT_FALSE(real->WaitClosed().ok());
 }
 
 TEST_F(ControllerTest, ShutdownEndsAttachAndWatchStreams) {

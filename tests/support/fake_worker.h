@@ -60,10 +60,11 @@ class FakeWorker {
     return stream_->Write(message);
   }
 
-  // Hello, then the Welcome.
-  void Attach() {
+  // Hello (with `session_key`, WorkerHello.session_key), then the Welcome.
+  void Attach(const std::string& session_key = "") {
     gpipe::v1::WorkerMessage hello;
     hello.mutable_hello()->set_worker_id(id_);
+    hello.mutable_hello()->set_session_key(session_key);
     hello.mutable_hello()->set_address(address_);
     hello.mutable_hello()->mutable_resources()->set_cpus(2);
     ASSERT_TRUE(Send(hello));

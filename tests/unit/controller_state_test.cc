@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "controller/controller.h"
 #include "gtest/gtest.h"
+#include "services/pipeline/job_spec.h"
 #include "services/storage/checkpoint_layout.h"
 #include "tests/support/controller_fixtures.h"
 
@@ -225,6 +226,104 @@ TEST_F(ControllerStateTest, ACorruptRestorePointIsDroppedAndCounted) {
   ASSERT_TRUE(got.ok());
   ASSERT_EQ(got->status().checkpoints_size(), 1);
   EXPECT_EQ(got->status().checkpoints(0).step(), 2);
+}
+
+}  // namespace
+}  // namespace gpipe::controller
+
+namespace gpipe::controller {
+namespace {
+
+// Restarts: a spec that does not say gets kDefaultMaxRestarts; each restart
+// without progress waits twice as long as the one before (0.25 s, 0.5 s,
+// 1 s ...); a full checkpoint store waits without spending a restart.
+class RestartPolicyTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ControllerOptions o;
+    o.checkpoint_dir = (std::filesystem::temp_directory_path() /
+                        absl::StrCat("restart_policy_test-", getpid()))
+                           .string();
+    o.clock = [this] { return clock_.Now(); };
+    controller_ = std::make_unique<Controller>(o);
+    for (int i = 0; i < 4; ++i) {
+      v1::WorkerHello hello;
+      hello.set_worker_id(absl::StrCat("w", i));
+      hello.set_address(absl::StrCat("127.0.0.1:", 9100 + i));
+      workers_.push_back(*controller_->AttachWorker(hello, [] {}));
+    }
+  }
+  // The worker holding the job's stage now, if any.
+  std::shared_ptr<WorkerRecord> Busy() {
+    for (auto& w : workers_) {
+      for (;;) {
+        Outgoing out = controller_->NextMessage(*w, absl::ZeroDuration());
+        if (!out.message.has_value()) break;
+        if (out.message->has_assignment())
+          busy_ = w, assignment_ = out.message->assignment();
+      }
+    }
+    return busy_;
+  }
+  v1::JobStatus Status() { return controller_->GetJob(id_)->status(); }
+  void Tick(absl::Duration d) {
+    clock_.Advance(d);
+    controller_->Tick(clock_.Now());
+    controller_->FlushIo();
+    controller_->Tick(clock_.Now());
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<Controller> controller_;
+  std::vector<std::shared_ptr<WorkerRecord>> workers_;
+  std::shared_ptr<WorkerRecord> busy_;
+  v1::Assignment assignment_;
+  std::string id_;
+};
+
+TEST_F(RestartPolicyTest, DefaultRestartsWithAGrowingBackoff) {
+  v1::JobSpec spec = test_support::ControllerSpec(1);
+  ASSERT_FALSE(spec.has_max_restarts());
+  id_ = controller_->SubmitJob(spec)->id();
+  ASSERT_NE(Busy(), nullptr);
+  const absl::Duration waits[] = {absl::Milliseconds(250),
+                                  absl::Milliseconds(500), absl::Seconds(1)};
+  for (int i = 0; i < 3; ++i) {
+    v1::WorkerMessage failed;
+    failed.mutable_failed()->set_job_id(id_);
+    failed.mutable_failed()->set_epoch(assignment_.epoch());
+    failed.mutable_failed()->set_reason("LinkFailed");
+    controller_->HandleMessage(*busy_, failed);
+    EXPECT_EQ(Status().state(), v1::RESTARTING);
+    EXPECT_EQ(Status().restarts(), i + 1);
+    busy_ = nullptr;
+    Tick(waits[i] - absl::Milliseconds(10));
+    EXPECT_EQ(Busy(), nullptr) << "restart " << i + 1 << " came too soon";
+    Tick(absl::Milliseconds(20));
+    ASSERT_NE(Busy(), nullptr) << "restart " << i + 1 << " did not come";
+    EXPECT_EQ(Status().state(), v1::RUNNING);
+  }
+  EXPECT_EQ(kDefaultMaxRestarts, 10);
+}
+
+TEST_F(RestartPolicyTest, AFullCheckpointStoreWaitsWithoutSpendingRestarts) {
+  v1::JobSpec spec = test_support::RecoverableSpec(1, 1);
+  id_ = controller_->SubmitJob(spec)->id();
+  ASSERT_NE(Busy(), nullptr);
+  for (int i = 0; i < 3; ++i) {
+    v1::WorkerMessage failed;
+    failed.mutable_failed()->set_job_id(id_);
+    failed.mutable_failed()->set_epoch(assignment_.epoch());
+    failed.mutable_failed()->set_reason("CheckpointStoreFull");
+    failed.mutable_failed()->set_message("checkpoint: No space left on device");
+    controller_->HandleMessage(*busy_, failed);
+    EXPECT_EQ(Status().state(), v1::RESTARTING);
+    busy_ = nullptr;
+    Tick(absl::Seconds(2));  // the backoff grows all the same: 2 s covers 3
+    ASSERT_NE(Busy(), nullptr);
+  }
+  EXPECT_EQ(Status().restarts(), 0);
+  EXPECT_EQ(Status().state(), v1::RUNNING);
 }
 
 }  // namespace

@@ -46,6 +46,7 @@ CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * classes;
     const int32_t t = targets[r];
+    const bool valid = t >= 0 && t < classes;
     float m = z[0];
     int64_t arg = 0;
     for (int64_t c = 1; c < classes; ++c)
@@ -53,13 +54,13 @@ CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
     float s = 0.0f;
     for (int64_t c = 0; c < classes; ++c) s += std::exp(z[c] - m);
     const float log_s = std::log(s);
-    if (t >= 0) {
+    if (valid) {
       row_loss[r] = static_cast<double>(log_s - (z[t] - m));
       row_correct[r] = arg == t;
     }
     if (dlogits != nullptr) {
       float* d = dlogits + r * classes;
-      if (t < 0) {
+      if (!valid) {
         for (int64_t c = 0; c < classes; ++c) d[c] = 0.0f;
       } else {
         const float inv = 1.0f / s;
@@ -71,6 +72,10 @@ CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
   }
   CrossEntropyResult result;
   for (int64_t r = 0; r < rows; ++r) {
+    if (targets[r] != -1 && (targets[r] < 0 || targets[r] >= classes)) {
+      ++result.out_of_range;
+      continue;
+    }
     if (targets[r] < 0) continue;
     result.loss_sum += row_loss[r];
     result.counted += 1;

@@ -15,6 +15,9 @@ struct CrossEntropyResult {
   double loss_sum = 0.0;  // sum of -log p(target) over counted rows
   int64_t counted = 0;    // rows whose target is not -1
   int64_t correct = 0;    // counted rows whose argmax is the target
+  // Rows whose target is neither -1 nor a class in [0, classes): never read
+  // through (their loss and gradient are zero); the caller refuses them.
+  int64_t out_of_range = 0;
 };
 
 // Softmax cross-entropy of `rows` logit rows against integer targets (-1:

@@ -149,11 +149,14 @@ __global__ void CrossEntropyKernel(int64_t rows, int64_t classes,
     float s = 0.0f;
     for (int64_t c = 0; c < classes; ++c) s += expf(z[c] - m);
     const float log_s = logf(s);
-    row_loss[r] = t >= 0 ? static_cast<double>(log_s - (z[t] - m)) : 0.0;
-    row_correct[r] = t >= 0 ? (arg == t ? 1 : 0) : -1;
+    // A target outside [0, classes) is never read through: -2 marks it
+    // for the host to refuse (-1 is an ignored row).
+    const bool valid = t >= 0 && t < classes;
+    row_loss[r] = valid ? static_cast<double>(log_s - (z[t] - m)) : 0.0;
+    row_correct[r] = valid ? (arg == t ? 1 : 0) : (t == -1 ? -1 : -2);
     if (dlogits != nullptr) {
       float* d = dlogits + r * classes;
-      if (t < 0) {
+      if (!valid) {
         for (int64_t c = 0; c < classes; ++c) d[c] = 0.0f;
       } else {
         const float inv = 1.0f / s;
@@ -366,6 +369,7 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
   CopyDeviceToHost(row_correct.data(), correct, rows * sizeof(int32_t));
   // Folded on the host in row order, as the CPU does.
   for (int64_t r = 0; r < rows; ++r) {
+    if (row_correct[r] == -2) ++result.out_of_range;
     if (row_correct[r] < 0) continue;
     result.loss_sum += row_loss[r];
     result.counted += 1;
