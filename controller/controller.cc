@@ -37,6 +37,12 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 constexpr std::string_view kCheckpointStoreFull = "CheckpointStoreFull";
+// The stall watchdog (pipeline.stall_timeout_ms) and its quarantine, which
+// doubles for a worker each time it stalls a job.
+constexpr absl::Duration kFirstStepStall = absl::Minutes(5);
+constexpr absl::Duration kMinStall = absl::Seconds(60);
+constexpr absl::Duration kQuarantine = absl::Seconds(30);
+constexpr absl::Duration kMaxQuarantine = absl::Minutes(10);
 
 absl::Status JobNotFound(std::string_view id) {
   return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
@@ -161,7 +167,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     }
     JobRecord& job = jobs_.Add(std::move(spec), k, now);
     const std::string waiting =
-        WaitingMessage(k, static_cast<int64_t>(workers_.Idle().size()));
+        WaitingMessage(k, static_cast<int64_t>(workers_.Free(now).size()));
     SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
                  now);
     ticket = jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
@@ -649,6 +655,11 @@ JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
                                  " of ", worker.info.job_id())
                   : "the worker is idle";
   } else {
+    // Any report is progress for the stall watchdog.
+    if (stage >= 0 &&
+        stage < static_cast<int64_t>(job->stage_reported.size())) {
+      job->stage_reported[stage] = Now();
+    }
     return job;
   }
   ++ignored_reports_;
@@ -813,6 +824,17 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   const std::string message = absl::StrCat(
       "stage ", f.stage(), " (worker ", worker.id(), ") failed: ", f.message());
   const std::string reason = !f.reason().empty() ? f.reason() : "StageFailed";
+  // A broken link may be the neighbour's fault (a stopped process keeps its
+  // lease for a while): neither neighbour gets a stage again before it
+  // proves alive with a message.
+  if (reason == "LinkFailed") {
+    for (const v1::StageStatus& s : job->status().stages()) {
+      if (s.stage() != f.stage() - 1 && s.stage() != f.stage() + 1) continue;
+      if (std::shared_ptr<WorkerRecord> n = workers_.Find(s.worker_id())) {
+        n->suspect_since = now;
+      }
+    }
+  }
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
   } else {
@@ -954,7 +976,7 @@ void Controller::CommitCheckpointIo(
     // once the workers it lacks are free.
     const int64_t missing = job->stages - static_cast<int64_t>(running);
     if (missing > 0 &&
-        static_cast<int64_t>(workers_.Idle().size()) >= missing) {
+        static_cast<int64_t>(workers_.Free(now).size()) >= missing) {
       RestartOrFail(*job, "Resize",
                     absl::StrCat("growing back from ", running, " to ",
                                  job->stages, " stages"),
@@ -1077,6 +1099,58 @@ void Controller::Tick(absl::Time now) {
   if (TickLocked(now)) Changed();
 }
 
+namespace {
+
+absl::Duration StallTimeout(const JobRecord& job) {
+  const int64_t ms = job.job.spec().pipeline().stall_timeout_ms();
+  if (ms > 0) return absl::Milliseconds(ms);
+  double slowest = 0;
+  for (const v1::StageStatus& s : job.status().stages()) {
+    slowest = std::max(slowest, s.step_seconds());
+  }
+  // The first step of an epoch also connects the stages, opens the data
+  // and restores the checkpoint.
+  if (slowest <= 0) return kFirstStepStall;
+  return std::max(kMinStall, absl::Seconds(20 * slowest));
+}
+
+}  // namespace
+
+bool Controller::CheckStalled(JobRecord& job, absl::Time now) {
+  if (job.stage_reported.empty()) return false;
+  const absl::Time oldest =
+      *std::min_element(job.stage_reported.begin(), job.stage_reported.end());
+  const absl::Duration timeout = StallTimeout(job);
+  if (now - oldest <= timeout) return false;
+  // The stage silent the longest holds the others; when several are as
+  // silent (nobody could report), each is suspect.
+  std::string blamed;
+  for (const v1::StageStatus& s : job.status().stages()) {
+    if (s.stage() < 0 ||
+        s.stage() >= static_cast<int64_t>(job.stage_reported.size()) ||
+        job.stage_reported[s.stage()] != oldest) {
+      continue;
+    }
+    absl::StrAppend(&blamed, blamed.empty() ? "" : ", ", "stage ", s.stage(),
+                    " (worker ", s.worker_id(), ")");
+    if (std::shared_ptr<WorkerRecord> w = workers_.Find(s.worker_id())) {
+      ++w->quarantines;
+      w->quarantined_until =
+          now + std::min(kMaxQuarantine,
+                         kQuarantine * (int64_t{1} << std::min<int64_t>(
+                                            w->quarantines - 1, 10)));
+      LogWarning("worker %s quarantined until %s: it stalled job %s", w->id(),
+                 absl::FormatTime(w->quarantined_until), job.id());
+    }
+  }
+  RestartOrFail(job, "StageStalled",
+                absl::StrCat(blamed, " reported nothing for ",
+                             ShortDuration(now - oldest), " (stall timeout ",
+                             ShortDuration(timeout), ")"),
+                nullptr, /*counted=*/true, now);
+  return true;
+}
+
 bool Controller::TickLocked(absl::Time now) {
   bool changed = false;
   for (const std::shared_ptr<WorkerRecord>& worker :
@@ -1088,6 +1162,9 @@ bool Controller::TickLocked(absl::Time now) {
                absl::UnavailableError(absl::StrCat("lease expired: ", why)),
                why, /*disconnect=*/true, now);
     changed = true;
+  }
+  for (JobRecord* job : jobs_.Running()) {
+    if (CheckStalled(*job, now)) changed = true;
   }
   // The elastic grace period of a waiting job runs out without any event.
   if (!jobs_.Waiting().empty()) {

@@ -245,6 +245,11 @@ class Controller {
                       const gpipe::v1::StageCheckpointed& c, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Restarts `job` when a stage reported nothing for longer than its stall
+  // timeout, quarantining the silent stages' workers; whether it did.
+  bool CheckStalled(JobRecord& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void LeaseLoop();  // calls Tick
   // Tick with mu_ held; true when anything changed.
   bool TickLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

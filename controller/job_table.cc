@@ -60,6 +60,19 @@ JobRecord* JobTable::Find(std::string_view id) {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+std::vector<JobRecord*> JobTable::Running() {
+  std::vector<JobRecord*> running;
+  for (auto& [id, job] : jobs_) {
+    if (job->status().state() == v1::RUNNING && !job->merging) {
+      running.push_back(job.get());
+    }
+  }
+  std::sort(
+      running.begin(), running.end(),
+      [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
+  return running;
+}
+
 std::vector<JobRecord*> JobTable::Waiting() {
   std::vector<JobRecord*> pending;
   for (auto& [id, job] : jobs_) {

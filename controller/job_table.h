@@ -30,6 +30,7 @@ struct JobRecord {
 
   // For the current epoch, indexed by stage.
   std::vector<int64_t> stage_steps;         // steps completed
+  std::vector<absl::Time> stage_reported;   // last report (or the start)
   std::vector<std::string> finished_paths;  // "" until StageFinished
   bool merging = false;  // every stage finished; the merge is under way
   // The current epoch's stream key (in memory only, never stored or shown):
@@ -93,6 +94,8 @@ class JobTable {
 
   // Jobs waiting for workers (PENDING or RESTARTING), oldest first.
   std::vector<JobRecord*> Waiting();
+  // Jobs whose stages run (RUNNING, not merging), oldest first.
+  std::vector<JobRecord*> Running();
   // Every job, newest first.
   std::vector<const JobRecord*> NewestFirst() const;
 

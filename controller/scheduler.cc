@@ -71,6 +71,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.set_running_stages(k);
   status.clear_stages();
   job.stage_steps.assign(k, start_step);
+  job.stage_reported.assign(k, now);
   job.finished_paths.assign(k, "");
   job.checkpointing.clear();
   job.merging = false;
@@ -161,7 +162,7 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
                   const std::string& checkpoint_dir,
                   v1::CheckpointTransport transport, absl::Time now,
                   const std::function<void(JobRecord&)>& check_restore_point) {
-  std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Idle();
+  std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Free(now);
   const JobRecord* blocked_by = nullptr;
   for (JobRecord* job : jobs.Waiting()) {
     if (now < job->not_before) {

@@ -56,10 +56,14 @@ std::vector<std::shared_ptr<WorkerRecord>> WorkerRegistry::All() const {
   return all;
 }
 
-std::vector<std::shared_ptr<WorkerRecord>> WorkerRegistry::Idle() const {
-  std::vector<std::shared_ptr<WorkerRecord>> idle = All();
-  std::erase_if(idle, [](const auto& w) { return !w->idle(); });
-  return idle;
+std::vector<std::shared_ptr<WorkerRecord>> WorkerRegistry::Free(
+    absl::Time now) const {
+  std::vector<std::shared_ptr<WorkerRecord>> free = All();
+  std::erase_if(free, [now](const auto& w) {
+    return !w->idle() || now < w->quarantined_until ||
+           w->last_heartbeat <= w->suspect_since;
+  });
+  return free;
 }
 
 std::vector<std::shared_ptr<WorkerRecord>> WorkerRegistry::Expired(

@@ -35,6 +35,13 @@ struct WorkerRecord {
   // had closed its side already; otherwise its stream is cancelled, since a
   // sync handler cannot end a stream whose reader is blocked in Read.
   bool lost = false;
+  // Not given stages before this: it stalled a job (quarantine; each time
+  // longer), or
+  absl::Time quarantined_until = absl::InfinitePast();
+  int64_t quarantines = 0;
+  // until it proves alive with a message after this: a neighbour's link to
+  // it failed, and a stopped process still holds its lease for a while.
+  absl::Time suspect_since = absl::InfinitePast();
   absl::Status gone;
   // Ends the worker's Attach stream from any thread (e.g. cancels the RPC,
   // which also unblocks a write stuck on a peer that stopped reading).
@@ -56,10 +63,12 @@ class WorkerRegistry {
   // Takes the worker out of the registry (it stays alive for its handler).
   void Remove(std::string_view id);
 
-  // Workers in attach order: all, the free ones, and those whose last
-  // message is older than `timeout`.
+  // Workers in attach order: all, the ones that may take a stage, and those
+  // whose last message is older than `timeout`.
   std::vector<std::shared_ptr<WorkerRecord>> All() const;
-  std::vector<std::shared_ptr<WorkerRecord>> Idle() const;
+  // Free: idle, not quarantined at `now`, and not suspect (or heard from
+  // since it became suspect).
+  std::vector<std::shared_ptr<WorkerRecord>> Free(absl::Time now) const;
   std::vector<std::shared_ptr<WorkerRecord>> Expired(
       absl::Time now, absl::Duration timeout) const;
 

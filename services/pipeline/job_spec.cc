@@ -423,6 +423,11 @@ absl::Status ValidateLimits(const v1::JobSpec& spec) {
     return FieldError("max_restarts", spec.max_restarts(),
                       " is too many (at most ", kMaxRestarts, ")");
   }
+  const int64_t stall = spec.pipeline().stall_timeout_ms();
+  if (stall < 0 || stall > kMaxElasticGraceMs) {
+    return FieldError("pipeline.stall_timeout_ms", "must be in [0, ",
+                      kMaxElasticGraceMs, "] (0: the default), got ", stall);
+  }
   const int64_t grace = spec.pipeline().elastic_grace_ms();
   if (grace < 0 || grace > kMaxElasticGraceMs) {
     return FieldError("pipeline.elastic_grace_ms", "must be in [0, ",

@@ -326,5 +326,72 @@ TEST_F(RestartPolicyTest, AFullCheckpointStoreWaitsWithoutSpendingRestarts) {
   EXPECT_EQ(Status().state(), v1::RUNNING);
 }
 
+// Every worker beats (as live ones do) while the clock moves `d`.
+void BeatFor(Controller& c, FakeClock& clock,
+             const std::vector<std::shared_ptr<WorkerRecord>>& workers,
+             absl::Duration d, const WorkerRecord* silent = nullptr) {
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat();
+  for (absl::Duration t; t < d; t += absl::Milliseconds(500)) {
+    clock.Advance(absl::Milliseconds(500));
+    for (const auto& w : workers) {
+      if (w.get() != silent) c.HandleMessage(*w, beat);
+    }
+    c.Tick(clock.Now());
+    c.FlushIo();
+  }
+}
+
+// A stage that only sends heartbeats holds its job no longer than the stall
+// timeout: the job restarts (counted, StageStalled) on another worker, and
+// the silent one is quarantined.
+TEST_F(RestartPolicyTest, AStalledStageRestartsTheJobElsewhere) {
+  v1::JobSpec spec = test_support::ControllerSpec(1);
+  spec.mutable_pipeline()->set_stall_timeout_ms(5000);
+  id_ = controller_->SubmitJob(spec)->id();
+  std::shared_ptr<WorkerRecord> stalled = Busy();
+  ASSERT_NE(stalled, nullptr);
+  BeatFor(*controller_, clock_, workers_, absl::Milliseconds(4500));
+  EXPECT_EQ(Status().state(), v1::RUNNING);
+  BeatFor(*controller_, clock_, workers_, absl::Seconds(2));
+  EXPECT_EQ(Status().restarts(), 1);
+  EXPECT_EQ(stalled->quarantines, 1);
+  busy_ = nullptr;
+  std::shared_ptr<WorkerRecord> next = Busy();
+  ASSERT_NE(next, nullptr);
+  EXPECT_NE(next->id(), stalled->id());
+  EXPECT_GT(stalled->quarantined_until, clock_.Now());
+}
+
+// A stage whose link failed names no culprit; its neighbours get no stage
+// until they prove alive, so a stopped process that still holds its lease
+// is not given the next epoch.
+TEST_F(RestartPolicyTest, ALinkFailureSuspendsTheNeighboursUntilTheyBeat) {
+  id_ = controller_->SubmitJob(test_support::ControllerSpec(2))->id();
+  Busy();
+  std::shared_ptr<WorkerRecord> stage0, stage1;
+  const v1::JobStatus first = Status();
+  for (const v1::StageStatus& s : first.stages()) {
+    for (const auto& w : workers_) {
+      if (w->id() == s.worker_id()) (s.stage() == 0 ? stage0 : stage1) = w;
+    }
+  }
+  ASSERT_NE(stage0, nullptr);
+  ASSERT_NE(stage1, nullptr);
+  v1::WorkerMessage failed;
+  failed.mutable_failed()->set_job_id(id_);
+  failed.mutable_failed()->set_epoch(Status().epoch());
+  failed.mutable_failed()->set_stage(0);
+  failed.mutable_failed()->set_reason("LinkFailed");
+  controller_->HandleMessage(*stage0, failed);
+  // stage 1's worker is stopped: it sends nothing.
+  BeatFor(*controller_, clock_, workers_, absl::Seconds(2), stage1.get());
+  const v1::JobStatus now = Status();
+  EXPECT_EQ(now.state(), v1::RUNNING);
+  for (const v1::StageStatus& s : now.stages()) {
+    EXPECT_NE(s.worker_id(), stage1->id());
+  }
+}
+
 }  // namespace
 }  // namespace gpipe::controller
