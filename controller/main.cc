@@ -53,6 +53,9 @@ ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
 ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9464",
           "HOST:PORT of the Prometheus /metrics endpoint (empty: off; port 0: "
           "a free port)");
+ABSL_FLAG(bool, metrics_optional, false,
+          "serve without metrics when --metrics_listen cannot be bound "
+          "(default: exit 1, as for a taken gRPC port)");
 ABSL_FLAG(std::string, metrics_port_file, "",
           "if set, the bound metrics port is written there once it serves");
 
@@ -248,11 +251,18 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-    } else {
-      // The job API matters more than its metrics: a taken port (another
-      // controller on this machine) must not stop the controller.
-      gpipe::LogWarning("gpipe-controller: %s; serving without metrics",
+    } else if (absl::GetFlag(FLAGS_metrics_optional)) {
+      gpipe::LogWarning("gpipe-controller: %s; serving without metrics "
+                        "(--metrics_optional)",
                         std::string(started.status().message()));
+    } else {
+      // A controller nobody can observe is not what was asked for: fail as
+      // a taken gRPC port does, and say how to run without metrics.
+      gpipe::LogError(
+          "gpipe-controller: %s (--metrics_listen \"\" turns metrics off; "
+          "--metrics_optional serves without them)",
+          std::string(started.status().message()));
+      return 1;
     }
   }
 

@@ -111,7 +111,7 @@ if ! cmp -s "$work/ref/model.safetensors" "$work/local/model.safetensors"; then
 fi
 
 # --- the client commands against a controller started by hand -------------
-(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 \
+(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 --metrics_listen= \
   --port_file="$work/controller.port" --checkpoint_dir="$work/checkpoints" \
   >"$work/controller.log" 2>&1) &
 pids+=($!)

@@ -45,7 +45,7 @@ wait_probe "$w0" gpipe.v1.Stage SERVING
   fail "a worker without a controller is ready: $(probe "$w0" "")"
 passed=$((passed + 1))
 
-"$bin/gpipe-controller" --listen "127.0.0.1:$cport" --checkpoint_dir "$work/ckpt" \
+"$bin/gpipe-controller" --listen "127.0.0.1:$cport" --checkpoint_dir "$work/ckpt" --metrics_listen "" \
   --heartbeat_timeout_ms 60000 --heartbeat_interval_ms 500 >"$work/controller.log" 2>&1 &
 pids+=($!)
 "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$w1" \

@@ -51,7 +51,7 @@ cport=$(free_port)
 wport=$(free_port)
 chealth=$(free_port)
 whealth=$(free_port)
-"$bin/gpipe-controller" --listen "127.0.0.1:$cport" --checkpoint_dir "$work/ckpt" \
+"$bin/gpipe-controller" --listen "127.0.0.1:$cport" --checkpoint_dir "$work/ckpt" --metrics_listen "" \
   --health_listen "127.0.0.1:$chealth" >"$work/controller.log" 2>&1 &
 pids+=($!)
 "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen "127.0.0.1:$wport" \

@@ -63,7 +63,7 @@ cat >"$work/job.json" <<'JSON'
 JSON
 
 # --- a controller keeping 5 steps per stage, and three workers ------------
-(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 \
+(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 --metrics_listen= \
   --port_file="$work/controller.port" --checkpoint_dir="$work/checkpoints" \
   --trace_steps=5 >"$work/controller.log" 2>&1) &
 pids+=($!)

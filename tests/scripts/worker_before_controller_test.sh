@@ -24,7 +24,7 @@ pids+=($!)
 sleep 1.5  # the worker has failed to attach a few times by now
 kill -0 "${pids[0]}" || fail "the worker gave up without a controller"
 
-"$bin/gpipe-controller" --listen "127.0.0.1:$port" --checkpoint_dir "$work/ckpt" \
+"$bin/gpipe-controller" --listen "127.0.0.1:$port" --checkpoint_dir "$work/ckpt" --metrics_listen "" \
   >"$work/controller.log" 2>&1 &
 pids+=($!)
 
