@@ -45,6 +45,10 @@
 
 ABSL_FLAG(int64_t, workers, 0,
           "local: worker processes to start (0: the job's stage count)");
+ABSL_FLAG(bool, replace_workers, true,
+          "local: start a new worker process when one dies, as a Deployment "
+          "would, and let the controller recover the job (at most 10 "
+          "times); --noreplace_workers: a dead worker stops the run");
 ABSL_FLAG(std::string, keep, "",
           "local: run in this (new or empty) directory and keep its logs and "
           "checkpoints (default: a temporary directory, removed when the job "
@@ -127,10 +131,15 @@ absl::StatusOr<std::string> FindBinary(const std::string& name) {
 
 // How a local cluster runs: from the command line once, then passed down.
 struct LocalClusterOptions {
-  std::string run_dir;         // logs, port files, checkpoints
-  std::string data_plane;      // the workers' --data_plane ("": theirs)
-  std::string device = "cpu";  // the workers' --device
+  std::string run_dir;          // logs, port files, checkpoints
+  std::string data_plane;       // the workers' --data_plane ("": theirs)
+  std::string device = "cpu";   // the workers' --device
+  bool replace_workers = true;  // --replace_workers
 };
+
+// Replacement workers one run may start: a worker that dies at once, again
+// and again, is a problem to report, not to hide.
+constexpr int kMaxReplacements = 10;
 
 // The controller and workers of one local run, stopped in order (workers
 // first, so they detach from a live controller) when this object goes.
@@ -180,33 +189,87 @@ class LocalCluster {
 
   absl::Status StartWorkers(const std::string& binary, int64_t count,
                             int threads_each) {
+    worker_binary_ = binary;
+    threads_each_ = threads_each;
     for (int64_t i = 0; i < count; ++i) {
-      const std::string metrics_port_file =
-          absl::StrCat(run_dir_, "/worker-", i, ".metrics.port");
-      const std::vector<std::string> argv = {
-          binary,
-          "--controller=" + address_,
-          "--listen=127.0.0.1:0",
-          absl::StrCat("--threads=", threads_each),
-          "--metrics_listen=127.0.0.1:0",
-          "--metrics_port_file=" + metrics_port_file};
-      std::vector<std::string> args = argv;
-      if (!options_.data_plane.empty()) {
-        args.push_back("--data_plane=" + options_.data_plane);
-      }
-      // Where the stages compute (the --device of `gpipectl train`).
-      if (options_.device != "cpu") {
-        args.push_back("--device=" + options_.device);
-      }
-      metrics_port_files_.emplace_back("worker", metrics_port_file);
-      ASSIGN_OR_RETURN(
-          std::unique_ptr<ChildProcess> worker,
-          ChildProcess::Start(absl::StrCat("gpipe-worker ", i), args,
-                              absl::StrCat(run_dir_, "/worker-", i, ".log")));
-      std::lock_guard<std::mutex> lock(mu_);
-      workers_.push_back(std::move(worker));
+      RETURN_IF_ERROR(StartWorker(absl::StrCat(i)));
     }
     return absl::OkStatus();
+  }
+
+  // Starts a new process for every worker that ended, as a Deployment
+  // would; the controller recovers the job onto it. Safe to call from the
+  // watch's guard thread. False once kMaxReplacements are used up (or a
+  // replacement cannot start): the dead worker then ends the run.
+  bool ReplaceEndedWorkers() {
+    std::vector<std::string> ended;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = workers_.begin(); it != workers_.end();) {
+        if ((*it)->Running()) {
+          ++it;
+          continue;
+        }
+        if (replacements_ >= kMaxReplacements) return false;
+        ++replacements_;
+        std::fprintf(stderr,
+                     "gpipectl local: %s %s; starting a replacement (%d of "
+                     "%d), as a Deployment would\n",
+                     (*it)->name().c_str(), (*it)->HowItEnded().c_str(),
+                     replacements_, kMaxReplacements);
+        ended_.push_back(std::move(*it));  // keeps its log's name for Died()
+        it = workers_.erase(it);
+        ended.push_back(absl::StrCat("r", replacements_));
+      }
+    }
+    for (const std::string& name : ended) {
+      if (absl::Status s = StartWorker(name, /*replacement=*/true); !s.ok()) {
+        std::fprintf(stderr, "gpipectl local: %s\n", s.ToString().c_str());
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool replace_workers() const { return options_.replace_workers; }
+
+  // One worker process, named `name` in its log and port files; a
+  // replacement's metrics endpoint is not in the targets file, which was
+  // written before it started.
+  absl::Status StartWorker(const std::string& name, bool replacement = false) {
+    const std::string metrics_port_file =
+        absl::StrCat(run_dir_, "/worker-", name, ".metrics.port");
+    std::vector<std::string> args = {
+        worker_binary_,
+        "--controller=" + address_,
+        "--listen=127.0.0.1:0",
+        absl::StrCat("--threads=", threads_each_),
+        "--metrics_listen=127.0.0.1:0",
+        "--metrics_port_file=" + metrics_port_file};
+    if (!options_.data_plane.empty()) {
+      args.push_back("--data_plane=" + options_.data_plane);
+    }
+    // Where the stages compute (the --device of `gpipectl train`).
+    if (options_.device != "cpu") {
+      args.push_back("--device=" + options_.device);
+    }
+    if (!replacement)
+      metrics_port_files_.emplace_back("worker", metrics_port_file);
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<ChildProcess> worker,
+        ChildProcess::Start(absl::StrCat("gpipe-worker ", name), args,
+                            absl::StrCat(run_dir_, "/worker-", name, ".log")));
+    std::lock_guard<std::mutex> lock(mu_);
+    workers_.push_back(std::move(worker));
+    return absl::OkStatus();
+  }
+
+  // The controller, once it has ended (nullptr while it runs).
+  ChildProcess* ControllerEnded() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (controller_ != nullptr && !controller_->Running())
+      return controller_.get();
+    return nullptr;
   }
 
   const std::string& address() const { return address_; }
@@ -288,6 +351,10 @@ class LocalCluster {
   std::mutex mu_;
   std::unique_ptr<ChildProcess> controller_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<std::unique_ptr<ChildProcess>> ended_;  // replaced workers
+  std::string worker_binary_;
+  int threads_each_ = 1;
+  int replacements_ = 0;
 };
 
 // Waits until `count` workers have attached to the controller.
@@ -409,8 +476,15 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
     std::fflush(stdout);
   }
 
-  absl::StatusOr<gpipe::v1::Job> job = FollowJob(
-      client, id, json, [&] { return Interrupted() || cluster.Ended(); });
+  // A dead worker is replaced (the controller recovers the job onto the new
+  // one); a dead controller, or a worker past the replacements, ends the run.
+  const auto stopped = [&] {
+    if (Interrupted()) return true;
+    if (!cluster.replace_workers()) return cluster.Ended() != nullptr;
+    return cluster.ControllerEnded() != nullptr ||
+           !cluster.ReplaceEndedWorkers();
+  };
+  absl::StatusOr<gpipe::v1::Job> job = FollowJob(client, id, json, stopped);
   if (!job.ok()) {
     if (ChildProcess* c = cluster.Ended(); c != nullptr) {
       Fail(LocalCluster::Died(*c));
@@ -462,7 +536,7 @@ int RunLocal(const std::vector<std::string>& args) {
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
                  "[--trace DIR] [--data_plane auto|grpc|shm|cuda_ipc] "
-                 "[--device cpu|cuda|auto]\n");
+                 "[--device cpu|cuda|auto] [--noreplace_workers]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -520,6 +594,7 @@ int RunLocal(const std::vector<std::string>& args) {
     cluster_options.run_dir = *run_dir;
     cluster_options.data_plane = absl::GetFlag(FLAGS_data_plane);
     cluster_options.device = absl::GetFlag(FLAGS_device);
+    cluster_options.replace_workers = absl::GetFlag(FLAGS_replace_workers);
     LocalCluster cluster(std::move(cluster_options));
     absl::Status s = cluster.StartController(*controller_bin);
     if (s.ok()) s = cluster.StartWorkers(*worker_bin, workers, threads_each);
