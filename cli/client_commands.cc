@@ -572,6 +572,16 @@ int RunCancel(const std::vector<std::string>& args) {
   return 0;
 }
 
+int RunDelete(const std::vector<std::string>& args) {
+  if (args.size() != 1) return Usage("delete JOB [--controller ADDR]");
+  ControllerClient client = MakeClient();
+  if (absl::Status s = client.DeleteJob(args[0]); !s.ok()) {
+    return Fail("delete", s);
+  }
+  std::printf("%s deleted\n", args[0].c_str());
+  return 0;
+}
+
 int RunWorkers(const std::vector<std::string>& args) {
   if (!args.empty()) return Usage("workers [--controller ADDR] [--json]");
   ControllerClient client = MakeClient();

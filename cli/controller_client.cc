@@ -183,13 +183,32 @@ absl::StatusOr<gpipe::v1::GetTraceResponse> ControllerClient::GetTrace(
 }
 
 absl::StatusOr<gpipe::v1::ListJobsResponse> ControllerClient::ListJobs() {
+  // Every page, one call each, into one answer.
+  gpipe::v1::ListJobsResponse all;
+  gpipe::v1::ListJobsRequest request;
+  do {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    gpipe::v1::ListJobsResponse page;
+    grpc::Status s = stub_->ListJobs(&context, request, &page);
+    if (!s.ok()) return UserStatus(s, "ListJobs");
+    for (gpipe::v1::Job& job : *page.mutable_jobs()) {
+      *all.add_jobs() = std::move(job);
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
+}
+
+absl::Status ControllerClient::DeleteJob(const std::string& job_id) {
   grpc::ClientContext context;
   SetDeadline(&context);
-  gpipe::v1::ListJobsResponse response;
-  grpc::Status s =
-      stub_->ListJobs(&context, gpipe::v1::ListJobsRequest(), &response);
-  if (!s.ok()) return UserStatus(s, "ListJobs");
-  return response;
+  gpipe::v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  gpipe::v1::DeleteJobResponse response;
+  grpc::Status s = stub_->DeleteJob(&context, request, &response);
+  if (!s.ok()) return UserStatus(s, "DeleteJob");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<gpipe::v1::Job> ControllerClient::CancelJob(

@@ -34,6 +34,8 @@ class ControllerClient {
   absl::StatusOr<gpipe::v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<gpipe::v1::ListJobsResponse> ListJobs();
   absl::StatusOr<gpipe::v1::Job> CancelJob(const std::string& job_id);
+  // An ended job, its checkpoints and its model.
+  absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<gpipe::v1::ListWorkersResponse> ListWorkers();
   absl::StatusOr<gpipe::v1::GetTraceResponse> GetTrace(
       const gpipe::v1::GetTraceRequest& request);

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
       "  watch JOB        follow a job to its end with a progress bar;\n"
       "                   exits 0 if it succeeded\n"
       "  cancel JOB       cancel a job\n"
+      "  delete JOB       remove an ended job, its checkpoints and model\n"
       "  workers          the attached workers\n"
       "  trace JOB        the stage timelines of the job's last steps: a\n"
       "                   summary, or -o trace.json (Chrome trace, for\n"
@@ -74,8 +75,8 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   // Bad security flags are refused before anything is sent.
   if (command == "submit" || command == "status" || command == "list" ||
-      command == "watch" || command == "cancel" || command == "workers" ||
-      command == "trace") {
+      command == "watch" || command == "cancel" || command == "delete" ||
+      command == "workers" || command == "trace") {
     if (auto security = gpipe::cli::ClientSecurityFromFlags(); !security.ok()) {
       std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
                    std::string(security.status().message()).c_str());
@@ -89,6 +90,7 @@ int main(int argc, char** argv) {
   if (command == "list") return gpipe::cli::RunList(args);
   if (command == "watch") return gpipe::cli::RunWatch(args);
   if (command == "cancel") return gpipe::cli::RunCancel(args);
+  if (command == "delete") return gpipe::cli::RunDelete(args);
   if (command == "workers") return gpipe::cli::RunWorkers(args);
   if (command == "local") return gpipe::cli::RunLocal(args);
   if (command == "trace") return gpipe::cli::RunTrace(args);

@@ -37,6 +37,8 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 constexpr std::string_view kCheckpointStoreFull = "CheckpointStoreFull";
+constexpr int64_t kDefaultPageSize = 100;
+constexpr int64_t kMaxPageSize = 1000;
 // The stall watchdog (pipeline.stall_timeout_ms) and its quarantine, which
 // doubles for a worker each time it stalls a job.
 constexpr absl::Duration kFirstStepStall = absl::Minutes(5);
@@ -187,11 +189,61 @@ absl::StatusOr<v1::Job> Controller::GetJob(std::string_view id) {
   return job->job;
 }
 
-std::vector<v1::Job> Controller::ListJobs() {
+absl::StatusOr<v1::ListJobsResponse> Controller::ListJobs(
+    const v1::ListJobsRequest& request) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError("page_size: must not be negative");
+  }
+  const int64_t size =
+      request.page_size() == 0
+          ? kDefaultPageSize
+          : std::min<int64_t>(request.page_size(), kMaxPageSize);
+  uint64_t after = std::numeric_limits<uint64_t>::max();
+  if (!request.page_token().empty() &&
+      !absl::SimpleAtoi(request.page_token(), &after)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_token \"", request.page_token(),
+                     "\" is not a token ListJobs gave"));
+  }
+  v1::ListJobsResponse response;
   absl::MutexLock lock(&mu_);
-  std::vector<v1::Job> jobs;
-  for (const JobRecord* job : jobs_.NewestFirst()) jobs.push_back(job->job);
-  return jobs;
+  for (const JobRecord* job : jobs_.NewestFirst()) {
+    if (job->seq >= after) continue;
+    if (response.jobs_size() == size) {
+      response.set_next_page_token(
+          absl::StrCat(jobs_.Find(response.jobs(size - 1).id())->seq));
+      break;
+    }
+    *response.add_jobs() = JobSummary(job->job);
+  }
+  return response;
+}
+
+absl::Status Controller::DeleteJob(std::string_view id) {
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    JobRecord* job = jobs_.Find(id);
+    if (job == nullptr) return JobNotFound(id);
+    if (!IsTerminal(job->status().state())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job->id(), " is ", v1::JobState_Name(job->status().state()),
+          "; cancel it before deleting it"));
+    }
+    ticket = RemoveJob(job->id());
+    Changed();
+  }
+  if (store_writer_ != nullptr && ticket != 0)
+    store_writer_->WaitWritten(ticket);
+  return absl::OkStatus();
+}
+
+uint64_t Controller::RemoveJob(const std::string& id) {
+  const std::string dir =
+      storage::JobCheckpointDir(options_.checkpoint_dir, id);
+  LogInfo("job %s deleted, with %s", id, dir);
+  EnqueueIo([dir] { RemoveCheckpointDirs({dir}); });
+  return jobs_.Remove(id);
 }
 
 absl::StatusOr<v1::Job> Controller::CancelJob(std::string_view id) {
@@ -237,8 +289,14 @@ absl::Status Controller::WatchJob(
     }
     absl::MutexLock lock(&mu_);
     const JobRecord* job = jobs_.Find(id);
-    while (job->version == seen && !shutting_down_ && !cancelled()) {
+    while (job != nullptr && job->version == seen && !shutting_down_ &&
+           !cancelled()) {
       changed_.WaitWithTimeout(&mu_, kPollInterval);
+      job = jobs_.Find(id);
+    }
+    if (job == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("job ", AsAbsl(id), " was deleted"));
     }
     if (shutting_down_) {
       return absl::UnavailableError("the controller is shutting down");
@@ -1165,6 +1223,19 @@ bool Controller::TickLocked(absl::Time now) {
   }
   for (JobRecord* job : jobs_.Running()) {
     if (CheckStalled(*job, now)) changed = true;
+  }
+  // Retention: ended jobs go some time after they ended.
+  if (options_.job_retention > absl::ZeroDuration()) {
+    std::vector<std::string> expired;
+    for (const JobRecord* job : jobs_.NewestFirst()) {
+      if (IsTerminal(job->status().state()) && job->status().has_finished() &&
+          FromTimestamp(job->status().finished()) + options_.job_retention <
+              now) {
+        expired.push_back(job->id());
+      }
+    }
+    for (const std::string& id : expired) RemoveJob(id);
+    if (!expired.empty()) changed = true;
   }
   // The elastic grace period of a waiting job runs out without any event.
   if (!jobs_.Waiting().empty()) {

@@ -74,6 +74,9 @@ struct ControllerOptions {
   int64_t trace_jobs = TraceStore::kDefaultKeepJobs;
   // The SQLite job store; empty: jobs live in memory only.
   std::string store_path;
+  // Ended jobs are deleted (DeleteJob) this long after they ended; zero or
+  // less: kept until deleted by hand.
+  absl::Duration job_retention = absl::Hours(24 * 7);
   // What "now" is for leases, settle times, grace periods and events
   // (null: absl::Now). Tests inject a clock they advance by hand and call
   // Tick().
@@ -105,7 +108,13 @@ class Controller {
   // FailedPrecondition.
   absl::StatusOr<gpipe::v1::Job> SubmitJob(gpipe::v1::JobSpec spec);
   absl::StatusOr<gpipe::v1::Job> GetJob(std::string_view id);
-  std::vector<gpipe::v1::Job> ListJobs();  // newest first
+  // A page of job summaries (JobSummary), newest first, after the job
+  // `page_token` names; InvalidArgument for a token that names none.
+  absl::StatusOr<gpipe::v1::ListJobsResponse> ListJobs(
+      const gpipe::v1::ListJobsRequest& request);
+  // Removes an ended job (FailedPrecondition otherwise), from memory and
+  // the store, and its checkpoint directory (model included) off the lock.
+  absl::Status DeleteJob(std::string_view id);
   absl::StatusOr<gpipe::v1::Job> CancelJob(std::string_view id);
 
   // Calls `send` with the job as it is now, then once per change, and
@@ -249,6 +258,9 @@ class Controller {
   // timeout, quarantining the silent stages' workers; whether it did.
   bool CheckStalled(JobRecord& job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an ended job and queues the removal of its files; the store's
+  // ticket.
+  uint64_t RemoveJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void LeaseLoop();  // calls Tick
   // Tick with mu_ held; true when anything changed.

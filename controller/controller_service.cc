@@ -85,10 +85,14 @@ grpc::Status ControllerService::ListJobs(grpc::ServerContext* context,
                                          const v1::ListJobsRequest* request,
                                          v1::ListJobsResponse* response) {
   if (grpc::Status s = CheckApiToken(*context, "ListJobs"); !s.ok()) return s;
-  for (v1::Job& job : controller_.ListJobs()) {
-    *response->add_jobs() = std::move(job);
-  }
-  return grpc::Status::OK;
+  return Reply(controller_.ListJobs(*request), response);
+}
+
+grpc::Status ControllerService::DeleteJob(grpc::ServerContext* context,
+                                          const v1::DeleteJobRequest* request,
+                                          v1::DeleteJobResponse* response) {
+  if (grpc::Status s = CheckApiToken(*context, "DeleteJob"); !s.ok()) return s;
+  return ToGrpcStatus(controller_.DeleteJob(request->job_id()));
 }
 
 grpc::Status ControllerService::CancelJob(grpc::ServerContext* context,

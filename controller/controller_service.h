@@ -35,6 +35,9 @@ class ControllerService final : public gpipe::v1::Controller::Service {
   grpc::Status ListJobs(grpc::ServerContext* context,
                         const gpipe::v1::ListJobsRequest* request,
                         gpipe::v1::ListJobsResponse* response) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context,
+                         const gpipe::v1::DeleteJobRequest* request,
+                         gpipe::v1::DeleteJobResponse* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const gpipe::v1::CancelJobRequest* request,
                          gpipe::v1::Job* response) override;

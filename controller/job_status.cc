@@ -11,6 +11,23 @@ namespace gpipe::controller {
 
 namespace v1 = gpipe::v1;
 
+absl::Time FromTimestamp(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
+gpipe::v1::Job JobSummary(const gpipe::v1::Job& job) {
+  gpipe::v1::Job summary;
+  summary.set_id(job.id());
+  gpipe::v1::JobSpec& spec = *summary.mutable_spec();
+  spec.set_name(job.spec().name());
+  spec.set_steps(job.spec().steps());
+  spec.set_batch_size(job.spec().batch_size());
+  *spec.mutable_pipeline() = job.spec().pipeline();
+  *summary.mutable_status() = job.status();
+  summary.mutable_status()->clear_evaluations();
+  return summary;
+}
+
 google::protobuf::Timestamp ToTimestamp(absl::Time t) {
   const int64_t nanos = absl::ToUnixNanos(t);
   google::protobuf::Timestamp ts;

@@ -22,6 +22,12 @@ inline constexpr std::string_view kFailed = "Failed";
 inline constexpr std::string_view kCancelled = "Cancelled";
 
 google::protobuf::Timestamp ToTimestamp(absl::Time t);
+absl::Time FromTimestamp(const google::protobuf::Timestamp& t);
+
+// What ListJobs shows of a job: the spec's name, steps, batch size and
+// pipeline, and the status without its evaluation history, so a page of
+// jobs stays small however large their specs are.
+gpipe::v1::Job JobSummary(const gpipe::v1::Job& job);
 
 // SUCCEEDED, FAILED and CANCELLED: nothing changes a job after these.
 bool IsTerminal(gpipe::v1::JobState state);

@@ -51,11 +51,16 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
                          -1, &store->put_, nullptr) != SQLITE_OK) {
     return store->Error("cannot prepare the insert");
   }
+  if (sqlite3_prepare_v2(db, "DELETE FROM jobs WHERE id = ?", -1,
+                         &store->delete_, nullptr) != SQLITE_OK) {
+    return store->Error("cannot prepare the delete");
+  }
   return store;
 }
 
 JobStore::~JobStore() {
   sqlite3_finalize(put_);
+  sqlite3_finalize(delete_);
   sqlite3_close(db_);
 }
 
@@ -72,6 +77,15 @@ absl::Status JobStore::Put(int64_t seq, const v1::Job& job) {
   const int rc = sqlite3_step(put_);
   sqlite3_reset(put_);
   if (rc != SQLITE_DONE) return Error(absl::StrCat("cannot store ", job.id()));
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Delete(const std::string& id) {
+  sqlite3_reset(delete_);
+  sqlite3_bind_text(delete_, 1, id.data(), id.size(), SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(delete_);
+  sqlite3_reset(delete_);
+  if (rc != SQLITE_DONE) return Error(absl::StrCat("cannot delete ", id));
   return absl::OkStatus();
 }
 

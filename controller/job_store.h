@@ -41,6 +41,8 @@ class JobStore {
 
   // Inserts or replaces the row of `job` (by id).
   absl::Status Put(int64_t seq, const gpipe::v1::Job& job);
+  // Removes the row of job `id` (none: OK).
+  absl::Status Delete(const std::string& id);
   absl::StatusOr<LoadedJobs> LoadAll();
 
   const std::string& path() const { return path_; }
@@ -52,6 +54,7 @@ class JobStore {
   std::string path_;
   sqlite3* db_ = nullptr;
   sqlite3_stmt* put_ = nullptr;
+  sqlite3_stmt* delete_ = nullptr;
 };
 
 }  // namespace gpipe::controller

@@ -60,6 +60,14 @@ JobRecord* JobTable::Find(std::string_view id) {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+uint64_t JobTable::Remove(std::string_view id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return 0;
+  const std::string key = it->first;
+  jobs_.erase(it);
+  return store_ != nullptr ? store_->Delete(key) : 0;
+}
+
 std::vector<JobRecord*> JobTable::Running() {
   std::vector<JobRecord*> running;
   for (auto& [id, job] : jobs_) {

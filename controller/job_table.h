@@ -91,6 +91,9 @@ class JobTable {
   void set_store(StoreWriter* store) { store_ = store; }
 
   JobRecord* Find(std::string_view id);
+  // Forgets job `id` (its events too) and queues its removal from the
+  // store; the store's ticket (0 without one).
+  uint64_t Remove(std::string_view id);
 
   // Jobs waiting for workers (PENDING or RESTARTING), oldest first.
   std::vector<JobRecord*> Waiting();

@@ -46,6 +46,9 @@ ABSL_FLAG(int32_t, max_transfers, 8,
 ABSL_FLAG(std::string, store, "",
           "SQLite job store (WAL): jobs survive a restart of the controller; "
           "empty: in memory only");
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(24 * 7),
+          "ended jobs are deleted (record, checkpoints, model) this long "
+          "after they ended; 0: kept until `gpipectl delete`");
 ABSL_FLAG(int64_t, heartbeat_timeout_ms, 10000,
           "a worker silent for longer is lost");
 ABSL_FLAG(int64_t, heartbeat_interval_ms, 1000,
@@ -194,6 +197,7 @@ int main(int argc, char** argv) {
   options.controller.trace_steps = absl::GetFlag(FLAGS_trace_steps);
   options.controller.trace_jobs = absl::GetFlag(FLAGS_trace_jobs);
   options.controller.store_path = absl::GetFlag(FLAGS_store);
+  options.controller.job_retention = absl::GetFlag(FLAGS_job_retention);
   options.controller.checkpoint_transport =
       transport == "controller" ? gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER
                                 : gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
@@ -252,9 +256,10 @@ int main(int argc, char** argv) {
         }
       }
     } else if (absl::GetFlag(FLAGS_metrics_optional)) {
-      gpipe::LogWarning("gpipe-controller: %s; serving without metrics "
-                        "(--metrics_optional)",
-                        std::string(started.status().message()));
+      gpipe::LogWarning(
+          "gpipe-controller: %s; serving without metrics "
+          "(--metrics_optional)",
+          std::string(started.status().message()));
     } else {
       // A controller nobody can observe is not what was asked for: fail as
       // a taken gRPC port does, and say how to run without metrics.

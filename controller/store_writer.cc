@@ -23,6 +23,15 @@ uint64_t StoreWriter::Put(int64_t seq, const gpipe::v1::Job& job) {
   Queued& q = queued_[job.id()];
   q.seq = seq;
   q.job = job;
+  q.deleted = false;
+  q.ticket = ++next_ticket_;
+  return q.ticket;
+}
+
+uint64_t StoreWriter::Delete(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  Queued& q = queued_[id];
+  q.deleted = true;
   q.ticket = ++next_ticket_;
   return q.ticket;
 }
@@ -51,7 +60,11 @@ void StoreWriter::Loop() {
     for (auto& [id, q] : batch) {
       // The job goes on in memory: a store that fails now only loses what
       // a restart would replay (logged for the operator).
-      if (absl::Status s = store_->Put(q.seq, q.job); !s.ok()) {
+      if (q.deleted) {
+        if (absl::Status s = store_->Delete(id); !s.ok()) {
+          LogError("cannot delete job %s from the store: %s", id, s.ToString());
+        }
+      } else if (absl::Status s = store_->Put(q.seq, q.job); !s.ok()) {
         LogError("cannot store job %s: %s", id, s.ToString());
       }
       newest = std::max(newest, q.ticket);

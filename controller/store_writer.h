@@ -28,6 +28,8 @@ class StoreWriter {
   StoreWriter& operator=(const StoreWriter&) = delete;
 
   uint64_t Put(int64_t seq, const gpipe::v1::Job& job) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the removal of job `id` (replacing a Put still queued).
+  uint64_t Delete(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   void WaitWritten(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -35,6 +37,7 @@ class StoreWriter {
     int64_t seq = 0;
     gpipe::v1::Job job;
     uint64_t ticket = 0;
+    bool deleted = false;
   };
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -991,6 +991,63 @@ TEST_F(ControllerTest, AForgedHelloCannotTakeALiveWorkersId) {
   EXPECT_FALSE(real->WaitClosed().ok());
 }
 
+// ListJobs pages through summaries, newest first; DeleteJob removes an
+// ended job (record and files) and refuses a running one.
+TEST_F(ControllerTest, JobsAreListedInPagesAndDeletedWhenEnded) {
+  StartController();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) ids.push_back(SubmitOk(SpecWithStages(1)).id());
+  std::vector<std::string> listed;
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  int pages = 0;
+  do {
+    grpc::ClientContext context;
+    v1::ListJobsResponse page;
+    ASSERT_TRUE(stub_->ListJobs(&context, request, &page).ok());
+    ++pages;
+    EXPECT_LE(page.jobs_size(), 2);
+    for (const v1::Job &job : page.jobs()) {
+      listed.push_back(job.id());
+      EXPECT_EQ(job.spec().model().layers_size(), 0) << "not a summary";
+      EXPECT_EQ(job.spec().name(), "controller-test");
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  EXPECT_EQ(pages, 3);
+  EXPECT_EQ(listed, std::vector<std::string>(ids.rbegin(), ids.rend()));
+  {
+    grpc::ClientContext context;
+    v1::ListJobsRequest bad;
+    bad.set_page_token("not-a-token");
+    v1::ListJobsResponse page;
+    EXPECT_EQ(stub_->ListJobs(&context, bad, &page).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+
+  const auto remove = [&](const std::string &id) {
+    grpc::ClientContext context;
+    v1::DeleteJobRequest r;
+    r.set_job_id(id);
+    v1::DeleteJobResponse out;
+    return stub_->DeleteJob(&context, r, &out);
+  };
+  EXPECT_EQ(remove(ids[0]).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::Job cancelled;
+  ASSERT_TRUE(Cancel(ids[0], &cancelled).ok());
+  const std::filesystem::path files = dir_ / "checkpoints" / ids[0];
+  std::filesystem::create_directories(files / "step-2");
+  EXPECT_TRUE(remove(ids[0]).ok());
+  v1::Job gone;
+  EXPECT_EQ(Get(ids[0], &gone).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(remove(ids[0]).error_code(), grpc::StatusCode::NOT_FOUND);
+  const absl::Time deadline = absl::Now() + kWait;
+  while (std::filesystem::exists(files) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_FALSE(std::filesystem::exists(files));
+}
+
 TEST_F(ControllerTest, ShutdownEndsAttachAndWatchStreams) {
   StartController();
   std::unique_ptr<FakeWorker> w1 = AttachWorker(1);

@@ -393,5 +393,21 @@ TEST_F(RestartPolicyTest, ALinkFailureSuspendsTheNeighboursUntilTheyBeat) {
   }
 }
 
+// Ended jobs go once their retention has passed (running ones stay).
+TEST_F(RestartPolicyTest, EndedJobsAreDeletedAfterTheirRetention) {
+  id_ = controller_->SubmitJob(test_support::ControllerSpec(1))->id();
+  ASSERT_TRUE(controller_->CancelJob(id_).ok());
+  const std::string running =
+      controller_->SubmitJob(test_support::ControllerSpec(1))->id();
+  BeatFor(*controller_, clock_, workers_, absl::Seconds(5));
+  EXPECT_TRUE(controller_->GetJob(id_).ok());
+  // The default retention is a week; the clock jumps past it (the workers'
+  // leases run out on the way, which a running job survives by restarting).
+  clock_.Advance(absl::Hours(24 * 7) + absl::Seconds(1));
+  controller_->Tick(clock_.Now());
+  EXPECT_TRUE(absl::IsNotFound(controller_->GetJob(id_).status()));
+  EXPECT_TRUE(controller_->GetJob(running).ok());
+}
+
 }  // namespace
 }  // namespace gpipe::controller
