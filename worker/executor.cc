@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/log.h"
+#include "services/core/memory.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/schedule.h"
@@ -88,7 +89,12 @@ void Executor::Start(const gpipe::v1::Assignment& a) {
   run->assignment = a;
   current_ = run;
   cv_.notify_all();
-  thread_ = std::thread([this, run] { Execute(run); });
+  thread_ = std::thread([this, run] {
+    Execute(run);
+    // The stage's tensors are freed; KeepFreedMemory would keep them in
+    // the heap, and a cancelled large stage must give its memory back.
+    ReleaseFreedMemory();
+  });
 }
 
 void Executor::Cancel(const std::string& job_id, int64_t epoch) {

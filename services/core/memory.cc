@@ -10,4 +10,6 @@ void KeepFreedMemory() {
   ::mallopt(M_ARENA_MAX, 1);
 }
 
+void ReleaseFreedMemory() { ::malloc_trim(0); }
+
 }  // namespace gpipe

@@ -13,6 +13,11 @@ namespace gpipe {
 // the top of main, before threads start.
 void KeepFreedMemory();
 
+// Hands the heap's free memory back to the kernel (malloc_trim): after a
+// stage ends or is cancelled, so a worker's resident memory falls back to
+// what it holds between assignments.
+void ReleaseFreedMemory();
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_CORE_MEMORY_H_
