@@ -299,6 +299,36 @@ grpc::ByteBuffer ToBuffer(const std::string &bytes) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
+// A request that is not its method's protobuf message is INVALID_ARGUMENT
+// naming the method (gRPC alone says INTERNAL with no message), on unary
+// and server-streaming methods alike; the controller keeps serving.
+TEST_F(ControllerTest, UnparsableRequestsAreInvalidArgument) {
+  StartController();
+  auto channel = grpc::CreateChannel(server_->address(),
+                                     grpc::InsecureChannelCredentials());
+  grpc::GenericStub generic(channel);
+  // Field 1 as a varint that never ends: no protobuf parser accepts it.
+  const grpc::ByteBuffer garbage = ToBuffer(std::string("\x0a\xff\xff", 3));
+  for (const char *method : {"/gpipe.v1.Controller/GetJob",
+                             "/gpipe.v1.Controller/SubmitJob",
+                             "/gpipe.v1.Controller/WatchJob"}) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(5));
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&context, method, grpc::StubOptions(), &garbage,
+                      &response, [&](grpc::Status s) { done.set_value(s); });
+    const grpc::Status s = done.get_future().get();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(method));
+  }
+  v1::Job job;
+  EXPECT_EQ(Get("job-00000000", &job).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
 // The standard health service answers SERVING and server reflection lists
 // the Controller service (both checked on the wire, without their stubs).
 TEST_F(ControllerTest, ServesHealthAndReflection) {
