@@ -43,31 +43,29 @@ class StageFileTransfers::Slot {
   StageFileTransfers* t_;
 };
 
-namespace {
-
-// Marks one destination as being received, so that two uploads of one file
-// (a retry racing the original) never share a temporary file.
-class Receiving {
+class StageFileTransfers::Claim {
  public:
-  Receiving(absl::Mutex& mu, std::set<std::string>& paths, std::string path)
-      : mu_(mu), paths_(paths), path_(std::move(path)) {}
-  bool Claim() {
-    absl::MutexLock lock(&mu_);
-    claimed_ = paths_.insert(path_).second;
-    return claimed_;
+  Claim(StageFileTransfers& t, std::string path)
+      : t_(t), path_(std::move(path)) {}
+  // False when an upload of the same file is under way.
+  bool Take() {
+    absl::MutexLock lock(&t_.mu_);
+    taken_ = t_.receiving_.insert(path_).second;
+    return taken_;
   }
-  ~Receiving() {
-    if (!claimed_) return;
-    absl::MutexLock lock(&mu_);
-    paths_.erase(path_);
+  ~Claim() {
+    if (!taken_) return;
+    absl::MutexLock lock(&t_.mu_);
+    t_.receiving_.erase(path_);
   }
 
  private:
-  absl::Mutex& mu_;
-  std::set<std::string>& paths_;
+  StageFileTransfers& t_;
   const std::string path_;
-  bool claimed_ = false;
+  bool taken_ = false;
 };
+
+namespace {
 
 // A failed write on the controller's disk, said as the controller's.
 absl::Status DiskError(const absl::Status& s) {
@@ -105,8 +103,8 @@ absl::StatusOr<v1::UploadStageFileResponse> StageFileTransfers::Receive(
   }
   ASSIGN_OR_RETURN(const std::string path, destination(header));
   ASSIGN_OR_RETURN(Slot slot, Slot::Take(*this));
-  Receiving receiving(mu_, receiving_, path);
-  if (!receiving.Claim()) {
+  Claim claim(*this, path);
+  if (!claim.Take()) {
     return absl::AbortedError(
         absl::StrCat("an upload of ", path, " is already under way"));
   }

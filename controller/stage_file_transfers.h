@@ -62,6 +62,9 @@ class StageFileTransfers {
 
  private:
   class Slot;  // one of max_concurrent, held for a transfer's length
+  // A destination being received, so that two uploads of one file (a
+  // retry racing the original) never share a temporary file.
+  class Claim;
 
   const TransferOptions options_;
   absl::Mutex mu_;
