@@ -373,18 +373,23 @@ absl::Status Executor::RunSteps(Execution& x) {
             .count());
     if (cancelled(*x.run)) return absl::CancelledError("cancelled");
     const int64_t done = s + 1;
-    if (x.plan.CheckpointsAfter(done) &&
-        (x.a.checkpoint_transport() ==
-             gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER ||
-         !x.a.checkpoint_dir().empty())) {
-      RETURN_IF_ERROR(Checkpoint(x, done));
-    }
+    // The evaluation before the checkpoint: the last stage's evaluation
+    // report then precedes its checkpoint report on the Attach stream, so a
+    // committed checkpoint never lacks the evaluation of its step (a stage
+    // killed after the commit would otherwise resume past an evaluation
+    // nobody made). Evaluating changes no state, so the order is free.
     // As `gpipectl train` does; all stages take part.
     if (x.plan.EvaluatesAfter(done)) {
       ASSIGN_OR_RETURN(
           LossResult e,
           x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
       if (x.last && e.counted > 0) report_(Evaluated(x.a, done, e));
+    }
+    if (x.plan.CheckpointsAfter(done) &&
+        (x.a.checkpoint_transport() ==
+             gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER ||
+         !x.a.checkpoint_dir().empty())) {
+      RETURN_IF_ERROR(Checkpoint(x, done));
     }
   }
   return absl::OkStatus();
