@@ -217,8 +217,7 @@ class LocalCluster {
                      "%d), as a Deployment would\n",
                      (*it)->name().c_str(), (*it)->HowItEnded().c_str(),
                      replacements_, kMaxReplacements);
-        ended_.push_back(std::move(*it));  // keeps its log's name for Died()
-        it = workers_.erase(it);
+        it = workers_.erase(it);  // reaped: it has ended
         ended.push_back(absl::StrCat("r", replacements_));
       }
     }
@@ -351,7 +350,6 @@ class LocalCluster {
   std::mutex mu_;
   std::unique_ptr<ChildProcess> controller_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
-  std::vector<std::unique_ptr<ChildProcess>> ended_;  // replaced workers
   std::string worker_binary_;
   int threads_each_ = 1;
   int replacements_ = 0;

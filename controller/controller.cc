@@ -46,6 +46,14 @@ constexpr absl::Duration kMinStall = absl::Seconds(60);
 constexpr absl::Duration kQuarantine = absl::Seconds(30);
 constexpr absl::Duration kMaxQuarantine = absl::Minutes(10);
 
+// base, 2 base, 4 base ... for the n-th time in a row (n >= 1), at most
+// `cap`: the restart backoff and the quarantine.
+absl::Duration DoublingBackoff(absl::Duration base, int64_t n,
+                               absl::Duration cap) {
+  return std::min(cap,
+                  base * (int64_t{1} << std::clamp<int64_t>(n - 1, 0, 10)));
+}
+
 absl::Status JobNotFound(std::string_view id) {
   return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
 }
@@ -207,14 +215,15 @@ absl::StatusOr<v1::ListJobsResponse> Controller::ListJobs(
   }
   v1::ListJobsResponse response;
   absl::MutexLock lock(&mu_);
+  uint64_t last_seq = 0;  // of the last job on the page
   for (const JobRecord* job : jobs_.NewestFirst()) {
     if (job->seq >= after) continue;
     if (response.jobs_size() == size) {
-      response.set_next_page_token(
-          absl::StrCat(jobs_.Find(response.jobs(size - 1).id())->seq));
+      response.set_next_page_token(absl::StrCat(last_seq));
       break;
     }
     *response.add_jobs() = JobSummary(job->job);
+    last_seq = job->seq;
   }
   return response;
 }
@@ -663,10 +672,8 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   // restarts in seconds.
   ++job.restarts_without_progress;
   job.not_before =
-      now +
-      std::min(kMaxRestartBackoff,
-               kRestartSettle * (int64_t{1} << std::min<int64_t>(
-                                     job.restarts_without_progress - 1, 10)));
+      now + DoublingBackoff(kRestartSettle, job.restarts_without_progress,
+                            kMaxRestartBackoff);
   const std::string from =
       status.checkpoints().empty()
           ? std::string("the beginning")
@@ -1194,9 +1201,7 @@ bool Controller::CheckStalled(JobRecord& job, absl::Time now) {
     if (std::shared_ptr<WorkerRecord> w = workers_.Find(s.worker_id())) {
       ++w->quarantines;
       w->quarantined_until =
-          now + std::min(kMaxQuarantine,
-                         kQuarantine * (int64_t{1} << std::min<int64_t>(
-                                            w->quarantines - 1, 10)));
+          now + DoublingBackoff(kQuarantine, w->quarantines, kMaxQuarantine);
       LogWarning("worker %s quarantined until %s: it stalled job %s", w->id(),
                  absl::FormatTime(w->quarantined_until), job.id());
     }

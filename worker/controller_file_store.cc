@@ -37,6 +37,19 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
 
 }  // namespace
 
+v1::StageFileHeader UploadHeader(const v1::Assignment& a, int64_t step,
+                                 bool final, int64_t bytes) {
+  v1::StageFileHeader header;
+  header.set_job_id(a.job_id());
+  header.set_epoch(a.epoch());
+  header.set_stage(a.stage());
+  header.set_step(step);
+  header.set_final(final);
+  header.set_bytes(bytes);
+  header.set_stream_key(a.stream_key());
+  return header;
+}
+
 ControllerFileStore::ControllerFileStore(
     std::shared_ptr<grpc::ChannelInterface> channel,
     security::ClientSecurity security)
@@ -77,14 +90,8 @@ absl::StatusOr<StageFileStore::Stored> ControllerFileStore::Upload(
     std::unique_ptr<grpc::ClientWriter<v1::UploadStageFileRequest>> writer =
         stub_->UploadStageFile(&context, &response);
     v1::UploadStageFileRequest message;
-    v1::StageFileHeader* header = message.mutable_header();
-    header->set_job_id(a.job_id());
-    header->set_epoch(a.epoch());
-    header->set_stage(a.stage());
-    header->set_step(step);
-    header->set_final(final);
-    header->set_bytes(static_cast<int64_t>(encoder.size()));
-    header->set_stream_key(a.stream_key());
+    *message.mutable_header() =
+        UploadHeader(a, step, final, static_cast<int64_t>(encoder.size()));
     bool open = writer->Write(message);
     storage::Sha256 digest;
     std::string chunk;

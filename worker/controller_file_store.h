@@ -17,6 +17,12 @@
 
 namespace gpipe {
 
+// The first message of an upload of `a`'s stage file of `bytes` bytes: its
+// checkpoint after `step` steps, or (`final`) its final parameters.
+gpipe::v1::StageFileHeader UploadHeader(const gpipe::v1::Assignment& a,
+                                        int64_t step, bool final,
+                                        int64_t bytes);
+
 class ControllerFileStore final : public StageFileStore {
  public:
   // `channel`: to the controller, with `security`'s TLS; `security` adds

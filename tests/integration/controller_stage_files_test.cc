@@ -273,13 +273,7 @@ TEST_F(StageFilesTest, CheckpointUploadsCommitsAndRestoresBitwise) {
 // the running epoch, uploads nothing.
 TEST_F(StageFilesTest, UploadsAreCheckedBeforeAByteIsWritten) {
   const v1::Assignment a = StartJob();
-  v1::StageFileHeader h;
-  h.set_job_id(a.job_id());
-  h.set_epoch(a.epoch());
-  h.set_stage(0);
-  h.set_step(2);
-  h.set_bytes(4);
-  h.set_stream_key(a.stream_key());
+  v1::StageFileHeader h = UploadHeader(a, 2, /*final=*/false, 4);
   const std::string sha = storage::Sha256Hex("abcd");
 
   v1::StageFileHeader wrong_key = h;
@@ -322,13 +316,7 @@ TEST_F(StageFilesTest, UploadsAreCheckedBeforeAByteIsWritten) {
 // its name, not as a temporary file.
 TEST_F(StageFilesTest, ABrokenUploadLeavesNothingBehind) {
   const v1::Assignment a = StartJob();
-  v1::StageFileHeader h;
-  h.set_job_id(a.job_id());
-  h.set_epoch(a.epoch());
-  h.set_stage(0);
-  h.set_step(4);
-  h.set_bytes(8);
-  h.set_stream_key(a.stream_key());
+  v1::StageFileHeader h = UploadHeader(a, 4, /*final=*/false, 8);
   const std::string sha = storage::Sha256Hex("abcdefgh");
 
   grpc::Status s = RawUpload(h, {"abcd"}, "", /*cancel=*/true);
@@ -374,14 +362,9 @@ TEST_F(StageFilesTest, AFullControllerDiskIsResourceExhausted) {
   }
   mounted_ = true;
   const v1::Assignment a = StartJob();
-  v1::StageFileHeader h;
-  h.set_job_id(a.job_id());
-  h.set_epoch(a.epoch());
-  h.set_stage(0);
-  h.set_step(2);
   const std::string big(256 << 10, 'x');
-  h.set_bytes(static_cast<int64_t>(big.size()));
-  h.set_stream_key(a.stream_key());
+  v1::StageFileHeader h =
+      UploadHeader(a, 2, /*final=*/false, static_cast<int64_t>(big.size()));
   const grpc::Status s = RawUpload(h, {big}, storage::Sha256Hex(big));
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
       << s.error_message();
