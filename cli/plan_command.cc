@@ -22,10 +22,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "services/core/bytes.h"
 #include "services/core/status.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
+#include "services/pipeline/memory_model.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
@@ -40,8 +42,9 @@ ABSL_FLAG(bool, measure, false,
           "plan: balance and predict with measured per-layer times instead "
           "of the FLOP cost model");
 ABSL_FLAG(std::string, memory_budget, "0",
-          "plan: activation memory per stage, bytes or with a unit (512MiB, "
-          "2GiB); 0: no limit");
+          "plan: memory per stage (parameters, gradients, optimizer state, "
+          "activations, working memory and data, as workers check it), bytes "
+          "or with a unit (512MiB, 2GiB); 0: no limit");
 ABSL_FLAG(double, flops, 0,
           "plan: FLOP/s of one stage for the cost model (0: measure a "
           "single-threaded sgemm here)");
@@ -98,36 +101,6 @@ absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
   return std::make_pair(lo, hi);
 }
 
-// "0", "1048576", "512MiB", "2GiB", "1.5GB".
-absl::StatusOr<int64_t> ParseBytes(absl::string_view text) {
-  struct Unit {
-    absl::string_view suffix;
-    double factor;
-  };
-  static constexpr Unit kUnits[] = {
-      {"KiB", 1024.0},      {"MiB", kMiB}, {"GiB", kMiB * 1024},
-      {"TiB", kMiB * kMiB}, {"KB", 1e3},   {"MB", 1e6},
-      {"GB", 1e9},          {"TB", 1e12},  {"B", 1}};
-  double factor = 1;
-  absl::string_view number = text;
-  for (const Unit& u : kUnits) {
-    if (absl::EndsWith(text, u.suffix)) {
-      factor = u.factor;
-      number = text.substr(0, text.size() - u.suffix.size());
-      break;
-    }
-  }
-  double value = 0;
-  if (!absl::SimpleAtod(number, &value) || !(value >= 0) ||
-      value * factor > 9e18) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--memory-budget: expected bytes such as 0, 1048576, "
-                     "512MiB or 2GiB, got '",
-                     std::string(text), "'"));
-  }
-  return static_cast<int64_t>(value * factor);
-}
-
 // FLOP/s of one single-threaded 512^3 sgemm on this machine: the speed the
 // cost model assumes for every stage when --flops is not given.
 double MeasureSgemmFlops() {
@@ -157,7 +130,8 @@ struct Option {
   double samples_per_second = 0;
   double min_bubble = 1;   // the busiest stage's: the pipeline's own bubble
   double max_bubble = 0;   // the idlest stage's: shows imbalance
-  int64_t peak_bytes = 0;  // the largest stage's
+  std::vector<StageMemory> memory;  // per stage (memory_model.h)
+  int64_t peak_bytes = 0;  // the largest stage's total
 };
 
 bool Fits(const Option& o, int64_t budget) {
@@ -202,17 +176,18 @@ void PrintStageDetails(const Option& o) {
               std::string(RematName(o.remat)).c_str());
   std::printf(
       "  stage  layers      forward ms  backward ms   busy ms  "
-      "bubble   peak MiB\n");
+      "bubble   peak MiB  memory\n");
   const std::vector<int64_t> begins = StageBegins(o.balance);
   for (int64_t s = 0; s < o.k; ++s) {
     const StageSimulation& st = o.sim.stages[s];
     const std::string layers =
         absl::StrCat("[", begins[s], ", ", begins[s] + o.balance[s], ")");
-    std::printf("  %5lld  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f\n",
+    std::printf("  %5lld  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f  %s\n",
                 static_cast<long long>(s), layers.c_str(),
                 o.costs[s].forward_seconds * 1e3,
                 o.costs[s].backward_seconds * 1e3, st.busy_seconds * 1e3,
-                st.bubble_fraction * 100, st.peak_activation_bytes / kMiB);
+                st.bubble_fraction * 100, o.memory[s].total() / kMiB,
+                o.memory[s].ToString().c_str());
   }
 }
 
@@ -285,7 +260,7 @@ int RunPlan(const std::vector<std::string>& args) {
   }
 
   absl::StatusOr<int64_t> budget =
-      ParseBytes(absl::GetFlag(FLAGS_memory_budget));
+      ParseBytes(absl::GetFlag(FLAGS_memory_budget), "--memory-budget");
   if (!budget.ok()) return Fail(budget.status());
   const double link_gbps = absl::GetFlag(FLAGS_link_gbps);
   if (!(link_gbps > 0)) {
@@ -396,7 +371,18 @@ int RunPlan(const std::vector<std::string>& args) {
           for (const StageSimulation& st : o.sim.stages) {
             o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
             o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
-            o.peak_bytes = std::max(o.peak_bytes, st.peak_activation_bytes);
+          }
+          for (int64_t s = 0; s < k; ++s) {
+            StageMemoryPlacement place;
+            place.stage = s;
+            place.stages = k;
+            place.layer_begin = begins[s];
+            place.layer_end = begins[s] + (*balance)[s];
+            place.micro_batches = m;
+            place.schedule = schedule;
+            place.remat = remat;
+            o.memory.push_back(EstimateStageMemory(*spec, *shapes, place));
+            o.peak_bytes = std::max(o.peak_bytes, o.memory.back().total());
           }
           options.push_back(std::move(o));
         }
@@ -417,8 +403,8 @@ int RunPlan(const std::vector<std::string>& args) {
               static_cast<long long>(layers), static_cast<long long>(batch));
   std::printf("costs: %s; links %.3g Gb/s\n", cost_source.c_str(), link_gbps);
   std::printf(
-      "memory: peak activations of the largest stage (parameters and "
-      "optimizer state not counted); budget %s\n\n",
+      "memory: the largest stage's peak (parameters, gradients, optimizer "
+      "state, activations, working memory, data); budget %s\n\n",
       *budget > 0 ? absl::StrFormat("%.2f MiB", *budget / kMiB).c_str()
                   : "none");
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "controller/job_status.h"
+#include "controller/placement.h"
 #include "controller/merge.h"
 #include "controller/recovery.h"
 #include "controller/scheduler.h"
@@ -167,6 +168,9 @@ absl::Status Controller::Recover() {
 absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
   if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
   const int64_t k = StageCount(spec);
+  // A spec the partitioner refuses fails when scheduled (PartitionFailed),
+  // as it always did; one it cuts is checked against the workers' memory.
+  const absl::StatusOr<StagePlan> plan = PlanStages(spec, k);
   const absl::Time now = Now();
   v1::Job submitted;
   uint64_t ticket = 0;
@@ -174,6 +178,12 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) {
       return absl::UnavailableError("the controller is shutting down");
+    }
+    if (plan.ok()) {
+      std::vector<int64_t> memory;
+      for (const auto& w : workers_.All())
+        memory.push_back(w->info.resources().memory_bytes());
+      RETURN_IF_ERROR(CheckFitsCluster(*plan, memory));
     }
     JobRecord& job = jobs_.Add(std::move(spec), k, now);
     const std::string waiting =

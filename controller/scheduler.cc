@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/job_status.h"
+#include "controller/placement.h"
 #include "controller/recovery.h"
 #include "services/core/log.h"
 #include "services/core/strings.h"
@@ -25,28 +26,16 @@ namespace v1 = gpipe::v1;
 
 constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
 
-// Assigns `job` to `workers` (one stage each): partition, epoch, restore
-// point, messages. False when the job cannot be partitioned: it has failed,
-// and the workers are still free.
+// Assigns `job` to `workers` (stage i on workers[i]) cut by `balance`:
+// epoch, restore point, messages. False when no stream key could be made:
+// it has failed, and the workers are still free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
+           const std::vector<int64_t>& balance,
            const std::string& checkpoint_dir, v1::CheckpointTransport transport,
            absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(workers.size());
-  // Fewer stages than asked (elastic): an explicit balance has K entries,
-  // so the cost model cuts the K' stages.
-  v1::JobSpec cut = spec;
-  if (k != job.stages) cut.mutable_pipeline()->clear_balance();
-  absl::StatusOr<std::vector<int64_t>> balance = PartitionJob(cut, k);
-  if (!balance.ok()) {
-    const std::string message =
-        absl::StrCat("cannot partition: ", balance.status().message());
-    MarkTerminal(&job.status(), v1::FAILED, kFailed, "PartitionFailed", message,
-                 now);
-    jobs.Publish(job, message, now);
-    return false;
-  }
   // One key for the epoch's streams (services/security/stream_key.h);
   // never logged or stored: a restart of the controller bumps the epoch and
   // makes a new one.
@@ -58,7 +47,7 @@ bool Start(JobTable& jobs, JobRecord& job,
     jobs.Publish(job, message, now);
     return false;
   }
-  const std::vector<int64_t> begins = StageBegins(*balance);
+  const std::vector<int64_t> begins = StageBegins(balance);
   v1::JobStatus& status = job.status();
   const int64_t epoch = status.epoch() + 1;
   // Checked off the lock before this start (ScheduleJobs); used up now.
@@ -87,7 +76,7 @@ bool Start(JobTable& jobs, JobRecord& job,
     stage->set_worker_id(worker.id());
     stage->set_address(worker.info.address());
     stage->set_layer_begin(begins[i]);
-    stage->set_layer_end(begins[i] + (*balance)[i]);
+    stage->set_layer_end(begins[i] + balance[i]);
 
     v1::ControllerMessage message;
     v1::Assignment& a = *message.mutable_assignment();
@@ -190,16 +179,42 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       blocked_by = job;
       continue;
     }
+    std::string why;
     if (blocked_by == nullptr && free >= k && k > 0) {
-      std::vector<std::shared_ptr<WorkerRecord>> chosen(idle.begin(),
-                                                        idle.begin() + k);
-      if (Start(jobs, *job, chosen, checkpoint_dir, transport, now)) {
-        idle.erase(idle.begin(), idle.begin() + k);
+      absl::StatusOr<StagePlan> plan = PlanStages(job->job.spec(), k);
+      if (!plan.ok()) {
+        const std::string message =
+            absl::StrCat("cannot partition: ", plan.status().message());
+        MarkTerminal(&job->status(), v1::FAILED, kFailed, "PartitionFailed",
+                     message, now);
+        jobs.Publish(*job, message, now);
+        continue;
       }
-      continue;
+      std::vector<int64_t> memory;
+      for (const auto& w : idle) memory.push_back(w->info.resources().memory_bytes());
+      if (std::optional<std::vector<size_t>> place =
+              PlaceStages(*plan, memory, &why)) {
+        std::vector<std::shared_ptr<WorkerRecord>> chosen;
+        for (size_t w : *place) chosen.push_back(idle[w]);
+        if (Start(jobs, *job, chosen, plan->balance, checkpoint_dir,
+                  transport, now)) {
+          std::vector<bool> taken(idle.size(), false);
+          for (size_t w : *place) taken[w] = true;
+          std::vector<std::shared_ptr<WorkerRecord>> left;
+          for (size_t w = 0; w < idle.size(); ++w) {
+            if (!taken[w]) left.push_back(idle[w]);
+          }
+          idle = std::move(left);
+        }
+        continue;
+      }
     }
     k = job->stages;
-    std::string message = WaitingMessage(k, static_cast<int64_t>(idle.size()));
+    // Enough workers but not enough memory on them says so; otherwise the
+    // count.
+    std::string message =
+        !why.empty() ? why
+                     : WaitingMessage(k, static_cast<int64_t>(idle.size()));
     if (blocked_by != nullptr) {
       absl::StrAppend(&message, "; queued behind ", blocked_by->id());
     } else {

@@ -4,10 +4,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "services/core/bytes.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/memory_model.h"
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/step_plan.h"
@@ -159,6 +161,13 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
 namespace {
 
 constexpr absl::string_view kCheckpointErrorPrefix = "checkpoint: ";
+// A stage that does not fit this worker's memory: the job's size, not the
+// worker's fault, and no other worker of the same size would do better.
+constexpr absl::string_view kMemoryErrorPrefix = "out of memory: ";
+
+absl::Status MemoryError(absl::string_view what) {
+  return absl::ResourceExhaustedError(absl::StrCat(kMemoryErrorPrefix, what));
+}
 
 gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
                                  const absl::Status& status) {
@@ -175,15 +184,18 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   const bool loss = absl::StrContains(status.message(), "loss is not finite");
   const bool checkpoint =
       absl::StartsWith(status.message(), kCheckpointErrorPrefix);
+  const bool memory = absl::StartsWith(status.message(), kMemoryErrorPrefix);
   const bool data =
-      !checkpoint && (absl::IsInvalidArgument(status) ||
-                      absl::IsNotFound(status) || absl::IsDataLoss(status));
-  f->set_permanent(loss || data);
+      !checkpoint && !memory &&
+      (absl::IsInvalidArgument(status) || absl::IsNotFound(status) ||
+       absl::IsDataLoss(status));
+  f->set_permanent(loss || data || memory);
   // A full checkpoint store (the controller's disk, or the shared volume)
   // is a condition to wait out, which the controller does without counting
   // a restart.
   const bool store_full = checkpoint && absl::IsResourceExhausted(status);
   f->set_reason(loss         ? "LossNotFinite"
+                : memory     ? "OutOfMemory"
                 : store_full ? "CheckpointStoreFull"
                 : checkpoint ? "CheckpointFailed"
                 : data       ? "InvalidData"
@@ -235,7 +247,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     x.metrics = metrics_->ForStage(a.job_id(), a.stage(), a.stages(),
                                    a.micro_batches(), x.last);
   }
-  absl::Status status = [&]() -> absl::Status {
+  const auto run_stage = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckMemory(x));
     if (x.first || x.last) {
       ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(x.spec));
       x.dataset = std::move(d);
@@ -246,7 +259,16 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     RETURN_IF_ERROR(Restore(x));
     RETURN_IF_ERROR(RunSteps(x));
     return Finish(x);
-  }();
+  };
+  absl::Status status;
+  try {
+    // Host tensors past the budget throw (TensorMemoryExhausted): the stage
+    // unwinds and fails instead of the kernel killing the worker.
+    TensorMemoryLimit limit(device_ == Device::kCpu ? memory_budget_ : 0);
+    status = run_stage();
+  } catch (const std::bad_alloc& e) {
+    status = MemoryError(e.what());
+  }
 
   if (!status.ok()) {
     if (x.upstream) x.upstream->Close();
@@ -270,6 +292,31 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   if (x.metrics != nullptr) metrics_->Finish(a.job_id(), a.stage());
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == run) current_ = nullptr;
+}
+
+absl::Status Executor::CheckMemory(const Execution& x) const {
+  if (memory_budget_ <= 0 || device_ != Device::kCpu) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(x.spec.model()));
+  StageMemoryPlacement p;
+  p.stage = x.a.stage();
+  p.stages = x.a.stages();
+  p.layer_begin = x.a.layer_begin();
+  p.layer_end = x.a.layer_end();
+  p.micro_batches = x.a.micro_batches();
+  p.schedule = ScheduleFromSpec(x.a.schedule());
+  p.remat = RematFromSpec(x.a.remat());
+  if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
+      p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment's layers [", p.layer_begin, ", ", p.layer_end,
+        ") are not within the model's ", shapes.costs.size()));
+  }
+  const StageMemory need = EstimateStageMemory(x.spec, shapes, p);
+  if (need.total() <= memory_budget_) return absl::OkStatus();
+  return MemoryError(absl::StrCat(
+      "stage ", p.stage, " needs ", need.ToString(),
+      ", more than this worker's memory for stages, ",
+      FormatBytes(memory_budget_), " (gpipe-worker --memory_limit)"));
 }
 
 absl::Status Executor::ConnectDownstream(Execution& x) {

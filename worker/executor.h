@@ -80,12 +80,19 @@ class Executor {
   void set_controller_file_store(std::unique_ptr<StageFileStore> s) {
     controller_files_ = std::move(s);
   }
+  // Bytes of host tensors a stage may hold (what the worker advertises);
+  // 0: no limit. A stage the memory model (memory_model.h) says needs more
+  // fails before it allocates anything, and an allocation past it fails the
+  // stage (TensorMemoryLimit); both as OutOfMemory, a failure of the job, not
+  // of this worker. Set before the first Start.
+  void set_memory_budget(int64_t bytes) { memory_budget_ = bytes; }
 
  private:
   struct Run;        // one assignment, as Start and Cancel see it
   struct Execution;  // what the assignment's thread builds as it goes
   void Execute(std::shared_ptr<Run> run);
   // The steps of Execute, in order.
+  absl::Status CheckMemory(const Execution& x) const;
   absl::Status ConnectDownstream(Execution& x);
   absl::Status AwaitUpstream(Execution& x);
   absl::Status BuildStage(Execution& x);
@@ -111,6 +118,7 @@ class Executor {
   SharedPathStore shared_files_;
   std::unique_ptr<StageFileStore> controller_files_;
   const Device device_;
+  int64_t memory_budget_ = 0;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;

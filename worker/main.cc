@@ -29,6 +29,7 @@
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/counter.h"
+#include "services/core/bytes.h"
 #include "services/core/cores.h"
 #include "services/core/flags_help.h"
 #include "services/core/log.h"
@@ -47,6 +48,7 @@
 #include "worker/agent.h"
 #include "worker/controller_file_store.h"
 #include "worker/executor.h"
+#include "worker/memory_budget.h"
 #include "worker/health.h"
 #include "worker/stage_service.h"
 
@@ -89,6 +91,12 @@ ABSL_FLAG(int64_t, cuda_ipc_ring_bytes, int64_t{64} << 20,
           "CUDA IPC plane: bytes of device memory per direction and "
           "neighbouring pair, allocated once (a full ring makes the sender "
           "wait)");
+ABSL_FLAG(std::string, memory_limit, "",
+          "memory this worker may use, bytes or with a unit (8GiB); empty: "
+          "the machine's memory or its cgroup's limit, whichever is smaller. "
+          "Stages get it less the worker's own and a reserve (64 MiB and "
+          "1/32); a stage that needs more fails as OutOfMemory before it "
+          "allocates, and so does an allocation past it");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");
@@ -247,6 +255,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
+  const absl::StatusOr<gpipe::MemoryBudget> memory =
+      gpipe::ComputeMemoryBudget(absl::GetFlag(FLAGS_memory_limit),
+                                 gpipe::SystemMemoryLimit(),
+                                 gpipe::ResidentBytes());
+  if (!memory.ok()) {
+    std::fprintf(stderr, "gpipe-worker: %s\n",
+                 std::string(memory.status().message()).c_str());
+    return 2;
+  }
+  executor.set_memory_budget(memory->stages);
   executor.set_exchange_credentials(security->exchange);
   {
     const absl::StatusOr<gpipe::DataPlaneMode> mode =
@@ -361,8 +379,13 @@ int main(int argc, char** argv) {
   }
   hello.set_address(advertise);
   hello.mutable_resources()->set_cpus(threads);
-  hello.mutable_resources()->set_memory_bytes(
-      static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE));
+  hello.mutable_resources()->set_memory_bytes(memory->stages);
+  gpipe::LogInfo("gpipe-worker memory: %s for stages (limit %s from %s, %s "
+                 "in use, %s kept for buffers)",
+                 gpipe::FormatBytes(memory->stages),
+                 gpipe::FormatBytes(memory->limit), memory->source,
+                 gpipe::FormatBytes(memory->resident),
+                 gpipe::FormatBytes(memory->reserve));
   gpipe::LogInfo("gpipe-worker %s serving stages on %s, controller %s",
                  hello.worker_id(), advertise, absl::GetFlag(FLAGS_controller));
   // Spinning compute threads on shared cores slowed trainings 3x

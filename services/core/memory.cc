@@ -1,6 +1,16 @@
 #include "services/core/memory.h"
 
 #include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace gpipe {
 
@@ -11,5 +21,72 @@ void KeepFreedMemory() {
 }
 
 void ReleaseFreedMemory() { ::malloc_trim(0); }
+
+namespace {
+
+constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
+
+// A limit file's value: a number of bytes, or "max" (v2) / a huge number
+// (v1's "no limit" is 2^63 rounded down to pages): unlimited.
+int64_t ReadLimit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!in || !std::getline(in, text)) return kUnlimited;
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &value) ||
+      value <= 0) {
+    return kUnlimited;
+  }
+  return value;
+}
+
+// The cgroup paths of this process, per hierarchy: "" for v2's unified one,
+// the controller list for v1's.
+std::vector<std::pair<std::string, std::string>> OwnCgroups() {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() == 3) out.emplace_back(parts[1], parts[2]);
+  }
+  return out;
+}
+
+}  // namespace
+
+int64_t SystemMemoryLimit(const std::string& cgroup_root) {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  int64_t limit = pages > 0 && page > 0 ? int64_t{pages} * page : kUnlimited;
+  for (const auto& [controllers, path] : OwnCgroups()) {
+    const bool v2 = controllers.empty();
+    bool memory = v2;
+    for (absl::string_view c : absl::StrSplit(controllers, ','))
+      memory = memory || c == "memory";
+    if (!memory) continue;
+    // Every level of the hierarchy may limit; inside a container the
+    // process's own path is often "/" of a namespaced mount.
+    const std::string base =
+        v2 ? cgroup_root : cgroup_root + "/memory";
+    std::string dir = path;
+    for (;;) {
+      const std::string d = base + (dir == "/" ? "" : dir);
+      limit = std::min(limit, ReadLimit(d + (v2 ? "/memory.max"
+                                                : "/memory.limit_in_bytes")));
+      if (dir.empty() || dir == "/") break;
+      const size_t slash = dir.rfind('/');
+      dir = slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
+    }
+  }
+  return limit;
+}
+
+int64_t ResidentBytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  if (!(in >> size >> resident)) return 0;
+  return resident * sysconf(_SC_PAGE_SIZE);
+}
 
 }  // namespace gpipe

@@ -2,6 +2,9 @@
 #ifndef GPIPE_SERVICES_CORE_MEMORY_H_
 #define GPIPE_SERVICES_CORE_MEMORY_H_
 
+#include <cstdint>
+#include <string>
+
 namespace gpipe {
 
 // Keeps freed memory in the heap instead of handing it back to the kernel:
@@ -17,6 +20,16 @@ void KeepFreedMemory();
 // stage ends or is cancelled, so a worker's resident memory falls back to
 // what it holds between assignments.
 void ReleaseFreedMemory();
+
+// The memory this process may use: the smallest of the machine's physical
+// memory and the limits of the cgroups it runs in (cgroup v2 memory.max up
+// the hierarchy, or v1 memory.limit_in_bytes), as a container runtime or
+// Kubernetes sets them. `cgroup_root` is where the cgroup file system is
+// mounted (a test passes a directory of its own).
+int64_t SystemMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// This process's resident memory (/proc/self/statm), 0 when unknown.
+int64_t ResidentBytes();
 
 }  // namespace gpipe
 

@@ -73,11 +73,25 @@ struct Saved {
   std::vector<std::pair<std::string, Tensor>> tensors_;
 };
 
-// What the partitioner balances with.
+// What the partitioner balances with, and what the memory model
+// (services/pipeline/memory_model.h) adds up.
 struct LayerCost {
   double forward_flops = 0;  // per sample
   int64_t param_bytes = 0;
+  int64_t buffer_bytes = 0;      // non-trainable state (running averages)
   int64_t activation_bytes = 0;  // output bytes per sample
+  // What a training forward keeps for its backward (its Saved record).
+  // The input and output are the neighbours' tensors: the flags say whether
+  // they are kept, and the model counts each boundary tensor once.
+  bool keeps_input = false;
+  bool keeps_output = false;
+  bool output_is_input = false;  // a view of the input (Flatten, p=0 dropout)
+  int64_t saved_bytes = 0;        // fresh tensors kept, per sample
+  int64_t saved_fixed_bytes = 0;  // fresh tensors kept, per micro-batch
+  // Temporaries of one forward or backward beyond its input, output and
+  // their gradients, per sample (im2col columns, attention's score
+  // gradients).
+  int64_t workspace_bytes = 0;
 };
 
 class Layer {

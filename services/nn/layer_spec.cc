@@ -301,8 +301,12 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   const double n_out = static_cast<double>(output.numel());
   double flops = 0;
   double params = 0;
+  // Memory, in floats (or int32s) per sample unless said otherwise.
+  LayerCost cost;
+  double saved = 0, workspace = 0;
   switch (spec.kind_case()) {
     case K::kLinear: {
+      cost.keeps_input = true;
       const v1::Linear& l = spec.linear();
       const double in = l.in_features(), out = l.out_features();
       const double rows = n_in / in;
@@ -312,26 +316,45 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       break;
     }
     case K::kRelu:
-    case K::kGelu:
     case K::kTanh:
+      flops = n_out;
+      cost.keeps_output = true;  // the gradient needs only the output
+      break;
+    case K::kGelu:
+      flops = n_out;
+      cost.keeps_input = true;
+      break;
     case K::kDropout:
       flops = n_out;
+      // The mask is recomputed from its key in the backward; p = 0 passes
+      // the input through.
+      cost.output_is_input = spec.dropout().p() == 0.0f;
       break;
     case K::kLayerNorm:
       flops = 5 * n_out;  // mean, variance, normalize, scale, shift
       params = 2.0 * spec.layer_norm().features();
+      cost.keeps_input = true;
+      saved = 2 * n_in / spec.layer_norm().features();  // mean, rstd per row
       break;
     case K::kEmbedding: {
       const v1::Embedding& e = spec.embedding();
       flops = n_out;  // the position embedding add; the lookup is a copy
       params =
           static_cast<double>(e.vocab_size() + e.max_positions()) * e.dim();
+      cost.keeps_input = true;  // the ids
       break;
     }
     case K::kSelfAttention: {
       const v1::SelfAttention& a = spec.self_attention();
-      flops = AttentionFlops(input[0], a.dim(), a.heads());
-      params = AttentionParams(a.dim());
+      const double t = input[0], dim = a.dim();
+      flops = AttentionFlops(t, dim, a.heads());
+      params = AttentionParams(dim);
+      cost.keeps_input = true;  // by the q/k/v projection
+      // q/k/v, the attention probabilities and the heads' output (the
+      // output projection's input).
+      saved = 3 * t * dim + a.heads() * t * t + t * dim;
+      // Their gradients in the backward.
+      workspace = saved;
       break;
     }
     case K::kTransformerBlock: {
@@ -344,6 +367,13 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       flops = AttentionFlops(t, dim, b.heads()) + norms + mlp + residuals;
       params = AttentionParams(dim) + 2 * (2 * dim) +
                (dim * hidden + hidden + hidden * dim + dim);
+      cost.keeps_input = true;  // by the first layer norm
+      // Both norms' outputs and statistics, q/k/v, the probabilities, the
+      // heads' output, the residual sum between attention and MLP, the
+      // hidden layer before and after GELU.
+      saved = 2 * t * dim + 4 * t + 3 * t * dim + b.heads() * t * t + t * dim +
+              t * dim + 2 * t * hidden;
+      workspace = saved;
       break;
     }
     case K::kConv2D: {
@@ -353,29 +383,40 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       flops = 2 * n_out * c.in_channels() * k2 + (bias ? n_out : 0);
       params = static_cast<double>(c.out_channels()) * c.in_channels() * k2 +
                (bias ? c.out_channels() : 0);
+      cost.keeps_input = true;
+      // im2col columns and their gradient, and the GEMM's output, per
+      // output position (at most: large batches go in chunks).
+      const double positions = n_out / c.out_channels();
+      workspace = (2 * c.in_channels() * k2 + c.out_channels()) * positions;
       break;
     }
     case K::kMaxPool2D: {
       const double k = spec.max_pool2d().kernel_size();
       flops = n_out * k * k;
+      saved = n_out;  // the argmax of each output (int32)
       break;
     }
     case K::kGlobalAvgPool:
       flops = n_in;
       break;
     case K::kFlatten:
+      cost.output_is_input = true;
       break;
     case K::kBatchNorm:
       flops = 5 * n_out;
       params = 2.0 * spec.batch_norm().features();
+      saved = n_out;  // the normalized input
+      cost.saved_fixed_bytes = 4 * spec.batch_norm().features();  // rstd
+      cost.buffer_bytes = 2 * 4 * spec.batch_norm().features();
       break;
     case K::KIND_NOT_SET:
       break;
   }
-  LayerCost cost;
   cost.forward_flops = flops;
   cost.param_bytes = ParamBytes(params);
   cost.activation_bytes = output.numel() * 4;
+  cost.saved_bytes = ParamBytes(saved);
+  cost.workspace_bytes = ParamBytes(workspace);
   return cost;
 }
 

@@ -107,8 +107,9 @@ class Stage {
   Link* downstream_ = nullptr;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
-  CpuAllocator host_;
-  CountingAllocator activations_{&host_};
+  // Through the process's allocator, so a worker's memory limit
+  // (TensorMemoryLimit) sees the stage's activations too.
+  CountingAllocator activations_{DefaultCpuAllocator()};
   // Streams, device allocator and pinned staging of a GPU stage; null on
   // the CPU.
   std::unique_ptr<DeviceTransfer> device_;

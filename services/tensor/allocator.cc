@@ -3,12 +3,15 @@
 #include <cstdlib>
 #include <new>
 
+#include "absl/strings/str_cat.h"
+#include "services/core/bytes.h"
 #include "services/tensor/device.h"
 
 namespace gpipe {
 namespace {
 thread_local Allocator* current_allocator = nullptr;
 thread_local Allocator* current_cuda_allocator = nullptr;
+thread_local int64_t thread_limit = 0;
 
 Allocator*& Slot(Device d) {
   return d == Device::kCpu ? current_allocator : current_cuda_allocator;
@@ -24,7 +27,30 @@ void* CpuAllocator::Allocate(size_t bytes) {
 
 void CpuAllocator::Deallocate(void* ptr, size_t) { std::free(ptr); }
 
+TensorMemoryExhausted::TensorMemoryExhausted(int64_t requested, int64_t in_use,
+                                             int64_t limit)
+    : requested_(requested),
+      message_(absl::StrCat("a tensor of ", FormatBytes(requested), " with ",
+                            FormatBytes(in_use),
+                            " of tensors in use would exceed this worker's "
+                            "memory for stages, ",
+                            FormatBytes(limit))) {}
+
+TensorMemoryLimit::TensorMemoryLimit(int64_t limit_bytes)
+    : previous_(thread_limit) {
+  thread_limit = limit_bytes;
+}
+
+TensorMemoryLimit::~TensorMemoryLimit() { thread_limit = previous_; }
+
 void* CountingAllocator::Allocate(size_t bytes) {
+  if (enforce_thread_limits_ && thread_limit > 0) {
+    const int64_t in_use = current_.load();
+    if (in_use + static_cast<int64_t>(bytes) > thread_limit) {
+      throw TensorMemoryExhausted(static_cast<int64_t>(bytes), in_use,
+                                  thread_limit);
+    }
+  }
   void* p = upstream_->Allocate(bytes);
   Charge(static_cast<int64_t>(bytes));
   return p;
@@ -45,7 +71,11 @@ void CountingAllocator::Charge(int64_t bytes) {
 
 CountingAllocator* DefaultCpuAllocator() {
   static CpuAllocator* cpu = new CpuAllocator();
-  static CountingAllocator* counting = new CountingAllocator(cpu);
+  static CountingAllocator* counting = [] {
+    auto* c = new CountingAllocator(cpu);
+    c->EnforceThreadLimits();
+    return c;
+  }();
   return counting;
 }
 

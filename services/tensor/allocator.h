@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <string>
 
 #include "services/tensor/dtype.h"
 
@@ -49,6 +51,11 @@ class CountingAllocator final : public Allocator {
   // thread built, or one whose storage is a shared-memory ring.
   void Charge(int64_t bytes);
 
+  // Makes Allocate refuse, on threads under a TensorMemoryLimit, what would
+  // take this allocator past the thread's limit (the process-wide
+  // allocator's setting).
+  void EnforceThreadLimits() { enforce_thread_limits_ = true; }
+
   int64_t current_bytes() const { return current_.load(); }
   int64_t peak_bytes() const { return peak_.load(); }
   // Starts a new peak window at the current level.
@@ -56,8 +63,40 @@ class CountingAllocator final : public Allocator {
 
  private:
   Allocator* upstream_;
+  bool enforce_thread_limits_ = false;
   std::atomic<int64_t> current_{0};
   std::atomic<int64_t> peak_{0};
+};
+
+// Thrown by an allocation on a thread under a TensorMemoryLimit that would
+// take the process's host tensors past the limit. A std::bad_alloc, so code
+// that handles running out of memory handles this too.
+class TensorMemoryExhausted : public std::bad_alloc {
+ public:
+  TensorMemoryExhausted(int64_t requested, int64_t in_use, int64_t limit);
+  const char* what() const noexcept override { return message_.c_str(); }
+  int64_t requested() const { return requested_; }
+
+ private:
+  int64_t requested_;
+  std::string message_;
+};
+
+// While it lives, host tensors allocated on this thread fail with
+// TensorMemoryExhausted instead of taking the process's host tensors
+// (DefaultCpuAllocator) past `limit_bytes` (0: no limit). Only threads that
+// can fail cleanly (a stage's) set one: other threads' tensors (a link's
+// reader) still count, and the limited thread meets them at its next
+// allocation.
+class TensorMemoryLimit {
+ public:
+  explicit TensorMemoryLimit(int64_t limit_bytes);
+  ~TensorMemoryLimit();
+  TensorMemoryLimit(const TensorMemoryLimit&) = delete;
+  TensorMemoryLimit& operator=(const TensorMemoryLimit&) = delete;
+
+ private:
+  int64_t previous_;
 };
 
 // The process-wide counting allocator for host memory.

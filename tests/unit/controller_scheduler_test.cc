@@ -9,6 +9,7 @@
 
 #include "controller/job_status.h"
 #include "controller/job_table.h"
+#include "controller/placement.h"
 #include "controller/scheduler.h"
 #include "controller/worker_registry.h"
 #include "gtest/gtest.h"
@@ -27,10 +28,12 @@ v1::JobSpec Spec(int64_t stages) {
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  std::shared_ptr<WorkerRecord> Attach(int i) {
+  // `memory`: what its stages may hold (0: not said).
+  std::shared_ptr<WorkerRecord> Attach(int i, int64_t memory = 0) {
     v1::WorkerHello hello;
     hello.set_worker_id("w" + std::to_string(i));
     hello.set_address("127.0.0.1:" + std::to_string(9000 + i));
+    hello.mutable_resources()->set_memory_bytes(memory);
     absl::StatusOr<std::shared_ptr<WorkerRecord>> w = workers_.Add(hello, t0_);
     EXPECT_TRUE(w.ok()) << w.status();
     return *w;
@@ -104,6 +107,59 @@ TEST_F(SchedulerTest, ABigJobHoldsBackTheSmallOnesBehindIt) {
   Schedule();
   EXPECT_EQ(big.status().state(), v1::RUNNING);
   EXPECT_EQ(small.status().state(), v1::PENDING);
+}
+
+// What each stage of `spec` cut into its K stages needs (the memory model).
+std::vector<int64_t> Needs(const v1::JobSpec& spec) {
+  absl::StatusOr<StagePlan> plan = PlanStages(spec, spec.pipeline().stages());
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  std::vector<int64_t> out;
+  for (const StageMemory& m : plan->memory) out.push_back(m.total());
+  return out;
+}
+
+TEST_F(SchedulerTest, StagesGoWhereTheirMemoryFits) {
+  const v1::JobSpec spec = Spec(2);
+  const std::vector<int64_t> need = Needs(spec);
+  ASSERT_EQ(need.size(), 2u);
+  const int64_t small = std::min(need[0], need[1]);
+  const int64_t large = std::max(need[0], need[1]);
+  ASSERT_LT(small, large);
+  const size_t big_stage = need[0] > need[1] ? 0 : 1;
+  // The first free worker holds only the smaller stage; in attach order the
+  // larger stage would land on it when it is stage 0.
+  auto w1 = Attach(1, small), w2 = Attach(2, small), w3 = Attach(3, large);
+  JobRecord& job = Submit(spec);
+  Schedule();
+  ASSERT_EQ(job.status().state(), v1::RUNNING);
+  ASSERT_EQ(Assignments(*w3).size(), 1u);
+  EXPECT_EQ(Assignments(*w3)[0].stage(), static_cast<int64_t>(big_stage));
+  EXPECT_EQ(job.status().stages(big_stage).worker_id(), "w3");
+  // Neighbours are addressed as placed, not in attach order.
+  EXPECT_EQ(job.status().stages(1 - big_stage).worker_id(), "w1");
+  EXPECT_TRUE(w2->idle());
+}
+
+TEST_F(SchedulerTest, AJobWaitsWithTheFiguresWhenNoFreeWorkerHoldsAStage) {
+  const v1::JobSpec spec = Spec(2);
+  const std::vector<int64_t> need = Needs(spec);
+  const int64_t small = std::min(need[0], need[1]);
+  auto w1 = Attach(1, small), w2 = Attach(2, small);
+  JobRecord& job = Submit(spec);
+  Schedule();
+  EXPECT_EQ(job.status().state(), v1::PENDING);
+  EXPECT_TRUE(w1->idle());
+  EXPECT_TRUE(w2->idle());
+  const v1::Condition* waiting = FindCondition(job.status(), kScheduled);
+  ASSERT_NE(waiting, nullptr);
+  EXPECT_NE(waiting->message().find("needs"), std::string::npos);
+  EXPECT_NE(waiting->message().find("the largest free worker left has"),
+            std::string::npos)
+      << waiting->message();
+  // A worker large enough arrives: the job starts.
+  Attach(3, std::max(need[0], need[1]));
+  Schedule();
+  EXPECT_EQ(job.status().state(), v1::RUNNING);
 }
 
 TEST_F(SchedulerTest, AShortJobRunsOnFewerStagesOnlyAfterItsGracePeriod) {

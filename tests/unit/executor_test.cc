@@ -307,5 +307,57 @@ TEST_F(ExecutorTest, AnUpstreamLinkOfAnOlderEpochOrTheWrongStageIsRefused) {
   executors_[2]->CancelAll();
 }
 
+TEST_F(ExecutorTest, AStageLargerThanTheMemoryBudgetFailsAsOutOfMemory) {
+  // The memory model's figure for stage 1 exceeds a 1 KiB budget: refused
+  // before anything is allocated or connected, as the job's failure.
+  executors_[1]->set_memory_budget(1024);
+  executors_[1]->Start(Assign(1, /*epoch=*/1));
+  ASSERT_EQ(reports_.WaitEnded(1), 1);
+  const auto all = reports_.All();
+  ASSERT_EQ(all.size(), 1u);
+  ASSERT_TRUE(all[0].has_failed());
+  const gpipe::v1::StageFailed& f = all[0].failed();
+  EXPECT_EQ(f.reason(), "OutOfMemory");
+  EXPECT_TRUE(f.permanent());
+  EXPECT_NE(f.message().find("stage 1 needs"), std::string::npos)
+      << f.message();
+  EXPECT_NE(f.message().find("more than this worker's memory for stages, "
+                             "1.00 KiB"),
+            std::string::npos)
+      << f.message();
+}
+
+TEST_F(ExecutorTest, AnAllocationPastTheBudgetFailsTheStageNotTheWorker) {
+  // The estimate fits 64 MiB, but this process already holds more tensor
+  // memory than that (as another tenant would): the stage's first
+  // allocation is refused, the stage unwinds and reports, and the executor
+  // takes the next assignment.
+  const int64_t budget = int64_t{64} << 20;
+  Tensor tenant = Tensor::Empty(Shape{budget / 4 + 1});
+  for (auto& e : executors_) e->set_memory_budget(budget);
+  StartAll(1);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  int out_of_memory = 0;
+  for (const auto& m : reports_.All()) {
+    if (!m.has_failed()) continue;
+    if (m.failed().reason() == "OutOfMemory") {
+      ++out_of_memory;
+      EXPECT_TRUE(m.failed().permanent());
+      EXPECT_NE(m.failed().message().find("would exceed this worker's "
+                                          "memory for stages, 64.0 MiB"),
+                std::string::npos)
+          << m.failed().message();
+    }
+  }
+  EXPECT_GE(out_of_memory, 1);
+  tenant = Tensor();
+  reports_.Clear();
+  StartAll(2);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  for (const auto& m : reports_.All()) {
+    EXPECT_FALSE(m.has_failed()) << m.failed().message();
+  }
+}
+
 }  // namespace
 }  // namespace gpipe

@@ -3,6 +3,7 @@
 #include "services/tensor/tensor.h"
 
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -191,6 +192,36 @@ TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
     EXPECT_EQ(out[0], out[2]) << c.m << "x" << c.n << "x" << c.k;
   }
   SetComputeThreads(before);
+}
+
+TEST(TensorMemoryLimit, RefusesPastTheLimitOnItsThreadOnly) {
+  const int64_t in_use = DefaultCpuAllocator()->current_bytes();
+  {
+    TensorMemoryLimit limit(in_use + (1 << 20));
+    Tensor fits = Tensor::Empty(Shape{1 << 17});  // 512 KiB
+    EXPECT_EQ(DefaultCpuAllocator()->current_bytes(), in_use + (1 << 19));
+    try {
+      Tensor at_limit = Tensor::Empty(Shape{1 << 17});  // exactly the limit
+      Tensor more = Tensor::Empty(Shape{1});
+      ADD_FAILURE() << "no TensorMemoryExhausted";
+    } catch (const TensorMemoryExhausted& e) {
+      EXPECT_EQ(e.requested(), 4);
+      EXPECT_NE(std::string(e.what()).find("would exceed this worker's "
+                                           "memory for stages, "),
+                std::string::npos)
+          << e.what();
+    }
+    // Another thread (a link's reader) is not limited, but counts.
+    std::thread other([] { Tensor t = Tensor::Empty(Shape{1 << 18}); });
+    other.join();
+    // A stage's own counting allocator goes through the limited one.
+    CountingAllocator stage(DefaultCpuAllocator());
+    AllocatorScope scope(&stage);
+    EXPECT_THROW(Tensor::Empty(Shape{1 << 18}), std::bad_alloc);
+  }
+  // Without a limit the same allocation succeeds.
+  Tensor big = Tensor::Empty(Shape{1 << 18});
+  EXPECT_EQ(DefaultCpuAllocator()->current_bytes(), in_use + (1 << 20));
 }
 
 }  // namespace

@@ -1,0 +1,52 @@
+// Which worker runs which stage, by memory: the memory model
+// (services/pipeline/memory_model.h) says what each stage of a cut needs,
+// workers say what their stages may hold (WorkerHello.resources), and a job
+// is placed only where every stage fits. The same figures refuse at
+// submission a job that no worker of the cluster could hold.
+#ifndef GPIPE_CONTROLLER_PLACEMENT_H_
+#define GPIPE_CONTROLLER_PLACEMENT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+#include "services/pipeline/memory_model.h"
+
+namespace gpipe::controller {
+
+// A job cut into k stages: the layers of each and what each needs.
+struct StagePlan {
+  std::vector<int64_t> balance;
+  std::vector<StageMemory> memory;
+};
+
+// PartitionJob (an explicit balance only when k is the spec's K) and the
+// memory model of each stage. Errors: the spec cannot be cut into k.
+absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec,
+                                     int64_t k);
+
+// For each stage, the index into `worker_memory` (bytes each free worker's
+// stages may hold, in the scheduler's order; 0: unknown, holds anything) of
+// the worker that runs it. The first k workers in order when each holds its
+// stage (so placement is by attach order whenever memory allows); else the
+// stages by decreasing need, each on the smallest worker that holds it.
+// nullopt when no assignment fits; `why` then says which stage needs what
+// and the largest worker's memory.
+std::optional<std::vector<size_t>> PlaceStages(
+    const StagePlan& plan, const std::vector<int64_t>& worker_memory,
+    std::string* why);
+
+// OK, or FAILED_PRECONDITION when the largest stage of the job cut into its
+// K stages needs more than the largest of `worker_memory` (all the
+// cluster's workers, busy or not): "stage 2 needs 18.6 GiB (...), the
+// largest worker has 8.00 GiB for stages". Workers of unknown memory, or
+// none at all, pass.
+absl::Status CheckFitsCluster(const StagePlan& plan,
+                              const std::vector<int64_t>& worker_memory);
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_PLACEMENT_H_

@@ -1,0 +1,204 @@
+#include "services/pipeline/memory_model.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "services/core/bytes.h"
+#include "services/pipeline/job_spec.h"
+
+namespace gpipe {
+namespace {
+
+namespace v1 = gpipe::v1;
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// Saturating, so that an absurd spec reads as "too large", never wraps.
+int64_t Add(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_add_overflow(a, b, &r) ? kMax : r;
+}
+int64_t Mul(int64_t a, int64_t b) {
+  int64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? kMax : r;
+}
+
+// Fashion-MNIST's train and test images and labels, one byte each.
+constexpr int64_t kFashionMnistBytes = (60000 + 10000) * (28 * 28 + 1);
+constexpr int64_t kFashionMnistTrain = 60000;
+// The sampler keeps two epochs' permutations and may build a third.
+constexpr int64_t kPermutations = 3;
+
+int64_t BoundaryBytes(const ModelShapes& shapes, int64_t j, int64_t end) {
+  const Shape& s = j < end ? shapes.inputs[j] : shapes.outputs[end - 1];
+  return Mul(s.numel(), 4);  // f32 activations and int32 ids alike
+}
+
+// SavedActivationBytes, leaving the stage's input out when `count_input` is
+// false (the first stage's input is a view of the step's batch).
+int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
+              int64_t samples, bool count_input) {
+  int64_t per_sample = 0, fixed = 0;
+  // Boundary j is layer j's input and layer j-1's output; a layer whose
+  // output is a view of its input joins its two boundaries into one tensor.
+  bool kept = false;
+  bool group_has_input = true;  // the group holds boundary `begin`
+  for (int64_t j = begin; j <= end; ++j) {
+    const bool alias = j > begin && shapes.costs[j - 1].output_is_input;
+    if (j > begin && !alias) {
+      if (kept && (count_input || !group_has_input)) {
+        per_sample = Add(per_sample, BoundaryBytes(shapes, j - 1, end));
+      }
+      kept = false;
+      group_has_input = false;
+    }
+    kept = kept || (j < end && shapes.costs[j].keeps_input) ||
+           (j > begin && shapes.costs[j - 1].keeps_output);
+  }
+  if (kept && (count_input || !group_has_input)) {
+    per_sample = Add(per_sample, BoundaryBytes(shapes, end, end));
+  }
+  for (int64_t l = begin; l < end; ++l) {
+    per_sample = Add(per_sample, shapes.costs[l].saved_bytes);
+    fixed = Add(fixed, shapes.costs[l].saved_fixed_bytes);
+  }
+  return Add(Mul(per_sample, samples), fixed);
+}
+
+int64_t TrainSamples(const v1::DataSpec& data) {
+  if (data.has_synthetic()) return data.synthetic().train_samples();
+  if (data.has_fashion_mnist()) return kFashionMnistTrain;
+  return 0;  // a text file's size is known once it is opened
+}
+
+int64_t DatasetBytes(const v1::DataSpec& data) {
+  if (data.has_fashion_mnist()) return kFashionMnistBytes;
+  return 0;  // synthetic samples are made on demand
+}
+
+// Targets per sample: one class, or one per position of a [T, V] output.
+int64_t TargetBytesPerSample(const ModelShapes& shapes) {
+  const Shape& out = shapes.outputs.back();
+  return out.rank() >= 2 ? Mul(out.numel() / out.dims().back(), 4) : 4;
+}
+
+// The largest op of layers [begin, end) on `samples`: a forward holds its
+// input and output, a backward the output's gradient and the input's, each
+// with the layer's temporaries.
+int64_t LargestOp(const ModelShapes& shapes, int64_t begin, int64_t end,
+                  int64_t samples, bool backward) {
+  int64_t most = 0;
+  for (int64_t l = begin; l < end; ++l) {
+    const LayerCost& c = shapes.costs[l];
+    int64_t per_sample = Add(Mul(shapes.inputs[l].numel(), 4),
+                             Mul(shapes.outputs[l].numel(), 4));
+    if (backward) per_sample = Add(per_sample, c.workspace_bytes);
+    most = std::max(most, Mul(per_sample, samples));
+  }
+  return most;
+}
+
+}  // namespace
+
+std::string StageMemory::ToString() const {
+  return absl::StrCat(FormatBytes(total()), " (parameters ",
+                      FormatBytes(parameters), ", gradients ",
+                      FormatBytes(gradients), ", optimizer ",
+                      FormatBytes(optimizer_state), ", activations ",
+                      FormatBytes(activations), ", working ",
+                      FormatBytes(transient), ", data ", FormatBytes(data),
+                      ")");
+}
+
+int64_t SavedActivationBytes(const ModelShapes& shapes, int64_t begin,
+                             int64_t end, int64_t samples) {
+  return KeptBytes(shapes, begin, end, samples, /*count_input=*/true);
+}
+
+StageMemory EstimateStageMemory(const v1::JobSpec& spec,
+                                const ModelShapes& shapes,
+                                const StageMemoryPlacement& p) {
+  StageMemory out;
+  const int64_t b = p.layer_begin, e = p.layer_end;
+  const bool first = p.stage == 0, last = p.stage == p.stages - 1;
+  int64_t params = 0, buffers = 0;
+  for (int64_t l = b; l < e; ++l) {
+    params = Add(params, shapes.costs[l].param_bytes);
+    buffers = Add(buffers, shapes.costs[l].buffer_bytes);
+  }
+  out.parameters = Add(params, buffers);
+  out.gradients = params;
+  const v1::OptimizerSpec& opt = spec.optimizer();
+  if (opt.has_adamw()) {
+    out.optimizer_state = Mul(params, 2);
+  } else if (opt.sgd().momentum() > 0) {
+    out.optimizer_state = params;
+  }
+
+  const int64_t batch = spec.batch_size();
+  const int64_t m = std::max<int64_t>(1, p.micro_batches);
+  const int64_t mb = (batch + m - 1) / m;  // the largest micro-batch
+  const bool remat = StageRematerializes(p.remat, p.stage, p.stages);
+  const int64_t live = MaxLiveMicroBatches(
+      MakeSchedule(p.schedule, p.stages, p.micro_batches, p.stage));
+  const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
+  const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
+  const int64_t full = KeptBytes(shapes, b, e, mb, /*count_input=*/!first);
+  // Kept per micro-batch between its forward and its backward: everything,
+  // or only the input (the first stage's is part of the batch); the last
+  // stage also keeps the loss gradient.
+  int64_t per_micro_batch = remat ? (first ? 0 : in_bytes) : full;
+  if (last) per_micro_batch = Add(per_micro_batch, out_bytes);
+  out.activations =
+      Add(Mul(per_micro_batch, live), remat ? full : 0);
+
+  // One op at a time, with the activation coming in and the one going out
+  // (or their gradients) beside it.
+  const int64_t messages =
+      Add(first ? 0 : in_bytes, last ? 0 : out_bytes);
+  int64_t train = Add(std::max(LargestOp(shapes, b, e, mb, false),
+                               LargestOp(shapes, b, e, mb, true)),
+                      messages);
+  const int64_t eval_batch =
+      spec.eval().batch_size() > 0 ? spec.eval().batch_size() : batch;
+  int64_t eval = LargestOp(shapes, b, e, eval_batch, false);
+  const int64_t sample_in = BoundaryBytes(shapes, 0, shapes.inputs.size());
+  if (first) {
+    train = Add(train, Mul(sample_in, batch));
+    eval = Add(eval, Mul(sample_in, eval_batch));
+  }
+  if (last) {
+    train = Add(train, Mul(TargetBytesPerSample(shapes), batch));
+    eval = Add(eval, Mul(TargetBytesPerSample(shapes), eval_batch));
+  }
+  out.transient = std::max(train, eval);
+
+  if (first || last) {
+    out.data = Add(DatasetBytes(spec.data()),
+                   Mul(Mul(TrainSamples(spec.data()), 8), kPermutations));
+  }
+  return out;
+}
+
+std::vector<StageMemory> EstimatePipelineMemory(
+    const v1::JobSpec& spec, const ModelShapes& shapes,
+    const std::vector<int64_t>& balance) {
+  std::vector<StageMemory> out;
+  int64_t begin = 0;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    StageMemoryPlacement p;
+    p.stage = static_cast<int64_t>(s);
+    p.stages = static_cast<int64_t>(balance.size());
+    p.layer_begin = begin;
+    p.layer_end = begin + balance[s];
+    p.micro_batches = MicroBatchCount(spec);
+    p.schedule = ScheduleFromSpec(spec.pipeline().schedule());
+    p.remat = RematFromSpec(spec.pipeline().remat());
+    out.push_back(EstimateStageMemory(spec, shapes, p));
+    begin = p.layer_end;
+  }
+  return out;
+}
+
+}  // namespace gpipe

@@ -1,0 +1,78 @@
+// The memory model: what one stage of a job holds at its peak, from the spec
+// alone (no tensor is allocated). The controller checks it against the
+// workers' memory at submission and when it places stages, a worker checks
+// it against its own limit before it builds a stage, and `gpipectl plan`
+// ranks configurations by it. One model for all three, so they never
+// disagree about whether a job fits.
+#ifndef GPIPE_SERVICES_PIPELINE_MEMORY_MODEL_H_
+#define GPIPE_SERVICES_PIPELINE_MEMORY_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpipe/v1/job.pb.h"
+#include "services/nn/layer_spec.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+
+namespace gpipe {
+
+// Bytes of one stage during training, by what holds them.
+struct StageMemory {
+  int64_t parameters = 0;       // values and buffers
+  int64_t gradients = 0;        // one accumulator per parameter
+  int64_t optimizer_state = 0;  // momentum, or AdamW's two moments
+  // What forwards keep for their backwards, for as many micro-batches as
+  // the schedule holds at once (under re-materialization: their inputs,
+  // plus one micro-batch recomputed in full).
+  int64_t activations = 0;
+  // The largest single op's input, output, gradients and temporaries, the
+  // messages in flight, and the step's batch on the first and last stage.
+  int64_t transient = 0;
+  int64_t data = 0;  // the data set and the sampler's permutations
+
+  int64_t total() const {
+    return parameters + gradients + optimizer_state + activations + transient +
+           data;
+  }
+  // "1.20 GiB (parameters 400 MiB, gradients 400 MiB, optimizer 800 MiB,
+  // activations 12.0 MiB, working 3.00 MiB, data 54.9 MiB)".
+  std::string ToString() const;
+};
+
+// Where the stage sits and how the pipeline runs.
+struct StageMemoryPlacement {
+  int64_t stage = 0;   // 0-based
+  int64_t stages = 1;  // K
+  int64_t layer_begin = 0;
+  int64_t layer_end = 0;
+  int64_t micro_batches = 1;  // M
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  RematMode remat = RematMode::kExceptLast;
+};
+
+// Bytes that a training forward of layers [begin, end) keeps for the
+// backward of one micro-batch of `samples`, with every boundary tensor
+// counted once (a layer's output kept by it and the next layer's input kept
+// by that layer are one tensor). The stage's input counts when its first
+// layer keeps it; its output when its last layer does.
+int64_t SavedActivationBytes(const ModelShapes& shapes, int64_t begin,
+                             int64_t end, int64_t samples);
+
+// The model for one stage of `spec` (already validated; `shapes` its model's
+// shapes). Data is counted for the spec's data source as far as the spec
+// tells it (a text file's size is not known before it is opened: 0).
+StageMemory EstimateStageMemory(const gpipe::v1::JobSpec& spec,
+                                const ModelShapes& shapes,
+                                const StageMemoryPlacement& placement);
+
+// Every stage of `spec` cut by `balance`, with the spec's M, schedule and
+// re-materialization.
+std::vector<StageMemory> EstimatePipelineMemory(
+    const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
+    const std::vector<int64_t>& balance);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_MEMORY_MODEL_H_
