@@ -24,6 +24,7 @@
 #include "cli/progress.h"
 #include "cli/security_flags.h"
 #include "google/protobuf/util/json_util.h"
+#include "services/core/bytes.h"
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/remat.h"
@@ -595,8 +596,9 @@ int RunWorkers(const std::vector<std::string>& args) {
     std::printf("no workers attached\n");
     return 0;
   }
-  std::vector<std::vector<std::string>> rows = {
-      {"ID", "ADDRESS", "STATE", "JOB", "STAGE", "CPUS", "HEARTBEAT"}};
+  std::vector<std::vector<std::string>> rows = {{"ID", "ADDRESS", "STATE",
+                                                 "JOB", "STAGE", "CPUS",
+                                                 "MEMORY", "HEARTBEAT"}};
   for (const gpipe::v1::WorkerInfo& w : list->workers()) {
     const bool busy = !w.job_id().empty();
     rows.push_back(
@@ -604,6 +606,9 @@ int RunWorkers(const std::vector<std::string>& args) {
          WorkerStateName(w.state()), busy ? w.job_id() : "-",
          busy ? absl::StrCat(w.stage()) : "-",
          w.resources().cpus() > 0 ? absl::StrCat(w.resources().cpus()) : "-",
+         w.resources().memory_bytes() > 0
+             ? FormatBytes(w.resources().memory_bytes())
+             : "-",
          IsSet(w.last_heartbeat())
              ? absl::StrCat(Age(w.last_heartbeat()), " ago")
              : "-"});

@@ -128,10 +128,10 @@ struct Option {
   std::vector<StageCost> costs;
   SimulationResult sim;
   double samples_per_second = 0;
-  double min_bubble = 1;   // the busiest stage's: the pipeline's own bubble
-  double max_bubble = 0;   // the idlest stage's: shows imbalance
+  double min_bubble = 1;  // the busiest stage's: the pipeline's own bubble
+  double max_bubble = 0;  // the idlest stage's: shows imbalance
   std::vector<StageMemory> memory;  // per stage (memory_model.h)
-  int64_t peak_bytes = 0;  // the largest stage's total
+  int64_t peak_bytes = 0;           // the largest stage's total
 };
 
 bool Fits(const Option& o, int64_t budget) {

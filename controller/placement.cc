@@ -47,8 +47,8 @@ std::optional<std::vector<size_t>> PlaceStages(
     std::string* why) {
   const size_t k = plan.memory.size();
   if (worker_memory.size() < k) {
-    *why = absl::StrCat("needs ", k, " workers, ", worker_memory.size(),
-                        " free");
+    *why =
+        absl::StrCat("needs ", k, " workers, ", worker_memory.size(), " free");
     return std::nullopt;
   }
   std::vector<size_t> out(k);

@@ -25,8 +25,7 @@ struct StagePlan {
 
 // PartitionJob (an explicit balance only when k is the spec's K) and the
 // memory model of each stage. Errors: the spec cannot be cut into k.
-absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec,
-                                     int64_t k);
+absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k);
 
 // For each stage, the index into `worker_memory` (bytes each free worker's
 // stages may hold, in the scheduler's order; 0: unknown, holds anything) of

@@ -191,13 +191,14 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         continue;
       }
       std::vector<int64_t> memory;
-      for (const auto& w : idle) memory.push_back(w->info.resources().memory_bytes());
+      for (const auto& w : idle)
+        memory.push_back(w->info.resources().memory_bytes());
       if (std::optional<std::vector<size_t>> place =
               PlaceStages(*plan, memory, &why)) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;
         for (size_t w : *place) chosen.push_back(idle[w]);
-        if (Start(jobs, *job, chosen, plan->balance, checkpoint_dir,
-                  transport, now)) {
+        if (Start(jobs, *job, chosen, plan->balance, checkpoint_dir, transport,
+                  now)) {
           std::vector<bool> taken(idle.size(), false);
           for (size_t w : *place) taken[w] = true;
           std::vector<std::shared_ptr<WorkerRecord>> left;

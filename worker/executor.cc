@@ -185,10 +185,9 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   const bool checkpoint =
       absl::StartsWith(status.message(), kCheckpointErrorPrefix);
   const bool memory = absl::StartsWith(status.message(), kMemoryErrorPrefix);
-  const bool data =
-      !checkpoint && !memory &&
-      (absl::IsInvalidArgument(status) || absl::IsNotFound(status) ||
-       absl::IsDataLoss(status));
+  const bool data = !checkpoint && !memory &&
+                    (absl::IsInvalidArgument(status) ||
+                     absl::IsNotFound(status) || absl::IsDataLoss(status));
   f->set_permanent(loss || data || memory);
   // A full checkpoint store (the controller's disk, or the shared volume)
   // is a condition to wait out, which the controller does without counting
@@ -307,9 +306,9 @@ absl::Status Executor::CheckMemory(const Execution& x) const {
   p.remat = RematFromSpec(x.a.remat());
   if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
       p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "assignment's layers [", p.layer_begin, ", ", p.layer_end,
-        ") are not within the model's ", shapes.costs.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment's layers [", p.layer_begin, ", ", p.layer_end,
+                     ") are not within the model's ", shapes.costs.size()));
   }
   const StageMemory need = EstimateStageMemory(x.spec, shapes, p);
   if (need.total() <= memory_budget_) return absl::OkStatus();

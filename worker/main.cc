@@ -48,8 +48,8 @@
 #include "worker/agent.h"
 #include "worker/controller_file_store.h"
 #include "worker/executor.h"
-#include "worker/memory_budget.h"
 #include "worker/health.h"
+#include "worker/memory_budget.h"
 #include "worker/stage_service.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7070",
@@ -255,10 +255,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   executor.set_trace_every(absl::GetFlag(FLAGS_trace_every));
-  const absl::StatusOr<gpipe::MemoryBudget> memory =
-      gpipe::ComputeMemoryBudget(absl::GetFlag(FLAGS_memory_limit),
-                                 gpipe::SystemMemoryLimit(),
-                                 gpipe::ResidentBytes());
+  const absl::StatusOr<gpipe::MemoryBudget> memory = gpipe::ComputeMemoryBudget(
+      absl::GetFlag(FLAGS_memory_limit), gpipe::SystemMemoryLimit(),
+      gpipe::ResidentBytes());
   if (!memory.ok()) {
     std::fprintf(stderr, "gpipe-worker: %s\n",
                  std::string(memory.status().message()).c_str());
@@ -380,12 +379,12 @@ int main(int argc, char** argv) {
   hello.set_address(advertise);
   hello.mutable_resources()->set_cpus(threads);
   hello.mutable_resources()->set_memory_bytes(memory->stages);
-  gpipe::LogInfo("gpipe-worker memory: %s for stages (limit %s from %s, %s "
-                 "in use, %s kept for buffers)",
-                 gpipe::FormatBytes(memory->stages),
-                 gpipe::FormatBytes(memory->limit), memory->source,
-                 gpipe::FormatBytes(memory->resident),
-                 gpipe::FormatBytes(memory->reserve));
+  gpipe::LogInfo(
+      "gpipe-worker memory: %s for stages (limit %s from %s, %s "
+      "in use, %s kept for buffers)",
+      gpipe::FormatBytes(memory->stages), gpipe::FormatBytes(memory->limit),
+      memory->source, gpipe::FormatBytes(memory->resident),
+      gpipe::FormatBytes(memory->reserve));
   gpipe::LogInfo("gpipe-worker %s serving stages on %s, controller %s",
                  hello.worker_id(), advertise, absl::GetFlag(FLAGS_controller));
   // Spinning compute threads on shared cores slowed trainings 3x

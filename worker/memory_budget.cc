@@ -33,11 +33,11 @@ absl::StatusOr<MemoryBudget> ComputeMemoryBudget(absl::string_view flag,
   b.reserve = kMinReserve + b.limit / kReserveFraction;
   b.stages = b.limit - b.resident - b.reserve;
   if (b.stages <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--memory_limit: ", FormatBytes(b.limit), " (", b.source,
-        ") leaves nothing for stages: the worker itself uses ",
-        FormatBytes(b.resident), " and keeps ", FormatBytes(b.reserve),
-        " for buffers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--memory_limit: ", FormatBytes(b.limit), " (", b.source,
+                     ") leaves nothing for stages: the worker itself uses ",
+                     FormatBytes(b.resident), " and keeps ",
+                     FormatBytes(b.reserve), " for buffers"));
   }
   return b;
 }

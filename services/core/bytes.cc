@@ -14,11 +14,15 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text,
     double factor;
   };
   constexpr double kKi = 1024.0;
-  static constexpr Unit kUnits[] = {
-      {"KiB", kKi}, {"MiB", kKi * kKi}, {"GiB", kKi * kKi * kKi},
-      {"TiB", kKi * kKi * kKi * kKi},   {"KB", 1e3},
-      {"MB", 1e6},  {"GB", 1e9},        {"TB", 1e12},
-      {"B", 1}};
+  static constexpr Unit kUnits[] = {{"KiB", kKi},
+                                    {"MiB", kKi * kKi},
+                                    {"GiB", kKi * kKi * kKi},
+                                    {"TiB", kKi * kKi * kKi * kKi},
+                                    {"KB", 1e3},
+                                    {"MB", 1e6},
+                                    {"GB", 1e9},
+                                    {"TB", 1e12},
+                                    {"B", 1}};
   double factor = 1;
   absl::string_view number = text;
   for (const Unit& u : kUnits) {
@@ -41,8 +45,8 @@ absl::StatusOr<int64_t> ParseBytes(absl::string_view text,
 }
 
 std::string FormatBytes(int64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB",
-                                           "PiB", "EiB"};
+  static constexpr const char* kUnits[] = {"B",   "KiB", "MiB", "GiB",
+                                           "TiB", "PiB", "EiB"};
   if (bytes < 1024) return absl::StrCat(bytes, " B");
   double value = static_cast<double>(bytes);
   int unit = 0;
@@ -50,8 +54,9 @@ std::string FormatBytes(int64_t bytes) {
     value /= 1024;
     ++unit;
   }
-  return absl::StrFormat(value >= 100 ? "%.0f %s" : value >= 10 ? "%.1f %s"
-                                                                 : "%.2f %s",
+  return absl::StrFormat(value >= 100  ? "%.0f %s"
+                         : value >= 10 ? "%.1f %s"
+                                       : "%.2f %s",
                          value, kUnits[unit]);
 }
 

@@ -47,7 +47,8 @@ std::vector<std::pair<std::string, std::string>> OwnCgroups() {
   std::ifstream in("/proc/self/cgroup");
   std::string line;
   while (std::getline(in, line)) {
-    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    std::vector<std::string> parts =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (parts.size() == 3) out.emplace_back(parts[1], parts[2]);
   }
   return out;
@@ -67,8 +68,7 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
     if (!memory) continue;
     // Every level of the hierarchy may limit; inside a container the
     // process's own path is often "/" of a namespaced mount.
-    const std::string base =
-        v2 ? cgroup_root : cgroup_root + "/memory";
+    const std::string base = v2 ? cgroup_root : cgroup_root + "/memory";
     std::string dir = path;
     for (;;) {
       const std::string d = base + (dir == "/" ? "" : dir);
@@ -76,7 +76,8 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
                                                 : "/memory.limit_in_bytes")));
       if (dir.empty() || dir == "/") break;
       const size_t slash = dir.rfind('/');
-      dir = slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
+      dir =
+          slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
     }
   }
   return limit;

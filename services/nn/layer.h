@@ -85,7 +85,7 @@ struct LayerCost {
   // they are kept, and the model counts each boundary tensor once.
   bool keeps_input = false;
   bool keeps_output = false;
-  bool output_is_input = false;  // a view of the input (Flatten, p=0 dropout)
+  bool output_is_input = false;   // a view of the input (Flatten, p=0 dropout)
   int64_t saved_bytes = 0;        // fresh tensors kept, per sample
   int64_t saved_fixed_bytes = 0;  // fresh tensors kept, per micro-batch
   // Temporaries of one forward or backward beyond its input, output and

@@ -38,7 +38,7 @@ int64_t BoundaryBytes(const ModelShapes& shapes, int64_t j, int64_t end) {
 // SavedActivationBytes, leaving the stage's input out when `count_input` is
 // false (the first stage's input is a view of the step's batch).
 int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
-              int64_t samples, bool count_input) {
+                  int64_t samples, bool count_input) {
   int64_t per_sample = 0, fixed = 0;
   // Boundary j is layer j's input and layer j-1's output; a layer whose
   // output is a view of its input joins its two boundaries into one tensor.
@@ -102,13 +102,11 @@ int64_t LargestOp(const ModelShapes& shapes, int64_t begin, int64_t end,
 }  // namespace
 
 std::string StageMemory::ToString() const {
-  return absl::StrCat(FormatBytes(total()), " (parameters ",
-                      FormatBytes(parameters), ", gradients ",
-                      FormatBytes(gradients), ", optimizer ",
-                      FormatBytes(optimizer_state), ", activations ",
-                      FormatBytes(activations), ", working ",
-                      FormatBytes(transient), ", data ", FormatBytes(data),
-                      ")");
+  return absl::StrCat(
+      FormatBytes(total()), " (parameters ", FormatBytes(parameters),
+      ", gradients ", FormatBytes(gradients), ", optimizer ",
+      FormatBytes(optimizer_state), ", activations ", FormatBytes(activations),
+      ", working ", FormatBytes(transient), ", data ", FormatBytes(data), ")");
 }
 
 int64_t SavedActivationBytes(const ModelShapes& shapes, int64_t begin,
@@ -150,13 +148,11 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // stage also keeps the loss gradient.
   int64_t per_micro_batch = remat ? (first ? 0 : in_bytes) : full;
   if (last) per_micro_batch = Add(per_micro_batch, out_bytes);
-  out.activations =
-      Add(Mul(per_micro_batch, live), remat ? full : 0);
+  out.activations = Add(Mul(per_micro_batch, live), remat ? full : 0);
 
   // One op at a time, with the activation coming in and the one going out
   // (or their gradients) beside it.
-  const int64_t messages =
-      Add(first ? 0 : in_bytes, last ? 0 : out_bytes);
+  const int64_t messages = Add(first ? 0 : in_bytes, last ? 0 : out_bytes);
   int64_t train = Add(std::max(LargestOp(shapes, b, e, mb, false),
                                LargestOp(shapes, b, e, mb, true)),
                       messages);

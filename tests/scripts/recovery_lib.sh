@@ -18,6 +18,7 @@ if [[ "$transport" == controller ]] && unshare --mount --propagation private tru
 fi
 
 pids=()
+worker_args=()         # more flags for every worker start_worker starts
 declare -A worker_pid   # worker name -> pid
 declare -A worker_port  # worker name -> Stage service port
 controller_pid=""
@@ -77,7 +78,8 @@ start_worker() {
   next_worker=$((next_worker + 1))
   port=$(free_port)
   mkdir -p "$work/$name" "$work/ckpt"
-  local args=(--controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" --threads 1)
+  local args=(--controller "127.0.0.1:$cport" --listen "127.0.0.1:$port" --threads 1
+    ${worker_args[@]+"${worker_args[@]}"})
   if [[ -n "$isolate" ]]; then
     (cd "$work/$name" && exec unshare --mount --propagation private \
       sh -c 'mount -t tmpfs -o size=1m gpipe-hidden "$0" && exec "$@"' \

@@ -2,7 +2,6 @@
 // their stages, else the larger stages on the workers that hold them, and a
 // job no worker could hold refused with its figures.
 #include "controller/placement.h"
-
 #include "gtest/gtest.h"
 
 namespace gpipe::controller {
@@ -41,9 +40,8 @@ TEST(PlacementTest, LargerStagesGoToTheWorkersThatHoldThem) {
 
 TEST(PlacementTest, NoFitSaysWhichStageNeedsWhat) {
   std::string why;
-  EXPECT_FALSE(PlaceStages(Plan({10, int64_t{3} << 30}), {int64_t{1} << 30,
-                                                  int64_t{2} << 30},
-                           &why)
+  EXPECT_FALSE(PlaceStages(Plan({10, int64_t{3} << 30}),
+                           {int64_t{1} << 30, int64_t{2} << 30}, &why)
                    .has_value());
   EXPECT_EQ(why,
             "stage 1 needs 3.00 GiB (parameters 0 B, gradients 0 B, optimizer "
@@ -55,7 +53,7 @@ TEST(PlacementTest, NoFitSaysWhichStageNeedsWhat) {
 
 TEST(PlacementTest, ACheckAtSubmissionAgainstTheLargestWorker) {
   EXPECT_TRUE(CheckFitsCluster(Plan({10, 50}), {60, 10}).ok());
-  EXPECT_TRUE(CheckFitsCluster(Plan({10, 50}), {}).ok());      // none yet
+  EXPECT_TRUE(CheckFitsCluster(Plan({10, 50}), {}).ok());       // none yet
   EXPECT_TRUE(CheckFitsCluster(Plan({10, 50}), {40, 0}).ok());  // unknown
   const absl::Status refused = CheckFitsCluster(Plan({10, 50}), {40, 20});
   EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;

@@ -20,11 +20,11 @@ namespace {
 v1::JobSpec Spec(const std::string& input, const std::string& layers,
                  const std::string& data, const std::string& optimizer,
                  const std::string& pipeline) {
-  auto spec = ParseJobSpecJson(absl::StrCat(
-      R"({"model": {"input": )", input, R"(, "layers": [)", layers,
-      R"(], "loss": {"softmaxCrossEntropy": {}}}, "optimizer": )", optimizer,
-      R"(, "data": )", data, R"(, "pipeline": )", pipeline,
-      R"(, "batchSize": 16, "steps": 2, "seed": 3})"));
+  auto spec = ParseJobSpecJson(
+      absl::StrCat(R"({"model": {"input": )", input, R"(, "layers": [)", layers,
+                   R"(], "loss": {"softmaxCrossEntropy": {}}}, "optimizer": )",
+                   optimizer, R"(, "data": )", data, R"(, "pipeline": )",
+                   pipeline, R"(, "batchSize": 16, "steps": 2, "seed": 3})"));
   EXPECT_TRUE(spec.ok()) << spec.status();
   return *spec;
 }
@@ -75,8 +75,8 @@ v1::JobSpec Transformer(const std::string& pipeline = "{}") {
 }
 
 // An input for layers [begin, ...): ids for an embedding, values otherwise.
-Tensor Input(const v1::JobSpec& spec, const ModelShapes& shapes,
-             int64_t begin, int64_t samples) {
+Tensor Input(const v1::JobSpec& spec, const ModelShapes& shapes, int64_t begin,
+             int64_t samples) {
   const Shape shape = shapes.inputs[begin].WithBatch(samples);
   if (begin == 0 && spec.model().input().dtype() == v1::INT32) {
     std::vector<int32_t> ids(shape.numel());
@@ -139,9 +139,9 @@ void ExpectPeaksWithinEstimate(const v1::JobSpec& spec) {
   for (size_t s = 0; s < model.size(); ++s) {
     const int64_t measured = (*pipeline)->stage(s).peak_activation_bytes();
     const int64_t estimate = model[s].activations + model[s].transient;
-    SCOPED_TRACE(absl::StrCat(spec.pipeline().ShortDebugString(), " stage ",
-                              s, ": measured ", measured, ", estimate ",
-                              estimate, " = ", model[s].ToString()));
+    SCOPED_TRACE(absl::StrCat(spec.pipeline().ShortDebugString(), " stage ", s,
+                              ": measured ", measured, ", estimate ", estimate,
+                              " = ", model[s].ToString()));
     EXPECT_LE(measured, estimate);
     EXPECT_LE(estimate, 2 * measured + 4096);
   }
@@ -149,11 +149,10 @@ void ExpectPeaksWithinEstimate(const v1::JobSpec& spec) {
 
 TEST(MemoryModel, StagePeaksStayWithinTheEstimate) {
   for (const char* schedule : {"GPIPE", "ONE_F_ONE_B"}) {
-    for (const char* remat : {"ALWAYS", "NEVER",
-                              "EXCEPT_LAST"}) {
-      const std::string p = absl::StrCat(
-          R"({"stages": 3, "microBatches": 4, "schedule": ")", schedule,
-          R"(", "remat": ")", remat, R"("})");
+    for (const char* remat : {"ALWAYS", "NEVER", "EXCEPT_LAST"}) {
+      const std::string p =
+          absl::StrCat(R"({"stages": 3, "microBatches": 4, "schedule": ")",
+                       schedule, R"(", "remat": ")", remat, R"("})");
       ExpectPeaksWithinEstimate(Mlp(p));
       ExpectPeaksWithinEstimate(Transformer(p));
     }

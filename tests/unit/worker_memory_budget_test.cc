@@ -1,8 +1,6 @@
 // A worker's memory for stages: its limit (the flag, or the system's: the
 // machine's memory and the limits of its cgroups) less its own use and a
 // reserve, refused when nothing is left.
-#include "worker/memory_budget.h"
-
 #include <unistd.h>
 
 #include <filesystem>
@@ -10,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "services/core/memory.h"
+#include "worker/memory_budget.h"
 
 namespace gpipe {
 namespace {
