@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 
+#include <atomic>
 #include <chrono>
 
 #include "absl/strings/match.h"
@@ -24,6 +25,10 @@ namespace gpipe {
 struct Executor::Run {
   gpipe::v1::Assignment assignment;
   bool cancelled = false;
+  // The same, read without the lock by the stage's thread at each tensor
+  // allocation (AllocationsCancelledBy): a cancel stops compute within one
+  // layer op, not at the next send or receive.
+  std::atomic<bool> stop{false};
   std::shared_ptr<Link> upstream;  // set by AcceptUpstream
   Link* downstream = nullptr;      // while connected, for Cancel
 };
@@ -68,6 +73,7 @@ bool Executor::busy() const {
 void Executor::StopLocked(std::unique_lock<std::mutex>& lock) {
   if (current_ != nullptr) {
     current_->cancelled = true;
+    current_->stop.store(true);
     if (current_->upstream) current_->upstream->Close();
     if (current_->downstream) current_->downstream->Close();
   }
@@ -264,9 +270,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     // Host tensors past the budget throw (TensorMemoryExhausted): the stage
     // unwinds and fails instead of the kernel killing the worker.
     TensorMemoryLimit limit(device_ == Device::kCpu ? memory_budget_ : 0);
+    AllocationsCancelledBy stop(&run->stop);
     status = run_stage();
   } catch (const std::bad_alloc& e) {
     status = MemoryError(e.what());
+  } catch (const AllocationCancelled&) {
+    status = absl::CancelledError("cancelled while computing");
   }
 
   if (!status.ok()) {

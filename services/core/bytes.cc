@@ -54,10 +54,10 @@ std::string FormatBytes(int64_t bytes) {
     value /= 1024;
     ++unit;
   }
-  return absl::StrFormat(value >= 100  ? "%.0f %s"
-                         : value >= 10 ? "%.1f %s"
-                                       : "%.2f %s",
-                         value, kUnits[unit]);
+  const char* unit_name = kUnits[unit];
+  if (value >= 100) return absl::StrFormat("%.0f %s", value, unit_name);
+  if (value >= 10) return absl::StrFormat("%.1f %s", value, unit_name);
+  return absl::StrFormat("%.2f %s", value, unit_name);
 }
 
 }  // namespace gpipe

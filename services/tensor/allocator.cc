@@ -12,6 +12,7 @@ namespace {
 thread_local Allocator* current_allocator = nullptr;
 thread_local Allocator* current_cuda_allocator = nullptr;
 thread_local int64_t thread_limit = 0;
+thread_local const std::atomic<bool>* thread_cancelled = nullptr;
 
 Allocator*& Slot(Device d) {
   return d == Device::kCpu ? current_allocator : current_cuda_allocator;
@@ -42,6 +43,23 @@ TensorMemoryLimit::TensorMemoryLimit(int64_t limit_bytes)
 }
 
 TensorMemoryLimit::~TensorMemoryLimit() { thread_limit = previous_; }
+
+AllocationsCancelledBy::AllocationsCancelledBy(
+    const std::atomic<bool>* cancelled)
+    : previous_(thread_cancelled) {
+  thread_cancelled = cancelled;
+}
+
+AllocationsCancelledBy::~AllocationsCancelledBy() {
+  thread_cancelled = previous_;
+}
+
+void ThrowIfAllocationCancelled() {
+  if (thread_cancelled != nullptr &&
+      thread_cancelled->load(std::memory_order_relaxed)) {
+    throw AllocationCancelled();
+  }
+}
 
 void* CountingAllocator::Allocate(size_t bytes) {
   if (enforce_thread_limits_ && thread_limit > 0) {

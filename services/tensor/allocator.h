@@ -99,6 +99,34 @@ class TensorMemoryLimit {
   int64_t previous_;
 };
 
+// Thrown by a tensor allocation on a thread under an AllocationsCancelledBy
+// whose flag is set: a cancelled stage stops at its next allocation (every
+// layer op allocates its output), within one layer op of the cancel, instead
+// of at the end of its micro-batch or step.
+class AllocationCancelled : public std::exception {
+ public:
+  const char* what() const noexcept override {
+    return "cancelled while computing";
+  }
+};
+
+// While it lives, host and device tensor allocations on this thread throw
+// AllocationCancelled once `*cancelled` is true. The flag must outlive it.
+class AllocationsCancelledBy {
+ public:
+  explicit AllocationsCancelledBy(const std::atomic<bool>* cancelled);
+  ~AllocationsCancelledBy();
+  AllocationsCancelledBy(const AllocationsCancelledBy&) = delete;
+  AllocationsCancelledBy& operator=(const AllocationsCancelledBy&) = delete;
+
+ private:
+  const std::atomic<bool>* previous_;
+};
+
+// Throws AllocationCancelled when this thread's cancel flag is set: for
+// allocators that do not go through a CountingAllocator.
+void ThrowIfAllocationCancelled();
+
 // The process-wide counting allocator for host memory.
 CountingAllocator* DefaultCpuAllocator();
 

@@ -32,6 +32,7 @@ Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
+  ThrowIfAllocationCancelled();
   Allocator* a = CurrentAllocator(device);
   assert(a != nullptr && "no allocator for the device (no CUDA backend?)");
   t.buffer_ = std::make_shared<Buffer>(a, shape.numel() * DTypeSize(dtype));

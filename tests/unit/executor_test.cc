@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "controller/recovery.h"
 #include "gtest/gtest.h"
 #include "services/core/status.h"
@@ -357,6 +358,58 @@ TEST_F(ExecutorTest, AnAllocationPastTheBudgetFailsTheStageNotTheWorker) {
   for (const auto& m : reports_.All()) {
     EXPECT_FALSE(m.has_failed()) << m.failed().message();
   }
+}
+
+TEST(ExecutorCancelTest, ACancelStopsComputeWithinALayerOp) {
+  // One stage of 48 Linear+ReLU pairs on a 512-wide batch of 512: a step
+  // takes a second or more, each layer op a few tens of milliseconds.
+  std::string layers;
+  for (int i = 0; i < 48; ++i) {
+    layers += R"({"linear": {"inFeatures": 512, "outFeatures": 512}},)";
+    layers += R"({"relu": {}},)";
+  }
+  auto spec = ParseJobSpecJson(absl::StrCat(
+      R"({"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [512]}},
+          "layers": [)",
+      layers, R"({"linear": {"inFeatures": 512, "outFeatures": 3}}],
+          "loss": {"softmaxCrossEntropy": {}}},
+        "optimizer": {"lr": 0.001, "sgd": {}},
+        "data": {"synthetic": {"task": "CLASSES", "features": 512,
+                 "classes": 3, "trainSamples": 2048, "testSamples": 64}},
+        "batchSize": 512, "steps": 1000, "seed": 5})"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  Reports reports;
+  Executor executor(1,
+                    [&](const gpipe::v1::WorkerMessage& m) { reports.Add(m); });
+  gpipe::v1::Assignment a;
+  a.set_job_id("long");
+  a.set_epoch(1);
+  *a.mutable_spec() = *spec;
+  a.set_stage(0);
+  a.set_stages(1);
+  a.set_layer_begin(0);
+  a.set_layer_end(spec->model().layers_size());
+  a.set_micro_batches(1);
+  a.set_checkpoint_transport(gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH);
+  executor.Start(a);
+  // The first step's report: the second step has just begun.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool progressed = false;
+  while (!progressed && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& m : reports.All()) progressed |= m.has_progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(progressed);
+  const auto start = std::chrono::steady_clock::now();
+  executor.Cancel("long", 1);  // returns once the stage's thread has ended
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  std::printf("cancel took %.3f s\n", seconds);
+  EXPECT_LT(seconds, 0.5);
+  EXPECT_FALSE(executor.busy());
+  for (const auto& m : reports.All()) EXPECT_FALSE(m.has_failed());
 }
 
 }  // namespace
