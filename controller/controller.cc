@@ -451,7 +451,8 @@ ClusterCounts Controller::Counts() {
 }
 
 absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
-    const v1::WorkerHello& hello, std::function<void()> disconnect) {
+    const v1::WorkerHello& hello, std::string certificate,
+    std::function<void()> disconnect) {
   const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   if (shutting_down_) {
@@ -473,6 +474,18 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
           "worker ", hello.worker_id(),
           " is attached on another stream with another session key"));
     }
+    // With mutual TLS the id also belongs to the certificate it attached
+    // with: a key that leaked does not let another certificate's holder
+    // take the worker's place.
+    if (old->certificate != certificate) {
+      LogWarning(
+          "refused a hello under the id of live worker %s: another client "
+          "certificate",
+          hello.worker_id());
+      return absl::AlreadyExistsError(
+          absl::StrCat("worker ", hello.worker_id(),
+                       " is attached with another client certificate"));
+    }
     LoseWorker(old,
                absl::AbortedError("replaced by a newer Attach stream of the "
                                   "same worker"),
@@ -482,6 +495,7 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
       workers_.Add(hello, now);
   if (!worker.ok()) return worker.status();
   (*worker)->disconnect = std::move(disconnect);
+  (*worker)->certificate = std::move(certificate);
   v1::ControllerMessage welcome;
   welcome.mutable_welcome()->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(options_.heartbeat_interval));

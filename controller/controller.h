@@ -145,8 +145,11 @@ class Controller {
   // or on shutdown). Then the handler writes what NextMessage gives it and
   // passes every message read to HandleMessage; when the stream ends on the
   // worker's side (or a write fails) it calls DetachWorker.
+  // `certificate`: the client certificate the stream came with (PEM; empty
+  // without mutual TLS): a re-attach under a live id must present the same.
   absl::StatusOr<std::shared_ptr<WorkerRecord>> AttachWorker(
-      const gpipe::v1::WorkerHello& hello, std::function<void()> disconnect);
+      const gpipe::v1::WorkerHello& hello, std::string certificate,
+      std::function<void()> disconnect);
   // Waits up to `max_wait` for a message for `worker` or the end of its
   // stream.
   Outgoing NextMessage(WorkerRecord& worker, absl::Duration max_wait);

@@ -5,6 +5,7 @@
 #include <string>
 #include <thread>
 
+#include "grpc/grpc_security_constants.h"
 #include "services/core/host_port.h"
 #include "services/core/log.h"
 
@@ -200,8 +201,16 @@ grpc::Status ControllerService::Attach(
                s.error_message());
     return s;
   }
+  std::string certificate;
+  if (std::shared_ptr<const grpc::AuthContext> auth = context->auth_context()) {
+    for (const grpc::string_ref& pem :
+         auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME)) {
+      certificate.assign(pem.data(), pem.size());
+    }
+  }
   absl::StatusOr<std::shared_ptr<WorkerRecord>> attached =
-      controller_.AttachWorker(hello, [context] { context->TryCancel(); });
+      controller_.AttachWorker(hello, std::move(certificate),
+                               [context] { context->TryCancel(); });
   if (!attached.ok()) return ToGrpcStatus(attached.status());
   WorkerRecord& worker = **attached;
 

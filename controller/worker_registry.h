@@ -25,6 +25,7 @@ namespace gpipe::controller {
 struct WorkerRecord {
   gpipe::v1::WorkerInfo info;  // what ListWorkers returns
   std::string session_key;     // the hello's (never shown)
+  std::string certificate;     // its client certificate (PEM), with mTLS
   uint64_t attach_seq = 0;     // attach order: the scheduler's stable order
   absl::Time last_heartbeat;   // of any message: a report is proof of life
   std::deque<gpipe::v1::ControllerMessage> outbox;

@@ -15,13 +15,15 @@
 #      certificate: each refused (logged, and counted in
 #      gpipe_stage_rejected_streams_total), the job not restarted, and its
 #      parameters bitwise the single-process reference run's;
-#   5. no token or key in any log or in `status --json`.
+#   5. no token or key in any log or in `status --json`;
+#   6. a worker id belongs to the client certificate it attached with: the
+#      same id and session key from another certificate is refused.
 # Knob: SECURITY_STEPS (default 1500), KEEP_WORK=1.
 #   security_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
 src=$2
-for b in gpipectl gpipe-controller gpipe-worker grpc_health_probe rogue_exchange; do
+for b in gpipectl gpipe-controller gpipe-worker grpc_health_probe rogue_exchange hostile_client; do
   [[ -x "$bin/$b" ]] || { echo "SKIP: $bin/$b is not built"; echo "0 passed, 0 failed"; exit 0; }
 done
 command -v openssl >/dev/null || { echo "SKIP: no openssl CLI (scripts/setup.sh installs it)"; echo "0 passed, 0 failed"; exit 0; }
@@ -203,4 +205,32 @@ if grep -rqE '[0-9a-f]{64}' "$work"/*.log "$work/status.json"; then
   fail "a 64-hex-digit secret (a stream key?) appears in a log or the job status"
 fi
 ok "no token or stream key in the logs or the job status"
+
+# --- 6. a worker id belongs to its certificate --------------------------------
+# A worker (played by hostile_client, so the test knows its session key)
+# attached with the workers' certificate; the same id and key from another
+# certificate of the same CA (gpipectl's) is refused, the worker's own
+# certificate may re-attach.
+key=bound-worker-session
+"$bin/hostile_client" stall "127.0.0.1:$cport" 20 --worker_id bound --session_key "$key" \
+  "${worker_tls[@]}" --token_file "$pki/worker.token" >"$work/bound.txt" 2>&1 &
+bound=$!
+pids+=("$bound")
+for _ in $(seq 100); do
+  ctl workers --json | grep -q '"bound"' && break
+  sleep 0.1
+done
+ctl workers --json | grep -q '"bound"' || fail "the bound worker did not attach: $(cat "$work/bound.txt")"
+out=$("$bin/hostile_client" forge-hello "127.0.0.1:$cport" bound --session_key "$key" \
+  "${tls_client[@]}" --token_file "$pki/worker.token") || fail "another certificate took the worker's id: $out"
+[[ "$out" == "ALREADY_EXISTS: worker bound is attached with another client certificate" ]] ||
+  fail "another certificate: $out"
+set +e
+again=$("$bin/hostile_client" forge-hello "127.0.0.1:$cport" bound --session_key "$key" \
+  "${worker_tls[@]}" --token_file "$pki/worker.token")
+set -e
+[[ "$again" == "WELCOMED as bound" ]] || fail "the worker's own certificate could not re-attach: $again"
+kill "$bound" 2>/dev/null || true
+wait "$bound" 2>/dev/null || true
+ok "a worker id is bound to its client certificate: $out"
 echo "$passed passed, 0 failed"

@@ -15,23 +15,46 @@
 //       Sends TEXT as the request bytes of the unary METHOD (e.g.
 //       /gpipe.v1.Controller/SubmitJob): held when refused with
 //       INVALID_ARGUMENT.
+// Options, anywhere after the command: --worker_id ID and --session_key K
+// (forge-hello: the key to present; stall: who to attach as), and
+// --tls_ca F --tls_cert F --tls_key F --token_file F to reach a secured
+// controller (the token goes with Attach).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gpipe/v1/controller.grpc.pb.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
+#include "services/security/client_security.h"
+#include "services/security/token_file.h"
 
 namespace {
 
 namespace v1 = gpipe::v1;
 using Clock = std::chrono::steady_clock;
 
+struct Options {
+  std::string worker_id;
+  std::string session_key;
+  gpipe::security::ClientSecurity security;
+};
+Options options;
+
 std::shared_ptr<grpc::Channel> Dial(const std::string& target) {
-  return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  grpc::ChannelArguments args;
+  options.security.ApplyTo(args);
+  return grpc::CreateCustomChannel(target, options.security.Credentials(),
+                                   args);
+}
+
+void Prepare(grpc::ClientContext* context, int seconds) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::seconds(seconds));
+  options.security.ApplyTo(context);
 }
 
 std::string Describe(const grpc::Status& s) {
@@ -60,13 +83,14 @@ std::string Describe(const grpc::Status& s) {
 int ForgeHello(const std::string& controller, const std::string& id) {
   auto stub = v1::Controller::NewStub(Dial(controller));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
+  Prepare(&context, 10);
   auto stream = stub->Attach(&context);
   v1::WorkerMessage hello;
   hello.mutable_hello()->set_worker_id(id);
   hello.mutable_hello()->set_address("127.0.0.1:1");
-  hello.mutable_hello()->set_session_key("not-the-workers-key");
+  hello.mutable_hello()->set_session_key(options.session_key.empty()
+                                             ? "not-the-workers-key"
+                                             : options.session_key);
   stream->Write(hello);
   v1::ControllerMessage reply;
   const bool welcomed = stream->Read(&reply) && reply.has_welcome();
@@ -85,13 +109,14 @@ int ForgeHello(const std::string& controller, const std::string& id) {
 int Stall(const std::string& controller, int seconds) {
   auto stub = v1::Controller::NewStub(Dial(controller));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(seconds + 10));
+  Prepare(&context, seconds + 10);
   auto stream = stub->Attach(&context);
   v1::WorkerMessage hello;
-  hello.mutable_hello()->set_worker_id("hostile-staller");
+  hello.mutable_hello()->set_worker_id(
+      options.worker_id.empty() ? "hostile-staller" : options.worker_id);
   hello.mutable_hello()->set_address("127.0.0.1:1");
-  hello.mutable_hello()->set_session_key("staller-key");
+  hello.mutable_hello()->set_session_key(
+      options.session_key.empty() ? "staller-key" : options.session_key);
   hello.mutable_hello()->mutable_resources()->set_cpus(64);
   stream->Write(hello);
   std::atomic<bool> done{false};
@@ -136,8 +161,7 @@ int Raw(const std::string& controller, const std::string& method,
         const std::string& text) {
   grpc::GenericStub generic(Dial(controller));
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(10));
+  Prepare(&context, 10);
   grpc::CompletionQueue cq;
   grpc::Slice slice(text.data(), text.size());
   grpc::ByteBuffer request(&slice, 1);
@@ -159,12 +183,50 @@ int Raw(const std::string& controller, const std::string& method,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "";
-  if (command == "forge-hello" && argc == 4)
-    return ForgeHello(argv[2], argv[3]);
-  if (command == "stall" && argc == 4)
-    return Stall(argv[2], std::atoi(argv[3]));
-  if (command == "raw" && argc == 5) return Raw(argv[2], argv[3], argv[4]);
+  std::vector<std::string> args;
+  gpipe::security::TlsFlags tls;
+  std::string token_file;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    std::string* value = a == "--worker_id"     ? &options.worker_id
+                         : a == "--session_key" ? &options.session_key
+                         : a == "--tls_ca"      ? &tls.ca
+                         : a == "--tls_cert"    ? &tls.cert
+                         : a == "--tls_key"     ? &tls.key
+                         : a == "--token_file"  ? &token_file
+                                                : nullptr;
+    if (value == nullptr) {
+      args.push_back(a);
+    } else if (i + 1 < argc) {
+      *value = argv[++i];
+    } else {
+      std::fprintf(stderr, "hostile_client: %s needs a value\n", a.c_str());
+      return 2;
+    }
+  }
+  auto material = gpipe::security::LoadClientTls(tls);
+  if (!material.ok()) {
+    std::fprintf(stderr, "hostile_client: %s\n",
+                 std::string(material.status().message()).c_str());
+    return 2;
+  }
+  options.security.tls = *material;
+  if (!token_file.empty()) {
+    auto tokens = gpipe::security::ReadTokenFile("token_file", token_file);
+    if (!tokens.ok() || tokens->empty()) {
+      std::fprintf(stderr, "hostile_client: no token in %s\n",
+                   token_file.c_str());
+      return 2;
+    }
+    options.security.token = tokens->front();
+  }
+  const std::string command = !args.empty() ? args[0] : "";
+  if (command == "forge-hello" && args.size() == 3)
+    return ForgeHello(args[1], args[2]);
+  if (command == "stall" && args.size() == 3)
+    return Stall(args[1], std::atoi(args[2].c_str()));
+  if (command == "raw" && args.size() == 4)
+    return Raw(args[1], args[2], args[3]);
   std::fprintf(stderr,
                "usage: hostile_client forge-hello CONTROLLER WORKER_ID\n"
                "       hostile_client stall CONTROLLER SECONDS\n"

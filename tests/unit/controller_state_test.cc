@@ -66,7 +66,7 @@ class ControllerStateTest : public ::testing::Test {
     hello.set_worker_id(absl::StrCat("w", i));
     hello.set_address(absl::StrCat("127.0.0.1:", 9000 + i));
     absl::StatusOr<std::shared_ptr<WorkerRecord>> w =
-        controller_->AttachWorker(hello, [this] { ++disconnects_; });
+        controller_->AttachWorker(hello, "", [this] { ++disconnects_; });
     EXPECT_TRUE(w.ok()) << w.status();
     return *w;
   }
@@ -250,7 +250,7 @@ class RestartPolicyTest : public ::testing::Test {
       v1::WorkerHello hello;
       hello.set_worker_id(absl::StrCat("w", i));
       hello.set_address(absl::StrCat("127.0.0.1:", 9100 + i));
-      workers_.push_back(*controller_->AttachWorker(hello, [] {}));
+      workers_.push_back(*controller_->AttachWorker(hello, "", [] {}));
     }
   }
   // The worker holding the job's stage now, if any.
@@ -407,6 +407,30 @@ TEST_F(RestartPolicyTest, EndedJobsAreDeletedAfterTheirRetention) {
   controller_->Tick(clock_.Now());
   EXPECT_TRUE(absl::IsNotFound(controller_->GetJob(id_).status()));
   EXPECT_TRUE(controller_->GetJob(running).ok());
+}
+
+TEST_F(ControllerStateTest, AWorkerIdBelongsToItsClientCertificate) {
+  v1::WorkerHello hello;
+  hello.set_worker_id("bound");
+  hello.set_address("127.0.0.1:9100");
+  hello.set_session_key("the-workers-key");
+  const std::string mine = "-----BEGIN CERTIFICATE-----\nworker\n";
+  const std::string theirs = "-----BEGIN CERTIFICATE-----\nclient\n";
+  ASSERT_TRUE(controller_->AttachWorker(hello, mine, [] {}).ok());
+  // The right key from another certificate (or none): refused, and the
+  // worker stays.
+  for (const std::string& cert : {theirs, std::string()}) {
+    absl::StatusOr<std::shared_ptr<WorkerRecord>> other =
+        controller_->AttachWorker(hello, cert, [] {});
+    EXPECT_TRUE(absl::IsAlreadyExists(other.status())) << other.status();
+    EXPECT_NE(other.status().message().find("another client certificate"),
+              std::string::npos);
+  }
+  // The worker itself, again: replaces its old stream.
+  absl::StatusOr<std::shared_ptr<WorkerRecord>> again =
+      controller_->AttachWorker(hello, mine, [] {});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->certificate, mine);
 }
 
 }  // namespace
