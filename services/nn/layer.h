@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "services/core/rng.h"
 #include "services/tensor/tensor.h"
 
@@ -108,6 +109,14 @@ class Layer {
   // parameter gradients into Parameter::grad.
   virtual Tensor Backward(const Tensor& dy, const Saved& saved,
                           const LayerContext& ctx) = 0;
+
+  // Whether `x` is an input this layer can take: InvalidArgument naming
+  // what is wrong (a token id outside the vocabulary) for inputs that come
+  // from data. The stage and the reference trainer check a model's input
+  // before its forward; kernels still never read out of bounds.
+  virtual absl::Status CheckInput(const Tensor& x) const {
+    return absl::OkStatus();
+  }
 
   virtual std::vector<Parameter*> Parameters() { return {}; }
   virtual std::vector<NamedBuffer> Buffers() { return {}; }

@@ -341,7 +341,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       flops = n_out;  // the position embedding add; the lookup is a copy
       params =
           static_cast<double>(e.vocab_size() + e.max_positions()) * e.dim();
-      cost.keeps_input = true;  // the ids
+      saved = n_in;  // a checked copy of the ids (int32)
       break;
     }
     case K::kSelfAttention: {

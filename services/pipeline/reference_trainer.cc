@@ -56,8 +56,9 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   std::vector<Saved> saved;
   for (int64_t m = 0; m < static_cast<int64_t>(ranges.size()); ++m) {
     ctx.micro_batch = m;
-    const Tensor x =
-        batch.inputs.Rows(ranges[m].begin, ranges[m].end).To(device_);
+    const Tensor rows = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+    RETURN_IF_ERROR(model_->CheckInput(rows));
+    const Tensor x = rows.To(device_);
     const Tensor targets = batch.targets.Rows(ranges[m].begin, ranges[m].end);
     const Tensor logits = model_->Forward(x, ctx, &saved);
     Tensor dlogits;

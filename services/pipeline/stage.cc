@@ -110,6 +110,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   Tensor x;
   if (placement_.first()) {
     x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
+    RETURN_IF_ERROR(model_->CheckInput(x));
     if (device_ != nullptr) x = device_->ToDevice(x);
   } else {
     ASSIGN_OR_RETURN(Message in,

@@ -1,11 +1,14 @@
 // Targets outside the head's classes never reach memory the logits do not
 // own: the cross-entropy kernel counts them (no loss, no gradient) and the
 // caller refuses them with an error naming the class count; -1 is still an
-// ignored row.
+// ignored row. Token ids outside an embedding's vocabulary are refused the
+// same way before its forward (which clamps them, never reading outside
+// its table).
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/nn/layers/embedding.h"
 #include "services/nn/loss.h"
 
 namespace gpipe {
@@ -35,6 +38,24 @@ TEST(LossBoundsTest, TargetsOutsideTheClassesAreCountedNotRead) {
   const LossResult ok = SoftmaxCrossEntropyLoss(logits, targets, 1.0, nullptr);
   EXPECT_EQ(ok.out_of_range, 0);
   EXPECT_TRUE(CheckTargetsInRange(ok, classes).ok());
+}
+
+TEST(LossBoundsTest, TokenIdsOutsideTheVocabularyAreRefused) {
+  Embedding embedding(/*vocab_size=*/5, /*dim=*/4, /*max_positions=*/3);
+  embedding.Initialize(1);
+  Tensor ids = Tensor::FromInts(Shape({2, 3}), {0, 4, 2, 1, 3, 4});
+  EXPECT_TRUE(embedding.CheckInput(ids).ok());
+  ids.i32()[1] = 5;
+  ids.i32()[4] = -2;
+  const absl::Status s = embedding.CheckInput(ids);
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(s.message(),
+              ::testing::HasSubstr("2 token id(s) are outside the embedding's "
+                                   "vocabulary of 5 (the first: 5)"));
+  // The forward still reads only inside its table.
+  LayerContext ctx;
+  const Tensor y = embedding.Forward(ids, ctx, nullptr);
+  EXPECT_EQ(y.numel(), 2 * 3 * 4);
 }
 
 }  // namespace

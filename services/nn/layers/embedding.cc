@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "services/nn/init.h"
 #include "services/tensor/ops.h"
 
@@ -18,6 +19,22 @@ Embedding::Embedding(int64_t vocab_size, int64_t dim, int64_t max_positions)
 void Embedding::Initialize(uint64_t key) {
   InitNormal(token_.value, MixKey({key, 0}), 0.02f);
   InitNormal(position_.value, MixKey({key, 1}), 0.02f);
+}
+
+absl::Status Embedding::CheckInput(const Tensor& x) const {
+  const Tensor host = x.device() == Device::kCpu ? x : x.To(Device::kCpu);
+  int64_t outside = 0, first = 0;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const int32_t id = host.i32()[i];
+    if (id < 0 || id >= vocab_) {
+      if (outside++ == 0) first = id;
+    }
+  }
+  if (outside == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      outside, " token id(s) are outside the embedding's vocabulary of ",
+      vocab_, " (the first: ", first,
+      "): the data does not fit the model's vocab_size"));
 }
 
 Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {

@@ -12,6 +12,7 @@ class Embedding final : public Layer {
   Embedding(int64_t vocab_size, int64_t dim, int64_t max_positions);
   std::string_view kind() const override { return "embedding"; }
   bool RunsOn(Device) const override { return true; }
+  absl::Status CheckInput(const Tensor& x) const override;
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
