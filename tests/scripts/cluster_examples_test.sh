@@ -19,7 +19,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 same() { python3 "$src/tests/scripts/same_tensors.py" "$1" "$2" || fail "$3"; }
 
 passed=0
-for example in fashion_mnist_mlp fashion_mnist_cnn char_transformer; do
+for example in fashion_mnist_deep_mlp fashion_mnist_mlp fashion_mnist_cnn char_transformer; do
   spec="$src/examples/$example.json"
   common=(--stages 4 --micro-batches 4 --steps "$steps")
   "$bin/gpipectl" train "$spec" --stages 1 --micro-batches 4 --steps "$steps" \

@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/partitioner.h"
 
 namespace gpipe {
 namespace {
@@ -178,6 +179,34 @@ TEST(StageCostsFromLayersTest, SumsLayersOfEachStage) {
   EXPECT_EQ(stages[1].input_bytes, 256 * 4 * 8);
   EXPECT_EQ(stages[1].output_bytes, 10 * 4 * 8);
   EXPECT_EQ(stages[1].internal_bytes, (128 + 128 + 10) * 4 * 8);
+}
+
+// The main job (scripts/train-example) must show pipelining at its best: cut
+// by the partitioner for K of 2 and 4, its stages carry the same work, so
+// the simulated bubble of every stage is GPipe's (K-1)/(M+K-1) within a
+// point, not an imbalance on top.
+TEST(SimulatorTest, TheMainJobsStagesAreBalanced) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
+      std::string(GPIPE_SOURCE_DIR) + "/examples/fashion_mnist_deep_mlp.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
+  ASSERT_TRUE(shapes.ok());
+  const int64_t m = MicroBatchCount(*spec);
+  std::vector<double> flops;
+  for (const LayerCost& c : shapes->costs) flops.push_back(c.forward_flops);
+  for (int64_t k : {2, 4}) {
+    absl::StatusOr<std::vector<int64_t>> balance = PartitionJob(*spec, k);
+    ASSERT_TRUE(balance.ok()) << balance.status();
+    SimulationConfig config;
+    config.stages =
+        StageCostsFromLayers(*shapes, flops, *balance, spec->batch_size() / m);
+    config.micro_batches = m;
+    const SimulationResult r = Simulate(config);
+    const double theory = static_cast<double>(k - 1) / (m + k - 1);
+    for (const StageSimulation& st : r.stages) {
+      EXPECT_NEAR(st.bubble_fraction, theory, 0.01) << "K=" << k;
+    }
+  }
 }
 
 }  // namespace
