@@ -46,6 +46,10 @@ ABSL_DECLARE_FLAG(std::string, steps);
 ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
 ABSL_DECLARE_FLAG(std::string, balance);
+ABSL_DECLARE_FLAG(std::vector<std::string>, o);
+ABSL_FLAG(int64_t, step, 0,
+          "fetch: the committed checkpoint after this many steps (its "
+          "manifest and every stage's file) instead of the final model");
 
 namespace gpipe::cli {
 namespace {
@@ -580,6 +584,25 @@ int RunDelete(const std::vector<std::string>& args) {
     return Fail("delete", s);
   }
   std::printf("%s deleted\n", args[0].c_str());
+  return 0;
+}
+
+int RunFetch(const std::vector<std::string>& args) {
+  const std::vector<std::string> out = absl::GetFlag(FLAGS_o);
+  if (args.size() != 1 || out.size() > 1) {
+    return Usage("fetch JOB [-o DIR] [--step N] [--controller ADDR]");
+  }
+  const int64_t step = absl::GetFlag(FLAGS_step);
+  if (step < 0) return Usage("fetch JOB [-o DIR] [--step N]: N >= 0");
+  const std::string dir = out.empty() || out[0].empty() ? "." : out[0];
+  ControllerClient client = MakeClient();
+  absl::StatusOr<std::vector<DownloadedFile>> files =
+      client.FetchModel(args[0], step, dir);
+  if (!files.ok()) return Fail("fetch", files.status());
+  for (const DownloadedFile& f : *files) {
+    std::printf("%s  %lld bytes  sha256 %s\n", f.path.c_str(),
+                static_cast<long long>(f.bytes), f.sha256.c_str());
+  }
   return 0;
 }
 

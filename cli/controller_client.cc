@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <thread>
 #include <utility>
 
@@ -180,6 +181,42 @@ absl::StatusOr<gpipe::v1::GetTraceResponse> ControllerClient::GetTrace(
   grpc::Status s = stub_->GetTrace(&context, request, &trace);
   if (!s.ok()) return UserStatus(s, "GetTrace");
   return trace;
+}
+
+absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
+    const std::string& job_id, int64_t step, const std::string& dir,
+    int attempts) {
+  gpipe::v1::FetchModelRequest request;
+  request.set_job_id(job_id);
+  request.set_step(step);
+  absl::Status last;
+  for (int attempt = 0; attempt < attempts; ++attempt) {
+    if (attempt > 0) {
+      // The channel backs off its reconnects; wait (bounded) until it is
+      // connected again rather than fail fast in its backoff.
+      absl::SleepFor(absl::Seconds(attempt));
+      channel_->WaitForConnected(std::chrono::system_clock::now() +
+                                 std::chrono::seconds(10));
+    }
+    // No deadline for the whole stream: a model may take minutes; a dead
+    // connection ends it as UNAVAILABLE.
+    grpc::ClientContext context;
+    security_.ApplyTo(&context);
+    auto stream = stub_->FetchModel(&context, request);
+    absl::StatusOr<std::vector<DownloadedFile>> files = ReceiveModelFiles(
+        [&](gpipe::v1::FetchModelResponse* m) { return stream->Read(m); }, dir);
+    if (!files.ok()) context.TryCancel();
+    const grpc::Status status = stream->Finish();
+    if (status.ok() && files.ok()) return files;
+    if (files.ok()) {
+      std::error_code ec;
+      for (const DownloadedFile& f : *files)
+        std::filesystem::remove(f.path, ec);
+    }
+    last = !status.ok() ? UserStatus(status, "FetchModel") : files.status();
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
+  }
+  return last;
 }
 
 absl::StatusOr<gpipe::v1::ListJobsResponse> ControllerClient::ListJobs() {

@@ -9,10 +9,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "cli/model_download.h"
 #include "gpipe/v1/controller.grpc.pb.h"
 #include "gpipe/v1/controller.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -37,6 +39,13 @@ class ControllerClient {
   // An ended job, its checkpoints and its model.
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<gpipe::v1::ListWorkersResponse> ListWorkers();
+  // FetchModel into `dir` (cli/model_download.h): the final model (step 0)
+  // or a committed checkpoint's manifest and files. A stream cut by the
+  // network (UNAVAILABLE) is fetched again, up to `attempts` times in all;
+  // any other failure is returned, leaving no file of this fetch behind.
+  absl::StatusOr<std::vector<DownloadedFile>> FetchModel(
+      const std::string& job_id, int64_t step, const std::string& dir,
+      int attempts = 3);
   absl::StatusOr<gpipe::v1::GetTraceResponse> GetTrace(
       const gpipe::v1::GetTraceRequest& request);
 

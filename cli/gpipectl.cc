@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
       "  cancel JOB       cancel a job\n"
       "  delete JOB       remove an ended job, its checkpoints and model\n"
       "  workers          the attached workers\n"
+      "  fetch JOB        download the job's model.safetensors [-o DIR], or\n"
+      "                   a committed checkpoint's files [--step N]\n"
       "  trace JOB        the stage timelines of the job's last steps: a\n"
       "                   summary, or -o trace.json (Chrome trace, for\n"
       "                   Perfetto) and/or -o timeline.svg; [--steps A..B]\n"
@@ -76,7 +78,7 @@ int main(int argc, char** argv) {
   // Bad security flags are refused before anything is sent.
   if (command == "submit" || command == "status" || command == "list" ||
       command == "watch" || command == "cancel" || command == "delete" ||
-      command == "workers" || command == "trace") {
+      command == "workers" || command == "trace" || command == "fetch") {
     if (auto security = gpipe::cli::ClientSecurityFromFlags(); !security.ok()) {
       std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
                    std::string(security.status().message()).c_str());
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
   if (command == "workers") return gpipe::cli::RunWorkers(args);
   if (command == "local") return gpipe::cli::RunLocal(args);
   if (command == "trace") return gpipe::cli::RunTrace(args);
+  if (command == "fetch") return gpipe::cli::RunFetch(args);
   std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s\n",
                command.c_str(), absl::ProgramUsageMessage().data());
   return 2;

@@ -25,7 +25,7 @@
 ABSL_FLAG(std::vector<std::string>, o, {},
           "trace: write to FILE.json (Chrome trace) and/or FILE.svg "
           "(picture), comma-separated; a directory gets both as trace.json "
-          "and timeline.svg");
+          "and timeline.svg. fetch: the directory to write into (default .)");
 ABSL_DECLARE_FLAG(std::string, steps);
 ABSL_DECLARE_FLAG(bool, json);
 

@@ -425,6 +425,39 @@ absl::StatusOr<std::string> Controller::CheckpointToFetch(
       "job ", job->id(), " keeps no checkpoint of step ", request.step()));
 }
 
+absl::StatusOr<std::string> Controller::ModelToFetch(
+    const v1::FetchModelRequest& request) {
+  if (request.step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", request.step(), " is negative"));
+  }
+  absl::MutexLock lock(&mu_);
+  const JobRecord* job = jobs_.Find(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  const v1::JobStatus& status = job->status();
+  std::string kept;
+  for (const v1::CheckpointRef& ref : status.checkpoints()) {
+    if (request.step() != 0 && ref.step() == request.step()) {
+      return ref.manifest_path();
+    }
+    absl::StrAppend(&kept, kept.empty() ? "" : ", ", ref.step());
+  }
+  kept = kept.empty() ? "it keeps no checkpoints"
+                      : absl::StrCat("it keeps the checkpoints of steps ", kept,
+                                     " (fetch one with --step)");
+  if (request.step() != 0) {
+    return absl::NotFoundError(absl::StrCat("job ", job->id(),
+                                            " has no checkpoint of step ",
+                                            request.step(), "; ", kept));
+  }
+  if (status.model_path().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job->id(), " is ", v1::JobState_Name(status.state()),
+        ": its model is written when it succeeds; ", kept));
+  }
+  return status.model_path();
+}
+
 // ---- Workers --------------------------------------------------------------
 
 std::vector<v1::WorkerInfo> Controller::ListWorkers() {

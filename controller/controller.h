@@ -168,6 +168,11 @@ class Controller {
   // parameters (InvalidArgument otherwise).
   absl::StatusOr<std::string> StageFileDestination(
       const gpipe::v1::StageFileHeader& header) ABSL_LOCKS_EXCLUDED(mu_);
+  // What FetchModel sends: the final model's path (step 0; FailedPrecondition
+  // until the job has SUCCEEDED) or the manifest of the committed checkpoint
+  // of `step` (NotFound naming the steps kept). NotFound for an unknown job.
+  absl::StatusOr<std::string> ModelToFetch(
+      const gpipe::v1::FetchModelRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
   // The manifest of the committed checkpoint a fetch asks for, checked the
   // same way; NotFound when the job keeps no checkpoint of that step.
   absl::StatusOr<std::string> CheckpointToFetch(

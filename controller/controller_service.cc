@@ -1,13 +1,16 @@
 #include "controller/controller_service.h"
 
 #include <atomic>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "grpc/grpc_security_constants.h"
 #include "services/core/host_port.h"
 #include "services/core/log.h"
+#include "services/storage/manifest.h"
 
 namespace gpipe::controller {
 
@@ -150,6 +153,37 @@ grpc::Status ControllerService::UploadStageFile(
                received.status().ToString());
   }
   return Reply(std::move(received), response);
+}
+
+grpc::Status ControllerService::FetchModel(
+    grpc::ServerContext* context, const v1::FetchModelRequest* request,
+    grpc::ServerWriter<v1::FetchModelResponse>* writer) {
+  if (grpc::Status s = CheckApiToken(*context, "FetchModel"); !s.ok()) return s;
+  absl::StatusOr<std::string> path = controller_.ModelToFetch(*request);
+  if (!path.ok()) return ToGrpcStatus(path.status());
+  std::vector<StageFileTransfers::FileToSend> files;
+  if (request->step() == 0) {
+    files.push_back({*path, "model.safetensors", ""});
+  } else {
+    // Off the controller's lock: the manifest and the files it names.
+    absl::StatusOr<v1::CheckpointManifest> manifest =
+        storage::ReadManifest(*path);
+    if (!manifest.ok()) return ToGrpcStatus(manifest.status());
+    files.push_back({*path, storage::kManifestName, ""});
+    for (const v1::CheckpointFile& f : manifest->files()) {
+      files.push_back({storage::ManifestFilePath(*path, f),
+                       std::filesystem::path(f.path()).filename().string(),
+                       f.sha256()});
+    }
+  }
+  absl::Status sent = transfers_.SendFiles(
+      files,
+      [writer](const v1::FetchModelResponse& m) { return writer->Write(m); });
+  if (!sent.ok()) {
+    LogWarning("a model fetch of %s from %s failed: %s", request->job_id(),
+               context->peer(), sent.ToString());
+  }
+  return ToGrpcStatus(sent);
 }
 
 grpc::Status ControllerService::FetchCheckpoint(

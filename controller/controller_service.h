@@ -63,6 +63,9 @@ class ControllerService final : public gpipe::v1::Controller::Service {
       grpc::ServerContext* context,
       grpc::ServerReader<gpipe::v1::UploadStageFileRequest>* reader,
       gpipe::v1::UploadStageFileResponse* response) override;
+  grpc::Status FetchModel(
+      grpc::ServerContext* context, const gpipe::v1::FetchModelRequest* request,
+      grpc::ServerWriter<gpipe::v1::FetchModelResponse>* writer) override;
   grpc::Status FetchCheckpoint(
       grpc::ServerContext* context,
       const gpipe::v1::FetchCheckpointRequest* request,

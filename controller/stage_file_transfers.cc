@@ -215,4 +215,43 @@ absl::Status StageFileTransfers::Send(
   return absl::OkStatus();
 }
 
+absl::Status StageFileTransfers::SendFiles(
+    const std::vector<FileToSend>& files,
+    absl::FunctionRef<bool(const v1::FetchModelResponse&)> write) {
+  ASSIGN_OR_RETURN(Slot slot, Slot::Take(*this));
+  const auto gone = [] {
+    return absl::CancelledError("the client stopped fetching");
+  };
+  v1::FetchModelResponse out;
+  std::string buffer;
+  for (const FileToSend& file : files) {
+    uint64_t size = 0;
+    ASSIGN_OR_RETURN(storage::ScopedFd fd,
+                     storage::OpenForRead(file.path, &size));
+    out.mutable_header()->set_name(file.name);
+    out.mutable_header()->set_bytes(static_cast<int64_t>(size));
+    if (!write(out)) return gone();
+    storage::Sha256 digest;
+    for (uint64_t offset = 0; offset < size;) {
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(
+          static_cast<uint64_t>(options_.chunk_bytes), size - offset));
+      buffer.resize(n);
+      RETURN_IF_ERROR(storage::ReadAt(fd, file.path, offset, buffer.data(), n));
+      digest.Update(buffer);
+      offset += n;
+      out.set_chunk(std::move(buffer));
+      if (!write(out)) return gone();
+      buffer = std::move(*out.mutable_chunk());
+    }
+    const std::string sha = digest.Finish();
+    if (!file.sha256.empty() && sha != file.sha256) {
+      return absl::DataLossError(
+          absl::StrCat(file.path, " no longer matches its manifest's sha256"));
+    }
+    out.set_sha256(sha);
+    if (!write(out)) return gone();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gpipe::controller

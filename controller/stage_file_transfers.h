@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
@@ -57,6 +58,20 @@ class StageFileTransfers {
   absl::Status Send(
       const std::string& manifest_path, int64_t layer_begin, int64_t layer_end,
       absl::FunctionRef<bool(const gpipe::v1::FetchCheckpointResponse&)> write);
+
+  // A file to send to a client: where it is, the name it gets, and the
+  // sha256 it must have ("": whatever it has).
+  struct FileToSend {
+    std::string path;
+    std::string name;
+    std::string sha256;
+  };
+  // Sends `files` in order, each as header, bytes and the digest of the
+  // bytes read (FetchModelResponse). A file whose digest is not the one
+  // expected ends the stream with DataLoss before its digest is sent.
+  absl::Status SendFiles(
+      const std::vector<FileToSend>& files,
+      absl::FunctionRef<bool(const gpipe::v1::FetchModelResponse&)> write);
 
   int active() ABSL_LOCKS_EXCLUDED(mu_);
 

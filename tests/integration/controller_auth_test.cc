@@ -170,6 +170,27 @@ TEST_F(ControllerAuthTest, EveryJobApiMethodChecksTheToken) {
     EXPECT_FALSE(reader->Read(&event));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
+  for (const std::string token : {std::string(), std::string(kWorkerToken)}) {
+    // A model is the job's result: the job API token, not a worker's.
+    grpc::ClientContext context;
+    Prepare(&context, token);
+    v1::FetchModelRequest request;
+    request.set_job_id("job-00000000");
+    auto reader = stub_->FetchModel(&context, request);
+    v1::FetchModelResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext context;
+    Prepare(&context, kApiToken);
+    v1::FetchModelRequest request;
+    request.set_job_id("job-00000000");
+    auto reader = stub_->FetchModel(&context, request);
+    v1::FetchModelResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+  }
 }
 
 TEST_F(ControllerAuthTest, AttachWantsTheWorkerToken) {

@@ -1,0 +1,144 @@
+#include "cli/model_download.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "services/storage/sha256.h"
+
+namespace gpipe::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool PlainName(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." &&
+         name.find('/') == std::string::npos &&
+         name.find('\0') == std::string::npos;
+}
+
+// One file being written: NAME.part until it is complete and checked.
+class PartFile {
+ public:
+  PartFile(const fs::path& dir, const gpipe::v1::ModelFileHeader& header)
+      : final_(dir / header.name()),
+        part_(dir / (header.name() + ".part")),
+        expected_(header.bytes()),
+        out_(part_, std::ios::binary | std::ios::trunc) {}
+  ~PartFile() {
+    if (!done_) {
+      out_.close();
+      std::error_code ec;
+      fs::remove(part_, ec);
+    }
+  }
+
+  absl::Status Write(const std::string& chunk) {
+    if (received_ + static_cast<int64_t>(chunk.size()) > expected_) {
+      return absl::DataLossError(absl::StrCat(final_.filename().string(),
+                                              ": more than the ", expected_,
+                                              " bytes its header announced"));
+    }
+    out_.write(chunk.data(), static_cast<std::streamsize>(chunk.size()));
+    if (!out_) {
+      return absl::InternalError(absl::StrCat("cannot write ", part_.string()));
+    }
+    digest_.Update(chunk);
+    received_ += static_cast<int64_t>(chunk.size());
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<DownloadedFile> Finish(const std::string& sha256) {
+    if (received_ != expected_) {
+      return absl::DataLossError(absl::StrCat(final_.filename().string(), ": ",
+                                              received_, " of ", expected_,
+                                              " bytes arrived"));
+    }
+    const std::string got = digest_.Finish();
+    if (got != sha256) {
+      return absl::DataLossError(
+          absl::StrCat(final_.filename().string(), ": sha256 ", got,
+                       " of the bytes received, the controller's ", sha256));
+    }
+    out_.close();
+    if (!out_) {
+      return absl::InternalError(absl::StrCat("cannot write ", part_.string()));
+    }
+    std::error_code ec;
+    fs::rename(part_, final_, ec);
+    if (ec) {
+      return absl::InternalError(
+          absl::StrCat("cannot rename ", part_.string(), ": ", ec.message()));
+    }
+    done_ = true;
+    return DownloadedFile{final_.string(), received_, got};
+  }
+
+ private:
+  fs::path final_, part_;
+  int64_t expected_;
+  int64_t received_ = 0;
+  std::ofstream out_;
+  storage::Sha256 digest_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<DownloadedFile>> ReceiveModelFiles(
+    absl::FunctionRef<bool(gpipe::v1::FetchModelResponse*)> read,
+    const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  }
+  std::vector<DownloadedFile> done;
+  const auto fail = [&](absl::Status s) {
+    for (const DownloadedFile& f : done) fs::remove(f.path, ec);
+    return s;
+  };
+  std::unique_ptr<PartFile> file;
+  gpipe::v1::FetchModelResponse m;
+  while (read(&m)) {
+    switch (m.kind_case()) {
+      case gpipe::v1::FetchModelResponse::kHeader:
+        if (file != nullptr) {
+          return fail(absl::DataLossError(
+              "a file began before the previous one was complete"));
+        }
+        if (!PlainName(m.header().name()) || m.header().bytes() < 0) {
+          return fail(absl::InvalidArgumentError(absl::StrCat(
+              "the controller sent a file named '", m.header().name(), "' of ",
+              m.header().bytes(), " bytes: not a plain file name and length")));
+        }
+        file = std::make_unique<PartFile>(dir, m.header());
+        break;
+      case gpipe::v1::FetchModelResponse::kChunk:
+        if (file == nullptr) {
+          return fail(absl::DataLossError("bytes before any file's header"));
+        }
+        if (absl::Status s = file->Write(m.chunk()); !s.ok()) return fail(s);
+        break;
+      case gpipe::v1::FetchModelResponse::kSha256: {
+        if (file == nullptr) {
+          return fail(absl::DataLossError("a digest before any file"));
+        }
+        absl::StatusOr<DownloadedFile> f = file->Finish(m.sha256());
+        file.reset();
+        if (!f.ok()) return fail(f.status());
+        done.push_back(*f);
+        break;
+      }
+      default:
+        return fail(absl::DataLossError("an empty message in the stream"));
+    }
+  }
+  if (file != nullptr) {
+    return fail(absl::AbortedError("the stream ended inside a file"));
+  }
+  return done;
+}
+
+}  // namespace gpipe::cli

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# gpipectl fetch against a real controller and workers on loopback (files
+# through the controller, workers in their own directories): the final
+# model and a committed checkpoint's files arrive byte-identical to the
+# controller's; a job without a model yet, a step not kept and an unknown
+# job are refused with what there is; a fetch started while the controller
+# is down is retried and succeeds once it is back.
+#   fetch_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin="$1/bin"
+src=$2
+for b in gpipectl gpipe-controller gpipe-worker; do
+  [[ -x "$bin/$b" ]] || { echo "SKIP: $bin/$b is not built"; echo "0 passed, 0 failed"; exit 0; }
+done
+work=$(mktemp -d)
+source "$src/tests/scripts/recovery_lib.sh"
+trap cleanup EXIT
+ctl() { "$bin/gpipectl" --controller "127.0.0.1:$cport" "$@"; }
+passed=0
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+# refused WORDS CMD...: CMD fails saying WORDS.
+refused() {
+  local words=$1 out rc
+  shift
+  set +e
+  out=$("$@" 2>&1)
+  rc=$?
+  set -e
+  ((rc != 0)) || fail "accepted: $* -> $out"
+  [[ "$out" == *"$words"* ]] || fail "refused without '$words': $out"
+  echo "   $out"
+}
+
+write_spec "$work/job.json" fetched 40 2 2 "$SGD"
+write_spec "$work/long.json" long 1000000 2 2 "$SGD"
+cport=$(free_port)
+start_controller
+start_worker
+start_worker
+wait_workers 2
+long=$(submit "$work/long.json")
+wait_step "$long" 12
+refused "is RUNNING: its model is written when it succeeds" ctl fetch "$long" -o "$work/early"
+[[ ! -e "$work/early/model.safetensors" ]] || fail "a model appeared before the job succeeded"
+ctl cancel "$long" >/dev/null
+kept=$(job_field "$long" "s['checkpoints'][-1]['step']")
+ctl fetch "$long" --step "$kept" -o "$work/cancelled" >/dev/null
+[[ -s "$work/cancelled/MANIFEST.json" ]] || fail "the cancelled job's checkpoint of step $kept did not arrive"
+refused "is CANCELLED: its model is written when it succeeds" ctl fetch "$long" -o "$work/early"
+ok "a running or cancelled job has no model; its newest checkpoint (step $kept) was fetched"
+job=$(submit "$work/job.json")
+wait_done "$job"
+
+ctl fetch "$job" -o "$work/got" >"$work/fetch.txt"
+cmp "$work/got/model.safetensors" "$work/ckpt/$job/model.safetensors" ||
+  fail "the fetched model differs from the controller's"
+grep -q "model.safetensors" "$work/fetch.txt" || fail "fetch did not say what it wrote: $(cat "$work/fetch.txt")"
+ls "$work/got" | grep -q '\.part$' && fail "a .part file was left"
+ok "the final model, byte-identical ($(cut -c1-120 "$work/fetch.txt"))"
+
+kept=$(job_field "$job" "s['checkpoints'][-1]['step']")
+kept_dir=$(dirname "$(job_field "$job" "s['checkpoints'][-1]['manifestPath']")")
+ctl fetch "$job" --step "$kept" -o "$work/step" >/dev/null
+n=0
+for f in "$kept_dir"/*; do
+  [[ -f "$f" ]] || fail "no files in $kept_dir"
+  cmp "$f" "$work/step/$(basename "$f")" || fail "$(basename "$f") of step $kept differs"
+  n=$((n + 1))
+done
+((n >= 3)) || fail "step $kept had only $n files"
+ok "the checkpoint of step $kept: $n files (manifest and stages), byte-identical"
+
+refused "has no checkpoint of step 7; it keeps the checkpoints of steps" ctl fetch "$job" --step 7 -o "$work/none"
+refused "job-nope" ctl fetch job-nope -o "$work/none"
+ok "a step not kept and an unknown job are refused, naming what there is"
+
+# Down, then back: the fetch retries (1 s, then 2 s later).
+kill "$controller_pid"
+wait "$controller_pid" 2>/dev/null || true
+ctl fetch "$job" -o "$work/retried" >"$work/retry.txt" 2>&1 &
+fetcher=$!
+sleep 0.3
+start_controller
+wait "$fetcher" || fail "the fetch did not survive the controller's restart: $(cat "$work/retry.txt")"
+cmp "$work/retried/model.safetensors" "$work/ckpt/$job/model.safetensors" ||
+  fail "the retried fetch differs"
+ok "a fetch while the controller was down was retried and completed"
+echo "$passed passed, 0 failed"
