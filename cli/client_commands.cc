@@ -577,6 +577,34 @@ int RunCancel(const std::vector<std::string>& args) {
   return 0;
 }
 
+int RunResume(const std::vector<std::string>& args) {
+  constexpr char kUsage[] =
+      "resume JOB [--steps N] [--watch] [--controller ADDR] [--json]";
+  if (args.size() != 1) return Usage(kUsage);
+  int64_t steps = 0;
+  const std::string text = absl::GetFlag(FLAGS_steps);
+  if (!text.empty() && (!absl::SimpleAtoi(text, &steps) || steps < 1)) {
+    return Usage(kUsage);
+  }
+  ControllerClient client = MakeClient();
+  absl::StatusOr<gpipe::v1::Job> job = client.ResumeJob(args[0], steps);
+  if (!job.ok()) return Fail("resume", job.status());
+  const bool watch = absl::GetFlag(FLAGS_watch);
+  if (absl::GetFlag(FLAGS_json)) {
+    PrintJson(*job, /*pretty=*/!watch);
+  } else {
+    const gpipe::v1::Condition* running = nullptr;
+    for (const auto& c : job->status().conditions()) {
+      if (c.type() == "Running") running = &c;
+    }
+    std::printf("%s %s: %s\n", job->id().c_str(),
+                StateName(job->status().state()).c_str(),
+                running != nullptr ? running->message().c_str() : "resumed");
+  }
+  if (!watch) return 0;
+  return WatchToEnd("resume", client, job->id());
+}
+
 int RunDelete(const std::vector<std::string>& args) {
   if (args.size() != 1) return Usage("delete JOB [--controller ADDR]");
   ControllerClient client = MakeClient();

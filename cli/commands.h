@@ -24,6 +24,7 @@ int RunWatch(const std::vector<std::string>& args);
 int RunCancel(const std::vector<std::string>& args);
 int RunDelete(const std::vector<std::string>& args);
 int RunFetch(const std::vector<std::string>& args);
+int RunResume(const std::vector<std::string>& args);
 int RunWorkers(const std::vector<std::string>& args);
 // Stage timelines of a job as Chrome trace JSON or SVG (trace_command.cc).
 int RunTrace(const std::vector<std::string>& args);

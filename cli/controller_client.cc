@@ -248,6 +248,19 @@ absl::Status ControllerClient::DeleteJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<gpipe::v1::Job> ControllerClient::ResumeJob(
+    const std::string& job_id, int64_t steps) {
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  gpipe::v1::ResumeJobRequest request;
+  request.set_job_id(job_id);
+  request.set_steps(steps);
+  gpipe::v1::Job job;
+  grpc::Status s = stub_->ResumeJob(&context, request, &job);
+  if (!s.ok()) return UserStatus(s, "ResumeJob");
+  return job;
+}
+
 absl::StatusOr<gpipe::v1::Job> ControllerClient::CancelJob(
     const std::string& job_id) {
   grpc::ClientContext context;

@@ -36,6 +36,8 @@ class ControllerClient {
   absl::StatusOr<gpipe::v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<gpipe::v1::ListJobsResponse> ListJobs();
   absl::StatusOr<gpipe::v1::Job> CancelJob(const std::string& job_id);
+  absl::StatusOr<gpipe::v1::Job> ResumeJob(const std::string& job_id,
+                                           int64_t steps);
   // An ended job, its checkpoints and its model.
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<gpipe::v1::ListWorkersResponse> ListWorkers();

@@ -56,6 +56,8 @@ int main(int argc, char** argv) {
       "  watch JOB        follow a job to its end with a progress bar;\n"
       "                   exits 0 if it succeeded\n"
       "  cancel JOB       cancel a job\n"
+      "  resume JOB       continue a cancelled or failed job from its newest\n"
+      "                   checkpoint [--steps N] [--watch]\n"
       "  delete JOB       remove an ended job, its checkpoints and model\n"
       "  workers          the attached workers\n"
       "  fetch JOB        download the job's model.safetensors [-o DIR], or\n"
@@ -78,7 +80,8 @@ int main(int argc, char** argv) {
   // Bad security flags are refused before anything is sent.
   if (command == "submit" || command == "status" || command == "list" ||
       command == "watch" || command == "cancel" || command == "delete" ||
-      command == "workers" || command == "trace" || command == "fetch") {
+      command == "workers" || command == "trace" || command == "fetch" ||
+      command == "resume") {
     if (auto security = gpipe::cli::ClientSecurityFromFlags(); !security.ok()) {
       std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
                    std::string(security.status().message()).c_str());
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
   if (command == "local") return gpipe::cli::RunLocal(args);
   if (command == "trace") return gpipe::cli::RunTrace(args);
   if (command == "fetch") return gpipe::cli::RunFetch(args);
+  if (command == "resume") return gpipe::cli::RunResume(args);
   std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s\n",
                command.c_str(), absl::ProgramUsageMessage().data());
   return 2;

@@ -288,6 +288,64 @@ absl::StatusOr<v1::Job> Controller::CancelJob(std::string_view id) {
   return cancelled;
 }
 
+absl::StatusOr<v1::Job> Controller::ResumeJob(
+    const v1::ResumeJobRequest& request) {
+  const absl::Time now = Now();
+  absl::ReleasableMutexLock lock(&mu_);
+  JobRecord* job = jobs_.Find(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  v1::JobStatus& status = job->status();
+  if (status.state() != v1::CANCELLED && status.state() != v1::FAILED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job->id(), " is ", v1::JobState_Name(status.state()),
+        ": only a cancelled or failed job resumes"));
+  }
+  const int64_t from =
+      status.checkpoints().empty()
+          ? 0
+          : status.checkpoints(status.checkpoints_size() - 1).step();
+  if (request.steps() != 0) {
+    if (request.steps() <= from) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "steps: ", request.steps(), " is not past the newest checkpoint (",
+          from, " steps)"));
+    }
+    v1::JobSpec spec = job->job.spec();
+    spec.set_steps(request.steps());
+    RETURN_IF_ERROR(ValidateJobSpec(spec));
+    *job->job.mutable_spec() = std::move(spec);
+    status.set_total_steps(request.steps());
+  }
+  // As a restart: the scheduler checks the newest checkpoint and every
+  // stage restores it; exact as any recovery is.
+  status.set_state(v1::PENDING);
+  status.clear_finished();
+  status.clear_stages();
+  status.set_restarts(0);
+  status.set_step(from);
+  RemoveCondition(&status, kFailed);
+  RemoveCondition(&status, kCancelled);
+  job->waiting_since = now;
+  job->not_before = now;
+  job->restarts_without_progress = 0;
+  job->restore_check = JobRecord::RestoreCheck::kNeeded;
+  job->restore_point.reset();
+  const std::string message =
+      absl::StrCat("resumed by the user from ",
+                   from == 0 ? std::string("the beginning")
+                             : absl::StrCat("the checkpoint of step ", from),
+                   ", ", job->job.spec().steps(), " steps in all");
+  SetCondition(&status, kRunning, false, "Resumed", message, now);
+  jobs_.Publish(*job, message, now);
+  Reschedule(now);
+  Changed();
+  const v1::Job resumed = job->job;
+  const uint64_t ticket = job->store_ticket;
+  lock.Release();
+  if (store_writer_ != nullptr) store_writer_->WaitWritten(ticket);
+  return resumed;
+}
+
 absl::Status Controller::WatchJob(
     std::string_view id, const std::function<bool()>& cancelled,
     const std::function<bool(const v1::JobEvent&)>& send) {

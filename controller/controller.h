@@ -116,6 +116,12 @@ class Controller {
   // the store, and its checkpoint directory (model included) off the lock.
   absl::Status DeleteJob(std::string_view id);
   absl::StatusOr<gpipe::v1::Job> CancelJob(std::string_view id);
+  // A CANCELLED or FAILED job waits for workers again and restores its
+  // newest committed checkpoint, as a restart does; its restarts start
+  // from 0. FailedPrecondition for any other state, InvalidArgument for
+  // steps not past the newest checkpoint.
+  absl::StatusOr<gpipe::v1::Job> ResumeJob(
+      const gpipe::v1::ResumeJobRequest& request);
 
   // Calls `send` with the job as it is now, then once per change, and
   // returns OK after the event of a terminal state (or when `send` returns

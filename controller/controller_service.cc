@@ -99,6 +99,13 @@ grpc::Status ControllerService::DeleteJob(grpc::ServerContext* context,
   return ToGrpcStatus(controller_.DeleteJob(request->job_id()));
 }
 
+grpc::Status ControllerService::ResumeJob(grpc::ServerContext* context,
+                                          const v1::ResumeJobRequest* request,
+                                          v1::Job* response) {
+  if (grpc::Status s = CheckApiToken(*context, "ResumeJob"); !s.ok()) return s;
+  return Reply(controller_.ResumeJob(*request), response);
+}
+
 grpc::Status ControllerService::CancelJob(grpc::ServerContext* context,
                                           const v1::CancelJobRequest* request,
                                           v1::Job* response) {

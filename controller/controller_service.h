@@ -38,6 +38,9 @@ class ControllerService final : public gpipe::v1::Controller::Service {
   grpc::Status DeleteJob(grpc::ServerContext* context,
                          const gpipe::v1::DeleteJobRequest* request,
                          gpipe::v1::DeleteJobResponse* response) override;
+  grpc::Status ResumeJob(grpc::ServerContext* context,
+                         const gpipe::v1::ResumeJobRequest* request,
+                         gpipe::v1::Job* response) override;
   grpc::Status CancelJob(grpc::ServerContext* context,
                          const gpipe::v1::CancelJobRequest* request,
                          gpipe::v1::Job* response) override;

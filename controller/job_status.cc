@@ -67,6 +67,16 @@ void SetCondition(v1::JobStatus* status, std::string_view type, bool value,
   condition->set_message(std::string(message));
 }
 
+void RemoveCondition(v1::JobStatus* status, std::string_view type) {
+  auto* conditions = status->mutable_conditions();
+  for (int i = 0; i < conditions->size(); ++i) {
+    if (conditions->Get(i).type() == type) {
+      conditions->DeleteSubrange(i, 1);
+      return;
+    }
+  }
+}
+
 const v1::Condition* FindCondition(const v1::JobStatus& status,
                                    std::string_view type) {
   for (const v1::Condition& c : status.conditions()) {

@@ -29,7 +29,8 @@ absl::Time FromTimestamp(const google::protobuf::Timestamp& t);
 // jobs stays small however large their specs are.
 gpipe::v1::Job JobSummary(const gpipe::v1::Job& job);
 
-// SUCCEEDED, FAILED and CANCELLED: nothing changes a job after these.
+// SUCCEEDED, FAILED and CANCELLED: nothing changes a job after these but
+// ResumeJob (of a failed or cancelled one).
 bool IsTerminal(gpipe::v1::JobState state);
 
 // Sets the condition of `type`, adding it when absent. Like Kubernetes'
@@ -37,6 +38,9 @@ bool IsTerminal(gpipe::v1::JobState state);
 void SetCondition(gpipe::v1::JobStatus* status, std::string_view type,
                   bool value, std::string_view reason, std::string_view message,
                   absl::Time now);
+
+// Removes the condition of `type` (a resumed job's Failed or Cancelled).
+void RemoveCondition(gpipe::v1::JobStatus* status, std::string_view type);
 
 // The condition of `type`, or nullptr.
 const gpipe::v1::Condition* FindCondition(const gpipe::v1::JobStatus& status,

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# gpipectl resume against a real controller and workers on loopback:
+#  - a job cancelled mid-way, resumed, ends bitwise equal to the
+#    single-process reference run of the same job;
+#  - a job that FAILED (max_restarts 0 and a killed worker) resumes on a
+#    new worker with a fresh restart budget and ends bitwise equal too;
+#  - a job resumed with more steps runs them; a running or succeeded job,
+#    or steps not past the newest checkpoint, are refused.
+#   resume_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin="$1/bin"
+src=$2
+for b in gpipectl gpipe-controller gpipe-worker; do
+  [[ -x "$bin/$b" ]] || { echo "SKIP: $bin/$b is not built"; echo "0 passed, 0 failed"; exit 0; }
+done
+work=$(mktemp -d)
+source "$src/tests/scripts/recovery_lib.sh"
+trap cleanup EXIT
+ctl() { "$bin/gpipectl" --controller "127.0.0.1:$cport" "$@"; }
+passed=0
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+refused() {
+  local words=$1 out rc
+  shift
+  set +e
+  out=$("$@" 2>&1)
+  rc=$?
+  set -e
+  ((rc != 0)) || fail "accepted: $* -> $out"
+  [[ "$out" == *"$words"* ]] || fail "refused without '$words': $out"
+  echo "   $out"
+}
+state() { job_field "$1" "s.get('state','')"; }
+
+cport=$(free_port)
+start_controller
+start_worker
+start_worker
+wait_workers 2
+
+# 1. Cancelled at a step past a checkpoint, resumed.
+write_spec "$work/job.json" resumed 3000 2 2 "$ADAMW"
+job=$(submit "$work/job.json")
+wait_step "$job" 45
+refused "is RUNNING: only a cancelled or failed job resumes" ctl resume "$job"
+ctl cancel "$job" >/dev/null
+from=$(job_field "$job" "s['checkpoints'][-1]['step']")
+refused "is not past the newest checkpoint" ctl resume "$job" --steps "$from"
+out=$(ctl resume "$job")
+[[ "$out" == *"resumed by the user from the checkpoint of step $from"* ]] || fail "resume said: $out"
+wait_done "$job"
+same_as_reference "$job" "$work/job.json" 4
+ok "cancelled mid-way, resumed from step $from: bitwise the reference ($out)"
+refused "is SUCCEEDED: only a cancelled or failed job resumes" ctl resume "$job"
+
+# 2. Failed (no restarts allowed, a worker killed), resumed on a new worker.
+python3 - "$work/job.json" "$work/fragile.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["name"] = "fragile"
+s["maxRestarts"] = 0
+json.dump(s, open(sys.argv[2], "w"))
+PY
+fragile=$(submit "$work/fragile.json")
+wait_step "$fragile" 45
+victim=$(busy_workers "$fragile" | head -n 1)
+kill -9 "${worker_pid[$victim]}"
+for _ in $(seq 100); do
+  [[ "$(state "$fragile")" == FAILED ]] && break
+  sleep 0.1
+done
+[[ "$(state "$fragile")" == FAILED ]] || fail "the fragile job is $(state "$fragile") after its worker died"
+start_worker
+wait_workers 2
+ctl resume "$fragile" >/dev/null
+wait_done "$fragile"
+restarts=$(job_field "$fragile" "s.get('restarts', 0)")
+((restarts == 0)) || fail "the resumed job counts $restarts restarts"
+same_as_reference "$fragile" "$work/fragile.json" 4
+ok "failed when its worker died (max_restarts 0), resumed on a new worker: bitwise the reference"
+
+# 3. More steps.
+write_spec "$work/short.json" longer 3000 2 2 "$SGD"
+short=$(submit "$work/short.json")
+wait_step "$short" 25
+ctl cancel "$short" >/dev/null
+ctl resume "$short" --steps 3200 >/dev/null
+wait_done "$short"
+steps=$(job_field "$short" "s.get('step', 0)")
+((steps == 3200)) || fail "the longer job ended at step $steps"
+ok "a cancelled 3000-step job resumed with --steps 3200 ran to step 3200"
+echo "$passed passed, 0 failed"
