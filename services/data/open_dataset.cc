@@ -8,6 +8,7 @@
 #include "services/data/fashion_mnist.h"
 #include "services/data/synthetic.h"
 #include "services/data/text.h"
+#include "services/data/tokens.h"
 
 namespace gpipe {
 namespace {
@@ -59,6 +60,17 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
       return Upcast(
           "data.text.path",
           TextDataset::Open(text.path(), text.seq_len(), text.test_fraction()));
+    }
+    case gpipe::v1::DataSpec::kTokens: {
+      const gpipe::v1::TokenFile& t = spec.tokens();
+      TokenFileOptions o;
+      o.path = t.path();
+      o.test_path = t.test_path();
+      o.bytes_per_id = t.dtype() == gpipe::v1::UINT32 ? 4 : 2;
+      o.seq_len = t.seq_len();
+      o.test_fraction = t.test_fraction();
+      o.header_bytes = t.header_bytes();
+      return Upcast("data.tokens", TokenDataset::Open(o));
     }
     case gpipe::v1::DataSpec::kSynthetic: {
       // MakeSynthetic's messages start with the field inside Synthetic.

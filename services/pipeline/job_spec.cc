@@ -246,6 +246,35 @@ absl::Status ValidateText(const v1::TextFile& text, const ModelEnds& m) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateTokens(const v1::TokenFile& tokens, const ModelEnds& m) {
+  if (tokens.path().empty()) {
+    return FieldError("data.tokens.path", "must be set");
+  }
+  if (!v1::TokenDtype_IsValid(tokens.dtype())) {
+    return FieldError("data.tokens.dtype", "must be UINT16 or UINT32, got ",
+                      static_cast<int>(tokens.dtype()));
+  }
+  RETURN_IF_ERROR(CheckPositive("data.tokens.seq_len", tokens.seq_len()));
+  RETURN_IF_ERROR(
+      CheckFraction("data.tokens.test_fraction", tokens.test_fraction()));
+  if (tokens.header_bytes() < 0) {
+    return FieldError("data.tokens.header_bytes", "must not be negative, got ",
+                      tokens.header_bytes());
+  }
+  const int64_t t = tokens.seq_len();
+  if (m.input_dtype != v1::INT32 || m.input != Shape{t}) {
+    return FieldError("data.tokens", "seq_len ", t,
+                      " needs a model input of INT32 [", t, "], got ",
+                      Describe(m.input_dtype, m.input));
+  }
+  if (m.output.rank() != 2 || m.output[0] != t || m.output[1] < 2) {
+    return FieldError("data.tokens", "seq_len ", t,
+                      " needs a model output of [", t, ", V] with V >= 2, got ",
+                      m.output.ToString());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateData(const v1::DataSpec& data, const v1::ModelSpec& model,
                           const ModelShapes& shapes) {
   const auto& dims = model.input().shape().dims();
@@ -259,12 +288,14 @@ absl::Status ValidateData(const v1::DataSpec& data, const v1::ModelSpec& model,
       return ValidateSynthetic(data.synthetic(), model, m);
     case v1::DataSpec::kText:
       return ValidateText(data.text(), m);
+    case v1::DataSpec::kTokens:
+      return ValidateTokens(data.tokens(), m);
     case v1::DataSpec::SOURCE_NOT_SET:
       break;
   }
   return FieldError("data",
-                    "no data source set (expected fashion_mnist, text or "
-                    "synthetic)");
+                    "no data source set (expected fashion_mnist, text, "
+                    "tokens or synthetic)");
 }
 
 absl::Status ValidatePipeline(const v1::JobSpec& spec) {
@@ -511,6 +542,8 @@ std::string DataSourceName(const v1::DataSpec& data) {
   switch (data.source_case()) {
     case v1::DataSpec::kText:
       return absl::StrCat("data.text.path ", data.text().path());
+    case v1::DataSpec::kTokens:
+      return absl::StrCat("data.tokens.path ", data.tokens().path());
     case v1::DataSpec::kFashionMnist:
       return "data.fashion_mnist";
     case v1::DataSpec::kSynthetic:
