@@ -38,6 +38,7 @@
 #include "cli/commands.h"
 #include "cli/controller_client.h"
 #include "services/core/cores.h"
+#include "services/core/memory.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
@@ -191,6 +192,12 @@ class LocalCluster {
                             int threads_each) {
     worker_binary_ = binary;
     threads_each_ = threads_each;
+    // The workers share this machine: each may use its share of the
+    // memory (or of this process's cgroup limit), so that together they
+    // advertise no more than there is.
+    // A share too small to run anything is left to the workers' default.
+    memory_each_ = SystemMemoryLimit() / std::max<int64_t>(count, 1);
+    if (memory_each_ < (int64_t{256} << 20)) memory_each_ = 0;
     for (int64_t i = 0; i < count; ++i) {
       RETURN_IF_ERROR(StartWorker(absl::StrCat(i)));
     }
@@ -245,6 +252,9 @@ class LocalCluster {
         absl::StrCat("--threads=", threads_each_),
         "--metrics_listen=127.0.0.1:0",
         "--metrics_port_file=" + metrics_port_file};
+    if (memory_each_ > 0) {
+      args.push_back(absl::StrCat("--memory_limit=", memory_each_));
+    }
     if (!options_.data_plane.empty()) {
       args.push_back("--data_plane=" + options_.data_plane);
     }
@@ -352,6 +362,7 @@ class LocalCluster {
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::string worker_binary_;
   int threads_each_ = 1;
+  int64_t memory_each_ = 0;  // --memory_limit of each worker
   int replacements_ = 0;
 };
 

@@ -84,6 +84,11 @@ grep -q "starting a replacement" "$work/replace.log" || fail "no replacement was
 python3 "$src/tests/scripts/same_tensors.py" "$work/ref/model.safetensors" \
   "$work/replace-out/model.safetensors" || fail "the recovered run differs from gpipectl train"
 echo "replace: the killed worker was replaced and the job ended bitwise the reference"
+# The workers share the machine's memory: each is started with its share.
+for log in "$work"/replace/worker-*.log; do
+  grep -q "from --memory_limit" "$log" || fail "$(basename "$log") was not given its share of memory: $(grep memory: "$log")"
+done
+echo "replace: each worker had its share of the memory ($(grep -ho 'limit [0-9.]* [KMGT]*i*B from --memory_limit' "$work"/replace/worker-0.log))"
 
 run noreplace --noreplace_workers
 ((rc != 0)) || fail "with --noreplace_workers a killed worker did not end the run"
