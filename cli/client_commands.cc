@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -516,6 +517,9 @@ int RunSubmit(const std::vector<std::string>& args) {
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail("submit", spec.status());
+  // Workers run elsewhere: a relative data path means this directory.
+  std::error_code ec;
+  ResolveDataPaths(std::filesystem::current_path(ec).string(), &*spec);
   absl::Status flags = ApplySpecFlags(*spec);
   if (!flags.ok()) return Fail("submit", flags);
   ControllerClient client = MakeClient();

@@ -556,6 +556,22 @@ std::string DataSourceName(const v1::DataSpec& data) {
 
 }  // namespace
 
+void ResolveDataPaths(const std::string& base, v1::JobSpec* spec) {
+  const auto resolve = [&](std::string* path) {
+    if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
+    *path = (std::filesystem::path(base) / *path).lexically_normal().string();
+  };
+  v1::DataSpec& data = *spec->mutable_data();
+  if (data.has_text()) resolve(data.mutable_text()->mutable_path());
+  if (data.has_tokens()) {
+    resolve(data.mutable_tokens()->mutable_path());
+    resolve(data.mutable_tokens()->mutable_test_path());
+  }
+  if (data.has_fashion_mnist()) {
+    resolve(data.mutable_fashion_mnist()->mutable_dir());
+  }
+}
+
 absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   const int64_t classes = data.num_classes();

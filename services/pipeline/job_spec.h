@@ -58,6 +58,12 @@ absl::StatusOr<gpipe::v1::JobSpec> ParseJobSpecJson(std::string_view json);
 // ParseJobSpecJson on a file's contents; every error names the file.
 absl::StatusOr<gpipe::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
+// Makes the spec's data paths (data.text.path, data.tokens.path and
+// test_path, data.fashion_mnist.dir) absolute against `base` (the
+// submitter's directory): a worker elsewhere would resolve a relative path
+// against its own. Absolute and empty paths stay as they are.
+void ResolveDataPaths(const std::string& base, gpipe::v1::JobSpec* spec);
+
 // Checks the model (shapes through every layer), the optimizer, the data
 // source against the model's input and output, and the pipeline layout.
 absl::Status ValidateJobSpec(const gpipe::v1::JobSpec& spec);

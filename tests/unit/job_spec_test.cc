@@ -513,5 +513,20 @@ TEST(JobSpecTest, ExamplesValidate) {
   if (checked == 0) GTEST_SKIP() << "no examples/*.json yet";
 }
 
+TEST(JobSpecTest, RelativeDataPathsBecomeTheSubmittersAbsolutePaths) {
+  v1::JobSpec spec;
+  spec.mutable_data()->mutable_tokens()->set_path("data/train.bin");
+  spec.mutable_data()->mutable_tokens()->set_test_path("./data/../val.bin");
+  ResolveDataPaths("/home/me/project", &spec);
+  EXPECT_EQ(spec.data().tokens().path(), "/home/me/project/data/train.bin");
+  EXPECT_EQ(spec.data().tokens().test_path(), "/home/me/project/val.bin");
+  spec.mutable_data()->mutable_text()->set_path("/srv/corpus.txt");
+  ResolveDataPaths("/elsewhere", &spec);
+  EXPECT_EQ(spec.data().text().path(), "/srv/corpus.txt");  // absolute: kept
+  spec.mutable_data()->mutable_fashion_mnist();  // empty dir: the default
+  ResolveDataPaths("/elsewhere", &spec);
+  EXPECT_EQ(spec.data().fashion_mnist().dir(), "");
+}
+
 }  // namespace
 }  // namespace gpipe
