@@ -372,17 +372,10 @@ int RunPlan(const std::vector<std::string>& args) {
             o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
             o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
           }
-          for (int64_t s = 0; s < k; ++s) {
-            StageMemoryPlacement place;
-            place.stage = s;
-            place.stages = k;
-            place.layer_begin = begins[s];
-            place.layer_end = begins[s] + (*balance)[s];
-            place.micro_batches = m;
-            place.schedule = schedule;
-            place.remat = remat;
-            o.memory.push_back(EstimateStageMemory(*spec, *shapes, place));
-            o.peak_bytes = std::max(o.peak_bytes, o.memory.back().total());
+          o.memory = EstimatePipelineMemory(*spec, *shapes, *balance, m,
+                                            schedule, remat);
+          for (const StageMemory& s : o.memory) {
+            o.peak_bytes = std::max(o.peak_bytes, s.total());
           }
           options.push_back(std::move(o));
         }

@@ -180,10 +180,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
       return absl::UnavailableError("the controller is shutting down");
     }
     if (plan.ok()) {
-      std::vector<int64_t> memory;
-      for (const auto& w : workers_.All())
-        memory.push_back(w->info.resources().memory_bytes());
-      RETURN_IF_ERROR(CheckFitsCluster(*plan, memory));
+      RETURN_IF_ERROR(CheckFitsCluster(*plan, WorkerMemory(workers_.All())));
     }
     JobRecord& job = jobs_.Add(std::move(spec), k, now);
     const std::string waiting =

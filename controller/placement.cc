@@ -30,6 +30,16 @@ size_t LargestStage(const StagePlan& plan) {
 
 }  // namespace
 
+std::vector<int64_t> WorkerMemory(
+    const std::vector<std::shared_ptr<WorkerRecord>>& workers) {
+  std::vector<int64_t> memory;
+  memory.reserve(workers.size());
+  for (const auto& w : workers) {
+    memory.push_back(w->info.resources().memory_bytes());
+  }
+  return memory;
+}
+
 absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k) {
   // Fewer stages than asked (elastic): an explicit balance has K entries,
   // so the cost model cuts the k stages.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "controller/worker_registry.h"
 #include "gpipe/v1/job.pb.h"
 #include "services/pipeline/memory_model.h"
 
@@ -26,6 +27,10 @@ struct StagePlan {
 // PartitionJob (an explicit balance only when k is the spec's K) and the
 // memory model of each stage. Errors: the spec cannot be cut into k.
 absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k);
+
+// What each of `workers` says its stages may hold, in order (0: not said).
+std::vector<int64_t> WorkerMemory(
+    const std::vector<std::shared_ptr<WorkerRecord>>& workers);
 
 // For each stage, the index into `worker_memory` (bytes each free worker's
 // stages may hold, in the scheduler's order; 0: unknown, holds anything) of

@@ -190,22 +190,15 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         jobs.Publish(*job, message, now);
         continue;
       }
-      std::vector<int64_t> memory;
-      for (const auto& w : idle)
-        memory.push_back(w->info.resources().memory_bytes());
       if (std::optional<std::vector<size_t>> place =
-              PlaceStages(*plan, memory, &why)) {
+              PlaceStages(*plan, WorkerMemory(idle), &why)) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;
         for (size_t w : *place) chosen.push_back(idle[w]);
         if (Start(jobs, *job, chosen, plan->balance, checkpoint_dir, transport,
                   now)) {
-          std::vector<bool> taken(idle.size(), false);
-          for (size_t w : *place) taken[w] = true;
-          std::vector<std::shared_ptr<WorkerRecord>> left;
-          for (size_t w = 0; w < idle.size(); ++w) {
-            if (!taken[w]) left.push_back(idle[w]);
-          }
-          idle = std::move(left);
+          std::erase_if(idle, [&chosen](const auto& w) {
+            return std::find(chosen.begin(), chosen.end(), w) != chosen.end();
+          });
         }
         continue;
       }

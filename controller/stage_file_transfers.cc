@@ -15,6 +15,27 @@ namespace gpipe::controller {
 
 namespace v1 = gpipe::v1;
 
+// Reads `size` bytes of `fd` in chunks of `chunk_bytes`, handing each to
+// `send` (false: the client is gone, and `gone()` is returned); returns the
+// sha256 of what was read.
+absl::StatusOr<std::string> SendChunks(
+    const storage::ScopedFd& fd, const std::string& path, uint64_t size,
+    int64_t chunk_bytes, absl::FunctionRef<bool(std::string&)> send,
+    absl::FunctionRef<absl::Status()> gone) {
+  storage::Sha256 digest;
+  std::string buffer;
+  for (uint64_t offset = 0; offset < size;) {
+    const size_t n = static_cast<size_t>(
+        std::min<uint64_t>(static_cast<uint64_t>(chunk_bytes), size - offset));
+    buffer.resize(n);
+    RETURN_IF_ERROR(storage::ReadAt(fd, path, offset, buffer.data(), n));
+    digest.Update(buffer);
+    offset += n;
+    if (!send(buffer)) return gone();
+  }
+  return digest.Finish();
+}
+
 class StageFileTransfers::Slot {
  public:
   static absl::StatusOr<Slot> Take(StageFileTransfers& t) {
@@ -181,7 +202,6 @@ absl::Status StageFileTransfers::Send(
   v1::FetchCheckpointResponse out;
   *out.mutable_manifest() = manifest;
   if (!write(out)) return gone();
-  std::string buffer;
   for (const v1::CheckpointFile& file : manifest.files()) {
     if (file.layer_end() <= layer_begin || file.layer_begin() >= layer_end) {
       continue;
@@ -195,19 +215,17 @@ absl::Status StageFileTransfers::Send(
     }
     *out.mutable_file() = file;
     if (!write(out)) return gone();
-    storage::Sha256 digest;
-    for (uint64_t offset = 0; offset < size;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(
-          static_cast<uint64_t>(options_.chunk_bytes), size - offset));
-      buffer.resize(n);
-      RETURN_IF_ERROR(storage::ReadAt(fd, path, offset, buffer.data(), n));
-      digest.Update(buffer);
-      offset += n;
-      out.set_chunk(std::move(buffer));
-      if (!write(out)) return gone();
-      buffer = std::move(*out.mutable_chunk());
-    }
-    if (digest.Finish() != file.sha256()) {
+    ASSIGN_OR_RETURN(const std::string sha,
+                     SendChunks(
+                         fd, path, size, options_.chunk_bytes,
+                         [&](std::string& chunk) {
+                           out.mutable_chunk()->swap(chunk);
+                           const bool ok = write(out);
+                           out.mutable_chunk()->swap(chunk);
+                           return ok;
+                         },
+                         gone));
+    if (sha != file.sha256()) {
       return absl::DataLossError(
           absl::StrCat(path, " no longer matches its manifest's sha256"));
     }
@@ -223,7 +241,6 @@ absl::Status StageFileTransfers::SendFiles(
     return absl::CancelledError("the client stopped fetching");
   };
   v1::FetchModelResponse out;
-  std::string buffer;
   for (const FileToSend& file : files) {
     uint64_t size = 0;
     ASSIGN_OR_RETURN(storage::ScopedFd fd,
@@ -231,19 +248,16 @@ absl::Status StageFileTransfers::SendFiles(
     out.mutable_header()->set_name(file.name);
     out.mutable_header()->set_bytes(static_cast<int64_t>(size));
     if (!write(out)) return gone();
-    storage::Sha256 digest;
-    for (uint64_t offset = 0; offset < size;) {
-      const size_t n = static_cast<size_t>(std::min<uint64_t>(
-          static_cast<uint64_t>(options_.chunk_bytes), size - offset));
-      buffer.resize(n);
-      RETURN_IF_ERROR(storage::ReadAt(fd, file.path, offset, buffer.data(), n));
-      digest.Update(buffer);
-      offset += n;
-      out.set_chunk(std::move(buffer));
-      if (!write(out)) return gone();
-      buffer = std::move(*out.mutable_chunk());
-    }
-    const std::string sha = digest.Finish();
+    ASSIGN_OR_RETURN(const std::string sha,
+                     SendChunks(
+                         fd, file.path, size, options_.chunk_bytes,
+                         [&](std::string& chunk) {
+                           out.mutable_chunk()->swap(chunk);
+                           const bool ok = write(out);
+                           out.mutable_chunk()->swap(chunk);
+                           return ok;
+                         },
+                         gone));
     if (!file.sha256.empty() && sha != file.sha256) {
       return absl::DataLossError(
           absl::StrCat(file.path, " no longer matches its manifest's sha256"));

@@ -33,12 +33,31 @@ struct Executor::Run {
   Link* downstream = nullptr;      // while connected, for Cancel
 };
 
+namespace {
+
+// Where the assignment puts the stage and how it runs.
+StagePlacement PlacementOf(const gpipe::v1::Assignment& a, Device device) {
+  StagePlacement p;
+  p.index = a.stage();
+  p.count = a.stages();
+  p.layer_begin = a.layer_begin();
+  p.layer_end = a.layer_end();
+  p.micro_batches = a.micro_batches();
+  p.schedule = ScheduleFromSpec(a.schedule());
+  p.remat = RematFromSpec(a.remat());
+  p.device = device;
+  return p;
+}
+
+}  // namespace
+
 struct Executor::Execution {
-  explicit Execution(std::shared_ptr<Run> r)
+  Execution(std::shared_ptr<Run> r, Device device)
       : run(std::move(r)),
         a(run->assignment),
         spec(a.spec()),
         plan(StepPlan::FromSpec(spec)),
+        placement(PlacementOf(a, device)),
         first(a.stage() == 0),
         last(a.stage() == a.stages() - 1) {}
 
@@ -46,6 +65,7 @@ struct Executor::Execution {
   const gpipe::v1::Assignment& a;
   const gpipe::v1::JobSpec& spec;
   const StepPlan plan;
+  const StagePlacement placement;
   const bool first, last;
   std::shared_ptr<StageMetrics> metrics;   // null without a metrics server
   std::shared_ptr<const Dataset> dataset;  // the first and last stage's
@@ -243,7 +263,7 @@ bool Executor::cancelled(const Run& run) const {
 
 void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
-  Execution x(run);
+  Execution x(run, device_);
   const gpipe::v1::Assignment& a = x.a;
   LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
@@ -306,13 +326,13 @@ absl::Status Executor::CheckMemory(const Execution& x) const {
   if (memory_budget_ <= 0 || device_ != Device::kCpu) return absl::OkStatus();
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(x.spec.model()));
   StageMemoryPlacement p;
-  p.stage = x.a.stage();
-  p.stages = x.a.stages();
-  p.layer_begin = x.a.layer_begin();
-  p.layer_end = x.a.layer_end();
-  p.micro_batches = x.a.micro_batches();
-  p.schedule = ScheduleFromSpec(x.a.schedule());
-  p.remat = RematFromSpec(x.a.remat());
+  p.stage = x.placement.index;
+  p.stages = x.placement.count;
+  p.layer_begin = x.placement.layer_begin;
+  p.layer_end = x.placement.layer_end;
+  p.micro_batches = x.placement.micro_batches;
+  p.schedule = x.placement.schedule;
+  p.remat = x.placement.remat;
   if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
       p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
     return absl::InvalidArgumentError(
@@ -355,15 +375,6 @@ absl::Status Executor::AwaitUpstream(Execution& x) {
 }
 
 absl::Status Executor::BuildStage(Execution& x) {
-  StagePlacement placement;
-  placement.index = x.a.stage();
-  placement.count = x.a.stages();
-  placement.layer_begin = x.a.layer_begin();
-  placement.layer_end = x.a.layer_end();
-  placement.micro_batches = x.a.micro_batches();
-  placement.schedule = ScheduleFromSpec(x.a.schedule());
-  placement.remat = RematFromSpec(x.a.remat());
-  placement.device = device_;
   Link* up = x.upstream.get();
   Link* down = x.downstream.get();
   if (x.metrics != nullptr) {
@@ -377,7 +388,7 @@ absl::Status Executor::BuildStage(Execution& x) {
     }
   }
   ASSIGN_OR_RETURN(x.stage,
-                   Stage::Create(x.spec, placement, x.dataset, up, down));
+                   Stage::Create(x.spec, x.placement, x.dataset, up, down));
   return absl::OkStatus();
 }
 

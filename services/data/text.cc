@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
-#include "services/tensor/allocator.h"
+#include "services/data/windows.h"
 
 namespace gpipe {
 namespace {
@@ -97,21 +97,8 @@ int64_t TextDataset::size(Split split) const {
 
 Batch TextDataset::Gather(Split split,
                           const std::vector<int64_t>& indices) const {
-  AllocatorScope host(DefaultCpuAllocator());
-  const int64_t b = static_cast<int64_t>(indices.size());
-  Batch batch{Tensor::Empty(Shape{b, seq_len_}, DType::kI32),
-              Tensor::Empty(Shape{b, seq_len_}, DType::kI32)};
-  int32_t* x = batch.inputs.i32();
-  int32_t* y = batch.targets.i32();
-  for (int64_t i = 0; i < b; ++i) {
-    const uint8_t* window =
-        &tokens_[split_begin(split) + indices[i] * seq_len_];
-    for (int64_t t = 0; t < seq_len_; ++t) {
-      x[i * seq_len_ + t] = window[t];
-      y[i * seq_len_ + t] = window[t + 1];
-    }
-  }
-  return batch;
+  const uint8_t* ids = &tokens_[split_begin(split)];
+  return GatherWindows(indices, seq_len_, [ids](int64_t p) { return ids[p]; });
 }
 
 }  // namespace gpipe

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
-#include "services/tensor/allocator.h"
+#include "services/data/windows.h"
 
 namespace gpipe {
 
@@ -154,20 +154,8 @@ int64_t TokenDataset::Id(Split split, int64_t i) const {
 
 Batch TokenDataset::Gather(Split split,
                            const std::vector<int64_t>& indices) const {
-  AllocatorScope host(DefaultCpuAllocator());
-  const int64_t b = static_cast<int64_t>(indices.size());
-  Batch batch{Tensor::Empty(Shape{b, seq_len_}, DType::kI32),
-              Tensor::Empty(Shape{b, seq_len_}, DType::kI32)};
-  int32_t* x = batch.inputs.i32();
-  int32_t* y = batch.targets.i32();
-  for (int64_t i = 0; i < b; ++i) {
-    const int64_t start = indices[i] * seq_len_;
-    for (int64_t t = 0; t < seq_len_; ++t) {
-      x[i * seq_len_ + t] = static_cast<int32_t>(Id(split, start + t));
-      y[i * seq_len_ + t] = static_cast<int32_t>(Id(split, start + t + 1));
-    }
-  }
-  return batch;
+  return GatherWindows(indices, seq_len_,
+                       [&](int64_t p) { return Id(split, p); });
 }
 
 }  // namespace gpipe

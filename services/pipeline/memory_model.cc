@@ -180,6 +180,15 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
 std::vector<StageMemory> EstimatePipelineMemory(
     const v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance) {
+  return EstimatePipelineMemory(spec, shapes, balance, MicroBatchCount(spec),
+                                ScheduleFromSpec(spec.pipeline().schedule()),
+                                RematFromSpec(spec.pipeline().remat()));
+}
+
+std::vector<StageMemory> EstimatePipelineMemory(
+    const v1::JobSpec& spec, const ModelShapes& shapes,
+    const std::vector<int64_t>& balance, int64_t micro_batches,
+    ScheduleKind schedule, RematMode remat) {
   std::vector<StageMemory> out;
   int64_t begin = 0;
   for (size_t s = 0; s < balance.size(); ++s) {
@@ -188,9 +197,9 @@ std::vector<StageMemory> EstimatePipelineMemory(
     p.stages = static_cast<int64_t>(balance.size());
     p.layer_begin = begin;
     p.layer_end = begin + balance[s];
-    p.micro_batches = MicroBatchCount(spec);
-    p.schedule = ScheduleFromSpec(spec.pipeline().schedule());
-    p.remat = RematFromSpec(spec.pipeline().remat());
+    p.micro_batches = micro_batches;
+    p.schedule = schedule;
+    p.remat = remat;
     out.push_back(EstimateStageMemory(spec, shapes, p));
     begin = p.layer_end;
   }

@@ -67,8 +67,13 @@ StageMemory EstimateStageMemory(const gpipe::v1::JobSpec& spec,
                                 const ModelShapes& shapes,
                                 const StageMemoryPlacement& placement);
 
-// Every stage of `spec` cut by `balance`, with the spec's M, schedule and
-// re-materialization.
+// Every stage of `spec` cut by `balance`, with M micro-batches, `schedule`
+// and `remat` (the planner tries others than the spec's).
+std::vector<StageMemory> EstimatePipelineMemory(
+    const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
+    const std::vector<int64_t>& balance, int64_t micro_batches,
+    ScheduleKind schedule, RematMode remat);
+// The same with the spec's M, schedule and re-materialization.
 std::vector<StageMemory> EstimatePipelineMemory(
     const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance);

@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
 absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   const int64_t s = step_;
   const Batch batch = dataset_->Gather(Split::kTrain, sampler_->Indices(s));
+  RETURN_IF_ERROR(model_->CheckInput(batch.inputs));
   const double normalizer = std::max<int64_t>(CountTargets(batch.targets), 1);
   LayerContext ctx;
   ctx.training = true;
@@ -56,9 +57,8 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   std::vector<Saved> saved;
   for (int64_t m = 0; m < static_cast<int64_t>(ranges.size()); ++m) {
     ctx.micro_batch = m;
-    const Tensor rows = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
-    RETURN_IF_ERROR(model_->CheckInput(rows));
-    const Tensor x = rows.To(device_);
+    const Tensor x =
+        batch.inputs.Rows(ranges[m].begin, ranges[m].end).To(device_);
     const Tensor targets = batch.targets.Rows(ranges[m].begin, ranges[m].end);
     const Tensor logits = model_->Forward(x, ctx, &saved);
     Tensor dlogits;

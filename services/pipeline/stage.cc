@@ -110,7 +110,6 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   Tensor x;
   if (placement_.first()) {
     x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
-    RETURN_IF_ERROR(model_->CheckInput(x));
     if (device_ != nullptr) x = device_->ToDevice(x);
   } else {
     ASSIGN_OR_RETURN(Message in,
@@ -233,6 +232,8 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
     // The last stage's inputs come down the pipe: it needs the targets only.
     if (placement_.first()) {
       batch = dataset_->Gather(Split::kTrain, indices);
+      // Once for the step's batch, not per micro-batch.
+      RETURN_IF_ERROR(model_->CheckInput(batch.inputs));
     } else {
       batch.targets = dataset_->GatherTargets(Split::kTrain, indices);
     }

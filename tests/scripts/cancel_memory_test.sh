@@ -15,7 +15,6 @@ work=$(mktemp -d)
 source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
 
-rss_mb() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$1/status"; }
 
 cport=$(free_port)
 start_controller

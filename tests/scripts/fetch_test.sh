@@ -15,21 +15,6 @@ done
 work=$(mktemp -d)
 source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
-ctl() { "$bin/gpipectl" --controller "127.0.0.1:$cport" "$@"; }
-passed=0
-ok() { echo "ok: $*"; passed=$((passed + 1)); }
-# refused WORDS CMD...: CMD fails saying WORDS.
-refused() {
-  local words=$1 out rc
-  shift
-  set +e
-  out=$("$@" 2>&1)
-  rc=$?
-  set -e
-  ((rc != 0)) || fail "accepted: $* -> $out"
-  [[ "$out" == *"$words"* ]] || fail "refused without '$words': $out"
-  echo "   $out"
-}
 
 write_spec "$work/job.json" fetched 40 2 2 "$SGD"
 write_spec "$work/long.json" long 1000000 2 2 "$SGD"

@@ -17,7 +17,6 @@ done
 work=$(mktemp -d)
 source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
-ctl() { "$bin/gpipectl" --controller "127.0.0.1:$cport" "$@"; }
 
 # A Linear of 784 x 200,000: 157M parameters, 627 MB, and as much again
 # for gradients. A 400 MiB worker holds about 300 MiB of stages.

@@ -51,6 +51,33 @@ fail() {
   exit 1
 }
 
+# ctl ARGS...: gpipectl against this test's controller.
+ctl() { "$bin/gpipectl" --controller "127.0.0.1:$cport" "$@"; }
+
+# rss_mb PID: the process's resident memory in MB.
+rss_mb() { awk '/^VmRSS/ {print int($2 / 1024)}' "/proc/$1/status"; }
+
+# ok WHAT: one check passed ($passed counts them).
+passed=0
+ok() {
+  echo "ok: $*"
+  passed=$((passed + 1))
+}
+
+# refused WORDS CMD...: CMD fails saying WORDS; prints what it said.
+refused() {
+  local words=$1 out rc
+  shift
+  set +e
+  out=$("$@" 2>&1)
+  rc=$?
+  set -e
+  ((rc != 0)) || fail "accepted: $* -> $out"
+  [[ "$out" == *"$words"* ]] || fail "refused without '$words': $out"
+  echo "   $out" | head -c 300
+  echo
+}
+
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
