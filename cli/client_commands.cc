@@ -27,6 +27,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "services/core/bytes.h"
 #include "services/core/strings.h"
+#include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"

@@ -226,6 +226,13 @@ int RunTrain(const std::vector<std::string>& args) {
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(spec->steps()),
               static_cast<long long>(spec->batch_size()), description.c_str());
+  if (spec->has_init_from()) {
+    std::printf("init_from %s: %s%s\n", spec->init_from().path().c_str(),
+                t.init_summary().c_str(),
+                t.step() > 0
+                    ? absl::StrCat("; continuing from step ", t.step()).c_str()
+                    : "");
+  }
   std::fflush(stdout);
 
   const absl::Time start = absl::Now();

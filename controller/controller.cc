@@ -18,6 +18,7 @@
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/step_plan.h"
@@ -166,6 +167,20 @@ absl::Status Controller::Recover() {
 // ---- Jobs -----------------------------------------------------------------
 
 absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
+  if (options_.check_data_paths) {
+    if (absl::Status seen = CheckSpecPathsExist(spec); !seen.ok()) {
+      return absl::Status(
+          seen.code(),
+          absl::StrCat(seen.message(),
+                       " on the controller (workers read the same path: mount "
+                       "the data where both see it, or run the controller "
+                       "with --check_data_paths=false when only workers "
+                       "mount it)"));
+    }
+    // The data is read here only when the spec leaves something to it
+    // (gpipectl fills those in where it can read the data).
+    RETURN_IF_ERROR(ResolveDataDependentFields(&spec));
+  }
   if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
@@ -299,7 +314,7 @@ absl::StatusOr<v1::Job> Controller::ResumeJob(
   }
   const int64_t from =
       status.checkpoints().empty()
-          ? 0
+          ? InitialStep(job->job.spec())
           : status.checkpoints(status.checkpoints_size() - 1).step();
   if (request.steps() != 0) {
     if (request.steps() <= from) {

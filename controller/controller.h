@@ -61,6 +61,12 @@ struct ControllerOptions {
       gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER;
   // Limits on uploads and fetches of stage files (through the controller).
   TransferOptions transfers;
+  // Whether the controller sees the paths workers read data and init_from
+  // weights from (a volume it mounts too, or one machine): a job naming a
+  // path that does not exist then fails at submit, and what only the data
+  // says (a 0 vocab_size, standardization) is filled in here. Off where the
+  // controller mounts no data.
+  bool check_data_paths = true;
   // A worker silent for longer is lost; workers are told to send a
   // heartbeat every heartbeat_interval.
   absl::Duration heartbeat_timeout = absl::Seconds(10);

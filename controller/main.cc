@@ -43,6 +43,10 @@ ABSL_FLAG(std::string, checkpoint_transport, "controller",
 ABSL_FLAG(int32_t, max_transfers, 8,
           "checkpoint uploads and fetches served at once (through the "
           "controller); more wait");
+ABSL_FLAG(bool, check_data_paths, true,
+          "refuse a job whose data or init_from path does not exist here, "
+          "and fill in what only the data says (a 0 vocab_size, CSV "
+          "standardization); false where the controller mounts no data");
 ABSL_FLAG(std::string, store, "",
           "SQLite job store (WAL): jobs survive a restart of the controller; "
           "empty: in memory only");
@@ -203,6 +207,7 @@ int main(int argc, char** argv) {
                                 : gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
   options.controller.transfers.max_concurrent =
       absl::GetFlag(FLAGS_max_transfers);
+  options.controller.check_data_paths = absl::GetFlag(FLAGS_check_data_paths);
 
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {

@@ -54,7 +54,8 @@ bool Start(JobTable& jobs, JobRecord& job,
   const std::optional<v1::CheckpointRef> restore = job.restore_point;
   job.restore_point.reset();
   job.restore_check = JobRecord::RestoreCheck::kNeeded;
-  const int64_t start_step = restore ? restore->step() : 0;
+  const int64_t start_step =
+      restore ? restore->step() : InitialStep(job.job.spec());
   status.set_epoch(epoch);
   status.set_step(start_step);
   status.set_running_stages(k);

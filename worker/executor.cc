@@ -9,6 +9,7 @@
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
+#include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/memory_model.h"
 #include "services/pipeline/schedule.h"
@@ -411,7 +412,7 @@ absl::Status Executor::Restore(Execution& x) {
       a.checkpoint_transport() == gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER;
   if (through_controller ? a.restore_step() == 0
                          : a.restore_manifest().empty()) {
-    return absl::OkStatus();
+    return x.spec.has_init_from() ? InitFrom(x) : absl::OkStatus();
   }
   absl::StatusOr<StageFileStore*> files = FilesFor(a);
   if (!files.ok()) return CheckpointError(files.status());
@@ -426,6 +427,27 @@ absl::Status Executor::Restore(Execution& x) {
   }
   LogInfo("stage %d of %s restored step %d from %s", a.stage(), a.job_id(),
           *restored, from);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::InitFrom(Execution& x) {
+  const gpipe::v1::InitFrom& init = x.spec.init_from();
+  ASSIGN_OR_RETURN(const InitWeights weights, ReadInitWeights(init.path()));
+  if (init.optimizer_state() && weights.step != init.step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_from.path: ", init.path(), " now holds step ",
+        weights.step.value_or(0), ", the job was submitted to continue from ",
+        init.step(), " (the file changed after submit?)"));
+  }
+  const StagePlacement& p = x.stage->placement();
+  ASSIGN_OR_RETURN(
+      const InitReport report,
+      LoadInitWeights(weights, init, x.stage->model().StateTensors(),
+                      x.stage->optimizer().State(),
+                      LayerRange{p.layer_begin, p.layer_end,
+                                 x.spec.model().layers_size()}));
+  LogInfo("stage %d of %s: init_from %s: %s", x.a.stage(), x.a.job_id(),
+          init.path(), report.ToString());
   return absl::OkStatus();
 }
 

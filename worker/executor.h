@@ -96,6 +96,9 @@ class Executor {
   absl::Status ConnectDownstream(Execution& x);
   absl::Status AwaitUpstream(Execution& x);
   absl::Status BuildStage(Execution& x);
+  // Loads the spec's init_from weights into a stage that restores no
+  // checkpoint.
+  absl::Status InitFrom(Execution& x);
   absl::Status Restore(Execution& x);
   absl::Status RunSteps(Execution& x);
   absl::Status Finish(Execution& x);

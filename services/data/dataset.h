@@ -32,6 +32,12 @@ class Dataset {
   virtual Shape target_shape() const = 0;  // [] or [T]
   // Number of classes the targets range over (vocabulary for token tasks).
   virtual int64_t num_classes() const = 0;
+  // For int32 inputs, how many token ids they range over (what the first
+  // layer's embedding must hold): the vocabulary, as the targets', unless a
+  // dataset knows better. 0 for float inputs.
+  virtual int64_t num_input_ids() const {
+    return input_dtype() == DType::kI32 ? num_classes() : 0;
+  }
   // Gathers the samples `indices` (each < size(split)) into one batch.
   virtual Batch Gather(Split split,
                        const std::vector<int64_t>& indices) const = 0;
@@ -50,9 +56,12 @@ class Dataset {
 // `model_input` is the shape of one sample the model takes; image datasets
 // lay their pixels out in it ([1, 28, 28] or [784]), an empty shape means
 // their natural layout, and other datasets ignore it. `seed` drives the
-// synthetic tasks. Gather returns host (CPU) tensors.
+// synthetic tasks; `model_dtype` is what tensor files are converted to.
+// data.normalize (or a CSV file's standardization) is applied to the inputs.
+// Gather returns host (CPU) tensors.
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
-    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed);
+    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed,
+    DType model_dtype = DType::kF32);
 
 }  // namespace gpipe
 

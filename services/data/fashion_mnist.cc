@@ -15,7 +15,7 @@ FashionMnist::FashionMnist(Shape input_shape, Part train, Part test)
       train_(std::move(train)),
       test_(std::move(test)) {
   for (int v = 0; v < 256; ++v) {
-    normalized_[v] = (static_cast<float>(v) / 255.0f - kMean) / kStd;
+    scaled_[v] = static_cast<float>(v) / 255.0f;
   }
 }
 
@@ -75,8 +75,7 @@ Batch FashionMnist::Gather(Split split,
   int32_t* y = batch.targets.i32();
   for (int64_t i = 0; i < b; ++i) {
     const uint8_t* src = &p.pixels[indices[i] * kPixels];
-    for (int64_t k = 0; k < kPixels; ++k)
-      x[i * kPixels + k] = normalized_[src[k]];
+    for (int64_t k = 0; k < kPixels; ++k) x[i * kPixels + k] = scaled_[src[k]];
     y[i] = p.labels[indices[i]];
   }
   return batch;

@@ -4,9 +4,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+#include "services/data/csv.h"
 #include "services/data/dataset.h"
 #include "services/data/fashion_mnist.h"
+#include "services/data/normalize.h"
 #include "services/data/synthetic.h"
+#include "services/data/tensor_files.h"
 #include "services/data/text.h"
 #include "services/data/tokens.h"
 
@@ -27,8 +31,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> Upcast(
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
-    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed) {
+namespace {
+
+// The source alone, before data.normalize.
+absl::StatusOr<std::unique_ptr<Dataset>> OpenSource(
+    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed,
+    DType model_dtype) {
   switch (spec.source_case()) {
     case gpipe::v1::DataSpec::kFashionMnist: {
       const std::string& dir = spec.fashion_mnist().dir();
@@ -57,9 +65,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
             absl::StrCat("data.text.test_fraction: must be in [0, 1), got ",
                          text.test_fraction()));
       }
-      return Upcast(
-          "data.text.path",
-          TextDataset::Open(text.path(), text.seq_len(), text.test_fraction()));
+      return Upcast("data.text.path",
+                    TextDataset::Open(text.path(), text.seq_len(),
+                                      text.test_fraction(), text.vocabulary()));
     }
     case gpipe::v1::DataSpec::kTokens: {
       const gpipe::v1::TokenFile& t = spec.tokens();
@@ -72,6 +80,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
       o.header_bytes = t.header_bytes();
       return Upcast("data.tokens", TokenDataset::Open(o));
     }
+    case gpipe::v1::DataSpec::kTensors:
+      return Upcast(
+          "data.tensors",
+          TensorFilesDataset::Open(spec.tensors(), model_input, model_dtype));
+    case gpipe::v1::DataSpec::kCsv:
+      return Upcast("data.csv", CsvDataset::Open(spec.csv()));
     case gpipe::v1::DataSpec::kSynthetic: {
       // MakeSynthetic's messages start with the field inside Synthetic.
       auto d = MakeSynthetic(spec.synthetic(), seed);
@@ -86,6 +100,26 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
       break;
   }
   return absl::InvalidArgumentError("data: no source set");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
+    const gpipe::v1::DataSpec& spec, const Shape& model_input, uint64_t seed,
+    DType model_dtype) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Dataset> data,
+                   OpenSource(spec, model_input, seed, model_dtype));
+  gpipe::v1::Normalize normalize = spec.normalize();
+  // Standardization not yet written into the spec (a job opened where it
+  // was not submitted): the same statistics, computed here.
+  if (spec.has_csv() && spec.csv().standardize() && !spec.has_normalize()) {
+    const CsvDataset::Standardization stats =
+        static_cast<const CsvDataset&>(*data).ComputeStandardization();
+    normalize.mutable_mean()->Assign(stats.mean.begin(), stats.mean.end());
+    normalize.mutable_std()->Assign(stats.std.begin(), stats.std.end());
+  }
+  if (normalize.mean_size() == 0 && normalize.std_size() == 0) return data;
+  return Upcast("data.normalize", Normalized(std::move(data), normalize));
 }
 
 }  // namespace gpipe

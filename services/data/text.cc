@@ -47,7 +47,8 @@ TextDataset::TextDataset(std::vector<uint8_t> tokens,
       seq_len_(seq_len) {}
 
 absl::StatusOr<std::unique_ptr<TextDataset>> TextDataset::Open(
-    const std::string& path, int64_t seq_len, double test_fraction) {
+    const std::string& path, int64_t seq_len, double test_fraction,
+    std::string_view given_vocabulary) {
   if (seq_len <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("seq_len must be positive, got ", seq_len));
@@ -76,17 +77,38 @@ absl::StatusOr<std::unique_ptr<TextDataset>> TextDataset::Open(
     }
   }
 
-  std::array<bool, 256> seen{};
-  for (uint8_t b : bytes) seen[b] = true;
   std::vector<uint8_t> vocabulary;
+  if (given_vocabulary.empty()) {
+    std::array<bool, 256> seen{};
+    for (uint8_t b : bytes) seen[b] = true;
+    for (int b = 0; b < 256; ++b) {
+      if (seen[b]) vocabulary.push_back(static_cast<uint8_t>(b));
+    }
+  } else {
+    vocabulary.assign(given_vocabulary.begin(), given_vocabulary.end());
+    for (size_t i = 1; i < vocabulary.size(); ++i) {
+      if (vocabulary[i] <= vocabulary[i - 1]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the vocabulary must hold distinct bytes in ascending order; "
+            "byte ",
+            int{vocabulary[i]}, " follows ", int{vocabulary[i - 1]}));
+      }
+    }
+  }
   std::array<int32_t, 256> token_of;
   token_of.fill(-1);
-  for (int b = 0; b < 256; ++b) {
-    if (!seen[b]) continue;
-    token_of[b] = static_cast<int32_t>(vocabulary.size());
-    vocabulary.push_back(static_cast<uint8_t>(b));
+  for (size_t id = 0; id < vocabulary.size(); ++id) {
+    token_of[vocabulary[id]] = static_cast<int32_t>(id);
   }
-  for (uint8_t& b : bytes) b = static_cast<uint8_t>(token_of[b]);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const int32_t id = token_of[bytes[i]];
+    if (id < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": byte ", int{bytes[i]}, " at offset ", i,
+          " is not in the vocabulary (", vocabulary.size(), " bytes)"));
+    }
+    bytes[i] = static_cast<uint8_t>(id);
+  }
   return std::unique_ptr<TextDataset>(new TextDataset(
       std::move(bytes), std::move(vocabulary), token_of, train_bytes, seq_len));
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,8 +25,12 @@ class TextDataset final : public Dataset {
   // non-overlapping windows, so every byte but the last is predicted once.
   // A missing file is NotFound; an empty file, or a split shorter than
   // seq_len + 1 bytes, is InvalidArgument; all name `path`.
+  // A non-empty `vocabulary` (ascending distinct bytes, as a trained model's
+  // file records them) fixes the ids instead: a byte of the file outside it
+  // is InvalidArgument naming the byte and its offset.
   static absl::StatusOr<std::unique_ptr<TextDataset>> Open(
-      const std::string& path, int64_t seq_len, double test_fraction = 0);
+      const std::string& path, int64_t seq_len, double test_fraction = 0,
+      std::string_view vocabulary = {});
 
   int64_t size(Split split) const override;
   Shape input_shape() const override { return Shape{seq_len_}; }

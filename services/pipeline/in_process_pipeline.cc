@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
+#include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
 #include "services/transport/in_process_link.h"
@@ -89,6 +90,27 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     p->stages_.push_back(std::move(stage));
     p->threads_.push_back(
         std::make_unique<StageThread>(std::max(1, options.threads_per_stage)));
+  }
+  if (spec.has_init_from()) {
+    ASSIGN_OR_RETURN(const InitWeights weights,
+                     ReadInitWeights(spec.init_from().path()));
+    InitReport all;
+    for (const auto& stage : p->stages_) {
+      const StagePlacement& at = stage->placement();
+      ASSIGN_OR_RETURN(
+          const InitReport report,
+          LoadInitWeights(weights, spec.init_from(),
+                          stage->model().StateTensors(),
+                          stage->optimizer().State(),
+                          LayerRange{at.layer_begin, at.layer_end, layers}));
+      all.loaded += report.loaded;
+      all.missing.insert(all.missing.end(), report.missing.begin(),
+                         report.missing.end());
+      all.ignored.insert(all.ignored.end(), report.ignored.begin(),
+                         report.ignored.end());
+    }
+    p->init_summary_ = all.ToString();
+    p->step_ = InitialStep(spec);
   }
   return p;
 }

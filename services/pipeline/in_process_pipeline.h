@@ -44,6 +44,7 @@ class InProcessPipeline final : public Trainer {
                                       int64_t max_samples) override;
   int64_t step() const override { return step_; }
   std::vector<NamedTensor> StateTensors() override;
+  const std::string& init_summary() const override { return init_summary_; }
 
   int64_t stage_count() const { return static_cast<int64_t>(stages_.size()); }
   Stage& stage(int64_t i) { return *stages_[i]; }
@@ -65,6 +66,7 @@ class InProcessPipeline final : public Trainer {
   std::vector<std::unique_ptr<StageThread>> threads_;
   int64_t step_ = 0;
   bool broken_ = false;
+  std::string init_summary_;
 };
 
 }  // namespace gpipe

@@ -14,7 +14,9 @@
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/data/normalize.h"
 #include "services/nn/layer_spec.h"
+#include "services/pipeline/data_resolution.h"
 #include "services/tensor/shape.h"
 
 namespace gpipe {
@@ -275,12 +277,57 @@ absl::Status ValidateTokens(const v1::TokenFile& tokens, const ModelEnds& m) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateData(const v1::DataSpec& data, const v1::ModelSpec& model,
-                          const ModelShapes& shapes) {
-  const auto& dims = model.input().shape().dims();
-  const ModelEnds m{model.input().dtype(),
-                    Shape(std::vector<int64_t>(dims.begin(), dims.end())),
-                    shapes.outputs.back()};
+// The files' shapes are known once they are read (OpenJobDataset checks
+// them against the model); here only what the spec says.
+absl::Status ValidateTensorFiles(const v1::TensorFiles& t, const ModelEnds& m) {
+  if (t.inputs().empty())
+    return FieldError("data.tensors.inputs", "must be set");
+  if (t.test_inputs().empty() != t.test_targets().empty() &&
+      !(t.targets().empty() && !t.test_inputs().empty())) {
+    return FieldError(t.test_inputs().empty() ? "data.tensors.test_inputs"
+                                              : "data.tensors.test_targets",
+                      "must be set with ",
+                      t.test_inputs().empty() ? "test_targets" : "test_inputs");
+  }
+  RETURN_IF_ERROR(
+      CheckFraction("data.tensors.test_fraction", t.test_fraction()));
+  if (m.output.rank() < 1 || m.output[m.output.rank() - 1] < 2) {
+    return FieldError("data.tensors",
+                      "needs a model output of class scores ([C] or [T, C] "
+                      "with C >= 2), got ",
+                      m.output.ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCsv(const v1::CsvFile& csv, const ModelEnds& m) {
+  if (csv.path().empty()) return FieldError("data.csv.path", "must be set");
+  if (csv.target().empty()) {
+    return FieldError("data.csv.target",
+                      "must name the target column (or give its index when "
+                      "the file has no header)");
+  }
+  if (!csv.delimiter().empty() && csv.delimiter().size() != 1) {
+    return FieldError("data.csv.delimiter", "must be one character, got \"",
+                      csv.delimiter(), "\"");
+  }
+  RETURN_IF_ERROR(CheckFraction("data.csv.test_fraction", csv.test_fraction()));
+  if (m.input_dtype != v1::FLOAT32 || m.input.rank() != 1) {
+    return FieldError("data.csv",
+                      "needs a model input of FLOAT32 [features], got ",
+                      Describe(m.input_dtype, m.input));
+  }
+  if (m.output.rank() != 1 || m.output[0] < 2) {
+    return FieldError("data.csv",
+                      "needs a model output of [C] class scores with C >= 2, "
+                      "got ",
+                      m.output.ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSource(const v1::DataSpec& data,
+                            const v1::ModelSpec& model, const ModelEnds& m) {
   switch (data.source_case()) {
     case v1::DataSpec::kFashionMnist:
       return ValidateFashionMnist(m);
@@ -290,12 +337,47 @@ absl::Status ValidateData(const v1::DataSpec& data, const v1::ModelSpec& model,
       return ValidateText(data.text(), m);
     case v1::DataSpec::kTokens:
       return ValidateTokens(data.tokens(), m);
+    case v1::DataSpec::kTensors:
+      return ValidateTensorFiles(data.tensors(), m);
+    case v1::DataSpec::kCsv:
+      return ValidateCsv(data.csv(), m);
     case v1::DataSpec::SOURCE_NOT_SET:
       break;
   }
   return FieldError("data",
                     "no data source set (expected fashion_mnist, text, "
-                    "tokens or synthetic)");
+                    "tokens, tensors, csv or synthetic)");
+}
+
+absl::Status ValidateData(const v1::DataSpec& data, const v1::ModelSpec& model,
+                          const ModelShapes& shapes) {
+  const auto& dims = model.input().shape().dims();
+  const ModelEnds m{model.input().dtype(),
+                    Shape(std::vector<int64_t>(dims.begin(), dims.end())),
+                    shapes.outputs.back()};
+  RETURN_IF_ERROR(ValidateSource(data, model, m));
+  if (data.has_normalize()) {
+    const absl::Status fits =
+        CheckNormalize(data.normalize(), m.input,
+                       m.input_dtype == v1::INT32 ? DType::kI32 : DType::kF32);
+    if (!fits.ok()) return FieldError("data.normalize", fits.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInitFrom(const v1::JobSpec& spec) {
+  if (!spec.has_init_from()) return absl::OkStatus();
+  if (spec.init_from().path().empty()) {
+    return FieldError("init_from.path", "must be set");
+  }
+  RETURN_IF_ERROR(CheckNonNegative("init_from.step", spec.init_from().step()));
+  if (InitialStep(spec) >= spec.steps()) {
+    return FieldError("steps", spec.steps(), " must be more than the step ",
+                      InitialStep(spec),
+                      " that init_from continues from (steps counts from the "
+                      "start of that run)");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidatePipeline(const v1::JobSpec& spec) {
@@ -471,12 +553,23 @@ absl::Status ValidateLimits(const v1::JobSpec& spec) {
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateLimits(spec));
+  for (const DataDependentField& f : DataDependentFields(spec)) {
+    if (!f.required) continue;
+    const absl::Status readable = CheckSpecPathsExist(spec);
+    return FieldError(
+        f.field,
+        "is filled from the data where the job is submitted, but the data "
+        "could not be read there",
+        readable.ok() ? "" : absl::StrCat(" (", readable.message(), ")"),
+        "; give the value in the spec");
+  }
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   RETURN_IF_ERROR(CheckPositive("batch_size", spec.batch_size()));
   RETURN_IF_ERROR(CheckPositive("steps", spec.steps()));
   RETURN_IF_ERROR(ValidateSizes(spec, shapes));
   RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   RETURN_IF_ERROR(ValidateData(spec.data(), spec.model(), shapes));
+  RETURN_IF_ERROR(ValidateInitFrom(spec));
   RETURN_IF_ERROR(ValidatePipeline(spec));
   RETURN_IF_ERROR(
       CheckNonNegative("checkpoint.every", spec.checkpoint().every()));
@@ -501,6 +594,18 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
     const auto message = parsed.message();  // StringPiece or string_view
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec: ", absl::string_view(message.data(), message.size())));
+  }
+  // Where the data can be read (the submitter's machine), what only the
+  // data says is written into the spec before it is checked.
+  const std::vector<DataDependentField> pending = DataDependentFields(spec);
+  if (!pending.empty() && CheckSpecPathsExist(spec).ok()) {
+    // A spec that can be checked without its data is, first: a mistake in
+    // it is named as such, not by what reading the data then tripped on.
+    if (std::none_of(pending.begin(), pending.end(),
+                     [](const DataDependentField& f) { return f.required; })) {
+      RETURN_IF_ERROR(ValidateJobSpec(spec));
+    }
+    RETURN_IF_ERROR(ResolveDataDependentFields(&spec));
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;
@@ -544,6 +649,10 @@ std::string DataSourceName(const v1::DataSpec& data) {
       return absl::StrCat("data.text.path ", data.text().path());
     case v1::DataSpec::kTokens:
       return absl::StrCat("data.tokens.path ", data.tokens().path());
+    case v1::DataSpec::kTensors:
+      return absl::StrCat("data.tensors.inputs ", data.tensors().inputs());
+    case v1::DataSpec::kCsv:
+      return absl::StrCat("data.csv.path ", data.csv().path());
     case v1::DataSpec::kFashionMnist:
       return "data.fashion_mnist";
     case v1::DataSpec::kSynthetic:
@@ -556,36 +665,21 @@ std::string DataSourceName(const v1::DataSpec& data) {
 
 }  // namespace
 
-void ResolveDataPaths(const std::string& base, v1::JobSpec* spec) {
-  const auto resolve = [&](std::string* path) {
-    if (path->empty() || std::filesystem::path(*path).is_absolute()) return;
-    *path = (std::filesystem::path(base) / *path).lexically_normal().string();
-  };
-  v1::DataSpec& data = *spec->mutable_data();
-  if (data.has_text()) resolve(data.mutable_text()->mutable_path());
-  if (data.has_tokens()) {
-    resolve(data.mutable_tokens()->mutable_path());
-    resolve(data.mutable_tokens()->mutable_test_path());
-  }
-  if (data.has_fashion_mnist()) {
-    resolve(data.mutable_fashion_mnist()->mutable_dir());
-  }
-}
-
 absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   const int64_t classes = data.num_classes();
+  const int64_t ids = data.num_input_ids();
   const v1::ModelSpec& model = spec.model();
   // Token ids index the embedding's table: one beyond it would read and
   // write outside it.
   if (data.input_dtype() == DType::kI32 && model.layers_size() > 0 &&
       model.layers(0).has_embedding() &&
-      classes > model.layers(0).embedding().vocab_size()) {
+      ids > model.layers(0).embedding().vocab_size()) {
     return FieldError("model.layers[0].embedding.vocab_size",
                       model.layers(0).embedding().vocab_size(),
-                      " is smaller than the ", classes, " tokens of ",
-                      DataSourceName(spec.data()), " (set it to at least ",
-                      classes, ")");
+                      " is smaller than the ", ids, " tokens of ",
+                      DataSourceName(spec.data()), " (set it to at least ", ids,
+                      ")");
   }
   // Targets index the loss's classes (the last dimension of the output).
   const Shape& out = shapes.outputs.back();

@@ -53,16 +53,12 @@ inline constexpr int64_t kMaxElasticGraceMs = int64_t{24} * 3600 * 1000;
 
 // Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields
 // are errors: a misspelt option must not silently fall back to its default.
+// When the spec's data paths exist here, the fields only the data can fill
+// (ResolveDataDependentFields) are filled first.
 absl::StatusOr<gpipe::v1::JobSpec> ParseJobSpecJson(std::string_view json);
 
 // ParseJobSpecJson on a file's contents; every error names the file.
 absl::StatusOr<gpipe::v1::JobSpec> LoadJobSpecFile(const std::string& path);
-
-// Makes the spec's data paths (data.text.path, data.tokens.path and
-// test_path, data.fashion_mnist.dir) absolute against `base` (the
-// submitter's directory): a worker elsewhere would resolve a relative path
-// against its own. Absolute and empty paths stay as they are.
-void ResolveDataPaths(const std::string& base, gpipe::v1::JobSpec* spec);
 
 // Checks the model (shapes through every layer), the optimizer, the data
 // source against the model's input and output, and the pipeline layout.
@@ -83,6 +79,12 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
 absl::Status CheckDataFitsModel(const gpipe::v1::JobSpec& spec,
                                 const Dataset& data);
 int64_t MicroBatchCount(const gpipe::v1::JobSpec& spec);
+
+// The step training starts at: init_from.step when the job carries the
+// optimizer state of the run it continues, else 0.
+inline int64_t InitialStep(const gpipe::v1::JobSpec& spec) {
+  return spec.init_from().optimizer_state() ? spec.init_from().step() : 0;
+}
 
 }  // namespace gpipe
 

@@ -12,7 +12,16 @@
 
 namespace gpipe {
 
-// {"format": "pt", "gpipe.job": the spec as JSON, "gpipe.step": steps}.
+// The version of what follows; a reader refuses a file of a later one.
+inline constexpr char kModelFormatVersionKey[] = "gpipe.format_version";
+inline constexpr char kModelFormatVersion[] = "1";
+
+// {"format": "pt", "gpipe.format_version": "1", "gpipe.job": the spec as
+// JSON (with what the data filled in at submit), "gpipe.step": steps}, and
+// when the data has them "gpipe.preprocessing" ({"normalize": {"mean": [..],
+// "std": [..]}}: what the inputs went through before the first layer) and
+// "gpipe.vocabulary" (a text model's byte for each token id, as a JSON list
+// of numbers).
 std::map<std::string, std::string> ModelFileMetadata(
     const gpipe::v1::JobSpec& spec, int64_t steps);
 

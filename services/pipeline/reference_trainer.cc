@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/nn/loss.h"
+#include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/micro_batch.h"
 
@@ -39,6 +40,17 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   if (device != Device::kCpu) RETURN_IF_ERROR(t->model_->To(device));
   ASSIGN_OR_RETURN(t->optimizer_,
                    MakeOptimizer(spec.optimizer(), t->model_->Parameters()));
+  if (spec.has_init_from()) {
+    ASSIGN_OR_RETURN(const InitWeights weights,
+                     ReadInitWeights(spec.init_from().path()));
+    const int64_t layers = spec.model().layers_size();
+    ASSIGN_OR_RETURN(
+        const InitReport report,
+        LoadInitWeights(weights, spec.init_from(), t->model_->StateTensors(),
+                        t->optimizer_->State(), LayerRange{0, layers, layers}));
+    t->init_summary_ = report.ToString();
+    t->step_ = InitialStep(spec);
+  }
   return t;
 }
 

@@ -36,6 +36,7 @@ class ReferenceTrainer final : public Trainer {
   std::vector<NamedTensor> StateTensors() override {
     return model_->StateTensors();
   }
+  const std::string& init_summary() const override { return init_summary_; }
   int64_t micro_batches() const { return micro_batches_; }
   const gpipe::v1::JobSpec& spec() const { return spec_; }
   Model& model() { return *model_; }
@@ -53,6 +54,7 @@ class ReferenceTrainer final : public Trainer {
   std::unique_ptr<Sampler> sampler_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::string init_summary_;
 };
 
 }  // namespace gpipe

@@ -5,6 +5,7 @@
 #define GPIPE_SERVICES_PIPELINE_TRAINER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,8 @@ class Trainer {
   virtual int64_t step() const = 0;
   // Parameters and buffers of the whole model by global name.
   virtual std::vector<NamedTensor> StateTensors() = 0;
+  // What init_from loaded ("loaded 12 tensors; ..."), empty without it.
+  virtual const std::string& init_summary() const = 0;
 };
 
 }  // namespace gpipe

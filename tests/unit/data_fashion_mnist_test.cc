@@ -57,9 +57,11 @@ class TinyFashionMnist : public ::testing::Test {
   std::string dir_;
 };
 
-float Normalized(int v) { return (v / 255.0f - 0.2860f) / 0.3530f; }
+// The dataset gives pixels in [0, 1]; the examples' data.normalize is
+// applied on top (OpensWithAllSamples).
+float Scaled(int v) { return v / 255.0f; }
 
-TEST_F(TinyFashionMnist, LayoutAndNormalization) {
+TEST_F(TinyFashionMnist, LayoutAndScaling) {
   auto d = FashionMnist::Open(dir_, Shape{1, 28, 28});
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->size(Split::kTrain), 3);
@@ -75,12 +77,12 @@ TEST_F(TinyFashionMnist, LayoutAndNormalization) {
   EXPECT_EQ(b.targets.i32()[0], 7);
   EXPECT_EQ(b.targets.i32()[1], 9);
   for (int k = 0; k < 784; ++k) {
-    ASSERT_FLOAT_EQ(b.inputs.f32()[k], Normalized(100 + k % 7));
-    ASSERT_FLOAT_EQ(b.inputs.f32()[784 + k], Normalized(k % 7));
+    ASSERT_FLOAT_EQ(b.inputs.f32()[k], Scaled(100 + k % 7));
+    ASSERT_FLOAT_EQ(b.inputs.f32()[784 + k], Scaled(k % 7));
   }
   Batch t = (*d)->Gather(Split::kTest, {1});
   EXPECT_EQ(t.targets.i32()[0], 8);
-  EXPECT_FLOAT_EQ(t.inputs.f32()[3], Normalized(53));
+  EXPECT_FLOAT_EQ(t.inputs.f32()[3], Scaled(53));
 }
 
 TEST_F(TinyFashionMnist, FlatLayoutForAnMlp) {
@@ -88,7 +90,7 @@ TEST_F(TinyFashionMnist, FlatLayoutForAnMlp) {
   ASSERT_TRUE(d.ok()) << d.status();
   Batch b = (*d)->Gather(Split::kTrain, {1});
   EXPECT_EQ(b.inputs.shape(), (Shape{1, 784}));
-  EXPECT_FLOAT_EQ(b.inputs.f32()[5], Normalized(55));
+  EXPECT_FLOAT_EQ(b.inputs.f32()[5], Scaled(55));
 }
 
 TEST_F(TinyFashionMnist, WrongInputShapeIsRejected) {
@@ -129,9 +131,12 @@ TEST(FashionMnistReal, OpensWithAllSamples) {
   if (!std::filesystem::exists(FashionMnist::kDefaultDir)) {
     GTEST_SKIP() << FashionMnist::kDefaultDir << " not installed";
   }
-  // The spec's empty dir means the default directory.
+  // The spec's empty dir means the default directory; the examples'
+  // normalization (the training pixels' statistics).
   gpipe::v1::DataSpec spec;
   spec.mutable_fashion_mnist();
+  spec.mutable_normalize()->add_mean(0.2860f);
+  spec.mutable_normalize()->add_std(0.3530f);
   auto d = OpenDataset(spec, Shape{784}, 0);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->size(Split::kTrain), 60000);
@@ -151,7 +156,8 @@ TEST(FashionMnistReal, OpensWithAllSamples) {
     // Fashion-MNIST is balanced: 6000 / 1000 of each class.
     for (int64_t c : counts) EXPECT_EQ(c, (*d)->size(split) / 10);
     if (split == Split::kTrain) {
-      // Normalized with the training statistics: mean ~0, std ~1.
+      // Normalized by the spec with the training statistics: mean ~0,
+      // std ~1.
       double sum = 0, sq = 0;
       const float* x = b.inputs.f32();
       for (int64_t i = 0; i < b.inputs.numel(); ++i) {

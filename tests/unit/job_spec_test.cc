@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/nn/layer_spec.h"
+#include "services/pipeline/data_resolution.h"
 
 namespace gpipe {
 namespace {

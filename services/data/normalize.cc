@@ -1,0 +1,106 @@
+#include "services/data/normalize.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+#include "services/core/strings.h"
+
+namespace gpipe {
+namespace {
+
+class NormalizedDataset final : public Dataset {
+ public:
+  NormalizedDataset(std::unique_ptr<Dataset> inner, std::vector<float> mean,
+                    std::vector<float> std)
+      : inner_(std::move(inner)),
+        mean_(std::move(mean)),
+        std_(std::move(std)),
+        group_size_(inner_->input_shape().numel() /
+                    static_cast<int64_t>(mean_.size())) {}
+
+  int64_t size(Split split) const override { return inner_->size(split); }
+  Shape input_shape() const override { return inner_->input_shape(); }
+  DType input_dtype() const override { return inner_->input_dtype(); }
+  Shape target_shape() const override { return inner_->target_shape(); }
+  int64_t num_classes() const override { return inner_->num_classes(); }
+
+  Batch Gather(Split split,
+               const std::vector<int64_t>& indices) const override {
+    Batch batch = inner_->Gather(split, indices);
+    float* x = batch.inputs.f32();
+    const int64_t n = batch.inputs.numel();
+    const int64_t groups = static_cast<int64_t>(mean_.size());
+    const int64_t sample = groups * group_size_;
+    // Subtract then divide, each rounded to float: what a user's
+    // `(x - mean) / std` in PyTorch computes, so their inputs match ours.
+    for (int64_t at = 0; at < n; at += group_size_) {
+      const int64_t g = (at % sample) / group_size_;
+      const float m = mean_[g];
+      const float s = std_[g];
+      for (int64_t k = at; k < at + group_size_; ++k) x[k] = (x[k] - m) / s;
+    }
+    return batch;
+  }
+  Tensor GatherTargets(Split split,
+                       const std::vector<int64_t>& indices) const override {
+    return inner_->GatherTargets(split, indices);
+  }
+
+ private:
+  std::unique_ptr<Dataset> inner_;
+  std::vector<float> mean_;
+  std::vector<float> std_;
+  int64_t group_size_;
+};
+
+}  // namespace
+
+absl::Status CheckNormalize(const gpipe::v1::Normalize& normalize,
+                            const Shape& input, DType dtype) {
+  const int64_t groups = normalize.mean_size();
+  if (groups == 0) return absl::InvalidArgumentError("mean: required");
+  if (normalize.std_size() != groups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("std: has ", normalize.std_size(), " values, mean has ",
+                     groups, " (one pair per group)"));
+  }
+  if (dtype != DType::kF32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("applies to FLOAT32 inputs; the data gives ",
+                     AsAbsl(DTypeName(dtype))));
+  }
+  const int64_t numel = input.numel();
+  const int64_t first = input.rank() > 0 ? input[0] : 1;
+  if (groups != 1 && groups != first && groups != numel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mean: has ", groups, " values; an input of ",
+                     input.ToString(), " takes 1 (the whole sample), ", first,
+                     " (its first dimension) or ", numel, " (each element)"));
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    if (!std::isfinite(normalize.mean(g))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mean[", g, "]: must be finite, got ", normalize.mean(g)));
+    }
+    if (!(normalize.std(g) > 0) || !std::isfinite(normalize.std(g))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "std[", g, "]: must be positive and finite, got ", normalize.std(g)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Dataset>> Normalized(
+    std::unique_ptr<Dataset> data, const gpipe::v1::Normalize& normalize) {
+  RETURN_IF_ERROR(
+      CheckNormalize(normalize, data->input_shape(), data->input_dtype()));
+  return std::unique_ptr<Dataset>(new NormalizedDataset(
+      std::move(data),
+      std::vector<float>(normalize.mean().begin(), normalize.mean().end()),
+      std::vector<float>(normalize.std().begin(), normalize.std().end())));
+}
+
+}  // namespace gpipe

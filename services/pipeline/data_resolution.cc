@@ -1,0 +1,198 @@
+#include "services/pipeline/data_resolution.h"
+
+#include <filesystem>
+#include <memory>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+#include "services/data/csv.h"
+#include "services/data/dataset.h"
+#include "services/data/text.h"
+#include "services/pipeline/init_weights.h"
+
+namespace gpipe {
+namespace {
+
+namespace v1 = ::gpipe::v1;
+
+// Calls fn(field, &path) on every path field the spec sets: one list, so
+// resolving, listing and checking paths cannot disagree.
+template <typename Fn>
+void VisitPaths(v1::JobSpec* spec, Fn fn) {
+  const auto visit = [&](const char* field, std::string* path) {
+    if (!path->empty()) fn(field, path);
+  };
+  v1::DataSpec& d = *spec->mutable_data();
+  switch (d.source_case()) {
+    case v1::DataSpec::kFashionMnist:
+      visit("data.fashion_mnist.dir", d.mutable_fashion_mnist()->mutable_dir());
+      break;
+    case v1::DataSpec::kText:
+      visit("data.text.path", d.mutable_text()->mutable_path());
+      break;
+    case v1::DataSpec::kTokens:
+      visit("data.tokens.path", d.mutable_tokens()->mutable_path());
+      visit("data.tokens.test_path", d.mutable_tokens()->mutable_test_path());
+      break;
+    case v1::DataSpec::kTensors: {
+      v1::TensorFiles& t = *d.mutable_tensors();
+      visit("data.tensors.inputs", t.mutable_inputs());
+      visit("data.tensors.targets", t.mutable_targets());
+      visit("data.tensors.test_inputs", t.mutable_test_inputs());
+      visit("data.tensors.test_targets", t.mutable_test_targets());
+      break;
+    }
+    case v1::DataSpec::kCsv:
+      visit("data.csv.path", d.mutable_csv()->mutable_path());
+      visit("data.csv.test_path", d.mutable_csv()->mutable_test_path());
+      break;
+    case v1::DataSpec::kSynthetic:
+    case v1::DataSpec::SOURCE_NOT_SET:
+      break;
+  }
+  if (spec->has_init_from()) {
+    visit("init_from.path", spec->mutable_init_from()->mutable_path());
+  }
+}
+
+bool HasEmbeddingToSize(const v1::ModelSpec& model) {
+  return model.layers_size() > 0 && model.layers(0).has_embedding() &&
+         model.layers(0).embedding().vocab_size() == 0;
+}
+
+bool HasHeadToSize(const v1::ModelSpec& model) {
+  return model.layers_size() > 0 &&
+         model.layers(model.layers_size() - 1).has_linear() &&
+         model.layers(model.layers_size() - 1).linear().out_features() == 0;
+}
+
+bool NeedsInitStep(const v1::JobSpec& spec) {
+  return spec.has_init_from() && spec.init_from().optimizer_state() &&
+         spec.init_from().step() == 0;
+}
+
+bool NeedsStandardization(const v1::DataSpec& data) {
+  return data.has_csv() && data.csv().standardize() && !data.has_normalize();
+}
+
+}  // namespace
+
+std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
+  std::vector<DataDependentField> fields;
+  const v1::ModelSpec& model = spec.model();
+  if (HasEmbeddingToSize(model)) {
+    fields.push_back({"model.layers[0].embedding.vocab_size", true});
+  }
+  if (HasHeadToSize(model)) {
+    fields.push_back({absl::StrCat("model.layers[", model.layers_size() - 1,
+                                   "].linear.out_features"),
+                      true});
+  }
+  if (NeedsStandardization(spec.data())) {
+    fields.push_back({"data.csv.standardize", true});
+  }
+  if (spec.data().has_text() && spec.data().text().vocabulary().empty()) {
+    fields.push_back({"data.text.vocabulary", false});
+  }
+  if (NeedsInitStep(spec)) fields.push_back({"init_from.step", true});
+  return fields;
+}
+
+absl::Status ResolveDataDependentFields(v1::JobSpec* spec) {
+  if (NeedsInitStep(*spec)) {
+    ASSIGN_OR_RETURN(const InitWeights weights,
+                     ReadInitWeights(spec->init_from().path()));
+    if (!weights.step.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_from.optimizer_state: ", weights.path,
+          " records no step to continue from (its metadata has neither "
+          "\"step\" nor \"gpipe.step\")"));
+    }
+    if (*weights.step == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "init_from.optimizer_state: ", weights.path,
+          " was saved at step 0: there is no optimizer state to continue "
+          "from (set optimizer_state false)"));
+    }
+    if (*weights.step >= spec->steps()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "steps: ", spec->steps(), " must be more than the step ",
+          *weights.step, " that init_from.path ", weights.path,
+          " continues from (steps counts from the start of that run)"));
+    }
+    spec->mutable_init_from()->set_step(*weights.step);
+  }
+  const std::vector<DataDependentField> fields = DataDependentFields(*spec);
+  if (fields.empty()) return absl::OkStatus();
+  // The source as it is on disk: statistics are of the raw features.
+  v1::DataSpec raw = spec->data();
+  raw.clear_normalize();
+  if (raw.has_csv()) raw.mutable_csv()->set_standardize(false);
+  const v1::TensorHeader& input = spec->model().input();
+  const auto& dims = input.shape().dims();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Dataset> data,
+      OpenDataset(raw, Shape(std::vector<int64_t>(dims.begin(), dims.end())),
+                  spec->seed(),
+                  input.dtype() == v1::INT32 ? DType::kI32 : DType::kF32));
+  const int64_t classes = data->num_classes();
+  v1::ModelSpec& model = *spec->mutable_model();
+  if (HasEmbeddingToSize(model)) {
+    model.mutable_layers(0)->mutable_embedding()->set_vocab_size(
+        data->num_input_ids());
+  }
+  if (HasHeadToSize(model)) {
+    model.mutable_layers(model.layers_size() - 1)
+        ->mutable_linear()
+        ->set_out_features(classes);
+  }
+  if (NeedsStandardization(spec->data())) {
+    const auto* csv = dynamic_cast<const CsvDataset*>(data.get());
+    if (csv == nullptr)
+      return absl::InternalError("a csv source opened as another");
+    const CsvDataset::Standardization stats = csv->ComputeStandardization();
+    v1::Normalize& n = *spec->mutable_data()->mutable_normalize();
+    n.mutable_mean()->Assign(stats.mean.begin(), stats.mean.end());
+    n.mutable_std()->Assign(stats.std.begin(), stats.std.end());
+  }
+  if (spec->data().has_text() && spec->data().text().vocabulary().empty()) {
+    const auto* text = dynamic_cast<const TextDataset*>(data.get());
+    if (text == nullptr)
+      return absl::InternalError("a text source opened as another");
+    spec->mutable_data()->mutable_text()->set_vocabulary(
+        std::string(text->vocabulary().begin(), text->vocabulary().end()));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, std::string>> SpecPaths(
+    const v1::JobSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> paths;
+  v1::JobSpec copy = spec;
+  VisitPaths(&copy, [&](const char* field, std::string* path) {
+    paths.emplace_back(field, *path);
+  });
+  return paths;
+}
+
+void ResolveDataPaths(const std::string& base, v1::JobSpec* spec) {
+  VisitPaths(spec, [&](const char*, std::string* path) {
+    if (std::filesystem::path(*path).is_absolute()) return;
+    *path = (std::filesystem::path(base) / *path).lexically_normal().string();
+  });
+}
+
+absl::Status CheckSpecPathsExist(const v1::JobSpec& spec) {
+  for (const auto& [field, path] : SpecPaths(spec)) {
+    std::error_code ec;
+    if (std::filesystem::exists(path, ec)) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": ", path, " does not exist",
+        ec ? absl::StrCat(" (", ec.message(), ")") : std::string()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gpipe

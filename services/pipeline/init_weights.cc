@@ -1,0 +1,228 @@
+#include "services/pipeline/init_weights.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/core/status.h"
+#include "services/core/strings.h"
+#include "services/storage/safetensors.h"
+
+namespace gpipe {
+namespace {
+
+absl::Status InitError(absl::StatusCode code, const std::string& message) {
+  return absl::Status(code, absl::StrCat("init_from.path: ", message));
+}
+
+// The step a file's metadata records, if any.
+absl::StatusOr<std::optional<int64_t>> StepOf(
+    const std::string& path, const std::map<std::string, std::string>& meta) {
+  for (const char* key : {"step", "gpipe.step"}) {
+    auto it = meta.find(key);
+    if (it == meta.end()) continue;
+    int64_t step = 0;
+    if (!absl::SimpleAtoi(it->second, &step) || step < 0) {
+      return InitError(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(path, ": metadata ", key, " is \"",
+                                    it->second, "\", not a step"));
+    }
+    return std::optional<int64_t>(step);
+  }
+  return std::optional<int64_t>();
+}
+
+// The layer index of "layers.<i>.<rest>", or -1 for any other name.
+int64_t LayerOf(const std::string& name) {
+  constexpr std::string_view kPrefix = "layers.";
+  if (name.compare(0, kPrefix.size(), kPrefix) != 0) return -1;
+  const char* begin = name.data() + kPrefix.size();
+  const char* end = name.data() + name.size();
+  int64_t index = -1;
+  const auto [at, ec] = std::from_chars(begin, end, index);
+  if (ec != std::errc() || at == begin || at == end || *at != '.') return -1;
+  return index;
+}
+
+// At most a dozen names, then how many more: an error must stay readable
+// when a whole model is missing.
+std::string NameList(const std::vector<std::string>& names) {
+  constexpr size_t kShown = 12;
+  std::vector<std::string> shown(
+      names.begin(), names.begin() + std::min(names.size(), kShown));
+  std::string list = absl::StrJoin(shown, ", ");
+  if (names.size() > kShown) {
+    absl::StrAppend(&list, " and ", names.size() - kShown, " more");
+  }
+  return list;
+}
+
+}  // namespace
+
+std::string InitReport::ToString() const {
+  std::string s = absl::StrCat("loaded ", loaded, " tensors");
+  if (!missing.empty()) {
+    absl::StrAppend(
+        &s, "; kept from the seed (not in the file): ", NameList(missing));
+  }
+  if (!ignored.empty()) {
+    absl::StrAppend(&s, "; ignored (not in the model): ", NameList(ignored));
+  }
+  return s;
+}
+
+absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
+  std::error_code ec;
+  std::vector<std::string> files;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+      if (entry.path().extension() == ".safetensors") {
+        files.push_back(entry.path().string());
+      }
+    }
+    if (ec) {
+      return InitError(absl::StatusCode::kFailedPrecondition,
+                       absl::StrCat(path, ": cannot list: ", ec.message()));
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) {
+      return InitError(absl::StatusCode::kInvalidArgument,
+                       absl::StrCat(path,
+                                    ": the directory holds no "
+                                    ".safetensors file"));
+    }
+  } else if (std::filesystem::exists(path, ec)) {
+    files.push_back(path);
+  } else {
+    return InitError(absl::StatusCode::kNotFound,
+                     absl::StrCat(path, ": no such file or directory"));
+  }
+  InitWeights weights;
+  weights.path = path;
+  for (const std::string& file : files) {
+    absl::StatusOr<SafetensorsFile> read = ReadSafetensors(file);
+    if (!read.ok()) {
+      return InitError(read.status().code(),
+                       std::string(read.status().message()));
+    }
+    ASSIGN_OR_RETURN(std::optional<int64_t> step, StepOf(file, read->metadata));
+    if (step.has_value()) {
+      if (weights.step.has_value() && *weights.step != *step) {
+        return InitError(
+            absl::StatusCode::kInvalidArgument,
+            absl::StrCat(path, ": its files are of steps ", *weights.step,
+                         " and ", *step, " (files of two checkpoints?)"));
+      }
+      weights.step = step;
+    }
+    for (auto& [name, tensor] : read->tensors) {
+      if (!weights.tensors.emplace(name, std::move(tensor)).second) {
+        return InitError(
+            absl::StatusCode::kInvalidArgument,
+            absl::StrCat(path, ": tensor ", name, " is in two files (", file,
+                         " and another)"));
+      }
+    }
+  }
+  return weights;
+}
+
+absl::StatusOr<InitReport> LoadInitWeights(
+    const InitWeights& weights, const gpipe::v1::InitFrom& spec,
+    const std::vector<NamedTensor>& model,
+    const std::vector<NamedTensor>& optimizer, const LayerRange& range) {
+  const bool strict = !spec.has_strict() || spec.strict();
+  InitReport report;
+  std::vector<std::pair<Tensor*, const Tensor*>> copies;
+  std::set<std::string> known;  // names this loader takes
+  std::vector<std::string> mismatched;
+  const auto match = [&](const NamedTensor& t, bool required_here) {
+    known.insert(t.name);
+    auto it = weights.tensors.find(t.name);
+    if (it == weights.tensors.end()) {
+      if (required_here) report.missing.push_back(t.name);
+      return;
+    }
+    const Tensor& from = it->second;
+    if (from.dtype() != t.tensor->dtype() ||
+        !(from.shape() == t.tensor->shape())) {
+      mismatched.push_back(
+          absl::StrCat(t.name, " is ", AsAbsl(DTypeName(from.dtype())), " ",
+                       from.shape().ToString(), " in the file, ",
+                       AsAbsl(DTypeName(t.tensor->dtype())), " ",
+                       t.tensor->shape().ToString(), " in the model"));
+      return;
+    }
+    copies.emplace_back(t.tensor, &from);
+  };
+  for (const NamedTensor& t : model) match(t, true);
+  std::vector<std::string> no_state;
+  if (spec.optimizer_state()) {
+    for (const NamedTensor& t : optimizer) {
+      if (weights.tensors.count(t.name) == 0) no_state.push_back(t.name);
+      match(t, false);
+    }
+  }
+  // Another optimizer's state of one of our tensors ("layers.0.weight.
+  // momentum" for AdamW) is not foreign to the model: skipped silently
+  // unless optimizer state was asked for.
+  const auto state_of_ours = [&](const std::string& name) {
+    for (const NamedTensor& t : model) {
+      if (name.size() > t.name.size() &&
+          name.compare(0, t.name.size(), t.name) == 0 &&
+          name[t.name.size()] == '.') {
+        return true;
+      }
+    }
+    return false;
+  };
+  for (const auto& [name, tensor] : weights.tensors) {
+    const int64_t layer = LayerOf(name);
+    const bool ours = (layer >= range.begin && layer < range.end) ||
+                      (range.end == range.model_layers &&
+                       (layer < 0 || layer >= range.model_layers));
+    if (!ours || known.count(name) > 0) continue;
+    if (!spec.optimizer_state() && state_of_ours(name)) continue;
+    report.ignored.push_back(name);
+  }
+  const std::string where = weights.path;
+  if (!mismatched.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_from: ", where, ": ", mismatched.size(),
+        " tensors do not fit the model: ", absl::StrJoin(mismatched, "; ")));
+  }
+  if (!no_state.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_from.optimizer_state: ", where, " holds no optimizer state for ",
+        NameList(no_state),
+        " (a model file has none: continue from a checkpoint, fetched with "
+        "`gpipectl fetch JOB --step N`, or set optimizer_state false)"));
+  }
+  if (strict && (!report.missing.empty() || !report.ignored.empty())) {
+    std::string message =
+        absl::StrCat("init_from: ", where, " does not match the model");
+    if (!report.missing.empty()) {
+      absl::StrAppend(&message, "; missing ", report.missing.size(), ": ",
+                      NameList(report.missing));
+    }
+    if (!report.ignored.empty()) {
+      absl::StrAppend(&message, "; not in the model ", report.ignored.size(),
+                      ": ", NameList(report.ignored));
+    }
+    absl::StrAppend(&message,
+                    " (set init_from.strict false to load what matches)");
+    return absl::InvalidArgumentError(message);
+  }
+  for (auto [to, from] : copies) to->CopyFrom(*from);
+  report.loaded = static_cast<int64_t>(copies.size());
+  return report;
+}
+
+}  // namespace gpipe

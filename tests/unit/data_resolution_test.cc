@@ -1,0 +1,138 @@
+// What only the data says: a 0 vocab_size and head filled from a text file,
+// its vocabulary recorded and then enforced, a CSV file's standardization
+// written into data.normalize, paths made absolute and checked, and all of
+// it carried into the model file's metadata.
+#include "services/pipeline/data_resolution.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/data/dataset.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/model_file.h"
+
+namespace gpipe {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class DataResolutionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("data_resolution_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << text;
+    return path;
+  }
+  std::filesystem::path dir_;
+};
+
+std::string CharModel(const std::string& path, int vocab, int head) {
+  return absl::StrCat(R"({
+    "model": {
+      "input": {"dtype": "INT32", "shape": {"dims": [8]}},
+      "layers": [
+        {"embedding": {"vocab_size": )",
+                      vocab, R"(, "dim": 16, "max_positions": 8}},
+        {"transformer_block": {"dim": 16, "heads": 2}},
+        {"linear": {"in_features": 16, "out_features": )",
+                      head, R"(}}
+      ],
+      "loss": {"softmax_cross_entropy": {}}
+    },
+    "optimizer": {"lr": 0.01, "adamw": {}},
+    "data": {"text": {"path": ")",
+                      path, R"(", "seq_len": 8}},
+    "batch_size": 4,
+    "steps": 2
+  })");
+}
+
+TEST_F(DataResolutionTest, AZeroVocabularyIsTheFilesAndIsRecorded) {
+  const std::string path = Write("abc.txt", std::string(200, 'a') + "bcab\n");
+  auto spec = ParseJobSpecJson(CharModel(path, 0, 0));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // Four distinct bytes: '\n', 'a', 'b', 'c'.
+  EXPECT_EQ(spec->model().layers(0).embedding().vocab_size(), 4);
+  EXPECT_EQ(spec->model().layers(2).linear().out_features(), 4);
+  EXPECT_EQ(spec->data().text().vocabulary(), "\nabc");
+  EXPECT_TRUE(DataDependentFields(*spec).empty());
+
+  const auto metadata = ModelFileMetadata(*spec, 2);
+  EXPECT_EQ(metadata.at("gpipe.format_version"), "1");
+  EXPECT_EQ(metadata.at("gpipe.vocabulary"), "[10, 97, 98, 99]");
+  EXPECT_EQ(metadata.count("gpipe.preprocessing"), 0u);
+  EXPECT_THAT(metadata.at("gpipe.job"), HasSubstr("\"vocabSize\":\"4\""));
+}
+
+TEST_F(DataResolutionTest, ARecordedVocabularyIsEnforced) {
+  const std::string path = Write("abc.txt", std::string(200, 'a') + "bcab\n");
+  auto spec = ParseJobSpecJson(CharModel(path, 0, 0));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // The same model on a file with a byte it has no id for.
+  Write("abc.txt", std::string(200, 'a') + "bcaz\n");
+  auto data = OpenJobDataset(*spec);
+  ASSERT_FALSE(data.ok());
+  EXPECT_THAT(data.status().message(),
+              HasSubstr("data.text.path: " + path +
+                        ": byte 122 at offset 203 "
+                        "is not in the vocabulary (4 bytes)"));
+}
+
+TEST_F(DataResolutionTest, UnreadableDataLeavesARequiredFieldNamed) {
+  auto spec = ParseJobSpecJson(CharModel((dir_ / "gone.txt").string(), 0, 5));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("model.layers[0].embedding.vocab_size: is filled from "
+                        "the data where the job is submitted"));
+  EXPECT_THAT(spec.status().message(), HasSubstr("gone.txt does not exist"));
+  // A recorded-only field (the vocabulary) does not stop a submit.
+  auto given = ParseJobSpecJson(CharModel((dir_ / "gone.txt").string(), 5, 5));
+  EXPECT_TRUE(given.ok()) << given.status();
+}
+
+TEST_F(DataResolutionTest, PathsResolveAgainstTheSubmitterAndAreChecked) {
+  gpipe::v1::JobSpec spec;
+  spec.mutable_data()->mutable_csv()->set_path("data/train.csv");
+  spec.mutable_data()->mutable_csv()->set_test_path("/abs/test.csv");
+  spec.mutable_init_from()->set_path("../weights");
+  ResolveDataPaths("/home/me/project", &spec);
+  EXPECT_EQ(spec.data().csv().path(), "/home/me/project/data/train.csv");
+  EXPECT_EQ(spec.data().csv().test_path(), "/abs/test.csv");
+  EXPECT_EQ(spec.init_from().path(), "/home/me/weights");
+  const auto paths = SpecPaths(spec);
+  ASSERT_EQ(paths.size(), 3u);
+  EXPECT_EQ(paths[2].first, "init_from.path");
+  const absl::Status missing = CheckSpecPathsExist(spec);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(missing.message(),
+            "data.csv.path: /home/me/project/data/train.csv does not exist");
+}
+
+TEST(ModelFileTest, NormalizationIsRecordedExactly) {
+  gpipe::v1::JobSpec spec;
+  spec.mutable_data()->mutable_normalize()->add_mean(0.286f);
+  spec.mutable_data()->mutable_normalize()->add_std(0.353f);
+  spec.mutable_data()->mutable_normalize()->add_mean(-1.5f);
+  spec.mutable_data()->mutable_normalize()->add_std(1e-3f);
+  const auto metadata = ModelFileMetadata(spec, 7);
+  EXPECT_EQ(metadata.at("gpipe.preprocessing"),
+            "{\"normalize\": {\"mean\": [0.286000013, -1.5], "
+            "\"std\": [0.352999985, 0.00100000005]}}");
+  EXPECT_EQ(metadata.at("gpipe.step"), "7");
+}
+
+}  // namespace
+}  // namespace gpipe

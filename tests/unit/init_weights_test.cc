@@ -1,0 +1,277 @@
+// init_from: a run continued from a checkpoint file with its optimizer state
+// ends bitwise equal to one run of all the steps, on the reference trainer
+// and on an in-process pipeline; without the optimizer state the weights
+// load and training starts over at step 0; strict and non-strict matching;
+// every mismatch named.
+#include "services/pipeline/init_weights.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/pipeline/data_resolution.h"
+#include "services/pipeline/in_process_pipeline.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/reference_trainer.h"
+#include "services/storage/safetensors.h"
+
+namespace gpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"({
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"in_features": 8, "out_features": 16}},
+      {"relu": {}},
+      {"linear": {"in_features": 16, "out_features": 16}},
+      {"tanh": {}},
+      {"linear": {"in_features": 16, "out_features": 3}}
+    ],
+    "loss": {"softmax_cross_entropy": {}}
+  },
+  "optimizer": {"lr": 0.01, "adamw": {}, "warmup_steps": 2,
+                "decay": "LR_DECAY_COSINE", "clip_norm": 1.0},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "train_samples": 256, "test_samples": 32}},
+  "pipeline": {"stages": 2, "micro_batches": 4},
+  "batch_size": 32,
+  "steps": 8,
+  "seed": 5
+})";
+
+using State = std::map<std::string, std::vector<float>>;
+
+State Snapshot(std::vector<NamedTensor> tensors) {
+  State s;
+  for (const NamedTensor& t : tensors) {
+    const Tensor host = t.tensor->To(Device::kCpu);
+    s[t.name].assign(host.f32(), host.f32() + host.numel());
+  }
+  return s;
+}
+
+class InitWeightsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("init_weights_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+    auto spec = ParseJobSpecJson(kSpec);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec_ = *spec;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // Trains `steps` steps on the reference trainer; writes its model state
+  // (and optimizer state when `with_optimizer`) to `name` as a checkpoint
+  // file does, and returns the path.
+  std::string TrainAndSave(int64_t steps, const std::string& name,
+                           bool with_optimizer,
+                           std::map<std::string, std::string> metadata = {}) {
+    auto t = ReferenceTrainer::Create(spec_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    for (int64_t s = 0; s < steps; ++s) EXPECT_TRUE((*t)->Step().ok());
+    std::vector<NamedTensor> all = (*t)->model().StateTensors();
+    if (with_optimizer) {
+      for (const NamedTensor& n : (*t)->optimizer().State()) all.push_back(n);
+    }
+    std::vector<std::pair<std::string, const Tensor*>> tensors;
+    for (const NamedTensor& n : all) tensors.emplace_back(n.name, n.tensor);
+    if (metadata.empty()) metadata = {{"step", absl::StrCat(steps)}};
+    const std::string path = (dir_ / name).string();
+    EXPECT_TRUE(WriteSafetensors(path, tensors, metadata).ok());
+    return path;
+  }
+
+  State Uninterrupted() {
+    auto t = ReferenceTrainer::Create(spec_);
+    EXPECT_TRUE(t.ok()) << t.status();
+    while ((*t)->step() < spec_.steps()) EXPECT_TRUE((*t)->Step().ok());
+    return Snapshot((*t)->StateTensors());
+  }
+
+  gpipe::v1::JobSpec Continuing(const std::string& path, bool optimizer) {
+    gpipe::v1::JobSpec spec = spec_;
+    spec.mutable_init_from()->set_path(path);
+    spec.mutable_init_from()->set_optimizer_state(optimizer);
+    EXPECT_TRUE(ResolveDataDependentFields(&spec).ok());
+    return spec;
+  }
+
+  std::filesystem::path dir_;
+  gpipe::v1::JobSpec spec_;
+};
+
+TEST_F(InitWeightsTest, ContinuingWithOptimizerStateIsBitwiseOneRun) {
+  const State whole = Uninterrupted();
+  const std::string half = TrainAndSave(3, "step3.safetensors", true);
+  const gpipe::v1::JobSpec spec = Continuing(half, true);
+  EXPECT_EQ(spec.init_from().step(), 3);  // filled from the file at submit
+  EXPECT_EQ(InitialStep(spec), 3);
+
+  auto reference = ReferenceTrainer::Create(spec);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  EXPECT_EQ((*reference)->step(), 3);
+  EXPECT_THAT((*reference)->init_summary(), HasSubstr("loaded "));
+  while ((*reference)->step() < spec.steps()) {
+    ASSERT_TRUE((*reference)->Step().ok());
+  }
+  EXPECT_EQ(Snapshot((*reference)->StateTensors()), whole);
+
+  // Two stages, each loading its own layers from the same file.
+  auto pipeline = InProcessPipeline::Create(spec, OptionsFromSpec(spec));
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  EXPECT_EQ((*pipeline)->step(), 3);
+  while ((*pipeline)->step() < spec.steps()) {
+    ASSERT_TRUE((*pipeline)->Step().ok());
+  }
+  EXPECT_EQ(Snapshot((*pipeline)->StateTensors()), whole);
+}
+
+TEST_F(InitWeightsTest,
+       WithoutOptimizerStateTheWeightsLoadAndTrainingStartsOver) {
+  const std::string half =
+      TrainAndSave(3, "model.safetensors", false, {{"gpipe.step", "3"}});
+  auto three = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(three.ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*three)->Step().ok());
+  const State after_three = Snapshot((*three)->StateTensors());
+
+  const gpipe::v1::JobSpec spec = Continuing(half, false);
+  EXPECT_EQ(InitialStep(spec), 0);
+  auto t = ReferenceTrainer::Create(spec);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->step(), 0);
+  EXPECT_EQ(Snapshot((*t)->StateTensors()), after_three);
+  // The documented difference: fresh moments and the schedule's first
+  // steps again, so the run does not end where one 8-step run ends.
+  while ((*t)->step() < spec.steps()) ASSERT_TRUE((*t)->Step().ok());
+  EXPECT_NE(Snapshot((*t)->StateTensors()), Uninterrupted());
+
+  // Asking for optimizer state a model file does not hold fails at once.
+  gpipe::v1::JobSpec wants = spec_;
+  wants.mutable_init_from()->set_path(half);
+  wants.mutable_init_from()->set_optimizer_state(true);
+  wants.mutable_init_from()->set_step(3);
+  auto refused = ReferenceTrainer::Create(wants);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("init_from.optimizer_state: "));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("holds no optimizer state"));
+}
+
+TEST_F(InitWeightsTest, StrictNamesWhatIsMissingAndExtraNonStrictLoadsTheRest) {
+  auto source = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(source.ok());
+  ASSERT_TRUE((*source)->Step().ok());
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const NamedTensor& n : (*source)->model().StateTensors()) {
+    if (n.name != "layers.4.bias") tensors.emplace_back(n.name, n.tensor);
+  }
+  const Tensor extra = Tensor::Zeros(Shape{2}, DType::kF32);
+  tensors.emplace_back("layers.9.weight", &extra);
+  tensors.emplace_back("head.scale", &extra);
+  const std::string path = (dir_ / "partial.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {}).ok());
+
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_init_from()->set_path(path);
+  auto strict = ReferenceTrainer::Create(spec);
+  ASSERT_FALSE(strict.ok());
+  EXPECT_EQ(strict.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(strict.status().message(), HasSubstr("missing 1: layers.4.bias"));
+  EXPECT_THAT(strict.status().message(),
+              HasSubstr("not in the model 2: head.scale, layers.9.weight"));
+  EXPECT_THAT(strict.status().message(), HasSubstr("init_from.strict false"));
+
+  spec.mutable_init_from()->set_strict(false);
+  auto loose = ReferenceTrainer::Create(spec);
+  ASSERT_TRUE(loose.ok()) << loose.status();
+  EXPECT_THAT((*loose)->init_summary(),
+              HasSubstr("kept from the seed (not in the file): layers.4.bias"));
+  const State got = Snapshot((*loose)->StateTensors());
+  const State want = Snapshot((*source)->model().StateTensors());
+  EXPECT_EQ(got.at("layers.0.weight"), want.at("layers.0.weight"));
+  EXPECT_NE(got.at("layers.4.bias"), want.at("layers.4.bias"));
+
+  // Each stage judges its own layers; the last also the foreign names, so
+  // the two-stage pipeline reports the same as the whole model.
+  auto pipeline = InProcessPipeline::Create(spec, OptionsFromSpec(spec));
+  ASSERT_TRUE(pipeline.ok()) << pipeline.status();
+  EXPECT_EQ((*pipeline)->init_summary(), (*loose)->init_summary());
+}
+
+TEST_F(InitWeightsTest, AnotherShapeIsAnErrorEvenWhenNotStrict) {
+  const Tensor wrong = Tensor::Zeros(Shape{16, 7}, DType::kF32);
+  const std::string path = (dir_ / "wrong.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(path, {{"layers.0.weight", &wrong}}, {}).ok());
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_init_from()->set_path(path);
+  spec.mutable_init_from()->set_strict(false);
+  auto t = ReferenceTrainer::Create(spec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("layers.0.weight is float32 [16, 7] in the file, "
+                        "float32 [16, 8] in the model"));
+}
+
+TEST_F(InitWeightsTest, ADirectoryOfStageFilesIsOneCheckpoint) {
+  auto source = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(source.ok());
+  ASSERT_TRUE((*source)->Step().ok());
+  const std::filesystem::path ckpt = dir_ / "ckpt";
+  std::filesystem::create_directories(ckpt);
+  std::vector<std::pair<std::string, const Tensor*>> a, b;
+  for (const NamedTensor& n : (*source)->model().StateTensors()) {
+    (n.name < "layers.3" ? a : b).emplace_back(n.name, n.tensor);
+  }
+  ASSERT_TRUE(WriteSafetensors((ckpt / "stage-0.safetensors").string(), a,
+                               {{"step", "1"}})
+                  .ok());
+  ASSERT_TRUE(WriteSafetensors((ckpt / "stage-1.safetensors").string(), b,
+                               {{"step", "1"}})
+                  .ok());
+  auto weights = ReadInitWeights(ckpt.string());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->step, 1);
+  EXPECT_EQ(weights->tensors.size(), a.size() + b.size());
+
+  // The same name in two files, or two steps, is refused.
+  ASSERT_TRUE(WriteSafetensors((ckpt / "stage-2.safetensors").string(), b,
+                               {{"step", "2"}})
+                  .ok());
+  auto twice = ReadInitWeights(ckpt.string());
+  ASSERT_FALSE(twice.ok());
+  EXPECT_THAT(twice.status().message(), HasSubstr("init_from.path: "));
+  EXPECT_THAT(ReadInitWeights((dir_ / "none").string()).status().message(),
+              HasSubstr("no such file or directory"));
+}
+
+TEST_F(InitWeightsTest, ResolvingRefusesAFileWithoutAStepToContinue) {
+  const std::string path =
+      TrainAndSave(2, "nostep.safetensors", true, {{"format", "pt"}});
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_init_from()->set_path(path);
+  spec.mutable_init_from()->set_optimizer_state(true);
+  const absl::Status s = ResolveDataDependentFields(&spec);
+  EXPECT_THAT(s.message(), HasSubstr("records no step to continue from"));
+  // And a job must have steps left after the step it continues from.
+  const std::string late = TrainAndSave(2, "late.safetensors", true);
+  spec.mutable_init_from()->set_path(late);
+  spec.set_steps(2);
+  EXPECT_THAT(ResolveDataDependentFields(&spec).message(),
+              HasSubstr("steps: 2 must be more than the step 2"));
+}
+
+}  // namespace
+}  // namespace gpipe
