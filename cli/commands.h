@@ -3,11 +3,13 @@
 #define GPIPE_CLI_COMMANDS_H_
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/pipeline/trainer.h"
 
 namespace gpipe::cli {
 
@@ -15,6 +17,15 @@ class ControllerClient;
 
 int RunTrain(const std::vector<std::string>& args);
 int RunPlan(const std::vector<std::string>& args);
+// Using a trained model file (eval_command.cc, predict_command.cc).
+int RunEval(const std::vector<std::string>& args);
+int RunPredict(const std::vector<std::string>& args);
+
+// The trainer train's flags ask for (--stages, --micro_batches, --schedule,
+// --remat, --balance, --device): the reference trainer for one stage, the
+// in-process pipeline otherwise; `description` says which.
+absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
+    const gpipe::v1::JobSpec& spec, int threads, std::string* description);
 
 // Talking to a controller (client_commands.cc).
 int RunSubmit(const std::vector<std::string>& args);

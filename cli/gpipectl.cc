@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
+#include "cli/help.h"
 #include "cli/security_flags.h"
 #include "services/core/flags_help.h"
 #include "services/core/memory.h"
@@ -31,44 +32,9 @@ int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   AcceptDashedFlags(argc, argv);
   gpipe::ListProjectFlagsInHelp();
-  absl::SetProgramUsageMessage(
-      "gpipectl COMMAND [ARGS] [--flags]\n\n"
-      "commands:\n"
-      "  train JOB.json   train: the in-process pipeline, or the reference\n"
-      "                   trainer with --stages 1\n"
-      "                   [--stages K] [--micro-batches M] [--schedule "
-      "gpipe|1f1b]\n"
-      "                   [--remat always|except_last|never] [--steps N]\n"
-      "                   [--out DIR] [--threads T] [--trace DIR]\n"
-      "  plan JOB.json    predict throughput, bubble and memory for each K, "
-      "M,\n"
-      "                   schedule and remat mode [--stages-range 1..8]\n"
-      "                   [--measure] [--memory-budget 2GiB]\n"
-      "  local JOB.json   run the job on a controller and workers started on\n"
-      "                   this machine [--workers K] [--keep DIR], with the\n"
-      "                   flags of train (--trace DIR too)\n"
-      "\n"
-      "talking to a controller (--controller ADDR, default $GPIPE_CONTROLLER\n"
-      "or 127.0.0.1:7070; --json prints protobuf JSON for scripts):\n"
-      "  submit JOB.json  submit a job and print its id [--watch]\n"
-      "  status [JOB]     one job in detail; without JOB, the list\n"
-      "  list             all jobs: id, name, state, step, loss, age\n"
-      "  watch JOB        follow a job to its end with a progress bar;\n"
-      "                   exits 0 if it succeeded\n"
-      "  cancel JOB       cancel a job\n"
-      "  resume JOB       continue a cancelled or failed job from its newest\n"
-      "                   checkpoint [--steps N] [--watch]\n"
-      "  delete JOB       remove an ended job, its checkpoints and model\n"
-      "  workers          the attached workers\n"
-      "  fetch JOB        download the job's model.safetensors [-o DIR], or\n"
-      "                   a committed checkpoint's files [--step N]\n"
-      "  trace JOB        the stage timelines of the job's last steps: a\n"
-      "                   summary, or -o trace.json (Chrome trace, for\n"
-      "                   Perfetto) and/or -o timeline.svg; [--steps A..B]\n"
-      "\n"
-      "a secured controller (docs/security.md): --tls_ca CA.pem [--tls_cert\n"
-      "CRT --tls_key KEY] [--tls_server_name NAME]; the token from\n"
-      "--token_file FILE or $GPIPE_TOKEN (which does not show in ps)\n");
+  absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());
+  // Our own help: a command's flags, not absl's list by source file.
+  if (gpipe::cli::PrintHelpIfAsked(argc, argv)) return 0;
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   if (args.empty()) {
@@ -90,6 +56,8 @@ int main(int argc, char** argv) {
   }
   if (command == "train") return gpipe::cli::RunTrain(args);
   if (command == "plan") return gpipe::cli::RunPlan(args);
+  if (command == "eval") return gpipe::cli::RunEval(args);
+  if (command == "predict") return gpipe::cli::RunPredict(args);
   if (command == "submit") return gpipe::cli::RunSubmit(args);
   if (command == "status") return gpipe::cli::RunStatus(args);
   if (command == "list") return gpipe::cli::RunList(args);

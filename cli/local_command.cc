@@ -40,6 +40,7 @@
 #include "services/core/cores.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
+#include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
 #include "services/transport/data_plane.h"
@@ -550,6 +551,9 @@ int RunLocal(const std::vector<std::string>& args) {
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
+  // The workers may run elsewhere (--keep directories): paths mean here.
+  std::error_code cwd_error;
+  ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
   if (absl::Status s = ApplySpecFlags(*spec); !s.ok()) return Fail(s);
   // The workers' own parser: what they accept is what is accepted here.
   if (const std::string plane = absl::GetFlag(FLAGS_data_plane);

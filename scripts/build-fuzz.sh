@@ -30,6 +30,7 @@ if (($#)); then
 else
   # The controller too: it runs no fuzzer, but clang checks its lock
   # annotations (-Wthread-safety) only where it compiles it.
-  targets=(frame_fuzzer job_spec_fuzzer checkpoint_fuzzer gpipe_controller)
+  targets=(frame_fuzzer job_spec_fuzzer checkpoint_fuzzer data_file_fuzzer
+    gpipe_controller)
 fi
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}"

@@ -1,5 +1,6 @@
 #include "services/data/normalize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -11,15 +12,32 @@
 namespace gpipe {
 namespace {
 
+// (x - mean[g]) / std[g] over a batch whose samples hold
+// groups * group_size elements.
+void Apply(const std::vector<float>& mean, const std::vector<float>& std,
+           Tensor* batch) {
+  const int64_t groups = static_cast<int64_t>(mean.size());
+  float* x = batch->f32();
+  const int64_t n = batch->numel();
+  const int64_t sample = n / std::max<int64_t>(batch->dim(0), 1);
+  const int64_t group_size = sample / groups;
+  // Subtract then divide, each rounded to float: what a user's
+  // `(x - mean) / std` in PyTorch computes, so their inputs match ours.
+  for (int64_t at = 0; at < n; at += group_size) {
+    const int64_t g = (at % sample) / group_size;
+    const float m = mean[g];
+    const float s = std[g];
+    for (int64_t k = at; k < at + group_size; ++k) x[k] = (x[k] - m) / s;
+  }
+}
+
 class NormalizedDataset final : public Dataset {
  public:
   NormalizedDataset(std::unique_ptr<Dataset> inner, std::vector<float> mean,
                     std::vector<float> std)
       : inner_(std::move(inner)),
         mean_(std::move(mean)),
-        std_(std::move(std)),
-        group_size_(inner_->input_shape().numel() /
-                    static_cast<int64_t>(mean_.size())) {}
+        std_(std::move(std)) {}
 
   int64_t size(Split split) const override { return inner_->size(split); }
   Shape input_shape() const override { return inner_->input_shape(); }
@@ -30,18 +48,7 @@ class NormalizedDataset final : public Dataset {
   Batch Gather(Split split,
                const std::vector<int64_t>& indices) const override {
     Batch batch = inner_->Gather(split, indices);
-    float* x = batch.inputs.f32();
-    const int64_t n = batch.inputs.numel();
-    const int64_t groups = static_cast<int64_t>(mean_.size());
-    const int64_t sample = groups * group_size_;
-    // Subtract then divide, each rounded to float: what a user's
-    // `(x - mean) / std` in PyTorch computes, so their inputs match ours.
-    for (int64_t at = 0; at < n; at += group_size_) {
-      const int64_t g = (at % sample) / group_size_;
-      const float m = mean_[g];
-      const float s = std_[g];
-      for (int64_t k = at; k < at + group_size_; ++k) x[k] = (x[k] - m) / s;
-    }
+    Apply(mean_, std_, &batch.inputs);
     return batch;
   }
   Tensor GatherTargets(Split split,
@@ -53,7 +60,6 @@ class NormalizedDataset final : public Dataset {
   std::unique_ptr<Dataset> inner_;
   std::vector<float> mean_;
   std::vector<float> std_;
-  int64_t group_size_;
 };
 
 }  // namespace
@@ -101,6 +107,18 @@ absl::StatusOr<std::unique_ptr<Dataset>> Normalized(
       std::move(data),
       std::vector<float>(normalize.mean().begin(), normalize.mean().end()),
       std::vector<float>(normalize.std().begin(), normalize.std().end())));
+}
+
+absl::Status NormalizeInPlace(const gpipe::v1::Normalize& normalize,
+                              Tensor* batch) {
+  RETURN_IF_ERROR(CheckNormalize(
+      normalize,
+      batch->shape().rank() > 0 ? batch->shape().WithoutBatch() : Shape(),
+      batch->dtype()));
+  Apply(std::vector<float>(normalize.mean().begin(), normalize.mean().end()),
+        std::vector<float>(normalize.std().begin(), normalize.std().end()),
+        batch);
+  return absl::OkStatus();
 }
 
 }  // namespace gpipe

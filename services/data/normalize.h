@@ -28,6 +28,11 @@ absl::Status CheckNormalize(const gpipe::v1::Normalize& normalize,
 absl::StatusOr<std::unique_ptr<Dataset>> Normalized(
     std::unique_ptr<Dataset> data, const gpipe::v1::Normalize& normalize);
 
+// The same map on a batch [B, sample...] in place (what a model file's
+// user does to their own inputs): CheckNormalize's errors for the sample.
+absl::Status NormalizeInPlace(const gpipe::v1::Normalize& normalize,
+                              Tensor* batch);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_DATA_NORMALIZE_H_

@@ -1,9 +1,11 @@
 // OpenDataset: from a job's DataSpec to a Dataset, checking each field and
 // prefixing errors with the field they concern.
+#include <algorithm>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "services/core/status.h"
 #include "services/data/csv.h"
 #include "services/data/dataset.h"
@@ -84,8 +86,22 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSource(
       return Upcast(
           "data.tensors",
           TensorFilesDataset::Open(spec.tensors(), model_input, model_dtype));
-    case gpipe::v1::DataSpec::kCsv:
-      return Upcast("data.csv", CsvDataset::Open(spec.csv()));
+    case gpipe::v1::DataSpec::kCsv: {
+      absl::StatusOr<std::unique_ptr<CsvDataset>> csv =
+          CsvDataset::Open(spec.csv());
+      if (csv.ok() && !spec.csv().feature_columns().empty() &&
+          !std::equal((*csv)->feature_names().begin(),
+                      (*csv)->feature_names().end(),
+                      spec.csv().feature_columns().begin(),
+                      spec.csv().feature_columns().end())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "data.csv.path: ", spec.csv().path(), ": its feature columns (",
+            absl::StrJoin((*csv)->feature_names(), ", "),
+            ") are not those recorded in data.csv.feature_columns (",
+            absl::StrJoin(spec.csv().feature_columns(), ", "), ")"));
+      }
+      return Upcast("data.csv", std::move(csv));
+    }
     case gpipe::v1::DataSpec::kSynthetic: {
       // MakeSynthetic's messages start with the field inside Synthetic.
       auto d = MakeSynthetic(spec.synthetic(), seed);

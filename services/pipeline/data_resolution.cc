@@ -96,6 +96,9 @@ std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
   if (spec.data().has_text() && spec.data().text().vocabulary().empty()) {
     fields.push_back({"data.text.vocabulary", false});
   }
+  if (spec.data().has_csv() && spec.data().csv().feature_columns().empty()) {
+    fields.push_back({"data.csv.feature_columns", false});
+  }
   if (NeedsInitStep(spec)) fields.push_back({"init_from.step", true});
   return fields;
 }
@@ -148,10 +151,18 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec) {
         ->mutable_linear()
         ->set_out_features(classes);
   }
+  if (spec->data().has_csv()) {
+    const auto* csv = dynamic_cast<const CsvDataset*>(data.get());
+    if (csv == nullptr) {
+      return absl::InternalError("a csv source opened as another");
+    }
+    if (spec->data().csv().feature_columns().empty()) {
+      spec->mutable_data()->mutable_csv()->mutable_feature_columns()->Assign(
+          csv->feature_names().begin(), csv->feature_names().end());
+    }
+  }
   if (NeedsStandardization(spec->data())) {
     const auto* csv = dynamic_cast<const CsvDataset*>(data.get());
-    if (csv == nullptr)
-      return absl::InternalError("a csv source opened as another");
     const CsvDataset::Standardization stats = csv->ComputeStandardization();
     v1::Normalize& n = *spec->mutable_data()->mutable_normalize();
     n.mutable_mean()->Assign(stats.mean.begin(), stats.mean.end());

@@ -2,11 +2,16 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
+#include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
+#include "services/storage/safetensors_header.h"
 
 namespace gpipe {
 namespace {
@@ -52,6 +57,90 @@ std::map<std::string, std::string> ModelFileMetadata(
         "]");
   }
   return metadata;
+}
+
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  }
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  std::string prefix(storage::kHeaderLengthBytes, '\0');
+  in.seekg(0);
+  in.read(prefix.data(), static_cast<std::streamsize>(prefix.size()));
+  prefix.resize(static_cast<size_t>(in.gcount()));
+  const auto not_model = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("not a safetensors model file: ", s.message()));
+  };
+  const absl::StatusOr<uint64_t> decoded =
+      storage::DecodeHeaderLength(prefix, size, path);
+  if (!decoded.ok()) return not_model(decoded.status());
+  const uint64_t length = *decoded;
+  std::string json(length, '\0');
+  in.read(json.data(), static_cast<std::streamsize>(length));
+  if (static_cast<uint64_t>(in.gcount()) != length) {
+    return absl::DataLossError(absl::StrCat(path, ": header cut short"));
+  }
+  absl::StatusOr<storage::SafetensorsHeader> header =
+      storage::ParseSafetensorsHeader(
+          json, size - storage::kHeaderLengthBytes - length, path);
+  if (!header.ok()) return not_model(header.status());
+  ModelFileInfo info;
+  info.metadata = std::move(header->metadata);
+  const auto get = [&](const char* key) -> const std::string* {
+    auto it = info.metadata.find(key);
+    return it == info.metadata.end() ? nullptr : &it->second;
+  };
+  if (const std::string* v = get(kModelFormatVersionKey)) {
+    int64_t version = 0;
+    if (!absl::SimpleAtoi(*v, &version) || version < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": ", kModelFormatVersionKey, " is \"", *v, "\""));
+    }
+    if (version > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": model format version ", version,
+          " is newer than this gpipe reads (", kModelFormatVersion, ")"));
+    }
+  }
+  const std::string* job = get("gpipe.job");
+  const std::string* step = get("gpipe.step");
+  if (job == nullptr || step == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ": no gpipe.job or gpipe.step in its metadata: not a model file "
+        "gpipe wrote (a checkpoint's stage file? use the job's "
+        "model.safetensors)"));
+  }
+  if (!absl::SimpleAtoi(*step, &info.step) || info.step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": gpipe.step is \"", *step, "\""));
+  }
+  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(*job);
+  if (!spec.ok()) {
+    return absl::Status(
+        spec.status().code(),
+        absl::StrCat(path, ": its gpipe.job: ", spec.status().message()));
+  }
+  info.spec = std::move(*spec);
+  return info;
+}
+
+absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
+                                               const std::string& job_path) {
+  ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
+  gpipe::v1::JobSpec spec = std::move(info.spec);
+  if (!job_path.empty()) {
+    ASSIGN_OR_RETURN(const gpipe::v1::JobSpec job, LoadJobSpecFile(job_path));
+    *spec.mutable_data() = job.data();
+    *spec.mutable_eval() = job.eval();
+  }
+  gpipe::v1::InitFrom& init = *spec.mutable_init_from();
+  init.Clear();
+  init.set_path(model);
+  init.set_strict(true);
+  return spec;
 }
 
 }  // namespace gpipe

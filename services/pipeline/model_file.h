@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "gpipe/v1/job.pb.h"
 
 namespace gpipe {
@@ -24,6 +25,25 @@ inline constexpr char kModelFormatVersion[] = "1";
 // of numbers).
 std::map<std::string, std::string> ModelFileMetadata(
     const gpipe::v1::JobSpec& spec, int64_t steps);
+
+// What a model file says about itself, read from its header alone.
+struct ModelFileInfo {
+  gpipe::v1::JobSpec spec;  // the job that trained it, as it ran
+  int64_t step = 0;
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads and checks `path`'s header: a safetensors file this product wrote
+// (gpipe.job and gpipe.step present), of a format version it knows.
+// Errors name the path and what is missing or wrong.
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path);
+
+// The job in `model`'s metadata set up to serve the model: its parameters
+// loaded strictly from `model` (init_from, no optimizer state), and with
+// JOB.json's data and eval settings instead of its own when `job_path` is
+// not empty.
+absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
+                                               const std::string& job_path);
 
 }  // namespace gpipe
 

@@ -17,7 +17,7 @@ echo "fuzz_short_test: build took $((SECONDS - start)) s"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 status=0
-for target in frame job_spec checkpoint; do
+for target in frame job_spec checkpoint data_file; do
   bin=build-fuzz/fuzz/${target}_fuzzer
   # New inputs go to a scratch directory; the checked-in corpus only seeds.
   mkdir -p "$work/$target"

@@ -95,12 +95,25 @@ grep -q "adding up to 4" <<<"$msg" || fail "bad balance message: $msg"
 
 # --help lists each binary's own flags (absl alone would say "No flags
 # matched": it looks for a file named after the binary), not absl's.
-for pair in "gpipectl:--micro_batches" "gpipe-worker:--link_wait_ms" \
-            "gpipe-controller:--api_token_file"; do
+for pair in "gpipe-worker:--link_wait_ms" "gpipe-controller:--api_token_file"; do
   bin=${pair%%:*} flag=${pair#*:}
   help=$("$build/bin/$bin" --help 2>&1 || true)
   grep -q -- "$flag" <<<"$help" || fail "$bin --help does not list $flag"
   ! grep -q -- "--flagfile" <<<"$help" || fail "$bin --help lists absl's own flags"
 done
+# gpipectl: an overview of the commands, and each command's own flags with
+# their defaults, without the source files that define them.
+help=$("$gpipectl" --help)
+for word in train eval predict fetch "COMMAND --help"; do
+  grep -q -- "$word" <<<"$help" || fail "gpipectl --help does not mention $word: $help"
+done
+help=$("$gpipectl" train --help)
+grep -q -- "--micro-batches" <<<"$help" || fail "gpipectl train --help lacks --micro-batches: $help"
+grep -q -- "usage: gpipectl train JOB.json" <<<"$help" || fail "gpipectl train --help: $help"
+! grep -q -- "--controller" <<<"$help" || fail "gpipectl train --help lists a client flag"
+help=$("$gpipectl" help fetch)
+grep -q -- "--step" <<<"$help" || fail "gpipectl help fetch lacks --step: $help"
+! grep -qE -- "\.cc|\.h\b|/work/" <<<"$("$gpipectl" eval --help; "$gpipectl" --help)" ||
+  fail "gpipectl help names source files"
 
 echo "1 passed, 0 failed"

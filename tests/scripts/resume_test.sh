@@ -49,7 +49,14 @@ json.dump(s, open(sys.argv[2], "w"))
 PY
 fragile=$(submit "$work/fragile.json")
 wait_step "$fragile" 45
-victim=$(busy_workers "$fragile" | head -n 1)
+# Under load the status may not list the stages' addresses yet: ask again.
+victim=""
+for _ in $(seq 100); do
+  victim=$(busy_workers "$fragile" | head -n 1)
+  [[ -n "$victim" ]] && break
+  sleep 0.1
+done
+[[ -n "$victim" ]] || fail "no worker runs the fragile job: $(ctl status "$fragile" 2>&1 | head -n 8)"
 kill -9 "${worker_pid[$victim]}"
 for _ in $(seq 100); do
   [[ "$(state "$fragile")" == FAILED ]] && break

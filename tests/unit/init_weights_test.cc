@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/model_file.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
 
@@ -271,6 +273,57 @@ TEST_F(InitWeightsTest, ResolvingRefusesAFileWithoutAStepToContinue) {
   spec.set_steps(2);
   EXPECT_THAT(ResolveDataDependentFields(&spec).message(),
               HasSubstr("steps: 2 must be more than the step 2"));
+}
+
+// What `gpipectl eval` computes from a model file equals what the run that
+// wrote it evaluated, bitwise, on the reference trainer and on the pipeline.
+TEST_F(InitWeightsTest, AModelFileServedEvaluatesAsItsRunDid) {
+  for (int64_t stages : {1, 2}) {
+    std::unique_ptr<Trainer> trained;
+    if (stages == 1) {
+      auto t = ReferenceTrainer::Create(spec_);
+      ASSERT_TRUE(t.ok());
+      trained = std::move(*t);
+    } else {
+      auto p = InProcessPipeline::Create(spec_, OptionsFromSpec(spec_));
+      ASSERT_TRUE(p.ok());
+      trained = std::move(*p);
+    }
+    while (trained->step() < spec_.steps()) ASSERT_TRUE(trained->Step().ok());
+    auto before = trained->Evaluate(Split::kTest, 0);
+    ASSERT_TRUE(before.ok());
+    std::vector<std::pair<std::string, const Tensor*>> tensors;
+    const std::vector<NamedTensor> state = trained->StateTensors();
+    for (const NamedTensor& n : state) tensors.emplace_back(n.name, n.tensor);
+    const std::string path =
+        (dir_ / absl::StrCat("model", stages, ".safetensors")).string();
+    ASSERT_TRUE(WriteSafetensors(path, tensors,
+                                 ModelFileMetadata(spec_, trained->step()))
+                    .ok());
+
+    auto served = SpecToServe(path, "");
+    ASSERT_TRUE(served.ok()) << served.status();
+    EXPECT_EQ(served->init_from().path(), path);
+    std::unique_ptr<Trainer> loaded;
+    if (stages == 1) {
+      auto t = ReferenceTrainer::Create(*served);
+      ASSERT_TRUE(t.ok()) << t.status();
+      loaded = std::move(*t);
+    } else {
+      auto p = InProcessPipeline::Create(*served, OptionsFromSpec(*served));
+      ASSERT_TRUE(p.ok()) << p.status();
+      loaded = std::move(*p);
+    }
+    auto after = loaded->Evaluate(Split::kTest, 0);
+    ASSERT_TRUE(after.ok());
+    EXPECT_EQ(after->loss, before->loss) << stages;
+    EXPECT_EQ(after->accuracy, before->accuracy) << stages;
+    EXPECT_EQ(after->counted, before->counted);
+  }
+  // Not a model file: a checkpoint's stage file has no job.
+  const std::string stage_file = TrainAndSave(1, "stage.safetensors", true);
+  EXPECT_THAT(ReadModelFileInfo(stage_file).status().message(),
+              HasSubstr("not a model file gpipe wrote"));
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+#include "cli/help.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/str_cat.h"
+
+namespace gpipe::cli {
+namespace {
+
+struct Command {
+  const char* name;
+  const char* usage;    // arguments after the command's name
+  const char* brief;    // one line, for the overview
+  const char* summary;  // one or more lines
+  std::vector<const char*> flags;
+};
+
+// What talking to a controller takes.
+const std::vector<const char*> kClient = {
+    "controller", "timeout",         "tls_ca",    "tls_cert",
+    "tls_key",    "tls_server_name", "token_file"};
+
+std::vector<const char*> With(std::vector<const char*> own,
+                              const std::vector<const char*>& more) {
+  own.insert(own.end(), more.begin(), more.end());
+  return own;
+}
+
+const std::vector<Command>& Commands() {
+  static const auto* commands = new std::vector<Command>{
+      {"train",
+       "JOB.json",
+       "train here: the in-process pipeline or the reference trainer",
+       "Trains on this machine: the in-process pipeline of K stages on\n"
+       "threads, or the single-process reference trainer with --stages 1;\n"
+       "a progress bar, evaluations, and the model with --out.",
+       {"stages", "micro_batches", "schedule", "remat", "balance", "steps",
+        "threads", "device", "out", "trace"}},
+      {"plan",
+       "JOB.json",
+       "predict throughput, bubble and memory for each K and M",
+       "Predicts throughput, bubble and memory for each K, M, schedule and\n"
+       "remat mode, and marks the best that fits.",
+       {"stages_range", "micro_batches", "schedule", "remat", "measure",
+        "memory_budget", "flops", "layer_overhead_us", "link_gbps"}},
+      {"local",
+       "JOB.json",
+       "run the job on a controller and workers on this machine",
+       "Runs the job on a controller and workers started on this machine,\n"
+       "to its end, then stops them.",
+       {"workers", "stages", "micro_batches", "schedule", "remat", "balance",
+        "steps", "threads", "device", "data_plane", "out", "trace", "keep",
+        "metrics_targets", "replace_workers"}},
+      {"eval",
+       "MODEL.safetensors [JOB.json]",
+       "loss and accuracy of a trained model",
+       "Loss and accuracy of a trained model on its own data's test split\n"
+       "(the job in the file), or on JOB.json's data; computed as training\n"
+       "computed its evaluations, so the same flags give the same figures.",
+       {"split", "max_samples", "stages", "micro_batches", "schedule", "remat",
+        "threads", "device", "json"}},
+      {"predict",
+       "MODEL.safetensors INPUT.npy|INPUT.csv|INPUT.pgm",
+       "a classifier's classes for your samples",
+       "A classifier's most likely classes for each sample of INPUT, read\n"
+       "and normalized as the model's training data was.",
+       {"top", "json"}},
+      {"submit", "JOB.json", "submit a job to a controller",
+       "Submits a job to the controller and prints its id.",
+       With({"watch", "json", "stages", "micro_batches", "schedule", "remat",
+             "balance", "steps"},
+            kClient)},
+      {"status", "[JOB]", "one job in detail; without JOB, the list",
+       "One job in detail; without JOB, the list.", With({"json"}, kClient)},
+      {"list", "", "all jobs: id, name, state, step, loss, age",
+       "All jobs: id, name, state, step, loss, age.", With({"json"}, kClient)},
+      {"watch", "JOB", "follow a job to its end",
+       "Follows a job to its end with a progress bar; exits 0 if it "
+       "succeeded.",
+       With({"json"}, kClient)},
+      {"cancel", "JOB", "cancel a job", "Cancels a job.",
+       With({"json"}, kClient)},
+      {"resume", "JOB", "continue a cancelled or failed job",
+       "Continues a cancelled or failed job from its newest checkpoint.",
+       With({"steps", "watch", "json"}, kClient)},
+      {"delete", "JOB", "remove an ended job, its checkpoints and model",
+       "Removes an ended job, its checkpoints and model.",
+       With({"json"}, kClient)},
+      {"workers", "", "the attached workers", "The attached workers.",
+       With({"json"}, kClient)},
+      {"fetch", "JOB", "download a job's model or a checkpoint",
+       "Downloads the job's model.safetensors, or a kept checkpoint's files\n"
+       "with --step, checked against their sha256.",
+       With({"o", "step"}, kClient)},
+      {"trace", "JOB", "the stage timelines of a job's last steps",
+       "The stage timelines of the job's last steps: a summary, or files\n"
+       "(-o trace.json for Perfetto, -o timeline.svg).",
+       With({"o", "steps"}, kClient)},
+  };
+  return *commands;
+}
+
+std::string FlagLines(const std::vector<const char*>& names) {
+  std::string out;
+  for (const char* name : names) {
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) continue;
+    std::string dashed = name;
+    for (char& c : dashed) c = c == '_' ? '-' : c;
+    absl::StrAppend(&out, "  --", dashed);
+    const std::string def = flag->DefaultValue();
+    if (!def.empty() && def != "false" && def != "0" && def != "\"\"") {
+      absl::StrAppend(&out, " (default ", def, ")");
+    }
+    absl::StrAppend(&out, "\n      ", flag->Help(), "\n");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string OverviewHelp() {
+  std::string out =
+      "gpipectl COMMAND [ARGS] [--flags]: pipeline-parallel training, here "
+      "or on a cluster\n\ncommands:\n";
+  for (const Command& c : Commands()) {
+    absl::StrAppend(
+        &out, "  ", c.name,
+        std::string(std::max<int>(1, 10 - std::strlen(c.name)), ' '), c.brief,
+        "\n");
+  }
+  absl::StrAppend(&out,
+                  "\ngpipectl COMMAND --help shows a command's arguments and "
+                  "flags. Flags may\nbe written --micro-batches or "
+                  "--micro_batches. A controller is named by --controller\n"
+                  "ADDR, else $GPIPE_CONTROLLER, else 127.0.0.1:7070; a "
+                  "secured one takes --tls_ca,\n--tls_cert, --tls_key and "
+                  "the token from --token_file or $GPIPE_TOKEN\n"
+                  "(docs/security.md).\n");
+  return out;
+}
+
+std::string CommandHelp(const std::string& command) {
+  for (const Command& c : Commands()) {
+    if (command != c.name) continue;
+    return absl::StrCat("usage: gpipectl ", c.name, *c.usage ? " " : "",
+                        c.usage, " [flags]\n\n", c.summary, "\n\nflags:\n",
+                        FlagLines(c.flags));
+  }
+  return "";
+}
+
+bool PrintHelpIfAsked(int argc, char** argv) {
+  bool asked = false;
+  std::string command;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--help" || a == "-h" || a == "--helpshort" || a == "help") {
+      asked = true;
+    } else if (command.empty() && !a.empty() && a[0] != '-') {
+      command = a;
+    }
+  }
+  if (!asked) return false;
+  std::string text = command.empty() || command == "help"
+                         ? OverviewHelp()
+                         : CommandHelp(command);
+  if (text.empty()) {
+    text = absl::StrCat("gpipectl: unknown command '", command, "'\n\n",
+                        OverviewHelp());
+  }
+  std::fputs(text.c_str(), stdout);
+  return true;
+}
+
+}  // namespace gpipe::cli

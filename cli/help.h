@@ -1,0 +1,24 @@
+// gpipectl --help and gpipectl COMMAND --help: each command's own usage and
+// flags (with their defaults), instead of absl's list of every flag grouped
+// by the source file that defines it.
+#ifndef GPIPE_CLI_HELP_H_
+#define GPIPE_CLI_HELP_H_
+
+#include <string>
+
+namespace gpipe::cli {
+
+// The overview: every command with one line each.
+std::string OverviewHelp();
+
+// COMMAND's usage, summary and flags; empty for an unknown command.
+std::string CommandHelp(const std::string& command);
+
+// Prints the help argv asks for (--help, -h or --helpshort anywhere; the
+// first argument that is not a flag names the command) to stdout and
+// returns true, or returns false when it asks for none.
+bool PrintHelpIfAsked(int argc, char** argv);
+
+}  // namespace gpipe::cli
+
+#endif  // GPIPE_CLI_HELP_H_

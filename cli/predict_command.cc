@@ -1,0 +1,280 @@
+// gpipectl predict MODEL.safetensors INPUT: a classifier's classes for the
+// samples of an .npy array, a CSV table or a PGM image, read and scaled as
+// the model's training data was, then normalized as its file says.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "services/core/status.h"
+#include "services/data/normalize.h"
+#include "services/data/npy.h"
+#include "services/data/numeric_array.h"
+#include "services/data/pgm.h"
+#include "services/nn/layer_spec.h"
+#include "services/nn/model.h"
+#include "services/pipeline/init_weights.h"
+#include "services/pipeline/model_file.h"
+
+ABSL_FLAG(int64_t, top, 3, "predict: the most likely classes shown per sample");
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace gpipe::cli {
+namespace {
+
+namespace v1 = ::gpipe::v1;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "gpipectl predict: %s\n",
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+constexpr const char* kFashionClasses[] = {
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+
+// The samples of INPUT as values of the model's input, before
+// data.normalize: [N * sample] and N.
+struct Samples {
+  std::vector<float> values;
+  std::vector<int32_t> ids;  // for a model of int32 input
+  int64_t count = 0;
+};
+
+absl::StatusOr<int64_t> CountOf(int64_t numel, int64_t sample,
+                                const std::string& path) {
+  if (numel == 0 || numel % sample != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", numel, " values are not whole samples of ",
+                     sample, " (the model's input)"));
+  }
+  return numel / sample;
+}
+
+absl::StatusOr<Samples> ReadNpySamples(const std::string& path,
+                                       const v1::JobSpec& spec,
+                                       int64_t sample) {
+  ASSIGN_OR_RETURN(const NumericArray array, ReadNpy(path));
+  Samples s;
+  ASSIGN_OR_RETURN(s.count, CountOf(array.numel(), sample, path));
+  if (spec.model().input().dtype() == v1::INT32) {
+    ASSIGN_OR_RETURN(s.ids, ToInt32(array, "token ids"));
+    return s;
+  }
+  ASSIGN_OR_RETURN(s.values, ToFloat32(array));
+  // Bytes of an image, as Fashion-MNIST's files hold them: scaled as the
+  // dataset scales them.
+  if (spec.data().has_fashion_mnist() && array.type == ElementType::kU8) {
+    for (float& v : s.values) v = v / 255.0f;
+  }
+  return s;
+}
+
+absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
+                                       const v1::JobSpec& spec,
+                                       int64_t sample) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  const char delimiter =
+      spec.data().has_csv() && !spec.data().csv().delimiter().empty()
+          ? spec.data().csv().delimiter()[0]
+          : ',';
+  const auto& names = spec.data().csv().feature_columns();
+  std::vector<int64_t> pick;  // column of each feature, by the header
+  Samples s;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    std::vector<std::string> cells = absl::StrSplit(line, delimiter);
+    std::vector<float> row;
+    bool numbers = true;
+    for (std::string& cell : cells) {
+      float v = 0;
+      numbers = numbers &&
+                absl::SimpleAtof(absl::StripAsciiWhitespace(cell), &v) &&
+                std::isfinite(v);
+      row.push_back(v);
+    }
+    if (!numbers && number == 1 && s.count == 0) {
+      // A header: find the model's features by name when it knows them.
+      if (names.empty()) continue;
+      for (const std::string& name : names) {
+        auto at =
+            std::find_if(cells.begin(), cells.end(), [&](const std::string& c) {
+              return absl::StripAsciiWhitespace(c) == name;
+            });
+        if (at == cells.end()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ":1: no column \"", name,
+                           "\"; the model takes ", absl::StrJoin(names, ", ")));
+        }
+        pick.push_back(at - cells.begin());
+      }
+      continue;
+    }
+    if (!numbers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", number, ": a cell is not a finite number: ", line));
+    }
+    if (pick.empty()) {
+      if (static_cast<int64_t>(row.size()) != sample) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", number, ": ", row.size(),
+                         " cells, the model takes ", sample, " features"));
+      }
+      s.values.insert(s.values.end(), row.begin(), row.end());
+    } else {
+      for (int64_t c : pick) {
+        if (c >= static_cast<int64_t>(row.size())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ":", number, ": ", row.size(),
+                           " cells, fewer than the header's"));
+        }
+        s.values.push_back(row[c]);
+      }
+    }
+    ++s.count;
+  }
+  if (s.count == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no rows"));
+  }
+  return s;
+}
+
+absl::StatusOr<Samples> ReadSamples(const std::string& path,
+                                    const v1::JobSpec& spec, int64_t sample) {
+  if (absl::EndsWith(path, ".npy")) return ReadNpySamples(path, spec, sample);
+  if (absl::EndsWith(path, ".csv")) return ReadCsvSamples(path, spec, sample);
+  if (absl::EndsWith(path, ".pgm")) {
+    ASSIGN_OR_RETURN(GreyImage image, ReadPgm(path));
+    if (image.width * image.height != sample) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": a ", image.width, " x ", image.height,
+          " image is not the model's input of ", sample, " values"));
+    }
+    return Samples{std::move(image.pixels), {}, 1};
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(path, ": give an .npy array, a .csv table or a .pgm image"));
+}
+
+}  // namespace
+
+int RunPredict(const std::vector<std::string>& args) {
+  if (args.size() != 2) {
+    std::fprintf(stderr,
+                 "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
+                 ".pgm [--top K] [--json]\n");
+    return 2;
+  }
+  absl::StatusOr<v1::JobSpec> spec = SpecToServe(args[0], "");
+  if (!spec.ok()) return Fail(spec.status());
+  const auto& dims = spec->model().input().shape().dims();
+  const Shape input(std::vector<int64_t>(dims.begin(), dims.end()));
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
+  if (!shapes.ok()) return Fail(shapes.status());
+  const Shape& out = shapes->outputs.back();
+  if (out.rank() != 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        args[0], " outputs ", out.ToString(),
+        " per sample: predict is for classifiers (one score per class); a "
+        "language model generates")));
+  }
+  absl::StatusOr<Samples> samples = ReadSamples(args[1], *spec, input.numel());
+  if (!samples.ok()) return Fail(samples.status());
+  const bool ids = spec->model().input().dtype() == v1::INT32;
+  Tensor x = Tensor::Empty(input.WithBatch(samples->count),
+                           ids ? DType::kI32 : DType::kF32);
+  if (ids) {
+    std::copy(samples->ids.begin(), samples->ids.end(), x.i32());
+  } else {
+    std::copy(samples->values.begin(), samples->values.end(), x.f32());
+    if (spec->data().has_normalize()) {
+      if (absl::Status s = NormalizeInPlace(spec->data().normalize(), &x);
+          !s.ok()) {
+        return Fail(s);
+      }
+    }
+  }
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Build(spec->model(), spec->seed());
+  if (!model.ok()) return Fail(model.status());
+  absl::StatusOr<InitWeights> weights = ReadInitWeights(args[0]);
+  if (!weights.ok()) return Fail(weights.status());
+  const int64_t layers = spec->model().layers_size();
+  if (auto loaded =
+          LoadInitWeights(*weights, spec->init_from(), (*model)->StateTensors(),
+                          {}, LayerRange{0, layers, layers});
+      !loaded.ok()) {
+    return Fail(loaded.status());
+  }
+  if (absl::Status s = (*model)->CheckInput(x); !s.ok()) return Fail(s);
+  LayerContext ctx;
+  ctx.training = false;
+  const Tensor logits = (*model)->Forward(x, ctx, nullptr);
+
+  const int64_t classes = out[0];
+  const int64_t top = std::clamp<int64_t>(absl::GetFlag(FLAGS_top), 1, classes);
+  const bool json = absl::GetFlag(FLAGS_json);
+  const auto name = [&](int64_t c) -> std::string {
+    return spec->data().has_fashion_mnist() && c < 10 ? kFashionClasses[c] : "";
+  };
+  if (json) std::printf("{\"predictions\": [");
+  for (int64_t i = 0; i < samples->count; ++i) {
+    const float* row = logits.f32() + i * classes;
+    // Softmax in double: probabilities to print, not to train with.
+    const double peak = *std::max_element(row, row + classes);
+    std::vector<double> p(classes);
+    double sum = 0;
+    for (int64_t c = 0; c < classes; ++c) sum += p[c] = std::exp(row[c] - peak);
+    for (double& v : p) v /= sum;
+    std::vector<int64_t> order(classes);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    if (json) {
+      std::printf("%s{\"class\": %lld, ", i > 0 ? ", " : "",
+                  static_cast<long long>(order[0]));
+      if (!name(order[0]).empty()) {
+        std::printf("\"name\": \"%s\", ", name(order[0]).c_str());
+      }
+      std::printf("\"probability\": %.6g, \"top\": [", p[order[0]]);
+      for (int64_t k = 0; k < top; ++k) {
+        std::printf("%s{\"class\": %lld, \"probability\": %.6g}",
+                    k > 0 ? ", " : "", static_cast<long long>(order[k]),
+                    p[order[k]]);
+      }
+      std::printf("]}");
+      continue;
+    }
+    std::string line = absl::StrCat(args[1], "[", i, "]:");
+    for (int64_t k = 0; k < top; ++k) {
+      const std::string n = name(order[k]);
+      absl::StrAppend(&line, k > 0 ? "," : "", " class ", order[k],
+                      n.empty() ? "" : absl::StrCat(" (", n, ")"), " ",
+                      absl::StrFormat("%.3f", p[order[k]]));
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  if (json) std::printf("]}\n");
+  return 0;
+}
+
+}  // namespace gpipe::cli

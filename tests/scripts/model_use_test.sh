@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Using a trained model file: `gpipectl eval` prints what the training run
+# printed for the same split (Fashion-MNIST MLP, two stages); `predict`
+# classifies test images given as PGM files and as a uint8 .npy array alike,
+# mostly right; a CSV model predicts from a table whose columns come in
+# another order (found by name); a model file of a newer format, a stage
+# file and an LM are refused naming why.
+#   model_use_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin="$(cd "$1" && pwd)/bin"
+src=$2
+[[ -x "$bin/gpipectl" ]] || { echo "SKIP: $bin/gpipectl is not built"; echo "0 passed, 0 failed"; exit 0; }
+fmnist=/usr/share/datasets/fashion-mnist
+[[ -f "$fmnist/t10k-images-idx3-ubyte.gz" ]] || { echo "SKIP: no $fmnist"; echo "0 passed, 0 failed"; exit 0; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+passed=0
+fail() { echo "FAIL: $*"; exit 1; }
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+g() { "$bin/gpipectl" "$@"; }
+
+cat >"$work/mlp.json" <<'JSON'
+{
+  "name": "mlp",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [784]}},
+    "layers": [
+      {"linear": {"inFeatures": 784, "outFeatures": 64}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 64, "outFeatures": 10}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.002, "adamw": {}},
+  "data": {"fashionMnist": {}, "normalize": {"mean": [0.2860], "std": [0.3530]}},
+  "pipeline": {"stages": 2, "microBatches": 4},
+  "batchSize": 64,
+  "steps": 200,
+  "seed": 4,
+  "eval": {"maxSamples": 2000}
+}
+JSON
+g train "$work/mlp.json" --threads 2 --out "$work/mlp" >"$work/train.txt" 2>&1 ||
+  fail "train: $(tail -n 3 "$work/train.txt")"
+want=$(sed -n 's/^final: //p' "$work/train.txt")
+got=$(g eval "$work/mlp/model.safetensors" --threads 2 | tail -n 1)
+[[ -n "$want" && "$got" == "$want" ]] || fail "eval printed '$got', the training run '$want'"
+g eval "$work/mlp/model.safetensors" --threads 2 --json | python3 -c '
+import json, sys
+e = json.load(sys.stdin)
+assert e["split"] == "test" and e["counted"] == 2000 and 0.5 < e["accuracy"] <= 1, e'
+ok "eval reproduces the run's final evaluation: $got"
+
+# Eight test images as PGM files and as one uint8 array, with their labels.
+python3 - "$fmnist" "$work" <<'PY'
+import gzip, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+images = gzip.open(src + "/t10k-images-idx3-ubyte.gz").read()[16:]
+labels = gzip.open(src + "/t10k-labels-idx1-ubyte.gz").read()[8:]
+n = 8
+for i in range(n):
+    with open("%s/img%d.pgm" % (out, i), "wb") as f:
+        f.write(b"P5\n# a test image\n28 28\n255\n" + images[i * 784:(i + 1) * 784])
+header = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, 784), }" % n
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(out + "/imgs.npy", "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(images[:n * 784])
+open(out + "/labels.txt", "w").write(" ".join(str(b) for b in labels[:n]))
+PY
+g predict "$work/mlp/model.safetensors" "$work/imgs.npy" --json >"$work/npy.json"
+right=0
+for i in $(seq 0 7); do
+  cls=$(g predict "$work/mlp/model.safetensors" "$work/img$i.pgm" --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["predictions"][0]["class"])')
+  from_npy=$(python3 -c "import json; print(json.load(open('$work/npy.json'))['predictions'][$i]['class'])")
+  [[ "$cls" == "$from_npy" ]] || fail "image $i: the PGM says class $cls, the .npy $from_npy"
+  label=$(cut -d' ' -f$((i + 1)) "$work/labels.txt")
+  [[ "$cls" == "$label" ]] && right=$((right + 1))
+done
+((right >= 6)) || fail "only $right of 8 test images were classified right"
+g predict "$work/mlp/model.safetensors" "$work/img0.pgm" | grep -q "img0.pgm\[0\]: class [0-9] (" ||
+  fail "predict's text output: $(g predict "$work/mlp/model.safetensors" "$work/img0.pgm")"
+ok "predict: PGM images and a uint8 .npy give the same classes, $right of 8 right"
+
+# A table with a header; predict finds the features by name.
+python3 - "$work" <<'PY'
+import random, sys
+out = sys.argv[1]
+random.seed(2)
+with open(out + "/t.csv", "w") as f:
+    f.write("x,label,y\n")
+    for i in range(400):
+        c = i % 2
+        f.write("%.4f,%d,%.4f\n" % (c * 3 + random.gauss(0, 1), c, 100 * c + random.gauss(0, 30)))
+with open(out + "/ask.csv", "w") as f:
+    f.write("y,x\n100,3\n0,0\n")
+PY
+cat >"$work/csv.json" <<JSON
+{
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
+    "layers": [{"linear": {"inFeatures": 2, "outFeatures": 8}}, {"relu": {}},
+               {"linear": {"inFeatures": 8, "outFeatures": 0}}],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {"momentum": 0.9}},
+  "data": {"csv": {"path": "t.csv", "target": "label", "standardize": true}},
+  "batchSize": 32,
+  "steps": 100
+}
+JSON
+(cd "$work" && g train csv.json --out csv >csv.txt 2>&1) || fail "csv train: $(tail -n 3 "$work/csv.txt")"
+classes=$(g predict "$work/csv/model.safetensors" "$work/ask.csv" --json |
+  python3 -c 'import json,sys; print(" ".join(str(p["class"]) for p in json.load(sys.stdin)["predictions"]))')
+[[ "$classes" == "1 0" ]] || fail "the CSV model predicted '$classes' for (x=3, y=100) and (0, 0)"
+ok "a CSV model predicts from columns given in another order"
+
+set +e
+out=$(g predict "$work/csv/model.safetensors" "$work/img0.pgm" 2>&1)
+set -e
+[[ "$out" == *"a 28 x 28 image is not the model's input of 2 values"* ]] || fail "wrong-size input: $out"
+set +e
+out=$(g eval "$work/mlp.json" 2>&1)
+set -e
+[[ "$out" == *"not a safetensors model file: "*"mlp.json"* ]] || fail "eval of a JSON file: $out"
+# The same model, its metadata saying a format version from the future.
+python3 - "$work/mlp/model.safetensors" "$work/future.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n])
+header["__metadata__"]["gpipe.format_version"] = "2"
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+set +e
+out=$(g predict "$work/future.safetensors" "$work/img0.pgm" 2>&1)
+set -e
+[[ "$out" == *"model format version 2 is newer than this gpipe reads (1)"* ]] || fail "a future format: $out"
+ok "inputs and files that do not fit are refused naming why"
+echo "$passed passed, 0 failed"
