@@ -20,6 +20,7 @@ int RunPlan(const std::vector<std::string>& args);
 // Using a trained model file (eval_command.cc, predict_command.cc).
 int RunEval(const std::vector<std::string>& args);
 int RunPredict(const std::vector<std::string>& args);
+int RunGenerate(const std::vector<std::string>& args);
 
 // The trainer train's flags ask for (--stages, --micro_batches, --schedule,
 // --remat, --balance, --device): the reference trainer for one stage, the

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return gpipe::cli::RunPlan(args);
   if (command == "eval") return gpipe::cli::RunEval(args);
   if (command == "predict") return gpipe::cli::RunPredict(args);
+  if (command == "generate") return gpipe::cli::RunGenerate(args);
   if (command == "submit") return gpipe::cli::RunSubmit(args);
   if (command == "status") return gpipe::cli::RunStatus(args);
   if (command == "list") return gpipe::cli::RunList(args);

@@ -70,6 +70,14 @@ const std::vector<Command>& Commands() {
        "A classifier's most likely classes for each sample of INPUT, read\n"
        "and normalized as the model's training data was.",
        {"top", "json"}},
+      {"generate",
+       "MODEL.safetensors --prompt TEXT",
+       "continue a text with a language model",
+       "Samples a language model's continuation of the prompt token by\n"
+       "token with a key/value cache, streaming it; text models read and\n"
+       "write bytes through the vocabulary their file records, token-id\n"
+       "models ids. The same seed gives the same text.",
+       {"prompt", "tokens", "temperature", "top_k", "seed", "threads"}},
       {"submit", "JOB.json", "submit a job to a controller",
        "Submits a job to the controller and prints its id.",
        With({"watch", "json", "stages", "micro_batches", "schedule", "remat",

@@ -95,6 +95,14 @@ struct LayerCost {
   int64_t workspace_bytes = 0;
 };
 
+// What incremental decoding (generation) keeps of the positions already
+// run: attention's rows of q, k and v, so a new token attends to them
+// without recomputing them.
+struct DecodeState {
+  int64_t capacity = 0;  // positions the cache holds at most
+  Tensor qkv;            // [B, capacity, 3 * dim], rows < the position
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -109,6 +117,21 @@ class Layer {
   // parameter gradients into Parameter::grad.
   virtual Tensor Backward(const Tensor& dy, const Saved& saved,
                           const LayerContext& ctx) = 0;
+
+  // Incremental decoding: `x` [B, n, ...] holds positions [position,
+  // position + n) of each sequence, the positions before them having gone
+  // through earlier calls with the same `state`. Layers that act on each
+  // position alone compute what an evaluation Forward computes; attention
+  // and position embeddings override it, computing for each position
+  // exactly what a Forward over the whole sequence computes there.
+  virtual Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) {
+    LayerContext ctx;
+    ctx.training = false;
+    return Forward(x, ctx, nullptr);
+  }
+  // Whether Decode gives what Forward gives (false for attention that
+  // looks ahead: a new position would change the earlier ones).
+  virtual bool Decodes() const { return true; }
 
   // Whether `x` is an input this layer can take: InvalidArgument naming
   // what is wrong (a token id outside the vocabulary) for inputs that come

@@ -43,6 +43,15 @@ Tensor Model::Forward(const Tensor& x, LayerContext ctx,
   return h;
 }
 
+Tensor Model::Decode(const Tensor& x, int64_t position,
+                     std::vector<DecodeState>* states) {
+  Tensor h = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    h = layers_[i]->Decode(h, position, &(*states)[i]);
+  }
+  return h;
+}
+
 Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
                        LayerContext ctx) {
   Tensor g = dy;

@@ -41,6 +41,10 @@ class Model {
   // Runs every layer; `ctx.layer_index` is set per layer. `saved` (resized
   // to size()) receives what backward needs, or is null for evaluation.
   Tensor Forward(const Tensor& x, LayerContext ctx, std::vector<Saved>* saved);
+  // Incremental decoding through every layer (Layer::Decode); `states`
+  // holds one DecodeState per layer.
+  Tensor Decode(const Tensor& x, int64_t position,
+                std::vector<DecodeState>* states);
   // The first layer's CheckInput (Layer::CheckInput).
   absl::Status CheckInput(const Tensor& x) const {
     return layers_.empty() ? absl::OkStatus() : layers_.front()->CheckInput(x);

@@ -1,6 +1,8 @@
 #include "services/nn/layers/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "services/tensor/ops.h"
 
@@ -23,6 +25,60 @@ std::vector<Parameter*> SelfAttention::Parameters() {
 void SelfAttention::Initialize(uint64_t key) {
   qkv_.InitializeNormal(MixKey({key, 0}), 0.02f);
   proj_.InitializeNormal(MixKey({key, 1}), 0.02f);
+}
+
+void SelfAttention::AttendRow(const float* qi, const float* k, const float* v,
+                              int64_t last, int64_t stride, int64_t dh,
+                              float scale, float* pi, float* oi) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j <= last; ++j) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < dh; ++c) s += qi[c] * k[j * stride + c];
+    pi[j] = s * scale;
+    m = pi[j] > m ? pi[j] : m;
+  }
+  float sum = 0.0f;
+  for (int64_t j = 0; j <= last; ++j) {
+    pi[j] = std::exp(pi[j] - m);
+    sum += pi[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j <= last; ++j) {
+    pi[j] *= inv;
+    const float* vj = v + j * stride;
+    for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
+  }
+}
+
+Tensor SelfAttention::Decode(const Tensor& x, int64_t position,
+                             DecodeState* state) {
+  const int64_t batch = x.dim(0), n = x.dim(1), d = dim_, dh = d / heads_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  const Tensor fresh = qkv_.Decode(x, position, state);  // [B, n, 3d]
+  if (!state->qkv.defined() || state->qkv.dim(0) != batch) {
+    state->qkv = Tensor::Zeros({batch, state->capacity, 3 * d});
+  }
+  const int64_t cap = state->qkv.dim(1);
+  const int64_t end = std::min(position + n, cap);
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = position; i < end; ++i) {
+      std::copy_n(fresh.f32() + (b * n + i - position) * 3 * d, 3 * d,
+                  state->qkv.f32() + (b * cap + i) * 3 * d);
+    }
+  }
+  Tensor heads_out = Tensor::Zeros({batch, n, d});
+  std::vector<float> p(static_cast<size_t>(end));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads_; ++h) {
+      const float* base = state->qkv.f32() + b * cap * 3 * d + h * dh;
+      for (int64_t i = position; i < end; ++i) {
+        AttendRow(base + i * 3 * d, base + d, base + 2 * d, i, 3 * d, dh, scale,
+                  p.data(),
+                  heads_out.f32() + (b * n + i - position) * d + h * dh);
+      }
+    }
+  }
+  return proj_.Decode(heads_out, position, state);
 }
 
 // qkv rows are [q | k | v], each `dim` wide; head h uses columns
@@ -58,28 +114,8 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
         float* p = probs.f32() + (b * heads_ + h) * t * t;
         float* o = heads_out.f32() + b * t * d + h * dh;
         for (int64_t i = 0; i < t; ++i) {
-          const int64_t last = causal_ ? i : t - 1;
-          float* pi = p + i * t;
-          float m = -INFINITY;
-          for (int64_t j = 0; j <= last; ++j) {
-            float s = 0.0f;
-            for (int64_t c = 0; c < dh; ++c)
-              s += q[i * 3 * d + c] * k[j * 3 * d + c];
-            pi[j] = s * scale;
-            m = pi[j] > m ? pi[j] : m;
-          }
-          float sum = 0.0f;
-          for (int64_t j = 0; j <= last; ++j) {
-            pi[j] = std::exp(pi[j] - m);
-            sum += pi[j];
-          }
-          const float inv = 1.0f / sum;
-          float* oi = o + i * d;
-          for (int64_t j = 0; j <= last; ++j) {
-            pi[j] *= inv;
-            const float* vj = v + j * 3 * d;
-            for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
-          }
+          AttendRow(q + i * 3 * d, k, v, causal_ ? i : t - 1, 3 * d, dh, scale,
+                    p + i * t, o + i * d);
         }
       }
     }

@@ -18,10 +18,21 @@ class SelfAttention final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  // Appends the new positions' q, k, v rows to `state` and attends over
+  // every row so far, in the order Forward sums (bitwise its outputs).
+  Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) override;
+  bool Decodes() const override { return causal_; }
   std::vector<Parameter*> Parameters() override;
   void Initialize(uint64_t key) override;
 
  private:
+  // Row i of one (sample, head): probabilities over keys [0, last] into
+  // `p`, the weighted values added into `o`. Forward and Decode share it so
+  // their sums run in one order.
+  static void AttendRow(const float* qi, const float* k, const float* v,
+                        int64_t last, int64_t stride, int64_t dh, float scale,
+                        float* p, float* o);
+
   int64_t dim_, heads_;
   bool causal_;
   Linear qkv_, proj_;

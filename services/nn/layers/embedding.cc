@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/nn/init.h"
+#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/embedding.h"
 #include "services/tensor/ops.h"
 
 namespace gpipe {
@@ -47,6 +49,25 @@ Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
   ops::EmbeddingForward(d, batch, t, dim_, vocab_, x.i32(), token_.value.f32(),
                         position_.value.f32(), y.f32(), ids.i32());
   if (saved != nullptr) saved->Put("ids", ids);
+  return y;
+}
+
+Tensor Embedding::Decode(const Tensor& x, int64_t position, DecodeState*) {
+  const int64_t batch = x.dim(0), t = x.dim(1);
+  // A sequence longer than the table has no positions to add: callers
+  // (the generator) keep within max_positions.
+  const int64_t rows = std::clamp<int64_t>(max_positions_ - position, 0, t);
+  std::vector<int32_t> ids(static_cast<size_t>(x.numel()));
+  for (int64_t i = 0; i < x.numel(); ++i)
+    ids[i] = std::clamp<int32_t>(x.i32()[i], 0, vocab_ - 1);
+  Tensor y = Tensor::Empty({batch, t, dim_}, DType::kF32);
+  cpu::EmbeddingGather(batch * t, dim_, ids.data(), token_.value.f32(),
+                       y.f32());
+  // The same adds as Forward's: each row plus its position's row.
+  for (int64_t b = 0; b < batch; ++b) {
+    cpu::AddInPlace(rows * dim_, position_.value.f32() + position * dim_,
+                    y.f32() + b * t * dim_);
+  }
   return y;
 }
 

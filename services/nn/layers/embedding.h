@@ -13,6 +13,10 @@ class Embedding final : public Layer {
   std::string_view kind() const override { return "embedding"; }
   bool RunsOn(Device) const override { return true; }
   absl::Status CheckInput(const Tensor& x) const override;
+  // Positions [position, position + n): their rows of the position table.
+  Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) override;
+  int64_t max_positions() const { return max_positions_; }
+  int64_t vocab_size() const { return vocab_; }
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "services/nn/init.h"
+#include "services/tensor/cpu/gemm.h"
 #include "services/tensor/ops.h"
 
 namespace gpipe {
@@ -43,6 +44,18 @@ Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx, Saved* saved) {
             0.0f, y.f32());
   if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
   if (saved != nullptr) saved->Put("x", x);
+  return y;
+}
+
+Tensor Linear::Decode(const Tensor& x, int64_t, DecodeState*) {
+  const int64_t rows = x.numel() / in_;
+  std::vector<int64_t> dims = x.shape().dims();
+  dims.back() = out_;
+  Tensor y = Tensor::Empty(Shape(dims), DType::kF32);
+  cpu::GemmRowStable(rows, out_, in_, x.f32(), weight_.value.f32(), y.f32());
+  if (has_bias_) {
+    ops::AddRowBias(Device::kCpu, rows, out_, bias_.value.f32(), y.f32());
+  }
   return y;
 }
 

@@ -13,6 +13,10 @@ class Linear final : public Layer {
          const std::string& prefix = "");
   std::string_view kind() const override { return "linear"; }
   bool RunsOn(Device) const override { return true; }
+  // The same product with each output row a function of its input row
+  // alone (cpu::GemmRowStable), so a position decoded alone gets what it
+  // gets in a whole sequence decoded at once.
+  Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) override;
   Tensor Forward(const Tensor& x, const LayerContext& ctx,
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,

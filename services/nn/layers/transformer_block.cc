@@ -54,6 +54,22 @@ Tensor TransformerBlock::Forward(const Tensor& x, const LayerContext& ctx,
   return y;
 }
 
+// Forward's arithmetic without dropout (evaluation), attention decoding.
+Tensor TransformerBlock::Decode(const Tensor& x, int64_t position,
+                                DecodeState* state) {
+  LayerContext ctx;
+  ctx.training = false;
+  const Tensor a = attn_.Decode(ln1_.Forward(x, ctx, nullptr), position, state);
+  Tensor x1 = Tensor::Empty(x.shape(), DType::kF32);
+  ops::Add(Device::kCpu, x.numel(), x.f32(), a.f32(), x1.f32());
+  Tensor h = fc1_.Decode(ln2_.Forward(x1, ctx, nullptr), position, state);
+  h = gelu_.Forward(h, ctx, nullptr);
+  const Tensor m = fc2_.Decode(h, position, state);
+  Tensor y = Tensor::Empty(x.shape(), DType::kF32);
+  ops::Add(Device::kCpu, x.numel(), x1.f32(), m.f32(), y.f32());
+  return y;
+}
+
 Tensor TransformerBlock::Backward(const Tensor& dy, const Saved& saved,
                                   const LayerContext& ctx) {
   const std::vector<Saved>& s = saved.children;

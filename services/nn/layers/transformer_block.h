@@ -23,6 +23,8 @@ class TransformerBlock final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) override;
+  bool Decodes() const override { return attn_.Decodes(); }
   std::vector<Parameter*> Parameters() override;
   void Initialize(uint64_t key) override;
 

@@ -17,6 +17,15 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  float alpha, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float beta, float* c, int64_t ldc);
 
+// C[m,n] = A[m,k] * W[n,k]^T (a Linear layer's product) where every row of
+// C is a function of its row of A alone: each element is summed over k in
+// order, whatever m is. OpenBLAS's results change with m (its kernels
+// differ by block shape), so incremental decoding, which runs one row
+// where a whole-sequence forward ran T, uses this for both to agree
+// bitwise. Rows run in parallel; slower than Gemm at large m.
+void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
+                   const float* w, float* c);
+
 }  // namespace gpipe::cpu
 
 #endif  // GPIPE_SERVICES_TENSOR_CPU_GEMM_H_

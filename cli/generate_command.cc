@@ -1,0 +1,164 @@
+// gpipectl generate MODEL.safetensors --prompt TEXT: samples a language
+// model's continuation token by token (Generator: a key/value cache, a
+// forward of one position per token), streaming it as it comes. Text
+// models map bytes through the vocabulary their file records; token-id
+// models take and print ids.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "cli/commands.h"
+#include "services/core/cores.h"
+#include "services/core/status.h"
+#include "services/nn/generator.h"
+#include "services/nn/model.h"
+#include "services/pipeline/data_resolution.h"
+#include "services/pipeline/init_weights.h"
+#include "services/pipeline/model_file.h"
+#include "services/tensor/threads.h"
+
+ABSL_FLAG(std::string, prompt, "",
+          "generate: the text to continue (token ids, separated by spaces or "
+          "commas, for a model of token ids)");
+ABSL_FLAG(int64_t, tokens, 200, "generate: how many tokens to sample");
+ABSL_FLAG(double, temperature, 1.0,
+          "generate: sampling temperature; 0: always the most likely token");
+ABSL_FLAG(int64_t, top_k, 0,
+          "generate: sample among the k most likely tokens (0: all)");
+ABSL_FLAG(uint64_t, seed, 0,
+          "generate: the sampling seed (same seed, same text)");
+ABSL_DECLARE_FLAG(int, threads);
+
+namespace gpipe::cli {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "gpipectl generate: %s\n",
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+// Token ids written as text: "12 7 300" or "12,7,300".
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part :
+       absl::StrSplit(text, absl::ByAnyChar(", \t\n"), absl::SkipEmpty())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--prompt: \"", part,
+          "\" is not a token id (this model reads token ids, not text)"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+}  // namespace
+
+int RunGenerate(const std::vector<std::string>& args) {
+  if (args.size() != 1) {
+    std::fprintf(stderr,
+                 "usage: gpipectl generate MODEL.safetensors --prompt TEXT "
+                 "[--tokens N] [--temperature T] [--top_k K] [--seed S]\n");
+    return 2;
+  }
+  absl::StatusOr<gpipe::v1::JobSpec> spec = SpecToServe(args[0], "");
+  if (!spec.ok()) return Fail(spec.status());
+  SetComputeThreads(absl::GetFlag(FLAGS_threads) > 0
+                        ? absl::GetFlag(FLAGS_threads)
+                        : gpipe::AvailableCores());
+  const gpipe::v1::DataSpec& data = spec->data();
+  std::string vocabulary = data.text().vocabulary();
+  if (data.has_text() && vocabulary.empty()) {
+    // A file written before vocabularies were recorded: the text it was
+    // trained on says the same, if it is still there.
+    gpipe::v1::JobSpec resolved = *spec;
+    if (absl::Status s = ResolveDataDependentFields(&resolved); !s.ok()) {
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
+          args[0], " records no vocabulary and its text cannot be read (",
+          s.message(), ")")));
+    }
+    vocabulary = resolved.data().text().vocabulary();
+  }
+  const std::string prompt = absl::GetFlag(FLAGS_prompt);
+  std::vector<int32_t> ids;
+  if (data.has_text()) {
+    int32_t id_of[256];
+    std::fill(std::begin(id_of), std::end(id_of), -1);
+    for (size_t i = 0; i < vocabulary.size(); ++i) {
+      id_of[static_cast<uint8_t>(vocabulary[i])] = static_cast<int32_t>(i);
+    }
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      const int32_t id = id_of[static_cast<uint8_t>(prompt[i])];
+      if (id < 0) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("--prompt: byte ", static_cast<uint8_t>(prompt[i]),
+                         " ('", prompt.substr(i, 1), "') at offset ", i,
+                         " is not in the model's vocabulary of ",
+                         vocabulary.size(), " bytes")));
+      }
+      ids.push_back(id);
+    }
+  } else {
+    absl::StatusOr<std::vector<int32_t>> parsed = ParseIds(prompt);
+    if (!parsed.ok()) return Fail(parsed.status());
+    ids = std::move(*parsed);
+  }
+  if (ids.empty()) {
+    return Fail(
+        absl::InvalidArgumentError("--prompt: required (one token at least)"));
+  }
+
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Build(spec->model(), spec->seed());
+  if (!model.ok()) return Fail(model.status());
+  absl::StatusOr<InitWeights> weights = ReadInitWeights(args[0]);
+  if (!weights.ok()) return Fail(weights.status());
+  const int64_t layers = spec->model().layers_size();
+  if (auto loaded =
+          LoadInitWeights(*weights, spec->init_from(), (*model)->StateTensors(),
+                          {}, LayerRange{0, layers, layers});
+      !loaded.ok()) {
+    return Fail(loaded.status());
+  }
+  absl::StatusOr<std::unique_ptr<Generator>> generator =
+      Generator::Create(model->get());
+  if (!generator.ok()) return Fail(generator.status());
+
+  SamplingOptions options;
+  options.tokens = absl::GetFlag(FLAGS_tokens);
+  options.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  options.top_k = absl::GetFlag(FLAGS_top_k);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  if (options.tokens < 0 || !(options.temperature >= 0)) {
+    return Fail(absl::InvalidArgumentError(
+        "--tokens and --temperature must not be negative"));
+  }
+  const bool text = data.has_text();
+  if (text)
+    std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  else
+    std::printf("%s", prompt.c_str());
+  std::fflush(stdout);
+  absl::StatusOr<std::vector<int32_t>> out =
+      (*generator)->Generate(ids, options, [&](int32_t id) {
+        if (text) {
+          std::fputc(static_cast<uint8_t>(vocabulary[id]), stdout);
+        } else {
+          std::printf(" %d", id);
+        }
+        std::fflush(stdout);
+      });
+  std::printf("\n");
+  if (!out.ok()) return Fail(out.status());
+  return 0;
+}
+
+}  // namespace gpipe::cli
