@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/progress.h"
 #include "services/core/cores.h"
+#include "services/pipeline/data_resolution.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
@@ -205,6 +206,10 @@ int RunTrain(const std::vector<std::string>& args) {
                           : gpipe::AvailableCores();
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
   if (!spec.ok()) return Fail(spec.status());
+  // The model file records the spec: its paths must mean the same files
+  // wherever the file is used (gpipectl eval, generate) later.
+  std::error_code cwd_error;
+  ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
   absl::StatusOr<int64_t> steps = StepCountFlag();
   if (!steps.ok()) return Fail(steps.status());
   if (*steps > 0) spec->set_steps(*steps);

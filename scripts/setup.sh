@@ -16,6 +16,9 @@ packages=(
   prometheus-cpp-dev prometheus
   dataset-fashion-mnist
   inotify-tools
+  # The Python package (python/): Debian's interpreter with gRPC, protobuf
+  # and numpy; grpc_python_plugin comes with protobuf-compiler-grpc.
+  python3-grpcio python3-protobuf python3-numpy
   # The libFuzzer targets (tests/fuzz, scripts/build-fuzz.sh): clang, its
   # runtime (libFuzzer, ASan, UBSan) and its OpenMP.
   clang libclang-rt-dev libomp-dev
@@ -30,7 +33,7 @@ if [[ "${1:-}" != "--image" ]]; then
   fi
 fi
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch python3-numpy)
+  packages+=(python3-torch)
 fi
 
 missing=()

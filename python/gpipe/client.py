@@ -1,0 +1,261 @@
+"""A client of the gpipe controller's job API (the gRPC service gpipectl
+uses): submit a job spec, follow it, fetch its model.
+
+Messages come back as dicts in protobuf's JSON mapping, the same as
+`gpipectl ... --json` prints (camelCase keys; 64-bit integers as strings).
+"""
+
+import hashlib
+import json
+import os
+import time
+
+import grpc
+from google.protobuf import json_format
+
+from gpipe.v1 import controller_pb2, controller_pb2_grpc, job_pb2
+
+
+class GpipeError(Exception):
+    """A call the controller refused or could not serve: `code` is the gRPC
+    status name (INVALID_ARGUMENT, NOT_FOUND, ...), `message` says why."""
+
+    def __init__(self, code, message):
+        super().__init__("%s: %s" % (code, message))
+        self.code = code
+        self.message = message
+
+
+# The spec's paths a worker reads, made absolute against the submitter's
+# directory as `gpipectl submit` does: a worker elsewhere would resolve a
+# relative one against its own.
+_PATH_FIELDS = {
+    "text": ("path",),
+    "tokens": ("path", "testPath"),
+    "fashionMnist": ("dir",),
+    "tensors": ("inputs", "targets", "testInputs", "testTargets"),
+    "csv": ("path", "testPath"),
+}
+
+
+def _resolve_paths(spec, base):
+    def absolute(path):
+        return path if not path or os.path.isabs(path) else os.path.normpath(
+            os.path.join(base, path))
+
+    data = spec.get("data", {})
+    for source, fields in _PATH_FIELDS.items():
+        block = data.get(source)
+        if isinstance(block, dict):
+            for field in fields:
+                if field in block:
+                    block[field] = absolute(block[field])
+    init = spec.get("initFrom")
+    if isinstance(init, dict) and "path" in init:
+        init["path"] = absolute(init["path"])
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _to_dict(message):
+    return json_format.MessageToDict(message)
+
+
+class Client:
+    """Talks to one controller.
+
+    address: host:port; default $GPIPE_CONTROLLER, else 127.0.0.1:7070.
+    tls_ca, tls_cert, tls_key: PEM files for a controller with TLS (the CA
+      that signed its certificate; a client certificate and key when it
+      asks for one). tls_server_name: the name its certificate carries when
+      it is not the host in `address`.
+    token: the API token; default $GPIPE_TOKEN.
+    timeout: seconds each unary call may take.
+    """
+
+    def __init__(self, address=None, *, tls_ca=None, tls_cert=None,
+                 tls_key=None, tls_server_name=None, token=None,
+                 timeout=10.0):
+        self.address = address or os.environ.get("GPIPE_CONTROLLER",
+                                                  "127.0.0.1:7070")
+        token = token if token is not None else os.environ.get("GPIPE_TOKEN")
+        options = []
+        if tls_ca:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls_ca),
+                private_key=_read(tls_key) if tls_key else None,
+                certificate_chain=_read(tls_cert) if tls_cert else None)
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override",
+                                tls_server_name))
+            self._channel = grpc.secure_channel(self.address, credentials,
+                                                options)
+        else:
+            self._channel = grpc.insecure_channel(self.address)
+        self._stub = controller_pb2_grpc.ControllerStub(self._channel)
+        self._metadata = (("authorization", "Bearer " + token),) if token else ()
+        self._timeout = timeout
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request, timeout=None):
+        try:
+            return method(request, timeout=timeout or self._timeout,
+                          metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise GpipeError(e.code().name, e.details()) from None
+
+    # ---- Jobs -------------------------------------------------------------
+
+    def submit(self, spec, base_dir=None):
+        """Submits a job and returns its id. `spec` is a dict in the JSON
+        form of JobSpec, or the path of a JSON file; relative data and
+        initFrom paths mean `base_dir` (default: this process's directory).
+        The controller validates it: a bad spec raises GpipeError
+        INVALID_ARGUMENT naming the field."""
+        if isinstance(spec, (str, os.PathLike)):
+            with open(spec) as f:
+                spec = json.load(f)
+        else:
+            spec = json.loads(json.dumps(spec))  # ours to change
+        _resolve_paths(spec, base_dir or os.getcwd())
+        try:
+            message = json_format.ParseDict(spec, job_pb2.JobSpec())
+        except json_format.ParseError as e:
+            raise GpipeError("INVALID_ARGUMENT", "job spec: %s" % e) from None
+        job = self._call(self._stub.SubmitJob,
+                         controller_pb2.SubmitJobRequest(spec=message))
+        return job.id
+
+    def job(self, job_id):
+        """The whole job: {"id", "spec", "status"}."""
+        return _to_dict(self._call(self._stub.GetJob,
+                                   controller_pb2.GetJobRequest(job_id=job_id)))
+
+    def status(self, job_id):
+        """The job's status: state, step, loss, conditions, evaluation..."""
+        return self.job(job_id).get("status", {})
+
+    def jobs(self):
+        """Every job the controller keeps, newest first, as summaries."""
+        out, token = [], ""
+        while True:
+            page = self._call(self._stub.ListJobs, controller_pb2.ListJobsRequest(
+                page_size=1000, page_token=token))
+            out.extend(_to_dict(j) for j in page.jobs)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    def watch(self, job_id):
+        """Yields the job's events as they happen ({"time", "job",
+        "message"}), and ends after its terminal state."""
+        try:
+            for event in self._stub.WatchJob(
+                    controller_pb2.WatchJobRequest(job_id=job_id),
+                    metadata=self._metadata):
+                yield _to_dict(event)
+        except grpc.RpcError as e:
+            raise GpipeError(e.code().name, e.details()) from None
+
+    def wait(self, job_id):
+        """Follows the job to its end and returns its final status."""
+        last = None
+        for event in self.watch(job_id):
+            last = event
+        if last is None:
+            return self.status(job_id)
+        return last.get("job", {}).get("status", {})
+
+    def cancel(self, job_id):
+        return _to_dict(self._call(
+            self._stub.CancelJob, controller_pb2.CancelJobRequest(job_id=job_id)))
+
+    def resume(self, job_id, steps=0):
+        """Continues a cancelled or failed job from its newest checkpoint
+        (with `steps` as its new step count when not 0)."""
+        return _to_dict(self._call(
+            self._stub.ResumeJob,
+            controller_pb2.ResumeJobRequest(job_id=job_id, steps=steps)))
+
+    def delete(self, job_id):
+        self._call(self._stub.DeleteJob,
+                   controller_pb2.DeleteJobRequest(job_id=job_id))
+
+    def workers(self):
+        response = self._call(self._stub.ListWorkers,
+                              controller_pb2.ListWorkersRequest())
+        return [_to_dict(w) for w in response.workers]
+
+    # ---- Files -------------------------------------------------------------
+
+    def fetch(self, job_id, out_dir=".", step=0, attempts=3):
+        """Downloads the job's model.safetensors (or, with `step`, the files
+        of that kept checkpoint) into `out_dir` and returns their paths.
+        Each file is written as NAME.part, checked against its length and
+        sha256, then renamed; an interrupted download is tried again (up to
+        `attempts` times, 1 s then 2 s apart) and never leaves a file."""
+        os.makedirs(out_dir, exist_ok=True)
+        for attempt in range(attempts):
+            try:
+                return self._fetch_once(job_id, out_dir, step)
+            except GpipeError as e:
+                if e.code != "UNAVAILABLE" or attempt + 1 == attempts:
+                    raise
+                time.sleep(2 ** attempt)
+        return []
+
+    def _fetch_once(self, job_id, out_dir, step):
+        written = []
+        current = None  # [name, file, expected bytes, sha256, got bytes]
+        request = controller_pb2.FetchModelRequest(job_id=job_id, step=step)
+        try:
+            for response in self._stub.FetchModel(request,
+                                                  metadata=self._metadata):
+                kind = response.WhichOneof("kind")
+                if kind == "header":
+                    name = response.header.name
+                    if (not name or os.path.basename(name) != name or
+                            name in (".", "..")):
+                        raise GpipeError("DATA_LOSS",
+                                         "the controller sent a file named %r"
+                                         % name)
+                    part = os.path.join(out_dir, name + ".part")
+                    current = [name, open(part, "wb"), response.header.bytes,
+                               hashlib.sha256(), 0]
+                elif kind == "chunk" and current is not None:
+                    current[1].write(response.chunk)
+                    current[3].update(response.chunk)
+                    current[4] += len(response.chunk)
+                elif kind == "sha256" and current is not None:
+                    name, f, expected, digest, got = current
+                    f.close()
+                    part = os.path.join(out_dir, name + ".part")
+                    if got != expected or digest.hexdigest() != response.sha256:
+                        os.remove(part)
+                        raise GpipeError(
+                            "DATA_LOSS",
+                            "%s: %d of %d bytes, sha256 %s, the controller "
+                            "read %s" % (name, got, expected,
+                                         digest.hexdigest(), response.sha256))
+                    final = os.path.join(out_dir, name)
+                    os.replace(part, final)
+                    written.append(final)
+                    current = None
+        except grpc.RpcError as e:
+            raise GpipeError(e.code().name, e.details()) from None
+        finally:
+            if current is not None:
+                current[1].close()
+                os.remove(os.path.join(out_dir, current[0] + ".part"))
+        return written
