@@ -68,8 +68,9 @@ const std::vector<Command>& Commands() {
        "MODEL.safetensors INPUT.npy|INPUT.csv|INPUT.pgm",
        "a classifier's classes for your samples",
        "A classifier's most likely classes for each sample of INPUT, read\n"
-       "and normalized as the model's training data was.",
-       {"top", "json"}},
+       "and normalized as the model's training data was; --stages K runs\n"
+       "it through K pipeline stages (each holding only its layers).",
+       {"top", "stages", "json"}},
       {"generate",
        "MODEL.safetensors --prompt TEXT",
        "continue a text with a language model",

@@ -22,17 +22,20 @@
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "services/core/status.h"
+#include "services/data/array_dataset.h"
 #include "services/data/normalize.h"
 #include "services/data/npy.h"
 #include "services/data/numeric_array.h"
 #include "services/data/pgm.h"
 #include "services/nn/layer_spec.h"
 #include "services/nn/model.h"
+#include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/model_file.h"
 
 ABSL_FLAG(int64_t, top, 3, "predict: the most likely classes shown per sample");
 ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(int64_t, stages);
 
 namespace gpipe::cli {
 namespace {
@@ -175,13 +178,42 @@ absl::StatusOr<Samples> ReadSamples(const std::string& path,
       absl::StrCat(path, ": give an .npy array, a .csv table or a .pgm image"));
 }
 
+// One process: the model built whole, its parameters from the file.
+absl::StatusOr<Tensor> Forward(const v1::JobSpec& spec, const std::string& path,
+                               const Tensor& x) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                   Model::Build(spec.model(), spec.seed()));
+  ASSIGN_OR_RETURN(const InitWeights weights, ReadInitWeights(path));
+  const int64_t layers = spec.model().layers_size();
+  RETURN_IF_ERROR(LoadInitWeights(weights, spec.init_from(),
+                                  model->StateTensors(), {},
+                                  LayerRange{0, layers, layers})
+                      .status());
+  RETURN_IF_ERROR(model->CheckInput(x));
+  LayerContext ctx;
+  ctx.training = false;
+  return model->Forward(x, ctx, nullptr);
+}
+
+// --stages K: the samples stream through K stages on threads, each holding
+// only its layers, batch by batch as a test split does.
+absl::StatusOr<Tensor> ForwardOnPipeline(const v1::JobSpec& spec,
+                                         const Tensor& x, int64_t classes) {
+  PipelineOptions options = OptionsFromSpec(spec);
+  options.stages = absl::GetFlag(FLAGS_stages);
+  options.dataset = std::make_shared<ArrayDataset>(x, Tensor(), classes);
+  ASSIGN_OR_RETURN(std::unique_ptr<InProcessPipeline> pipeline,
+                   InProcessPipeline::Create(spec, options));
+  return pipeline->Outputs(Split::kTest, 0);
+}
+
 }  // namespace
 
 int RunPredict(const std::vector<std::string>& args) {
   if (args.size() != 2) {
     std::fprintf(stderr,
                  "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
-                 ".pgm [--top K] [--json]\n");
+                 ".pgm [--top K] [--stages K] [--json]\n");
     return 2;
   }
   absl::StatusOr<v1::JobSpec> spec = SpecToServe(args[0], "");
@@ -213,24 +245,12 @@ int RunPredict(const std::vector<std::string>& args) {
       }
     }
   }
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::Build(spec->model(), spec->seed());
-  if (!model.ok()) return Fail(model.status());
-  absl::StatusOr<InitWeights> weights = ReadInitWeights(args[0]);
-  if (!weights.ok()) return Fail(weights.status());
-  const int64_t layers = spec->model().layers_size();
-  if (auto loaded =
-          LoadInitWeights(*weights, spec->init_from(), (*model)->StateTensors(),
-                          {}, LayerRange{0, layers, layers});
-      !loaded.ok()) {
-    return Fail(loaded.status());
-  }
-  if (absl::Status s = (*model)->CheckInput(x); !s.ok()) return Fail(s);
-  LayerContext ctx;
-  ctx.training = false;
-  const Tensor logits = (*model)->Forward(x, ctx, nullptr);
-
   const int64_t classes = out[0];
+  absl::StatusOr<Tensor> logits = absl::GetFlag(FLAGS_stages) > 1
+                                      ? ForwardOnPipeline(*spec, x, classes)
+                                      : Forward(*spec, args[0], x);
+  if (!logits.ok()) return Fail(logits.status());
+
   const int64_t top = std::clamp<int64_t>(absl::GetFlag(FLAGS_top), 1, classes);
   const bool json = absl::GetFlag(FLAGS_json);
   const auto name = [&](int64_t c) -> std::string {
@@ -238,7 +258,7 @@ int RunPredict(const std::vector<std::string>& args) {
   };
   if (json) std::printf("{\"predictions\": [");
   for (int64_t i = 0; i < samples->count; ++i) {
-    const float* row = logits.f32() + i * classes;
+    const float* row = logits->f32() + i * classes;
     // Softmax in double: probabilities to print, not to train with.
     const double peak = *std::max_element(row, row + classes);
     std::vector<double> p(classes);

@@ -190,6 +190,27 @@ absl::StatusOr<EvalResult> InProcessPipeline::Evaluate(Split split,
   return e;
 }
 
+absl::StatusOr<Tensor> InProcessPipeline::Outputs(Split split,
+                                                  int64_t max_samples) {
+  std::vector<Tensor> parts;
+  Stage* last = stages_.back().get();
+  RETURN_IF_ERROR(OnAllStages<LossResult>([&](Stage& stage) {
+                    return stage.RunEval(split, max_samples,
+                                         &stage == last ? &parts : nullptr);
+                  }).status());
+  if (parts.empty()) return Tensor();
+  int64_t rows = 0;
+  for (const Tensor& t : parts) rows += t.dim(0);
+  Tensor all = Tensor::Empty(parts[0].shape().WithoutBatch().WithBatch(rows),
+                             parts[0].dtype());
+  int64_t at = 0;
+  for (const Tensor& t : parts) {
+    std::copy(t.f32(), t.f32() + t.numel(), all.f32() + at);
+    at += t.numel();
+  }
+  return all;
+}
+
 std::vector<NamedTensor> InProcessPipeline::StateTensors() {
   std::vector<NamedTensor> out;
   for (auto& stage : stages_)

@@ -43,6 +43,10 @@ class InProcessPipeline final : public Trainer {
   absl::StatusOr<EvalResult> Evaluate(Split split,
                                       int64_t max_samples) override;
   int64_t step() const override { return step_; }
+  // The model's outputs for the first `max_samples` (0: all) of a split,
+  // batch by batch through every stage (forward only), concatenated:
+  // [N, output...] on the host.
+  absl::StatusOr<Tensor> Outputs(Split split, int64_t max_samples);
   std::vector<NamedTensor> StateTensors() override;
   const std::string& init_summary() const override { return init_summary_; }
 

@@ -275,7 +275,8 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
 
 // Evaluation streams batches down the pipe until the first stage sends the
 // end marker, so middle stages need neither the dataset nor its size.
-absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
+absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
+                                          std::vector<Tensor>* outputs) {
   AllocatorScope scope(&activations_);
   DeviceTransfer::Scope on_device(device_.get());
   const int64_t batch_size = spec_.eval().batch_size() > 0
@@ -321,6 +322,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples) {
     if (device_ != nullptr) x = device_->ToDevice(x);
     Tensor y = model_->Forward(x, Context(kEvalStep, b), nullptr);
     if (placement_.last()) {
+      if (outputs != nullptr) outputs->push_back(y.To(Device::kCpu));
       const LossResult r =
           SoftmaxCrossEntropyLoss(y, batch.targets, 1.0, nullptr);
       RETURN_IF_ERROR(CheckTargetsInRange(r, y.dim(-1)));

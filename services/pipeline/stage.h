@@ -66,7 +66,10 @@ class Stage {
   absl::StatusOr<StageStepResult> RunStep(int64_t step);
   // A forward-only pass over a split in batches of the evaluation batch
   // size; the last stage returns the loss and accuracy, others zeros.
-  absl::StatusOr<LossResult> RunEval(Split split, int64_t max_samples);
+  // With `outputs` (the last stage's), the model's output of each batch is
+  // appended there as a host tensor, in order: what predict returns.
+  absl::StatusOr<LossResult> RunEval(Split split, int64_t max_samples,
+                                     std::vector<Tensor>* outputs = nullptr);
 
   const StagePlacement& placement() const { return placement_; }
   Model& model() { return *model_; }

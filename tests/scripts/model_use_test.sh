@@ -82,7 +82,14 @@ done
 ((right >= 6)) || fail "only $right of 8 test images were classified right"
 g predict "$work/mlp/model.safetensors" "$work/img0.pgm" | grep -q "img0.pgm\[0\]: class [0-9] (" ||
   fail "predict's text output: $(g predict "$work/mlp/model.safetensors" "$work/img0.pgm")"
-ok "predict: PGM images and a uint8 .npy give the same classes, $right of 8 right"
+g predict "$work/mlp/model.safetensors" "$work/imgs.npy" --json --stages 2 >"$work/npy2.json"
+python3 - "$work/npy.json" "$work/npy2.json" <<'PY'
+import json, sys
+one, two = (json.load(open(p))["predictions"] for p in sys.argv[1:3])
+assert [p["class"] for p in one] == [p["class"] for p in two], (one, two)
+assert all(abs(a["probability"] - b["probability"]) < 1e-4 for a, b in zip(one, two))
+PY
+ok "predict: PGM images and a uint8 .npy give the same classes, $right of 8 right; so do 2 stages"
 
 # A table with a header; predict finds the features by name.
 python3 - "$work" <<'PY'
