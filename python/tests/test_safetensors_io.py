@@ -1,5 +1,6 @@
 """safetensors_io: round trips, the C++ writer's layout, malformed files."""
 
+import pathlib
 import json
 import os
 import struct
@@ -69,7 +70,7 @@ class SafetensorsTest(unittest.TestCase):
             "b": np.array([1, 2], dtype=np.int32),
             "a": np.array([0.5], dtype=np.float32),
         }, {"z": "1", "format": "pt"})
-        raw = open(self.path, "rb").read()
+        raw = pathlib.Path(self.path).read_bytes()
         (n,) = struct.unpack("<Q", raw[:8])
         self.assertEqual((8 + n) % 8, 0)
         header = raw[8:8 + n]
@@ -81,7 +82,7 @@ class SafetensorsTest(unittest.TestCase):
 
     def test_no_metadata_no_metadata_key(self):
         save_safetensors(self.path, {"a": np.zeros(2, np.float32)})
-        raw = open(self.path, "rb").read()
+        raw = pathlib.Path(self.path).read_bytes()
         self.assertNotIn(b"__metadata__", raw)
         self.assertEqual(load_safetensors(self.path)[1], {})
 
