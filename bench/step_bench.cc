@@ -2,6 +2,8 @@
 // job spec, and the training GFLOP/s that makes, as a share of the sgemm
 // peak measured in the same run. With --profile, also where a step's time
 // goes, layer by layer.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +15,7 @@
 #include "bench/step_profile.h"
 #include "bench/timing.h"
 #include "services/core/cores.h"
+#include "services/core/memory.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
@@ -23,13 +26,16 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: step_bench SPEC.json [--steps N] [--warmup W] [--threads T]\n"
-    "                  [--micro-batches M] [--profile]\n"
+    "                  [--micro-batches M] [--profile] [--glibc-malloc]\n"
     "  --steps N          timed steps (default 20)\n"
     "  --warmup W         untimed steps first (default 3)\n"
     "  --threads T        compute threads (default: the usable cores)\n"
     "  --micro-batches M  micro-batches per step (default: the spec's)\n"
     "  --profile          then time 5 more steps piece by piece, layer by "
-    "layer\n";
+    "layer\n"
+    "  --glibc-malloc     leave glibc's malloc as it is (the product's "
+    "processes keep\n"
+    "                     freed memory: KeepFreedMemory)\n";
 
 const char* Env(const char* name) {
   const char* v = std::getenv(name);
@@ -53,6 +59,14 @@ void PrintProfile(const StepProfile& p) {
                 p.total_ms > 0 ? 100.0 * ms / p.total_ms : 0.0);
   }
   std::printf("  %-32s %21.3f\n", "total", p.total_ms);
+}
+
+// Minor page faults of this process so far: first touches of fresh pages,
+// which a steady-state step should not have.
+int64_t MinorPageFaults() {
+  struct rusage usage;
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
 }
 
 int Run(const Args& args) {
@@ -109,15 +123,23 @@ int Run(const Args& args) {
         threads, ComputeThreads(), ComputeThreads());
   }
   std::vector<double> ms;
+  const int64_t faults_before = MinorPageFaults();
   for (long s = 0; s < steps; ++s) {
     absl::Status status;
     ms.push_back(1e3 * TimeSeconds([&] { status = t.Step().status(); }));
     if (!status.ok()) return Fail(std::string(status.message()));
   }
+  const double faults =
+      static_cast<double>(MinorPageFaults() - faults_before) / steps;
   const double median = Median(ms), mean = Mean(ms);
   std::printf("ms/step: median %.3f  mean %.3f  min %.3f  max %.3f\n", median,
               mean, *std::min_element(ms.begin(), ms.end()),
               *std::max_element(ms.begin(), ms.end()));
+  std::printf(
+      "page faults per step: %.1f (%s)\n", faults,
+      args.Has("glibc-malloc")
+          ? "glibc's malloc defaults: large blocks come from fresh pages"
+          : "the heap keeps freed memory, as gpipectl and gpipe-worker do");
   const double step_flops = 3.0 * forward_flops * spec->batch_size();
   const double gflops = step_flops / (median * 1e-3) / 1e9;
   std::printf(
@@ -149,12 +171,15 @@ int Run(const Args& args) {
 int main(int argc, char** argv) {
   using gpipe::bench::Args;
   const Args args(argc, argv, {"steps", "warmup", "threads", "micro-batches"},
-                  {"profile"});
+                  {"profile", "glibc-malloc"});
   if (!args.ok() || args.positional().size() != 1) {
     std::fprintf(stderr, "step_bench: %s\n%s",
                  args.ok() ? "expected one SPEC.json" : args.error().c_str(),
                  gpipe::bench::kUsage);
     return 2;
   }
+  // The processes that train (gpipectl, gpipe-worker) keep freed memory in
+  // the heap; measured the same way unless asked otherwise.
+  if (!args.Has("glibc-malloc")) gpipe::KeepFreedMemory();
   return gpipe::bench::Run(args);
 }

@@ -39,15 +39,20 @@ class Sgd final : public Optimizer {
                          mu == 0.0f ? nullptr : momentum_[i].f32());
         continue;
       }
+      // One pass per parameter, vectorized (omp simd: every lane does the
+      // scalar arithmetic, so the bits are the same).
       if (mu == 0.0f) {
+#pragma omp parallel for simd if (n > (1 << 15))
         for (int64_t j = 0; j < n; ++j) w[j] -= lr * (g[j] + decay * w[j]);
         continue;
       }
       float* buf = momentum_[i].f32();
+      const bool first = step == 1, nesterov = spec_.nesterov();
+#pragma omp parallel for simd if (n > (1 << 15))
       for (int64_t j = 0; j < n; ++j) {
         const float d = g[j] + decay * w[j];
-        buf[j] = step == 1 ? d : mu * buf[j] + d;
-        w[j] -= lr * (spec_.nesterov() ? d + mu * buf[j] : buf[j]);
+        buf[j] = first ? d : mu * buf[j] + d;
+        w[j] -= lr * (nesterov ? d + mu * buf[j] : buf[j]);
       }
     }
   }
@@ -98,12 +103,16 @@ class AdamW final : public Optimizer {
                            g, w, m, v);
         continue;
       }
-#pragma omp parallel for if (n > (1 << 15))
+      // Members copied out, so the compiler need not reload them after
+      // every store; the same expressions, so the same bits.
+      const float b1 = beta1_, b2 = beta2_, eps = eps_;
+      const float ob1 = 1.0f - beta1_, ob2 = 1.0f - beta2_;
+#pragma omp parallel for simd if (n > (1 << 15))
       for (int64_t j = 0; j < n; ++j) {
         w[j] *= decay;
-        m[j] = beta1_ * m[j] + (1.0f - beta1_) * g[j];
-        v[j] = beta2_ * v[j] + (1.0f - beta2_) * g[j] * g[j];
-        w[j] -= step_size * m[j] / (std::sqrt(v[j]) / c2_sqrt + eps_);
+        m[j] = b1 * m[j] + ob1 * g[j];
+        v[j] = b2 * v[j] + ob2 * g[j] * g[j];
+        w[j] -= step_size * m[j] / (std::sqrt(v[j]) / c2_sqrt + eps);
       }
     }
   }

@@ -6,32 +6,37 @@
 
 namespace gpipe::cpu {
 namespace {
+// The element-wise loops are `omp simd`: at -O2, GCC vectorizes a loop only
+// when it needs no alias checks, so without it ReLU ran scalar with a
+// mispredicted branch per element (1.5 ms for 256 x 1024 floats, 30x the
+// memory time). Each lane does the scalar arithmetic, so results are the
+// same bits.
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = 1 << 15;
 }  // namespace
 
 void Add(int64_t n, const float* a, const float* b, float* out) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
 void AddInPlace(int64_t n, const float* x, float* y) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
 void Axpy(int64_t n, float alpha, const float* x, float* y) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
 void Scale(int64_t n, float alpha, float* x) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
 
 void Multiply(int64_t n, const float* a, const float* b, float* out) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
 
@@ -39,6 +44,7 @@ void AddRowBias(int64_t rows, int64_t cols, const float* bias, float* y) {
 #pragma omp parallel for if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = y + r * cols;
+#pragma omp simd
     for (int64_t c = 0; c < cols; ++c) row[c] += bias[c];
   }
 }
@@ -49,18 +55,22 @@ void AddChannelBias(int64_t n, int64_t channels, int64_t inner,
   for (int64_t nc = 0; nc < n * channels; ++nc) {
     const float b = bias[nc % channels];
     float* p = y + nc * inner;
+#pragma omp simd
     for (int64_t i = 0; i < inner; ++i) p[i] += b;
   }
 }
 
 void ReluForward(int64_t n, const float* x, float* y) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
-#pragma omp parallel for if (n > kParallelMin)
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+#pragma omp parallel for simd if (n > kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i];  // read either way, so the select vectorizes
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
 }
 
 void GeluForward(int64_t n, const float* x, float* y) {
@@ -87,7 +97,7 @@ void TanhForward(int64_t n, const float* x, float* y) {
 }
 
 void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
-#pragma omp parallel for if (n > kParallelMin)
+#pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
 

@@ -13,6 +13,8 @@ void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out);
 void SumChannelsInto(int64_t n, int64_t channels, int64_t inner, const float* x,
                      float* out);
 double Sum(int64_t n, const float* x);
+// Summed in double in eight lanes (i % 8) added in a fixed tree: a
+// function of x alone, whatever the thread count.
 double SumSquares(int64_t n, const float* x);
 // Index of the largest element (first on ties).
 int64_t ArgMax(int64_t n, const float* x);
