@@ -213,6 +213,10 @@ absl::StatusOr<double> Stage::OptimizerStep(int64_t step, float* lr) {
   *lr = LearningRate(spec_.optimizer(), step, spec_.steps());
   optimizer_->Step(*lr, step + 1);
   model_->ZeroGrad();
+  // The update is queued on the stage's stream; whoever reads the
+  // parameters next (a checkpoint, the final write, an evaluation from
+  // another thread's stream) must see it done.
+  if (device_ != nullptr) SynchronizeCuda();
   return squares;
 }
 
