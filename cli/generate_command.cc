@@ -119,12 +119,7 @@ int RunGenerate(const std::vector<std::string>& args) {
   absl::StatusOr<std::unique_ptr<Model>> model =
       Model::Build(spec->model(), spec->seed());
   if (!model.ok()) return Fail(model.status());
-  absl::StatusOr<InitWeights> weights = ReadInitWeights(args[0]);
-  if (!weights.ok()) return Fail(weights.status());
-  const int64_t layers = spec->model().layers_size();
-  if (auto loaded =
-          LoadInitWeights(*weights, spec->init_from(), (*model)->StateTensors(),
-                          {}, LayerRange{0, layers, layers});
+  if (auto loaded = InitWholeModel(*spec, (*model)->StateTensors(), {});
       !loaded.ok()) {
     return Fail(loaded.status());
   }

@@ -179,16 +179,10 @@ absl::StatusOr<Samples> ReadSamples(const std::string& path,
 }
 
 // One process: the model built whole, its parameters from the file.
-absl::StatusOr<Tensor> Forward(const v1::JobSpec& spec, const std::string& path,
-                               const Tensor& x) {
+absl::StatusOr<Tensor> Forward(const v1::JobSpec& spec, const Tensor& x) {
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Build(spec.model(), spec.seed()));
-  ASSIGN_OR_RETURN(const InitWeights weights, ReadInitWeights(path));
-  const int64_t layers = spec.model().layers_size();
-  RETURN_IF_ERROR(LoadInitWeights(weights, spec.init_from(),
-                                  model->StateTensors(), {},
-                                  LayerRange{0, layers, layers})
-                      .status());
+  RETURN_IF_ERROR(InitWholeModel(spec, model->StateTensors(), {}).status());
   RETURN_IF_ERROR(model->CheckInput(x));
   LayerContext ctx;
   ctx.training = false;
@@ -248,7 +242,7 @@ int RunPredict(const std::vector<std::string>& args) {
   const int64_t classes = out[0];
   absl::StatusOr<Tensor> logits = absl::GetFlag(FLAGS_stages) > 1
                                       ? ForwardOnPipeline(*spec, x, classes)
-                                      : Forward(*spec, args[0], x);
+                                      : Forward(*spec, x);
   if (!logits.ok()) return Fail(logits.status());
 
   const int64_t top = std::clamp<int64_t>(absl::GetFlag(FLAGS_top), 1, classes);

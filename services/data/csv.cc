@@ -22,14 +22,6 @@ namespace {
 
 using storage::QuoteForMessage;
 
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  uint64_t size = 0;
-  ASSIGN_OR_RETURN(storage::ScopedFd fd, storage::OpenForRead(path, &size));
-  std::string text(static_cast<size_t>(size), '\0');
-  RETURN_IF_ERROR(storage::ReadAt(fd, path, 0, text.data(), text.size()));
-  return text;
-}
-
 // Debian's Abseil has its own string_view, so lines and cells are cut here
 // rather than with absl::StrSplit.
 std::string_view Trim(std::string_view s) {
@@ -92,7 +84,7 @@ class CsvReader {
                              Layout* layout, const Layout* train) {
     field_ = field;
     path_ = path;
-    absl::StatusOr<std::string> read = ReadWholeFile(path);
+    absl::StatusOr<std::string> read = storage::ReadWholeFile(path);
     if (!read.ok()) {
       return absl::Status(read.status().code(),
                           absl::StrCat(field, ": ", read.status().message()));

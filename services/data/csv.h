@@ -49,6 +49,13 @@ class CsvDataset final : public Dataset {
 
   struct Standardization {
     std::vector<float> mean, std;
+    // As data.normalize holds it (one pair per feature).
+    gpipe::v1::Normalize AsNormalize() const {
+      gpipe::v1::Normalize n;
+      n.mutable_mean()->Assign(mean.begin(), mean.end());
+      n.mutable_std()->Assign(std.begin(), std.end());
+      return n;
+    }
   };
   // Per feature over the train split: the mean and the population standard
   // deviation, summed in double in row order so every process computes the

@@ -129,10 +129,9 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
   // Standardization not yet written into the spec (a job opened where it
   // was not submitted): the same statistics, computed here.
   if (spec.has_csv() && spec.csv().standardize() && !spec.has_normalize()) {
-    const CsvDataset::Standardization stats =
-        static_cast<const CsvDataset&>(*data).ComputeStandardization();
-    normalize.mutable_mean()->Assign(stats.mean.begin(), stats.mean.end());
-    normalize.mutable_std()->Assign(stats.std.begin(), stats.std.end());
+    normalize = static_cast<const CsvDataset&>(*data)
+                    .ComputeStandardization()
+                    .AsNormalize();
   }
   if (normalize.mean_size() == 0 && normalize.std_size() == 0) return data;
   return Upcast("data.normalize", Normalized(std::move(data), normalize));

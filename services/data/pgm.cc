@@ -1,12 +1,12 @@
 #include "services/data/pgm.h"
 
 #include <cctype>
-#include <fstream>
-#include <sstream>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/storage/file_io.h"
 
 namespace gpipe {
 namespace {
@@ -115,11 +115,8 @@ absl::StatusOr<GreyImage> ParsePgm(std::string_view bytes,
 }
 
 absl::StatusOr<GreyImage> ReadPgm(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return ParsePgm(bytes.str(), path);
+  ASSIGN_OR_RETURN(const std::string bytes, storage::ReadWholeFile(path));
+  return ParsePgm(bytes, path);
 }
 
 }  // namespace gpipe

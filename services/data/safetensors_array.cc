@@ -188,23 +188,15 @@ absl::StatusOr<NumericArray> ReadSafetensorsArray(const std::string& path,
                                                   const std::string& name) {
   uint64_t size = 0;
   ASSIGN_OR_RETURN(storage::ScopedFd fd, storage::OpenForRead(path, &size));
-  std::string prefix(static_cast<size_t>(
-                         std::min<uint64_t>(size, storage::kHeaderLengthBytes)),
-                     '\0');
-  RETURN_IF_ERROR(storage::ReadAt(fd, path, 0, prefix.data(), prefix.size()));
-  absl::StatusOr<uint64_t> header_bytes =
-      storage::DecodeHeaderLength(prefix, size, path);
-  if (!header_bytes.ok()) {
+  absl::StatusOr<std::string> json = storage::ReadHeaderJson(fd, path, size);
+  if (!json.ok()) {
     // DataLoss there; a malformed data file is InvalidArgument here, as
     // every other data set has it.
-    return absl::InvalidArgumentError(header_bytes.status().message());
+    return absl::InvalidArgumentError(json.status().message());
   }
-  std::string json(static_cast<size_t>(*header_bytes), '\0');
-  RETURN_IF_ERROR(storage::ReadAt(fd, path, storage::kHeaderLengthBytes,
-                                  json.data(), json.size()));
-  const uint64_t data_start = storage::kHeaderLengthBytes + *header_bytes;
+  const uint64_t data_start = storage::kHeaderLengthBytes + json->size();
   absl::StatusOr<std::vector<Entry>> entries =
-      HeaderParser(json, size - data_start).Parse();
+      HeaderParser(*json, size - data_start).Parse();
   if (!entries.ok()) {
     return Bad(path,
                absl::StrCat("malformed header: ", entries.status().message()));

@@ -160,13 +160,10 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec) {
       spec->mutable_data()->mutable_csv()->mutable_feature_columns()->Assign(
           csv->feature_names().begin(), csv->feature_names().end());
     }
-  }
-  if (NeedsStandardization(spec->data())) {
-    const auto* csv = dynamic_cast<const CsvDataset*>(data.get());
-    const CsvDataset::Standardization stats = csv->ComputeStandardization();
-    v1::Normalize& n = *spec->mutable_data()->mutable_normalize();
-    n.mutable_mean()->Assign(stats.mean.begin(), stats.mean.end());
-    n.mutable_std()->Assign(stats.std.begin(), stats.std.end());
+    if (NeedsStandardization(spec->data())) {
+      *spec->mutable_data()->mutable_normalize() =
+          csv->ComputeStandardization().AsNormalize();
+    }
   }
   if (spec->data().has_text() && spec->data().text().vocabulary().empty()) {
     const auto* text = dynamic_cast<const TextDataset*>(data.get());

@@ -58,6 +58,13 @@ absl::StatusOr<InitReport> LoadInitWeights(
     const std::vector<NamedTensor>& model,
     const std::vector<NamedTensor>& optimizer, const LayerRange& range);
 
+// ReadInitWeights(spec.init_from().path()) loaded into a whole model (its
+// state and, when the spec asks, its optimizer's; `optimizer` may be empty
+// for a model that only serves).
+absl::StatusOr<InitReport> InitWholeModel(
+    const gpipe::v1::JobSpec& spec, const std::vector<NamedTensor>& model,
+    const std::vector<NamedTensor>& optimizer);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_PIPELINE_INIT_WEIGHTS_H_

@@ -2,7 +2,6 @@
 
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -11,6 +10,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
+#include "services/storage/file_io.h"
 #include "services/storage/safetensors_header.h"
 
 namespace gpipe {
@@ -60,31 +60,19 @@ std::map<std::string, std::string> ModelFileMetadata(
 }
 
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  }
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  std::string prefix(storage::kHeaderLengthBytes, '\0');
-  in.seekg(0);
-  in.read(prefix.data(), static_cast<std::streamsize>(prefix.size()));
-  prefix.resize(static_cast<size_t>(in.gcount()));
+  uint64_t size = 0;
+  ASSIGN_OR_RETURN(const storage::ScopedFd fd,
+                   storage::OpenForRead(path, &size));
   const auto not_model = [&](const absl::Status& s) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a safetensors model file: ", s.message()));
   };
-  const absl::StatusOr<uint64_t> decoded =
-      storage::DecodeHeaderLength(prefix, size, path);
-  if (!decoded.ok()) return not_model(decoded.status());
-  const uint64_t length = *decoded;
-  std::string json(length, '\0');
-  in.read(json.data(), static_cast<std::streamsize>(length));
-  if (static_cast<uint64_t>(in.gcount()) != length) {
-    return absl::DataLossError(absl::StrCat(path, ": header cut short"));
-  }
+  const absl::StatusOr<std::string> json =
+      storage::ReadHeaderJson(fd, path, size);
+  if (!json.ok()) return not_model(json.status());
   absl::StatusOr<storage::SafetensorsHeader> header =
       storage::ParseSafetensorsHeader(
-          json, size - storage::kHeaderLengthBytes - length, path);
+          *json, size - storage::kHeaderLengthBytes - json->size(), path);
   if (!header.ok()) return not_model(header.status());
   ModelFileInfo info;
   info.metadata = std::move(header->metadata);

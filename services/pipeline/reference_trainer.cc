@@ -41,13 +41,9 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   ASSIGN_OR_RETURN(t->optimizer_,
                    MakeOptimizer(spec.optimizer(), t->model_->Parameters()));
   if (spec.has_init_from()) {
-    ASSIGN_OR_RETURN(const InitWeights weights,
-                     ReadInitWeights(spec.init_from().path()));
-    const int64_t layers = spec.model().layers_size();
-    ASSIGN_OR_RETURN(
-        const InitReport report,
-        LoadInitWeights(weights, spec.init_from(), t->model_->StateTensors(),
-                        t->optimizer_->State(), LayerRange{0, layers, layers}));
+    ASSIGN_OR_RETURN(const InitReport report,
+                     InitWholeModel(spec, t->model_->StateTensors(),
+                                    t->optimizer_->State()));
     t->init_summary_ = report.ToString();
     t->step_ = InitialStep(spec);
   }

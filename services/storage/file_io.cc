@@ -60,6 +60,14 @@ absl::StatusOr<ScopedFd> OpenForRead(const std::string& path, uint64_t* size) {
   return fd;
 }
 
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  uint64_t size = 0;
+  ASSIGN_OR_RETURN(ScopedFd fd, OpenForRead(path, &size));
+  std::string bytes(static_cast<size_t>(size), '\0');
+  RETURN_IF_ERROR(ReadAt(fd, path, 0, bytes.data(), bytes.size()));
+  return bytes;
+}
+
 absl::Status ReadAt(const ScopedFd& fd, const std::string& path,
                     uint64_t offset, void* dst, size_t n) {
   char* out = static_cast<char*>(dst);

@@ -42,6 +42,9 @@ absl::StatusOr<ScopedFd> OpenForRead(const std::string& path, uint64_t* size);
 absl::Status ReadAt(const ScopedFd& fd, const std::string& path,
                     uint64_t offset, void* dst, size_t n);
 
+// The whole of `path` (OpenForRead's errors, then ReadAt's).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
+
 // Replaces `path` so that no reader, and no crash, ever sees it half
 // written: data goes to "<path>.tmp.<pid>", which is fsynced, renamed over
 // `path`, and then the directory is fsynced so the rename is durable too.

@@ -60,17 +60,9 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
   uint64_t file_size = 0;
   ASSIGN_OR_RETURN(storage::ScopedFd fd,
                    storage::OpenForRead(path, &file_size));
-  char prefix[storage::kHeaderLengthBytes];
-  const size_t prefix_size = static_cast<size_t>(
-      std::min<uint64_t>(file_size, storage::kHeaderLengthBytes));
-  RETURN_IF_ERROR(storage::ReadAt(fd, path, 0, prefix, prefix_size));
-  ASSIGN_OR_RETURN(const uint64_t header_size,
-                   storage::DecodeHeaderLength(
-                       std::string_view(prefix, prefix_size), file_size, path));
-  std::string json(header_size, '\0');
-  RETURN_IF_ERROR(storage::ReadAt(fd, path, storage::kHeaderLengthBytes,
-                                  json.data(), json.size()));
-  const uint64_t data_start = storage::kHeaderLengthBytes + header_size;
+  ASSIGN_OR_RETURN(const std::string json,
+                   storage::ReadHeaderJson(fd, path, file_size));
+  const uint64_t data_start = storage::kHeaderLengthBytes + json.size();
   ASSIGN_OR_RETURN(
       SafetensorsHeader header,
       storage::ParseSafetensorsHeader(json, file_size - data_start, path));

@@ -368,6 +368,22 @@ std::string EncodeSafetensorsHeader(const SafetensorsHeader& header) {
   return out;
 }
 
+absl::StatusOr<std::string> ReadHeaderJson(const ScopedFd& fd,
+                                           const std::string& path,
+                                           uint64_t file_size) {
+  char prefix[kHeaderLengthBytes];
+  const size_t prefix_size =
+      static_cast<size_t>(std::min<uint64_t>(file_size, kHeaderLengthBytes));
+  RETURN_IF_ERROR(ReadAt(fd, path, 0, prefix, prefix_size));
+  ASSIGN_OR_RETURN(const uint64_t length,
+                   DecodeHeaderLength(std::string_view(prefix, prefix_size),
+                                      file_size, path));
+  std::string json(static_cast<size_t>(length), '\0');
+  RETURN_IF_ERROR(
+      ReadAt(fd, path, kHeaderLengthBytes, json.data(), json.size()));
+  return json;
+}
+
 std::string QuoteForMessage(std::string_view s) {
   constexpr size_t kMaxBytes = 200;
   std::string out;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/storage/file_io.h"
 #include "services/tensor/dtype.h"
 
 namespace gpipe::storage {
@@ -47,6 +48,13 @@ std::string_view SafetensorsDTypeName(DType dtype);
 absl::StatusOr<uint64_t> DecodeHeaderLength(std::string_view prefix,
                                             uint64_t file_size,
                                             std::string_view what);
+
+// The header JSON of the open safetensors file `fd` of `file_size` bytes:
+// the length prefix read and checked (DecodeHeaderLength), then the JSON
+// itself; the data buffer follows it, at kHeaderLengthBytes + its size.
+absl::StatusOr<std::string> ReadHeaderJson(const ScopedFd& fd,
+                                           const std::string& path,
+                                           uint64_t file_size);
 
 // Parses the header JSON and checks it against a data buffer of `data_size`
 // bytes: dtypes and shapes well-formed, each tensor's byte range exactly its

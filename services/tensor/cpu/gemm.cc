@@ -97,27 +97,26 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 
 void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
                    const float* w, float* c) {
-  if (m == 0 || n == 0) return;
-  // W transposed once, so the inner loop runs along n: each lane adds its
-  // own products in k order and the compiler may vectorize across lanes
-  // without reassociating any sum.
-  std::vector<float> wt(static_cast<size_t>(n * k));
-  for (int64_t j = 0; j < n; ++j)
-    for (int64_t p = 0; p < k; ++p) wt[p * n + j] = w[j * k + p];
-  constexpr int64_t kLanes = 64;
+  // Eight outputs at a time, each its own running sum over k in order:
+  // eight independent chains keep the core busy without a transposed copy
+  // of W (decoding calls this once per token per layer, with m = 1, where
+  // copying W would cost as much as the product).
+  constexpr int64_t kOutputs = 8;
 #pragma omp parallel for schedule(static) if (m * n * k > (1 << 18))
   for (int64_t i = 0; i < m; ++i) {
     const float* ai = a + i * k;
     float* ci = c + i * n;
-    for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-      const int64_t lanes = std::min(kLanes, n - j0);
-      float acc[kLanes] = {};
+    for (int64_t j0 = 0; j0 < n; j0 += kOutputs) {
+      const int64_t outputs = std::min(kOutputs, n - j0);
+      float acc[kOutputs] = {};
+      const float* rows[kOutputs];
+      for (int64_t l = 0; l < kOutputs; ++l)
+        rows[l] = w + (j0 + std::min(l, outputs - 1)) * k;
       for (int64_t p = 0; p < k; ++p) {
         const float x = ai[p];
-        const float* row = wt.data() + p * n + j0;
-        for (int64_t l = 0; l < lanes; ++l) acc[l] += x * row[l];
+        for (int64_t l = 0; l < kOutputs; ++l) acc[l] += x * rows[l][p];
       }
-      std::copy(acc, acc + lanes, ci + j0);
+      std::copy(acc, acc + outputs, ci + j0);
     }
   }
 }
