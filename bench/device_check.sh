@@ -2,13 +2,22 @@
 # The GPU checks in one run, as the first command on a GPU machine that has
 # none of our dependencies (see bench/device_pack.sh): unpack the carried
 # binaries and libraries, find cuBLAS (and cuDNN, optional) and the driver
-# there, run the CUDA tests (the CNN ones with and without cuDNN when it is
-# there), gpu_bench (sgemm against cuBLAS's peak, convolutions, training
-# steps), the same training steps in PyTorch, a K=4 pipeline of stage
-# processes on the one GPU (gpipectl local: CUDA IPC between the stages,
-# then gRPC frames) against torch.distributed.pipelining with the same model,
-# partition and micro-batches, and print a PASS/FAIL summary. Every part has
-# a timeout and the whole run a budget of 8 minutes. Logs go to $OUT.
+# there, then, most important first:
+#   1. a 2-stage local cluster on CUDA IPC, bitwise equal to gRPC frames;
+#   2. compute-sanitizer (memcheck, racecheck, synccheck) on the CUDA unit
+#      tests, where the tool is present;
+#   3. five `gpipectl train --stages 2 --schedule 1f1b --device cuda` runs
+#      of an MLP and a Transformer, each bitwise equal to `--stages 1`;
+#   4. kill -9 of a worker mid-job on CUDA IPC: nothing hangs, the job
+#      recovers on a replacement and ends bitwise where the run without a
+#      kill ends;
+#   5. the CUDA tests (the CNN ones with and without cuDNN when it is
+#      there), a K=4 pipeline of stage processes on the one GPU (CUDA IPC,
+#      then gRPC frames) against torch.distributed.pipelining with the same
+#      model, partition and micro-batches, gpu_bench (sgemm against cuBLAS's
+#      peak, convolutions, training steps) and the same steps in PyTorch;
+# and print PASS/FAIL per item. Every part has a timeout and the whole run
+# a budget of 8 minutes. Logs go to $OUT.
 #   bash .devcarry/device_check.sh      (from the checkout's root)
 # Without a GPU it says so and fails at once; GPIPE_DEVICE_CHECK_CPU=1 then
 # runs only the pipeline part's plumbing on the CPU (carried loader,
@@ -72,6 +81,17 @@ declare -A result
 py=python3
 [[ -x /opt/torch/.venv/bin/python3 ]] && py=/opt/torch/.venv/bin/python3
 
+# gpipectl local finds gpipe-controller and gpipe-worker next to itself
+# (that is the carried loader here) or on PATH: wrappers that run them
+# through the loader go first on PATH.
+mkdir -p "$work/wrap"
+for b in gpipectl gpipe-controller gpipe-worker; do
+  printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
+    "$work/lib/ld-linux-x86-64.so.2" "$path" "$work/bin/$b" >"$work/wrap/$b"
+  chmod +x "$work/wrap/$b"
+done
+ctl() { PATH="$work/wrap:$PATH" timeout "$1" gpipectl "${@:2}"; }
+
 # The pipeline on one GPU: K=4 gpipe-worker processes started by gpipectl
 # local, CUDA IPC between them, then gRPC frames; ms/step from the
 # controller's start and end times of a short and a long run (the difference
@@ -80,16 +100,6 @@ py=python3
 pipeline_check() {
   local device=$1 planes=($2)
   echo "== pipeline: K=4 stage processes on one device ($device), M=8"
-  # gpipectl local finds gpipe-controller and gpipe-worker next to itself
-  # (that is the carried loader here) or on PATH: wrappers that run them
-  # through the loader go first on PATH.
-  mkdir -p "$work/wrap"
-  local b
-  for b in gpipectl gpipe-controller gpipe-worker; do
-    printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
-      "$work/lib/ld-linux-x86-64.so.2" "$path" "$work/bin/$b" >"$work/wrap/$b"
-    chmod +x "$work/wrap/$b"
-  done
   local spec="$work/bench/gpu_pipe_mlp.json" short=20 long=120 plane steps
   [[ $device == cpu ]] && short=2 long=6  # the plumbing check: keep it short
   local -A secs
@@ -146,7 +156,113 @@ if [[ -n $cpu_only ]]; then
   echo "overall: FAIL (no GPU; the CPU plumbing above ran)"
   exit 1
 fi
-echo "== tests"
+# --- 1. CUDA IPC on a 2-stage cluster, bitwise gRPC frames ------------------
+ipc_steps=300
+echo "== 1. 2-stage cluster: CUDA IPC against gRPC frames ($ipc_steps steps)"
+for plane in cuda_ipc grpc; do
+  ctl "$(left 90)" local "$work/bench/gpu_mlp.json" --workers 2 --stages 2 \
+    --micro-batches 4 --steps $ipc_steps --threads 2 --device cuda \
+    --data_plane $plane --out "$work/ipc2-$plane" --keep "$work/ipc2-$plane-run" \
+    >"$out/ipc2-$plane.log" 2>&1 || { tail -15 "$out/ipc2-$plane.log"; break; }
+done
+n=$(grep -h -c "data plane to stage [0-9]* is cuda_ipc (--data_plane cuda_ipc)" \
+  "$work/ipc2-cuda_ipc-run"/worker-*.log 2>/dev/null | awk '{s += $1} END {print s + 0}')
+if [[ ! -f $work/ipc2-grpc/model.safetensors ]]; then
+  result[ipc_cluster]="FAIL (a run failed: $out/ipc2-*.log)"
+elif [[ $n != 1 ]]; then
+  result[ipc_cluster]="FAIL ($n of 1 links logged cuda_ipc)"
+elif cmp -s "$work/ipc2-cuda_ipc/model.safetensors" "$work/ipc2-grpc/model.safetensors"; then
+  result[ipc_cluster]=PASS
+else
+  result[ipc_cluster]="FAIL (parameters differ between cuda_ipc and grpc)"
+fi
+echo "ipc_cluster: ${result[ipc_cluster]}"
+
+# --- 2. compute-sanitizer on the CUDA unit tests ------------------------------
+echo "== 2. compute-sanitizer"
+san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [[ -z $san ]]; then
+  result[sanitizer]="PASS (skipped: no compute-sanitizer here)"
+else
+  result[sanitizer]=PASS
+  # Long runs and bf16 (not our code) left out: the sanitizers slow kernels
+  # down by 10-100x.
+  for tool in memcheck racecheck synccheck; do
+    for t in cuda_kernels_test cuda_layers_test; do
+      timeout "$(left 60)" "$san" --tool $tool --error-exitcode 9 \
+        "$work/lib/ld-linux-x86-64.so.2" --library-path "$path" "$work/bin/$t" \
+        --gtest_filter='-*Training*:*Bf16*:*LongSequences*:*StepsTrack*' \
+        >"$out/sanitizer-$tool-$t.log" 2>&1
+      rc=$?
+      tail -2 "$out/sanitizer-$tool-$t.log"
+      if ((rc != 0)); then
+        grep -m 20 -B2 -A6 "Error\|ERROR\|Failure" "$out/sanitizer-$tool-$t.log"
+        result[sanitizer]="FAIL ($tool on $t: rc $rc)"
+      fi
+    done
+  done
+fi
+echo "sanitizer: ${result[sanitizer]}"
+
+# --- 3. 1F1B on 2 in-process GPU stages, bitwise 1 stage, five times ---------
+echo "== 3. gpipectl train --stages 2 --schedule 1f1b --device cuda, 5 runs each"
+result[repro]=PASS
+for spec in gpu_mlp char_transformer; do
+  ctl "$(left 60)" train "$work/bench/$spec.json" --stages 1 --steps 30 \
+    --device cuda --out "$work/repro-$spec-1" >"$out/repro-$spec-1.log" 2>&1 ||
+    { tail -5 "$out/repro-$spec-1.log"; result[repro]="FAIL ($spec --stages 1 failed)"; continue; }
+  for i in 1 2 3 4 5; do
+    ctl "$(left 60)" train "$work/bench/$spec.json" --stages 2 --schedule 1f1b \
+      --steps 30 --device cuda --out "$work/repro-$spec-2-$i" \
+      >"$out/repro-$spec-2-$i.log" 2>&1 ||
+      { tail -5 "$out/repro-$spec-2-$i.log"; result[repro]="FAIL ($spec run $i failed)"; break; }
+    cmp -s "$work/repro-$spec-1/model.safetensors" "$work/repro-$spec-2-$i/model.safetensors" ||
+      { result[repro]="FAIL ($spec run $i differs from --stages 1)"; break; }
+  done
+  echo "$spec: $(ls -d "$work"/repro-$spec-2-* 2>/dev/null | wc -l) runs of 2 stages, ${result[repro]}"
+done
+
+# --- 4. kill -9 of a worker mid-job on CUDA IPC -------------------------------
+echo "== 4. kill -9 of a worker mid-transfer on CUDA IPC"
+PATH="$work/wrap:$PATH" timeout "$(left 150)" gpipectl local "$work/bench/gpu_mlp.json" \
+  --workers 2 --stages 2 --micro-batches 4 --steps $ipc_steps --threads 2 \
+  --device cuda --data_plane cuda_ipc --out "$work/kill-out" --keep "$work/kill-run" \
+  >"$out/kill.log" 2>&1 &
+kill_pid=$!
+port=""
+for _ in $(seq 300); do
+  [[ -s $work/kill-run/controller.port ]] && port=$(tr -d '[:space:]' <"$work/kill-run/controller.port") && break
+  sleep 0.1
+done
+port=${port##*:}
+step=0
+for _ in $(seq 300); do
+  step=$(ctl 10 --controller "127.0.0.1:$port" list --json 2>/dev/null |
+    "$py" -c 'import json,sys; j=json.load(sys.stdin).get("jobs",[]); print(int(j[0]["status"].get("step",0)) if j else 0)' 2>/dev/null || echo 0)
+  ((step >= 30)) && break
+  sleep 0.1
+done
+victim=$(pgrep -f "gpipe-worker --controller=127.0.0.1:$port" | tail -n 1)
+if [[ -z $port || -z $victim ]] || ((step < 30)); then
+  result[kill]="FAIL (no running job to kill a worker of: port '$port', step $step)"
+else
+  kill -9 "$victim"
+  echo "kill -9 worker pid $victim at step $step"
+  wait "$kill_pid"
+  rc=$?
+  if ((rc != 0)); then
+    tail -10 "$out/kill.log"
+    result[kill]="FAIL (gpipectl local exited $rc: a hang ends in its timeout, 124)"
+  elif ! cmp -s "$work/kill-out/model.safetensors" "$work/ipc2-cuda_ipc/model.safetensors"; then
+    result[kill]="FAIL (recovered, but the parameters differ from the run without a kill)"
+  else
+    result[kill]="PASS"
+  fi
+fi
+wait "$kill_pid" 2>/dev/null
+echo "kill: ${result[kill]}"
+
+echo "== 5. tests"
 # check NAME LOG: PASS when the run exited 0 and skipped nothing.
 check() {
   local name=$1 log=$2 rc=$3
@@ -251,8 +367,8 @@ result[torch]=$([[ ${PIPESTATUS[0]} == 0 ]] && echo PASS || echo FAIL)
 echo "whole check: $SECONDS s"
 echo "== summary"
 status=0
-for k in "${tests[@]}" gpu_bench torch pipeline_cuda_ipc pipeline_grpc \
-         torch_pipelining; do
+for k in ipc_cluster sanitizer repro kill "${tests[@]}" gpu_bench torch \
+         pipeline_cuda_ipc pipeline_grpc torch_pipelining; do
   echo "$k: ${result[$k]:-FAIL (not run)}"
   [[ ${result[$k]:-} == PASS* ]] || status=1
 done

@@ -243,6 +243,10 @@ int main(int argc, char** argv) {
                  std::string(device.status().message()).c_str());
     return 2;
   }
+  if (*device == gpipe::Device::kCuda) {
+    gpipe::LogInfo("gpipe-worker computes on %s",
+                   gpipe::CudaDescription().c_str());
+  }
   std::unique_ptr<gpipe::Agent> agent;
   gpipe::Executor executor(
       threads,

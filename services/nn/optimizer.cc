@@ -34,26 +34,8 @@ class Sgd final : public Optimizer {
       const float* g = p.grad.f32();
       const int64_t n = p.value.numel();
       const float decay = p.decay ? wd : 0.0f;
-      if (p.value.device() == Device::kCuda) {
-        ops::CudaSgdStep(n, lr, decay, mu, spec_.nesterov(), step == 1, g, w,
-                         mu == 0.0f ? nullptr : momentum_[i].f32());
-        continue;
-      }
-      // One pass per parameter, vectorized (omp simd: every lane does the
-      // scalar arithmetic, so the bits are the same).
-      if (mu == 0.0f) {
-#pragma omp parallel for simd if (n > (1 << 15))
-        for (int64_t j = 0; j < n; ++j) w[j] -= lr * (g[j] + decay * w[j]);
-        continue;
-      }
-      float* buf = momentum_[i].f32();
-      const bool first = step == 1, nesterov = spec_.nesterov();
-#pragma omp parallel for simd if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) {
-        const float d = g[j] + decay * w[j];
-        buf[j] = first ? d : mu * buf[j] + d;
-        w[j] -= lr * (nesterov ? d + mu * buf[j] : buf[j]);
-      }
+      ops::SgdStep(p.value.device(), n, lr, decay, mu, spec_.nesterov(),
+                   step == 1, g, w, mu == 0.0f ? nullptr : momentum_[i].f32());
     }
   }
 
@@ -98,22 +80,8 @@ class AdamW final : public Optimizer {
       float* v = v_[i].f32();
       const int64_t n = p.value.numel();
       const float decay = p.decay ? 1.0f - lr * wd_ : 1.0f;
-      if (p.value.device() == Device::kCuda) {
-        ops::CudaAdamWStep(n, decay, beta1_, beta2_, step_size, c2_sqrt, eps_,
-                           g, w, m, v);
-        continue;
-      }
-      // Members copied out, so the compiler need not reload them after
-      // every store; the same expressions, so the same bits.
-      const float b1 = beta1_, b2 = beta2_, eps = eps_;
-      const float ob1 = 1.0f - beta1_, ob2 = 1.0f - beta2_;
-#pragma omp parallel for simd if (n > (1 << 15))
-      for (int64_t j = 0; j < n; ++j) {
-        w[j] *= decay;
-        m[j] = b1 * m[j] + ob1 * g[j];
-        v[j] = b2 * v[j] + ob2 * g[j] * g[j];
-        w[j] -= step_size * m[j] / (std::sqrt(v[j]) / c2_sqrt + eps);
-      }
+      ops::AdamWStep(p.value.device(), n, decay, beta1_, beta2_, step_size,
+                     c2_sqrt, eps_, g, w, m, v);
     }
   }
 

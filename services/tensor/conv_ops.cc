@@ -11,6 +11,7 @@
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/reduce.h"
+#include "services/tensor/fake_device.h"
 #include "services/tensor/ops.h"
 #include "services/tensor/tensor.h"
 
@@ -244,7 +245,9 @@ std::string CudnnDescription() {
 void Conv2dForward(Device d, const cpu::ConvGeometry& g, int64_t batch,
                    int64_t out_channels, const float* x, const float* weight,
                    const float* bias, float* y, ConvPath path) {
-  if (d == Device::kCuda) {
+  // The fake device (fake_device.h) runs the CPU's im2col, on its memory.
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
+  if (d == Device::kCuda && !fake_access.active()) {
 #if GPIPE_HAVE_CUDA
     CudaForward(g, batch, out_channels, x, weight, bias, y, path);
     return;
@@ -260,7 +263,8 @@ void Conv2dBackward(Device d, const cpu::ConvGeometry& g, int64_t batch,
                     int64_t out_channels, const float* x, const float* weight,
                     const float* dy, float* dx, float* dweight, float* dbias,
                     ConvPath path) {
-  if (d == Device::kCuda) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
+  if (d == Device::kCuda && !fake_access.active()) {
 #if GPIPE_HAVE_CUDA
     CudaBackward(g, batch, out_channels, x, weight, dy, dx, dweight, dbias,
                  path);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/strings.h"
+#include "services/tensor/fake_device.h"
 #include "services/tensor/pinned_pool.h"
 
 #if GPIPE_HAVE_CUDA
@@ -40,6 +41,7 @@ class PinnedHost final : public RawMemory {
 }  // namespace
 
 bool CudaAvailable() {
+  if (FakeDeviceEnabled()) return true;
 #if GPIPE_HAVE_CUDA
   return cuda::DevicePresent();
 #else
@@ -48,6 +50,9 @@ bool CudaAvailable() {
 }
 
 std::string CudaDescription() {
+  if (FakeDeviceEnabled()) {
+    return "fake GPU (GPIPE_FAKE_DEVICE=1): guarded host memory, CPU kernels";
+  }
 #if GPIPE_HAVE_CUDA
   return cuda::DeviceDescription();
 #else
@@ -68,6 +73,7 @@ absl::StatusOr<Device> ResolveDevice(std::string_view name) {
 }
 
 RawMemory* CudaDeviceMemory() {
+  if (FakeDeviceEnabled()) return FakeDeviceMemory();
 #if GPIPE_HAVE_CUDA
   static DeviceMemory* memory = new DeviceMemory();
   return memory;
@@ -78,7 +84,7 @@ RawMemory* CudaDeviceMemory() {
 
 RawMemory* PinnedHostMemory() {
 #if GPIPE_HAVE_CUDA
-  if (CudaAvailable()) {
+  if (!FakeDeviceEnabled() && CudaAvailable()) {
     static PinnedHost* pinned = new PinnedHost();
     return pinned;
   }
@@ -105,6 +111,11 @@ void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
     std::memcpy(dst, src, bytes);
     return;
   }
+  if (FakeDeviceEnabled()) {
+    FakeDeviceAccess access(true);
+    std::memcpy(dst, src, bytes);
+    return;
+  }
 #if GPIPE_HAVE_CUDA
   if (dst_device == Device::kCuda && src_device == Device::kCuda) {
     cuda::CopyDeviceToDevice(dst, src, bytes);
@@ -120,12 +131,18 @@ void CopyBytes(void* dst, Device dst_device, const void* src, Device src_device,
 
 void SynchronizeCuda() {
 #if GPIPE_HAVE_CUDA
-  if (CudaAvailable()) cuda::SynchronizeStream(cuda::CurrentStream());
+  if (!FakeDeviceEnabled() && CudaAvailable())
+    cuda::SynchronizeStream(cuda::CurrentStream());
 #endif
 }
 
 void ZeroBytes(void* dst, Device device, size_t bytes) {
   if (device == Device::kCpu) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  if (FakeDeviceEnabled()) {
+    FakeDeviceAccess access(true);
     std::memset(dst, 0, bytes);
     return;
   }

@@ -5,28 +5,38 @@
 #include <cstdlib>
 #include <string>
 
+#include "services/tensor/cpu/attention.h"
 #include "services/tensor/cpu/batch_norm.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/embedding.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/optimizer.h"
 #include "services/tensor/cpu/pool.h"
 #include "services/tensor/cpu/reduce.h"
+#include "services/tensor/fake_device.h"
 #include "services/tensor/tensor.h"
 
+// GPIPE_ON_CUDA runs the CUDA kernel for device tensors and returns; it
+// falls through to the CPU kernel for host tensors and on the fake device
+// (fake_device.h), whose memory `fake_access` opens for the rest of the
+// function. Without the backend, real device tensors cannot exist (no
+// allocator makes them).
 #if GPIPE_HAVE_CUDA
 #include "services/tensor/cuda/attention.h"
 #include "services/tensor/cuda/cnn_kernels.h"
 #include "services/tensor/cuda/kernels.h"
-// Runs the CUDA kernel for device tensors and returns; falls through to the
-// CPU kernel otherwise.
-#define GPIPE_ON_CUDA(d, call) \
-  if ((d) == Device::kCuda) return cuda::call
+#define GPIPE_ON_CUDA(d, call)                              \
+  const FakeDeviceAccess fake_access((d) == Device::kCuda); \
+  if ((d) == Device::kCuda && !fake_access.active()) return cuda::call
 #else
-// Device tensors cannot exist without the backend (no allocator makes them).
-#define GPIPE_ON_CUDA(d, call) \
-  if ((d) == Device::kCuda) NoCuda(#call)
+#define GPIPE_ON_CUDA(d, call)                              \
+  const FakeDeviceAccess fake_access((d) == Device::kCuda); \
+  if ((d) == Device::kCuda && !fake_access.active()) NoCuda(#call)
 #endif
+// True for real GPU tensors: the CUDA branch of a function that opened
+// `fake_access` itself.
+#define GPIPE_REAL_CUDA(d) ((d) == Device::kCuda && !fake_access.active())
 
 namespace gpipe::ops {
 namespace {
@@ -63,8 +73,9 @@ GemmPrecisionScope::~GemmPrecisionScope() { scoped_precision = previous_; }
 void Gemm(Device d, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c) {
 #if GPIPE_HAVE_CUDA
-  if (d == Device::kCuda && CurrentGemmPrecision() == GemmPrecision::kBf16 &&
-      m > 0 && n > 0 && k > 0) {
+  if (d == Device::kCuda && !FakeDeviceEnabled() &&
+      CurrentGemmPrecision() == GemmPrecision::kBf16 && m > 0 && n > 0 &&
+      k > 0) {
     // Both operands as bf16 in one scratch buffer (2 bytes each, so half
     // as many floats; B starts 16-byte aligned, as tensor cores like), from
     // the thread's cached device allocator.
@@ -105,8 +116,9 @@ void SumRowsInto(Device d, int64_t rows, int64_t cols, const float* x,
   cpu::SumRowsInto(rows, cols, x, out);
 }
 double SumSquares(Device d, int64_t n, const float* x) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
 #if GPIPE_HAVE_CUDA
-  if (d == Device::kCuda) {
+  if (GPIPE_REAL_CUDA(d)) {
     // Scratch from the thread's device allocator: cached, so no cudaMalloc
     // (which would synchronize the device) per call.
     Tensor scratch = Tensor::Empty({cuda::kSumSquaresScratch * 2}, DType::kF32,
@@ -114,7 +126,7 @@ double SumSquares(Device d, int64_t n, const float* x) {
     return cuda::SumSquares(n, x, static_cast<double*>(scratch.raw()));
   }
 #else
-  if (d == Device::kCuda) NoCuda("SumSquares");
+  if (GPIPE_REAL_CUDA(d)) NoCuda("SumSquares");
 #endif
   return cpu::SumSquares(n, x);
 }
@@ -161,8 +173,9 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(Device d, int64_t rows,
                                             const float* logits,
                                             const int32_t* targets,
                                             double normalizer, float* dlogits) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
 #if GPIPE_HAVE_CUDA
-  if (d == Device::kCuda) {
+  if (GPIPE_REAL_CUDA(d)) {
     Tensor loss = Tensor::Empty({rows * 2}, DType::kF32, Device::kCuda);
     Tensor correct = Tensor::Empty({rows}, DType::kI32, Device::kCuda);
     return cuda::SoftmaxCrossEntropy(rows, classes, logits, targets, normalizer,
@@ -170,7 +183,7 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(Device d, int64_t rows,
                                      correct.i32());
   }
 #else
-  if (d == Device::kCuda) NoCuda("SoftmaxCrossEntropy");
+  if (GPIPE_REAL_CUDA(d)) NoCuda("SoftmaxCrossEntropy");
 #endif
   return cpu::SoftmaxCrossEntropy(rows, classes, logits, targets, normalizer,
                                   dlogits);
@@ -240,65 +253,72 @@ void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
                          dgamma, dbeta);
 }
 
-void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
-                 bool first, const float* g, float* w, float* buf) {
-#if GPIPE_HAVE_CUDA
-  cuda::SgdStep(n, lr, decay, mu, nesterov, first, g, w, buf);
-#else
-  NoCuda("SgdStep");
-#endif
+void SgdStep(Device d, int64_t n, float lr, float decay, float mu,
+             bool nesterov, bool first, const float* g, float* w, float* buf) {
+  GPIPE_ON_CUDA(d, SgdStep(n, lr, decay, mu, nesterov, first, g, w, buf));
+  cpu::SgdStep(n, lr, decay, mu, nesterov, first, g, w, buf);
 }
-void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
-                   float step_size, float c2_sqrt, float eps, const float* g,
-                   float* w, float* m, float* v) {
-#if GPIPE_HAVE_CUDA
-  cuda::AdamWStep(n, decay, beta1, beta2, step_size, c2_sqrt, eps, g, w, m, v);
-#else
-  NoCuda("AdamWStep");
-#endif
+void AdamWStep(Device d, int64_t n, float decay, float beta1, float beta2,
+               float step_size, float c2_sqrt, float eps, const float* g,
+               float* w, float* m, float* v) {
+  GPIPE_ON_CUDA(d, AdamWStep(n, decay, beta1, beta2, step_size, c2_sqrt, eps, g,
+                             w, m, v));
+  cpu::AdamWStep(n, decay, beta1, beta2, step_size, c2_sqrt, eps, g, w, m, v);
 }
 
-void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                          bool causal, float scale, const float* qkv,
-                          float* probs, float* out) {
+void AttentionForward(Device d, int64_t batch, int64_t heads, int64_t t,
+                      int64_t dim, bool causal, float scale, const float* qkv,
+                      float* probs, float* out) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
 #if GPIPE_HAVE_CUDA
-  Tensor scratch = Tensor::Empty(
-      {std::max<int64_t>(cuda::AttentionForwardScratch(batch, heads, t, dim),
-                         1)},
-      DType::kF32, Device::kCuda);
-  cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out,
-                         scratch.f32());
+  if (GPIPE_REAL_CUDA(d)) {
+    Tensor scratch = Tensor::Empty(
+        {std::max<int64_t>(cuda::AttentionForwardScratch(batch, heads, t, dim),
+                           1)},
+        DType::kF32, Device::kCuda);
+    cuda::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out,
+                           scratch.f32());
+    return;
+  }
 #else
-  NoCuda("AttentionForward");
+  if (GPIPE_REAL_CUDA(d)) NoCuda("AttentionForward");
 #endif
+  cpu::AttentionForward(batch, heads, t, dim, causal, scale, qkv, probs, out);
 }
-void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                           bool causal, float scale, const float* qkv,
-                           const float* probs, const float* dout, float* dqkv) {
+void AttentionBackward(Device d, int64_t batch, int64_t heads, int64_t t,
+                       int64_t dim, bool causal, float scale, const float* qkv,
+                       const float* probs, const float* dout, float* dqkv) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
 #if GPIPE_HAVE_CUDA
-  Tensor scratch = Tensor::Empty(
-      {std::max<int64_t>(cuda::AttentionBackwardScratch(batch, heads, t, dim),
-                         1)},
-      DType::kF32, Device::kCuda);
-  cuda::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs, dout,
-                          dqkv, scratch.f32());
+  if (GPIPE_REAL_CUDA(d)) {
+    Tensor scratch = Tensor::Empty(
+        {std::max<int64_t>(cuda::AttentionBackwardScratch(batch, heads, t, dim),
+                           1)},
+        DType::kF32, Device::kCuda);
+    cuda::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs,
+                            dout, dqkv, scratch.f32());
+    return;
+  }
 #else
-  NoCuda("AttentionBackward");
+  if (GPIPE_REAL_CUDA(d)) NoCuda("AttentionBackward");
 #endif
+  cpu::AttentionBackward(batch, heads, t, dim, causal, scale, qkv, probs, dout,
+                         dqkv);
 }
 
 void EmbeddingForward(Device d, int64_t batch, int64_t t, int64_t dim,
                       int64_t vocab, const int32_t* ids, const float* token,
                       const float* position, float* y, int32_t* clamped) {
   const int64_t n = batch * t;
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
 #if GPIPE_HAVE_CUDA
-  if (d == Device::kCuda) {
+  if (GPIPE_REAL_CUDA(d)) {
     cuda::EmbeddingGather(n, dim, vocab, ids, token, y, clamped);
     cuda::AddBroadcastInPlace(batch, t * dim, position, y);
     return;
   }
 #else
-  if (d == Device::kCuda) NoCuda("EmbeddingForward");
+  if (GPIPE_REAL_CUDA(d)) NoCuda("EmbeddingForward");
 #endif
   for (int64_t i = 0; i < n; ++i)
     clamped[i] = std::clamp<int32_t>(ids[i], 0, vocab - 1);
@@ -310,14 +330,15 @@ void EmbeddingForward(Device d, int64_t batch, int64_t t, int64_t dim,
 void EmbeddingBackward(Device d, int64_t batch, int64_t t, int64_t dim,
                        const int32_t* ids, const float* dy, float* dtoken,
                        float* dposition) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
 #if GPIPE_HAVE_CUDA
-  if (d == Device::kCuda) {
+  if (GPIPE_REAL_CUDA(d)) {
     cuda::EmbeddingScatterAdd(batch * t, dim, ids, dy, dtoken);
     cuda::SumBlocksInto(batch, t * dim, dy, dposition);
     return;
   }
 #else
-  if (d == Device::kCuda) NoCuda("EmbeddingBackward");
+  if (GPIPE_REAL_CUDA(d)) NoCuda("EmbeddingBackward");
 #endif
   cpu::EmbeddingScatterAdd(batch * t, dim, ids, dy, dtoken);
   for (int64_t b = 0; b < batch; ++b)

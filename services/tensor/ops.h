@@ -127,23 +127,22 @@ void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
                        const float* xhat, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma, float* dbeta);
 
-// Optimizer updates on the GPU (the CPU loops stay in services/nn).
-void CudaSgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
-                 bool first, const float* g, float* w, float* buf);
-void CudaAdamWStep(int64_t n, float decay, float beta1, float beta2,
-                   float step_size, float c2_sqrt, float eps, const float* g,
-                   float* w, float* m, float* v);
+// Optimizer updates; see cpu/optimizer.h (buf null: SGD without momentum).
+void SgdStep(Device d, int64_t n, float lr, float decay, float mu,
+             bool nesterov, bool first, const float* g, float* w, float* buf);
+void AdamWStep(Device d, int64_t n, float decay, float beta1, float beta2,
+               float step_size, float c2_sqrt, float eps, const float* g,
+               float* w, float* m, float* v);
 
-// Self-attention on the GPU (the CPU loops stay in the layer, where the
-// bitwise contract was written): cuBLAS strided-batched GEMMs, see
-// cuda/attention.h. Device pointers only; probs, out and dqkv are written
-// whole.
-void CudaAttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                          bool causal, float scale, const float* qkv,
-                          float* probs, float* out);
-void CudaAttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
-                           bool causal, float scale, const float* qkv,
-                           const float* probs, const float* dout, float* dqkv);
+// Self-attention over fused [q | k | v] rows: cpu/attention.h on the CPU,
+// cuBLAS strided-batched GEMMs on the GPU (cuda/attention.h). probs, out
+// and dqkv are written whole.
+void AttentionForward(Device d, int64_t batch, int64_t heads, int64_t t,
+                      int64_t dim, bool causal, float scale, const float* qkv,
+                      float* probs, float* out);
+void AttentionBackward(Device d, int64_t batch, int64_t heads, int64_t t,
+                       int64_t dim, bool causal, float scale, const float* qkv,
+                       const float* probs, const float* dout, float* dqkv);
 
 }  // namespace gpipe::ops
 

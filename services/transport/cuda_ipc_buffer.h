@@ -8,6 +8,7 @@
 #define GPIPE_SERVICES_TRANSPORT_CUDA_IPC_BUFFER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -51,6 +52,14 @@ class CudaIpcBuffer {
   // `src` may be reused by it.
   absl::Status CopyIn(Ring r, int64_t offset, const void* src, int64_t bytes,
                       int64_t sequence);
+  // Receiving chunk `sequence`: waits on the host, polling, until the
+  // sender's copy into the ring has finished, and returns early with what
+  // `abandoned` returns once that is not OK (the link closed: the sender
+  // may have died with its copy still queued, and a stream made to wait for
+  // an event that never completes could not be woken). Call before CopyOut.
+  absl::Status AwaitSenderCopy(
+      Ring r, int64_t sequence,
+      const std::function<absl::Status()>& abandoned) const;
   // Receiving chunk `sequence`: on the thread's current stream, waits for
   // the sender's event, then copies `bytes` at `offset` of ring `r` to the
   // device memory `dst`.

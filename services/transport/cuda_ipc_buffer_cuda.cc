@@ -3,10 +3,14 @@
 // fail clearly), it must not take the worker down.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "services/core/status.h"
 #include "services/tensor/cuda/runtime.h"
+#include "services/tensor/fake_device.h"
 #include "services/transport/cuda_ipc_buffer.h"
 #include "services/transport/cuda_ipc_plane.h"
 
@@ -65,7 +69,8 @@ struct CudaIpcBuffer::State {
 };
 
 std::string CurrentGpuUuid() {
-  if (!cuda::DevicePresent()) return "";
+  // The fake device's tensors are host memory: nothing to export.
+  if (FakeDeviceEnabled() || !cuda::DevicePresent()) return "";
   int device = 0;
   cudaDeviceProp p;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -202,6 +207,28 @@ absl::Status CudaIpcBuffer::CopyIn(Ring r, int64_t offset, const void* src,
   GPIPE_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(Current(), done, 0),
                              "cudaStreamWaitEvent");
   return absl::OkStatus();
+}
+
+absl::Status CudaIpcBuffer::AwaitSenderCopy(
+    Ring r, int64_t sequence,
+    const std::function<absl::Status()>& abandoned) const {
+  cudaEvent_t done = s_->event(r, sequence);
+  for (int polls = 0;; ++polls) {
+    const cudaError_t q = cudaEventQuery(done);
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) {
+      cudaGetLastError();
+      return absl::InternalError(absl::StrCat("waiting for the sender's copy: ",
+                                              cudaGetErrorString(q)));
+    }
+    RETURN_IF_ERROR(abandoned());
+    // A chunk's copy takes microseconds: yield first, then sleep briefly.
+    if (polls < 64) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
 }
 
 absl::Status CudaIpcBuffer::CopyOut(Ring r, int64_t offset, void* dst,

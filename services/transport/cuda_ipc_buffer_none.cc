@@ -37,6 +37,10 @@ absl::Status CudaIpcBuffer::CopyIn(Ring, int64_t, const void*, int64_t,
                                    int64_t) {
   return NoCuda();
 }
+absl::Status CudaIpcBuffer::AwaitSenderCopy(
+    Ring, int64_t, const std::function<absl::Status()>&) const {
+  return NoCuda();
+}
 absl::Status CudaIpcBuffer::CopyOut(Ring, int64_t, void*, int64_t, int64_t) {
   return NoCuda();
 }

@@ -44,6 +44,11 @@ absl::Status CudaIpcChannel::Release(int64_t sequence) {
 
 absl::Status CudaIpcChannel::ReadChunk(const gpipe::v1::ShmSlot& slot,
                                        void* dst) {
+  RETURN_IF_ERROR(
+      buffer_->AwaitSenderCopy(in_, slot.sequence(), [this]() -> absl::Status {
+        std::lock_guard<std::mutex> lock(mu_);
+        return closed_;
+      }));
   RETURN_IF_ERROR(buffer_->CopyOut(in_, slot.offset(), dst, slot.length(),
                                    slot.sequence()));
   return CudaIpcBuffer::SynchronizeCurrentStream();

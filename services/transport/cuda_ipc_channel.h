@@ -45,9 +45,11 @@ class CudaIpcChannel {
   absl::StatusOr<CudaIpcChunk> Accept(const gpipe::v1::Frame& frame) {
     return assembler_.Add(frame);
   }
-  // Reading, on the receiving stage's thread: copies the accepted chunk
-  // `slot` to the device memory `dst` on the thread's current stream and
-  // waits for the copy (the chunk may be released then).
+  // Reading, on the receiving stage's thread: waits on the host for the
+  // sender's copy of the accepted chunk `slot` (returning Close's reason if
+  // the link closes first, so a dead sender cannot hang the stage), copies
+  // it to the device memory `dst` on the thread's current stream and waits
+  // for that copy (the chunk may be released then).
   absl::Status ReadChunk(const gpipe::v1::ShmSlot& slot, void* dst);
 
   // Wakes and fails every Reserve, now and later.

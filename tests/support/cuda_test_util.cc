@@ -8,6 +8,7 @@
 
 #include "services/core/rng.h"
 #include "services/pipeline/job_spec.h"
+#include "services/tensor/fake_device.h"
 
 namespace gpipe::cuda_test {
 
@@ -31,6 +32,8 @@ double MaxRelError(const Tensor& expected, const Tensor& actual) {
 void CudaTest::SetUp() {
   if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
 }
+
+bool RealGpu() { return CudaAvailable() && !FakeDeviceEnabled(); }
 
 void MoveState(Layer& layer, Device device) {
   for (Parameter* p : layer.Parameters()) {

@@ -35,6 +35,11 @@ class CudaTest : public ::testing::Test {
   void SetUp() override;
 };
 
+// A GPU and not the fake device (services/tensor/fake_device.h): what only
+// the hardware has (bf16 tensor-core GEMMs, cuDNN, CUDA IPC between
+// processes).
+bool RealGpu();
+
 // Moves a layer's parameters, their gradients and its buffers to `device`.
 void MoveState(Layer& layer, Device device);
 

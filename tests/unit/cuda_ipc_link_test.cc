@@ -24,6 +24,7 @@
 #include "services/tensor/device.h"
 #include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
+#include "tests/support/cuda_test_util.h"
 
 namespace gpipe {
 namespace {
@@ -45,8 +46,8 @@ DataPlaneOptions Planes() {
 // Whether a GPU is there, asked in a child so that this process stays
 // free of CUDA until it has forked the downstream stage.
 bool GpuPresentInChild() {
-  absl::StatusOr<std::unique_ptr<ChildProcess>> probe =
-      ChildProcess::Fork("GPU probe", [] { return CudaAvailable() ? 0 : 1; });
+  absl::StatusOr<std::unique_ptr<ChildProcess>> probe = ChildProcess::Fork(
+      "GPU probe", [] { return cuda_test::RealGpu() ? 0 : 1; });
   return probe.ok() && (*probe)->Wait() == 0;
 }
 

@@ -17,6 +17,7 @@
 #include "services/tensor/device.h"
 #include "services/transport/exchange_link.h"
 #include "services/transport/exchange_method.h"
+#include "tests/support/cuda_test_util.h"
 #include "tests/support/echo_stage.h"
 
 namespace gpipe {
@@ -249,7 +250,8 @@ TEST(CudaIpcPlaneTest, ForcedCudaIpcOnACpuStageIsAClearError) {
 }
 
 TEST(CudaIpcPlaneTest, ForcedCudaIpcWithoutAGpuIsAClearError) {
-  if (CudaAvailable()) return;  // there the buffer is made (cuda_ipc_link_test)
+  if (cuda_test::RealGpu())
+    return;  // there the buffer is made (cuda_ipc_link_test)
   Server server(Planes(DataPlaneMode::kAuto, true));
   auto link = Connect(server, Planes(DataPlaneMode::kCudaIpc, true));
   EXPECT_TRUE(absl::IsFailedPrecondition(link.status())) << link.status();
@@ -257,7 +259,7 @@ TEST(CudaIpcPlaneTest, ForcedCudaIpcWithoutAGpuIsAClearError) {
 }
 
 TEST(CudaIpcPlaneTest, AutoFallsBackToSharedMemoryAndSaysWhy) {
-  if (CudaAvailable()) return;  // there CUDA IPC is taken
+  if (cuda_test::RealGpu()) return;  // there CUDA IPC is taken
   Server server(Planes(DataPlaneMode::kAuto, true));
   auto link = Connect(server, Planes(DataPlaneMode::kAuto, true));
   ASSERT_TRUE(link.ok()) << link.status();
@@ -324,9 +326,9 @@ TEST(CudaIpcPlaneTest, DownstreamRefusesAnOfferItCannotTakeAndSaysWhy) {
     const Frame answer = peer.Offer(GoodOffer());
     EXPECT_EQ(answer.data_plane(), "grpc");
     // No GPU: nothing to compare with; a GPU: not the offer's made-up one.
-    EXPECT_THAT(
-        answer.refusal(),
-        HasSubstr(CudaAvailable() ? "another GPU" : "no GPU in this process"));
+    EXPECT_THAT(answer.refusal(),
+                HasSubstr(cuda_test::RealGpu() ? "another GPU"
+                                               : "no GPU in this process"));
     // A refusal in `auto` is no error (the echo's Close may cancel).
     const grpc::Status s = peer.Finish();
     EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::CANCELLED)

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "services/tensor/cpu/attention.h"
 #include "services/tensor/ops.h"
 
 namespace gpipe {
@@ -25,29 +26,6 @@ std::vector<Parameter*> SelfAttention::Parameters() {
 void SelfAttention::Initialize(uint64_t key) {
   qkv_.InitializeNormal(MixKey({key, 0}), 0.02f);
   proj_.InitializeNormal(MixKey({key, 1}), 0.02f);
-}
-
-void SelfAttention::AttendRow(const float* qi, const float* k, const float* v,
-                              int64_t last, int64_t stride, int64_t dh,
-                              float scale, float* pi, float* oi) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j <= last; ++j) {
-    float s = 0.0f;
-    for (int64_t c = 0; c < dh; ++c) s += qi[c] * k[j * stride + c];
-    pi[j] = s * scale;
-    m = pi[j] > m ? pi[j] : m;
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j <= last; ++j) {
-    pi[j] = std::exp(pi[j] - m);
-    sum += pi[j];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j <= last; ++j) {
-    pi[j] *= inv;
-    const float* vj = v + j * stride;
-    for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
-  }
 }
 
 Tensor SelfAttention::Decode(const Tensor& x, int64_t position,
@@ -72,9 +50,9 @@ Tensor SelfAttention::Decode(const Tensor& x, int64_t position,
     for (int64_t h = 0; h < heads_; ++h) {
       const float* base = state->qkv.f32() + b * cap * 3 * d + h * dh;
       for (int64_t i = position; i < end; ++i) {
-        AttendRow(base + i * 3 * d, base + d, base + 2 * d, i, 3 * d, dh, scale,
-                  p.data(),
-                  heads_out.f32() + (b * n + i - position) * d + h * dh);
+        cpu::AttendRow(base + i * 3 * d, base + d, base + 2 * d, i, 3 * d, dh,
+                       scale, p.data(),
+                       heads_out.f32() + (b * n + i - position) * d + h * dh);
       }
     }
   }
@@ -90,36 +68,10 @@ Tensor SelfAttention::Forward(const Tensor& x, const LayerContext& ctx,
   Saved qkv_saved;
   Tensor qkv = qkv_.Forward(x, ctx, saved ? &qkv_saved : nullptr);
   const Device dev = x.device();
-  // The GPU writes both whole; the CPU loops add into zeros and leave the
-  // masked probabilities at zero.
-  Tensor probs, heads_out;
-  if (dev == Device::kCuda) {
-    probs = Tensor::Empty({batch, heads_, t, t}, DType::kF32, dev);
-    heads_out = Tensor::Empty({batch, t, d}, DType::kF32, dev);
-    ops::CudaAttentionForward(batch, heads_, t, d, causal_, scale, qkv.f32(),
-                              probs.f32(), heads_out.f32());
-  } else {
-    probs = Tensor::Zeros({batch, heads_, t, t});
-    heads_out = Tensor::Zeros({batch, t, d});
-  }
-  const float* base = qkv.f32();
-  if (dev == Device::kCpu) {
-#pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
-                                         (1 << 16))
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t h = 0; h < heads_; ++h) {
-        const float* q = base + b * t * 3 * d + h * dh;
-        const float* k = q + d;
-        const float* v = q + 2 * d;
-        float* p = probs.f32() + (b * heads_ + h) * t * t;
-        float* o = heads_out.f32() + b * t * d + h * dh;
-        for (int64_t i = 0; i < t; ++i) {
-          AttendRow(q + i * 3 * d, k, v, causal_ ? i : t - 1, 3 * d, dh, scale,
-                    p + i * t, o + i * d);
-        }
-      }
-    }
-  }
+  Tensor probs = Tensor::Empty({batch, heads_, t, t}, DType::kF32, dev);
+  Tensor heads_out = Tensor::Empty({batch, t, d}, DType::kF32, dev);
+  ops::AttentionForward(dev, batch, heads_, t, d, causal_, scale, qkv.f32(),
+                        probs.f32(), heads_out.f32());
   Saved proj_saved;
   Tensor y = proj_.Forward(heads_out, ctx, saved ? &proj_saved : nullptr);
   if (saved != nullptr) {
@@ -138,55 +90,9 @@ Tensor SelfAttention::Backward(const Tensor& dy, const Saved& saved,
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
   Tensor dout = proj_.Backward(dy, saved.children[1], ctx);
   const Device dev = qkv.device();
-  if (dev == Device::kCuda) {
-    Tensor dqkv = Tensor::Empty(qkv.shape(), DType::kF32, dev);
-    ops::CudaAttentionBackward(batch, heads_, t, d, causal_, scale, qkv.f32(),
-                               probs.f32(), dout.f32(), dqkv.f32());
-    return qkv_.Backward(dqkv, saved.children[0], ctx);
-  }
-  Tensor dqkv = Tensor::Zeros(qkv.shape());
-#pragma omp parallel for collapse(2) if (batch * heads_ * t * t * dh > \
-                                         (1 << 16))
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < heads_; ++h) {
-      const int64_t off = b * t * 3 * d + h * dh;
-      const float* q = qkv.f32() + off;
-      const float* k = q + d;
-      const float* v = q + 2 * d;
-      float* dq = dqkv.f32() + off;
-      float* dk = dq + d;
-      float* dv = dq + 2 * d;
-      const float* p = probs.f32() + (b * heads_ + h) * t * t;
-      const float* go = dout.f32() + b * t * d + h * dh;
-      std::vector<float> dp(t);
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t last = causal_ ? i : t - 1;
-        const float* pi = p + i * t;
-        const float* goi = go + i * d;
-        float dot = 0.0f;
-        for (int64_t j = 0; j <= last; ++j) {
-          const float* vj = v + j * 3 * d;
-          float s = 0.0f;
-          for (int64_t c = 0; c < dh; ++c) s += goi[c] * vj[c];
-          dp[j] = s;
-          dot += s * pi[j];
-          float* dvj = dv + j * 3 * d;
-          for (int64_t c = 0; c < dh; ++c) dvj[c] += pi[j] * goi[c];
-        }
-        float* dqi = dq + i * 3 * d;
-        const float* qi = q + i * 3 * d;
-        for (int64_t j = 0; j <= last; ++j) {
-          const float ds = pi[j] * (dp[j] - dot) * scale;
-          const float* kj = k + j * 3 * d;
-          float* dkj = dk + j * 3 * d;
-          for (int64_t c = 0; c < dh; ++c) {
-            dqi[c] += ds * kj[c];
-            dkj[c] += ds * qi[c];
-          }
-        }
-      }
-    }
-  }
+  Tensor dqkv = Tensor::Empty(qkv.shape(), DType::kF32, dev);
+  ops::AttentionBackward(dev, batch, heads_, t, d, causal_, scale, qkv.f32(),
+                         probs.f32(), dout.f32(), dqkv.f32());
   return qkv_.Backward(dqkv, saved.children[0], ctx);
 }
 

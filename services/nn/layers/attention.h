@@ -26,13 +26,6 @@ class SelfAttention final : public Layer {
   void Initialize(uint64_t key) override;
 
  private:
-  // Row i of one (sample, head): probabilities over keys [0, last] into
-  // `p`, the weighted values added into `o`. Forward and Decode share it so
-  // their sums run in one order.
-  static void AttendRow(const float* qi, const float* k, const float* v,
-                        int64_t last, int64_t stride, int64_t dh, float scale,
-                        float* p, float* o);
-
   int64_t dim_, heads_;
   bool causal_;
   Linear qkv_, proj_;

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "services/tensor/cuda/cublas_library.h"
 #include "services/tensor/cuda/kernels.h"
@@ -20,22 +21,51 @@ void Check(cublasStatus_t s, const char* what) {
 
 // One handle per thread (a cuBLAS handle must not be shared between threads
 // that use it at once); its stream follows the thread's current stream.
+//
+// cuBLAS promises bitwise the same results run after run only while one
+// stream is active, unless each stream has a workspace of its own: with the
+// default pool, concurrent streams (the stages of an in-process pipeline)
+// may make it choose other internal implementations. So every (thread,
+// stream) gets its own workspace, set after every cublasSetStream (which
+// resets it to the pool). 32 MiB is what NVIDIA recommends for Hopper
+// (4 MiB for earlier GPUs).
 class Handle {
  public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
   Handle() {
     Check(Cublas().Create(&h_), "cublasCreate");
     // Plain fp32 products: TF32 would leave fp32 rounding of the CPU's.
     Check(Cublas().SetMathMode(h_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
   }
-  ~Handle() { Cublas().Destroy(h_); }
+  ~Handle() {
+    Cublas().Destroy(h_);
+    for (auto& [stream, workspace] : workspaces_) DeviceFree(workspace);
+  }
   cublasHandle_t get() {
-    Check(Cublas().SetStream(h_, static_cast<cudaStream_t>(CurrentStream())),
-          "cublasSetStream");
+    void* stream = CurrentStream();
+    if (stream != stream_ || workspaces_.empty()) {
+      Check(Cublas().SetStream(h_, static_cast<cudaStream_t>(stream)),
+            "cublasSetStream");
+      void*& workspace = workspaces_[stream];
+      if (workspace == nullptr) workspace = DeviceMalloc(kWorkspaceBytes);
+      if (workspace == nullptr) {
+        std::fprintf(stderr, "cuBLAS: no device memory for a workspace\n");
+        std::abort();
+      }
+      Check(Cublas().SetWorkspace(h_, workspace, kWorkspaceBytes),
+            "cublasSetWorkspace");
+      stream_ = stream;
+    }
     return h_;
   }
 
  private:
   cublasHandle_t h_;
+  void* stream_ = nullptr;
+  // A workspace is used only by work on its own stream, so a thread that
+  // moves between streams never has two streams' GEMMs share one.
+  std::map<void*, void*> workspaces_;
 };
 
 cublasHandle_t ThreadHandle() {

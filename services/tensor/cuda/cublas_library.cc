@@ -35,6 +35,7 @@ CublasLibrary Open() {
   Resolve(lib, "cublasDestroy_v2", &c.Destroy);
   Resolve(lib, "cublasSetMathMode", &c.SetMathMode);
   Resolve(lib, "cublasSetStream_v2", &c.SetStream);
+  Resolve(lib, "cublasSetWorkspace_v2", &c.SetWorkspace);
   Resolve(lib, "cublasSgemm_v2", &c.Sgemm);
   Resolve(lib, "cublasSgemmStridedBatched", &c.SgemmStridedBatched);
   Resolve(lib, "cublasGemmEx", &c.GemmEx);

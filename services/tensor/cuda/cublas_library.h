@@ -17,6 +17,7 @@ struct CublasLibrary {
   decltype(&cublasDestroy_v2) Destroy;
   decltype(&cublasSetMathMode) SetMathMode;
   decltype(&cublasSetStream_v2) SetStream;
+  decltype(&cublasSetWorkspace_v2) SetWorkspace;
   decltype(&cublasSgemm_v2) Sgemm;
   decltype(&cublasSgemmStridedBatched) SgemmStridedBatched;
   // Spelled out: C++ sees an overload of cublasGemmEx (cublas_api.h's

@@ -143,12 +143,23 @@ void CopyDeviceToHostAsync(void* dst, const void* src, size_t bytes,
 
 void StreamWaitStream(void* waiter, void* stream) {
   if (waiter == stream) return;
-  cudaEvent_t e;
-  Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
-        "cudaEventCreate");
-  Check(cudaEventRecord(e, AsStream(stream)), "cudaEventRecord");
-  Check(cudaStreamWaitEvent(AsStream(waiter), e, 0), "cudaStreamWaitEvent");
-  cudaEventDestroy(e);  // released once the wait has happened
+  // One event per thread, recorded again for every wait: a wait captures
+  // the record it follows when it is queued, so re-recording cannot change
+  // an earlier wait (creating an event per call cost a driver call more).
+  struct Event {
+    cudaEvent_t e = nullptr;
+    ~Event() {
+      if (e != nullptr) cudaEventDestroy(e);
+    }
+  };
+  thread_local Event event;
+  if (event.e == nullptr) {
+    Check(cudaEventCreateWithFlags(&event.e, cudaEventDisableTiming),
+          "cudaEventCreate");
+  }
+  Check(cudaEventRecord(event.e, AsStream(stream)), "cudaEventRecord");
+  Check(cudaStreamWaitEvent(AsStream(waiter), event.e, 0),
+        "cudaStreamWaitEvent");
 }
 
 void SynchronizeStream(void* stream) {

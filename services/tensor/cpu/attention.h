@@ -1,0 +1,32 @@
+// Multi-head self-attention over fused [q | k | v] rows, the loops the
+// bitwise contract between the pipeline and the reference trainer was
+// written against. Row i of head h attends to keys 0..last (last = i when
+// causal); the softmax subtracts the row's maximum.
+#ifndef GPIPE_SERVICES_TENSOR_CPU_ATTENTION_H_
+#define GPIPE_SERVICES_TENSOR_CPU_ATTENTION_H_
+
+#include <cstdint>
+
+namespace gpipe::cpu {
+
+// One query row: scores against keys 0..last (rows `stride` apart, `dh`
+// wide), their softmax into pi[0..last], and oi += sum_j pi[j] v_j.
+// Shared by the batched forward and incremental decoding, so both round
+// alike.
+void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
+               int64_t stride, int64_t dh, float scale, float* pi, float* oi);
+
+// qkv [batch, t, 3*dim], head h in columns [h*dh, (h+1)*dh) of each part;
+// writes probs [batch, heads, t, t] (zero where masked) and out
+// [batch, t, dim], both whole.
+void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                      bool causal, float scale, const float* qkv, float* probs,
+                      float* out);
+// Writes dqkv [batch, t, 3*dim] whole from the saved qkv and probs.
+void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
+                       bool causal, float scale, const float* qkv,
+                       const float* probs, const float* dout, float* dqkv);
+
+}  // namespace gpipe::cpu
+
+#endif  // GPIPE_SERVICES_TENSOR_CPU_ATTENTION_H_
