@@ -19,9 +19,12 @@
 # and print PASS/FAIL per item. Every part has a timeout and the whole run
 # a budget of 8 minutes. Logs go to $OUT.
 #   bash .devcarry/device_check.sh      (from the checkout's root)
-# Without a GPU it says so and fails at once; GPIPE_DEVICE_CHECK_CPU=1 then
-# runs only the pipeline part's plumbing on the CPU (carried loader,
-# wrappers, timing) with --device cpu, to check the script itself.
+# Without a GPU it says so and fails at once; to check the script itself,
+# GPIPE_DEVICE_CHECK_CPU=1 then runs only the pipeline part's plumbing on
+# the CPU (carried loader, wrappers, timing) with --device cpu, and
+# GPIPE_DEVICE_CHECK_FAKE=1 runs checks 1-4 on the fake device
+# (GPIPE_FAKE_DEVICE=1, services/tensor/fake_device.h) with shared memory
+# where CUDA IPC would be.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${OUT:-/tmp/gpipe-device-out}
@@ -39,10 +42,20 @@ left() {
 }
 echo "== machine"
 cpu_only=
+fake=
+ipc=cuda_ipc
 if ! nvidia-smi -L >/dev/null 2>&1; then
   echo "no GPU here: nvidia-smi -L failed (device_check runs on a GPU machine)"
-  [[ ${GPIPE_DEVICE_CHECK_CPU:-} == 1 ]] || { echo "overall: FAIL (no GPU)"; exit 1; }
-  cpu_only=1
+  if [[ ${GPIPE_DEVICE_CHECK_FAKE:-} == 1 ]]; then
+    export GPIPE_FAKE_DEVICE=1
+    fake=1
+    ipc=shm
+  elif [[ ${GPIPE_DEVICE_CHECK_CPU:-} == 1 ]]; then
+    cpu_only=1
+  else
+    echo "overall: FAIL (no GPU)"
+    exit 1
+  fi
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 uname -srm
@@ -158,29 +171,30 @@ if [[ -n $cpu_only ]]; then
 fi
 # --- 1. CUDA IPC on a 2-stage cluster, bitwise gRPC frames ------------------
 ipc_steps=300
-echo "== 1. 2-stage cluster: CUDA IPC against gRPC frames ($ipc_steps steps)"
-for plane in cuda_ipc grpc; do
+echo "== 1. 2-stage cluster: $ipc against gRPC frames ($ipc_steps steps)"
+for plane in $ipc grpc; do
   ctl "$(left 90)" local "$work/bench/gpu_mlp.json" --workers 2 --stages 2 \
     --micro-batches 4 --steps $ipc_steps --threads 2 --device cuda \
     --data_plane $plane --out "$work/ipc2-$plane" --keep "$work/ipc2-$plane-run" \
     >"$out/ipc2-$plane.log" 2>&1 || { tail -15 "$out/ipc2-$plane.log"; break; }
 done
-n=$(grep -h -c "data plane to stage [0-9]* is cuda_ipc (--data_plane cuda_ipc)" \
-  "$work/ipc2-cuda_ipc-run"/worker-*.log 2>/dev/null | awk '{s += $1} END {print s + 0}')
+n=$(grep -h -c "data plane to stage [0-9]* is $ipc (--data_plane $ipc)" \
+  "$work/ipc2-$ipc-run"/worker-*.log 2>/dev/null | awk '{s += $1} END {print s + 0}')
 if [[ ! -f $work/ipc2-grpc/model.safetensors ]]; then
   result[ipc_cluster]="FAIL (a run failed: $out/ipc2-*.log)"
 elif [[ $n != 1 ]]; then
-  result[ipc_cluster]="FAIL ($n of 1 links logged cuda_ipc)"
-elif cmp -s "$work/ipc2-cuda_ipc/model.safetensors" "$work/ipc2-grpc/model.safetensors"; then
+  result[ipc_cluster]="FAIL ($n of 1 links logged $ipc)"
+elif cmp -s "$work/ipc2-$ipc/model.safetensors" "$work/ipc2-grpc/model.safetensors"; then
   result[ipc_cluster]=PASS
 else
-  result[ipc_cluster]="FAIL (parameters differ between cuda_ipc and grpc)"
+  result[ipc_cluster]="FAIL (parameters differ between $ipc and grpc)"
 fi
 echo "ipc_cluster: ${result[ipc_cluster]}"
 
 # --- 2. compute-sanitizer on the CUDA unit tests ------------------------------
 echo "== 2. compute-sanitizer"
 san=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+[[ -n $fake ]] && san=
 if [[ -z $san ]]; then
   result[sanitizer]="PASS (skipped: no compute-sanitizer here)"
 else
@@ -223,10 +237,10 @@ for spec in gpu_mlp char_transformer; do
 done
 
 # --- 4. kill -9 of a worker mid-job on CUDA IPC -------------------------------
-echo "== 4. kill -9 of a worker mid-transfer on CUDA IPC"
+echo "== 4. kill -9 of a worker mid-transfer on $ipc"
 PATH="$work/wrap:$PATH" timeout "$(left 150)" gpipectl local "$work/bench/gpu_mlp.json" \
   --workers 2 --stages 2 --micro-batches 4 --steps $ipc_steps --threads 2 \
-  --device cuda --data_plane cuda_ipc --out "$work/kill-out" --keep "$work/kill-run" \
+  --device cuda --data_plane $ipc --out "$work/kill-out" --keep "$work/kill-run" \
   >"$out/kill.log" 2>&1 &
 kill_pid=$!
 port=""
@@ -253,7 +267,7 @@ else
   if ((rc != 0)); then
     tail -10 "$out/kill.log"
     result[kill]="FAIL (gpipectl local exited $rc: a hang ends in its timeout, 124)"
-  elif ! cmp -s "$work/kill-out/model.safetensors" "$work/ipc2-cuda_ipc/model.safetensors"; then
+  elif ! cmp -s "$work/kill-out/model.safetensors" "$work/ipc2-$ipc/model.safetensors"; then
     result[kill]="FAIL (recovered, but the parameters differ from the run without a kill)"
   else
     result[kill]="PASS"
@@ -261,6 +275,11 @@ else
 fi
 wait "$kill_pid" 2>/dev/null
 echo "kill: ${result[kill]}"
+if [[ -n $fake ]]; then
+  for k in ipc_cluster sanitizer repro kill; do echo "$k: ${result[$k]:-FAIL (not run)}"; done
+  echo "overall: FAIL (no GPU; checks 1-4 above ran on the fake device)"
+  exit 1
+fi
 
 echo "== 5. tests"
 # check NAME LOG: PASS when the run exited 0 and skipped nothing.
