@@ -52,6 +52,42 @@ for ((i = 1; i <= pairs; i++)); do
 done
 python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:]]; print('cluster overhead: median %.1f%% over %d pairs (min %.1f%%, max %.1f%%; goal <= 10%% at M=8)' % (statistics.median(v), len(v), min(v), max(v)))" "${overheads[@]}"
 
+# Against the ideal: GPipe's step on K stages and M micro-batches takes
+# (M + K - 1) / M times the busiest stage's compute, so the same run's
+# per-stage busy times say how far the cluster is from what its schedule
+# allows (transport, waiting, the optimizer step). From the stages' reports
+# of each step after the third (gpipectl local --json), medians over steps.
+"$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
+  --data_plane "$plane" --json >"$work/ideal.json" 2>/dev/null
+python3 - "$work/ideal.json" "$m" <<'PY'
+import json, statistics, sys
+m, k = int(sys.argv[2]), 2
+seen, actual, ideal, busy = set(), [], [], []
+for line in open(sys.argv[1]):
+    try:
+        status = json.loads(line)["job"]["status"]
+    except (ValueError, KeyError):
+        continue
+    stages = status.get("stages", [])
+    step = int(status.get("step", 0))
+    if step < 3 or step in seen or len(stages) != k:
+        continue
+    if any(s.get("stepSeconds", 0) <= 0 for s in stages):
+        continue
+    seen.add(step)
+    b = [s.get("busySeconds", 0) for s in stages]
+    busy.append(b)
+    actual.append(max(s["stepSeconds"] for s in stages))
+    ideal.append(max(b) * (m + k - 1) / m)
+if not actual:
+    sys.exit("no per-stage reports in the cluster's --json output")
+a, i = statistics.median(actual), statistics.median(ideal)
+per_stage = ", ".join("%.1f" % (1e3 * statistics.median(x[j] for x in busy)) for j in range(k))
+print("cluster step %.1f ms against the ideal %.1f ms ((M+K-1)/M x the busiest "
+      "stage; stages busy %s ms per step; medians of %d steps): %.1f%% above "
+      "(goal <= 10%%)" % (1e3 * a, 1e3 * i, per_stage, len(actual), 100 * (a / i - 1)))
+PY
+
 python=""
 for candidate in python3 /usr/bin/python3; do
   if "$candidate" -c 'import torch' 2>/dev/null; then python=$candidate; break; fi
