@@ -2,8 +2,11 @@
 // model's continuation token by token (Generator: a key/value cache, a
 // forward of one position per token), streaming it as it comes. Text
 // models map bytes through the vocabulary their file records; token-id
-// models take and print ids.
+// models take and print ids. --stages K serves the model as K stages (the
+// partition training would use), --device cuda on the GPU.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +24,8 @@
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/model_file.h"
+#include "services/pipeline/partitioner.h"
+#include "services/tensor/device.h"
 #include "services/tensor/threads.h"
 
 ABSL_FLAG(std::string, prompt, "",
@@ -34,6 +39,8 @@ ABSL_FLAG(int64_t, top_k, 0,
 ABSL_FLAG(uint64_t, seed, 0,
           "generate: the sampling seed (same seed, same text)");
 ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(int64_t, stages);
+ABSL_DECLARE_FLAG(std::string, device);
 
 namespace gpipe::cli {
 namespace {
@@ -60,13 +67,46 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   return ids;
 }
 
+// The model file's parameters in `k` stages (the partition a k-stage job
+// would use), each a Model of its layers on `device`.
+absl::StatusOr<std::vector<std::unique_ptr<Model>>> LoadStages(
+    const gpipe::v1::JobSpec& spec, int64_t k, Device device) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> whole,
+                   Model::Build(spec.model(), spec.seed()));
+  RETURN_IF_ERROR(InitWholeModel(spec, whole->StateTensors(), {}).status());
+  std::vector<std::unique_ptr<Model>> stages;
+  if (k == 1) {
+    stages.push_back(std::move(whole));
+  } else {
+    ASSIGN_OR_RETURN(std::vector<int64_t> balance, PartitionJob(spec, k));
+    const std::vector<int64_t> begins = StageBegins(balance);
+    std::map<std::string, const Tensor*> by_name;
+    std::vector<NamedTensor> all = whole->StateTensors();
+    for (const NamedTensor& t : all) by_name[t.name] = t.tensor;
+    for (size_t s = 0; s < balance.size(); ++s) {
+      ASSIGN_OR_RETURN(std::unique_ptr<Model> stage,
+                       Model::Build(spec.model(), spec.seed(), begins[s],
+                                    begins[s] + balance[s]));
+      for (const NamedTensor& t : stage->StateTensors()) {
+        t.tensor->CopyFrom(*by_name.at(t.name));
+      }
+      stages.push_back(std::move(stage));
+    }
+  }
+  for (std::unique_ptr<Model>& stage : stages) {
+    RETURN_IF_ERROR(stage->To(device));
+  }
+  return stages;
+}
+
 }  // namespace
 
 int RunGenerate(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     std::fprintf(stderr,
                  "usage: gpipectl generate MODEL.safetensors --prompt TEXT "
-                 "[--tokens N] [--temperature T] [--top_k K] [--seed S]\n");
+                 "[--tokens N] [--temperature T] [--top_k K] [--seed S] "
+                 "[--stages K] [--device cpu|cuda]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = SpecToServe(args[0], "");
@@ -116,15 +156,15 @@ int RunGenerate(const std::vector<std::string>& args) {
         absl::InvalidArgumentError("--prompt: required (one token at least)"));
   }
 
-  absl::StatusOr<std::unique_ptr<Model>> model =
-      Model::Build(spec->model(), spec->seed());
-  if (!model.ok()) return Fail(model.status());
-  if (auto loaded = InitWholeModel(*spec, (*model)->StateTensors(), {});
-      !loaded.ok()) {
-    return Fail(loaded.status());
-  }
+  absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) return Fail(device.status());
+  absl::StatusOr<std::vector<std::unique_ptr<Model>>> stages = LoadStages(
+      *spec, std::max<int64_t>(absl::GetFlag(FLAGS_stages), 1), *device);
+  if (!stages.ok()) return Fail(stages.status());
+  std::vector<Model*> parts;
+  for (const std::unique_ptr<Model>& m : *stages) parts.push_back(m.get());
   absl::StatusOr<std::unique_ptr<Generator>> generator =
-      Generator::Create(model->get());
+      Generator::Create(std::move(parts));
   if (!generator.ok()) return Fail(generator.status());
 
   SamplingOptions options;

@@ -77,8 +77,11 @@ const std::vector<Command>& Commands() {
        "Samples a language model's continuation of the prompt token by\n"
        "token with a key/value cache, streaming it; text models read and\n"
        "write bytes through the vocabulary their file records, token-id\n"
-       "models ids. The same seed gives the same text.",
-       {"prompt", "tokens", "temperature", "top_k", "seed", "threads"}},
+       "models ids. The same seed gives the same text. --stages K splits\n"
+       "the model into K stages (each its own layers and caches) that\n"
+       "every token passes through; --device cuda runs them on the GPU.",
+       {"prompt", "tokens", "temperature", "top_k", "seed", "stages", "threads",
+        "device"}},
       {"submit", "JOB.json", "submit a job to a controller",
        "Submits a job to the controller and prints its id.",
        With({"watch", "json", "stages", "micro_batches", "schedule", "remat",

@@ -12,40 +12,60 @@
 namespace gpipe {
 
 absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(Model* model) {
-  if (model->size() == 0 || model->begin() != 0) {
-    return absl::FailedPreconditionError(
-        "generation needs the whole model, from its first layer");
+  return Create(std::vector<Model*>{model});
+}
+
+absl::StatusOr<std::unique_ptr<Generator>> Generator::Create(
+    std::vector<Model*> stages) {
+  int64_t next = 0;
+  for (Model* stage : stages) {
+    if (stage->size() == 0 || stage->begin() != next) {
+      return absl::FailedPreconditionError(
+          "generation needs the whole model, from its first layer, in "
+          "consecutive stages");
+    }
+    next = stage->end();
   }
-  auto* embedding = dynamic_cast<Embedding*>(&model->layer(0));
+  if (stages.empty()) {
+    return absl::FailedPreconditionError("generation needs a model");
+  }
+  auto* embedding = dynamic_cast<Embedding*>(&stages[0]->layer(0));
   if (embedding == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "generation needs a language model: layer 0 is ",
-        AsAbsl(model->layer(0).kind()), ", not an embedding of token ids"));
+        AsAbsl(stages[0]->layer(0).kind()), ", not an embedding of token ids"));
   }
-  for (int64_t i = 0; i < model->size(); ++i) {
-    if (!model->layer(i).Decodes()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "layer ", i, " (", AsAbsl(model->layer(i).kind()),
-          ") looks ahead (causal: false): a model that generates sees only "
-          "the tokens before each position"));
+  for (Model* stage : stages) {
+    for (int64_t i = 0; i < stage->size(); ++i) {
+      if (!stage->layer(i).Decodes()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "layer ", stage->begin() + i, " (", AsAbsl(stage->layer(i).kind()),
+            ") looks ahead (causal: false): a model that generates sees only "
+            "the tokens before each position"));
+      }
     }
   }
   return std::unique_ptr<Generator>(new Generator(
-      model, embedding->max_positions(), embedding->vocab_size()));
+      std::move(stages), embedding->max_positions(), embedding->vocab_size()));
 }
 
-Generator::Generator(Model* model, int64_t max_positions, int64_t vocab)
-    : model_(model),
-      max_positions_(max_positions),
-      vocab_(vocab),
-      states_(static_cast<size_t>(model->size())) {
-  for (DecodeState& s : states_) s.capacity = max_positions_;
+Generator::Generator(std::vector<Model*> stages, int64_t max_positions,
+                     int64_t vocab)
+    : stages_(std::move(stages)), max_positions_(max_positions), vocab_(vocab) {
+  for (Model* stage : stages_) {
+    states_.emplace_back(static_cast<size_t>(stage->size()));
+    for (DecodeState& s : states_.back()) s.capacity = max_positions_;
+  }
 }
 
 std::vector<float> Generator::Run(const std::vector<int32_t>& ids) {
   Tensor x = Tensor::Empty({1, static_cast<int64_t>(ids.size())}, DType::kI32);
   std::copy(ids.begin(), ids.end(), x.i32());
-  const Tensor scores = model_->Decode(x, length_, &states_);
+  Tensor h = x;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    h = stages_[s]->Decode(h, length_, &states_[s]);
+  }
+  const Tensor scores = h.To(Device::kCpu);
   length_ += static_cast<int64_t>(ids.size());
   context_.insert(context_.end(), ids.begin(), ids.end());
   const int64_t v = scores.dim(scores.rank() - 1);
@@ -63,7 +83,8 @@ std::vector<float> Generator::Feed(const std::vector<int32_t>& ids) {
                                 context_.end());
       context_.clear();
       length_ = 0;
-      for (DecodeState& s : states_) s.qkv = Tensor();
+      for (std::vector<DecodeState>& stage : states_)
+        for (DecodeState& s : stage) s.qkv = Tensor();
       if (!kept.empty()) scores = Run(kept);
     }
     const size_t room = static_cast<size_t>(max_positions_ - length_);

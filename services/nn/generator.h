@@ -7,6 +7,12 @@
 // so a row's result does not depend on how many rows ran with it. They
 // differ from a batched Forward's only by the rounding OpenBLAS's blocking
 // changes with the row count.
+//
+// The model may be split into stages (consecutive layer ranges, each its
+// own Model with its own caches): each new token runs through them in
+// order, so a model served as K stages gives the same scores as one piece.
+// Stages may live on the GPU (each layer's Decode runs where its
+// parameters are); the ids go in and the scores come out on the host.
 #ifndef GPIPE_SERVICES_NN_GENERATOR_H_
 #define GPIPE_SERVICES_NN_GENERATOR_H_
 
@@ -30,10 +36,14 @@ struct SamplingOptions {
 
 class Generator {
  public:
-  // `model` (not owned) must be a whole language model on the CPU: an
-  // embedding with positions first, causal attention only, [V] scores per
-  // position last. FAILED_PRECONDITION naming the layer otherwise.
+  // `model` (not owned) must be a whole language model: an embedding with
+  // positions first, causal attention only, [V] scores per position last.
+  // FAILED_PRECONDITION naming the layer otherwise.
   static absl::StatusOr<std::unique_ptr<Generator>> Create(Model* model);
+  // The same over `stages` (not owned): consecutive layer ranges from layer
+  // 0, in order.
+  static absl::StatusOr<std::unique_ptr<Generator>> Create(
+      std::vector<Model*> stages);
 
   // Appends `ids` to the context and returns the scores [V] after its last
   // position. When the context would pass the model's max_positions, its
@@ -50,15 +60,15 @@ class Generator {
   int64_t context_length() const { return length_; }
 
  private:
-  Generator(Model* model, int64_t max_positions, int64_t vocab);
+  Generator(std::vector<Model*> stages, int64_t max_positions, int64_t vocab);
   std::vector<float> Run(const std::vector<int32_t>& ids);
   int32_t Sample(const std::vector<float>& scores, const SamplingOptions& o,
                  std::mt19937_64& rng) const;
 
-  Model* model_;
+  std::vector<Model*> stages_;
   int64_t max_positions_;
   int64_t vocab_;
-  std::vector<DecodeState> states_;
+  std::vector<std::vector<DecodeState>> states_;  // per stage, per layer
   std::vector<int32_t> context_;  // the ids in the cache, in order
   int64_t length_ = 0;
 };

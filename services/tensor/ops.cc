@@ -253,6 +253,42 @@ void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
                          dgamma, dbeta);
 }
 
+void GemmRowStable(Device d, int64_t m, int64_t n, int64_t k, const float* a,
+                   const float* w, float* c) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
+#if GPIPE_HAVE_CUDA
+  if (GPIPE_REAL_CUDA(d)) {
+    // One product per row, always of the same shape: a row's result cannot
+    // depend on its neighbours (fp32, whatever GemmPrecision says).
+    for (int64_t i = 0; i < m; ++i)
+      cuda::Gemm(false, true, 1, n, k, 1.0f, a + i * k, w, 0.0f, c + i * n);
+    return;
+  }
+#else
+  if (GPIPE_REAL_CUDA(d)) NoCuda("GemmRowStable");
+#endif
+  cpu::GemmRowStable(m, n, k, a, w, c);
+}
+
+void AttendCachedRows(Device d, int64_t batch, int64_t heads, int64_t cap,
+                      int64_t from, int64_t to, int64_t dim, float scale,
+                      const float* qkv, float* out) {
+  const FakeDeviceAccess fake_access(d == Device::kCuda);
+#if GPIPE_HAVE_CUDA
+  if (GPIPE_REAL_CUDA(d)) {
+    Tensor scratch =
+        Tensor::Empty({std::max<int64_t>(batch * heads * (to - from) * to, 1)},
+                      DType::kF32, Device::kCuda);
+    cuda::AttendCachedRows(batch, heads, cap, from, to, dim, scale, qkv, out,
+                           scratch.f32());
+    return;
+  }
+#else
+  if (GPIPE_REAL_CUDA(d)) NoCuda("AttendCachedRows");
+#endif
+  cpu::AttendCachedRows(batch, heads, cap, from, to, dim, scale, qkv, out);
+}
+
 void SgdStep(Device d, int64_t n, float lr, float decay, float mu,
              bool nesterov, bool first, const float* g, float* w, float* buf) {
   GPIPE_ON_CUDA(d, SgdStep(n, lr, decay, mu, nesterov, first, g, w, buf));

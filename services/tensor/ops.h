@@ -127,6 +127,16 @@ void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
                        const float* xhat, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma, float* dbeta);
 
+// C[m,n] = A[m,k] W[n,k]^T with every row of C a function of its row of A
+// alone (cpu::GemmRowStable; on the GPU one cuBLAS call per row): what
+// incremental decoding needs to agree with a whole-sequence pass.
+void GemmRowStable(Device d, int64_t m, int64_t n, int64_t k, const float* a,
+                   const float* w, float* c);
+// Incremental decoding's attention; see cpu::AttendCachedRows.
+void AttendCachedRows(Device d, int64_t batch, int64_t heads, int64_t cap,
+                      int64_t from, int64_t to, int64_t dim, float scale,
+                      const float* qkv, float* out);
+
 // Optimizer updates; see cpu/optimizer.h (buf null: SGD without momentum).
 void SgdStep(Device d, int64_t n, float lr, float decay, float mu,
              bool nesterov, bool first, const float* g, float* w, float* buf);

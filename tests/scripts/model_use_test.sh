@@ -180,6 +180,11 @@ out=$(g generate "$work/cat/model.safetensors" --prompt "the cat " --tokens 40 -
 a=$(g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3)
 b=$(g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3)
 [[ "$a" == "$b" && ${#a} -eq 33 ]] || fail "seed 5 sampled '$a', then '$b'"
+# Served as 3 stages, and on the (fake) GPU as 2: the same text.
+c=$(g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3 --stages 3)
+[[ "$c" == "$a" ]] || fail "--stages 3 sampled '$c', one piece '$a'"
+c=$(GPIPE_FAKE_DEVICE=1 g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3 --stages 2 --device cuda)
+[[ "$c" == "$a" ]] || fail "--device cuda --stages 2 (fake GPU) sampled '$c', the CPU '$a'"
 set +e
 out=$(g generate "$work/cat/model.safetensors" --prompt "The" 2>&1)
 set -e
@@ -189,5 +194,5 @@ set +e
 out=$(g generate "$work/mlp/model.safetensors" --prompt "1 2" 2>&1)
 set -e
 [[ "$out" == *"layer 0 is linear, not an embedding"* ]] || fail "generate on a classifier: $out"
-ok "generate: a char model continues its sentence past its 16 positions; seeds repeat"
+ok "generate: a char model continues its sentence past its 16 positions; seeds repeat, in 3 stages and on the fake GPU too"
 echo "$passed passed, 0 failed"

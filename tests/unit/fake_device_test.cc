@@ -17,6 +17,8 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "services/nn/generator.h"
+#include "services/nn/model.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/stage_checkpoint.h"
@@ -243,6 +245,37 @@ TEST_F(FakeDeviceStageTest,
   for (const NamedTensor& t : gpu->model().StateTensors()) {
     ASSERT_TRUE(read->tensors.count(t.name)) << t.name;
     EXPECT_TRUE(BitwiseEqual(read->tensors.at(t.name), *t.tensor)) << t.name;
+  }
+}
+
+// Incremental decoding with its caches on the device: the CPU's scores
+// (the fake's kernels are the CPU's), so every device copy and kernel of
+// the decode path is there and none touches device memory from the host.
+TEST(FakeDeviceTest, GenerationOnTheDeviceScoresAsOnTheCpu) {
+  v1::ModelSpec spec;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(R"({
+    "input": {"dtype": "INT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"embedding": {"vocab_size": 7, "dim": 8, "max_positions": 8}},
+      {"transformer_block": {"dim": 8, "heads": 2}},
+      {"layer_norm": {"features": 8}},
+      {"linear": {"in_features": 8, "out_features": 7}}
+    ],
+    "loss": {"softmax_cross_entropy": {}}
+  })",
+                                                          &spec)
+                  .ok());
+  auto cpu = Model::Build(spec, 4);
+  auto gpu = Model::Build(spec, 4);
+  ASSERT_TRUE(cpu.ok() && gpu.ok());
+  ASSERT_TRUE((*gpu)->To(Device::kCuda).ok());
+  auto a = Generator::Create(cpu->get());
+  auto b = Generator::Create(gpu->get());
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ((*a)->Feed({1, 2, 3}), (*b)->Feed({1, 2, 3}));
+  // Past the 8 positions: the window slides and the caches are rebuilt.
+  for (int32_t id : {4, 5, 6, 0, 1, 2, 3}) {
+    EXPECT_EQ((*a)->Feed({id}), (*b)->Feed({id}));
   }
 }
 

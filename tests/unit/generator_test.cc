@@ -104,6 +104,30 @@ TEST(GeneratorTest, AFullWindowSlidesAndStaysExact) {
                                                  ids.begin() + 6, ids.end()))));
 }
 
+TEST(GeneratorTest, StagesGiveTheScoresOfTheWholeModel) {
+  // The whole model and the same parameters as stages of 2, 1 and 2 layers
+  // (each with its own caches), through a window slide.
+  auto whole = Model::Build(Spec(), 3);
+  ASSERT_TRUE(whole.ok());
+  std::vector<std::unique_ptr<Model>> stages;
+  std::vector<Model*> parts;
+  for (auto [begin, end] : {std::pair{0, 2}, {2, 3}, {3, 5}}) {
+    auto stage = Model::Build(Spec(), 3, begin, end);
+    ASSERT_TRUE(stage.ok());
+    parts.push_back(stage->get());
+    stages.push_back(std::move(*stage));
+  }
+  auto one = Generator::Create(whole->get());
+  auto three = Generator::Create(parts);
+  ASSERT_TRUE(one.ok() && three.ok());
+  for (int32_t id : {1, 5, 2, 9, 9, 0, 3, 7, 4, 6, 8, 10, 2, 2, 5, 1}) {
+    EXPECT_TRUE(Bitwise((*one)->Feed({id}), (*three)->Feed({id})));
+  }
+  std::swap(parts[1], parts[2]);
+  EXPECT_THAT(Generator::Create(parts).status().message(),
+              HasSubstr("consecutive stages"));
+}
+
 TEST(GeneratorTest, TheSameSeedSamplesTheSameTokens) {
   auto model = Model::Build(Spec(), 5);
   ASSERT_TRUE(model.ok());

@@ -32,28 +32,37 @@ Tensor SelfAttention::Decode(const Tensor& x, int64_t position,
                              DecodeState* state) {
   const int64_t batch = x.dim(0), n = x.dim(1), d = dim_, dh = d / heads_;
   const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  const Device dev = x.device();
   const Tensor fresh = qkv_.Decode(x, position, state);  // [B, n, 3d]
-  if (!state->qkv.defined() || state->qkv.dim(0) != batch) {
-    state->qkv = Tensor::Zeros({batch, state->capacity, 3 * d});
+  if (!state->qkv.defined() || state->qkv.dim(0) != batch ||
+      state->qkv.device() != dev) {
+    state->qkv =
+        Tensor::Zeros({batch, state->capacity, 3 * d}, DType::kF32, dev);
   }
   const int64_t cap = state->qkv.dim(1);
   const int64_t end = std::min(position + n, cap);
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t i = position; i < end; ++i) {
-      std::copy_n(fresh.f32() + (b * n + i - position) * 3 * d, 3 * d,
-                  state->qkv.f32() + (b * cap + i) * 3 * d);
-    }
+  const int64_t fit = std::max<int64_t>(end - position, 0);
+  // The new rows into the cache: one block of rows per sample.
+  const Tensor cache_rows = state->qkv.Reshape({batch * cap, 3 * d});
+  const Tensor fresh_rows = fresh.Reshape({batch * n, 3 * d});
+  for (int64_t b = 0; b < batch && fit > 0; ++b) {
+    cache_rows.Rows(b * cap + position, b * cap + end)
+        .CopyFrom(fresh_rows.Rows(b * n, b * n + fit));
   }
-  Tensor heads_out = Tensor::Zeros({batch, n, d});
-  std::vector<float> p(static_cast<size_t>(end));
-  for (int64_t b = 0; b < batch; ++b) {
-    for (int64_t h = 0; h < heads_; ++h) {
-      const float* base = state->qkv.f32() + b * cap * 3 * d + h * dh;
-      for (int64_t i = position; i < end; ++i) {
-        cpu::AttendRow(base + i * 3 * d, base + d, base + 2 * d, i, 3 * d, dh,
-                       scale, p.data(),
-                       heads_out.f32() + (b * n + i - position) * d + h * dh);
-      }
+  // Rows past the cache (a caller beyond max_positions) stay zero.
+  Tensor heads_out = Tensor::Zeros({batch, n, d}, DType::kF32, dev);
+  if (fit == n) {
+    ops::AttendCachedRows(dev, batch, heads_, cap, position, end, d, scale,
+                          state->qkv.f32(), heads_out.f32());
+  } else if (fit > 0) {
+    Tensor attended = Tensor::Empty({batch, fit, d}, DType::kF32, dev);
+    ops::AttendCachedRows(dev, batch, heads_, cap, position, end, d, scale,
+                          state->qkv.f32(), attended.f32());
+    const Tensor out_rows = heads_out.Reshape({batch * n, d});
+    const Tensor from_rows = attended.Reshape({batch * fit, d});
+    for (int64_t b = 0; b < batch; ++b) {
+      out_rows.Rows(b * n, b * n + fit)
+          .CopyFrom(from_rows.Rows(b * fit, (b + 1) * fit));
     }
   }
   return proj_.Decode(heads_out, position, state);

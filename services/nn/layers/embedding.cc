@@ -54,21 +54,34 @@ Tensor Embedding::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
 
 Tensor Embedding::Decode(const Tensor& x, int64_t position, DecodeState*) {
   const int64_t batch = x.dim(0), t = x.dim(1);
+  const Device d = token_.value.device();
   // A sequence longer than the table has no positions to add: callers
   // (the generator) keep within max_positions.
   const int64_t rows = std::clamp<int64_t>(max_positions_ - position, 0, t);
-  std::vector<int32_t> ids(static_cast<size_t>(x.numel()));
-  for (int64_t i = 0; i < x.numel(); ++i)
-    ids[i] = std::clamp<int32_t>(x.i32()[i], 0, vocab_ - 1);
+  if (rows == t) {
+    // Forward's gather and adds, with the rows of positions from
+    // `position` on.
+    const Tensor ids = x.To(d);
+    Tensor clamped = Tensor::Empty(x.shape(), DType::kI32, d);
+    Tensor y = Tensor::Empty({batch, t, dim_}, DType::kF32, d);
+    ops::EmbeddingForward(
+        d, batch, t, dim_, vocab_, ids.i32(), token_.value.f32(),
+        position_.value.f32() + position * dim_, y.f32(), clamped.i32());
+    return y;
+  }
+  const Tensor ids = x.To(Device::kCpu);
+  const Tensor token = token_.value.To(Device::kCpu);
+  const Tensor positions = position_.value.To(Device::kCpu);
+  std::vector<int32_t> clamped(static_cast<size_t>(ids.numel()));
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    clamped[i] = std::clamp<int32_t>(ids.i32()[i], 0, vocab_ - 1);
   Tensor y = Tensor::Empty({batch, t, dim_}, DType::kF32);
-  cpu::EmbeddingGather(batch * t, dim_, ids.data(), token_.value.f32(),
-                       y.f32());
-  // The same adds as Forward's: each row plus its position's row.
+  cpu::EmbeddingGather(batch * t, dim_, clamped.data(), token.f32(), y.f32());
   for (int64_t b = 0; b < batch; ++b) {
-    cpu::AddInPlace(rows * dim_, position_.value.f32() + position * dim_,
+    cpu::AddInPlace(rows * dim_, positions.f32() + position * dim_,
                     y.f32() + b * t * dim_);
   }
-  return y;
+  return y.To(d);
 }
 
 Tensor Embedding::Backward(const Tensor& dy, const Saved& saved,

@@ -51,11 +51,10 @@ Tensor Linear::Decode(const Tensor& x, int64_t, DecodeState*) {
   const int64_t rows = x.numel() / in_;
   std::vector<int64_t> dims = x.shape().dims();
   dims.back() = out_;
-  Tensor y = Tensor::Empty(Shape(dims), DType::kF32);
-  cpu::GemmRowStable(rows, out_, in_, x.f32(), weight_.value.f32(), y.f32());
-  if (has_bias_) {
-    ops::AddRowBias(Device::kCpu, rows, out_, bias_.value.f32(), y.f32());
-  }
+  const Device d = x.device();
+  Tensor y = Tensor::Empty(Shape(dims), DType::kF32, d);
+  ops::GemmRowStable(d, rows, out_, in_, x.f32(), weight_.value.f32(), y.f32());
+  if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
   return y;
 }
 

@@ -60,13 +60,14 @@ Tensor TransformerBlock::Decode(const Tensor& x, int64_t position,
   LayerContext ctx;
   ctx.training = false;
   const Tensor a = attn_.Decode(ln1_.Forward(x, ctx, nullptr), position, state);
-  Tensor x1 = Tensor::Empty(x.shape(), DType::kF32);
-  ops::Add(Device::kCpu, x.numel(), x.f32(), a.f32(), x1.f32());
+  const Device d = x.device();
+  Tensor x1 = Tensor::Empty(x.shape(), DType::kF32, d);
+  ops::Add(d, x.numel(), x.f32(), a.f32(), x1.f32());
   Tensor h = fc1_.Decode(ln2_.Forward(x1, ctx, nullptr), position, state);
   h = gelu_.Forward(h, ctx, nullptr);
   const Tensor m = fc2_.Decode(h, position, state);
-  Tensor y = Tensor::Empty(x.shape(), DType::kF32);
-  ops::Add(Device::kCpu, x.numel(), x1.f32(), m.f32(), y.f32());
+  Tensor y = Tensor::Empty(x.shape(), DType::kF32, d);
+  ops::Add(d, x.numel(), x1.f32(), m.f32(), y.f32());
   return y;
 }
 

@@ -98,4 +98,21 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
   }
 }
 
+void AttendCachedRows(int64_t batch, int64_t heads, int64_t cap, int64_t from,
+                      int64_t to, int64_t dim, float scale, const float* qkv,
+                      float* out) {
+  const int64_t n = to - from, d = dim, dh = dim / heads;
+  std::memset(out, 0, sizeof(float) * batch * n * d);
+  std::vector<float> p(static_cast<size_t>(to));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const float* base = qkv + b * cap * 3 * d + h * dh;
+      for (int64_t i = from; i < to; ++i) {
+        AttendRow(base + i * 3 * d, base + d, base + 2 * d, i, 3 * d, dh, scale,
+                  p.data(), out + (b * n + i - from) * d + h * dh);
+      }
+    }
+  }
+}
+
 }  // namespace gpipe::cpu

@@ -27,6 +27,13 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                        bool causal, float scale, const float* qkv,
                        const float* probs, const float* dout, float* dqkv);
 
+// Incremental decoding: query rows [from, to) of the cache qkv [batch, cap,
+// 3*dim] (positions), each attending to rows 0..its own, by AttendRow;
+// writes out [batch, to - from, dim] whole.
+void AttendCachedRows(int64_t batch, int64_t heads, int64_t cap, int64_t from,
+                      int64_t to, int64_t dim, float scale, const float* qkv,
+                      float* out);
+
 }  // namespace gpipe::cpu
 
 #endif  // GPIPE_SERVICES_TENSOR_CPU_ATTENTION_H_

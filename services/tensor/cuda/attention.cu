@@ -177,4 +177,51 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
   MergeHeads(batch, heads, t, dh, 3, dq, dqkv);
 }
 
+namespace {
+// One (sample, head, query row) per thread, cpu::AttendRow's loops.
+__global__ void AttendCachedRowsKernel(int64_t batch, int64_t heads,
+                                       int64_t cap, int64_t from, int64_t to,
+                                       int64_t dim, float scale,
+                                       const float* qkv, float* out,
+                                       float* scratch) {
+  const int64_t n = to - from, dh = dim / heads, stride = 3 * dim;
+  GPIPE_FOR_EACH(e, batch * heads * n) {
+    const int64_t b = e / (heads * n), h = (e / n) % heads, r = e % n;
+    const int64_t i = from + r;
+    const float* base = qkv + b * cap * stride + h * dh;
+    const float* qi = base + i * stride;
+    const float* k = base + dim;
+    const float* v = base + 2 * dim;
+    float* p = scratch + e * to;
+    float* oi = out + (b * n + r) * dim + h * dh;
+    for (int64_t c = 0; c < dh; ++c) oi[c] = 0.0f;
+    float m = -INFINITY;
+    for (int64_t j = 0; j <= i; ++j) {
+      float s = 0.0f;
+      for (int64_t c = 0; c < dh; ++c) s += qi[c] * k[j * stride + c];
+      p[j] = s * scale;
+      m = p[j] > m ? p[j] : m;
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j <= i; ++j) {
+      p[j] = expf(p[j] - m);
+      sum += p[j];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j <= i; ++j) {
+      p[j] *= inv;
+      const float* vj = v + j * stride;
+      for (int64_t c = 0; c < dh; ++c) oi[c] += p[j] * vj[c];
+    }
+  }
+}
+}  // namespace
+
+void AttendCachedRows(int64_t batch, int64_t heads, int64_t cap, int64_t from,
+                      int64_t to, int64_t dim, float scale, const float* qkv,
+                      float* out, float* scratch) {
+  GPIPE_LAUNCH(AttendCachedRowsKernel, batch * heads * (to - from), batch,
+               heads, cap, from, to, dim, scale, qkv, out, scratch);
+}
+
 }  // namespace gpipe::cuda

@@ -30,6 +30,15 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                        const float* probs, const float* dout, float* dqkv,
                        float* scratch);
 
+// Incremental decoding: query rows [from, to) of the cache qkv [batch, cap,
+// 3*dim] (positions), each attending to rows 0..its own; writes out
+// [batch, to - from, dim] whole. One thread per (sample, head, row) runs
+// cpu::AttendRow's loops in its order (`scratch`: batch * heads *
+// (to - from) * to floats for the probabilities).
+void AttendCachedRows(int64_t batch, int64_t heads, int64_t cap, int64_t from,
+                      int64_t to, int64_t dim, float scale, const float* qkv,
+                      float* out, float* scratch);
+
 }  // namespace gpipe::cuda
 
 #endif  // GPIPE_SERVICES_TENSOR_CUDA_ATTENTION_H_
