@@ -6,7 +6,6 @@
 // partition training would use), --device cuda on the GPU.
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -68,33 +67,28 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
 }
 
 // The model file's parameters in `k` stages (the partition a k-stage job
-// would use), each a Model of its layers on `device`.
+// would use), each a Model of its layers only, loaded from the file by
+// name, on `device`.
 absl::StatusOr<std::vector<std::unique_ptr<Model>>> LoadStages(
     const gpipe::v1::JobSpec& spec, int64_t k, Device device) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> whole,
-                   Model::Build(spec.model(), spec.seed()));
-  RETURN_IF_ERROR(InitWholeModel(spec, whole->StateTensors(), {}).status());
-  std::vector<std::unique_ptr<Model>> stages;
-  if (k == 1) {
-    stages.push_back(std::move(whole));
-  } else {
-    ASSIGN_OR_RETURN(std::vector<int64_t> balance, PartitionJob(spec, k));
-    const std::vector<int64_t> begins = StageBegins(balance);
-    std::map<std::string, const Tensor*> by_name;
-    std::vector<NamedTensor> all = whole->StateTensors();
-    for (const NamedTensor& t : all) by_name[t.name] = t.tensor;
-    for (size_t s = 0; s < balance.size(); ++s) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Model> stage,
-                       Model::Build(spec.model(), spec.seed(), begins[s],
-                                    begins[s] + balance[s]));
-      for (const NamedTensor& t : stage->StateTensors()) {
-        t.tensor->CopyFrom(*by_name.at(t.name));
-      }
-      stages.push_back(std::move(stage));
-    }
+  std::vector<int64_t> balance = {spec.model().layers_size()};
+  if (k > 1) {
+    ASSIGN_OR_RETURN(balance, PartitionJob(spec, k));
   }
-  for (std::unique_ptr<Model>& stage : stages) {
+  const std::vector<int64_t> begins = StageBegins(balance);
+  ASSIGN_OR_RETURN(const InitWeights weights,
+                   ReadInitWeights(spec.init_from().path()));
+  std::vector<std::unique_ptr<Model>> stages;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    const int64_t begin = begins[s], end = begins[s] + balance[s];
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> stage,
+                     Model::Build(spec.model(), spec.seed(), begin, end));
+    RETURN_IF_ERROR(
+        LoadInitWeights(weights, spec.init_from(), stage->StateTensors(), {},
+                        LayerRange{begin, end, spec.model().layers_size()})
+            .status());
     RETURN_IF_ERROR(stage->To(device));
+    stages.push_back(std::move(stage));
   }
   return stages;
 }

@@ -65,7 +65,7 @@ const std::vector<Command>& Commands() {
        {"split", "max_samples", "stages", "micro_batches", "schedule", "remat",
         "threads", "device", "json"}},
       {"predict",
-       "MODEL.safetensors INPUT.npy|INPUT.csv|INPUT.pgm",
+       "MODEL.safetensors INPUT.npy|INPUT.csv|INPUT.png|INPUT.jpg|INPUT.pgm",
        "a classifier's classes for your samples",
        "A classifier's most likely classes for each sample of INPUT, read\n"
        "and normalized as the model's training data was; --stages K runs\n"

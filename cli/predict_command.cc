@@ -1,6 +1,6 @@
 // gpipectl predict MODEL.safetensors INPUT: a classifier's classes for the
-// samples of an .npy array, a CSV table or a PGM image, read and scaled as
-// the model's training data was, then normalized as its file says.
+// samples of an .npy array, a CSV table or an image (PNG, JPEG, PGM), read and
+// scaled as the model's training data was, then normalized as its file says.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,10 +23,10 @@
 #include "cli/commands.h"
 #include "services/core/status.h"
 #include "services/data/array_dataset.h"
+#include "services/data/image_file.h"
 #include "services/data/normalize.h"
 #include "services/data/npy.h"
 #include "services/data/numeric_array.h"
-#include "services/data/pgm.h"
 #include "services/nn/layer_spec.h"
 #include "services/nn/model.h"
 #include "services/pipeline/in_process_pipeline.h"
@@ -165,17 +165,29 @@ absl::StatusOr<Samples> ReadSamples(const std::string& path,
                                     const v1::JobSpec& spec, int64_t sample) {
   if (absl::EndsWith(path, ".npy")) return ReadNpySamples(path, spec, sample);
   if (absl::EndsWith(path, ".csv")) return ReadCsvSamples(path, spec, sample);
-  if (absl::EndsWith(path, ".pgm")) {
-    ASSIGN_OR_RETURN(GreyImage image, ReadPgm(path));
-    if (image.width * image.height != sample) {
+  if (IsImagePath(path)) {
+    // Channels from the model's input: [C, H, W] takes C (1 or 3); a flat
+    // input takes grey pixels.
+    const auto& dims = spec.model().input().shape().dims();
+    const int64_t channels = dims.size() == 3 ? dims[0] : 1;
+    if (channels != 1 && channels != 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": the model's input has ", channels,
+                       " channels; images give 1 (grey) or 3 (RGB)"));
+    }
+    ASSIGN_OR_RETURN(Image image, ReadImage(path, static_cast<int>(channels)));
+    if (static_cast<int64_t>(image.values.size()) != sample) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": a ", image.width, " x ", image.height,
-          " image is not the model's input of ", sample, " values"));
+          channels == 3 ? " RGB" : "", " image is not the model's input of ",
+          sample, " values (resize it to what the model was trained on)"));
     }
-    return Samples{std::move(image.pixels), {}, 1};
+    return Samples{std::move(image.values), {}, 1};
   }
   return absl::InvalidArgumentError(
-      absl::StrCat(path, ": give an .npy array, a .csv table or a .pgm image"));
+      absl::StrCat(path,
+                   ": give an .npy array, a .csv table or an image (.png, "
+                   ".jpg, .pgm)"));
 }
 
 // One process: the model built whole, its parameters from the file.
@@ -207,7 +219,7 @@ int RunPredict(const std::vector<std::string>& args) {
   if (args.size() != 2) {
     std::fprintf(stderr,
                  "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
-                 ".pgm [--top K] [--stages K] [--json]\n");
+                 ".png|.jpg|.pgm [--top K] [--stages K] [--json]\n");
     return 2;
   }
   absl::StatusOr<v1::JobSpec> spec = SpecToServe(args[0], "");

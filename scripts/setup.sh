@@ -11,6 +11,7 @@ packages=(
   build-essential cmake ccache pkg-config git python3
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc libgrpc-dev
   libabsl-dev libopenblas-pthread-dev libsqlite3-dev libssl-dev zlib1g-dev
+  libpng-dev libjpeg62-turbo-dev
   openssl
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus

@@ -6,7 +6,9 @@
 //      again without a header and target "0"), gathered and standardized;
 //   3: a .npy file of inputs [N, 4] next to a valid targets file
 //      (TensorFilesDataset::Open for a float and an int model), gathered;
-//   4: a PGM image (ParsePgm), every pixel in [0, 1].
+//   4: a PGM image (ParsePgm), every pixel in [0, 1];
+//   5: an image file of any kind (DecodeImage: PNG, JPEG, PGM), as grey
+//      and as RGB, every value in [0, 1].
 // Whatever opens must gather every sample of both splits without reading
 // out of bounds; whatever fails must say why.
 //
@@ -28,12 +30,14 @@
 #include "absl/status/status.h"
 #include "gpipe/v1/job.pb.h"
 #include "services/data/csv.h"
+#include "services/data/image_file.h"
 #include "services/data/npy.h"
 #include "services/data/numeric_array.h"
 #include "services/data/pgm.h"
 #include "services/data/safetensors_array.h"
 #include "services/data/tensor_files.h"
 #include "services/storage/safetensors.h"
+#include "tests/support/image_encode.h"
 
 namespace {
 
@@ -153,6 +157,21 @@ void Pgm(std::string_view bytes) {
   }
 }
 
+void Image(std::string_view bytes) {
+  for (int channels : {1, 3}) {
+    auto image = gpipe::DecodeImage(bytes, "image", channels);
+    MustSay(image.status());
+    if (!image.ok()) return;
+    if (static_cast<int64_t>(image->values.size()) !=
+        image->width * image->height * channels) {
+      std::abort();
+    }
+    for (float v : image->values) {
+      if (!(v >= 0.0f && v <= 1.0f)) std::abort();
+    }
+  }
+}
+
 void WriteSeeds(const std::string& dir) {
   fs::create_directories(dir);
   std::string floats;
@@ -169,8 +188,14 @@ void WriteSeeds(const std::string& dir) {
   const std::string csv = "a,label,b\n1,0,2.5\n3,1,-4\n5,2,6e-1\n7,0,8\n";
   const std::string pgm = std::string("P5\n# seed\n2 2\n255\n") +
                           std::string("\x00\x40\x80\xff", 4);
+  std::vector<uint8_t> pixels(8 * 8 * 3);
+  for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = (i * 37) & 0xff;
+  const std::string png = gpipe::testing_images::EncodePng(pixels, 8, 8, 3);
+  const std::string jpeg =
+      gpipe::testing_images::EncodeJpeg(pixels, 8, 8, 3, 90);
   const std::pair<char, std::string> seeds[] = {
-      {0, npy}, {1, safetensors}, {2, csv}, {3, npy}, {4, pgm}};
+      {0, npy}, {1, safetensors}, {2, csv},  {3, npy},
+      {4, pgm}, {5, png},         {11, jpeg}};
   for (const auto& [kind, body] : seeds) {
     std::ofstream(dir + "/seed-" + std::to_string(kind), std::ios::binary)
         << kind << body;
@@ -191,7 +216,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view bytes(reinterpret_cast<const char*>(data) + 1,
                                size - 1);
-  switch (data[0] % 5) {
+  switch (data[0] % 6) {
     case 0:
       Npy(bytes);
       break;
@@ -206,6 +231,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 4:
       Pgm(bytes);
+      break;
+    case 5:
+      Image(bytes);
       break;
   }
   return 0;

@@ -59,9 +59,22 @@ src, out = sys.argv[1], sys.argv[2]
 images = gzip.open(src + "/t10k-images-idx3-ubyte.gz").read()[16:]
 labels = gzip.open(src + "/t10k-labels-idx1-ubyte.gz").read()[8:]
 n = 8
+import zlib
+def png(pixels, channels):  # 28 x 28, 8-bit grey (1) or RGB (3)
+    chunk = lambda kind, body: (struct.pack(">I", len(body)) + kind + body +
+                                struct.pack(">I", zlib.crc32(kind + body)))
+    rows = b"".join(b"\0" + pixels[r * 28 * channels:(r + 1) * 28 * channels]
+                    for r in range(28))
+    return (b"\x89PNG\r\n\x1a\n" +
+            chunk(b"IHDR", struct.pack(">IIBBBBB", 28, 28, 8, 2 if channels == 3 else 0, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
 for i in range(n):
+    grey = images[i * 784:(i + 1) * 784]
     with open("%s/img%d.pgm" % (out, i), "wb") as f:
-        f.write(b"P5\n# a test image\n28 28\n255\n" + images[i * 784:(i + 1) * 784])
+        f.write(b"P5\n# a test image\n28 28\n255\n" + grey)
+    # As a PNG too: grey, or grey repeated as RGB for odd images.
+    rgb = bytes(v for v in grey for _ in range(3))
+    open("%s/img%d.png" % (out, i), "wb").write(png(rgb, 3) if i % 2 else png(grey, 1))
 header = "{'descr': '|u1', 'fortran_order': False, 'shape': (%d, 784), }" % n
 header += " " * (63 - (10 + len(header)) % 64) + "\n"
 with open(out + "/imgs.npy", "wb") as f:
@@ -76,6 +89,9 @@ for i in $(seq 0 7); do
     python3 -c 'import json,sys; print(json.load(sys.stdin)["predictions"][0]["class"])')
   from_npy=$(python3 -c "import json; print(json.load(open('$work/npy.json'))['predictions'][$i]['class'])")
   [[ "$cls" == "$from_npy" ]] || fail "image $i: the PGM says class $cls, the .npy $from_npy"
+  from_png=$(g predict "$work/mlp/model.safetensors" "$work/img$i.png" --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["predictions"][0]["class"])')
+  [[ "$from_png" == "$cls" ]] || fail "image $i: the PNG says class $from_png, the PGM $cls"
   label=$(cut -d' ' -f$((i + 1)) "$work/labels.txt")
   [[ "$cls" == "$label" ]] && right=$((right + 1))
 done
@@ -89,7 +105,7 @@ one, two = (json.load(open(p))["predictions"] for p in sys.argv[1:3])
 assert [p["class"] for p in one] == [p["class"] for p in two], (one, two)
 assert all(abs(a["probability"] - b["probability"]) < 1e-4 for a, b in zip(one, two))
 PY
-ok "predict: PGM images and a uint8 .npy give the same classes, $right of 8 right; so do 2 stages"
+ok "predict: PGM images, grey and RGB PNGs and a uint8 .npy give the same classes, $right of 8 right; so do 2 stages"
 
 # A table with a header; predict finds the features by name.
 python3 - "$work" <<'PY'

@@ -1,0 +1,44 @@
+// Image files for `gpipectl predict`: PNG (libpng), JPEG (libjpeg-turbo)
+// and PGM, told apart by their first bytes, decoded to the channels the
+// model takes. A library of its own (gpipe_image), so that only what
+// reads images links the codecs.
+#ifndef GPIPE_SERVICES_DATA_IMAGE_FILE_H_
+#define GPIPE_SERVICES_DATA_IMAGE_FILE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace gpipe {
+
+struct Image {
+  int64_t width = 0;
+  int64_t height = 0;
+  int64_t channels = 0;  // 1 (grey) or 3 (RGB)
+  // Planar (channel, row, column), each 8-bit value / 255, as the training
+  // data's bytes were scaled.
+  std::vector<float> values;
+};
+
+// The largest side accepted (as for PGM): an image past it is refused
+// before anything is allocated.
+inline constexpr int64_t kMaxImageSide = 16384;
+
+// Decodes a PNG, JPEG or PGM file's bytes into `channels` (1 or 3):
+// colour becomes grey by its luminance, grey is repeated for RGB, an
+// alpha channel is dropped. `what` names the bytes in errors
+// (InvalidArgument: another format, a damaged or truncated file, a side
+// over kMaxImageSide, a colour space the codec cannot convert).
+absl::StatusOr<Image> DecodeImage(std::string_view bytes, std::string_view what,
+                                  int channels);
+absl::StatusOr<Image> ReadImage(const std::string& path, int channels);
+
+// Whether a path names a file DecodeImage reads (by its extension).
+bool IsImagePath(std::string_view path);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_DATA_IMAGE_FILE_H_

@@ -1,0 +1,22 @@
+// PNG and JPEG files made in memory, for the tests and the fuzzer's seeds
+// of the image readers (services/data/image_file.h).
+#ifndef GPIPE_TESTS_SUPPORT_IMAGE_ENCODE_H_
+#define GPIPE_TESTS_SUPPORT_IMAGE_ENCODE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpipe::testing_images {
+
+// `pixels`: interleaved 8-bit (row, column, channel), channels 1, 2 (grey
+// and alpha), 3 or 4 (RGBA).
+std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height,
+                      int channels);
+// Channels 1 or 3; quality 1-100.
+std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int width,
+                       int height, int channels, int quality);
+
+}  // namespace gpipe::testing_images
+
+#endif  // GPIPE_TESTS_SUPPORT_IMAGE_ENCODE_H_
