@@ -236,6 +236,18 @@ for spec in gpu_mlp char_transformer; do
   echo "$spec: $(ls -d "$work"/repro-$spec-2-* 2>/dev/null | wc -l) runs of 2 stages, ${result[repro]}"
 done
 
+# Generation on the GPU (KV cache on the device): the same seed gives the
+# same tokens in one piece and as 2 stages.
+model="$work/repro-char_transformer-1/model.safetensors"
+if [[ -f $model ]]; then
+  g1=$(ctl 60 generate "$model" --prompt "1 2 3" --tokens 24 --seed 3 --device cuda 2>"$out/generate.log")
+  g2=$(ctl 60 generate "$model" --prompt "1 2 3" --tokens 24 --seed 3 --device cuda --stages 2 2>>"$out/generate.log")
+  echo "generate on the GPU: '$g1'"
+  if [[ -z $g1 || $g1 != "$g2" ]]; then
+    result[repro]="FAIL (generate --device cuda: '$g1', as 2 stages '$g2')"
+  fi
+fi
+
 # --- 4. kill -9 of a worker mid-job on CUDA IPC -------------------------------
 echo "== 4. kill -9 of a worker mid-transfer on $ipc"
 PATH="$work/wrap:$PATH" timeout "$(left 150)" gpipectl local "$work/bench/gpu_mlp.json" \
