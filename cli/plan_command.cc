@@ -333,23 +333,33 @@ int RunPlan(const std::vector<std::string>& args) {
   for (int64_t k = k_lo; k <= k_hi; ++k) {
     const bool explicit_balance =
         !spec->pipeline().balance().empty() && k == StageCount(*spec);
-    absl::StatusOr<std::vector<int64_t>> balance =
-        explicit_balance ? PartitionJob(*spec, k)
-                         : PartitionByCost(partition_costs, k);
-    if (!balance.ok()) return Fail(balance.status());
+    // Each remat mode has its own cut: stages that re-materialize do more
+    // for the same layers (RematStageWeights).
+    std::map<RematMode, std::vector<int64_t>> balances;
+    for (RematMode remat : remats) {
+      absl::StatusOr<std::vector<int64_t>> balance =
+          explicit_balance ? PartitionJob(*spec, k)
+                           : PartitionByCost(partition_costs, k,
+                                             RematStageWeights(remat, k));
+      if (!balance.ok()) return Fail(balance.status());
+      balances[remat] = *std::move(balance);
+    }
     for (int64_t m : micro_batches) {
       const int64_t mb = (batch + m - 1) / m;
       std::vector<double> forward(layers);
       for (int64_t l = 0; l < layers; ++l) forward[l] = per_sample[l] * mb / 3;
-      std::vector<StageCost> costs =
-          StageCostsFromLayers(*shapes, forward, *balance, mb);
-      const std::vector<int64_t> begins = StageBegins(*balance);
-      for (int64_t s = 0; s < k; ++s) {
-        for (int64_t l = begins[s]; l < begins[s] + (*balance)[s]; ++l) {
-          costs[s].forward_seconds += overhead[l];
-          costs[s].backward_seconds += overhead[l];
+      const auto stage_costs = [&](const std::vector<int64_t>& balance) {
+        std::vector<StageCost> costs =
+            StageCostsFromLayers(*shapes, forward, balance, mb);
+        const std::vector<int64_t> begins = StageBegins(balance);
+        for (int64_t s = 0; s < k; ++s) {
+          for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
+            costs[s].forward_seconds += overhead[l];
+            costs[s].backward_seconds += overhead[l];
+          }
         }
-      }
+        return costs;
+      };
       for (ScheduleKind schedule : schedules) {
         for (RematMode remat : remats) {
           Option o;
@@ -357,8 +367,9 @@ int RunPlan(const std::vector<std::string>& args) {
           o.m = m;
           o.schedule = schedule;
           o.remat = remat;
-          o.balance = *balance;
-          o.costs = costs;
+          o.balance = balances[remat];
+          o.costs = stage_costs(o.balance);
+          const std::vector<StageCost>& costs = o.costs;
           SimulationConfig config;
           config.stages = costs;
           config.micro_batches = m;
@@ -372,7 +383,7 @@ int RunPlan(const std::vector<std::string>& args) {
             o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
             o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
           }
-          o.memory = EstimatePipelineMemory(*spec, *shapes, *balance, m,
+          o.memory = EstimatePipelineMemory(*spec, *shapes, o.balance, m,
                                             schedule, remat);
           for (const StageMemory& s : o.memory) {
             o.peak_bytes = std::max(o.peak_bytes, s.total());

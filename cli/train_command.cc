@@ -152,7 +152,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
         spec, std::max<int64_t>(1, spec.batch_size() / options.micro_batches),
         3);
     if (!seconds.ok()) return seconds.status();
-    auto parts = PartitionByCost(*seconds, options.stages);
+    // Measured forward and backward, without the recomputation that
+    // re-materializing stages add: weighted for it.
+    auto parts =
+        PartitionByCost(*seconds, options.stages,
+                        RematStageWeights(options.remat, options.stages));
     if (!parts.ok()) return parts.status();
     options.balance = *parts;
   } else if (!balance.empty() && balance != "measured") {

@@ -50,6 +50,9 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     gpipe::v1::JobSpec for_k = spec;
     if (k != StageCount(spec)) for_k.mutable_pipeline()->clear_balance();
     for_k.mutable_pipeline()->set_stages(k);
+    // Weighted by the remat mode these stages will run (a flag may differ
+    // from the spec's).
+    for_k.mutable_pipeline()->set_remat(RematToSpec(options.remat));
     ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
   }
   if (options.dataset != nullptr) {

@@ -28,9 +28,22 @@ absl::Status CheckStageCount(int64_t stages, int64_t layers) {
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
-    const std::vector<double>& layer_costs, int64_t stages) {
+    const std::vector<double>& layer_costs, int64_t stages,
+    const std::vector<double>& stage_weights) {
   const int64_t n = static_cast<int64_t>(layer_costs.size());
   RETURN_IF_ERROR(CheckStageCount(stages, n));
+  std::vector<double> w = stage_weights;
+  if (w.empty()) w.assign(static_cast<size_t>(stages), 1.0);
+  if (static_cast<int64_t>(w.size()) != stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage weights: ", w.size(), " for ", stages, " stages"));
+  }
+  for (double x : w) {
+    if (!std::isfinite(x) || x <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage weights: must be finite and > 0, got ", x));
+    }
+  }
   // Stage costs are differences of one prefix-sum array in both passes
   // below, so the bound found by the first pass is met bit for bit by the
   // second: no tolerance is needed to recognise the optimal splits.
@@ -54,12 +67,12 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   // j while the last stage (j, i] only shrinks, so scanning j downwards can
   // stop at the first j where the last stage dominates.
   std::vector<double> best((k_stages + 1) * (n + 1), kInf);
-  for (int64_t i = 1; i <= n; ++i) best[at(1, i)] = prefix[i];
+  for (int64_t i = 1; i <= n; ++i) best[at(1, i)] = w[0] * prefix[i];
   for (int64_t k = 2; k <= k_stages; ++k) {
     for (int64_t i = k; i <= n; ++i) {
       double b = kInf;
       for (int64_t j = i - 1; j >= k - 1; --j) {
-        const double last = prefix[i] - prefix[j];
+        const double last = w[k - 1] * (prefix[i] - prefix[j]);
         const double before = best[at(k - 1, j)];
         b = std::min(b, std::max(before, last));
         if (last >= before) break;
@@ -75,15 +88,16 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   std::vector<double> squares((k_stages + 1) * (n + 1), kInf);
   std::vector<int64_t> cut((k_stages + 1) * (n + 1), -1);
   for (int64_t i = 1; i <= n; ++i) {
-    if (prefix[i] <= bound) {
-      squares[at(1, i)] = prefix[i] * prefix[i];
+    const double first = w[0] * prefix[i];
+    if (first <= bound) {
+      squares[at(1, i)] = first * first;
       cut[at(1, i)] = 0;
     }
   }
   for (int64_t k = 2; k <= k_stages; ++k) {
     for (int64_t i = k; i <= n; ++i) {
       for (int64_t j = i - 1; j >= k - 1; --j) {
-        const double last = prefix[i] - prefix[j];
+        const double last = w[k - 1] * (prefix[i] - prefix[j]);
         if (last > bound) break;  // only grows as j decreases
         const double before = squares[at(k - 1, j)];
         if (before == kInf) continue;
@@ -139,7 +153,17 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
     return std::vector<int64_t>(balance.begin(), balance.end());
   }
   ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
-  return PartitionByCost(CostModelLayerCosts(shapes), stages);
+  return PartitionByCost(
+      CostModelLayerCosts(shapes), stages,
+      RematStageWeights(RematFromSpec(spec.pipeline().remat()), stages));
+}
+
+std::vector<double> RematStageWeights(RematMode mode, int64_t stages) {
+  std::vector<double> w(static_cast<size_t>(std::max<int64_t>(stages, 0)));
+  for (int64_t k = 0; k < stages; ++k) {
+    w[k] = StageRematerializes(mode, k, stages) ? 4.0 : 3.0;
+  }
+  return w;
 }
 
 std::vector<double> CostModelLayerCosts(const ModelShapes& shapes) {

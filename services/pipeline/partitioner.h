@@ -12,19 +12,32 @@
 #include "absl/status/statusor.h"
 #include "gpipe/v1/job.pb.h"
 #include "services/nn/layer_spec.h"
+#include "services/pipeline/remat.h"
 
 namespace gpipe {
 
 // Layers per stage minimizing the most expensive stage (exact), ties broken
 // by lower variance of stage costs. Every stage gets at least one layer.
-// Errors (InvalidArgument): stages < 1, stages > costs.size(), a negative or
-// non-finite cost.
+// Stage k's cost is stage_weights[k] times the sum of its layers' costs
+// (empty: all 1; with weights the tie-break is the smallest sum of squared
+// stage costs). Errors (InvalidArgument): stages < 1, stages >
+// costs.size(), a negative or non-finite cost, weights that are not
+// `stages` positive numbers.
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
-    const std::vector<double>& layer_costs, int64_t stages);
+    const std::vector<double>& layer_costs, int64_t stages,
+    const std::vector<double>& stage_weights = {});
+
+// What a stage's step costs per unit of its layers' forward cost: 3 (the
+// forward, and a backward of about twice it), 4 where it re-materializes
+// (the forward runs again inside the backward). Under except_last the last
+// stage does less than the others for the same layers, so it should get
+// more of them.
+std::vector<double> RematStageWeights(RematMode mode, int64_t stages);
 
 // The spec's explicit pipeline.balance when set (must have `stages` entries
 // > 0 summing to the layer count: the error names pipeline.balance), else
-// PartitionByCost over CostModelLayerCosts of the spec's model.
+// PartitionByCost over CostModelLayerCosts of the spec's model, weighted by
+// the spec's remat mode (RematStageWeights).
 absl::StatusOr<std::vector<int64_t>> PartitionJob(
     const gpipe::v1::JobSpec& spec, int64_t stages);
 

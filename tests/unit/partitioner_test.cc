@@ -141,6 +141,55 @@ TEST(PartitionByCostTest, HandMadeCases) {
   EXPECT_THAT(*PartitionByCost({0, 0, 0}, 3), ElementsAre(1, 1, 1));
 }
 
+TEST(PartitionByCostTest, WeightedStagesMinimizeTheWeightedMaximum) {
+  Rng rng(3);
+  const double choices[] = {1.0, 1.5, 3.0, 4.0};
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng.Below(8));
+    std::vector<double> costs(n);
+    for (double& c : costs) c = static_cast<double>(rng.Below(7));
+    for (int64_t k = 1; k <= n; ++k) {
+      std::vector<double> w(k);
+      for (double& x : w) x = choices[rng.Below(4)];
+      const auto weighted_max = [&](const std::vector<int64_t>& b) {
+        const std::vector<double> sums = StageSums(costs, b);
+        double m = 0;
+        for (int64_t s = 0; s < k; ++s) m = std::max(m, w[s] * sums[s]);
+        return m;
+      };
+      absl::StatusOr<std::vector<int64_t>> balance =
+          PartitionByCost(costs, k, w);
+      ASSERT_TRUE(balance.ok()) << balance.status();
+      std::vector<std::vector<int64_t>> all;
+      std::vector<int64_t> prefix;
+      AllBalances(n, k, prefix, all);
+      double best = std::numeric_limits<double>::infinity();
+      for (const auto& b : all) best = std::min(best, weighted_max(b));
+      EXPECT_DOUBLE_EQ(weighted_max(*balance), best) << "n=" << n << " k=" << k;
+    }
+  }
+}
+
+TEST(PartitionByCostTest, StagesThatRematerializeGetFewerLayers) {
+  EXPECT_THAT(RematStageWeights(RematMode::kExceptLast, 3),
+              ElementsAre(4, 4, 3));
+  EXPECT_THAT(RematStageWeights(RematMode::kAlways, 2), ElementsAre(4, 4));
+  EXPECT_THAT(RematStageWeights(RematMode::kNever, 2), ElementsAre(3, 3));
+  // Seven equal layers on two stages: the first re-materializes (4 units a
+  // layer against the last stage's 3), so it takes 3 and the last 4.
+  const std::vector<double> seven(7, 1.0);
+  EXPECT_THAT(
+      *PartitionByCost(seven, 2, RematStageWeights(RematMode::kExceptLast, 2)),
+      ElementsAre(3, 4));
+  EXPECT_THAT(
+      *PartitionByCost(seven, 2, RematStageWeights(RematMode::kAlways, 2)),
+      ::testing::AnyOf(ElementsAre(3, 4), ElementsAre(4, 3)));
+  EXPECT_THAT(PartitionByCost(seven, 2, {1.0}).status().message(),
+              HasSubstr("1 for 2 stages"));
+  EXPECT_THAT(PartitionByCost(seven, 2, {1.0, 0.0}).status().message(),
+              HasSubstr("finite and > 0"));
+}
+
 TEST(PartitionByCostTest, ManyLayersAndStagesAreQuick) {
   std::vector<double> costs(2000);
   Rng rng(3);
