@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include "services/tensor/cpu/gemm.h"
+
 namespace gpipe::cpu {
 
 void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
@@ -28,34 +30,58 @@ void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
   }
 }
 
+namespace {
+
+// Row i of the t x t block s (scaled scores; keys past `last` ignored)
+// becomes its softmax, zero past `last`.
+void SoftmaxRow(float* s, int64_t t, int64_t last) {
+  float m = -INFINITY;
+  for (int64_t j = 0; j <= last; ++j) m = s[j] > m ? s[j] : m;
+  float sum = 0.0f;
+  for (int64_t j = 0; j <= last; ++j) {
+    s[j] = std::exp(s[j] - m);
+    sum += s[j];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t j = 0; j <= last; ++j) s[j] *= inv;
+  for (int64_t j = last + 1; j < t; ++j) s[j] = 0.0f;
+}
+
+}  // namespace
+
+// Per (sample, head): S = scale Q K^T and O = P V as GEMMs over the strided
+// q, k, v columns of the qkv rows (cpu::GemmStrided: its panels depend on
+// the shape only, so the bits do not depend on the thread count, nor on
+// whether it runs nested in the loop over heads). A causal block computes
+// the masked half too and throws it away: the GEMM is still far faster
+// than the scalar loops it replaced.
 void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                       bool causal, float scale, const float* qkv, float* probs,
                       float* out) {
   const int64_t d = dim, dh = dim / heads;
-  std::memset(probs, 0, sizeof(float) * batch * heads * t * t);
-  std::memset(out, 0, sizeof(float) * batch * t * d);
-#pragma omp parallel for collapse(2) if (batch * heads * t * t * dh > (1 << 16))
+#pragma omp parallel for collapse(2) schedule(static) if (batch * heads > 1)
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* q = qkv + b * t * 3 * d + h * dh;
       const float* k = q + d;
       const float* v = q + 2 * d;
       float* p = probs + (b * heads + h) * t * t;
-      float* o = out + b * t * d + h * dh;
-      for (int64_t i = 0; i < t; ++i) {
-        AttendRow(q + i * 3 * d, k, v, causal ? i : t - 1, 3 * d, dh, scale,
-                  p + i * t, o + i * d);
-      }
+      GemmStrided(false, true, t, t, dh, scale, q, 3 * d, k, 3 * d, 0.0f, p, t);
+      for (int64_t i = 0; i < t; ++i)
+        SoftmaxRow(p + i * t, t, causal ? i : t - 1);
+      GemmStrided(false, false, t, dh, t, 1.0f, p, t, v, 3 * d, 0.0f,
+                  out + b * t * d + h * dh, d);
     }
   }
 }
 
+// dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)) scale, dQ = dS K,
+// dK = dS^T Q, each product a GEMM as in the forward.
 void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                        bool causal, float scale, const float* qkv,
                        const float* probs, const float* dout, float* dqkv) {
   const int64_t d = dim, dh = dim / heads;
-  std::memset(dqkv, 0, sizeof(float) * batch * t * 3 * d);
-#pragma omp parallel for collapse(2) if (batch * heads * t * t * dh > (1 << 16))
+#pragma omp parallel for collapse(2) schedule(static) if (batch * heads > 1)
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t h = 0; h < heads; ++h) {
       const int64_t off = b * t * 3 * d + h * dh;
@@ -67,33 +93,24 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
       float* dv = dq + 2 * d;
       const float* p = probs + (b * heads + h) * t * t;
       const float* go = dout + b * t * d + h * dh;
-      std::vector<float> dp(t);
+      std::vector<float> ds(static_cast<size_t>(t * t));
+      GemmStrided(true, false, t, dh, t, 1.0f, p, t, go, d, 0.0f, dv, 3 * d);
+      GemmStrided(false, true, t, t, dh, 1.0f, go, d, v, 3 * d, 0.0f, ds.data(),
+                  t);
       for (int64_t i = 0; i < t; ++i) {
         const int64_t last = causal ? i : t - 1;
         const float* pi = p + i * t;
-        const float* goi = go + i * d;
+        float* dsi = ds.data() + i * t;
         float dot = 0.0f;
-        for (int64_t j = 0; j <= last; ++j) {
-          const float* vj = v + j * 3 * d;
-          float s = 0.0f;
-          for (int64_t c = 0; c < dh; ++c) s += goi[c] * vj[c];
-          dp[j] = s;
-          dot += s * pi[j];
-          float* dvj = dv + j * 3 * d;
-          for (int64_t c = 0; c < dh; ++c) dvj[c] += pi[j] * goi[c];
-        }
-        float* dqi = dq + i * 3 * d;
-        const float* qi = q + i * 3 * d;
-        for (int64_t j = 0; j <= last; ++j) {
-          const float ds = pi[j] * (dp[j] - dot) * scale;
-          const float* kj = k + j * 3 * d;
-          float* dkj = dk + j * 3 * d;
-          for (int64_t c = 0; c < dh; ++c) {
-            dqi[c] += ds * kj[c];
-            dkj[c] += ds * qi[c];
-          }
-        }
+        for (int64_t j = 0; j <= last; ++j) dot += dsi[j] * pi[j];
+        for (int64_t j = 0; j <= last; ++j)
+          dsi[j] = pi[j] * (dsi[j] - dot) * scale;
+        for (int64_t j = last + 1; j < t; ++j) dsi[j] = 0.0f;
       }
+      GemmStrided(false, false, t, dh, t, 1.0f, ds.data(), t, k, 3 * d, 0.0f,
+                  dq, 3 * d);
+      GemmStrided(true, false, t, dh, t, 1.0f, ds.data(), t, q, 3 * d, 0.0f, dk,
+                  3 * d);
     }
   }
 }

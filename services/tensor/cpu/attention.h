@@ -1,7 +1,10 @@
-// Multi-head self-attention over fused [q | k | v] rows, the loops the
-// bitwise contract between the pipeline and the reference trainer was
-// written against. Row i of head h attends to keys 0..last (last = i when
-// causal); the softmax subtracts the row's maximum.
+// Multi-head self-attention over fused [q | k | v] rows. Row i of head h
+// attends to keys 0..last (last = i when causal); the softmax subtracts
+// the row's maximum. The batched forward and backward are GEMMs per
+// (sample, head); incremental decoding attends one row at a time
+// (AttendRow), so its results agree with the batched forward's to
+// rounding, not bitwise (the generator's cached and recomputed scores, both
+// row by row, do agree bitwise).
 #ifndef GPIPE_SERVICES_TENSOR_CPU_ATTENTION_H_
 #define GPIPE_SERVICES_TENSOR_CPU_ATTENTION_H_
 
@@ -11,8 +14,6 @@ namespace gpipe::cpu {
 
 // One query row: scores against keys 0..last (rows `stride` apart, `dh`
 // wide), their softmax into pi[0..last], and oi += sum_j pi[j] v_j.
-// Shared by the batched forward and incremental decoding, so both round
-// alike.
 void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
                int64_t stride, int64_t dh, float scale, float* pi, float* oi);
 
