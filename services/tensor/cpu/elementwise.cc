@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "services/core/rng.h"
+#include "services/tensor/cpu/normal.h"
 
 namespace gpipe::cpu {
 namespace {
@@ -73,21 +74,17 @@ void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
   }
 }
 
+// The exact GELU through cpu/normal.h's Phi and phi (vectorized).
 void GeluForward(int64_t n, const float* x, float* y) {
-  constexpr float kInvSqrt2 = 0.70710678118654752f;
-#pragma omp parallel for if (n > kParallelMin / 8)
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+#pragma omp parallel for simd if (n > kParallelMin / 8)
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] * Normal(x[i]).cdf;
 }
 
 void GeluBackward(int64_t n, const float* x, const float* dy, float* dx) {
-  constexpr float kInvSqrt2 = 0.70710678118654752f;
-  constexpr float kInvSqrt2Pi = 0.39894228040143268f;
-#pragma omp parallel for if (n > kParallelMin / 8)
+#pragma omp parallel for simd if (n > kParallelMin / 8)
   for (int64_t i = 0; i < n; ++i) {
-    const float cdf = 0.5f * (1.0f + std::erf(x[i] * kInvSqrt2));
-    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x[i] * x[i]);
-    dx[i] = dy[i] * (cdf + x[i] * pdf);
+    const NormalAt v = Normal(x[i]);
+    dx[i] = dy[i] * (v.cdf + x[i] * v.pdf);
   }
 }
 
