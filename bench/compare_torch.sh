@@ -2,18 +2,25 @@
 # Our reference trainer against PyTorch on the example models, same steps,
 # warm-up, threads and micro-batches on both sides; then the GEMM benchmark.
 #   bench/compare_torch.sh [THREADS]       (default: all cores)
-# Environment: STEPS (default 20), WARMUP (default 3), ROUNDS (default 2),
+#   SIZES=1 bench/compare_torch.sh 1       the sizes users train instead:
+#     bench/mlp_1024.json (784 -> 7 x 1024 -> 10, batch 256, SGD) and
+#     bench/transformer_lm.json (4 blocks of dim 256, 4 heads, sequence 128,
+#     batch 32, AdamW with clipping), where fixed overheads do not flatter us
+# Environment: STEPS (default 20; 8 with SIZES), WARMUP (default 3), ROUNDS (default 2),
 # PYTHON (a python3 that can import torch). Builds nothing: run
 # scripts/setup.sh --bench && scripts/build.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 threads=${1:-$(nproc)}
-steps=${STEPS:-20}
+steps=${STEPS:-$([[ ${SIZES:-} == 1 ]] && echo 8 || echo 20)}
 warmup=${WARMUP:-3}
 rounds=${ROUNDS:-2}
 specs=(examples/fashion_mnist_mlp.json examples/char_transformer.json
        examples/fashion_mnist_cnn.json)
+if [[ ${SIZES:-} == 1 ]]; then
+  specs=(bench/mlp_1024.json bench/transformer_lm.json)
+fi
 
 for bin in build/bench/step_bench build/bench/gemm_bench; do
   if [[ ! -x $bin ]]; then
