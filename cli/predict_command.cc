@@ -175,7 +175,8 @@ absl::StatusOr<Samples> ReadSamples(const std::string& path,
           absl::StrCat(path, ": the model's input has ", channels,
                        " channels; images give 1 (grey) or 3 (RGB)"));
     }
-    ASSIGN_OR_RETURN(Image image, ReadImage(path, static_cast<int>(channels)));
+    ASSIGN_OR_RETURN(Image image,
+                     ReadImage(path, static_cast<int>(channels), sample));
     if (static_cast<int64_t>(image.values.size()) != sample) {
       return absl::InvalidArgumentError(absl::StrCat(
           path, ": a ", image.width, " x ", image.height,

@@ -22,10 +22,21 @@
 namespace gpipe {
 namespace {
 
-absl::Status TooLarge(std::string_view what, int64_t w, int64_t h) {
-  return absl::InvalidArgumentError(absl::StrCat(AsAbsl(what), ": a ", w, " x ",
-                                                 h, " image is larger than ",
-                                                 kMaxImageSide, " on a side"));
+// The header's size against the limits and the size the caller expects.
+absl::Status CheckSize(std::string_view what, int64_t w, int64_t h,
+                       int channels, int64_t expected) {
+  if (w > kMaxImageSide || h > kMaxImageSide) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(AsAbsl(what), ": a ", w, " x ", h,
+                     " image is larger than ", kMaxImageSide, " on a side"));
+  }
+  if (expected > 0 && w * h * channels != expected) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        AsAbsl(what), ": a ", w, " x ", h, channels == 3 ? " RGB" : "",
+        " image is not the model's input of ", expected,
+        " values (resize it to what the model was trained on)"));
+  }
+  return absl::OkStatus();
 }
 
 // Interleaved 8-bit pixels (row, column, channel) to planar values / 255.
@@ -46,7 +57,7 @@ Image FromInterleaved(const uint8_t* pixels, int64_t width, int64_t height,
 }
 
 absl::StatusOr<Image> DecodePng(std::string_view bytes, std::string_view what,
-                                int channels) {
+                                int channels, int64_t expected) {
   // libpng's simplified API: any bit depth, palette or alpha to 8-bit grey
   // or RGB; errors come back as a message, never as a longjmp out of here.
   png_image png;
@@ -57,9 +68,10 @@ absl::StatusOr<Image> DecodePng(std::string_view bytes, std::string_view what,
         absl::StrCat(AsAbsl(what), ": not a readable PNG (", png.message, ")"));
   }
   const int64_t width = png.width, height = png.height;
-  if (width > kMaxImageSide || height > kMaxImageSide) {
+  if (absl::Status s = CheckSize(what, width, height, channels, expected);
+      !s.ok()) {
     png_image_free(&png);
-    return TooLarge(what, width, height);
+    return s;
   }
   png.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
   std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(png));
@@ -96,13 +108,13 @@ struct JpegDecode {
   JpegErrors errors;
   std::vector<uint8_t> pixels;
   int64_t width = 0, height = 0;
-  bool too_large = false;
+  bool stopped = false;  // at the header: Decode's caller checks the size
   bool damaged = false;  // libjpeg warned: errors.message says what
 };
 
 // False with errors.message set when libjpeg failed.
 bool Decode(JpegDecode* d, const unsigned char* data, unsigned long size,
-            int channels) {
+            int channels, int64_t expected) {
   d->info.err = jpeg_std_error(&d->errors.manager);
   d->errors.manager.error_exit = JpegFail;
   d->errors.manager.output_message = JpegQuiet;
@@ -115,8 +127,8 @@ bool Decode(JpegDecode* d, const unsigned char* data, unsigned long size,
   jpeg_read_header(&d->info, TRUE);
   d->width = d->info.image_width;
   d->height = d->info.image_height;
-  if (d->width > kMaxImageSide || d->height > kMaxImageSide) {
-    d->too_large = true;
+  if (!CheckSize("", d->width, d->height, channels, expected).ok()) {
+    d->stopped = true;
     jpeg_destroy_decompress(&d->info);
     return true;
   }
@@ -139,14 +151,16 @@ bool Decode(JpegDecode* d, const unsigned char* data, unsigned long size,
 }
 
 absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, std::string_view what,
-                                 int channels) {
+                                 int channels, int64_t expected) {
   auto d = std::make_unique<JpegDecode>();
   if (!Decode(d.get(), reinterpret_cast<const unsigned char*>(bytes.data()),
-              static_cast<unsigned long>(bytes.size()), channels)) {
+              static_cast<unsigned long>(bytes.size()), channels, expected)) {
     return absl::InvalidArgumentError(absl::StrCat(
         AsAbsl(what), ": not a readable JPEG (", d->errors.message, ")"));
   }
-  if (d->too_large) return TooLarge(what, d->width, d->height);
+  if (d->stopped) {
+    return CheckSize(what, d->width, d->height, channels, expected);
+  }
   if (d->damaged) {
     return absl::InvalidArgumentError(absl::StrCat(
         AsAbsl(what), ": a damaged JPEG (", d->errors.message, ")"));
@@ -155,8 +169,9 @@ absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, std::string_view what,
 }
 
 absl::StatusOr<Image> DecodePgm(std::string_view bytes, std::string_view what,
-                                int channels) {
+                                int channels, int64_t expected) {
   ASSIGN_OR_RETURN(GreyImage grey, ParsePgm(bytes, what));
+  RETURN_IF_ERROR(CheckSize(what, grey.width, grey.height, channels, expected));
   Image image;
   image.width = grey.width;
   image.height = grey.height;
@@ -172,28 +187,29 @@ absl::StatusOr<Image> DecodePgm(std::string_view bytes, std::string_view what,
 }  // namespace
 
 absl::StatusOr<Image> DecodeImage(std::string_view bytes, std::string_view what,
-                                  int channels) {
+                                  int channels, int64_t expected_values) {
   if (channels != 1 && channels != 3) {
     return absl::InvalidArgumentError(absl::StrCat(
         AsAbsl(what), ": images have 1 or 3 channels, not ", channels));
   }
   if (absl::StartsWith(AsAbsl(bytes), "\x89PNG\r\n\x1a\n")) {
-    return DecodePng(bytes, what, channels);
+    return DecodePng(bytes, what, channels, expected_values);
   }
   if (absl::StartsWith(AsAbsl(bytes), "\xff\xd8\xff")) {
-    return DecodeJpeg(bytes, what, channels);
+    return DecodeJpeg(bytes, what, channels, expected_values);
   }
   if (absl::StartsWith(AsAbsl(bytes), "P5") ||
       absl::StartsWith(AsAbsl(bytes), "P2")) {
-    return DecodePgm(bytes, what, channels);
+    return DecodePgm(bytes, what, channels, expected_values);
   }
   return absl::InvalidArgumentError(absl::StrCat(
       AsAbsl(what), ": not a PNG, JPEG or PGM image (by its first bytes)"));
 }
 
-absl::StatusOr<Image> ReadImage(const std::string& path, int channels) {
+absl::StatusOr<Image> ReadImage(const std::string& path, int channels,
+                                int64_t expected_values) {
   ASSIGN_OR_RETURN(const std::string bytes, storage::ReadWholeFile(path));
-  return DecodeImage(bytes, path, channels);
+  return DecodeImage(bytes, path, channels, expected_values);
 }
 
 bool IsImagePath(std::string_view path) {

@@ -31,10 +31,15 @@ inline constexpr int64_t kMaxImageSide = 16384;
 // colour becomes grey by its luminance, grey is repeated for RGB, an
 // alpha channel is dropped. `what` names the bytes in errors
 // (InvalidArgument: another format, a damaged or truncated file, a side
-// over kMaxImageSide, a colour space the codec cannot convert).
+// over kMaxImageSide, a colour space the codec cannot convert). With
+// `expected_values` (not 0), an image whose width x height x channels
+// differs is refused once its header is read, before its pixels are
+// decoded: a small compressed file cannot make the reader allocate what
+// the model would never take.
 absl::StatusOr<Image> DecodeImage(std::string_view bytes, std::string_view what,
-                                  int channels);
-absl::StatusOr<Image> ReadImage(const std::string& path, int channels);
+                                  int channels, int64_t expected_values = 0);
+absl::StatusOr<Image> ReadImage(const std::string& path, int channels,
+                                int64_t expected_values = 0);
 
 // Whether a path names a file DecodeImage reads (by its extension).
 bool IsImagePath(std::string_view path);

@@ -140,6 +140,26 @@ TEST(DataImageTest, OversizedImagesAreRefusedBeforeDecoding) {
               HasSubstr("larger than 16384 on a side"));
 }
 
+TEST(DataImageTest, TheExpectedSizeIsCheckedBeforeThePixels) {
+  // A 4000 x 4000 PNG of zeros compresses to a few KB; a model taking 784
+  // values refuses it at its header.
+  const std::string big =
+      EncodePng(std::vector<uint8_t>(4000 * 4000), 4000, 4000, 1);
+  EXPECT_LT(big.size(), 100000u);
+  const std::string jpeg =
+      EncodeJpeg(std::vector<uint8_t>(64 * 64, 7), 64, 64, 1, 90);
+  const std::string pgm =
+      std::string("P5\n2 1\n255\n") + std::string("\x00\xff", 2);
+  for (const std::string& bytes : {big, jpeg, pgm}) {
+    EXPECT_THAT(DecodeImage(bytes, "in", 1, 784).status().message(),
+                HasSubstr("is not the model's input of 784 values"));
+  }
+  EXPECT_THAT(DecodeImage(big, "in", 3, 784).status().message(),
+              HasSubstr("4000 x 4000 RGB image"));
+  EXPECT_TRUE(DecodeImage(jpeg, "in", 1, 64 * 64).ok());
+  EXPECT_TRUE(DecodeImage(jpeg, "in", 3, 3 * 64 * 64).ok());
+}
+
 TEST(DataImageTest, PathsAreRecognizedByExtension) {
   EXPECT_TRUE(IsImagePath("a.PNG"));
   EXPECT_TRUE(IsImagePath("a.jpeg"));
