@@ -25,10 +25,10 @@ namespace {
 // The header's size against the limits and the size the caller expects.
 absl::Status CheckSize(std::string_view what, int64_t w, int64_t h,
                        int channels, int64_t expected) {
-  if (w > kMaxImageSide || h > kMaxImageSide) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(what), ": a ", w, " x ", h,
-                     " image is larger than ", kMaxImageSide, " on a side"));
+  if (w > kMaxImageSide || h > kMaxImageSide || w * h > kMaxImagePixels) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        AsAbsl(what), ": a ", w, " x ", h, " image is larger than ",
+        kMaxImageSide, " on a side or ", kMaxImagePixels, " pixels"));
   }
   if (expected > 0 && w * h * channels != expected) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -39,9 +39,10 @@ absl::Status CheckSize(std::string_view what, int64_t w, int64_t h,
   return absl::OkStatus();
 }
 
-// Interleaved 8-bit pixels (row, column, channel) to planar values / 255.
+// Interleaved 8-bit pixels (row, column, `stride` components of which the
+// first `channels` are taken) to planar values / 255.
 Image FromInterleaved(const uint8_t* pixels, int64_t width, int64_t height,
-                      int64_t channels) {
+                      int64_t channels, int64_t stride) {
   Image image;
   image.width = width;
   image.height = height;
@@ -50,7 +51,7 @@ Image FromInterleaved(const uint8_t* pixels, int64_t width, int64_t height,
   image.values.resize(static_cast<size_t>(plane * channels));
   for (int64_t i = 0; i < plane; ++i) {
     for (int64_t c = 0; c < channels; ++c) {
-      image.values[c * plane + i] = pixels[i * channels + c] / 255.0f;
+      image.values[c * plane + i] = pixels[i * stride + c] / 255.0f;
     }
   }
   return image;
@@ -73,7 +74,9 @@ absl::StatusOr<Image> DecodePng(std::string_view bytes, std::string_view what,
     png_image_free(&png);
     return s;
   }
-  png.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
+  // Read with an alpha channel and drop it: without one, libpng would
+  // blend transparent pixels onto the buffer's zeros (black).
+  png.format = channels == 1 ? PNG_FORMAT_GA : PNG_FORMAT_RGBA;
   std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(png));
   if (!png_image_finish_read(&png, nullptr, pixels.data(), 0, nullptr)) {
     const std::string message = png.message;
@@ -81,7 +84,7 @@ absl::StatusOr<Image> DecodePng(std::string_view bytes, std::string_view what,
     return absl::InvalidArgumentError(
         absl::StrCat(AsAbsl(what), ": a damaged PNG (", message, ")"));
   }
-  return FromInterleaved(pixels.data(), width, height, channels);
+  return FromInterleaved(pixels.data(), width, height, channels, channels + 1);
 }
 
 // libjpeg reports errors through error_exit, which must not return: it
@@ -165,7 +168,8 @@ absl::StatusOr<Image> DecodeJpeg(std::string_view bytes, std::string_view what,
     return absl::InvalidArgumentError(absl::StrCat(
         AsAbsl(what), ": a damaged JPEG (", d->errors.message, ")"));
   }
-  return FromInterleaved(d->pixels.data(), d->width, d->height, channels);
+  return FromInterleaved(d->pixels.data(), d->width, d->height, channels,
+                         channels);
 }
 
 absl::StatusOr<Image> DecodePgm(std::string_view bytes, std::string_view what,

@@ -23,9 +23,11 @@ struct Image {
   std::vector<float> values;
 };
 
-// The largest side accepted (as for PGM): an image past it is refused
-// before anything is allocated.
+// The largest side accepted (as for PGM), and the most pixels (4096 x 4096):
+// an image past either is refused at its header, before anything is
+// allocated for its pixels.
 inline constexpr int64_t kMaxImageSide = 16384;
+inline constexpr int64_t kMaxImagePixels = int64_t{1} << 24;
 
 // Decodes a PNG, JPEG or PGM file's bytes into `channels` (1 or 3):
 // colour becomes grey by its luminance, grey is repeated for RGB, an

@@ -63,6 +63,13 @@ std::vector<float> Generator::Run(const std::vector<int32_t>& ids) {
   std::copy(ids.begin(), ids.end(), x.i32());
   Tensor h = x;
   for (size_t s = 0; s < stages_.size(); ++s) {
+    // Each stage decodes where its parameters are: the previous stage's
+    // output goes there first (the ids stay on the host: the embedding
+    // takes them from anywhere).
+    const auto& params = stages_[s]->Parameters();
+    if (s > 0 && !params.empty()) {
+      h = h.To(params.front().param->value.device());
+    }
     h = stages_[s]->Decode(h, length_, &states_[s]);
   }
   const Tensor scores = h.To(Device::kCpu);

@@ -182,6 +182,7 @@ cat >"$work/cat.json" <<'JSON'
   },
   "optimizer": {"lr": 0.01, "adamw": {}},
   "data": {"text": {"path": "cat.txt", "seqLen": 16}},
+  "pipeline": {"stages": 2, "balance": [1, 3]},
   "batchSize": 32,
   "steps": 150,
   "seed": 1
@@ -196,7 +197,8 @@ out=$(g generate "$work/cat/model.safetensors" --prompt "the cat " --tokens 40 -
 a=$(g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3)
 b=$(g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3)
 [[ "$a" == "$b" && ${#a} -eq 33 ]] || fail "seed 5 sampled '$a', then '$b'"
-# Served as 3 stages, and on the (fake) GPU as 2: the same text.
+# Served as 3 stages (the file records a balance for 2: not used for 3),
+# and on the (fake) GPU as 2: the same text.
 c=$(g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3 --stages 3)
 [[ "$c" == "$a" ]] || fail "--stages 3 sampled '$c', one piece '$a'"
 c=$(GPIPE_FAKE_DEVICE=1 g generate "$work/cat/model.safetensors" --prompt "on " --tokens 30 --seed 5 --top_k 3 --stages 2 --device cuda)

@@ -62,10 +62,21 @@ TEST(DataImageTest, RgbPngIsPlanarAndBecomesGreyByLuminance) {
   ASSERT_TRUE(image.ok()) << image.status();
   EXPECT_GT(image->values[1], image->values[0]);
   EXPECT_GT(image->values[0], image->values[2]);
-  // An alpha channel is dropped.
-  image = DecodeImage(EncodePng(Card(4), 5, 3, 4), "rgba.png", 3);
+  // An alpha channel is dropped: transparent pixels keep their colour
+  // (not blended onto black).
+  std::vector<uint8_t> rgba = Card(4);
+  for (int i = 0; i < 15; ++i) rgba[i * 4 + 3] = i % 2 ? 0 : 128;
+  image = DecodeImage(EncodePng(rgba, 5, 3, 4), "rgba.png", 3);
   ASSERT_TRUE(image.ok()) << image.status();
-  EXPECT_EQ(image->values.size(), 45u);
+  ASSERT_EQ(image->values.size(), 45u);
+  for (int c = 0; c < 3; ++c)
+    for (int i = 0; i < 15; ++i)
+      EXPECT_EQ(image->values[c * 15 + i], rgba[i * 4 + c] / 255.0f);
+  std::vector<uint8_t> ga = Card(2);
+  for (int i = 0; i < 15; ++i) ga[i * 2 + 1] = 0;
+  image = DecodeImage(EncodePng(ga, 5, 3, 2), "ga.png", 1);
+  ASSERT_TRUE(image.ok()) << image.status();
+  for (int i = 0; i < 15; ++i) EXPECT_EQ(image->values[i], ga[i * 2] / 255.0f);
 }
 
 TEST(DataImageTest, JpegDecodesCloseToItsPixels) {
@@ -138,6 +149,11 @@ TEST(DataImageTest, OversizedImagesAreRefusedBeforeDecoding) {
       EncodePng(std::vector<uint8_t>(20000 * 2), 20000, 2, 1);
   EXPECT_THAT(DecodeImage(wide, "wide.png", 1).status().message(),
               HasSubstr("larger than 16384 on a side"));
+  // 4097 x 4097 compresses to little but is over 2^24 pixels.
+  const std::string many =
+      EncodePng(std::vector<uint8_t>(4097 * 4097), 4097, 4097, 1);
+  EXPECT_THAT(DecodeImage(many, "many.png", 1).status().message(),
+              HasSubstr("or 16777216 pixels"));
 }
 
 TEST(DataImageTest, TheExpectedSizeIsCheckedBeforeThePixels) {

@@ -60,8 +60,11 @@ struct NormalAt {
   const float a = -0.5f * (h * h);
   const float b = -0.5f * ((ax - h) * (ax + h));
   const bool tiny = a < -87.0f;  // phi and the tail below float's range
-  const float ea = ExpOfSmall(tiny ? -87.0f : a);
-  const float eab = ea * ExpOfSmall(b);
+  // Both arguments kept in ExpOfSmall's range (NaN too: its comparison is
+  // false), so its float-to-int conversion is always defined; in range
+  // they are unchanged.
+  const float ea = ExpOfSmall(a >= -87.0f ? a : -87.0f);
+  const float eab = ea * ExpOfSmall(b >= -87.0f ? b : -87.0f);
   const float e = tiny ? 0.0f : eab;
   const float z = ax * 0.707106781186547524f;
   // z < 1/2: erf(z) = z P(z^2), P fitted (least squares, relative) on

@@ -40,7 +40,9 @@ class Handle {
   }
   ~Handle() {
     Cublas().Destroy(h_);
-    for (auto& [stream, workspace] : workspaces_) DeviceFree(workspace);
+    // Errors ignored: at thread or process exit the context may be gone.
+    for (auto& [stream, workspace] : workspaces_) cudaFree(workspace);
+    cudaGetLastError();
   }
   cublasHandle_t get() {
     void* stream = CurrentStream();
