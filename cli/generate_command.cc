@@ -22,7 +22,6 @@
 #include "services/nn/model.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/init_weights.h"
-#include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/partitioner.h"
 #include "services/tensor/device.h"
@@ -74,10 +73,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Model>>> LoadStages(
     const gpipe::v1::JobSpec& spec, int64_t k, Device device) {
   std::vector<int64_t> balance = {spec.model().layers_size()};
   if (k > 1) {
-    // The training job's explicit balance describes its own stage count.
-    gpipe::v1::JobSpec for_k = spec;
-    if (k != StageCount(spec)) for_k.mutable_pipeline()->clear_balance();
-    ASSIGN_OR_RETURN(balance, PartitionJob(for_k, k));
+    ASSIGN_OR_RETURN(balance, PartitionJobAt(spec, k));
   }
   const std::vector<int64_t> begins = StageBegins(balance);
   ASSIGN_OR_RETURN(const InitWeights weights,

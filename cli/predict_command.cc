@@ -175,14 +175,9 @@ absl::StatusOr<Samples> ReadSamples(const std::string& path,
           absl::StrCat(path, ": the model's input has ", channels,
                        " channels; images give 1 (grey) or 3 (RGB)"));
     }
+    // ReadImage refuses another size than `sample`, at the header.
     ASSIGN_OR_RETURN(Image image,
                      ReadImage(path, static_cast<int>(channels), sample));
-    if (static_cast<int64_t>(image.values.size()) != sample) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": a ", image.width, " x ", image.height,
-          channels == 3 ? " RGB" : "", " image is not the model's input of ",
-          sample, " values (resize it to what the model was trained on)"));
-    }
     return Samples{std::move(image.values), {}, 1};
   }
   return absl::InvalidArgumentError(

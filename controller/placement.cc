@@ -41,12 +41,9 @@ std::vector<int64_t> WorkerMemory(
 }
 
 absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k) {
-  // Fewer stages than asked (elastic): an explicit balance has K entries,
-  // so the cost model cuts the k stages.
-  v1::JobSpec cut = spec;
-  if (k != StageCount(spec)) cut.mutable_pipeline()->clear_balance();
+  // Fewer stages than asked (elastic): the cost model cuts the k stages.
   StagePlan plan;
-  ASSIGN_OR_RETURN(plan.balance, PartitionJob(cut, k));
+  ASSIGN_OR_RETURN(plan.balance, PartitionJobAt(spec, k));
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   plan.memory = EstimatePipelineMemory(spec, shapes, plan.balance);
   return plan;

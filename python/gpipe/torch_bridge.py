@@ -229,6 +229,17 @@ def _pair(value, what, name):
     return int(value)
 
 
+def _weight_and_bias(module, spec):
+    """The tensors of a layer with a weight and an optional bias; a missing
+    bias is said in its spec."""
+    tensors = {"weight": _numpy(module.weight)}
+    if module.bias is None:
+        spec["bias"] = False
+    else:
+        tensors["bias"] = _numpy(module.bias)
+    return tensors
+
+
 def _numpy(t):
     # A copy: .numpy() would share the live parameter's memory.
     return np.array(t.detach().to("cpu", dtype=_torch().float32).numpy(),
@@ -284,11 +295,7 @@ def _layer_of(module, in_shape, what):
     if isinstance(module, nn.Linear):
         spec = {"inFeatures": module.in_features,
                 "outFeatures": module.out_features}
-        tensors = {"weight": _numpy(module.weight)}
-        if module.bias is None:
-            spec["bias"] = False
-        else:
-            tensors["bias"] = _numpy(module.bias)
+        tensors = _weight_and_bias(module, spec)
         return {"linear": spec}, tensors
     if isinstance(module, nn.ReLU):
         return {"relu": {}}, {}
@@ -349,11 +356,7 @@ def _layer_of(module, in_shape, what):
                 "kernelSize": _pair(module.kernel_size, what, "kernel_size"),
                 "stride": _pair(module.stride, what, "stride"),
                 "padding": _pair(padding, what, "padding")}
-        tensors = {"weight": _numpy(module.weight)}
-        if module.bias is None:
-            spec["bias"] = False
-        else:
-            tensors["bias"] = _numpy(module.bias)
+        tensors = _weight_and_bias(module, spec)
         return {"conv2d": spec}, tensors
     if isinstance(module, nn.MaxPool2d):
         if (_pair(module.padding, what, "padding") != 0

@@ -46,14 +46,11 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
           " positive layer counts adding up to ", layers));
     }
   } else {
-    // The spec's balance describes its own stage count only.
-    gpipe::v1::JobSpec for_k = spec;
-    if (k != StageCount(spec)) for_k.mutable_pipeline()->clear_balance();
-    for_k.mutable_pipeline()->set_stages(k);
     // Weighted by the remat mode these stages will run (a flag may differ
     // from the spec's).
+    gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_remat(RematToSpec(options.remat));
-    ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
+    ASSIGN_OR_RETURN(p->balance_, PartitionJobAt(for_k, k));
   }
   if (options.dataset != nullptr) {
     p->dataset_ = options.dataset;

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
 
 namespace gpipe {
 namespace {
@@ -156,6 +157,16 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
   return PartitionByCost(
       CostModelLayerCosts(shapes), stages,
       RematStageWeights(RematFromSpec(spec.pipeline().remat()), stages));
+}
+
+absl::StatusOr<std::vector<int64_t>> PartitionJobAt(
+    const gpipe::v1::JobSpec& spec, int64_t stages) {
+  if (stages == StageCount(spec) || spec.pipeline().balance().empty()) {
+    return PartitionJob(spec, stages);
+  }
+  gpipe::v1::JobSpec cut = spec;
+  cut.mutable_pipeline()->clear_balance();
+  return PartitionJob(cut, stages);
 }
 
 std::vector<double> RematStageWeights(RematMode mode, int64_t stages) {

@@ -41,6 +41,13 @@ std::vector<double> RematStageWeights(RematMode mode, int64_t stages);
 absl::StatusOr<std::vector<int64_t>> PartitionJob(
     const gpipe::v1::JobSpec& spec, int64_t stages);
 
+// The cut of a `stages`-stage run of `spec`, which may have another stage
+// count than the spec's own (an elastic shrink, --stages, serving): the
+// spec's explicit balance when it is for `stages`, else PartitionJob as if
+// the spec had none (a balance describes its own stage count only).
+absl::StatusOr<std::vector<int64_t>> PartitionJobAt(
+    const gpipe::v1::JobSpec& spec, int64_t stages);
+
 // Cost of each layer from the cost model: forward FLOPs per sample plus a
 // small floor (0.1% of the mean layer), so that free layers such as Flatten
 // still count a little and a split never piles them up for nothing. Training

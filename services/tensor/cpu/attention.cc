@@ -8,31 +8,9 @@
 
 namespace gpipe::cpu {
 
-void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
-               int64_t stride, int64_t dh, float scale, float* pi, float* oi) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j <= last; ++j) {
-    float s = 0.0f;
-    for (int64_t c = 0; c < dh; ++c) s += qi[c] * k[j * stride + c];
-    pi[j] = s * scale;
-    m = pi[j] > m ? pi[j] : m;
-  }
-  float sum = 0.0f;
-  for (int64_t j = 0; j <= last; ++j) {
-    pi[j] = std::exp(pi[j] - m);
-    sum += pi[j];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j <= last; ++j) {
-    pi[j] *= inv;
-    const float* vj = v + j * stride;
-    for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
-  }
-}
-
 namespace {
 
-// Row i of the t x t block s (scaled scores; keys past `last` ignored)
+// A row of t scaled scores (keys past `last` ignored)
 // becomes its softmax, zero past `last`.
 void SoftmaxRow(float* s, int64_t t, int64_t last) {
   float m = -INFINITY;
@@ -48,6 +26,20 @@ void SoftmaxRow(float* s, int64_t t, int64_t last) {
 }
 
 }  // namespace
+
+void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
+               int64_t stride, int64_t dh, float scale, float* pi, float* oi) {
+  for (int64_t j = 0; j <= last; ++j) {
+    float s = 0.0f;
+    for (int64_t c = 0; c < dh; ++c) s += qi[c] * k[j * stride + c];
+    pi[j] = s * scale;
+  }
+  SoftmaxRow(pi, last + 1, last);
+  for (int64_t j = 0; j <= last; ++j) {
+    const float* vj = v + j * stride;
+    for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
+  }
+}
 
 // Per (sample, head): S = scale Q K^T and O = P V as GEMMs over the strided
 // q, k, v columns of the qkv rows (cpu::GemmStrided: its panels depend on
