@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -31,6 +32,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
+#include "services/pipeline/simulator.h"
 
 ABSL_FLAG(std::string, controller, "",
           "the controller's address host:port (default: $GPIPE_CONTROLLER, "
@@ -248,6 +250,29 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
                    st.worker_id().empty() ? "-" : st.worker_id(),
                    st.address().empty() ? "-" : st.address(), layers,
                    st.data_plane().empty() ? "-" : st.data_plane()});
+    }
+    PrintTable(t, "  ");
+  }
+  if (s.repartitions_size() > 0) {
+    // Expected: the step measured before, less what the simulator says
+    // the new cut saves (its own figures are compute only).
+    std::printf("re-partitions:\n");
+    std::vector<std::vector<std::string>> t = {
+        {"STEP", "LAYERS PER STAGE", "REASON", "MS/STEP BEFORE", "EXPECTED",
+         "MEASURED"}};
+    for (const gpipe::v1::Repartition& r : s.repartitions()) {
+      const double predicted = ExpectedStepSeconds(
+          r.predicted_old_seconds(), r.predicted_new_seconds(),
+          r.measured_old_seconds());
+      t.push_back(
+          {absl::StrCat(r.step()),
+           absl::StrCat(absl::StrJoin(r.old_balance(), ","), " -> ",
+                        absl::StrJoin(r.new_balance(), ",")),
+           r.reason(), absl::StrFormat("%.1f", r.measured_old_seconds() * 1e3),
+           absl::StrFormat("%.1f", predicted * 1e3),
+           r.measured_new_seconds() > 0
+               ? absl::StrFormat("%.1f", r.measured_new_seconds() * 1e3)
+               : "-"});
     }
     PrintTable(t, "  ");
   }

@@ -9,10 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "controller/balancer.h"
 #include "controller/job_status.h"
 #include "controller/merge.h"
 #include "controller/placement.h"
+#include "controller/rebalance.h"
 #include "controller/recovery.h"
 #include "controller/scheduler.h"
 #include "services/core/log.h"
@@ -881,6 +884,16 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     return;
   }
   job->stage_steps[p.stage()] = p.step();
+  if (!RecordStageTimes(*job, worker.id(), p)) {
+    ++ignored_reports_;
+    LogWarning("ignored the layer times of stage %d of %s from worker %s: "
+               "not one finite time per layer of the stage",
+               p.stage(), p.job_id(), worker.id());
+  }
+  if (std::optional<std::string> measured = MeasureRepartition(*job)) {
+    LogInfo("job %s: %s", job->id(), *measured);
+    jobs_.Publish(*job, *measured, now);
+  }
   // The stage's last step as its worker measured it; watchers see it with
   // the next published change.
   for (v1::StageStatus& st : *status.mutable_stages()) {
@@ -1174,10 +1187,47 @@ void Controller::CommitCheckpointIo(
                                  job->stages, " stages"),
                     nullptr, /*counted=*/false, now);
       Reschedule(now);
+    } else {
+      Rebalance(*job, step, now);
     }
     Changed();
   }
   RemoveCheckpointDirs(dropped);
+}
+
+void Controller::Rebalance(JobRecord& job, int64_t step, absl::Time now) {
+  if (options_.metrics != nullptr) {
+    options_.metrics->ObserveStepTime(job.id(), job.step_seconds,
+                                      PredictedStepSeconds(job));
+  }
+  std::optional<v1::Repartition> r = PlanRepartition(
+      job, step,
+      [this](const std::string& id) -> int64_t {
+        std::shared_ptr<WorkerRecord> w = workers_.Find(id);
+        return w == nullptr ? 0 : w->info.resources().memory_bytes();
+      },
+      now);
+  if (!r) return;
+  if (options_.metrics != nullptr) options_.metrics->OnRepartition(r->reason());
+  const std::string message = absl::StrCat(
+      "re-partitioning (", r->reason(), "): layers per stage ",
+      absl::StrJoin(r->old_balance(), ","), " -> ",
+      absl::StrJoin(r->new_balance(), ","), " on ",
+      absl::StrJoin(r->workers(), ", "),
+      absl::StrFormat(", %.1f ms a step, expected %.1f (compute %.1f -> "
+                      "%.1f ms predicted)",
+                      r->measured_old_seconds() * 1e3,
+                      ExpectedStepSeconds(r->predicted_old_seconds(),
+                                          r->predicted_new_seconds(),
+                                          r->measured_old_seconds()) *
+                          1e3,
+                      r->predicted_old_seconds() * 1e3,
+                      r->predicted_new_seconds() * 1e3));
+  LogInfo("job %s: %s", job.id(), message);
+  *job.status().add_repartitions() = *std::move(r);
+  job.measuring_repartition = true;
+  RestartOrFail(job, "Rebalance", message, nullptr, /*counted=*/false, now);
+  Reschedule(now);
 }
 
 void Controller::CheckRestorePointIo(

@@ -297,8 +297,12 @@ class Controller {
   void EnqueueIo(std::function<void()> task, IoTask kind = IoTask::kNormal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IoLoop();
+  // At the committed checkpoint of `step`: re-partitions the job when the
+  // balancer says it pays (rebalance.h), as a restart from that checkpoint.
+  void Rebalance(JobRecord& job, int64_t step, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Verifies the stages' files of a checkpoint, writes its manifest, then
-  // records it (and grows an elastic job back).
+  // records it (grows an elastic job back, or re-partitions it).
   void CommitCheckpointIo(const std::string& job_id, int64_t epoch,
                           std::vector<gpipe::v1::StageCheckpointed> reports)
       ABSL_LOCKS_EXCLUDED(mu_);

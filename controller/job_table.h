@@ -12,11 +12,13 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
+#include "controller/balancer.h"
 #include "controller/job_store.h"
 #include "controller/store_writer.h"
 #include "gpipe/v1/controller.pb.h"
@@ -59,6 +61,21 @@ struct JobRecord {
   enum class RestoreCheck { kNeeded, kChecking, kChecked };
   RestoreCheck restore_check = RestoreCheck::kNeeded;
   std::optional<gpipe::v1::CheckpointRef> restore_point;  // when kChecked
+
+  // The self-balancing pipeline (balancer.h; in memory: a controller
+  // restart measures again). What every stage measured, across epochs.
+  LayerCostBook layer_costs;
+  std::shared_ptr<const ModelShapes> model_shapes;  // of the spec, once
+  // This epoch: per stage, the progress reports that carried layer times;
+  // a running estimate of the step time (the last stage's reports after
+  // the first few) and how many reports made it.
+  std::vector<int64_t> timed_reports;
+  double step_seconds = 0;
+  int64_t step_reports = 0;
+  // Cuts the job has run (CutKey), never proposed again.
+  std::set<std::string> tried_cuts;
+  // The newest re-partition waits for its measured step time.
+  bool measuring_repartition = false;
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a

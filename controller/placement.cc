@@ -40,13 +40,26 @@ std::vector<int64_t> WorkerMemory(
   return memory;
 }
 
-absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k) {
+absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k,
+                                     const std::vector<int64_t>& balance) {
   // Fewer stages than asked (elastic): the cost model cuts the k stages.
   StagePlan plan;
-  ASSIGN_OR_RETURN(plan.balance, PartitionJobAt(spec, k));
+  if (static_cast<int64_t>(balance.size()) == k) {
+    plan.balance = balance;
+  } else {
+    ASSIGN_OR_RETURN(plan.balance, PartitionJobAt(spec, k));
+  }
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   plan.memory = EstimatePipelineMemory(spec, shapes, plan.balance);
   return plan;
+}
+
+bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory) {
+  if (memory.size() < plan.memory.size()) return false;
+  for (size_t s = 0; s < plan.memory.size(); ++s) {
+    if (!Holds(memory[s], plan.memory[s])) return false;
+  }
+  return true;
 }
 
 std::optional<std::vector<size_t>> PlaceStages(

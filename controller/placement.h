@@ -24,9 +24,15 @@ struct StagePlan {
   std::vector<StageMemory> memory;
 };
 
-// PartitionJob (an explicit balance only when k is the spec's K) and the
-// memory model of each stage. Errors: the spec cannot be cut into k.
-absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k);
+// `balance` when it has k entries (the balancer's cut), else PartitionJobAt
+// (an explicit balance only when k is the spec's K); and the memory model
+// of each stage. Errors: the spec cannot be cut into k.
+absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k,
+                                     const std::vector<int64_t>& balance = {});
+
+// Whether each stage of `plan` fits the worker's memory (0: unknown, holds
+// anything) at the same index.
+bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory);
 
 // What each of `workers` says its stages may hold, in order (0: not said).
 std::vector<int64_t> WorkerMemory(

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "controller/balancer.h"
 #include "controller/job_status.h"
 #include "controller/placement.h"
 #include "controller/recovery.h"
@@ -63,6 +64,9 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.stage_steps.assign(k, start_step);
   job.stage_reported.assign(k, now);
   job.finished_paths.assign(k, "");
+  job.timed_reports.assign(k, 0);
+  job.step_seconds = 0;
+  job.step_reports = 0;
   job.checkpointing.clear();
   job.merging = false;
   job.stream_key = *stream_key;
@@ -70,6 +74,7 @@ bool Start(JobTable& jobs, JobRecord& job,
       storage::JobCheckpointDir(checkpoint_dir, job.id());
   const std::string output_dir = storage::FinalParametersDir(job_dir);
   std::string placed;
+  job.tried_cuts.insert(CutKey(balance));
   for (int64_t i = 0; i < k; ++i) {
     WorkerRecord& worker = *workers[i];
     v1::StageStatus* stage = status.add_stages();
@@ -130,6 +135,31 @@ bool Start(JobTable& jobs, JobRecord& job,
   return true;
 }
 
+// The balancer's newest cut and workers when they are for k stages.
+const v1::Repartition* RepartitionFor(const JobRecord& job, int64_t k) {
+  const auto& all = job.status().repartitions();
+  if (all.empty() || all.rbegin()->new_balance_size() != k) return nullptr;
+  return &*all.rbegin();
+}
+
+// The workers the balancer chose for the stages, when all are free and
+// hold their stages: indices into `idle` in stage order.
+std::optional<std::vector<size_t>> ChosenWorkers(
+    const v1::Repartition& r, const StagePlan& plan,
+    const std::vector<std::shared_ptr<WorkerRecord>>& idle) {
+  std::vector<size_t> place;
+  std::vector<int64_t> memory;
+  for (const std::string& id : r.workers()) {
+    auto it = std::find_if(idle.begin(), idle.end(),
+                           [&id](const auto& w) { return w->id() == id; });
+    if (it == idle.end()) return std::nullopt;
+    place.push_back(static_cast<size_t>(it - idle.begin()));
+    memory.push_back((*it)->info.resources().memory_bytes());
+  }
+  if (!StagesFit(plan, memory)) return std::nullopt;
+  return place;
+}
+
 }  // namespace
 
 std::string WaitingMessage(int64_t needed, int64_t free) {
@@ -182,7 +212,13 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     }
     std::string why;
     if (blocked_by == nullptr && free >= k && k > 0) {
-      absl::StatusOr<StagePlan> plan = PlanStages(job->job.spec(), k);
+      const v1::Repartition* rebalanced = RepartitionFor(*job, k);
+      absl::StatusOr<StagePlan> plan = PlanStages(
+          job->job.spec(), k,
+          rebalanced != nullptr
+              ? std::vector<int64_t>(rebalanced->new_balance().begin(),
+                                     rebalanced->new_balance().end())
+              : std::vector<int64_t>());
       if (!plan.ok()) {
         const std::string message =
             absl::StrCat("cannot partition: ", plan.status().message());
@@ -191,8 +227,10 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         jobs.Publish(*job, message, now);
         continue;
       }
-      if (std::optional<std::vector<size_t>> place =
-              PlaceStages(*plan, WorkerMemory(idle), &why)) {
+      std::optional<std::vector<size_t>> place;
+      if (rebalanced != nullptr) place = ChosenWorkers(*rebalanced, *plan, idle);
+      if (!place) place = PlaceStages(*plan, WorkerMemory(idle), &why);
+      if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;
         for (size_t w : *place) chosen.push_back(idle[w]);
         if (Start(jobs, *job, chosen, plan->balance, checkpoint_dir, transport,

@@ -37,7 +37,8 @@ struct Executor::Run {
 namespace {
 
 // Where the assignment puts the stage and how it runs.
-StagePlacement PlacementOf(const gpipe::v1::Assignment& a, Device device) {
+StagePlacement PlacementOf(const gpipe::v1::Assignment& a, Device device,
+                           double compute_slowdown) {
   StagePlacement p;
   p.index = a.stage();
   p.count = a.stages();
@@ -47,18 +48,19 @@ StagePlacement PlacementOf(const gpipe::v1::Assignment& a, Device device) {
   p.schedule = ScheduleFromSpec(a.schedule());
   p.remat = RematFromSpec(a.remat());
   p.device = device;
+  p.compute_slowdown = compute_slowdown;
   return p;
 }
 
 }  // namespace
 
 struct Executor::Execution {
-  Execution(std::shared_ptr<Run> r, Device device)
+  Execution(std::shared_ptr<Run> r, Device device, double compute_slowdown)
       : run(std::move(r)),
         a(run->assignment),
         spec(a.spec()),
         plan(StepPlan::FromSpec(spec)),
-        placement(PlacementOf(a, device)),
+        placement(PlacementOf(a, device, compute_slowdown)),
         first(a.stage() == 0),
         last(a.stage() == a.stages() - 1) {}
 
@@ -264,7 +266,7 @@ bool Executor::cancelled(const Run& run) const {
 
 void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
-  Execution x(run, device_);
+  Execution x(run, device_, compute_slowdown_);
   const gpipe::v1::Assignment& a = x.a;
   LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
@@ -513,6 +515,11 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   p->set_bubble_seconds(t.bubble_seconds());
   p->set_peak_activation_bytes(r.peak_activation_bytes);
   p->set_data_plane(x.data_plane);
+  if (const LayerTiming* timing = x.stage->layer_timing()) {
+    for (double f : timing->forward_seconds()) p->add_layer_forward_seconds(f);
+    for (double b : timing->backward_seconds())
+      p->add_layer_backward_seconds(b);
+  }
   if (x.metrics != nullptr) {
     StepOutcome report;
     report.completed_steps = step + 1;

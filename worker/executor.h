@@ -68,6 +68,9 @@ class Executor {
   // The data planes this worker offers its next stage and accepts from its
   // previous one (--data_plane). Set before the first Start.
   void set_data_plane(const DataPlaneOptions& o) { data_plane_ = o; }
+  // Every layer of this worker's stages takes this many times as long
+  // (--compute_slowdown, StagePlacement). Set before the first Start.
+  void set_compute_slowdown(double f) { compute_slowdown_ = f; }
   const DataPlaneOptions& data_plane() const { return data_plane_; }
   // How stages reach their next stage; default: gRPC with the credentials
   // and data planes set above. Set before the first Start.
@@ -117,6 +120,7 @@ class Executor {
   int64_t trace_every_ = 1;
   ExchangeCredentials exchange_credentials_;
   DataPlaneOptions data_plane_;
+  double compute_slowdown_ = 1.0;
   std::unique_ptr<DownstreamConnector> connector_;
   SharedPathStore shared_files_;
   std::unique_ptr<StageFileStore> controller_files_;

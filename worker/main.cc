@@ -97,6 +97,10 @@ ABSL_FLAG(std::string, memory_limit, "",
           "Stages get it less the worker's own and a reserve (64 MiB and "
           "1/32); a stage that needs more fails as OutOfMemory before it "
           "allocates, and so does an allocation past it");
+ABSL_FLAG(double, compute_slowdown, 1.0,
+          "for tests and benchmarks: every layer takes this many times as "
+          "long (>= 1; the rest is slept, the CPU left free), so one "
+          "process stands for a slower machine");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");
@@ -166,9 +170,15 @@ int main(int argc, char** argv) {
       "[--tls_cert F --tls_key F --tls_ca F] [--tls_peer_name NAME] "
       "[--token_file F] [--health_listen HOST:PORT] "
       "[--data_plane auto|grpc|shm|cuda_ipc] [--shm_ring_bytes N] "
-      "[--cuda_ipc_ring_bytes N]\n"
+      "[--cuda_ipc_ring_bytes N] [--compute_slowdown F]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   absl::ParseCommandLine(argc, argv);
+  const double slowdown = absl::GetFlag(FLAGS_compute_slowdown);
+  if (!(slowdown >= 1.0 && slowdown <= 1000.0)) {
+    std::fprintf(stderr,
+                 "gpipe-worker: --compute_slowdown must be in [1, 1000]\n");
+    return 2;
+  }
   const int64_t drain_ms = absl::GetFlag(FLAGS_drain_timeout_ms);
   if (drain_ms <= 0) {
     std::fprintf(stderr, "gpipe-worker: --drain_timeout_ms must be positive\n");
@@ -269,6 +279,7 @@ int main(int argc, char** argv) {
   }
   executor.set_memory_budget(memory->stages);
   executor.set_exchange_credentials(security->exchange);
+  executor.set_compute_slowdown(slowdown);
   {
     const absl::StatusOr<gpipe::DataPlaneMode> mode =
         gpipe::ParseDataPlaneMode(absl::GetFlag(FLAGS_data_plane));

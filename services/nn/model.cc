@@ -1,5 +1,7 @@
 #include "services/nn/model.h"
 
+#include <chrono>
+
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
@@ -38,7 +40,12 @@ Tensor Model::Forward(const Tensor& x, LayerContext ctx,
   Tensor h = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     ctx.layer_index = begin_ + static_cast<int64_t>(i);
+    const auto start = std::chrono::steady_clock::now();
     h = layers_[i]->Forward(h, ctx, saved != nullptr ? &(*saved)[i] : nullptr);
+    if (timing_ != nullptr) {
+      timing_->Finished(static_cast<int64_t>(i), /*backward=*/false,
+                        /*record=*/ctx.training && !ctx.recompute, start);
+    }
   }
   return h;
 }
@@ -57,7 +64,12 @@ Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
   Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
     ctx.layer_index = begin_ + static_cast<int64_t>(i);
+    const auto start = std::chrono::steady_clock::now();
     g = layers_[i]->Backward(g, saved[i], ctx);
+    if (timing_ != nullptr) {
+      timing_->Finished(static_cast<int64_t>(i), /*backward=*/true,
+                        /*record=*/true, start);
+    }
   }
   return g;
 }

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "gpipe/v1/model.pb.h"
 #include "services/nn/layer.h"
+#include "services/nn/layer_timing.h"
 
 namespace gpipe {
 
@@ -61,11 +62,17 @@ class Model {
   // be on it too). FAILED_PRECONDITION names a layer without kernels there.
   absl::Status To(Device device);
 
+  // Times every layer's forward (training, not re-materialized) and
+  // backward into `timing` (not owned; null: none), which must have
+  // size() layers.
+  void set_timing(LayerTiming* timing) { timing_ = timing; }
+
  private:
   Model() = default;
   int64_t begin_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<NamedParameter> params_;
+  LayerTiming* timing_ = nullptr;
 };
 
 }  // namespace gpipe

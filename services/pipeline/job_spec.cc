@@ -436,6 +436,24 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
     return FieldError("pipeline.min_stages", p.min_stages(),
                       " is more than the ", k, " stages");
   }
+  const v1::RebalanceSpec& r = p.rebalance();
+  if (r.after_steps() < 0 || r.after_steps() > kMaxSteps) {
+    return FieldError("pipeline.rebalance.after_steps", "must be in [0, ",
+                      kMaxSteps, "] (0 means 20), got ", r.after_steps());
+  }
+  if (r.every_steps() < 0 || r.every_steps() > kMaxSteps) {
+    return FieldError("pipeline.rebalance.every_steps", "must be in [0, ",
+                      kMaxSteps, "] (0 means 100), got ", r.every_steps());
+  }
+  if (!(r.min_gain() >= 0 && r.min_gain() < 1)) {
+    return FieldError("pipeline.rebalance.min_gain",
+                      "must be in [0, 1) (0 means 0.10), got ", r.min_gain());
+  }
+  if (r.has_enabled() && r.enabled() && spec.checkpoint().every() == 0) {
+    return FieldError("pipeline.rebalance.enabled",
+                      "needs periodic checkpoints (checkpoint.every > 0): "
+                      "the layers move at a committed checkpoint");
+  }
   return absl::OkStatus();
 }
 
@@ -550,6 +568,18 @@ absl::Status ValidateLimits(const v1::JobSpec& spec) {
 }
 
 }  // namespace
+
+RebalanceSettings RebalanceSettingsOf(const v1::JobSpec& spec) {
+  const v1::RebalanceSpec& r = spec.pipeline().rebalance();
+  RebalanceSettings s;
+  s.enabled = r.has_enabled() ? r.enabled()
+                              : spec.pipeline().balance().empty() &&
+                                    spec.checkpoint().every() > 0;
+  if (r.after_steps() > 0) s.after_steps = r.after_steps();
+  if (r.every_steps() > 0) s.every_steps = r.every_steps();
+  if (r.min_gain() > 0) s.min_gain = r.min_gain();
+  return s;
+}
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateLimits(spec));

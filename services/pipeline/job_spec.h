@@ -51,6 +51,15 @@ inline int64_t MaxRestarts(const gpipe::v1::JobSpec& spec) {
 }
 inline constexpr int64_t kMaxElasticGraceMs = int64_t{24} * 3600 * 1000;
 
+// pipeline.rebalance with its defaults filled in.
+struct RebalanceSettings {
+  bool enabled = false;      // absent: on without an explicit balance
+  int64_t after_steps = 20;  // warm-up before the first re-partition
+  int64_t every_steps = 100;  // at most one re-partition per this many
+  double min_gain = 0.10;    // predicted step-time gain that pays
+};
+RebalanceSettings RebalanceSettingsOf(const gpipe::v1::JobSpec& spec);
+
 // Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields
 // are errors: a misspelt option must not silently fall back to its default.
 // When the spec's data paths exist here, the fields only the data can fill

@@ -1,6 +1,7 @@
 #include "services/pipeline/partitioner.h"
 
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "absl/status/status.h"
@@ -26,41 +27,14 @@ absl::Status CheckStageCount(int64_t stages, int64_t layers) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<int64_t>> PartitionByCost(
-    const std::vector<double>& layer_costs, int64_t stages,
-    const std::vector<double>& stage_weights) {
-  const int64_t n = static_cast<int64_t>(layer_costs.size());
-  RETURN_IF_ERROR(CheckStageCount(stages, n));
-  std::vector<double> w = stage_weights;
-  if (w.empty()) w.assign(static_cast<size_t>(stages), 1.0);
-  if (static_cast<int64_t>(w.size()) != stages) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stage weights: ", w.size(), " for ", stages, " stages"));
-  }
-  for (double x : w) {
-    if (!std::isfinite(x) || x <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stage weights: must be finite and > 0, got ", x));
-    }
-  }
-  // Stage costs are differences of one prefix-sum array in both passes
-  // below, so the bound found by the first pass is met bit for bit by the
-  // second: no tolerance is needed to recognise the optimal splits.
-  std::vector<double> prefix(n + 1, 0.0);
-  for (int64_t i = 0; i < n; ++i) {
-    const double c = layer_costs[i];
-    if (!std::isfinite(c) || c < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("layer cost ", i, ": must be finite and >= 0, got ", c));
-    }
-    prefix[i + 1] = prefix[i] + c;
-  }
-  if (!std::isfinite(prefix[n])) {
-    return absl::InvalidArgumentError("layer costs: the sum is not finite");
-  }
-  const int64_t k_stages = stages;
+// The exact min-max cut of layers [0, n) into `stages` non-empty runs, where
+// cost(k, j, i) is stage k's cost for layers [j, i) (0-based k) and never
+// decreases as the run grows; among the optimal cuts, the smallest sum of
+// squared stage costs. Both passes compute every cost by the same call, so
+// the bound found by the first is met bit for bit by the second.
+template <typename Cost>
+absl::StatusOr<std::vector<int64_t>> MinMaxCut(int64_t n, int64_t k_stages,
+                                               const Cost& cost) {
   const auto at = [n](int64_t k, int64_t i) { return k * (n + 1) + i; };
 
   // Pass 1: best[k][i] = the smallest possible most-expensive stage when the
@@ -68,12 +42,12 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   // j while the last stage (j, i] only shrinks, so scanning j downwards can
   // stop at the first j where the last stage dominates.
   std::vector<double> best((k_stages + 1) * (n + 1), kInf);
-  for (int64_t i = 1; i <= n; ++i) best[at(1, i)] = w[0] * prefix[i];
+  for (int64_t i = 1; i <= n; ++i) best[at(1, i)] = cost(0, 0, i);
   for (int64_t k = 2; k <= k_stages; ++k) {
     for (int64_t i = k; i <= n; ++i) {
       double b = kInf;
       for (int64_t j = i - 1; j >= k - 1; --j) {
-        const double last = w[k - 1] * (prefix[i] - prefix[j]);
+        const double last = cost(k - 1, j, i);
         const double before = best[at(k - 1, j)];
         b = std::min(b, std::max(before, last));
         if (last >= before) break;
@@ -89,7 +63,7 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   std::vector<double> squares((k_stages + 1) * (n + 1), kInf);
   std::vector<int64_t> cut((k_stages + 1) * (n + 1), -1);
   for (int64_t i = 1; i <= n; ++i) {
-    const double first = w[0] * prefix[i];
+    const double first = cost(0, 0, i);
     if (first <= bound) {
       squares[at(1, i)] = first * first;
       cut[at(1, i)] = 0;
@@ -98,7 +72,7 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   for (int64_t k = 2; k <= k_stages; ++k) {
     for (int64_t i = k; i <= n; ++i) {
       for (int64_t j = i - 1; j >= k - 1; --j) {
-        const double last = w[k - 1] * (prefix[i] - prefix[j]);
+        const double last = cost(k - 1, j, i);
         if (last > bound) break;  // only grows as j decreases
         const double before = squares[at(k - 1, j)];
         if (before == kInf) continue;
@@ -123,6 +97,50 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
     i = j;
   }
   return balance;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<int64_t>> PartitionByCost(
+    const std::vector<double>& layer_costs, int64_t stages,
+    const std::vector<double>& stage_weights) {
+  const int64_t n = static_cast<int64_t>(layer_costs.size());
+  RETURN_IF_ERROR(CheckStageCount(stages, n));
+  std::vector<double> w = stage_weights;
+  if (w.empty()) w.assign(static_cast<size_t>(stages), 1.0);
+  if (static_cast<int64_t>(w.size()) != stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage weights: ", w.size(), " for ", stages, " stages"));
+  }
+  for (double x : w) {
+    if (!std::isfinite(x) || x <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage weights: must be finite and > 0, got ", x));
+    }
+  }
+  std::vector<double> prefix(n + 1, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double c = layer_costs[i];
+    if (!std::isfinite(c) || c < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer cost ", i, ": must be finite and >= 0, got ", c));
+    }
+    prefix[i + 1] = prefix[i] + c;
+  }
+  if (!std::isfinite(prefix[n])) {
+    return absl::InvalidArgumentError("layer costs: the sum is not finite");
+  }
+  return MinMaxCut(n, stages, [&w, &prefix](int64_t k, int64_t j, int64_t i) {
+    return w[k] * (prefix[i] - prefix[j]);
+  });
+}
+
+absl::StatusOr<std::vector<int64_t>> PartitionByStageCost(
+    int64_t layers, int64_t stages,
+    const std::function<double(int64_t stage, int64_t begin, int64_t end)>&
+        cost) {
+  RETURN_IF_ERROR(CheckStageCount(stages, layers));
+  return MinMaxCut(layers, stages, cost);
 }
 
 absl::StatusOr<std::vector<int64_t>> PartitionJob(

@@ -7,6 +7,7 @@
 #define GPIPE_SERVICES_PIPELINE_PARTITIONER_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -26,6 +27,16 @@ namespace gpipe {
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
     const std::vector<double>& layer_costs, int64_t stages,
     const std::vector<double>& stage_weights = {});
+
+// The same exact min-max cut for any stage cost: cost(stage, begin, end) is
+// what stage `stage` (0-based) takes for layers [begin, end), and must not
+// decrease as the range grows. What the balancer cuts by when stages differ
+// in more than a weight (measured forward and backward, re-materialization,
+// worker speed). Errors: stages < 1 or > layers.
+absl::StatusOr<std::vector<int64_t>> PartitionByStageCost(
+    int64_t layers, int64_t stages,
+    const std::function<double(int64_t stage, int64_t begin, int64_t end)>&
+        cost);
 
 // What a stage's step costs per unit of its layers' forward cost: 3 (the
 // forward, and a backward of about twice it), 4 where it re-materializes

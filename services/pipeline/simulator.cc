@@ -145,4 +145,18 @@ std::vector<StageCost> StageCostsFromLayers(
   return stages;
 }
 
+double ExpectedGain(double old_seconds, double new_seconds,
+                    double measured_seconds) {
+  if (!(old_seconds > 0)) return 0;
+  const double ratio = 1 - new_seconds / old_seconds;
+  if (!(measured_seconds > 0)) return ratio;
+  return std::min(ratio, (old_seconds - new_seconds) / measured_seconds);
+}
+
+double ExpectedStepSeconds(double old_seconds, double new_seconds,
+                           double measured_seconds) {
+  return measured_seconds *
+         (1 - ExpectedGain(old_seconds, new_seconds, measured_seconds));
+}
+
 }  // namespace gpipe

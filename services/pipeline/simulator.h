@@ -59,6 +59,19 @@ std::vector<StageCost> StageCostsFromLayers(
     const ModelShapes& shapes, const std::vector<double>& layer_forward_seconds,
     const std::vector<int64_t>& balance, int64_t micro_batch_size);
 
+// The fraction of a measured step that going from the simulator's
+// `old_seconds` to its `new_seconds` saves: the smaller of the simulator's
+// own ratio and the seconds it saves over `measured_seconds` (the simulator
+// sees compute only; transfers and fixed costs stay as they are, so on a
+// small model a large compute gain is a small step gain). The ratio alone
+// when nothing was measured.
+double ExpectedGain(double old_seconds, double new_seconds,
+                    double measured_seconds);
+
+// The step time `measured_seconds` becomes at ExpectedGain.
+double ExpectedStepSeconds(double old_seconds, double new_seconds,
+                           double measured_seconds);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_PIPELINE_SIMULATOR_H_

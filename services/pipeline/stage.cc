@@ -18,7 +18,8 @@ Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
                                  placement.count)),
       schedule_(MakeSchedule(placement.schedule, placement.count,
                              placement.micro_batches, placement.index)),
-      timeline_(origin) {}
+      timeline_(origin),
+      layer_timing_(0) {}
 
 absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
@@ -55,6 +56,9 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   ASSIGN_OR_RETURN(stage->model_,
                    Model::Build(spec.model(), spec.seed(),
                                 placement.layer_begin, placement.layer_end));
+  stage->layer_timing_ =
+      LayerTiming(stage->model_->size(), placement.compute_slowdown);
+  stage->model_->set_timing(&stage->layer_timing_);
   if (placement.device != Device::kCpu) {
     RETURN_IF_ERROR(stage->model_->To(placement.device));
     stage->device_ = DeviceTransfer::Create();
@@ -272,6 +276,7 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
     }
   }
   timeline_.EndStep();
+  layer_timing_.EndStep(placement_.micro_batches);
   last_peak_bytes_ = activations.peak_bytes();
   result.peak_activation_bytes = last_peak_bytes_;
   return result;

@@ -12,6 +12,7 @@
 #include "gpipe/v1/job.pb.h"
 #include "services/data/dataset.h"
 #include "services/data/sampler.h"
+#include "services/nn/layer_timing.h"
 #include "services/nn/loss.h"
 #include "services/nn/model.h"
 #include "services/nn/optimizer.h"
@@ -37,6 +38,9 @@ struct StagePlacement {
   // Where the stage computes; links carry host tensors unless they say
   // they carry device tensors (Link::CarriesDeviceTensors).
   Device device = Device::kCpu;
+  // >= 1: every layer takes this many times as long (LayerTiming): a
+  // worker standing for a slower machine in tests and benchmarks.
+  double compute_slowdown = 1.0;
 
   bool first() const { return index == 0; }
   bool last() const { return index == count - 1; }
@@ -77,6 +81,11 @@ class Stage {
   const Timeline& timeline() const { return timeline_; }
   // Peak bytes this stage's allocator held during the last step.
   int64_t peak_activation_bytes() const { return last_peak_bytes_; }
+  // Each layer's running forward and backward seconds per micro-batch
+  // (LayerTiming); null on a GPU, whose kernels the host clock cannot time.
+  const LayerTiming* layer_timing() const {
+    return device_ == nullptr ? &layer_timing_ : nullptr;
+  }
 
  private:
   Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
@@ -117,6 +126,7 @@ class Stage {
   // the CPU.
   std::unique_ptr<DeviceTransfer> device_;
   Timeline timeline_;
+  LayerTiming layer_timing_;
   int64_t last_peak_bytes_ = 0;
 };
 

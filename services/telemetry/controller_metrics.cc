@@ -65,6 +65,40 @@ ControllerMetrics::ControllerMetrics() {
                             "Accuracy on the test split at the job's newest "
                             "evaluation")
                         .Register(registry_);
+  repartitions_ = &prometheus::BuildCounter()
+                       .Name("gpipe_job_repartitions_total")
+                       .Help(
+                           "Re-partitions by the self-balancing pipeline: "
+                           "layer_costs (layers cost other than the cut "
+                           "assumed) or worker_speeds (workers differ)")
+                       .Register(registry_);
+  // Both reasons from the start, so a dashboard's rate is 0, not absent.
+  repartitions_->Add({{"reason", "layer_costs"}});
+  repartitions_->Add({{"reason", "worker_speeds"}});
+  step_seconds_ = &prometheus::BuildGauge()
+                       .Name("gpipe_job_step_seconds")
+                       .Help(
+                           "A job's step time as its last stage measures it "
+                           "(running estimate), at each committed checkpoint")
+                       .Register(registry_);
+  predicted_step_seconds_ =
+      &prometheus::BuildGauge()
+           .Name("gpipe_job_predicted_step_seconds")
+           .Help(
+               "The simulator's step time for the job's running cut from "
+               "its measured layer and worker speeds (compute only: the gap "
+               "to gpipe_job_step_seconds is transfers and fixed costs)")
+           .Register(registry_);
+}
+
+void ControllerMetrics::OnRepartition(const std::string& reason) {
+  repartitions_->Add({{"reason", reason}}).Increment();
+}
+
+void ControllerMetrics::ObserveStepTime(const std::string& job,
+                                        double measured, double predicted) {
+  if (measured > 0) step_seconds_->Add({{"job", job}}).Set(measured);
+  if (predicted > 0) predicted_step_seconds_->Add({{"job", job}}).Set(predicted);
 }
 
 void ControllerMetrics::ObserveEvaluation(const std::string& job, double loss,

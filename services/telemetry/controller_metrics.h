@@ -41,6 +41,13 @@ class ControllerMetrics : public prometheus::Collectable {
   void ObserveRecovery(double seconds) { recovery_->Observe(seconds); }
   // The newest evaluation of `job` on the test split.
   void ObserveEvaluation(const std::string& job, double loss, double accuracy);
+  // A re-partition by the balancer; reason layer_costs or worker_speeds.
+  void OnRepartition(const std::string& reason);
+  // The job's measured step time (a running estimate) and the simulator's
+  // for its running cut (compute only; 0: not known yet), at each
+  // committed checkpoint.
+  void ObserveStepTime(const std::string& job, double measured,
+                       double predicted);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
@@ -54,6 +61,9 @@ class ControllerMetrics : public prometheus::Collectable {
   prometheus::Histogram* recovery_;
   prometheus::Family<prometheus::Gauge>* eval_loss_;
   prometheus::Family<prometheus::Gauge>* eval_accuracy_;
+  prometheus::Family<prometheus::Counter>* repartitions_;
+  prometheus::Family<prometheus::Gauge>* step_seconds_;
+  prometheus::Family<prometheus::Gauge>* predicted_step_seconds_;
 };
 
 }  // namespace gpipe

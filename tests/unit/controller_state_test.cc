@@ -433,5 +433,150 @@ TEST_F(ControllerStateTest, AWorkerIdBelongsToItsClientCertificate) {
   EXPECT_EQ((*again)->certificate, mine);
 }
 
+
+// The self-balancing pipeline on the state machine: stages report layer
+// times, and at a committed checkpoint past the warm-up a job whose stage
+// 1 is slow restarts (uncounted) from that checkpoint under a new cut.
+class RebalanceTest : public ControllerStateTest {
+ protected:
+  v1::JobSpec RebalancingSpec() {
+    v1::JobSpec spec = test_support::RecoverableSpec(2, 3);
+    spec.set_steps(200);
+    spec.mutable_checkpoint()->set_every(10);
+    spec.mutable_pipeline()->mutable_rebalance()->set_after_steps(10);
+    spec.mutable_pipeline()->mutable_rebalance()->set_every_steps(50);
+    return spec;
+  }
+  // Progress of step `step` for the stage of `a`: each of its layers takes
+  // `layer_ms` forward and twice that backward.
+  v1::WorkerMessage Progress(const v1::Assignment& a, int64_t step,
+                             double layer_ms) {
+    v1::WorkerMessage m;
+    v1::StepProgress& p = *m.mutable_progress();
+    p.set_job_id(a.job_id());
+    p.set_epoch(a.epoch());
+    p.set_stage(a.stage());
+    p.set_step(step);
+    const int64_t layers = a.layer_end() - a.layer_begin();
+    for (int64_t l = 0; l < layers; ++l) {
+      p.add_layer_forward_seconds(layer_ms * 1e-3);
+      p.add_layer_backward_seconds(2 * layer_ms * 1e-3);
+    }
+    p.set_busy_seconds(4 * 3 * layer_ms * 1e-3 * static_cast<double>(layers));
+    p.set_step_seconds(0.05);
+    return m;
+  }
+  // Steps (from, to] on both stages, stage 1's layers `slow` times as
+  // expensive, then the checkpoint of step `to`, committed.
+  void Run(const v1::Assignment& a0, const v1::Assignment& a1,
+           WorkerRecord& w0, WorkerRecord& w1, int64_t from, int64_t to,
+           double slow) {
+    for (int64_t s = from + 1; s <= to; ++s) {
+      controller_->HandleMessage(w0, Progress(a0, s, 1.0));
+      controller_->HandleMessage(w1, Progress(a1, s, slow));
+    }
+    controller_->HandleMessage(w0, test_support::Checkpointed(a0, to));
+    controller_->HandleMessage(w1, test_support::Checkpointed(a1, to));
+    controller_->FlushIo();
+  }
+  v1::JobStatus Status(const std::string& id) {
+    return controller_->GetJob(id)->status();
+  }
+};
+
+TEST_F(RebalanceTest, ASlowStageGivesUpLayersAtCheckpointsEveryStepsApart) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(RebalancingSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a0 = Assignment(*w1), a1 = Assignment(*w2);
+  ASSERT_TRUE(a0 && a1);
+  const int64_t old_cut = a0->layer_end();
+
+  // Before after_steps nothing moves, whatever the stages measure.
+  Run(*a0, *a1, *w1, *w2, 0, 10, 1.0);
+  EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
+  // Balanced after the warm-up: still nothing.
+  Run(*a0, *a1, *w1, *w2, 10, 20, 1.0);
+  EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
+  EXPECT_EQ(Status(job->id()).repartitions_size(), 0);
+  // Stage 1 turns slow (6x): at the next checkpoint the job re-partitions.
+  Run(*a0, *a1, *w1, *w2, 20, 30, 6.0);
+  v1::JobStatus s = Status(job->id());
+  ASSERT_EQ(s.state(), v1::RESTARTING);
+  EXPECT_EQ(s.restarts(), 0);  // not counted against max_restarts
+  ASSERT_EQ(s.repartitions_size(), 1);
+  const v1::Repartition& r = s.repartitions(0);
+  EXPECT_EQ(r.step(), 30);
+  EXPECT_EQ(r.old_balance(0), old_cut);
+  EXPECT_GT(r.new_balance(0), old_cut);  // stage 1 gives layers up
+  EXPECT_EQ(r.reason(), "layer_costs");
+  EXPECT_LT(r.predicted_new_seconds(), 0.9 * r.predicted_old_seconds());
+  EXPECT_DOUBLE_EQ(r.measured_old_seconds(), 0.05);
+  const v1::Condition* running = nullptr;
+  for (const v1::Condition& c : s.conditions())
+    if (c.type() == "Running") running = &c;
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->reason(), "Rebalance");
+
+  // The restart: the same workers in the chosen order, the new cut, from
+  // the checkpoint of step 30.
+  clock_.Advance(absl::Seconds(1));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  std::optional<v1::Assignment> b0 = Assignment(*w1), b1 = Assignment(*w2);
+  ASSERT_TRUE(b0 && b1);
+  EXPECT_EQ(b0->layer_end(), r.new_balance(0));
+  EXPECT_EQ(b1->layer_begin(), r.new_balance(0));
+  EXPECT_EQ(b0->restore_step(), 30);
+  EXPECT_EQ(b0->start_step(), 30);
+
+  // The new cut runs at 40 ms a step: measured after ten steps or so.
+  for (int64_t step = 31; step <= 45; ++step) {
+    v1::WorkerMessage p0 = Progress(*b0, step, 1.0), p1 = Progress(*b1, step, 6.0);
+    p1.mutable_progress()->set_step_seconds(0.04);
+    controller_->HandleMessage(*w1, p0);
+    controller_->HandleMessage(*w2, p1);
+  }
+  EXPECT_NEAR(Status(job->id()).repartitions(0).measured_new_seconds(), 0.04,
+              1e-9);
+
+  // Stage 1 still measures 6x per layer, and layer 2, seen on both
+  // workers, says its worker is that much slower: moving one more layer
+  // would halve the step. every_steps (50) holds it at step 40 ...
+  v1::Assignment c0 = *b0, c1 = *b1;
+  controller_->HandleMessage(*w1, test_support::Checkpointed(c0, 40));
+  controller_->HandleMessage(*w2, test_support::Checkpointed(c1, 40));
+  controller_->FlushIo();
+  EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
+  EXPECT_EQ(Status(job->id()).repartitions_size(), 1);
+  // ... and lets it go at step 80.
+  Run(c0, c1, *w1, *w2, 45, 80, 6.0);
+  s = Status(job->id());
+  EXPECT_EQ(s.state(), v1::RESTARTING);
+  ASSERT_EQ(s.repartitions_size(), 2);
+  EXPECT_EQ(s.repartitions(1).step(), 80);
+  EXPECT_GT(s.repartitions(1).new_balance(0), r.new_balance(0));
+}
+
+TEST_F(RebalanceTest, AnExplicitBalanceOrASwitchKeepsTheCut) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  v1::JobSpec off = RebalancingSpec();
+  off.mutable_pipeline()->mutable_rebalance()->set_enabled(false);
+  v1::JobSpec explicit_balance = RebalancingSpec();
+  explicit_balance.mutable_pipeline()->add_balance(2);
+  explicit_balance.mutable_pipeline()->add_balance(3);
+  for (const v1::JobSpec& spec : {off, explicit_balance}) {
+    absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    std::optional<v1::Assignment> a0 = Assignment(*w1), a1 = Assignment(*w2);
+    ASSERT_TRUE(a0 && a1);
+    Run(*a0, *a1, *w1, *w2, 0, 30, 6.0);
+    EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
+    EXPECT_EQ(Status(job->id()).repartitions_size(), 0);
+    ASSERT_TRUE(controller_->CancelJob(job->id()).ok());
+  }
+}
+
 }  // namespace
 }  // namespace gpipe::controller

@@ -170,6 +170,56 @@ TEST(PartitionByCostTest, WeightedStagesMinimizeTheWeightedMaximum) {
   }
 }
 
+TEST(PartitionByStageCostTest, MatchesBruteForceForAnyStageCost) {
+  // The balancer's costs: a forward and a backward per layer, a stage that
+  // re-materializes counting its forward twice, each stage on a worker of
+  // its own speed.
+  Rng rng(4);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng.Below(8));
+    std::vector<double> f(n), b(n);
+    for (int64_t l = 0; l < n; ++l) {
+      f[l] = rng.Uniform();
+      b[l] = 2 * f[l] * (0.5 + rng.Uniform());
+    }
+    for (int64_t k = 1; k <= n; ++k) {
+      std::vector<double> speed(k);
+      std::vector<bool> remat(k);
+      for (int64_t s = 0; s < k; ++s) {
+        speed[s] = 0.25 + rng.Uniform();
+        remat[s] = rng.Below(2) == 1;
+      }
+      const auto cost = [&](int64_t s, int64_t begin, int64_t end) {
+        double t = 0;
+        for (int64_t l = begin; l < end; ++l)
+          t += (remat[s] ? 2 : 1) * f[l] + b[l];
+        return t / speed[s];
+      };
+      const auto max_of = [&](const std::vector<int64_t>& balance) {
+        double m = 0;
+        int64_t begin = 0;
+        for (int64_t s = 0; s < k; ++s) {
+          m = std::max(m, cost(s, begin, begin + balance[s]));
+          begin += balance[s];
+        }
+        return m;
+      };
+      absl::StatusOr<std::vector<int64_t>> balance =
+          PartitionByStageCost(n, k, cost);
+      ASSERT_TRUE(balance.ok()) << balance.status();
+      std::vector<std::vector<int64_t>> all;
+      std::vector<int64_t> prefix;
+      AllBalances(n, k, prefix, all);
+      double best = std::numeric_limits<double>::infinity();
+      for (const auto& x : all) best = std::min(best, max_of(x));
+      EXPECT_NEAR(max_of(*balance), best, 1e-12) << "n=" << n << " k=" << k;
+    }
+  }
+  EXPECT_FALSE(
+      PartitionByStageCost(3, 4, [](int64_t, int64_t, int64_t) { return 1.0; })
+          .ok());
+}
+
 TEST(PartitionByCostTest, StagesThatRematerializeGetFewerLayers) {
   EXPECT_THAT(RematStageWeights(RematMode::kExceptLast, 3),
               ElementsAre(4, 4, 3));

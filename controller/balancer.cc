@@ -1,0 +1,216 @@
+#include "controller/balancer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/pipeline/partitioner.h"
+#include "services/pipeline/simulator.h"
+
+namespace gpipe::controller {
+namespace {
+
+// Below this a measurement says nothing about speed (clock resolution,
+// layers such as Flatten that do almost nothing).
+constexpr double kMinSeconds = 1e-7;
+// Alternating passes of the speed estimate: each halves the error or
+// better on the chains of workers a job produces; 50 is far past settled.
+constexpr int kEstimatePasses = 50;
+// Worker speeds within this ratio count as equal: the order of the workers
+// over the stages then stays as it is.
+constexpr double kEqualSpeeds = 1.05;
+// All orders of the workers over the stages are tried up to this many
+// stages (720 orders, each one exact cut).
+constexpr int64_t kMaxPermutedStages = 6;
+
+double SpeedOf(const CostEstimate& c, const std::string& worker) {
+  auto it = c.speed.find(worker);
+  return it == c.speed.end() ? 1.0 : it->second;
+}
+
+}  // namespace
+
+void LayerCostBook::Record(const std::string& worker, int64_t layer_begin,
+                           const std::vector<LayerSeconds>& layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    seen_[{layer_begin + static_cast<int64_t>(i), worker}] = layers[i];
+  }
+  last_report_[worker] = ++reports_;
+  while (last_report_.size() > kMaxWorkers) {
+    auto oldest = std::min_element(
+        last_report_.begin(), last_report_.end(),
+        [](const auto& a, const auto& b) { return a.second < b.second; });
+    std::erase_if(seen_, [&](const auto& e) {
+      return e.first.second == oldest->first;
+    });
+    last_report_.erase(oldest);
+  }
+}
+
+std::vector<LayerSeconds> LayerSecondsFromBusy(
+    double busy_seconds, int64_t micro_batches, bool rematerializes,
+    const std::vector<double>& model_costs) {
+  std::vector<LayerSeconds> out(model_costs.size());
+  const double sum =
+      std::accumulate(model_costs.begin(), model_costs.end(), 0.0);
+  if (sum <= 0 || busy_seconds <= 0 || micro_batches < 1) return out;
+  // busy = M (F (1 + remat) + B) with B = 2 F.
+  const double forward = busy_seconds / static_cast<double>(micro_batches) /
+                         (rematerializes ? 4.0 : 3.0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i].forward = forward * model_costs[i] / sum;
+    out[i].backward = 2 * out[i].forward;
+  }
+  return out;
+}
+
+CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers) {
+  CostEstimate c;
+  c.layers.assign(layers, LayerSeconds());
+  std::vector<int> observed(layers, 0);
+  for (const auto& [key, s] : book.seen()) {
+    if (key.first >= 0 && key.first < layers) {
+      ++observed[key.first];
+      c.speed[key.second] = 1.0;
+    }
+  }
+  c.complete = std::all_of(observed.begin(), observed.end(),
+                           [](int n) { return n > 0; });
+  for (int pass = 0; pass < kEstimatePasses; ++pass) {
+    // Layer costs at the current speeds: the mean over the workers that ran
+    // the layer of what it would take at speed 1.
+    std::vector<LayerSeconds> sum(layers);
+    for (const auto& [key, s] : book.seen()) {
+      if (key.first < 0 || key.first >= layers) continue;
+      const double speed = c.speed[key.second];
+      sum[key.first].forward += s.forward * speed;
+      sum[key.first].backward += s.backward * speed;
+    }
+    for (int64_t l = 0; l < layers; ++l) {
+      if (observed[l] == 0) continue;
+      c.layers[l].forward = sum[l].forward / observed[l];
+      c.layers[l].backward = sum[l].backward / observed[l];
+    }
+    // Worker speeds at the current costs: a mean of log(cost / seconds)
+    // weighted by seconds, so long layers, whose times are steadiest, count
+    // most. Only layers seen on several workers say anything about speed
+    // (a layer seen once fits any speed exactly, and would only slow the
+    // passes down).
+    std::map<std::string, std::pair<double, double>> logs;  // sum, weight
+    for (const auto& [key, s] : book.seen()) {
+      if (key.first < 0 || key.first >= layers || observed[key.first] < 2) {
+        continue;
+      }
+      const double cost = c.layers[key.first].total();
+      if (s.total() < kMinSeconds || cost < kMinSeconds) continue;
+      auto& [sum_log, weight] = logs[key.second];
+      sum_log += s.total() * std::log(cost / s.total());
+      weight += s.total();
+    }
+    double mean_log = 0;
+    for (auto& [worker, speed] : c.speed) {
+      auto it = logs.find(worker);
+      const double log_speed = it == logs.end() || it->second.second <= 0
+                                   ? 0.0
+                                   : it->second.first / it->second.second;
+      speed = log_speed;  // a logarithm until normalized below
+      mean_log += log_speed;
+    }
+    if (!c.speed.empty()) mean_log /= static_cast<double>(c.speed.size());
+    for (auto& [worker, speed] : c.speed) speed = std::exp(speed - mean_log);
+  }
+  return c;
+}
+
+double PredictStepSeconds(const RebalanceInput& in,
+                          const std::vector<int64_t>& balance,
+                          const std::vector<std::string>& workers) {
+  const std::vector<double> no_seconds(in.costs.layers.size(), 0.0);
+  SimulationConfig config;
+  config.stages = StageCostsFromLayers(*in.shapes, no_seconds, balance,
+                                       in.micro_batch_size);
+  int64_t begin = 0;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    const double speed = SpeedOf(in.costs, workers[s]);
+    StageCost& stage = config.stages[s];
+    stage.forward_seconds = stage.backward_seconds = 0;
+    for (int64_t l = begin; l < begin + balance[s]; ++l) {
+      stage.forward_seconds += in.costs.layers[l].forward / speed;
+      stage.backward_seconds += in.costs.layers[l].backward / speed;
+    }
+    begin += balance[s];
+  }
+  config.micro_batches = in.micro_batches;
+  config.schedule = in.schedule;
+  config.remat = in.remat;
+  return Simulate(config).step_seconds;
+}
+
+std::string CutKey(const std::vector<int64_t>& balance) {
+  return absl::StrJoin(balance, ",");
+}
+
+std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in) {
+  const int64_t k = static_cast<int64_t>(in.balance.size());
+  const int64_t n = static_cast<int64_t>(in.costs.layers.size());
+  if (k < 2 || !in.costs.complete || in.shapes == nullptr ||
+      static_cast<int64_t>(in.workers.size()) != k ||
+      std::accumulate(in.balance.begin(), in.balance.end(), int64_t{0}) != n) {
+    return std::nullopt;
+  }
+  std::vector<double> forward(n + 1, 0.0), backward(n + 1, 0.0);
+  for (int64_t l = 0; l < n; ++l) {
+    forward[l + 1] = forward[l] + in.costs.layers[l].forward;
+    backward[l + 1] = backward[l] + in.costs.layers[l].backward;
+  }
+  double slowest = 1, fastest = 1;
+  std::vector<double> speeds;
+  for (const std::string& w : in.workers) speeds.push_back(SpeedOf(in.costs, w));
+  if (!speeds.empty()) {
+    slowest = *std::min_element(speeds.begin(), speeds.end());
+    fastest = *std::max_element(speeds.begin(), speeds.end());
+  }
+  const bool unequal = fastest > slowest * kEqualSpeeds;
+
+  const double old_seconds = PredictStepSeconds(in, in.balance, in.workers);
+  std::optional<RebalanceProposal> best;
+  std::vector<size_t> order(k);
+  std::iota(order.begin(), order.end(), size_t{0});
+  do {
+    std::vector<std::string> workers(k);
+    for (int64_t s = 0; s < k; ++s) workers[s] = in.workers[order[s]];
+    // A stage's time per micro-batch for layers [j, i) on its worker.
+    absl::StatusOr<std::vector<int64_t>> cut = PartitionByStageCost(
+        n, k, [&](int64_t s, int64_t j, int64_t i) {
+          const double recompute =
+              StageRematerializes(in.remat, s, k) ? 2.0 : 1.0;
+          return (recompute * (forward[i] - forward[j]) +
+                  (backward[i] - backward[j])) /
+                 speeds[order[s]];
+        });
+    if (!cut.ok()) return std::nullopt;
+    const double seconds = PredictStepSeconds(in, *cut, workers);
+    // Strictly better only: among equals the first order tried (the
+    // running one) stays.
+    if (!best || seconds < best->predicted_new_seconds) {
+      best = RebalanceProposal{*cut, workers, old_seconds, seconds,
+                               unequal ? "worker_speeds" : "layer_costs"};
+    }
+  } while (unequal && k <= kMaxPermutedStages &&
+           std::next_permutation(order.begin(), order.end()));
+
+  if (!best ||
+      ExpectedGain(old_seconds, best->predicted_new_seconds,
+                   in.measured_step_seconds) < in.min_gain ||
+      (best->balance == in.balance && best->workers == in.workers) ||
+      in.tried.contains(CutKey(best->balance)) ||
+      (in.fits && !in.fits(best->balance, best->workers))) {
+    return std::nullopt;
+  }
+  return best;
+}
+
+}  // namespace gpipe::controller

@@ -1,0 +1,128 @@
+// The self-balancing pipeline's arithmetic (pipeline.rebalance): what each
+// layer costs and how fast each worker is, from the stages' running
+// per-layer times, and the cut and stage-to-worker order the simulator
+// predicts fastest. Pure: the controller decides when (at a committed
+// checkpoint) and moves the layers (a restart from it, exact).
+#ifndef GPIPE_CONTROLLER_BALANCER_H_
+#define GPIPE_CONTROLLER_BALANCER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "services/nn/layer_spec.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+#include "services/pipeline/simulator.h"
+
+namespace gpipe::controller {
+
+// Seconds per micro-batch.
+struct LayerSeconds {
+  double forward = 0;
+  double backward = 0;
+  double total() const { return forward + backward; }
+};
+
+// What one job's stages measured: each layer's seconds on each worker that
+// ran it, the newest report winning. Kept across epochs: a layer seen on
+// two workers is what tells their speeds apart.
+class LayerCostBook {
+ public:
+  // Layers [layer_begin, layer_begin + layers.size()) ran on `worker`.
+  void Record(const std::string& worker, int64_t layer_begin,
+              const std::vector<LayerSeconds>& layers);
+
+  // (layer, worker) -> seconds.
+  const std::map<std::pair<int64_t, std::string>, LayerSeconds>& seen() const {
+    return seen_;
+  }
+
+ private:
+  // Bounds the book when workers come and go for a long time: the entries
+  // of the worker that reported least recently go first.
+  static constexpr size_t kMaxWorkers = 64;
+
+  std::map<std::pair<int64_t, std::string>, LayerSeconds> seen_;
+  std::map<std::string, uint64_t> last_report_;  // worker -> report number
+  uint64_t reports_ = 0;
+};
+
+// A stage whose worker reports no layer times (a GPU stage: the host clock
+// sees only launches) still reports its busy seconds per step: split them
+// over its layers in proportion to `model_costs` (the cost model's, one per
+// layer of the stage), the backward twice the forward and a
+// re-materializing stage's forward counted twice.
+std::vector<LayerSeconds> LayerSecondsFromBusy(
+    double busy_seconds, int64_t micro_batches, bool rematerializes,
+    const std::vector<double>& model_costs);
+
+struct CostEstimate {
+  std::vector<LayerSeconds> layers;     // at speed 1
+  std::map<std::string, double> speed;  // relative; geometric mean 1
+  bool complete = false;                // every layer was measured
+};
+
+// Solves seconds(l, w) = cost(l) / speed(w) in the least-squares sense on
+// logarithms, weighting each measurement by its seconds. Until a layer has
+// run on two workers nothing links their speeds, and they stay equal: a
+// slow worker's layers then look expensive, which moves layers off it all
+// the same; after that move the speeds are known.
+CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers);
+
+struct RebalanceInput {
+  const ModelShapes* shapes = nullptr;
+  int64_t micro_batches = 1;
+  int64_t micro_batch_size = 1;
+  ScheduleKind schedule = ScheduleKind::kGPipe;
+  RematMode remat = RematMode::kExceptLast;
+  std::vector<int64_t> balance;      // the running cut
+  std::vector<std::string> workers;  // the worker of each running stage
+  CostEstimate costs;
+  // The running cut's measured step (0: not known): what a gain is a
+  // fraction of (ExpectedGain).
+  double measured_step_seconds = 0;
+  double min_gain = 0.10;
+  // Cuts this job has run (CutKey): never proposed again, whichever
+  // workers ran them, so the job does not go back and forth between two
+  // cuts that each look better measured from the other.
+  std::set<std::string> tried;
+  // Whether a cut fits its workers' memory (null: all fit).
+  std::function<bool(const std::vector<int64_t>& balance,
+                     const std::vector<std::string>& workers)>
+      fits;
+};
+
+struct RebalanceProposal {
+  std::vector<int64_t> balance;
+  std::vector<std::string> workers;
+  double predicted_old_seconds = 0;  // the simulator's step, running cut
+  double predicted_new_seconds = 0;  // and proposed cut
+  std::string reason;                // layer_costs | worker_speeds
+};
+
+// The simulator's step time of `balance` with stage s on workers[s].
+double PredictStepSeconds(const RebalanceInput& in,
+                          const std::vector<int64_t>& balance,
+                          const std::vector<std::string>& workers);
+
+// The fastest cut: for each order of the running workers over the stages
+// (all orders up to 6 stages when their speeds differ by more than 5%,
+// else the running order), the exact min-max cut by measured stage time
+// (PartitionByStageCost), and of those the one the simulator predicts
+// fastest. nullopt unless its ExpectedGain reaches min_gain, it fits and
+// was not tried before.
+std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in);
+
+// "4,4,4": a cut, for RebalanceInput::tried.
+std::string CutKey(const std::vector<int64_t>& balance);
+
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_BALANCER_H_

@@ -1,0 +1,224 @@
+#include "controller/rebalance.h"
+
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "controller/balancer.h"
+#include "controller/job_status.h"
+#include "controller/placement.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/partitioner.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
+
+namespace gpipe::controller {
+namespace {
+
+namespace v1 = gpipe::v1;
+
+// The first step reports of an epoch include its start (connecting links,
+// first allocations): the running step time begins after them.
+constexpr int64_t kStartupReports = 2;
+// Newest report's weight in the running step time (about the last ten).
+constexpr double kNewest = 0.2;
+// Reports with layer times each stage must have sent this epoch before its
+// estimates are trusted, and step reports a new cut runs before its step
+// time is called measured.
+constexpr int64_t kMinTimedReports = 5;
+constexpr int64_t kMeasureReports = 10;
+// What a restart costs besides the replayed steps (assignment, links,
+// model building, restoring): counted as this many steps.
+constexpr int64_t kRestartSteps = 5;
+
+const ModelShapes* Shapes(JobRecord& job) {
+  if (job.model_shapes == nullptr) {
+    absl::StatusOr<ModelShapes> shapes =
+        InferModelShapes(job.job.spec().model());
+    if (!shapes.ok()) return nullptr;
+    job.model_shapes = std::make_shared<const ModelShapes>(*std::move(shapes));
+  }
+  return job.model_shapes.get();
+}
+
+bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0; }
+
+// The running cut and its workers, from the epoch's stages.
+void RunningCut(const v1::JobStatus& status, std::vector<int64_t>* balance,
+                std::vector<std::string>* workers) {
+  for (const v1::StageStatus& st : status.stages()) {
+    balance->push_back(st.layer_end() - st.layer_begin());
+    workers->push_back(st.worker_id());
+  }
+}
+
+RebalanceInput Input(const JobRecord& job) {
+  const v1::JobSpec& spec = job.job.spec();
+  RebalanceInput in;
+  in.shapes = job.model_shapes.get();
+  in.micro_batches = MicroBatchCount(spec);
+  in.micro_batch_size =
+      (spec.batch_size() + in.micro_batches - 1) / in.micro_batches;
+  in.schedule = ScheduleFromSpec(spec.pipeline().schedule());
+  in.remat = RematFromSpec(spec.pipeline().remat());
+  RunningCut(job.status(), &in.balance, &in.workers);
+  in.costs = EstimateCosts(job.layer_costs, spec.model().layers_size());
+  in.min_gain = RebalanceSettingsOf(spec).min_gain;
+  in.measured_step_seconds = job.step_seconds;
+  in.tried = job.tried_cuts;
+  return in;
+}
+
+std::string Millis(double seconds) {
+  return absl::StrFormat("%.1f ms", seconds * 1e3);
+}
+
+}  // namespace
+
+bool RecordStageTimes(JobRecord& job, const std::string& worker,
+                      const v1::StepProgress& p) {
+  const v1::JobStatus& status = job.status();
+  const ModelShapes* shapes = Shapes(job);
+  const v1::StageStatus* stage = nullptr;
+  for (const v1::StageStatus& st : status.stages()) {
+    if (st.stage() == p.stage()) stage = &st;
+  }
+  if (stage == nullptr || p.stage() < 0 ||
+      p.stage() >= static_cast<int64_t>(job.timed_reports.size())) {
+    return true;
+  }
+  if (p.stage() == status.stages_size() - 1 && p.step_seconds() > 0 &&
+      std::isfinite(p.step_seconds()) &&
+      ++job.step_reports > kStartupReports) {
+    job.step_seconds = job.step_reports == kStartupReports + 1
+                           ? p.step_seconds()
+                           : job.step_seconds +
+                                 kNewest * (p.step_seconds() - job.step_seconds);
+  }
+  const int64_t layers = stage->layer_end() - stage->layer_begin();
+  const int n = static_cast<int>(layers);
+  std::vector<LayerSeconds> seconds;
+  if (p.layer_forward_seconds_size() == n &&
+      p.layer_backward_seconds_size() == n) {
+    for (int i = 0; i < n; ++i) {
+      const double f = p.layer_forward_seconds(i), b = p.layer_backward_seconds(i);
+      if (!FiniteNonNegative(f) || !FiniteNonNegative(b)) return false;
+      seconds.push_back({f, b});
+    }
+  } else if (p.layer_forward_seconds_size() == 0 &&
+             p.layer_backward_seconds_size() == 0) {
+    if (shapes == nullptr || !(p.busy_seconds() > 0) ||
+        !std::isfinite(p.busy_seconds())) {
+      return true;
+    }
+    const std::vector<double> all = CostModelLayerCosts(*shapes);
+    const std::vector<double> mine(all.begin() + stage->layer_begin(),
+                                   all.begin() + stage->layer_end());
+    const v1::JobSpec& spec = job.job.spec();
+    seconds = LayerSecondsFromBusy(
+        p.busy_seconds(), MicroBatchCount(spec),
+        StageRematerializes(RematFromSpec(spec.pipeline().remat()), p.stage(),
+                            status.stages_size()),
+        mine);
+  } else {
+    return false;
+  }
+  job.layer_costs.Record(worker, stage->layer_begin(), seconds);
+  ++job.timed_reports[p.stage()];
+  return true;
+}
+
+std::optional<v1::Repartition> PlanRepartition(
+    const JobRecord& job, int64_t step,
+    const std::function<int64_t(const std::string& worker)>& memory_of,
+    absl::Time now) {
+  const v1::JobSpec& spec = job.job.spec();
+  const RebalanceSettings settings = RebalanceSettingsOf(spec);
+  const v1::JobStatus& status = job.status();
+  if (!settings.enabled || job.stages < 2 ||
+      status.stages_size() != job.stages || step < settings.after_steps ||
+      job.model_shapes == nullptr ||
+      job.step_reports < kStartupReports + kMinTimedReports) {
+    return std::nullopt;
+  }
+  if (!status.repartitions().empty() &&
+      step - status.repartitions().rbegin()->step() < settings.every_steps) {
+    return std::nullopt;
+  }
+  for (int64_t n : job.timed_reports) {
+    if (n < kMinTimedReports) return std::nullopt;
+  }
+  RebalanceInput in = Input(job);
+  in.fits = [&](const std::vector<int64_t>& balance,
+                const std::vector<std::string>& workers) {
+    absl::StatusOr<StagePlan> plan =
+        PlanStages(spec, static_cast<int64_t>(balance.size()), balance);
+    if (!plan.ok()) return false;
+    std::vector<int64_t> memory;
+    for (const std::string& w : workers) memory.push_back(memory_of(w));
+    return StagesFit(*plan, memory);
+  };
+  const std::optional<RebalanceProposal> proposal = ProposeRebalance(in);
+  if (!proposal) return std::nullopt;
+  // It pays when the steps left, each faster by the expected fraction,
+  // save more than the steps replayed from the checkpoint and the restart.
+  const double gain =
+      ExpectedGain(proposal->predicted_old_seconds,
+                   proposal->predicted_new_seconds, job.step_seconds);
+  const double saved =
+      gain * job.step_seconds *
+      static_cast<double>(status.total_steps() - status.step());
+  const double cost = job.step_seconds *
+                      static_cast<double>(status.step() - step + kRestartSteps);
+  if (saved <= cost) return std::nullopt;
+
+  v1::Repartition r;
+  r.set_step(step);
+  *r.mutable_time() = ToTimestamp(now);
+  for (int64_t b : in.balance) r.add_old_balance(b);
+  for (int64_t b : proposal->balance) r.add_new_balance(b);
+  for (const std::string& w : proposal->workers) r.add_workers(w);
+  r.set_reason(proposal->reason);
+  r.set_predicted_old_seconds(proposal->predicted_old_seconds);
+  r.set_predicted_new_seconds(proposal->predicted_new_seconds);
+  r.set_measured_old_seconds(job.step_seconds);
+  return r;
+}
+
+std::optional<std::string> MeasureRepartition(JobRecord& job) {
+  v1::JobStatus& status = job.status();
+  if (!job.measuring_repartition || status.repartitions().empty() ||
+      job.step_reports < kStartupReports + kMeasureReports) {
+    return std::nullopt;
+  }
+  v1::Repartition& r = *status.mutable_repartitions()->rbegin();
+  std::vector<int64_t> balance;
+  std::vector<std::string> workers;
+  RunningCut(status, &balance, &workers);
+  if (!std::equal(balance.begin(), balance.end(), r.new_balance().begin(),
+                  r.new_balance().end())) {
+    return std::nullopt;  // an elastic shrink runs meanwhile
+  }
+  job.measuring_repartition = false;
+  r.set_measured_new_seconds(job.step_seconds);
+  const double predicted =
+      ExpectedStepSeconds(r.predicted_old_seconds(), r.predicted_new_seconds(),
+                          r.measured_old_seconds());
+  return absl::StrCat("re-partition at step ", r.step(), " (",
+                      absl::StrJoin(r.old_balance(), ","), " -> ",
+                      absl::StrJoin(r.new_balance(), ","), ") measured ",
+                      Millis(r.measured_old_seconds()), " -> ",
+                      Millis(r.measured_new_seconds()), " a step (predicted ",
+                      Millis(predicted), ")");
+}
+
+double PredictedStepSeconds(const JobRecord& job) {
+  if (job.model_shapes == nullptr) return 0;
+  const RebalanceInput in = Input(job);
+  if (!in.costs.complete || in.balance.empty()) return 0;
+  return PredictStepSeconds(in, in.balance, in.workers);
+}
+
+}  // namespace gpipe::controller

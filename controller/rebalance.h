@@ -1,0 +1,50 @@
+// The controller's side of the self-balancing pipeline: it keeps what the
+// stages of a job measured (JobRecord::layer_costs), decides at a
+// committed checkpoint whether a re-partition pays (balancer.h), and
+// reports how the new cut measured. The restart that moves the layers is
+// the controller's (a Rebalance restart from that checkpoint, not counted),
+// so the result stays bitwise that of the reference trainer.
+#ifndef GPIPE_CONTROLLER_REBALANCE_H_
+#define GPIPE_CONTROLLER_REBALANCE_H_
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "absl/time/time.h"
+#include "controller/job_table.h"
+#include "gpipe/v1/controller.pb.h"
+
+namespace gpipe::controller {
+
+// Folds a progress report into the job: the stage's layer times into its
+// cost book (a stage that times no layers, on a GPU, by its busy time
+// split by the cost model), and the last stage's step time into the
+// epoch's running estimate. Layer times of another length than the stage's
+// layers, or not finite, are ignored (false).
+bool RecordStageTimes(JobRecord& job, const std::string& worker,
+                      const gpipe::v1::StepProgress& p);
+
+// At the committed checkpoint of `step`: the re-partition to make, when the
+// job's pipeline.rebalance allows one now, every stage has measured long
+// enough, the simulator predicts at least min_gain, the steps left repay
+// the steps replayed from the checkpoint, and the new cut fits its workers
+// (`memory_of`: a worker's memory for stages, 0 unknown). The caller
+// records it in status.repartitions and restarts the job.
+std::optional<gpipe::v1::Repartition> PlanRepartition(
+    const JobRecord& job, int64_t step,
+    const std::function<int64_t(const std::string& worker)>& memory_of,
+    absl::Time now);
+
+// Once the newest re-partition's cut has run long enough: its measured step
+// time, set on the record, and a line for people; nullopt until then.
+std::optional<std::string> MeasureRepartition(JobRecord& job);
+
+// The simulator's step time of the running cut from what the job measured
+// (0 while a stage lacks measurements): the gauge next to the measured one.
+double PredictedStepSeconds(const JobRecord& job);
+
+}  // namespace gpipe::controller
+
+#endif  // GPIPE_CONTROLLER_REBALANCE_H_

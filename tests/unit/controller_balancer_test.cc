@@ -1,0 +1,178 @@
+// The balancer's arithmetic: layer costs and worker speeds from what the
+// stages measured, and the cut (and worker order) it proposes, or not.
+#include "controller/balancer.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/nn/layer_spec.h"
+#include "tests/support/controller_fixtures.h"
+
+namespace gpipe::controller {
+namespace {
+
+// A model of `n` equal layers (Linear 32 -> 32), for the simulator's bytes.
+ModelShapes EqualLayers(int n) {
+  gpipe::v1::JobSpec spec = test_support::ControllerSpec(2);
+  gpipe::v1::ModelSpec* model = spec.mutable_model();
+  model->clear_layers();
+  model->mutable_input()->mutable_shape()->clear_dims();
+  model->mutable_input()->mutable_shape()->add_dims(32);
+  for (int i = 0; i < n; ++i) {
+    auto* linear = model->add_layers()->mutable_linear();
+    linear->set_in_features(32);
+    linear->set_out_features(32);
+  }
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(*model);
+  EXPECT_TRUE(shapes.ok()) << shapes.status();
+  return *shapes;
+}
+
+// Each stage's layers as `worker` measured them: `seconds` forward, twice
+// that backward, per layer.
+void Measure(LayerCostBook& book, const std::vector<int64_t>& balance,
+             const std::vector<std::string>& workers,
+             const std::vector<double>& seconds) {
+  int64_t begin = 0;
+  for (size_t s = 0; s < balance.size(); ++s) {
+    std::vector<LayerSeconds> layers;
+    for (int64_t l = begin; l < begin + balance[s]; ++l) {
+      layers.push_back({seconds[l], 2 * seconds[l]});
+    }
+    book.Record(workers[s], begin, layers);
+    begin += balance[s];
+  }
+}
+
+RebalanceInput Input(const ModelShapes& shapes, std::vector<int64_t> balance,
+                     std::vector<std::string> workers,
+                     const LayerCostBook& book) {
+  RebalanceInput in;
+  in.shapes = &shapes;
+  in.micro_batches = 8;
+  in.micro_batch_size = 4;
+  in.schedule = ScheduleKind::kGPipe;
+  in.remat = RematMode::kNever;
+  in.balance = std::move(balance);
+  in.workers = std::move(workers);
+  in.costs = EstimateCosts(book, static_cast<int64_t>(shapes.costs.size()));
+  return in;
+}
+
+TEST(BalancerTest, OneMeasurementPerLayerLeavesTheSpeedsEqual) {
+  LayerCostBook book;
+  Measure(book, {2, 2}, {"a", "b"}, {1, 1, 4, 4});
+  const CostEstimate c = EstimateCosts(book, 4);
+  ASSERT_TRUE(c.complete);
+  EXPECT_DOUBLE_EQ(c.speed.at("a"), 1.0);
+  EXPECT_DOUBLE_EQ(c.speed.at("b"), 1.0);
+  EXPECT_DOUBLE_EQ(c.layers[2].forward, 4.0);
+  EXPECT_DOUBLE_EQ(c.layers[2].backward, 8.0);
+  EXPECT_FALSE(EstimateCosts(book, 5).complete);  // layer 4 never ran
+}
+
+TEST(BalancerTest, ALayerSeenOnTwoWorkersTellsTheirSpeedsApart) {
+  // Every layer costs 1; worker b is three times slower. Layers 2..3 ran on
+  // b first, then (after a move) layer 2 ran on a.
+  LayerCostBook book;
+  Measure(book, {2, 2}, {"a", "b"}, {1, 1, 3, 3});
+  Measure(book, {3, 1}, {"a", "b"}, {1, 1, 1, 3});
+  const CostEstimate c = EstimateCosts(book, 4);
+  EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 3.0, 1e-6);
+  // Costs at speed 1 are equal across layers once the speeds are known.
+  for (int l = 1; l < 4; ++l) {
+    EXPECT_NEAR(c.layers[l].total() / c.layers[0].total(), 1.0, 1e-6) << l;
+  }
+}
+
+TEST(BalancerTest, ASlowStageGivesUpLayers) {
+  // 12 equal layers on 3 stages; stage 1's worker is 4x slower, which the
+  // first measurements show as expensive layers.
+  const ModelShapes shapes = EqualLayers(12);
+  LayerCostBook book;
+  std::vector<double> seconds(12, 1e-3);
+  for (int l = 4; l < 8; ++l) seconds[l] = 4e-3;
+  Measure(book, {4, 4, 4}, {"a", "b", "c"}, seconds);
+  RebalanceInput in = Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book);
+  const std::optional<RebalanceProposal> p = ProposeRebalance(in);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_LT(p->balance[1], 4);
+  EXPECT_EQ(p->workers, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(p->reason, "layer_costs");
+  EXPECT_LT(p->predicted_new_seconds, 0.9 * p->predicted_old_seconds);
+  EXPECT_DOUBLE_EQ(p->predicted_old_seconds,
+                   PredictStepSeconds(in, in.balance, in.workers));
+
+  // The same cut is not proposed again once it has run ...
+  in.tried.insert(CutKey(p->balance));
+  EXPECT_FALSE(ProposeRebalance(in).has_value());
+  // ... nor one that does not fit its workers' memory.
+  in.tried.clear();
+  in.fits = [](const std::vector<int64_t>&, const std::vector<std::string>&) {
+    return false;
+  };
+  EXPECT_FALSE(ProposeRebalance(in).has_value());
+}
+
+TEST(BalancerTest, ABalancedCutStays) {
+  const ModelShapes shapes = EqualLayers(12);
+  LayerCostBook book;
+  std::vector<double> seconds(12, 1e-3);
+  seconds[5] = 1.05e-3;  // noise well under min_gain
+  Measure(book, {4, 4, 4}, {"a", "b", "c"}, seconds);
+  EXPECT_FALSE(
+      ProposeRebalance(Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book))
+          .has_value());
+}
+
+TEST(BalancerTest, KnownSpeedsPutTheFastWorkerOnTheHeavyLayers) {
+  // Layers 0..1 are expensive (cost 4), 2..7 cheap (cost 1). Worker a is
+  // 4x slower than b, which the book knows from layer 3 running on both.
+  // Whatever the cut, a stage 0 on a takes 48 ms for one heavy layer; with
+  // b first the step can take 36.
+  const ModelShapes shapes = EqualLayers(8);
+  LayerCostBook book;
+  const auto on = [](const std::string& w, int l) {
+    return (l < 2 ? 4e-3 : 1e-3) * (w == "a" ? 4 : 1);
+  };
+  std::vector<double> first(8), second(8);
+  for (int l = 0; l < 8; ++l) first[l] = on(l < 4 ? "a" : "b", l);
+  Measure(book, {4, 4}, {"a", "b"}, first);
+  for (int l = 0; l < 8; ++l) second[l] = on(l < 3 ? "a" : "b", l);
+  Measure(book, {3, 5}, {"a", "b"}, second);
+  RebalanceInput in = Input(shapes, {3, 5}, {"a", "b"}, book);
+  EXPECT_NEAR(in.costs.speed.at("b") / in.costs.speed.at("a"), 4.0, 1e-6);
+  const std::optional<RebalanceProposal> p = ProposeRebalance(in);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->reason, "worker_speeds");
+  EXPECT_EQ(p->workers, (std::vector<std::string>{"b", "a"}));
+  EXPECT_LT(p->predicted_new_seconds,
+            PredictStepSeconds(in, {1, 7}, {"a", "b"}));
+}
+
+TEST(BalancerTest, BusyTimeSplitsByTheCostModel) {
+  // busy 12 s over 2 micro-batches, no remat: F = 12 / 2 / 3 = 2 s split
+  // 1:3, backward twice the forward.
+  std::vector<LayerSeconds> s = LayerSecondsFromBusy(12, 2, false, {1, 3});
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_DOUBLE_EQ(s[0].forward, 0.5);
+  EXPECT_DOUBLE_EQ(s[1].forward, 1.5);
+  EXPECT_DOUBLE_EQ(s[1].backward, 3.0);
+  // Re-materializing: the forward counts twice, F = 12 / 2 / 4.
+  s = LayerSecondsFromBusy(12, 2, true, {1, 3});
+  EXPECT_DOUBLE_EQ(s[0].forward + s[1].forward, 1.5);
+}
+
+TEST(BalancerTest, TheBookForgetsTheLeastRecentWorkers) {
+  LayerCostBook book;
+  for (int w = 0; w < 70; ++w) {
+    book.Record("w" + std::to_string(w), 0, {{1, 2}});
+  }
+  EXPECT_EQ(book.seen().size(), 64u);
+  EXPECT_EQ(book.seen().count({0, "w0"}), 0u);
+  EXPECT_EQ(book.seen().count({0, "w69"}), 1u);
+}
+
+}  // namespace
+}  // namespace gpipe::controller

@@ -1,0 +1,114 @@
+// Per-layer timing (what the self-balancing pipeline re-partitions by):
+// which passes count, the warm-up step, and the slowdown that stands for a
+// slower machine.
+#include "services/nn/layer_timing.h"
+
+#include <chrono>
+#include <memory>
+
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "services/nn/model.h"
+
+namespace gpipe {
+namespace {
+
+std::unique_ptr<Model> Mlp() {
+  gpipe::v1::ModelSpec spec;
+  EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(R"({
+      "input": {"dtype": "FLOAT32", "shape": {"dims": [256]}},
+      "layers": [{"linear": {"inFeatures": 256, "outFeatures": 256}},
+                 {"relu": {}},
+                 {"linear": {"inFeatures": 256, "outFeatures": 8}}],
+      "loss": {"softmaxCrossEntropy": {}}})",
+                                                          &spec)
+                  .ok());
+  absl::StatusOr<std::unique_ptr<Model>> model = Model::Build(spec, 1);
+  EXPECT_TRUE(model.ok()) << model.status();
+  return *std::move(model);
+}
+
+// One training pass of `micro_batches` micro-batches through `model`.
+// `recomputes` re-materialized forwards per micro-batch.
+void Step(Model& model, int micro_batches, int recomputes = 0) {
+  for (int m = 0; m < micro_batches; ++m) {
+    const Tensor x = Tensor::Filled({64, 256}, 0.5f);
+    LayerContext ctx;
+    ctx.micro_batch = m;
+    std::vector<Saved> saved;
+    const Tensor y = model.Forward(x, ctx, &saved);
+    for (int r = 0; r < recomputes; ++r) {
+      LayerContext again = ctx;
+      again.recompute = true;
+      model.Forward(x, again, &saved);
+    }
+    model.Backward(Tensor::Filled({64, 8}, 1.0f), saved, ctx);
+  }
+}
+
+TEST(LayerTimingTest, TheFirstStepWarmsUpThenEveryLayerHasItsSeconds) {
+  std::unique_ptr<Model> model = Mlp();
+  LayerTiming timing(model->size());
+  model->set_timing(&timing);
+  Step(*model, 2);
+  timing.EndStep(2);
+  EXPECT_TRUE(timing.forward_seconds().empty());  // warm-up only
+  Step(*model, 2);
+  timing.EndStep(2);
+  ASSERT_EQ(timing.forward_seconds().size(), 3u);
+  ASSERT_EQ(timing.backward_seconds().size(), 3u);
+  for (int l = 0; l < 3; ++l) {
+    EXPECT_GT(timing.forward_seconds()[l], 0) << l;
+    EXPECT_GT(timing.backward_seconds()[l], 0) << l;
+  }
+  // The 256x256 linear layer costs far more than the ReLU after it.
+  EXPECT_GT(timing.forward_seconds()[0] + timing.backward_seconds()[0],
+            timing.forward_seconds()[1] + timing.backward_seconds()[1]);
+}
+
+TEST(LayerTimingTest, RematerializationAndEvaluationAreNotCounted) {
+  std::unique_ptr<Model> model = Mlp();
+  LayerTiming timing(model->size());
+  model->set_timing(&timing);
+  Step(*model, 1);
+  timing.EndStep(1);
+  Step(*model, 1);
+  timing.EndStep(1);
+  const double once = timing.forward_seconds()[0];
+  // Ten evaluation passes and ten re-materialized forwards a step: if they
+  // counted, the forward estimate would grow about twentyfold.
+  for (int i = 0; i < 20; ++i) {
+    for (int e = 0; e < 10; ++e) {
+      LayerContext eval;
+      eval.training = false;
+      model->Forward(Tensor::Filled({64, 256}, 0.5f), eval, nullptr);
+    }
+    Step(*model, 1, /*recomputes=*/10);
+    timing.EndStep(1);
+  }
+  EXPECT_LT(timing.forward_seconds()[0], 5 * once);
+}
+
+TEST(LayerTimingTest, ASlowdownSleepsWhatItCounts) {
+  std::unique_ptr<Model> model = Mlp();
+  LayerTiming timing(model->size(), /*slowdown=*/4.0);
+  model->set_timing(&timing);
+  Step(*model, 1);
+  timing.EndStep(1);
+  const auto start = std::chrono::steady_clock::now();
+  Step(*model, 4);
+  const double wall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  timing.EndStep(4);
+  double counted = 0;
+  for (int l = 0; l < 3; ++l) {
+    counted += 4 * (timing.forward_seconds()[l] + timing.backward_seconds()[l]);
+  }
+  // Each layer counts 4x its compute and the difference is slept, all but
+  // less than the 1 ms a sleep waits to gather.
+  EXPECT_GE(wall, counted - 1e-3);
+}
+
+}  // namespace
+}  // namespace gpipe
