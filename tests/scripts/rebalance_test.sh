@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The self-balancing pipeline on a real controller and worker processes on
+# loopback (controller/balancer.h):
+#   1. three workers, one standing for a machine 4x slower
+#      (--compute_slowdown 4): a 3-stage job starts from the cost model's
+#      cut, re-partitions at a checkpoint, its measured step time after the
+#      move is at least 20% below the one before, it does not go back and
+#      forth over REBALANCE_STEPS (500) steps, and its parameters are
+#      bitwise those of the single-process reference trainer;
+#   2. three equal workers and a model of equal layers, whose cost-model cut
+#      is already right: no re-partition.
+# Knobs: REBALANCE_STEPS (default 500), KEEP_WORK=1.
+#   rebalance_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin="$1/bin"
+src=$2
+for b in gpipectl gpipe-controller gpipe-worker; do
+  [[ -x "$bin/$b" ]] || { echo "SKIP: $bin/$b is not built"; echo "0 passed, 0 failed"; exit 0; }
+done
+work=$(mktemp -d)
+source "$src/tests/scripts/recovery_lib.sh"
+trap cleanup EXIT
+steps=${REBALANCE_STEPS:-500}
+
+# rebalance_spec FILE NAME: 12 equal Linear 384 -> 384 layers (with ReLUs),
+# 3 stages, M=4; checkpoints every 20 steps, re-partitions after 40, at
+# most one per 100.
+rebalance_spec() {
+  local layers="" i
+  for i in $(seq 12); do
+    layers+='{"linear": {"inFeatures": 384, "outFeatures": 384}}, {"relu": {}}, '
+  done
+  cat >"$1" <<JSON
+{
+  "name": "$2",
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [384]}},
+    "layers": [${layers}{"linear": {"inFeatures": 384, "outFeatures": 4}}],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.01, "sgd": {"momentum": 0.9}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 384, "classes": 4,
+                         "trainSamples": 1024, "testSamples": 128}},
+  "pipeline": {"stages": 3, "microBatches": 4, "remat": "NEVER",
+               "rebalance": {"afterSteps": 40, "everySteps": 100}},
+  "checkpoint": {"every": 20, "keep": 2},
+  "batchSize": 64,
+  "steps": $steps,
+  "seed": 11
+}
+JSON
+}
+
+cport=$(free_port)
+start_controller
+# Attach order places the stages: the slow worker gets stage 1.
+start_worker
+wait_workers 1
+worker_args=(--compute_slowdown 4)
+start_worker
+wait_workers 2
+slow=$last_worker
+worker_args=()
+start_worker
+wait_workers 3
+
+# --- 1. a slow worker ------------------------------------------------------
+rebalance_spec "$work/slow.json" rebalance-slow
+job=$(submit "$work/slow.json")
+DONE_TIMEOUT=300 wait_done "$job"
+ctl status "$job" | sed -n '/re-partitions:/,/conditions:/p' | sed '$d'
+ctl status "$job" --json >"$work/slow-status.json"
+python3 - "$work/slow-status.json" <<'PY' || fail "job $job: the re-partitions are not what they should be"
+import json, sys
+s = json.load(open(sys.argv[1]))["status"]
+r = s.get("repartitions", [])
+assert r, "never re-partitioned with a 4x slower worker"
+before, after = r[0]["measuredOldSeconds"], r[0].get("measuredNewSeconds", 0)
+assert after > 0, "the new cut's step time was never measured"
+print(f"first re-partition: {before * 1e3:.1f} -> {after * 1e3:.1f} ms a step "
+      f"({after / before:.2f}x)")
+assert after <= 0.8 * before, "the step is not 20% faster after it"
+# Never back and forth: every cut it moved to is new, and it settles.
+seen = [tuple(r[0]["oldBalance"])]
+for x in r:
+    cut = tuple(x["newBalance"])
+    assert cut not in seen, f"went back to {cut}"
+    seen.append(cut)
+assert len(r) <= 3, f"{len(r)} re-partitions in one job"
+PY
+ok "a 4x slower worker: re-partitioned, the step at most 0.8x the one before, no cut twice over $steps steps"
+same_as_reference "$job" "$work/slow.json" 4
+ok "bitwise the single-process reference trainer"
+
+# --- 2. equal workers, the cut already right --------------------------------
+kill "${worker_pid[$slow]}"
+unset "worker_port[$slow]"
+start_worker
+wait_workers 3
+rebalance_spec "$work/equal.json" rebalance-equal
+job=$(submit "$work/equal.json")
+DONE_TIMEOUT=300 wait_done "$job"
+count=$(job_field "$job" "len(s.get('repartitions', []))")
+[[ "$count" == 0 ]] || fail "job $job re-partitioned $count times on equal workers: $(ctl status "$job")"
+ok "equal workers, equal layers: no re-partition"
+echo "$passed passed, 0 failed"
