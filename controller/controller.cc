@@ -890,6 +890,16 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
                "not one finite time per layer of the stage",
                p.stage(), p.job_id(), worker.id());
   }
+  // The step time gauges: measured with every step of the last stage, the
+  // simulator's every kPredictEvery (it re-estimates the costs).
+  if (options_.metrics != nullptr && job->step_seconds > 0 &&
+      p.stage() == status.stages_size() - 1) {
+    constexpr int64_t kPredictEvery = 20;
+    options_.metrics->ObserveStepTime(
+        job->id(), job->step_seconds,
+        job->step_reports % kPredictEvery == 0 ? PredictedStepSeconds(*job)
+                                               : 0);
+  }
   if (std::optional<std::string> measured = MeasureRepartition(*job)) {
     LogInfo("job %s: %s", job->id(), *measured);
     jobs_.Publish(*job, *measured, now);
@@ -1196,10 +1206,6 @@ void Controller::CommitCheckpointIo(
 }
 
 void Controller::Rebalance(JobRecord& job, int64_t step, absl::Time now) {
-  if (options_.metrics != nullptr) {
-    options_.metrics->ObserveStepTime(job.id(), job.step_seconds,
-                                      PredictedStepSeconds(job));
-  }
   std::optional<v1::Repartition> r = PlanRepartition(
       job, step,
       [this](const std::string& id) -> int64_t {

@@ -79,7 +79,7 @@ ControllerMetrics::ControllerMetrics() {
                        .Name("gpipe_job_step_seconds")
                        .Help(
                            "A job's step time as its last stage measures it "
-                           "(running estimate), at each committed checkpoint")
+                           "(a running estimate over the last steps)")
                        .Register(registry_);
   predicted_step_seconds_ =
       &prometheus::BuildGauge()

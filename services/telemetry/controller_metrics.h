@@ -44,8 +44,7 @@ class ControllerMetrics : public prometheus::Collectable {
   // A re-partition by the balancer; reason layer_costs or worker_speeds.
   void OnRepartition(const std::string& reason);
   // The job's measured step time (a running estimate) and the simulator's
-  // for its running cut (compute only; 0: not known yet), at each
-  // committed checkpoint.
+  // for its running cut (compute only); 0 leaves a gauge as it was.
   void ObserveStepTime(const std::string& job, double measured,
                        double predicted);
 

@@ -4,7 +4,8 @@ alert rules against a live Prometheus through its HTTP API.
 
   prometheus_queries.py URL DASHBOARD_DIR [--deadline SECONDS]
 
-Dashboard panel targets and template variable queries must return data (the
+Dashboard panel targets, template variable queries and the quantities the
+annotations compare must return data (the
 template variables are substituted: $job with a training job Prometheus has
 seen, $stage with every stage). Alert rules must be loaded, healthy and
 evaluated, their expressions must run, and the quantity each thresholds (its
@@ -83,6 +84,12 @@ def dashboard_exprs(directory):
                 exprs.append((f"{name} panel '{p['title']}'", None))
             for t in targets:
                 exprs.append((f"{name} panel '{p['title']}' {t['refId']}", t["expr"]))
+        # An annotation marks moments (a comparison that is empty most of
+        # the time): the quantity it compares must return data.
+        for a in d.get("annotations", {}).get("list", []):
+            if "expr" in a:
+                quantity = re.split(r"\s+(?:>|<|==|!=|>=|<=)\s+", a["expr"])[0]
+                exprs.append((f"{name} annotation '{a['name']}'", quantity))
     return exprs
 
 
