@@ -210,7 +210,7 @@ std::optional<std::string> MeasureRepartition(JobRecord& job) {
                       absl::StrJoin(r.old_balance(), ","), " -> ",
                       absl::StrJoin(r.new_balance(), ","), ") measured ",
                       Millis(r.measured_old_seconds()), " -> ",
-                      Millis(r.measured_new_seconds()), " a step (predicted ",
+                      Millis(r.measured_new_seconds()), " a step (expected ",
                       Millis(predicted), ")");
 }
 

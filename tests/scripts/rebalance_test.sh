@@ -67,7 +67,15 @@ wait_workers 3
 # --- 1. a slow worker ------------------------------------------------------
 rebalance_spec "$work/slow.json" rebalance-slow
 job=$(submit "$work/slow.json")
-DONE_TIMEOUT=300 wait_done "$job"
+timeout -k 5 300 "$bin/gpipectl" --controller "127.0.0.1:$cport" watch "$job" \
+  >"$work/watch.txt" 2>/dev/null || true
+grep -q "SUCCEEDED" "$work/watch.txt" || fail "job $job did not succeed: $(tail -n 5 "$work/watch.txt")"
+# watch prints each re-partition as it starts and once it was measured.
+grep "re-partition" "$work/watch.txt" | cut -c1-200
+grep -q "RESTARTING: re-partitioning (" "$work/watch.txt" ||
+  fail "gpipectl watch printed no re-partition"
+grep -Eq "re-partition at step [0-9]+ \([0-9,]+ -> [0-9,]+\) measured [0-9.]+ ms -> [0-9.]+ ms a step \(expected [0-9.]+ ms\)" "$work/watch.txt" ||
+  fail "gpipectl watch printed no measured step time after a re-partition"
 ctl status "$job" | sed -n '/re-partitions:/,/conditions:/p' | sed '$d'
 ctl status "$job" --json >"$work/slow-status.json"
 python3 - "$work/slow-status.json" <<'PY' || fail "job $job: the re-partitions are not what they should be"

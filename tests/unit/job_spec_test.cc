@@ -398,6 +398,20 @@ std::vector<BadSpec> BadSpecs() {
        With(kCnn, R"("min_stages": 2)", R"("min_stages": 5)"),
        "pipeline.min_stages: 5 is more than the 4 stages"},
 
+      {"RebalanceGainTooLarge",
+       With(kCnn, R"("min_stages": 2)",
+            R"("min_stages": 2, "rebalance": {"min_gain": 1.5})"),
+       "pipeline.rebalance.min_gain: must be in [0, 1) (0 means 0.10), got 1.5"},
+      {"RebalanceNegativeEvery",
+       With(kCnn, R"("min_stages": 2)",
+            R"("min_stages": 2, "rebalance": {"every_steps": -1})"),
+       "pipeline.rebalance.every_steps: must be in [0, "},
+      {"RebalanceWithoutCheckpoints",
+       With(kCnn, R"("min_stages": 2)",
+            R"("min_stages": 2, "rebalance": {"enabled": true})"),
+       "pipeline.rebalance.enabled: needs periodic checkpoints "
+       "(checkpoint.every > 0)"},
+
       // Checkpoints, evaluation, restarts.
       {"NegativeCheckpointEvery",
        With(kMlp, R"("every": 50, "keep")", R"("every": -1, "keep")"),
@@ -413,6 +427,25 @@ std::vector<BadSpec> BadSpecs() {
 
 INSTANTIATE_TEST_SUITE_P(Table, BadSpecTest, ::testing::ValuesIn(BadSpecs()),
                          [](const auto& info) { return info.param.name; });
+
+TEST(JobSpecTest, RebalanceIsOnWithoutABalanceAndWithCheckpoints) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(kCnn);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_FALSE(RebalanceSettingsOf(*spec).enabled);  // no checkpoints
+  spec->mutable_checkpoint()->set_every(10);
+  RebalanceSettings r = RebalanceSettingsOf(*spec);
+  EXPECT_TRUE(r.enabled);
+  EXPECT_EQ(r.after_steps, 20);
+  EXPECT_EQ(r.every_steps, 100);
+  EXPECT_DOUBLE_EQ(r.min_gain, 0.10);
+  spec->mutable_pipeline()->add_balance(8);  // an explicit cut: kept
+  EXPECT_FALSE(RebalanceSettingsOf(*spec).enabled);
+  spec->mutable_pipeline()->mutable_rebalance()->set_enabled(true);
+  spec->mutable_pipeline()->mutable_rebalance()->set_min_gain(0.25);
+  r = RebalanceSettingsOf(*spec);
+  EXPECT_TRUE(r.enabled);
+  EXPECT_DOUBLE_EQ(r.min_gain, 0.25);
+}
 
 TEST(JobSpecTest, BadSpecNamesAreUnique) {
   std::vector<std::string> names;
