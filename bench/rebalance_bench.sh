@@ -20,7 +20,7 @@ cleanup() {
   local pid
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$work"
+  [[ -n "${KEEP_WORK:-}" ]] && echo "kept $work" >&2 || rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -96,7 +96,7 @@ PY
 echo "K=$k workers, $steps steps, one worker ${slowdown}x slower in the unequal rows; $(nproc) cores"
 echo "| example | workers | re-partition | ms/step before | expected | measured after | after/before |"
 echo "|---|---|---|---|---|---|---|"
-for example in examples/fashion_mnist_deep_mlp.json examples/fashion_mnist_cnn.json examples/char_transformer.json; do
+for example in ${EXAMPLES:-examples/fashion_mnist_deep_mlp.json examples/fashion_mnist_cnn.json examples/char_transformer.json}; do
   start_workers 1
   run "$example" equal
   start_workers "$slowdown"

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/simulator.h"
@@ -68,46 +70,64 @@ std::vector<LayerSeconds> LayerSecondsFromBusy(
 }
 
 CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers) {
+  std::vector<int64_t> classes(layers);
+  std::iota(classes.begin(), classes.end(), int64_t{0});
+  return EstimateCosts(book, classes);
+}
+
+CostEstimate EstimateCosts(const LayerCostBook& book,
+                           const std::vector<int64_t>& layer_class) {
+  const int64_t layers = static_cast<int64_t>(layer_class.size());
+  const auto class_of = [&](int64_t l) -> int64_t {
+    return l >= 0 && l < layers ? layer_class[l] : -1;
+  };
+  int64_t classes = 0;
+  for (int64_t c : layer_class) classes = std::max(classes, c + 1);
   CostEstimate c;
   c.layers.assign(layers, LayerSeconds());
-  std::vector<int> observed(layers, 0);
+  std::vector<int> observed(classes, 0);
+  std::vector<std::set<std::string>> seen_on(classes);
+  std::vector<bool> layer_seen(layers, false);
   for (const auto& [key, s] : book.seen()) {
-    if (key.first >= 0 && key.first < layers) {
-      ++observed[key.first];
-      c.speed[key.second] = 1.0;
-    }
+    const int64_t k = class_of(key.first);
+    if (k < 0) continue;
+    ++observed[k];
+    seen_on[k].insert(key.second);
+    layer_seen[key.first] = true;
+    c.speed[key.second] = 1.0;
   }
-  c.complete = std::all_of(observed.begin(), observed.end(),
-                           [](int n) { return n > 0; });
+  c.complete = std::all_of(layer_seen.begin(), layer_seen.end(),
+                           [](bool b) { return b; });
+  std::vector<LayerSeconds> cost(classes);
   for (int pass = 0; pass < kEstimatePasses; ++pass) {
-    // Layer costs at the current speeds: the mean over the workers that ran
-    // the layer of what it would take at speed 1.
-    std::vector<LayerSeconds> sum(layers);
+    // Class costs at the current speeds: the mean over what its layers
+    // measured of what they would take at speed 1.
+    std::vector<LayerSeconds> sum(classes);
     for (const auto& [key, s] : book.seen()) {
-      if (key.first < 0 || key.first >= layers) continue;
+      const int64_t k = class_of(key.first);
+      if (k < 0) continue;
       const double speed = c.speed[key.second];
-      sum[key.first].forward += s.forward * speed;
-      sum[key.first].backward += s.backward * speed;
+      sum[k].forward += s.forward * speed;
+      sum[k].backward += s.backward * speed;
     }
-    for (int64_t l = 0; l < layers; ++l) {
-      if (observed[l] == 0) continue;
-      c.layers[l].forward = sum[l].forward / observed[l];
-      c.layers[l].backward = sum[l].backward / observed[l];
+    for (int64_t k = 0; k < classes; ++k) {
+      if (observed[k] == 0) continue;
+      cost[k].forward = sum[k].forward / observed[k];
+      cost[k].backward = sum[k].backward / observed[k];
     }
     // Worker speeds at the current costs: a mean of log(cost / seconds)
     // weighted by seconds, so long layers, whose times are steadiest, count
-    // most. Only layers seen on several workers say anything about speed
+    // most. Only classes seen on several workers say anything about speed
     // (a layer seen once fits any speed exactly, and would only slow the
     // passes down).
     std::map<std::string, std::pair<double, double>> logs;  // sum, weight
     for (const auto& [key, s] : book.seen()) {
-      if (key.first < 0 || key.first >= layers || observed[key.first] < 2) {
-        continue;
-      }
-      const double cost = c.layers[key.first].total();
-      if (s.total() < kMinSeconds || cost < kMinSeconds) continue;
+      const int64_t k = class_of(key.first);
+      if (k < 0 || seen_on[k].size() < 2) continue;
+      const double total = cost[k].total();
+      if (s.total() < kMinSeconds || total < kMinSeconds) continue;
       auto& [sum_log, weight] = logs[key.second];
-      sum_log += s.total() * std::log(cost / s.total());
+      sum_log += s.total() * std::log(total / s.total());
       weight += s.total();
     }
     double mean_log = 0;
@@ -122,7 +142,24 @@ CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers) {
     if (!c.speed.empty()) mean_log /= static_cast<double>(c.speed.size());
     for (auto& [worker, speed] : c.speed) speed = std::exp(speed - mean_log);
   }
+  for (int64_t l = 0; l < layers; ++l) c.layers[l] = cost[layer_class[l]];
   return c;
+}
+
+std::vector<int64_t> LayerClasses(const gpipe::v1::ModelSpec& model,
+                                  const ModelShapes& shapes) {
+  std::map<std::string, int64_t> ids;
+  std::vector<int64_t> classes;
+  for (int i = 0; i < model.layers_size(); ++i) {
+    std::string key = model.layers(i).SerializeAsString();
+    if (static_cast<size_t>(i) < shapes.inputs.size()) {
+      for (int64_t d : shapes.inputs[i].dims()) absl::StrAppend(&key, "|", d);
+    }
+    classes.push_back(
+        ids.emplace(std::move(key), static_cast<int64_t>(ids.size()))
+            .first->second);
+  }
+  return classes;
 }
 
 double PredictStepSeconds(const RebalanceInput& in,
@@ -153,12 +190,20 @@ std::string CutKey(const std::vector<int64_t>& balance) {
   return absl::StrJoin(balance, ",");
 }
 
-std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in) {
+std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
+                                                  std::string* why) {
+  std::string ignored;
+  if (why == nullptr) why = &ignored;
   const int64_t k = static_cast<int64_t>(in.balance.size());
   const int64_t n = static_cast<int64_t>(in.costs.layers.size());
-  if (k < 2 || !in.costs.complete || in.shapes == nullptr ||
+  if (!in.costs.complete) {
+    *why = "not every layer has been measured";
+    return std::nullopt;
+  }
+  if (k < 2 || in.shapes == nullptr ||
       static_cast<int64_t>(in.workers.size()) != k ||
       std::accumulate(in.balance.begin(), in.balance.end(), int64_t{0}) != n) {
+    *why = "the running cut is not one of the model's layers";
     return std::nullopt;
   }
   std::vector<double> forward(n + 1, 0.0), backward(n + 1, 0.0);
@@ -191,7 +236,10 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in) {
                   (backward[i] - backward[j])) /
                  speeds[order[s]];
         });
-    if (!cut.ok()) return std::nullopt;
+    if (!cut.ok()) {
+      *why = std::string(cut.status().message());
+      return std::nullopt;
+    }
     const double seconds = PredictStepSeconds(in, *cut, workers);
     // Strictly better only: among equals the first order tried (the
     // running one) stays.
@@ -202,15 +250,25 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in) {
   } while (unequal && k <= kMaxPermutedStages &&
            std::next_permutation(order.begin(), order.end()));
 
-  if (!best ||
-      ExpectedGain(old_seconds, best->predicted_new_seconds,
-                   in.measured_step_seconds) < in.min_gain ||
-      (best->balance == in.balance && best->workers == in.workers) ||
-      in.tried.contains(CutKey(best->balance)) ||
-      (in.fits && !in.fits(best->balance, best->workers))) {
-    return std::nullopt;
+  const std::string cut = CutKey(best->balance);
+  const double gain = ExpectedGain(old_seconds, best->predicted_new_seconds,
+                                   in.measured_step_seconds);
+  if (best->balance == in.balance && best->workers == in.workers) {
+    *why = absl::StrCat("the running cut ", cut, " is the best");
+  } else if (gain < in.min_gain) {
+    *why = absl::StrFormat(
+        "the best cut %s would gain %.1f%% (min_gain %.1f%%; compute %.1f -> "
+        "%.1f ms of a %.1f ms step)",
+        cut, 100 * gain, 100 * in.min_gain, old_seconds * 1e3,
+        best->predicted_new_seconds * 1e3, in.measured_step_seconds * 1e3);
+  } else if (in.tried.contains(cut)) {
+    *why = absl::StrCat("the best cut ", cut, " ran before");
+  } else if (in.fits && !in.fits(best->balance, best->workers)) {
+    *why = absl::StrCat("the best cut ", cut, " does not fit its workers");
+  } else {
+    return best;
   }
-  return best;
+  return std::nullopt;
 }
 
 }  // namespace gpipe::controller

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpipe/v1/model.pb.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
@@ -68,12 +69,23 @@ struct CostEstimate {
   bool complete = false;                // every layer was measured
 };
 
-// Solves seconds(l, w) = cost(l) / speed(w) in the least-squares sense on
-// logarithms, weighting each measurement by its seconds. Until a layer has
-// run on two workers nothing links their speeds, and they stay equal: a
-// slow worker's layers then look expensive, which moves layers off it all
-// the same; after that move the speeds are known.
+// Solves seconds(l, w) = cost(class(l)) / speed(w) in the least-squares
+// sense on logarithms, weighting each measurement by its seconds. Layers of
+// one class (LayerClasses: the same spec on the same input shape) cost the
+// same, so a model that repeats a layer across stages (an MLP's hidden
+// layers, a Transformer's blocks) tells its workers' speeds apart from the
+// first measurements. Workers that share no class stay equal in speed
+// until a layer has run on both: a slow worker's layers then look
+// expensive, which moves layers off it all the same, and the move itself
+// links the two.
+CostEstimate EstimateCosts(const LayerCostBook& book,
+                           const std::vector<int64_t>& layer_class);
+// Every layer a class of its own.
 CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers);
+
+// A class id per layer: equal for layers with the same spec and input shape.
+std::vector<int64_t> LayerClasses(const gpipe::v1::ModelSpec& model,
+                                  const ModelShapes& shapes);
 
 struct RebalanceInput {
   const ModelShapes* shapes = nullptr;
@@ -116,8 +128,9 @@ double PredictStepSeconds(const RebalanceInput& in,
 // else the running order), the exact min-max cut by measured stage time
 // (PartitionByStageCost), and of those the one the simulator predicts
 // fastest. nullopt unless its ExpectedGain reaches min_gain, it fits and
-// was not tried before.
-std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in);
+// was not tried before; `why` (optional) then says which.
+std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
+                                                  std::string* why = nullptr);
 
 // "4,4,4": a cut, for RebalanceInput::tried.
 std::string CutKey(const std::vector<int64_t>& balance);

@@ -1206,14 +1206,20 @@ void Controller::CommitCheckpointIo(
 }
 
 void Controller::Rebalance(JobRecord& job, int64_t step, absl::Time now) {
+  std::string why;
   std::optional<v1::Repartition> r = PlanRepartition(
       job, step,
       [this](const std::string& id) -> int64_t {
         std::shared_ptr<WorkerRecord> w = workers_.Find(id);
         return w == nullptr ? 0 : w->info.resources().memory_bytes();
       },
-      now);
-  if (!r) return;
+      now, &why);
+  if (!r) {
+    if (!why.empty()) {
+      LogInfo("job %s: keeping the cut at step %d: %s", job.id(), step, why);
+    }
+    return;
+  }
   if (options_.metrics != nullptr) options_.metrics->OnRepartition(r->reason());
   const std::string message = absl::StrCat(
       "re-partitioning (", r->reason(), "): layers per stage ",

@@ -64,10 +64,17 @@ RebalanceInput Input(const JobRecord& job) {
   in.schedule = ScheduleFromSpec(spec.pipeline().schedule());
   in.remat = RematFromSpec(spec.pipeline().remat());
   RunningCut(job.status(), &in.balance, &in.workers);
-  in.costs = EstimateCosts(job.layer_costs, spec.model().layers_size());
+  in.costs = EstimateCosts(job.layer_costs,
+                           LayerClasses(spec.model(), *job.model_shapes));
   in.min_gain = RebalanceSettingsOf(spec).min_gain;
   in.measured_step_seconds = job.step_seconds;
   in.tried = job.tried_cuts;
+  // The cuts of earlier re-partitions too: the status survives a
+  // controller restart, the in-memory set does not.
+  for (const v1::Repartition& r : job.status().repartitions()) {
+    in.tried.insert(CutKey({r.old_balance().begin(), r.old_balance().end()}));
+    in.tried.insert(CutKey({r.new_balance().begin(), r.new_balance().end()}));
+  }
   return in;
 }
 
@@ -133,7 +140,7 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
 std::optional<v1::Repartition> PlanRepartition(
     const JobRecord& job, int64_t step,
     const std::function<int64_t(const std::string& worker)>& memory_of,
-    absl::Time now) {
+    absl::Time now, std::string* why) {
   const v1::JobSpec& spec = job.job.spec();
   const RebalanceSettings settings = RebalanceSettingsOf(spec);
   const v1::JobStatus& status = job.status();
@@ -147,8 +154,13 @@ std::optional<v1::Repartition> PlanRepartition(
       step - status.repartitions().rbegin()->step() < settings.every_steps) {
     return std::nullopt;
   }
-  for (int64_t n : job.timed_reports) {
-    if (n < kMinTimedReports) return std::nullopt;
+  for (size_t i = 0; i < job.timed_reports.size(); ++i) {
+    if (job.timed_reports[i] < kMinTimedReports) {
+      *why = absl::StrCat("stage ", i, " has sent its layer times ",
+                          job.timed_reports[i], " times this epoch (",
+                          kMinTimedReports, " needed)");
+      return std::nullopt;
+    }
   }
   RebalanceInput in = Input(job);
   in.fits = [&](const std::vector<int64_t>& balance,
@@ -160,7 +172,7 @@ std::optional<v1::Repartition> PlanRepartition(
     for (const std::string& w : workers) memory.push_back(memory_of(w));
     return StagesFit(*plan, memory);
   };
-  const std::optional<RebalanceProposal> proposal = ProposeRebalance(in);
+  const std::optional<RebalanceProposal> proposal = ProposeRebalance(in, why);
   if (!proposal) return std::nullopt;
   // It pays when the steps left, each faster by the expected fraction,
   // save more than the steps replayed from the checkpoint and the restart.
@@ -172,7 +184,14 @@ std::optional<v1::Repartition> PlanRepartition(
       static_cast<double>(status.total_steps() - status.step());
   const double cost = job.step_seconds *
                       static_cast<double>(status.step() - step + kRestartSteps);
-  if (saved <= cost) return std::nullopt;
+  if (saved <= cost) {
+    *why = absl::StrFormat(
+        "the %d steps left would save %.1f s at the cut %s, less than the "
+        "%.1f s a restart from step %d costs",
+        status.total_steps() - status.step(), saved,
+        CutKey(proposal->balance), cost, step);
+    return std::nullopt;
+  }
 
   v1::Repartition r;
   r.set_step(step);

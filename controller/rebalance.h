@@ -31,11 +31,12 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
 // enough, the simulator predicts at least min_gain, the steps left repay
 // the steps replayed from the checkpoint, and the new cut fits its workers
 // (`memory_of`: a worker's memory for stages, 0 unknown). The caller
-// records it in status.repartitions and restarts the job.
+// records it in status.repartitions and restarts the job. When the job
+// could have moved but does not, `why` says why (else it is left empty).
 std::optional<gpipe::v1::Repartition> PlanRepartition(
     const JobRecord& job, int64_t step,
     const std::function<int64_t(const std::string& worker)>& memory_of,
-    absl::Time now);
+    absl::Time now, std::string* why);
 
 // Once the newest re-partition's cut has run long enough: its measured step
 // time, set on the record, and a line for people; nullopt until then.

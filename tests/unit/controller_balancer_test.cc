@@ -86,6 +86,32 @@ TEST(BalancerTest, ALayerSeenOnTwoWorkersTellsTheirSpeedsApart) {
   }
 }
 
+TEST(BalancerTest, RepeatedLayersTellSpeedsApartAtOnce) {
+  // Two workers, each with two layers of the same class (0, 1 | 0, 1):
+  // worker b measures both 3x longer, so it is 3x slower, not its layers
+  // dearer.
+  LayerCostBook book;
+  Measure(book, {2, 2}, {"a", "b"}, {1, 2, 3, 6});
+  const CostEstimate c = EstimateCosts(book, {0, 1, 0, 1});
+  EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 3.0, 1e-6);
+  EXPECT_NEAR(c.layers[2].total() / c.layers[0].total(), 1.0, 1e-6);
+  EXPECT_NEAR(c.layers[1].total() / c.layers[0].total(), 2.0, 1e-6);
+  // The classes of a model: the same spec on the same input shape.
+  const ModelShapes shapes = EqualLayers(3);
+  gpipe::v1::ModelSpec model = test_support::ControllerSpec(2).model();
+  model.clear_layers();
+  model.mutable_input()->mutable_shape()->clear_dims();
+  model.mutable_input()->mutable_shape()->add_dims(32);
+  for (int i = 0; i < 3; ++i) {
+    auto* linear = model.add_layers()->mutable_linear();
+    linear->set_in_features(32);
+    linear->set_out_features(i < 2 ? 32 : 8);
+  }
+  absl::StatusOr<ModelShapes> s = InferModelShapes(model);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(LayerClasses(model, *s), (std::vector<int64_t>{0, 0, 1}));
+}
+
 TEST(BalancerTest, ASlowStageGivesUpLayers) {
   // 12 equal layers on 3 stages; stage 1's worker is 4x slower, which the
   // first measurements show as expensive layers.

@@ -1,0 +1,155 @@
+// The controller's rules around the balancer (controller/rebalance.h): what
+// a progress report adds to a job's cost book, and when a committed
+// checkpoint may move the layers (warm-up, every_steps, the steps left).
+#include "controller/rebalance.h"
+
+#include <limits>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "services/pipeline/job_spec.h"
+#include "tests/support/controller_fixtures.h"
+
+namespace gpipe::controller {
+namespace {
+
+namespace v1 = gpipe::v1;
+
+// A running 2-stage job of the fixture's 5 layers, cut 2,3 on w1 and w2.
+JobRecord RunningJob(int64_t total_steps = 200) {
+  JobRecord job;
+  v1::JobSpec spec = test_support::RecoverableSpec(2, 3);
+  spec.set_steps(total_steps);
+  spec.mutable_checkpoint()->set_every(10);
+  spec.mutable_pipeline()->mutable_rebalance()->set_every_steps(50);
+  *job.job.mutable_spec() = spec;
+  job.stages = 2;
+  v1::JobStatus& s = job.status();
+  s.set_state(v1::RUNNING);
+  s.set_total_steps(total_steps);
+  const int64_t ends[] = {2, 5};
+  for (int i = 0; i < 2; ++i) {
+    v1::StageStatus* st = s.add_stages();
+    st->set_stage(i);
+    st->set_worker_id(i == 0 ? "w1" : "w2");
+    st->set_layer_begin(i == 0 ? 0 : 2);
+    st->set_layer_end(ends[i]);
+  }
+  job.timed_reports.assign(2, 0);
+  return job;
+}
+
+v1::StepProgress Progress(int64_t stage, int64_t step, int64_t layers,
+                          double layer_ms) {
+  v1::StepProgress p;
+  p.set_stage(stage);
+  p.set_step(step);
+  for (int64_t l = 0; l < layers; ++l) {
+    p.add_layer_forward_seconds(layer_ms * 1e-3);
+    p.add_layer_backward_seconds(2 * layer_ms * 1e-3);
+  }
+  p.set_step_seconds(0.05);
+  p.set_busy_seconds(0.04);
+  return p;
+}
+
+// Steps (from, to]: stage 1's layers `slow` times stage 0's.
+void Feed(JobRecord& job, int64_t from, int64_t to, double slow) {
+  for (int64_t s = from + 1; s <= to; ++s) {
+    ASSERT_TRUE(RecordStageTimes(job, "w1", Progress(0, s, 2, 1.0)));
+    ASSERT_TRUE(RecordStageTimes(job, "w2", Progress(1, s, 3, slow)));
+  }
+  job.status().set_step(to);
+}
+
+int64_t NoMemoryLimit(const std::string&) { return 0; }
+
+TEST(RebalanceRulesTest, AfterTheWarmUpASlowStageMoves) {
+  JobRecord job = RunningJob();
+  Feed(job, 0, 15, 6.0);
+  std::string why;
+  // after_steps (20) not reached: no question asked, nothing said.
+  EXPECT_FALSE(
+      PlanRepartition(job, 10, NoMemoryLimit, absl::Now(), &why).has_value());
+  EXPECT_EQ(why, "");
+  Feed(job, 15, 25, 6.0);
+  const std::optional<v1::Repartition> r =
+      PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why);
+  ASSERT_TRUE(r.has_value()) << why;
+  EXPECT_EQ(r->step(), 20);
+  EXPECT_GT(r->new_balance(0), 2);
+  EXPECT_EQ(r->workers(0), "w1");
+  EXPECT_DOUBLE_EQ(r->measured_old_seconds(), 0.05);
+  // A balanced job is told why it stays.
+  JobRecord balanced = RunningJob();
+  Feed(balanced, 0, 25, 1.0);
+  EXPECT_FALSE(PlanRepartition(balanced, 20, NoMemoryLimit, absl::Now(), &why)
+                   .has_value());
+  EXPECT_EQ(why, "the running cut 2,3 is the best");
+}
+
+TEST(RebalanceRulesTest, AtMostOnceInEverySteps) {
+  JobRecord job = RunningJob();
+  v1::Repartition* before = job.status().add_repartitions();
+  before->set_step(30);
+  before->add_old_balance(1);
+  before->add_old_balance(4);
+  before->add_new_balance(2);
+  before->add_new_balance(3);
+  Feed(job, 30, 70, 6.0);
+  std::string why;
+  EXPECT_FALSE(
+      PlanRepartition(job, 70, NoMemoryLimit, absl::Now(), &why).has_value());
+  Feed(job, 70, 85, 6.0);
+  EXPECT_TRUE(
+      PlanRepartition(job, 80, NoMemoryLimit, absl::Now(), &why).has_value())
+      << why;
+}
+
+TEST(RebalanceRulesTest, NotWhenTheStepsLeftDoNotRepayTheReplay) {
+  JobRecord job = RunningJob(/*total_steps=*/40);
+  Feed(job, 0, 39, 6.0);
+  std::string why;
+  EXPECT_FALSE(
+      PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why).has_value());
+  EXPECT_NE(why.find("steps left"), std::string::npos) << why;
+}
+
+TEST(RebalanceRulesTest, NotWhenTheCutDoesNotFitItsWorkers) {
+  JobRecord job = RunningJob();
+  Feed(job, 0, 25, 6.0);
+  std::string why;
+  EXPECT_FALSE(PlanRepartition(
+                   job, 20, [](const std::string&) -> int64_t { return 1; },
+                   absl::Now(), &why)
+                   .has_value());
+  EXPECT_NE(why.find("does not fit"), std::string::npos) << why;
+}
+
+TEST(RebalanceRulesTest, LayerTimesOfTheWrongLengthAreIgnored) {
+  JobRecord job = RunningJob();
+  EXPECT_FALSE(RecordStageTimes(job, "w1", Progress(0, 1, 3, 1.0)));
+  v1::StepProgress nan = Progress(0, 1, 2, 1.0);
+  nan.set_layer_backward_seconds(1, std::numeric_limits<double>::quiet_NaN());
+  EXPECT_FALSE(RecordStageTimes(job, "w1", nan));
+  EXPECT_TRUE(job.layer_costs.seen().empty());
+}
+
+TEST(RebalanceRulesTest, AStageWithoutLayerTimesIsSplitByTheCostModel) {
+  // A GPU stage sends its busy time only.
+  JobRecord job = RunningJob();
+  v1::StepProgress p = Progress(1, 1, 0, 0);
+  p.set_busy_seconds(0.08);
+  ASSERT_TRUE(RecordStageTimes(job, "w2", p));
+  double forward = 0;
+  for (const auto& [key, s] : job.layer_costs.seen()) {
+    EXPECT_EQ(key.second, "w2");
+    forward += s.forward;
+  }
+  EXPECT_EQ(job.layer_costs.seen().size(), 3u);
+  // The last stage does not re-materialize: busy = M (F + 2F), M = 4.
+  EXPECT_NEAR(forward, 0.08 / 4 / 3, 1e-12);
+}
+
+}  // namespace
+}  // namespace gpipe::controller
