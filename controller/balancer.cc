@@ -36,9 +36,13 @@ double SpeedOf(const CostEstimate& c, const std::string& worker) {
 }  // namespace
 
 void LayerCostBook::Record(const std::string& worker, int64_t layer_begin,
-                           const std::vector<LayerSeconds>& layers) {
+                           const std::vector<LayerSeconds>& layers,
+                           double probe_gflops) {
   for (size_t i = 0; i < layers.size(); ++i) {
     seen_[{layer_begin + static_cast<int64_t>(i), worker}] = layers[i];
+  }
+  if (probe_gflops > 0 && std::isfinite(probe_gflops)) {
+    probes_[worker] = probe_gflops;
   }
   last_report_[worker] = ++reports_;
   while (last_report_.size() > kMaxWorkers) {
@@ -48,6 +52,7 @@ void LayerCostBook::Record(const std::string& worker, int64_t layer_begin,
     std::erase_if(seen_, [&](const auto& e) {
       return e.first.second == oldest->first;
     });
+    probes_.erase(oldest->first);
     last_report_.erase(oldest);
   }
 }
@@ -98,7 +103,21 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
   }
   c.complete = std::all_of(layer_seen.begin(), layer_seen.end(),
                            [](bool b) { return b; });
+  // Start from the probes' ratios (a worker without one at their geometric
+  // mean); measurements that link workers then override them.
+  double mean_probe_log = 0;
+  for (const auto& [worker, gflops] : book.probes())
+    mean_probe_log += std::log(gflops);
+  if (!book.probes().empty())
+    mean_probe_log /= static_cast<double>(book.probes().size());
+  for (auto& [worker, speed] : c.speed) {
+    auto it = book.probes().find(worker);
+    speed = it == book.probes().end()
+                ? 0.0
+                : std::log(it->second) - mean_probe_log;  // logarithm
+  }
   std::vector<LayerSeconds> cost(classes);
+  for (auto& [worker, speed] : c.speed) speed = std::exp(speed);
   for (int pass = 0; pass < kEstimatePasses; ++pass) {
     // Class costs at the current speeds: the mean over what its layers
     // measured of what they would take at speed 1.
@@ -130,17 +149,24 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
       sum_log += s.total() * std::log(total / s.total());
       weight += s.total();
     }
-    double mean_log = 0;
+    // A worker no measurement links keeps its speed. A linked group's
+    // overall scale is free (costs scale with it); the update keeps it.
     for (auto& [worker, speed] : c.speed) {
       auto it = logs.find(worker);
-      const double log_speed = it == logs.end() || it->second.second <= 0
-                                   ? 0.0
-                                   : it->second.first / it->second.second;
-      speed = log_speed;  // a logarithm until normalized below
-      mean_log += log_speed;
+      if (it != logs.end() && it->second.second > 0) {
+        speed = std::exp(it->second.first / it->second.second);
+      }
     }
-    if (!c.speed.empty()) mean_log /= static_cast<double>(c.speed.size());
-    for (auto& [worker, speed] : c.speed) speed = std::exp(speed - mean_log);
+  }
+  // Report speeds with geometric mean 1 (costs in the same units).
+  double mean_log = 0;
+  for (const auto& [worker, speed] : c.speed) mean_log += std::log(speed);
+  if (!c.speed.empty()) mean_log /= static_cast<double>(c.speed.size());
+  const double scale = std::exp(-mean_log);
+  for (auto& [worker, speed] : c.speed) speed *= scale;
+  for (LayerSeconds& k : cost) {
+    k.forward *= scale;
+    k.backward *= scale;
   }
   for (int64_t l = 0; l < layers; ++l) c.layers[l] = cost[layer_class[l]];
   return c;

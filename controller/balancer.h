@@ -35,14 +35,18 @@ struct LayerSeconds {
 // two workers is what tells their speeds apart.
 class LayerCostBook {
  public:
-  // Layers [layer_begin, layer_begin + layers.size()) ran on `worker`.
+  // Layers [layer_begin, layer_begin + layers.size()) ran on `worker`,
+  // whose start-up probe measured `probe_gflops` (0: none).
   void Record(const std::string& worker, int64_t layer_begin,
-              const std::vector<LayerSeconds>& layers);
+              const std::vector<LayerSeconds>& layers,
+              double probe_gflops = 0);
 
   // (layer, worker) -> seconds.
   const std::map<std::pair<int64_t, std::string>, LayerSeconds>& seen() const {
     return seen_;
   }
+  // worker -> its probe's GFLOP/s, where it had one.
+  const std::map<std::string, double>& probes() const { return probes_; }
 
  private:
   // Bounds the book when workers come and go for a long time: the entries
@@ -50,6 +54,7 @@ class LayerCostBook {
   static constexpr size_t kMaxWorkers = 64;
 
   std::map<std::pair<int64_t, std::string>, LayerSeconds> seen_;
+  std::map<std::string, double> probes_;
   std::map<std::string, uint64_t> last_report_;  // worker -> report number
   uint64_t reports_ = 0;
 };
@@ -74,10 +79,9 @@ struct CostEstimate {
 // one class (LayerClasses: the same spec on the same input shape) cost the
 // same, so a model that repeats a layer across stages (an MLP's hidden
 // layers, a Transformer's blocks) tells its workers' speeds apart from the
-// first measurements. Workers that share no class stay equal in speed
-// until a layer has run on both: a slow worker's layers then look
-// expensive, which moves layers off it all the same, and the move itself
-// links the two.
+// first measurements. Workers that share no class keep the ratio of their
+// start-up probes (worker/speed_probe.h; equal where there is none) until
+// a layer has run on both.
 CostEstimate EstimateCosts(const LayerCostBook& book,
                            const std::vector<int64_t>& layer_class);
 // Every layer a class of its own.

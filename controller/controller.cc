@@ -607,8 +607,12 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> Controller::AttachWorker(
       absl::ToInt64Milliseconds(options_.heartbeat_interval));
   welcome.mutable_welcome()->set_address(hello.address());
   WorkerRegistry::Send(**worker, std::move(welcome));
-  LogInfo("worker %s attached from %s (%d cpus, %d gpus)", hello.worker_id(),
-          hello.address(), hello.resources().cpus(), hello.resources().gpus());
+  LogInfo("worker %s attached from %s (%d cpus, %d gpus%s)", hello.worker_id(),
+          hello.address(), hello.resources().cpus(), hello.resources().gpus(),
+          hello.resources().probe_gflops() > 0
+              ? absl::StrFormat(", probe %.1f GFLOP/s",
+                                hello.resources().probe_gflops())
+              : std::string());
   Reschedule(now);
   Changed();
   return worker;
@@ -884,7 +888,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     return;
   }
   job->stage_steps[p.stage()] = p.step();
-  if (!RecordStageTimes(*job, worker.id(), p)) {
+  if (!RecordStageTimes(*job, worker.id(),
+                        worker.info.resources().probe_gflops(), p)) {
     ++ignored_reports_;
     LogWarning("ignored the layer times of stage %d of %s from worker %s: "
                "not one finite time per layer of the stage",

@@ -85,7 +85,7 @@ std::string Millis(double seconds) {
 }  // namespace
 
 bool RecordStageTimes(JobRecord& job, const std::string& worker,
-                      const v1::StepProgress& p) {
+                      double probe_gflops, const v1::StepProgress& p) {
   const v1::JobStatus& status = job.status();
   const ModelShapes* shapes = Shapes(job);
   const v1::StageStatus* stage = nullptr;
@@ -132,7 +132,7 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
   } else {
     return false;
   }
-  job.layer_costs.Record(worker, stage->layer_begin(), seconds);
+  job.layer_costs.Record(worker, stage->layer_begin(), seconds, probe_gflops);
   ++job.timed_reports[p.stage()];
   return true;
 }

@@ -45,9 +45,11 @@
 #include "services/telemetry/port_file.h"
 #include "services/telemetry/stage_metrics.h"
 #include "services/tensor/device.h"
+#include "services/tensor/threads.h"
 #include "worker/agent.h"
 #include "worker/controller_file_store.h"
 #include "worker/executor.h"
+#include "worker/speed_probe.h"
 #include "worker/health.h"
 #include "worker/memory_budget.h"
 #include "worker/stage_service.h"
@@ -394,6 +396,18 @@ int main(int argc, char** argv) {
   hello.set_address(advertise);
   hello.mutable_resources()->set_cpus(threads);
   hello.mutable_resources()->set_memory_bytes(memory->stages);
+  if (*device == gpipe::Device::kCpu) {
+    gpipe::SetComputeThreads(threads);
+    absl::StatusOr<double> gflops = gpipe::ProbeComputeSpeed(slowdown);
+    if (gflops.ok()) {
+      hello.mutable_resources()->set_probe_gflops(*gflops);
+      gpipe::LogInfo("gpipe-worker speed probe: %.1f GFLOP/s on %d threads",
+                     *gflops, threads);
+    } else {
+      gpipe::LogWarning("gpipe-worker speed probe: %s",
+                        std::string(gflops.status().message()).c_str());
+    }
+  }
   gpipe::LogInfo(
       "gpipe-worker memory: %s for stages (limit %s from %s, %s "
       "in use, %s kept for buffers)",

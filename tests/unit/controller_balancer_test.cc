@@ -112,6 +112,26 @@ TEST(BalancerTest, RepeatedLayersTellSpeedsApartAtOnce) {
   EXPECT_EQ(LayerClasses(model, *s), (std::vector<int64_t>{0, 0, 1}));
 }
 
+TEST(BalancerTest, ProbesSetTheSpeedsMeasurementsDoNotLink) {
+  // No layer class on both workers: the start-up probes (30 and 10
+  // GFLOP/s) say b is 3x slower, so b's layers are 3x cheaper than they
+  // measured.
+  LayerCostBook book;
+  book.Record("a", 0, {{1, 2}, {1, 2}}, 30);
+  book.Record("b", 2, {{3, 6}, {3, 6}}, 10);
+  CostEstimate c = EstimateCosts(book, 4);
+  EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 3.0, 1e-9);
+  EXPECT_NEAR(c.layers[2].total() / c.layers[0].total(), 1.0, 1e-9);
+  // Where a class links them, the measurements win over the probes.
+  c = EstimateCosts(book, {0, 1, 0, 1});
+  EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 3.0, 1e-9);
+  LayerCostBook equal;
+  equal.Record("a", 0, {{1, 2}, {1, 2}}, 30);
+  equal.Record("b", 2, {{1, 2}, {1, 2}}, 10);
+  c = EstimateCosts(equal, {0, 1, 0, 1});
+  EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 1.0, 1e-9);
+}
+
 TEST(BalancerTest, ASlowStageGivesUpLayers) {
   // 12 equal layers on 3 stages; stage 1's worker is 4x slower, which the
   // first measurements show as expensive layers.

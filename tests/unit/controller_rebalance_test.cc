@@ -56,8 +56,8 @@ v1::StepProgress Progress(int64_t stage, int64_t step, int64_t layers,
 // Steps (from, to]: stage 1's layers `slow` times stage 0's.
 void Feed(JobRecord& job, int64_t from, int64_t to, double slow) {
   for (int64_t s = from + 1; s <= to; ++s) {
-    ASSERT_TRUE(RecordStageTimes(job, "w1", Progress(0, s, 2, 1.0)));
-    ASSERT_TRUE(RecordStageTimes(job, "w2", Progress(1, s, 3, slow)));
+    ASSERT_TRUE(RecordStageTimes(job, "w1", 0, Progress(0, s, 2, 1.0)));
+    ASSERT_TRUE(RecordStageTimes(job, "w2", 0, Progress(1, s, 3, slow)));
   }
   job.status().set_step(to);
 }
@@ -128,10 +128,10 @@ TEST(RebalanceRulesTest, NotWhenTheCutDoesNotFitItsWorkers) {
 
 TEST(RebalanceRulesTest, LayerTimesOfTheWrongLengthAreIgnored) {
   JobRecord job = RunningJob();
-  EXPECT_FALSE(RecordStageTimes(job, "w1", Progress(0, 1, 3, 1.0)));
+  EXPECT_FALSE(RecordStageTimes(job, "w1", 0, Progress(0, 1, 3, 1.0)));
   v1::StepProgress nan = Progress(0, 1, 2, 1.0);
   nan.set_layer_backward_seconds(1, std::numeric_limits<double>::quiet_NaN());
-  EXPECT_FALSE(RecordStageTimes(job, "w1", nan));
+  EXPECT_FALSE(RecordStageTimes(job, "w1", 0, nan));
   EXPECT_TRUE(job.layer_costs.seen().empty());
 }
 
@@ -140,7 +140,7 @@ TEST(RebalanceRulesTest, AStageWithoutLayerTimesIsSplitByTheCostModel) {
   JobRecord job = RunningJob();
   v1::StepProgress p = Progress(1, 1, 0, 0);
   p.set_busy_seconds(0.08);
-  ASSERT_TRUE(RecordStageTimes(job, "w2", p));
+  ASSERT_TRUE(RecordStageTimes(job, "w2", 0, p));
   double forward = 0;
   for (const auto& [key, s] : job.layer_costs.seen()) {
     EXPECT_EQ(key.second, "w2");
