@@ -257,22 +257,22 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
     // Expected: the step measured before, less what the simulator says
     // the new cut saves (its own figures are compute only).
     std::printf("re-partitions:\n");
-    std::vector<std::vector<std::string>> t = {
-        {"STEP", "LAYERS PER STAGE", "REASON", "MS/STEP BEFORE", "EXPECTED",
-         "MEASURED"}};
+    std::vector<std::vector<std::string>> t = {{"STEP", "LAYERS PER STAGE",
+                                                "REASON", "MS/STEP BEFORE",
+                                                "EXPECTED", "MEASURED"}};
     for (const gpipe::v1::Repartition& r : s.repartitions()) {
-      const double predicted = ExpectedStepSeconds(
-          r.predicted_old_seconds(), r.predicted_new_seconds(),
-          r.measured_old_seconds());
-      t.push_back(
-          {absl::StrCat(r.step()),
-           absl::StrCat(absl::StrJoin(r.old_balance(), ","), " -> ",
-                        absl::StrJoin(r.new_balance(), ",")),
-           r.reason(), absl::StrFormat("%.1f", r.measured_old_seconds() * 1e3),
-           absl::StrFormat("%.1f", predicted * 1e3),
-           r.measured_new_seconds() > 0
-               ? absl::StrFormat("%.1f", r.measured_new_seconds() * 1e3)
-               : "-"});
+      const double predicted = ExpectedStepSeconds(r.predicted_old_seconds(),
+                                                   r.predicted_new_seconds(),
+                                                   r.measured_old_seconds());
+      t.push_back({absl::StrCat(r.step()),
+                   absl::StrCat(absl::StrJoin(r.old_balance(), ","), " -> ",
+                                absl::StrJoin(r.new_balance(), ",")),
+                   r.reason(),
+                   absl::StrFormat("%.1f", r.measured_old_seconds() * 1e3),
+                   absl::StrFormat("%.1f", predicted * 1e3),
+                   r.measured_new_seconds() > 0
+                       ? absl::StrFormat("%.1f", r.measured_new_seconds() * 1e3)
+                       : "-"});
     }
     PrintTable(t, "  ");
   }

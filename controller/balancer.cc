@@ -49,9 +49,8 @@ void LayerCostBook::Record(const std::string& worker, int64_t layer_begin,
     auto oldest = std::min_element(
         last_report_.begin(), last_report_.end(),
         [](const auto& a, const auto& b) { return a.second < b.second; });
-    std::erase_if(seen_, [&](const auto& e) {
-      return e.first.second == oldest->first;
-    });
+    std::erase_if(
+        seen_, [&](const auto& e) { return e.first.second == oldest->first; });
     probes_.erase(oldest->first);
     last_report_.erase(oldest);
   }
@@ -212,8 +211,10 @@ double PredictStepSeconds(const RebalanceInput& in,
   return Simulate(config).step_seconds;
 }
 
-std::string CutKey(const std::vector<int64_t>& balance) {
-  return absl::StrJoin(balance, ",");
+std::string CutKey(const std::vector<int64_t>& balance,
+                   const std::vector<std::string>& workers) {
+  return absl::StrCat(absl::StrJoin(balance, ","), " on ",
+                      absl::StrJoin(workers, ","));
 }
 
 std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
@@ -239,7 +240,8 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
   }
   double slowest = 1, fastest = 1;
   std::vector<double> speeds;
-  for (const std::string& w : in.workers) speeds.push_back(SpeedOf(in.costs, w));
+  for (const std::string& w : in.workers)
+    speeds.push_back(SpeedOf(in.costs, w));
   if (!speeds.empty()) {
     slowest = *std::min_element(speeds.begin(), speeds.end());
     fastest = *std::max_element(speeds.begin(), speeds.end());
@@ -254,8 +256,8 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
     std::vector<std::string> workers(k);
     for (int64_t s = 0; s < k; ++s) workers[s] = in.workers[order[s]];
     // A stage's time per micro-batch for layers [j, i) on its worker.
-    absl::StatusOr<std::vector<int64_t>> cut = PartitionByStageCost(
-        n, k, [&](int64_t s, int64_t j, int64_t i) {
+    absl::StatusOr<std::vector<int64_t>> cut =
+        PartitionByStageCost(n, k, [&](int64_t s, int64_t j, int64_t i) {
           const double recompute =
               StageRematerializes(in.remat, s, k) ? 2.0 : 1.0;
           return (recompute * (forward[i] - forward[j]) +
@@ -276,7 +278,7 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
   } while (unequal && k <= kMaxPermutedStages &&
            std::next_permutation(order.begin(), order.end()));
 
-  const std::string cut = CutKey(best->balance);
+  const std::string cut = CutKey(best->balance, best->workers);
   const double gain = ExpectedGain(old_seconds, best->predicted_new_seconds,
                                    in.measured_step_seconds);
   if (best->balance == in.balance && best->workers == in.workers) {

@@ -38,8 +38,7 @@ class LayerCostBook {
   // Layers [layer_begin, layer_begin + layers.size()) ran on `worker`,
   // whose start-up probe measured `probe_gflops` (0: none).
   void Record(const std::string& worker, int64_t layer_begin,
-              const std::vector<LayerSeconds>& layers,
-              double probe_gflops = 0);
+              const std::vector<LayerSeconds>& layers, double probe_gflops = 0);
 
   // (layer, worker) -> seconds.
   const std::map<std::pair<int64_t, std::string>, LayerSeconds>& seen() const {
@@ -104,9 +103,9 @@ struct RebalanceInput {
   // fraction of (ExpectedGain).
   double measured_step_seconds = 0;
   double min_gain = 0.10;
-  // Cuts this job has run (CutKey): never proposed again, whichever
-  // workers ran them, so the job does not go back and forth between two
-  // cuts that each look better measured from the other.
+  // Cuts this job has run on their workers (CutKey): never proposed
+  // again, so the job does not go back and forth between two cuts that
+  // each look better measured from the other.
   std::set<std::string> tried;
   // Whether a cut fits its workers' memory (null: all fit).
   std::function<bool(const std::vector<int64_t>& balance,
@@ -136,9 +135,10 @@ double PredictStepSeconds(const RebalanceInput& in,
 std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
                                                   std::string* why = nullptr);
 
-// "4,4,4": a cut, for RebalanceInput::tried.
-std::string CutKey(const std::vector<int64_t>& balance);
-
+// "4,4,4 on w1,w2,w3": a cut and its workers, for RebalanceInput::tried
+// and messages.
+std::string CutKey(const std::vector<int64_t>& balance,
+                   const std::vector<std::string>& workers);
 
 }  // namespace gpipe::controller
 

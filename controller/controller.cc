@@ -891,19 +891,20 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   if (!RecordStageTimes(*job, worker.id(),
                         worker.info.resources().probe_gflops(), p)) {
     ++ignored_reports_;
-    LogWarning("ignored the layer times of stage %d of %s from worker %s: "
-               "not one finite time per layer of the stage",
-               p.stage(), p.job_id(), worker.id());
+    LogWarning(
+        "ignored the layer times of stage %d of %s from worker %s: "
+        "not one finite time per layer of the stage",
+        p.stage(), p.job_id(), worker.id());
   }
   // The step time gauges: measured with every step of the last stage, the
   // simulator's every kPredictEvery (it re-estimates the costs).
   if (options_.metrics != nullptr && job->step_seconds > 0 &&
       p.stage() == status.stages_size() - 1) {
     constexpr int64_t kPredictEvery = 20;
-    options_.metrics->ObserveStepTime(
-        job->id(), job->step_seconds,
-        job->step_reports % kPredictEvery == 0 ? PredictedStepSeconds(*job)
-                                               : 0);
+    options_.metrics->ObserveStepTime(job->id(), job->step_seconds,
+                                      job->step_reports % kPredictEvery == 0
+                                          ? PredictedStepSeconds(*job)
+                                          : 0);
   }
   if (std::optional<std::string> measured = MeasureRepartition(*job)) {
     LogInfo("job %s: %s", job->id(), *measured);

@@ -72,8 +72,10 @@ RebalanceInput Input(const JobRecord& job) {
   // The cuts of earlier re-partitions too: the status survives a
   // controller restart, the in-memory set does not.
   for (const v1::Repartition& r : job.status().repartitions()) {
-    in.tried.insert(CutKey({r.old_balance().begin(), r.old_balance().end()}));
-    in.tried.insert(CutKey({r.new_balance().begin(), r.new_balance().end()}));
+    in.tried.insert(CutKey({r.old_balance().begin(), r.old_balance().end()},
+                           {r.old_workers().begin(), r.old_workers().end()}));
+    in.tried.insert(CutKey({r.new_balance().begin(), r.new_balance().end()},
+                           {r.workers().begin(), r.workers().end()}));
   }
   return in;
 }
@@ -97,12 +99,11 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
     return true;
   }
   if (p.stage() == status.stages_size() - 1 && p.step_seconds() > 0 &&
-      std::isfinite(p.step_seconds()) &&
-      ++job.step_reports > kStartupReports) {
+      std::isfinite(p.step_seconds()) && ++job.step_reports > kStartupReports) {
     job.step_seconds = job.step_reports == kStartupReports + 1
                            ? p.step_seconds()
-                           : job.step_seconds +
-                                 kNewest * (p.step_seconds() - job.step_seconds);
+                           : job.step_seconds + kNewest * (p.step_seconds() -
+                                                           job.step_seconds);
   }
   const int64_t layers = stage->layer_end() - stage->layer_begin();
   const int n = static_cast<int>(layers);
@@ -110,7 +111,8 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
   if (p.layer_forward_seconds_size() == n &&
       p.layer_backward_seconds_size() == n) {
     for (int i = 0; i < n; ++i) {
-      const double f = p.layer_forward_seconds(i), b = p.layer_backward_seconds(i);
+      const double f = p.layer_forward_seconds(i),
+                   b = p.layer_backward_seconds(i);
       if (!FiniteNonNegative(f) || !FiniteNonNegative(b)) return false;
       seconds.push_back({f, b});
     }
@@ -188,8 +190,8 @@ std::optional<v1::Repartition> PlanRepartition(
     *why = absl::StrFormat(
         "the %d steps left would save %.1f s at the cut %s, less than the "
         "%.1f s a restart from step %d costs",
-        status.total_steps() - status.step(), saved,
-        CutKey(proposal->balance), cost, step);
+        status.total_steps() - status.step(), saved, CutKey(proposal->balance, proposal->workers),
+        cost, step);
     return std::nullopt;
   }
 
@@ -199,6 +201,7 @@ std::optional<v1::Repartition> PlanRepartition(
   for (int64_t b : in.balance) r.add_old_balance(b);
   for (int64_t b : proposal->balance) r.add_new_balance(b);
   for (const std::string& w : proposal->workers) r.add_workers(w);
+  for (const std::string& w : in.workers) r.add_old_workers(w);
   r.set_reason(proposal->reason);
   r.set_predicted_old_seconds(proposal->predicted_old_seconds);
   r.set_predicted_new_seconds(proposal->predicted_new_seconds);

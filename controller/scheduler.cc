@@ -74,7 +74,9 @@ bool Start(JobTable& jobs, JobRecord& job,
       storage::JobCheckpointDir(checkpoint_dir, job.id());
   const std::string output_dir = storage::FinalParametersDir(job_dir);
   std::string placed;
-  job.tried_cuts.insert(CutKey(balance));
+  std::vector<std::string> ids;
+  for (const auto& w : workers) ids.push_back(w->id());
+  job.tried_cuts.insert(CutKey(balance, ids));
   for (int64_t i = 0; i < k; ++i) {
     WorkerRecord& worker = *workers[i];
     v1::StageStatus* stage = status.add_stages();
@@ -228,7 +230,8 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         continue;
       }
       std::optional<std::vector<size_t>> place;
-      if (rebalanced != nullptr) place = ChosenWorkers(*rebalanced, *plan, idle);
+      if (rebalanced != nullptr)
+        place = ChosenWorkers(*rebalanced, *plan, idle);
       if (!place) place = PlaceStages(*plan, WorkerMemory(idle), &why);
       if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;

@@ -49,9 +49,9 @@
 #include "worker/agent.h"
 #include "worker/controller_file_store.h"
 #include "worker/executor.h"
-#include "worker/speed_probe.h"
 #include "worker/health.h"
 #include "worker/memory_budget.h"
+#include "worker/speed_probe.h"
 #include "worker/stage_service.h"
 
 ABSL_FLAG(std::string, controller, "127.0.0.1:7070",

@@ -1,5 +1,6 @@
 #include "worker/speed_probe.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -16,6 +17,7 @@ namespace {
 constexpr int64_t kWidth = 512;
 constexpr int64_t kBatch = 128;
 constexpr int kLayers = 2;
+constexpr int kWindows = 3;
 
 gpipe::v1::ModelSpec ProbeModel() {
   gpipe::v1::ModelSpec spec;
@@ -50,17 +52,25 @@ absl::StatusOr<double> ProbeComputeSpeed(double slowdown, double min_seconds) {
     model->ZeroGrad();
   };
   pass();  // warm-up: allocations, the BLAS threads
-  const auto start = std::chrono::steady_clock::now();
-  int64_t passes = 0;
-  double seconds = 0;
-  do {
-    pass();
-    ++passes;
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                            start)
-                  .count();
-  } while (seconds < min_seconds);
-  return flops_per_pass * static_cast<double>(passes) / seconds / 1e9;
+  // The best of a few windows: a neighbour starting up at the same moment
+  // slows one window, not all; each window is long enough (about a CPU
+  // quota period) that throttling shows in every one.
+  double best = 0;
+  for (int w = 0; w < kWindows; ++w) {
+    const auto start = std::chrono::steady_clock::now();
+    int64_t passes = 0;
+    double seconds = 0;
+    do {
+      pass();
+      ++passes;
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                              start)
+                    .count();
+    } while (seconds < min_seconds / kWindows);
+    best = std::max(
+        best, flops_per_pass * static_cast<double>(passes) / seconds / 1e9);
+  }
+  return best;
 }
 
 }  // namespace gpipe

@@ -14,10 +14,10 @@
 namespace gpipe {
 
 // GFLOP/s of the probe workload on the calling thread's compute-thread
-// setting, run for at least `min_seconds`. Errors: the workload's model
-// could not be built (a bug).
+// setting: the best of three windows of min_seconds / 3 each. Errors: the
+// workload's model could not be built (a bug).
 absl::StatusOr<double> ProbeComputeSpeed(double slowdown = 1.0,
-                                         double min_seconds = 0.25);
+                                         double min_seconds = 0.3);
 
 }  // namespace gpipe
 

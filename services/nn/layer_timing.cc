@@ -44,7 +44,8 @@ void LayerTiming::Finished(int64_t local, bool backward, bool record,
 }
 
 void LayerTiming::EndStep(int64_t micro_batches) {
-  const double per = 1.0 / static_cast<double>(std::max<int64_t>(1, micro_batches));
+  const double per =
+      1.0 / static_cast<double>(std::max<int64_t>(1, micro_batches));
   if (steps_ended_++ > 0) {
     const bool first = forward_.empty();
     if (first) {

@@ -53,10 +53,10 @@ inline constexpr int64_t kMaxElasticGraceMs = int64_t{24} * 3600 * 1000;
 
 // pipeline.rebalance with its defaults filled in.
 struct RebalanceSettings {
-  bool enabled = false;      // absent: on without an explicit balance
-  int64_t after_steps = 20;  // warm-up before the first re-partition
+  bool enabled = false;       // absent: on without an explicit balance
+  int64_t after_steps = 20;   // warm-up before the first re-partition
   int64_t every_steps = 100;  // at most one re-partition per this many
-  double min_gain = 0.10;    // predicted step-time gain that pays
+  double min_gain = 0.10;     // predicted step-time gain that pays
 };
 RebalanceSettings RebalanceSettingsOf(const gpipe::v1::JobSpec& spec);
 

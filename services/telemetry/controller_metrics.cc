@@ -95,10 +95,11 @@ void ControllerMetrics::OnRepartition(const std::string& reason) {
   repartitions_->Add({{"reason", reason}}).Increment();
 }
 
-void ControllerMetrics::ObserveStepTime(const std::string& job,
-                                        double measured, double predicted) {
+void ControllerMetrics::ObserveStepTime(const std::string& job, double measured,
+                                        double predicted) {
   if (measured > 0) step_seconds_->Add({{"job", job}}).Set(measured);
-  if (predicted > 0) predicted_step_seconds_->Add({{"job", job}}).Set(predicted);
+  if (predicted > 0)
+    predicted_step_seconds_->Add({{"job", job}}).Set(predicted);
 }
 
 void ControllerMetrics::ObserveEvaluation(const std::string& job, double loss,

@@ -1,10 +1,9 @@
 // The balancer's arithmetic: layer costs and worker speeds from what the
 // stages measured, and the cut (and worker order) it proposes, or not.
-#include "controller/balancer.h"
-
 #include <string>
 #include <vector>
 
+#include "controller/balancer.h"
 #include "gtest/gtest.h"
 #include "services/nn/layer_spec.h"
 #include "tests/support/controller_fixtures.h"
@@ -151,7 +150,7 @@ TEST(BalancerTest, ASlowStageGivesUpLayers) {
                    PredictStepSeconds(in, in.balance, in.workers));
 
   // The same cut is not proposed again once it has run ...
-  in.tried.insert(CutKey(p->balance));
+  in.tried.insert(CutKey(p->balance, p->workers));
   EXPECT_FALSE(ProposeRebalance(in).has_value());
   // ... nor one that does not fit its workers' memory.
   in.tried.clear();
@@ -167,9 +166,8 @@ TEST(BalancerTest, ABalancedCutStays) {
   std::vector<double> seconds(12, 1e-3);
   seconds[5] = 1.05e-3;  // noise well under min_gain
   Measure(book, {4, 4, 4}, {"a", "b", "c"}, seconds);
-  EXPECT_FALSE(
-      ProposeRebalance(Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book))
-          .has_value());
+  EXPECT_FALSE(ProposeRebalance(Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book))
+                   .has_value());
 }
 
 TEST(BalancerTest, KnownSpeedsPutTheFastWorkerOnTheHeavyLayers) {
@@ -195,6 +193,23 @@ TEST(BalancerTest, KnownSpeedsPutTheFastWorkerOnTheHeavyLayers) {
   EXPECT_EQ(p->workers, (std::vector<std::string>{"b", "a"}));
   EXPECT_LT(p->predicted_new_seconds,
             PredictStepSeconds(in, {1, 7}, {"a", "b"}));
+}
+
+TEST(BalancerTest, TheSameCutOnOtherWorkersIsANewCut) {
+  // Four heavy layers then four light ones; a's probe says it is 4x
+  // slower than b. The best is the running 4,4 with the workers swapped,
+  // which the running cut's having run does not rule out.
+  const ModelShapes shapes = EqualLayers(8);
+  LayerCostBook book;
+  std::vector<LayerSeconds> heavy(4, {16e-3, 32e-3}), light(4, {1e-3, 2e-3});
+  book.Record("a", 0, heavy, 10);
+  book.Record("b", 4, light, 40);
+  RebalanceInput in = Input(shapes, {4, 4}, {"a", "b"}, book);
+  in.tried.insert(CutKey({4, 4}, {"a", "b"}));
+  const std::optional<RebalanceProposal> p = ProposeRebalance(in);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->balance, (std::vector<int64_t>{4, 4}));
+  EXPECT_EQ(p->workers, (std::vector<std::string>{"b", "a"}));
 }
 
 TEST(BalancerTest, BusyTimeSplitsByTheCostModel) {

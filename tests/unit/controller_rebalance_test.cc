@@ -1,11 +1,10 @@
 // The controller's rules around the balancer (controller/rebalance.h): what
 // a progress report adds to a job's cost book, and when a committed
 // checkpoint may move the layers (warm-up, every_steps, the steps left).
-#include "controller/rebalance.h"
-
 #include <limits>
 #include <string>
 
+#include "controller/rebalance.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
 #include "tests/support/controller_fixtures.h"
@@ -85,7 +84,7 @@ TEST(RebalanceRulesTest, AfterTheWarmUpASlowStageMoves) {
   Feed(balanced, 0, 25, 1.0);
   EXPECT_FALSE(PlanRepartition(balanced, 20, NoMemoryLimit, absl::Now(), &why)
                    .has_value());
-  EXPECT_EQ(why, "the running cut 2,3 is the best");
+  EXPECT_EQ(why, "the running cut 2,3 on w1,w2 is the best");
 }
 
 TEST(RebalanceRulesTest, AtMostOnceInEverySteps) {

@@ -433,7 +433,6 @@ TEST_F(ControllerStateTest, AWorkerIdBelongsToItsClientCertificate) {
   EXPECT_EQ((*again)->certificate, mine);
 }
 
-
 // The self-balancing pipeline on the state machine: stages report layer
 // times, and at a committed checkpoint past the warm-up a job whose stage
 // 1 is slow restarts (uncounted) from that checkpoint under a new cut.
@@ -468,9 +467,8 @@ class RebalanceTest : public ControllerStateTest {
   }
   // Steps (from, to] on both stages, stage 1's layers `slow` times as
   // expensive, then the checkpoint of step `to`, committed.
-  void Run(const v1::Assignment& a0, const v1::Assignment& a1,
-           WorkerRecord& w0, WorkerRecord& w1, int64_t from, int64_t to,
-           double slow) {
+  void Run(const v1::Assignment& a0, const v1::Assignment& a1, WorkerRecord& w0,
+           WorkerRecord& w1, int64_t from, int64_t to, double slow) {
     for (int64_t s = from + 1; s <= to; ++s) {
       controller_->HandleMessage(w0, Progress(a0, s, 1.0));
       controller_->HandleMessage(w1, Progress(a1, s, slow));
@@ -536,7 +534,8 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
 
   // The new cut runs at 40 ms a step: measured after ten steps or so.
   for (int64_t step = 31; step <= 45; ++step) {
-    v1::WorkerMessage p0 = Progress(*b0, step, 1.0), p1 = Progress(*b1, step, 6.0);
+    v1::WorkerMessage p0 = Progress(*b0, step, 1.0),
+                      p1 = Progress(*b1, step, 6.0);
     p1.mutable_progress()->set_step_seconds(0.04);
     controller_->HandleMessage(*w1, p0);
     controller_->HandleMessage(*w2, p1);

@@ -401,7 +401,8 @@ std::vector<BadSpec> BadSpecs() {
       {"RebalanceGainTooLarge",
        With(kCnn, R"("min_stages": 2)",
             R"("min_stages": 2, "rebalance": {"min_gain": 1.5})"),
-       "pipeline.rebalance.min_gain: must be in [0, 1) (0 means 0.10), got 1.5"},
+       "pipeline.rebalance.min_gain: must be in [0, 1) (0 means 0.10), got "
+       "1.5"},
       {"RebalanceNegativeEvery",
        With(kCnn, R"("min_stages": 2)",
             R"("min_stages": 2, "rebalance": {"every_steps": -1})"),

@@ -215,9 +215,9 @@ TEST(PartitionByStageCostTest, MatchesBruteForceForAnyStageCost) {
       EXPECT_NEAR(max_of(*balance), best, 1e-12) << "n=" << n << " k=" << k;
     }
   }
-  EXPECT_FALSE(
-      PartitionByStageCost(3, 4, [](int64_t, int64_t, int64_t) { return 1.0; })
-          .ok());
+  EXPECT_FALSE(PartitionByStageCost(3, 4, [](int64_t, int64_t, int64_t) {
+                 return 1.0;
+               }).ok());
 }
 
 TEST(PartitionByCostTest, StagesThatRematerializeGetFewerLayers) {
