@@ -87,9 +87,10 @@ for x in r:
     gain = min(1 - new / old, (old - new) / m_old) if old > 0 and m_old > 0 else 0
     after = x.get("measuredNewSeconds", 0)
     ratio = f"{after / m_old:.2f}" if after else "-"
+    expected = f"{m_old * (1 - gain) * 1e3:.1f}" if old > 0 else "-"
     print(f"| {name} | {label} | step {x['step']}: {','.join(x['oldBalance'])} -> "
           f"{','.join(x['newBalance'])} ({x['reason']}) | {m_old * 1e3:.1f} | "
-          f"{m_old * (1 - gain) * 1e3:.1f} | {after * 1e3:.1f} | {ratio} |")
+          f"{expected} | {after * 1e3:.1f} | {ratio} |")
 PY
 }
 

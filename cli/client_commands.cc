@@ -269,7 +269,9 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
                                 absl::StrJoin(r.new_balance(), ",")),
                    r.reason(),
                    absl::StrFormat("%.1f", r.measured_old_seconds() * 1e3),
-                   absl::StrFormat("%.1f", predicted * 1e3),
+                   r.predicted_old_seconds() > 0
+                       ? absl::StrFormat("%.1f", predicted * 1e3)
+                       : "-",
                    r.measured_new_seconds() > 0
                        ? absl::StrFormat("%.1f", r.measured_new_seconds() * 1e3)
                        : "-"});

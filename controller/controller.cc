@@ -1244,6 +1244,7 @@ void Controller::Rebalance(JobRecord& job, int64_t step, absl::Time now) {
   LogInfo("job %s: %s", job.id(), message);
   *job.status().add_repartitions() = *std::move(r);
   job.measuring_repartition = true;
+  job.revert_pending = false;
   RestartOrFail(job, "Rebalance", message, nullptr, /*counted=*/false, now);
   Reschedule(now);
 }

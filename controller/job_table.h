@@ -74,8 +74,10 @@ struct JobRecord {
   int64_t step_reports = 0;
   // Cuts the job has run (CutKey), never proposed again.
   std::set<std::string> tried_cuts;
-  // The newest re-partition waits for its measured step time.
+  // The newest re-partition waits for its measured step time; it measured
+  // slower than the cut before, which the next checkpoint restores.
   bool measuring_repartition = false;
+  bool revert_pending = false;
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a

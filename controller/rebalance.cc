@@ -1,6 +1,7 @@
 #include "controller/rebalance.h"
 
 #include <cmath>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +33,10 @@ constexpr int64_t kMeasureReports = 10;
 // What a restart costs besides the replayed steps (assignment, links,
 // model building, restoring): counted as this many steps.
 constexpr int64_t kRestartSteps = 5;
+// A re-partition whose cut measures this much slower than the one before
+// is undone at the next checkpoint.
+constexpr double kWorseBy = 0.03;
+constexpr std::string_view kRevert = "revert";
 
 const ModelShapes* Shapes(JobRecord& job) {
   if (job.model_shapes == nullptr) {
@@ -146,6 +151,25 @@ std::optional<v1::Repartition> PlanRepartition(
   const v1::JobSpec& spec = job.job.spec();
   const RebalanceSettings settings = RebalanceSettingsOf(spec);
   const v1::JobStatus& status = job.status();
+  if (job.revert_pending && !status.repartitions().empty() &&
+      status.stages_size() == job.stages) {
+    // Back to the cut and workers before the last re-partition, whatever
+    // the estimates say: they were wrong about it.
+    const v1::Repartition& last = *status.repartitions().rbegin();
+    v1::Repartition r;
+    r.set_step(step);
+    *r.mutable_time() = ToTimestamp(now);
+    std::vector<int64_t> balance;
+    std::vector<std::string> workers;
+    RunningCut(status, &balance, &workers);
+    for (int64_t b : balance) r.add_old_balance(b);
+    for (const std::string& w : workers) r.add_old_workers(w);
+    *r.mutable_new_balance() = last.old_balance();
+    *r.mutable_workers() = last.old_workers();
+    r.set_reason(std::string(kRevert));
+    r.set_measured_old_seconds(job.step_seconds);
+    return r;
+  }
   if (!settings.enabled || job.stages < 2 ||
       status.stages_size() != job.stages || step < settings.after_steps ||
       job.model_shapes == nullptr ||
@@ -225,15 +249,29 @@ std::optional<std::string> MeasureRepartition(JobRecord& job) {
   }
   job.measuring_repartition = false;
   r.set_measured_new_seconds(job.step_seconds);
-  const double predicted =
-      ExpectedStepSeconds(r.predicted_old_seconds(), r.predicted_new_seconds(),
-                          r.measured_old_seconds());
-  return absl::StrCat("re-partition at step ", r.step(), " (",
-                      absl::StrJoin(r.old_balance(), ","), " -> ",
-                      absl::StrJoin(r.new_balance(), ","), ") measured ",
-                      Millis(r.measured_old_seconds()), " -> ",
-                      Millis(r.measured_new_seconds()), " a step (expected ",
-                      Millis(predicted), ")");
+  std::string message = absl::StrCat(
+      "re-partition at step ", r.step(), " (",
+      absl::StrJoin(r.old_balance(), ","), " -> ",
+      absl::StrJoin(r.new_balance(), ","), ") measured ",
+      Millis(r.measured_old_seconds()), " -> ",
+      Millis(r.measured_new_seconds()), " a step");
+  if (r.reason() == kRevert) return message;
+  absl::StrAppend(&message, " (expected ",
+                  Millis(ExpectedStepSeconds(r.predicted_old_seconds(),
+                                             r.predicted_new_seconds(),
+                                             r.measured_old_seconds())),
+                  ")");
+  // Slower than before: the estimates were wrong (a noisy machine, a cost
+  // they do not see). Undone once; the cut stays tried, so it is not
+  // proposed again.
+  if (r.measured_new_seconds() > r.measured_old_seconds() * (1 + kWorseBy) &&
+      r.old_workers_size() == r.old_balance_size()) {
+    job.revert_pending = true;
+    absl::StrAppend(&message, ", slower: back to ",
+                    absl::StrJoin(r.old_balance(), ","),
+                    " at the next checkpoint");
+  }
+  return message;
 }
 
 double PredictedStepSeconds(const JobRecord& job) {

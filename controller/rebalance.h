@@ -31,8 +31,10 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
 // job's pipeline.rebalance allows one now, every stage has measured long
 // enough, the simulator predicts at least min_gain, the steps left repay
 // the steps replayed from the checkpoint, and the new cut fits its workers
-// (`memory_of`: a worker's memory for stages, 0 unknown). The caller
-// records it in status.repartitions and restarts the job. When the job
+// (`memory_of`: a worker's memory for stages, 0 unknown); or, when the
+// last re-partition measured slower than the cut before (MeasureRepartition),
+// that cut again (reason "revert"), at once. The caller records it in
+// status.repartitions, clears revert_pending and restarts the job. When the job
 // could have moved but does not, `why` says why (else it is left empty).
 std::optional<gpipe::v1::Repartition> PlanRepartition(
     const JobRecord& job, int64_t step,
@@ -40,7 +42,8 @@ std::optional<gpipe::v1::Repartition> PlanRepartition(
     absl::Time now, std::string* why);
 
 // Once the newest re-partition's cut has run long enough: its measured step
-// time, set on the record, and a line for people; nullopt until then.
+// time, set on the record, and a line for people; nullopt until then. A cut
+// measured more than 3% slower than the one before sets revert_pending.
 std::optional<std::string> MeasureRepartition(JobRecord& job);
 
 // The simulator's step time of the running cut from what the job measured

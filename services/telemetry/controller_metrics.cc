@@ -70,11 +70,13 @@ ControllerMetrics::ControllerMetrics() {
                        .Help(
                            "Re-partitions by the self-balancing pipeline: "
                            "layer_costs (layers cost other than the cut "
-                           "assumed) or worker_speeds (workers differ)")
+                           "assumed), worker_speeds (workers differ) or "
+                           "revert (back from a cut that measured slower)")
                        .Register(registry_);
   // Both reasons from the start, so a dashboard's rate is 0, not absent.
   repartitions_->Add({{"reason", "layer_costs"}});
   repartitions_->Add({{"reason", "worker_speeds"}});
+  repartitions_->Add({{"reason", "revert"}});
   step_seconds_ = &prometheus::BuildGauge()
                        .Name("gpipe_job_step_seconds")
                        .Help(

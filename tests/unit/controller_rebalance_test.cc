@@ -125,6 +125,43 @@ TEST(RebalanceRulesTest, NotWhenTheCutDoesNotFitItsWorkers) {
   EXPECT_NE(why.find("does not fit"), std::string::npos) << why;
 }
 
+TEST(RebalanceRulesTest, ACutThatMeasuresSlowerIsUndoneOnce) {
+  // The job moved from 2,3 on w1,w2 to 3,2 on w1,w2 at step 20, expecting
+  // 40 ms; it measures 50 ms a step, slower than the 45 ms before.
+  JobRecord job = RunningJob();
+  job.status().mutable_stages(0)->set_layer_end(3);
+  job.status().mutable_stages(1)->set_layer_begin(3);
+  v1::Repartition* moved = job.status().add_repartitions();
+  moved->set_step(20);
+  for (int64_t b : {2, 3}) moved->add_old_balance(b);
+  for (int64_t b : {3, 2}) moved->add_new_balance(b);
+  for (const char* w : {"w1", "w2"}) {
+    moved->add_old_workers(w);
+    moved->add_workers(w);
+  }
+  moved->set_predicted_old_seconds(0.05);
+  moved->set_predicted_new_seconds(0.04);
+  moved->set_measured_old_seconds(0.045);
+  job.measuring_repartition = true;
+  for (int64_t s = 21; s <= 40; ++s) {
+    ASSERT_TRUE(RecordStageTimes(job, "w1", 0, Progress(0, s, 3, 1.0)));
+    ASSERT_TRUE(RecordStageTimes(job, "w2", 0, Progress(1, s, 2, 1.0)));
+  }
+  const std::optional<std::string> measured = MeasureRepartition(job);
+  ASSERT_TRUE(measured.has_value());
+  EXPECT_NE(measured->find("slower: back to 2,3"), std::string::npos)
+      << *measured;
+  EXPECT_TRUE(job.revert_pending);
+  // At the next checkpoint, within every_steps of the move: back.
+  std::string why;
+  const std::optional<v1::Repartition> r =
+      PlanRepartition(job, 30, NoMemoryLimit, absl::Now(), &why);
+  ASSERT_TRUE(r.has_value()) << why;
+  EXPECT_EQ(r->reason(), "revert");
+  EXPECT_EQ(r->new_balance(0), 2);
+  EXPECT_EQ(r->workers(1), "w2");
+}
+
 TEST(RebalanceRulesTest, LayerTimesOfTheWrongLengthAreIgnored) {
   JobRecord job = RunningJob();
   EXPECT_FALSE(RecordStageTimes(job, "w1", 0, Progress(0, 1, 3, 1.0)));
