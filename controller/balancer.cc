@@ -69,6 +69,7 @@ std::vector<LayerSeconds> LayerSecondsFromBusy(
   for (size_t i = 0; i < out.size(); ++i) {
     out[i].forward = forward * model_costs[i] / sum;
     out[i].backward = 2 * out[i].forward;
+    out[i].split = true;
   }
   return out;
 }
@@ -82,18 +83,21 @@ CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers) {
 CostEstimate EstimateCosts(const LayerCostBook& book,
                            const std::vector<int64_t>& layer_class) {
   const int64_t layers = static_cast<int64_t>(layer_class.size());
-  const auto class_of = [&](int64_t l) -> int64_t {
-    return l >= 0 && l < layers ? layer_class[l] : -1;
+  int64_t timed_classes = 0;
+  for (int64_t c : layer_class) timed_classes = std::max(timed_classes, c + 1);
+  // A split layer is a class of its own, after the timed classes.
+  const int64_t classes = timed_classes + layers;
+  const auto class_of = [&](int64_t l, const LayerSeconds& s) -> int64_t {
+    if (l < 0 || l >= layers) return -1;
+    return s.split ? timed_classes + l : layer_class[l];
   };
-  int64_t classes = 0;
-  for (int64_t c : layer_class) classes = std::max(classes, c + 1);
   CostEstimate c;
   c.layers.assign(layers, LayerSeconds());
   std::vector<int> observed(classes, 0);
   std::vector<std::set<std::string>> seen_on(classes);
   std::vector<bool> layer_seen(layers, false);
   for (const auto& [key, s] : book.seen()) {
-    const int64_t k = class_of(key.first);
+    const int64_t k = class_of(key.first, s);
     if (k < 0) continue;
     ++observed[k];
     seen_on[k].insert(key.second);
@@ -122,7 +126,7 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
     // measured of what they would take at speed 1.
     std::vector<LayerSeconds> sum(classes);
     for (const auto& [key, s] : book.seen()) {
-      const int64_t k = class_of(key.first);
+      const int64_t k = class_of(key.first, s);
       if (k < 0) continue;
       const double speed = c.speed[key.second];
       sum[k].forward += s.forward * speed;
@@ -140,7 +144,7 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
     // passes down).
     std::map<std::string, std::pair<double, double>> logs;  // sum, weight
     for (const auto& [key, s] : book.seen()) {
-      const int64_t k = class_of(key.first);
+      const int64_t k = class_of(key.first, s);
       if (k < 0 || seen_on[k].size() < 2) continue;
       const double total = cost[k].total();
       if (s.total() < kMinSeconds || total < kMinSeconds) continue;
@@ -167,7 +171,12 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
     k.forward *= scale;
     k.backward *= scale;
   }
-  for (int64_t l = 0; l < layers; ++l) c.layers[l] = cost[layer_class[l]];
+  // A layer's cost: its timed class's where that was observed, else what
+  // its own split measurements say.
+  for (int64_t l = 0; l < layers; ++l) {
+    c.layers[l] = observed[layer_class[l]] > 0 ? cost[layer_class[l]]
+                                               : cost[timed_classes + l];
+  }
   return c;
 }
 

@@ -27,6 +27,9 @@ namespace gpipe::controller {
 struct LayerSeconds {
   double forward = 0;
   double backward = 0;
+  // Split from a stage's busy time by the cost model, not timed per layer:
+  // says nothing about how layers of one class compare across workers.
+  bool split = false;
   double total() const { return forward + backward; }
 };
 
@@ -78,9 +81,10 @@ struct CostEstimate {
 // one class (LayerClasses: the same spec on the same input shape) cost the
 // same, so a model that repeats a layer across stages (an MLP's hidden
 // layers, a Transformer's blocks) tells its workers' speeds apart from the
-// first measurements. Workers that share no class keep the ratio of their
-// start-up probes (worker/speed_probe.h; equal where there is none) until
-// a layer has run on both.
+// first measurements (timed layers only: a GPU stage's layers, split from
+// its busy time, are each their own class). Workers that share no class keep
+// the ratio of their start-up probes (worker/speed_probe.h; equal where there
+// is none) until a layer has run on both.
 CostEstimate EstimateCosts(const LayerCostBook& book,
                            const std::vector<int64_t>& layer_class);
 // Every layer a class of its own.

@@ -78,6 +78,9 @@ struct JobRecord {
   // slower than the cut before, which the next checkpoint restores.
   bool measuring_repartition = false;
   bool revert_pending = false;
+  // The cut (CutKey) the last checkpoint's estimates proposed: the next
+  // must propose it again before the job moves.
+  std::string proposed_cut;
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a

@@ -1,7 +1,9 @@
 #include "controller/rebalance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,7 +33,9 @@ constexpr double kNewest = 0.2;
 constexpr int64_t kMinTimedReports = 5;
 constexpr int64_t kMeasureReports = 10;
 // What a restart costs besides the replayed steps (assignment, links,
-// model building, restoring): counted as this many steps.
+// model building, restoring the checkpoint): about a second on a small
+// model (the recovery bench's figures), a few steps on a large one.
+constexpr double kRestartSeconds = 1.0;
 constexpr int64_t kRestartSteps = 5;
 // A re-partition whose cut measures this much slower than the one before
 // is undone at the next checkpoint.
@@ -145,7 +149,7 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
 }
 
 std::optional<v1::Repartition> PlanRepartition(
-    const JobRecord& job, int64_t step,
+    JobRecord& job, int64_t step,
     const std::function<int64_t(const std::string& worker)>& memory_of,
     absl::Time now, std::string* why) {
   const v1::JobSpec& spec = job.job.spec();
@@ -188,6 +192,9 @@ std::optional<v1::Repartition> PlanRepartition(
       return std::nullopt;
     }
   }
+  // What the previous checkpoint proposed, if anything: a move needs two
+  // checkpoints in a row to agree, so one noisy estimate moves nothing.
+  const std::string proposed = std::exchange(job.proposed_cut, "");
   RebalanceInput in = Input(job);
   in.fits = [&](const std::vector<int64_t>& balance,
                 const std::vector<std::string>& workers) {
@@ -208,14 +215,24 @@ std::optional<v1::Repartition> PlanRepartition(
   const double saved =
       gain * job.step_seconds *
       static_cast<double>(status.total_steps() - status.step());
-  const double cost = job.step_seconds *
-                      static_cast<double>(status.step() - step + kRestartSteps);
+  const double cost =
+      job.step_seconds * static_cast<double>(status.step() - step) +
+      std::max(kRestartSeconds,
+               job.step_seconds * static_cast<double>(kRestartSteps));
+  const std::string cut = CutKey(proposal->balance, proposal->workers);
   if (saved <= cost) {
     *why = absl::StrFormat(
         "the %d steps left would save %.1f s at the cut %s, less than the "
         "%.1f s a restart from step %d costs",
-        status.total_steps() - status.step(), saved, CutKey(proposal->balance, proposal->workers),
-        cost, step);
+        status.total_steps() - status.step(), saved, cut, cost, step);
+    return std::nullopt;
+  }
+  if (cut != proposed) {
+    job.proposed_cut = cut;
+    *why = absl::StrFormat(
+        "the cut %s would gain %.1f%%; the job moves there if the next "
+        "checkpoint finds the same",
+        cut, 100 * gain);
     return std::nullopt;
   }
 
@@ -249,12 +266,12 @@ std::optional<std::string> MeasureRepartition(JobRecord& job) {
   }
   job.measuring_repartition = false;
   r.set_measured_new_seconds(job.step_seconds);
-  std::string message = absl::StrCat(
-      "re-partition at step ", r.step(), " (",
-      absl::StrJoin(r.old_balance(), ","), " -> ",
-      absl::StrJoin(r.new_balance(), ","), ") measured ",
-      Millis(r.measured_old_seconds()), " -> ",
-      Millis(r.measured_new_seconds()), " a step");
+  std::string message =
+      absl::StrCat("re-partition at step ", r.step(), " (",
+                   absl::StrJoin(r.old_balance(), ","), " -> ",
+                   absl::StrJoin(r.new_balance(), ","), ") measured ",
+                   Millis(r.measured_old_seconds()), " -> ",
+                   Millis(r.measured_new_seconds()), " a step");
   if (r.reason() == kRevert) return message;
   absl::StrAppend(&message, " (expected ",
                   Millis(ExpectedStepSeconds(r.predicted_old_seconds(),

@@ -29,15 +29,16 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
 
 // At the committed checkpoint of `step`: the re-partition to make, when the
 // job's pipeline.rebalance allows one now, every stage has measured long
-// enough, the simulator predicts at least min_gain, the steps left repay
-// the steps replayed from the checkpoint, and the new cut fits its workers
+// enough, the simulator predicts at least min_gain, the time the steps left
+// save repays the steps replayed from the checkpoint and the restart (1 s,
+// or 5 steps if more), and the new cut fits its workers
 // (`memory_of`: a worker's memory for stages, 0 unknown); or, when the
 // last re-partition measured slower than the cut before (MeasureRepartition),
 // that cut again (reason "revert"), at once. The caller records it in
 // status.repartitions, clears revert_pending and restarts the job. When the job
 // could have moved but does not, `why` says why (else it is left empty).
 std::optional<gpipe::v1::Repartition> PlanRepartition(
-    const JobRecord& job, int64_t step,
+    JobRecord& job, int64_t step,
     const std::function<int64_t(const std::string& worker)>& memory_of,
     absl::Time now, std::string* why);
 

@@ -91,10 +91,17 @@ TEST(BalancerTest, RepeatedLayersTellSpeedsApartAtOnce) {
   // dearer.
   LayerCostBook book;
   Measure(book, {2, 2}, {"a", "b"}, {1, 2, 3, 6});
-  const CostEstimate c = EstimateCosts(book, {0, 1, 0, 1});
+  CostEstimate c = EstimateCosts(book, {0, 1, 0, 1});
   EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 3.0, 1e-6);
   EXPECT_NEAR(c.layers[2].total() / c.layers[0].total(), 1.0, 1e-6);
   EXPECT_NEAR(c.layers[1].total() / c.layers[0].total(), 2.0, 1e-6);
+  // Layers split from a stage's busy time (a GPU stage) do not link.
+  LayerCostBook split;
+  split.Record("a", 0, LayerSecondsFromBusy(3, 1, false, {1, 2}));
+  split.Record("b", 2, LayerSecondsFromBusy(9, 1, false, {1, 2}));
+  c = EstimateCosts(split, {0, 1, 0, 1});
+  EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 1.0, 1e-9);
+  EXPECT_NEAR(c.layers[2].total() / c.layers[0].total(), 3.0, 1e-9);
   // The classes of a model: the same spec on the same input shape.
   const ModelShapes shapes = EqualLayers(3);
   gpipe::v1::ModelSpec model = test_support::ControllerSpec(2).model();

@@ -72,10 +72,18 @@ TEST(RebalanceRulesTest, AfterTheWarmUpASlowStageMoves) {
       PlanRepartition(job, 10, NoMemoryLimit, absl::Now(), &why).has_value());
   EXPECT_EQ(why, "");
   Feed(job, 15, 25, 6.0);
+  // The first checkpoint that finds a better cut proposes it; the next
+  // one that finds it too moves.
+  EXPECT_FALSE(
+      PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why).has_value());
+  EXPECT_NE(why.find("if the next checkpoint finds the same"),
+            std::string::npos)
+      << why;
+  Feed(job, 25, 35, 6.0);
   const std::optional<v1::Repartition> r =
-      PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why);
+      PlanRepartition(job, 30, NoMemoryLimit, absl::Now(), &why);
   ASSERT_TRUE(r.has_value()) << why;
-  EXPECT_EQ(r->step(), 20);
+  EXPECT_EQ(r->step(), 30);
   EXPECT_GT(r->new_balance(0), 2);
   EXPECT_EQ(r->workers(0), "w1");
   EXPECT_DOUBLE_EQ(r->measured_old_seconds(), 0.05);
@@ -100,8 +108,10 @@ TEST(RebalanceRulesTest, AtMostOnceInEverySteps) {
   EXPECT_FALSE(
       PlanRepartition(job, 70, NoMemoryLimit, absl::Now(), &why).has_value());
   Feed(job, 70, 85, 6.0);
+  EXPECT_FALSE(
+      PlanRepartition(job, 80, NoMemoryLimit, absl::Now(), &why).has_value());
   EXPECT_TRUE(
-      PlanRepartition(job, 80, NoMemoryLimit, absl::Now(), &why).has_value())
+      PlanRepartition(job, 90, NoMemoryLimit, absl::Now(), &why).has_value())
       << why;
 }
 

@@ -497,14 +497,17 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   Run(*a0, *a1, *w1, *w2, 10, 20, 1.0);
   EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
   EXPECT_EQ(Status(job->id()).repartitions_size(), 0);
-  // Stage 1 turns slow (6x): at the next checkpoint the job re-partitions.
+  // Stage 1 turns slow (6x): the next checkpoint proposes a new cut, the
+  // one after agrees and the job re-partitions.
   Run(*a0, *a1, *w1, *w2, 20, 30, 6.0);
+  EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
+  Run(*a0, *a1, *w1, *w2, 30, 40, 6.0);
   v1::JobStatus s = Status(job->id());
   ASSERT_EQ(s.state(), v1::RESTARTING);
   EXPECT_EQ(s.restarts(), 0);  // not counted against max_restarts
   ASSERT_EQ(s.repartitions_size(), 1);
   const v1::Repartition& r = s.repartitions(0);
-  EXPECT_EQ(r.step(), 30);
+  EXPECT_EQ(r.step(), 40);
   EXPECT_EQ(r.old_balance(0), old_cut);
   EXPECT_GT(r.new_balance(0), old_cut);  // stage 1 gives layers up
   // The ReLUs on both stages tell the speeds apart: stage 1's worker is
@@ -520,7 +523,7 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   EXPECT_EQ(running->reason(), "Rebalance");
 
   // The restart: the same workers in the chosen order, the new cut, from
-  // the checkpoint of step 30.
+  // the checkpoint of step 40.
   clock_.Advance(absl::Seconds(1));
   controller_->Tick(clock_.Now());
   controller_->FlushIo();
@@ -529,11 +532,11 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   ASSERT_TRUE(b0 && b1);
   EXPECT_EQ(b0->layer_end(), r.new_balance(0));
   EXPECT_EQ(b1->layer_begin(), r.new_balance(0));
-  EXPECT_EQ(b0->restore_step(), 30);
-  EXPECT_EQ(b0->start_step(), 30);
+  EXPECT_EQ(b0->restore_step(), 40);
+  EXPECT_EQ(b0->start_step(), 40);
 
   // The new cut runs at 40 ms a step: measured after ten steps or so.
-  for (int64_t step = 31; step <= 45; ++step) {
+  for (int64_t step = 41; step <= 55; ++step) {
     v1::WorkerMessage p0 = Progress(*b0, step, 1.0),
                       p1 = Progress(*b1, step, 6.0);
     p1.mutable_progress()->set_step_seconds(0.04);
@@ -546,10 +549,10 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   // Measured as predicted, the new cut is the best there is: the job
   // settles there.
   v1::Assignment c0 = *b0, c1 = *b1;
-  controller_->HandleMessage(*w1, test_support::Checkpointed(c0, 40));
-  controller_->HandleMessage(*w2, test_support::Checkpointed(c1, 40));
+  controller_->HandleMessage(*w1, test_support::Checkpointed(c0, 50));
+  controller_->HandleMessage(*w2, test_support::Checkpointed(c1, 50));
   controller_->FlushIo();
-  Run(c0, c1, *w1, *w2, 45, 80, 6.0);
+  Run(c0, c1, *w1, *w2, 55, 80, 6.0);
   Run(c0, c1, *w1, *w2, 80, 140, 6.0);
   EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
   EXPECT_EQ(Status(job->id()).repartitions_size(), 1);
@@ -568,6 +571,7 @@ TEST_F(RebalanceTest, AnExplicitBalanceOrASwitchKeepsTheCut) {
     std::optional<v1::Assignment> a0 = Assignment(*w1), a1 = Assignment(*w2);
     ASSERT_TRUE(a0 && a1);
     Run(*a0, *a1, *w1, *w2, 0, 30, 6.0);
+    Run(*a0, *a1, *w1, *w2, 30, 40, 6.0);
     EXPECT_EQ(Status(job->id()).state(), v1::RUNNING);
     EXPECT_EQ(Status(job->id()).repartitions_size(), 0);
     ASSERT_TRUE(controller_->CancelJob(job->id()).ok());

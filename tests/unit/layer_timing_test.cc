@@ -96,18 +96,20 @@ TEST(LayerTimingTest, ASlowdownSleepsWhatItCounts) {
   Step(*model, 1);
   timing.EndStep(1);
   const auto start = std::chrono::steady_clock::now();
-  Step(*model, 4);
+  Step(*model, 8);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  timing.EndStep(4);
-  double counted = 0;
+  timing.EndStep(8);
+  double counted = 0;  // the step's 8 micro-batches as recorded
   for (int l = 0; l < 3; ++l) {
-    counted += 4 * (timing.forward_seconds()[l] + timing.backward_seconds()[l]);
+    counted += 8 * (timing.forward_seconds()[l] + timing.backward_seconds()[l]);
   }
   // Each layer counts 4x its compute and the difference is slept, all but
-  // less than the 1 ms a sleep waits to gather.
-  EXPECT_GE(wall, counted - 1e-3);
+  // what is still owed (under 1 ms) and what an earlier sleep overslept on
+  // a loaded machine (taken off this step's sleeps).
+  EXPECT_GE(wall, 0.75 * counted);
+  EXPECT_GT(counted, 0);
 }
 
 }  // namespace
