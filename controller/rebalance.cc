@@ -52,7 +52,10 @@ const ModelShapes* Shapes(JobRecord& job) {
   return job.model_shapes.get();
 }
 
-bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0; }
+// A time a stage can have measured: no layer or step takes a day, and a
+// larger figure (or a NaN) would only poison the estimates' sums.
+constexpr double kMaxSeconds = 86400;
+bool PlausibleSeconds(double x) { return x >= 0 && x <= kMaxSeconds; }
 
 // The running cut and its workers, from the epoch's stages.
 void RunningCut(const v1::JobStatus& status, std::vector<int64_t>* balance,
@@ -108,7 +111,8 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
     return true;
   }
   if (p.stage() == status.stages_size() - 1 && p.step_seconds() > 0 &&
-      std::isfinite(p.step_seconds()) && ++job.step_reports > kStartupReports) {
+      PlausibleSeconds(p.step_seconds()) &&
+      ++job.step_reports > kStartupReports) {
     job.step_seconds = job.step_reports == kStartupReports + 1
                            ? p.step_seconds()
                            : job.step_seconds + kNewest * (p.step_seconds() -
@@ -122,13 +126,13 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
     for (int i = 0; i < n; ++i) {
       const double f = p.layer_forward_seconds(i),
                    b = p.layer_backward_seconds(i);
-      if (!FiniteNonNegative(f) || !FiniteNonNegative(b)) return false;
+      if (!PlausibleSeconds(f) || !PlausibleSeconds(b)) return false;
       seconds.push_back({f, b});
     }
   } else if (p.layer_forward_seconds_size() == 0 &&
              p.layer_backward_seconds_size() == 0) {
     if (shapes == nullptr || !(p.busy_seconds() > 0) ||
-        !std::isfinite(p.busy_seconds())) {
+        !PlausibleSeconds(p.busy_seconds())) {
       return true;
     }
     const std::vector<double> all = CostModelLayerCosts(*shapes);

@@ -19,11 +19,11 @@
 namespace gpipe::controller {
 
 // Folds a progress report into the job: the stage's layer times into its
-// cost book with its worker's start-up probe (Resources.probe_gflops) (a stage
-// that times no layers, on a GPU, by its busy time split by the cost model),
-// and the last stage's step time into the epoch's running estimate. Layer times
-// of another length than the stage's layers, or not finite, are ignored
-// (false).
+// cost book with its worker's start-up probe (Resources.probe_gflops); a
+// stage that times no layers (on a GPU) by its busy time split by the cost
+// model; the last stage's step time into the epoch's running estimate.
+// Layer times of another length than the stage's layers, negative, NaN or
+// over a day are ignored (false).
 bool RecordStageTimes(JobRecord& job, const std::string& worker,
                       double probe_gflops, const gpipe::v1::StepProgress& p);
 

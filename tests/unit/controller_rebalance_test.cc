@@ -178,6 +178,9 @@ TEST(RebalanceRulesTest, LayerTimesOfTheWrongLengthAreIgnored) {
   v1::StepProgress nan = Progress(0, 1, 2, 1.0);
   nan.set_layer_backward_seconds(1, std::numeric_limits<double>::quiet_NaN());
   EXPECT_FALSE(RecordStageTimes(job, "w1", 0, nan));
+  v1::StepProgress huge = Progress(0, 1, 2, 1.0);
+  huge.set_layer_forward_seconds(0, 1e300);
+  EXPECT_FALSE(RecordStageTimes(job, "w1", 0, huge));
   EXPECT_TRUE(job.layer_costs.seen().empty());
 }
 
