@@ -25,8 +25,10 @@ constexpr int kEstimatePasses = 50;
 // over the stages then stays as it is.
 constexpr double kEqualSpeeds = 1.05;
 // All orders of the workers over the stages are tried up to this many
-// stages (720 orders, each one exact cut).
+// stages (720 orders, each one exact cut), while orders x layers stays
+// under kMaxOrderLayers: the search runs under the controller's lock.
 constexpr int64_t kMaxPermutedStages = 6;
+constexpr int64_t kMaxOrderLayers = 100000;
 
 double SpeedOf(const CostEstimate& c, const std::string& worker) {
   auto it = c.speed.find(worker);
@@ -174,8 +176,8 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
   // A layer's cost: its timed class's where that was observed, else what
   // its own split measurements say.
   for (int64_t l = 0; l < layers; ++l) {
-    c.layers[l] = observed[layer_class[l]] > 0 ? cost[layer_class[l]]
-                                               : cost[timed_classes + l];
+    const int64_t k = layer_class[l];
+    c.layers[l] = k >= 0 && observed[k] > 0 ? cost[k] : cost[timed_classes + l];
   }
   return c;
 }
@@ -256,6 +258,10 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
     fastest = *std::max_element(speeds.begin(), speeds.end());
   }
   const bool unequal = fastest > slowest * kEqualSpeeds;
+  int64_t orders = 1;
+  for (int64_t i = 2; i <= k && orders <= kMaxOrderLayers; ++i) orders *= i;
+  const bool permute = unequal && k <= kMaxPermutedStages &&
+                       orders * std::max<int64_t>(n, 1) <= kMaxOrderLayers;
 
   const double old_seconds = PredictStepSeconds(in, in.balance, in.workers);
   std::optional<RebalanceProposal> best;
@@ -284,8 +290,7 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
       best = RebalanceProposal{*cut, workers, old_seconds, seconds,
                                unequal ? "worker_speeds" : "layer_costs"};
     }
-  } while (unequal && k <= kMaxPermutedStages &&
-           std::next_permutation(order.begin(), order.end()));
+  } while (permute && std::next_permutation(order.begin(), order.end()));
 
   const std::string cut = CutKey(best->balance, best->workers);
   const double gain = ExpectedGain(old_seconds, best->predicted_new_seconds,

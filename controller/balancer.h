@@ -84,7 +84,7 @@ struct CostEstimate {
 // first measurements (timed layers only: a GPU stage's layers, split from
 // its busy time, are each their own class). Workers that share no class keep
 // the ratio of their start-up probes (worker/speed_probe.h; equal where there
-// is none) until a layer has run on both.
+// is none) until a layer has run on both (timed on both, or split on both).
 CostEstimate EstimateCosts(const LayerCostBook& book,
                            const std::vector<int64_t>& layer_class);
 // Every layer a class of its own.
@@ -131,11 +131,11 @@ double PredictStepSeconds(const RebalanceInput& in,
                           const std::vector<std::string>& workers);
 
 // The fastest cut: for each order of the running workers over the stages
-// (all orders up to 6 stages when their speeds differ by more than 5%,
-// else the running order), the exact min-max cut by measured stage time
-// (PartitionByStageCost), and of those the one the simulator predicts
-// fastest. nullopt unless its ExpectedGain reaches min_gain, it fits and
-// was not tried before; `why` (optional) then says which.
+// (all orders up to 6 stages, and orders x layers up to 100000, when
+// their speeds differ by more than 5%; else the running order), the exact
+// min-max cut by measured stage time (PartitionByStageCost), and of those the
+// one the simulator predicts fastest. nullopt unless its ExpectedGain reaches
+// min_gain, it fits and was not tried before; `why` (optional) then says which.
 std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
                                                   std::string* why = nullptr);
 

@@ -146,6 +146,7 @@ absl::Status Controller::Recover() {
     status.clear_stages();
     status.set_running_stages(0);
     job.waiting_since = now;
+    RecoverRebalanceState(job);
     std::string message = "the controller restarted";
     if (ran) {
       absl::StrAppend(

@@ -92,6 +92,14 @@ RebalanceInput Input(const JobRecord& job) {
   return in;
 }
 
+// A measured re-partition (not itself a revert) whose cut runs more than
+// kWorseBy slower than the one before, and which knows where it came from.
+bool SlowerThanBefore(const v1::Repartition& r) {
+  return r.reason() != kRevert && r.measured_new_seconds() > 0 &&
+         r.measured_new_seconds() > r.measured_old_seconds() * (1 + kWorseBy) &&
+         r.old_workers_size() == r.old_balance_size();
+}
+
 std::string Millis(double seconds) {
   return absl::StrFormat("%.1f ms", seconds * 1e3);
 }
@@ -131,7 +139,9 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
     }
   } else if (p.layer_forward_seconds_size() == 0 &&
              p.layer_backward_seconds_size() == 0) {
-    if (shapes == nullptr || !(p.busy_seconds() > 0) ||
+    // A CPU worker (it has a probe) times its layers from its second step
+    // on: its first report is a warm-up, not a GPU stage's busy time.
+    if (probe_gflops > 0 || shapes == nullptr || !(p.busy_seconds() > 0) ||
         !PlausibleSeconds(p.busy_seconds())) {
       return true;
     }
@@ -159,6 +169,9 @@ std::optional<v1::Repartition> PlanRepartition(
   const v1::JobSpec& spec = job.job.spec();
   const RebalanceSettings settings = RebalanceSettingsOf(spec);
   const v1::JobStatus& status = job.status();
+  // What the previous checkpoint proposed, if anything: a move needs two
+  // checkpoints in a row to agree, so one noisy estimate moves nothing.
+  const std::string proposed = std::exchange(job.proposed_cut, "");
   if (job.revert_pending && !status.repartitions().empty() &&
       status.stages_size() == job.stages) {
     // Back to the cut and workers before the last re-partition, whatever
@@ -196,9 +209,6 @@ std::optional<v1::Repartition> PlanRepartition(
       return std::nullopt;
     }
   }
-  // What the previous checkpoint proposed, if anything: a move needs two
-  // checkpoints in a row to agree, so one noisy estimate moves nothing.
-  const std::string proposed = std::exchange(job.proposed_cut, "");
   RebalanceInput in = Input(job);
   in.fits = [&](const std::vector<int64_t>& balance,
                 const std::vector<std::string>& workers) {
@@ -265,8 +275,12 @@ std::optional<std::string> MeasureRepartition(JobRecord& job) {
   std::vector<std::string> workers;
   RunningCut(status, &balance, &workers);
   if (!std::equal(balance.begin(), balance.end(), r.new_balance().begin(),
-                  r.new_balance().end())) {
-    return std::nullopt;  // an elastic shrink runs meanwhile
+                  r.new_balance().end()) ||
+      !std::equal(workers.begin(), workers.end(), r.workers().begin(),
+                  r.workers().end())) {
+    // Not the placement proposed (an elastic shrink, a chosen worker lost
+    // meanwhile): nothing to measure it by.
+    return std::nullopt;
   }
   job.measuring_repartition = false;
   r.set_measured_new_seconds(job.step_seconds);
@@ -285,14 +299,21 @@ std::optional<std::string> MeasureRepartition(JobRecord& job) {
   // Slower than before: the estimates were wrong (a noisy machine, a cost
   // they do not see). Undone once; the cut stays tried, so it is not
   // proposed again.
-  if (r.measured_new_seconds() > r.measured_old_seconds() * (1 + kWorseBy) &&
-      r.old_workers_size() == r.old_balance_size()) {
+  if (SlowerThanBefore(r)) {
     job.revert_pending = true;
     absl::StrAppend(&message, ", slower: back to ",
                     absl::StrJoin(r.old_balance(), ","),
                     " at the next checkpoint");
   }
   return message;
+}
+
+void RecoverRebalanceState(JobRecord& job) {
+  const auto& all = job.status().repartitions();
+  if (all.empty()) return;
+  const v1::Repartition& r = *all.rbegin();
+  job.measuring_repartition = r.measured_new_seconds() <= 0;
+  job.revert_pending = SlowerThanBefore(r);
 }
 
 double PredictedStepSeconds(const JobRecord& job) {

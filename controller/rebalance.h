@@ -47,6 +47,11 @@ std::optional<gpipe::v1::Repartition> PlanRepartition(
 // measured more than 3% slower than the one before sets revert_pending.
 std::optional<std::string> MeasureRepartition(JobRecord& job);
 
+// After a controller restart: whether the newest re-partition still waits
+// for its measured step, or measured slower and waits to be undone (both
+// read from status.repartitions, which the job store keeps).
+void RecoverRebalanceState(JobRecord& job);
+
 // The simulator's step time of the running cut from what the job measured
 // (0 while a stage lacks measurements): the gauge next to the measured one.
 double PredictedStepSeconds(const JobRecord& job);

@@ -65,6 +65,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.stage_reported.assign(k, now);
   job.finished_paths.assign(k, "");
   job.timed_reports.assign(k, 0);
+  job.proposed_cut.clear();
   job.step_seconds = 0;
   job.step_reports = 0;
   job.checkpointing.clear();

@@ -100,9 +100,9 @@ ABSL_FLAG(std::string, memory_limit, "",
           "1/32); a stage that needs more fails as OutOfMemory before it "
           "allocates, and so does an allocation past it");
 ABSL_FLAG(double, compute_slowdown, 1.0,
-          "for tests and benchmarks: every layer takes this many times as "
-          "long (>= 1; the rest is slept, the CPU left free), so one "
-          "process stands for a slower machine");
+          "for tests and benchmarks: every layer of a CPU stage takes this "
+          "many times as long (>= 1; the rest is slept, the CPU left free), "
+          "so one process stands for a slower machine");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");

@@ -172,6 +172,34 @@ TEST(RebalanceRulesTest, ACutThatMeasuresSlowerIsUndoneOnce) {
   EXPECT_EQ(r->workers(1), "w2");
 }
 
+TEST(RebalanceRulesTest, ARestartedControllerKeepsMeasuringAndReverting) {
+  JobRecord job = RunningJob();
+  v1::Repartition* r = job.status().add_repartitions();
+  r->set_reason("worker_speeds");
+  r->add_old_balance(2);
+  r->add_old_workers("w1");
+  r->set_measured_old_seconds(0.05);
+  RecoverRebalanceState(job);
+  EXPECT_TRUE(job.measuring_repartition);  // not measured yet
+  EXPECT_FALSE(job.revert_pending);
+  r->set_measured_new_seconds(0.06);  // measured slower
+  RecoverRebalanceState(job);
+  EXPECT_FALSE(job.measuring_repartition);
+  EXPECT_TRUE(job.revert_pending);
+  r->set_reason("revert");  // a revert is never undone
+  RecoverRebalanceState(job);
+  EXPECT_FALSE(job.revert_pending);
+}
+
+TEST(RebalanceRulesTest, ACpuWorkersWarmUpReportIsNotSplit) {
+  // Its first report carries no layer times (the warm-up step); with a
+  // probe it is a CPU worker, so its busy time is not split as a GPU's.
+  JobRecord job = RunningJob();
+  ASSERT_TRUE(RecordStageTimes(job, "w1", 25.0, Progress(0, 1, 0, 0)));
+  EXPECT_TRUE(job.layer_costs.seen().empty());
+  EXPECT_EQ(job.timed_reports[0], 0);
+}
+
 TEST(RebalanceRulesTest, LayerTimesOfTheWrongLengthAreIgnored) {
   JobRecord job = RunningJob();
   EXPECT_FALSE(RecordStageTimes(job, "w1", 0, Progress(0, 1, 3, 1.0)));
