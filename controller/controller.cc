@@ -1213,12 +1213,18 @@ void Controller::CommitCheckpointIo(
 }
 
 void Controller::Rebalance(JobRecord& job, int64_t step, absl::Time now) {
+  // What each attached worker's stages may hold, read here under mu_ (the
+  // balancer's callback runs inside PlanRepartition).
+  std::map<std::string, int64_t> memory;
+  for (const std::shared_ptr<WorkerRecord>& w : workers_.All()) {
+    memory[w->id()] = w->info.resources().memory_bytes();
+  }
   std::string why;
   std::optional<v1::Repartition> r = PlanRepartition(
       job, step,
-      [this](const std::string& id) -> int64_t {
-        std::shared_ptr<WorkerRecord> w = workers_.Find(id);
-        return w == nullptr ? 0 : w->info.resources().memory_bytes();
+      [&memory](const std::string& id) -> int64_t {
+        auto it = memory.find(id);
+        return it == memory.end() ? 0 : it->second;
       },
       now, &why);
   if (!r) {
