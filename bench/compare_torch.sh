@@ -2,25 +2,37 @@
 # Our reference trainer against PyTorch on the example models, same steps,
 # warm-up, threads and micro-batches on both sides; then the GEMM benchmark.
 #   bench/compare_torch.sh [THREADS]       (default: all cores)
-#   SIZES=1 bench/compare_torch.sh 1       the sizes users train instead:
-#     bench/mlp_1024.json (784 -> 7 x 1024 -> 10, batch 256, SGD) and
+#   SIZES=1 bench/compare_torch.sh 1       the sizes users train instead,
+#     where fixed overheads do not flatter us:
+#     bench/mlp_1024.json (784 -> 7 x 1024 -> 10, batch 256, SGD),
+#     bench/mlp_4096.json (784 -> 3 x 4096 -> 10, batch 256, SGD),
 #     bench/transformer_lm.json (4 blocks of dim 256, 4 heads, sequence 128,
-#     batch 32, AdamW with clipping), where fixed overheads do not flatter us
-# Environment: STEPS (default 20; 8 with SIZES), WARMUP (default 3), ROUNDS (default 2),
-# PYTHON (a python3 that can import torch). Builds nothing: run
-# scripts/setup.sh --bench && scripts/build.sh first.
+#     batch 32, AdamW with clipping),
+#     bench/transformer_lm_512.json (8 blocks of dim 512, 8 heads, sequence
+#     256, batch 16, AdamW with clipping; ~10 s a step on one core),
+#     bench/cnn_256.json (the CNN example at batch 256)
+#     each at MICRO micro-batches (default "1 8": the whole batch, and the
+#     eighth a stage of an 8-micro-batch pipeline sees); SPECS="a.json b.json"
+#     picks some of them
+# Environment: STEPS (default 20; 4 with SIZES), WARMUP (default 3; 1 with
+# SIZES), ROUNDS (default 2), PYTHON (a python3 that can import torch).
+# Builds nothing: run scripts/setup.sh --bench && scripts/build.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 threads=${1:-$(nproc)}
-steps=${STEPS:-$([[ ${SIZES:-} == 1 ]] && echo 8 || echo 20)}
-warmup=${WARMUP:-3}
+steps=${STEPS:-$([[ ${SIZES:-} == 1 ]] && echo 4 || echo 20)}
+warmup=${WARMUP:-$([[ ${SIZES:-} == 1 ]] && echo 1 || echo 3)}
 rounds=${ROUNDS:-2}
 specs=(examples/fashion_mnist_mlp.json examples/char_transformer.json
        examples/fashion_mnist_cnn.json)
+micros=(0)  # 0: the spec's own micro-batches
 if [[ ${SIZES:-} == 1 ]]; then
-  specs=(bench/mlp_1024.json bench/transformer_lm.json)
+  specs=(bench/mlp_1024.json bench/mlp_4096.json bench/transformer_lm.json
+         bench/transformer_lm_512.json bench/cnn_256.json)
+  read -r -a micros <<< "${MICRO:-1 8}"
 fi
+if [[ -n ${SPECS:-} ]]; then read -r -a specs <<< "$SPECS"; fi
 
 for bin in build/bench/step_bench build/bench/gemm_bench; do
   if [[ ! -x $bin ]]; then
@@ -54,34 +66,39 @@ best() { if [[ -z $1 ]] || awk -v a="$2" -v b="$1" 'BEGIN { exit !(a < b) }'; th
 
 rows=()
 for spec in "${specs[@]}"; do
+ for micro in "${micros[@]}"; do
   name=$(basename "$spec" .json)
+  if [[ $micro != 0 ]]; then name="$name M=$micro"; fi
+  log=${name// /_}
   ours_best="" torch_best=""
   for ((r = 1; r <= rounds; ++r)); do
     build/bench/step_bench "$spec" --steps "$steps" --warmup "$warmup" \
-      --threads "$threads" > "$logs/$name.ours.$r.txt"
-    ours_best=$(best "$ours_best" "$(median "$logs/$name.ours.$r.txt")")
+      --threads "$threads" --micro-batches "$micro" > "$logs/$log.ours.$r.txt"
+    ours_best=$(best "$ours_best" "$(median "$logs/$log.ours.$r.txt")")
     "$python" bench/torch_step.py "$spec" --steps "$steps" --warmup "$warmup" \
-      --threads "$threads" > "$logs/$name.torch.$r.txt"
-    torch_best=$(best "$torch_best" "$(median "$logs/$name.torch.$r.txt")")
+      --threads "$threads" --micro-batches "$micro" > "$logs/$log.torch.$r.txt"
+    torch_best=$(best "$torch_best" "$(median "$logs/$log.torch.$r.txt")")
   done
   echo "== $name: last round"
-  sed -n '/^ms\/step:/,/^peak:/p' "$logs/$name.ours.$rounds.txt" | sed 's/^/  ours   /'
-  grep '^ms/step:' "$logs/$name.torch.$rounds.txt" | sed 's/^/  torch  /'
-  grep -h '^warning:' "$logs/$name.ours.$rounds.txt" || true
-  rows+=("$name $ours_best $torch_best")
+  sed -n '/^ms\/step:/,/^peak:/p' "$logs/$log.ours.$rounds.txt" | sed 's/^/  ours   /'
+  grep '^ms/step:' "$logs/$log.torch.$rounds.txt" | sed 's/^/  torch  /'
+  grep -h '^warning:' "$logs/$log.ours.$rounds.txt" || true
+  rows+=("$log $ours_best $torch_best")
+ done
 done
 
 echo
-echo "== gemm_bench --threads $threads"
-build/bench/gemm_bench --threads "$threads" | tee "$logs/gemm_bench.txt"
+suite=$([[ ${SIZES:-} == 1 ]] && echo sizes || echo examples)
+echo "== gemm_bench --threads $threads --suite $suite"
+build/bench/gemm_bench --threads "$threads" --suite "$suite" | tee "$logs/gemm_bench.txt"
 
 echo
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "== step time, best median of $rounds rounds ($threads threads; goal: ours/torch <= 1.0)"
-printf '%-20s %14s %14s %11s\n' model "ours ms/step" "torch ms/step" ours/torch
+echo "== step time, best median of $rounds rounds ($threads threads; goal: ours/torch <= 0.8)"
+printf '%-26s %14s %14s %11s\n' model "ours ms/step" "torch ms/step" ours/torch
 for row in "${rows[@]}"; do
   read -r name ours torch <<< "$row"
-  printf '%-20s %14.2f %14.2f %11.2f\n' "$name" "$ours" "$torch" \
+  printf '%-26s %14.2f %14.2f %11.2f\n' "${name//_/ }" "$ours" "$torch" \
     "$(awk -v a="$ours" -v b="$torch" 'BEGIN { print a / b }')"
 done
 echo

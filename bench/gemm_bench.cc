@@ -1,8 +1,13 @@
 // gemm_bench: how close our GEMM calls come to the machine's sgemm peak.
 // Measures the OpenBLAS peak on a large square product, then times
-// gpipe::cpu::Gemm on exactly the shapes the example models issue (the same
+// gpipe::cpu::Gemm on exactly the shapes the example models (or, with
+// --suite sizes, models at the sizes users train) issue (the same
 // transposes, leading dimensions and beta as Linear and Conv2d use), and
-// prints each one's GFLOP/s and its ratio to the peak.
+// prints each one's GFLOP/s, its ratio to the peak and its ratio to one
+// plain cblas_sgemm call on the same shape and threads: what our fixed
+// panels (cpu/gemm.cc) cost.
+#include <cblas.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -87,39 +92,89 @@ std::vector<GemmCase> ModelCases(int64_t m) {
   return cases;
 }
 
+// The Linear layers of the models in bench/*.json that users' sizes are
+// measured on (compare_torch.sh's size suite), batch divided by `m`.
+std::vector<GemmCase> SizeCases(int64_t m) {
+  std::vector<GemmCase> cases;
+  const int64_t rows = 256 / m;  // both MLPs: batch 256
+  const std::string mlp1 = absl::StrFormat("mlp1024 B=%d", rows);
+  AddLinear(cases, mlp1, "fc0", rows, 784, 1024);
+  AddLinear(cases, mlp1, "fc", rows, 1024, 1024);
+  AddLinear(cases, mlp1, "head", rows, 1024, 10);
+  const std::string mlp4 = absl::StrFormat("mlp4096 B=%d", rows);
+  AddLinear(cases, mlp4, "fc0", rows, 784, 4096);
+  AddLinear(cases, mlp4, "fc", rows, 4096, 4096);
+  // Transformer blocks: dim 256 at batch 32 x seq 128, dim 512 at batch
+  // 16 x seq 256: 4096 token rows either way.
+  for (int64_t dim : {256, 512}) {
+    const int64_t tokens = 4096 / m;
+    const std::string lm = absl::StrFormat("lm d=%d BT=%d", dim, tokens);
+    AddLinear(cases, lm, "qkv", tokens, dim, 3 * dim);
+    AddLinear(cases, lm, "proj", tokens, dim, dim);
+    AddLinear(cases, lm, "fc1", tokens, dim, 4 * dim);
+    AddLinear(cases, lm, "fc2", tokens, 4 * dim, dim);
+  }
+  return cases;
+}
+
 struct CaseResult {
-  double median_s = 0.0;  // per call
-  double gflops = 0.0;    // at the median
+  double median_s = 0.0;        // per call
+  double gflops = 0.0;          // at the median
+  double plain_median_s = 0.0;  // one cblas_sgemm on `threads` threads
+  double plain_gflops = 0.0;
 };
 
-// Repeats the call in groups of about a millisecond for `min_seconds`, and
-// reports the median time per call.
-CaseResult TimeCase(const GemmCase& g, double min_seconds) {
+// Repeats our call and the plain one in alternating groups of about a
+// millisecond for `min_seconds` each (so both see the same noise), and
+// reports each one's median time per call. The plain call runs OpenBLAS on
+// `threads` of its own threads, as a user calling it would; ours keeps
+// OpenBLAS on one thread and runs our panels on `threads` OpenMP threads.
+CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> a(g.m * g.k), b(g.k * g.n), c(g.m * g.n);
   for (float& v : a) v = u(rng);
   for (float& v : b) v = u(rng);
   for (float& v : c) v = u(rng) * 1e-3f;
-  auto once = [&] {
+  auto ours = [&] {
     cpu::Gemm(g.trans_a, g.trans_b, g.m, g.n, g.k, 1.0f, a.data(), b.data(),
               g.beta, c.data());
   };
-  const double first = TimeSeconds(once);  // warm-up
-  const int64_t group = std::clamp<int64_t>(
-      static_cast<int64_t>(1e-3 / std::max(first, 1e-9)), 1, 10000);
-  std::vector<double> per_call;
+  auto plain = [&] {
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, 1.0f,
+                a.data(), g.trans_a ? g.m : g.k, b.data(),
+                g.trans_b ? g.k : g.n, g.beta, c.data(), g.n);
+  };
+  auto group_of = [](double first) {
+    return std::clamp<int64_t>(
+        static_cast<int64_t>(1e-3 / std::max(first, 1e-9)), 1, 10000);
+  };
+  const int64_t group = group_of(TimeSeconds(ours));  // and a warm-up
+  openblas_set_num_threads(threads);
+  const int64_t plain_group = group_of(TimeSeconds(plain));
+  openblas_set_num_threads(1);
+  std::vector<double> per_call, plain_per_call;
   double spent = 0.0;
-  while (spent < min_seconds || per_call.size() < 5) {
+  while (spent < 2 * min_seconds || per_call.size() < 5) {
     const double s = TimeSeconds([&] {
-      for (int64_t i = 0; i < group; ++i) once();
+      for (int64_t i = 0; i < group; ++i) ours();
     });
     per_call.push_back(s / group);
-    spent += s;
+    openblas_set_num_threads(threads);
+    const double p = TimeSeconds([&] {
+      for (int64_t i = 0; i < plain_group; ++i) plain();
+    });
+    openblas_set_num_threads(1);
+    plain_per_call.push_back(p / plain_group);
+    spent += s + p;
   }
+  const double flops = 2.0 * g.m * g.n * g.k;
   CaseResult r;
   r.median_s = Median(per_call);
-  r.gflops = 2.0 * g.m * g.n * g.k / r.median_s / 1e9;
+  r.gflops = flops / r.median_s / 1e9;
+  r.plain_median_s = Median(plain_per_call);
+  r.plain_gflops = flops / r.plain_median_s / 1e9;
   return r;
 }
 
@@ -140,11 +195,16 @@ void WarnThreads(int asked) {
 
 constexpr char kUsage[] =
     "usage: gemm_bench [--threads N] [--micro-batches M] [--min-seconds S]\n"
+    "                  [--suite examples|sizes]\n"
     "  --threads N        compute threads (default: the usable cores)\n"
     "  --micro-batches M  divide every batch by M, as a run with M "
     "micro-batches\n"
     "                     does (default 1: whole batches)\n"
-    "  --min-seconds S    time spent on each shape (default 0.1)\n";
+    "  --min-seconds S    time spent on each shape (default 0.1)\n"
+    "  --suite S          examples: the shapes of examples/*.json (default);\n"
+    "                     sizes: the Linears of bench/mlp_1024.json, a\n"
+    "                     width-4096 MLP and Transformer blocks of dim 256 "
+    "and 512\n";
 
 int Run(const Args& args) {
   const long threads_flag = args.Int("threads", 0);
@@ -152,6 +212,12 @@ int Run(const Args& args) {
                                        : gpipe::AvailableCores();
   const int64_t m = std::max<long>(1, args.Int("micro-batches", 1));
   const double min_seconds = args.Double("min-seconds", 0.1);
+  const std::string suite = args.Str("suite", "examples");
+  if (suite != "examples" && suite != "sizes") {
+    std::fprintf(stderr, "gemm_bench: --suite is examples or sizes, not %s\n",
+                 suite.c_str());
+    return 2;
+  }
   SetComputeThreads(threads);
   std::printf(
       "gemm_bench: --threads %d, ComputeThreads() %d, "
@@ -166,20 +232,32 @@ int Run(const Args& args) {
       static_cast<long long>(peak.size), static_cast<long long>(peak.size),
       static_cast<long long>(peak.size), peak.threads, peak.reps, peak.gflops,
       peak.best_s * 1e3);
-  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s\n", "model", "gemm",
-              "op", "m", "n", "k", "us/call", "GFLOP/s", "/peak");
+  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s %8s\n", "model",
+              "gemm", "op", "m", "n", "k", "us/call", "GFLOP/s", "/peak",
+              "/plain");
   std::string last_model;
-  for (const GemmCase& g : ModelCases(m)) {
-    const CaseResult r = TimeCase(g, min_seconds);
+  double flops = 0.0, ours_s = 0.0, plain_s = 0.0;
+  for (const GemmCase& g : suite == "sizes" ? SizeCases(m) : ModelCases(m)) {
+    const CaseResult r = TimeCase(g, threads, min_seconds);
     if (g.model != last_model && !last_model.empty()) std::printf("\n");
     last_model = g.model;
-    std::printf("%-20s %-28s %c,%c %6lld %6lld %6lld %10.1f %8.1f %5.0f%%\n",
-                g.model.c_str(), g.what.c_str(), g.trans_a ? 'T' : 'N',
-                g.trans_b ? 'T' : 'N', static_cast<long long>(g.m),
-                static_cast<long long>(g.n), static_cast<long long>(g.k),
-                r.median_s * 1e6, r.gflops, 100.0 * r.gflops / peak.gflops);
+    std::printf(
+        "%-20s %-28s %c,%c %6lld %6lld %6lld %10.1f %8.1f %5.0f%% %7.0f%%\n",
+        g.model.c_str(), g.what.c_str(), g.trans_a ? 'T' : 'N',
+        g.trans_b ? 'T' : 'N', static_cast<long long>(g.m),
+        static_cast<long long>(g.n), static_cast<long long>(g.k),
+        r.median_s * 1e6, r.gflops, 100.0 * r.gflops / peak.gflops,
+        100.0 * r.gflops / r.plain_gflops);
     std::fflush(stdout);
+    flops += 2.0 * g.m * g.n * g.k;
+    ours_s += r.median_s;
+    plain_s += r.plain_median_s;
   }
+  std::printf(
+      "\nall rows, one call each: ours %.1f GFLOP/s (%.0f%% of the peak), "
+      "plain cblas_sgemm %.1f GFLOP/s: ours at %.0f%% of plain\n",
+      flops / ours_s / 1e9, 100.0 * flops / ours_s / 1e9 / peak.gflops,
+      flops / plain_s / 1e9, 100.0 * plain_s / ours_s);
   std::printf("\nafter the GEMMs: ComputeThreads() %d\n", ComputeThreads());
   std::printf(
       "\nHow to read: each row is one cpu::Gemm call exactly as the layer "
@@ -194,7 +272,13 @@ int Run(const Args& args) {
       "shapes with\n"
       "a dimension below ~32 (the 10- and 17-wide heads, the first conv's "
       "k = 9) lose\n"
-      "to packing and call overhead whatever the threads.\n",
+      "to packing and call overhead whatever the threads. /plain divides by "
+      "one\n"
+      "cblas_sgemm on the same shape with OpenBLAS on --threads threads, "
+      "timed in\n"
+      "alternation with ours: below 100%% is what the fixed panels (results "
+      "that do\n"
+      "not depend on the thread count) cost.\n",
       min_seconds);
   return 0;
 }
@@ -204,7 +288,8 @@ int Run(const Args& args) {
 
 int main(int argc, char** argv) {
   using gpipe::bench::Args;
-  const Args args(argc, argv, {"threads", "micro-batches", "min-seconds"});
+  const Args args(argc, argv,
+                  {"threads", "micro-batches", "min-seconds", "suite"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr, "gemm_bench: %s\n%s",
                  args.ok() ? "no positional arguments" : args.error().c_str(),

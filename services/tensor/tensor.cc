@@ -4,9 +4,18 @@
 #include <cassert>
 #include <cstring>
 
+#include "services/tensor/denormals.h"
 #include "services/tensor/device.h"
 
 namespace gpipe {
+namespace {
+// Before main, on the process's first thread, so that every thread made
+// after it inherits the mode (threads.h). Here because every process that
+// computes links the tensor.
+[[gnu::constructor]] void FlushDenormalsInEveryThread() {
+  FlushDenormalsOnThisThread();
+}
+}  // namespace
 
 struct Tensor::Buffer {
   Buffer(Allocator* a, size_t n) : allocator(a), bytes(n) {

@@ -3,6 +3,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include "services/tensor/denormals.h"
+
 namespace gpipe {
 
 void SetComputeThreads(int n) {
@@ -11,6 +13,11 @@ void SetComputeThreads(int n) {
   // itself stays single-threaded so that results never depend on `n`.
   openblas_set_num_threads(1);
   omp_set_num_threads(n);
+  FlushDenormalsOnThisThread();
+  // The team's threads normally inherited the mode from the thread that
+  // made them; this covers a pool made before it was set.
+#pragma omp parallel num_threads(n)
+  FlushDenormalsOnThisThread();
 }
 
 int ComputeThreads() { return omp_get_max_threads(); }

@@ -4,7 +4,8 @@
 
 namespace gpipe {
 
-// Sets both our OpenMP kernels and OpenBLAS to `n` threads (n >= 1).
+// Sets both our OpenMP kernels and OpenBLAS to `n` threads (n >= 1), and
+// flushes denormals (denormals.h) on the calling thread and its OpenMP team.
 void SetComputeThreads(int n);
 int ComputeThreads();
 

@@ -13,6 +13,7 @@
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
 #include "services/tensor/cpu/softmax.h"
+#include "services/tensor/denormals.h"
 #include "services/tensor/threads.h"
 
 namespace gpipe {
@@ -171,12 +172,15 @@ TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
     bool ta, tb;
     int64_t m, n, k;
   };
-  // Row panels, column panels, one panel, and long-K shapes (conv dW).
+  // Row panels, column panels, one panel, long-K shapes (conv dW), and
+  // wide panels where the shared operand is large (two of 512, four with a
+  // short last one).
   const Case cases[] = {
-      {false, true, 256, 192, 300}, {false, false, 100, 700, 64},
-      {true, false, 90, 60, 50},    {true, false, 256, 784, 1024},
-      {true, true, 513, 129, 77},   {false, true, 16, 9, 100000},
-      {false, false, 20, 30, 5000}};
+      {false, true, 256, 192, 300},   {false, false, 100, 700, 64},
+      {true, false, 90, 60, 50},      {true, false, 256, 784, 1024},
+      {true, true, 513, 129, 77},     {false, true, 16, 9, 100000},
+      {false, false, 20, 30, 5000},   {false, true, 1024, 1024, 512},
+      {false, false, 300, 2000, 1024}};
   const int before = ComputeThreads();
   for (const Case& c : cases) {
     std::vector<float> a = Random(c.m * c.k, 8), b = Random(c.k * c.n, 9);
@@ -191,6 +195,37 @@ TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
     EXPECT_EQ(out[0], out[1]) << c.m << "x" << c.n << "x" << c.k;
     EXPECT_EQ(out[0], out[2]) << c.m << "x" << c.n << "x" << c.k;
   }
+  SetComputeThreads(before);
+}
+
+// A product of normal floats below the smallest normal one, and a denormal
+// operand: both zero when the thread flushes them.
+bool FlushesDenormals() {
+  volatile float small = 1e-20f, denormal = 1e-39f;
+  const float product = small * small;
+  const float through = denormal * 1.0f;
+  return product == 0.0f && through == 0.0f;
+}
+
+TEST(Threads, EveryThreadFlushesDenormals) {
+#if !defined(__SSE2__) && !defined(__aarch64__)
+  GTEST_SKIP() << "no flush-to-zero mode on this CPU";
+#endif
+  // The main thread (set before main), a thread made later without
+  // SetComputeThreads (inherits it), and an OpenMP team.
+  EXPECT_TRUE(DenormalsFlushedOnThisThread());
+  EXPECT_TRUE(FlushesDenormals());
+  bool in_thread = false;
+  std::thread([&] {
+    in_thread = DenormalsFlushedOnThisThread() && FlushesDenormals();
+  }).join();
+  EXPECT_TRUE(in_thread);
+  const int before = ComputeThreads();
+  SetComputeThreads(3);
+  int flushed = 0;
+#pragma omp parallel reduction(+ : flushed)
+  flushed += DenormalsFlushedOnThisThread() && FlushesDenormals() ? 1 : 0;
+  EXPECT_EQ(flushed, 3);
   SetComputeThreads(before);
 }
 

@@ -5,6 +5,8 @@
 #include <vector>
 
 #include "services/tensor/cpu/gemm.h"
+#include "services/tensor/cpu/softmax_row.h"
+#include "services/tensor/cpu/vector_clones.h"
 
 namespace gpipe::cpu {
 
@@ -12,21 +14,15 @@ namespace {
 
 // A row of t scaled scores (keys past `last` ignored)
 // becomes its softmax, zero past `last`.
-void SoftmaxRow(float* s, int64_t t, int64_t last) {
-  float m = -INFINITY;
-  for (int64_t j = 0; j <= last; ++j) m = s[j] > m ? s[j] : m;
-  float sum = 0.0f;
-  for (int64_t j = 0; j <= last; ++j) {
-    s[j] = std::exp(s[j] - m);
-    sum += s[j];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t j = 0; j <= last; ++j) s[j] *= inv;
+[[gnu::always_inline]] inline void MaskedSoftmaxRow(float* s, int64_t t,
+                                                    int64_t last) {
+  SoftmaxRow(last + 1, s, s);
   for (int64_t j = last + 1; j < t; ++j) s[j] = 0.0f;
 }
 
 }  // namespace
 
+GPIPE_VECTOR_CLONES
 void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
                int64_t stride, int64_t dh, float scale, float* pi, float* oi) {
   for (int64_t j = 0; j <= last; ++j) {
@@ -34,7 +30,7 @@ void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
     for (int64_t c = 0; c < dh; ++c) s += qi[c] * k[j * stride + c];
     pi[j] = s * scale;
   }
-  SoftmaxRow(pi, last + 1, last);
+  MaskedSoftmaxRow(pi, last + 1, last);
   for (int64_t j = 0; j <= last; ++j) {
     const float* vj = v + j * stride;
     for (int64_t c = 0; c < dh; ++c) oi[c] += pi[j] * vj[c];
@@ -47,6 +43,7 @@ void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
 // whether it runs nested in the loop over heads). A causal block computes
 // the masked half too and throws it away: the GEMM is still far faster
 // than the scalar loops it replaced.
+GPIPE_VECTOR_CLONES
 void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                       bool causal, float scale, const float* qkv, float* probs,
                       float* out) {
@@ -60,7 +57,7 @@ void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
       float* p = probs + (b * heads + h) * t * t;
       GemmStrided(false, true, t, t, dh, scale, q, 3 * d, k, 3 * d, 0.0f, p, t);
       for (int64_t i = 0; i < t; ++i)
-        SoftmaxRow(p + i * t, t, causal ? i : t - 1);
+        MaskedSoftmaxRow(p + i * t, t, causal ? i : t - 1);
       GemmStrided(false, false, t, dh, t, 1.0f, p, t, v, 3 * d, 0.0f,
                   out + b * t * d + h * dh, d);
     }
@@ -69,6 +66,7 @@ void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
 
 // dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)) scale, dQ = dS K,
 // dK = dS^T Q, each product a GEMM as in the forward.
+GPIPE_VECTOR_CLONES
 void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                        bool causal, float scale, const float* qkv,
                        const float* probs, const float* dout, float* dqkv) {
@@ -93,8 +91,8 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
         const int64_t last = causal ? i : t - 1;
         const float* pi = p + i * t;
         float* dsi = ds.data() + i * t;
-        float dot = 0.0f;
-        for (int64_t j = 0; j <= last; ++j) dot += dsi[j] * pi[j];
+        const float dot = LaneDot(last + 1, dsi, pi);
+#pragma omp simd
         for (int64_t j = 0; j <= last; ++j)
           dsi[j] = pi[j] * (dsi[j] - dot) * scale;
         for (int64_t j = last + 1; j < t; ++j) dsi[j] = 0.0f;

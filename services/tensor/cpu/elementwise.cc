@@ -4,6 +4,7 @@
 
 #include "services/core/rng.h"
 #include "services/tensor/cpu/normal.h"
+#include "services/tensor/cpu/vector_clones.h"
 
 namespace gpipe::cpu {
 namespace {
@@ -11,36 +12,42 @@ namespace {
 // when it needs no alias checks, so without it ReLU ran scalar with a
 // mispredicted branch per element (1.5 ms for 256 x 1024 floats, 30x the
 // memory time). Each lane does the scalar arithmetic, so results are the
-// same bits.
+// same bits; and the same again in the AVX2 clones (vector_clones.h).
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMin = 1 << 15;
 }  // namespace
 
+GPIPE_VECTOR_CLONES
 void Add(int64_t n, const float* a, const float* b, float* out) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+GPIPE_VECTOR_CLONES
 void AddInPlace(int64_t n, const float* x, float* y) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
+GPIPE_VECTOR_CLONES
 void Axpy(int64_t n, float alpha, const float* x, float* y) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
+GPIPE_VECTOR_CLONES
 void Scale(int64_t n, float alpha, float* x) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) x[i] *= alpha;
 }
 
+GPIPE_VECTOR_CLONES
 void Multiply(int64_t n, const float* a, const float* b, float* out) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
 }
 
+GPIPE_VECTOR_CLONES
 void AddRowBias(int64_t rows, int64_t cols, const float* bias, float* y) {
 #pragma omp parallel for if (rows * cols > kParallelMin)
   for (int64_t r = 0; r < rows; ++r) {
@@ -50,6 +57,7 @@ void AddRowBias(int64_t rows, int64_t cols, const float* bias, float* y) {
   }
 }
 
+GPIPE_VECTOR_CLONES
 void AddChannelBias(int64_t n, int64_t channels, int64_t inner,
                     const float* bias, float* y) {
 #pragma omp parallel for if (n * channels * inner > kParallelMin)
@@ -61,11 +69,13 @@ void AddChannelBias(int64_t n, int64_t channels, int64_t inner,
   }
 }
 
+GPIPE_VECTOR_CLONES
 void ReluForward(int64_t n, const float* x, float* y) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
+GPIPE_VECTOR_CLONES
 void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
@@ -75,11 +85,13 @@ void ReluBackward(int64_t n, const float* y, const float* dy, float* dx) {
 }
 
 // The exact GELU through cpu/normal.h's Phi and phi (vectorized).
+GPIPE_VECTOR_CLONES
 void GeluForward(int64_t n, const float* x, float* y) {
 #pragma omp parallel for simd if (n > kParallelMin / 8)
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] * Normal(x[i]).cdf;
 }
 
+GPIPE_VECTOR_CLONES
 void GeluBackward(int64_t n, const float* x, const float* dy, float* dx) {
 #pragma omp parallel for simd if (n > kParallelMin / 8)
   for (int64_t i = 0; i < n; ++i) {
@@ -93,6 +105,7 @@ void TanhForward(int64_t n, const float* x, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
 }
 
+GPIPE_VECTOR_CLONES
 void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
 #pragma omp parallel for simd if (n > kParallelMin)
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);

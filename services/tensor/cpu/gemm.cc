@@ -17,12 +17,27 @@ namespace {
 // order, so results are bitwise the same on 1 thread or 16.
 // Panels are at least kMinPanel wide and at most kMaxPanels per call: a
 // function of the shape alone.
+//
+// Every panel's call packs the operand all panels share (op(A) for column
+// panels, op(B) for row panels) again, so a panel of width P pays a repack
+// per P columns of work: at 128, about 10% of a large product on one
+// thread (`gemm_bench --suite sizes`, the /plain column). When the shared
+// operand is large (beyond L2, so each repack is memory traffic), panels
+// are as wide as two panels allow, up to kWidePanel (under 3% at 512);
+// small products keep narrow panels, where splitting over threads is worth
+// more than the repack of a cached operand.
 constexpr int64_t kMinPanel = 128;
+constexpr int64_t kWidePanel = 512;
+constexpr int64_t kLargeSharedFloats = int64_t{1} << 18;  // 1 MiB
 constexpr int64_t kMaxPanels = 16;
 
-int64_t PanelSize(int64_t extent) {
+int64_t PanelSize(int64_t extent, int64_t shared_floats) {
   const int64_t even = (extent + kMaxPanels - 1) / kMaxPanels;
-  return std::max(kMinPanel, (even + 15) / 16 * 16);
+  const int64_t half = ((extent + 1) / 2 + 15) / 16 * 16;
+  const int64_t least = shared_floats >= kLargeSharedFloats
+                            ? std::clamp(half, kMinPanel, kWidePanel)
+                            : kMinPanel;
+  return std::max(least, (even + 15) / 16 * 16);
 }
 
 void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -45,7 +60,8 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     // A small output over a long reduction (the weight gradient of a
     // convolution): fixed K-slices into private buffers, then added to C in
     // slice order, so the sum order is again a function of the shape alone.
-    const int64_t slice = PanelSize(k), slices = (k + slice - 1) / slice;
+    // No operand is shared between slices: narrow ones cost no repack.
+    const int64_t slice = PanelSize(k, 0), slices = (k + slice - 1) / slice;
     std::vector<float> partial(slices * m * n);
 #pragma omp parallel for schedule(static)
     for (int64_t p = 0; p < slices; ++p) {
@@ -68,7 +84,7 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
   }
   if (m >= n) {
     // Row panels of C: rows of op(A).
-    const int64_t panel = PanelSize(m), panels = (m + panel - 1) / panel;
+    const int64_t panel = PanelSize(m, k * n), panels = (m + panel - 1) / panel;
 #pragma omp parallel for schedule(static) if (panels > 1)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t r0 = p * panel, rows = std::min(panel, m - r0);
@@ -78,7 +94,7 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
     }
   } else {
     // Column panels of C: columns of op(B).
-    const int64_t panel = PanelSize(n), panels = (n + panel - 1) / panel;
+    const int64_t panel = PanelSize(n, m * k), panels = (n + panel - 1) / panel;
 #pragma omp parallel for schedule(static) if (panels > 1)
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t c0 = p * panel, cols = std::min(panel, n - c0);

@@ -2,10 +2,13 @@
 
 #include <cmath>
 
+#include "services/tensor/cpu/vector_clones.h"
+
 namespace gpipe::cpu {
 
 // omp simd: every lane does the scalar arithmetic, so the bits are those of
-// the plain loop.
+// the plain loop, in the AVX2 clone too (vector_clones.h).
+GPIPE_VECTOR_CLONES
 void SgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
              bool first, const float* g, float* w, float* buf) {
   if (buf == nullptr) {
@@ -21,6 +24,7 @@ void SgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,
   }
 }
 
+GPIPE_VECTOR_CLONES
 void AdamWStep(int64_t n, float decay, float beta1, float beta2,
                float step_size, float c2_sqrt, float eps, const float* g,
                float* w, float* m, float* v) {

@@ -1,10 +1,16 @@
 #include "services/tensor/cpu/reduce.h"
 
+#include "services/tensor/cpu/vector_clones.h"
+
 namespace gpipe::cpu {
 
+// Vectorized across columns: each column's sum still runs over the rows in
+// order.
+GPIPE_VECTOR_CLONES
 void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = x + r * cols;
+#pragma omp simd
     for (int64_t c = 0; c < cols; ++c) out[c] += row[c];
   }
 }

@@ -3,25 +3,19 @@
 #include <cmath>
 #include <vector>
 
+#include "services/tensor/cpu/softmax_row.h"
+#include "services/tensor/cpu/vector_clones.h"
+
 namespace gpipe::cpu {
 
+GPIPE_VECTOR_CLONES
 void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y) {
 #pragma omp parallel for if (rows * cols > (1 << 14))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* in = x + r * cols;
-    float* out = y + r * cols;
-    float m = in[0];
-    for (int64_t c = 1; c < cols; ++c) m = in[c] > m ? in[c] : m;
-    float s = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      out[c] = std::exp(in[c] - m);
-      s += out[c];
-    }
-    const float inv = 1.0f / s;
-    for (int64_t c = 0; c < cols; ++c) out[c] *= inv;
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    SoftmaxRow(cols, x + r * cols, y + r * cols);
 }
 
+GPIPE_VECTOR_CLONES
 void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
                          const float* dy, float* dx) {
 #pragma omp parallel for if (rows * cols > (1 << 14))
@@ -29,8 +23,8 @@ void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
     const float* yr = y + r * cols;
     const float* dyr = dy + r * cols;
     float* dxr = dx + r * cols;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
+    const float dot = LaneDot(cols, yr, dyr);
+#pragma omp simd
     for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
   }
 }

@@ -1,0 +1,37 @@
+// One row's softmax, vectorized, for the softmax kernels and attention.
+#ifndef GPIPE_SERVICES_TENSOR_CPU_SOFTMAX_ROW_H_
+#define GPIPE_SERVICES_TENSOR_CPU_SOFTMAX_ROW_H_
+
+#include <cstdint>
+
+#include "services/tensor/cpu/normal.h"
+#include "services/tensor/cpu/vector_clones.h"
+
+namespace gpipe::cpu {
+
+// exp(a) for a <= 0.5 (a score minus its row's largest): normal.h's
+// ExpOfSmall, which vectorizes where libm's expf is a call per element; 0
+// below -87 (exp(-87) is near the smallest normal float, and anything
+// smaller is flushed to 0 anyway); NaN stays NaN.
+[[gnu::always_inline]] inline float ExpOfShifted(float a) {
+  const bool in_range = a >= -87.0f;
+  const float e = ExpOfSmall(in_range ? a : -87.0f);
+  return in_range ? e : (a < -87.0f ? 0.0f : a);
+}
+
+// y = softmax(x[0..n)), n >= 1; y may be x. Its largest entry, its exps and
+// their sum are each one pass over the row, all vectorized; the sum over
+// fixed lanes, so the bits do not depend on the vector width.
+[[gnu::always_inline]] inline void SoftmaxRow(int64_t n, const float* x,
+                                              float* y) {
+  const float m = LaneMax(n, x);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] = ExpOfShifted(x[i] - m);
+  const float inv = 1.0f / LaneSum(n, y);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+}
+
+}  // namespace gpipe::cpu
+
+#endif  // GPIPE_SERVICES_TENSOR_CPU_SOFTMAX_ROW_H_

@@ -1,0 +1,213 @@
+// The CPU kernels compiled twice (services/tensor/cpu/vector_clones.h: an
+// AVX2 clone and the x86-64 baseline, chosen by the loader) give the bits
+// of the same formula computed one element at a time, whichever clone runs
+// on this CPU, the loops' remainders included. Together with the baseline
+// build's own tests this is what lets a job's stages run on CPUs with and
+// without AVX2 and still match the reference bitwise.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/tensor/cpu/elementwise.h"
+#include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/normal.h"
+#include "services/tensor/cpu/optimizer.h"
+#include "services/tensor/cpu/reduce.h"
+#include "services/tensor/cpu/softmax.h"
+#include "services/tensor/cpu/softmax_row.h"
+#include "services/tensor/cpu/vector_clones.h"
+
+namespace gpipe::cpu {
+namespace {
+
+// Lengths around the vector widths (4, 8) and the lanes' remainder.
+constexpr int64_t kLengths[] = {1, 3, 7, 8, 9, 31, 256, 1031};
+
+std::vector<float> Random(int64_t n, uint64_t seed, float scale = 3.0f) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v)
+    x = (static_cast<float>(rng.Uniform()) * 2.0f - 1.0f) * scale;
+  return v;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() &&
+         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(VectorClonesTest, TheCpuIsReported) {
+#if defined(__x86_64__)
+  RecordProperty("avx2", __builtin_cpu_supports("avx2") ? "yes" : "no");
+#endif
+  SUCCEED();
+}
+
+// The references below are plain loops in this file, built for the
+// baseline and not vectorized.
+#define SCALAR __attribute__((optimize("no-tree-vectorize")))
+
+SCALAR std::vector<float> GeluRef(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = x[i] * Normal(x[i]).cdf;
+  return y;
+}
+
+SCALAR std::vector<float> GeluGradRef(const std::vector<float>& x,
+                                      const std::vector<float>& dy) {
+  std::vector<float> dx(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const NormalAt v = Normal(x[i]);
+    dx[i] = dy[i] * (v.cdf + x[i] * v.pdf);
+  }
+  return dx;
+}
+
+TEST(VectorClonesTest, ElementwiseKernelsGiveTheScalarBits) {
+  for (int64_t n : kLengths) {
+    const std::vector<float> a = Random(n, 1), b = Random(n, 2);
+    std::vector<float> got(n), want(n);
+    Add(n, a.data(), b.data(), got.data());
+    for (int64_t i = 0; i < n; ++i) want[i] = a[i] + b[i];
+    EXPECT_TRUE(SameBits(got, want)) << "Add " << n;
+    got = b;
+    Axpy(n, 0.37f, a.data(), got.data());
+    for (int64_t i = 0; i < n; ++i) want[i] = b[i] + 0.37f * a[i];
+    EXPECT_TRUE(SameBits(got, want)) << "Axpy " << n;
+    ReluForward(n, a.data(), got.data());
+    for (int64_t i = 0; i < n; ++i) want[i] = a[i] > 0.0f ? a[i] : 0.0f;
+    EXPECT_TRUE(SameBits(got, want)) << "Relu " << n;
+    GeluForward(n, a.data(), got.data());
+    EXPECT_TRUE(SameBits(got, GeluRef(a))) << "GeluForward " << n;
+    GeluBackward(n, a.data(), b.data(), got.data());
+    EXPECT_TRUE(SameBits(got, GeluGradRef(a, b))) << "GeluBackward " << n;
+  }
+}
+
+SCALAR void AdamWRef(int64_t n, const float* g, float* w, float* m, float* v) {
+  for (int64_t j = 0; j < n; ++j) {
+    w[j] *= 0.999f;
+    m[j] = 0.9f * m[j] + (1.0f - 0.9f) * g[j];
+    v[j] = 0.95f * v[j] + (1.0f - 0.95f) * g[j] * g[j];
+    w[j] -= 0.01f * m[j] / (std::sqrt(v[j]) / 0.7f + 1e-8f);
+  }
+}
+
+TEST(VectorClonesTest, OptimizerStepsGiveTheScalarBits) {
+  for (int64_t n : kLengths) {
+    const std::vector<float> g = Random(n, 3);
+    std::vector<float> w = Random(n, 4), m = Random(n, 5, 0.1f);
+    std::vector<float> v = Random(n, 6, 0.1f);
+    for (float& x : v) x = std::fabs(x);
+    std::vector<float> w2 = w, m2 = m, v2 = v;
+    AdamWStep(n, 0.999f, 0.9f, 0.95f, 0.01f, 0.7f, 1e-8f, g.data(), w.data(),
+              m.data(), v.data());
+    AdamWRef(n, g.data(), w2.data(), m2.data(), v2.data());
+    EXPECT_TRUE(SameBits(w, w2) && SameBits(m, m2) && SameBits(v, v2))
+        << "AdamW " << n;
+    std::vector<float> sw = Random(n, 7), buf = Random(n, 8);
+    std::vector<float> sw2 = sw, buf2 = buf;
+    SgdStep(n, 0.1f, 0.01f, 0.9f, /*nesterov=*/true, /*first=*/false, g.data(),
+            sw.data(), buf.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const float d = g[j] + 0.01f * sw2[j];
+      buf2[j] = 0.9f * buf2[j] + d;
+      sw2[j] -= 0.1f * (d + 0.9f * buf2[j]);
+    }
+    EXPECT_TRUE(SameBits(sw, sw2) && SameBits(buf, buf2)) << "Sgd " << n;
+  }
+}
+
+TEST(VectorClonesTest, LayerNormGivesTheLaneFormulaBitsAndIsAccurate) {
+  for (int64_t cols : kLengths) {
+    const int64_t rows = 5;
+    // A large mean against a small spread: the two-pass variance keeps it.
+    std::vector<float> x = Random(rows * cols, 9);
+    for (float& v : x) v += 1000.0f;
+    const std::vector<float> gamma = Random(cols, 10), beta = Random(cols, 11);
+    std::vector<float> y(rows * cols), mean(rows), rstd(rows);
+    LayerNormForward(rows, cols, 1e-5f, x.data(), gamma.data(), beta.data(),
+                     y.data(), mean.data(), rstd.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* in = x.data() + r * cols;
+      const float m = LaneSum(cols, in) / cols;
+      const float s =
+          1.0f /
+          std::sqrt(LaneSumSquaredDeviations(cols, in, m) / cols + 1e-5f);
+      ASSERT_EQ(mean[r], m);
+      ASSERT_EQ(rstd[r], s);
+      double dm = 0.0, dv = 0.0;
+      for (int64_t c = 0; c < cols; ++c) dm += in[c];
+      dm /= cols;
+      for (int64_t c = 0; c < cols; ++c) dv += (in[c] - dm) * (in[c] - dm);
+      dv /= cols;
+      const double ds = 1.0 / std::sqrt(dv + 1e-5);
+      for (int64_t c = 0; c < cols; ++c) {
+        const float want = (in[c] - m) * s * gamma[c] + beta[c];
+        ASSERT_EQ(y[r * cols + c], want) << cols << " " << c;
+        EXPECT_NEAR(y[r * cols + c], (in[c] - dm) * ds * gamma[c] + beta[c],
+                    2e-3)
+            << cols;
+      }
+    }
+  }
+}
+
+TEST(VectorClonesTest, SoftmaxGivesTheRowFormulaBitsAndKeepsNaN) {
+  for (int64_t cols : kLengths) {
+    const int64_t rows = 4;
+    std::vector<float> x = Random(rows * cols, 12, 30.0f);
+    x[0] = -1000.0f;  // its exp is below every float: 0
+    std::vector<float> y(rows * cols), want(rows * cols);
+    SoftmaxRows(rows, cols, x.data(), y.data());
+    for (int64_t r = 0; r < rows; ++r)
+      SoftmaxRow(cols, x.data() + r * cols, want.data() + r * cols);
+    EXPECT_TRUE(SameBits(y, want)) << cols;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* in = x.data() + r * cols;
+      double mx = in[0], sum = 0.0;
+      for (int64_t c = 0; c < cols; ++c) mx = std::max<double>(mx, in[c]);
+      for (int64_t c = 0; c < cols; ++c) sum += std::exp(in[c] - mx);
+      for (int64_t c = 0; c < cols; ++c) {
+        const double p = std::exp(in[c] - mx) / sum;
+        EXPECT_NEAR(y[r * cols + c], p, 4e-6 * p + 1e-37) << cols << " " << c;
+      }
+    }
+    if (cols > 1) {
+      EXPECT_EQ(y[0], 0.0f);
+    }
+    const std::vector<float> dy = Random(rows * cols, 13);
+    std::vector<float> dx(rows * cols), dx_want(rows * cols);
+    SoftmaxRowsBackward(rows, cols, y.data(), dy.data(), dx.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* yr = y.data() + r * cols;
+      const float* dyr = dy.data() + r * cols;
+      const float dot = LaneDot(cols, yr, dyr);
+      for (int64_t c = 0; c < cols; ++c)
+        dx_want[r * cols + c] = yr[c] * (dyr[c] - dot);
+    }
+    EXPECT_TRUE(SameBits(dx, dx_want)) << "backward " << cols;
+    // A NaN score makes its row NaN, not a finite distribution.
+    std::vector<float> bad = Random(cols, 14);
+    bad[cols / 2] = NAN;
+    std::vector<float> out(cols);
+    SoftmaxRows(1, cols, bad.data(), out.data());
+    for (float p : out) EXPECT_TRUE(std::isnan(p)) << cols;
+  }
+}
+
+TEST(VectorClonesTest, SumRowsAddsEachColumnInRowOrder) {
+  const int64_t rows = 37, cols = 1031;
+  const std::vector<float> x = Random(rows * cols, 15);
+  std::vector<float> got = Random(cols, 16), want = got;
+  SumRowsInto(rows, cols, x.data(), got.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) want[c] += x[r * cols + c];
+  EXPECT_TRUE(SameBits(got, want));
+}
+
+}  // namespace
+}  // namespace gpipe::cpu
