@@ -69,7 +69,7 @@ for spec in "${specs[@]}"; do
  for micro in "${micros[@]}"; do
   name=$(basename "$spec" .json)
   if [[ $micro != 0 ]]; then name="$name M=$micro"; fi
-  log=${name// /_}
+  log=${name// /.}
   ours_best="" torch_best=""
   for ((r = 1; r <= rounds; ++r)); do
     build/bench/step_bench "$spec" --steps "$steps" --warmup "$warmup" \
@@ -98,7 +98,7 @@ echo "== step time, best median of $rounds rounds ($threads threads; goal: ours/
 printf '%-26s %14s %14s %11s\n' model "ours ms/step" "torch ms/step" ours/torch
 for row in "${rows[@]}"; do
   read -r name ours torch <<< "$row"
-  printf '%-26s %14.2f %14.2f %11.2f\n' "${name//_/ }" "$ours" "$torch" \
+  printf '%-26s %14.2f %14.2f %11.2f\n' "${name//./ }" "$ours" "$torch" \
     "$(awk -v a="$ours" -v b="$torch" 'BEGIN { print a / b }')"
 done
 echo
