@@ -39,4 +39,25 @@ SgemmPeak MeasureSgemmPeak(int threads, int64_t size, int reps) {
   return peak;
 }
 
+TriadBandwidth MeasureTriad(int64_t floats, int reps) {
+  std::vector<float> a(floats), b(floats, 1.0f), c(floats, 2.0f);
+  const float s = 3.0f;
+  auto once = [&] {
+    float* pa = a.data();
+    const float* pb = b.data();
+    const float* pc = c.data();
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < floats; ++i) pa[i] = pb[i] + s * pc[i];
+  };
+  once();  // faults the pages in
+  TriadBandwidth t;
+  t.threads = omp_get_max_threads();
+  t.floats = floats;
+  t.best_s = 1e30;
+  for (int r = 0; r < reps; ++r)
+    t.best_s = std::min(t.best_s, TimeSeconds(once));
+  t.gbytes_per_s = 12.0 * static_cast<double>(floats) / t.best_s / 1e9;
+  return t;
+}
+
 }  // namespace gpipe::bench

@@ -23,6 +23,18 @@ struct SgemmPeak {
 // OpenMP's). 2048^3 takes ~0.1-0.2 s per rep on 2 AVX2 cores.
 SgemmPeak MeasureSgemmPeak(int threads, int64_t size = 2048, int reps = 5);
 
+// The machine's memory bandwidth as a STREAM-like triad a[i] = b[i] + s c[i]
+// reaches on the current compute threads (OpenMP, static schedule), over
+// three arrays of `floats` each, far beyond the caches: the best of `reps`,
+// counting 12 bytes an element (two reads and a write, as STREAM does).
+struct TriadBandwidth {
+  int threads = 0;
+  int64_t floats = 0;
+  double best_s = 0.0;
+  double gbytes_per_s = 0.0;
+};
+TriadBandwidth MeasureTriad(int64_t floats = int64_t{16} << 20, int reps = 5);
+
 }  // namespace gpipe::bench
 
 #endif  // GPIPE_BENCH_PEAK_H_

@@ -109,6 +109,7 @@ int Run(const Args& args) {
   std::fflush(stdout);
 
   const SgemmPeak peak = MeasureSgemmPeak(threads);
+  const TriadBandwidth triad = MeasureTriad();
   for (long s = 0; s < warmup; ++s) {
     absl::StatusOr<StepReport> r = t.Step();
     if (!r.ok()) return Fail(std::string(r.status().message()));
@@ -156,12 +157,36 @@ int Run(const Args& args) {
       "%.1f GFLOP/s (this run)\n",
       static_cast<long long>(peak.size), peak.threads, peak.reps, peak.gflops);
   std::printf(
+      "memory: a triad over 3 x %lld MiB on %d thread(s), best of 5: %.1f "
+      "GB/s (this run)\n",
+      static_cast<long long>(triad.floats * 4 >> 20), triad.threads,
+      triad.gbytes_per_s);
+  std::printf(
       "note: a step includes gathering its batch from the dataset in "
       "memory, the forward\n      and backward of every micro-batch, "
       "clipping and the optimizer update.\n");
   std::fflush(stdout);
 
-  if (args.Has("profile")) PrintProfile(ProfileSteps(t, 5));
+  if (args.Has("profile")) {
+    const StepProfile profile = ProfileSteps(t, 5);
+    PrintProfile(profile);
+    // The update's memory traffic per parameter: the gradient norm reads
+    // the gradient (4 bytes), the update reads the gradient and reads and
+    // writes the weight and each state tensor, zeroing writes the gradient.
+    const gpipe::v1::OptimizerSpec& o = spec->optimizer();
+    const int states = o.has_adamw() ? 2 : (o.sgd().momentum() != 0 ? 1 : 0);
+    const double bytes = (4.0 + 4.0 + 8.0 + 8.0 * states + 4.0) * parameters;
+    for (const StepProfile::Part& part : profile.parts) {
+      if (part.name != "clip + optimizer + zero grad") continue;
+      const double gbs = bytes / (part.forward_ms * 1e-3) / 1e9;
+      std::printf(
+          "\nthe update moves %.1f MB a step (%lld parameters, %d state "
+          "tensor(s); a clip's rescale, when it scales, not counted): "
+          "%.1f GB/s = %.0f%% of the triad\n",
+          bytes / 1e6, static_cast<long long>(parameters), states, gbs,
+          100.0 * gbs / triad.gbytes_per_s);
+    }
+  }
   return 0;
 }
 

@@ -62,6 +62,7 @@ StepProfile ProfileSteps(ReferenceTrainer& trainer, int steps) {
                          });
       for (int64_t i = n; i-- > 0;) {
         ctx.layer_index = model.begin() + i;
+        ctx.input_grad = ctx.layer_index > 0;  // as Model::Backward does
         p.parts[1 + i].backward_ms +=
             1e3 *
             TimeSeconds([&] { g = model.layer(i).Backward(g, saved[i], ctx); });

@@ -99,6 +99,29 @@ int64_t GaussianClasses::size(Split split) const {
   return split == Split::kTrain ? train_samples_ : test_samples_;
 }
 
+void GaussianClasses::Draw(Split split, int64_t index, int32_t* label,
+                           float* x) const {
+  Rng rng(SampleKey(seed_, split, index));
+  const int64_t l = static_cast<int64_t>(rng.Below(classes_));
+  const float* c = center(l);
+  for (int64_t f = 0; f < features_; ++f)
+    x[f] = static_cast<float>(c[f] + kNoise * rng.Normal());
+  *label = static_cast<int32_t>(l);
+}
+
+const GaussianClasses::Drawn* GaussianClasses::DrawnSplit(Split split) const {
+  const int64_t n = size(split);
+  if (n * features_ > kDrawnOnceFloats) return nullptr;
+  Drawn& d = drawn_[split == Split::kTrain ? 0 : 1];
+  std::call_once(d.once, [&] {
+    d.features.resize(n * features_);
+    d.labels.resize(n);
+    for (int64_t i = 0; i < n; ++i)
+      Draw(split, i, &d.labels[i], d.features.data() + i * features_);
+  });
+  return &d;
+}
+
 Batch GaussianClasses::Gather(Split split,
                               const std::vector<int64_t>& indices) const {
   AllocatorScope host(DefaultCpuAllocator());
@@ -107,14 +130,16 @@ Batch GaussianClasses::Gather(Split split,
               Tensor::Empty(Shape{b}, DType::kI32)};
   float* x = batch.inputs.f32();
   int32_t* y = batch.targets.i32();
+  const Drawn* drawn = DrawnSplit(split);
+  const int64_t n = size(split);
   for (int64_t i = 0; i < b; ++i) {
-    Rng rng(SampleKey(seed_, split, indices[i]));
-    const int64_t label = static_cast<int64_t>(rng.Below(classes_));
-    const float* c = center(label);
-    for (int64_t f = 0; f < features_; ++f) {
-      x[i * features_ + f] = static_cast<float>(c[f] + kNoise * rng.Normal());
+    if (drawn != nullptr && indices[i] >= 0 && indices[i] < n) {
+      std::copy_n(drawn->features.data() + indices[i] * features_, features_,
+                  x + i * features_);
+      y[i] = drawn->labels[indices[i]];
+    } else {
+      Draw(split, indices[i], &y[i], x + i * features_);
     }
-    y[i] = static_cast<int32_t>(label);
   }
   return batch;
 }

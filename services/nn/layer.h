@@ -41,6 +41,11 @@ struct LayerContext {
   int64_t step = 0;
   int64_t micro_batch = 0;
   int64_t layer_index = 0;  // global index of the layer in the model
+  // Whether the caller uses the input gradient Backward returns. False for
+  // the model's first layer, whose input is data: Linear and Conv2d then
+  // skip that product (a GEMM the size of the weight gradient's) and return
+  // an undefined tensor. Parameter gradients do not depend on it.
+  bool input_grad = true;
 
   // The dropout key of this layer for this (step, micro-batch); `sub` tells
   // apart several dropouts inside one layer.
@@ -113,8 +118,9 @@ class Layer {
   // x is [B, input shape...]. `saved` is null when no backward follows.
   virtual Tensor Forward(const Tensor& x, const LayerContext& ctx,
                          Saved* saved) = 0;
-  // Returns the input gradient (undefined for integer inputs) and adds the
-  // parameter gradients into Parameter::grad.
+  // Returns the input gradient (undefined for integer inputs, and may be
+  // undefined when !ctx.input_grad) and adds the parameter gradients into
+  // Parameter::grad.
   virtual Tensor Backward(const Tensor& dy, const Saved& saved,
                           const LayerContext& ctx) = 0;
 

@@ -73,9 +73,9 @@ void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   const int64_t in_size = g.channels * g.height * g.width;
   const int64_t chunk = ChunkSize(Device::kCpu, g, batch);
   if (dbias != nullptr) cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
-  std::fill_n(dx, batch * in_size, 0.0f);
+  if (dx != nullptr) std::fill_n(dx, batch * in_size, 0.0f);
   Tensor col = Tensor::Empty({ckk, chunk * hw});
-  Tensor dcol = Tensor::Empty({ckk, chunk * hw});
+  Tensor dcol = dx != nullptr ? Tensor::Empty({ckk, chunk * hw}) : Tensor();
   Tensor dout = Tensor::Empty({cout, chunk * hw});
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;
@@ -89,6 +89,7 @@ void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
     // dW += dY col^T; dcol = W^T dY.
     cpu::GemmStrided(false, true, cout, ckk, ld, 1.0f, dout.f32(), ld,
                      col.f32(), ld, 1.0f, dweight, ckk);
+    if (dx == nullptr) continue;
     cpu::GemmStrided(true, false, ckk, ld, cout, 1.0f, weight, ckk, dout.f32(),
                      ld, 0.0f, dcol.f32(), ld);
 #pragma omp parallel for if (nb > 1)
@@ -188,9 +189,9 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
     return;
   const int64_t ckk = g.channels * g.kernel * g.kernel;
   const int64_t chunk = ChunkSize(Device::kCuda, g, batch);
-  cuda::ZeroDevice(dx, batch * in_size * sizeof(float));
+  if (dx != nullptr) cuda::ZeroDevice(dx, batch * in_size * sizeof(float));
   Tensor col = DeviceScratch(ckk * chunk * hw);
-  Tensor dcol = DeviceScratch(ckk * chunk * hw);
+  Tensor dcol = DeviceScratch(dx != nullptr ? ckk * chunk * hw : 1);
   Tensor dout = DeviceScratch(cout * chunk * hw);
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;
@@ -198,6 +199,7 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
     cuda::NchwToChunk(nb, cout, hw, dy + b0 * cout * hw, dout.f32());
     Gemm(Device::kCuda, false, true, cout, ckk, ld, 1.0f, dout.f32(), col.f32(),
          1.0f, dweight);
+    if (dx == nullptr) continue;
     Gemm(Device::kCuda, true, false, ckk, ld, cout, 1.0f, weight, dout.f32(),
          0.0f, dcol.f32());
     cuda::Col2ImBatch(g, nb, dcol.f32(), dx + b0 * in_size);

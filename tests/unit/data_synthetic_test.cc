@@ -199,6 +199,26 @@ void ExpectSpecError(const gpipe::v1::DataSpec& spec, const char* field) {
   EXPECT_THAT(d.status().message(), HasSubstr(field));
 }
 
+// A split small enough is drawn once and copied from; a larger one is
+// drawn on every gather. The same samples either way, bit for bit.
+TEST(SyntheticClasses, DrawingOnceGivesTheSameSamples) {
+  const int64_t features = 7, classes = 3;
+  const GaussianClasses once(features, classes, 200, 50, 11);
+  const int64_t big = GaussianClasses::kDrawnOnceFloats / features + 1;
+  const GaussianClasses every(features, classes, big, big, 11);
+  const std::vector<int64_t> indices = {0, 5, 199, 5, 42};
+  for (Split split : {Split::kTrain, Split::kTest}) {
+    const std::vector<int64_t> in_range =
+        split == Split::kTrain ? indices : std::vector<int64_t>{49, 0, 7};
+    const Batch a = once.Gather(split, in_range);
+    const Batch b = every.Gather(split, in_range);
+    const Batch again = once.Gather(split, in_range);
+    EXPECT_TRUE(BitwiseEqual(a.inputs, b.inputs));
+    EXPECT_TRUE(BitwiseEqual(a.targets, b.targets));
+    EXPECT_TRUE(BitwiseEqual(a.inputs, again.inputs));
+  }
+}
+
 TEST(SyntheticSpec, ErrorsNameTheField) {
   ExpectSpecError(gpipe::v1::DataSpec(), "data: no source set");
   auto spec = SequenceSpec(gpipe::v1::COPY, 0, 5);

@@ -188,6 +188,34 @@ TEST(LayerGradient, Conv2d) {
   CheckGradients(layer, RandomTensor({2, 2, 5, 5}, 12), Training(), 32);
 }
 
+// The model's first layer (input from data) skips its input gradient:
+// the same parameter gradients, bit for bit, and no input gradient.
+void ExpectSameParameterGradsWithoutInputGrad(Layer& with, Layer& without,
+                                              const Tensor& x) {
+  LayerContext ctx = Training();
+  Saved s1, s2;
+  const Tensor y = with.Forward(x, ctx, &s1);
+  without.Forward(x, ctx, &s2);
+  const Tensor dy = RandomTensor(y.shape(), 7);
+  const Tensor dx = with.Backward(dy, s1, ctx);
+  ctx.input_grad = false;
+  const Tensor none = without.Backward(dy, s2, ctx);
+  EXPECT_TRUE(dx.defined());
+  EXPECT_FALSE(none.defined());
+  const std::vector<Parameter*> a = with.Parameters(), b = without.Parameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_TRUE(BitwiseEqual(a[i]->grad, b[i]->grad)) << a[i]->name;
+}
+
+TEST(LayerGradient, FirstLayersSkipTheInputGradient) {
+  Linear l1(6, 3, true), l2(6, 3, true);
+  ExpectSameParameterGradsWithoutInputGrad(l1, l2, RandomTensor({4, 6}, 3));
+  Conv2d c1({2, 5, 5}, 3, 3, 1, 1, true), c2({2, 5, 5}, 3, 3, 1, 1, true);
+  ExpectSameParameterGradsWithoutInputGrad(c1, c2,
+                                           RandomTensor({2, 2, 5, 5}, 4));
+}
+
 TEST(LayerGradient, Conv2dStrided) {
   Conv2d layer({3, 6, 6}, 2, 3, 2, 0, false);
   CheckGradients(layer, RandomTensor({2, 3, 6, 6}, 13), Training(), 32);

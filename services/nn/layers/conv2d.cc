@@ -43,13 +43,14 @@ Tensor Conv2d::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
 }
 
 Tensor Conv2d::Backward(const Tensor& dy, const Saved& saved,
-                        const LayerContext&) {
+                        const LayerContext& ctx) {
   const Tensor& x = saved.Get("x");
   const Device d = x.device();
-  Tensor dx = Tensor::Empty(x.shape(), DType::kF32, d);
+  Tensor dx;
+  if (ctx.input_grad) dx = Tensor::Empty(x.shape(), DType::kF32, d);
   ops::Conv2dBackward(d, geometry_, x.dim(0), out_channels_, x.f32(),
-                      weight_.value.f32(), dy.f32(), dx.f32(),
-                      weight_.grad.f32(),
+                      weight_.value.f32(), dy.f32(),
+                      ctx.input_grad ? dx.f32() : nullptr, weight_.grad.f32(),
                       has_bias_ ? bias_.grad.f32() : nullptr);
   return dx;
 }

@@ -67,6 +67,7 @@ Tensor Linear::Backward(const Tensor& dy, const Saved& saved,
   ops::Gemm(d, true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
             weight_.grad.f32());
   if (has_bias_) ops::SumRowsInto(d, rows, out_, dy.f32(), bias_.grad.f32());
+  if (!ctx.input_grad) return Tensor();
   Tensor dx = Tensor::Empty(x.shape(), DType::kF32, d);
   ops::Gemm(d, false, false, rows, in_, out_, 1.0f, dy.f32(),
             weight_.value.f32(), 0.0f, dx.f32());

@@ -36,6 +36,7 @@ double Sum(int64_t n, const float* x) {
   return s;
 }
 
+GPIPE_VECTOR_CLONES
 double SumSquares(int64_t n, const float* x) {
   // Eight running sums (element i goes to sum i % 8), added in a fixed tree
   // at the end: a function of the tensor alone, as before, but not one

@@ -239,8 +239,10 @@ void CudnnConvolution::Backward(const float* x, const float* w, const float* dy,
   cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
   // The filter gradient accumulates into dw (beta = 1): after a failed data
   // gradient it must not run, or the im2col fallback the caller then takes
-  // adds the same gradient into dw a second time.
-  if (!Ok(Cudnn()->ConvolutionBackwardData(
+  // adds the same gradient into dw a second time. A null dx skips the data
+  // gradient.
+  if (dx != nullptr &&
+      !Ok(Cudnn()->ConvolutionBackwardData(
               h, &one, Fd(w_desc_), w, Td(y_desc_), dy, Cd(conv_desc_),
               static_cast<cudnnConvolutionBwdDataAlgo_t>(data_algo_), workspace,
               data_bytes_, &zero, Td(x_desc_), dx),
