@@ -177,7 +177,7 @@ int Run(const Args& args) {
     const int states = o.has_adamw() ? 2 : (o.sgd().momentum() != 0 ? 1 : 0);
     const double bytes = (4.0 + 4.0 + 8.0 + 8.0 * states + 4.0) * parameters;
     for (const StepProfile::Part& part : profile.parts) {
-      if (part.name != "clip + optimizer + zero grad") continue;
+      if (part.name != kUpdatePart) continue;
       const double gbs = bytes / (part.forward_ms * 1e-3) / 1e9;
       std::printf(
           "\nthe update moves %.1f MB a step (%lld parameters, %d state "

@@ -23,7 +23,7 @@ StepProfile ProfileSteps(ReferenceTrainer& trainer, int steps) {
     p.parts.push_back({absl::StrCat("layers.", model.begin() + i, " ",
                                     std::string(model.layer(i).kind()))});
   p.parts.push_back({"loss (softmax cross-entropy)"});
-  p.parts.push_back({"clip + optimizer + zero grad"});
+  p.parts.push_back({kUpdatePart});
   StepProfile::Part& gather = p.parts.front();
   StepProfile::Part& loss = p.parts[n + 1];
   StepProfile::Part& update = p.parts[n + 2];
@@ -62,7 +62,7 @@ StepProfile ProfileSteps(ReferenceTrainer& trainer, int steps) {
                          });
       for (int64_t i = n; i-- > 0;) {
         ctx.layer_index = model.begin() + i;
-        ctx.input_grad = ctx.layer_index > 0;  // as Model::Backward does
+        ctx.input_grad = InputGradUsed(ctx.layer_index);
         p.parts[1 + i].backward_ms +=
             1e3 *
             TimeSeconds([&] { g = model.layer(i).Backward(g, saved[i], ctx); });

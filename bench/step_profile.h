@@ -12,6 +12,10 @@
 
 namespace gpipe::bench {
 
+// The part that times the gradient norm, clipping, the optimizer's update
+// and zeroing the gradients.
+inline constexpr char kUpdatePart[] = "clip + optimizer + zero grad";
+
 struct StepProfile {
   struct Part {
     std::string name;          // "gather", "layers.3 conv2d", "optimizer", ...

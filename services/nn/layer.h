@@ -56,6 +56,10 @@ struct LayerContext {
   }
 };
 
+// Whether anything takes the input gradient of the model's layer at this
+// global index: not of the first, whose input is data.
+inline bool InputGradUsed(int64_t layer_index) { return layer_index > 0; }
+
 // What a forward keeps for its backward.
 struct Saved {
   // Keeps `t` under `name` (replacing an earlier one of that name).

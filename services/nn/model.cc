@@ -64,8 +64,7 @@ Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
   Tensor g = dy;
   for (size_t i = layers_.size(); i-- > 0;) {
     ctx.layer_index = begin_ + static_cast<int64_t>(i);
-    // Nothing comes before the model's first layer: its input is data.
-    ctx.input_grad = ctx.layer_index > 0;
+    ctx.input_grad = InputGradUsed(ctx.layer_index);
     const auto start = std::chrono::steady_clock::now();
     g = layers_[i]->Backward(g, saved[i], ctx);
     if (timing_ != nullptr) {

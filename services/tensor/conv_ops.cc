@@ -191,7 +191,7 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   const int64_t chunk = ChunkSize(Device::kCuda, g, batch);
   if (dx != nullptr) cuda::ZeroDevice(dx, batch * in_size * sizeof(float));
   Tensor col = DeviceScratch(ckk * chunk * hw);
-  Tensor dcol = DeviceScratch(dx != nullptr ? ckk * chunk * hw : 1);
+  Tensor dcol = dx != nullptr ? DeviceScratch(ckk * chunk * hw) : Tensor();
   Tensor dout = DeviceScratch(cout * chunk * hw);
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;

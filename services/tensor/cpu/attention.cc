@@ -89,12 +89,8 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                   t);
       for (int64_t i = 0; i < t; ++i) {
         const int64_t last = causal ? i : t - 1;
-        const float* pi = p + i * t;
         float* dsi = ds.data() + i * t;
-        const float dot = LaneDot(last + 1, dsi, pi);
-#pragma omp simd
-        for (int64_t j = 0; j <= last; ++j)
-          dsi[j] = pi[j] * (dsi[j] - dot) * scale;
+        SoftmaxRowBackward(last + 1, p + i * t, dsi, scale, dsi);
         for (int64_t j = last + 1; j < t; ++j) dsi[j] = 0.0f;
       }
       GemmStrided(false, false, t, dh, t, 1.0f, ds.data(), t, k, 3 * d, 0.0f,

@@ -19,14 +19,8 @@ GPIPE_VECTOR_CLONES
 void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
                          const float* dy, float* dx) {
 #pragma omp parallel for if (rows * cols > (1 << 14))
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* yr = y + r * cols;
-    const float* dyr = dy + r * cols;
-    float* dxr = dx + r * cols;
-    const float dot = LaneDot(cols, yr, dyr);
-#pragma omp simd
-    for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    SoftmaxRowBackward(cols, y + r * cols, dy + r * cols, 1.0f, dx + r * cols);
 }
 
 CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,

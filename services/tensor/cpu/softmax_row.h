@@ -32,6 +32,16 @@ namespace gpipe::cpu {
   for (int64_t i = 0; i < n; ++i) y[i] *= inv;
 }
 
+// The gradient through that softmax, times `scale`: dx = y (dy - y.dy)
+// scale over [0, n); dx may be dy. (A scale of 1 changes no bit.)
+[[gnu::always_inline]] inline void SoftmaxRowBackward(int64_t n, const float* y,
+                                                      const float* dy,
+                                                      float scale, float* dx) {
+  const float dot = LaneDot(n, y, dy);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] * (dy[i] - dot) * scale;
+}
+
 }  // namespace gpipe::cpu
 
 #endif  // GPIPE_SERVICES_TENSOR_CPU_SOFTMAX_ROW_H_

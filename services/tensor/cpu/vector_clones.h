@@ -33,44 +33,36 @@ inline constexpr int64_t kLanes = 8;
          ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-// The sum of x[0..n).
-[[gnu::always_inline]] inline float LaneSum(int64_t n, const float* x) {
+// The sum of term(i) over [0, n), term i into lane i % kLanes.
+template <typename Term>
+[[gnu::always_inline]] inline float LaneSumOf(int64_t n, Term term) {
   float lane[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += x[i + l];
-  for (int64_t l = 0; i < n; ++i, ++l) lane[l] += x[i];
+    for (int64_t l = 0; l < kLanes; ++l) lane[l] += term(i + l);
+  for (int64_t l = 0; i < n; ++i, ++l) lane[l] += term(i);
   return AddLanes(lane);
+}
+
+// The sum of x[0..n).
+[[gnu::always_inline]] inline float LaneSum(int64_t n, const float* x) {
+  return LaneSumOf(n, [x](int64_t i) { return x[i]; });
 }
 
 // The sum of (x[i] - m)^2 over [0, n).
 [[gnu::always_inline]] inline float LaneSumSquaredDeviations(int64_t n,
                                                              const float* x,
                                                              float m) {
-  float lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float d = x[i + l] - m;
-      lane[l] += d * d;
-    }
-  }
-  for (int64_t l = 0; i < n; ++i, ++l) {
+  return LaneSumOf(n, [x, m](int64_t i) {
     const float d = x[i] - m;
-    lane[l] += d * d;
-  }
-  return AddLanes(lane);
+    return d * d;
+  });
 }
 
 // The sum of a[i] * b[i] over [0, n).
 [[gnu::always_inline]] inline float LaneDot(int64_t n, const float* a,
                                             const float* b) {
-  float lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) lane[l] += a[i + l] * b[i + l];
-  for (int64_t l = 0; i < n; ++i, ++l) lane[l] += a[i] * b[i];
-  return AddLanes(lane);
+  return LaneSumOf(n, [a, b](int64_t i) { return a[i] * b[i]; });
 }
 
 // The largest of x[0..n) (n >= 1), NaN if any is (a NaN lane stays NaN
