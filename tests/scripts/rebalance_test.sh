@@ -3,10 +3,12 @@
 # loopback (controller/balancer.h):
 #   1. three workers, one standing for a machine 4x slower
 #      (--compute_slowdown 4): a 3-stage job starts from the cost model's
-#      cut, re-partitions at a checkpoint, its measured step time after the
-#      move is at least 20% below the one before, it does not go back and
-#      forth over REBALANCE_STEPS (500) steps, and its parameters are
-#      bitwise those of the single-process reference trainer;
+#      cut, re-partitions at a checkpoint for the workers' speeds, moving
+#      layers off the slow worker and expecting a step at least 20% faster,
+#      measures the new cut's step, does not go back and forth (a revert
+#      after a slower measurement aside) over REBALANCE_STEPS (500) steps,
+#      and its parameters are bitwise those of the single-process reference
+#      trainer;
 #   2. three equal workers and a model of equal layers, whose cost-model cut
 #      is already right: no re-partition.
 # Knobs: REBALANCE_STEPS (default 500), KEEP_WORK=1.
@@ -78,25 +80,47 @@ grep -Eq "re-partition at step [0-9]+ \([0-9,]+ -> [0-9,]+\) measured [0-9.]+ ms
   fail "gpipectl watch printed no measured step time after a re-partition"
 ctl status "$job" | sed -n '/re-partitions:/,/conditions:/p' | sed '$d'
 ctl status "$job" --json >"$work/slow-status.json"
-python3 - "$work/slow-status.json" <<'PY' || fail "job $job: the re-partitions are not what they should be"
+slow_id=$(sed -n 's/.*attached to the controller at .* as \(w-[^;]*\);.*/\1/p' "$work/$slow.log" | head -n 1)
+[[ -n $slow_id ]] || fail "no worker id in $work/$slow.log"
+# The decision is checked, not the clock: on a loaded machine (CI runs other
+# tests beside this one) the ten steps the controller measures a new cut
+# over can come out slower, and then it reverts, as designed; the speed
+# itself is bench/rebalance_bench.sh's to measure.
+python3 - "$work/slow-status.json" "$slow_id" <<'PY' || fail "job $job: the re-partitions are not what they should be"
 import json, sys
 s = json.load(open(sys.argv[1]))["status"]
+slow = sys.argv[2]
 r = s.get("repartitions", [])
 assert r, "never re-partitioned with a 4x slower worker"
-before, after = r[0]["measuredOldSeconds"], r[0].get("measuredNewSeconds", 0)
+first = r[0]
+assert first["reason"] == "worker_speeds", f"first re-partition for {first['reason']}"
+def layers_on(worker, balance, workers):
+    return sum(int(n) for n, w in zip(balance, workers) if w == worker)
+old_n = layers_on(slow, first["oldBalance"], first["oldWorkers"])
+new_n = layers_on(slow, first["newBalance"], first["workers"])
+print(f"first re-partition: the slow worker {slow} held {old_n} layers, now {new_n}")
+assert new_n < old_n, "the slow worker did not lose layers"
+assert first["predictedNewSeconds"] <= 0.8 * first["predictedOldSeconds"], \
+    "the re-partition did not expect a step 20% faster"
+before, after = first["measuredOldSeconds"], first.get("measuredNewSeconds", 0)
 assert after > 0, "the new cut's step time was never measured"
-print(f"first re-partition: {before * 1e3:.1f} -> {after * 1e3:.1f} ms a step "
-      f"({after / before:.2f}x)")
-assert after <= 0.8 * before, "the step is not 20% faster after it"
+print(f"measured: {before * 1e3:.1f} -> {after * 1e3:.1f} ms a step "
+      f"({after / before:.2f}x; bench/rebalance_bench.sh measures this)")
 # Never back and forth: every cut it moved to is new, and it settles.
-seen = [tuple(r[0]["oldBalance"])]
+# No cut twice, but for a revert to the cut just before a slower one.
+def cut_of(balance, workers):  # int64s come as strings in proto JSON
+    return (tuple(int(n) for n in balance), tuple(workers))
+seen = [cut_of(first["oldBalance"], first["oldWorkers"])]
 for x in r:
-    cut = tuple(x["newBalance"])
+    cut = cut_of(x["newBalance"], x["workers"])
+    if x["reason"] == "revert":
+        assert cut == seen[-2], f"reverted to {cut}, not to {seen[-2]}"
+        continue
     assert cut not in seen, f"went back to {cut}"
     seen.append(cut)
 assert len(r) <= 3, f"{len(r)} re-partitions in one job"
 PY
-ok "a 4x slower worker: re-partitioned, the step at most 0.8x the one before, no cut twice over $steps steps"
+ok "a 4x slower worker: re-partitioned off it, expecting a step at most 0.8x the one before, no cut twice (but a revert) over $steps steps"
 same_as_reference "$job" "$work/slow.json" 4
 ok "bitwise the single-process reference trainer"
 
