@@ -540,7 +540,7 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return Usage(
         "submit JOB.json [--watch] [--stages K] [--micro-batches M] "
-        "[--schedule gpipe|1f1b] [--remat always|except_last|never] "
+        "[--schedule gpipe|1f1b|zb-h1] [--remat always|except_last|never] "
         "[--steps N] [--balance 2,3,1] [--controller ADDR] [--json]");
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);

@@ -542,7 +542,7 @@ int RunLocal(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     std::fprintf(stderr,
                  "usage: gpipectl local JOB.json [--workers K] [--stages K] "
-                 "[--micro-batches M] [--schedule gpipe|1f1b] "
+                 "[--micro-batches M] [--schedule gpipe|1f1b|zb-h1] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
                  "[--trace DIR] [--data_plane auto|grpc|shm|cuda_ipc] "

@@ -245,7 +245,8 @@ int RunPlan(const std::vector<std::string>& args) {
   }
 
   std::vector<ScheduleKind> schedules = {ScheduleKind::kGPipe,
-                                         ScheduleKind::kOneFOneB};
+                                         ScheduleKind::kOneFOneB,
+                                         ScheduleKind::kZeroBubbleH1};
   if (const std::string name = absl::GetFlag(FLAGS_schedule); !name.empty()) {
     absl::StatusOr<ScheduleKind> kind = ParseScheduleName(name);
     if (!kind.ok()) return Fail(kind.status());
@@ -348,7 +349,8 @@ int RunPlan(const std::vector<std::string>& args) {
       const int64_t mb = (batch + m - 1) / m;
       std::vector<double> forward(layers);
       for (int64_t l = 0; l < layers; ++l) forward[l] = per_sample[l] * mb / 3;
-      const auto stage_costs = [&](const std::vector<int64_t>& balance) {
+      const auto stage_costs = [&](const std::vector<int64_t>& balance,
+                                   ScheduleKind schedule) {
         std::vector<StageCost> costs =
             StageCostsFromLayers(*shapes, forward, balance, mb);
         const std::vector<int64_t> begins = StageBegins(balance);
@@ -356,6 +358,11 @@ int RunPlan(const std::vector<std::string>& args) {
           for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
             costs[s].forward_seconds += overhead[l];
             costs[s].backward_seconds += overhead[l];
+            // A split backward runs a layer with parameters twice.
+            if (SplitsBackward(schedule) && shapes->costs[l].param_bytes > 0) {
+              costs[s].backward_seconds += overhead[l];
+              costs[s].weight_seconds += overhead[l];
+            }
           }
         }
         return costs;
@@ -368,7 +375,7 @@ int RunPlan(const std::vector<std::string>& args) {
           o.schedule = schedule;
           o.remat = remat;
           o.balance = balances[remat];
-          o.costs = stage_costs(o.balance);
+          o.costs = stage_costs(o.balance, schedule);
           const std::vector<StageCost>& costs = o.costs;
           SimulationConfig config;
           config.stages = costs;

@@ -104,29 +104,35 @@ void PrintSummary(const v1::GetTraceResponse& trace) {
       static_cast<long long>(trace.steps(trace.steps_size() - 1).step()),
       static_cast<long long>(trace.first_stored_step()),
       static_cast<long long>(trace.last_stored_step()));
-  std::printf("%-6s %6s %10s %7s %7s %10s %10s %10s %10s\n", "stage", "steps",
-              "step ms", "busy", "bubble", "forward", "backward", "recompute",
-              "optimizer");
+  // A split backward (zero-bubble) fills the input and weight columns, a
+  // whole one the backward column.
+  std::printf("%-6s %6s %10s %7s %7s %10s %10s %10s %10s %10s %10s\n", "stage",
+              "steps", "step ms", "busy", "bubble", "forward", "backward",
+              "b.input", "b.weight", "recompute", "optimizer");
   const auto stages = ByStage(trace);
   for (size_t i = 0; i < stages.size(); ++i) {
     if (stages[i].empty()) continue;
     int64_t wall = 0, busy = 0;
-    int64_t phase[5] = {0, 0, 0, 0, 0};
+    constexpr int kPhases = v1::OpTrace::Phase_MAX + 1;
+    int64_t phase[kPhases] = {};
     for (const v1::StepTrace* s : stages[i]) {
       wall += s->end_unix_ns() - s->start_unix_ns();
       for (const v1::OpTrace& op : s->ops()) {
         const int64_t d = op.end_unix_ns() - op.start_unix_ns();
         busy += d;
-        if (op.phase() >= 0 && op.phase() < 5) phase[op.phase()] += d;
+        if (op.phase() >= 0 && op.phase() < kPhases) phase[op.phase()] += d;
       }
     }
     const double n = static_cast<double>(stages[i].size());
     const double share = wall > 0 ? static_cast<double>(busy) / wall : 0;
     std::printf(
-        "%-6zu %6zu %10.3f %6.1f%% %6.1f%% %10.3f %10.3f %10.3f %10.3f\n", i,
-        stages[i].size(), wall * 1e-6 / n, 100 * share, 100 * (1 - share),
+        "%-6zu %6zu %10.3f %6.1f%% %6.1f%% %10.3f %10.3f %10.3f %10.3f %10.3f "
+        "%10.3f\n",
+        i, stages[i].size(), wall * 1e-6 / n, 100 * share, 100 * (1 - share),
         phase[v1::OpTrace::FORWARD] * 1e-6 / n,
         phase[v1::OpTrace::BACKWARD] * 1e-6 / n,
+        phase[v1::OpTrace::BACKWARD_INPUT] * 1e-6 / n,
+        phase[v1::OpTrace::BACKWARD_WEIGHT] * 1e-6 / n,
         phase[v1::OpTrace::RECOMPUTE] * 1e-6 / n,
         phase[v1::OpTrace::OPTIMIZER] * 1e-6 / n);
   }

@@ -46,7 +46,8 @@ ABSL_FLAG(int, threads, 0,
 ABSL_FLAG(int64_t, stages, 0,
           "pipeline stages K (0: the job spec's; 1: the single-process "
           "reference trainer)");
-ABSL_FLAG(std::string, schedule, "", "gpipe or 1f1b (default: the job spec's)");
+ABSL_FLAG(std::string, schedule, "",
+          "gpipe, 1f1b or zb-h1 (default: the job spec's)");
 ABSL_FLAG(std::string, balance, "",
           "layers per stage: a list such as 2,3,1, or 'measured' to balance "
           "by profiled layer times (default: the spec's balance or the cost "
@@ -200,7 +201,7 @@ int RunTrain(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     std::fprintf(stderr,
                  "usage: gpipectl train JOB.json [--stages K] "
-                 "[--micro-batches M] [--schedule gpipe|1f1b] "
+                 "[--micro-batches M] [--schedule gpipe|1f1b|zb-h1] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
     return 2;

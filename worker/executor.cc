@@ -272,8 +272,9 @@ void Executor::Execute(std::shared_ptr<Run> run) {
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
           a.layer_end(), a.micro_batches());
   if (metrics_ != nullptr) {
-    x.metrics = metrics_->ForStage(a.job_id(), a.stage(), a.stages(),
-                                   a.micro_batches(), x.last);
+    x.metrics =
+        metrics_->ForStage(a.job_id(), a.stage(), a.stages(), a.micro_batches(),
+                           x.last, ScheduleFromSpec(a.schedule()));
   }
   const auto run_stage = [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckMemory(x));

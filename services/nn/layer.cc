@@ -23,6 +23,15 @@ const Tensor& Saved::Get(std::string_view name) const {
   return kNone;
 }
 
+void Saved::Drop(std::string_view name) {
+  for (auto it = tensors_.begin(); it != tensors_.end(); ++it) {
+    if (it->first == name) {
+      tensors_.erase(it);
+      return;
+    }
+  }
+}
+
 int64_t Saved::bytes() const {
   int64_t n = 0;
   for (const auto& [name, t] : tensors_) n += t.defined() ? t.nbytes() : 0;

@@ -69,6 +69,8 @@ struct Saved {
   // debug builds.
   const Tensor& Get(std::string_view name) const;
   int64_t bytes() const;
+  // Forgets the tensor kept under `name`, if any.
+  void Drop(std::string_view name);
   void Clear() {
     tensors_.clear();
     children.clear();
@@ -102,6 +104,10 @@ struct LayerCost {
   // their gradients, per sample (im2col columns, attention's score
   // gradients).
   int64_t workspace_bytes = 0;
+  // What a split backward keeps between its halves besides the Saved
+  // record, per sample: the output gradients of the layer's GEMMs
+  // (Layer::BackwardInput's `deferred`).
+  int64_t deferred_bytes = 0;
 };
 
 // What incremental decoding (generation) keeps of the positions already
@@ -127,6 +133,26 @@ class Layer {
   // Parameter::grad.
   virtual Tensor Backward(const Tensor& dy, const Saved& saved,
                           const LayerContext& ctx) = 0;
+
+  // The backward in two halves, for schedules that run the weight
+  // gradients later to fill bubbles (zero-bubble pipelining): BackwardInput
+  // returns what Backward returns, keeps in `deferred` what the other half
+  // needs (the output gradients of the layer's GEMMs) and drops from
+  // `saved` what it does not read, so a micro-batch waiting for its weight
+  // half holds less; BackwardWeight then adds the parameter gradients. The
+  // two add exactly what Backward adds, bit for bit: the same kernels on the
+  // same operands. Layers whose parameter gradients fall out of the input
+  // gradient's own pass (the norms) or that have none keep the default:
+  // everything in the first half, nothing deferred, nothing kept. Nothing
+  // may write to a tensor `deferred` holds in between.
+  virtual Tensor BackwardInput(const Tensor& dy, Saved& saved,
+                               const LayerContext& ctx, Saved* deferred) {
+    Tensor dx = Backward(dy, saved, ctx);
+    saved.Clear();
+    return dx;
+  }
+  virtual void BackwardWeight(const Saved& saved, const Saved& deferred,
+                              const LayerContext& ctx) {}
 
   // Incremental decoding: `x` [B, n, ...] holds positions [position,
   // position + n) of each sequence, the positions before them having gone

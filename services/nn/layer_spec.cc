@@ -303,7 +303,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   double params = 0;
   // Memory, in floats (or int32s) per sample unless said otherwise.
   LayerCost cost;
-  double saved = 0, workspace = 0;
+  double saved = 0, workspace = 0, deferred = 0;
   switch (spec.kind_case()) {
     case K::kLinear: {
       cost.keeps_input = true;
@@ -313,6 +313,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const bool bias = !l.has_bias() || l.bias();
       flops = 2 * rows * in * out + (bias ? rows * out : 0);
       params = in * out + (bias ? out : 0);
+      deferred = n_out;
       break;
     }
     case K::kRelu:
@@ -342,6 +343,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       params =
           static_cast<double>(e.vocab_size() + e.max_positions()) * e.dim();
       saved = n_in;  // a checked copy of the ids (int32)
+      deferred = n_out;
       break;
     }
     case K::kSelfAttention: {
@@ -355,6 +357,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       saved = 3 * t * dim + a.heads() * t * t + t * dim;
       // Their gradients in the backward.
       workspace = saved;
+      deferred = 3 * t * dim + t * dim;  // the two projections' outputs'
       break;
     }
     case K::kTransformerBlock: {
@@ -374,6 +377,8 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       saved = 2 * t * dim + 4 * t + 3 * t * dim + b.heads() * t * t + t * dim +
               t * dim + 2 * t * hidden;
       workspace = saved;
+      // Gradients of the q/k/v, output and two MLP projections' outputs.
+      deferred = 3 * t * dim + t * dim + t * hidden + t * dim;
       break;
     }
     case K::kConv2D: {
@@ -388,6 +393,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // output position (at most: large batches go in chunks).
       const double positions = n_out / c.out_channels();
       workspace = (2 * c.in_channels() * k2 + c.out_channels()) * positions;
+      deferred = n_out;
       break;
     }
     case K::kMaxPool2D: {
@@ -417,6 +423,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   cost.activation_bytes = output.numel() * 4;
   cost.saved_bytes = ParamBytes(saved);
   cost.workspace_bytes = ParamBytes(workspace);
+  cost.deferred_bytes = ParamBytes(deferred);
   return cost;
 }
 

@@ -75,6 +75,39 @@ Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
   return g;
 }
 
+Tensor Model::BackwardInput(const Tensor& dy, std::vector<Saved>* saved,
+                            LayerContext ctx, std::vector<Saved>* deferred) {
+  deferred->assign(layers_.size(), Saved());
+  Tensor g = dy;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    ctx.layer_index = begin_ + static_cast<int64_t>(i);
+    ctx.input_grad = InputGradUsed(ctx.layer_index);
+    const auto start = std::chrono::steady_clock::now();
+    g = layers_[i]->BackwardInput(g, (*saved)[i], ctx, &(*deferred)[i]);
+    if (timing_ != nullptr) {
+      timing_->Finished(static_cast<int64_t>(i), /*backward=*/true,
+                        /*record=*/true, start);
+    }
+  }
+  return g;
+}
+
+// The layers' order does not matter for the bits (each adds into its own
+// parameters); reverse, as Backward, so the timing and caches see the same.
+void Model::BackwardWeight(const std::vector<Saved>& saved,
+                           const std::vector<Saved>& deferred,
+                           LayerContext ctx) {
+  for (size_t i = layers_.size(); i-- > 0;) {
+    ctx.layer_index = begin_ + static_cast<int64_t>(i);
+    const auto start = std::chrono::steady_clock::now();
+    layers_[i]->BackwardWeight(saved[i], deferred[i], ctx);
+    if (timing_ != nullptr) {
+      timing_->Finished(static_cast<int64_t>(i), /*backward=*/true,
+                        /*record=*/true, start);
+    }
+  }
+}
+
 std::vector<NamedTensor> Model::StateTensors() {
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < layers_.size(); ++i) {

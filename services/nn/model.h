@@ -53,6 +53,15 @@ class Model {
   // Backward through every layer in reverse; returns the input gradient.
   Tensor Backward(const Tensor& dy, const std::vector<Saved>& saved,
                   LayerContext ctx);
+  // The backward in two halves (Layer::BackwardInput / BackwardWeight):
+  // the input gradient now, with what the weight half needs kept in
+  // `deferred` (resized to size()) and the rest of `saved` dropped, and the
+  // parameter gradients later. Together they add Backward's parameter
+  // gradients bit for bit.
+  Tensor BackwardInput(const Tensor& dy, std::vector<Saved>* saved,
+                       LayerContext ctx, std::vector<Saved>* deferred);
+  void BackwardWeight(const std::vector<Saved>& saved,
+                      const std::vector<Saved>& deferred, LayerContext ctx);
 
   const std::vector<NamedParameter>& Parameters() const { return params_; }
   // Parameters and buffers by global name: what a checkpoint holds.

@@ -80,6 +80,8 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     placement.layer_end = begins[i] + p->balance_[i];
     placement.micro_batches = m;
     placement.schedule = options.schedule;
+    if (static_cast<int64_t>(options.ops.size()) == k)
+      placement.ops = options.ops[i];
     placement.remat = options.remat;
     placement.device = options.device;
     const bool needs_data = i == 0 || i == k - 1;

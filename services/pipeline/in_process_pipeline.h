@@ -28,6 +28,9 @@ struct PipelineOptions {
   Device device = Device::kCpu;  // where every stage computes
   // Used instead of opening the spec's dataset when set (tests share one).
   std::shared_ptr<const Dataset> dataset;
+  // Each stage's ops instead of the schedule's, when given (K lists): tests
+  // that a broken schedule cannot go unnoticed (StagePlacement::ops).
+  std::vector<std::vector<Op>> ops;
 };
 
 // The options a spec asks for (stages, micro-batches, schedule, remat).

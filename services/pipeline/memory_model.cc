@@ -138,8 +138,9 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   const int64_t m = std::max<int64_t>(1, p.micro_batches);
   const int64_t mb = (batch + m - 1) / m;  // the largest micro-batch
   const bool remat = StageRematerializes(p.remat, p.stage, p.stages);
-  const int64_t live = MaxLiveMicroBatches(
-      MakeSchedule(p.schedule, p.stages, p.micro_batches, p.stage));
+  const std::vector<Op> ops =
+      MakeSchedule(p.schedule, p.stages, p.micro_batches, p.stage);
+  const int64_t live = MaxLiveMicroBatches(ops);
   const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
   const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
   const int64_t full = KeptBytes(shapes, b, e, mb, /*count_input=*/!first);
@@ -148,7 +149,21 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // stage also keeps the loss gradient.
   int64_t per_micro_batch = remat ? (first ? 0 : in_bytes) : full;
   if (last) per_micro_batch = Add(per_micro_batch, out_bytes);
+  // Under re-materialization one micro-batch at a time is recomputed whole
+  // for its backward.
   out.activations = Add(Mul(per_micro_batch, live), remat ? full : 0);
+  // A split backward's micro-batches between their halves keep their GEMMs'
+  // output gradients and, counted whole (an upper bound: the input half
+  // drops what the weight half does not read), their activations, which
+  // under re-materialization were recomputed for the input half (the one
+  // being recomputed is then among them).
+  if (SplitsBackward(p.schedule)) {
+    int64_t deferred = remat ? full : 0;
+    for (int64_t l = b; l < e; ++l)
+      deferred = Add(deferred, Mul(shapes.costs[l].deferred_bytes, mb));
+    out.activations = Add(Mul(per_micro_batch, live),
+                          Mul(deferred, MaxDeferredMicroBatches(ops)));
+  }
 
   // One op at a time, with the activation coming in and the one going out
   // (or their gradients) beside it.

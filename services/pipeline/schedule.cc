@@ -7,11 +7,37 @@
 
 namespace gpipe {
 
+namespace {
+
+// Stage s: K-s warm-up forwards, then for each micro-batch j its input
+// half, the weight half of micro-batch j-s (once j >= s) and the next
+// forward; the remaining weight halves drain at the end. With unit F, B
+// and W, stage s's B(j) starts when stage s+1's B(j) has ended: the last
+// stage runs F B back to back while the first stages fill the time their
+// next gradient takes with W's, and in the drain the W's postponed on
+// later stages fill what is bubble under 1F1B.
+void ZeroBubbleH1(int64_t k, int64_t m, int64_t stage, std::vector<Op>& ops) {
+  int64_t next_forward = 0, next_weight = 0;
+  for (; next_forward < std::min(k - stage, m); ++next_forward)
+    ops.push_back({OpKind::kForward, next_forward});
+  for (int64_t j = 0; j < m; ++j) {
+    ops.push_back({OpKind::kBackwardInput, j});
+    if (j >= stage) ops.push_back({OpKind::kBackwardWeight, next_weight++});
+    if (next_forward < m) ops.push_back({OpKind::kForward, next_forward++});
+  }
+  while (next_weight < m)
+    ops.push_back({OpKind::kBackwardWeight, next_weight++});
+}
+
+}  // namespace
+
 std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
                              int64_t stage) {
   std::vector<Op> ops;
-  ops.reserve(2 * m + 1);
-  if (kind == ScheduleKind::kGPipe) {
+  ops.reserve(3 * m + 1);
+  if (kind == ScheduleKind::kZeroBubbleH1) {
+    ZeroBubbleH1(k, m, stage, ops);
+  } else if (kind == ScheduleKind::kGPipe) {
     for (int64_t i = 0; i < m; ++i) ops.push_back({OpKind::kForward, i});
     for (int64_t i = 0; i < m; ++i) ops.push_back({OpKind::kBackward, i});
   } else {
@@ -32,20 +58,40 @@ std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
   return ops;
 }
 
+bool SplitsBackward(ScheduleKind kind) {
+  return kind == ScheduleKind::kZeroBubbleH1;
+}
+
 std::string_view ScheduleName(ScheduleKind kind) {
-  return kind == ScheduleKind::kGPipe ? "gpipe" : "1f1b";
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb-h1";
+  }
+  return "?";
 }
 
 absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name) {
   if (name == "gpipe" || name == "GPIPE") return ScheduleKind::kGPipe;
   if (name == "1f1b" || name == "ONE_F_ONE_B") return ScheduleKind::kOneFOneB;
+  if (name == "zb-h1" || name == "ZERO_BUBBLE_H1")
+    return ScheduleKind::kZeroBubbleH1;
   return absl::InvalidArgumentError(absl::StrCat(
-      "schedule: '", std::string(name), "' is not one of gpipe, 1f1b"));
+      "schedule: '", std::string(name), "' is not one of gpipe, 1f1b, zb-h1"));
 }
 
 ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule) {
-  return schedule == gpipe::v1::ONE_F_ONE_B ? ScheduleKind::kOneFOneB
-                                            : ScheduleKind::kGPipe;
+  switch (schedule) {
+    case gpipe::v1::ONE_F_ONE_B:
+      return ScheduleKind::kOneFOneB;
+    case gpipe::v1::ZERO_BUBBLE_H1:
+      return ScheduleKind::kZeroBubbleH1;
+    default:
+      return ScheduleKind::kGPipe;
+  }
 }
 
 gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind) {
@@ -54,6 +100,8 @@ gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind) {
       return gpipe::v1::GPIPE;
     case ScheduleKind::kOneFOneB:
       return gpipe::v1::ONE_F_ONE_B;
+    case ScheduleKind::kZeroBubbleH1:
+      return gpipe::v1::ZERO_BUBBLE_H1;
   }
   return gpipe::v1::GPIPE;
 }
@@ -62,7 +110,17 @@ int64_t MaxLiveMicroBatches(const std::vector<Op>& ops) {
   int64_t live = 0, peak = 0;
   for (const Op& op : ops) {
     if (op.kind == OpKind::kForward) peak = std::max(peak, ++live);
-    if (op.kind == OpKind::kBackward) --live;
+    if (op.kind == OpKind::kBackward || op.kind == OpKind::kBackwardWeight)
+      --live;
+  }
+  return peak;
+}
+
+int64_t MaxDeferredMicroBatches(const std::vector<Op>& ops) {
+  int64_t deferred = 0, peak = 0;
+  for (const Op& op : ops) {
+    if (op.kind == OpKind::kBackwardInput) peak = std::max(peak, ++deferred);
+    if (op.kind == OpKind::kBackwardWeight) --deferred;
   }
   return peak;
 }
@@ -72,7 +130,10 @@ std::string ToString(const Op& op) {
     case OpKind::kForward:
       return absl::StrCat("F", op.micro_batch);
     case OpKind::kBackward:
+    case OpKind::kBackwardInput:
       return absl::StrCat("B", op.micro_batch);
+    case OpKind::kBackwardWeight:
+      return absl::StrCat("W", op.micro_batch);
     case OpKind::kOptimizerStep:
       return "step";
   }

@@ -1,7 +1,9 @@
 // Pipeline schedules as pure data: for (K stages, M micro-batches, stage) the
 // ordered list of ops the stage executes in one step. Every schedule runs the
-// backward ops of a stage in micro-batch order 0..M-1, so gradients
-// accumulate in the same order as in the reference trainer.
+// backward ops of a stage in micro-batch order 0..M-1 (with a split
+// backward: both halves, each in that order), so every parameter's gradient
+// accumulates in the same order as in the reference trainer, whatever else
+// the order of ops is.
 #ifndef GPIPE_SERVICES_PIPELINE_SCHEDULE_H_
 #define GPIPE_SERVICES_PIPELINE_SCHEDULE_H_
 
@@ -18,9 +20,27 @@ namespace gpipe {
 enum class ScheduleKind {
   kGPipe,     // fill-drain: all forwards, then all backwards
   kOneFOneB,  // PipeDream-Flush: after K-1-stage warm-up forwards, alternate
+  // Zero-bubble ZB-H1 (Qi et al. 2024): the backward split into its input
+  // half (B, which the stage upstream waits for) and its weight half (W,
+  // which nobody waits for). Stage s warms up with K-s forwards, then
+  // runs B, W, F in turn with its W's s micro-batches behind its B's, so
+  // the deferred W's fill the drain's bubble. Bubble (K-1)/(3M+K-1) for
+  // equal F, B and W and M >= K (1F1B: (K-1)/(M+K-1)); every stage holds
+  // at most K micro-batches between F and W (1F1B's first stage's peak).
+  kZeroBubbleH1,
 };
 
-enum class OpKind { kForward, kBackward, kOptimizerStep };
+// kBackward is the whole backward of a micro-batch (input and parameter
+// gradients, then the input gradient is sent); kBackwardInput computes and
+// sends the input gradient and defers the parameter gradients to the
+// micro-batch's kBackwardWeight.
+enum class OpKind {
+  kForward,
+  kBackward,
+  kBackwardInput,
+  kBackwardWeight,
+  kOptimizerStep
+};
 
 struct Op {
   OpKind kind;
@@ -36,7 +56,10 @@ struct Op {
 std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
                              int64_t stage);
 
-// "gpipe" / "1f1b".
+// Whether the schedule splits the backward (kBackwardInput/Weight ops).
+bool SplitsBackward(ScheduleKind kind);
+
+// "gpipe" / "1f1b" / "zb-h1".
 std::string_view ScheduleName(ScheduleKind kind);
 absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name);
 // The job spec's enum and ours, the only place they are converted
@@ -45,10 +68,15 @@ ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule);
 gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind);
 
 // Most micro-batches whose activations a stage holds at once under `ops`
-// (a forward makes one live, its backward releases it).
+// (a forward makes one live, its backward or its weight half releases it).
 int64_t MaxLiveMicroBatches(const std::vector<Op>& ops);
+// Most micro-batches between their input half and their weight half at
+// once: each holds its GEMMs' output gradients for the weight half.
+int64_t MaxDeferredMicroBatches(const std::vector<Op>& ops);
 
-std::string ToString(const Op& op);  // "F3", "B0", "step"
+// "F3", "B0" (the whole backward, or with a split backward its input
+// half), "W0" (the weight half), "step".
+std::string ToString(const Op& op);
 
 }  // namespace gpipe
 

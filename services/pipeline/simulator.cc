@@ -11,25 +11,44 @@ constexpr double kUnknown = -1.0;
 // Peak activation bytes of one stage running `ops`: a stage is one
 // sequential worker, so walking its ops in order visits every moment its
 // memory can peak.
+// A micro-batch between its split backward's halves holds its activations
+// (counted whole: an upper bound, as in the memory model) and its deferred
+// gradients.
 int64_t PeakActivationBytes(const std::vector<Op>& ops, const StageCost& cost,
                             bool remat) {
-  int64_t live = 0, peak = 0;
+  // `waiting`: forwarded, backward not started; `deferred`: between halves.
+  int64_t waiting = 0, deferred = 0, peak = 0;
+  const int64_t whole = cost.input_bytes + cost.internal_bytes;
+  const auto held = [&] {
+    // Without remat the forward leaves all its activations behind; with
+    // remat only the input stays (the forward's own temporaries pass).
+    return waiting * (remat ? cost.input_bytes : whole) +
+           deferred * (whole + cost.deferred_bytes);
+  };
   for (const Op& op : ops) {
-    if (op.kind == OpKind::kForward) {
-      ++live;
-      // Without remat the forward leaves all its activations behind; with
-      // remat only the input stays (the forward's own temporaries pass).
-      const int64_t held =
-          remat ? live * cost.input_bytes
-                : live * (cost.input_bytes + cost.internal_bytes);
-      peak = std::max(peak, held);
-    } else if (op.kind == OpKind::kBackward) {
-      // Under remat the backward first rebuilds this micro-batch's
-      // activations; without it they are already counted.
-      if (remat) {
-        peak = std::max(peak, live * cost.input_bytes + cost.internal_bytes);
-      }
-      --live;
+    switch (op.kind) {
+      case OpKind::kForward:
+        ++waiting;
+        peak = std::max(peak, held());
+        break;
+      case OpKind::kBackward:
+      case OpKind::kBackwardInput:
+        // Under remat the backward first rebuilds this micro-batch's
+        // activations; without it they are already counted.
+        if (remat) {
+          peak = std::max(peak, held() - cost.input_bytes + whole);
+        }
+        --waiting;
+        if (op.kind == OpKind::kBackwardInput) {
+          ++deferred;
+          peak = std::max(peak, held());
+        }
+        break;
+      case OpKind::kBackwardWeight:
+        --deferred;
+        break;
+      case OpKind::kOptimizerStep:
+        break;
     }
   }
   return peak;
@@ -44,17 +63,27 @@ SimulationResult Simulate(const SimulationConfig& config) {
   result.stages.resize(k);
   if (k == 0 || m < 1) return result;
 
-  std::vector<std::vector<Op>> ops(k);
-  for (int64_t s = 0; s < k; ++s) {
-    ops[s] = MakeSchedule(config.schedule, k, m, s);
+  std::vector<std::vector<Op>> ops = config.ops;
+  if (static_cast<int64_t>(ops.size()) != k) {
+    ops.assign(k, {});
+    for (int64_t s = 0; s < k; ++s)
+      ops[s] = MakeSchedule(config.schedule, k, m, s);
   }
-  // When the input of F(s, i) / the output gradient of B(s, i) arrives.
-  std::vector<double> forward_ready(k * m, kUnknown);
-  std::vector<double> backward_ready(k * m, kUnknown);
-  for (int64_t i = 0; i < m; ++i) {
-    forward_ready[i] = 0;                 // stage 0 reads its data
-    backward_ready[(k - 1) * m + i] = 0;  // the last stage has the loss
-  }
+  // Links deliver in the order they were sent, as the real ones do:
+  // to_next[s] holds what stage s sent to s+1 (activations), to_prev[s] what
+  // stage s+1 sent to s (gradients), each as (micro-batch, arrival), and
+  // taken[s] how many of each the receiver has consumed. A receive whose
+  // micro-batch is not the next one sent never runs.
+  struct Message {
+    int64_t micro_batch;
+    double arrival;
+  };
+  std::vector<std::vector<Message>> to_next(k), to_prev(k);
+  std::vector<size_t> taken_next(k, 0), taken_prev(k, 0);
+  // When F(s, i) and the input half of (s, i) ended: the last stage's
+  // backward needs its forward, a weight half its input half.
+  std::vector<double> forward_done(k * m, kUnknown);
+  std::vector<double> input_done(k * m, kUnknown);
   std::vector<size_t> next(k, 0);
   std::vector<double> free_at(k, 0);
   // One transfer at a time per direction of each link: down_link[s] carries
@@ -66,6 +95,16 @@ SimulationResult Simulate(const SimulationConfig& config) {
     const double start = std::max(sent, link[s]);
     link[s] = start + static_cast<double>(bytes) / config.link_bytes_per_second;
     return link[s] + latency;
+  };
+  // The arrival of `i` at the head of a link's queue; kUnknown while
+  // nothing is there, and forever when another micro-batch is.
+  const auto receive = [&](const std::vector<Message>& queue, size_t taken,
+                           int64_t i) {
+    if (taken >= queue.size() || queue[taken].micro_batch != i) return kUnknown;
+    return queue[taken].arrival;
+  };
+  const auto waiting = [](const std::vector<Message>& queue, size_t taken) {
+    return static_cast<int64_t>(queue.size() - taken);
   };
 
   // Each stage runs ops until one waits for a neighbour; finishing an op
@@ -87,24 +126,57 @@ SimulationResult Simulate(const SimulationConfig& config) {
         ++next[s];
         continue;
       }
+      const int64_t i = op.micro_batch;
+      if (i < 0 || i >= m) break;  // never runs
       const bool forward = op.kind == OpKind::kForward;
-      const double ready = forward ? forward_ready[s * m + op.micro_batch]
-                                   : backward_ready[s * m + op.micro_batch];
-      if (ready < 0) break;  // a neighbour will wake this stage
-      const double seconds =
-          forward ? cost.forward_seconds
-                  : cost.backward_seconds + (remat ? cost.forward_seconds : 0);
+      const bool weight = op.kind == OpKind::kBackwardWeight;
+      double ready = kUnknown;
+      if (weight) {
+        ready = input_done[s * m + i];
+      } else if (forward) {
+        ready = s == 0 ? 0 : receive(to_next[s - 1], taken_next[s - 1], i);
+      } else {
+        ready = s == k - 1 ? forward_done[s * m + i]
+                           : receive(to_prev[s], taken_prev[s], i);
+        // Its own forward first, on every stage.
+        if (forward_done[s * m + i] < 0) ready = kUnknown;
+      }
+      if (ready < 0) break;  // a neighbour will wake this stage, or none
+      double seconds = cost.forward_seconds;
+      if (weight) {
+        seconds = cost.weight_seconds;
+      } else if (!forward) {
+        seconds = cost.backward_seconds + (remat ? cost.forward_seconds : 0);
+        if (op.kind == OpKind::kBackwardInput) seconds -= cost.weight_seconds;
+      }
       const double end = std::max(free_at[s], ready) + seconds;
       free_at[s] = end;
       sim.busy_seconds += seconds;
       ++next[s];
-      if (forward && s + 1 < k) {
-        forward_ready[(s + 1) * m + op.micro_batch] =
-            transfer(down_link, s, end, cost.output_bytes);
-        runnable.push_back(s + 1);
-      } else if (!forward && s > 0) {
-        backward_ready[(s - 1) * m + op.micro_batch] =
-            transfer(up_link, s, end, config.stages[s - 1].output_bytes);
+      if (weight) {
+        input_done[s * m + i] = kUnknown;  // a second W of it never runs
+        continue;
+      }
+      if (forward) {
+        forward_done[s * m + i] = end;
+        if (s > 0) ++taken_next[s - 1];
+        if (s + 1 < k) {
+          to_next[s].push_back(
+              {i, transfer(down_link, s, end, cost.output_bytes)});
+          result.max_link_messages = std::max(
+              result.max_link_messages, waiting(to_next[s], taken_next[s]));
+          runnable.push_back(s + 1);
+        }
+        continue;
+      }
+      if (op.kind == OpKind::kBackwardInput) input_done[s * m + i] = end;
+      if (s + 1 < k) ++taken_prev[s];
+      if (s > 0) {
+        to_prev[s - 1].push_back(
+            {i, transfer(up_link, s, end, config.stages[s - 1].output_bytes)});
+        result.max_link_messages =
+            std::max(result.max_link_messages,
+                     waiting(to_prev[s - 1], taken_prev[s - 1]));
         runnable.push_back(s - 1);
       }
     }
@@ -112,6 +184,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
 
   for (int64_t s = 0; s < k; ++s) {
     result.step_seconds = std::max(result.step_seconds, free_at[s]);
+    result.complete = result.complete && next[s] == ops[s].size();
   }
   for (int64_t s = 0; s < k; ++s) {
     StageSimulation& sim = result.stages[s];
@@ -125,6 +198,22 @@ SimulationResult Simulate(const SimulationConfig& config) {
   return result;
 }
 
+double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
+                         int64_t micro_batches) {
+  if (stages <= 1 || micro_batches <= 0) return 0.0;
+  SimulationConfig config;
+  StageCost unit;
+  unit.forward_seconds = 1;
+  unit.backward_seconds = 2;
+  unit.weight_seconds = 1;
+  config.stages.assign(stages, unit);
+  config.micro_batches = micro_batches;
+  config.schedule = schedule;
+  config.link_bytes_per_second = 1;  // nothing is sent: no bytes
+  const SimulationResult r = Simulate(config);
+  return r.step_seconds > 0 ? r.stages[0].bubble_fraction : 0.0;
+}
+
 std::vector<StageCost> StageCostsFromLayers(
     const ModelShapes& shapes, const std::vector<double>& layer_forward_seconds,
     const std::vector<int64_t>& balance, int64_t micro_batch_size) {
@@ -134,8 +223,12 @@ std::vector<StageCost> StageCostsFromLayers(
     const int64_t end = begin + balance[s];
     StageCost& c = stages[s];
     for (int64_t l = begin; l < end; ++l) {
+      const LayerCost& cost = shapes.costs[l];
       c.forward_seconds += layer_forward_seconds[l];
-      c.internal_bytes += shapes.costs[l].activation_bytes * micro_batch_size;
+      // A layer's weight gradient is a product as large as its forward.
+      if (cost.param_bytes > 0) c.weight_seconds += layer_forward_seconds[l];
+      c.internal_bytes += cost.activation_bytes * micro_batch_size;
+      c.deferred_bytes += cost.deferred_bytes * micro_batch_size;
     }
     c.backward_seconds = 2 * c.forward_seconds;
     c.input_bytes = shapes.inputs[begin].numel() * 4 * micro_batch_size;

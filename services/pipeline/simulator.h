@@ -3,7 +3,9 @@
 // free and its input has arrived over the link from the neighbour. Predicts
 // step time, bubble fraction and peak activation memory per stage, in
 // O(K * M) time, so configurations far larger than any test machine
-// (K=128, M=1024) can be reasoned about instantly.
+// (K=128, M=1024) can be reasoned about instantly. It also proves a
+// schedule runs: an op whose input never arrives leaves its stage stuck,
+// which the result reports.
 #ifndef GPIPE_SERVICES_PIPELINE_SIMULATOR_H_
 #define GPIPE_SERVICES_PIPELINE_SIMULATOR_H_
 
@@ -20,15 +22,23 @@ namespace gpipe {
 struct StageCost {
   double forward_seconds = 0;
   double backward_seconds = 0;  // excluding the recompute under remat
-  int64_t input_bytes = 0;      // boundary input: what remat keeps
-  int64_t internal_bytes = 0;   // every activation kept without remat
-  int64_t output_bytes = 0;     // sent downstream (its gradient comes back)
+  // The part of backward_seconds that a split backward's weight half
+  // takes (the rest is its input half).
+  double weight_seconds = 0;
+  int64_t input_bytes = 0;     // boundary input: what remat keeps
+  int64_t internal_bytes = 0;  // every activation kept without remat
+  int64_t output_bytes = 0;    // sent downstream (its gradient comes back)
+  // Kept between a split backward's halves: the GEMMs' output gradients.
+  int64_t deferred_bytes = 0;
 };
 
 struct SimulationConfig {
   std::vector<StageCost> stages;  // K entries
   int64_t micro_batches = 1;      // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
+  // Each stage's ops, when given (K lists), instead of MakeSchedule's for
+  // `schedule` (which still says how the bubble is counted: nothing else).
+  std::vector<std::vector<Op>> ops;
   RematMode remat = RematMode::kNever;
   // Each direction of each neighbour link carries one tensor at a time;
   // latency overlaps with the next transfer.
@@ -45,16 +55,33 @@ struct StageSimulation {
 struct SimulationResult {
   double step_seconds = 0;  // until the last stage finishes its last op
   std::vector<StageSimulation> stages;
+  // Every op of every stage ran. False means the schedule deadlocks: some
+  // stage waits for an input no other stage will produce, or one that comes
+  // behind another on its link (links deliver in order), or runs a weight
+  // half without its input half.
+  bool complete = true;
+  // The most messages waiting on one direction of one link at once: what
+  // the links' capacity must hold (they take M + 4).
+  int64_t max_link_messages = 0;
 };
 
 // Requires at least one stage and micro_batches >= 1, non-negative costs
 // and a positive bandwidth (the planner's inputs; not user-facing).
 SimulationResult Simulate(const SimulationConfig& config);
 
+// The bubble fraction of `schedule` on K equal stages with M micro-batches
+// (forward 1, backward 2, split into input and weight halves of 1 each, no
+// transfer time): the figure each schedule is measured against, (K-1)/(M+K-1)
+// for GPipe and 1F1B, (K-1)/(3M+K-1) for ZB-H1 with M >= K.
+double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
+                         int64_t micro_batches);
+
 // StageCosts of a partition: forward = sum of the stage's layer seconds
-// (per micro-batch), backward = 2x forward, internal bytes = sum of the
+// (per micro-batch), backward = 2x forward of which the weight half is the
+// forward of the layers with parameters, internal bytes = sum of the
 // layers' output activation bytes, input / output bytes = the stage's
-// boundary tensors (4 bytes an element), all for `micro_batch_size` samples.
+// boundary tensors (4 bytes an element), deferred bytes = the layers'
+// deferred gradients, all for `micro_batch_size` samples.
 std::vector<StageCost> StageCostsFromLayers(
     const ModelShapes& shapes, const std::vector<double>& layer_forward_seconds,
     const std::vector<int64_t>& balance, int64_t micro_batch_size);

@@ -16,8 +16,10 @@ Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
       placement_(placement),
       remat_(StageRematerializes(placement.remat, placement.index,
                                  placement.count)),
-      schedule_(MakeSchedule(placement.schedule, placement.count,
-                             placement.micro_batches, placement.index)),
+      schedule_(!placement.ops.empty()
+                    ? placement.ops
+                    : MakeSchedule(placement.schedule, placement.count,
+                                   placement.micro_batches, placement.index)),
       timeline_(origin),
       layer_timing_(0) {}
 
@@ -44,6 +46,14 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
       (!placement.last() && downstream == nullptr)) {
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", placement.index, " is missing a link"));
+  }
+  for (const Op& op : placement.ops) {
+    if (op.kind != OpKind::kOptimizerStep &&
+        (op.micro_batch < 0 || op.micro_batch >= placement.micro_batches)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage ", placement.index, ": op ", ToString(op),
+                       " names no micro-batch of ", placement.micro_batches));
+    }
   }
   std::unique_ptr<Stage> stage(new Stage(spec, placement, origin));
   stage->dataset_ = std::move(dataset);
@@ -146,7 +156,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   return downstream_->Send(std::move(out));
 }
 
-absl::Status Stage::Backward(int64_t step, int64_t m,
+absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
                              std::vector<InFlight>& flight) {
   InFlight& f = flight[m];
   Tensor dy;
@@ -169,10 +179,20 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
     model_->Forward(f.input, again, &f.saved);
     f.input = Tensor();
   }
-  OpTimer timer(timeline_, Phase::kBackward, m);
+  const bool split = kind == OpKind::kBackwardInput;
+  OpTimer timer(timeline_, split ? Phase::kBackwardInput : Phase::kBackward, m);
   timer.record().bytes_received = received;
-  Tensor dx = model_->Backward(dy, f.saved, ctx);
-  f = InFlight();
+  Tensor dx;
+  if (split) {
+    // Keeps what the weight half reads; the rest of the micro-batch's
+    // activations go now.
+    dx = model_->BackwardInput(dy, &f.saved, ctx, &f.deferred);
+    f.input = Tensor();
+    f.dlogits = Tensor();
+  } else {
+    dx = model_->Backward(dy, f.saved, ctx);
+    f = InFlight();
+  }
   if (placement_.first()) return absl::OkStatus();
   Message out;
   out.kind = MessageKind::kGradient;
@@ -181,6 +201,25 @@ absl::Status Stage::Backward(int64_t step, int64_t m,
   timer.record().bytes_sent = dx.nbytes();
   out.tensor = ForLink(upstream_, std::move(dx));
   return upstream_->Send(std::move(out));
+}
+
+// Nobody waits for it: under zero-bubble schedules it runs where the stage
+// would otherwise wait. The weight halves of a stage run in micro-batch
+// order, so each parameter's gradient sums as in the reference.
+absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
+                                   std::vector<InFlight>& flight) {
+  InFlight& f = flight[m];
+  if (f.deferred.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index, ": the schedule runs W", m,
+                     " (the weight half of micro-batch ", m,
+                     ") without its input half "
+                     "waiting for it"));
+  }
+  OpTimer timer(timeline_, Phase::kBackwardWeight, m);
+  model_->BackwardWeight(f.saved, f.deferred, Context(step, m));
+  f = InFlight();
+  return absl::OkStatus();
 }
 
 // Global-norm clipping across stages: the squared norm is folded parameter by
@@ -259,9 +298,21 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
                                 result.loss_normalizer, flight, result.loss));
         break;
       case OpKind::kBackward:
-        RETURN_IF_ERROR(Backward(step, op.micro_batch, flight));
+      case OpKind::kBackwardInput:
+        RETURN_IF_ERROR(Backward(step, op.micro_batch, op.kind, flight));
+        break;
+      case OpKind::kBackwardWeight:
+        RETURN_IF_ERROR(BackwardWeight(step, op.micro_batch, flight));
         break;
       case OpKind::kOptimizerStep: {
+        // A weight half that never ran would leave its gradient out.
+        for (size_t m = 0; m < flight.size(); ++m) {
+          if (!flight[m].deferred.empty()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "stage ", placement_.index, ": the schedule never runs W", m,
+                " (the weight half of micro-batch ", m, ") before its step"));
+          }
+        }
         if (placement_.last()) {
           const double loss = result.loss.loss_sum / result.loss_normalizer;
           if (!std::isfinite(loss)) {

@@ -34,6 +34,10 @@ struct StagePlacement {
   int64_t layer_end = 0;
   int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
+  // The ops of a step instead of MakeSchedule's when not empty, run as
+  // given: tests run broken schedules to show the exactness checks catch
+  // them. Micro-batches outside [0, M) are refused.
+  std::vector<Op> ops;
   RematMode remat = RematMode::kExceptLast;
   // Where the stage computes; links carry host tensors unless they say
   // they carry device tensors (Link::CarriesDeviceTensors).
@@ -91,11 +95,15 @@ class Stage {
   Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
         Timeline::Clock::time_point origin);
 
-  // Per micro-batch state between its forward and its backward.
+  // Per micro-batch state between its forward and its backward (with a
+  // split backward: until its weight half).
   struct InFlight {
     Tensor input;              // kept under re-materialization
     std::vector<Saved> saved;  // kept without it
     Tensor dlogits;            // last stage: gradient of the loss
+    // Between the input half and the weight half: what the weight half
+    // reads besides `saved` (Model::BackwardInput).
+    std::vector<Saved> deferred;
   };
 
   absl::StatusOr<Message> Expect(Link* link, MessageKind kind, int64_t step,
@@ -103,7 +111,14 @@ class Stage {
   absl::Status Forward(int64_t step, int64_t m, const Batch& batch,
                        const std::vector<RowRange>& ranges, double normalizer,
                        std::vector<InFlight>& flight, LossResult& loss);
-  absl::Status Backward(int64_t step, int64_t m, std::vector<InFlight>& flight);
+  // The whole backward (kBackward) or its input half (kBackwardInput),
+  // which sends the input gradient upstream either way.
+  absl::Status Backward(int64_t step, int64_t m, OpKind kind,
+                        std::vector<InFlight>& flight);
+  // FAILED_PRECONDITION when micro-batch m has no input half waiting for
+  // it (a schedule running a weight half twice, or before its input half).
+  absl::Status BackwardWeight(int64_t step, int64_t m,
+                              std::vector<InFlight>& flight);
   absl::StatusOr<double> OptimizerStep(int64_t step, float* lr);
   LayerContext Context(int64_t step, int64_t m) const;
   // `t` as `link` takes it: on the host, or as it is.

@@ -12,6 +12,10 @@ std::string_view PhaseName(Phase phase) {
       return "recompute";
     case Phase::kOptimizer:
       return "optimizer";
+    case Phase::kBackwardInput:
+      return "backward_input";
+    case Phase::kBackwardWeight:
+      return "backward_weight";
   }
   return "?";
 }

@@ -14,8 +14,18 @@
 
 namespace gpipe {
 
-enum class Phase { kForward, kBackward, kRecompute, kOptimizer };
-std::string_view PhaseName(Phase phase);  // forward, backward, ...
+// kBackward is a whole backward; a split backward (zero-bubble schedules)
+// records its two halves as kBackwardInput and kBackwardWeight.
+enum class Phase {
+  kForward,
+  kBackward,
+  kRecompute,
+  kOptimizer,
+  kBackwardInput,
+  kBackwardWeight,
+};
+// forward, backward, recompute, optimizer, backward_input, backward_weight
+std::string_view PhaseName(Phase phase);
 
 struct OpRecord {
   Phase phase;

@@ -28,6 +28,10 @@ std::string SliceName(const v1::OpTrace& op) {
       return absl::StrCat("B", op.micro_batch());
     case v1::OpTrace::RECOMPUTE:
       return absl::StrCat("R", op.micro_batch());
+    case v1::OpTrace::BACKWARD_INPUT:
+      return absl::StrCat("B", op.micro_batch(), " input");
+    case v1::OpTrace::BACKWARD_WEIGHT:
+      return absl::StrCat("W", op.micro_batch());
     case v1::OpTrace::OPTIMIZER:
       return "optimizer";
     default:

@@ -22,7 +22,8 @@ prometheus::Histogram::BucketBoundaries SendBuckets() {
 }
 
 constexpr std::array<Phase, kPhaseCount> kPhases = {
-    Phase::kForward, Phase::kBackward, Phase::kRecompute, Phase::kOptimizer};
+    Phase::kForward,   Phase::kBackward,      Phase::kRecompute,
+    Phase::kOptimizer, Phase::kBackwardInput, Phase::kBackwardWeight};
 
 }  // namespace
 
@@ -138,18 +139,22 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                             "tensors from this stage to the next")
                       .Register(registry)) {}
 
-std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(const std::string& job,
-                                                        int64_t stage,
-                                                        int64_t stages,
-                                                        int64_t micro_batches,
-                                                        bool last) {
+std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
+    const std::string& job, int64_t stage, int64_t stages,
+    int64_t micro_batches, bool last, ScheduleKind schedule) {
   std::lock_guard<std::mutex> lock(mu_);
   const Key key(job, stage);
-  if (auto it = live_.find(key); it != live_.end()) return it->second;
+  // A stage reassigned after an elastic change may run another K.
+  const double theory = TheoreticalBubbleRatio(stages, micro_batches, schedule);
+  if (auto it = live_.find(key); it != live_.end()) {
+    it->second->theoretical_->Set(theory);
+    return it->second;
+  }
   for (auto it = finished_.begin(); it != finished_.end(); ++it) {
     if (it->metrics->job() == job && it->metrics->stage() == stage) {
       std::shared_ptr<StageMetrics> m = it->metrics;
       finished_.erase(it);
+      m->theoretical_->Set(theory);
       live_[key] = m;
       return m;
     }
@@ -170,7 +175,7 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(const std::string& job,
   m->utilization_ = &utilization_.Add(labels);
   m->bubble_ratio_ = &bubble_ratio_.Add(labels);
   m->theoretical_ = &theoretical_.Add(labels);
-  m->theoretical_->Set(TheoreticalBubbleRatio(stages, micro_batches));
+  m->theoretical_->Set(theory);
   m->sent_ = &sent_.Add(labels);
   m->received_ = &received_.Add(labels);
   m->send_duration_ = &send_duration_.Add(labels, SendBuckets());

@@ -99,9 +99,10 @@ class PipelineMetrics : public prometheus::Collectable {
 
   // The series of (job, stage), created on first use (a reassigned stage
   // of the same job continues its counters). `last` stages export the loss.
-  std::shared_ptr<StageMetrics> ForStage(const std::string& job, int64_t stage,
-                                         int64_t stages, int64_t micro_batches,
-                                         bool last);
+  std::shared_ptr<StageMetrics> ForStage(
+      const std::string& job, int64_t stage, int64_t stages,
+      int64_t micro_batches, bool last,
+      ScheduleKind schedule = ScheduleKind::kGPipe);
   // The assignment of (job, stage) ended and will not use its StageMetrics
   // again: its series stay for the linger time or until `keep_finished`
   // newer ones have ended, then go.

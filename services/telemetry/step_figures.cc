@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "services/pipeline/simulator.h"
+
 namespace gpipe {
 
 StepFigures ComputeStepFigures(const StepTimeline& step) {
@@ -22,10 +24,9 @@ StepFigures ComputeStepFigures(const StepTimeline& step) {
   return f;
 }
 
-double TheoreticalBubbleRatio(int64_t stages, int64_t micro_batches) {
-  if (stages <= 1 || micro_batches <= 0) return 0.0;
-  return static_cast<double>(stages - 1) /
-         static_cast<double>(micro_batches + stages - 1);
+double TheoreticalBubbleRatio(int64_t stages, int64_t micro_batches,
+                              ScheduleKind schedule) {
+  return TheoreticalBubble(schedule, stages, micro_batches);
 }
 
 }  // namespace gpipe

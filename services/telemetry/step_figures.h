@@ -8,12 +8,13 @@
 #include <array>
 #include <cstdint>
 
+#include "services/pipeline/schedule.h"
 #include "services/pipeline/timeline.h"
 
 namespace gpipe {
 
-inline constexpr int kPhaseCount =
-    4;  // forward, backward, recompute, optimizer
+// forward, backward, recompute, optimizer, backward_input, backward_weight
+inline constexpr int kPhaseCount = 6;
 
 struct StepFigures {
   double wall_seconds = 0;
@@ -27,9 +28,11 @@ struct StepFigures {
 StepFigures ComputeStepFigures(const StepTimeline& step);
 
 // The idle share of a stage in one step of a balanced pipeline with K stages
-// and M micro-batches, (K-1)/(M+K-1), for GPipe and 1F1B alike (1F1B saves
-// memory, not bubble). 0 for K <= 1 or M <= 0.
-double TheoreticalBubbleRatio(int64_t stages, int64_t micro_batches);
+// and M micro-batches under `schedule` (TheoreticalBubble in simulator.h):
+// (K-1)/(M+K-1) for GPipe and 1F1B alike (1F1B saves memory, not bubble),
+// (K-1)/(3M+K-1) for ZB-H1 when M >= K. 0 for K <= 1 or M <= 0.
+double TheoreticalBubbleRatio(int64_t stages, int64_t micro_batches,
+                              ScheduleKind schedule = ScheduleKind::kGPipe);
 
 }  // namespace gpipe
 

@@ -31,6 +31,10 @@ v1::OpTrace::Phase ToProtoPhase(Phase phase) {
       return v1::OpTrace::RECOMPUTE;
     case Phase::kOptimizer:
       return v1::OpTrace::OPTIMIZER;
+    case Phase::kBackwardInput:
+      return v1::OpTrace::BACKWARD_INPUT;
+    case Phase::kBackwardWeight:
+      return v1::OpTrace::BACKWARD_WEIGHT;
   }
   return v1::OpTrace::PHASE_UNSPECIFIED;
 }
@@ -45,6 +49,10 @@ const char* PhaseName(v1::OpTrace::Phase phase) {
       return "recompute";
     case v1::OpTrace::OPTIMIZER:
       return "optimizer";
+    case v1::OpTrace::BACKWARD_INPUT:
+      return "backward_input";
+    case v1::OpTrace::BACKWARD_WEIGHT:
+      return "backward_weight";
     default:
       return "unknown";
   }

@@ -35,6 +35,8 @@ constexpr PhaseStyle kPhases[] = {
     {v1::OpTrace::BACKWARD, "backward", "#f28e2b"},
     {v1::OpTrace::RECOMPUTE, "recompute", "#edc948"},
     {v1::OpTrace::OPTIMIZER, "optimizer", "#59a14f"},
+    {v1::OpTrace::BACKWARD_INPUT, "backward (input)", "#e15759"},
+    {v1::OpTrace::BACKWARD_WEIGHT, "backward (weight)", "#b07aa1"},
 };
 constexpr const char* kIdleFill = "#eeeeee";
 constexpr const char* kOtherFill = "#999999";

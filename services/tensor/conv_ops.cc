@@ -74,21 +74,25 @@ void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   const int64_t chunk = ChunkSize(Device::kCpu, g, batch);
   if (dbias != nullptr) cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
   if (dx != nullptr) std::fill_n(dx, batch * in_size, 0.0f);
-  Tensor col = Tensor::Empty({ckk, chunk * hw});
+  if (dx == nullptr && dweight == nullptr) return;
+  Tensor col = dweight != nullptr ? Tensor::Empty({ckk, chunk * hw}) : Tensor();
   Tensor dcol = dx != nullptr ? Tensor::Empty({ckk, chunk * hw}) : Tensor();
   Tensor dout = Tensor::Empty({cout, chunk * hw});
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;
 #pragma omp parallel for if (nb > 1)
     for (int64_t i = 0; i < nb; ++i) {
-      cpu::Im2Col(g, x + (b0 + i) * in_size, col.f32() + i * hw, ld);
+      if (dweight != nullptr)
+        cpu::Im2Col(g, x + (b0 + i) * in_size, col.f32() + i * hw, ld);
       for (int64_t c = 0; c < cout; ++c)
         std::copy_n(dy + ((b0 + i) * cout + c) * hw, hw,
                     dout.f32() + c * ld + i * hw);
     }
     // dW += dY col^T; dcol = W^T dY.
-    cpu::GemmStrided(false, true, cout, ckk, ld, 1.0f, dout.f32(), ld,
-                     col.f32(), ld, 1.0f, dweight, ckk);
+    if (dweight != nullptr) {
+      cpu::GemmStrided(false, true, cout, ckk, ld, 1.0f, dout.f32(), ld,
+                       col.f32(), ld, 1.0f, dweight, ckk);
+    }
     if (dx == nullptr) continue;
     cpu::GemmStrided(true, false, ckk, ld, cout, 1.0f, weight, ckk, dout.f32(),
                      ld, 0.0f, dcol.f32(), ld);
@@ -190,15 +194,18 @@ void CudaBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   const int64_t ckk = g.channels * g.kernel * g.kernel;
   const int64_t chunk = ChunkSize(Device::kCuda, g, batch);
   if (dx != nullptr) cuda::ZeroDevice(dx, batch * in_size * sizeof(float));
-  Tensor col = DeviceScratch(ckk * chunk * hw);
+  if (dx == nullptr && dweight == nullptr) return;
+  Tensor col = dweight != nullptr ? DeviceScratch(ckk * chunk * hw) : Tensor();
   Tensor dcol = dx != nullptr ? DeviceScratch(ckk * chunk * hw) : Tensor();
   Tensor dout = DeviceScratch(cout * chunk * hw);
   for (int64_t b0 = 0; b0 < batch; b0 += chunk) {
     const int64_t nb = std::min(chunk, batch - b0), ld = nb * hw;
-    cuda::Im2ColBatch(g, nb, x + b0 * in_size, col.f32());
     cuda::NchwToChunk(nb, cout, hw, dy + b0 * cout * hw, dout.f32());
-    Gemm(Device::kCuda, false, true, cout, ckk, ld, 1.0f, dout.f32(), col.f32(),
-         1.0f, dweight);
+    if (dweight != nullptr) {
+      cuda::Im2ColBatch(g, nb, x + b0 * in_size, col.f32());
+      Gemm(Device::kCuda, false, true, cout, ckk, ld, 1.0f, dout.f32(),
+           col.f32(), 1.0f, dweight);
+    }
     if (dx == nullptr) continue;
     Gemm(Device::kCuda, true, false, ckk, ld, cout, 1.0f, weight, dout.f32(),
          0.0f, dcol.f32());

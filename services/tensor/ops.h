@@ -99,7 +99,7 @@ void Conv2dForward(Device d, const cpu::ConvGeometry& g, int64_t batch,
                    const float* bias, float* y,
                    ConvPath path = ConvPath::kAuto);
 // dx (when not null: null skips the input gradient) is overwritten; dweight
-// and dbias (when not null) accumulate.
+// and dbias (when not null: null skips them) accumulate.
 void Conv2dBackward(Device d, const cpu::ConvGeometry& g, int64_t batch,
                     int64_t out_channels, const float* x, const float* weight,
                     const float* dy, float* dx, float* dweight, float* dbias,

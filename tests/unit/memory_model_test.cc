@@ -148,7 +148,7 @@ void ExpectPeaksWithinEstimate(const v1::JobSpec& spec) {
 }
 
 TEST(MemoryModel, StagePeaksStayWithinTheEstimate) {
-  for (const char* schedule : {"GPIPE", "ONE_F_ONE_B"}) {
+  for (const char* schedule : {"GPIPE", "ONE_F_ONE_B", "ZERO_BUBBLE_H1"}) {
     for (const char* remat : {"ALWAYS", "NEVER", "EXCEPT_LAST"}) {
       const std::string p =
           absl::StrCat(R"({"stages": 3, "microBatches": 4, "schedule": ")",

@@ -2,6 +2,7 @@
 // (and BatchNorm buffers) are bitwise equal to the single-process reference
 // trainer that accumulates the same M micro-batches in the same order, for
 // every K, M, schedule and re-materialization mode.
+#include <algorithm>
 #include <map>
 #include <string>
 
@@ -14,6 +15,8 @@ namespace gpipe {
 namespace {
 
 constexpr int kSteps = 3;
+constexpr ScheduleKind kSchedules[] = {
+    ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1};
 
 gpipe::v1::JobSpec LoadExample(const std::string& name, int64_t batch) {
   auto spec =
@@ -57,7 +60,7 @@ void ExpectSame(const std::map<std::string, Tensor>& want,
   }
 }
 
-// Every K in 1..4, M in {1,2,4,8}, both schedules, all remat modes.
+// Every K in 1..4, M in {1,2,4,8}, every schedule, all remat modes.
 void CheckAllCombinations(const std::string& example, int64_t batch) {
   const gpipe::v1::JobSpec spec = LoadExample(example, batch);
   std::shared_ptr<const Dataset> data = Open(spec);
@@ -65,8 +68,7 @@ void CheckAllCombinations(const std::string& example, int64_t batch) {
   for (int64_t m : {1, 2, 4, 8}) {
     const std::map<std::string, Tensor> want = RunReference(spec, m, data);
     for (int64_t k = 1; k <= 4; ++k) {
-      for (ScheduleKind schedule :
-           {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+      for (ScheduleKind schedule : kSchedules) {
         for (RematMode remat :
              {RematMode::kAlways, RematMode::kExceptLast, RematMode::kNever}) {
           PipelineOptions o;
@@ -112,8 +114,7 @@ TEST(PipelineExactness, UnevenMicroBatchesAndUnevenStages) {
   ASSERT_NE(data, nullptr);
   for (int64_t m : {4, 8}) {
     const auto want = RunReference(spec, m, data);
-    for (ScheduleKind schedule :
-         {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (ScheduleKind schedule : kSchedules) {
       PipelineOptions o;
       o.stages = 3;
       o.micro_batches = m;
@@ -147,6 +148,52 @@ TEST(PipelineExactness, TheComparisonSeesADifferentMicroBatchCount) {
   for (const auto& [name, t] : want)
     differing += !BitwiseEqual(t, got.at(name));
   EXPECT_GT(differing, 0);
+}
+
+// The exactness promise does not rest on the schedules being right: a
+// schedule that drops a weight half (its gradient left out) or doubles one
+// (added twice) stops the step with an error naming it, before any
+// parameter changes; the same ops intact match the reference bit for bit.
+// (The schedules' property tests and the simulator catch them before any
+// run.)
+TEST(PipelineExactness, ABrokenSplitScheduleIsCaught) {
+  const gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
+  std::shared_ptr<const Dataset> data = Open(spec);
+  const auto want = RunReference(spec, 4, data);
+  const auto run = [&](std::vector<std::vector<Op>> ops) -> absl::Status {
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.schedule = ScheduleKind::kZeroBubbleH1;
+    o.dataset = data;
+    o.ops = std::move(ops);
+    auto p = InProcessPipeline::Create(spec, o);
+    if (!p.ok()) return p.status();
+    for (int s = 0; s < kSteps; ++s) {
+      auto r = (*p)->Step();
+      if (!r.ok()) return r.status();
+    }
+    ExpectSame(want, Snapshot(**p), "intact zb-h1 ops");
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<Op>> intact;
+  for (int64_t s = 0; s < 2; ++s)
+    intact.push_back(MakeSchedule(ScheduleKind::kZeroBubbleH1, 2, 4, s));
+  EXPECT_TRUE(run(intact).ok());
+  const auto weight_of = [](std::vector<Op>& ops, int64_t m) {
+    return std::find(ops.begin(), ops.end(), Op{OpKind::kBackwardWeight, m});
+  };
+  std::vector<std::vector<Op>> dropped = intact;
+  dropped[1].erase(weight_of(dropped[1], 2));
+  const absl::Status d = run(dropped);
+  EXPECT_EQ(d.code(), absl::StatusCode::kFailedPrecondition) << d;
+  EXPECT_NE(d.message().find("never runs W2"), std::string::npos) << d;
+  std::vector<std::vector<Op>> doubled = intact;
+  doubled[0].insert(weight_of(doubled[0], 1) + 1,
+                    Op{OpKind::kBackwardWeight, 1});
+  const absl::Status w = run(doubled);
+  EXPECT_EQ(w.code(), absl::StatusCode::kFailedPrecondition) << w;
+  EXPECT_NE(w.message().find("runs W1"), std::string::npos) << w;
 }
 
 TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {

@@ -90,5 +90,22 @@ TEST(PipelineMemory, OneFOneBHoldsFewerMicroBatchesThanGPipe) {
   EXPECT_LT(2 * one_f_one_b[0], gpipe[0]);
 }
 
+// ZB-H1 holds K micro-batches between F and W on every stage (1F1B: K - s
+// on stage s): its first stage's peak is 1F1B's first stage's, plus one
+// micro-batch's deferred output gradients (its W follows its B at once).
+TEST(PipelineMemory, ZeroBubbleH1HoldsAsManyAsOneFOneBsFirstStage) {
+  const auto one_f_one_b =
+      PeakBytes(RematMode::kNever, ScheduleKind::kOneFOneB);
+  const auto zb = PeakBytes(RematMode::kNever, ScheduleKind::kZeroBubbleH1);
+  const int64_t mb = kBatch / kMicroBatches;
+  const int64_t deferred = 16 * mb * kWidth * 4;  // 16 Linears' dy
+  std::printf("peak 1f1b %lld, %lld; zb-h1 %lld, %lld bytes\n",
+              static_cast<long long>(one_f_one_b[0]),
+              static_cast<long long>(one_f_one_b[1]),
+              static_cast<long long>(zb[0]), static_cast<long long>(zb[1]));
+  EXPECT_LE(zb[0], one_f_one_b[0] + deferred);
+  EXPECT_GT(zb[1], one_f_one_b[1]);  // the last stage holds 2, not 1
+}
+
 }  // namespace
 }  // namespace gpipe

@@ -30,10 +30,40 @@ TEST(Schedule, OneFOneBWarmsUpThenAlternates) {
             "F0 F1 B0 B1 step");
 }
 
+// B is the input half here, W the weight half (the paper's notation).
+TEST(Schedule, ZeroBubbleH1DefersEachStagesWeightsByItsIndex) {
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kZeroBubbleH1, 2, 4, 0)),
+            "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3 step");
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kZeroBubbleH1, 2, 4, 1)),
+            "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3 step");
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kZeroBubbleH1, 4, 6, 3)),
+            "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 W3 W4 W5 step");
+  // Fewer micro-batches than stages: warm-up with all of them.
+  EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kZeroBubbleH1, 4, 2, 0)),
+            "F0 F1 B0 W0 B1 W1 step");
+  for (int64_t s = 0; s < 4; ++s) {
+    const std::vector<Op> ops =
+        MakeSchedule(ScheduleKind::kZeroBubbleH1, 4, 8, s);
+    EXPECT_EQ(MaxLiveMicroBatches(ops), 4) << "stage " << s;
+    EXPECT_EQ(MaxDeferredMicroBatches(ops), s + 1) << "stage " << s;
+  }
+}
+
 TEST(Schedule, NameRoundTrip) {
   EXPECT_EQ(*ParseScheduleName("gpipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(*ParseScheduleName("1f1b"), ScheduleKind::kOneFOneB);
+  EXPECT_EQ(*ParseScheduleName("zb-h1"), ScheduleKind::kZeroBubbleH1);
+  EXPECT_EQ(*ParseScheduleName("ZERO_BUBBLE_H1"), ScheduleKind::kZeroBubbleH1);
   EXPECT_FALSE(ParseScheduleName("interleaved").ok());
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kZeroBubbleH1}) {
+    EXPECT_EQ(*ParseScheduleName(ScheduleName(kind)), kind);
+    EXPECT_EQ(ScheduleFromSpec(ScheduleToSpec(kind)), kind);
+  }
+}
+
+bool IsBackward(const Op& op) {
+  return op.kind == OpKind::kBackward || op.kind == OpKind::kBackwardInput;
 }
 
 class ScheduleProperties : public ::testing::TestWithParam<
@@ -41,29 +71,38 @@ class ScheduleProperties : public ::testing::TestWithParam<
 
 TEST_P(ScheduleProperties, EveryStageIsWellFormed) {
   const auto [kind, k, m] = GetParam();
+  const bool split = SplitsBackward(kind);
   for (int64_t s = 0; s < k; ++s) {
     const std::vector<Op> ops = MakeSchedule(kind, k, m, s);
-    ASSERT_EQ(ops.size(), static_cast<size_t>(2 * m + 1));
+    ASSERT_EQ(ops.size(), static_cast<size_t>((split ? 3 : 2) * m + 1));
     EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
     std::set<int64_t> forwarded;
-    int64_t next_backward = 0;
+    int64_t next_backward = 0, next_weight = 0;
     for (size_t i = 0; i + 1 < ops.size(); ++i) {
       const Op& op = ops[i];
       ASSERT_GE(op.micro_batch, 0);
       ASSERT_LT(op.micro_batch, m);
       if (op.kind == OpKind::kForward) {
         EXPECT_TRUE(forwarded.insert(op.micro_batch).second) << "F twice";
+      } else if (op.kind == OpKind::kBackwardWeight) {
+        ASSERT_TRUE(split);
+        // After its input half, in micro-batch order: each parameter's
+        // gradient sums in the reference's order.
+        EXPECT_LT(op.micro_batch, next_backward) << "W before its B";
+        EXPECT_EQ(op.micro_batch, next_weight++);
       } else {
-        ASSERT_EQ(op.kind, OpKind::kBackward);
+        ASSERT_EQ(op.kind, split ? OpKind::kBackwardInput : OpKind::kBackward);
         EXPECT_TRUE(forwarded.count(op.micro_batch)) << "B before its F";
         // Backward order 0..M-1: gradients accumulate as in the reference.
         EXPECT_EQ(op.micro_batch, next_backward++);
       }
     }
     EXPECT_EQ(static_cast<int64_t>(forwarded.size()), m);
+    EXPECT_EQ(next_weight, split ? m : 0);
     const int64_t live = MaxLiveMicroBatches(ops);
     if (kind == ScheduleKind::kGPipe) EXPECT_EQ(live, m);
-    if (kind == ScheduleKind::kOneFOneB) EXPECT_LE(live, k);
+    // ZB-H1 holds as many on every stage as 1F1B on its first.
+    if (kind != ScheduleKind::kGPipe) EXPECT_LE(live, k);
   }
 }
 
@@ -77,11 +116,11 @@ TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
     std::vector<int64_t> sent_down, received_down, sent_up, received_up;
     for (const Op& op : ops[s]) {
       if (op.kind == OpKind::kForward) sent_down.push_back(op.micro_batch);
-      if (op.kind == OpKind::kBackward) received_up.push_back(op.micro_batch);
+      if (IsBackward(op)) received_up.push_back(op.micro_batch);
     }
     for (const Op& op : ops[s + 1]) {
       if (op.kind == OpKind::kForward) received_down.push_back(op.micro_batch);
-      if (op.kind == OpKind::kBackward) sent_up.push_back(op.micro_batch);
+      if (IsBackward(op)) sent_up.push_back(op.micro_batch);
     }
     EXPECT_EQ(sent_down, received_down) << "stage " << s;
     EXPECT_EQ(sent_up, received_up) << "stage " << s;
@@ -102,7 +141,7 @@ TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
           down[s - 1].pop_front();
         }
         if (s + 1 < k) down[s].push_back(op.micro_batch);
-      } else if (op.kind == OpKind::kBackward) {
+      } else if (IsBackward(op)) {
         if (s + 1 < k) {
           if (up[s].empty()) continue;
           EXPECT_EQ(up[s].front(), op.micro_batch);
@@ -121,7 +160,8 @@ TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
 INSTANTIATE_TEST_SUITE_P(
     AllShapes, ScheduleProperties,
     ::testing::Combine(::testing::Values(ScheduleKind::kGPipe,
-                                         ScheduleKind::kOneFOneB),
+                                         ScheduleKind::kOneFOneB,
+                                         ScheduleKind::kZeroBubbleH1),
                        ::testing::Values(1, 2, 3, 4, 8),
                        ::testing::Values(1, 2, 3, 4, 8, 16)));
 

@@ -3,6 +3,7 @@
 // micro-batches, re-materialization trades time for memory, and links cost.
 #include "services/pipeline/simulator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -22,7 +23,9 @@ SimulationConfig Balanced(int64_t k, int64_t m, ScheduleKind schedule,
   cost.backward_seconds = 2.0;
   cost.input_bytes = 100;
   cost.internal_bytes = 1000;
-  cost.output_bytes = 0;  // free links
+  cost.output_bytes = 0;      // free links
+  cost.weight_seconds = 1.0;  // half of the backward, as for a Linear
+  cost.deferred_bytes = 50;
   config.stages.assign(k, cost);
   config.micro_batches = m;
   config.schedule = schedule;
@@ -80,6 +83,86 @@ TEST(SimulatorTest, OneFOneBHoldsAtMostKMicroBatches) {
     EXPECT_LE(ofob.stages[s].peak_activation_bytes, k * per_micro_batch);
   }
   EXPECT_EQ(ofob.stages[k - 1].peak_activation_bytes, per_micro_batch);
+}
+
+// ZB-H1 reaches its closed form (K-1)/(3M+K-1) wherever M >= K, at most
+// half of 1F1B's bubble there from M = K on, and holds on every stage what
+// 1F1B holds on its first (plus the deferred gradients).
+TEST(SimulatorTest, ZeroBubbleH1MatchesItsClosedForm) {
+  for (int64_t k : {2, 3, 4, 8, 16}) {
+    for (int64_t m : {16, 32, 64}) {
+      if (m < k) continue;
+      const SimulationResult zb =
+          Simulate(Balanced(k, m, ScheduleKind::kZeroBubbleH1));
+      const SimulationResult ofob =
+          Simulate(Balanced(k, m, ScheduleKind::kOneFOneB));
+      ASSERT_TRUE(zb.complete);
+      const double expected = static_cast<double>(k - 1) / (3 * m + k - 1);
+      EXPECT_NEAR(zb.step_seconds, 3.0 * m + k - 1, 1e-9) << k << " " << m;
+      for (int64_t s = 0; s < k; ++s) {
+        EXPECT_NEAR(zb.stages[s].bubble_fraction, expected, 1e-9);
+        EXPECT_NEAR(zb.stages[s].busy_seconds, 3.0 * m, 1e-9);
+        EXPECT_LE(zb.stages[s].bubble_fraction,
+                  0.5 * ofob.stages[s].bubble_fraction);
+        // K micro-batches whole, s+1 of them also holding their deferred
+        // gradients.
+        EXPECT_EQ(zb.stages[s].peak_activation_bytes, k * 1100 + (s + 1) * 50);
+      }
+      EXPECT_NEAR(TheoreticalBubble(ScheduleKind::kZeroBubbleH1, k, m),
+                  expected, 1e-12);
+    }
+  }
+  EXPECT_NEAR(TheoreticalBubble(ScheduleKind::kGPipe, 4, 8), 3.0 / 11, 1e-12);
+  EXPECT_NEAR(TheoreticalBubble(ScheduleKind::kOneFOneB, 4, 8), 3.0 / 11,
+              1e-12);
+  EXPECT_EQ(TheoreticalBubble(ScheduleKind::kZeroBubbleH1, 1, 8), 0.0);
+}
+
+// Every schedule runs to its end for K up to 16, M up to 64, whatever the
+// costs: every op's input is produced before it (W after its own B), every
+// send has its receive, and no stage waits forever.
+TEST(SimulatorTest, EveryScheduleCompletes) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kZeroBubbleH1}) {
+    for (int64_t k = 1; k <= 16; ++k) {
+      for (int64_t m : {1, 2, 3, 4, 7, 8, 15, 16, 31, 32, 63, 64}) {
+        SimulationConfig config = Balanced(k, m, kind);
+        for (int64_t s = 0; s < k; ++s) {
+          // Uneven stages and links move every wait around.
+          config.stages[s].forward_seconds = 1.0 + 0.37 * (s % 3);
+          config.stages[s].backward_seconds = 2.0 + 0.5 * (s % 2);
+          config.stages[s].output_bytes = 10 * (s % 4);
+        }
+        config.link_bytes_per_second = 7;
+        const SimulationResult r = Simulate(config);
+        EXPECT_TRUE(r.complete)
+            << ScheduleName(kind) << " k=" << k << " m=" << m;
+        // Within the links' capacity (M + 4).
+        EXPECT_LE(r.max_link_messages, m);
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, ABrokenScheduleDoesNotComplete) {
+  SimulationConfig config = Balanced(2, 4, ScheduleKind::kZeroBubbleH1);
+  for (int64_t s = 0; s < 2; ++s)
+    config.ops.push_back(MakeSchedule(ScheduleKind::kZeroBubbleH1, 2, 4, s));
+  ASSERT_TRUE(Simulate(config).complete);
+  // Stage 0 waits for micro-batch 1's gradient, but the link delivers 0's
+  // first: it waits forever, and stage 1 for its next activation.
+  SimulationConfig swapped = config;
+  std::vector<Op>& ops = swapped.ops[0];
+  auto b0 = std::find(ops.begin(), ops.end(), Op{OpKind::kBackwardInput, 0});
+  auto b1 = std::find(ops.begin(), ops.end(), Op{OpKind::kBackwardInput, 1});
+  std::iter_swap(b0, b1);
+  EXPECT_FALSE(Simulate(swapped).complete);
+  // A weight half before its input half never runs.
+  SimulationConfig early = config;
+  std::vector<Op>& e = early.ops[1];
+  e.erase(std::find(e.begin(), e.end(), Op{OpKind::kBackwardWeight, 3}));
+  e.insert(e.begin(), Op{OpKind::kBackwardWeight, 3});
+  EXPECT_FALSE(Simulate(early).complete);
 }
 
 TEST(SimulatorTest, RematLowersPeakMemoryAndCostsTime) {

@@ -105,4 +105,32 @@ Tensor SelfAttention::Backward(const Tensor& dy, const Saved& saved,
   return qkv_.Backward(dqkv, saved.children[0], ctx);
 }
 
+// The two projections defer their weight gradients; the attention core has
+// no parameters and runs whole in the input half.
+Tensor SelfAttention::BackwardInput(const Tensor& dy, Saved& saved,
+                                    const LayerContext& ctx, Saved* deferred) {
+  const Tensor& qkv = saved.Get("qkv");
+  const Tensor& probs = saved.Get("probs");
+  const int64_t batch = qkv.dim(0), t = qkv.dim(1), d = dim_, dh = d / heads_;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  deferred->children.assign(2, Saved());
+  Tensor dout =
+      proj_.BackwardInput(dy, saved.children[1], ctx, &deferred->children[1]);
+  const Device dev = qkv.device();
+  Tensor dqkv = Tensor::Empty(qkv.shape(), DType::kF32, dev);
+  ops::AttentionBackward(dev, batch, heads_, t, d, causal_, scale, qkv.f32(),
+                         probs.f32(), dout.f32(), dqkv.f32());
+  Tensor dx =
+      qkv_.BackwardInput(dqkv, saved.children[0], ctx, &deferred->children[0]);
+  saved.Drop("qkv");
+  saved.Drop("probs");
+  return dx;
+}
+
+void SelfAttention::BackwardWeight(const Saved& saved, const Saved& deferred,
+                                   const LayerContext& ctx) {
+  proj_.BackwardWeight(saved.children[1], deferred.children[1], ctx);
+  qkv_.BackwardWeight(saved.children[0], deferred.children[0], ctx);
+}
+
 }  // namespace gpipe

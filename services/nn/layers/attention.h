@@ -18,6 +18,10 @@ class SelfAttention final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  Tensor BackwardInput(const Tensor& dy, Saved& saved, const LayerContext& ctx,
+                       Saved* deferred) override;
+  void BackwardWeight(const Saved& saved, const Saved& deferred,
+                      const LayerContext& ctx) override;
   // Appends the new positions' q, k, v rows to `state` and attends over
   // every row so far, in the order Forward sums (bitwise its outputs).
   Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) override;

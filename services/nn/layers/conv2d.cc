@@ -44,14 +44,34 @@ Tensor Conv2d::Forward(const Tensor& x, const LayerContext&, Saved* saved) {
 
 Tensor Conv2d::Backward(const Tensor& dy, const Saved& saved,
                         const LayerContext& ctx) {
-  const Tensor& x = saved.Get("x");
+  return Gradients(saved.Get("x"), dy, ctx.input_grad, /*weight=*/true);
+}
+
+Tensor Conv2d::BackwardInput(const Tensor& dy, Saved& saved,
+                             const LayerContext& ctx, Saved* deferred) {
+  deferred->Put("dy", dy);
+  return Gradients(saved.Get("x"), dy, ctx.input_grad, /*weight=*/false);
+}
+
+void Conv2d::BackwardWeight(const Saved& saved, const Saved& deferred,
+                            const LayerContext&) {
+  Gradients(saved.Get("x"), deferred.Get("dy"), /*input=*/false,
+            /*weight=*/true);
+}
+
+// Conv2dBackward skips what it is given no output for: the input gradient's
+// GEMM and col2im, or the weight gradient's im2col and GEMM (and the bias's
+// sums), so each half costs only its own products.
+Tensor Conv2d::Gradients(const Tensor& x, const Tensor& dy, bool input,
+                         bool weight) {
+  if (!input && !weight) return Tensor();
   const Device d = x.device();
   Tensor dx;
-  if (ctx.input_grad) dx = Tensor::Empty(x.shape(), DType::kF32, d);
+  if (input) dx = Tensor::Empty(x.shape(), DType::kF32, d);
   ops::Conv2dBackward(d, geometry_, x.dim(0), out_channels_, x.f32(),
-                      weight_.value.f32(), dy.f32(),
-                      ctx.input_grad ? dx.f32() : nullptr, weight_.grad.f32(),
-                      has_bias_ ? bias_.grad.f32() : nullptr);
+                      weight_.value.f32(), dy.f32(), input ? dx.f32() : nullptr,
+                      weight ? weight_.grad.f32() : nullptr,
+                      weight && has_bias_ ? bias_.grad.f32() : nullptr);
   return dx;
 }
 

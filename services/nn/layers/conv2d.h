@@ -20,10 +20,18 @@ class Conv2d final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  Tensor BackwardInput(const Tensor& dy, Saved& saved, const LayerContext& ctx,
+                       Saved* deferred) override;
+  void BackwardWeight(const Saved& saved, const Saved& deferred,
+                      const LayerContext& ctx) override;
   std::vector<Parameter*> Parameters() override;
   void Initialize(uint64_t key) override;
 
  private:
+  // The input gradient (returned; undefined unless `input`) and, with
+  // `weight`, the weight and bias gradients added in.
+  Tensor Gradients(const Tensor& x, const Tensor& dy, bool input, bool weight);
+
   cpu::ConvGeometry geometry_;
   int64_t out_channels_;
   bool has_bias_;

@@ -93,4 +93,16 @@ Tensor Embedding::Backward(const Tensor& dy, const Saved& saved,
   return Tensor();
 }
 
+// No input gradient: the whole backward is the weight half.
+Tensor Embedding::BackwardInput(const Tensor& dy, Saved&, const LayerContext&,
+                                Saved* deferred) {
+  deferred->Put("dy", dy);
+  return Tensor();
+}
+
+void Embedding::BackwardWeight(const Saved& saved, const Saved& deferred,
+                               const LayerContext& ctx) {
+  Backward(deferred.Get("dy"), saved, ctx);
+}
+
 }  // namespace gpipe

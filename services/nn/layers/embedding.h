@@ -21,6 +21,10 @@ class Embedding final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  Tensor BackwardInput(const Tensor& dy, Saved& saved, const LayerContext& ctx,
+                       Saved* deferred) override;
+  void BackwardWeight(const Saved& saved, const Saved& deferred,
+                      const LayerContext& ctx) override;
   std::vector<Parameter*> Parameters() override {
     return {&token_, &position_};
   }

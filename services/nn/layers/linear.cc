@@ -58,20 +58,39 @@ Tensor Linear::Decode(const Tensor& x, int64_t, DecodeState*) {
   return y;
 }
 
-Tensor Linear::Backward(const Tensor& dy, const Saved& saved,
-                        const LayerContext& ctx) {
-  const Tensor& x = saved.Get("x");
+void Linear::WeightGrad(const Tensor& x, const Tensor& dy) {
   const int64_t rows = x.numel() / in_;
-  // dW += dy^T x; db += column sums of dy; dx = dy W.
   const Device d = x.device();
   ops::Gemm(d, true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
             weight_.grad.f32());
   if (has_bias_) ops::SumRowsInto(d, rows, out_, dy.f32(), bias_.grad.f32());
-  if (!ctx.input_grad) return Tensor();
+}
+
+Tensor Linear::InputGrad(const Tensor& x, const Tensor& dy) const {
+  const int64_t rows = x.numel() / in_;
+  const Device d = x.device();
   Tensor dx = Tensor::Empty(x.shape(), DType::kF32, d);
   ops::Gemm(d, false, false, rows, in_, out_, 1.0f, dy.f32(),
             weight_.value.f32(), 0.0f, dx.f32());
   return dx;
+}
+
+Tensor Linear::Backward(const Tensor& dy, const Saved& saved,
+                        const LayerContext& ctx) {
+  const Tensor& x = saved.Get("x");
+  WeightGrad(x, dy);
+  return ctx.input_grad ? InputGrad(x, dy) : Tensor();
+}
+
+Tensor Linear::BackwardInput(const Tensor& dy, Saved& saved,
+                             const LayerContext& ctx, Saved* deferred) {
+  deferred->Put("dy", dy);
+  return ctx.input_grad ? InputGrad(saved.Get("x"), dy) : Tensor();
+}
+
+void Linear::BackwardWeight(const Saved& saved, const Saved& deferred,
+                            const LayerContext&) {
+  WeightGrad(saved.Get("x"), deferred.Get("dy"));
 }
 
 }  // namespace gpipe

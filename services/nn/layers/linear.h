@@ -21,6 +21,10 @@ class Linear final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  Tensor BackwardInput(const Tensor& dy, Saved& saved, const LayerContext& ctx,
+                       Saved* deferred) override;
+  void BackwardWeight(const Saved& saved, const Saved& deferred,
+                      const LayerContext& ctx) override;
   std::vector<Parameter*> Parameters() override;
   void Initialize(uint64_t key) override;
 
@@ -30,6 +34,10 @@ class Linear final : public Layer {
  private:
   int64_t in_, out_;
   bool has_bias_;
+  // dW += dy^T x and db += column sums of dy; dx = dy W.
+  void WeightGrad(const Tensor& x, const Tensor& dy);
+  Tensor InputGrad(const Tensor& x, const Tensor& dy) const;
+
   Parameter weight_, bias_;
 };
 

@@ -85,4 +85,38 @@ Tensor TransformerBlock::Backward(const Tensor& dy, const Saved& saved,
   return dx;
 }
 
+// Backward's arithmetic with the three GEMM layers' weight halves deferred
+// (deferred->children: fc2, fc1, attention); the layer norms are cheap and
+// their parameter gradients come out of their input gradient's pass. The
+// in-place adds below write to gradients that no deferred record holds.
+Tensor TransformerBlock::BackwardInput(const Tensor& dy, Saved& saved,
+                                       const LayerContext& ctx,
+                                       Saved* deferred) {
+  std::vector<Saved>& s = saved.children;
+  std::vector<Saved>& w = deferred->children;
+  w.assign(3, Saved());
+  Tensor dm = drop2_.Backward(dy, Saved(), ctx);
+  Tensor dh = fc2_.BackwardInput(dm, s[4], ctx, &w[0]);
+  dh = gelu_.Backward(dh, s[5], ctx);
+  Tensor dx1 =
+      ln2_.Backward(fc1_.BackwardInput(dh, s[3], ctx, &w[1]), s[2], ctx);
+  ops::AddInPlace(dy.device(), dy.numel(), dy.f32(), dx1.f32());
+  Tensor da = drop1_.Backward(dx1, Saved(), ctx);
+  Tensor dx =
+      ln1_.Backward(attn_.BackwardInput(da, s[1], ctx, &w[2]), s[0], ctx);
+  ops::AddInPlace(dx.device(), dx1.numel(), dx1.f32(), dx.f32());
+  // The weight half reads the GEMM layers' records only.
+  for (int i : {0, 2, 5}) s[i].Clear();
+  return dx;
+}
+
+void TransformerBlock::BackwardWeight(const Saved& saved, const Saved& deferred,
+                                      const LayerContext& ctx) {
+  const std::vector<Saved>& s = saved.children;
+  const std::vector<Saved>& w = deferred.children;
+  fc2_.BackwardWeight(s[4], w[0], ctx);
+  fc1_.BackwardWeight(s[3], w[1], ctx);
+  attn_.BackwardWeight(s[1], w[2], ctx);
+}
+
 }  // namespace gpipe

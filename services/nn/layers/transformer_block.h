@@ -23,6 +23,10 @@ class TransformerBlock final : public Layer {
                  Saved* saved) override;
   Tensor Backward(const Tensor& dy, const Saved& saved,
                   const LayerContext& ctx) override;
+  Tensor BackwardInput(const Tensor& dy, Saved& saved, const LayerContext& ctx,
+                       Saved* deferred) override;
+  void BackwardWeight(const Saved& saved, const Saved& deferred,
+                      const LayerContext& ctx) override;
   Tensor Decode(const Tensor& x, int64_t position, DecodeState* state) override;
   bool Decodes() const override { return attn_.Decodes(); }
   std::vector<Parameter*> Parameters() override;

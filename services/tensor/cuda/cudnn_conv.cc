@@ -249,6 +249,7 @@ void CudnnConvolution::Backward(const float* x, const float* w, const float* dy,
           "cudnnConvolutionBackwardData")) {
     return;
   }
+  if (dw == nullptr) return;  // the input gradient's half alone
   Ok(Cudnn()->ConvolutionBackwardFilter(
          h, &one, Td(x_desc_), x, Td(y_desc_), dy, Cd(conv_desc_),
          static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter_algo_), workspace,

@@ -39,7 +39,8 @@ class CudnnConvolution {
 
   // y = conv(x, w).
   void Forward(const float* x, const float* w, float* y, void* workspace);
-  // dx = the input gradient (overwritten); dw += the weight gradient.
+  // dx = the input gradient (overwritten); dw += the weight gradient. A
+  // null dx or dw skips that half.
   void Backward(const float* x, const float* w, const float* dy, float* dx,
                 float* dw, void* workspace);
 
