@@ -5,12 +5,20 @@
 //   The simulator predicts the K=2 step from per-layer times measured here.
 //   Re-materialization: its compute overhead and its activation memory
 //   saving at K=2, M=8.
+//   Schedules: GPipe, 1F1B and ZB-H1 at K=2 (and K=4 where the machine has
+//   a core per stage) for M in {2,4,8}: step time, the bubble measured from
+//   the stages' timelines against the simulator's and the formula, and the
+//   largest stage's peak activation memory.
 // Usage: pipeline_bench [--steps N] [--warmup W] [--width D] [--batch B]
+//                       [--only schedules]
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/args.h"
 #include "bench/timing.h"
 #include "services/pipeline/in_process_pipeline.h"
@@ -50,14 +58,19 @@ gpipe::v1::JobSpec BalancedMlp(int64_t width, int64_t batch) {
 struct Measured {
   double step_seconds;
   std::vector<int64_t> peak_bytes;
+  // Over the measured steps of every stage: (wall - busy) / wall, as the
+  // bubble gauges count it.
+  double bubble = 0;
 };
 
 Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
              RematMode remat, int warmup, int steps,
-             std::shared_ptr<const Dataset> data) {
+             std::shared_ptr<const Dataset> data,
+             ScheduleKind schedule = ScheduleKind::kGPipe) {
   PipelineOptions o;
   o.stages = k;
   o.micro_batches = m;
+  o.schedule = schedule;
   o.remat = remat;
   o.threads_per_stage = 1;
   o.dataset = data;
@@ -74,8 +87,19 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     if (s >= warmup) times.push_back(t);
   }
   Measured out{Median(times), {}};
-  for (int64_t i = 0; i < k; ++i)
+  double wall = 0, idle = 0;
+  for (int64_t i = 0; i < k; ++i) {
     out.peak_bytes.push_back((*p)->stage(i).peak_activation_bytes());
+    std::vector<StepTimeline> kept = (*p)->stage(i).timeline().Steps();
+    const size_t from = kept.size() > static_cast<size_t>(steps)
+                            ? kept.size() - static_cast<size_t>(steps)
+                            : 0;
+    for (size_t s = from; s < kept.size(); ++s) {
+      wall += kept[s].wall_seconds();
+      idle += kept[s].bubble_seconds();
+    }
+  }
+  out.bubble = wall > 0 ? idle / wall : 0;
   return out;
 }
 
@@ -83,25 +107,85 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
 // come from the cost model; their absolute scale from the measured
 // single-stage step at the same M (which also carries the optimizer, data
 // and loss time, spread over the layers in proportion).
-double Predict(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
-               RematMode remat, double measured_one_stage_seconds) {
+SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
+                             int64_t m, RematMode remat, ScheduleKind schedule,
+                             double measured_one_stage_seconds) {
   const ModelShapes shapes = *InferModelShapes(spec.model());
   const int64_t mb = spec.batch_size() / m;
   std::vector<double> costs = CostModelLayerCosts(shapes);
-  auto simulate = [&](int64_t stages, RematMode mode) {
+  auto simulate = [&](int64_t stages, RematMode mode, ScheduleKind kind) {
+    // Cut as the in-process pipeline cuts for this remat mode.
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_stages(stages);
+    for_k.mutable_pipeline()->set_remat(RematToSpec(mode));
     SimulationConfig config;
     config.stages =
         StageCostsFromLayers(shapes, costs, *PartitionJob(for_k, stages), mb);
     config.micro_batches = m;
     config.remat = mode;
-    return Simulate(config).step_seconds;
+    config.schedule = kind;
+    return Simulate(config);
   };
   const double scale =
-      measured_one_stage_seconds / simulate(1, RematMode::kNever);
+      measured_one_stage_seconds /
+      simulate(1, RematMode::kNever, ScheduleKind::kGPipe).step_seconds;
   for (double& c : costs) c *= scale;
-  return simulate(k, remat);
+  return simulate(k, remat, schedule);
+}
+
+double Predict(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
+               RematMode remat, double measured_one_stage_seconds) {
+  return PredictStep(spec, k, m, remat, ScheduleKind::kGPipe,
+                     measured_one_stage_seconds)
+      .step_seconds;
+}
+
+double MeanBubble(const SimulationResult& r) {
+  double sum = 0;
+  for (const StageSimulation& s : r.stages) sum += s.bubble_fraction;
+  return r.stages.empty() ? 0 : sum / r.stages.size();
+}
+
+// GPipe, 1F1B and ZB-H1 side by side at K stages: measured step, measured
+// and simulated bubble, the formula, and the largest stage's peak.
+void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
+                      int steps, std::shared_ptr<const Dataset> data) {
+  std::printf("\nschedules at K=%lld (remat never):\n",
+              static_cast<long long>(k));
+  std::printf("%4s %6s %9s %10s %9s %9s %8s %8s %10s %9s\n", "M", "sched",
+              "step ms", "pred ms", "meas/pred", "bubble", "sim", "formula",
+              "peak MiB", "vs 1f1b");
+  for (int64_t m : {2, 4, 8}) {
+    const Measured one =
+        Run(spec, 1, m, RematMode::kNever, warmup, steps, data);
+    double ofob_bubble = 0;
+    int64_t ofob_peak = 0;
+    for (ScheduleKind schedule : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                                  ScheduleKind::kZeroBubbleH1}) {
+      const Measured r =
+          Run(spec, k, m, RematMode::kNever, warmup, steps, data, schedule);
+      const SimulationResult sim = PredictStep(spec, k, m, RematMode::kNever,
+                                               schedule, one.step_seconds);
+      const int64_t peak =
+          *std::max_element(r.peak_bytes.begin(), r.peak_bytes.end());
+      std::string versus = "-";
+      if (schedule == ScheduleKind::kOneFOneB) {
+        ofob_bubble = r.bubble;
+        ofob_peak = peak;
+      } else if (schedule == ScheduleKind::kZeroBubbleH1 && ofob_bubble > 0) {
+        versus = absl::StrFormat("%.2f/%.2f", r.bubble / ofob_bubble,
+                                 static_cast<double>(peak) / ofob_peak);
+      }
+      std::printf(
+          "%4lld %6s %9.1f %10.1f %9.2f %8.1f%% %7.1f%% %7.1f%% %10.2f %9s\n",
+          static_cast<long long>(m),
+          std::string(ScheduleName(schedule)).c_str(), r.step_seconds * 1e3,
+          sim.step_seconds * 1e3, r.step_seconds / sim.step_seconds,
+          100 * r.bubble, 100 * MeanBubble(sim),
+          100 * TheoreticalBubble(schedule, k, m), peak / 1048576.0,
+          versus.c_str());
+    }
+  }
 }
 
 }  // namespace
@@ -110,7 +194,7 @@ double Predict(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
 int main(int argc, char** argv) {
   using namespace gpipe;
   using namespace gpipe::bench;
-  Args args(argc, argv, {"steps", "warmup", "width", "batch"});
+  Args args(argc, argv, {"steps", "warmup", "width", "batch", "only"});
   if (!args.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", args.error().c_str());
     return 2;
@@ -126,6 +210,28 @@ int main(int argc, char** argv) {
       "1 thread per stage, median of %d steps\n\n",
       static_cast<long long>(args.Int("width", 1024)),
       static_cast<long long>(spec.batch_size()), steps);
+  const bool schedules_only = args.Str("only", "") == "schedules";
+  const auto compare_schedules = [&] {
+    CompareSchedules(spec, 2, warmup, steps, data);
+    if (std::thread::hardware_concurrency() >= 4) {
+      CompareSchedules(spec, 4, warmup, steps, data);
+    } else {
+      std::printf(
+          "(K=4 left out: %u cores here, and stages sharing a core measure "
+          "the sharing, not the schedule)\n",
+          std::thread::hardware_concurrency());
+    }
+    std::printf(
+        "\nbubble = the stages' idle share of their measured steps (wall - "
+        "busy, as the gauges count it); sim = the simulator's on the cost "
+        "model's layer costs scaled to the measured K=1 step; formula = "
+        "the schedule's on equal stages; vs 1f1b = zb-h1's bubble and "
+        "largest peak over 1f1b's\n");
+  };
+  if (schedules_only) {
+    compare_schedules();
+    return 0;
+  }
   std::printf("%4s %10s %10s %8s %8s %7s %12s %9s\n", "M", "K=1 ms", "K=2 ms",
               "speedup", "bound", "of bnd", "predicted ms", "meas/pred");
   for (int64_t m : {1, 2, 4, 8, 16}) {
@@ -170,5 +276,6 @@ int main(int argc, char** argv) {
       "prediction: the cost model's relative layer costs, scaled so\n"
       "that the simulated single stage matches the measured K=1 step at "
       "the same M (1.00 is perfect; the goal is within 10%%).\n");
+  compare_schedules();
   return 0;
 }

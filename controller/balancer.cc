@@ -209,10 +209,13 @@ double PredictStepSeconds(const RebalanceInput& in,
   for (size_t s = 0; s < balance.size(); ++s) {
     const double speed = SpeedOf(in.costs, workers[s]);
     StageCost& stage = config.stages[s];
-    stage.forward_seconds = stage.backward_seconds = 0;
+    stage.forward_seconds = stage.backward_seconds = stage.weight_seconds = 0;
     for (int64_t l = begin; l < begin + balance[s]; ++l) {
       stage.forward_seconds += in.costs.layers[l].forward / speed;
       stage.backward_seconds += in.costs.layers[l].backward / speed;
+      // A split backward's weight half: a product as large as the forward.
+      if (in.shapes->costs[l].param_bytes > 0)
+        stage.weight_seconds += in.costs.layers[l].forward / speed;
     }
     begin += balance[s];
   }

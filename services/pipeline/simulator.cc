@@ -224,13 +224,17 @@ std::vector<StageCost> StageCostsFromLayers(
     StageCost& c = stages[s];
     for (int64_t l = begin; l < end; ++l) {
       const LayerCost& cost = shapes.costs[l];
-      c.forward_seconds += layer_forward_seconds[l];
-      // A layer's weight gradient is a product as large as its forward.
-      if (cost.param_bytes > 0) c.weight_seconds += layer_forward_seconds[l];
+      const double f = layer_forward_seconds[l];
+      c.forward_seconds += f;
+      // The input and the weight gradient are each a product as large as
+      // the forward. (The model's first layer skips the input gradient, but
+      // its stage also gathers the batch: counted as 2x, the first stage
+      // measures closer to what it does.)
+      c.backward_seconds += 2 * f;
+      if (cost.param_bytes > 0) c.weight_seconds += f;
       c.internal_bytes += cost.activation_bytes * micro_batch_size;
       c.deferred_bytes += cost.deferred_bytes * micro_batch_size;
     }
-    c.backward_seconds = 2 * c.forward_seconds;
     c.input_bytes = shapes.inputs[begin].numel() * 4 * micro_batch_size;
     c.output_bytes = shapes.outputs[end - 1].numel() * 4 * micro_batch_size;
     begin = end;

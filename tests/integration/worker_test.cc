@@ -99,7 +99,7 @@ class WorkerTest : public ::testing::Test {
     a.set_layer_begin(begins[stage]);
     a.set_layer_end(begins[stage] + balance[stage]);
     a.set_micro_batches(4);
-    a.set_schedule(gpipe::v1::ONE_F_ONE_B);
+    a.set_schedule(schedule_);
     a.set_remat(gpipe::v1::ALWAYS);
     if (stage == 0) a.set_downstream_address(b_->address);
     if (stage == 1) a.set_upstream_address(a_->address);
@@ -138,6 +138,7 @@ class WorkerTest : public ::testing::Test {
     EXPECT_EQ(compared, static_cast<int>(got.size()));
   }
 
+  gpipe::v1::Schedule schedule_ = gpipe::v1::ONE_F_ONE_B;
   gpipe::v1::JobSpec spec_;
   std::filesystem::path dir_;
   Reports reports_;
@@ -183,6 +184,26 @@ TEST_F(WorkerTest, TwoWorkersOverGrpcMatchTheReferenceBitwise) {
   for (int64_t s = 0; s < spec_.steps(); ++s) all_steps.push_back(s);
   EXPECT_EQ(traced[0], all_steps);
   EXPECT_EQ(traced[1], all_steps);
+}
+
+// Zero-bubble ZB-H1 on worker processes' executors over gRPC: the same bits,
+// and each step's trace shows the split backward's two halves.
+TEST_F(WorkerTest, ZeroBubbleH1OverGrpcMatchesTheReferenceBitwise) {
+  schedule_ = gpipe::v1::ZERO_BUBBLE_H1;
+  RunAndCompare("job-zb", 1);
+  int traces = 0;
+  for (const auto& m : reports_.All()) {
+    if (!m.has_trace()) continue;
+    ++traces;
+    std::map<gpipe::v1::OpTrace::Phase, int> phases;
+    for (const gpipe::v1::OpTrace& op : m.trace().ops()) ++phases[op.phase()];
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::FORWARD], 4);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::RECOMPUTE], 4);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::BACKWARD], 0);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::BACKWARD_INPUT], 4);
+    EXPECT_EQ(phases[gpipe::v1::OpTrace::BACKWARD_WEIGHT], 4);
+  }
+  EXPECT_EQ(traces, 2 * spec_.steps());
 }
 
 // Each stage reports the activation memory it held, the tensors it received

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Each example on a local 4-worker cluster (real processes, gRPC on
-# loopback), both schedules: the final parameters are bitwise those of
+# loopback), every schedule: the final parameters are bitwise those of
 # `gpipectl train` in-process with the same K and M, and of the
 # single-process reference trainer with the same M. Steps are cut to keep
 # this a few minutes on 2 cores (GPIPE_CLUSTER_STEPS changes it).
@@ -24,7 +24,7 @@ for example in fashion_mnist_deep_mlp fashion_mnist_mlp fashion_mnist_cnn char_t
   common=(--stages 4 --micro-batches 4 --steps "$steps")
   "$bin/gpipectl" train "$spec" --stages 1 --micro-batches 4 --steps "$steps" \
     --out "$work/$example-reference" >"$work/log" 2>&1 || { cat "$work/log"; fail "$example: reference"; }
-  for schedule in gpipe 1f1b; do
+  for schedule in gpipe 1f1b zb-h1; do
     "$bin/gpipectl" train "$spec" "${common[@]}" --schedule "$schedule" \
       --out "$work/$example-$schedule-inprocess" >"$work/log" 2>&1 ||
       { cat "$work/log"; fail "$example $schedule: in-process"; }

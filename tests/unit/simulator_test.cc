@@ -255,6 +255,9 @@ TEST(StageCostsFromLayersTest, SumsLayersOfEachStage) {
   ASSERT_EQ(stages.size(), 2u);
   EXPECT_DOUBLE_EQ(stages[0].forward_seconds, 1.5);
   EXPECT_DOUBLE_EQ(stages[0].backward_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(stages[0].weight_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(stages[1].backward_seconds, 2 * 0.4375);
+  EXPECT_DOUBLE_EQ(stages[1].weight_seconds, 0.25 + 0.0625);
   EXPECT_DOUBLE_EQ(stages[1].forward_seconds, 0.4375);
   EXPECT_EQ(stages[0].input_bytes, 784 * 4 * 8);
   EXPECT_EQ(stages[0].output_bytes, 256 * 4 * 8);
