@@ -10,7 +10,8 @@
 //   the stages' timelines against the simulator's and the formula, and the
 //   largest stage's peak activation memory.
 // Usage: pipeline_bench [--steps N] [--warmup W] [--width D] [--batch B]
-//                       [--only schedules]
+//                       [--only schedules] [--spec JOB.json]
+// --spec compares the schedules on that job's model instead of the MLP.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -194,23 +195,40 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
 int main(int argc, char** argv) {
   using namespace gpipe;
   using namespace gpipe::bench;
-  Args args(argc, argv, {"steps", "warmup", "width", "batch", "only"});
+  Args args(argc, argv, {"steps", "warmup", "width", "batch", "only", "spec"});
   if (!args.ok()) {
     std::fprintf(stderr, "pipeline_bench: %s\n", args.error().c_str());
     return 2;
   }
   const int steps = args.Int("steps", 8), warmup = args.Int("warmup", 2);
-  const gpipe::v1::JobSpec spec =
+  gpipe::v1::JobSpec spec =
       BalancedMlp(args.Int("width", 1024), args.Int("batch", 256));
+  if (const std::string path = args.Str("spec", ""); !path.empty()) {
+    absl::StatusOr<gpipe::v1::JobSpec> loaded = LoadJobSpecFile(path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "pipeline_bench: %s\n",
+                   std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    spec = *loaded;
+    if (args.Has("batch")) spec.set_batch_size(args.Int("batch", 256));
+    std::printf(
+        "schedules on %s, batch %lld, 1 thread per stage, median of "
+        "%d steps\n",
+        path.c_str(), static_cast<long long>(spec.batch_size()), steps);
+  }
   auto opened = OpenJobDataset(spec);
   std::shared_ptr<const Dataset> data(std::move(*opened));
 
-  std::printf(
-      "in-process pipeline, MLP 8x(Linear %lld + ReLU) + head, batch %lld, "
-      "1 thread per stage, median of %d steps\n\n",
-      static_cast<long long>(args.Int("width", 1024)),
-      static_cast<long long>(spec.batch_size()), steps);
-  const bool schedules_only = args.Str("only", "") == "schedules";
+  if (!args.Has("spec")) {
+    std::printf(
+        "in-process pipeline, MLP 8x(Linear %lld + ReLU) + head, batch %lld, "
+        "1 thread per stage, median of %d steps\n\n",
+        static_cast<long long>(args.Int("width", 1024)),
+        static_cast<long long>(spec.batch_size()), steps);
+  }
+  const bool schedules_only =
+      args.Str("only", "") == "schedules" || args.Has("spec");
   const auto compare_schedules = [&] {
     CompareSchedules(spec, 2, warmup, steps, data);
     if (std::thread::hardware_concurrency() >= 4) {
