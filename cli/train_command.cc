@@ -47,7 +47,10 @@ ABSL_FLAG(int64_t, stages, 0,
           "pipeline stages K (0: the job spec's; 1: the single-process "
           "reference trainer)");
 ABSL_FLAG(std::string, schedule, "",
-          "gpipe, 1f1b or zb-h1 (default: the job spec's)");
+          "gpipe, 1f1b, zb-h1 or interleaved (default: the job spec's)");
+ABSL_FLAG(int64_t, virtual_stages, 0,
+          "chunks of the model per stage under --schedule interleaved (v >= "
+          "2; 0: the job spec's)");
 ABSL_FLAG(std::string, balance, "",
           "layers per stage: a list such as 2,3,1, or 'measured' to balance "
           "by profiled layer times (default: the spec's balance or the cost "
@@ -133,11 +136,19 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     options.stages = absl::GetFlag(FLAGS_stages);
   if (absl::GetFlag(FLAGS_micro_batches) > 0)
     options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
+  if (absl::GetFlag(FLAGS_virtual_stages) > 0)
+    options.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
     absl::StatusOr<ScheduleKind> s =
         ParseScheduleName(absl::GetFlag(FLAGS_schedule));
     if (!s.ok()) return s.status();
     options.schedule = *s;
+  }
+  if (absl::GetFlag(FLAGS_virtual_stages) > 0 &&
+      !Interleaves(options.schedule)) {
+    return absl::InvalidArgumentError(
+        "--virtual-stages: only the interleaved schedule holds several "
+        "chunks per stage (--schedule interleaved)");
   }
   if (!absl::GetFlag(FLAGS_remat).empty()) {
     absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));
@@ -189,8 +200,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   auto p = InProcessPipeline::Create(spec, options);
   if (!p.ok()) return p.status();
   *description = absl::StrCat(
-      "in-process pipeline, K=", options.stages, " stages (layers ",
-      absl::StrJoin((*p)->balance(), "+"), "), M=", options.micro_batches, ", ",
+      "in-process pipeline, K=", options.stages, " stages",
+      (*p)->stage_count() > options.stages
+          ? absl::StrCat(" of ", (*p)->stage_count() / options.stages,
+                         " chunks each")
+          : "",
+      " (layers ", absl::StrJoin((*p)->balance(), "+"),
+      "), M=", options.micro_batches, ", ",
       std::string(ScheduleName(options.schedule)), ", remat ",
       std::string(RematName(options.remat)), ", ", options.threads_per_stage,
       " threads per stage", *device == Device::kCpu ? "" : ", on the GPU");
@@ -201,7 +217,8 @@ int RunTrain(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     std::fprintf(stderr,
                  "usage: gpipectl train JOB.json [--stages K] "
-                 "[--micro-batches M] [--schedule gpipe|1f1b|zb-h1] "
+                 "[--micro-batches M] [--schedule "
+                 "gpipe|1f1b|zb-h1|interleaved] [--virtual-stages V] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
     return 2;

@@ -24,6 +24,7 @@
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
+#include "services/pipeline/schedule.h"
 #include "services/pipeline/step_plan.h"
 #include "services/security/stream_key.h"
 #include "services/storage/checkpoint_layout.h"
@@ -186,6 +187,15 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     RETURN_IF_ERROR(ResolveDataDependentFields(&spec));
   }
   if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
+  if (Interleaves(ScheduleFromSpec(spec.pipeline().schedule()))) {
+    // A worker runs one stage; holding several (links to more than two
+    // neighbours, one assignment for several layer ranges) is to come.
+    return absl::UnimplementedError(
+        "pipeline.schedule: INTERLEAVED_1F1B runs in one process so far "
+        "(gpipectl train --schedule interleaved --virtual-stages V); a "
+        "cluster's workers each hold one stage: use GPIPE, ONE_F_ONE_B or "
+        "ZERO_BUBBLE_H1 here");
+  }
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.

@@ -16,6 +16,7 @@ namespace gpipe {
 PipelineOptions OptionsFromSpec(const gpipe::v1::JobSpec& spec) {
   PipelineOptions o;
   o.stages = StageCount(spec);
+  o.virtual_stages = VirtualStageCount(spec);
   o.micro_batches = MicroBatchCount(spec);
   o.schedule = ScheduleFromSpec(spec.pipeline().schedule());
   o.remat = RematFromSpec(spec.pipeline().remat());
@@ -27,13 +28,28 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   std::unique_ptr<InProcessPipeline> p(new InProcessPipeline());
   p->spec_ = spec;
-  const int64_t k = options.stages > 0 ? options.stages : StageCount(spec);
+  const int64_t workers =
+      options.stages > 0 ? options.stages : StageCount(spec);
   const int64_t m =
       options.micro_batches > 0 ? options.micro_batches : MicroBatchCount(spec);
+  const int64_t v = !Interleaves(options.schedule) ? 1
+                    : options.virtual_stages > 0   ? options.virtual_stages
+                                                   : VirtualStageCount(spec);
+  if (const std::string shape =
+          ScheduleShapeError(options.schedule, workers, m, v);
+      !shape.empty()) {
+    return absl::InvalidArgumentError(shape);
+  }
+  p->workers_ = workers;
+  p->virtual_stages_ = v;
+  // The stages: K of them, or K x v chunks with worker w holding w, w+K, ...
+  const int64_t k = workers * v;
   const int64_t layers = spec.model().layers_size();
   if (k > layers) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "stages: ", k, " is more than the model's ", layers, " layers"));
+        "stages: ", k,
+        v > 1 ? absl::StrCat(" (", workers, " x ", v, " chunks)") : "",
+        " is more than the model's ", layers, " layers"));
   }
   if (!options.balance.empty()) {
     p->balance_ = options.balance;
@@ -50,7 +66,9 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     // from the spec's).
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_remat(RematToSpec(options.remat));
-    ASSIGN_OR_RETURN(p->balance_, PartitionJobAt(for_k, k));
+    if (for_k.pipeline().balance_size() != k)
+      for_k.mutable_pipeline()->clear_balance();
+    ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
   }
   if (options.dataset != nullptr) {
     p->dataset_ = options.dataset;
@@ -80,7 +98,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     placement.layer_end = begins[i] + p->balance_[i];
     placement.micro_batches = m;
     placement.schedule = options.schedule;
-    if (static_cast<int64_t>(options.ops.size()) == k)
+    if (v == 1 && static_cast<int64_t>(options.ops.size()) == k)
       placement.ops = options.ops[i];
     placement.remat = options.remat;
     placement.device = options.device;
@@ -92,6 +110,12 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     p->stages_.push_back(std::move(stage));
     p->threads_.push_back(
         std::make_unique<StageThread>(std::max(1, options.threads_per_stage)));
+  }
+  if (v > 1) {
+    for (int64_t w = 0; w < workers; ++w) {
+      p->worker_ops_.push_back(
+          MakeWorkerSchedule(options.schedule, workers, m, v, w));
+    }
   }
   if (spec.has_init_from()) {
     ASSIGN_OR_RETURN(const InitWeights weights,
@@ -124,16 +148,22 @@ InProcessPipeline::~InProcessPipeline() {
 
 template <typename Result, typename Work>
 absl::StatusOr<std::vector<Result>> InProcessPipeline::OnAllStages(Work work) {
+  return OnThreads<Result>(stages_.size(),
+                           [&](size_t i) { return work(*stages_[i]); });
+}
+
+template <typename Result, typename Work>
+absl::StatusOr<std::vector<Result>> InProcessPipeline::OnThreads(size_t k,
+                                                                 Work work) {
   if (broken_) {
     return absl::FailedPreconditionError(
         "the pipeline failed earlier; its links are closed");
   }
-  const size_t k = stages_.size();
   std::vector<absl::StatusOr<Result>> results(k, absl::UnknownError("not run"));
   std::vector<std::future<void>> done;
   for (size_t i = 0; i < k; ++i) {
     done.push_back(threads_[i]->Post([this, i, &results, &work] {
-      results[i] = work(*stages_[i]);
+      results[i] = work(i);
       if (!results[i].ok()) {
         for (auto& link : links_) link->Close();
       }
@@ -157,11 +187,49 @@ absl::StatusOr<std::vector<Result>> InProcessPipeline::OnAllStages(Work work) {
   return out;
 }
 
+// The optimizer step's two halves go over the chunks in opposite orders:
+// the clipping norm passes down the chain (chunk 0 first: its upstream is
+// on another worker) and the total back up (the last chunk first).
+absl::StatusOr<std::vector<StageStepResult>> InProcessPipeline::RunWorkerStep(
+    int64_t w, int64_t step) {
+  const auto chunk = [&](int64_t c) -> Stage& {
+    return *stages_[c * workers_ + w];
+  };
+  std::vector<StageStepResult> results(virtual_stages_);
+  for (int64_t c = 0; c < virtual_stages_; ++c)
+    RETURN_IF_ERROR(chunk(c).BeginStep(step));
+  for (const Op& op : worker_ops_[w]) {
+    if (op.kind != OpKind::kOptimizerStep) {
+      RETURN_IF_ERROR(chunk(op.chunk).RunOp(op));
+      continue;
+    }
+    for (int64_t c = 0; c < virtual_stages_; ++c)
+      RETURN_IF_ERROR(chunk(c).SendGradSquares());
+    for (int64_t c = virtual_stages_; c-- > 0;) {
+      ASSIGN_OR_RETURN(results[c], chunk(c).FinishStep());
+    }
+  }
+  return results;
+}
+
 absl::StatusOr<StepReport> InProcessPipeline::Step() {
   const int64_t s = step_;
-  ASSIGN_OR_RETURN(std::vector<StageStepResult> results,
-                   OnAllStages<StageStepResult>(
-                       [s](Stage& stage) { return stage.RunStep(s); }));
+  std::vector<StageStepResult> results;
+  if (virtual_stages_ > 1) {
+    ASSIGN_OR_RETURN(
+        std::vector<std::vector<StageStepResult>> by_worker,
+        OnThreads<std::vector<StageStepResult>>(workers_, [&](size_t w) {
+          return RunWorkerStep(static_cast<int64_t>(w), s);
+        }));
+    results.resize(stages_.size());
+    for (int64_t w = 0; w < workers_; ++w)
+      for (int64_t c = 0; c < virtual_stages_; ++c)
+        results[c * workers_ + w] = std::move(by_worker[w][c]);
+  } else {
+    ASSIGN_OR_RETURN(results, OnAllStages<StageStepResult>([s](Stage& stage) {
+                       return stage.RunStep(s);
+                     }));
+  }
   const StageStepResult& last = results.back();
   StepReport report;
   report.step = s;

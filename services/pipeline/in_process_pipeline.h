@@ -19,11 +19,15 @@
 namespace gpipe {
 
 struct PipelineOptions {
-  int64_t stages = 0;         // K; 0: the spec's
-  int64_t micro_batches = 0;  // M; 0: the spec's
+  // K workers (threads); each holds one stage, or under an interleaved
+  // schedule `virtual_stages` of the K x v stages. 0: the spec's.
+  int64_t stages = 0;
+  int64_t virtual_stages = 0;  // v; 0: the spec's
+  int64_t micro_batches = 0;   // M; 0: the spec's
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kExceptLast;
-  std::vector<int64_t> balance;  // layers per stage; empty: partitioner
+  // Layers per stage (K x v of them, in model order); empty: partitioner.
+  std::vector<int64_t> balance;
   int threads_per_stage = 1;
   Device device = Device::kCpu;  // where every stage computes
   // Used instead of opening the spec's dataset when set (tests share one).
@@ -60,16 +64,26 @@ class InProcessPipeline final : public Trainer {
 
  private:
   InProcessPipeline() = default;
-  // Runs `work(stage)` on every stage's thread at once. On the first error
-  // the links are closed so no stage waits forever for a dead neighbour.
+  // Runs `work(i)` on threads 0..n-1 at once. On the first error the links
+  // are closed so no stage waits forever for a dead neighbour.
+  template <typename Result, typename Work>
+  absl::StatusOr<std::vector<Result>> OnThreads(size_t n, Work work);
+  // `work(stage)` on every stage's thread.
   template <typename Result, typename Work>
   absl::StatusOr<std::vector<Result>> OnAllStages(Work work);
+  // One training step of worker w of an interleaved pipeline: its chunks'
+  // ops in the worker's order on one thread; results by chunk.
+  absl::StatusOr<std::vector<StageStepResult>> RunWorkerStep(int64_t w,
+                                                             int64_t step);
 
   gpipe::v1::JobSpec spec_;
   std::vector<int64_t> balance_;
   std::shared_ptr<const Dataset> dataset_;
-  std::vector<std::unique_ptr<Link>> links_;  // 2 per neighbouring pair
-  std::vector<std::unique_ptr<Stage>> stages_;
+  std::vector<std::unique_ptr<Link>> links_;    // 2 per neighbouring pair
+  std::vector<std::unique_ptr<Stage>> stages_;  // K x v, in model order
+  int64_t workers_ = 1;                         // K
+  int64_t virtual_stages_ = 1;                  // v
+  std::vector<std::vector<Op>> worker_ops_;     // interleaved: per worker
   std::vector<std::unique_ptr<StageThread>> threads_;
   int64_t step_ = 0;
   bool broken_ = false;

@@ -17,6 +17,7 @@
 #include "services/data/normalize.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/data_resolution.h"
+#include "services/pipeline/schedule.h"
 #include "services/tensor/shape.h"
 
 namespace gpipe {
@@ -408,10 +409,32 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
     return FieldError("pipeline.remat", "unknown value ",
                       static_cast<int>(p.remat()));
   }
+  if (p.virtual_stages() < 0 || p.virtual_stages() > layers) {
+    return FieldError("pipeline.virtual_stages", "must be in [0, ", layers,
+                      "] (0 means 1), got ", p.virtual_stages());
+  }
+  const ScheduleKind schedule = ScheduleFromSpec(p.schedule());
+  if (const std::string shape = ScheduleShapeError(
+          schedule, k, MicroBatchCount(spec), VirtualStageCount(spec));
+      !shape.empty()) {
+    return FieldError(Interleaves(schedule) && VirtualStageCount(spec) >= 2
+                          ? "pipeline.micro_batches"
+                          : "pipeline.virtual_stages",
+                      shape);
+  }
+  const int64_t chunks = ChunkCount(spec);
+  if (chunks > layers) {
+    return FieldError("pipeline.virtual_stages", k, " stages x ",
+                      VirtualStageCount(spec), " chunks is more than the ",
+                      layers, " layers of the model");
+  }
   if (!p.balance().empty()) {
-    if (p.balance_size() != k) {
+    if (p.balance_size() != chunks) {
       return FieldError("pipeline.balance", "length ", p.balance_size(),
-                        " does not match pipeline.stages ", k);
+                        " does not match pipeline.stages ", k,
+                        chunks != k ? absl::StrCat(" x virtual_stages ",
+                                                   VirtualStageCount(spec))
+                                    : "");
     }
     int64_t sum = 0;
     for (int i = 0; i < p.balance_size(); ++i) {
@@ -505,6 +528,16 @@ absl::Status ValidateSizes(const v1::JobSpec& spec, const ModelShapes& shapes) {
 
 int64_t StageCount(const v1::JobSpec& spec) {
   return spec.pipeline().stages() == 0 ? 1 : spec.pipeline().stages();
+}
+
+int64_t VirtualStageCount(const v1::JobSpec& spec) {
+  return spec.pipeline().virtual_stages() == 0
+             ? 1
+             : spec.pipeline().virtual_stages();
+}
+
+int64_t ChunkCount(const v1::JobSpec& spec) {
+  return StageCount(spec) * VirtualStageCount(spec);
 }
 
 int64_t MicroBatchCount(const v1::JobSpec& spec) {

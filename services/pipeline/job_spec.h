@@ -75,6 +75,10 @@ absl::Status ValidateJobSpec(const gpipe::v1::JobSpec& spec);
 
 // K and M with their defaults applied (0 means 1).
 int64_t StageCount(const gpipe::v1::JobSpec& spec);
+// v, the chunks per worker of an interleaved schedule (0 means 1), and the
+// stages the model is cut into, K x v.
+int64_t VirtualStageCount(const gpipe::v1::JobSpec& spec);
+int64_t ChunkCount(const gpipe::v1::JobSpec& spec);
 
 // The dataset of a job, laid out for its model's input shape, and checked
 // against the model (CheckDataFitsModel).

@@ -138,9 +138,13 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   const int64_t m = std::max<int64_t>(1, p.micro_batches);
   const int64_t mb = (batch + m - 1) / m;  // the largest micro-batch
   const bool remat = StageRematerializes(p.remat, p.stage, p.stages);
-  const std::vector<Op> ops =
-      MakeSchedule(p.schedule, p.stages, p.micro_batches, p.stage);
-  const int64_t live = MaxLiveMicroBatches(ops);
+  // Under an interleaved schedule the stage is chunk stage / K of worker
+  // stage % K, and holds what that chunk's ops in the worker's list hold.
+  const int64_t v = std::max<int64_t>(1, p.virtual_stages);
+  const int64_t workers = std::max<int64_t>(1, p.stages / v);
+  const std::vector<Op> ops = MakeWorkerSchedule(
+      p.schedule, workers, p.micro_batches, v, p.stage % workers);
+  const int64_t live = MaxLiveMicroBatches(ops, p.stage / workers);
   const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
   const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
   const int64_t full = KeptBytes(shapes, b, e, mb, /*count_input=*/!first);
@@ -197,13 +201,14 @@ std::vector<StageMemory> EstimatePipelineMemory(
     const std::vector<int64_t>& balance) {
   return EstimatePipelineMemory(spec, shapes, balance, MicroBatchCount(spec),
                                 ScheduleFromSpec(spec.pipeline().schedule()),
-                                RematFromSpec(spec.pipeline().remat()));
+                                RematFromSpec(spec.pipeline().remat()),
+                                VirtualStageCount(spec));
 }
 
 std::vector<StageMemory> EstimatePipelineMemory(
     const v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance, int64_t micro_batches,
-    ScheduleKind schedule, RematMode remat) {
+    ScheduleKind schedule, RematMode remat, int64_t virtual_stages) {
   std::vector<StageMemory> out;
   int64_t begin = 0;
   for (size_t s = 0; s < balance.size(); ++s) {
@@ -214,6 +219,7 @@ std::vector<StageMemory> EstimatePipelineMemory(
     p.layer_end = begin + balance[s];
     p.micro_batches = micro_batches;
     p.schedule = schedule;
+    p.virtual_stages = Interleaves(schedule) ? virtual_stages : 1;
     p.remat = remat;
     out.push_back(EstimateStageMemory(spec, shapes, p));
     begin = p.layer_end;

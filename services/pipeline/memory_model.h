@@ -49,6 +49,9 @@ struct StageMemoryPlacement {
   int64_t layer_end = 0;
   int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
+  // Chunks per worker under an interleaved schedule: `stages` counts them
+  // all (K x v), and a worker holds v of these estimates at once.
+  int64_t virtual_stages = 1;
   RematMode remat = RematMode::kExceptLast;
 };
 
@@ -68,11 +71,12 @@ StageMemory EstimateStageMemory(const gpipe::v1::JobSpec& spec,
                                 const StageMemoryPlacement& placement);
 
 // Every stage of `spec` cut by `balance`, with M micro-batches, `schedule`
-// and `remat` (the planner tries others than the spec's).
+// and `remat` (the planner tries others than the spec's); under an
+// interleaved schedule `balance` has K x v chunks, one estimate each.
 std::vector<StageMemory> EstimatePipelineMemory(
     const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance, int64_t micro_batches,
-    ScheduleKind schedule, RematMode remat);
+    ScheduleKind schedule, RematMode remat, int64_t virtual_stages = 1);
 // The same with the spec's M, schedule and re-materialization.
 std::vector<StageMemory> EstimatePipelineMemory(
     const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,

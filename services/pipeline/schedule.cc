@@ -29,10 +29,75 @@ void ZeroBubbleH1(int64_t k, int64_t m, int64_t stage, std::vector<Op>& ops) {
     ops.push_back({OpKind::kBackwardWeight, next_weight++});
 }
 
+// Megatron's order: the worker's v*M (chunk, micro-batch) forwards go in
+// groups of K micro-batches, chunk 0 to v-1 for each group; backwards the
+// same with the chunks reversed. So each chunk sees its micro-batches in
+// order 0..M-1, forwards and backwards alike. After the warm-up, one
+// forward and one backward in turn; then the rest of the backwards.
+void Interleaved(int64_t k, int64_t m, int64_t v, int64_t worker,
+                 std::vector<Op>& ops) {
+  const int64_t total = v * m;
+  const auto at = [&](int64_t i, bool forward) {
+    const int64_t in_group = i % (k * v);
+    int64_t chunk = in_group / k;
+    if (!forward) chunk = v - 1 - chunk;
+    return Op{forward ? OpKind::kForward : OpKind::kBackward,
+              (i / (k * v)) * k + i % k, chunk};
+  };
+  const int64_t warmup = std::min(total, 2 * (k - worker - 1) + (v - 1) * k);
+  int64_t next_forward = 0, next_backward = 0;
+  for (; next_forward < warmup; ++next_forward)
+    ops.push_back(at(next_forward, true));
+  while (next_forward < total) {
+    ops.push_back(at(next_forward++, true));
+    ops.push_back(at(next_backward++, false));
+  }
+  while (next_backward < total) ops.push_back(at(next_backward++, false));
+}
+
 }  // namespace
+
+bool Interleaves(ScheduleKind kind) {
+  return kind == ScheduleKind::kInterleaved1F1B;
+}
+
+std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,
+                               int64_t v) {
+  if (!Interleaves(kind)) {
+    return v <= 1 ? ""
+                  : absl::StrCat("virtual stages: ", v,
+                                 " chunks per worker "
+                                 "need the interleaved schedule");
+  }
+  if (v < 2) {
+    return absl::StrCat(
+        "the interleaved schedule needs 2 or more virtual "
+        "stages (chunks per worker), got ",
+        v);
+  }
+  if (k > 1 && m % k != 0) {
+    return absl::StrCat(
+        "the interleaved schedule needs micro-batches to be "
+        "a multiple of the ",
+        k, " stages, got ", m);
+  }
+  return "";
+}
+
+std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
+                                   int64_t v, int64_t worker) {
+  if (!Interleaves(kind)) return MakeSchedule(kind, k, m, worker);
+  if (v <= 1) return MakeSchedule(ScheduleKind::kOneFOneB, k, m, worker);
+  std::vector<Op> ops;
+  ops.reserve(2 * v * m + 1);
+  Interleaved(k, m, v, worker, ops);
+  ops.push_back({OpKind::kOptimizerStep, -1});
+  return ops;
+}
 
 std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
                              int64_t stage) {
+  if (Interleaves(kind)) return MakeWorkerSchedule(kind, k, m, 1, stage);
   std::vector<Op> ops;
   ops.reserve(3 * m + 1);
   if (kind == ScheduleKind::kZeroBubbleH1) {
@@ -70,6 +135,8 @@ std::string_view ScheduleName(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kZeroBubbleH1:
       return "zb-h1";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved";
   }
   return "?";
 }
@@ -79,8 +146,11 @@ absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name) {
   if (name == "1f1b" || name == "ONE_F_ONE_B") return ScheduleKind::kOneFOneB;
   if (name == "zb-h1" || name == "ZERO_BUBBLE_H1")
     return ScheduleKind::kZeroBubbleH1;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "schedule: '", std::string(name), "' is not one of gpipe, 1f1b, zb-h1"));
+  if (name == "interleaved" || name == "INTERLEAVED_1F1B")
+    return ScheduleKind::kInterleaved1F1B;
+  return absl::InvalidArgumentError(
+      absl::StrCat("schedule: '", std::string(name),
+                   "' is not one of gpipe, 1f1b, zb-h1, interleaved"));
 }
 
 ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule) {
@@ -89,6 +159,8 @@ ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule) {
       return ScheduleKind::kOneFOneB;
     case gpipe::v1::ZERO_BUBBLE_H1:
       return ScheduleKind::kZeroBubbleH1;
+    case gpipe::v1::INTERLEAVED_1F1B:
+      return ScheduleKind::kInterleaved1F1B;
     default:
       return ScheduleKind::kGPipe;
   }
@@ -102,13 +174,16 @@ gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind) {
       return gpipe::v1::ONE_F_ONE_B;
     case ScheduleKind::kZeroBubbleH1:
       return gpipe::v1::ZERO_BUBBLE_H1;
+    case ScheduleKind::kInterleaved1F1B:
+      return gpipe::v1::INTERLEAVED_1F1B;
   }
   return gpipe::v1::GPIPE;
 }
 
-int64_t MaxLiveMicroBatches(const std::vector<Op>& ops) {
+int64_t MaxLiveMicroBatches(const std::vector<Op>& ops, int64_t chunk) {
   int64_t live = 0, peak = 0;
   for (const Op& op : ops) {
+    if (chunk >= 0 && op.chunk != chunk) continue;
     if (op.kind == OpKind::kForward) peak = std::max(peak, ++live);
     if (op.kind == OpKind::kBackward || op.kind == OpKind::kBackwardWeight)
       --live;
@@ -126,14 +201,16 @@ int64_t MaxDeferredMicroBatches(const std::vector<Op>& ops) {
 }
 
 std::string ToString(const Op& op) {
+  const std::string chunk =
+      op.chunk > 0 ? absl::StrCat("/", op.chunk) : std::string();
   switch (op.kind) {
     case OpKind::kForward:
-      return absl::StrCat("F", op.micro_batch);
+      return absl::StrCat("F", op.micro_batch, chunk);
     case OpKind::kBackward:
     case OpKind::kBackwardInput:
-      return absl::StrCat("B", op.micro_batch);
+      return absl::StrCat("B", op.micro_batch, chunk);
     case OpKind::kBackwardWeight:
-      return absl::StrCat("W", op.micro_batch);
+      return absl::StrCat("W", op.micro_batch, chunk);
     case OpKind::kOptimizerStep:
       return "step";
   }

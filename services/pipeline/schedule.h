@@ -1,5 +1,7 @@
 // Pipeline schedules as pure data: for (K stages, M micro-batches, stage) the
-// ordered list of ops the stage executes in one step. Every schedule runs the
+// ordered list of ops the stage executes in one step; for interleaved
+// schedules, for (K workers, M, v chunks per worker, worker) the ops of the
+// worker's v stages in one list, each naming its chunk. Every schedule runs the
 // backward ops of a stage in micro-batch order 0..M-1 (with a split
 // backward: both halves, each in that order), so every parameter's gradient
 // accumulates in the same order as in the reference trainer, whatever else
@@ -28,6 +30,14 @@ enum class ScheduleKind {
   // equal F, B and W and M >= K (1F1B: (K-1)/(M+K-1)); every stage holds
   // at most K micro-batches between F and W (1F1B's first stage's peak).
   kZeroBubbleH1,
+  // Interleaved 1F1B (Narayanan et al. 2021, Megatron-LM): the model is cut
+  // into K x v stages and worker w holds the v stages w, w+K, w+2K, ... (its
+  // chunks), so a micro-batch crosses every worker v times. Forwards run in
+  // groups of K micro-batches, chunk by chunk; after a warm-up of
+  // 2(K-w-1) + (v-1)K forwards each forward is followed by a backward.
+  // Bubble (K-1)/(vM+K-1) for equal stages: 1F1B's divided by about v.
+  // Needs M to be a multiple of K.
+  kInterleaved1F1B,
 };
 
 // kBackward is the whole backward of a micro-batch (input and parameter
@@ -45,21 +55,40 @@ enum class OpKind {
 struct Op {
   OpKind kind;
   int64_t micro_batch;  // -1 for the optimizer step
+  // Which of its worker's stages the op runs on (interleaved schedules):
+  // worker w's chunk c is stage c * K + w. Always 0 otherwise.
+  int64_t chunk = 0;
 
   bool operator==(const Op& o) const {
-    return kind == o.kind && micro_batch == o.micro_batch;
+    return kind == o.kind && micro_batch == o.micro_batch && chunk == o.chunk;
   }
 };
 
 // The ops of `stage` (0-based, < k) for one step with `m` micro-batches,
-// ending with the optimizer step. Requires k >= 1, m >= 1.
+// ending with the optimizer step. Requires k >= 1, m >= 1. An interleaved
+// kind gives its one-chunk form, 1F1B: MakeWorkerSchedule gives chunks.
 std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
                              int64_t stage);
+
+// The ops of worker `worker` (< k) holding `v` chunks, ending with one
+// optimizer step (which updates every chunk). For a schedule that is not
+// interleaved, MakeSchedule's ops; interleaved with v = 1 is 1F1B. Requires k
+// >= 1, m >= 1, v >= 1 and, for interleaved schedules with k > 1, m a multiple
+// of k.
+std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
+                                   int64_t v, int64_t worker);
+
+// Whether the schedule places several chunks on each worker.
+bool Interleaves(ScheduleKind kind);
+// Empty when (k, m, v) suit `kind`, else what does not (for the job spec's
+// validation and the in-process pipeline).
+std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,
+                               int64_t v);
 
 // Whether the schedule splits the backward (kBackwardInput/Weight ops).
 bool SplitsBackward(ScheduleKind kind);
 
-// "gpipe" / "1f1b" / "zb-h1".
+// "gpipe" / "1f1b" / "zb-h1" / "interleaved".
 std::string_view ScheduleName(ScheduleKind kind);
 absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name);
 // The job spec's enum and ours, the only place they are converted
@@ -68,14 +97,16 @@ ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule);
 gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind);
 
 // Most micro-batches whose activations a stage holds at once under `ops`
-// (a forward makes one live, its backward or its weight half releases it).
-int64_t MaxLiveMicroBatches(const std::vector<Op>& ops);
+// (a forward makes one live, its backward or its weight half releases it);
+// with `chunk` >= 0, counting that chunk's ops only.
+int64_t MaxLiveMicroBatches(const std::vector<Op>& ops, int64_t chunk = -1);
 // Most micro-batches between their input half and their weight half at
 // once: each holds its GEMMs' output gradients for the weight half.
 int64_t MaxDeferredMicroBatches(const std::vector<Op>& ops);
 
 // "F3", "B0" (the whole backward, or with a split backward its input
-// half), "W0" (the weight half), "step".
+// half), "W0" (the weight half), "step"; an op of chunk c > 0 ends in "/c"
+// ("F3/1").
 std::string ToString(const Op& op);
 
 }  // namespace gpipe

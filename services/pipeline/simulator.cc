@@ -8,44 +8,65 @@ namespace {
 // Times below zero mean "not yet known": every real time is >= 0.
 constexpr double kUnknown = -1.0;
 
-// Peak activation bytes of one stage running `ops`: a stage is one
-// sequential worker, so walking its ops in order visits every moment its
-// memory can peak.
-// A micro-batch between its split backward's halves holds its activations
-// (counted whole: an upper bound, as in the memory model) and its deferred
-// gradients.
-int64_t PeakActivationBytes(const std::vector<Op>& ops, const StageCost& cost,
-                            bool remat) {
-  // `waiting`: forwarded, backward not started; `deferred`: between halves.
-  int64_t waiting = 0, deferred = 0, peak = 0;
-  const int64_t whole = cost.input_bytes + cost.internal_bytes;
+// Peak activation bytes of one worker running `ops` over its chunks (stage
+// chunk * workers + worker of `stages`): a worker is sequential, so walking
+// its ops in order visits every moment its memory can peak. A micro-batch
+// between its split backward's halves holds its activations (counted whole:
+// an upper bound, as in the memory model) and its deferred gradients.
+int64_t PeakActivationBytes(const std::vector<Op>& ops,
+                            const std::vector<StageCost>& stages,
+                            const std::vector<bool>& remat, int64_t workers,
+                            int64_t worker) {
+  struct Held {
+    int64_t waiting = 0;   // forwarded, backward not started
+    int64_t deferred = 0;  // between a split backward's halves
+  };
+  std::vector<Held> chunks;
+  int64_t peak = 0;
+  const auto stage_of = [&](int64_t c) { return c * workers + worker; };
+  const auto whole = [&](int64_t c) {
+    const StageCost& cost = stages[stage_of(c)];
+    return cost.input_bytes + cost.internal_bytes;
+  };
   const auto held = [&] {
-    // Without remat the forward leaves all its activations behind; with
-    // remat only the input stays (the forward's own temporaries pass).
-    return waiting * (remat ? cost.input_bytes : whole) +
-           deferred * (whole + cost.deferred_bytes);
+    int64_t bytes = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const StageCost& cost = stages[stage_of(c)];
+      // Without remat the forward leaves all its activations behind; with
+      // remat only the input stays (the forward's own temporaries pass).
+      bytes += chunks[c].waiting *
+                   (remat[stage_of(c)] ? cost.input_bytes : whole(c)) +
+               chunks[c].deferred * (whole(c) + cost.deferred_bytes);
+    }
+    return bytes;
   };
   for (const Op& op : ops) {
+    if (op.kind == OpKind::kOptimizerStep) continue;
+    if (op.chunk >= static_cast<int64_t>(chunks.size()))
+      chunks.resize(op.chunk + 1);
+    Held& h = chunks[op.chunk];
+    const int64_t g = stage_of(op.chunk);
     switch (op.kind) {
       case OpKind::kForward:
-        ++waiting;
+        ++h.waiting;
         peak = std::max(peak, held());
         break;
       case OpKind::kBackward:
       case OpKind::kBackwardInput:
         // Under remat the backward first rebuilds this micro-batch's
         // activations; without it they are already counted.
-        if (remat) {
-          peak = std::max(peak, held() - cost.input_bytes + whole);
+        if (remat[g]) {
+          peak =
+              std::max(peak, held() - stages[g].input_bytes + whole(op.chunk));
         }
-        --waiting;
+        --h.waiting;
         if (op.kind == OpKind::kBackwardInput) {
-          ++deferred;
+          ++h.deferred;
           peak = std::max(peak, held());
         }
         break;
       case OpKind::kBackwardWeight:
-        --deferred;
+        --h.deferred;
         break;
       case OpKind::kOptimizerStep:
         break;
@@ -57,44 +78,55 @@ int64_t PeakActivationBytes(const std::vector<Op>& ops, const StageCost& cost,
 }  // namespace
 
 SimulationResult Simulate(const SimulationConfig& config) {
-  const int64_t k = static_cast<int64_t>(config.stages.size());
   const int64_t m = config.micro_batches;
+  const int64_t v = Interleaves(config.schedule)
+                        ? std::max<int64_t>(1, config.virtual_stages)
+                        : 1;
+  // g stages in all, on k workers; worker w runs stages w, w + k, ...
+  const int64_t g_count = static_cast<int64_t>(config.stages.size());
+  const int64_t k = g_count / v;
   SimulationResult result;
   result.stages.resize(k);
-  if (k == 0 || m < 1) return result;
+  if (k == 0 || m < 1 || k * v != g_count) {
+    result.complete = k * v == g_count;
+    return result;
+  }
 
   std::vector<std::vector<Op>> ops = config.ops;
   if (static_cast<int64_t>(ops.size()) != k) {
     ops.assign(k, {});
-    for (int64_t s = 0; s < k; ++s)
-      ops[s] = MakeSchedule(config.schedule, k, m, s);
+    for (int64_t w = 0; w < k; ++w)
+      ops[w] = MakeWorkerSchedule(config.schedule, k, m, v, w);
   }
+  std::vector<bool> remat(g_count);
+  for (int64_t g = 0; g < g_count; ++g)
+    remat[g] = StageRematerializes(config.remat, g, g_count);
   // Links deliver in the order they were sent, as the real ones do:
-  // to_next[s] holds what stage s sent to s+1 (activations), to_prev[s] what
-  // stage s+1 sent to s (gradients), each as (micro-batch, arrival), and
-  // taken[s] how many of each the receiver has consumed. A receive whose
+  // to_next[g] holds what stage g sent to g+1 (activations), to_prev[g] what
+  // stage g+1 sent to g (gradients), each as (micro-batch, arrival), and
+  // taken[g] how many of each the receiver has consumed. A receive whose
   // micro-batch is not the next one sent never runs.
   struct Message {
     int64_t micro_batch;
     double arrival;
   };
-  std::vector<std::vector<Message>> to_next(k), to_prev(k);
-  std::vector<size_t> taken_next(k, 0), taken_prev(k, 0);
-  // When F(s, i) and the input half of (s, i) ended: the last stage's
+  std::vector<std::vector<Message>> to_next(g_count), to_prev(g_count);
+  std::vector<size_t> taken_next(g_count, 0), taken_prev(g_count, 0);
+  // When F(g, i) and the input half of (g, i) ended: the last stage's
   // backward needs its forward, a weight half its input half.
-  std::vector<double> forward_done(k * m, kUnknown);
-  std::vector<double> input_done(k * m, kUnknown);
+  std::vector<double> forward_done(g_count * m, kUnknown);
+  std::vector<double> input_done(g_count * m, kUnknown);
   std::vector<size_t> next(k, 0);
   std::vector<double> free_at(k, 0);
-  // One transfer at a time per direction of each link: down_link[s] carries
-  // s -> s+1 activations, up_link[s] carries s -> s-1 gradients.
-  std::vector<double> down_link(k, 0), up_link(k, 0);
+  // One transfer at a time per direction of each link: down_link[g] carries
+  // g -> g+1 activations, up_link[g] carries g -> g-1 gradients.
+  std::vector<double> down_link(g_count, 0), up_link(g_count, 0);
   const double latency = config.link_latency_seconds;
-  const auto transfer = [&](std::vector<double>& link, int64_t s, double sent,
+  const auto transfer = [&](std::vector<double>& link, int64_t g, double sent,
                             int64_t bytes) {
-    const double start = std::max(sent, link[s]);
-    link[s] = start + static_cast<double>(bytes) / config.link_bytes_per_second;
-    return link[s] + latency;
+    const double start = std::max(sent, link[g]);
+    link[g] = start + static_cast<double>(bytes) / config.link_bytes_per_second;
+    return link[g] + latency;
   };
   // The arrival of `i` at the head of a link's queue; kUnknown while
   // nothing is there, and forever when another micro-batch is.
@@ -107,108 +139,111 @@ SimulationResult Simulate(const SimulationConfig& config) {
     return static_cast<int64_t>(queue.size() - taken);
   };
 
-  // Each stage runs ops until one waits for a neighbour; finishing an op
-  // wakes the neighbour it feeds. An op's start time depends only on its
-  // stage's previous op and its input's arrival, so this order of evaluation
-  // gives the same times as processing events in time order, with O(1) work
-  // per op.
+  // Each worker runs ops until one waits for a neighbour; finishing an op
+  // wakes the worker it feeds. An op's start time depends only on its
+  // worker's previous op and its input's arrival, so this order of
+  // evaluation gives the same times as processing events in time order,
+  // with O(1) work per op.
   std::vector<int64_t> runnable(k);
-  for (int64_t s = 0; s < k; ++s) runnable[s] = k - 1 - s;
+  for (int64_t w = 0; w < k; ++w) runnable[w] = k - 1 - w;
   while (!runnable.empty()) {
-    const int64_t s = runnable.back();
+    const int64_t w = runnable.back();
     runnable.pop_back();
-    const StageCost& cost = config.stages[s];
-    const bool remat = StageRematerializes(config.remat, s, k);
-    StageSimulation& sim = result.stages[s];
-    while (next[s] < ops[s].size()) {
-      const Op& op = ops[s][next[s]];
+    StageSimulation& sim = result.stages[w];
+    while (next[w] < ops[w].size()) {
+      const Op& op = ops[w][next[w]];
       if (op.kind == OpKind::kOptimizerStep) {
-        ++next[s];
+        ++next[w];
         continue;
       }
       const int64_t i = op.micro_batch;
-      if (i < 0 || i >= m) break;  // never runs
+      if (i < 0 || i >= m || op.chunk < 0 || op.chunk >= v) break;  // never
+      const int64_t g = op.chunk * k + w;
+      const StageCost& cost = config.stages[g];
       const bool forward = op.kind == OpKind::kForward;
       const bool weight = op.kind == OpKind::kBackwardWeight;
       double ready = kUnknown;
       if (weight) {
-        ready = input_done[s * m + i];
+        ready = input_done[g * m + i];
       } else if (forward) {
-        ready = s == 0 ? 0 : receive(to_next[s - 1], taken_next[s - 1], i);
+        ready = g == 0 ? 0 : receive(to_next[g - 1], taken_next[g - 1], i);
       } else {
-        ready = s == k - 1 ? forward_done[s * m + i]
-                           : receive(to_prev[s], taken_prev[s], i);
+        ready = g == g_count - 1 ? forward_done[g * m + i]
+                                 : receive(to_prev[g], taken_prev[g], i);
         // Its own forward first, on every stage.
-        if (forward_done[s * m + i] < 0) ready = kUnknown;
+        if (forward_done[g * m + i] < 0) ready = kUnknown;
       }
-      if (ready < 0) break;  // a neighbour will wake this stage, or none
+      if (ready < 0) break;  // a neighbour will wake this worker, or none
       double seconds = cost.forward_seconds;
       if (weight) {
         seconds = cost.weight_seconds;
       } else if (!forward) {
-        seconds = cost.backward_seconds + (remat ? cost.forward_seconds : 0);
+        seconds = cost.backward_seconds + (remat[g] ? cost.forward_seconds : 0);
         if (op.kind == OpKind::kBackwardInput) seconds -= cost.weight_seconds;
       }
-      const double end = std::max(free_at[s], ready) + seconds;
-      free_at[s] = end;
+      const double end = std::max(free_at[w], ready) + seconds;
+      free_at[w] = end;
       sim.busy_seconds += seconds;
-      ++next[s];
+      ++next[w];
       if (weight) {
-        input_done[s * m + i] = kUnknown;  // a second W of it never runs
+        input_done[g * m + i] = kUnknown;  // a second W of it never runs
         continue;
       }
       if (forward) {
-        forward_done[s * m + i] = end;
-        if (s > 0) ++taken_next[s - 1];
-        if (s + 1 < k) {
-          to_next[s].push_back(
-              {i, transfer(down_link, s, end, cost.output_bytes)});
+        forward_done[g * m + i] = end;
+        if (g > 0) ++taken_next[g - 1];
+        if (g + 1 < g_count) {
+          to_next[g].push_back(
+              {i, transfer(down_link, g, end, cost.output_bytes)});
           result.max_link_messages = std::max(
-              result.max_link_messages, waiting(to_next[s], taken_next[s]));
-          runnable.push_back(s + 1);
+              result.max_link_messages, waiting(to_next[g], taken_next[g]));
+          runnable.push_back((g + 1) % k);
         }
         continue;
       }
-      if (op.kind == OpKind::kBackwardInput) input_done[s * m + i] = end;
-      if (s + 1 < k) ++taken_prev[s];
-      if (s > 0) {
-        to_prev[s - 1].push_back(
-            {i, transfer(up_link, s, end, config.stages[s - 1].output_bytes)});
+      if (op.kind == OpKind::kBackwardInput) input_done[g * m + i] = end;
+      if (g + 1 < g_count) ++taken_prev[g];
+      if (g > 0) {
+        to_prev[g - 1].push_back(
+            {i, transfer(up_link, g, end, config.stages[g - 1].output_bytes)});
         result.max_link_messages =
             std::max(result.max_link_messages,
-                     waiting(to_prev[s - 1], taken_prev[s - 1]));
-        runnable.push_back(s - 1);
+                     waiting(to_prev[g - 1], taken_prev[g - 1]));
+        runnable.push_back((g - 1) % k);
       }
     }
   }
 
-  for (int64_t s = 0; s < k; ++s) {
-    result.step_seconds = std::max(result.step_seconds, free_at[s]);
-    result.complete = result.complete && next[s] == ops[s].size();
+  for (int64_t w = 0; w < k; ++w) {
+    result.step_seconds = std::max(result.step_seconds, free_at[w]);
+    result.complete = result.complete && next[w] == ops[w].size();
   }
-  for (int64_t s = 0; s < k; ++s) {
-    StageSimulation& sim = result.stages[s];
+  for (int64_t w = 0; w < k; ++w) {
+    StageSimulation& sim = result.stages[w];
     sim.bubble_fraction =
         result.step_seconds > 0
             ? (result.step_seconds - sim.busy_seconds) / result.step_seconds
             : 0;
-    sim.peak_activation_bytes = PeakActivationBytes(
-        ops[s], config.stages[s], StageRematerializes(config.remat, s, k));
+    sim.peak_activation_bytes =
+        PeakActivationBytes(ops[w], config.stages, remat, k, w);
   }
   return result;
 }
 
 double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
-                         int64_t micro_batches) {
+                         int64_t micro_batches, int64_t virtual_stages) {
   if (stages <= 1 || micro_batches <= 0) return 0.0;
+  const int64_t v =
+      Interleaves(schedule) ? std::max<int64_t>(1, virtual_stages) : 1;
   SimulationConfig config;
   StageCost unit;
-  unit.forward_seconds = 1;
-  unit.backward_seconds = 2;
-  unit.weight_seconds = 1;
-  config.stages.assign(stages, unit);
+  unit.forward_seconds = 1.0 / v;
+  unit.backward_seconds = 2.0 / v;
+  unit.weight_seconds = 1.0 / v;
+  config.stages.assign(stages * v, unit);
   config.micro_batches = micro_batches;
   config.schedule = schedule;
+  config.virtual_stages = v;
   config.link_bytes_per_second = 1;  // nothing is sent: no bytes
   const SimulationResult r = Simulate(config);
   return r.step_seconds > 0 ? r.stages[0].bubble_fraction : 0.0;

@@ -33,11 +33,14 @@ struct StageCost {
 };
 
 struct SimulationConfig {
-  std::vector<StageCost> stages;  // K entries
-  int64_t micro_batches = 1;      // M
+  // K entries, or K x v under an interleaved schedule (in model order:
+  // worker w runs stages w, w + K, ...).
+  std::vector<StageCost> stages;
+  int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
-  // Each stage's ops, when given (K lists), instead of MakeSchedule's for
-  // `schedule` (which still says how the bubble is counted: nothing else).
+  int64_t virtual_stages = 1;  // v, chunks per worker (interleaved only)
+  // Each worker's ops, when given (K lists), instead of MakeWorkerSchedule's
+  // for `schedule` (which then says only how many chunks a worker holds).
   std::vector<std::vector<Op>> ops;
   RematMode remat = RematMode::kNever;
   // Each direction of each neighbour link carries one tensor at a time;
@@ -54,6 +57,8 @@ struct StageSimulation {
 
 struct SimulationResult {
   double step_seconds = 0;  // until the last stage finishes its last op
+  // Per worker: one per stage, or under an interleaved schedule one per
+  // worker with its chunks' figures together.
   std::vector<StageSimulation> stages;
   // Every op of every stage ran. False means the schedule deadlocks: some
   // stage waits for an input no other stage will produce, or one that comes
@@ -69,12 +74,14 @@ struct SimulationResult {
 // and a positive bandwidth (the planner's inputs; not user-facing).
 SimulationResult Simulate(const SimulationConfig& config);
 
-// The bubble fraction of `schedule` on K equal stages with M micro-batches
-// (forward 1, backward 2, split into input and weight halves of 1 each, no
-// transfer time): the figure each schedule is measured against, (K-1)/(M+K-1)
-// for GPipe and 1F1B, (K-1)/(3M+K-1) for ZB-H1 with M >= K.
+// The bubble fraction of `schedule` on K equal workers with M micro-batches
+// (a worker's forward 1, backward 2, split into input and weight halves of
+// 1 each; under an interleaved schedule shared by its v chunks; no transfer
+// time): the figure each schedule is measured against, (K-1)/(M+K-1) for
+// GPipe and 1F1B, (K-1)/(3M+K-1) for ZB-H1 with M >= K, (K-1)/(vM+K-1) for
+// interleaved 1F1B.
 double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
-                         int64_t micro_batches);
+                         int64_t micro_batches, int64_t virtual_stages = 1);
 
 // StageCosts of a partition: forward = sum of the stage's layer seconds
 // (per micro-batch), backward = 2x forward of which the weight half is the

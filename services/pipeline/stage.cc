@@ -16,8 +16,11 @@ Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
       placement_(placement),
       remat_(StageRematerializes(placement.remat, placement.index,
                                  placement.count)),
-      schedule_(!placement.ops.empty()
-                    ? placement.ops
+      // An interleaved schedule is a worker's, over several stages: the
+      // worker drives each stage op by op (RunOp), not RunStep.
+      schedule_(!placement.ops.empty() ? placement.ops
+                : Interleaves(placement.schedule)
+                    ? std::vector<Op>()
                     : MakeSchedule(placement.schedule, placement.count,
                                    placement.micro_batches, placement.index)),
       timeline_(origin),
@@ -224,113 +227,165 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
 
 // Global-norm clipping across stages: the squared norm is folded parameter by
 // parameter down the chain (stage i continues from stage i-1's sum), which
-// is exactly the single-process order; the total then travels back up.
-absl::StatusOr<double> Stage::OptimizerStep(int64_t step, float* lr) {
+// is exactly the single-process order; the total then travels back up
+// (FinishStep).
+absl::Status Stage::SendGradSquares() {
+  if (!current_) return absl::FailedPreconditionError("no step begun");
+  StepState& st = *current_;
+  AllocatorScope scope(&activations_);
+  DeviceTransfer::Scope on_device(device_.get());
+  // A weight half that never ran would leave its gradient out.
+  for (size_t m = 0; m < st.flight.size(); ++m) {
+    if (!st.flight[m].deferred.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", placement_.index, ": the schedule never runs W", m,
+          " (the weight half of micro-batch ", m, ") before its step"));
+    }
+  }
+  if (placement_.last()) {
+    const double loss = st.result.loss.loss_sum / st.result.loss_normalizer;
+    if (!std::isfinite(loss)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("loss is not finite (", loss, ") at step ", st.step));
+    }
+  }
   double squares = 0.0;
   if (!placement_.first()) {
     ASSIGN_OR_RETURN(Message in,
-                     Expect(upstream_, MessageKind::kGradSquares, step, -1));
+                     Expect(upstream_, MessageKind::kGradSquares, st.step, -1));
     squares = in.scalar;
   }
-  const std::vector<NamedParameter>& params = model_->Parameters();
-  squares = AccumulateGradSquares(params, squares);
-  Message msg;
-  msg.kind = MessageKind::kGradSquares;
-  msg.step = step;
+  squares = AccumulateGradSquares(model_->Parameters(), squares);
   if (!placement_.last()) {
+    Message msg;
+    msg.kind = MessageKind::kGradSquares;
+    msg.step = st.step;
     msg.scalar = squares;
     RETURN_IF_ERROR(downstream_->Send(msg));
-    ASSIGN_OR_RETURN(Message total,
-                     Expect(downstream_, MessageKind::kGradSquares, step, -1));
-    squares = total.scalar;
   }
-  // Waiting for the total (the rest of the pipeline draining) is bubble:
-  // the op is the update itself (the sum of squares before is a cheap read).
-  OpTimer timer(timeline_, Phase::kOptimizer, -1);
-  if (!placement_.first()) {
-    msg.scalar = squares;
-    RETURN_IF_ERROR(upstream_->Send(msg));
-  }
-  ScaleGradients(params,
-                 ClipCoefficient(squares, spec_.optimizer().clip_norm()));
-  *lr = LearningRate(spec_.optimizer(), step, spec_.steps());
-  optimizer_->Step(*lr, step + 1);
-  model_->ZeroGrad();
-  // The update is queued on the stage's stream; whoever reads the
-  // parameters next (a checkpoint, the final write, an evaluation from
-  // another thread's stream) must see it done.
-  if (device_ != nullptr) SynchronizeCuda();
-  return squares;
+  st.squares = squares;
+  return absl::OkStatus();
 }
 
-absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
+absl::StatusOr<StageStepResult> Stage::FinishStep() {
+  if (!current_) return absl::FailedPreconditionError("no step begun");
+  StepState& st = *current_;
+  AllocatorScope scope(&activations_);
+  DeviceTransfer::Scope on_device(device_.get());
+  double squares = st.squares;
+  if (!placement_.last()) {
+    ASSIGN_OR_RETURN(
+        Message total,
+        Expect(downstream_, MessageKind::kGradSquares, st.step, -1));
+    squares = total.scalar;
+  }
+  {
+    // Waiting for the total (the rest of the pipeline draining) is bubble:
+    // the op is the update itself (the sum of squares before is a cheap
+    // read).
+    OpTimer timer(timeline_, Phase::kOptimizer, -1);
+    if (!placement_.first()) {
+      Message msg;
+      msg.kind = MessageKind::kGradSquares;
+      msg.step = st.step;
+      msg.scalar = squares;
+      RETURN_IF_ERROR(upstream_->Send(msg));
+    }
+    const std::vector<NamedParameter>& params = model_->Parameters();
+    ScaleGradients(params,
+                   ClipCoefficient(squares, spec_.optimizer().clip_norm()));
+    st.result.lr = LearningRate(spec_.optimizer(), st.step, spec_.steps());
+    optimizer_->Step(st.result.lr, st.step + 1);
+    model_->ZeroGrad();
+    // The update is queued on the stage's stream; whoever reads the
+    // parameters next (a checkpoint, the final write, an evaluation from
+    // another thread's stream) must see it done.
+    if (device_ != nullptr) SynchronizeCuda();
+  }
+  st.result.grad_norm = std::sqrt(squares);
+  timeline_.EndStep();
+  layer_timing_.EndStep(placement_.micro_batches);
+  CountingAllocator& activations =
+      device_ != nullptr ? device_->activations() : activations_;
+  last_peak_bytes_ = activations.peak_bytes();
+  st.result.peak_activation_bytes = last_peak_bytes_;
+  StageStepResult result = std::move(st.result);
+  current_.reset();
+  return result;
+}
+
+absl::Status Stage::BeginStep(int64_t step) {
   AllocatorScope scope(&activations_);
   DeviceTransfer::Scope on_device(device_.get());
   CountingAllocator& activations =
       device_ != nullptr ? device_->activations() : activations_;
   activations.ResetPeak();
   timeline_.BeginStep(step);
-  StageStepResult result;
-  result.step = step;
-  Batch batch;
-  std::vector<RowRange> ranges;
+  current_ = std::make_unique<StepState>();
+  StepState& st = *current_;
+  st.step = step;
+  st.result.step = step;
   if (placement_.first() || placement_.last()) {
     const std::vector<int64_t> indices = sampler_->Indices(step);
     // The last stage's inputs come down the pipe: it needs the targets only.
     if (placement_.first()) {
-      batch = dataset_->Gather(Split::kTrain, indices);
+      st.batch = dataset_->Gather(Split::kTrain, indices);
       // Once for the step's batch, not per micro-batch.
-      RETURN_IF_ERROR(model_->CheckInput(batch.inputs));
+      RETURN_IF_ERROR(model_->CheckInput(st.batch.inputs));
     } else {
-      batch.targets = dataset_->GatherTargets(Split::kTrain, indices);
+      st.batch.targets = dataset_->GatherTargets(Split::kTrain, indices);
     }
-    ranges = SplitMicroBatches(static_cast<int64_t>(indices.size()),
-                               placement_.micro_batches);
+    st.ranges = SplitMicroBatches(static_cast<int64_t>(indices.size()),
+                                  placement_.micro_batches);
     if (placement_.last())
-      result.loss_normalizer =
-          std::max<int64_t>(CountTargets(batch.targets), 1);
+      st.result.loss_normalizer =
+          std::max<int64_t>(CountTargets(st.batch.targets), 1);
   }
-  std::vector<InFlight> flight(placement_.micro_batches);
+  st.flight.resize(placement_.micro_batches);
+  return absl::OkStatus();
+}
+
+absl::Status Stage::RunOp(const Op& op) {
+  if (!current_) return absl::FailedPreconditionError("no step begun");
+  StepState& st = *current_;
+  if (op.micro_batch < 0 || op.micro_batch >= placement_.micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", placement_.index, ": op ", ToString(op),
+                     " names no micro-batch of ", placement_.micro_batches));
+  }
+  AllocatorScope scope(&activations_);
+  DeviceTransfer::Scope on_device(device_.get());
+  switch (op.kind) {
+    case OpKind::kForward:
+      return Forward(st.step, op.micro_batch, st.batch, st.ranges,
+                     st.result.loss_normalizer, st.flight, st.result.loss);
+    case OpKind::kBackward:
+    case OpKind::kBackwardInput:
+      return Backward(st.step, op.micro_batch, op.kind, st.flight);
+    case OpKind::kBackwardWeight:
+      return BackwardWeight(st.step, op.micro_batch, st.flight);
+    case OpKind::kOptimizerStep:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      "the optimizer step goes through SendGradSquares and FinishStep");
+}
+
+absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
+  RETURN_IF_ERROR(BeginStep(step));
   for (const Op& op : schedule_) {
-    switch (op.kind) {
-      case OpKind::kForward:
-        RETURN_IF_ERROR(Forward(step, op.micro_batch, batch, ranges,
-                                result.loss_normalizer, flight, result.loss));
-        break;
-      case OpKind::kBackward:
-      case OpKind::kBackwardInput:
-        RETURN_IF_ERROR(Backward(step, op.micro_batch, op.kind, flight));
-        break;
-      case OpKind::kBackwardWeight:
-        RETURN_IF_ERROR(BackwardWeight(step, op.micro_batch, flight));
-        break;
-      case OpKind::kOptimizerStep: {
-        // A weight half that never ran would leave its gradient out.
-        for (size_t m = 0; m < flight.size(); ++m) {
-          if (!flight[m].deferred.empty()) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "stage ", placement_.index, ": the schedule never runs W", m,
-                " (the weight half of micro-batch ", m, ") before its step"));
-          }
-        }
-        if (placement_.last()) {
-          const double loss = result.loss.loss_sum / result.loss_normalizer;
-          if (!std::isfinite(loss)) {
-            return absl::FailedPreconditionError(
-                absl::StrCat("loss is not finite (", loss, ") at step ", step));
-          }
-        }
-        ASSIGN_OR_RETURN(const double squares, OptimizerStep(step, &result.lr));
-        result.grad_norm = std::sqrt(squares);
-        break;
-      }
+    if (op.kind != OpKind::kOptimizerStep) {
+      RETURN_IF_ERROR(RunOp(op));
+      continue;
     }
+    RETURN_IF_ERROR(SendGradSquares());
+    return FinishStep();
   }
-  timeline_.EndStep();
-  layer_timing_.EndStep(placement_.micro_batches);
-  last_peak_bytes_ = activations.peak_bytes();
-  result.peak_activation_bytes = last_peak_bytes_;
-  return result;
+  return absl::InternalError(absl::StrCat(
+      "stage ", placement_.index, ": the schedule has no optimizer step",
+      Interleaves(placement_.schedule)
+          ? " (an interleaved schedule's stages run op by op, by their worker)"
+          : ""));
 }
 
 // Evaluation streams batches down the pipe until the first stage sends the

@@ -72,6 +72,18 @@ class Stage {
 
   // Runs the schedule of training step `step` and the optimizer step.
   absl::StatusOr<StageStepResult> RunStep(int64_t step);
+
+  // The same step op by op, for a worker that runs several stages (the
+  // chunks of an interleaved schedule) on one thread: BeginStep, RunOp for
+  // each forward and backward op, then the optimizer step in two halves,
+  // SendGradSquares (the clipping norm passed down the chain) on every
+  // chunk in chunk order and FinishStep (the total passed back up, the
+  // update) in reverse, so no chunk waits for one its own thread has not
+  // reached. RunStep is these calls in its schedule's order.
+  absl::Status BeginStep(int64_t step);
+  absl::Status RunOp(const Op& op);
+  absl::Status SendGradSquares();
+  absl::StatusOr<StageStepResult> FinishStep();
   // A forward-only pass over a split in batches of the evaluation batch
   // size; the last stage returns the loss and accuracy, others zeros.
   // With `outputs` (the last stage's), the model's output of each batch is
@@ -119,8 +131,17 @@ class Stage {
   // it (a schedule running a weight half twice, or before its input half).
   absl::Status BackwardWeight(int64_t step, int64_t m,
                               std::vector<InFlight>& flight);
-  absl::StatusOr<double> OptimizerStep(int64_t step, float* lr);
   LayerContext Context(int64_t step, int64_t m) const;
+
+  // A step between BeginStep and FinishStep.
+  struct StepState {
+    int64_t step = 0;
+    Batch batch;
+    std::vector<RowRange> ranges;
+    std::vector<InFlight> flight;
+    StageStepResult result;
+    double squares = 0;  // the clipping chain's sum so far
+  };
   // `t` as `link` takes it: on the host, or as it is.
   Tensor ForLink(Link* link, Tensor t);
 
@@ -143,6 +164,7 @@ class Stage {
   Timeline timeline_;
   LayerTiming layer_timing_;
   int64_t last_peak_bytes_ = 0;
+  std::unique_ptr<StepState> current_;
 };
 
 }  // namespace gpipe

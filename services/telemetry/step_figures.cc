@@ -25,8 +25,8 @@ StepFigures ComputeStepFigures(const StepTimeline& step) {
 }
 
 double TheoreticalBubbleRatio(int64_t stages, int64_t micro_batches,
-                              ScheduleKind schedule) {
-  return TheoreticalBubble(schedule, stages, micro_batches);
+                              ScheduleKind schedule, int64_t virtual_stages) {
+  return TheoreticalBubble(schedule, stages, micro_batches, virtual_stages);
 }
 
 }  // namespace gpipe

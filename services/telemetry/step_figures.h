@@ -32,7 +32,8 @@ StepFigures ComputeStepFigures(const StepTimeline& step);
 // (K-1)/(M+K-1) for GPipe and 1F1B alike (1F1B saves memory, not bubble),
 // (K-1)/(3M+K-1) for ZB-H1 when M >= K. 0 for K <= 1 or M <= 0.
 double TheoreticalBubbleRatio(int64_t stages, int64_t micro_batches,
-                              ScheduleKind schedule = ScheduleKind::kGPipe);
+                              ScheduleKind schedule = ScheduleKind::kGPipe,
+                              int64_t virtual_stages = 1);
 
 }  // namespace gpipe
 

@@ -161,6 +161,21 @@ TEST_F(ControllerStateTest, ARestartingJobWaitsItsSettleTimeThenRestarts) {
   EXPECT_EQ(a->start_step(), 0);
 }
 
+// Workers hold one stage each: a cluster refuses the interleaved schedule
+// with a status that says where it runs, and keeps nothing.
+TEST_F(ControllerStateTest, AClusterRefusesTheInterleavedSchedule) {
+  v1::JobSpec spec = Spec(2, 0);
+  spec.mutable_pipeline()->set_schedule(v1::INTERLEAVED_1F1B);
+  spec.mutable_pipeline()->set_virtual_stages(2);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.mutable_pipeline()->clear_balance();
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(job.status().message().find("gpipectl train"), std::string::npos)
+      << job.status();
+}
+
 TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   v1::JobSpec spec = Spec(2, 0);

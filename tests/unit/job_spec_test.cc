@@ -394,6 +394,33 @@ std::vector<BadSpec> BadSpecs() {
        "pipeline.stages: 7 is more than the 6 layers of the model"},
       {"NegativeStages", With(kCnn, R"("stages": 4)", R"("stages": -1)"),
        "pipeline.stages: must be >= 0"},
+      {"VirtualStagesWithoutInterleaving",
+       With(kMlp, R"("stages": 2)", R"("stages": 2, "virtual_stages": 2)"),
+       "pipeline.virtual_stages: virtual stages: 2 chunks per worker need the "
+       "interleaved schedule"},
+      {"InterleavedWithOneChunk",
+       With(kMlp, R"("stages": 2)",
+            R"("stages": 2, "schedule": "INTERLEAVED_1F1B")"),
+       "pipeline.virtual_stages: the interleaved schedule needs 2 or more "
+       "virtual stages"},
+      {"InterleavedMicroBatchesNotAMultiple",
+       With(kCopy, R"("stages": 3)",
+            R"("stages": 3, "schedule": "INTERLEAVED_1F1B", )"
+            R"("virtual_stages": 2)"),
+       "pipeline.micro_batches: the interleaved schedule needs micro-batches "
+       "to be a multiple of the 3 stages, got 4"},
+      {"InterleavedChunksExceedLayers",
+       With(kMlp, R"("micro_batches": 4, "balance": [3, 3])",
+            R"("micro_batches": 4, "schedule": "INTERLEAVED_1F1B", )"
+            R"("virtual_stages": 4)"),
+       "pipeline.virtual_stages: 2 stages x 4 chunks is more than the 6 "
+       "layers"},
+      {"InterleavedBalanceCountsChunks",
+       With(kMlp, R"("micro_batches": 4, "balance": [3, 3])",
+            R"("micro_batches": 4, "schedule": "INTERLEAVED_1F1B", )"
+            R"("virtual_stages": 2, "balance": [3, 3])"),
+       "pipeline.balance: length 2 does not match pipeline.stages 2 x "
+       "virtual_stages 2"},
       {"MinStagesExceedStages",
        With(kCnn, R"("min_stages": 2)", R"("min_stages": 5)"),
        "pipeline.min_stages: 5 is more than the 4 stages"},

@@ -16,7 +16,8 @@ namespace {
 
 constexpr int kSteps = 3;
 constexpr ScheduleKind kSchedules[] = {
-    ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1};
+    ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+    ScheduleKind::kInterleaved1F1B};
 
 gpipe::v1::JobSpec LoadExample(const std::string& name, int64_t batch) {
   auto spec =
@@ -60,21 +61,31 @@ void ExpectSame(const std::map<std::string, Tensor>& want,
   }
 }
 
-// Every K in 1..4, M in {1,2,4,8}, every schedule, all remat modes.
+// Every K in 1..4, M in {1,2,4,8}, every schedule, all remat modes; the
+// interleaved schedule with v = 2 chunks per worker wherever it applies
+// (M a multiple of K, K x 2 stages no more than the layers).
 void CheckAllCombinations(const std::string& example, int64_t batch) {
   const gpipe::v1::JobSpec spec = LoadExample(example, batch);
   std::shared_ptr<const Dataset> data = Open(spec);
   ASSERT_NE(data, nullptr);
+  int interleaved = 0;  // combinations run with 2 chunks per worker
   for (int64_t m : {1, 2, 4, 8}) {
     const std::map<std::string, Tensor> want = RunReference(spec, m, data);
     for (int64_t k = 1; k <= 4; ++k) {
       for (ScheduleKind schedule : kSchedules) {
+        const int64_t v = Interleaves(schedule) ? 2 : 1;
+        if (!ScheduleShapeError(schedule, k, m, v).empty() ||
+            k * v > spec.model().layers_size()) {
+          continue;
+        }
         for (RematMode remat :
              {RematMode::kAlways, RematMode::kExceptLast, RematMode::kNever}) {
           PipelineOptions o;
           o.stages = k;
+          o.virtual_stages = v;
           o.micro_batches = m;
           o.schedule = schedule;
+          interleaved += v > 1;
           o.remat = remat;
           o.dataset = data;
           const std::string what = example + " K=" + std::to_string(k) +
@@ -92,6 +103,8 @@ void CheckAllCombinations(const std::string& example, int64_t batch) {
       }
     }
   }
+  // K = 1 and 2 fit every example's layers twice over.
+  EXPECT_GE(interleaved, 3 * 4) << example;
 }
 
 TEST(PipelineExactness, MlpAllCombinations) {
@@ -121,11 +134,19 @@ TEST(PipelineExactness, UnevenMicroBatchesAndUnevenStages) {
       o.schedule = schedule;
       o.remat = RematMode::kAlways;
       o.balance = {1, 3, 1};
+      if (Interleaves(schedule)) {
+        // 2 workers holding 2 uneven chunks each.
+        o.stages = 2;
+        o.virtual_stages = 2;
+        o.balance = {1, 2, 1, 1};
+      }
       o.dataset = data;
       auto p = InProcessPipeline::Create(spec, o);
       ASSERT_TRUE(p.ok()) << p.status();
       for (int s = 0; s < kSteps; ++s) ASSERT_TRUE((*p)->Step().ok());
-      ExpectSame(want, Snapshot(**p), "uneven M=" + std::to_string(m));
+      ExpectSame(want, Snapshot(**p),
+                 std::string(ScheduleName(schedule)) +
+                     " uneven M=" + std::to_string(m));
     }
   }
 }

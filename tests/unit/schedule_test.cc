@@ -49,14 +49,76 @@ TEST(Schedule, ZeroBubbleH1DefersEachStagesWeightsByItsIndex) {
   }
 }
 
+// Worker w of K holds chunks w and w + K; "/1" marks chunk 1. Forwards go
+// in groups of K micro-batches chunk by chunk, backwards with the chunks
+// reversed, after a warm-up of 2(K-w-1) + (v-1)K forwards.
+TEST(Schedule, InterleavedRunsEachWorkersChunksInGroups) {
+  EXPECT_EQ(
+      Render(MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2, 0)),
+      "F0 F1 F0/1 F1/1 B0/1 B1/1 B0 B1 step");
+  EXPECT_EQ(
+      Render(MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2, 1)),
+      "F0 F1 F0/1 B0/1 F1/1 B1/1 B0 B1 step");
+  EXPECT_EQ(
+      Render(MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, 2, 4, 2, 1)),
+      "F0 F1 F0/1 B0/1 F1/1 B1/1 F2 B0 F3 B1 F2/1 B2/1 F3/1 B3/1 B2 B3 step");
+  // v = 1 is 1F1B.
+  EXPECT_EQ(MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, 3, 6, 1, 1),
+            MakeSchedule(ScheduleKind::kOneFOneB, 3, 6, 1));
+  EXPECT_EQ(ScheduleShapeError(ScheduleKind::kInterleaved1F1B, 4, 8, 2), "");
+  EXPECT_NE(ScheduleShapeError(ScheduleKind::kInterleaved1F1B, 4, 6, 2), "");
+  EXPECT_NE(ScheduleShapeError(ScheduleKind::kInterleaved1F1B, 4, 8, 1), "");
+  EXPECT_NE(ScheduleShapeError(ScheduleKind::kOneFOneB, 4, 8, 2), "");
+}
+
+// Each chunk of each worker runs its forwards, then backwards, in
+// micro-batch order (so gradients sum as in the reference), each backward
+// after its forward, and every op once.
+TEST(Schedule, InterleavedChunksRunInMicroBatchOrder) {
+  for (int64_t v : {2, 3, 4}) {
+    for (int64_t k : {1, 2, 3, 4, 8}) {
+      for (int64_t m = k; m <= 16; m += k) {
+        for (int64_t w = 0; w < k; ++w) {
+          const std::vector<Op> ops =
+              MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, k, m, v, w);
+          ASSERT_EQ(ops.size(), static_cast<size_t>(2 * v * m + 1));
+          EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
+          std::vector<int64_t> forwards(v, 0), backwards(v, 0);
+          for (size_t i = 0; i + 1 < ops.size(); ++i) {
+            const Op& op = ops[i];
+            ASSERT_GE(op.chunk, 0);
+            ASSERT_LT(op.chunk, v);
+            if (op.kind == OpKind::kForward) {
+              EXPECT_EQ(op.micro_batch, forwards[op.chunk]++);
+            } else {
+              ASSERT_EQ(op.kind, OpKind::kBackward);
+              EXPECT_EQ(op.micro_batch, backwards[op.chunk]++);
+              EXPECT_LT(op.micro_batch, forwards[op.chunk]) << "B before F";
+            }
+          }
+          for (int64_t c = 0; c < v; ++c) {
+            EXPECT_EQ(forwards[c], m);
+            EXPECT_EQ(backwards[c], m);
+          }
+          // Megatron's warm-up bound: never more in flight than it.
+          EXPECT_LE(MaxLiveMicroBatches(ops),
+                    std::min(v * m, 2 * (k - w - 1) + (v - 1) * k + 1));
+        }
+      }
+    }
+  }
+}
+
 TEST(Schedule, NameRoundTrip) {
   EXPECT_EQ(*ParseScheduleName("gpipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(*ParseScheduleName("1f1b"), ScheduleKind::kOneFOneB);
   EXPECT_EQ(*ParseScheduleName("zb-h1"), ScheduleKind::kZeroBubbleH1);
   EXPECT_EQ(*ParseScheduleName("ZERO_BUBBLE_H1"), ScheduleKind::kZeroBubbleH1);
-  EXPECT_FALSE(ParseScheduleName("interleaved").ok());
-  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                            ScheduleKind::kZeroBubbleH1}) {
+  EXPECT_FALSE(ParseScheduleName("interleaved-zb").ok());
+  EXPECT_EQ(*ParseScheduleName("interleaved"), ScheduleKind::kInterleaved1F1B);
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+        ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B}) {
     EXPECT_EQ(*ParseScheduleName(ScheduleName(kind)), kind);
     EXPECT_EQ(ScheduleFromSpec(ScheduleToSpec(kind)), kind);
   }

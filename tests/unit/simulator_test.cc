@@ -144,6 +144,37 @@ TEST(SimulatorTest, EveryScheduleCompletes) {
   }
 }
 
+// Interleaved 1F1B on K workers of v chunks each (each chunk 1/v of a
+// worker's work): (K-1)/(vM+K-1), 1F1B's bubble divided by about v, and
+// every configuration runs to its end.
+TEST(SimulatorTest, InterleavedDividesTheBubbleByTheChunks) {
+  for (int64_t v : {2, 3, 4}) {
+    for (int64_t k : {1, 2, 3, 4, 8, 16}) {
+      for (int64_t m = k; m <= 64; m += k) {
+        SimulationConfig config =
+            Balanced(k * v, m, ScheduleKind::kInterleaved1F1B);
+        for (StageCost& c : config.stages) {
+          c.forward_seconds = 1.0 / v;
+          c.backward_seconds = 2.0 / v;
+        }
+        config.virtual_stages = v;
+        const SimulationResult r = Simulate(config);
+        ASSERT_TRUE(r.complete) << "v=" << v << " k=" << k << " m=" << m;
+        ASSERT_EQ(r.stages.size(), static_cast<size_t>(k));
+        EXPECT_LE(r.max_link_messages, m);
+        const double expected = static_cast<double>(k - 1) / (v * m + k - 1);
+        for (const StageSimulation& s : r.stages) {
+          EXPECT_NEAR(s.busy_seconds, 3.0 * m, 1e-6);
+          EXPECT_NEAR(s.bubble_fraction, expected, 1e-6)
+              << "v=" << v << " k=" << k << " m=" << m;
+        }
+        EXPECT_NEAR(TheoreticalBubble(ScheduleKind::kInterleaved1F1B, k, m, v),
+                    expected, 1e-9);
+      }
+    }
+  }
+}
+
 TEST(SimulatorTest, ABrokenScheduleDoesNotComplete) {
   SimulationConfig config = Balanced(2, 4, ScheduleKind::kZeroBubbleH1);
   for (int64_t s = 0; s < 2; ++s)
