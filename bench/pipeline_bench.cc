@@ -64,12 +64,16 @@ struct Measured {
   double bubble = 0;
 };
 
+// K workers; under the interleaved schedule each holds v chunks, and the
+// bubble and peak are the worker's (its chunks' busy time and memory
+// together).
 Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
              RematMode remat, int warmup, int steps,
              std::shared_ptr<const Dataset> data,
-             ScheduleKind schedule = ScheduleKind::kGPipe) {
+             ScheduleKind schedule = ScheduleKind::kGPipe, int64_t v = 1) {
   PipelineOptions o;
   o.stages = k;
+  o.virtual_stages = v;
   o.micro_batches = m;
   o.schedule = schedule;
   o.remat = remat;
@@ -88,19 +92,27 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     if (s >= warmup) times.push_back(t);
   }
   Measured out{Median(times), {}};
-  double wall = 0, idle = 0;
-  for (int64_t i = 0; i < k; ++i) {
-    out.peak_bytes.push_back((*p)->stage(i).peak_activation_bytes());
-    std::vector<StepTimeline> kept = (*p)->stage(i).timeline().Steps();
-    const size_t from = kept.size() > static_cast<size_t>(steps)
-                            ? kept.size() - static_cast<size_t>(steps)
-                            : 0;
-    for (size_t s = from; s < kept.size(); ++s) {
-      wall += kept[s].wall_seconds();
-      idle += kept[s].bubble_seconds();
+  double wall = 0, busy = 0;
+  for (int64_t w = 0; w < k; ++w) {
+    int64_t peak = 0;
+    std::vector<double> step_wall(steps, 0.0);
+    for (int64_t c = 0; c < v; ++c) {
+      Stage& stage = (*p)->stage(c * k + w);
+      peak += stage.peak_activation_bytes();
+      std::vector<StepTimeline> kept = stage.timeline().Steps();
+      const size_t from = kept.size() > static_cast<size_t>(steps)
+                              ? kept.size() - static_cast<size_t>(steps)
+                              : 0;
+      for (size_t s = from; s < kept.size(); ++s) {
+        double& at = step_wall[s - from];
+        at = std::max(at, kept[s].wall_seconds());
+        busy += kept[s].busy_seconds();
+      }
     }
+    for (double x : step_wall) wall += x;
+    out.peak_bytes.push_back(peak);
   }
-  out.bubble = wall > 0 ? idle / wall : 0;
+  out.bubble = wall > 0 ? 1 - busy / wall : 0;
   return out;
 }
 
@@ -110,28 +122,30 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
 // and loss time, spread over the layers in proportion).
 SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
                              int64_t m, RematMode remat, ScheduleKind schedule,
-                             double measured_one_stage_seconds) {
+                             double measured_one_stage_seconds, int64_t v = 1) {
   const ModelShapes shapes = *InferModelShapes(spec.model());
   const int64_t mb = spec.batch_size() / m;
   std::vector<double> costs = CostModelLayerCosts(shapes);
-  auto simulate = [&](int64_t stages, RematMode mode, ScheduleKind kind) {
+  auto simulate = [&](int64_t stages, RematMode mode, ScheduleKind kind,
+                      int64_t chunks) {
     // Cut as the in-process pipeline cuts for this remat mode.
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_stages(stages);
     for_k.mutable_pipeline()->set_remat(RematToSpec(mode));
     SimulationConfig config;
-    config.stages =
-        StageCostsFromLayers(shapes, costs, *PartitionJob(for_k, stages), mb);
+    config.stages = StageCostsFromLayers(
+        shapes, costs, *PartitionJob(for_k, stages * chunks), mb);
     config.micro_batches = m;
     config.remat = mode;
     config.schedule = kind;
+    config.virtual_stages = chunks;
     return Simulate(config);
   };
   const double scale =
       measured_one_stage_seconds /
-      simulate(1, RematMode::kNever, ScheduleKind::kGPipe).step_seconds;
+      simulate(1, RematMode::kNever, ScheduleKind::kGPipe, 1).step_seconds;
   for (double& c : costs) c *= scale;
-  return simulate(k, remat, schedule);
+  return simulate(k, remat, schedule, v);
 }
 
 double Predict(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
@@ -147,13 +161,14 @@ double MeanBubble(const SimulationResult& r) {
   return r.stages.empty() ? 0 : sum / r.stages.size();
 }
 
-// GPipe, 1F1B and ZB-H1 side by side at K stages: measured step, measured
-// and simulated bubble, the formula, and the largest stage's peak.
+// GPipe, 1F1B, ZB-H1 and interleaved 1F1B (v = 2) side by side at K
+// stages: measured step, measured and simulated bubble, the formula, and
+// the largest stage's peak.
 void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
                       int steps, std::shared_ptr<const Dataset> data) {
   std::printf("\nschedules at K=%lld (remat never):\n",
               static_cast<long long>(k));
-  std::printf("%4s %6s %9s %10s %9s %9s %8s %8s %10s %9s\n", "M", "sched",
+  std::printf("%4s %11s %9s %10s %9s %9s %8s %8s %10s %9s\n", "M", "sched",
               "step ms", "pred ms", "meas/pred", "bubble", "sim", "formula",
               "peak MiB", "vs 1f1b");
   for (int64_t m : {2, 4, 8}) {
@@ -161,29 +176,35 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
         Run(spec, 1, m, RematMode::kNever, warmup, steps, data);
     double ofob_bubble = 0;
     int64_t ofob_peak = 0;
-    for (ScheduleKind schedule : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-                                  ScheduleKind::kZeroBubbleH1}) {
+    for (ScheduleKind schedule :
+         {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+          ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B}) {
+      const int64_t v = Interleaves(schedule) ? 2 : 1;
+      if (!ScheduleShapeError(schedule, k, m, v).empty() ||
+          k * v > spec.model().layers_size()) {
+        continue;
+      }
       const Measured r =
-          Run(spec, k, m, RematMode::kNever, warmup, steps, data, schedule);
+          Run(spec, k, m, RematMode::kNever, warmup, steps, data, schedule, v);
       const SimulationResult sim = PredictStep(spec, k, m, RematMode::kNever,
-                                               schedule, one.step_seconds);
+                                               schedule, one.step_seconds, v);
       const int64_t peak =
           *std::max_element(r.peak_bytes.begin(), r.peak_bytes.end());
       std::string versus = "-";
       if (schedule == ScheduleKind::kOneFOneB) {
         ofob_bubble = r.bubble;
         ofob_peak = peak;
-      } else if (schedule == ScheduleKind::kZeroBubbleH1 && ofob_bubble > 0) {
+      } else if (schedule != ScheduleKind::kGPipe && ofob_bubble > 0) {
         versus = absl::StrFormat("%.2f/%.2f", r.bubble / ofob_bubble,
                                  static_cast<double>(peak) / ofob_peak);
       }
       std::printf(
-          "%4lld %6s %9.1f %10.1f %9.2f %8.1f%% %7.1f%% %7.1f%% %10.2f %9s\n",
+          "%4lld %11s %9.1f %10.1f %9.2f %8.1f%% %7.1f%% %7.1f%% %10.2f %9s\n",
           static_cast<long long>(m),
           std::string(ScheduleName(schedule)).c_str(), r.step_seconds * 1e3,
           sim.step_seconds * 1e3, r.step_seconds / sim.step_seconds,
           100 * r.bubble, 100 * MeanBubble(sim),
-          100 * TheoreticalBubble(schedule, k, m), peak / 1048576.0,
+          100 * TheoreticalBubble(schedule, k, m, v), peak / 1048576.0,
           versus.c_str());
     }
   }
@@ -243,8 +264,9 @@ int main(int argc, char** argv) {
         "\nbubble = the stages' idle share of their measured steps (wall - "
         "busy, as the gauges count it); sim = the simulator's on the cost "
         "model's layer costs scaled to the measured K=1 step; formula = "
-        "the schedule's on equal stages; vs 1f1b = zb-h1's bubble and "
-        "largest peak over 1f1b's\n");
+        "the schedule's on equal stages; interleaved holds 2 chunks per "
+        "stage (its bubble and peak are the stage's); vs 1f1b = the "
+        "schedule's bubble and largest peak over 1f1b's\n");
   };
   if (schedules_only) {
     compare_schedules();
