@@ -8,7 +8,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/declare.h"
@@ -35,9 +38,10 @@
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/threads.h"
 
-ABSL_FLAG(std::string, stages_range, "1..8",
+ABSL_FLAG(std::string, stages_range, "",
           "plan: stage counts K to consider, 'LO..HI' or 'K' (capped at the "
-          "number of layers)");
+          "number of layers); default 1..8, growing past 8 while the best K "
+          "is at its end");
 ABSL_FLAG(bool, measure, false,
           "plan: balance and predict with measured per-layer times instead "
           "of the FLOP cost model");
@@ -122,16 +126,17 @@ double MeasureSgemmFlops() {
 struct Option {
   int64_t k = 0;
   int64_t m = 0;
+  int64_t v = 1;  // chunks per stage (interleaved)
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kNever;
-  std::vector<int64_t> balance;
-  std::vector<StageCost> costs;
-  SimulationResult sim;
+  std::vector<int64_t> balance;  // K x v entries
+  std::vector<StageCost> costs;  // per chunk
+  SimulationResult sim;          // per stage (worker)
   double samples_per_second = 0;
   double min_bubble = 1;  // the busiest stage's: the pipeline's own bubble
   double max_bubble = 0;  // the idlest stage's: shows imbalance
-  std::vector<StageMemory> memory;  // per stage (memory_model.h)
-  int64_t peak_bytes = 0;           // the largest stage's total
+  std::vector<StageMemory> memory;  // per chunk (memory_model.h)
+  int64_t peak_bytes = 0;           // the largest stage's, its chunks'
 };
 
 bool Fits(const Option& o, int64_t budget) {
@@ -154,37 +159,45 @@ std::string BalanceText(const std::vector<int64_t>& balance) {
   return s;
 }
 
+std::string ScheduleText(const Option& o) {
+  std::string name(ScheduleName(o.schedule));
+  return o.v > 1 ? absl::StrCat(name, "/", o.v) : name;
+}
+
 std::string Row(const Option& o, const char* mark) {
   return absl::StrFormat(
-      "%s %4d %5d  %-8s %-11s %10.3f %11.1f %5.1f%% %5.1f%% %10.2f  %s", mark,
-      o.k, o.m, std::string(ScheduleName(o.schedule)),
-      std::string(RematName(o.remat)), o.sim.step_seconds * 1e3,
-      o.samples_per_second, o.min_bubble * 100, o.max_bubble * 100,
-      o.peak_bytes / kMiB, BalanceText(o.balance));
+      "%s %4d %5d  %-13s %-11s %10.3f %11.1f %5.1f%% %5.1f%% %10.2f  %s", mark,
+      o.k, o.m, ScheduleText(o), std::string(RematName(o.remat)),
+      o.sim.step_seconds * 1e3, o.samples_per_second, o.min_bubble * 100,
+      o.max_bubble * 100, o.peak_bytes / kMiB, BalanceText(o.balance));
 }
 
 void PrintHeader() {
   std::printf(
-      "     K     M  schedule remat          step ms   samples/s "
+      "     K     M  schedule      remat          step ms   samples/s "
       "bubble    max   peak MiB  balance\n");
 }
 
+// One line per stage, or per chunk (stage/chunk) under interleaving, with
+// its stage's busy time and bubble.
 void PrintStageDetails(const Option& o) {
   std::printf("\nper stage (K=%lld, M=%lld, %s, remat %s):\n",
               static_cast<long long>(o.k), static_cast<long long>(o.m),
-              std::string(ScheduleName(o.schedule)).c_str(),
-              std::string(RematName(o.remat)).c_str());
+              ScheduleText(o).c_str(), std::string(RematName(o.remat)).c_str());
   std::printf(
       "  stage  layers      forward ms  backward ms   busy ms  "
       "bubble   peak MiB  memory\n");
   const std::vector<int64_t> begins = StageBegins(o.balance);
-  for (int64_t s = 0; s < o.k; ++s) {
-    const StageSimulation& st = o.sim.stages[s];
+  for (size_t s = 0; s < o.balance.size(); ++s) {
+    const int64_t worker = static_cast<int64_t>(s) % o.k;
+    const StageSimulation& st = o.sim.stages[worker];
     const std::string layers =
         absl::StrCat("[", begins[s], ", ", begins[s] + o.balance[s], ")");
-    std::printf("  %5lld  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f  %s\n",
-                static_cast<long long>(s), layers.c_str(),
-                o.costs[s].forward_seconds * 1e3,
+    const std::string name =
+        o.v > 1 ? absl::StrCat(worker, "/", static_cast<int64_t>(s) / o.k)
+                : absl::StrCat(s);
+    std::printf("  %5s  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f  %s\n",
+                name.c_str(), layers.c_str(), o.costs[s].forward_seconds * 1e3,
                 o.costs[s].backward_seconds * 1e3, st.busy_seconds * 1e3,
                 st.bubble_fraction * 100, o.memory[s].total() / kMiB,
                 o.memory[s].ToString().c_str());
@@ -210,7 +223,9 @@ int RunPlan(const std::vector<std::string>& args) {
   const int64_t batch = spec->batch_size();
 
   absl::StatusOr<std::pair<int64_t, int64_t>> range =
-      ParseStagesRange(absl::GetFlag(FLAGS_stages_range));
+      ParseStagesRange(absl::GetFlag(FLAGS_stages_range).empty()
+                           ? "1..8"
+                           : absl::GetFlag(FLAGS_stages_range));
   if (!range.ok()) return Fail(range.status());
   int64_t k_lo = range->first, k_hi = std::min(range->second, layers);
   if (const int64_t k = absl::GetFlag(FLAGS_stages); k != 0) {
@@ -244,9 +259,11 @@ int RunPlan(const std::vector<std::string>& args) {
                         micro_batches.end());
   }
 
-  std::vector<ScheduleKind> schedules = {ScheduleKind::kGPipe,
-                                         ScheduleKind::kOneFOneB,
-                                         ScheduleKind::kZeroBubbleH1};
+  // Interleaved with the spec's chunks per stage, or 2, where M is a
+  // multiple of K.
+  std::vector<ScheduleKind> schedules = {
+      ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+      ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B};
   if (const std::string name = absl::GetFlag(FLAGS_schedule); !name.empty()) {
     absl::StatusOr<ScheduleKind> kind = ParseScheduleName(name);
     if (!kind.ok()) return Fail(kind.status());
@@ -327,86 +344,154 @@ int RunPlan(const std::vector<std::string>& args) {
   cost_source +=
       absl::StrFormat(", %.1f us a layer per op", mean_overhead * 1e6);
 
-  // The spec's balance is for its own K; other K are balanced by the same
-  // costs the simulation uses, so a measured plan is balanced by measurement.
-  std::vector<Option> options;
-  const auto started = std::chrono::steady_clock::now();
-  for (int64_t k = k_lo; k <= k_hi; ++k) {
-    const bool explicit_balance =
-        !spec->pipeline().balance().empty() && k == StageCount(*spec);
-    // Each remat mode has its own cut: stages that re-materialize do more
-    // for the same layers (RematStageWeights).
-    std::map<RematMode, std::vector<int64_t>> balances;
-    for (RematMode remat : remats) {
-      absl::StatusOr<std::vector<int64_t>> balance =
-          explicit_balance ? PartitionJob(*spec, k)
-                           : PartitionByCost(partition_costs, k,
-                                             RematStageWeights(remat, k));
-      if (!balance.ok()) return Fail(balance.status());
-      balances[remat] = *std::move(balance);
-    }
-    for (int64_t m : micro_batches) {
-      const int64_t mb = (batch + m - 1) / m;
-      std::vector<double> forward(layers);
-      for (int64_t l = 0; l < layers; ++l) forward[l] = per_sample[l] * mb / 3;
-      const auto stage_costs = [&](const std::vector<int64_t>& balance,
-                                   ScheduleKind schedule) {
-        std::vector<StageCost> costs =
-            StageCostsFromLayers(*shapes, forward, balance, mb);
-        const std::vector<int64_t> begins = StageBegins(balance);
-        for (int64_t s = 0; s < k; ++s) {
-          for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
-            costs[s].forward_seconds += overhead[l];
-            costs[s].backward_seconds += overhead[l];
-            // A split backward runs a layer with parameters twice.
-            if (SplitsBackward(schedule) && shapes->costs[l].param_bytes > 0) {
+  // The spec's balance is for its own K (and v); other K are balanced by
+  // the same costs the simulation uses, so a measured plan is balanced by
+  // measurement.
+  const int64_t spec_v =
+      Interleaves(ScheduleFromSpec(spec->pipeline().schedule()))
+          ? VirtualStageCount(*spec)
+          : 2;
+  const auto plan = [&](int64_t lo, int64_t hi, const std::vector<int64_t>& ms,
+                        const std::vector<ScheduleKind>& kinds,
+                        const std::vector<RematMode>& modes)
+      -> absl::StatusOr<std::vector<Option>> {
+    std::vector<Option> out;
+    for (int64_t k = lo; k <= hi; ++k) {
+      // Each remat mode (and chunk count) has its own cut: stages that
+      // re-materialize do more for the same layers (RematStageWeights).
+      std::map<std::pair<RematMode, int64_t>, std::vector<int64_t>> balances;
+      const auto balance_for =
+          [&](RematMode remat,
+              int64_t v) -> absl::StatusOr<std::vector<int64_t>> {
+        auto it = balances.find({remat, v});
+        if (it != balances.end()) return it->second;
+        const int64_t chunks = k * v;
+        const bool explicit_balance =
+            spec->pipeline().balance_size() == chunks && k == StageCount(*spec);
+        absl::StatusOr<std::vector<int64_t>> balance =
+            explicit_balance
+                ? PartitionJob(*spec, chunks)
+                : PartitionByCost(partition_costs, chunks,
+                                  RematStageWeights(remat, chunks));
+        if (!balance.ok()) return balance.status();
+        return balances[{remat, v}] = *std::move(balance);
+      };
+      for (int64_t m : ms) {
+        const int64_t mb = (batch + m - 1) / m;
+        std::vector<double> forward(layers);
+        for (int64_t l = 0; l < layers; ++l)
+          forward[l] = per_sample[l] * mb / 3;
+        const auto stage_costs = [&](const std::vector<int64_t>& balance,
+                                     ScheduleKind schedule) {
+          std::vector<StageCost> costs =
+              StageCostsFromLayers(*shapes, forward, balance, mb);
+          const std::vector<int64_t> begins = StageBegins(balance);
+          for (size_t s = 0; s < balance.size(); ++s) {
+            for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
+              costs[s].forward_seconds += overhead[l];
               costs[s].backward_seconds += overhead[l];
-              costs[s].weight_seconds += overhead[l];
+              // A split backward runs a layer with parameters twice.
+              if (SplitsBackward(schedule) &&
+                  shapes->costs[l].param_bytes > 0) {
+                costs[s].backward_seconds += overhead[l];
+                costs[s].weight_seconds += overhead[l];
+              }
             }
           }
-        }
-        return costs;
-      };
-      for (ScheduleKind schedule : schedules) {
-        for (RematMode remat : remats) {
-          Option o;
-          o.k = k;
-          o.m = m;
-          o.schedule = schedule;
-          o.remat = remat;
-          o.balance = balances[remat];
-          o.costs = stage_costs(o.balance, schedule);
-          const std::vector<StageCost>& costs = o.costs;
-          SimulationConfig config;
-          config.stages = costs;
-          config.micro_batches = m;
-          config.schedule = schedule;
-          config.remat = remat;
-          config.link_bytes_per_second = link_gbps * 1e9 / 8;
-          o.sim = Simulate(config);
-          o.samples_per_second =
-              o.sim.step_seconds > 0 ? batch / o.sim.step_seconds : 0;
-          for (const StageSimulation& st : o.sim.stages) {
-            o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
-            o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
+          return costs;
+        };
+        for (ScheduleKind schedule : kinds) {
+          const int64_t v = Interleaves(schedule) ? spec_v : 1;
+          // Interleaving needs M a multiple of K and K x v layers at least.
+          if (!ScheduleShapeError(schedule, k, m, v).empty() ||
+              k * v > layers) {
+            continue;
           }
-          o.memory = EstimatePipelineMemory(*spec, *shapes, o.balance, m,
-                                            schedule, remat);
-          for (const StageMemory& s : o.memory) {
-            o.peak_bytes = std::max(o.peak_bytes, s.total());
+          for (RematMode remat : modes) {
+            Option o;
+            o.k = k;
+            o.m = m;
+            o.v = v;
+            o.schedule = schedule;
+            o.remat = remat;
+            ASSIGN_OR_RETURN(o.balance, balance_for(remat, v));
+            o.costs = stage_costs(o.balance, schedule);
+            SimulationConfig config;
+            config.stages = o.costs;
+            config.micro_batches = m;
+            config.schedule = schedule;
+            config.virtual_stages = v;
+            config.remat = remat;
+            config.link_bytes_per_second = link_gbps * 1e9 / 8;
+            o.sim = Simulate(config);
+            o.samples_per_second =
+                o.sim.step_seconds > 0 ? batch / o.sim.step_seconds : 0;
+            for (const StageSimulation& st : o.sim.stages) {
+              o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
+              o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
+            }
+            o.memory = EstimatePipelineMemory(*spec, *shapes, o.balance, m,
+                                              schedule, remat, v);
+            // A worker holds its v chunks: their estimates add up.
+            for (int64_t w = 0; w < k; ++w) {
+              int64_t total = 0;
+              for (int64_t c = 0; c < v; ++c)
+                total += o.memory[c * k + w].total();
+              o.peak_bytes = std::max(o.peak_bytes, total);
+            }
+            out.push_back(std::move(o));
           }
-          options.push_back(std::move(o));
         }
       }
     }
+    return out;
+  };
+
+  // The default range grows past its end while the best K sits at it (a
+  // deep model may want more stages than 8).
+  const bool default_range = absl::GetFlag(FLAGS_stages_range).empty() &&
+                             absl::GetFlag(FLAGS_stages) == 0;
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<Option> options;
+  const Option* best = nullptr;
+  const auto pick_best = [&] {
+    best = nullptr;
+    for (const Option& o : options) {
+      if (Fits(o, *budget) && (best == nullptr || Better(o, *best))) best = &o;
+    }
+  };
+  int64_t grown_from = 0;
+  for (;;) {
+    absl::StatusOr<std::vector<Option>> planned =
+        plan(k_lo, k_hi, micro_batches, schedules, remats);
+    if (!planned.ok()) return Fail(planned.status());
+    options = *std::move(planned);
+    pick_best();
+    if (!default_range || best == nullptr || best->k != k_hi ||
+        k_hi >= layers) {
+      break;
+    }
+    if (grown_from == 0) grown_from = k_hi;
+    k_hi = std::min(layers, 2 * k_hi);
   }
   const double simulate_ms = std::chrono::duration<double, std::milli>(
                                  std::chrono::steady_clock::now() - started)
                                  .count();
+  if (options.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "no configuration to simulate: the interleaved schedule needs "
+        "micro-batches that are a multiple of K and K x v layers"));
+  }
 
-  const Option* best = nullptr;
-  for (const Option& o : options) {
-    if (Fits(o, *budget) && (best == nullptr || Better(o, *best))) best = &o;
+  // The spec's own configuration, simulated the same way, whether or not
+  // the flags' ranges include it.
+  std::optional<Option> spec_option;
+  {
+    const int64_t k = StageCount(*spec), m = MicroBatchCount(*spec);
+    absl::StatusOr<std::vector<Option>> own =
+        plan(k, k, {m}, {ScheduleFromSpec(spec->pipeline().schedule())},
+             {RematFromSpec(spec->pipeline().remat())});
+    if (own.ok() && own->size() == 1) spec_option = std::move(own->front());
   }
 
   std::printf("plan for %s: %lld layers, batch %lld\n",
@@ -429,30 +514,49 @@ int RunPlan(const std::vector<std::string>& args) {
     }
   } else {
     // One row per (K, M): its best schedule and remat mode within the
-    // budget, else its smallest; all of them were simulated.
-    const size_t group = schedules.size() * remats.size();
-    for (size_t i = 0; i < options.size(); i += group) {
+    // budget, else its smallest; all of them were simulated (options come
+    // grouped by K, then M).
+    for (size_t i = 0; i < options.size();) {
+      size_t end = i;
+      while (end < options.size() && options[end].k == options[i].k &&
+             options[end].m == options[i].m) {
+        ++end;
+      }
       const Option* pick = nullptr;
-      for (size_t j = i; j < i + group; ++j) {
+      for (size_t j = i; j < end; ++j) {
         const Option& o = options[j];
         if (Fits(o, *budget) && (pick == nullptr || Better(o, *pick)))
           pick = &o;
       }
       if (pick == nullptr) {
-        for (size_t j = i; j < i + group; ++j) {
+        for (size_t j = i; j < end; ++j) {
           if (pick == nullptr || options[j].peak_bytes < pick->peak_bytes)
             pick = &options[j];
         }
       }
       const char* mark = pick == best ? "*" : Fits(*pick, *budget) ? " " : "!";
       std::printf("%s\n", Row(*pick, mark).c_str());
+      i = end;
     }
   }
-  std::printf("\n%zu configurations simulated in %.1f ms (%s)\n",
+  if (spec_option.has_value()) {
+    // What the spec asks for, for comparison with the best.
+    std::printf(
+        "%s  (the job spec's own)\n",
+        Row(*spec_option, Fits(*spec_option, *budget) ? "=" : "!").c_str());
+  }
+  std::printf("\n%zu configurations simulated in %.1f ms (%s; = the spec's)\n",
               options.size(), simulate_ms,
               single ? "* best, ! over budget"
                      : "best schedule/remat per K and M; * best overall, ! "
                        "over budget");
+  if (grown_from > 0) {
+    std::printf(
+        "K went past %lld to %lld: the best K was at the end of the default "
+        "range 1..%lld\n",
+        static_cast<long long>(grown_from), static_cast<long long>(k_hi),
+        static_cast<long long>(grown_from));
+  }
   if (best == nullptr) {
     const Option* smallest = &options[0];
     for (const Option& o : options)
@@ -461,8 +565,7 @@ int RunPlan(const std::vector<std::string>& args) {
         "no configuration fits the memory budget; the smallest needs "
         "%.2f MiB (K=%lld, M=%lld, %s, remat %s)\n",
         smallest->peak_bytes / kMiB, static_cast<long long>(smallest->k),
-        static_cast<long long>(smallest->m),
-        std::string(ScheduleName(smallest->schedule)).c_str(),
+        static_cast<long long>(smallest->m), ScheduleText(*smallest).c_str(),
         std::string(RematName(smallest->remat)).c_str());
     return 1;
   }
@@ -471,8 +574,7 @@ int RunPlan(const std::vector<std::string>& args) {
       "%.1f samples/s, %.3f ms a step, bubble %.1f%% (idlest stage "
       "%.1f%%), peak %.2f MiB a stage\n",
       static_cast<long long>(best->k), static_cast<long long>(best->m),
-      std::string(ScheduleName(best->schedule)).c_str(),
-      std::string(RematName(best->remat)).c_str(),
+      ScheduleText(*best).c_str(), std::string(RematName(best->remat)).c_str(),
       absl::StrJoin(best->balance, ",").c_str(), best->samples_per_second,
       best->sim.step_seconds * 1e3, best->min_bubble * 100,
       best->max_bubble * 100, best->peak_bytes / kMiB);

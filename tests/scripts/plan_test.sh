@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# gpipectl plan end to end: every schedule is simulated (interleaved where
+# M is a multiple of K), the spec's own configuration is printed as a row,
+# the default K range grows past 8 while the best K sits at its end, and a
+# memory budget nothing fits is an error that names the smallest.
+#   plan_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1
+src=$2
+gpipectl="$build/bin/gpipectl"
+[[ -x "$gpipectl" ]] || { echo "SKIP: $gpipectl is not built"; exit 0; }
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+flops=(--flops 1e11)  # the same costs on any machine
+
+# One K and M: a row per schedule, then the spec's own (K=4, M=8, gpipe).
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" --stages 2 \
+  --micro-batches 8 --remat never "${flops[@]}" >"$work/one" 2>&1 ||
+  { cat "$work/one"; fail "plan --stages 2 --micro-batches 8"; }
+for schedule in gpipe 1f1b zb-h1 interleaved/2; do
+  grep -Eq "^[ *]    2     8  $schedule +never " "$work/one" ||
+    { cat "$work/one"; fail "no row for $schedule"; }
+done
+grep -Eq '^=    4     8  gpipe +except_last .*\(the job spec.s own\)' "$work/one" ||
+  { cat "$work/one"; fail "the spec's own configuration is not a row"; }
+# ZB-H1 has the least bubble of the four at M = 8 on equal stages.
+grep -q '^best: K=2 M=8 schedule zb-h1 remat never' "$work/one" ||
+  { cat "$work/one"; fail "zb-h1 is not the best at K=2, M=8"; }
+grep -Eq '^    0/1  \[' <("$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" \
+  --stages 2 --micro-batches 8 --schedule interleaved --remat never "${flops[@]}") ||
+  fail "the interleaved plan does not list each stage's chunks"
+echo "ok: one configuration, every schedule, the spec's row"
+
+# A model deep enough that more than 8 stages pay: the default range grows.
+layers=""
+for i in $(seq 1 32); do
+  layers+="${layers:+,}{\"linear\": {\"inFeatures\": 512, \"outFeatures\": 512}}, {\"relu\": {}}"
+done
+cat >"$work/deep.json" <<JSON
+{"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [512]}},
+           "layers": [$layers],
+           "loss": {"softmaxCrossEntropy": {}}},
+ "optimizer": {"lr": 0.01, "sgd": {}},
+ "data": {"synthetic": {"task": "CLASSES", "features": 512, "classes": 512,
+                        "trainSamples": 1024, "testSamples": 16}},
+ "pipeline": {"stages": 2, "microBatches": 8},
+ "batchSize": 1024, "steps": 10}
+JSON
+"$gpipectl" plan "$work/deep.json" --micro-batches 64 --remat never \
+  "${flops[@]}" >"$work/deep" 2>&1 || { cat "$work/deep"; fail "plan deep.json"; }
+grep -q '^K went past 8 to ' "$work/deep" ||
+  { cat "$work/deep"; fail "the range did not grow past 8"; }
+best_k=$(sed -n 's/^best: K=\([0-9]*\) .*/\1/p' "$work/deep")
+((best_k > 8)) || { cat "$work/deep"; fail "best K $best_k is not past 8"; }
+# Asked for 1..8, it stays there.
+"$gpipectl" plan "$work/deep.json" --stages-range 1..8 --micro-batches 64 \
+  --remat never "${flops[@]}" >"$work/capped" 2>&1 || fail "plan --stages-range 1..8"
+grep -q '^best: K=8 ' "$work/capped" || { cat "$work/capped"; fail "1..8 went past 8"; }
+! grep -q 'K went past' "$work/capped" || fail "an explicit range grew"
+echo "ok: the default range grows to K=$best_k"
+
+# A budget nothing fits: exit 1, naming the smallest configuration.
+if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --memory-budget 1KiB \
+  "${flops[@]}" >"$work/budget" 2>&1; then
+  fail "a 1 KiB budget was met"
+fi
+grep -q 'no configuration fits the memory budget; the smallest needs' "$work/budget" ||
+  { cat "$work/budget"; fail "no message for the budget"; }
+echo "ok: a budget nothing fits"
+echo "3 passed, 0 failed"
