@@ -9,6 +9,8 @@
 # median pair is the figure to read.
 # PLANE is the workers' --data_plane (grpc: frames over loopback TCP; shm:
 # the shared-memory plane that auto picks on one host).
+# Then each schedule of SCHEDULES (default "1f1b zb-h1") on the same
+# cluster: step time and measured bubble against the schedule's formula.
 # Usage: bench/cluster_bench.sh [M] [STEPS] [PAIRS] [PLANE]   (defaults 8, 40, 3, grpc)
 # Needs build/bin (scripts/build.sh) and, for the PyTorch row, python3-torch
 # (scripts/setup.sh --bench).
@@ -87,6 +89,41 @@ print("cluster step %.1f ms against the ideal %.1f ms ((M+K-1)/M x the busiest "
       "stage; stages busy %s ms per step; medians of %d steps): %.1f%% above "
       "(goal <= 10%%)" % (1e3 * a, 1e3 * i, per_stage, len(actual), 100 * (a / i - 1)))
 PY
+
+# The schedules on the same cluster (remat never, so the stages are equal:
+# stages that re-materialize do more): each stage's bubble per step (1 - busy
+# / step, from the stages' reports) against the schedule's formula. The
+# interleaved schedule runs in one process only so far.
+for schedule in ${SCHEDULES:-1f1b zb-h1}; do
+  "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
+    --data_plane "$plane" --schedule "$schedule" --remat never \
+    --json >"$work/$schedule.json" 2>/dev/null
+  python3 - "$work/$schedule.json" "$m" "$schedule" <<'PY'
+import json, statistics, sys
+m, k, name = int(sys.argv[2]), 2, sys.argv[3]
+seen, bubbles, steps = set(), [], []
+for line in open(sys.argv[1]):
+    try:
+        status = json.loads(line)["job"]["status"]
+    except (ValueError, KeyError):
+        continue
+    stages = status.get("stages", [])
+    step = int(status.get("step", 0))
+    if step < 3 or step in seen or len(stages) != k:
+        continue
+    if any(s.get("stepSeconds", 0) <= 0 for s in stages):
+        continue
+    seen.add(step)
+    steps.append(max(s["stepSeconds"] for s in stages))
+    bubbles.append(statistics.mean(1 - s.get("busySeconds", 0) / s["stepSeconds"] for s in stages))
+if not steps:
+    sys.exit("no per-stage reports in the cluster's --json output")
+formula = (k - 1) / ((3 if name == "zb-h1" else 1) * m + k - 1)
+print("cluster %-6s step %.1f ms, bubble %.1f%% (formula %.1f%%; medians of %d steps)"
+      % (name, 1e3 * statistics.median(steps), 100 * statistics.median(bubbles),
+         100 * formula, len(steps)))
+PY
+done
 
 python=""
 for candidate in python3 /usr/bin/python3; do
