@@ -2,12 +2,13 @@
 """Checks a gpipe trace as an outside reader would: the Chrome trace JSON
 parses, has one named track per stage, the expected slices per stage and
 step (M forwards, M backwards, M recomputes on stages that re-materialize,
-one optimizer step), op slices that do not overlap within a track and lie
+one optimizer step; with --split-backward M input and M weight halves
+instead of whole backwards), op slices that do not overlap within a track and lie
 inside their step; the SVG is well-formed XML with a row per stage and as
 many op boxes as the JSON has op slices.
 
   check_trace.py TRACE.json TIMELINE.svg --stages K --micro-batches M
-      [--steps N] [--remat always|except_last|never]
+      [--steps N] [--remat always|except_last|never] [--split-backward]
 Prints one line per check that failed and exits 1, or "trace ok ..." and 0.
 """
 import argparse
@@ -17,7 +18,8 @@ import sys
 import xml.etree.ElementTree as ET
 
 SVG = "{http://www.w3.org/2000/svg}"
-PHASES = ("forward", "backward", "recompute", "optimizer")
+PHASES = ("forward", "backward", "recompute", "optimizer", "backward_input",
+          "backward_weight")
 
 
 def main():
@@ -28,6 +30,9 @@ def main():
     ap.add_argument("--micro-batches", type=int, required=True)
     ap.add_argument("--steps", type=int, default=0, help="steps per stage (0: any)")
     ap.add_argument("--remat", default="except_last")
+    ap.add_argument("--split-backward", action="store_true",
+                    help="a zero-bubble schedule: backward_input and "
+                    "backward_weight slices instead of backward")
     a = ap.parse_args()
     errors = []
 
@@ -63,7 +68,11 @@ def main():
     op_slices = 0
     for stage in range(a.stages):
         remat = a.remat == "always" or (a.remat == "except_last" and stage < a.stages - 1)
-        want = {"forward": m, "backward": m, "recompute": m if remat else 0, "optimizer": 1}
+        split = a.split_backward
+        want = {"forward": m, "backward": 0 if split else m,
+                "recompute": m if remat else 0, "optimizer": 1,
+                "backward_input": m if split else 0,
+                "backward_weight": m if split else 0}
         if a.steps and len(steps[stage]) != a.steps:
             errors.append(f"stage {stage}: {len(steps[stage])} steps, want {a.steps}")
         per_step = collections.defaultdict(collections.Counter)

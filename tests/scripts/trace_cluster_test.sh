@@ -153,6 +153,23 @@ run "$gpipectl" train "$work/job.json" --stages 2 --micro-batches 2 --remat neve
 [[ $rc -eq 0 ]] || fail "gpipectl train --trace exited $rc: $out"
 python3 "$check" "$work/train-trace/trace.json" "$work/train-trace/timeline.svg" \
   --stages 2 --micro-batches 2 --steps 4 --remat never || fail "train --trace's files do not check"
+# ZB-H1: the split backward's halves in both formats, from the cluster's
+# workers (through the controller) and from the in-process pipeline.
+run "$gpipectl" local "$work/job.json" --threads 3 --schedule zb-h1 \
+  --trace "$work/zb-local"
+[[ $rc -eq 0 ]] || fail "gpipectl local --schedule zb-h1 --trace exited $rc: $out"
+python3 "$check" "$work/zb-local/trace.json" "$work/zb-local/timeline.svg" \
+  --stages 3 --micro-batches 4 --steps 4 --split-backward ||
+  fail "local zb-h1 --trace's files do not check"
+grep -q '"name":"W0"' "$work/zb-local/trace.json" ||
+  fail "local zb-h1 --trace has no W0 slice"
+run "$gpipectl" train "$work/job.json" --stages 2 --micro-batches 2 \
+  --schedule zb-h1 --remat never --threads 2 --trace "$work/zb-train"
+[[ $rc -eq 0 ]] || fail "gpipectl train --schedule zb-h1 --trace exited $rc: $out"
+python3 "$check" "$work/zb-train/trace.json" "$work/zb-train/timeline.svg" \
+  --stages 2 --micro-batches 2 --steps 4 --remat never --split-backward ||
+  fail "train zb-h1 --trace's files do not check"
+
 run "$gpipectl" train "$work/job.json" --stages 1 --trace "$work/ref-trace"
 [[ $rc -eq 1 ]] || fail "train --stages 1 --trace exited $rc, want 1: $out"
 grep -q "give --stages 2 or more" <<<"$out" || fail "train --stages 1 --trace: $out"
