@@ -104,6 +104,14 @@ struct LayerCost {
   // their gradients, per sample (im2col columns, attention's score
   // gradients).
   int64_t workspace_bytes = 0;
+  // Samples whose workspace is held at once when the layer works in chunks
+  // (a convolution's im2col); 0: all of them.
+  int64_t workspace_samples = 0;
+  // The most an evaluation forward holds at once beyond its input and
+  // output, per sample: a composite layer's inner tensors as they come and
+  // go (attention's q/k/v and probabilities), a convolution's columns (of a
+  // chunk: workspace_samples), a norm's statistics.
+  int64_t forward_temp_bytes = 0;
   // What a split backward keeps between its halves besides the Saved
   // record, per sample: the output gradients of the layer's GEMMs
   // (Layer::BackwardInput's `deferred`).

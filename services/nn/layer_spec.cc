@@ -10,6 +10,7 @@
 #include "google/protobuf/descriptor.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/tensor/conv_chunk.h"
 
 namespace gpipe {
 namespace {
@@ -303,7 +304,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   double params = 0;
   // Memory, in floats (or int32s) per sample unless said otherwise.
   LayerCost cost;
-  double saved = 0, workspace = 0, deferred = 0;
+  double saved = 0, workspace = 0, deferred = 0, forward_temp = 0;
   switch (spec.kind_case()) {
     case K::kLinear: {
       cost.keeps_input = true;
@@ -336,6 +337,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       params = 2.0 * spec.layer_norm().features();
       cost.keeps_input = true;
       saved = 2 * n_in / spec.layer_norm().features();  // mean, rstd per row
+      forward_temp = saved;
       break;
     case K::kEmbedding: {
       const v1::Embedding& e = spec.embedding();
@@ -358,6 +360,8 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // Their gradients in the backward.
       workspace = saved;
       deferred = 3 * t * dim + t * dim;  // the two projections' outputs'
+      // q/k/v, the probabilities and the heads' output, at once.
+      forward_temp = 3 * t * dim + a.heads() * t * t + t * dim;
       break;
     }
     case K::kTransformerBlock: {
@@ -379,6 +383,13 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       workspace = saved;
       // Gradients of the q/k/v, output and two MLP projections' outputs.
       deferred = 3 * t * dim + t * dim + t * hidden + t * dim;
+      // Inside attention: the first norm's output and statistics, q/k/v,
+      // the probabilities and the heads' output; later the residual sum,
+      // the hidden layer before and after GELU and the MLP's output (the
+      // larger of the two).
+      forward_temp = std::max(
+          t * dim + 2 * t + 3 * t * dim + b.heads() * t * t + t * dim,
+          t * dim + 2 * t * hidden + t * dim);
       break;
     }
     case K::kConv2D: {
@@ -390,9 +401,15 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
                (bias ? c.out_channels() : 0);
       cost.keeps_input = true;
       // im2col columns and their gradient, and the GEMM's output, per
-      // output position (at most: large batches go in chunks).
+      // output position, for the samples of one chunk (on the CPU).
       const double positions = n_out / c.out_channels();
       workspace = (2 * c.in_channels() * k2 + c.out_channels()) * positions;
+      cost.workspace_samples = ConvChunkSamples(
+          kCpuColumnFloats,
+          static_cast<int64_t>(c.in_channels() * k2 * positions),
+          std::numeric_limits<int64_t>::max());
+      // A forward's columns and the GEMM's output, of a chunk.
+      forward_temp = (c.in_channels() * k2 + c.out_channels()) * positions;
       deferred = n_out;
       break;
     }
@@ -400,6 +417,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const double k = spec.max_pool2d().kernel_size();
       flops = n_out * k * k;
       saved = n_out;  // the argmax of each output (int32)
+      forward_temp = n_out;
       break;
     }
     case K::kGlobalAvgPool:
@@ -424,6 +442,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   cost.saved_bytes = ParamBytes(saved);
   cost.workspace_bytes = ParamBytes(workspace);
   cost.deferred_bytes = ParamBytes(deferred);
+  cost.forward_temp_bytes = ParamBytes(forward_temp);
   return cost;
 }
 

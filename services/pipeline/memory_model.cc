@@ -84,17 +84,40 @@ int64_t TargetBytesPerSample(const ModelShapes& shapes) {
 }
 
 // The largest op of layers [begin, end) on `samples`: a forward holds its
-// input and output, a backward the output's gradient and the input's, each
-// with the layer's temporaries.
+// input, its output and its temporaries (LayerCost::forward_temp_bytes; in
+// training only a convolution's columns, since what else a training forward
+// makes it keeps, and the activations count that); a backward the output's
+// gradient and the input's with the layer's workspace.
+// A forward's input at layer `begin` is the stage's input, which the caller
+// counts (the message received, or the batch).
+enum class OpPass { kTrainingForward, kEvaluation, kBackward };
+
 int64_t LargestOp(const ModelShapes& shapes, int64_t begin, int64_t end,
-                  int64_t samples, bool backward) {
+                  int64_t samples, OpPass pass) {
+  const bool backward = pass == OpPass::kBackward;
   int64_t most = 0;
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
-    int64_t per_sample = Add(Mul(shapes.inputs[l].numel(), 4),
-                             Mul(shapes.outputs[l].numel(), 4));
-    if (backward) per_sample = Add(per_sample, c.workspace_bytes);
-    most = std::max(most, Mul(per_sample, samples));
+    // A forward's input at the stage's first layer is counted by the
+    // caller; the model's first layer computes no input gradient.
+    const bool no_input = backward ? !InputGradUsed(l) : l == begin;
+    const int64_t per_sample =
+        Add(no_input ? 0 : Mul(shapes.inputs[l].numel(), 4),
+            Mul(shapes.outputs[l].numel(), 4));
+    // Chunked layers hold the temporaries of one chunk of samples.
+    const int64_t in_chunk = c.workspace_samples > 0
+                                 ? std::min(samples, c.workspace_samples)
+                                 : samples;
+    int64_t temporaries = 0;
+    if (backward) {
+      temporaries = Mul(c.workspace_bytes, in_chunk);
+    } else if (pass == OpPass::kEvaluation || c.workspace_samples > 0) {
+      temporaries = Mul(c.forward_temp_bytes, in_chunk);
+    }
+    // Per-channel statistics and the like, made in any pass.
+    if (pass == OpPass::kEvaluation)
+      temporaries = Add(temporaries, c.saved_fixed_bytes);
+    most = std::max(most, Add(Mul(per_sample, samples), temporaries));
   }
   return most;
 }
@@ -106,7 +129,9 @@ std::string StageMemory::ToString() const {
       FormatBytes(total()), " (parameters ", FormatBytes(parameters),
       ", gradients ", FormatBytes(gradients), ", optimizer ",
       FormatBytes(optimizer_state), ", activations ", FormatBytes(activations),
-      ", working ", FormatBytes(transient), ", data ", FormatBytes(data), ")");
+      ", working ", FormatBytes(working), ", evaluation ",
+      FormatBytes(evaluation), ", batch ", FormatBytes(batch), ", data ",
+      FormatBytes(data), ")");
 }
 
 int64_t SavedActivationBytes(const ModelShapes& shapes, int64_t begin,
@@ -169,25 +194,33 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
                           Mul(deferred, MaxDeferredMicroBatches(ops)));
   }
 
-  // One op at a time, with the activation coming in and the one going out
-  // (or their gradients) beside it.
-  const int64_t messages = Add(first ? 0 : in_bytes, last ? 0 : out_bytes);
-  int64_t train = Add(std::max(LargestOp(shapes, b, e, mb, false),
-                               LargestOp(shapes, b, e, mb, true)),
-                      messages);
+  // One op at a time beside the activations, and the last activation sent
+  // while it waits for the next stage to take it. The messages received are
+  // among the others: the activation is the input the forward keeps, the
+  // gradient the backward's output gradient.
+  int64_t train =
+      Add(std::max(LargestOp(shapes, b, e, mb, OpPass::kTrainingForward),
+                   LargestOp(shapes, b, e, mb, OpPass::kBackward)),
+          last ? 0 : out_bytes);
+  // An evaluation batch goes through whole: the stage's input beside its
+  // largest forward.
   const int64_t eval_batch =
       spec.eval().batch_size() > 0 ? spec.eval().batch_size() : batch;
-  int64_t eval = LargestOp(shapes, b, e, eval_batch, false);
-  const int64_t sample_in = BoundaryBytes(shapes, 0, shapes.inputs.size());
-  if (first) {
-    train = Add(train, Mul(sample_in, batch));
-    eval = Add(eval, Mul(sample_in, eval_batch));
-  }
+  int64_t eval = Add(LargestOp(shapes, b, e, eval_batch, OpPass::kEvaluation),
+                     first ? 0 : Mul(BoundaryBytes(shapes, b, e), eval_batch));
   if (last) {
-    train = Add(train, Mul(TargetBytesPerSample(shapes), batch));
-    eval = Add(eval, Mul(TargetBytesPerSample(shapes), eval_batch));
+    // The loss's probabilities beside the logits.
+    train = Add(train, out_bytes);
+    eval = Add(eval, Mul(BoundaryBytes(shapes, e, e), eval_batch));
   }
-  out.transient = std::max(train, eval);
+  out.working = train;
+  out.evaluation = eval;
+  // The step's (or the evaluation's) inputs and targets, gathered on the
+  // host by the first and the last stage.
+  const int64_t sample_in = BoundaryBytes(shapes, 0, shapes.inputs.size());
+  const int64_t per_sample = Add(first ? sample_in : 0,
+                                 last ? TargetBytesPerSample(shapes) : 0);
+  out.batch = Mul(per_sample, std::max(batch, eval_batch));
 
   if (first || last) {
     out.data = Add(DatasetBytes(spec.data()),

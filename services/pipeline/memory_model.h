@@ -7,6 +7,7 @@
 #ifndef GPIPE_SERVICES_PIPELINE_MEMORY_MODEL_H_
 #define GPIPE_SERVICES_PIPELINE_MEMORY_MODEL_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,17 +28,28 @@ struct StageMemory {
   // the schedule holds at once (under re-materialization: their inputs,
   // plus one micro-batch recomputed in full).
   int64_t activations = 0;
-  // The largest single op's input, output, gradients and temporaries, the
-  // messages in flight, and the step's batch on the first and last stage.
-  int64_t transient = 0;
+  // A training step's largest single op's input, output, gradients and
+  // temporaries, the messages in flight, and the step's batch on the first
+  // and last stage: on top of the activations.
+  int64_t working = 0;
+  // The same for an evaluation batch (forward only), between steps, when
+  // no activations are kept.
+  int64_t evaluation = 0;
   int64_t data = 0;  // the data set and the sampler's permutations
+  // The step's or an evaluation batch's inputs (first stage) and targets
+  // (last stage), whichever is larger: host memory beside the stage's own.
+  int64_t batch = 0;
 
+  // What a training step holds on top of the resident state: what the
+  // stage's allocator measures (gpipe_stage_activation_memory_bytes).
+  int64_t training() const { return activations + working; }
   int64_t total() const {
-    return parameters + gradients + optimizer_state + activations + transient +
-           data;
+    return parameters + gradients + optimizer_state + data + batch +
+           std::max(training(), evaluation);
   }
   // "1.20 GiB (parameters 400 MiB, gradients 400 MiB, optimizer 800 MiB,
-  // activations 12.0 MiB, working 3.00 MiB, data 54.9 MiB)".
+  // activations 12.0 MiB, working 3.00 MiB, evaluation 8.00 MiB, batch
+  // 3.00 MiB, data 54.9 MiB)".
   std::string ToString() const;
 };
 

@@ -394,6 +394,9 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
                                           std::vector<Tensor>* outputs) {
   AllocatorScope scope(&activations_);
   DeviceTransfer::Scope on_device(device_.get());
+  CountingAllocator& counted =
+      device_ != nullptr ? device_->activations() : activations_;
+  counted.ResetPeak();
   const int64_t batch_size = spec_.eval().batch_size() > 0
                                  ? spec_.eval().batch_size()
                                  : spec_.batch_size();
@@ -457,6 +460,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
     end.step = kEvalStep;
     RETURN_IF_ERROR(downstream_->Send(std::move(end)));
   }
+  last_eval_peak_bytes_ = counted.peak_bytes();
   return total;
 }
 

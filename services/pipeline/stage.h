@@ -97,6 +97,8 @@ class Stage {
   const Timeline& timeline() const { return timeline_; }
   // Peak bytes this stage's allocator held during the last step.
   int64_t peak_activation_bytes() const { return last_peak_bytes_; }
+  // Peak bytes the same allocator held during the last RunEval.
+  int64_t peak_evaluation_bytes() const { return last_eval_peak_bytes_; }
   // Each layer's running forward and backward seconds per micro-batch
   // (LayerTiming); null on a GPU, whose kernels the host clock cannot time.
   const LayerTiming* layer_timing() const {
@@ -164,6 +166,7 @@ class Stage {
   Timeline timeline_;
   LayerTiming layer_timing_;
   int64_t last_peak_bytes_ = 0;
+  int64_t last_eval_peak_bytes_ = 0;
   std::unique_ptr<StepState> current_;
 };
 

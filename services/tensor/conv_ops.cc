@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include "services/tensor/conv_chunk.h"
 #include "services/tensor/cpu/conv.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/gemm.h"
@@ -28,15 +29,12 @@
 namespace gpipe::ops {
 namespace {
 
-// Samples per im2col chunk: the column buffer stays near `budget` floats
-// (8 MiB on the CPU, where it should stay in cache; 64 MiB on the GPU,
-// where fewer, larger GEMMs are faster).
+// Samples per im2col chunk (conv_chunk.h).
 int64_t ChunkSize(Device d, const cpu::ConvGeometry& g, int64_t batch) {
-  const int64_t budget = d == Device::kCuda ? (16 << 20) : (2 << 20);
-  const int64_t per_sample =
-      g.channels * g.kernel * g.kernel * g.out_height() * g.out_width();
-  return std::clamp<int64_t>(budget / std::max<int64_t>(per_sample, 1), 1,
-                             std::max<int64_t>(batch, 1));
+  return ConvChunkSamples(
+      d == Device::kCuda ? kGpuColumnFloats : kCpuColumnFloats,
+      g.channels * g.kernel * g.kernel * g.out_height() * g.out_width(),
+      batch);
 }
 
 void CpuForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
