@@ -116,6 +116,11 @@ struct LayerCost {
   // record, per sample: the output gradients of the layer's GEMMs
   // (Layer::BackwardInput's `deferred`).
   int64_t deferred_bytes = 0;
+  // What of the Saved record the input half leaves for the weight half:
+  // the input (a GEMM's operand), and fresh tensors per sample (a composite
+  // layer's inner GEMMs' inputs).
+  bool weight_keeps_input = false;
+  int64_t weight_saved_bytes = 0;
 };
 
 // What incremental decoding (generation) keeps of the positions already

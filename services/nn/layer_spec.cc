@@ -304,7 +304,8 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   double params = 0;
   // Memory, in floats (or int32s) per sample unless said otherwise.
   LayerCost cost;
-  double saved = 0, workspace = 0, deferred = 0, forward_temp = 0;
+  double saved = 0, workspace = 0, deferred = 0, forward_temp = 0,
+         weight_saved = 0;
   switch (spec.kind_case()) {
     case K::kLinear: {
       cost.keeps_input = true;
@@ -315,6 +316,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       flops = 2 * rows * in * out + (bias ? rows * out : 0);
       params = in * out + (bias ? out : 0);
       deferred = n_out;
+      cost.weight_keeps_input = true;
       break;
     }
     case K::kRelu:
@@ -346,6 +348,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
           static_cast<double>(e.vocab_size() + e.max_positions()) * e.dim();
       saved = n_in;  // a checked copy of the ids (int32)
       deferred = n_out;
+      weight_saved = saved;
       break;
     }
     case K::kSelfAttention: {
@@ -360,6 +363,9 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // Their gradients in the backward.
       workspace = saved;
       deferred = 3 * t * dim + t * dim;  // the two projections' outputs'
+      // The projections' inputs: the layer's, and the heads' output.
+      cost.weight_keeps_input = true;
+      weight_saved = t * dim;
       // q/k/v, the probabilities and the heads' output, at once.
       forward_temp = 3 * t * dim + a.heads() * t * t + t * dim;
       break;
@@ -383,13 +389,16 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       workspace = saved;
       // Gradients of the q/k/v, output and two MLP projections' outputs.
       deferred = 3 * t * dim + t * dim + t * hidden + t * dim;
+      // The four GEMMs' inputs: both norms' outputs, the heads' output and
+      // GELU's output.
+      weight_saved = 3 * t * dim + t * hidden;
       // Inside attention: the first norm's output and statistics, q/k/v,
       // the probabilities and the heads' output; later the residual sum,
       // the hidden layer before and after GELU and the MLP's output (the
       // larger of the two).
-      forward_temp = std::max(
-          t * dim + 2 * t + 3 * t * dim + b.heads() * t * t + t * dim,
-          t * dim + 2 * t * hidden + t * dim);
+      forward_temp =
+          std::max(t * dim + 2 * t + 3 * t * dim + b.heads() * t * t + t * dim,
+                   t * dim + 2 * t * hidden + t * dim);
       break;
     }
     case K::kConv2D: {
@@ -411,6 +420,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // A forward's columns and the GEMM's output, of a chunk.
       forward_temp = (c.in_channels() * k2 + c.out_channels()) * positions;
       deferred = n_out;
+      cost.weight_keeps_input = true;
       break;
     }
     case K::kMaxPool2D: {
@@ -443,6 +453,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   cost.workspace_bytes = ParamBytes(workspace);
   cost.deferred_bytes = ParamBytes(deferred);
   cost.forward_temp_bytes = ParamBytes(forward_temp);
+  cost.weight_saved_bytes = ParamBytes(weight_saved);
   return cost;
 }
 

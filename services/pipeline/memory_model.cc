@@ -35,10 +35,23 @@ int64_t BoundaryBytes(const ModelShapes& shapes, int64_t j, int64_t end) {
   return Mul(s.numel(), 4);  // f32 activations and int32 ids alike
 }
 
+// What layers keep of a micro-batch: after its forward (for the backward),
+// or after a split backward's input half (for the weight half).
+enum class Kept { kForBackward, kForWeightHalf };
+
 // SavedActivationBytes, leaving the stage's input out when `count_input` is
 // false (the first stage's input is a view of the step's batch).
 int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
-                  int64_t samples, bool count_input) {
+                  int64_t samples, bool count_input,
+                  Kept what = Kept::kForBackward) {
+  const bool weight = what == Kept::kForWeightHalf;
+  const auto keeps_input = [&](int64_t l) {
+    return weight ? shapes.costs[l].weight_keeps_input
+                  : shapes.costs[l].keeps_input;
+  };
+  const auto keeps_output = [&](int64_t l) {
+    return !weight && shapes.costs[l].keeps_output;
+  };
   int64_t per_sample = 0, fixed = 0;
   // Boundary j is layer j's input and layer j-1's output; a layer whose
   // output is a view of its input joins its two boundaries into one tensor.
@@ -53,15 +66,16 @@ int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
       kept = false;
       group_has_input = false;
     }
-    kept = kept || (j < end && shapes.costs[j].keeps_input) ||
-           (j > begin && shapes.costs[j - 1].keeps_output);
+    kept = kept || (j < end && keeps_input(j)) ||
+           (j > begin && keeps_output(j - 1));
   }
   if (kept && (count_input || !group_has_input)) {
     per_sample = Add(per_sample, BoundaryBytes(shapes, end, end));
   }
   for (int64_t l = begin; l < end; ++l) {
-    per_sample = Add(per_sample, shapes.costs[l].saved_bytes);
-    fixed = Add(fixed, shapes.costs[l].saved_fixed_bytes);
+    const LayerCost& c = shapes.costs[l];
+    per_sample = Add(per_sample, weight ? c.weight_saved_bytes : c.saved_bytes);
+    if (!weight) fixed = Add(fixed, c.saved_fixed_bytes);
   }
   return Add(Mul(per_sample, samples), fixed);
 }
@@ -181,17 +195,36 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // Under re-materialization one micro-batch at a time is recomputed whole
   // for its backward.
   out.activations = Add(Mul(per_micro_batch, live), remat ? full : 0);
-  // A split backward's micro-batches between their halves keep their GEMMs'
-  // output gradients and, counted whole (an upper bound: the input half
-  // drops what the weight half does not read), their activations, which
-  // under re-materialization were recomputed for the input half (the one
-  // being recomputed is then among them).
   if (SplitsBackward(p.schedule)) {
-    int64_t deferred = remat ? full : 0;
+    // A micro-batch between its halves keeps what the weight half reads
+    // and its GEMMs' output gradients; while its input half runs, its whole
+    // record (recomputed under remat) beside the gradients it makes.
+    int64_t gradients = 0;
     for (int64_t l = b; l < e; ++l)
-      deferred = Add(deferred, Mul(shapes.costs[l].deferred_bytes, mb));
-    out.activations = Add(Mul(per_micro_batch, live),
-                          Mul(deferred, MaxDeferredMicroBatches(ops)));
+      gradients = Add(gradients, Mul(shapes.costs[l].deferred_bytes, mb));
+    const int64_t per_deferred = Add(
+        KeptBytes(shapes, b, e, mb, !first, Kept::kForWeightHalf), gradients);
+    const int64_t chunk = p.stage / workers;
+    int64_t waiting = 0, deferred = 0, peak = 0;
+    const auto held = [&] {
+      return Add(Mul(per_micro_batch, waiting), Mul(per_deferred, deferred));
+    };
+    for (const Op& op : ops) {
+      if (op.chunk != chunk) continue;
+      if (op.kind == OpKind::kForward) {
+        ++waiting;
+        peak = std::max(peak, held());
+      } else if (op.kind == OpKind::kBackwardInput) {
+        --waiting;
+        const int64_t record =
+            remat ? Add(full, first ? 0 : in_bytes) : per_micro_batch;
+        peak = std::max(peak, Add(Add(held(), record), gradients));
+        ++deferred;
+      } else if (op.kind == OpKind::kBackwardWeight) {
+        --deferred;
+      }
+    }
+    out.activations = peak;
   }
 
   // One op at a time beside the activations, and the last activation sent
@@ -218,8 +251,8 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // The step's (or the evaluation's) inputs and targets, gathered on the
   // host by the first and the last stage.
   const int64_t sample_in = BoundaryBytes(shapes, 0, shapes.inputs.size());
-  const int64_t per_sample = Add(first ? sample_in : 0,
-                                 last ? TargetBytesPerSample(shapes) : 0);
+  const int64_t per_sample =
+      Add(first ? sample_in : 0, last ? TargetBytesPerSample(shapes) : 0);
   out.batch = Mul(per_sample, std::max(batch, eval_batch));
 
   if (first || last) {

@@ -33,8 +33,7 @@ namespace {
 int64_t ChunkSize(Device d, const cpu::ConvGeometry& g, int64_t batch) {
   return ConvChunkSamples(
       d == Device::kCuda ? kGpuColumnFloats : kCpuColumnFloats,
-      g.channels * g.kernel * g.kernel * g.out_height() * g.out_width(),
-      batch);
+      g.channels * g.kernel * g.kernel * g.out_height() * g.out_width(), batch);
 }
 
 void CpuForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,

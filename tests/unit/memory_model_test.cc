@@ -204,16 +204,16 @@ TEST(MemoryModel, ReadsAsPeopleWriteIt) {
 // evaluation's, measured by each stage's allocator, against the model.
 // Both are upper bounds; evaluation within 15%, a training step within 35%
 // (the first stage's activation in flight to the next is counted for the
-// whole step), ZB-H1's within 2.5x (its micro-batches between halves are
-// counted whole).
+// whole step), ZB-H1's within 75% (a micro-batch's input half counts its
+// whole record beside all the gradients it makes).
 TEST(MemoryModel, EveryExamplesPeaksAgainstTheEstimate) {
   for (const char* name :
        {"fashion_mnist_mlp.json", "fashion_mnist_deep_mlp.json",
         "fashion_mnist_cnn.json", "char_transformer.json"}) {
     for (const v1::Schedule schedule :
          {v1::GPIPE, v1::ONE_F_ONE_B, v1::ZERO_BUBBLE_H1}) {
-      auto spec = LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) +
-                                  "/examples/" + name);
+      auto spec =
+          LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + name);
       ASSERT_TRUE(spec.ok()) << spec.status();
       spec->mutable_pipeline()->set_schedule(schedule);
       auto shapes = InferModelShapes(spec->model());
@@ -228,7 +228,7 @@ TEST(MemoryModel, EveryExamplesPeaksAgainstTheEstimate) {
       ASSERT_TRUE(pipeline.ok()) << pipeline.status();
       for (int s = 0; s < 2; ++s) ASSERT_TRUE((*pipeline)->Step().ok());
       ASSERT_TRUE((*pipeline)->Evaluate(Split::kTest, 0).ok());
-      const double slack = schedule == v1::ZERO_BUBBLE_H1 ? 2.5 : 1.35;
+      const double slack = schedule == v1::ZERO_BUBBLE_H1 ? 1.75 : 1.35;
       for (size_t s = 0; s < model.size(); ++s) {
         const Stage& stage = (*pipeline)->stage(s);
         const int64_t train = stage.peak_activation_bytes();
