@@ -390,9 +390,10 @@ int RunPlan(const std::vector<std::string>& args) {
             for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
               costs[s].forward_seconds += overhead[l];
               costs[s].backward_seconds += overhead[l];
-              // A split backward runs a layer with parameters twice.
+              // A split backward runs a layer that defers its weight
+              // gradient twice.
               if (SplitsBackward(schedule) &&
-                  shapes->costs[l].param_bytes > 0) {
+                  shapes->costs[l].deferred_bytes > 0) {
                 costs[s].backward_seconds += overhead[l];
                 costs[s].weight_seconds += overhead[l];
               }
@@ -436,7 +437,7 @@ int RunPlan(const std::vector<std::string>& args) {
             for (int64_t w = 0; w < k; ++w) {
               int64_t total = 0;
               for (int64_t c = 0; c < v; ++c)
-                total += o.memory[c * k + w].total();
+                total = SaturatingSum({total, o.memory[c * k + w].total()});
               o.peak_bytes = std::max(o.peak_bytes, total);
             }
             out.push_back(std::move(o));

@@ -52,9 +52,10 @@ ABSL_FLAG(int64_t, virtual_stages, 0,
           "chunks of the model per stage under --schedule interleaved (v >= "
           "2; 0: the job spec's)");
 ABSL_FLAG(std::string, balance, "",
-          "layers per stage: a list such as 2,3,1, or 'measured' to balance "
-          "by profiled layer times (default: the spec's balance or the cost "
-          "model)");
+          "layers per stage (per chunk under --schedule interleaved: K x V "
+          "entries in model order): a list such as 2,3,1, or 'measured' to "
+          "balance by profiled layer times (default: the spec's balance or "
+          "the cost model)");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu, cuda or auto (the GPU when one is present)");
 ABSL_FLAG(std::string, remat, "",
@@ -165,10 +166,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
         3);
     if (!seconds.ok()) return seconds.status();
     // Measured forward and backward, without the recomputation that
-    // re-materializing stages add: weighted for it.
-    auto parts =
-        PartitionByCost(*seconds, options.stages,
-                        RematStageWeights(options.remat, options.stages));
+    // re-materializing stages add: weighted for it. An interleaved
+    // pipeline is cut into its stages' chunks.
+    const int64_t chunks =
+        options.stages *
+        (Interleaves(options.schedule)
+             ? std::max<int64_t>(1, options.virtual_stages > 0
+                                        ? options.virtual_stages
+                                        : VirtualStageCount(spec))
+             : 1);
+    auto parts = PartitionByCost(*seconds, chunks,
+                                 RematStageWeights(options.remat, chunks));
     if (!parts.ok()) return parts.status();
     options.balance = *parts;
   } else if (!balance.empty() && balance != "measured") {

@@ -213,9 +213,13 @@ double PredictStepSeconds(const RebalanceInput& in,
     for (int64_t l = begin; l < begin + balance[s]; ++l) {
       stage.forward_seconds += in.costs.layers[l].forward / speed;
       stage.backward_seconds += in.costs.layers[l].backward / speed;
-      // A split backward's weight half: a product as large as the forward.
-      if (in.shapes->costs[l].param_bytes > 0)
-        stage.weight_seconds += in.costs.layers[l].forward / speed;
+      // A split backward's weight half: a product as large as the forward,
+      // for the layers that defer one, within the backward measured.
+      if (in.shapes->costs[l].deferred_bytes > 0) {
+        stage.weight_seconds +=
+            std::min(in.costs.layers[l].forward, in.costs.layers[l].backward) /
+            speed;
+      }
     }
     begin += balance[s];
   }

@@ -35,6 +35,18 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   const int64_t v = !Interleaves(options.schedule) ? 1
                     : options.virtual_stages > 0   ? options.virtual_stages
                                                    : VirtualStageCount(spec);
+  const int64_t layers = spec.model().layers_size();
+  if (v > layers || workers > layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stages: ", workers, " x ", v,
+                     " chunks is more than the model's ", layers, " layers"));
+  }
+  if (!options.ops.empty() &&
+      (v > 1 || static_cast<int64_t>(options.ops.size()) != workers)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ops: ", options.ops.size(), " lists for ", workers,
+                     " stages", v > 1 ? " of an interleaved pipeline" : ""));
+  }
   if (const std::string shape =
           ScheduleShapeError(options.schedule, workers, m, v);
       !shape.empty()) {
@@ -44,7 +56,6 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   p->virtual_stages_ = v;
   // The stages: K of them, or K x v chunks with worker w holding w, w+K, ...
   const int64_t k = workers * v;
-  const int64_t layers = spec.model().layers_size();
   if (k > layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stages: ", k,

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,16 @@
 #include "services/pipeline/schedule.h"
 
 namespace gpipe {
+
+// a + b + ... of non-negative parts, INT64_MAX when it would overflow.
+inline int64_t SaturatingSum(std::initializer_list<int64_t> parts) {
+  int64_t sum = 0;
+  for (int64_t p : parts) {
+    if (__builtin_add_overflow(sum, p, &sum))
+      return std::numeric_limits<int64_t>::max();
+  }
+  return sum;
+}
 
 // Bytes of one stage during training, by what holds them.
 struct StageMemory {
@@ -42,10 +54,12 @@ struct StageMemory {
 
   // What a training step holds on top of the resident state: what the
   // stage's allocator measures (gpipe_stage_activation_memory_bytes).
-  int64_t training() const { return activations + working; }
+  // Sums saturate at INT64_MAX, as every part does, so an absurd spec reads
+  // as too large, never wraps to a small or negative total.
+  int64_t training() const { return SaturatingSum({activations, working}); }
   int64_t total() const {
-    return parameters + gradients + optimizer_state + data + batch +
-           std::max(training(), evaluation);
+    return SaturatingSum({parameters, gradients, optimizer_state, data, batch,
+                          std::max(training(), evaluation)});
   }
   // "1.20 GiB (parameters 400 MiB, gradients 400 MiB, optimizer 800 MiB,
   // activations 12.0 MiB, working 3.00 MiB, evaluation 8.00 MiB, batch

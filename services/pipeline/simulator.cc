@@ -12,7 +12,8 @@ constexpr double kUnknown = -1.0;
 // chunk * workers + worker of `stages`): a worker is sequential, so walking
 // its ops in order visits every moment its memory can peak. A micro-batch
 // between its split backward's halves holds its activations (counted whole:
-// an upper bound, as in the memory model) and its deferred gradients.
+// an upper bound; the memory model counts only what the weight half reads)
+// and its deferred gradients.
 int64_t PeakActivationBytes(const std::vector<Op>& ops,
                             const std::vector<StageCost>& stages,
                             const std::vector<bool>& remat, int64_t workers,
@@ -246,7 +247,10 @@ double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
   config.virtual_stages = v;
   config.link_bytes_per_second = 1;  // nothing is sent: no bytes
   const SimulationResult r = Simulate(config);
-  return r.step_seconds > 0 ? r.stages[0].bubble_fraction : 0.0;
+  // A shape the schedule does not take (interleaving with M not a multiple
+  // of K) has no figure.
+  if (!r.complete || !(r.step_seconds > 0)) return 0.0;
+  return r.stages[0].bubble_fraction;
 }
 
 std::vector<StageCost> StageCostsFromLayers(
@@ -266,7 +270,9 @@ std::vector<StageCost> StageCostsFromLayers(
       // its stage also gathers the batch: counted as 2x, the first stage
       // measures closer to what it does.)
       c.backward_seconds += 2 * f;
-      if (cost.param_bytes > 0) c.weight_seconds += f;
+      // Layers that defer a weight gradient (their GEMMs'); the norms do
+      // theirs in the input half.
+      if (cost.deferred_bytes > 0) c.weight_seconds += f;
       c.internal_bytes += cost.activation_bytes * micro_batch_size;
       c.deferred_bytes += cost.deferred_bytes * micro_batch_size;
     }

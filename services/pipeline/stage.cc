@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/tensor/device.h"
@@ -162,6 +163,14 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
 absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
                              std::vector<InFlight>& flight) {
   InFlight& f = flight[m];
+  // Its forward's record, and no input half already run on it.
+  if ((remat_ ? !f.input.defined() : f.saved.empty()) || !f.deferred.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index,
+                     ": the schedule runs the backward of "
+                     "micro-batch ",
+                     m, " without its forward (before it, or twice)"));
+  }
   Tensor dy;
   int64_t received = 0;
   if (placement_.last()) {
@@ -234,12 +243,20 @@ absl::Status Stage::SendGradSquares() {
   StepState& st = *current_;
   AllocatorScope scope(&activations_);
   DeviceTransfer::Scope on_device(device_.get());
-  // A weight half that never ran would leave its gradient out.
+  // A backward or a weight half that never ran would leave its gradient
+  // out.
   for (size_t m = 0; m < st.flight.size(); ++m) {
-    if (!st.flight[m].deferred.empty()) {
+    const InFlight& f = st.flight[m];
+    if (!f.deferred.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "stage ", placement_.index, ": the schedule never runs W", m,
           " (the weight half of micro-batch ", m, ") before its step"));
+    }
+    if (!f.saved.empty() || f.input.defined() || f.dlogits.defined()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("stage ", placement_.index,
+                       ": the schedule never runs the backward of micro-batch ",
+                       m, " before its step"));
     }
   }
   if (placement_.last()) {
@@ -315,6 +332,8 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
 }
 
 absl::Status Stage::BeginStep(int64_t step) {
+  // A step that failed midway leaves nothing to the next one.
+  current_.reset();
   AllocatorScope scope(&activations_);
   DeviceTransfer::Scope on_device(device_.get());
   CountingAllocator& activations =
@@ -348,6 +367,10 @@ absl::Status Stage::BeginStep(int64_t step) {
 absl::Status Stage::RunOp(const Op& op) {
   if (!current_) return absl::FailedPreconditionError("no step begun");
   StepState& st = *current_;
+  if (op.kind == OpKind::kOptimizerStep) {
+    return absl::InvalidArgumentError(
+        "the optimizer step goes through SendGradSquares and FinishStep");
+  }
   if (op.micro_batch < 0 || op.micro_batch >= placement_.micro_batches) {
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", placement_.index, ": op ", ToString(op),
@@ -367,12 +390,13 @@ absl::Status Stage::RunOp(const Op& op) {
     case OpKind::kOptimizerStep:
       break;
   }
-  return absl::InvalidArgumentError(
-      "the optimizer step goes through SendGradSquares and FinishStep");
+  return absl::InternalError("unknown op kind");
 }
 
 absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
   RETURN_IF_ERROR(BeginStep(step));
+  // On an error the step's records go with it, not into the next step.
+  absl::Cleanup forget = [this] { current_.reset(); };
   for (const Op& op : schedule_) {
     if (op.kind != OpKind::kOptimizerStep) {
       RETURN_IF_ERROR(RunOp(op));

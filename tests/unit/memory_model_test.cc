@@ -4,6 +4,7 @@
 // must stay within the model's estimate, and not far below it.
 #include "services/pipeline/memory_model.h"
 
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -197,6 +198,13 @@ TEST(MemoryModel, ReadsAsPeopleWriteIt) {
             "3.00 GiB (parameters 3.00 GiB, gradients 0 B, optimizer 0 B, "
             "activations 1.50 KiB, working 0 B, evaluation 0 B, batch 0 B, "
             "data 0 B)");
+  // Totals saturate: an absurd stage is too large, never small.
+  StageMemory absurd;
+  absurd.parameters = std::numeric_limits<int64_t>::max() - 1;
+  absurd.activations = 10;
+  absurd.working = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(absurd.training(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(absurd.total(), std::numeric_limits<int64_t>::max());
 }
 
 // Every example at its own K and M, under GPipe, 1F1B and ZB-H1: a training

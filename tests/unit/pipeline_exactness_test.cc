@@ -215,6 +215,34 @@ TEST(PipelineExactness, ABrokenSplitScheduleIsCaught) {
   const absl::Status w = run(doubled);
   EXPECT_EQ(w.code(), absl::StatusCode::kFailedPrecondition) << w;
   EXPECT_NE(w.message().find("runs W1"), std::string::npos) << w;
+  // An input half run twice, or one without its forward, is refused too.
+  std::vector<std::vector<Op>> twice = intact;
+  auto b1 = std::find(twice[1].begin(), twice[1].end(),
+                      Op{OpKind::kBackwardInput, 1});
+  twice[1].insert(b1 + 1, Op{OpKind::kBackwardInput, 1});
+  const absl::Status t = run(twice);
+  EXPECT_EQ(t.code(), absl::StatusCode::kFailedPrecondition) << t;
+  EXPECT_NE(t.message().find("without its forward"), std::string::npos) << t;
+  // A backward never run leaves its gradient out: refused at the step.
+  std::vector<std::vector<Op>> skipped(2);
+  for (int64_t s = 0; s < 2; ++s) {
+    skipped[s] = MakeSchedule(ScheduleKind::kOneFOneB, 2, 4, s);
+  }
+  skipped[0].erase(std::find(skipped[0].begin(), skipped[0].end(),
+                             Op{OpKind::kBackward, 3}));
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.schedule = ScheduleKind::kOneFOneB;
+  o.dataset = data;
+  o.ops = skipped;
+  auto p = InProcessPipeline::Create(spec, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const absl::Status never = (*p)->Step().status();
+  EXPECT_EQ(never.code(), absl::StatusCode::kFailedPrecondition) << never;
+  EXPECT_NE(never.message().find("never runs the backward of micro-batch 3"),
+            std::string::npos)
+      << never;
 }
 
 TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {
