@@ -176,6 +176,34 @@ int Run(const Args& args) {
     const gpipe::v1::OptimizerSpec& o = spec->optimizer();
     const int states = o.has_adamw() ? 2 : (o.sgd().momentum() != 0 ? 1 : 0);
     const double bytes = (4.0 + 4.0 + 8.0 + 8.0 * states + 4.0) * parameters;
+    // The element-wise layers stream their tensors once: a forward reads
+    // its input and writes its output (8 bytes an element), a backward
+    // reads the output's gradient and what the forward kept and writes the
+    // input's gradient (12; dropout, which keeps nothing, 8).
+    std::printf(
+        "\nelement-wise layers against the triad (%.1f GB/s), the least "
+        "traffic each pass must move:\n",
+        triad.gbytes_per_s);
+    std::printf("  %-32s %12s %14s %12s %14s\n", "layer", "fwd GB/s",
+                "fwd of triad", "bwd GB/s", "bwd of triad");
+    for (const StepProfile::Part& part : profile.parts) {
+      if (part.layer < 0) continue;
+      const std::string kind(LayerKindName(spec->model().layers(part.layer)));
+      if (kind != "relu" && kind != "tanh" && kind != "gelu" &&
+          kind != "dropout" && kind != "layer_norm") {
+        continue;
+      }
+      if (shapes->costs[part.layer].output_is_input) continue;  // a view
+      const double elements =
+          static_cast<double>(shapes->outputs[part.layer].numel()) *
+          spec->batch_size();
+      const double fwd = 8 * elements / (part.forward_ms * 1e-3) / 1e9;
+      const double bwd = (kind == "dropout" ? 8 : 12) * elements /
+                         (part.backward_ms * 1e-3) / 1e9;
+      std::printf("  %-32s %12.1f %13.0f%% %12.1f %13.0f%%\n",
+                  part.name.c_str(), fwd, 100 * fwd / triad.gbytes_per_s, bwd,
+                  100 * bwd / triad.gbytes_per_s);
+    }
     for (const StepProfile::Part& part : profile.parts) {
       if (part.name != kUpdatePart) continue;
       const double gbs = bytes / (part.forward_ms * 1e-3) / 1e9;

@@ -21,7 +21,8 @@ StepProfile ProfileSteps(ReferenceTrainer& trainer, int steps) {
   p.parts.push_back({"gather batch"});
   for (int64_t i = 0; i < n; ++i)
     p.parts.push_back({absl::StrCat("layers.", model.begin() + i, " ",
-                                    std::string(model.layer(i).kind()))});
+                                    std::string(model.layer(i).kind())),
+                       0.0, 0.0, model.begin() + i});
   p.parts.push_back({"loss (softmax cross-entropy)"});
   p.parts.push_back({kUpdatePart});
   StepProfile::Part& gather = p.parts.front();

@@ -21,6 +21,7 @@ struct StepProfile {
     std::string name;          // "gather", "layers.3 conv2d", "optimizer", ...
     double forward_ms = 0.0;   // per step, mean over the profiled steps
     double backward_ms = 0.0;  // 0 for parts without a backward
+    int64_t layer = -1;        // the model's global layer index, or -1
   };
   std::vector<Part> parts;  // in execution order
   double total_ms = 0.0;    // sum of every part, per step
