@@ -61,22 +61,12 @@ python3 -c "import statistics, sys; v = [float(x) for x in sys.argv[1:]]; print(
 # of each step after the third (gpipectl local --json), medians over steps.
 "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
   --data_plane "$plane" --json >"$work/ideal.json" 2>/dev/null
-python3 - "$work/ideal.json" "$m" <<'PY'
-import json, statistics, sys
+PYTHONPATH=bench python3 - "$work/ideal.json" "$m" <<'PY'
+import statistics, sys
+from cluster_reports import step_reports
 m, k = int(sys.argv[2]), 2
-seen, actual, ideal, busy = set(), [], [], []
-for line in open(sys.argv[1]):
-    try:
-        status = json.loads(line)["job"]["status"]
-    except (ValueError, KeyError):
-        continue
-    stages = status.get("stages", [])
-    step = int(status.get("step", 0))
-    if step < 3 or step in seen or len(stages) != k:
-        continue
-    if any(s.get("stepSeconds", 0) <= 0 for s in stages):
-        continue
-    seen.add(step)
+actual, ideal, busy = [], [], []
+for stages in step_reports(sys.argv[1], k):
     b = [s.get("busySeconds", 0) for s in stages]
     busy.append(b)
     actual.append(max(s["stepSeconds"] for s in stages))
@@ -98,22 +88,12 @@ for schedule in ${SCHEDULES:-1f1b zb-h1}; do
   "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
     --data_plane "$plane" --schedule "$schedule" --remat never \
     --json >"$work/$schedule.json" 2>/dev/null
-  python3 - "$work/$schedule.json" "$m" "$schedule" <<'PY'
-import json, statistics, sys
+  PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" <<'PY'
+import statistics, sys
+from cluster_reports import step_reports
 m, k, name = int(sys.argv[2]), 2, sys.argv[3]
-seen, bubbles, steps = set(), [], []
-for line in open(sys.argv[1]):
-    try:
-        status = json.loads(line)["job"]["status"]
-    except (ValueError, KeyError):
-        continue
-    stages = status.get("stages", [])
-    step = int(status.get("step", 0))
-    if step < 3 or step in seen or len(stages) != k:
-        continue
-    if any(s.get("stepSeconds", 0) <= 0 for s in stages):
-        continue
-    seen.add(step)
+bubbles, steps = [], []
+for stages in step_reports(sys.argv[1], k):
     steps.append(max(s["stepSeconds"] for s in stages))
     bubbles.append(statistics.mean(1 - s.get("busySeconds", 0) / s["stepSeconds"] for s in stages))
 if not steps:

@@ -59,19 +59,28 @@ Tensor Model::Decode(const Tensor& x, int64_t position,
   return h;
 }
 
-Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
-                       LayerContext ctx) {
-  Tensor g = dy;
+// Each layer in reverse with its context (the first layer takes no input
+// gradient), timed as a backward.
+template <typename Pass>
+void Model::EachLayerBackward(LayerContext ctx, Pass pass) {
   for (size_t i = layers_.size(); i-- > 0;) {
     ctx.layer_index = begin_ + static_cast<int64_t>(i);
     ctx.input_grad = InputGradUsed(ctx.layer_index);
     const auto start = std::chrono::steady_clock::now();
-    g = layers_[i]->Backward(g, saved[i], ctx);
+    pass(i, ctx);
     if (timing_ != nullptr) {
       timing_->Finished(static_cast<int64_t>(i), /*backward=*/true,
                         /*record=*/true, start);
     }
   }
+}
+
+Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
+                       LayerContext ctx) {
+  Tensor g = dy;
+  EachLayerBackward(ctx, [&](size_t i, const LayerContext& c) {
+    g = layers_[i]->Backward(g, saved[i], c);
+  });
   return g;
 }
 
@@ -79,16 +88,9 @@ Tensor Model::BackwardInput(const Tensor& dy, std::vector<Saved>* saved,
                             LayerContext ctx, std::vector<Saved>* deferred) {
   deferred->assign(layers_.size(), Saved());
   Tensor g = dy;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    ctx.layer_index = begin_ + static_cast<int64_t>(i);
-    ctx.input_grad = InputGradUsed(ctx.layer_index);
-    const auto start = std::chrono::steady_clock::now();
-    g = layers_[i]->BackwardInput(g, (*saved)[i], ctx, &(*deferred)[i]);
-    if (timing_ != nullptr) {
-      timing_->Finished(static_cast<int64_t>(i), /*backward=*/true,
-                        /*record=*/true, start);
-    }
-  }
+  EachLayerBackward(ctx, [&](size_t i, const LayerContext& c) {
+    g = layers_[i]->BackwardInput(g, (*saved)[i], c, &(*deferred)[i]);
+  });
   return g;
 }
 
@@ -97,15 +99,9 @@ Tensor Model::BackwardInput(const Tensor& dy, std::vector<Saved>* saved,
 void Model::BackwardWeight(const std::vector<Saved>& saved,
                            const std::vector<Saved>& deferred,
                            LayerContext ctx) {
-  for (size_t i = layers_.size(); i-- > 0;) {
-    ctx.layer_index = begin_ + static_cast<int64_t>(i);
-    const auto start = std::chrono::steady_clock::now();
-    layers_[i]->BackwardWeight(saved[i], deferred[i], ctx);
-    if (timing_ != nullptr) {
-      timing_->Finished(static_cast<int64_t>(i), /*backward=*/true,
-                        /*record=*/true, start);
-    }
-  }
+  EachLayerBackward(ctx, [&](size_t i, const LayerContext& c) {
+    layers_[i]->BackwardWeight(saved[i], deferred[i], c);
+  });
 }
 
 std::vector<NamedTensor> Model::StateTensors() {

@@ -78,6 +78,8 @@ class Model {
 
  private:
   Model() = default;
+  template <typename Pass>
+  void EachLayerBackward(LayerContext ctx, Pass pass);
   int64_t begin_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<NamedParameter> params_;

@@ -77,9 +77,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     // from the spec's).
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_remat(RematToSpec(options.remat));
-    if (for_k.pipeline().balance_size() != k)
-      for_k.mutable_pipeline()->clear_balance();
-    ASSIGN_OR_RETURN(p->balance_, PartitionJob(for_k, k));
+    ASSIGN_OR_RETURN(p->balance_, PartitionJobAt(for_k, k));
   }
   if (options.dataset != nullptr) {
     p->dataset_ = options.dataset;

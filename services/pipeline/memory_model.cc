@@ -183,7 +183,7 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   const int64_t workers = std::max<int64_t>(1, p.stages / v);
   const std::vector<Op> ops = MakeWorkerSchedule(
       p.schedule, workers, p.micro_batches, v, p.stage % workers);
-  const int64_t live = MaxLiveMicroBatches(ops, p.stage / workers);
+  const int64_t chunk = p.stage / workers;
   const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
   const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
   const int64_t full = KeptBytes(shapes, b, e, mb, /*count_input=*/!first);
@@ -192,10 +192,12 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // stage also keeps the loss gradient.
   int64_t per_micro_batch = remat ? (first ? 0 : in_bytes) : full;
   if (last) per_micro_batch = Add(per_micro_batch, out_bytes);
-  // Under re-materialization one micro-batch at a time is recomputed whole
-  // for its backward.
-  out.activations = Add(Mul(per_micro_batch, live), remat ? full : 0);
-  if (SplitsBackward(p.schedule)) {
+  if (!SplitsBackward(p.schedule)) {
+    // Under re-materialization one micro-batch at a time is recomputed
+    // whole for its backward.
+    out.activations = Add(Mul(per_micro_batch, MaxLiveMicroBatches(ops, chunk)),
+                          remat ? full : 0);
+  } else {
     // A micro-batch between its halves keeps what the weight half reads
     // and its GEMMs' output gradients; while its input half runs, its whole
     // record (recomputed under remat) beside the gradients it makes.
@@ -204,7 +206,6 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
       gradients = Add(gradients, Mul(shapes.costs[l].deferred_bytes, mb));
     const int64_t per_deferred = Add(
         KeptBytes(shapes, b, e, mb, !first, Kept::kForWeightHalf), gradients);
-    const int64_t chunk = p.stage / workers;
     int64_t waiting = 0, deferred = 0, peak = 0;
     const auto held = [&] {
       return Add(Mul(per_micro_batch, waiting), Mul(per_deferred, deferred));

@@ -179,7 +179,7 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
 
 absl::StatusOr<std::vector<int64_t>> PartitionJobAt(
     const gpipe::v1::JobSpec& spec, int64_t stages) {
-  if (stages == StageCount(spec) || spec.pipeline().balance().empty()) {
+  if (stages == ChunkCount(spec) || spec.pipeline().balance().empty()) {
     return PartitionJob(spec, stages);
   }
   gpipe::v1::JobSpec cut = spec;

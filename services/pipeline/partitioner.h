@@ -54,8 +54,9 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
 
 // The cut of a `stages`-stage run of `spec`, which may have another stage
 // count than the spec's own (an elastic shrink, --stages, serving): the
-// spec's explicit balance when it is for `stages`, else PartitionJob as if
-// the spec had none (a balance describes its own stage count only).
+// spec's explicit balance when it is for `stages` (K, or K x v chunks of an
+// interleaved spec), else PartitionJob as if the spec had none (a balance
+// describes its own stage count only).
 absl::StatusOr<std::vector<int64_t>> PartitionJobAt(
     const gpipe::v1::JobSpec& spec, int64_t stages);
 

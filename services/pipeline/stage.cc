@@ -234,6 +234,14 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
   return absl::OkStatus();
 }
 
+Message Stage::GradSquares(int64_t step, double squares) {
+  Message m;
+  m.kind = MessageKind::kGradSquares;
+  m.step = step;
+  m.scalar = squares;
+  return m;
+}
+
 // Global-norm clipping across stages: the squared norm is folded parameter by
 // parameter down the chain (stage i continues from stage i-1's sum), which
 // is exactly the single-process order; the total then travels back up
@@ -241,8 +249,7 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
 absl::Status Stage::SendGradSquares() {
   if (!current_) return absl::FailedPreconditionError("no step begun");
   StepState& st = *current_;
-  AllocatorScope scope(&activations_);
-  DeviceTransfer::Scope on_device(device_.get());
+  OnStage on_stage(*this);
   // A backward or a weight half that never ran would leave its gradient
   // out.
   for (size_t m = 0; m < st.flight.size(); ++m) {
@@ -273,13 +280,8 @@ absl::Status Stage::SendGradSquares() {
     squares = in.scalar;
   }
   squares = AccumulateGradSquares(model_->Parameters(), squares);
-  if (!placement_.last()) {
-    Message msg;
-    msg.kind = MessageKind::kGradSquares;
-    msg.step = st.step;
-    msg.scalar = squares;
-    RETURN_IF_ERROR(downstream_->Send(msg));
-  }
+  if (!placement_.last())
+    RETURN_IF_ERROR(downstream_->Send(GradSquares(st.step, squares)));
   st.squares = squares;
   return absl::OkStatus();
 }
@@ -287,8 +289,7 @@ absl::Status Stage::SendGradSquares() {
 absl::StatusOr<StageStepResult> Stage::FinishStep() {
   if (!current_) return absl::FailedPreconditionError("no step begun");
   StepState& st = *current_;
-  AllocatorScope scope(&activations_);
-  DeviceTransfer::Scope on_device(device_.get());
+  OnStage on_stage(*this);
   double squares = st.squares;
   if (!placement_.last()) {
     ASSIGN_OR_RETURN(
@@ -301,13 +302,8 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
     // the op is the update itself (the sum of squares before is a cheap
     // read).
     OpTimer timer(timeline_, Phase::kOptimizer, -1);
-    if (!placement_.first()) {
-      Message msg;
-      msg.kind = MessageKind::kGradSquares;
-      msg.step = st.step;
-      msg.scalar = squares;
-      RETURN_IF_ERROR(upstream_->Send(msg));
-    }
+    if (!placement_.first())
+      RETURN_IF_ERROR(upstream_->Send(GradSquares(st.step, squares)));
     const std::vector<NamedParameter>& params = model_->Parameters();
     ScaleGradients(params,
                    ClipCoefficient(squares, spec_.optimizer().clip_norm()));
@@ -322,9 +318,7 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
   st.result.grad_norm = std::sqrt(squares);
   timeline_.EndStep();
   layer_timing_.EndStep(placement_.micro_batches);
-  CountingAllocator& activations =
-      device_ != nullptr ? device_->activations() : activations_;
-  last_peak_bytes_ = activations.peak_bytes();
+  last_peak_bytes_ = Counted().peak_bytes();
   st.result.peak_activation_bytes = last_peak_bytes_;
   StageStepResult result = std::move(st.result);
   current_.reset();
@@ -334,11 +328,8 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
 absl::Status Stage::BeginStep(int64_t step) {
   // A step that failed midway leaves nothing to the next one.
   current_.reset();
-  AllocatorScope scope(&activations_);
-  DeviceTransfer::Scope on_device(device_.get());
-  CountingAllocator& activations =
-      device_ != nullptr ? device_->activations() : activations_;
-  activations.ResetPeak();
+  OnStage on_stage(*this);
+  Counted().ResetPeak();
   timeline_.BeginStep(step);
   current_ = std::make_unique<StepState>();
   StepState& st = *current_;
@@ -376,8 +367,7 @@ absl::Status Stage::RunOp(const Op& op) {
         absl::StrCat("stage ", placement_.index, ": op ", ToString(op),
                      " names no micro-batch of ", placement_.micro_batches));
   }
-  AllocatorScope scope(&activations_);
-  DeviceTransfer::Scope on_device(device_.get());
+  OnStage on_stage(*this);
   switch (op.kind) {
     case OpKind::kForward:
       return Forward(st.step, op.micro_batch, st.batch, st.ranges,
@@ -416,11 +406,8 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
 // end marker, so middle stages need neither the dataset nor its size.
 absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
                                           std::vector<Tensor>* outputs) {
-  AllocatorScope scope(&activations_);
-  DeviceTransfer::Scope on_device(device_.get());
-  CountingAllocator& counted =
-      device_ != nullptr ? device_->activations() : activations_;
-  counted.ResetPeak();
+  OnStage on_stage(*this);
+  Counted().ResetPeak();
   const int64_t batch_size = spec_.eval().batch_size() > 0
                                  ? spec_.eval().batch_size()
                                  : spec_.batch_size();
@@ -484,7 +471,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
     end.step = kEvalStep;
     RETURN_IF_ERROR(downstream_->Send(std::move(end)));
   }
-  last_eval_peak_bytes_ = counted.peak_bytes();
+  last_eval_peak_bytes_ = Counted().peak_bytes();
   return total;
 }
 

@@ -134,6 +134,20 @@ class Stage {
   absl::Status BackwardWeight(int64_t step, int64_t m,
                               std::vector<InFlight>& flight);
   LayerContext Context(int64_t step, int64_t m) const;
+  // The allocator that counts this stage's tensors (the device's on a GPU).
+  CountingAllocator& Counted() {
+    return device_ != nullptr ? device_->activations() : activations_;
+  }
+  // While alive, tensors go to this stage: its counting allocator and, on
+  // a GPU, its device and streams.
+  struct OnStage {
+    explicit OnStage(Stage& s)
+        : host(&s.activations_), device(s.device_.get()) {}
+    AllocatorScope host;
+    DeviceTransfer::Scope device;
+  };
+  // The clipping chain's message: the squared norm so far, or the total.
+  static Message GradSquares(int64_t step, double squares);
 
   // A step between BeginStep and FinishStep.
   struct StepState {
