@@ -7,14 +7,19 @@
 #                              the offline Kubernetes checks' tools
 set -euo pipefail
 
-packages=(
-  build-essential cmake ccache pkg-config git python3
+# What the three binaries are built from: all an image build needs
+# (deploy/docker; --image installs only these).
+image_packages=(
+  build-essential cmake ccache pkg-config
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc libgrpc-dev
   libabsl-dev libopenblas-pthread-dev libsqlite3-dev libssl-dev zlib1g-dev
-  libpng-dev libjpeg62-turbo-dev
+  libpng-dev libjpeg62-turbo-dev prometheus-cpp-dev
+)
+packages=(
+  "${image_packages[@]}" git python3
   openssl
   libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus-cpp-dev prometheus
+  prometheus
   dataset-fashion-mnist
   inotify-tools
   # The Python package (python/): Debian's interpreter with gRPC, protobuf
@@ -23,11 +28,19 @@ packages=(
   # The libFuzzer targets (tests/fuzz, scripts/build-fuzz.sh): clang, its
   # runtime (libFuzzer, ASan, UBSan) and its OpenMP.
   clang libclang-rt-dev libomp-dev
+  # The pods e2e test (tests/scripts/pods_e2e_test.sh): podman with the runc
+  # runtime (crun refuses some hosts' cgroups), netavark and aardvark-dns
+  # for a bridge network with DNS, iptables for its rules, catatonit for
+  # kube play's pause process, mmdebstrap for the base images
+  # (deploy/docker/base-image.sh), iproute2's tc for the link shaping bench.
+  podman runc netavark aardvark-dns iptables catatonit mmdebstrap iproute2
 )
 # The offline Kubernetes checks (tests/scripts/k8s_*): yamllint, and kubectl
 # to render the manifests. Debian's kubernetes-client conflicts with other
 # kubectl packages: only when there is no kubectl at all.
-if [[ "${1:-}" != "--image" ]]; then
+if [[ "${1:-}" == "--image" ]]; then
+  packages=("${image_packages[@]}")
+else
   packages+=(yamllint python3-yaml)
   if ! command -v kubectl >/dev/null 2>&1; then
     packages+=(kubernetes-client)

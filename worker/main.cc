@@ -25,6 +25,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "grpcpp/grpcpp.h"
@@ -60,8 +61,9 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
           "where the Stage service listens (port 0: any free port)");
 ABSL_FLAG(std::string, advertise, "",
           "address neighbours use to reach this worker, e.g. the pod IP from "
-          "the downward API: --advertise=$(POD_IP):7071 (default: the "
-          "listen host and the bound port)");
+          "the downward API: --advertise=$(POD_IP):7071; a HOST alone "
+          "takes the bound port (default: the listen host and the bound "
+          "port)");
 ABSL_FLAG(int, threads, 0,
           "compute threads (0: the cores this process may use: its CPU "
           "affinity, capped by its cgroup's CPU quota)");
@@ -378,8 +380,22 @@ int main(int argc, char** argv) {
     if (probe_readiness) probe_readiness->Set(attached);
   };
   std::string advertise = absl::GetFlag(FLAGS_advertise);
+  if (absl::StrContains(advertise, "$(")) {
+    // Kubernetes expands $(VAR) in args only for variables the container
+    // declares; anything else (or a runtime without the expansion) passes
+    // the text through, and neighbours would dial it.
+    std::fprintf(stderr,
+                 "gpipe-worker: --advertise=%s holds an unexpanded "
+                 "variable: declare it in the container's env (the "
+                 "downward API's status.podIP) or pass the address\n",
+                 advertise.c_str());
+    return 2;
+  }
   if (advertise.empty()) {
     advertise = absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+  } else if (!absl::StrContains(advertise, ':')) {
+    // A host name alone (a pod's name from the downward API, say).
+    advertise = absl::StrCat(advertise, ":", port);
   }
   gpipe::v1::WorkerHello hello;
   hello.set_worker_id(NewWorkerId());

@@ -2,8 +2,10 @@
 # Makes what a secured cluster needs (docs/security.md) with the openssl CLI:
 # a CA, certificates for the controller, the workers and clients (gpipectl),
 # and bearer tokens; with --apply also the Kubernetes Secrets that
-# deploy/k8s/base mounts.
-#   deploy/k8s/make-secrets.sh DIR [--namespace gpipe] [--apply] [--days 365]
+# deploy/k8s/base mounts (with --yaml FILE the same Secrets as manifests in
+# FILE instead, for podman kube play: deploy/podman).
+#   deploy/k8s/make-secrets.sh DIR [--namespace gpipe] [--apply | --yaml FILE]
+#                              [--days 365]
 # DIR gets: ca.crt ca.key, {controller,worker,client}.{crt,key},
 #   api.tokens (the job API's, for --api_token_file), worker.token (for
 #   --worker_token_file and the workers' --token_file).
@@ -16,15 +18,17 @@
 # localhost and 127.0.0.1 for runs on one machine. Every certificate serves
 # as server and client (mutual TLS).
 set -euo pipefail
-dir=${1:?usage: make-secrets.sh DIR [--namespace NS] [--apply] [--days N]}
+dir=${1:?usage: make-secrets.sh DIR [--namespace NS] [--apply | --yaml FILE] [--days N]}
 shift
 namespace=gpipe
 apply=0
+yaml=""
 days=365
 while (($#)); do
   case "$1" in
     --namespace) namespace=$2; shift 2 ;;
     --apply) apply=1; shift ;;
+    --yaml) yaml=$2; shift 2 ;;
     --days) days=$2; shift 2 ;;
     *) echo "make-secrets.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -70,9 +74,16 @@ cert client gpipe-client
 [[ -f "$dir/worker.token" ]] || openssl rand -hex 32 >"$dir/worker.token"
 grep -v '^#' "$dir/api.tokens" | grep -m1 . >"$dir/client.token"
 
-if ((apply)); then
+if ((apply)) || [[ -n "$yaml" ]]; then
   # create --dry-run | apply: rerunning replaces the Secrets.
-  secret() { kubectl -n "$namespace" create secret generic "$@" --dry-run=client -o yaml | kubectl apply -f -; }
+  if [[ -n "$yaml" ]]; then
+    : >"$yaml"
+    secret() {
+      { echo "---"; kubectl -n "$namespace" create secret generic "$@" --dry-run=client -o yaml; } >>"$yaml"
+    }
+  else
+    secret() { kubectl -n "$namespace" create secret generic "$@" --dry-run=client -o yaml | kubectl apply -f -; }
+  fi
   for who in controller worker client; do
     secret "gpipe-$who-tls" --from-file=tls.crt="$dir/$who.crt" \
       --from-file=tls.key="$dir/$who.key" --from-file=ca.crt="$dir/ca.crt"
@@ -81,4 +92,7 @@ if ((apply)); then
     --from-file=worker.token="$dir/worker.token"
   secret gpipe-client-token --from-file=token="$dir/client.token"
 fi
-echo "made the CA, certificates and tokens in $dir$( ((apply)) && echo " and the Secrets in namespace $namespace")"
+where=""
+((apply)) && where=" and the Secrets in namespace $namespace"
+[[ -n "$yaml" ]] && where=" and the Secrets' manifests in $yaml"
+echo "made the CA, certificates and tokens in $dir$where"

@@ -18,8 +18,12 @@ NetworkPolicy ports name container ports of the pods they select, and the
 ConfigMap labelled grafana_dashboard holds exactly dashboards/grafana/*.json.
 With --probe-services it writes "binary service" lines, one per probe, for
 the shell test to ask the running binaries.
+With --rules FILE the PrometheusRule's groups must be FILE's (Prometheus's
+own rule file, deploy/prometheus/gpipe-rules.yml).
 With --sync-dashboards KUSTOMIZATION it rewrites that kustomization's file
-list from the dashboards folder instead of checking anything.
+list from the dashboards folder instead of checking anything; with
+--sync-rules RULES PROMETHEUSRULE it rewrites the PrometheusRule's groups
+from the rule file.
 
 Needs PyYAML: the interpreter yamllint runs on has it (Debian python3-yaml).
 """
@@ -294,16 +298,47 @@ def sync_dashboards(kustomization):
     print("%s lists %d dashboards" % (kustomization, len(files)))
 
 
+def check_rules(objects, rules_file):
+    with open(rules_file) as f:
+        want = yaml.safe_load(f)
+    found = [o for o in objects if o.get("kind") == "PrometheusRule"]
+    if len(found) != 1:
+        error("rules", "expected one PrometheusRule, found %d" % len(found))
+        return
+    if found[0].get("spec") != want:
+        error(name_of(found[0]), "groups differ from %s; run "
+              "tests/scripts/k8s_manifests.py --sync-rules %s "
+              "deploy/k8s/base/alerts.yaml" % (rules_file, rules_file))
+
+
+def sync_rules(rules_file, target):
+    with open(rules_file) as f:
+        groups = yaml.safe_load(f)
+    with open(target) as f:
+        text = f.read()
+    head = text[:text.index("spec:")]
+    with open(target, "w") as f:
+        f.write(head + yaml.safe_dump({"spec": groups}, sort_keys=False,
+                                      width=1000))
+    print("%s holds the groups of %s" % (target, rules_file))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin")
     parser.add_argument("--dashboards")
     parser.add_argument("--probe-services")
     parser.add_argument("--sync-dashboards", metavar="KUSTOMIZATION")
+    parser.add_argument("--rules")
+    parser.add_argument("--sync-rules", nargs=2,
+                        metavar=("RULES", "PROMETHEUSRULE"))
     parser.add_argument("rendered", nargs="*")
     args = parser.parse_args()
     if args.sync_dashboards:
         sync_dashboards(args.sync_dashboards)
+        return 0
+    if args.sync_rules:
+        sync_rules(*args.sync_rules)
         return 0
     if not args.bin or not args.dashboards or not args.rendered:
         parser.error("--bin, --dashboards and RENDERED files are required")
@@ -326,6 +361,8 @@ def main():
         check_wiring(objects, pods)
         if any(o.get("kind") == "Deployment" for o in objects):
             check_dashboards(objects, args.dashboards)
+            if args.rules:
+                check_rules(objects, args.rules)
         for i in range(before, len(errors)):
             errors[i] = "%s: %s" % (os.path.basename(path), errors[i])
     if args.probe_services:

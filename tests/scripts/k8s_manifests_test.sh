@@ -29,7 +29,20 @@ passed=0
 k8s_render "$src" "$work/rendered"
 "$yaml_python" "$src/tests/scripts/k8s_manifests.py" --bin "$bin" \
   --dashboards "$src/dashboards/grafana" --probe-services "$work/probes.txt" \
+  --rules "$src/deploy/prometheus/gpipe-rules.yml" \
   "$work"/rendered/*.yaml || fail "the manifests do not match the binaries"
+passed=$((passed + 1))
+
+# The PrometheusRule must hold Prometheus's own rule file: a changed
+# threshold there is caught here.
+sed 's/increase(gpipe_job_restarts_total\[30m\]) > 3/increase(gpipe_job_restarts_total[30m]) > 4/' \
+  "$src/deploy/prometheus/gpipe-rules.yml" >"$work/rules-changed.yml"
+if "$yaml_python" "$src/tests/scripts/k8s_manifests.py" --bin "$bin" \
+  --dashboards "$src/dashboards/grafana" --rules "$work/rules-changed.yml" \
+  "$work/rendered/cpu.yaml" >"$work/rules.out" 2>&1; then
+  fail "the checker passed a PrometheusRule that differs from the rule file"
+fi
+grep -q "groups differ" "$work/rules.out" || fail "the rules difference was not named: $(cat "$work/rules.out")"
 passed=$((passed + 1))
 
 # The checker must see what it checks: a flag no binary has is caught.

@@ -52,17 +52,19 @@ cport=$(free_port)
 start_controller
 write_spec "$work/job.json" named-neighbour 60 2 0 "$SGD"
 
-# run CASE DELAY: a fresh pair of workers, the second advertising a name
-# whose A record appears DELAY seconds after the DNS server starts; sets
-# $ms to how long stage 0 took to reach stage 1, from its log.
+# run CASE DELAY [ADVERTISE]: a fresh pair of workers, the second
+# advertising a name (ADVERTISE, default stage-b.gpipe.test:PORT) whose A
+# record appears DELAY seconds after the DNS server starts; sets $ms to how
+# long stage 0 took to reach stage 1, from its log.
 run() {
-  local case=$1 delay=$2 up_port down_port job n
+  local case=$1 delay=$2 up_port down_port job n advertise
   up_port=$(free_port)
   down_port=$(free_port)
   named_worker "$case-up" "127.0.0.1:$up_port" "$up_port"
   wait_workers 1
   start_dns "$delay" "stage-b.gpipe.test=127.0.0.1"
-  named_worker "$case-down" "stage-b.gpipe.test:$down_port" "$down_port"
+  advertise=${3:-stage-b.gpipe.test:$down_port}
+  named_worker "$case-down" "$advertise" "$down_port"
   wait_workers 2
   job=$(submit "$work/job.json")
   wait_done "$job"
@@ -108,7 +110,18 @@ if [[ -x "$1/bin/grpc_health_probe" ]]; then
   fi
 fi
 
-run now 0
+# A worker refuses an advertised address with an unexpanded $(VAR) (a
+# manifest whose variable the runtime did not fill), naming the flag.
+if "$bin/gpipe-worker" --controller "127.0.0.1:$cport" --listen 127.0.0.1:0 \
+  --advertise '$(POD_IP):7071' --threads 1 >"$work/unexpanded.log" 2>&1; then
+  fail "a worker started with --advertise=\$(POD_IP):7071"
+fi
+grep -q "advertise=\$(POD_IP):7071 holds an unexpanded variable" "$work/unexpanded.log" ||
+  fail "the unexpanded advertise was not named: $(cat "$work/unexpanded.log")"
+
+# The name alone (a pod's name from the downward API): the worker adds the
+# port it is bound to.
+run now 0 stage-b.gpipe.test
 at_once=$ms
 echo "named neighbour, record there from the start: connected in $at_once ms"
 ((at_once < 2000)) || fail "a named neighbour took $at_once ms to connect (want < 2000)"

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The Kubernetes manifests of deploy/k8s run as real pods on one machine
+# with podman (4.3, as root), no cluster needed (docs/deploy.md, "Try it
+# with podman"):
+#   deploy/podman/play.sh build             base images, then the CPU image
+#   deploy/podman/play.sh up [OVERLAY]      controller and workers (cpu)
+#   deploy/podman/play.sh submit            the examples/submit-job Job
+#   deploy/podman/play.sh down              removes what up and submit made
+# Environment: GPIPE_PODMAN_STATE (default /var/tmp/gpipe-podman: the
+# certificates, the rendered and transformed manifests), GPIPE_PODMAN_NETWORK
+# (default gpipe), GPIPE_IMAGE (default localhost/gpipe:dev), CONTAINERS_CONF
+# (default: $STATE/containers.conf, written here: runc, no default ulimits).
+# The manifests are the ones users apply to a cluster, rendered with
+# kubectl kustomize and rewritten for what podman kube play lacks by
+# kube_play_transform.py (which says what and why).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+src=$(cd "$here/../.." && pwd)
+state=${GPIPE_PODMAN_STATE:-/var/tmp/gpipe-podman}
+network=${GPIPE_PODMAN_NETWORK:-gpipe}
+image=${GPIPE_IMAGE:-localhost/gpipe:dev}
+mkdir -p "$state"
+if [[ -z "${CONTAINERS_CONF:-}" ]]; then
+  # crun refuses some hosts' cgroups and podman's default ulimits cannot
+  # always be raised: runc, and the limits the engine itself has.
+  printf '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n' >"$state/containers.conf"
+  export CONTAINERS_CONF=$state/containers.conf
+fi
+command -v podman >/dev/null || { echo "play.sh: needs podman (scripts/setup.sh installs it)" >&2; exit 2; }
+
+render() {  # render KUSTOMIZATION OUT: rendered and transformed manifests
+  kubectl kustomize "$1" 2>/dev/null >"$2.rendered.yaml"
+  python3 "$here/kube_play_transform.py" "$2.rendered.yaml" \
+    --secrets "$state/secrets.yaml" --state "$state" >"$2"
+}
+
+case "${1:-}" in
+  build)
+    "$src/deploy/docker/base-image.sh"
+    podman build -f "$src/deploy/docker/Dockerfile" -t "$image" \
+      --build-arg DEBIAN_BUILD_IMAGE=localhost/gpipe-base/debian:12 \
+      --build-arg DEBIAN_RUNTIME_IMAGE=localhost/gpipe-base/debian:12-slim "$src"
+    echo "play.sh: $image, $(podman image inspect "$image" --format '{{.Size}}' |
+      awk '{printf "%.0f MB", $1 / 1e6}')"
+    ;;
+  up)
+    overlay=${2:-cpu}
+    podman image exists "$image" || { echo "play.sh: no image $image: run play.sh build" >&2; exit 2; }
+    [[ -f "$state/pki/ca.key" ]] || "$src/deploy/k8s/make-secrets.sh" "$state/pki" --yaml "$state/secrets.yaml" >/dev/null
+    [[ -f "$state/secrets.yaml" ]] || "$src/deploy/k8s/make-secrets.sh" "$state/pki" --yaml "$state/secrets.yaml" >/dev/null
+    render "$src/deploy/k8s/overlays/$overlay" "$state/cluster.yaml"
+    if [[ "$image" != localhost/gpipe:dev ]]; then
+      sed -i "s|image: gpipe:dev|image: $image|" "$state/cluster.yaml"
+    fi
+    podman network exists "$network" || podman network create "$network" >/dev/null
+    podman kube play --network "$network" "$state/cluster.yaml" >/dev/null
+    podman pod ps --filter "label=app.kubernetes.io/part-of=gpipe" --format '{{.Name}} {{.Status}}'
+    ;;
+  submit)
+    render "$src/deploy/k8s/examples/submit-job" "$state/submit.yaml"
+    if [[ "$image" != localhost/gpipe:dev ]]; then
+      sed -i "s|image: gpipe:dev|image: $image|" "$state/submit.yaml"
+    fi
+    podman kube play --network "$network" "$state/submit.yaml" >/dev/null
+    pod=$(python3 -c 'import sys, yaml; print([d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Pod"][0]["metadata"]["name"])' "$state/submit.yaml")
+    echo "play.sh: submitted from pod $pod; follow it with: podman logs -f $pod-gpipectl"
+    ;;
+  down)
+    for f in submit cluster; do
+      [[ -f "$state/$f.yaml" ]] && podman kube down "$state/$f.yaml" >/dev/null 2>&1 || true
+    done
+    for v in gpipe-checkpoints gpipe-controller-store; do
+      podman volume rm -f "$v" >/dev/null 2>&1 || true
+    done
+    podman network exists "$network" && podman network rm -f "$network" >/dev/null 2>&1 || true
+    echo "play.sh: down (the certificates stay in $state/pki)"
+    ;;
+  *)
+    sed -n '2,16p' "$0" >&2
+    exit 2
+    ;;
+esac
