@@ -47,7 +47,8 @@ const std::vector<Command>& Commands() {
        "Predicts throughput, bubble and memory for each K, M, schedule and\n"
        "remat mode, and marks the best that fits.",
        {"stages_range", "micro_batches", "schedule", "remat", "measure",
-        "memory_budget", "flops", "layer_overhead_us", "link_gbps"}},
+        "memory_budget", "flops", "layer_overhead_us", "link_gbps",
+        "link_latency_us"}},
       {"local",
        "JOB.json",
        "run the job on a controller and workers on this machine",

@@ -58,6 +58,9 @@ ABSL_FLAG(double, layer_overhead_us, -1,
 ABSL_FLAG(double, link_gbps, 10,
           "plan: bandwidth of each link between neighbouring stages, in "
           "gigabits per second");
+ABSL_FLAG(double, link_latency_us, 0,
+          "plan: one-way latency of each link between neighbouring stages, "
+          "in microseconds, paid by every message");
 // Shared with `gpipectl train` (defined there). Here they narrow the plan:
 // --stages K and --micro-batches M (0: consider several), --schedule and
 // --remat ("": both schedules, all three modes). With one K and one M the
@@ -212,7 +215,8 @@ int RunPlan(const std::vector<std::string>& args) {
                  "usage: gpipectl plan JOB.json [--stages-range LO..HI] "
                  "[--stages K] [--micro-batches M] [--schedule S] "
                  "[--remat R] [--measure] [--memory-budget BYTES] "
-                 "[--flops F] [--layer-overhead-us U] [--link-gbps G]\n");
+                 "[--flops F] [--layer-overhead-us U] [--link-gbps G] "
+                 "[--link-latency-us L]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -284,6 +288,11 @@ int RunPlan(const std::vector<std::string>& args) {
   if (!(link_gbps > 0)) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--link-gbps: must be > 0, got ", link_gbps)));
+  }
+  const double link_latency_us = absl::GetFlag(FLAGS_link_latency_us);
+  if (!(link_latency_us >= 0) || link_latency_us > 1e7) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--link-latency-us: must be in [0, 1e7], got ", link_latency_us)));
   }
 
   // One core per stage: a stage is one worker, and on a small machine
@@ -424,6 +433,7 @@ int RunPlan(const std::vector<std::string>& args) {
             config.virtual_stages = v;
             config.remat = remat;
             config.link_bytes_per_second = link_gbps * 1e9 / 8;
+            config.link_latency_seconds = link_latency_us * 1e-6;
             o.sim = Simulate(config);
             o.samples_per_second =
                 o.sim.step_seconds > 0 ? batch / o.sim.step_seconds : 0;
@@ -498,7 +508,8 @@ int RunPlan(const std::vector<std::string>& args) {
   std::printf("plan for %s: %lld layers, batch %lld\n",
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(layers), static_cast<long long>(batch));
-  std::printf("costs: %s; links %.3g Gb/s\n", cost_source.c_str(), link_gbps);
+  std::printf("costs: %s; links %.3g Gb/s, %.6g us\n", cost_source.c_str(),
+              link_gbps, link_latency_us);
   std::printf(
       "memory: the largest stage's peak (parameters, gradients, optimizer "
       "state, activations, working memory, data); budget %s\n\n",

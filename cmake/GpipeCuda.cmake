@@ -8,7 +8,14 @@ if(NOT GPIPE_CUDA STREQUAL "OFF")
   endif()
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
+    # Stock CMake 3.25's FindCUDAToolkit marks CUDA::nvToolsExt deprecated
+    # without checking that it exists, and CUDA 13 has none (NVTX is
+    # header-only now): the find then fails, but only for projects that
+    # require CMake 3.25 or later. Say 3.24 while it runs.
+    set(gpipe_min_cmake ${CMAKE_MINIMUM_REQUIRED_VERSION})
+    set(CMAKE_MINIMUM_REQUIRED_VERSION 3.24)
     find_package(CUDAToolkit QUIET)
+    set(CMAKE_MINIMUM_REQUIRED_VERSION ${gpipe_min_cmake})
     find_library(CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu)
     find_path(CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include /usr/include)
     if(CUDAToolkit_FOUND)

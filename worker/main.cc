@@ -435,9 +435,16 @@ int main(int argc, char** argv) {
   // Spinning compute threads on shared cores slowed trainings 3x
   // (bench/shared_cores_bench.sh): say which way this worker waits.
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+  // OpenBLAS picks its GEMM kernel by the CPU: stages on CPUs of another
+  // generation round differently unless OPENBLAS_CORETYPE pins one.
+  const char* core_type = std::getenv("OPENBLAS_CORETYPE");
   gpipe::LogInfo(
-      "gpipe-worker compute: %d threads, OMP_WAIT_POLICY=%s", threads,
-      wait_policy != nullptr ? wait_policy : "(default: spin, then sleep)");
+      "gpipe-worker compute: %d threads, OMP_WAIT_POLICY=%s, OpenBLAS "
+      "kernel %s (%s)",
+      threads,
+      wait_policy != nullptr ? wait_policy : "(default: spin, then sleep)",
+      gpipe::BlasCoreName(),
+      core_type != nullptr ? "OPENBLAS_CORETYPE" : "chosen for this CPU");
   agent = std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello,
                                          set_ready, security->attach);
 

@@ -117,7 +117,10 @@ def rewrite_pod_spec(spec, pod_name, secrets, state):
             container["args"] = args
 
 
-def transform(docs, secrets, state):
+def transform(docs, secrets, state, replicas):
+    for doc in docs:
+        if doc["kind"] == "Deployment" and doc["metadata"]["name"] in replicas:
+            doc["spec"]["replicas"] = replicas[doc["metadata"]["name"]]
     services = [d for d in docs if d["kind"] == "Service"]
     read_config_maps = set()
     out = []
@@ -179,6 +182,8 @@ def main():
                         help="Secret manifests (make-secrets.sh --yaml)")
     parser.add_argument("--state", required=True,
                         help="directory for the secret volumes' files")
+    parser.add_argument("--replicas", action="append", default=[],
+                        metavar="DEPLOYMENT=N", help="scale a Deployment")
     a = parser.parse_args()
     text = sys.stdin.read() if a.manifests == "-" else open(a.manifests).read()
     docs = [d for d in yaml.safe_load_all(text) if d]
@@ -190,7 +195,14 @@ def main():
                     secrets[d["metadata"]["name"]] = d
     secrets.update({d["metadata"]["name"]: d for d in docs if d["kind"] == "Secret"})
     os.makedirs(a.state, exist_ok=True)
-    yaml.safe_dump_all(transform(docs, secrets, a.state), sys.stdout, sort_keys=False)
+    replicas = {}
+    for r in a.replicas:
+        name, _, n = r.partition("=")
+        if not n.isdigit():
+            fail("--replicas %s: want DEPLOYMENT=N" % r)
+        replicas[name] = int(n)
+    yaml.safe_dump_all(transform(docs, secrets, a.state, replicas), sys.stdout,
+                       sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@
 #   deploy/podman/play.sh down              removes what up and submit made
 # Environment: GPIPE_PODMAN_STATE (default /var/tmp/gpipe-podman: the
 # certificates, the rendered and transformed manifests), GPIPE_PODMAN_NETWORK
-# (default gpipe), GPIPE_IMAGE (default localhost/gpipe:dev), CONTAINERS_CONF
+# (default gpipe), GPIPE_IMAGE (default localhost/gpipe:dev),
+# GPIPE_PODMAN_WORKERS (worker pods; default: the overlay's), CONTAINERS_CONF
 # (default: $STATE/containers.conf, written here: runc, no default ulimits).
 # The manifests are the ones users apply to a cluster, rendered with
 # kubectl kustomize and rewritten for what podman kube play lacks by
@@ -29,8 +30,10 @@ fi
 command -v podman >/dev/null || { echo "play.sh: needs podman (scripts/setup.sh installs it)" >&2; exit 2; }
 
 render() {  # render KUSTOMIZATION OUT: rendered and transformed manifests
+  local scale=()
+  [[ -n "${GPIPE_PODMAN_WORKERS:-}" ]] && scale=(--replicas "gpipe-worker=$GPIPE_PODMAN_WORKERS")
   kubectl kustomize "$1" 2>/dev/null >"$2.rendered.yaml"
-  python3 "$here/kube_play_transform.py" "$2.rendered.yaml" \
+  python3 "$here/kube_play_transform.py" "$2.rendered.yaml" "${scale[@]}" \
     --secrets "$state/secrets.yaml" --state "$state" >"$2"
 }
 

@@ -22,4 +22,9 @@ void SetComputeThreads(int n) {
 
 int ComputeThreads() { return omp_get_max_threads(); }
 
+const char* BlasCoreName() {
+  const char* name = openblas_get_corename();
+  return name != nullptr ? name : "unknown";
+}
+
 }  // namespace gpipe

@@ -9,6 +9,11 @@ namespace gpipe {
 void SetComputeThreads(int n);
 int ComputeThreads();
 
+// The GEMM kernel OpenBLAS chose for this CPU ("Haswell", "SkylakeX", ...),
+// or the one OPENBLAS_CORETYPE named. Results are bitwise reproducible only
+// between processes that use the same one (docs/deploy.md).
+const char* BlasCoreName();
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_TENSOR_THREADS_H_

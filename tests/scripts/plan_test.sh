@@ -68,4 +68,24 @@ fi
 grep -q 'no configuration fits the memory budget; the smallest needs' "$work/budget" ||
   { cat "$work/budget"; fail "no message for the budget"; }
 echo "ok: a budget nothing fits"
-echo "3 passed, 0 failed"
+
+# Link latency: every message pays it, so the spec's step grows by at least
+# the latency of the messages on its critical path; a negative one is
+# refused by name.
+spec_ms() { sed -n 's/^=  *\([0-9]*\)  *\([0-9]*\)  *[a-z0-9-]*  *[a-z_]*  *\([0-9.]*\) .*/\3/p' "$1"; }
+"$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" "${flops[@]}" \
+  >"$work/lat0" 2>&1 || { cat "$work/lat0"; fail "plan at 0 us"; }
+"$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" "${flops[@]}" --link-latency-us 1000 \
+  >"$work/lat1" 2>&1 || { cat "$work/lat1"; fail "plan --link-latency-us 1000"; }
+grep -q 'links 10 Gb/s, 1000 us' "$work/lat1" || { head -3 "$work/lat1"; fail "the latency is not printed"; }
+a=$(spec_ms "$work/lat0")
+b=$(spec_ms "$work/lat1")
+[[ -n "$a" && -n "$b" ]] || { cat "$work/lat0"; fail "no spec row"; }
+python3 -c 'import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if b >= a + 2 else 1)' "$a" "$b" ||
+  fail "1 ms of link latency moved the spec's step from $a to $b ms (want >= 2 ms more)"
+if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --link-latency-us -1 >"$work/neg" 2>&1; then
+  fail "a negative latency was taken"
+fi
+grep -q -- '--link-latency-us: must be in' "$work/neg" || { cat "$work/neg"; fail "the bad latency was not named"; }
+echo "ok: link latency ($a ms a step at 0 us, $b ms at 1000 us)"
+echo "4 passed, 0 failed"
