@@ -3,7 +3,8 @@
 # that reaches Debian's package mirror but no container registry: a minimal
 # Debian root file system from mmdebstrap, imported into the engine.
 #   deploy/docker/base-image.sh [--engine podman|docker] [--force] [--cuda]
-# Images (tags of the local engine; skipped when present, unless --force):
+# Images (tags of the local engine; skipped when present, unless --force;
+# GPIPE_BASE_REPO changes the localhost/gpipe-base prefix):
 #   localhost/gpipe-base/debian:12        build stage (DEBIAN_BUILD_IMAGE)
 #   localhost/gpipe-base/debian:12-slim   runtime stage (DEBIAN_RUNTIME_IMAGE)
 # With --cuda also, from the CUDA toolkit this machine builds with
@@ -34,7 +35,7 @@ while (($#)); do
   esac
 done
 command -v "$engine" >/dev/null || { echo "base-image.sh: no $engine" >&2; exit 2; }
-repo=localhost/gpipe-base
+repo=${GPIPE_BASE_REPO:-localhost/gpipe-base}
 debian=$repo/debian:12
 slim=$repo/debian:12-slim
 have() { "$engine" image exists "$1" 2>/dev/null || "$engine" image inspect "$1" >/dev/null 2>&1; }
