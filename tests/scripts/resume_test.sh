@@ -54,7 +54,9 @@ wait_step "$fragile" 45
 # Under load the status may not list the stages' addresses yet: ask again.
 victim=""
 for _ in $(seq 100); do
-  victim=$(busy_workers "$fragile" | head -n 1)
+  # sed, not head: head's early exit would SIGPIPE the listing, and under
+  # pipefail the assignment would end the test without a word.
+  victim=$(busy_workers "$fragile" | sed -n 1p)
   [[ -n "$victim" ]] && break
   sleep 0.1
 done
