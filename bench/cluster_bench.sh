@@ -25,21 +25,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # A balanced MLP: 8 x (Linear 1024 + ReLU) and a 16-class head, batch 256.
-layers=""
-for _ in 1 2 3 4 5 6 7 8; do
-  layers+='{"linear": {"inFeatures": 1024, "outFeatures": 1024}}, {"relu": {}}, '
-done
-cat >"$work/job.json" <<JSON
-{"name": "cluster-bench",
- "model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [1024]}},
-           "layers": [${layers} {"linear": {"inFeatures": 1024, "outFeatures": 16}}],
-           "loss": {"softmaxCrossEntropy": {}}},
- "optimizer": {"lr": 0.01, "sgd": {"momentum": 0.9}},
- "data": {"synthetic": {"task": "CLASSES", "features": 1024, "classes": 16,
-                        "trainSamples": 4096, "testSamples": 16}},
- "pipeline": {"stages": 2, "microBatches": ${m}},
- "batchSize": 256, "steps": ${steps}, "seed": 1}
-JSON
+source bench/mlp_spec.sh
+write_mlp_spec "$work/job.json" cluster-bench 8 "{\"stages\": 2, \"microBatches\": ${m}}" "$steps"
 
 rate() { sed -n 's/.* steps in \([0-9.]*\)s (\([0-9]*\) samples\/s).*/\2/p' | tail -1; }
 echo "model: MLP 8 x (Linear 1024 + ReLU) + head, batch 256, K=2, M=$m, $steps steps, 2 cores"

@@ -33,23 +33,11 @@ play=$src/deploy/podman/play.sh
 trap '"$play" down >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 podman image exists "$image" || { echo "no $image: run deploy/podman/play.sh build" >&2; exit 2; }
 
-# Four equal blocks per stage: Linear 1024 + ReLU, batch 256 (a micro-batch
+# Two equal blocks per stage: Linear 1024 + ReLU, batch 256 (a micro-batch
 # of 32 sends 128 KiB each way per link).
-layers=""
-for ((i = 0; i < 2 * k; i++)); do
-  layers+='{"linear": {"inFeatures": 1024, "outFeatures": 1024}}, {"relu": {}}, '
-done
-cat >"$work/job.json" <<JSON
-{"name": "pods-network-bench",
- "model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [1024]}},
-           "layers": [${layers} {"linear": {"inFeatures": 1024, "outFeatures": 16}}],
-           "loss": {"softmaxCrossEntropy": {}}},
- "optimizer": {"lr": 0.01, "sgd": {"momentum": 0.9}},
- "data": {"synthetic": {"task": "CLASSES", "features": 1024, "classes": 16,
-                        "trainSamples": 4096, "testSamples": 16}},
- "pipeline": {"stages": ${k}, "microBatches": ${m}, "schedule": "ONE_F_ONE_B", "remat": "NEVER"},
- "batchSize": 256, "steps": ${steps}, "seed": 1}
-JSON
+source bench/mlp_spec.sh
+write_mlp_spec "$work/job.json" pods-network-bench $((2 * k)) \
+  "{\"stages\": ${k}, \"microBatches\": ${m}, \"schedule\": \"ONE_F_ONE_B\", \"remat\": \"NEVER\"}" "$steps"
 chmod a+r "$work/job.json"
 
 "$play" up >/dev/null
