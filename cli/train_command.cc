@@ -48,6 +48,10 @@ ABSL_FLAG(int64_t, stages, 0,
           "reference trainer)");
 ABSL_FLAG(std::string, schedule, "",
           "gpipe, 1f1b, zb-h1 or interleaved (default: the job spec's)");
+ABSL_FLAG(int64_t, replicas, 0,
+          "data-parallel replicas R of the pipeline, each on its own K "
+          "threads (0: the job spec's pipeline.replicas); the result is the "
+          "same for every R dividing pipeline.gradient_groups");
 ABSL_FLAG(int64_t, virtual_stages, 0,
           "chunks of the model per stage under --schedule interleaved (v >= "
           "2; 0: the job spec's)");
@@ -139,6 +143,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     options.micro_batches = absl::GetFlag(FLAGS_micro_batches);
   if (absl::GetFlag(FLAGS_virtual_stages) > 0)
     options.virtual_stages = absl::GetFlag(FLAGS_virtual_stages);
+  if (absl::GetFlag(FLAGS_replicas) > 0)
+    options.replicas = absl::GetFlag(FLAGS_replicas);
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
     absl::StatusOr<ScheduleKind> s =
         ParseScheduleName(absl::GetFlag(FLAGS_schedule));
@@ -191,7 +197,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   }
   absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
-  if (options.stages == 1) {
+  if (options.stages == 1 && options.replicas <= 1) {
     SetComputeThreads(threads);
     *description = absl::StrCat(
         "reference trainer, ", options.micro_batches, " micro-batches, ",
@@ -202,8 +208,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     if (!t.ok()) return t.status();
     return std::unique_ptr<Trainer>(std::move(*t));
   }
-  options.threads_per_stage =
-      std::max<int>(1, threads / static_cast<int>(options.stages));
+  options.threads_per_stage = std::max<int>(
+      1, threads / static_cast<int>(options.stages * options.replicas));
   options.device = *device;
   auto p = InProcessPipeline::Create(spec, options);
   if (!p.ok()) return p.status();
@@ -213,8 +219,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
           ? absl::StrCat(" of ", (*p)->stage_count() / options.stages,
                          " chunks each")
           : "",
-      " (layers ", absl::StrJoin((*p)->balance(), "+"),
-      "), M=", options.micro_batches, ", ",
+      " (layers ", absl::StrJoin((*p)->balance(), "+"), ")",
+      options.replicas > 1 ? absl::StrCat(" x ", options.replicas, " replicas")
+                           : "",
+      ", M=", options.micro_batches, ", ",
       std::string(ScheduleName(options.schedule)), ", remat ",
       std::string(RematName(options.remat)), ", ", options.threads_per_stage,
       " threads per stage", *device == Device::kCpu ? "" : ", on the GPU");
@@ -223,12 +231,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
 
 int RunTrain(const std::vector<std::string>& args) {
   if (args.size() != 1) {
-    std::fprintf(stderr,
-                 "usage: gpipectl train JOB.json [--stages K] "
-                 "[--micro-batches M] [--schedule "
-                 "gpipe|1f1b|zb-h1|interleaved] [--virtual-stages V] "
-                 "[--remat always|except_last|never] [--steps N] [--out DIR] "
-                 "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
+    std::fprintf(
+        stderr,
+        "usage: gpipectl train JOB.json [--stages K] "
+        "[--micro-batches M] [--schedule "
+        "gpipe|1f1b|zb-h1|interleaved] [--virtual-stages V] [--replicas R] "
+        "[--remat always|except_last|never] [--steps N] [--out DIR] "
+        "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
     return 2;
   }
   const int threads = absl::GetFlag(FLAGS_threads) > 0

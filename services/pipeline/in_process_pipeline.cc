@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
+#include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
@@ -18,6 +19,7 @@ PipelineOptions OptionsFromSpec(const gpipe::v1::JobSpec& spec) {
   o.stages = StageCount(spec);
   o.virtual_stages = VirtualStageCount(spec);
   o.micro_batches = MicroBatchCount(spec);
+  o.replicas = ReplicaCount(spec);
   o.schedule = ScheduleFromSpec(spec.pipeline().schedule());
   o.remat = RematFromSpec(spec.pipeline().remat());
   return o;
@@ -54,8 +56,32 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   }
   p->workers_ = workers;
   p->virtual_stages_ = v;
+  const int64_t replicas =
+      options.replicas > 0 ? options.replicas : ReplicaCount(spec);
+  const int64_t groups = spec.pipeline().gradient_groups() > 0
+                             ? spec.pipeline().gradient_groups()
+                             : replicas;
+  if (replicas > 1 || groups > 1) {
+    // The spec's rules for replicas (groups dividing M, whole groups per
+    // replica, no batch norm...) on the counts these options ask for.
+    gpipe::v1::JobSpec asked = spec;
+    asked.mutable_pipeline()->set_replicas(replicas);
+    asked.mutable_pipeline()->set_micro_batches(m);
+    asked.mutable_pipeline()->set_schedule(ScheduleToSpec(options.schedule));
+    RETURN_IF_ERROR(ValidateJobSpec(asked));
+  }
+  if (replicas > 1 && options.device != Device::kCpu) {
+    return absl::UnimplementedError(
+        "replicas: the in-process pipeline's replicas sum their gradients "
+        "on the CPU; run replicas with --device cpu");
+  }
+  if (replicas > 1 && !options.ops.empty()) {
+    return absl::InvalidArgumentError("ops: given for one replica only");
+  }
+  p->replicas_ = replicas;
   // The stages: K of them, or K x v chunks with worker w holding w, w+K, ...
   const int64_t k = workers * v;
+  p->chunks_ = k;
   if (k > layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stages: ", k,
@@ -89,17 +115,27 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   // Each direction holds a whole step's messages, so a send never waits on
   // a neighbour that is itself waiting to send (no cycle of full queues).
   const size_t capacity = static_cast<size_t>(m) + 4;
-  std::vector<Link*> up(k, nullptr), down(k, nullptr);
-  for (int64_t i = 0; i + 1 < k; ++i) {
-    auto [a, b] = MakeInProcessLinkPair(capacity);
-    down[i] = a.get();
-    up[i + 1] = b.get();
-    p->links_.push_back(std::move(a));
-    p->links_.push_back(std::move(b));
+  std::vector<Link*> up(k * replicas, nullptr), down(k * replicas, nullptr);
+  for (int64_t r = 0; r < replicas; ++r) {
+    for (int64_t i = r * k; i + 1 < (r + 1) * k; ++i) {
+      auto [a, b] = MakeInProcessLinkPair(capacity);
+      down[i] = a.get();
+      up[i + 1] = b.get();
+      p->links_.push_back(std::move(a));
+      p->links_.push_back(std::move(b));
+    }
+  }
+  if (replicas > 1) {
+    for (int64_t i = 0; i < k; ++i) {
+      p->reducers_.push_back(
+          std::make_unique<InProcessReduction>(replicas, groups));
+    }
   }
   const std::vector<int64_t> begins = StageBegins(p->balance_);
   const auto origin = Timeline::Clock::now();
-  for (int64_t i = 0; i < k; ++i) {
+  for (int64_t at = 0; at < k * replicas; ++at) {
+    const int64_t i = at % k;
+    const int64_t r = at / k;
     StagePlacement placement;
     placement.index = i;
     placement.count = k;
@@ -111,11 +147,17 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
       placement.ops = options.ops[i];
     placement.remat = options.remat;
     placement.device = options.device;
+    placement.gradient_groups = groups;
+    const RowRange share = ReplicaMicroBatches(m, groups, replicas, r);
+    placement.micro_batch_begin = share.begin;
+    placement.micro_batch_end = share.end;
+    placement.replica = r;
+    if (replicas > 1) placement.reducer = p->reducers_[i].get();
     const bool needs_data = i == 0 || i == k - 1;
     ASSIGN_OR_RETURN(
         std::unique_ptr<Stage> stage,
         Stage::Create(spec, placement, needs_data ? p->dataset_ : nullptr,
-                      up[i], down[i], origin));
+                      up[at], down[at], origin));
     p->stages_.push_back(std::move(stage));
     p->threads_.push_back(
         std::make_unique<StageThread>(std::max(1, options.threads_per_stage)));
@@ -132,12 +174,14 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     InitReport all;
     for (const auto& stage : p->stages_) {
       const StagePlacement& at = stage->placement();
+      const bool counted = at.replica == 0;
       ASSIGN_OR_RETURN(
           const InitReport report,
           LoadInitWeights(weights, spec.init_from(),
                           stage->model().StateTensors(),
                           stage->optimizer().State(),
                           LayerRange{at.layer_begin, at.layer_end, layers}));
+      if (!counted) continue;  // the same load again
       all.loaded += report.loaded;
       all.missing.insert(all.missing.end(), report.missing.begin(),
                          report.missing.end());
@@ -151,13 +195,19 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
 }
 
 InProcessPipeline::~InProcessPipeline() {
-  for (auto& link : links_) link->Close();
+  CloseAll();
   threads_.clear();  // joins after queued work ends
 }
 
+void InProcessPipeline::CloseAll() {
+  for (auto& link : links_) link->Close();
+  for (auto& reducer : reducers_) reducer->Close();
+}
+
 template <typename Result, typename Work>
-absl::StatusOr<std::vector<Result>> InProcessPipeline::OnAllStages(Work work) {
-  return OnThreads<Result>(stages_.size(),
+absl::StatusOr<std::vector<Result>> InProcessPipeline::OnAllStages(
+    Work work, bool all_replicas) {
+  return OnThreads<Result>(all_replicas ? stages_.size() : chunks_,
                            [&](size_t i) { return work(*stages_[i]); });
 }
 
@@ -173,9 +223,7 @@ absl::StatusOr<std::vector<Result>> InProcessPipeline::OnThreads(size_t k,
   for (size_t i = 0; i < k; ++i) {
     done.push_back(threads_[i]->Post([this, i, &results, &work] {
       results[i] = work(i);
-      if (!results[i].ok()) {
-        for (auto& link : links_) link->Close();
-      }
+      if (!results[i].ok()) CloseAll();
     }));
   }
   for (auto& d : done) d.wait();
@@ -235,18 +283,31 @@ absl::StatusOr<StepReport> InProcessPipeline::Step() {
       for (int64_t c = 0; c < virtual_stages_; ++c)
         results[c * workers_ + w] = std::move(by_worker[w][c]);
   } else {
-    ASSIGN_OR_RETURN(results, OnAllStages<StageStepResult>([s](Stage& stage) {
-                       return stage.RunStep(s);
-                     }));
+    ASSIGN_OR_RETURN(results,
+                     OnAllStages<StageStepResult>(
+                         [s](Stage& stage) { return stage.RunStep(s); },
+                         /*all_replicas=*/true));
   }
-  const StageStepResult& last = results.back();
+  // Replica 0's last stage; with replicas, every micro-batch's loss from
+  // the replica that ran it, added in micro-batch order as one pipeline
+  // adds them.
+  const StageStepResult& last = results[chunks_ - 1];
+  LossResult loss = last.loss;
+  if (replicas_ > 1) {
+    loss = LossResult();
+    for (int64_t r = 0; r < replicas_; ++r) {
+      const Stage& stage = *stages_[r * chunks_ + chunks_ - 1];
+      const StageStepResult& got = results[r * chunks_ + chunks_ - 1];
+      for (int64_t mb = stage.placement().micro_batch_begin;
+           mb < stage.placement().local_end(); ++mb)
+        loss += got.losses[mb];
+    }
+  }
   StepReport report;
   report.step = s;
-  report.loss = last.loss.loss_sum / last.loss_normalizer;
+  report.loss = loss.loss_sum / last.loss_normalizer;
   report.accuracy =
-      last.loss.counted > 0
-          ? static_cast<double>(last.loss.correct) / last.loss.counted
-          : 0.0;
+      loss.counted > 0 ? static_cast<double>(loss.correct) / loss.counted : 0.0;
   report.lr = last.lr;
   report.grad_norm = last.grad_norm;
   ++step_;
@@ -272,7 +333,7 @@ absl::StatusOr<EvalResult> InProcessPipeline::Evaluate(Split split,
 absl::StatusOr<Tensor> InProcessPipeline::Outputs(Split split,
                                                   int64_t max_samples) {
   std::vector<Tensor> parts;
-  Stage* last = stages_.back().get();
+  Stage* last = stages_[chunks_ - 1].get();
   RETURN_IF_ERROR(OnAllStages<LossResult>([&](Stage& stage) {
                     return stage.RunEval(split, max_samples,
                                          &stage == last ? &parts : nullptr);
@@ -292,8 +353,8 @@ absl::StatusOr<Tensor> InProcessPipeline::Outputs(Split split,
 
 std::vector<NamedTensor> InProcessPipeline::StateTensors() {
   std::vector<NamedTensor> out;
-  for (auto& stage : stages_)
-    for (NamedTensor& t : stage->model().StateTensors()) out.push_back(t);
+  for (int64_t i = 0; i < chunks_; ++i)
+    for (NamedTensor& t : stages_[i]->model().StateTensors()) out.push_back(t);
   return out;
 }
 

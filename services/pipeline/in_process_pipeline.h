@@ -24,6 +24,9 @@ struct PipelineOptions {
   int64_t stages = 0;
   int64_t virtual_stages = 0;  // v; 0: the spec's
   int64_t micro_batches = 0;   // M; 0: the spec's
+  // R data-parallel copies of the pipeline, each on its own K threads; 0:
+  // the spec's. The gradient groups are the spec's (0 there: R).
+  int64_t replicas = 0;
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kExceptLast;
   // Layers per stage (K x v of them, in model order); empty: partitioner.
@@ -57,8 +60,13 @@ class InProcessPipeline final : public Trainer {
   std::vector<NamedTensor> StateTensors() override;
   const std::string& init_summary() const override { return init_summary_; }
 
-  int64_t stage_count() const { return static_cast<int64_t>(stages_.size()); }
-  Stage& stage(int64_t i) { return *stages_[i]; }
+  // The stages of one replica (K, or K x v chunks) and replica r's stage
+  // i; evaluation, outputs and state come from replica 0.
+  int64_t stage_count() const { return chunks_; }
+  int64_t replica_count() const { return replicas_; }
+  Stage& stage(int64_t i, int64_t replica = 0) {
+    return *stages_[replica * chunks_ + i];
+  }
   const std::vector<int64_t>& balance() const { return balance_; }
   const Dataset& dataset() const { return *dataset_; }
 
@@ -68,9 +76,13 @@ class InProcessPipeline final : public Trainer {
   // are closed so no stage waits forever for a dead neighbour.
   template <typename Result, typename Work>
   absl::StatusOr<std::vector<Result>> OnThreads(size_t n, Work work);
-  // `work(stage)` on every stage's thread.
+  // `work(stage)` on every stage's thread: replica 0's, or every
+  // replica's.
   template <typename Result, typename Work>
-  absl::StatusOr<std::vector<Result>> OnAllStages(Work work);
+  absl::StatusOr<std::vector<Result>> OnAllStages(Work work,
+                                                  bool all_replicas = false);
+  // Closes every link and reduction, so no thread waits for a failed one.
+  void CloseAll();
   // One training step of worker w of an interleaved pipeline: its chunks'
   // ops in the worker's order on one thread; results by chunk.
   absl::StatusOr<std::vector<StageStepResult>> RunWorkerStep(int64_t w,
@@ -79,11 +91,16 @@ class InProcessPipeline final : public Trainer {
   gpipe::v1::JobSpec spec_;
   std::vector<int64_t> balance_;
   std::shared_ptr<const Dataset> dataset_;
-  std::vector<std::unique_ptr<Link>> links_;    // 2 per neighbouring pair
-  std::vector<std::unique_ptr<Stage>> stages_;  // K x v, in model order
-  int64_t workers_ = 1;                         // K
-  int64_t virtual_stages_ = 1;                  // v
-  std::vector<std::vector<Op>> worker_ops_;     // interleaved: per worker
+  std::vector<std::unique_ptr<Link>> links_;  // 2 per neighbouring pair
+  // Per stage of a replica: its replicas' meeting point (R > 1).
+  std::vector<std::unique_ptr<GradientReducer>> reducers_;
+  // R x (K x v): replica r's stages from r x chunks_, in model order.
+  std::vector<std::unique_ptr<Stage>> stages_;
+  int64_t chunks_ = 1;                       // K x v
+  int64_t replicas_ = 1;                     // R
+  int64_t workers_ = 1;                      // K
+  int64_t virtual_stages_ = 1;               // v
+  std::vector<std::vector<Op>> worker_ops_;  // interleaved: per worker
   std::vector<std::unique_ptr<StageThread>> threads_;
   int64_t step_ = 0;
   bool broken_ = false;

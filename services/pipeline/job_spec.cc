@@ -381,6 +381,66 @@ absl::Status ValidateInitFrom(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+// Replicas and gradient groups: the tree's leaves are whole groups, and
+// each replica holds whole groups (ReplicaShare).
+absl::Status ValidateReplicas(const v1::JobSpec& spec) {
+  const v1::PipelineSpec& p = spec.pipeline();
+  if (p.replicas() < 0 || p.replicas() > kMaxReplicas) {
+    return FieldError("pipeline.replicas", "must be in [0, ", kMaxReplicas,
+                      "] (0 means 1), got ", p.replicas());
+  }
+  const int64_t m = MicroBatchCount(spec);
+  if (p.gradient_groups() < 0 || p.gradient_groups() > m) {
+    return FieldError("pipeline.gradient_groups", "must be in [0, ", m,
+                      "] (at most micro_batches; 0 means replicas), got ",
+                      p.gradient_groups());
+  }
+  const int64_t r = ReplicaCount(spec);
+  const int64_t g = GradientGroupCount(spec);
+  if (m % g != 0) {
+    return FieldError(
+        p.gradient_groups() > 0 ? "pipeline.gradient_groups"
+                                : "pipeline.replicas",
+        g, p.gradient_groups() > 0 ? " gradient groups" : " replicas",
+        " do not divide micro_batches ", m,
+        ": each group is micro_batches / gradient_groups whole micro-batches");
+  }
+  if (g % r != 0) {
+    return FieldError("pipeline.replicas", r,
+                      " replicas do not divide gradient_groups ", g,
+                      ": each replica runs whole groups");
+  }
+  const ScheduleKind schedule = ScheduleFromSpec(p.schedule());
+  if (r > 1 && Interleaves(schedule)) {
+    return FieldError("pipeline.replicas",
+                      "INTERLEAVED_1F1B runs one replica so far; use GPIPE, "
+                      "ONE_F_ONE_B or ZERO_BUBBLE_H1 with replicas");
+  }
+  // The norms add their parameter gradients in the input half of a split
+  // backward, the others in the weight half, and ZB-H1 runs the next
+  // micro-batch's input half before this one's weight half: a group's sum
+  // would take the next group's norm gradients.
+  if (g / r > 1 && SplitsBackward(schedule)) {
+    return FieldError("pipeline.gradient_groups", g, " groups on ", r,
+                      " replica", r > 1 ? "s" : "",
+                      " put several groups on one replica, which "
+                      "ZERO_BUBBLE_H1 does not run yet: set gradient_groups "
+                      "to replicas");
+  }
+  if (r > 1) {
+    for (int i = 0; i < spec.model().layers_size(); ++i) {
+      if (spec.model().layers(i).kind_case() == v1::LayerSpec::kBatchNorm) {
+        return FieldError(
+            absl::StrCat("model.layers[", i, "]"),
+            "batch_norm's running statistics follow every micro-batch in "
+            "order, which replicas do not see: use layer_norm, or one "
+            "replica");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   const v1::PipelineSpec& p = spec.pipeline();
   const int64_t layers = spec.model().layers_size();
@@ -459,6 +519,7 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
     return FieldError("pipeline.min_stages", p.min_stages(),
                       " is more than the ", k, " stages");
   }
+  RETURN_IF_ERROR(ValidateReplicas(spec));
   const v1::RebalanceSpec& r = p.rebalance();
   if (r.after_steps() < 0 || r.after_steps() > kMaxSteps) {
     return FieldError("pipeline.rebalance.after_steps", "must be in [0, ",
@@ -543,6 +604,16 @@ int64_t ChunkCount(const v1::JobSpec& spec) {
 int64_t MicroBatchCount(const v1::JobSpec& spec) {
   return spec.pipeline().micro_batches() == 0 ? 1
                                               : spec.pipeline().micro_batches();
+}
+
+int64_t ReplicaCount(const v1::JobSpec& spec) {
+  return std::max<int64_t>(1, spec.pipeline().replicas());
+}
+
+int64_t GradientGroupCount(const v1::JobSpec& spec) {
+  return spec.pipeline().gradient_groups() > 0
+             ? spec.pipeline().gradient_groups()
+             : ReplicaCount(spec);
 }
 
 namespace {

@@ -92,6 +92,11 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
 absl::Status CheckDataFitsModel(const gpipe::v1::JobSpec& spec,
                                 const Dataset& data);
 int64_t MicroBatchCount(const gpipe::v1::JobSpec& spec);
+// R, the data-parallel replicas of the pipeline (0 means 1), and G, the
+// gradient groups summed in a fixed tree (0 means R).
+inline constexpr int64_t kMaxReplicas = 64;
+int64_t ReplicaCount(const gpipe::v1::JobSpec& spec);
+int64_t GradientGroupCount(const gpipe::v1::JobSpec& spec);
 
 // The step training starts at: init_from.step when the job carries the
 // optimizer state of the run it continues, else 0.

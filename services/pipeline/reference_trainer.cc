@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/nn/loss.h"
+#include "services/pipeline/gradient_tree.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/micro_batch.h"
@@ -24,6 +25,12 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("micro-batches: ", t->micro_batches_,
                      " is larger than batch_size ", spec.batch_size()));
+  }
+  t->groups_ = GradientGroupCount(spec);
+  if (t->micro_batches_ % t->groups_ != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "micro-batches: ", t->micro_batches_, " is not a multiple of the ",
+        t->groups_, " gradient groups"));
   }
   if (dataset != nullptr) {
     t->dataset_ = std::move(dataset);
@@ -63,6 +70,10 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   const std::vector<RowRange> ranges =
       SplitMicroBatches(batch.inputs.dim(0), micro_batches_);
   std::vector<Saved> saved;
+  // The gradients of each group of micro-batches apart, summed in the
+  // tree's order at the end (GradientTree): what replicas reproduce.
+  GradientTree tree;
+  const int64_t per_group = micro_batches_ / groups_;
   for (int64_t m = 0; m < static_cast<int64_t>(ranges.size()); ++m) {
     ctx.micro_batch = m;
     const Tensor x =
@@ -76,7 +87,11 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
     total += r;
     model_->Backward(dlogits, saved, ctx);
     saved.clear();
+    if (groups_ > 1 && (m + 1) % per_group == 0)
+      RETURN_IF_ERROR(tree.Push(m / per_group, model_->Parameters()));
   }
+  if (groups_ > 1)
+    RETURN_IF_ERROR(FoldInto(tree.TakeForest(), groups_, model_->Parameters()));
   StepReport report;
   report.step = s;
   report.loss = total.loss_sum / normalizer;

@@ -1,6 +1,7 @@
 // The single-process reference trainer: every mini-batch is split into M
-// micro-batches whose gradients accumulate in a fixed order (0..M-1), so each
-// pipelined run can be compared with it bit for bit.
+// micro-batches whose gradients accumulate in a fixed order (0..M-1, and
+// with several gradient groups, the groups' sums in GradientTree's order),
+// so each pipelined run can be compared with it bit for bit.
 #ifndef GPIPE_SERVICES_PIPELINE_REFERENCE_TRAINER_H_
 #define GPIPE_SERVICES_PIPELINE_REFERENCE_TRAINER_H_
 
@@ -48,6 +49,7 @@ class ReferenceTrainer final : public Trainer {
 
   gpipe::v1::JobSpec spec_;
   int64_t micro_batches_ = 1;
+  int64_t groups_ = 1;  // gradient groups (GradientTree)
   Device device_ = Device::kCpu;
   int64_t step_ = 0;
   std::shared_ptr<const Dataset> dataset_;

@@ -10,6 +10,17 @@
 #include "services/tensor/device.h"
 
 namespace gpipe {
+namespace {
+
+// A replica's schedule: the ops of its local micro-batches, named by their
+// place in the whole step.
+std::vector<Op> Shifted(std::vector<Op> ops, int64_t by) {
+  for (Op& op : ops)
+    if (op.kind != OpKind::kOptimizerStep) op.micro_batch += by;
+  return ops;
+}
+
+}  // namespace
 
 Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
              Timeline::Clock::time_point origin)
@@ -22,8 +33,10 @@ Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
       schedule_(!placement.ops.empty() ? placement.ops
                 : Interleaves(placement.schedule)
                     ? std::vector<Op>()
-                    : MakeSchedule(placement.schedule, placement.count,
-                                   placement.micro_batches, placement.index)),
+                    : Shifted(MakeSchedule(placement.schedule, placement.count,
+                                           placement.local_micro_batches(),
+                                           placement.index),
+                              placement.micro_batch_begin)),
       timeline_(origin),
       layer_timing_(0) {}
 
@@ -42,6 +55,21 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
         absl::StrCat("micro-batches: ", placement.micro_batches,
                      " is larger than batch_size ", spec.batch_size()));
   }
+  const int64_t groups = placement.gradient_groups;
+  if (groups < 1 || placement.micro_batches % groups != 0 ||
+      placement.micro_batch_begin < 0 ||
+      placement.micro_batch_begin >= placement.local_end() ||
+      placement.local_end() > placement.micro_batches ||
+      placement.micro_batch_begin % (placement.micro_batches / groups) != 0 ||
+      placement.local_end() % (placement.micro_batches / groups) != 0 ||
+      (placement.reducer == nullptr &&
+       placement.local_micro_batches() != placement.micro_batches)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", placement.index, ": micro-batches [",
+                     placement.micro_batch_begin, ", ", placement.local_end(),
+                     ") of ", placement.micro_batches, " in ", groups,
+                     " gradient groups are not whole groups of a replica"));
+  }
   if ((placement.first() || placement.last()) && dataset == nullptr) {
     return absl::InvalidArgumentError(
         "the first and the last stage need the dataset");
@@ -53,10 +81,12 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   }
   for (const Op& op : placement.ops) {
     if (op.kind != OpKind::kOptimizerStep &&
-        (op.micro_batch < 0 || op.micro_batch >= placement.micro_batches)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stage ", placement.index, ": op ", ToString(op),
-                       " names no micro-batch of ", placement.micro_batches));
+        (op.micro_batch < placement.micro_batch_begin ||
+         op.micro_batch >= placement.local_end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stage ", placement.index, ": op ", ToString(op),
+          " names no micro-batch of [", placement.micro_batch_begin, ", ",
+          placement.local_end(), ")"));
     }
   }
   std::unique_ptr<Stage> stage(new Stage(spec, placement, origin));
@@ -123,7 +153,7 @@ absl::StatusOr<Message> Stage::Expect(Link* link, MessageKind kind,
 absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
                             const std::vector<RowRange>& ranges,
                             double normalizer, std::vector<InFlight>& flight,
-                            LossResult& loss) {
+                            StageStepResult& result) {
   OpTimer timer(timeline_, Phase::kForward, m);
   Tensor x;
   if (placement_.first()) {
@@ -148,7 +178,8 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
         y, batch.targets.Rows(ranges[m].begin, ranges[m].end), normalizer,
         &f.dlogits);
     RETURN_IF_ERROR(CheckTargetsInRange(r, y.dim(-1)));
-    loss += r;
+    result.loss += r;
+    result.losses[m] = r;
     return absl::OkStatus();
   }
   Message out;
@@ -205,14 +236,53 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     dx = model_->Backward(dy, f.saved, ctx);
     f = InFlight();
   }
-  if (placement_.first()) return absl::OkStatus();
-  Message out;
-  out.kind = MessageKind::kGradient;
-  out.step = step;
-  out.micro_batch = m;
-  timer.record().bytes_sent = dx.nbytes();
-  out.tensor = ForLink(upstream_, std::move(dx));
-  return upstream_->Send(std::move(out));
+  if (!placement_.first()) {
+    Message out;
+    out.kind = MessageKind::kGradient;
+    out.step = step;
+    out.micro_batch = m;
+    timer.record().bytes_sent = dx.nbytes();
+    out.tensor = ForLink(upstream_, std::move(dx));
+    RETURN_IF_ERROR(upstream_->Send(std::move(out)));
+  }
+  return split ? absl::OkStatus() : WeightGradientDone(m);
+}
+
+int64_t Stage::first_group() const {
+  return placement_.micro_batch_begin /
+         (placement_.micro_batches / placement_.gradient_groups);
+}
+
+int64_t Stage::local_groups() const {
+  return placement_.local_micro_batches() /
+         (placement_.micro_batches / placement_.gradient_groups);
+}
+
+absl::Status Stage::WeightGradientDone(int64_t m) {
+  const int64_t per_group =
+      placement_.micro_batches / placement_.gradient_groups;
+  // One group here: the gradients themselves are this stage's node.
+  if (local_groups() == 1 || (m + 1) % per_group != 0) return absl::OkStatus();
+  return current_->groups.Push(m / per_group, model_->Parameters());
+}
+
+absl::Status Stage::SumGradientGroups() {
+  if (placement_.gradient_groups == 1) return absl::OkStatus();
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  std::vector<GradientNode> forest;
+  if (local_groups() == 1) {
+    GradientNode node;
+    node.first = first_group();
+    for (const NamedParameter& p : params) node.grads.push_back(p.param->grad);
+    forest.push_back(std::move(node));
+  } else {
+    forest = current_->groups.TakeForest();
+  }
+  if (placement_.reducer != nullptr) {
+    return placement_.reducer->Reduce(placement_.replica, current_->step,
+                                      std::move(forest), params);
+  }
+  return FoldInto(std::move(forest), placement_.gradient_groups, params);
 }
 
 // Nobody waits for it: under zero-bubble schedules it runs where the stage
@@ -231,7 +301,7 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
   OpTimer timer(timeline_, Phase::kBackwardWeight, m);
   model_->BackwardWeight(f.saved, f.deferred, Context(step, m));
   f = InFlight();
-  return absl::OkStatus();
+  return WeightGradientDone(m);
 }
 
 Message Stage::GradSquares(int64_t step, double squares) {
@@ -266,6 +336,7 @@ absl::Status Stage::SendGradSquares() {
                        m, " before its step"));
     }
   }
+  RETURN_IF_ERROR(SumGradientGroups());
   if (placement_.last()) {
     const double loss = st.result.loss.loss_sum / st.result.loss_normalizer;
     if (!std::isfinite(loss)) {
@@ -317,7 +388,7 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
   }
   st.result.grad_norm = std::sqrt(squares);
   timeline_.EndStep();
-  layer_timing_.EndStep(placement_.micro_batches);
+  layer_timing_.EndStep(placement_.local_micro_batches());
   last_peak_bytes_ = Counted().peak_bytes();
   st.result.peak_activation_bytes = last_peak_bytes_;
   StageStepResult result = std::move(st.result);
@@ -352,6 +423,7 @@ absl::Status Stage::BeginStep(int64_t step) {
           std::max<int64_t>(CountTargets(st.batch.targets), 1);
   }
   st.flight.resize(placement_.micro_batches);
+  if (placement_.last()) st.result.losses.resize(placement_.micro_batches);
   return absl::OkStatus();
 }
 
@@ -362,16 +434,18 @@ absl::Status Stage::RunOp(const Op& op) {
     return absl::InvalidArgumentError(
         "the optimizer step goes through SendGradSquares and FinishStep");
   }
-  if (op.micro_batch < 0 || op.micro_batch >= placement_.micro_batches) {
+  if (op.micro_batch < placement_.micro_batch_begin ||
+      op.micro_batch >= placement_.local_end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("stage ", placement_.index, ": op ", ToString(op),
-                     " names no micro-batch of ", placement_.micro_batches));
+                     " names no micro-batch of [", placement_.micro_batch_begin,
+                     ", ", placement_.local_end(), ")"));
   }
   OnStage on_stage(*this);
   switch (op.kind) {
     case OpKind::kForward:
       return Forward(st.step, op.micro_batch, st.batch, st.ranges,
-                     st.result.loss_normalizer, st.flight, st.result.loss);
+                     st.result.loss_normalizer, st.flight, st.result);
     case OpKind::kBackward:
     case OpKind::kBackwardInput:
       return Backward(st.step, op.micro_batch, op.kind, st.flight);

@@ -16,6 +16,8 @@
 #include "services/nn/loss.h"
 #include "services/nn/model.h"
 #include "services/nn/optimizer.h"
+#include "services/pipeline/gradient_reducer.h"
+#include "services/pipeline/gradient_tree.h"
 #include "services/pipeline/micro_batch.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
@@ -45,15 +47,34 @@ struct StagePlacement {
   // >= 1: every layer takes this many times as long (LayerTiming): a
   // worker standing for a slower machine in tests and benchmarks.
   double compute_slowdown = 1.0;
+  // Data-parallel replicas (pipeline.replicas): this stage runs the
+  // micro-batches [micro_batch_begin, micro_batch_end) of each step's M
+  // (end 0: M), its gradients sum over `gradient_groups` groups in
+  // GradientTree's order, and with a `reducer` (several replicas) across
+  // the replicas of the stage, replica `replica` being this one.
+  int64_t gradient_groups = 1;
+  int64_t micro_batch_begin = 0;
+  int64_t micro_batch_end = 0;
+  int64_t replica = 0;
+  GradientReducer* reducer = nullptr;
 
   bool first() const { return index == 0; }
   bool last() const { return index == count - 1; }
+  int64_t local_end() const {
+    return micro_batch_end > 0 ? micro_batch_end : micro_batches;
+  }
+  int64_t local_micro_batches() const {
+    return local_end() - micro_batch_begin;
+  }
 };
 
 // What a stage reports after a step. Loss figures are the last stage's.
 struct StageStepResult {
   int64_t step = 0;
   LossResult loss;
+  // The last stage's loss of each micro-batch it ran, by micro-batch
+  // (others empty): replicas' losses add up in micro-batch order.
+  std::vector<LossResult> losses;
   double loss_normalizer = 1.0;
   double grad_norm = 0.0;
   float lr = 0.0f;
@@ -124,7 +145,7 @@ class Stage {
                                  int64_t micro_batch);
   absl::Status Forward(int64_t step, int64_t m, const Batch& batch,
                        const std::vector<RowRange>& ranges, double normalizer,
-                       std::vector<InFlight>& flight, LossResult& loss);
+                       std::vector<InFlight>& flight, StageStepResult& result);
   // The whole backward (kBackward) or its input half (kBackwardInput),
   // which sends the input gradient upstream either way.
   absl::Status Backward(int64_t step, int64_t m, OpKind kind,
@@ -133,6 +154,15 @@ class Stage {
   // it (a schedule running a weight half twice, or before its input half).
   absl::Status BackwardWeight(int64_t step, int64_t m,
                               std::vector<InFlight>& flight);
+  // After micro-batch m's parameter gradients are in: a group's last
+  // micro-batch hands the group to the step's GradientTree.
+  absl::Status WeightGradientDone(int64_t m);
+  // Before the clipping norm: the gradients summed over the groups and the
+  // replicas (GradientTree, GradientReducer); nothing with one group.
+  absl::Status SumGradientGroups();
+  // This stage's groups, [first, end).
+  int64_t first_group() const;
+  int64_t local_groups() const;
   LayerContext Context(int64_t step, int64_t m) const;
   // The allocator that counts this stage's tensors (the device's on a GPU).
   CountingAllocator& Counted() {
@@ -156,7 +186,8 @@ class Stage {
     std::vector<RowRange> ranges;
     std::vector<InFlight> flight;
     StageStepResult result;
-    double squares = 0;  // the clipping chain's sum so far
+    double squares = 0;   // the clipping chain's sum so far
+    GradientTree groups;  // with several gradient groups per stage
   };
   // `t` as `link` takes it: on the host, or as it is.
   Tensor ForLink(Link* link, Tensor t);
