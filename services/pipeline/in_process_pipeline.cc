@@ -68,6 +68,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     asked.mutable_pipeline()->set_replicas(replicas);
     asked.mutable_pipeline()->set_micro_batches(m);
     asked.mutable_pipeline()->set_schedule(ScheduleToSpec(options.schedule));
+    asked.mutable_pipeline()->set_virtual_stages(v);
     RETURN_IF_ERROR(ValidateJobSpec(asked));
   }
   if (replicas > 1 && options.device != Device::kCpu) {

@@ -1,0 +1,173 @@
+// The gradient tree: however a step's groups are shared out among replicas
+// (contiguous runs, any lengths), summing the replicas' forests gives the
+// same bits as one process pushing every group.
+#include "services/pipeline/gradient_tree.h"
+
+#include <future>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "services/pipeline/in_process_reduction.h"
+
+namespace gpipe {
+namespace {
+
+// One parameter of `n` floats; its gradient is set per group.
+struct OneParam {
+  explicit OneParam(int64_t n) {
+    p.value = Tensor::Zeros({n});
+    p.grad = Tensor::Zeros({n});
+    params.push_back({"w", &p});
+  }
+  Parameter p;
+  std::vector<NamedParameter> params;
+};
+
+// Group g's gradient: values of very different magnitudes, so that the
+// order of the additions shows in the bits.
+std::vector<std::vector<float>> GroupGradients(int64_t groups, int64_t n) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<std::vector<float>> out(groups, std::vector<float>(n));
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < n; ++i)
+      out[g][i] = u(rng) * std::ldexp(1.0f, static_cast<int>(g * 7 % 23) - 11);
+  return out;
+}
+
+// The forest of groups [begin, end), pushed as a replica would.
+std::vector<GradientNode> Forest(const std::vector<std::vector<float>>& grads,
+                                 int64_t begin, int64_t end) {
+  OneParam one(static_cast<int64_t>(grads[0].size()));
+  GradientTree tree;
+  for (int64_t g = begin; g < end; ++g) {
+    std::copy(grads[g].begin(), grads[g].end(), one.p.grad.f32());
+    EXPECT_TRUE(tree.Push(g, one.params).ok());
+    for (int64_t i = 0; i < one.p.grad.numel(); ++i)
+      EXPECT_EQ(one.p.grad.f32()[i], 0.0f) << "Push zeroes the gradient";
+  }
+  return tree.TakeForest();
+}
+
+std::vector<float> Sum(std::vector<GradientNode> forest, int64_t groups,
+                       int64_t n) {
+  OneParam one(n);
+  EXPECT_TRUE(FoldInto(std::move(forest), groups, one.params).ok());
+  return std::vector<float>(one.p.grad.f32(), one.p.grad.f32() + n);
+}
+
+TEST(GradientTree, FourGroupsPairUp) {
+  std::vector<NodeSpan> leaves = {{0, 0}, {1, 0}, {2, 0}, {3, 0}};
+  const TreePlan plan = PlanTree(leaves);
+  ASSERT_EQ(plan.adds.size(), 3u);
+  EXPECT_EQ(plan.adds[0].into, 0);  // 0 += 1
+  EXPECT_EQ(plan.adds[0].from, 1);
+  EXPECT_EQ(plan.adds[1].into, 2);  // 2 += 3
+  EXPECT_EQ(plan.adds[1].from, 3);
+  EXPECT_EQ(plan.adds[2].into, 0);  // (0+1) += (2+3)
+  EXPECT_EQ(plan.adds[2].from, 2);
+  EXPECT_EQ(plan.result, 0);
+}
+
+// Every way of cutting G groups into contiguous runs (2^(G-1) of them),
+// for G up to 8: the runs' forests sum to one process's bits.
+TEST(GradientTree, EverySplitSumsToTheSameBits) {
+  constexpr int64_t n = 33;
+  for (int64_t groups = 1; groups <= 8; ++groups) {
+    const auto grads = GroupGradients(groups, n);
+    const std::vector<float> want = Sum(Forest(grads, 0, groups), groups, n);
+    for (uint32_t cuts = 0; cuts < (1u << (groups - 1)); ++cuts) {
+      std::vector<GradientNode> all;
+      int64_t begin = 0;
+      for (int64_t g = 1; g <= groups; ++g) {
+        if (g < groups && !(cuts & (1u << (g - 1)))) continue;
+        for (GradientNode& node : Forest(grads, begin, g))
+          all.push_back(std::move(node));
+        begin = g;
+      }
+      EXPECT_EQ(Sum(std::move(all), groups, n), want)
+          << groups << " groups, cuts " << cuts;
+    }
+  }
+}
+
+// Not a sequential sum: with values of different magnitudes the tree's
+// order shows.
+TEST(GradientTree, DiffersFromASequentialSum) {
+  constexpr int64_t n = 64;
+  const auto grads = GroupGradients(4, n);
+  const std::vector<float> tree = Sum(Forest(grads, 0, 4), 4, n);
+  int differ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float s = 0;
+    for (int g = 0; g < 4; ++g) s += grads[g][i];
+    differ += s != tree[i];
+  }
+  EXPECT_GT(differ, 0);
+}
+
+TEST(GradientTree, RefusesGroupsOutOfOrderAndForestsWithGaps) {
+  OneParam one(4);
+  GradientTree tree;
+  ASSERT_TRUE(tree.Push(0, one.params).ok());
+  const absl::Status skipped = tree.Push(2, one.params);
+  EXPECT_EQ(skipped.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(skipped.message().find("group 1 was due"), std::string::npos);
+
+  EXPECT_TRUE(CheckForest({{0, 1}, {2, 0}}, 3).ok());
+  EXPECT_FALSE(CheckForest({{0, 1}, {3, 0}}, 4).ok());  // group 2 missing
+  EXPECT_FALSE(CheckForest({{1, 1}}, 3).ok());          // not aligned
+  EXPECT_FALSE(CheckForest({{0, 0}}, 2).ok());          // short
+  EXPECT_FALSE(CheckForest({{0, 2}}, 2).ok());          // too long
+}
+
+TEST(GradientTree, ReplicaMicroBatchesAreWholeGroups) {
+  // M = 8 in 4 groups on 2 replicas: micro-batches 0-3 and 4-7.
+  EXPECT_EQ(ReplicaMicroBatches(8, 4, 2, 0).begin, 0);
+  EXPECT_EQ(ReplicaMicroBatches(8, 4, 2, 0).end, 4);
+  EXPECT_EQ(ReplicaMicroBatches(8, 4, 2, 1).begin, 4);
+  EXPECT_EQ(ReplicaMicroBatches(8, 4, 2, 1).end, 8);
+  EXPECT_EQ(ReplicaMicroBatches(8, 4, 4, 3).begin, 6);
+}
+
+// Two replicas on threads: both end with the total, the same bits as one
+// process.
+TEST(InProcessReduction, BothReplicasGetTheTotal) {
+  constexpr int64_t n = 1001;  // slices of unequal length
+  const auto grads = GroupGradients(4, n);
+  const std::vector<float> want = Sum(Forest(grads, 0, 4), 4, n);
+  InProcessReduction reduction(2, 4);
+  OneParam a(n), b(n);
+  auto run = [&](int64_t replica, OneParam& mine) {
+    return reduction.Reduce(
+        replica, 0, Forest(grads, replica * 2, replica * 2 + 2), mine.params);
+  };
+  auto other = std::async(std::launch::async, [&] { return run(1, b); });
+  ASSERT_TRUE(run(0, a).ok());
+  ASSERT_TRUE(other.get().ok());
+  EXPECT_EQ(std::vector<float>(a.p.grad.f32(), a.p.grad.f32() + n), want);
+  EXPECT_EQ(std::vector<float>(b.p.grad.f32(), b.p.grad.f32() + n), want);
+}
+
+// A replica that never comes (its pipeline failed) must not leave the
+// others waiting: Close wakes them.
+TEST(InProcessReduction, CloseWakesAWaitingReplica) {
+  InProcessReduction reduction(2, 2);
+  OneParam a(4);
+  auto waiting = std::async(std::launch::async, [&] {
+    GradientNode node;
+    node.first = 0;
+    node.grads.push_back(a.p.grad);
+    std::vector<GradientNode> forest;
+    forest.push_back(std::move(node));
+    return reduction.Reduce(0, 0, std::move(forest), a.params);
+  });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(50)),
+            std::future_status::timeout);
+  reduction.Close();
+  const absl::Status s = waiting.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+}
+
+}  // namespace
+}  // namespace gpipe
