@@ -196,6 +196,15 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
         "cluster's workers each hold one stage: use GPIPE, ONE_F_ONE_B or "
         "ZERO_BUBBLE_H1 here");
   }
+  if (ReplicaCount(spec) > 1) {
+    // The replicas' gradient exchange between worker processes, and the
+    // scheduling of K x R workers, are to come.
+    return absl::UnimplementedError(absl::StrCat(
+        "pipeline.replicas: ", ReplicaCount(spec),
+        " replicas run in one process so far (gpipectl train --replicas R); "
+        "a cluster runs one replica: set pipeline.replicas to 1 (keep "
+        "pipeline.gradient_groups for the same bits)"));
+  }
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.

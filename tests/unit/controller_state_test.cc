@@ -176,6 +176,22 @@ TEST_F(ControllerStateTest, AClusterRefusesTheInterleavedSchedule) {
       << job.status();
 }
 
+// Replicas run in one process so far: a cluster says so and keeps nothing.
+TEST_F(ControllerStateTest, AClusterRefusesReplicas) {
+  v1::JobSpec spec = Spec(2, 0);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.mutable_pipeline()->set_replicas(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(job.status().message().find("--replicas"), std::string::npos)
+      << job.status();
+  absl::StatusOr<v1::ListJobsResponse> jobs =
+      controller_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(jobs.ok());
+  EXPECT_EQ(jobs->jobs_size(), 0);
+}
+
 TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   v1::JobSpec spec = Spec(2, 0);
