@@ -46,6 +46,18 @@ TreePlan PlanTree(const std::vector<NodeSpan>& nodes) {
   return plan;
 }
 
+std::vector<NodeSpan> ForestSpans(int64_t begin, int64_t end) {
+  std::vector<NodeSpan> out;
+  for (int64_t at = begin; at < end;) {
+    int64_t level = 0;
+    while (at % (int64_t{2} << level) == 0 && at + (int64_t{2} << level) <= end)
+      ++level;
+    out.push_back({at, level});
+    at += int64_t{1} << level;
+  }
+  return out;
+}
+
 absl::Status CheckForest(const std::vector<NodeSpan>& nodes, int64_t groups) {
   int64_t next = 0;
   for (const NodeSpan& n : nodes) {

@@ -61,6 +61,11 @@ struct NodeSpan {
 };
 TreePlan PlanTree(const std::vector<NodeSpan>& nodes);
 
+// The nodes GradientTree holds after pushing groups [begin, end): the
+// largest aligned runs, left to right. Every replica can so tell the shape
+// of every other's forest from the groups it runs.
+std::vector<NodeSpan> ForestSpans(int64_t begin, int64_t end);
+
 // INVALID_ARGUMENT unless the nodes tile [0, groups) in order, each aligned
 // to its size: what any plan over them assumes.
 absl::Status CheckForest(const std::vector<NodeSpan>& nodes, int64_t groups);

@@ -9,6 +9,7 @@
 #include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/link_reduction.h"
 #include "services/pipeline/partitioner.h"
 #include "services/transport/in_process_link.h"
 
@@ -126,10 +127,35 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
       p->links_.push_back(std::move(b));
     }
   }
-  if (replicas > 1) {
+  // reducers_[i] (in memory) or reducers_[i * R + r] (over links).
+  if (replicas > 1 && !options.reduce_over_links) {
     for (int64_t i = 0; i < k; ++i) {
       p->reducers_.push_back(
           std::make_unique<InProcessReduction>(replicas, groups));
+    }
+  } else if (replicas > 1) {
+    std::vector<RowRange> shares;
+    for (int64_t r = 0; r < replicas; ++r) {
+      const RowRange mbs = ReplicaMicroBatches(m, groups, replicas, r);
+      shares.push_back({mbs.begin / (m / groups), mbs.end / (m / groups)});
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      // peers[r][q]: replica r's end of its link to replica q.
+      std::vector<std::vector<Link*>> peers(
+          replicas, std::vector<Link*>(replicas, nullptr));
+      for (int64_t a = 0; a < replicas; ++a) {
+        for (int64_t b = a + 1; b < replicas; ++b) {
+          auto [to_b, to_a] = MakeInProcessLinkPair(4);
+          peers[a][b] = to_b.get();
+          peers[b][a] = to_a.get();
+          p->links_.push_back(std::move(to_b));
+          p->links_.push_back(std::move(to_a));
+        }
+      }
+      for (int64_t r = 0; r < replicas; ++r) {
+        p->reducers_.push_back(
+            std::make_unique<LinkReduction>(r, groups, shares, peers[r]));
+      }
     }
   }
   const std::vector<int64_t> begins = StageBegins(p->balance_);
@@ -153,7 +179,10 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     placement.micro_batch_begin = share.begin;
     placement.micro_batch_end = share.end;
     placement.replica = r;
-    if (replicas > 1) placement.reducer = p->reducers_[i].get();
+    if (replicas > 1) {
+      placement.reducer =
+          p->reducers_[options.reduce_over_links ? i * replicas + r : i].get();
+    }
     const bool needs_data = i == 0 || i == k - 1;
     ASSIGN_OR_RETURN(
         std::unique_ptr<Stage> stage,

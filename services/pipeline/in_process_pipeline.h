@@ -27,6 +27,9 @@ struct PipelineOptions {
   // R data-parallel copies of the pipeline, each on its own K threads; 0:
   // the spec's. The gradient groups are the spec's (0 there: R).
   int64_t replicas = 0;
+  // The replicas of a stage sum their gradients over links between them
+  // (LinkReduction, as worker processes would) instead of in memory.
+  bool reduce_over_links = false;
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kExceptLast;
   // Layers per stage (K x v of them, in model order); empty: partitioner.

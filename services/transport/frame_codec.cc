@@ -19,6 +19,8 @@ gpipe::v1::FrameKind ToFrameKind(MessageKind k) {
       return gpipe::v1::GRAD_SQUARES;
     case MessageKind::kEvalEnd:
       return gpipe::v1::EVAL_END;
+    case MessageKind::kReduceSlice:
+      return gpipe::v1::REDUCE_SLICE;
   }
   return gpipe::v1::FRAME_KIND_UNSPECIFIED;
 }
@@ -33,6 +35,8 @@ absl::StatusOr<MessageKind> FromFrameKind(gpipe::v1::FrameKind k) {
       return MessageKind::kGradSquares;
     case gpipe::v1::EVAL_END:
       return MessageKind::kEvalEnd;
+    case gpipe::v1::REDUCE_SLICE:
+      return MessageKind::kReduceSlice;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("frame: kind ", static_cast<int>(k),
@@ -41,7 +45,8 @@ absl::StatusOr<MessageKind> FromFrameKind(gpipe::v1::FrameKind k) {
 }
 
 bool CarriesTensor(MessageKind k) {
-  return k == MessageKind::kActivation || k == MessageKind::kGradient;
+  return k == MessageKind::kActivation || k == MessageKind::kGradient ||
+         k == MessageKind::kReduceSlice;
 }
 
 }  // namespace

@@ -21,6 +21,9 @@ enum class MessageKind : uint8_t {
   kGradSquares,  // running sum of squared gradients (downstream), then the
                  // total (upstream), for global-norm clipping
   kEvalEnd,      // no more evaluation batches follow
+  kReduceSlice,  // between replicas of a stage (GradientReducer): a slice
+                 // of the sender's gradient nodes (micro_batch 0) or of
+                 // the total (micro_batch 1)
 };
 
 // Step used by messages of an evaluation pass rather than a training step.

@@ -8,6 +8,8 @@
 
 #include "gtest/gtest.h"
 #include "services/pipeline/in_process_reduction.h"
+#include "services/pipeline/link_reduction.h"
+#include "services/transport/in_process_link.h"
 
 namespace gpipe {
 namespace {
@@ -121,6 +123,22 @@ TEST(GradientTree, RefusesGroupsOutOfOrderAndForestsWithGaps) {
   EXPECT_FALSE(CheckForest({{0, 2}}, 2).ok());          // too long
 }
 
+// What a replica can tell of another's forest from its groups alone.
+TEST(GradientTree, ForestSpansAreWhatPushHolds) {
+  const auto grads = GroupGradients(12, 3);
+  for (int64_t begin = 0; begin < 12; ++begin) {
+    for (int64_t end = begin + 1; end <= 12; ++end) {
+      const std::vector<GradientNode> forest = Forest(grads, begin, end);
+      const std::vector<NodeSpan> spans = ForestSpans(begin, end);
+      ASSERT_EQ(forest.size(), spans.size()) << begin << ".." << end;
+      for (size_t i = 0; i < spans.size(); ++i) {
+        EXPECT_EQ(forest[i].first, spans[i].first);
+        EXPECT_EQ(forest[i].level, spans[i].level);
+      }
+    }
+  }
+}
+
 TEST(GradientTree, ReplicaMicroBatchesAreWholeGroups) {
   // M = 8 in 4 groups on 2 replicas: micro-batches 0-3 and 4-7.
   EXPECT_EQ(ReplicaMicroBatches(8, 4, 2, 0).begin, 0);
@@ -167,6 +185,77 @@ TEST(InProcessReduction, CloseWakesAWaitingReplica) {
   reduction.Close();
   const absl::Status s = waiting.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+}
+
+// Over links, a replica refuses what is not its peer's slice of this
+// step (another step, another size) with an error that names it, and the
+// others are woken by Close instead of waiting.
+TEST(LinkReduction, RefusesASliceOfAnotherStepOrSize) {
+  constexpr int64_t n = 10;
+  auto [to_1, to_0] = MakeInProcessLinkPair(4);
+  const std::vector<RowRange> shares = {{0, 1}, {1, 2}};
+  LinkReduction zero(0, 2, shares, {nullptr, to_1.get()});
+  OneParam a(n);
+  for (int64_t step : {3, 4}) {
+    // The peer's gradient slice should be 5 floats of this step: first 7
+    // floats of step 3, then 5 floats of step 3 for step 4.
+    Message m;
+    m.kind = MessageKind::kReduceSlice;
+    m.step = 3;
+    m.micro_batch = 0;
+    m.tensor = Tensor::Zeros({step == 3 ? 7 : 5});
+    ASSERT_TRUE(to_0->Send(std::move(m)).ok());
+    GradientNode node;
+    node.first = 0;
+    node.grads.push_back(a.p.grad);
+    std::vector<GradientNode> forest;
+    forest.push_back(std::move(node));
+    const absl::Status s = zero.Reduce(0, step, std::move(forest), a.params);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("from replica 1"), std::string::npos) << s;
+  }
+  zero.Close();
+  EXPECT_FALSE(to_0->Receive().ok());  // closed for the peer too
+}
+
+// Three replicas over links: each ends with the one process's bits.
+TEST(LinkReduction, ThreeReplicasGetTheTotal) {
+  constexpr int64_t n = 101;
+  const auto grads = GroupGradients(6, n);
+  const std::vector<float> want = Sum(Forest(grads, 0, 6), 6, n);
+  // Uneven shares, as after a replica is lost: 3, 1 and 2 groups.
+  const std::vector<RowRange> shares = {{0, 3}, {3, 4}, {4, 6}};
+  std::vector<std::unique_ptr<Link>> links;
+  std::vector<std::vector<Link*>> peers(3, std::vector<Link*>(3, nullptr));
+  for (int a = 0; a < 3; ++a) {
+    for (int b = a + 1; b < 3; ++b) {
+      auto [to_b, to_a] = MakeInProcessLinkPair(4);
+      peers[a][b] = to_b.get();
+      peers[b][a] = to_a.get();
+      links.push_back(std::move(to_b));
+      links.push_back(std::move(to_a));
+    }
+  }
+  std::vector<std::unique_ptr<OneParam>> params;
+  std::vector<std::future<absl::Status>> done;
+  std::vector<std::unique_ptr<LinkReduction>> reducers;
+  for (int r = 0; r < 3; ++r) {
+    params.push_back(std::make_unique<OneParam>(n));
+    reducers.push_back(std::make_unique<LinkReduction>(r, 6, shares, peers[r]));
+  }
+  for (int r = 0; r < 3; ++r) {
+    done.push_back(std::async(std::launch::async, [&, r] {
+      return reducers[r]->Reduce(r, 9,
+                                 Forest(grads, shares[r].begin, shares[r].end),
+                                 params[r]->params);
+    }));
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(done[r].get().ok()) << r;
+    const float* g = params[r]->p.grad.f32();
+    EXPECT_EQ(std::vector<float>(g, g + n), want) << "replica " << r;
+    EXPECT_GT(reducers[r]->bytes_sent(), 0);
+  }
 }
 
 }  // namespace

@@ -276,7 +276,8 @@ TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {
 // every R dividing G, GPipe and 1F1B (ZB-H1 where each replica holds one
 // group) and every remat mode end bitwise equal to the reference trainer
 // summing the same groups; so do the step's reported losses.
-void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat) {
+void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat,
+                   bool over_links = false) {
   std::shared_ptr<const Dataset> data = Open(spec);
   ASSERT_NE(data, nullptr);
   spec.mutable_pipeline()->set_gradient_groups(4);
@@ -306,7 +307,9 @@ void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat) {
             o.schedule = schedule;
             o.remat = remat;
             o.dataset = data;
-            const std::string what = spec.name() + " K=" + std::to_string(k) +
+            o.reduce_over_links = over_links;
+            const std::string what = (over_links ? "links " : "") +
+                                     spec.name() + " K=" + std::to_string(k) +
                                      " R=" + std::to_string(replicas) +
                                      " M=" + std::to_string(m) + " " +
                                      std::string(ScheduleName(schedule)) +
@@ -340,6 +343,16 @@ void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat) {
 
 TEST(ReplicaExactness, MlpEveryKReplicasScheduleAndRemat) {
   CheckReplicas(LoadExample("fashion_mnist_mlp.json", 32), true);
+}
+
+// The same over links between the replicas (LinkReduction), as between
+// worker processes.
+TEST(ReplicaExactness, MlpOverLinks) {
+  CheckReplicas(LoadExample("fashion_mnist_mlp.json", 32), false, true);
+}
+
+TEST(ReplicaExactness, TransformerOverLinks) {
+  CheckReplicas(LoadExample("char_transformer.json", 16), false, true);
 }
 
 TEST(ReplicaExactness, MlpWithDropout) {

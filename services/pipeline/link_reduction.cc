@@ -1,0 +1,190 @@
+#include "services/pipeline/link_reduction.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/core/status.h"
+
+namespace gpipe {
+
+LinkReduction::LinkReduction(int64_t replica, int64_t groups,
+                             std::vector<RowRange> shares,
+                             std::vector<Link*> peers)
+    : replica_(replica),
+      groups_(groups),
+      shares_(std::move(shares)),
+      peers_(std::move(peers)) {}
+
+void LinkReduction::Close() {
+  for (Link* link : peers_)
+    if (link != nullptr) link->Close();
+}
+
+RowRange LinkReduction::Slice(int64_t numel, int64_t q) const {
+  const int64_t r = static_cast<int64_t>(peers_.size());
+  return RowRange{numel * q / r, numel * (q + 1) / r};
+}
+
+absl::StatusOr<Tensor> LinkReduction::ReceiveSlice(int64_t from, int64_t step,
+                                                   int64_t phase,
+                                                   int64_t numel) {
+  ASSIGN_OR_RETURN(Message m, peers_[from]->Receive());
+  if (m.kind != MessageKind::kReduceSlice || m.step != step ||
+      m.micro_batch != phase || !m.tensor.defined() ||
+      m.tensor.dtype() != DType::kF32 || m.tensor.numel() != numel) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica ", replica_, ": expected ", phase == 0 ? "gradient" : "summed",
+        " slice of ", numel, " floats at step ", step, " from replica ", from,
+        ", received ", Describe(m),
+        m.tensor.defined() ? absl::StrCat(" of ", m.tensor.numel(), " values")
+                           : ""));
+  }
+  bytes_received_ += m.tensor.nbytes();
+  return std::move(m.tensor);
+}
+
+absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
+                                   std::vector<GradientNode> forest,
+                                   const std::vector<NamedParameter>& params) {
+  const int64_t replicas = static_cast<int64_t>(peers_.size());
+  if (replica != replica_ || shares_.size() != peers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("replica ", replica,
+                                                   " reduces through replica ",
+                                                   replica_, "'s links"));
+  }
+  for (const NamedParameter& p : params) {
+    if (p.param->grad.device() != Device::kCpu) {
+      return absl::UnimplementedError(
+          "replicas over links sum gradients on the CPU so far");
+    }
+  }
+  // Every replica's nodes, by shape; this one's must be what it holds.
+  std::vector<std::vector<NodeSpan>> spans(replicas);
+  for (int64_t q = 0; q < replicas; ++q)
+    spans[q] = ForestSpans(shares_[q].begin, shares_[q].end);
+  if (forest.size() != spans[replica_].size()) {
+    return absl::InternalError(absl::StrCat(
+        "replica ", replica_, " holds ", forest.size(), " gradient nodes for ",
+        spans[replica_].size(), " of groups [", shares_[replica_].begin, ", ",
+        shares_[replica_].end, ")"));
+  }
+  for (size_t n = 0; n < forest.size(); ++n) {
+    if (forest[n].first != spans[replica_][n].first ||
+        forest[n].level != spans[replica_][n].level ||
+        forest[n].grads.size() != params.size()) {
+      return absl::InternalError(
+          absl::StrCat("replica ", replica_, ": gradient node ", n,
+                       " is not the one its groups make"));
+    }
+  }
+  const auto slice_floats = [&](int64_t q) {
+    int64_t total = 0;
+    for (const NamedParameter& p : params) {
+      const RowRange s = Slice(p.param->grad.numel(), q);
+      total += s.end - s.begin;
+    }
+    return total;
+  };
+  // Reduce-scatter: slice q of every node to replica q.
+  for (int64_t q = 0; q < replicas; ++q) {
+    if (q == replica_) continue;
+    Tensor out = Tensor::Empty({std::max<int64_t>(
+        1, slice_floats(q) * static_cast<int64_t>(forest.size()))});
+    float* at = out.f32();
+    for (const GradientNode& node : forest) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const RowRange s = Slice(node.grads[i].numel(), q);
+        at = std::copy(node.grads[i].f32() + s.begin,
+                       node.grads[i].f32() + s.end, at);
+      }
+    }
+    Message m;
+    m.kind = MessageKind::kReduceSlice;
+    m.step = step;
+    m.micro_batch = 0;
+    bytes_sent_ += out.nbytes();
+    m.tensor = std::move(out);
+    RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
+  }
+  // This replica's slice of every replica's nodes, in group order.
+  std::vector<GradientNode> mine;
+  std::vector<NodeSpan> all;
+  for (int64_t q = 0; q < replicas; ++q) {
+    Tensor from_peer;
+    const float* at = nullptr;
+    if (q != replica_) {
+      ASSIGN_OR_RETURN(
+          from_peer,
+          ReceiveSlice(
+              q, step, 0,
+              std::max<int64_t>(1, slice_floats(replica_) *
+                                       static_cast<int64_t>(spans[q].size()))));
+      at = from_peer.f32();
+    }
+    for (size_t n = 0; n < spans[q].size(); ++n) {
+      GradientNode node;
+      node.first = spans[q][n].first;
+      node.level = spans[q][n].level;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const RowRange s = Slice(params[i].param->grad.numel(), replica_);
+        Tensor t = Tensor::Empty({std::max<int64_t>(1, s.end - s.begin)});
+        if (q == replica_) {
+          const float* src = forest[n].grads[i].f32();
+          std::copy(src + s.begin, src + s.end, t.f32());
+        } else {
+          std::copy(at, at + (s.end - s.begin), t.f32());
+          at += s.end - s.begin;
+        }
+        node.grads.push_back(std::move(t));
+      }
+      all.push_back(spans[q][n]);
+      mine.push_back(std::move(node));
+    }
+  }
+  RETURN_IF_ERROR(CheckForest(all, groups_));
+  const TreePlan plan = PlanTree(all);
+  std::vector<GradientNode*> nodes;
+  for (GradientNode& n : mine) nodes.push_back(&n);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const RowRange s = Slice(params[i].param->grad.numel(), replica_);
+    RunPlanSlice(plan, nodes, i, 0, s.end - s.begin);
+  }
+  // All-gather: the summed slice into this replica's gradients and to
+  // every other replica.
+  const GradientNode& total = *nodes[plan.result];
+  Tensor summed = Tensor::Empty({std::max<int64_t>(1, slice_floats(replica_))});
+  float* at = summed.f32();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const RowRange s = Slice(params[i].param->grad.numel(), replica_);
+    std::copy(total.grads[i].f32(), total.grads[i].f32() + (s.end - s.begin),
+              params[i].param->grad.f32() + s.begin);
+    at = std::copy(total.grads[i].f32(),
+                   total.grads[i].f32() + (s.end - s.begin), at);
+  }
+  for (int64_t q = 0; q < replicas; ++q) {
+    if (q == replica_) continue;
+    Message m;
+    m.kind = MessageKind::kReduceSlice;
+    m.step = step;
+    m.micro_batch = 1;
+    m.tensor = summed;  // read-only from here on: shared by every send
+    bytes_sent_ += summed.nbytes();
+    RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
+  }
+  for (int64_t q = 0; q < replicas; ++q) {
+    if (q == replica_) continue;
+    ASSIGN_OR_RETURN(
+        const Tensor got,
+        ReceiveSlice(q, step, 1, std::max<int64_t>(1, slice_floats(q))));
+    const float* from = got.f32();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const RowRange s = Slice(params[i].param->grad.numel(), q);
+      std::copy(from, from + (s.end - s.begin),
+                params[i].param->grad.f32() + s.begin);
+      from += s.end - s.begin;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gpipe
