@@ -215,7 +215,7 @@ TEST(LinkReduction, RefusesASliceOfAnotherStepOrSize) {
     EXPECT_NE(s.message().find("from replica 1"), std::string::npos) << s;
   }
   zero.Close();
-  EXPECT_FALSE(to_0->Receive().ok());  // closed for the peer too
+  EXPECT_FALSE(to_0->Send(Message()).ok());  // closed for the peer too
 }
 
 // Three replicas over links: each ends with the one process's bits.
