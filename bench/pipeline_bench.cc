@@ -9,8 +9,12 @@
 //   a core per stage) for M in {2,4,8}: step time, the bubble measured from
 //   the stages' timelines against the simulator's and the formula, and the
 //   largest stage's peak activation memory.
+//   Replicas (--only replicas): K=2 x R=2 against K=2 x R=1 at M=8 with the
+//   same two gradient groups (the same bits): step time against what the
+//   stages' busy time allows on this machine's cores, and the gradient
+//   sum's bandwidth against a plain copy of the same bytes.
 // Usage: pipeline_bench [--steps N] [--warmup W] [--width D] [--batch B]
-//                       [--only schedules] [--spec JOB.json]
+//                       [--only schedules|replicas] [--spec JOB.json]
 // --spec compares the schedules on that job's model instead of the MLP.
 #include <algorithm>
 #include <cstdio>
@@ -22,10 +26,14 @@
 #include "absl/strings/str_format.h"
 #include "bench/args.h"
 #include "bench/timing.h"
+#include "services/core/memory.h"
 #include "services/pipeline/in_process_pipeline.h"
+#include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/link_reduction.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/simulator.h"
+#include "services/transport/in_process_link.h"
 
 namespace gpipe::bench {
 namespace {
@@ -62,6 +70,11 @@ struct Measured {
   // Over the measured steps of every stage: (wall - busy) / wall, as the
   // bubble gauges count it.
   double bubble = 0;
+  // Per measured step, summed over every stage of every replica.
+  double busy_seconds = 0;
+  // The slowest stage's gradient sum in the last step (replicas).
+  double reduce_seconds = 0;
+  int64_t gradient_bytes = 0;  // the largest stage's
 };
 
 // K workers; under the interleaved schedule each holds v chunks, and the
@@ -70,8 +83,10 @@ struct Measured {
 Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
              RematMode remat, int warmup, int steps,
              std::shared_ptr<const Dataset> data,
-             ScheduleKind schedule = ScheduleKind::kGPipe, int64_t v = 1) {
+             ScheduleKind schedule = ScheduleKind::kGPipe, int64_t v = 1,
+             int64_t replicas = 1) {
   PipelineOptions o;
+  o.replicas = replicas;
   o.stages = k;
   o.virtual_stages = v;
   o.micro_batches = m;
@@ -113,7 +128,152 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     out.peak_bytes.push_back(peak);
   }
   out.bubble = wall > 0 ? 1 - busy / wall : 0;
+  for (int64_t r = 0; r < replicas; ++r) {
+    for (int64_t i = 0; i < k * v; ++i) {
+      Stage& stage = (*p)->stage(i, r);
+      std::vector<StepTimeline> kept = stage.timeline().Steps();
+      const size_t from = kept.size() > static_cast<size_t>(steps)
+                              ? kept.size() - static_cast<size_t>(steps)
+                              : 0;
+      for (size_t s = from; s < kept.size(); ++s)
+        out.busy_seconds += kept[s].busy_seconds() / steps;
+      out.reduce_seconds = std::max(out.reduce_seconds, stage.reduce_seconds());
+      int64_t bytes = 0;
+      for (const NamedParameter& np : stage.model().Parameters())
+        bytes += np.param->grad.nbytes();
+      out.gradient_bytes = std::max(out.gradient_bytes, bytes);
+    }
+  }
   return out;
+}
+
+// Seconds for `replicas` threads to sum one step's gradients of `floats`
+// values each (one group per replica) through `reducer(r)`: median of 9.
+template <typename MakeReducers>
+double TimeReduction(int64_t replicas, int64_t floats, MakeReducers make) {
+  std::vector<std::unique_ptr<Parameter>> params(replicas);
+  std::vector<std::vector<NamedParameter>> named(replicas);
+  for (int64_t r = 0; r < replicas; ++r) {
+    params[r] = std::make_unique<Parameter>();
+    params[r]->grad = Tensor::Zeros({floats});
+    named[r].push_back({"w", params[r].get()});
+  }
+  std::vector<double> times;
+  for (int i = 0; i < 9; ++i) {
+    std::vector<std::unique_ptr<GradientReducer>> reducers = make();
+    times.push_back(TimeSeconds([&] {
+      std::vector<std::thread> threads;
+      for (int64_t r = 0; r < replicas; ++r) {
+        threads.emplace_back([&, r] {
+          GradientNode node;
+          node.first = r;
+          node.grads.push_back(params[r]->grad);
+          std::vector<GradientNode> forest;
+          forest.push_back(std::move(node));
+          if (!reducers[r]->Reduce(r, i, std::move(forest), named[r]).ok())
+            std::exit(1);
+        });
+      }
+      for (auto& t : threads) t.join();
+    }));
+  }
+  return Median(times);
+}
+
+// K=2 x R=2 against K=2 x R=1, both with two gradient groups; then the
+// gradient sum alone, in memory and over links, against a plain copy.
+void CompareReplicas(gpipe::v1::JobSpec spec, int warmup, int steps,
+                     std::shared_ptr<const Dataset> data) {
+  constexpr int64_t kM = 8;
+  spec.mutable_pipeline()->set_micro_batches(kM);
+  spec.mutable_pipeline()->set_gradient_groups(2);
+  const int cores = std::max(1u, std::thread::hardware_concurrency());
+  std::printf(
+      "replicas at K=2, M=%lld, 1f1b, 2 gradient groups (the same bits for "
+      "R=1 and R=2), %d cores\n",
+      static_cast<long long>(kM), cores);
+  std::printf("%4s %10s %10s %12s %10s %14s %10s\n", "R", "step ms",
+              "samples/s", "busy ms/step", "allowed ms", "meas/allowed",
+              "reduce ms");
+  double base = 0, work = 0, two = 0;
+  int64_t gradient_bytes = 0;
+  for (int64_t r : {1, 2}) {
+    const Measured got = Run(spec, 2, kM, RematMode::kNever, warmup, steps,
+                             data, ScheduleKind::kOneFOneB, 1, r);
+    // The work is R=1's busy time (measured with a core per thread); what
+    // the cores allow is that work spread over the cores, or over the
+    // threads when there are fewer.
+    if (r == 1) {
+      base = got.step_seconds;
+      work = got.busy_seconds;
+    }
+    gradient_bytes = got.gradient_bytes;
+    two = got.step_seconds;
+    const double allowed = work / std::min<int64_t>(cores, 2 * r);
+    std::printf("%4lld %10.1f %10.0f %12.1f %10.1f %14.2f %10.2f\n",
+                static_cast<long long>(r), got.step_seconds * 1e3,
+                spec.batch_size() / got.step_seconds, got.busy_seconds * 1e3,
+                allowed * 1e3, got.step_seconds / allowed,
+                got.reduce_seconds * 1e3);
+  }
+  std::printf("R=2 vs R=1: %.2fx the samples/s\n", base / two);
+  // The gradient sum alone: the largest stage's gradients, two replicas.
+  const int64_t n = gradient_bytes / 4;
+  const double memory = TimeReduction(2, n, [] {
+    auto shared = std::make_shared<InProcessReduction>(2, 2);
+    std::vector<std::unique_ptr<GradientReducer>> out;
+    for (int r = 0; r < 2; ++r) {
+      struct Shared final : GradientReducer {
+        std::shared_ptr<InProcessReduction> r;
+        absl::Status Reduce(
+            int64_t replica, int64_t step, std::vector<GradientNode> forest,
+            const std::vector<NamedParameter>& params) override {
+          return r->Reduce(replica, step, std::move(forest), params);
+        }
+        void Close() override { r->Close(); }
+      };
+      auto s = std::make_unique<Shared>();
+      s->r = shared;
+      out.push_back(std::move(s));
+    }
+    return out;
+  });
+  std::vector<std::unique_ptr<Link>> links;
+  const double over_links = TimeReduction(2, n, [&] {
+    links.clear();
+    auto [to_1, to_0] = MakeInProcessLinkPair(4);
+    const std::vector<RowRange> shares = {{0, 1}, {1, 2}};
+    std::vector<std::unique_ptr<GradientReducer>> out;
+    out.push_back(std::make_unique<LinkReduction>(
+        0, 2, shares, std::vector<Link*>{nullptr, to_1.get()}));
+    out.push_back(std::make_unique<LinkReduction>(
+        1, 2, shares, std::vector<Link*>{to_0.get(), nullptr}));
+    links.push_back(std::move(to_1));
+    links.push_back(std::move(to_0));
+    return out;
+  });
+  std::vector<float> a(n, 1.0f), b(n);
+  std::vector<double> copies;
+  for (int i = 0; i < 9; ++i) {
+    copies.push_back(
+        TimeSeconds([&] { std::copy(a.begin(), a.end(), b.begin()); }));
+  }
+  const double copy = Median(copies);
+  const double gb = gradient_bytes / 1e9;
+  std::printf(
+      "\ngradient sum of the largest stage (%.1f MiB, 2 replicas, one group "
+      "each), median of 9:\n"
+      "  in memory (InProcessReduction)  %7.2f ms  %6.2f GB/s  %5.1fx a copy\n"
+      "  over links (LinkReduction)      %7.2f ms  %6.2f GB/s  %5.1fx a copy\n"
+      "  a plain copy of the same bytes  %7.2f ms  %6.2f GB/s\n",
+      gradient_bytes / 1048576.0, memory * 1e3, gb / memory, memory / copy,
+      over_links * 1e3, gb / over_links, over_links / copy, copy * 1e3,
+      gb / copy);
+  std::printf(
+      "\nbusy = every stage of every replica, per step; allowed = R=1's busy "
+      "time / min(cores, threads): the step the cores allow if nothing "
+      "waited; reduce = the slowest stage's gradient sum in the last step, "
+      "waiting for the other replica included\n");
 }
 
 // The simulator's K-stage step for M micro-batches. Relative layer costs
@@ -268,6 +428,13 @@ int main(int argc, char** argv) {
         "stage (its bubble and peak are the stage's); vs 1f1b = the "
         "schedule's bubble and largest peak over 1f1b's\n");
   };
+  if (args.Str("only", "") == "replicas") {
+    // As gpipectl and the worker do: freed blocks stay in the process, so
+    // a step's gradient groups do not fault in fresh pages every step.
+    KeepFreedMemory();
+    CompareReplicas(spec, warmup, steps, data);
+    return 0;
+  }
   if (schedules_only) {
     compare_schedules();
     return 0;

@@ -1,6 +1,7 @@
 #include "services/pipeline/stage.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 
@@ -268,6 +269,12 @@ absl::Status Stage::WeightGradientDone(int64_t m) {
 
 absl::Status Stage::SumGradientGroups() {
   if (placement_.gradient_groups == 1) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Cleanup timed = [&] {
+    last_reduce_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+  };
   const std::vector<NamedParameter>& params = model_->Parameters();
   std::vector<GradientNode> forest;
   if (local_groups() == 1) {

@@ -118,6 +118,10 @@ class Stage {
   const Timeline& timeline() const { return timeline_; }
   // Peak bytes this stage's allocator held during the last step.
   int64_t peak_activation_bytes() const { return last_peak_bytes_; }
+  // Seconds the last step spent summing its gradient groups and replicas
+  // (SumGradientGroups: waiting for the other replicas included); 0 with
+  // one group.
+  double reduce_seconds() const { return last_reduce_seconds_; }
   // Peak bytes the same allocator held during the last RunEval.
   int64_t peak_evaluation_bytes() const { return last_eval_peak_bytes_; }
   // Each layer's running forward and backward seconds per micro-batch
@@ -212,6 +216,7 @@ class Stage {
   LayerTiming layer_timing_;
   int64_t last_peak_bytes_ = 0;
   int64_t last_eval_peak_bytes_ = 0;
+  double last_reduce_seconds_ = 0;
   std::unique_ptr<StepState> current_;
 };
 
