@@ -247,6 +247,14 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
     train = Add(train, out_bytes);
     eval = Add(eval, Mul(BoundaryBytes(shapes, e, e), eval_batch));
   }
+  // Several gradient groups on one stage: the sums GradientTree holds
+  // until the step's end (siblings merge at once, so at most
+  // floor(log2(groups)) + 1 gradient copies, the newest included), from the
+  // first group's end on: beside the activations, as the allocator sees.
+  const int64_t local_groups = GradientGroupCount(spec) / ReplicaCount(spec);
+  int64_t tree_nodes = 0;
+  for (int64_t l = local_groups; l > 1; l /= 2) ++tree_nodes;
+  if (tree_nodes > 0) train = Add(train, Mul(params, tree_nodes + 1));
   out.working = train;
   out.evaluation = eval;
   // The step's (or the evaluation's) inputs and targets, gathered on the

@@ -171,6 +171,18 @@ TEST(MemoryModel, StagePeaksStayWithinTheEstimate) {
   }
 }
 
+// Gradient groups on one stage (G = 8, one replica): the tree's sums held
+// until the step's end stay within the estimate.
+TEST(MemoryModel, GradientGroupsStayWithinTheEstimate) {
+  for (const char* schedule : {"GPIPE", "ONE_F_ONE_B"}) {
+    const std::string p = absl::StrCat(
+        R"({"stages": 2, "microBatches": 8, "gradientGroups": 8, )",
+        R"("schedule": ")", schedule, R"("})");
+    ExpectPeaksWithinEstimate(Mlp(p), /*tight=*/false);
+    ExpectPeaksWithinEstimate(Transformer(p), /*tight=*/false);
+  }
+}
+
 TEST(MemoryModel, ParametersGradientsAndOptimizerState) {
   const v1::JobSpec spec = Transformer(R"({"stages": 2})");
   auto shapes = InferModelShapes(spec.model());
