@@ -46,7 +46,9 @@
 #include "services/transport/data_plane.h"
 
 ABSL_FLAG(int64_t, workers, 0,
-          "local: worker processes to start (0: the job's stage count)");
+          "local: worker processes to start (0: the job's stage count); "
+          "plan: the cluster's workers, to plan data-parallel replicas "
+          "(0: one pipeline)");
 ABSL_FLAG(bool, replace_workers, true,
           "local: start a new worker process when one dies, as a Deployment "
           "would, and let the controller recover the job (at most 10 "

@@ -1,5 +1,6 @@
-// gpipectl plan JOB.json: which K, M, schedule and re-materialization to run
-// a job with. Partitions the model for each K, simulates one step of every
+// gpipectl plan JOB.json: which K, M, schedule and re-materialization (and,
+// for a cluster of N workers, how many data-parallel replicas R) to run a
+// job with. Partitions the model for each K, simulates one step of every
 // combination (simulator.h) and prints the predicted throughput, bubble and
 // activation memory, marking the fastest that fits a memory budget. The
 // simulation is cheap, so it also answers for pipelines far larger than this
@@ -69,6 +70,12 @@ ABSL_DECLARE_FLAG(int64_t, stages);
 ABSL_DECLARE_FLAG(int64_t, micro_batches);
 ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
+// --workers N (defined by `gpipectl local`, the workers it starts): here the
+// cluster's workers; with N, each K is also tried with R data-parallel
+// replicas (K x R <= N, R a power of two dividing M and any
+// gradient_groups the spec pins), their gradients summed over the links
+// after each stage's last backward.
+ABSL_DECLARE_FLAG(int64_t, workers);
 
 namespace gpipe::cli {
 
@@ -129,6 +136,7 @@ double MeasureSgemmFlops() {
 struct Option {
   int64_t k = 0;
   int64_t m = 0;
+  int64_t r = 1;  // data-parallel replicas, each running M / R micro-batches
   int64_t v = 1;  // chunks per stage (interleaved)
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kNever;
@@ -140,7 +148,21 @@ struct Option {
   double max_bubble = 0;  // the idlest stage's: shows imbalance
   std::vector<StageMemory> memory;  // per chunk (memory_model.h)
   int64_t peak_bytes = 0;           // the largest stage's, its chunks'
+  // The slowest stage's gradient sum across the replicas, after its last
+  // backward (in the step time).
+  double reduce_seconds = 0;
 };
+
+// Seconds for R replicas of a stage to sum `bytes` of gradients over links
+// of `bytes_per_second` and `latency`: each replica sends (R-1)/R of them
+// in the reduce-scatter and again in the all-gather, one message per peer
+// each time (LinkReduction).
+double ReduceSeconds(int64_t r, int64_t bytes, double bytes_per_second,
+                     double latency) {
+  if (r <= 1) return 0;
+  const double share = static_cast<double>(r - 1) / r;
+  return 2 * share * bytes / bytes_per_second + 2 * (r - 1) * latency;
+}
 
 bool Fits(const Option& o, int64_t budget) {
   return budget <= 0 || o.peak_bytes <= budget;
@@ -167,18 +189,23 @@ std::string ScheduleText(const Option& o) {
   return o.v > 1 ? absl::StrCat(name, "/", o.v) : name;
 }
 
-std::string Row(const Option& o, const char* mark) {
+// With replicas (--workers) a column R after K, and the step includes
+// the gradient sum.
+std::string Row(const Option& o, const char* mark, bool replicas) {
   return absl::StrFormat(
-      "%s %4d %5d  %-13s %-11s %10.3f %11.1f %5.1f%% %5.1f%% %10.2f  %s", mark,
-      o.k, o.m, ScheduleText(o), std::string(RematName(o.remat)),
-      o.sim.step_seconds * 1e3, o.samples_per_second, o.min_bubble * 100,
-      o.max_bubble * 100, o.peak_bytes / kMiB, BalanceText(o.balance));
+      "%s %4d%s %5d  %-13s %-11s %10.3f %11.1f %5.1f%% %5.1f%% %10.2f  %s",
+      mark, o.k, replicas ? absl::StrFormat(" %3d", o.r) : "", o.m,
+      ScheduleText(o), std::string(RematName(o.remat)),
+      (o.sim.step_seconds + o.reduce_seconds) * 1e3, o.samples_per_second,
+      o.min_bubble * 100, o.max_bubble * 100, o.peak_bytes / kMiB,
+      BalanceText(o.balance));
 }
 
-void PrintHeader() {
+void PrintHeader(bool replicas) {
   std::printf(
-      "     K     M  schedule      remat          step ms   samples/s "
-      "bubble    max   peak MiB  balance\n");
+      "     K%s     M  schedule      remat          step ms   samples/s "
+      "bubble    max   peak MiB  balance\n",
+      replicas ? "   R" : "");
 }
 
 // One line per stage, or per chunk (stage/chunk) under interleaving, with
@@ -216,7 +243,7 @@ int RunPlan(const std::vector<std::string>& args) {
                  "[--stages K] [--micro-batches M] [--schedule S] "
                  "[--remat R] [--measure] [--memory-budget BYTES] "
                  "[--flops F] [--layer-overhead-us U] [--link-gbps G] "
-                 "[--link-latency-us L]\n");
+                 "[--link-latency-us L] [--workers N]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -295,6 +322,37 @@ int RunPlan(const std::vector<std::string>& args) {
         "--link-latency-us: must be in [0, 1e7], got ", link_latency_us)));
   }
 
+  const int64_t workers = absl::GetFlag(FLAGS_workers);
+  if (workers < 0 || workers > 1 << 20) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--workers: must be in [0, 1048576] (0: one pipeline), got ",
+        workers)));
+  }
+  const bool with_replicas = workers > 0;
+  const int64_t pinned_groups = spec->pipeline().gradient_groups();
+  // The replica counts to try for (K, M, schedule): powers of two that fit
+  // the workers and whose groups the spec's rules allow (ValidateReplicas).
+  const auto replica_choices = [&](int64_t k, int64_t m,
+                                   ScheduleKind schedule) {
+    std::vector<int64_t> out = {1};
+    if (!with_replicas || Interleaves(schedule)) return out;
+    for (int64_t r = 2;
+         r <= kMaxReplicas && k * r <= workers && m % r == 0 && batch % r == 0;
+         r *= 2) {
+      if (pinned_groups > 0 &&
+          (pinned_groups % r != 0 || m % pinned_groups != 0))
+        continue;
+      if (SplitsBackward(schedule) && pinned_groups > r) continue;
+      out.push_back(r);
+    }
+    return out;
+  };
+  const bool batch_norm =
+      std::any_of(spec->model().layers().begin(), spec->model().layers().end(),
+                  [](const v1::LayerSpec& l) {
+                    return l.kind_case() == v1::LayerSpec::kBatchNorm;
+                  });
+
   // One core per stage: a stage is one worker, and on a small machine
   // several workers share the cores.
   SetComputeThreads(1);
@@ -360,10 +418,12 @@ int RunPlan(const std::vector<std::string>& args) {
       Interleaves(ScheduleFromSpec(spec->pipeline().schedule()))
           ? VirtualStageCount(*spec)
           : 2;
+  // `own_replicas` > 0: only that R (the spec's own row).
   const auto plan = [&](int64_t lo, int64_t hi, const std::vector<int64_t>& ms,
                         const std::vector<ScheduleKind>& kinds,
-                        const std::vector<RematMode>& modes)
-      -> absl::StatusOr<std::vector<Option>> {
+                        const std::vector<RematMode>& modes,
+                        int64_t own_replicas =
+                            0) -> absl::StatusOr<std::vector<Option>> {
     std::vector<Option> out;
     for (int64_t k = lo; k <= hi; ++k) {
       // Each remat mode (and chunk count) has its own cut: stages that
@@ -417,40 +477,70 @@ int RunPlan(const std::vector<std::string>& args) {
               k * v > layers) {
             continue;
           }
+          std::vector<int64_t> rs =
+              own_replicas > 0 ? std::vector<int64_t>{own_replicas}
+              : batch_norm     ? std::vector<int64_t>{1}
+                               : replica_choices(k, m, schedule);
           for (RematMode remat : modes) {
-            Option o;
-            o.k = k;
-            o.m = m;
-            o.v = v;
-            o.schedule = schedule;
-            o.remat = remat;
-            ASSIGN_OR_RETURN(o.balance, balance_for(remat, v));
-            o.costs = stage_costs(o.balance, schedule);
-            SimulationConfig config;
-            config.stages = o.costs;
-            config.micro_batches = m;
-            config.schedule = schedule;
-            config.virtual_stages = v;
-            config.remat = remat;
-            config.link_bytes_per_second = link_gbps * 1e9 / 8;
-            config.link_latency_seconds = link_latency_us * 1e-6;
-            o.sim = Simulate(config);
-            o.samples_per_second =
-                o.sim.step_seconds > 0 ? batch / o.sim.step_seconds : 0;
-            for (const StageSimulation& st : o.sim.stages) {
-              o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
-              o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
+            for (int64_t r : rs) {
+              Option o;
+              o.k = k;
+              o.m = m;
+              o.r = r;
+              o.v = v;
+              o.schedule = schedule;
+              o.remat = remat;
+              ASSIGN_OR_RETURN(o.balance, balance_for(remat, v));
+              o.costs = stage_costs(o.balance, schedule);
+              SimulationConfig config;
+              config.stages = o.costs;
+              // Each replica runs its M / R micro-batches of the same size.
+              config.micro_batches = m / r;
+              config.schedule = schedule;
+              config.virtual_stages = v;
+              config.remat = remat;
+              config.link_bytes_per_second = link_gbps * 1e9 / 8;
+              config.link_latency_seconds = link_latency_us * 1e-6;
+              o.sim = Simulate(config);
+              const std::vector<int64_t> begins = StageBegins(o.balance);
+              for (size_t c = 0; c < o.balance.size(); ++c) {
+                int64_t bytes = 0;
+                for (int64_t l = begins[c]; l < begins[c] + o.balance[c]; ++l)
+                  bytes = SaturatingSum({bytes, shapes->costs[l].param_bytes});
+                o.reduce_seconds = std::max(
+                    o.reduce_seconds,
+                    ReduceSeconds(r, bytes, config.link_bytes_per_second,
+                                  config.link_latency_seconds));
+              }
+              const double step = o.sim.step_seconds + o.reduce_seconds;
+              o.samples_per_second = step > 0 ? batch / step : 0;
+              for (const StageSimulation& st : o.sim.stages) {
+                o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
+                o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
+              }
+              // A replica's stages: M / R micro-batches of the same size
+              // (a replica's share of the batch: the batch term then counts
+              // that share, where a replica's first stage gathers the whole
+              // batch, a little less), and the replicas' sum. Evaluation
+              // batches keep their size.
+              gpipe::v1::JobSpec for_r = *spec;
+              for_r.mutable_pipeline()->set_replicas(r);
+              if (r > 1) {
+                for_r.set_batch_size(batch / r);
+                if (spec->eval().batch_size() == 0)
+                  for_r.mutable_eval()->set_batch_size(batch);
+              }
+              o.memory = EstimatePipelineMemory(for_r, *shapes, o.balance,
+                                                m / r, schedule, remat, v);
+              // A worker holds its v chunks: their estimates add up.
+              for (int64_t w = 0; w < k; ++w) {
+                int64_t total = 0;
+                for (int64_t c = 0; c < v; ++c)
+                  total = SaturatingSum({total, o.memory[c * k + w].total()});
+                o.peak_bytes = std::max(o.peak_bytes, total);
+              }
+              out.push_back(std::move(o));
             }
-            o.memory = EstimatePipelineMemory(*spec, *shapes, o.balance, m,
-                                              schedule, remat, v);
-            // A worker holds its v chunks: their estimates add up.
-            for (int64_t w = 0; w < k; ++w) {
-              int64_t total = 0;
-              for (int64_t c = 0; c < v; ++c)
-                total = SaturatingSum({total, o.memory[c * k + w].total()});
-              o.peak_bytes = std::max(o.peak_bytes, total);
-            }
-            out.push_back(std::move(o));
           }
         }
       }
@@ -501,7 +591,7 @@ int RunPlan(const std::vector<std::string>& args) {
     const int64_t k = StageCount(*spec), m = MicroBatchCount(*spec);
     absl::StatusOr<std::vector<Option>> own =
         plan(k, k, {m}, {ScheduleFromSpec(spec->pipeline().schedule())},
-             {RematFromSpec(spec->pipeline().remat())});
+             {RematFromSpec(spec->pipeline().remat())}, ReplicaCount(*spec));
     if (own.ok() && own->size() == 1) spec_option = std::move(own->front());
   }
 
@@ -510,6 +600,16 @@ int RunPlan(const std::vector<std::string>& args) {
               static_cast<long long>(layers), static_cast<long long>(batch));
   std::printf("costs: %s; links %.3g Gb/s, %.6g us\n", cost_source.c_str(),
               link_gbps, link_latency_us);
+  if (with_replicas) {
+    std::printf(
+        "workers: %lld; R data-parallel replicas of K stages each run M/R "
+        "micro-batches, and the step adds the slowest stage's gradient sum "
+        "over the links%s\n",
+        static_cast<long long>(workers),
+        batch_norm ? " (none for this model: batch_norm's running statistics "
+                     "follow every micro-batch in order)"
+                   : "");
+  }
   std::printf(
       "memory: the largest stage's peak (parameters, gradients, optimizer "
       "state, activations, working memory, data); budget %s\n\n",
@@ -517,15 +617,15 @@ int RunPlan(const std::vector<std::string>& args) {
                   : "none");
 
   const bool single = k_lo == k_hi && micro_batches.size() == 1;
-  PrintHeader();
+  PrintHeader(with_replicas);
   if (single) {
     // One configuration: every schedule and remat mode, then its stages.
     for (const Option& o : options) {
       const char* mark = &o == best ? "*" : Fits(o, *budget) ? " " : "!";
-      std::printf("%s\n", Row(o, mark).c_str());
+      std::printf("%s\n", Row(o, mark, with_replicas).c_str());
     }
   } else {
-    // One row per (K, M): its best schedule and remat mode within the
+    // One row per (K, M): its best schedule, remat mode (and R) within the
     // budget, else its smallest; all of them were simulated (options come
     // grouped by K, then M).
     for (size_t i = 0; i < options.size();) {
@@ -547,15 +647,16 @@ int RunPlan(const std::vector<std::string>& args) {
         }
       }
       const char* mark = pick == best ? "*" : Fits(*pick, *budget) ? " " : "!";
-      std::printf("%s\n", Row(*pick, mark).c_str());
+      std::printf("%s\n", Row(*pick, mark, with_replicas).c_str());
       i = end;
     }
   }
   if (spec_option.has_value()) {
     // What the spec asks for, for comparison with the best.
-    std::printf(
-        "%s  (the job spec's own)\n",
-        Row(*spec_option, Fits(*spec_option, *budget) ? "=" : "!").c_str());
+    std::printf("%s  (the job spec's own)\n",
+                Row(*spec_option, Fits(*spec_option, *budget) ? "=" : "!",
+                    with_replicas)
+                    .c_str());
   }
   std::printf("\n%zu configurations simulated in %.1f ms (%s; = the spec's)\n",
               options.size(), simulate_ms,
@@ -582,14 +683,20 @@ int RunPlan(const std::vector<std::string>& args) {
     return 1;
   }
   std::printf(
-      "best: K=%lld M=%lld schedule %s remat %s balance [%s]: "
+      "best: K=%lld%s M=%lld schedule %s remat %s balance [%s]: "
       "%.1f samples/s, %.3f ms a step, bubble %.1f%% (idlest stage "
-      "%.1f%%), peak %.2f MiB a stage\n",
-      static_cast<long long>(best->k), static_cast<long long>(best->m),
-      ScheduleText(*best).c_str(), std::string(RematName(best->remat)).c_str(),
+      "%.1f%%), peak %.2f MiB a stage%s\n",
+      static_cast<long long>(best->k),
+      with_replicas ? absl::StrCat(" R=", best->r).c_str() : "",
+      static_cast<long long>(best->m), ScheduleText(*best).c_str(),
+      std::string(RematName(best->remat)).c_str(),
       absl::StrJoin(best->balance, ",").c_str(), best->samples_per_second,
-      best->sim.step_seconds * 1e3, best->min_bubble * 100,
-      best->max_bubble * 100, best->peak_bytes / kMiB);
+      (best->sim.step_seconds + best->reduce_seconds) * 1e3,
+      best->min_bubble * 100, best->max_bubble * 100, best->peak_bytes / kMiB,
+      best->r > 1 ? absl::StrFormat(" (gradient sum %.3f ms)",
+                                    best->reduce_seconds * 1e3)
+                        .c_str()
+                  : "");
   if (single) PrintStageDetails(*best);
   return 0;
 }

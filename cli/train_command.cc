@@ -50,8 +50,9 @@ ABSL_FLAG(std::string, schedule, "",
           "gpipe, 1f1b, zb-h1 or interleaved (default: the job spec's)");
 ABSL_FLAG(int64_t, replicas, 0,
           "data-parallel replicas R of the pipeline, each on its own K "
-          "threads (0: the job spec's pipeline.replicas); the result is the "
-          "same for every R dividing pipeline.gradient_groups");
+          "threads (0: the job spec's pipeline.replicas); with "
+          "pipeline.gradient_groups set in the spec the result is the same "
+          "for every R dividing it (unset, the groups are R)");
 ABSL_FLAG(int64_t, virtual_stages, 0,
           "chunks of the model per stage under --schedule interleaved (v >= "
           "2; 0: the job spec's)");
@@ -197,6 +198,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   }
   absl::StatusOr<Device> device = ResolveDevice(absl::GetFlag(FLAGS_device));
   if (!device.ok()) return device.status();
+  // The R and M this run uses, in the spec both trainers read: the gradient
+  // groups default to R, and the reference trainer must sum as the
+  // pipeline does.
+  gpipe::v1::JobSpec run = spec;
+  run.mutable_pipeline()->set_replicas(options.replicas);
+  run.mutable_pipeline()->set_micro_batches(options.micro_batches);
   if (options.stages == 1 && options.replicas <= 1) {
     SetComputeThreads(threads);
     *description = absl::StrCat(
@@ -204,14 +211,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
         *device == Device::kCpu ? absl::StrCat(threads, " threads")
                                 : absl::StrCat("on ", CudaDescription()));
     auto t =
-        ReferenceTrainer::Create(spec, options.micro_batches, nullptr, *device);
+        ReferenceTrainer::Create(run, options.micro_batches, nullptr, *device);
     if (!t.ok()) return t.status();
     return std::unique_ptr<Trainer>(std::move(*t));
   }
   options.threads_per_stage = std::max<int>(
       1, threads / static_cast<int>(options.stages * options.replicas));
   options.device = *device;
-  auto p = InProcessPipeline::Create(spec, options);
+  auto p = InProcessPipeline::Create(run, options);
   if (!p.ok()) return p.status();
   *description = absl::StrCat(
       "in-process pipeline, K=", options.stages, " stages",

@@ -49,6 +49,9 @@ StagePlacement PlacementOf(const gpipe::v1::Assignment& a, Device device,
   p.remat = RematFromSpec(a.remat());
   p.device = device;
   p.compute_slowdown = compute_slowdown;
+  // The spec's tree over gradient groups is part of the numerics: a cluster
+  // (one replica) sums as the reference trainer does.
+  p.gradient_groups = GradientGroupCount(a.spec());
   return p;
 }
 

@@ -70,6 +70,8 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     asked.mutable_pipeline()->set_micro_batches(m);
     asked.mutable_pipeline()->set_schedule(ScheduleToSpec(options.schedule));
     asked.mutable_pipeline()->set_virtual_stages(v);
+    asked.mutable_pipeline()->set_stages(workers);
+    asked.mutable_pipeline()->clear_balance();
     RETURN_IF_ERROR(ValidateJobSpec(asked));
   }
   if (replicas > 1 && options.device != Device::kCpu) {

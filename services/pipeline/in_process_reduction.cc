@@ -8,8 +8,10 @@ namespace gpipe {
 InProcessReduction::InProcessReduction(int64_t replicas, int64_t groups)
     : replicas_(replicas), groups_(groups), forests_(replicas) {}
 
-absl::Status InProcessReduction::Arrive(std::unique_lock<std::mutex>& lock) {
-  if (closed_) return absl::CancelledError("a replica of the stage failed");
+absl::Status InProcessReduction::Arrive(std::unique_lock<std::mutex>& lock,
+                                        bool committed) {
+  if (closed_ && !committed)
+    return absl::CancelledError("a replica of the stage failed");
   const int64_t generation = generation_;
   if (++arrived_ == replicas_) {
     arrived_ = 0;
@@ -17,7 +19,9 @@ absl::Status InProcessReduction::Arrive(std::unique_lock<std::mutex>& lock) {
     cv_.notify_all();
     return absl::OkStatus();
   }
-  cv_.wait(lock, [&] { return closed_ || generation_ != generation; });
+  cv_.wait(lock, [&] {
+    return (closed_ && !committed) || generation_ != generation;
+  });
   if (generation_ != generation) return absl::OkStatus();
   return absl::CancelledError("a replica of the stage failed");
 }
@@ -77,7 +81,7 @@ absl::Status InProcessReduction::Reduce(
                  n * (replica + 1) / replicas_);
   }
   lock.lock();
-  RETURN_IF_ERROR(Arrive(lock));
+  RETURN_IF_ERROR(Arrive(lock, /*committed=*/true));
   // All-gather: the total into this replica's gradients.
   lock.unlock();
   for (size_t i = 0; i < params.size(); ++i) {
@@ -88,7 +92,7 @@ absl::Status InProcessReduction::Reduce(
   lock.lock();
   // The totals may live in another replica's forest (or gradients): nobody
   // moves on until every replica has copied.
-  return Arrive(lock);
+  return Arrive(lock, /*committed=*/true);
 }
 
 }  // namespace gpipe

@@ -22,9 +22,12 @@ class InProcessReduction final : public GradientReducer {
   void Close() override;
 
  private:
-  // Waits until all replicas have arrived at barrier `phase` of the
-  // current round; CANCELLED once closed.
-  absl::Status Arrive(std::unique_lock<std::mutex>& lock);
+  // Waits until all replicas have arrived at the current barrier; CANCELLED
+  // once closed, unless `committed`: past the first barrier every replica
+  // is working on the others' forests and reaches the next barriers
+  // whatever happens, so none may leave early and free its forest.
+  absl::Status Arrive(std::unique_lock<std::mutex>& lock,
+                      bool committed = false);
 
   const int64_t replicas_;
   const int64_t groups_;
@@ -33,7 +36,6 @@ class InProcessReduction final : public GradientReducer {
   bool closed_ = false;
   int64_t arrived_ = 0;
   int64_t generation_ = 0;  // barriers passed
-  int64_t step_ = -1;
   // Per replica: its forest (kept alive until every replica has copied).
   std::vector<std::vector<GradientNode>> forests_;
 };

@@ -4,7 +4,9 @@
 // the tree on that slice) and an all-gather (each sends its summed slice to
 // all). Only gradient values travel: the nodes' shapes follow from the
 // groups each replica runs (ForestSpans), which every replica knows. The
-// bits are the single process's (GradientTree), whatever R.
+// bits are the single process's (GradientTree), whatever R. Every replica
+// sends to all its peers before it receives, so the links must queue two
+// messages each way without a receiver (every Link here does).
 #ifndef GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 #define GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 

@@ -248,13 +248,26 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
     eval = Add(eval, Mul(BoundaryBytes(shapes, e, e), eval_batch));
   }
   // Several gradient groups on one stage: the sums GradientTree holds
-  // until the step's end (siblings merge at once, so at most
-  // floor(log2(groups)) + 1 gradient copies, the newest included), from the
-  // first group's end on: beside the activations, as the allocator sees.
-  const int64_t local_groups = GradientGroupCount(spec) / ReplicaCount(spec);
-  int64_t tree_nodes = 0;
-  for (int64_t l = local_groups; l > 1; l /= 2) ++tree_nodes;
-  if (tree_nodes > 0) train = Add(train, Mul(params, tree_nodes + 1));
+  // until the step's end, from the first group's end on, beside the
+  // activations, as the allocator sees. Siblings merge at once, so L groups
+  // leave at most floor(log2 L) + 1 nodes, and a run that starts off a
+  // boundary (an uneven share) one more, the newest included.
+  const int64_t replicas = ReplicaCount(spec);
+  const int64_t local_groups = GradientGroupCount(spec) / replicas;
+  int64_t nodes = 0;
+  if (local_groups > 1) {
+    nodes = 2;
+    for (int64_t l = local_groups; l > 1; l /= 2) ++nodes;
+    train = Add(train, Mul(params, nodes));
+  }
+  // Replicas summing over links (LinkReduction), n nodes a replica: the
+  // slices it sends ((R-1)/R of n gradient copies), its slice of every
+  // replica's nodes (R n slices of 1/R), one received message and the total
+  // (1/R each): within 2n + 1 copies. The in-memory sum needs none: an
+  // upper bound there.
+  if (replicas > 1) {
+    train = Add(train, Mul(params, 2 * std::max<int64_t>(1, nodes) + 1));
+  }
   out.working = train;
   out.evaluation = eval;
   // The step's (or the evaluation's) inputs and targets, gathered on the

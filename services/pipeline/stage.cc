@@ -71,6 +71,23 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
                      ") of ", placement.micro_batches, " in ", groups,
                      " gradient groups are not whole groups of a replica"));
   }
+  // The norms add their parameter gradients in a split backward's input
+  // half, the rest in its weight half; with several groups on this stage
+  // the next micro-batch's input half may run before this one's weight
+  // half, and the group boundary would cut the two apart.
+  const bool splits =
+      SplitsBackward(placement.schedule) ||
+      std::any_of(placement.ops.begin(), placement.ops.end(), [](const Op& op) {
+        return op.kind == OpKind::kBackwardInput;
+      });
+  if (splits &&
+      placement.local_micro_batches() / (placement.micro_batches / groups) >
+          1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage ", placement.index,
+        ": a split backward with several gradient groups on one stage is "
+        "not supported"));
+  }
   if ((placement.first() || placement.last()) && dataset == nullptr) {
     return absl::InvalidArgumentError(
         "the first and the last stage need the dataset");
@@ -263,7 +280,20 @@ absl::Status Stage::WeightGradientDone(int64_t m) {
   const int64_t per_group =
       placement_.micro_batches / placement_.gradient_groups;
   // One group here: the gradients themselves are this stage's node.
-  if (local_groups() == 1 || (m + 1) % per_group != 0) return absl::OkStatus();
+  if (local_groups() == 1) return absl::OkStatus();
+  // A group's sum is its micro-batches' in order; one out of order would
+  // land in the wrong group (a broken schedule, given as ops).
+  StepState& st = *current_;
+  const int64_t due =
+      st.next_weight < 0 ? placement_.micro_batch_begin : st.next_weight;
+  if (m != due) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", placement_.index, ": the weight gradient of micro-batch ", m,
+        " came where micro-batch ", due,
+        "'s was due: gradient groups sum their micro-batches in order"));
+  }
+  st.next_weight = m + 1;
+  if ((m + 1) % per_group != 0) return absl::OkStatus();
   return current_->groups.Push(m / per_group, model_->Parameters());
 }
 

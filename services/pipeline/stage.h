@@ -190,8 +190,9 @@ class Stage {
     std::vector<RowRange> ranges;
     std::vector<InFlight> flight;
     StageStepResult result;
-    double squares = 0;   // the clipping chain's sum so far
-    GradientTree groups;  // with several gradient groups per stage
+    double squares = 0;        // the clipping chain's sum so far
+    GradientTree groups;       // with several gradient groups per stage
+    int64_t next_weight = -1;  // the micro-batch whose weights are due
   };
   // `t` as `link` takes it: on the host, or as it is.
   Tensor ForLink(Link* link, Tensor t);

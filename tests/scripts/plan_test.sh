@@ -88,4 +88,24 @@ if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --link-latency-us -1 
 fi
 grep -q -- '--link-latency-us: must be in' "$work/neg" || { cat "$work/neg"; fail "the bad latency was not named"; }
 echo "ok: link latency ($a ms a step at 0 us, $b ms at 1000 us)"
-echo "4 passed, 0 failed"
+# --workers N: each K also with R replicas (K x R <= N); fast links make
+# replicas worth it, a link of 1 Mb/s does not (the gradient sum costs
+# seconds), and a model with batch norm gets none.
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  --workers 8 --stages-range 1..4 >"$work/r" 2>&1 || { cat "$work/r"; fail "plan --workers 8"; }
+grep -q '^     K   R     M  schedule' "$work/r" || { cat "$work/r"; fail "no R column"; }
+grep -q '^best: K=[0-9]* R=[248] ' "$work/r" || { cat "$work/r"; fail "replicas do not win on 10 Gb/s links"; }
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  --workers 8 --stages-range 1..4 --link-gbps 0.001 >"$work/slow" 2>&1 ||
+  { cat "$work/slow"; fail "plan --workers 8 --link-gbps 0.001"; }
+grep -q '^best: K=[0-9]* R=1 ' "$work/slow" || { cat "$work/slow"; fail "replicas win over 1 Mb/s links"; }
+"$gpipectl" plan "$src/examples/fashion_mnist_cnn.json" "${flops[@]}" \
+  --workers 8 --stages-range 1..2 >"$work/bn" 2>&1 || { cat "$work/bn"; fail "plan --workers 8 on the CNN"; }
+grep -q 'none for this model: batch_norm' "$work/bn" || { cat "$work/bn"; fail "batch norm not named"; }
+! grep -Eq '^[ *!=]    [0-9]   [2-9] ' "$work/bn" || { cat "$work/bn"; fail "replicas planned with batch norm"; }
+if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --workers -2 >"$work/negw" 2>&1; then
+  fail "a negative worker count was taken"
+fi
+grep -q -- '--workers: must be in' "$work/negw" || { cat "$work/negw"; fail "the bad worker count was not named"; }
+echo "ok: replicas ($(grep '^best:' "$work/r" | cut -c1-40))"
+echo "5 passed, 0 failed"

@@ -228,6 +228,17 @@ TEST_F(ExecutorTest, StagesOverInProcessLinksMatchTheReferenceBitwise) {
   EXPECT_EQ(evaluations, (std::vector<int64_t>{3, 6}));
 }
 
+// The spec's gradient groups are part of its numerics: stages on workers
+// sum them in the reference trainer's tree.
+TEST_F(ExecutorTest, GradientGroupsSumAsTheReferenceDoes) {
+  spec_.mutable_pipeline()->set_micro_batches(kMicroBatches);
+  spec_.mutable_pipeline()->set_gradient_groups(kMicroBatches);
+  StartAll(/*epoch=*/1);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  ExpectNoFailure();
+  ExpectReferenceParameters();
+}
+
 TEST_F(ExecutorTest, RestoresACheckpointAndEndsBitwiseEqual) {
   StartAll(/*epoch=*/1);
   ASSERT_EQ(reports_.WaitEnded(kStages), kStages);

@@ -245,6 +245,33 @@ TEST(PipelineExactness, ABrokenSplitScheduleIsCaught) {
       << never;
 }
 
+// With several gradient groups on a stage, a weight gradient out of
+// micro-batch order would land in the wrong group: refused, not summed.
+TEST(PipelineExactness, WeightGradientsOutOfOrderAcrossGroupsAreRefused) {
+  gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
+  spec.mutable_pipeline()->set_micro_batches(4);
+  spec.mutable_pipeline()->set_gradient_groups(2);
+  std::shared_ptr<const Dataset> data = Open(spec);
+  std::vector<Op> ops = MakeSchedule(ScheduleKind::kGPipe, 1, 4, 0);
+  auto b0 = std::find(ops.begin(), ops.end(), Op{OpKind::kBackward, 0});
+  auto b1 = std::find(ops.begin(), ops.end(), Op{OpKind::kBackward, 1});
+  ASSERT_TRUE(b0 != ops.end() && b1 != ops.end());
+  std::iter_swap(b0, b1);
+  PipelineOptions o;
+  o.stages = 1;
+  o.micro_batches = 4;
+  o.dataset = data;
+  o.ops = {ops};
+  auto p = InProcessPipeline::Create(spec, o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const absl::Status s = (*p)->Step().status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(
+      s.message().find("micro-batch 1 came where micro-batch 0's was due"),
+      std::string::npos)
+      << s;
+}
+
 TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {
   const gpipe::v1::JobSpec spec = LoadExample("char_transformer.json", 16);
   std::shared_ptr<const Dataset> data = Open(spec);
