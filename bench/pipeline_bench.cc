@@ -148,9 +148,10 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
 }
 
 // Seconds for `replicas` threads to sum one step's gradients of `floats`
-// values each (one group per replica) through `reducer(r)`: median of 9.
-template <typename MakeReducers>
-double TimeReduction(int64_t replicas, int64_t floats, MakeReducers make) {
+// values each (one group per replica), replica r through `reducers[r]`
+// (used again step after step, as a stage does): median of 9.
+double TimeReduction(int64_t replicas, int64_t floats,
+                     const std::vector<GradientReducer*>& reducers) {
   std::vector<std::unique_ptr<Parameter>> params(replicas);
   std::vector<std::vector<NamedParameter>> named(replicas);
   for (int64_t r = 0; r < replicas; ++r) {
@@ -160,7 +161,6 @@ double TimeReduction(int64_t replicas, int64_t floats, MakeReducers make) {
   }
   std::vector<double> times;
   for (int i = 0; i < 9; ++i) {
-    std::vector<std::unique_ptr<GradientReducer>> reducers = make();
     times.push_back(TimeSeconds([&] {
       std::vector<std::thread> threads;
       for (int64_t r = 0; r < replicas; ++r) {
@@ -219,39 +219,13 @@ void CompareReplicas(gpipe::v1::JobSpec spec, int warmup, int steps,
   std::printf("R=2 vs R=1: %.2fx the samples/s\n", base / two);
   // The gradient sum alone: the largest stage's gradients, two replicas.
   const int64_t n = gradient_bytes / 4;
-  const double memory = TimeReduction(2, n, [] {
-    auto shared = std::make_shared<InProcessReduction>(2, 2);
-    std::vector<std::unique_ptr<GradientReducer>> out;
-    for (int r = 0; r < 2; ++r) {
-      struct Shared final : GradientReducer {
-        std::shared_ptr<InProcessReduction> r;
-        absl::Status Reduce(
-            int64_t replica, int64_t step, std::vector<GradientNode> forest,
-            const std::vector<NamedParameter>& params) override {
-          return r->Reduce(replica, step, std::move(forest), params);
-        }
-        void Close() override { r->Close(); }
-      };
-      auto s = std::make_unique<Shared>();
-      s->r = shared;
-      out.push_back(std::move(s));
-    }
-    return out;
-  });
-  std::vector<std::unique_ptr<Link>> links;
-  const double over_links = TimeReduction(2, n, [&] {
-    links.clear();
-    auto [to_1, to_0] = MakeInProcessLinkPair(4);
-    const std::vector<RowRange> shares = {{0, 1}, {1, 2}};
-    std::vector<std::unique_ptr<GradientReducer>> out;
-    out.push_back(std::make_unique<LinkReduction>(
-        0, 2, shares, std::vector<Link*>{nullptr, to_1.get()}));
-    out.push_back(std::make_unique<LinkReduction>(
-        1, 2, shares, std::vector<Link*>{to_0.get(), nullptr}));
-    links.push_back(std::move(to_1));
-    links.push_back(std::move(to_0));
-    return out;
-  });
+  InProcessReduction in_memory(2, 2);
+  const double memory = TimeReduction(2, n, {&in_memory, &in_memory});
+  auto [to_1, to_0] = MakeInProcessLinkPair(4);
+  const std::vector<RowRange> shares = {{0, 1}, {1, 2}};
+  LinkReduction zero(0, 2, shares, {nullptr, to_1.get()});
+  LinkReduction one(1, 2, shares, {to_0.get(), nullptr});
+  const double over_links = TimeReduction(2, n, {&zero, &one});
   std::vector<float> a(n, 1.0f), b(n);
   std::vector<double> copies;
   for (int i = 0; i < 9; ++i) {

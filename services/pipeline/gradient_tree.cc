@@ -16,12 +16,16 @@ bool Siblings(const NodeSpan& left, const NodeSpan& right) {
 
 }  // namespace
 
+RowRange ReplicaGroups(int64_t groups, int64_t replicas, int64_t replica) {
+  const int64_t per_replica = groups / replicas;
+  return RowRange{replica * per_replica, (replica + 1) * per_replica};
+}
+
 RowRange ReplicaMicroBatches(int64_t micro_batches, int64_t groups,
                              int64_t replicas, int64_t replica) {
   const int64_t per_group = micro_batches / groups;
-  const int64_t per_replica = groups / replicas;
-  return RowRange{replica * per_replica * per_group,
-                  (replica + 1) * per_replica * per_group};
+  const RowRange g = ReplicaGroups(groups, replicas, replica);
+  return RowRange{g.begin * per_group, g.end * per_group};
 }
 
 TreePlan PlanTree(const std::vector<NodeSpan>& nodes) {

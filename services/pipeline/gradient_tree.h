@@ -26,9 +26,10 @@
 
 namespace gpipe {
 
-// The micro-batches [begin, end) that replica `replica` of `replicas` runs
-// when M micro-batches form `groups` groups: its groups' share, in order.
-// Requires groups | M and replicas | groups.
+// The groups [begin, end) that replica `replica` of `replicas` runs, and
+// the micro-batches they are when M micro-batches form `groups` groups.
+// Require replicas | groups (and groups | M).
+RowRange ReplicaGroups(int64_t groups, int64_t replicas, int64_t replica);
 RowRange ReplicaMicroBatches(int64_t micro_batches, int64_t groups,
                              int64_t replicas, int64_t replica);
 

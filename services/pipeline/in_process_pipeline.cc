@@ -137,10 +137,8 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     }
   } else if (replicas > 1) {
     std::vector<RowRange> shares;
-    for (int64_t r = 0; r < replicas; ++r) {
-      const RowRange mbs = ReplicaMicroBatches(m, groups, replicas, r);
-      shares.push_back({mbs.begin / (m / groups), mbs.end / (m / groups)});
-    }
+    for (int64_t r = 0; r < replicas; ++r)
+      shares.push_back(ReplicaGroups(groups, replicas, r));
     for (int64_t i = 0; i < k; ++i) {
       // peers[r][q]: replica r's end of its link to replica q.
       std::vector<std::vector<Link*>> peers(

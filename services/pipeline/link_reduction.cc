@@ -77,35 +77,40 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
                        " is not the one its groups make"));
     }
   }
-  const auto slice_floats = [&](int64_t q) {
-    int64_t total = 0;
+  // slices[q][i]: slice q of parameter i; floats[q]: their lengths' sum.
+  std::vector<std::vector<RowRange>> slices(replicas);
+  std::vector<int64_t> floats(replicas, 0);
+  for (int64_t q = 0; q < replicas; ++q) {
     for (const NamedParameter& p : params) {
-      const RowRange s = Slice(p.param->grad.numel(), q);
-      total += s.end - s.begin;
+      slices[q].push_back(Slice(p.param->grad.numel(), q));
+      floats[q] += slices[q].back().end - slices[q].back().begin;
     }
-    return total;
+  }
+  const auto send = [&](int64_t q, int64_t phase, Tensor t) {
+    Message m;
+    m.kind = MessageKind::kReduceSlice;
+    m.step = step;
+    m.micro_batch = phase;
+    bytes_sent_ += t.nbytes();
+    m.tensor = std::move(t);
+    return peers_[q]->Send(std::move(m));
   };
   // Reduce-scatter: slice q of every node to replica q.
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
     Tensor out = Tensor::Empty({std::max<int64_t>(
-        1, slice_floats(q) * static_cast<int64_t>(forest.size()))});
+        1, floats[q] * static_cast<int64_t>(forest.size()))});
     float* at = out.f32();
     for (const GradientNode& node : forest) {
       for (size_t i = 0; i < params.size(); ++i) {
-        const RowRange s = Slice(node.grads[i].numel(), q);
+        const RowRange s = slices[q][i];
         at = std::copy(node.grads[i].f32() + s.begin,
                        node.grads[i].f32() + s.end, at);
       }
     }
-    Message m;
-    m.kind = MessageKind::kReduceSlice;
-    m.step = step;
-    m.micro_batch = 0;
-    bytes_sent_ += out.nbytes();
-    m.tensor = std::move(out);
-    RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
+    RETURN_IF_ERROR(send(q, 0, std::move(out)));
   }
+  const std::vector<RowRange>& own = slices[replica_];
   // This replica's slice of every replica's nodes, in group order.
   std::vector<GradientNode> mine;
   std::vector<NodeSpan> all;
@@ -117,7 +122,7 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
           from_peer,
           ReceiveSlice(
               q, step, 0,
-              std::max<int64_t>(1, slice_floats(replica_) *
+              std::max<int64_t>(1, floats[replica_] *
                                        static_cast<int64_t>(spans[q].size()))));
       at = from_peer.f32();
     }
@@ -126,7 +131,7 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
       node.first = spans[q][n].first;
       node.level = spans[q][n].level;
       for (size_t i = 0; i < params.size(); ++i) {
-        const RowRange s = Slice(params[i].param->grad.numel(), replica_);
+        const RowRange s = own[i];
         Tensor t = Tensor::Empty({std::max<int64_t>(1, s.end - s.begin)});
         if (q == replica_) {
           const float* src = forest[n].grads[i].f32();
@@ -145,17 +150,15 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
   const TreePlan plan = PlanTree(all);
   std::vector<GradientNode*> nodes;
   for (GradientNode& n : mine) nodes.push_back(&n);
-  for (size_t i = 0; i < params.size(); ++i) {
-    const RowRange s = Slice(params[i].param->grad.numel(), replica_);
-    RunPlanSlice(plan, nodes, i, 0, s.end - s.begin);
-  }
+  for (size_t i = 0; i < params.size(); ++i)
+    RunPlanSlice(plan, nodes, i, 0, own[i].end - own[i].begin);
   // All-gather: the summed slice into this replica's gradients and to
   // every other replica.
   const GradientNode& total = *nodes[plan.result];
-  Tensor summed = Tensor::Empty({std::max<int64_t>(1, slice_floats(replica_))});
+  Tensor summed = Tensor::Empty({std::max<int64_t>(1, floats[replica_])});
   float* at = summed.f32();
   for (size_t i = 0; i < params.size(); ++i) {
-    const RowRange s = Slice(params[i].param->grad.numel(), replica_);
+    const RowRange s = own[i];
     std::copy(total.grads[i].f32(), total.grads[i].f32() + (s.end - s.begin),
               params[i].param->grad.f32() + s.begin);
     at = std::copy(total.grads[i].f32(),
@@ -163,22 +166,16 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
   }
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
-    Message m;
-    m.kind = MessageKind::kReduceSlice;
-    m.step = step;
-    m.micro_batch = 1;
-    m.tensor = summed;  // read-only from here on: shared by every send
-    bytes_sent_ += summed.nbytes();
-    RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
+    // Read-only from here on: one tensor shared by every send.
+    RETURN_IF_ERROR(send(q, 1, summed));
   }
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
-    ASSIGN_OR_RETURN(
-        const Tensor got,
-        ReceiveSlice(q, step, 1, std::max<int64_t>(1, slice_floats(q))));
+    ASSIGN_OR_RETURN(const Tensor got,
+                     ReceiveSlice(q, step, 1, std::max<int64_t>(1, floats[q])));
     const float* from = got.f32();
     for (size_t i = 0; i < params.size(); ++i) {
-      const RowRange s = Slice(params[i].param->grad.numel(), q);
+      const RowRange s = slices[q][i];
       std::copy(from, from + (s.end - s.begin),
                 params[i].param->grad.f32() + s.begin);
       from += s.end - s.begin;

@@ -61,8 +61,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
       placement.micro_batch_begin < 0 ||
       placement.micro_batch_begin >= placement.local_end() ||
       placement.local_end() > placement.micro_batches ||
-      placement.micro_batch_begin % (placement.micro_batches / groups) != 0 ||
-      placement.local_end() % (placement.micro_batches / groups) != 0 ||
+      placement.micro_batch_begin % placement.group_size() != 0 ||
+      placement.local_end() % placement.group_size() != 0 ||
       (placement.reducer == nullptr &&
        placement.local_micro_batches() != placement.micro_batches)) {
     return absl::InvalidArgumentError(
@@ -80,9 +80,7 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
       std::any_of(placement.ops.begin(), placement.ops.end(), [](const Op& op) {
         return op.kind == OpKind::kBackwardInput;
       });
-  if (splits &&
-      placement.local_micro_batches() / (placement.micro_batches / groups) >
-          1) {
+  if (splits && placement.local_micro_batches() / placement.group_size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "stage ", placement.index,
         ": a split backward with several gradient groups on one stage is "
@@ -267,18 +265,15 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
 }
 
 int64_t Stage::first_group() const {
-  return placement_.micro_batch_begin /
-         (placement_.micro_batches / placement_.gradient_groups);
+  return placement_.micro_batch_begin / placement_.group_size();
 }
 
 int64_t Stage::local_groups() const {
-  return placement_.local_micro_batches() /
-         (placement_.micro_batches / placement_.gradient_groups);
+  return placement_.local_micro_batches() / placement_.group_size();
 }
 
 absl::Status Stage::WeightGradientDone(int64_t m) {
-  const int64_t per_group =
-      placement_.micro_batches / placement_.gradient_groups;
+  const int64_t per_group = placement_.group_size();
   // One group here: the gradients themselves are this stage's node.
   if (local_groups() == 1) return absl::OkStatus();
   // A group's sum is its micro-batches' in order; one out of order would

@@ -66,6 +66,8 @@ struct StagePlacement {
   int64_t local_micro_batches() const {
     return local_end() - micro_batch_begin;
   }
+  // Micro-batches per gradient group (gradient_groups must divide M).
+  int64_t group_size() const { return micro_batches / gradient_groups; }
 };
 
 // What a stage reports after a step. Loss figures are the last stage's.
