@@ -24,6 +24,13 @@ class DownstreamConnector {
       const gpipe::v1::Assignment& a,
       const std::function<bool()>& cancelled) = 0;
 
+  // Opens a gradient reduction link to the worker that runs stage
+  // a.stage() in replica `replica` (a.replica_addresses(replica)), as
+  // replica a.replica() of it; retries and cancels as Connect does.
+  virtual absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
+      const gpipe::v1::Assignment& a, int64_t replica,
+      const std::function<bool()>& cancelled) = 0;
+
   // Waits until the data plane of `link` (as Connect returned it) is agreed
   // with the peer; returns its name for progress reports and metrics.
   virtual absl::StatusOr<std::string> AwaitDataPlane(

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -9,8 +10,10 @@
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
+#include "services/pipeline/gradient_tree.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/link_reduction.h"
 #include "services/pipeline/memory_model.h"
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/stage.h"
@@ -32,6 +35,11 @@ struct Executor::Run {
   std::atomic<bool> stop{false};
   std::shared_ptr<Link> upstream;  // set by AcceptUpstream
   Link* downstream = nullptr;      // while connected, for Cancel
+  // Replicas: the reduction links accepted from the replicas below this one
+  // (by replica), and those dialled to the replicas above while connected
+  // (for Cancel).
+  std::map<int64_t, std::shared_ptr<Link>> replica_links;
+  std::vector<Link*> dialed_replicas;
 };
 
 namespace {
@@ -49,10 +57,54 @@ StagePlacement PlacementOf(const gpipe::v1::Assignment& a, Device device,
   p.remat = RematFromSpec(a.remat());
   p.device = device;
   p.compute_slowdown = compute_slowdown;
-  // The spec's tree over gradient groups is part of the numerics: a cluster
-  // (one replica) sums as the reference trainer does.
+  // The spec's tree over gradient groups is part of the numerics: every
+  // replica count sums as the reference trainer does.
   p.gradient_groups = GradientGroupCount(a.spec());
   return p;
+}
+
+int64_t ReplicasOf(const gpipe::v1::Assignment& a) {
+  return std::max<int64_t>(1, a.replicas());
+}
+
+// Whether the assignment's replicas can share its spec's gradient groups:
+// INVALID_ARGUMENT naming what is wrong before anything is built on them.
+absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a,
+                                    Device device) {
+  const int64_t r = ReplicasOf(a);
+  if (a.replicas() < 0 || r > kMaxReplicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: replicas must be in [0, ", kMaxReplicas,
+                     "], got ", a.replicas()));
+  }
+  if (a.replica() < 0 || a.replica() >= r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: replica ", a.replica(), " is not one of its ",
+                     r, " replica", r > 1 ? "s" : ""));
+  }
+  if (r == 1) return absl::OkStatus();
+  if (a.replica_addresses_size() != r) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment: ", a.replica_addresses_size(), " replica addresses for ",
+        r, " replicas of stage ", a.stage()));
+  }
+  if (device != Device::kCpu) {
+    return absl::InvalidArgumentError(
+        "assignment: replicas sum their gradients on the CPU so far; run "
+        "them on CPU workers");
+  }
+  // The spec as this assignment runs it: R replicas sharing the spec's own
+  // groups (pinned, so that R may differ from the spec's without changing
+  // a bit) of the assignment's micro-batches.
+  gpipe::v1::JobSpec spec = a.spec();
+  spec.mutable_pipeline()->set_gradient_groups(GradientGroupCount(a.spec()));
+  spec.mutable_pipeline()->set_replicas(r);
+  spec.mutable_pipeline()->set_micro_batches(a.micro_batches());
+  if (absl::Status s = ValidateJobSpec(spec); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment of ", r, " replicas: ", s.message()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -65,20 +117,31 @@ struct Executor::Execution {
         plan(StepPlan::FromSpec(spec)),
         placement(PlacementOf(a, device, compute_slowdown)),
         first(a.stage() == 0),
-        last(a.stage() == a.stages() - 1) {}
+        last(a.stage() == a.stages() - 1),
+        replicas(ReplicasOf(a)),
+        // Replicas hold the same parameters: one of them evaluates,
+        // checkpoints and writes the final parameters.
+        writes(a.replica() == 0) {}
 
   const std::shared_ptr<Run> run;
   const gpipe::v1::Assignment& a;
   const gpipe::v1::JobSpec& spec;
   const StepPlan plan;
-  const StagePlacement placement;
+  StagePlacement placement;  // the reducer is added once connected
   const bool first, last;
+  const int64_t replicas;
+  const bool writes;
   std::shared_ptr<StageMetrics> metrics;   // null without a metrics server
   std::shared_ptr<const Dataset> dataset;  // the first and last stage's
   std::unique_ptr<Link> downstream;
   std::shared_ptr<Link> upstream;
   std::unique_ptr<MeteredLink> metered_up, metered_down;
   std::string data_plane;  // of the link downstream, for progress
+  // Replicas: the reduction links, dialled (to replicas above) and accepted
+  // (from below), and the reduction over them.
+  std::vector<std::unique_ptr<Link>> dialed_replicas;
+  std::vector<std::shared_ptr<Link>> accepted_replicas;
+  std::unique_ptr<LinkReduction> reduction;
   std::unique_ptr<Stage> stage;
 };
 
@@ -102,6 +165,8 @@ void Executor::StopLocked(std::unique_lock<std::mutex>& lock) {
     current_->stop.store(true);
     if (current_->upstream) current_->upstream->Close();
     if (current_->downstream) current_->downstream->Close();
+    for (auto& [replica, link] : current_->replica_links) link->Close();
+    for (Link* link : current_->dialed_replicas) link->Close();
   }
   cv_.notify_all();
   if (thread_.joinable()) {
@@ -148,7 +213,7 @@ void Executor::CancelAll() {
 }
 
 absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
-                                      int64_t from_stage,
+                                      int64_t from_stage, int64_t from_replica,
                                       std::shared_ptr<Link> link,
                                       int64_t wait_ms,
                                       const std::optional<std::string>& key) {
@@ -167,10 +232,19 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
         if (key.has_value()) {
           RETURN_IF_ERROR(security::CheckStreamKey(a.stream_key(), *key));
         }
+        if (from_stage == a.stage() && a.replicas() > 1) {
+          return AcceptReplicaLocked(from_replica, std::move(link));
+        }
         if (from_stage != a.stage() - 1) {
           return absl::FailedPreconditionError(absl::StrCat(
               "link from stage ", from_stage, " but this worker runs stage ",
               a.stage(), " of job ", job_id));
+        }
+        if (from_replica != a.replica()) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("link from stage ", from_stage, " of replica ",
+                           from_replica, " but this worker runs replica ",
+                           a.replica(), " of job ", job_id));
         }
         if (current_->upstream != nullptr) {
           return absl::AlreadyExistsError(
@@ -188,6 +262,25 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
                        " epoch ", epoch, ": link rejected"));
     }
   }
+}
+
+absl::Status Executor::AcceptReplicaLocked(int64_t from_replica,
+                                           std::shared_ptr<Link> link) {
+  const gpipe::v1::Assignment& a = current_->assignment;
+  // Each replica dials the replicas above it, so only lower ones call.
+  if (from_replica < 0 || from_replica >= a.replica()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "reduction link from replica ", from_replica, " of stage ", a.stage(),
+        " but this worker runs replica ", a.replica(), " of ", a.replicas(),
+        " and only the replicas below it dial it, job ", a.job_id()));
+  }
+  if (!current_->replica_links.emplace(from_replica, std::move(link)).second) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "replica ", a.replica(), " of stage ", a.stage(), " of job ",
+        a.job_id(), " already has its link from replica ", from_replica));
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
 }
 
 namespace {
@@ -208,6 +301,7 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   f->set_job_id(a.job_id());
   f->set_epoch(a.epoch());
   f->set_stage(a.stage());
+  f->set_replica(a.replica());
   f->set_message(std::string(status.message()));
   // Neither a loss that is not finite nor bad data gets better by retrying;
   // a lost neighbour or link does.
@@ -280,6 +374,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                            x.last, ScheduleFromSpec(a.schedule()));
   }
   const auto run_stage = [&]() -> absl::Status {
+    RETURN_IF_ERROR(CheckReplicaAssignment(a, device_));
     RETURN_IF_ERROR(CheckMemory(x));
     if (x.first || x.last) {
       ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(x.spec));
@@ -287,6 +382,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     }
     if (!x.last) RETURN_IF_ERROR(ConnectDownstream(x));
     if (!x.first) RETURN_IF_ERROR(AwaitUpstream(x));
+    RETURN_IF_ERROR(ConnectReplicas(x));
     RETURN_IF_ERROR(BuildStage(x));
     RETURN_IF_ERROR(Restore(x));
     RETURN_IF_ERROR(RunSteps(x));
@@ -308,6 +404,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   if (!status.ok()) {
     if (x.upstream) x.upstream->Close();
     if (x.downstream) x.downstream->Close();
+    for (auto& link : x.dialed_replicas) link->Close();
+    for (auto& link : x.accepted_replicas) link->Close();
     if (!cancelled(*run)) {
       LogWarning("stage %d of %s failed: %s", a.stage(), a.job_id(),
                  std::string(status.message()));
@@ -317,11 +415,18 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     run->downstream = nullptr;
+    run->dialed_replicas.clear();
   }
   x.stage.reset();  // before the links it uses
+  x.reduction.reset();
   x.metered_down.reset();
   x.metered_up.reset();
-  x.downstream.reset();  // half-closes and waits for the next stage
+  // The links accepted from lower replicas first: each replica waits only
+  // for those above it, so the highest lets go first and no wait closes a
+  // cycle.
+  for (auto& link : x.accepted_replicas) link->Release();
+  x.dialed_replicas.clear();  // half-close, wait for the replicas above
+  x.downstream.reset();       // half-closes and waits for the next stage
   if (x.upstream) x.upstream->Release();
   // The stage and its metered links are gone: nothing observes any more.
   if (x.metrics != nullptr) metrics_->Finish(a.job_id(), a.stage());
@@ -378,6 +483,59 @@ absl::Status Executor::AwaitUpstream(Execution& x) {
   }
   if (x.run->cancelled) return absl::CancelledError("cancelled");
   x.upstream = x.run->upstream;
+  return absl::OkStatus();
+}
+
+absl::Status Executor::ConnectReplicas(Execution& x) {
+  if (x.replicas == 1) return absl::OkStatus();
+  const int64_t me = x.a.replica();
+  auto is_cancelled = [&] { return cancelled(*x.run); };
+  std::vector<Link*> peers(x.replicas, nullptr);
+  for (int64_t q = me + 1; q < x.replicas; ++q) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Link> link,
+                     connector_->ConnectReplica(x.a, q, is_cancelled));
+    peers[q] = link.get();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (x.run->cancelled) {
+        link->Close();
+        return absl::CancelledError("cancelled");
+      }
+      x.run->dialed_replicas.push_back(link.get());
+    }
+    x.dialed_replicas.push_back(std::move(link));
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] {
+          return x.run->cancelled ||
+                 static_cast<int64_t>(x.run->replica_links.size()) == me;
+        })) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("replica ", me, " of stage ", x.a.stage(),
+                       " heard from ", x.run->replica_links.size(), " of the ",
+                       me, " replicas below it within 60 s"));
+    }
+    if (x.run->cancelled) return absl::CancelledError("cancelled");
+    for (auto& [q, link] : x.run->replica_links) {
+      peers[q] = link.get();
+      x.accepted_replicas.push_back(link);
+    }
+  }
+  const int64_t groups = x.placement.gradient_groups;
+  std::vector<RowRange> shares;
+  for (int64_t q = 0; q < x.replicas; ++q)
+    shares.push_back(ReplicaGroups(groups, x.replicas, q));
+  x.reduction =
+      std::make_unique<LinkReduction>(me, groups, std::move(shares), peers);
+  const RowRange mine =
+      ReplicaMicroBatches(x.placement.micro_batches, groups, x.replicas, me);
+  x.placement.micro_batch_begin = mine.begin;
+  x.placement.micro_batch_end = mine.end;
+  x.placement.replica = me;
+  x.placement.reducer = x.reduction.get();
+  LogInfo("stage %d of %s: replica %d of %d, micro-batches [%d, %d)",
+          x.a.stage(), x.a.job_id(), me, x.replicas, mine.begin, mine.end);
   return absl::OkStatus();
 }
 
@@ -473,13 +631,13 @@ absl::Status Executor::RunSteps(Execution& x) {
     // killed after the commit would otherwise resume past an evaluation
     // nobody made). Evaluating changes no state, so the order is free.
     // As `gpipectl train` does; all stages take part.
-    if (x.plan.EvaluatesAfter(done)) {
+    if (x.writes && x.plan.EvaluatesAfter(done)) {
       ASSIGN_OR_RETURN(
           LossResult e,
           x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
       if (x.last && e.counted > 0) report_(Evaluated(x.a, done, e));
     }
-    if (x.plan.CheckpointsAfter(done) &&
+    if (x.writes && x.plan.CheckpointsAfter(done) &&
         (x.a.checkpoint_transport() ==
              gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER ||
          !x.a.checkpoint_dir().empty())) {
@@ -500,6 +658,7 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
         ToStepTrace(t, a.stage(), UnixNsAtOrigin(x.stage->timeline()));
     trace.mutable_trace()->set_job_id(a.job_id());
     trace.mutable_trace()->set_epoch(a.epoch());
+    trace.mutable_trace()->set_replica(a.replica());
     report_(trace);
   }
   gpipe::v1::WorkerMessage m;
@@ -508,8 +667,21 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   p->set_epoch(a.epoch());
   p->set_stage(a.stage());
   p->set_step(step + 1);
+  p->set_replica(a.replica());
   if (x.last) {
     p->set_loss(r.loss.loss_sum / r.loss_normalizer);
+    if (x.replicas > 1) {
+      p->set_loss_normalizer(r.loss_normalizer);
+      const int64_t end = std::min<int64_t>(
+          x.placement.local_end(), static_cast<int64_t>(r.losses.size()));
+      for (int64_t mb = x.placement.micro_batch_begin; mb < end; ++mb) {
+        gpipe::v1::MicroBatchLoss* l = p->add_micro_batch_losses();
+        l->set_micro_batch(mb);
+        l->set_loss_sum(r.losses[mb].loss_sum);
+        l->set_correct(r.losses[mb].correct);
+        l->set_counted(r.losses[mb].counted);
+      }
+    }
     p->set_accuracy(r.loss.counted > 0
                         ? static_cast<double>(r.loss.correct) / r.loss.counted
                         : 0.0);
@@ -547,19 +719,25 @@ absl::Status Executor::Checkpoint(Execution& x, int64_t done) {
 }
 
 // The final evaluation (all stages take part; the last reports it) and the
-// stage's final parameters, saved in the assignment's store.
+// stage's final parameters, saved in the assignment's store; with replicas
+// replica 0 does both, for all.
 absl::Status Executor::Finish(Execution& x) {
   const gpipe::v1::Assignment& a = x.a;
-  ASSIGN_OR_RETURN(LossResult eval,
-                   x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
-  ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(a));
-  ASSIGN_OR_RETURN(StageFileStore::Stored stored,
-                   files->SaveFinal(a, *x.stage));
   gpipe::v1::WorkerMessage m;
   auto* f = m.mutable_finished();
   f->set_job_id(a.job_id());
   f->set_epoch(a.epoch());
   f->set_stage(a.stage());
+  f->set_replica(a.replica());
+  if (!x.writes) {
+    report_(m);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(LossResult eval,
+                   x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
+  ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(a));
+  ASSIGN_OR_RETURN(StageFileStore::Stored stored,
+                   files->SaveFinal(a, *x.stage));
   f->set_parameters_path(stored.path);
   if (x.last && eval.counted > 0) {
     *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);

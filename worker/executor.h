@@ -44,14 +44,16 @@ class Executor {
   void Cancel(const std::string& job_id, int64_t epoch);
   void CancelAll();
 
-  // The Exchange handler offers the server end of an upstream link. Waits up
-  // to `wait_ms` for a matching assignment (it may still be on its way from
-  // the controller); rejects frames of another job or an older epoch.
+  // The Exchange handler offers the server end of an upstream link (from
+  // stage - 1 of this worker's replica), or with replicas a gradient
+  // reduction link (from this same stage of a lower replica). Waits up to
+  // `wait_ms` for a matching assignment (it may still be on its way from the
+  // controller); rejects frames of another job or an older epoch.
   // `stream_key`: what the stream presented, checked against the
   // assignment's key (PERMISSION_DENIED); nullopt: not checked.
   absl::Status AcceptUpstream(
       const std::string& job_id, int64_t epoch, int64_t from_stage,
-      std::shared_ptr<Link> link, int64_t wait_ms,
+      int64_t from_replica, std::shared_ptr<Link> link, int64_t wait_ms,
       const std::optional<std::string>& stream_key = std::nullopt);
 
   bool busy() const;
@@ -98,6 +100,9 @@ class Executor {
   absl::Status CheckMemory(const Execution& x) const;
   absl::Status ConnectDownstream(Execution& x);
   absl::Status AwaitUpstream(Execution& x);
+  // With replicas: dials the replicas of this stage above this one, waits
+  // for those below, and sums gradients over those links (LinkReduction).
+  absl::Status ConnectReplicas(Execution& x);
   absl::Status BuildStage(Execution& x);
   // Loads the spec's init_from weights into a stage that restores no
   // checkpoint.
@@ -112,6 +117,9 @@ class Executor {
   // The store of the assignment's checkpoint transport.
   absl::StatusOr<StageFileStore*> FilesFor(const gpipe::v1::Assignment& a);
   bool cancelled(const Run& run) const;
+  // AcceptUpstream's part for a reduction link of the current assignment.
+  absl::Status AcceptReplicaLocked(int64_t from_replica,
+                                   std::shared_ptr<Link> link);
   void StopLocked(std::unique_lock<std::mutex>& lock);
 
   const int threads_;

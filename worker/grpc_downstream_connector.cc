@@ -21,6 +21,27 @@ constexpr absl::Duration kResolveRetry = absl::Milliseconds(200);
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     const gpipe::v1::Assignment& a, const std::function<bool()>& cancelled) {
+  return Dial(a, a.downstream_address(), absl::StrCat("stage ", a.stage() + 1),
+              data_plane_, cancelled);
+}
+
+absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
+    const gpipe::v1::Assignment& a, int64_t replica,
+    const std::function<bool()>& cancelled) {
+  if (replica < 0 || replica >= a.replica_addresses_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment names no address for replica ", replica,
+                     " of stage ", a.stage()));
+  }
+  return Dial(a, a.replica_addresses(replica),
+              absl::StrCat("replica ", replica, " of stage ", a.stage()),
+              DataPlaneOptions(), cancelled);
+}
+
+absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Dial(
+    const gpipe::v1::Assignment& a, const std::string& address,
+    const std::string& peer, const DataPlaneOptions& plane,
+    const std::function<bool()>& cancelled) {
   // Messages in flight: every micro-batch of a step, and a few scalars.
   const size_t capacity = static_cast<size_t>(a.micro_batches()) + 4;
   ExchangeCredentials credentials = credentials_;
@@ -33,7 +54,7 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     // Resolved here, each attempt, and dialled by IP (resolve.h): a name
     // connects as fast as an IP, and one that appears late is found.
     absl::StatusOr<ResolvedTarget> target =
-        ResolveForDial(a.downstream_address(), absl::Milliseconds(kAttemptMs));
+        ResolveForDial(address, absl::Milliseconds(kAttemptMs));
     if (!target.ok()) {
       connected = target.status();
       if (!absl::IsUnavailable(connected)) return connected;
@@ -47,21 +68,21 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     }
     absl::StatusOr<std::unique_ptr<ExchangeClientLink>> link =
         ConnectDownstream(target->target, a.job_id(), a.epoch(), a.stage(),
-                          capacity, kAttemptMs, FrameCodec::kOneCopy,
-                          data_plane_, dial);
+                          capacity, kAttemptMs, FrameCodec::kOneCopy, plane,
+                          dial, a.replica());
     if (link.ok()) {
       if (attempts > 1 || !target->host.empty()) {
-        LogInfo("stage %d of %s reached stage %d at %s (%s) in %d ms",
-                a.stage(), a.job_id(), a.stage() + 1, a.downstream_address(),
-                target->ip, absl::ToInt64Milliseconds(absl::Now() - start));
+        LogInfo("stage %d of %s reached %s at %s (%s) in %d ms", a.stage(),
+                a.job_id(), peer, address, target->ip,
+                absl::ToInt64Milliseconds(absl::Now() - start));
       }
       return std::unique_ptr<Link>(std::move(*link));
     }
     connected = link.status();
     if (!target->host.empty()) {
-      connected = absl::Status(
-          connected.code(),
-          absl::StrCat(connected.message(), " (", a.downstream_address(), ")"));
+      connected =
+          absl::Status(connected.code(),
+                       absl::StrCat(connected.message(), " (", address, ")"));
     }
     if (!absl::IsUnavailable(connected)) return connected;
   }

@@ -22,6 +22,11 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
   absl::StatusOr<std::unique_ptr<Link>> Connect(
       const gpipe::v1::Assignment& a,
       const std::function<bool()>& cancelled) override;
+  // Frames only (gRPC): the reduction sends to every peer before it
+  // receives, which a bounded shared-memory ring could deadlock.
+  absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
+      const gpipe::v1::Assignment& a, int64_t replica,
+      const std::function<bool()>& cancelled) override;
   // The next stage's answer to the offer, in short waits so that a cancel
   // is noticed; logged with why a faster plane was refused.
   absl::StatusOr<std::string> AwaitDataPlane(
@@ -29,6 +34,13 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
       const std::function<bool()>& cancelled) override;
 
  private:
+  // Dials `address` (`peer` in messages: "stage 3", "replica 1 of stage
+  // 3") as (a.stage(), a.replica()), offering `plane`.
+  absl::StatusOr<std::unique_ptr<Link>> Dial(
+      const gpipe::v1::Assignment& a, const std::string& address,
+      const std::string& peer, const DataPlaneOptions& plane,
+      const std::function<bool()>& cancelled);
+
   const ExchangeCredentials credentials_;
   const DataPlaneOptions data_plane_;
 };

@@ -20,8 +20,8 @@ grpc::Status StageService::Exchange(grpc::ServerContext* context,
   }
   link->set_data_plane(executor_->data_plane());
   absl::Status accepted = executor_->AcceptUpstream(
-      open->job_id(), open->epoch(), open->from_stage(), link, link_wait_ms_,
-      std::move(stream_key));
+      open->job_id(), open->epoch(), open->from_stage(), open->from_replica(),
+      link, link_wait_ms_, std::move(stream_key));
   if (!accepted.ok()) {
     // The peer and the reason, never the key.
     LogWarning("rejected a link from %s: %s", context->peer(),

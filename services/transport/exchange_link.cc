@@ -242,8 +242,8 @@ grpc::ChannelArguments KeepaliveChannelArguments() {
 absl::StatusOr<std::unique_ptr<ExchangeClientLink>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
     int64_t from_stage, size_t capacity, int64_t deadline_ms, FrameCodec codec,
-    const DataPlaneOptions& data_plane,
-    const ExchangeCredentials& credentials) {
+    const DataPlaneOptions& data_plane, const ExchangeCredentials& credentials,
+    int64_t from_replica) {
   grpc::ChannelArguments args = KeepaliveChannelArguments();
   // A neighbour that is not listening yet is tried again within the
   // attempt, not a second later (gRPC's default first backoff).
@@ -287,6 +287,7 @@ absl::StatusOr<std::unique_ptr<ExchangeClientLink>> ConnectDownstream(
   open.set_epoch(epoch);
   open.set_kind(gpipe::v1::OPEN);
   open.set_from_stage(from_stage);
+  open.set_from_replica(from_replica);
   if (!rw->Write(FrameToBuffer(open))) {
     grpc::Status s = rw->Finish();
     return absl::UnavailableError(

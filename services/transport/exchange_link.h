@@ -149,13 +149,15 @@ struct ExchangeCredentials {
 // Exchange stream; the returned link's reader runs on its own thread.
 // Fails with UNAVAILABLE when the peer cannot be reached by `deadline_ms`.
 // `data_plane`: what to offer the peer (ExchangeLink::OfferDataPlane); the
-// answer comes later (link().WaitDataPlane).
+// answer comes later (link().WaitDataPlane). `from_replica`: the caller's
+// replica; a caller of the same stage index as the peer opens a gradient
+// reduction link between two replicas of that stage.
 absl::StatusOr<std::unique_ptr<ExchangeClientLink>> ConnectDownstream(
     const std::string& address, const std::string& job_id, int64_t epoch,
     int64_t from_stage, size_t capacity, int64_t deadline_ms,
     FrameCodec codec = FrameCodec::kZeroCopy,
     const DataPlaneOptions& data_plane = DataPlaneOptions(),
-    const ExchangeCredentials& credentials = {});
+    const ExchangeCredentials& credentials = {}, int64_t from_replica = 0);
 
 // Channel arguments that make a dead peer noticed within seconds.
 grpc::ChannelArguments KeepaliveChannelArguments();

@@ -393,5 +393,157 @@ TEST_F(WorkerTest, BadLinksAreRejectedAndTheWorkerKeepsServing) {
   RunAndCompare("job-c", 3);
 }
 
+// Data-parallel replicas on workers over gRPC: K=2 stages x R replicas, the
+// replicas of each stage summing their gradients over Exchange links of their
+// own. Four gradient groups pinned in the spec: for R in 1, 2 and 4 the
+// parameters are the reference trainer's bits, and so is the loss added from
+// the replicas' micro-batch losses. Replica 0 alone writes the final
+// parameters.
+TEST_F(WorkerTest, ReplicasOverGrpcMatchTheReferenceBitwise) {
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_model()->mutable_layers()->DeleteSubrange(1, 1);  // batch norm
+  constexpr int64_t kM = 4;
+  spec.mutable_pipeline()->set_micro_batches(kM);
+  spec.mutable_pipeline()->set_gradient_groups(4);
+  const std::vector<int64_t> balance = *PartitionJob(spec, 2);
+  const std::vector<int64_t> begins = StageBegins(balance);
+  std::vector<double> reference_losses;
+  auto ref = ReferenceTrainer::Create(spec, kM);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  for (int s = 0; s < spec.steps(); ++s) {
+    absl::StatusOr<StepReport> r = (*ref)->Step();
+    ASSERT_TRUE(r.ok()) << r.status();
+    reference_losses.push_back(r->loss);
+  }
+  for (const int64_t replicas : {1, 2, 4}) {
+    SCOPED_TRACE(testing::Message() << replicas << " replicas");
+    spec.mutable_pipeline()->set_replicas(replicas);
+    std::vector<std::unique_ptr<TestWorker>> workers;  // [replica * 2 + stage]
+    for (int64_t i = 0; i < 2 * replicas; ++i)
+      workers.push_back(std::make_unique<TestWorker>(&reports_, 3000));
+    const std::string job = "job-r" + std::to_string(replicas);
+    reports_.Clear();
+    for (int64_t i = 2 * replicas - 1; i >= 0; --i) {
+      const int64_t stage = i % 2, replica = i / 2;
+      gpipe::v1::Assignment a;
+      a.set_job_id(job);
+      a.set_epoch(1);
+      *a.mutable_spec() = spec;
+      a.set_stage(stage);
+      a.set_stages(2);
+      a.set_layer_begin(begins[stage]);
+      a.set_layer_end(begins[stage] + balance[stage]);
+      a.set_micro_batches(kM);
+      a.set_schedule(gpipe::v1::ONE_F_ONE_B);
+      a.set_remat(gpipe::v1::ALWAYS);
+      a.set_replica(replica);
+      a.set_replicas(replicas);
+      for (int64_t q = 0; q < replicas; ++q)
+        a.add_replica_addresses(workers[q * 2 + stage]->address);
+      if (stage == 0) a.set_downstream_address(workers[i + 1]->address);
+      if (stage == 1) a.set_upstream_address(workers[i - 1]->address);
+      a.set_output_dir((dir_ / job).string());
+      workers[i]->executor.Start(a);
+    }
+    std::string failure;
+    ASSERT_TRUE(reports_.WaitFinished(2 * replicas, &failure)) << failure;
+    std::map<std::string, Tensor> got;
+    // step -> micro-batch -> its loss, from whichever replica ran it.
+    std::map<int64_t, std::map<int64_t, LossResult>> losses;
+    std::map<int64_t, double> normalizer, single_loss;
+    for (const auto& m : reports_.All()) {
+      if (m.has_progress() && m.progress().stage() == 1) {
+        const gpipe::v1::StepProgress& p = m.progress();
+        single_loss[p.step()] = p.loss();
+        if (replicas == 1) continue;
+        EXPECT_EQ(p.micro_batch_losses_size(), kM / replicas);
+        normalizer[p.step()] = p.loss_normalizer();
+        for (const gpipe::v1::MicroBatchLoss& l : p.micro_batch_losses()) {
+          LossResult r;
+          r.loss_sum = l.loss_sum();
+          r.correct = l.correct();
+          r.counted = l.counted();
+          EXPECT_TRUE(losses[p.step()].emplace(l.micro_batch(), r).second);
+        }
+      }
+      if (!m.has_finished()) continue;
+      if (m.finished().replica() != 0) {
+        EXPECT_EQ(m.finished().parameters_path(), "");
+        continue;
+      }
+      auto file = ReadSafetensors(m.finished().parameters_path());
+      ASSERT_TRUE(file.ok()) << file.status();
+      for (auto& [name, t] : file->tensors) got[name] = t;
+    }
+    for (int64_t s = 0; s < spec.steps(); ++s) {
+      double loss = single_loss[s + 1];
+      if (replicas > 1) {
+        ASSERT_EQ(losses[s + 1].size(), static_cast<size_t>(kM));
+        LossResult sum;
+        for (const auto& [mb, l] : losses[s + 1]) sum += l;
+        loss = sum.loss_sum / normalizer[s + 1];
+      }
+      EXPECT_EQ(loss, reference_losses[s]) << "step " << s;
+    }
+    int compared = 0;
+    for (const NamedTensor& t : (*ref)->StateTensors()) {
+      ASSERT_TRUE(got.count(t.name)) << t.name;
+      EXPECT_TRUE(BitwiseEqual(*t.tensor, got[t.name])) << t.name;
+      ++compared;
+    }
+    EXPECT_EQ(compared, static_cast<int>(got.size()));
+  }
+}
+
+// Reduction links a replica must refuse: from a replica that is not below
+// it, from another job, from an older epoch; and an assignment whose
+// replicas do not divide the spec's gradient groups fails by name.
+TEST_F(WorkerTest, BadReductionLinksAndReplicaAssignmentsAreRefused) {
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_model()->mutable_layers()->DeleteSubrange(1, 1);
+  spec.set_steps(100000);
+  spec.mutable_pipeline()->set_replicas(2);
+  gpipe::v1::Assignment a;
+  a.set_job_id("job-bad");
+  a.set_epoch(2);
+  *a.mutable_spec() = spec;
+  a.set_stage(0);
+  a.set_stages(1);
+  a.set_layer_begin(0);
+  a.set_layer_end(spec.model().layers_size());
+  a.set_micro_batches(4);
+  a.set_replica(1);
+  a.set_replicas(2);
+  a.add_replica_addresses(a_->address);
+  a.add_replica_addresses(b_->address);
+  b_->executor.Start(a);  // replica 1 waits for replica 0's link
+  const auto open = [&](const std::string& job, int64_t epoch,
+                        int64_t from_replica) {
+    gpipe::v1::Frame f = Open(job, epoch, /*from=*/0);
+    f.set_from_replica(from_replica);
+    const grpc::Status s = Exchange(b_->address, {f});
+    EXPECT_FALSE(s.ok());
+    return s.error_message();
+  };
+  EXPECT_NE(open("job-bad", 2, 1).find("only the replicas below"),
+            std::string::npos);
+  EXPECT_NE(open("job-bad", 2, 3).find("only the replicas below"),
+            std::string::npos);
+  EXPECT_NE(open("job-bad", 1, 0).find("older than"), std::string::npos);
+  EXPECT_NE(open("job-other", 2, 0).find("no assignment"), std::string::npos);
+  b_->executor.CancelAll();
+
+  // 3 replicas of 4 groups.
+  reports_.Clear();
+  a.set_replicas(3);
+  a.set_replica(0);
+  a.add_replica_addresses(a_->address);
+  a_->executor.Start(a);
+  std::string failure;
+  EXPECT_FALSE(reports_.WaitFinished(1, &failure));
+  EXPECT_NE(failure.find("3 replicas do not divide"), std::string::npos)
+      << failure;
+}
+
 }  // namespace
 }  // namespace gpipe

@@ -65,9 +65,15 @@ class InProcessConnector final : public DownstreamConnector {
       const std::function<bool()>& cancelled) override {
     auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
     RETURN_IF_ERROR((*next_)->AcceptUpstream(
-        a.job_id(), a.epoch(), a.stage(),
+        a.job_id(), a.epoch(), a.stage(), a.replica(),
         std::shared_ptr<Link>(std::move(theirs)), /*wait_ms=*/5000));
     return std::move(mine);
+  }
+  // These executors form one replica; worker_test runs replicas over gRPC.
+  absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
+      const gpipe::v1::Assignment&, int64_t,
+      const std::function<bool()>&) override {
+    return absl::UnimplementedError("one replica in this test");
   }
   absl::StatusOr<std::string> AwaitDataPlane(
       Link&, const gpipe::v1::Assignment&,
@@ -309,13 +315,25 @@ TEST_F(ExecutorTest, AnUpstreamLinkOfAnOlderEpochOrTheWrongStageIsRefused) {
   executors_[2]->Start(Assign(2, /*epoch=*/3));
   auto [a, b] = MakeInProcessLinkPair(4);
   absl::Status old = executors_[2]->AcceptUpstream(
-      "j", 2, 1, std::shared_ptr<Link>(std::move(b)), 1000);
+      "j", 2, 1, 0, std::shared_ptr<Link>(std::move(b)), 1000);
   EXPECT_TRUE(absl::IsFailedPrecondition(old)) << old;
   auto [c, d] = MakeInProcessLinkPair(4);
   absl::Status wrong = executors_[2]->AcceptUpstream(
-      "j", 3, 0, std::shared_ptr<Link>(std::move(d)), 1000);
+      "j", 3, 0, 0, std::shared_ptr<Link>(std::move(d)), 1000);
   EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
   EXPECT_NE(wrong.message().find("from stage 0"), std::string_view::npos);
+  // Another replica's stage 1, and a reduction link (the same stage) to a
+  // job of one replica.
+  auto [e, f] = MakeInProcessLinkPair(4);
+  absl::Status replica = executors_[2]->AcceptUpstream(
+      "j", 3, 1, 1, std::shared_ptr<Link>(std::move(f)), 1000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(replica)) << replica;
+  EXPECT_NE(replica.message().find("of replica 1"), std::string_view::npos)
+      << replica;
+  auto [g, h] = MakeInProcessLinkPair(4);
+  absl::Status reduction = executors_[2]->AcceptUpstream(
+      "j", 3, 2, 0, std::shared_ptr<Link>(std::move(h)), 1000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(reduction)) << reduction;
   executors_[2]->CancelAll();
 }
 
