@@ -46,6 +46,7 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
 // Defined with `gpipectl train`; submit and local apply them to the spec.
 ABSL_DECLARE_FLAG(int64_t, stages);
 ABSL_DECLARE_FLAG(int64_t, micro_batches);
+ABSL_DECLARE_FLAG(int64_t, replicas);
 ABSL_DECLARE_FLAG(std::string, steps);
 ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
@@ -238,19 +239,29 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   PrintTable(rows);
 
   if (s.stages_size() > 0) {
-    std::printf("stages:\n");
-    std::vector<std::vector<std::string>> t = {
-        {"STAGE", "WORKER", "ADDRESS", "LAYERS", "DATA PLANE"}};
-    for (const gpipe::v1::StageStatus& st : s.stages()) {
+    // With replicas the grid: a row per (replica, stage), replica 0 first.
+    const bool replicas = s.replica_stages_size() > 0;
+    std::printf(replicas ? "stages (%lld replicas):\n" : "stages:\n",
+                static_cast<long long>(s.running_replicas()));
+    std::vector<std::string> header = {"STAGE", "WORKER", "ADDRESS", "LAYERS",
+                                       "DATA PLANE"};
+    if (replicas) header.insert(header.begin(), "REPLICA");
+    std::vector<std::vector<std::string>> t = {header};
+    const auto add = [&](const gpipe::v1::StageStatus& st) {
       const std::string layers =
           st.layer_end() > st.layer_begin()
               ? absl::StrCat(st.layer_begin(), "..", st.layer_end() - 1)
               : "-";
-      t.push_back({absl::StrCat(st.stage()),
-                   st.worker_id().empty() ? "-" : st.worker_id(),
-                   st.address().empty() ? "-" : st.address(), layers,
-                   st.data_plane().empty() ? "-" : st.data_plane()});
-    }
+      std::vector<std::string> row = {
+          absl::StrCat(st.stage()),
+          st.worker_id().empty() ? "-" : st.worker_id(),
+          st.address().empty() ? "-" : st.address(), layers,
+          st.data_plane().empty() ? "-" : st.data_plane()};
+      if (replicas) row.insert(row.begin(), absl::StrCat(st.replica()));
+      t.push_back(std::move(row));
+    };
+    for (const gpipe::v1::StageStatus& st : s.stages()) add(st);
+    for (const gpipe::v1::StageStatus& st : s.replica_stages()) add(st);
     PrintTable(t, "  ");
   }
   if (s.repartitions_size() > 0) {
@@ -485,6 +496,8 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
     p.set_stages(absl::GetFlag(FLAGS_stages));
   if (absl::GetFlag(FLAGS_micro_batches) > 0)
     p.set_micro_batches(absl::GetFlag(FLAGS_micro_batches));
+  if (absl::GetFlag(FLAGS_replicas) > 0)
+    p.set_replicas(absl::GetFlag(FLAGS_replicas));
   absl::StatusOr<int64_t> steps = StepCountFlag();
   if (!steps.ok()) return steps.status();
   if (*steps > 0) spec.set_steps(*steps);

@@ -46,7 +46,8 @@
 #include "services/transport/data_plane.h"
 
 ABSL_FLAG(int64_t, workers, 0,
-          "local: worker processes to start (0: the job's stage count); "
+          "local: worker processes to start (0: the job's stages x "
+          "replicas); "
           "plan: the cluster's workers, to plan data-parallel replicas "
           "(0: one pipeline)");
 ABSL_FLAG(bool, replace_workers, true,
@@ -543,8 +544,9 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
 int RunLocal(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     std::fprintf(stderr,
-                 "usage: gpipectl local JOB.json [--workers K] [--stages K] "
-                 "[--micro-batches M] [--schedule gpipe|1f1b|zb-h1] "
+                 "usage: gpipectl local JOB.json [--workers N] [--stages K] "
+                 "[--replicas R] [--micro-batches M] "
+                 "[--schedule gpipe|1f1b|zb-h1] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
                  "[--trace DIR] [--data_plane auto|grpc|shm|cuda_ipc] "
@@ -565,13 +567,17 @@ int RunLocal(const std::vector<std::string>& args) {
       return Fail(mode.status());
     }
   }
-  const int64_t stages = StageCount(*spec);
+  // Replicas run K x R workers, all at once.
+  const int64_t stages = StageCount(*spec) * ReplicaCount(*spec);
   const int64_t workers =
       absl::GetFlag(FLAGS_workers) > 0 ? absl::GetFlag(FLAGS_workers) : stages;
   if (workers < stages) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--workers ", workers, " is fewer than the job's ", stages,
-                     " stages")));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--workers ", workers, " is fewer than the job's ", stages,
+        ReplicaCount(*spec) > 1
+            ? absl::StrCat(" workers (", StageCount(*spec), " stages x ",
+                           ReplicaCount(*spec), " replicas)")
+            : " stages")));
   }
   const int threads = absl::GetFlag(FLAGS_threads) > 0
                           ? absl::GetFlag(FLAGS_threads)

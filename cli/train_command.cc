@@ -49,8 +49,9 @@ ABSL_FLAG(int64_t, stages, 0,
 ABSL_FLAG(std::string, schedule, "",
           "gpipe, 1f1b, zb-h1 or interleaved (default: the job spec's)");
 ABSL_FLAG(int64_t, replicas, 0,
-          "data-parallel replicas R of the pipeline, each on its own K "
-          "threads (0: the job spec's pipeline.replicas); with "
+          "data-parallel replicas R of the pipeline (train: each on its own "
+          "K threads; local and submit: on K x R workers; 0: the job spec's "
+          "pipeline.replicas); with "
           "pipeline.gradient_groups set in the spec the result is the same "
           "for every R dividing it (unset, the groups are R)");
 ABSL_FLAG(int64_t, virtual_stages, 0,

@@ -145,6 +145,7 @@ absl::Status Controller::Recover() {
     const bool ran = status.epoch() > 0;
     status.set_state(ran ? v1::RESTARTING : v1::PENDING);
     status.clear_stages();
+    status.clear_replica_stages();
     status.set_running_stages(0);
     job.waiting_since = now;
     RecoverRebalanceState(job);
@@ -196,15 +197,6 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
         "cluster's workers each hold one stage: use GPIPE, ONE_F_ONE_B or "
         "ZERO_BUBBLE_H1 here");
   }
-  if (ReplicaCount(spec) > 1) {
-    // The replicas' gradient exchange between worker processes, and the
-    // scheduling of K x R workers, are to come.
-    return absl::UnimplementedError(absl::StrCat(
-        "pipeline.replicas: ", ReplicaCount(spec),
-        " replicas run in one process so far (gpipectl train --replicas R); "
-        "a cluster runs one replica: set pipeline.replicas to 1 (keep "
-        "pipeline.gradient_groups for the same bits)"));
-  }
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.
@@ -222,7 +214,8 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     }
     JobRecord& job = jobs_.Add(std::move(spec), k, now);
     const std::string waiting =
-        WaitingMessage(k, static_cast<int64_t>(workers_.Free(now).size()));
+        WaitingMessage(k, ReplicaCount(job.job.spec()),
+                       static_cast<int64_t>(workers_.Free(now).size()));
     SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
                  now);
     ticket = jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
@@ -356,6 +349,7 @@ absl::StatusOr<v1::Job> Controller::ResumeJob(
   status.set_state(v1::PENDING);
   status.clear_finished();
   status.clear_stages();
+  status.clear_replica_stages();
   status.set_restarts(0);
   status.set_step(from);
   RemoveCondition(&status, kFailed);
@@ -756,9 +750,11 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
     return;
   }
   JobRecord* job = jobs_.Find(info.job_id());
+  const int64_t slot =
+      job == nullptr ? -1 : job->Slot(info.stage(), info.replica());
   if (job == nullptr || IsTerminal(job->status().state()) || job->merging ||
-      info.stage() >= static_cast<int64_t>(job->finished_paths.size()) ||
-      !job->finished_paths[info.stage()].empty()) {
+      slot < 0 || slot >= static_cast<int64_t>(job->finished.size()) ||
+      job->finished[slot]) {
     Reschedule(now);
     return;  // its stage was done: nothing is lost
   }
@@ -776,8 +772,8 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
 
 void Controller::ReleaseStages(JobRecord& job, const std::string& why,
                                const WorkerRecord* except) {
-  for (const v1::StageStatus& stage : job.status().stages()) {
-    std::shared_ptr<WorkerRecord> worker = workers_.Find(stage.worker_id());
+  for (const v1::StageStatus* stage : job.AllStages()) {
+    std::shared_ptr<WorkerRecord> worker = workers_.Find(stage->worker_id());
     if (worker == nullptr || worker->info.state() != v1::BUSY ||
         worker->info.job_id() != job.id()) {
       continue;
@@ -817,6 +813,7 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   if (status.state() != v1::RESTARTING) job.recovery_began = now;
   status.set_state(v1::RESTARTING);
   status.clear_stages();
+  status.clear_replica_stages();
   job.merging = false;
   job.checkpointing.clear();
   job.waiting_since = now;
@@ -856,7 +853,7 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
 JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
                                    std::string_view what,
                                    const std::string& job_id, int64_t epoch,
-                                   int64_t stage) {
+                                   int64_t stage, int64_t replica) {
   JobRecord* job = jobs_.Find(job_id);
   std::string problem;
   if (job == nullptr) {
@@ -868,47 +865,77 @@ JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
   } else if (job->status().state() != v1::RUNNING) {
     problem = "the job is restarting";
   } else if (worker.info.state() != v1::BUSY ||
-             worker.info.job_id() != job_id || worker.info.stage() != stage) {
+             worker.info.job_id() != job_id || worker.info.stage() != stage ||
+             worker.info.replica() != replica ||
+             job->Slot(stage, replica) < 0) {
     problem = worker.info.state() == v1::BUSY
                   ? absl::StrCat("the worker runs stage ", worker.info.stage(),
-                                 " of ", worker.info.job_id())
+                                 " of replica ", worker.info.replica(), " of ",
+                                 worker.info.job_id())
                   : "the worker is idle";
   } else {
     // Any report is progress for the stall watchdog.
-    if (stage >= 0 &&
-        stage < static_cast<int64_t>(job->stage_reported.size())) {
-      job->stage_reported[stage] = Now();
-    }
+    job->stage_reported[job->Slot(stage, replica)] = Now();
     return job;
   }
   ++ignored_reports_;
   LogWarning(
-      "ignored %s from worker %s for %s epoch %d stage %d: %s (%d "
+      "ignored %s from worker %s for %s epoch %d stage %d replica %d: %s (%d "
       "reports ignored so far)",
-      what, worker.id(), job_id, epoch, stage, problem, ignored_reports_);
+      what, worker.id(), job_id, epoch, stage, replica, problem,
+      ignored_reports_);
   return nullptr;
 }
 
+namespace {
+
+// The loss of the step `p` reports: the last stage's own with one replica;
+// with several, once the last stages of all have reported the step, their
+// micro-batches' losses added in micro-batch order and divided by the
+// batch's normalizer, as one pipeline adds them (the same bits).
+std::optional<double> StepLoss(JobRecord& job, const v1::StepProgress& p) {
+  if (job.replicas == 1) return p.loss();
+  const int64_t m = MicroBatchCount(job.job.spec());
+  std::map<int64_t, v1::MicroBatchLoss>& losses =
+      job.micro_batch_losses[p.step()];
+  for (const v1::MicroBatchLoss& l : p.micro_batch_losses()) {
+    if (l.micro_batch() >= 0 && l.micro_batch() < m)
+      losses[l.micro_batch()] = l;
+  }
+  if (static_cast<int64_t>(losses.size()) < m) return std::nullopt;
+  double sum = 0;
+  for (const auto& [mb, l] : losses) sum += l.loss_sum();
+  job.micro_batch_losses.erase(job.micro_batch_losses.begin(),
+                               job.micro_batch_losses.upper_bound(p.step()));
+  if (!(p.loss_normalizer() > 0)) return std::nullopt;
+  return sum / p.loss_normalizer();
+}
+
+}  // namespace
+
 void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
                             absl::Time now) {
-  JobRecord* job =
-      ReportedJob(worker, "progress", p.job_id(), p.epoch(), p.stage());
+  JobRecord* job = ReportedJob(worker, "progress", p.job_id(), p.epoch(),
+                               p.stage(), p.replica());
   if (job == nullptr) return;
   v1::JobStatus& status = job->status();
+  const int64_t slot = job->Slot(p.stage(), p.replica());
   // A step behind the stage's last report or past the end is no step this
   // epoch can have made.
-  if (p.step() < job->stage_steps[p.stage()] ||
-      p.step() > status.total_steps()) {
+  if (p.step() < job->stage_steps[slot] || p.step() > status.total_steps()) {
     ++ignored_reports_;
     LogWarning(
         "ignored progress of stage %d of %s from worker %s: step %d is not in "
         "[%d, %d]",
-        p.stage(), p.job_id(), worker.id(), p.step(),
-        job->stage_steps[p.stage()], status.total_steps());
+        p.stage(), p.job_id(), worker.id(), p.step(), job->stage_steps[slot],
+        status.total_steps());
     return;
   }
-  job->stage_steps[p.stage()] = p.step();
-  if (!RecordStageTimes(*job, worker.id(),
+  job->stage_steps[slot] = p.step();
+  const bool last_stage = p.stage() == job->running_stages() - 1;
+  // The balancer measures one pipeline (it does not move replicas' layers).
+  if (p.replica() == 0 &&
+      !RecordStageTimes(*job, worker.id(),
                         worker.info.resources().probe_gflops(), p)) {
     ++ignored_reports_;
     LogWarning(
@@ -918,8 +945,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   }
   // The step time gauges: measured with every step of the last stage, the
   // simulator's every kPredictEvery (it re-estimates the costs).
-  if (options_.metrics != nullptr && job->step_seconds > 0 &&
-      p.stage() == status.stages_size() - 1) {
+  if (options_.metrics != nullptr && job->step_seconds > 0 && last_stage &&
+      p.replica() == 0) {
     constexpr int64_t kPredictEvery = 20;
     options_.metrics->ObserveStepTime(job->id(), job->step_seconds,
                                       job->step_reports % kPredictEvery == 0
@@ -932,8 +959,10 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   }
   // The stage's last step as its worker measured it; watchers see it with
   // the next published change.
-  for (v1::StageStatus& st : *status.mutable_stages()) {
-    if (st.stage() != p.stage()) continue;
+  for (v1::StageStatus& st : p.replica() == 0
+                                 ? *status.mutable_stages()
+                                 : *status.mutable_replica_stages()) {
+    if (st.stage() != p.stage() || st.replica() != p.replica()) continue;
     st.set_step_seconds(p.step_seconds());
     st.set_busy_seconds(p.busy_seconds());
     st.set_bubble_seconds(p.bubble_seconds());
@@ -942,9 +971,9 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   }
   const int64_t step =
       *std::min_element(job->stage_steps.begin(), job->stage_steps.end());
-  const bool last_stage =
-      p.stage() == static_cast<int64_t>(job->stage_steps.size()) - 1;
-  if (step == status.step() && !last_stage) return;
+  std::optional<double> loss;
+  if (last_stage) loss = StepLoss(*job, p);
+  if (step == status.step() && !loss) return;
   // With checkpoints, progress is a commit (a restart keeps it); without,
   // a step is the only measure there is.
   if (step > status.step() &&
@@ -952,8 +981,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     job->restarts_without_progress = 0;
   }
   status.set_step(step);
-  if (last_stage) {
-    status.set_loss(p.loss());
+  if (loss) {
+    status.set_loss(*loss);
     if (p.step_seconds() > 0) {
       status.set_samples_per_second(
           static_cast<double>(job->job.spec().batch_size()) / p.step_seconds());
@@ -968,10 +997,12 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
 
 void Controller::OnTrace(WorkerRecord& worker, const v1::StepTrace& t,
                          absl::Time now) {
-  if (ReportedJob(worker, "trace", t.job_id(), t.epoch(), t.stage()) ==
-      nullptr) {
+  if (ReportedJob(worker, "trace", t.job_id(), t.epoch(), t.stage(),
+                  t.replica()) == nullptr) {
     return;
   }
+  // The trace store holds one pipeline's timelines (by stage): replica 0's.
+  if (t.replica() != 0) return;
   // Stages on other hosts stamp their own wall clock. A record that ends
   // after it arrived comes from a clock that runs ahead of this one by at
   // least the difference: say so once per worker, as a hint to check NTP.
@@ -991,10 +1022,20 @@ void Controller::OnTrace(WorkerRecord& worker, const v1::StepTrace& t,
 
 void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
                             absl::Time now) {
-  JobRecord* job =
-      ReportedJob(worker, "finished", f.job_id(), f.epoch(), f.stage());
+  JobRecord* job = ReportedJob(worker, "finished", f.job_id(), f.epoch(),
+                               f.stage(), f.replica());
   if (job == nullptr) return;
-  if (f.parameters_path().empty()) {
+  // Replica 0 writes the parameters every replica holds; the others only
+  // say they are done.
+  if (f.replica() > 0 && !f.parameters_path().empty()) {
+    ++ignored_reports_;
+    LogWarning(
+        "ignored finished report of stage %d replica %d of %s: only "
+        "replica 0 writes parameters",
+        f.stage(), f.replica(), f.job_id());
+    return;
+  }
+  if (f.replica() == 0 && f.parameters_path().empty()) {
     EndJob(*job, v1::FAILED, kFailed, "StageFailed",
            absl::StrCat("stage ", f.stage(), " (worker ", worker.id(),
                         ") finished without a parameters_path"),
@@ -1005,17 +1046,22 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
   // The merge reads this file and the final manifest lists it: it must be
   // the one the assignment named, never another file on the controller's
   // disk (path traversal).
-  if (absl::Status ok = CheckFinishedReport(options_.checkpoint_dir, f);
+  if (absl::Status ok = f.replica() > 0
+                            ? absl::OkStatus()
+                            : CheckFinishedReport(options_.checkpoint_dir, f);
       !ok.ok()) {
     ++ignored_reports_;
     LogWarning("ignored finished report of stage %d of %s from worker %s: %s",
                f.stage(), f.job_id(), worker.id(), ok.ToString());
     return;
   }
-  const int64_t running = static_cast<int64_t>(job->finished_paths.size());
-  job->finished_paths[f.stage()] = f.parameters_path();
-  job->stage_steps[f.stage()] = job->status().total_steps();
-  if (f.stage() == running - 1 && f.evaluation().counted() > 0) {
+  const int64_t slot = job->Slot(f.stage(), f.replica());
+  const int64_t running = static_cast<int64_t>(job->finished.size());
+  job->finished[slot] = true;
+  if (f.replica() == 0) job->finished_paths[f.stage()] = f.parameters_path();
+  job->stage_steps[slot] = job->status().total_steps();
+  if (f.replica() == 0 && f.stage() == job->running_stages() - 1 &&
+      f.evaluation().counted() > 0) {
     if (absl::Status ok = CheckEvaluation(f.evaluation()); !ok.ok()) {
       ++ignored_reports_;
       LogWarning("ignored the final evaluation of %s from worker %s: %s",
@@ -1028,20 +1074,22 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
     }
   }
   const int64_t done =
-      std::count_if(job->finished_paths.begin(), job->finished_paths.end(),
-                    [](const std::string& p) { return !p.empty(); });
+      std::count(job->finished.begin(), job->finished.end(), true);
   if (done < running) {
-    jobs_.Publish(*job,
-                  absl::StrCat("stage ", f.stage(), " finished (", done, " of ",
-                               running, ")"),
-                  now);
+    jobs_.Publish(
+        *job,
+        absl::StrCat(
+            "stage ", f.stage(),
+            job->replicas > 1 ? absl::StrCat(" of replica ", f.replica()) : "",
+            " finished (", done, " of ", running, ")"),
+        now);
     return;
   }
   // Every stage is done: free the workers now and merge off the lock.
   job->merging = true;
   job->status().set_step(job->status().total_steps());
-  for (const v1::StageStatus& stage : job->status().stages()) {
-    std::shared_ptr<WorkerRecord> w = workers_.Find(stage.worker_id());
+  for (const v1::StageStatus* stage : job->AllStages()) {
+    std::shared_ptr<WorkerRecord> w = workers_.Find(stage->worker_id());
     if (w != nullptr && w->info.job_id() == job->id()) {
       WorkerRegistry::MarkIdle(*w);
     }
@@ -1056,22 +1104,29 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
 
 void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
                           absl::Time now) {
-  JobRecord* job =
-      ReportedJob(worker, "failure", f.job_id(), f.epoch(), f.stage());
+  JobRecord* job = ReportedJob(worker, "failure", f.job_id(), f.epoch(),
+                               f.stage(), f.replica());
   if (job == nullptr) return;
   // A permanent failure (the loss is not finite, bad data) would fail
   // again on replay; anything else (a lost link, a checkpoint that could not
   // be written or read) may pass on a restart.
   const std::string message = absl::StrCat(
-      "stage ", f.stage(), " (worker ", worker.id(), ") failed: ", f.message());
+      "stage ", f.stage(),
+      job->replicas > 1 ? absl::StrCat(" of replica ", f.replica()) : "",
+      " (worker ", worker.id(), ") failed: ", f.message());
   const std::string reason = !f.reason().empty() ? f.reason() : "StageFailed";
   // A broken link may be the neighbour's fault (a stopped process keeps its
   // lease for a while): neither neighbour gets a stage again before it
   // proves alive with a message.
   if (reason == "LinkFailed") {
-    for (const v1::StageStatus& s : job->status().stages()) {
-      if (s.stage() != f.stage() - 1 && s.stage() != f.stage() + 1) continue;
-      if (std::shared_ptr<WorkerRecord> n = workers_.Find(s.worker_id())) {
+    for (const v1::StageStatus* s : job->AllStages()) {
+      // Its neighbours in its pipeline, and its stage's other replicas.
+      const bool neighbour =
+          s->replica() == f.replica()
+              ? s->stage() == f.stage() - 1 || s->stage() == f.stage() + 1
+              : s->stage() == f.stage();
+      if (!neighbour) continue;
+      if (std::shared_ptr<WorkerRecord> n = workers_.Find(s->worker_id())) {
         n->suspect_since = now;
       }
     }
@@ -1091,7 +1146,8 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
 void Controller::OnEvaluated(WorkerRecord& worker, const v1::StageEvaluated& r,
                              absl::Time now) {
   JobRecord* job =
-      ReportedJob(worker, "evaluation", r.job_id(), r.epoch(), r.stage());
+      ReportedJob(worker, "evaluation", r.job_id(), r.epoch(), r.stage(),
+                  /*replica=*/0);
   if (job == nullptr) return;
   const v1::JobSpec& spec = job->job.spec();
   absl::Status ok =
@@ -1146,7 +1202,8 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
                                 const v1::StageCheckpointed& c,
                                 absl::Time now) {
   JobRecord* job =
-      ReportedJob(worker, "checkpoint", c.job_id(), c.epoch(), c.stage());
+      ReportedJob(worker, "checkpoint", c.job_id(), c.epoch(), c.stage(),
+                  /*replica=*/0);
   if (job == nullptr) return;
   const v1::JobSpec& spec = job->job.spec();
   if (absl::Status ok = CheckCheckpointReport(options_.checkpoint_dir, c,
@@ -1412,15 +1469,17 @@ bool Controller::CheckStalled(JobRecord& job, absl::Time now) {
   // The stage silent the longest holds the others; when several are as
   // silent (nobody could report), each is suspect.
   std::string blamed;
-  for (const v1::StageStatus& s : job.status().stages()) {
-    if (s.stage() < 0 ||
-        s.stage() >= static_cast<int64_t>(job.stage_reported.size()) ||
-        job.stage_reported[s.stage()] != oldest) {
+  for (const v1::StageStatus* s : job.AllStages()) {
+    const int64_t slot = job.Slot(s->stage(), s->replica());
+    if (slot < 0 || slot >= static_cast<int64_t>(job.stage_reported.size()) ||
+        job.stage_reported[slot] != oldest) {
       continue;
     }
-    absl::StrAppend(&blamed, blamed.empty() ? "" : ", ", "stage ", s.stage(),
-                    " (worker ", s.worker_id(), ")");
-    if (std::shared_ptr<WorkerRecord> w = workers_.Find(s.worker_id())) {
+    absl::StrAppend(
+        &blamed, blamed.empty() ? "" : ", ", "stage ", s->stage(),
+        job.replicas > 1 ? absl::StrCat(" of replica ", s->replica()) : "",
+        " (worker ", s->worker_id(), ")");
+    if (std::shared_ptr<WorkerRecord> w = workers_.Find(s->worker_id())) {
       ++w->quarantines;
       w->quarantined_until =
           now + DoublingBackoff(kQuarantine, w->quarantines, kMaxQuarantine);

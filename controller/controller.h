@@ -247,7 +247,8 @@ class Controller {
   // when fencing rejects it.
   JobRecord* ReportedJob(const WorkerRecord& worker, std::string_view what,
                          const std::string& job_id, int64_t epoch,
-                         int64_t stage) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         int64_t stage, int64_t replica = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The running job whose stage `stage` of `epoch` presented `stream_key`,
   // or why a transfer of its files is refused.

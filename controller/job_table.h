@@ -30,10 +30,19 @@ struct JobRecord {
   uint64_t seq = 0;    // submission order: FIFO scheduling, ListJobs
   int64_t stages = 1;  // K
 
-  // For the current epoch, indexed by stage.
-  std::vector<int64_t> stage_steps;         // steps completed
-  std::vector<absl::Time> stage_reported;   // last report (or the start)
-  std::vector<std::string> finished_paths;  // "" until StageFinished
+  // For the current epoch: R (pipeline.replicas; 1 for one pipeline), and
+  // per worker, indexed by Slot(stage, replica).
+  int64_t replicas = 1;
+  std::vector<int64_t> stage_steps;        // steps completed
+  std::vector<absl::Time> stage_reported;  // last report (or the start)
+  std::vector<bool> finished;              // StageFinished came
+  // Per stage: replica 0's final parameters ("" until it finished).
+  std::vector<std::string> finished_paths;
+  // With replicas: each step's micro-batch losses from the replicas' last
+  // stages until all M came (then the step's loss is their sum in order),
+  // and the batch's normalizer.
+  std::map<int64_t, std::map<int64_t, gpipe::v1::MicroBatchLoss>>
+      micro_batch_losses;
   bool merging = false;  // every stage finished; the merge is under way
   // The current epoch's stream key (in memory only, never stored or shown):
   // what a stage presents to upload or fetch the job's files.
@@ -91,6 +100,25 @@ struct JobRecord {
   gpipe::v1::JobState logged_state = gpipe::v1::JOB_STATE_UNSPECIFIED;
 
   const std::string& id() const { return job.id(); }
+  // Stages of the current epoch (elastic: at most `stages`).
+  int64_t running_stages() const { return job.status().running_stages(); }
+  // The index of (stage, replica) into the per-worker vectors; -1 when the
+  // current epoch has no such worker.
+  int64_t Slot(int64_t stage, int64_t replica) const {
+    const int64_t k = running_stages();
+    if (stage < 0 || stage >= k || replica < 0 || replica >= replicas) {
+      return -1;
+    }
+    return replica * k + stage;
+  }
+  // Every worker's entry of the current epoch: replica 0's stages, then the
+  // other replicas'.
+  std::vector<const gpipe::v1::StageStatus*> AllStages() const {
+    std::vector<const gpipe::v1::StageStatus*> all;
+    for (const auto& s : status().stages()) all.push_back(&s);
+    for (const auto& s : status().replica_stages()) all.push_back(&s);
+    return all;
+  }
   gpipe::v1::JobStatus& status() { return *job.mutable_status(); }
   const gpipe::v1::JobStatus& status() const { return job.status(); }
 };

@@ -27,16 +27,18 @@ namespace v1 = gpipe::v1;
 
 constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
 
-// Assigns `job` to `workers` (stage i on workers[i]) cut by `balance`:
-// epoch, restore point, messages. False when no stream key could be made:
-// it has failed, and the workers are still free.
+// Assigns `job` to `workers` (stage i of replica r on workers[r * K + i])
+// cut by `balance` (K entries): epoch, restore point, messages. False when
+// no stream key could be made: it has failed, and the workers are still
+// free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
            const std::vector<int64_t>& balance,
            const std::string& checkpoint_dir, v1::CheckpointTransport transport,
            absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
-  const int64_t k = static_cast<int64_t>(workers.size());
+  const int64_t k = static_cast<int64_t>(balance.size());
+  const int64_t replicas = static_cast<int64_t>(workers.size()) / k;
   // One key for the epoch's streams (services/security/stream_key.h);
   // never logged or stored: a restart of the controller bumps the epoch and
   // makes a new one.
@@ -60,10 +62,15 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.set_epoch(epoch);
   status.set_step(start_step);
   status.set_running_stages(k);
+  status.set_running_replicas(replicas);
   status.clear_stages();
-  job.stage_steps.assign(k, start_step);
-  job.stage_reported.assign(k, now);
+  status.clear_replica_stages();
+  job.replicas = replicas;
+  job.stage_steps.assign(k * replicas, start_step);
+  job.stage_reported.assign(k * replicas, now);
+  job.finished.assign(k * replicas, false);
   job.finished_paths.assign(k, "");
+  job.micro_batch_losses.clear();
   job.timed_reports.assign(k, 0);
   job.proposed_cut.clear();
   job.step_seconds = 0;
@@ -78,10 +85,13 @@ bool Start(JobTable& jobs, JobRecord& job,
   std::vector<std::string> ids;
   for (const auto& w : workers) ids.push_back(w->id());
   job.tried_cuts.insert(CutKey(balance, ids));
-  for (int64_t i = 0; i < k; ++i) {
-    WorkerRecord& worker = *workers[i];
-    v1::StageStatus* stage = status.add_stages();
+  for (int64_t slot = 0; slot < k * replicas; ++slot) {
+    const int64_t i = slot % k, r = slot / k;
+    WorkerRecord& worker = *workers[slot];
+    v1::StageStatus* stage =
+        r == 0 ? status.add_stages() : status.add_replica_stages();
     stage->set_stage(i);
+    stage->set_replica(r);
     stage->set_worker_id(worker.id());
     stage->set_address(worker.info.address());
     stage->set_layer_begin(begins[i]);
@@ -100,8 +110,15 @@ bool Start(JobTable& jobs, JobRecord& job,
     a.set_schedule(
         ScheduleToSpec(ScheduleFromSpec(spec.pipeline().schedule())));
     a.set_remat(RematToSpec(RematFromSpec(spec.pipeline().remat())));
-    a.set_upstream_address(i > 0 ? workers[i - 1]->info.address() : "");
-    a.set_downstream_address(i + 1 < k ? workers[i + 1]->info.address() : "");
+    a.set_upstream_address(i > 0 ? workers[slot - 1]->info.address() : "");
+    a.set_downstream_address(i + 1 < k ? workers[slot + 1]->info.address()
+                                       : "");
+    if (replicas > 1) {
+      a.set_replica(r);
+      a.set_replicas(replicas);
+      for (int64_t q = 0; q < replicas; ++q)
+        a.add_replica_addresses(workers[q * k + i]->info.address());
+    }
     a.set_start_step(start_step);
     a.set_checkpoint_transport(transport);
     // Through the controller, a stage gets no path: nothing it could write
@@ -118,15 +135,19 @@ bool Start(JobTable& jobs, JobRecord& job,
     }
     a.set_stream_key(*stream_key);
     WorkerRegistry::Send(worker, std::move(message));
-    WorkerRegistry::MarkBusy(worker, job.id(), i);
-    absl::StrAppend(&placed, i > 0 ? ", " : "", "stage ", i, " (layers ",
-                    stage->layer_begin(), "..", stage->layer_end() - 1, ") on ",
-                    worker.id());
+    WorkerRegistry::MarkBusy(worker, job.id(), i, r);
+    absl::StrAppend(&placed, slot > 0 ? ", " : "", "stage ", i,
+                    replicas > 1 ? absl::StrCat(" of replica ", r) : "",
+                    " (layers ", stage->layer_begin(), "..",
+                    stage->layer_end() - 1, ") on ", worker.id());
   }
   status.set_state(v1::RUNNING);
   if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
   SetCondition(&status, kScheduled, true, "StagesAssigned", placed, now);
-  std::string running = absl::StrCat(k, " stages, epoch ", epoch, ": ", placed);
+  std::string running = absl::StrCat(
+      k, " stages",
+      replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "",
+      ", epoch ", epoch, ": ", placed);
   if (k != job.stages) {
     absl::StrAppend(&running, " (elastic: ", k, " of ", job.stages, ")");
   }
@@ -165,9 +186,13 @@ std::optional<std::vector<size_t>> ChosenWorkers(
 
 }  // namespace
 
-std::string WaitingMessage(int64_t needed, int64_t free) {
-  return absl::StrCat("needs ", needed,
-                      needed == 1 ? " worker, " : " workers, ", free, " free");
+std::string WaitingMessage(int64_t stages, int64_t replicas, int64_t free) {
+  const int64_t needed = stages * replicas;
+  return absl::StrCat(
+      "needs ", needed, needed == 1 ? " worker, " : " workers, ", free, " free",
+      replicas > 1
+          ? absl::StrCat(" (", stages, " stages x ", replicas, " replicas)")
+          : "");
 }
 
 absl::Duration ElasticGrace(const v1::JobSpec& spec) {
@@ -194,14 +219,17 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     }
     const int64_t free = static_cast<int64_t>(idle.size());
     int64_t k = job->stages;
+    // Replicas take K x R workers, all or none (a gang).
+    const int64_t replicas = ReplicaCount(job->job.spec());
     // Short of workers for longer than the grace period: run on what there
     // is. Exact all the same: stages change only at checkpoint boundaries.
-    if (blocked_by == nullptr && free < k &&
+    // (Replicas wait for all their workers so far.)
+    if (blocked_by == nullptr && replicas == 1 && free < k &&
         free >= MinStages(job->job.spec()) &&
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
       k = free;
     }
-    if (blocked_by == nullptr && free >= k && k > 0 &&
+    if (blocked_by == nullptr && free >= k * replicas && k > 0 &&
         !job->status().checkpoints().empty() &&
         job->restore_check != JobRecord::RestoreCheck::kChecked) {
       // Its restore point is read and hashed off the lock first; it goes
@@ -214,8 +242,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       continue;
     }
     std::string why;
-    if (blocked_by == nullptr && free >= k && k > 0) {
-      const v1::Repartition* rebalanced = RepartitionFor(*job, k);
+    if (blocked_by == nullptr && free >= k * replicas && k > 0) {
+      const v1::Repartition* rebalanced =
+          replicas == 1 ? RepartitionFor(*job, k) : nullptr;
       absl::StatusOr<StagePlan> plan = PlanStages(
           job->job.spec(), k,
           rebalanced != nullptr
@@ -233,7 +262,17 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       std::optional<std::vector<size_t>> place;
       if (rebalanced != nullptr)
         place = ChosenWorkers(*rebalanced, *plan, idle);
-      if (!place) place = PlaceStages(*plan, WorkerMemory(idle), &why);
+      if (!place) {
+        // Every replica's stage i needs what stage i needs.
+        StagePlan gang;
+        for (int64_t r = 0; r < replicas; ++r) {
+          gang.balance.insert(gang.balance.end(), plan->balance.begin(),
+                              plan->balance.end());
+          gang.memory.insert(gang.memory.end(), plan->memory.begin(),
+                             plan->memory.end());
+        }
+        place = PlaceStages(gang, WorkerMemory(idle), &why);
+      }
       if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;
         for (size_t w : *place) chosen.push_back(idle[w]);
@@ -250,8 +289,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // Enough workers but not enough memory on them says so; otherwise the
     // count.
     std::string message =
-        !why.empty() ? why
-                     : WaitingMessage(k, static_cast<int64_t>(idle.size()));
+        !why.empty()
+            ? why
+            : WaitingMessage(k, replicas, static_cast<int64_t>(idle.size()));
     if (blocked_by != nullptr) {
       absl::StrAppend(&message, "; queued behind ", blocked_by->id());
     } else {

@@ -40,8 +40,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
 absl::Duration ElasticGrace(const gpipe::v1::JobSpec& spec);
 int64_t MinStages(const gpipe::v1::JobSpec& spec);
 
-// "needs 2 workers, 1 free".
-std::string WaitingMessage(int64_t needed, int64_t free);
+// "needs 2 workers, 1 free"; with replicas "needs 4 workers, 1 free (2
+// stages x 2 replicas)".
+std::string WaitingMessage(int64_t stages, int64_t replicas, int64_t free);
 
 }  // namespace gpipe::controller
 

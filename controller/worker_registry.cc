@@ -80,16 +80,18 @@ void WorkerRegistry::Send(WorkerRecord& worker, v1::ControllerMessage message) {
 }
 
 void WorkerRegistry::MarkBusy(WorkerRecord& worker, std::string_view job_id,
-                              int64_t stage) {
+                              int64_t stage, int64_t replica) {
   worker.info.set_state(v1::BUSY);
   worker.info.set_job_id(std::string(job_id));
   worker.info.set_stage(stage);
+  worker.info.set_replica(replica);
 }
 
 void WorkerRegistry::MarkIdle(WorkerRecord& worker) {
   worker.info.set_state(v1::IDLE);
   worker.info.clear_job_id();
   worker.info.clear_stage();
+  worker.info.clear_replica();
 }
 
 }  // namespace gpipe::controller

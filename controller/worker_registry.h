@@ -75,7 +75,7 @@ class WorkerRegistry {
 
   static void Send(WorkerRecord& worker, gpipe::v1::ControllerMessage message);
   static void MarkBusy(WorkerRecord& worker, std::string_view job_id,
-                       int64_t stage);
+                       int64_t stage, int64_t replica = 0);
   static void MarkIdle(WorkerRecord& worker);
 
  private:

@@ -120,7 +120,8 @@ absl::StatusOr<std::optional<Message>> FrameAssembler::Add(
         " on a link of job '", job_id_, "' epoch ", epoch_, ": rejected"));
   }
   if (in_tensor_) {
-    if (f.kind() != gpipe::v1::ACTIVATION && f.kind() != gpipe::v1::GRADIENT) {
+    // Every chunk of a tensor carries its kind (a reduction slice's too).
+    if (f.kind() != ToFrameKind(partial_.kind)) {
       return absl::InvalidArgumentError(
           "frame: a tensor's chunks were interrupted by another frame");
     }

@@ -177,19 +177,117 @@ TEST_F(ControllerStateTest, AClusterRefusesTheInterleavedSchedule) {
 }
 
 // Replicas run in one process so far: a cluster says so and keeps nothing.
-TEST_F(ControllerStateTest, AClusterRefusesReplicas) {
+// Replicas take K x R workers at once (a gang, never fewer: no elastic
+// shrink); stage i of replica r runs on the (r * K + i)-th worker, with its
+// pipeline neighbours in its own replica and its stage's other replicas
+// named for the gradient sum. The step's loss is the replicas' micro-batch
+// losses added in micro-batch order; replica 0 alone writes the parameters.
+TEST_F(ControllerStateTest, ReplicasAreScheduledAsAGang) {
+  std::vector<std::shared_ptr<WorkerRecord>> w;
+  for (int i = 1; i <= 3; ++i) w.push_back(Attach(i));
   v1::JobSpec spec = Spec(2, 0);
-  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.set_batch_size(8);
+  spec.mutable_pipeline()->set_micro_batches(4);
   spec.mutable_pipeline()->set_replicas(2);
+  spec.mutable_pipeline()->set_min_stages(1);
+  spec.mutable_pipeline()->set_elastic_grace_ms(1000);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
-  ASSERT_FALSE(job.ok());
-  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(job.status().message().find("--replicas"), std::string::npos)
-      << job.status();
-  absl::StatusOr<v1::ListJobsResponse> jobs =
-      controller_->ListJobs(v1::ListJobsRequest());
-  ASSERT_TRUE(jobs.ok());
-  EXPECT_EQ(jobs->jobs_size(), 0);
+  ASSERT_TRUE(job.ok()) << job.status();
+  clock_.Advance(absl::Seconds(5));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::PENDING);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  const v1::Condition* scheduled = nullptr;
+  for (const v1::Condition& c : got->status().conditions())
+    if (c.type() == "Scheduled") scheduled = &c;
+  ASSERT_NE(scheduled, nullptr);
+  EXPECT_NE(scheduled->message().find(
+                "needs 4 workers, 3 free (2 stages x 2 replicas)"),
+            std::string::npos)
+      << scheduled->message();
+
+  w.push_back(Attach(4));
+  controller_->Tick(clock_.Now());
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  std::vector<v1::Assignment> a;
+  for (auto& worker : w) {
+    std::optional<v1::Assignment> next = Assignment(*worker);
+    ASSERT_TRUE(next.has_value());
+    a.push_back(*next);
+  }
+  for (int64_t slot = 0; slot < 4; ++slot) {
+    const int64_t stage = slot % 2, replica = slot / 2;
+    SCOPED_TRACE(testing::Message() << "slot " << slot);
+    EXPECT_EQ(a[slot].stage(), stage);
+    EXPECT_EQ(a[slot].replica(), replica);
+    EXPECT_EQ(a[slot].replicas(), 2);
+    ASSERT_EQ(a[slot].replica_addresses_size(), 2);
+    EXPECT_EQ(a[slot].replica_addresses(0), w[stage]->info.address());
+    EXPECT_EQ(a[slot].replica_addresses(1), w[2 + stage]->info.address());
+    EXPECT_EQ(a[slot].downstream_address(),
+              stage == 0 ? w[slot + 1]->info.address() : "");
+    EXPECT_EQ(a[slot].upstream_address(),
+              stage == 1 ? w[slot - 1]->info.address() : "");
+  }
+  got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().running_replicas(), 2);
+  ASSERT_EQ(got->status().stages_size(), 2);
+  ASSERT_EQ(got->status().replica_stages_size(), 2);
+  EXPECT_EQ(got->status().replica_stages(1).stage(), 1);
+  EXPECT_EQ(got->status().replica_stages(1).replica(), 1);
+  EXPECT_EQ(got->status().replica_stages(1).worker_id(), w[3]->id());
+
+  // Step 1: each replica's last stage reports its two micro-batches.
+  const auto progress = [&](int64_t slot, std::vector<double> losses) {
+    v1::WorkerMessage m;
+    v1::StepProgress& p = *m.mutable_progress();
+    p.set_job_id(a[slot].job_id());
+    p.set_epoch(a[slot].epoch());
+    p.set_stage(a[slot].stage());
+    p.set_replica(a[slot].replica());
+    p.set_step(1);
+    p.set_loss_normalizer(8);
+    for (size_t i = 0; i < losses.size(); ++i) {
+      v1::MicroBatchLoss* l = p.add_micro_batch_losses();
+      l->set_micro_batch(a[slot].replica() * 2 + static_cast<int64_t>(i));
+      l->set_loss_sum(losses[i]);
+      l->set_counted(2);
+    }
+    controller_->HandleMessage(*w[slot], m);
+  };
+  progress(0, {});
+  progress(2, {});
+  progress(3, {0.3, 0.4});
+  progress(1, {0.1, 0.2});
+  got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().step(), 1);
+  EXPECT_EQ(got->status().loss(), (((0.0 + 0.1) + 0.2) + 0.3 + 0.4) / 8);
+
+  // A report from replica 1's worker claiming replica 0 is fenced.
+  v1::WorkerMessage forged;
+  forged.mutable_finished()->set_job_id(a[3].job_id());
+  forged.mutable_finished()->set_epoch(a[3].epoch());
+  forged.mutable_finished()->set_stage(1);
+  forged.mutable_finished()->set_replica(0);
+  forged.mutable_finished()->set_parameters_path("/etc/passwd");
+  controller_->HandleMessage(*w[3], forged);
+  // Replicas 1 finish without a path; the job waits for replica 0.
+  for (int64_t slot : {2, 3}) {
+    v1::WorkerMessage m;
+    v1::StageFinished& f = *m.mutable_finished();
+    f.set_job_id(a[slot].job_id());
+    f.set_epoch(a[slot].epoch());
+    f.set_stage(a[slot].stage());
+    f.set_replica(1);
+    controller_->HandleMessage(*w[slot], m);
+  }
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->status().state() == v1::FAILED);
 }
 
 TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {

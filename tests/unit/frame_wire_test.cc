@@ -127,6 +127,29 @@ TEST(FrameWireTest, ZeroCopyFramesAreProtobufFramesAndRoundTrip) {
   }
 }
 
+// A replica's gradient slice larger than one frame travels in chunks like
+// an activation (a replica of a deep MLP failed at its first reduction when
+// the assembler took only activation and gradient chunks); a chunk of
+// another kind inside it is refused.
+TEST(FrameWireTest, AReductionSliceRoundTripsInChunks) {
+  const Tensor t = Pattern((5 << 20) / 8);
+  Message slice = Activation(t);
+  slice.kind = MessageKind::kReduceSlice;
+  const std::vector<std::string> frames = Encode(slice, FrameCodec::kZeroCopy);
+  ASSERT_EQ(frames.size(), 3u);
+  for (FrameCodec codec : {FrameCodec::kZeroCopy, FrameCodec::kCopying}) {
+    absl::StatusOr<Message> m = Assemble(frames, codec);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->kind, MessageKind::kReduceSlice);
+    EXPECT_TRUE(BitwiseEqual(m->tensor, t));
+  }
+  std::vector<std::string> mixed = frames;
+  mixed[1] = Encode(Activation(t), FrameCodec::kZeroCopy)[1];
+  absl::StatusOr<Message> m = Assemble(mixed, FrameCodec::kZeroCopy);
+  ASSERT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("interrupted by another frame"));
+}
+
 TEST(FrameWireTest, TheZeroCopyDecoderReadsProtobufsOwnFrames) {
   for (int64_t n : {int64_t{0}, int64_t{3}, int64_t{300000}}) {
     const Tensor t = Pattern(n);
