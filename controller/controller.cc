@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "controller/placement.h"
 #include "controller/rebalance.h"
 #include "controller/recovery.h"
+#include "controller/replica_resume.h"
 #include "controller/scheduler.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
@@ -41,6 +43,10 @@ constexpr absl::Duration kPollInterval = absl::Milliseconds(100);
 // How long a restarting job waits before it is scheduled again, so that the
 // streams of workers that died with the failure are noticed first.
 constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
+// How long a job of several replicas waits for its workers to say what
+// they kept in memory (a worker that is gone says nothing; one that is
+// alive says it within a step).
+constexpr absl::Duration kParkingWait = absl::Seconds(3);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 constexpr std::string_view kCheckpointStoreFull = "CheckpointStoreFull";
 constexpr int64_t kDefaultPageSize = 100;
@@ -681,6 +687,9 @@ void Controller::HandleMessage(WorkerRecord& worker,
     case v1::WorkerMessage::kEvaluated:
       OnEvaluated(worker, message.evaluated(), now);
       break;
+    case v1::WorkerMessage::kParked:
+      OnParked(worker, message.parked(), now);
+      break;
     case v1::WorkerMessage::kHello:
       LogWarning("worker %s sent a second hello; ignored", worker.id());
       return;
@@ -706,6 +715,11 @@ void Controller::DetachWorker(WorkerRecord& worker, absl::Status end,
 
 void Controller::Reschedule(absl::Time now) {
   if (shutting_down_) return;
+  for (JobRecord* job : jobs_.Waiting()) {
+    if (job->parking_epoch > 0 && now >= job->parking_until)
+      FinishParking(*job, now);
+  }
+  GrowReplicas(now);
   std::vector<JobRecord*> recovering;
   for (JobRecord* job : jobs_.Waiting()) {
     if (job->status().state() == v1::RESTARTING) recovering.push_back(job);
@@ -745,6 +759,14 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
   const v1::WorkerInfo& info = worker->info;
   LogInfo("worker %s at %s detached: %s", info.worker_id(), info.address(),
           why);
+  // A job waiting for what its workers kept will hear nothing from this one.
+  for (JobRecord* waiting : jobs_.Waiting()) {
+    if (waiting->parking_epoch > 0 &&
+        waiting->parking_expected.erase(info.worker_id()) > 0 &&
+        waiting->parking_expected.empty()) {
+      FinishParking(*waiting, now);
+    }
+  }
   if (info.state() != v1::BUSY) {
     Reschedule(now);  // a PENDING job's "N free" changed
     return;
@@ -765,8 +787,13 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
   const std::string message = absl::StrCat(
       "worker ", info.worker_id(), " at ", info.address(), " was lost at step ",
       job->status().step(), ": ", AsAbsl(why));
-  RestartOrFail(*job, "WorkerLost", message, worker.get(), /*counted=*/true,
-                now);
+  if (ReplicaCount(job->job.spec()) > 1) {
+    RestartReplicas(*job, "WorkerLost", message, worker.get(),
+                    /*counted=*/true, now);
+  } else {
+    RestartOrFail(*job, "WorkerLost", message, worker.get(), /*counted=*/true,
+                  now);
+  }
   Reschedule(now);
 }
 
@@ -825,12 +852,17 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   job.not_before =
       now + DoublingBackoff(kRestartSettle, job.restarts_without_progress,
                             kMaxRestartBackoff);
-  const std::string from =
+  const std::string checkpoint =
       status.checkpoints().empty()
           ? std::string("the beginning")
           : absl::StrCat(
                 "the checkpoint of step ",
                 status.checkpoints(status.checkpoints_size() - 1).step());
+  // Replicas resume from what their workers kept, where every stage kept it.
+  const std::string from =
+      ReplicaCount(job.job.spec()) > 1
+          ? absl::StrCat("the replicas' memory (else ", checkpoint, ")")
+          : checkpoint;
   const std::string restarting =
       counted ? absl::StrCat("restart ", status.restarts(), " of ", max, ": ",
                              message, "; resuming from ", from)
@@ -839,12 +871,105 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   jobs_.Publish(job, restarting, now);
 }
 
+void Controller::RestartReplicas(JobRecord& job, std::string_view reason,
+                                 const std::string& message,
+                                 const WorkerRecord* except, bool counted,
+                                 absl::Time now) {
+  const int64_t epoch = job.status().epoch();
+  // Before the release below frees them: who may report what it kept.
+  std::set<std::string> expected;
+  for (const v1::StageStatus* s : job.AllStages()) {
+    std::shared_ptr<WorkerRecord> w = workers_.Find(s->worker_id());
+    if (w != nullptr && w->info.job_id() == job.id()) expected.insert(w->id());
+  }
+  std::vector<std::pair<int64_t, int64_t>> cut;
+  for (const v1::StageStatus& s : job.status().stages())
+    cut.emplace_back(s.layer_begin(), s.layer_end());
+  RestartOrFail(job, reason, message, except, counted, now);
+  if (job.status().state() != v1::RESTARTING) return;
+  job.parking_epoch = epoch;
+  job.parking_until = now + kParkingWait;
+  job.parking_expected = std::move(expected);
+  job.parked.clear();
+  job.parking_cut = std::move(cut);
+  job.memory_resume.reset();
+  job.not_before = job.parking_until;  // the start waits for the plan
+}
+
+void Controller::OnParked(WorkerRecord& worker, const v1::StageParked& p,
+                          absl::Time now) {
+  JobRecord* job = jobs_.Find(p.job_id());
+  if (job == nullptr || IsTerminal(job->status().state()) ||
+      job->parking_epoch == 0 ||
+      p.epoch() != job->parking_epoch ||
+      job->parking_expected.erase(worker.id()) == 0) {
+    LogInfo(
+        "worker %s kept stage %d of %s (epoch %d) after step %d; no "
+        "resume waits for it",
+        worker.id(), p.stage(), p.job_id(), p.epoch(), p.step());
+    return;
+  }
+  job->parked[worker.id()] = p;
+  if (job->parking_expected.empty()) {
+    FinishParking(*job, now);
+    Reschedule(now);
+  }
+}
+
+void Controller::FinishParking(JobRecord& job, absl::Time now) {
+  job.parking_epoch = 0;
+  job.parking_expected.clear();
+  std::optional<MemoryResume> plan = PlanMemoryResume(
+      job.parking_cut, job.parked,
+      [this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        std::shared_ptr<WorkerRecord> w = workers_.Find(id);
+        return w != nullptr && !w->lost;
+      });
+  const size_t kept = job.parked.size();
+  job.parked.clear();
+  job.not_before = now;  // everyone that could answer has
+  if (!plan) {
+    jobs_.Publish(job,
+                  absl::StrCat(kept,
+                               " workers kept their stages in memory, "
+                               "but not every stage at one step: "
+                               "resuming from the checkpoint"),
+                  now);
+    return;
+  }
+  const std::string message = absl::StrCat(
+      "every stage's state after step ", plan->step,
+      " survives in memory (held by ", absl::StrJoin(plan->holders, ", "),
+      "): resuming there, no checkpoint");
+  job.memory_resume = std::move(plan);
+  jobs_.Publish(job, message, now);
+}
+
+void Controller::GrowReplicas(absl::Time now) {
+  const int64_t free = static_cast<int64_t>(workers_.Free(now).size());
+  if (free == 0) return;
+  for (JobRecord* job : jobs_.Running()) {
+    const v1::JobSpec& spec = job->job.spec();
+    if (job->replicas >= ReplicaCount(spec)) continue;
+    const int64_t k = job->running_stages();
+    const int64_t r = ElasticReplicas(spec, k, k * job->replicas + free);
+    if (r <= job->replicas) continue;
+    RestartReplicas(*job, "Resize",
+                    absl::StrCat("growing from ", job->replicas, " to ", r,
+                                 " replicas: free workers joined"),
+                    nullptr, /*counted=*/false, now);
+    return;  // the free workers are spoken for
+  }
+}
+
 void Controller::EndJob(JobRecord& job, v1::JobState state,
                         std::string_view type, std::string_view reason,
                         const std::string& message, const WorkerRecord* except,
                         absl::Time now) {
   ReleaseStages(job, message, except);
   job.merging = false;
+  job.parking_epoch = 0;
+  job.memory_resume.reset();
   job.checkpointing.clear();
   MarkTerminal(&job.status(), state, type, reason, message, now);
   jobs_.Publish(job, message, now);
@@ -1133,6 +1258,10 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   }
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
+  } else if (ReplicaCount(job->job.spec()) > 1 && reason != "ResumeFailed") {
+    // A resume from memory that failed falls back to the checkpoint.
+    RestartReplicas(*job, reason, message, &worker,
+                    /*counted=*/reason != kCheckpointStoreFull, now);
   } else {
     // A full checkpoint store is the cluster's condition, not the job's
     // fault: the job waits (with the growing backoff) without spending its

@@ -236,6 +236,22 @@ class Controller {
                      const std::string& message, const WorkerRecord* except,
                      bool counted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RestartOrFail for a job of several replicas: its workers keep their
+  // stages' states (StageParked), and once they have said what they kept
+  // (FinishParking) the next start resumes from memory where it can
+  // (replica_resume.h).
+  void RestartReplicas(JobRecord& job, std::string_view reason,
+                       const std::string& message, const WorkerRecord* except,
+                       bool counted, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnParked(WorkerRecord& worker, const gpipe::v1::StageParked& p,
+                absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The parked states are in (or their time is up): plans the resume.
+  void FinishParking(JobRecord& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running job of fewer replicas than its spec's grows back when free
+  // workers allow more (at the step its workers hold).
+  void GrowReplicas(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job` in a terminal `state`: cancels its other stages (all but
   // `except`), frees its workers, records the condition and the event.
   // The caller reschedules.

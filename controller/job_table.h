@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "controller/balancer.h"
 #include "controller/job_store.h"
+#include "controller/replica_resume.h"
 #include "controller/store_writer.h"
 #include "gpipe/v1/controller.pb.h"
 
@@ -43,6 +44,17 @@ struct JobRecord {
   // and the batch's normalizer.
   std::map<int64_t, std::map<int64_t, gpipe::v1::MicroBatchLoss>>
       micro_batch_losses;
+  // Elastic replicas (replica_resume.h): after the epoch `parking_epoch`
+  // (0: none) ended, what its workers kept in memory (StageParked, by
+  // worker id), until all of `parking_expected` reported or
+  // `parking_until`; then the plan the next start resumes from instead of
+  // a checkpoint.
+  int64_t parking_epoch = 0;
+  absl::Time parking_until = absl::InfinitePast();
+  std::set<std::string> parking_expected;
+  std::map<std::string, gpipe::v1::StageParked> parked;
+  std::vector<std::pair<int64_t, int64_t>> parking_cut;  // layer ranges
+  std::optional<MemoryResume> memory_resume;
   bool merging = false;  // every stage finished; the merge is under way
   // The current epoch's stream key (in memory only, never stored or shown):
   // what a stage presents to upload or fetch the job's files.

@@ -193,7 +193,7 @@ std::optional<v1::Repartition> PlanRepartition(
   }
   // Replicas keep the cut they started with (their gradient sums are per
   // stage: every replica would have to move at once).
-  if (!settings.enabled || job.stages < 2 || job.replicas > 1 ||
+  if (!settings.enabled || job.stages < 2 || ReplicaCount(job.job.spec()) > 1 ||
       status.stages_size() != job.stages || step < settings.after_steps ||
       job.model_shapes == nullptr ||
       job.step_reports < kStartupReports + kMinTimedReports) {

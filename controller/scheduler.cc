@@ -11,6 +11,7 @@
 #include "controller/job_status.h"
 #include "controller/placement.h"
 #include "controller/recovery.h"
+#include "controller/replica_resume.h"
 #include "services/core/log.h"
 #include "services/core/strings.h"
 #include "services/pipeline/job_spec.h"
@@ -54,11 +55,16 @@ bool Start(JobTable& jobs, JobRecord& job,
   v1::JobStatus& status = job.status();
   const int64_t epoch = status.epoch() + 1;
   // Checked off the lock before this start (ScheduleJobs); used up now.
-  const std::optional<v1::CheckpointRef> restore = job.restore_point;
+  // A resume from the replicas' memory (replica_resume.h) needs none.
+  const std::optional<MemoryResume> memory = std::move(job.memory_resume);
+  job.memory_resume.reset();
+  const std::optional<v1::CheckpointRef> restore =
+      memory ? std::nullopt : job.restore_point;
   job.restore_point.reset();
   job.restore_check = JobRecord::RestoreCheck::kNeeded;
-  const int64_t start_step =
-      restore ? restore->step() : InitialStep(job.job.spec());
+  const int64_t start_step = memory    ? memory->step
+                             : restore ? restore->step()
+                                       : InitialStep(job.job.spec());
   status.set_epoch(epoch);
   status.set_step(start_step);
   status.set_running_stages(k);
@@ -120,6 +126,11 @@ bool Start(JobTable& jobs, JobRecord& job,
         a.add_replica_addresses(workers[q * k + i]->info.address());
     }
     a.set_start_step(start_step);
+    a.set_resume_in_memory(memory.has_value());
+    if (memory && memory->roll_forward_squares) {
+      a.set_resume_roll_forward(true);
+      a.set_resume_roll_forward_squares(*memory->roll_forward_squares);
+    }
     a.set_checkpoint_transport(transport);
     // Through the controller, a stage gets no path: nothing it could write
     // or read there would be the controller's.
@@ -154,6 +165,10 @@ bool Start(JobTable& jobs, JobRecord& job,
   if (restore) {
     absl::StrAppend(&running, "; restored the checkpoint of step ", start_step);
   }
+  if (memory) {
+    absl::StrAppend(&running, "; resumed step ", start_step,
+                    " from the replicas' memory");
+  }
   SetCondition(&status, kRunning, true, "Started", running, now);
   jobs.Publish(job, running, now);
   return true;
@@ -182,6 +197,57 @@ std::optional<std::vector<size_t>> ChosenWorkers(
   }
   if (!StagesFit(plan, memory)) return std::nullopt;
   return place;
+}
+
+// Starts `job` from its memory resume plan on `idle` (which loses the
+// workers it takes): the plan's holders as replica 0, as many replicas as
+// the free workers allow. False when it cannot start now: `why` then says
+// what it waits for, or is empty when the plan is void (a holder is no
+// longer free) and the job must restore its checkpoint instead.
+bool StartFromMemory(JobTable& jobs, JobRecord& job,
+                     std::vector<std::shared_ptr<WorkerRecord>>& idle,
+                     const std::string& checkpoint_dir,
+                     v1::CheckpointTransport transport, absl::Time now,
+                     std::string* why) {
+  const MemoryResume& plan = *job.memory_resume;
+  const int64_t k = static_cast<int64_t>(plan.cut.size());
+  std::vector<std::shared_ptr<WorkerRecord>> chosen;
+  for (const std::string& id : plan.holders) {
+    auto it = std::find_if(idle.begin(), idle.end(),
+                           [&id](const auto& w) { return w->id() == id; });
+    if (it == idle.end()) {
+      LogInfo(
+          "job %s: worker %s, which holds a stage's state, is not free; "
+          "restoring the checkpoint instead",
+          job.id(), id);
+      job.memory_resume.reset();
+      return false;
+    }
+    chosen.push_back(*it);
+  }
+  const v1::JobSpec& spec = job.job.spec();
+  const int64_t replicas =
+      ElasticReplicas(spec, k, static_cast<int64_t>(idle.size()));
+  if (replicas == 0) {
+    *why =
+        WaitingMessage(k, MinReplicas(spec), static_cast<int64_t>(idle.size()));
+    absl::StrAppend(why, " (pipeline.min_replicas)");
+    return false;
+  }
+  for (const auto& w : idle) {
+    if (static_cast<int64_t>(chosen.size()) == k * replicas) break;
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end())
+      chosen.push_back(w);
+  }
+  std::vector<int64_t> balance;
+  for (const auto& [begin, end] : plan.cut) balance.push_back(end - begin);
+  if (!Start(jobs, job, chosen, balance, checkpoint_dir, transport, now)) {
+    return true;  // failed, as Start says; nothing more to do here
+  }
+  std::erase_if(idle, [&chosen](const auto& w) {
+    return std::find(chosen.begin(), chosen.end(), w) != chosen.end();
+  });
+  return true;
 }
 
 }  // namespace
@@ -216,6 +282,24 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     if (now < job->not_before) {
       if (blocked_by == nullptr) blocked_by = job;  // FIFO: it goes first
       continue;
+    }
+    if (job->memory_resume && blocked_by == nullptr) {
+      std::string waiting;
+      if (StartFromMemory(jobs, *job, idle, checkpoint_dir, transport, now,
+                          &waiting)) {
+        continue;
+      }
+      if (!waiting.empty()) {
+        blocked_by = job;
+        const v1::Condition* scheduled =
+            FindCondition(job->status(), kScheduled);
+        if (scheduled == nullptr || scheduled->message() != waiting) {
+          SetCondition(&job->status(), kScheduled, false, kWaitingForWorkers,
+                       waiting, now);
+          jobs.Publish(*job, waiting, now);
+        }
+        continue;
+      }
     }
     const int64_t free = static_cast<int64_t>(idle.size());
     int64_t k = job->stages;

@@ -141,7 +141,11 @@ struct Executor::Execution {
   // (from below), and the reduction over them.
   std::vector<std::unique_ptr<Link>> dialed_replicas;
   std::vector<std::shared_ptr<Link>> accepted_replicas;
+  std::vector<Link*> replica_peers;  // [q]: to replica q, null for this one
   std::unique_ptr<LinkReduction> reduction;
+  // Steps the stage's state has taken at its last step boundary (-1 before
+  // it was restored): what Park keeps.
+  int64_t done_steps = -1;
   std::unique_ptr<Stage> stage;
 };
 
@@ -286,6 +290,9 @@ absl::Status Executor::AcceptReplicaLocked(int64_t from_replica,
 namespace {
 
 constexpr absl::string_view kCheckpointErrorPrefix = "checkpoint: ";
+// No replica of the stage held the state to resume from: the controller
+// falls back to the checkpoint.
+constexpr absl::string_view kResumeErrorPrefix = "resume: ";
 // A stage that does not fit this worker's memory: the job's size, not the
 // worker's fault, and no other worker of the same size would do better.
 constexpr absl::string_view kMemoryErrorPrefix = "out of memory: ";
@@ -311,7 +318,8 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   const bool checkpoint =
       absl::StartsWith(status.message(), kCheckpointErrorPrefix);
   const bool memory = absl::StartsWith(status.message(), kMemoryErrorPrefix);
-  const bool data = !checkpoint && !memory &&
+  const bool resume = absl::StartsWith(status.message(), kResumeErrorPrefix);
+  const bool data = !checkpoint && !memory && !resume &&
                     (absl::IsInvalidArgument(status) ||
                      absl::IsNotFound(status) || absl::IsDataLoss(status));
   f->set_permanent(loss || data || memory);
@@ -323,6 +331,7 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
                 : memory     ? "OutOfMemory"
                 : store_full ? "CheckpointStoreFull"
                 : checkpoint ? "CheckpointFailed"
+                : resume     ? "ResumeFailed"
                 : data       ? "InvalidData"
                              : "LinkFailed");
   return m;
@@ -365,6 +374,11 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
   Execution x(run, device_, compute_slowdown_);
   const gpipe::v1::Assignment& a = x.a;
+  // Another job's state, or one this assignment will not resume from.
+  if (parked_ != nullptr &&
+      (parked_->job_id != a.job_id() || !a.resume_in_memory())) {
+    parked_.reset();
+  }
   LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
           a.layer_end(), a.micro_batches());
@@ -385,6 +399,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     RETURN_IF_ERROR(ConnectReplicas(x));
     RETURN_IF_ERROR(BuildStage(x));
     RETURN_IF_ERROR(Restore(x));
+    x.done_steps = a.start_step();  // a cancel from here on can keep it
     RETURN_IF_ERROR(RunSteps(x));
     return Finish(x);
   };
@@ -417,6 +432,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     run->downstream = nullptr;
     run->dialed_replicas.clear();
   }
+  parked_.reset();
+  if (!status.ok()) Park(x);
   x.stage.reset();  // before the links it uses
   x.reduction.reset();
   x.metered_down.reset();
@@ -534,6 +551,7 @@ absl::Status Executor::ConnectReplicas(Execution& x) {
   x.placement.micro_batch_end = mine.end;
   x.placement.replica = me;
   x.placement.reducer = x.reduction.get();
+  x.replica_peers = peers;
   LogInfo("stage %d of %s: replica %d of %d, micro-batches [%d, %d)",
           x.a.stage(), x.a.job_id(), me, x.replicas, mine.begin, mine.end);
   return absl::OkStatus();
@@ -572,6 +590,7 @@ absl::StatusOr<StageFileStore*> Executor::FilesFor(
 
 absl::Status Executor::Restore(Execution& x) {
   const gpipe::v1::Assignment& a = x.a;
+  if (a.resume_in_memory()) return ResumeInMemory(x);
   const bool through_controller =
       a.checkpoint_transport() == gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER;
   if (through_controller ? a.restore_step() == 0
@@ -592,6 +611,69 @@ absl::Status Executor::Restore(Execution& x) {
   LogInfo("stage %d of %s restored step %d from %s", a.stage(), a.job_id(),
           *restored, from);
   return absl::OkStatus();
+}
+
+absl::Status Executor::ResumeInMemory(Execution& x) {
+  const gpipe::v1::Assignment& a = x.a;
+  absl::StatusOr<int64_t> from = ResumeFromMemory(
+      *x.stage, a.replica(), x.replica_peers, parked_.get(), a.job_id(),
+      a.start_step(),
+      a.resume_roll_forward()
+          ? std::optional<double>(a.resume_roll_forward_squares())
+          : std::nullopt);
+  parked_.reset();  // the stage holds it now, or it is of no use
+  if (!from.ok()) {
+    return absl::Status(
+        from.status().code(),
+        absl::StrCat(kResumeErrorPrefix, from.status().message()));
+  }
+  LogInfo("stage %d of %s (replica %d) resumed step %d from %s, no checkpoint",
+          a.stage(), a.job_id(), a.replica(), a.start_step(),
+          *from == a.replica() ? std::string("its own memory")
+                               : absl::StrCat("replica ", *from, "'s memory"));
+  return absl::OkStatus();
+}
+
+void Executor::Park(Execution& x) {
+  // Only a job of replicas (even when it runs one for now; no batch norm:
+  // a failed step leaves no half-updated buffer).
+  if (ReplicaCount(x.spec) == 1) return;
+  gpipe::v1::WorkerMessage m;
+  gpipe::v1::StageParked* p = m.mutable_parked();
+  p->set_job_id(x.a.job_id());
+  p->set_epoch(x.a.epoch());
+  p->set_stage(x.a.stage());
+  p->set_replica(x.a.replica());
+  p->set_layer_begin(x.a.layer_begin());
+  p->set_layer_end(x.a.layer_end());
+  p->set_step(-1);  // nothing kept, unless below
+  p->set_last_update_step(-1);
+  // At a step boundary with untorn parameters. An update applied just
+  // before a cancel cut the step's bookkeeping short still moved the state
+  // on.
+  if (x.stage != nullptr && x.done_steps >= 0 &&
+      !x.stage->update_in_progress()) {
+    const int64_t step =
+        std::max(x.done_steps, x.stage->last_update_step() + 1);
+    try {
+      parked_ = std::make_unique<ParkedStage>(
+          ParkStage(*x.stage, x.a.job_id(), step));
+      p->set_step(step);
+      p->set_pending_update(parked_->pending);
+      p->set_last_update_step(x.stage->last_update_step());
+      p->set_last_update_squares(x.stage->last_update_squares());
+      LogInfo("stage %d of %s (replica %d): kept its state after step %d%s",
+              x.a.stage(), x.a.job_id(), x.a.replica(), step,
+              parked_->pending
+                  ? absl::StrCat(", the update of step ", step, " pending")
+                  : std::string());
+    } catch (const std::bad_alloc&) {
+      LogWarning("stage %d of %s: no memory to keep its state for a resume",
+                 x.a.stage(), x.a.job_id());
+    }
+  }
+  // Said either way: the controller then need not wait for this worker.
+  report_(m);
 }
 
 absl::Status Executor::InitFrom(Execution& x) {
@@ -616,9 +698,11 @@ absl::Status Executor::InitFrom(Execution& x) {
 }
 
 absl::Status Executor::RunSteps(Execution& x) {
+  x.done_steps = x.a.start_step();
   for (int64_t s = x.a.start_step(); s < x.spec.steps(); ++s) {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(StageStepResult r, x.stage->RunStep(s));
+    x.done_steps = s + 1;
     ReportStep(
         x, s, r,
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)

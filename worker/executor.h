@@ -22,6 +22,7 @@
 #include "services/tensor/dtype.h"
 #include "services/transport/exchange_link.h"
 #include "worker/downstream_connector.h"
+#include "worker/memory_resume.h"
 #include "worker/shared_path_store.h"
 #include "worker/stage_file_store.h"
 
@@ -108,6 +109,11 @@ class Executor {
   // checkpoint.
   absl::Status InitFrom(Execution& x);
   absl::Status Restore(Execution& x);
+  // Restore's part for an assignment that resumes in memory.
+  absl::Status ResumeInMemory(Execution& x);
+  // After an assignment of several replicas ended without finishing: keeps
+  // its stage's state when it lies on a step boundary, and says so.
+  void Park(Execution& x);
   absl::Status RunSteps(Execution& x);
   absl::Status Finish(Execution& x);
   // Parts of RunSteps.
@@ -138,6 +144,9 @@ class Executor {
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;
   std::thread thread_;
+  // The state the last assignment left (Park); only the assignment thread
+  // touches it, and only one runs at a time.
+  std::unique_ptr<ParkedStage> parked_;
 };
 
 }  // namespace gpipe

@@ -397,6 +397,10 @@ absl::Status ValidateReplicas(const v1::JobSpec& spec) {
   }
   const int64_t r = ReplicaCount(spec);
   const int64_t g = GradientGroupCount(spec);
+  if (p.min_replicas() < 0 || p.min_replicas() > r) {
+    return FieldError("pipeline.min_replicas", "must be in [0, replicas ", r,
+                      "] (0 means 1), got ", p.min_replicas());
+  }
   if (m % g != 0) {
     return FieldError(
         p.gradient_groups() > 0 ? "pipeline.gradient_groups"

@@ -383,6 +383,7 @@ absl::Status Stage::SendGradSquares() {
     squares = in.scalar;
   }
   squares = AccumulateGradSquares(model_->Parameters(), squares);
+  pending_update_ = st.step;  // the gradients are final from here
   if (!placement_.last())
     RETURN_IF_ERROR(downstream_->Send(GradSquares(st.step, squares)));
   st.squares = squares;
@@ -407,16 +408,7 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
     OpTimer timer(timeline_, Phase::kOptimizer, -1);
     if (!placement_.first())
       RETURN_IF_ERROR(upstream_->Send(GradSquares(st.step, squares)));
-    const std::vector<NamedParameter>& params = model_->Parameters();
-    ScaleGradients(params,
-                   ClipCoefficient(squares, spec_.optimizer().clip_norm()));
-    st.result.lr = LearningRate(spec_.optimizer(), st.step, spec_.steps());
-    optimizer_->Step(st.result.lr, st.step + 1);
-    model_->ZeroGrad();
-    // The update is queued on the stage's stream; whoever reads the
-    // parameters next (a checkpoint, the final write, an evaluation from
-    // another thread's stream) must see it done.
-    if (device_ != nullptr) SynchronizeCuda();
+    st.result.lr = ApplyUpdate(st.step, squares);
   }
   st.result.grad_norm = std::sqrt(squares);
   timeline_.EndStep();
@@ -428,9 +420,49 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
   return result;
 }
 
+float Stage::ApplyUpdate(int64_t step, double squares) {
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  ScaleGradients(params,
+                 ClipCoefficient(squares, spec_.optimizer().clip_norm()));
+  const float lr = LearningRate(spec_.optimizer(), step, spec_.steps());
+  // Cleared only if the update ran to its end (an exception leaves it).
+  update_in_progress_ = true;
+  optimizer_->Step(lr, step + 1);
+  update_in_progress_ = false;
+  pending_update_ = -1;
+  last_update_step_ = step;
+  last_update_squares_ = squares;
+  model_->ZeroGrad();
+  // The update is queued on the stage's stream; whoever reads the
+  // parameters next (a checkpoint, the final write, an evaluation from
+  // another thread's stream) must see it done.
+  if (device_ != nullptr) SynchronizeCuda();
+  return lr;
+}
+
+absl::Status Stage::RollForward(int64_t step, double squares,
+                                const std::map<std::string, Tensor>& grads) {
+  OnStage on_stage(*this);
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  for (const NamedParameter& p : params) {
+    auto it = grads.find(p.name);
+    if (it == grads.end() || it->second.shape() != p.param->grad.shape() ||
+        it->second.dtype() != p.param->grad.dtype()) {
+      return absl::DataLossError(absl::StrCat("roll forward of step ", step,
+                                              ": no gradient of the shape of ",
+                                              p.name));
+    }
+  }
+  for (const NamedParameter& p : params)
+    p.param->grad.CopyFrom(grads.at(p.name));
+  ApplyUpdate(step, squares);
+  return absl::OkStatus();
+}
+
 absl::Status Stage::BeginStep(int64_t step) {
   // A step that failed midway leaves nothing to the next one.
   current_.reset();
+  pending_update_ = -1;
   OnStage on_stage(*this);
   Counted().ResetPeak();
   timeline_.BeginStep(step);

@@ -5,7 +5,9 @@
 #ifndef GPIPE_SERVICES_PIPELINE_STAGE_H_
 #define GPIPE_SERVICES_PIPELINE_STAGE_H_
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -85,6 +87,26 @@ struct StageStepResult {
 
 class Stage {
  public:
+  // Whether an optimizer update began and did not end (a cancel or an
+  // allocation failure inside it): the parameters are then torn between
+  // two steps and must not be kept.
+  bool update_in_progress() const { return update_in_progress_; }
+  // The step whose gradients are final (summed over micro-batches, groups
+  // and replicas) and whose update waits only for the pipeline's total of
+  // squared gradients; -1 when none does. A stage cut off there can be
+  // rolled forward (RollForward) once another stage tells that total.
+  int64_t pending_update() const { return pending_update_; }
+  // The last update this stage applied: its step (-1: none) and the
+  // pipeline's total of squared gradients it clipped with, the same on
+  // every stage and replica.
+  int64_t last_update_step() const { return last_update_step_; }
+  double last_update_squares() const { return last_update_squares_; }
+  // Sets the parameters' gradients to `grads` (by name, as
+  // model().Parameters() names them) and applies the update of `step` with
+  // the pipeline's total `squares`, as FinishStep would have: the same bits.
+  absl::Status RollForward(int64_t step, double squares,
+                           const std::map<std::string, Tensor>& grads);
+
   // `dataset` is read by the first and the last stage (others may pass
   // null). The links are not owned; the first stage has no upstream and the
   // last no downstream.
@@ -218,6 +240,13 @@ class Stage {
   Timeline timeline_;
   LayerTiming layer_timing_;
   int64_t last_peak_bytes_ = 0;
+  bool update_in_progress_ = false;
+  int64_t pending_update_ = -1;
+  int64_t last_update_step_ = -1;
+  double last_update_squares_ = 0;
+  // Clips by `squares` and applies the optimizer's update of `step`;
+  // returns the learning rate.
+  float ApplyUpdate(int64_t step, double squares);
   int64_t last_eval_peak_bytes_ = 0;
   double last_reduce_seconds_ = 0;
   std::unique_ptr<StepState> current_;

@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# A worker of one replica dies mid-job (kill -9, real processes on loopback,
-# stage files through the controller's API): the job restarts all K x R
-# workers from replica 0's last checkpoint, every replica restoring the
-# same files, and ends bitwise equal to the single-process reference
-# trainer. While it runs, `gpipectl status` shows the replica x stage grid.
-# Knobs: REPLICA_STEPS (default 3000), KEEP_WORK=1.
+# Elastic replicas on real processes (loopback, stage files through the
+# controller's API), K=2 stages x R=2 replicas, checkpoints every 10 steps:
+#   1. kill -9 a worker of replica 1 with no spare: the job goes on with one
+#      replica from the step the survivors hold in memory;
+#   2. two workers join: it grows back to two replicas, the new ones copying
+#      their stages' states from the live replica;
+#   3. kill -9 a worker of replica 0 with a spare free: still two replicas,
+#      replica 0's stage now copied from replica 1's worker.
+# No checkpoint is restored at any point (no worker logs a restore), every
+# resume says it came from memory, `gpipectl status` shows the grid, and the
+# model ends bitwise equal to the single-process reference trainer.
+# Knobs: REPLICA_STEPS (default 4000), KEEP_WORK=1.
 #   replicas_recovery_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -16,15 +22,15 @@ work=$(mktemp -d)
 source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
 
-steps=${REPLICA_STEPS:-3000}
+steps=${REPLICA_STEPS:-4000}
 cport=$(free_port)
 start_controller
-for _ in 1 2 3 4 5; do start_worker; done
-wait_workers 5
+for _ in 1 2 3 4; do start_worker; done
+wait_workers 4
 
 # recovery_lib's model without its batch norm (replicas refuse one), on
 # 2 stages x 2 replicas with AdamW and clipping.
-write_spec "$work/replicas.json" replicas-kill "$steps" 2 0 "$ADAMW"
+write_spec "$work/replicas.json" replicas-elastic "$steps" 2 0 "$ADAMW"
 python3 - "$work/replicas.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -33,36 +39,67 @@ d["pipeline"]["replicas"] = 2
 json.dump(d, open(sys.argv[1], "w"))
 PY
 
+# kill_replica JOB FIELD: kill -9 a worker of the job listed in the status's
+# FIELD (stages: replica 0, replicaStages: the others); prints its name.
+kill_replica() {
+  local addrs name
+  addrs=$(job_field "$1" "' '.join(x.get('address','') for x in s.get('$2', []))")
+  for name in "${!worker_port[@]}"; do
+    if [[ " $addrs " == *" 127.0.0.1:${worker_port[$name]} "* ]]; then
+      kill -9 "${worker_pid[$name]}"
+      unset "worker_port[$name]"
+      echo "$name"
+      return 0
+    fi
+  done
+  fail "no worker of $2 among $addrs"
+}
+
+# wait_replicas JOB R: until the job runs R replicas in an epoch after EPOCH.
+wait_replicas() {
+  local _ got
+  for _ in $(seq 600); do
+    got=$(job_field "$1" "s.get('state','') + ' ' + str(s.get('runningReplicas', 0)) + ' ' + str(s.get('epoch', 0))")
+    [[ "$got" == SUCCEEDED* ]] && fail "the job ended before it ran $2 replicas: raise REPLICA_STEPS"
+    read -r state replicas epoch <<<"$got"
+    [[ "$state" == RUNNING && "$replicas" == "$2" && "$epoch" -gt "$EPOCH" ]] && return 0
+    sleep 0.1
+  done
+  fail "job $1 did not run $2 replicas within 60 s (last: $got)"
+}
+
 job=$(submit "$work/replicas.json")
 wait_step "$job" 15
+EPOCH=$(job_field "$job" "s.get('epoch', 0)")
+victim=$(kill_replica "$job" replicaStages)
+echo "kill -9 $victim of replica 1 at step $(job_field "$job" "s.get('step', 0)")"
+wait_replicas "$job" 1
+ok "lost a worker of replica 1: the job runs on with 1 replica"
 
-# A worker of replica 1 (its stages are in replica_stages).
-addrs=$(job_field "$job" "' '.join(x.get('address','') for x in s.get('replicaStages', []))")
-victim=""
-for name in "${!worker_port[@]}"; do
-  [[ " $addrs " == *" 127.0.0.1:${worker_port[$name]} "* ]] && victim=$name && break
-done
-[[ -n "$victim" ]] || fail "no worker of replica 1 found among $addrs"
-kill -9 "${worker_pid[$victim]}"
-at=$(job_field "$job" "s.get('state','') + ' at step ' + str(s.get('step', 0))")
-echo "kill -9 $victim of replica 1 ($at)"
-[[ "$at" != SUCCEEDED* ]] || fail "the job ended before the kill: raise REPLICA_STEPS"
-unset "worker_port[$victim]"
+EPOCH=$(job_field "$job" "s.get('epoch', 0)")
 start_worker
-
-# Running again on K x R workers: the grid.
-for _ in $(seq 300); do
-  [[ "$(job_field "$job" "str(s.get('restarts', 0)) + s.get('state', '')")" == [1-9]*RUNNING ]] && break
-  sleep 0.1
-done
+start_worker
+wait_replicas "$job" 2
 status=$(ctl status "$job")
 grep -q "stages (2 replicas)" <<<"$status" && grep -q "REPLICA" <<<"$status" ||
   fail "status shows no replica grid: $status"
-ok "gpipectl status shows the 2 x 2 grid after the restart"
+ok "two workers joined: back to 2 replicas, the grid in gpipectl status"
+
+EPOCH=$(job_field "$job" "s.get('epoch', 0)")
+start_worker
+victim=$(kill_replica "$job" stages)
+echo "kill -9 $victim of replica 0 at step $(job_field "$job" "s.get('step', 0)")"
+wait_replicas "$job" 2
+ok "lost a worker of replica 0 with a spare free: still 2 replicas"
+
 DONE_TIMEOUT=300 wait_done "$job"
-restarts=$(job_field "$job" "s.get('restarts', 0)")
-((restarts >= 1)) || fail "the kill did not restart the job"
-ok "the job recovered from the kill ($restarts restart(s))"
+restored=$(cat "$work"/w*.log | grep -c "restored step" || true)
+resumed=$(cat "$work"/w*.log | grep -c "from replica [0-9]*'s memory\|from its own memory" || true)
+((restored == 0)) || fail "$restored checkpoint restores: $(grep -h "restored step" "$work"/w*.log | head -3)"
+((resumed >= 6)) || fail "only $resumed stages resumed from memory"
+grep -q "from the replicas' memory" "$work/controller.log" ||
+  fail "the controller never resumed from memory"
+ok "no checkpoint restored; $resumed stage starts resumed from memory"
 same_as_reference "$job" "$work/replicas.json" 4
-ok "the recovered replicas' model is bitwise the reference trainer's"
+ok "the model is bitwise the reference trainer's"
 echo "$passed passed, 0 failed"

@@ -290,6 +290,77 @@ TEST_F(ControllerStateTest, ReplicasAreScheduledAsAGang) {
   EXPECT_FALSE(got->status().state() == v1::FAILED);
 }
 
+// Elastic replicas: a lost worker of replica 1 cancels the epoch, the
+// survivors say what they kept, and the job goes on from that step in
+// memory with one replica (the holders), no checkpoint; two workers joining
+// grow it back to two, replica 0 on the holders of the step they kept.
+TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
+  std::vector<std::shared_ptr<WorkerRecord>> w;
+  for (int i = 1; i <= 4; ++i) w.push_back(Attach(i));
+  v1::JobSpec spec = Spec(2, 5);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.mutable_pipeline()->set_replicas(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<v1::Assignment> a;
+  for (auto& worker : w) a.push_back(*Assignment(*worker));
+  const auto parked = [&](WorkerRecord& worker, const v1::Assignment& of,
+                          int64_t step) {
+    v1::WorkerMessage m;
+    v1::StageParked& p = *m.mutable_parked();
+    p.set_job_id(of.job_id());
+    p.set_epoch(of.epoch());
+    p.set_stage(of.stage());
+    p.set_replica(of.replica());
+    p.set_step(step);
+    p.set_layer_begin(of.layer_begin());
+    p.set_layer_end(of.layer_end());
+    p.set_last_update_step(step - 1);
+    controller_->HandleMessage(worker, m);
+  };
+  controller_->DetachWorker(*w[3], absl::UnavailableError("gone"), "test");
+  EXPECT_EQ(State(job->id()), v1::RESTARTING);
+  parked(*w[0], a[0], 5);
+  parked(*w[1], a[1], 5);
+  EXPECT_EQ(State(job->id()), v1::RESTARTING);  // w3 has not said yet
+  parked(*w[2], a[2], 5);
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().running_replicas(), 1);
+  EXPECT_TRUE(got->status().replica_stages().empty());
+  for (int i : {0, 1}) {
+    std::optional<v1::Assignment> next = Assignment(*w[i]);
+    ASSERT_TRUE(next.has_value());
+    EXPECT_TRUE(next->resume_in_memory());
+    EXPECT_EQ(next->start_step(), 5);
+    EXPECT_EQ(next->stage(), i);
+    EXPECT_EQ(next->replicas(), 0);  // one replica
+    a[i] = *next;
+  }
+  EXPECT_FALSE(Assignment(*w[2]).has_value());
+
+  // Two workers join: back to two replicas from what replica 0 kept.
+  w.push_back(Attach(5));
+  w.push_back(Attach(6));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RESTARTING);
+  parked(*w[0], a[0], 9);
+  parked(*w[1], a[1], 9);
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().running_replicas(), 2);
+  EXPECT_EQ(got->status().stages(0).worker_id(), w[0]->id());
+  EXPECT_EQ(got->status().stages(1).worker_id(), w[1]->id());
+  std::optional<v1::Assignment> first = Assignment(*w[0]);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->resume_in_memory());
+  EXPECT_EQ(first->start_step(), 9);
+  EXPECT_EQ(first->replicas(), 2);
+  EXPECT_FALSE(first->resume_roll_forward());
+}
+
 TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   v1::JobSpec spec = Spec(2, 0);

@@ -1,0 +1,191 @@
+// Resuming replicas from memory: a stage's parked state after some steps
+// reaches every replica of the stage from the lowest one that holds it, bit
+// for bit; a replica that holds it keeps its own; nobody holding it, or a
+// state of another step or job, is refused on every replica alike.
+#include "worker/memory_resume.h"
+
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/schedule.h"
+#include "services/pipeline/stage_checkpoint.h"
+#include "services/transport/in_process_link.h"
+
+namespace gpipe {
+namespace {
+
+constexpr char kSpec[] = R"({
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "adamw": {}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 64, "testSamples": 16}},
+  "batchSize": 8, "steps": 10, "seed": 5
+})";
+
+class MemoryResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(kSpec, &spec_).ok());
+    auto dataset = OpenJobDataset(spec_);
+    ASSERT_TRUE(dataset.ok()) << dataset.status();
+    dataset_ = std::move(*dataset);
+  }
+  std::unique_ptr<Stage> MakeStage() {
+    StagePlacement p;
+    p.layer_end = spec_.model().layers_size();
+    absl::StatusOr<std::unique_ptr<Stage>> stage =
+        Stage::Create(spec_, p, dataset_, nullptr, nullptr);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    return stage.ok() ? std::move(*stage) : nullptr;
+  }
+  // Every tensor of the stage's checkpoint, by name.
+  static std::map<std::string, Tensor> State(Stage& stage) {
+    std::map<std::string, Tensor> out;
+    for (const auto& [name, t] : CheckpointContent(stage, 0).tensors)
+      out.emplace(name, t->Clone());
+    return out;
+  }
+  // Runs ResumeFromMemory on `replicas` fresh stages joined by in-process
+  // links, replica q holding `own[q]`; the stages and each one's result.
+  std::vector<absl::StatusOr<int64_t>> Resume(
+      const std::vector<const ParkedStage*>& own, int64_t step,
+      std::vector<std::unique_ptr<Stage>>* stages) {
+    const int64_t r = static_cast<int64_t>(own.size());
+    std::vector<std::unique_ptr<Link>> links;
+    std::vector<std::vector<Link*>> peers(r, std::vector<Link*>(r, nullptr));
+    for (int64_t a = 0; a < r; ++a) {
+      for (int64_t b = a + 1; b < r; ++b) {
+        auto [to_b, to_a] = MakeInProcessLinkPair(64);
+        peers[a][b] = to_b.get();
+        peers[b][a] = to_a.get();
+        links.push_back(std::move(to_b));
+        links.push_back(std::move(to_a));
+      }
+    }
+    for (int64_t q = 0; q < r; ++q) stages->push_back(MakeStage());
+    std::vector<absl::StatusOr<int64_t>> results(r, absl::UnknownError(""));
+    std::vector<std::thread> threads;
+    for (int64_t q = 0; q < r; ++q) {
+      threads.emplace_back([&, q] {
+        results[q] =
+            ResumeFromMemory(*(*stages)[q], q, peers[q], own[q], "job", step);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  gpipe::v1::JobSpec spec_;
+  std::shared_ptr<const Dataset> dataset_;
+};
+
+TEST_F(MemoryResumeTest, EveryReplicaGetsTheStateOfTheLowestThatHoldsIt) {
+  std::unique_ptr<Stage> trained = MakeStage();
+  for (int64_t s = 0; s < 3; ++s) ASSERT_TRUE(trained->RunStep(s).ok());
+  const ParkedStage parked = ParkStage(*trained, "job", 3);
+  const std::map<std::string, Tensor> want = State(*trained);
+  // A fresh stage starts elsewhere: the test would pass without a copy
+  // otherwise.
+  std::unique_ptr<Stage> fresh = MakeStage();
+  ASSERT_FALSE(
+      BitwiseEqual(State(*fresh).begin()->second, want.begin()->second));
+
+  std::vector<std::unique_ptr<Stage>> stages;
+  // Replicas 1 and 2 hold it; 1 is the source, 0 and 3 receive.
+  const std::vector<absl::StatusOr<int64_t>> from =
+      Resume({nullptr, &parked, &parked, nullptr}, 3, &stages);
+  for (size_t q = 0; q < stages.size(); ++q) {
+    ASSERT_TRUE(from[q].ok()) << "replica " << q << ": " << from[q].status();
+    EXPECT_EQ(*from[q], 1);
+    const std::map<std::string, Tensor> got = State(*stages[q]);
+    ASSERT_EQ(got.size(), want.size());
+    for (const auto& [name, t] : want) {
+      ASSERT_TRUE(got.count(name)) << name;
+      EXPECT_TRUE(BitwiseEqual(got.at(name), t)) << "replica " << q << name;
+    }
+  }
+  // Training on from there matches training on the original.
+  ASSERT_TRUE(trained->RunStep(3).ok());
+  ASSERT_TRUE(stages[0]->RunStep(3).ok());
+  const std::map<std::string, Tensor> a = State(*trained),
+                                      b = State(*stages[0]);
+  for (const auto& [name, t] : a)
+    EXPECT_TRUE(BitwiseEqual(t, b.at(name))) << name;
+}
+
+TEST_F(MemoryResumeTest, NobodyHoldingTheStepIsRefusedEverywhere) {
+  std::unique_ptr<Stage> trained = MakeStage();
+  ASSERT_TRUE(trained->RunStep(0).ok());
+  const ParkedStage parked = ParkStage(*trained, "job", 1);
+  ParkedStage other_job = ParkStage(*trained, "job", 1);
+  other_job.job_id = "another";
+  std::vector<std::unique_ptr<Stage>> stages;
+  // Held after step 1, asked for step 2; and another job's.
+  const std::vector<absl::StatusOr<int64_t>> from =
+      Resume({&parked, &other_job}, 2, &stages);
+  for (const auto& f : from) {
+    ASSERT_FALSE(f.ok());
+    EXPECT_TRUE(absl::IsFailedPrecondition(f.status())) << f.status();
+    EXPECT_NE(f.status().message().find("after step 2"), std::string::npos)
+        << f.status();
+  }
+  // One replica alone resumes from its own state.
+  stages.clear();
+  const std::vector<absl::StatusOr<int64_t>> alone =
+      Resume({&parked}, 1, &stages);
+  ASSERT_TRUE(alone[0].ok()) << alone[0].status();
+  EXPECT_EQ(*alone[0], 0);
+}
+
+// A stage cut off while its update waited for the pipeline's total (its
+// gradients final) rolls forward with the total another stage reports, to
+// the bits of the stage that applied the update itself.
+TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
+  std::unique_ptr<Stage> applied = MakeStage();
+  std::unique_ptr<Stage> cut_off = MakeStage();
+  for (int64_t s = 0; s < 2; ++s) {
+    ASSERT_TRUE(applied->RunStep(s).ok());
+    ASSERT_TRUE(cut_off->RunStep(s).ok());
+  }
+  ASSERT_TRUE(applied->RunStep(2).ok());
+  ASSERT_TRUE(cut_off->BeginStep(2).ok());
+  for (const Op& op : MakeSchedule(ScheduleKind::kGPipe, 1, 1, 0)) {
+    if (op.kind == OpKind::kOptimizerStep) continue;
+    ASSERT_TRUE(cut_off->RunOp(op).ok());
+  }
+  ASSERT_TRUE(cut_off->SendGradSquares().ok());
+  EXPECT_EQ(cut_off->pending_update(), 2);
+  EXPECT_EQ(applied->last_update_step(), 2);
+  const ParkedStage parked = ParkStage(*cut_off, "job", 2);
+  ASSERT_TRUE(parked.pending);
+  ASSERT_FALSE(parked.grads.empty());
+
+  std::vector<std::unique_ptr<Stage>> stages;
+  // Without the total it holds nothing at step 3.
+  EXPECT_FALSE(Resume({&parked}, 3, &stages)[0].ok());
+  stages.clear();
+  std::unique_ptr<Stage> fresh = MakeStage();
+  absl::StatusOr<int64_t> from = ResumeFromMemory(
+      *fresh, 0, {}, &parked, "job", 3, applied->last_update_squares());
+  ASSERT_TRUE(from.ok()) << from.status();
+  const std::map<std::string, Tensor> want = State(*applied),
+                                      got = State(*fresh);
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(BitwiseEqual(t, got.at(name))) << name;
+}
+
+}  // namespace
+}  // namespace gpipe
