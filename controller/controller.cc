@@ -879,6 +879,11 @@ void Controller::RestartReplicas(JobRecord& job, std::string_view reason,
   // Before the release below frees them: who may report what it kept.
   std::set<std::string> expected;
   for (const v1::StageStatus* s : job.AllStages()) {
+    const int64_t slot = job.Slot(s->stage(), s->replica());
+    if (slot >= 0 && slot < static_cast<int64_t>(job.finished.size()) &&
+        job.finished[slot]) {
+      continue;  // done: it keeps nothing
+    }
     std::shared_ptr<WorkerRecord> w = workers_.Find(s->worker_id());
     if (w != nullptr && w->info.job_id() == job.id()) expected.insert(w->id());
   }
@@ -893,6 +898,8 @@ void Controller::RestartReplicas(JobRecord& job, std::string_view reason,
   job.parked.clear();
   job.parking_cut = std::move(cut);
   job.memory_resume.reset();
+  // A resize is no failure: it waits for nothing.
+  job.parking_backoff = counted ? job.not_before : absl::InfinitePast();
   job.not_before = job.parking_until;  // the start waits for the plan
 }
 
@@ -900,8 +907,7 @@ void Controller::OnParked(WorkerRecord& worker, const v1::StageParked& p,
                           absl::Time now) {
   JobRecord* job = jobs_.Find(p.job_id());
   if (job == nullptr || IsTerminal(job->status().state()) ||
-      job->parking_epoch == 0 ||
-      p.epoch() != job->parking_epoch ||
+      job->parking_epoch == 0 || p.epoch() != job->parking_epoch ||
       job->parking_expected.erase(worker.id()) == 0) {
     LogInfo(
         "worker %s kept stage %d of %s (epoch %d) after step %d; no "
@@ -919,15 +925,19 @@ void Controller::OnParked(WorkerRecord& worker, const v1::StageParked& p,
 void Controller::FinishParking(JobRecord& job, absl::Time now) {
   job.parking_epoch = 0;
   job.parking_expected.clear();
+  std::set<std::string> free;
+  for (const auto& w : workers_.Free(now)) free.insert(w->id());
   std::optional<MemoryResume> plan = PlanMemoryResume(
       job.parking_cut, job.parked,
-      [this](const std::string& id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        std::shared_ptr<WorkerRecord> w = workers_.Find(id);
-        return w != nullptr && !w->lost;
-      });
+      [&free](const std::string& id) { return free.count(id) > 0; });
   const size_t kept = job.parked.size();
   job.parked.clear();
-  job.not_before = now;  // everyone that could answer has
+  // Everyone that could answer has. A first restart goes on at once (no
+  // replay to wait for); one that made no progress since the last keeps
+  // the growing backoff, so a cause that persists does not spin.
+  job.not_before = job.restarts_without_progress > 1
+                       ? std::max(now, job.parking_backoff)
+                       : now;
   if (!plan) {
     jobs_.Publish(job,
                   absl::StrCat(kept,
@@ -946,14 +956,36 @@ void Controller::FinishParking(JobRecord& job, absl::Time now) {
 }
 
 void Controller::GrowReplicas(absl::Time now) {
-  const int64_t free = static_cast<int64_t>(workers_.Free(now).size());
+  // Waiting jobs come first (FIFO).
+  if (!jobs_.Waiting().empty()) return;
+  const std::vector<std::shared_ptr<WorkerRecord>> idle = workers_.Free(now);
+  const int64_t free = static_cast<int64_t>(idle.size());
   if (free == 0) return;
   for (JobRecord* job : jobs_.Running()) {
     const v1::JobSpec& spec = job->job.spec();
-    if (job->replicas >= ReplicaCount(spec)) continue;
+    // Not while the epoch still starts: its workers would keep nothing.
+    if (job->replicas >= ReplicaCount(spec) ||
+        job->status().step() <= job->start_step) {
+      continue;
+    }
     const int64_t k = job->running_stages();
     const int64_t r = ElasticReplicas(spec, k, k * job->replicas + free);
     if (r <= job->replicas) continue;
+    // The new replicas' stages must fit the free workers' memory.
+    std::vector<int64_t> balance;
+    for (const v1::StageStatus& s : job->status().stages())
+      balance.push_back(s.layer_end() - s.layer_begin());
+    absl::StatusOr<StagePlan> stages = PlanStages(spec, k, balance);
+    if (!stages.ok()) continue;
+    StagePlan more;
+    for (int64_t q = job->replicas; q < r; ++q) {
+      more.balance.insert(more.balance.end(), stages->balance.begin(),
+                          stages->balance.end());
+      more.memory.insert(more.memory.end(), stages->memory.begin(),
+                         stages->memory.end());
+    }
+    std::string why;
+    if (!PlaceStages(more, WorkerMemory(idle), &why)) continue;
     RestartReplicas(*job, "Resize",
                     absl::StrCat("growing from ", job->replicas, " to ", r,
                                  " replicas: free workers joined"),

@@ -34,6 +34,7 @@ struct JobRecord {
   // For the current epoch: R (pipeline.replicas; 1 for one pipeline), and
   // per worker, indexed by Slot(stage, replica).
   int64_t replicas = 1;
+  int64_t start_step = 0;                  // where the epoch began
   std::vector<int64_t> stage_steps;        // steps completed
   std::vector<absl::Time> stage_reported;  // last report (or the start)
   std::vector<bool> finished;              // StageFinished came
@@ -52,6 +53,7 @@ struct JobRecord {
   int64_t parking_epoch = 0;
   absl::Time parking_until = absl::InfinitePast();
   std::set<std::string> parking_expected;
+  absl::Time parking_backoff = absl::InfinitePast();  // RestartOrFail's
   std::map<std::string, gpipe::v1::StageParked> parked;
   std::vector<std::pair<int64_t, int64_t>> parking_cut;  // layer ranges
   std::optional<MemoryResume> memory_resume;

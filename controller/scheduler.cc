@@ -72,6 +72,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.clear_stages();
   status.clear_replica_stages();
   job.replicas = replicas;
+  job.start_step = start_step;
   job.stage_steps.assign(k * replicas, start_step);
   job.stage_reported.assign(k * replicas, now);
   job.finished.assign(k * replicas, false);
@@ -234,13 +235,31 @@ bool StartFromMemory(JobTable& jobs, JobRecord& job,
     absl::StrAppend(why, " (pipeline.min_replicas)");
     return false;
   }
-  for (const auto& w : idle) {
-    if (static_cast<int64_t>(chosen.size()) == k * replicas) break;
-    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end())
-      chosen.push_back(w);
-  }
   std::vector<int64_t> balance;
   for (const auto& [begin, end] : plan.cut) balance.push_back(end - begin);
+  // The other replicas where their stages fit, as a fresh start places
+  // them.
+  std::vector<std::shared_ptr<WorkerRecord>> others;
+  for (const auto& w : idle) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end())
+      others.push_back(w);
+  }
+  absl::StatusOr<StagePlan> stages = PlanStages(spec, k, balance);
+  if (!stages.ok()) {
+    job.memory_resume.reset();
+    return false;
+  }
+  StagePlan gang;
+  for (int64_t r = 1; r < replicas; ++r) {
+    gang.balance.insert(gang.balance.end(), stages->balance.begin(),
+                        stages->balance.end());
+    gang.memory.insert(gang.memory.end(), stages->memory.begin(),
+                       stages->memory.end());
+  }
+  std::optional<std::vector<size_t>> place =
+      PlaceStages(gang, WorkerMemory(others), why);
+  if (!place) return false;
+  for (size_t w : *place) chosen.push_back(others[w]);
   if (!Start(jobs, job, chosen, balance, checkpoint_dir, transport, now)) {
     return true;  // failed, as Start says; nothing more to do here
   }
@@ -303,8 +322,14 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     }
     const int64_t free = static_cast<int64_t>(idle.size());
     int64_t k = job->stages;
-    // Replicas take K x R workers, all or none (a gang).
-    const int64_t replicas = ReplicaCount(job->job.spec());
+    // Replicas take K x R workers, all or none (a gang); a job that ran
+    // before may go on with fewer (pipeline.min_replicas), its bits the
+    // same.
+    int64_t replicas = ReplicaCount(job->job.spec());
+    if (replicas > 1 && job->status().epoch() > 0) {
+      const int64_t fit = ElasticReplicas(job->job.spec(), k, free);
+      if (fit > 0) replicas = fit;
+    }
     // Short of workers for longer than the grace period: run on what there
     // is. Exact all the same: stages change only at checkpoint boundaries.
     // (Replicas wait for all their workers so far.)

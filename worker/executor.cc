@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
@@ -431,9 +432,28 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     std::lock_guard<std::mutex> lock(mu_);
     run->downstream = nullptr;
     run->dialed_replicas.clear();
+    // No more links for this run; those accepted but not yet taken (the run
+    // ended while connecting) are released below like the others, or their
+    // Exchange handlers would wait for ever.
+    run->cancelled = true;
+    for (auto& [q, link] : run->replica_links) {
+      if (std::find(x.accepted_replicas.begin(), x.accepted_replicas.end(),
+                    link) == x.accepted_replicas.end()) {
+        link->Close();
+        x.accepted_replicas.push_back(link);
+      }
+    }
+    run->replica_links.clear();
+    if (x.upstream == nullptr && run->upstream != nullptr) {
+      run->upstream->Close();
+      x.upstream = run->upstream;
+    }
   }
-  parked_.reset();
-  if (!status.ok()) Park(x);
+  if (status.ok()) {
+    parked_.reset();
+  } else {
+    Park(x);
+  }
   x.stage.reset();  // before the links it uses
   x.reduction.reset();
   x.metered_down.reset();
@@ -616,12 +636,12 @@ absl::Status Executor::Restore(Execution& x) {
 absl::Status Executor::ResumeInMemory(Execution& x) {
   const gpipe::v1::Assignment& a = x.a;
   absl::StatusOr<int64_t> from = ResumeFromMemory(
-      *x.stage, a.replica(), x.replica_peers, parked_.get(), a.job_id(),
+      *x.stage, x.spec, a.replica(), x.replica_peers, parked_.get(), a.job_id(),
       a.start_step(),
       a.resume_roll_forward()
           ? std::optional<double>(a.resume_roll_forward_squares())
           : std::nullopt);
-  parked_.reset();  // the stage holds it now, or it is of no use
+  if (from.ok()) parked_.reset();  // the stage holds it now
   if (!from.ok()) {
     return absl::Status(
         from.status().code(),
@@ -646,8 +666,6 @@ void Executor::Park(Execution& x) {
   p->set_replica(x.a.replica());
   p->set_layer_begin(x.a.layer_begin());
   p->set_layer_end(x.a.layer_end());
-  p->set_step(-1);  // nothing kept, unless below
-  p->set_last_update_step(-1);
   // At a step boundary with untorn parameters. An update applied just
   // before a cancel cut the step's bookkeeping short still moved the state
   // on.
@@ -655,22 +673,30 @@ void Executor::Park(Execution& x) {
       !x.stage->update_in_progress()) {
     const int64_t step =
         std::max(x.done_steps, x.stage->last_update_step() + 1);
+    parked_.reset();
     try {
       parked_ = std::make_unique<ParkedStage>(
-          ParkStage(*x.stage, x.a.job_id(), step));
-      p->set_step(step);
-      p->set_pending_update(parked_->pending);
-      p->set_last_update_step(x.stage->last_update_step());
-      p->set_last_update_squares(x.stage->last_update_squares());
-      LogInfo("stage %d of %s (replica %d): kept its state after step %d%s",
-              x.a.stage(), x.a.job_id(), x.a.replica(), step,
-              parked_->pending
-                  ? absl::StrCat(", the update of step ", step, " pending")
-                  : std::string());
+          ParkStage(*x.stage, x.spec, x.a.job_id(), step));
     } catch (const std::bad_alloc&) {
       LogWarning("stage %d of %s: no memory to keep its state for a resume",
                  x.a.stage(), x.a.job_id());
     }
+  }
+  // What it holds: this run's state, or (a resume that ended before it
+  // used it) the one it was given, if it is for these layers.
+  const bool holds = parked_ != nullptr &&
+                     parked_->layer_begin == x.a.layer_begin() &&
+                     parked_->layer_end == x.a.layer_end();
+  p->set_step(holds ? parked_->step : -1);  // -1: nothing kept
+  p->set_pending_update(holds && parked_->pending);
+  p->set_last_update_step(holds ? parked_->last_update_step : -1);
+  p->set_last_update_squares(holds ? parked_->last_update_squares : 0);
+  if (holds) {
+    LogInfo("stage %d of %s (replica %d): keeps its state after step %d%s",
+            x.a.stage(), x.a.job_id(), x.a.replica(), parked_->step,
+            parked_->pending ? absl::StrCat(", the update of step ",
+                                            parked_->step, " pending")
+                             : std::string());
   }
   // Said either way: the controller then need not wait for this worker.
   report_(m);
@@ -699,6 +725,15 @@ absl::Status Executor::InitFrom(Execution& x) {
 
 absl::Status Executor::RunSteps(Execution& x) {
   x.done_steps = x.a.start_step();
+  // A resume from memory may start where a cancel cut the evaluation of
+  // its step short: it runs first (the controller keeps one per step).
+  if (x.a.resume_in_memory() && x.writes && x.a.start_step() > 0 &&
+      x.plan.EvaluatesAfter(x.a.start_step())) {
+    ASSIGN_OR_RETURN(
+        LossResult e,
+        x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
+    if (x.last && e.counted > 0) report_(Evaluated(x.a, x.a.start_step(), e));
+  }
   for (int64_t s = x.a.start_step(); s < x.spec.steps(); ++s) {
     const auto start = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(StageStepResult r, x.stage->RunStep(s));

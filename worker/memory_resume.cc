@@ -38,9 +38,13 @@ absl::StatusOr<Message> ReceiveResume(Link& link, int64_t from, int64_t step,
 
 }  // namespace
 
-ParkedStage ParkStage(Stage& stage, const std::string& job_id, int64_t step) {
+ParkedStage ParkStage(Stage& stage, const gpipe::v1::JobSpec& spec,
+                      const std::string& job_id, int64_t step) {
   ParkedStage parked;
   parked.job_id = job_id;
+  parked.spec = spec.SerializeAsString();
+  parked.last_update_step = stage.last_update_step();
+  parked.last_update_squares = stage.last_update_squares();
   parked.layer_begin = stage.placement().layer_begin;
   parked.layer_end = stage.placement().layer_end;
   parked.step = step;
@@ -56,21 +60,23 @@ ParkedStage ParkStage(Stage& stage, const std::string& job_id, int64_t step) {
 }
 
 bool HoldsState(const ParkedStage* parked, const Stage& stage,
-                const std::string& job_id, int64_t step) {
+                const gpipe::v1::JobSpec& spec, const std::string& job_id,
+                int64_t step) {
   return parked != nullptr && parked->job_id == job_id &&
-         parked->step == step &&
+         parked->spec == spec.SerializeAsString() && parked->step == step &&
          parked->layer_begin == stage.placement().layer_begin &&
          parked->layer_end == stage.placement().layer_end;
 }
 
 absl::StatusOr<int64_t> ResumeFromMemory(
-    Stage& stage, int64_t replica, const std::vector<Link*>& peers,
-    const ParkedStage* own, const std::string& job_id, int64_t step,
+    Stage& stage, const gpipe::v1::JobSpec& spec, int64_t replica,
+    const std::vector<Link*>& peers, const ParkedStage* own,
+    const std::string& job_id, int64_t step,
     std::optional<double> roll_forward_squares) {
-  bool holds = HoldsState(own, stage, job_id, step);
+  bool holds = HoldsState(own, stage, spec, job_id, step);
   bool loaded = false;
   if (!holds && roll_forward_squares.has_value() &&
-      HoldsState(own, stage, job_id, step - 1) && own->pending) {
+      HoldsState(own, stage, spec, job_id, step - 1) && own->pending) {
     RETURN_IF_ERROR(LoadStageState(stage, own->state, "memory"));
     RETURN_IF_ERROR(
         stage.RollForward(step - 1, *roll_forward_squares, own->grads));

@@ -27,21 +27,32 @@ namespace gpipe {
 // total of squared gradients for that step it rolls forward to `step` + 1.
 struct ParkedStage {
   std::string job_id;
+  // The spec it was trained under (serialized): a job resumed with other
+  // settings (more steps change the learning rate's schedule) holds other
+  // bits at the same step.
+  std::string spec;
   int64_t layer_begin = 0;
   int64_t layer_end = 0;
   int64_t step = 0;
   std::map<std::string, Tensor> state;
   bool pending = false;
   std::map<std::string, Tensor> grads;
+  // The stage's last applied update and its total of squared gradients
+  // (Stage::last_update_step), for the controller's roll-forward plans.
+  int64_t last_update_step = -1;
+  double last_update_squares = 0;
 };
 
 // Copies `stage`'s state after `step` steps (and its gradients when the
 // update of `step` is pending).
-ParkedStage ParkStage(Stage& stage, const std::string& job_id, int64_t step);
+ParkedStage ParkStage(Stage& stage, const gpipe::v1::JobSpec& spec,
+                      const std::string& job_id, int64_t step);
 
-// Whether `parked` is `stage`'s state for `job_id` after `step` steps.
+// Whether `parked` is `stage`'s state for `job_id` under `spec` after
+// `step` steps.
 bool HoldsState(const ParkedStage* parked, const Stage& stage,
-                const std::string& job_id, int64_t step);
+                const gpipe::v1::JobSpec& spec, const std::string& job_id,
+                int64_t step);
 
 // Loads the state after `step` steps into `stage` (this is replica
 // `replica`; `peers[q]` links to replica q of the stage, null for itself
@@ -54,8 +65,9 @@ bool HoldsState(const ParkedStage* parked, const Stage& stage,
 // replica holds it; a peer's malformed message is INVALID_ARGUMENT naming
 // it.
 absl::StatusOr<int64_t> ResumeFromMemory(
-    Stage& stage, int64_t replica, const std::vector<Link*>& peers,
-    const ParkedStage* own, const std::string& job_id, int64_t step,
+    Stage& stage, const gpipe::v1::JobSpec& spec, int64_t replica,
+    const std::vector<Link*>& peers, const ParkedStage* own,
+    const std::string& job_id, int64_t step,
     std::optional<double> roll_forward_squares = std::nullopt);
 
 }  // namespace gpipe

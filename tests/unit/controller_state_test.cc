@@ -340,7 +340,17 @@ TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
   }
   EXPECT_FALSE(Assignment(*w[2]).has_value());
 
-  // Two workers join: back to two replicas from what replica 0 kept.
+  // Two workers join once the epoch has made a step: back to two replicas
+  // from what replica 0 kept.
+  for (int i : {0, 1}) {
+    v1::WorkerMessage m;
+    v1::StepProgress& p = *m.mutable_progress();
+    p.set_job_id(a[i].job_id());
+    p.set_epoch(a[i].epoch());
+    p.set_stage(a[i].stage());
+    p.set_step(6);
+    controller_->HandleMessage(*w[i], m);
+  }
   w.push_back(Attach(5));
   w.push_back(Attach(6));
   controller_->Tick(clock_.Now());

@@ -80,8 +80,8 @@ class MemoryResumeTest : public ::testing::Test {
     std::vector<std::thread> threads;
     for (int64_t q = 0; q < r; ++q) {
       threads.emplace_back([&, q] {
-        results[q] =
-            ResumeFromMemory(*(*stages)[q], q, peers[q], own[q], "job", step);
+        results[q] = ResumeFromMemory(*(*stages)[q], spec_, q, peers[q], own[q],
+                                      "job", step);
       });
     }
     for (auto& t : threads) t.join();
@@ -95,7 +95,7 @@ class MemoryResumeTest : public ::testing::Test {
 TEST_F(MemoryResumeTest, EveryReplicaGetsTheStateOfTheLowestThatHoldsIt) {
   std::unique_ptr<Stage> trained = MakeStage();
   for (int64_t s = 0; s < 3; ++s) ASSERT_TRUE(trained->RunStep(s).ok());
-  const ParkedStage parked = ParkStage(*trained, "job", 3);
+  const ParkedStage parked = ParkStage(*trained, spec_, "job", 3);
   const std::map<std::string, Tensor> want = State(*trained);
   // A fresh stage starts elsewhere: the test would pass without a copy
   // otherwise.
@@ -129,9 +129,14 @@ TEST_F(MemoryResumeTest, EveryReplicaGetsTheStateOfTheLowestThatHoldsIt) {
 TEST_F(MemoryResumeTest, NobodyHoldingTheStepIsRefusedEverywhere) {
   std::unique_ptr<Stage> trained = MakeStage();
   ASSERT_TRUE(trained->RunStep(0).ok());
-  const ParkedStage parked = ParkStage(*trained, "job", 1);
-  ParkedStage other_job = ParkStage(*trained, "job", 1);
+  const ParkedStage parked = ParkStage(*trained, spec_, "job", 1);
+  ParkedStage other_job = ParkStage(*trained, spec_, "job", 1);
   other_job.job_id = "another";
+  // The same job resumed with more steps holds other bits at step 1 (its
+  // learning rate schedule differs).
+  gpipe::v1::JobSpec longer = spec_;
+  longer.set_steps(spec_.steps() * 2);
+  ParkedStage other_spec = ParkStage(*trained, longer, "job", 1);
   std::vector<std::unique_ptr<Stage>> stages;
   // Held after step 1, asked for step 2; and another job's.
   const std::vector<absl::StatusOr<int64_t>> from =
@@ -142,6 +147,10 @@ TEST_F(MemoryResumeTest, NobodyHoldingTheStepIsRefusedEverywhere) {
     EXPECT_NE(f.status().message().find("after step 2"), std::string::npos)
         << f.status();
   }
+  stages.clear();
+  const std::vector<absl::StatusOr<int64_t>> changed =
+      Resume({&other_spec, &other_job}, 1, &stages);
+  for (const auto& f : changed) EXPECT_FALSE(f.ok()) << *f;
   // One replica alone resumes from its own state.
   stages.clear();
   const std::vector<absl::StatusOr<int64_t>> alone =
@@ -169,7 +178,7 @@ TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
   ASSERT_TRUE(cut_off->SendGradSquares().ok());
   EXPECT_EQ(cut_off->pending_update(), 2);
   EXPECT_EQ(applied->last_update_step(), 2);
-  const ParkedStage parked = ParkStage(*cut_off, "job", 2);
+  const ParkedStage parked = ParkStage(*cut_off, spec_, "job", 2);
   ASSERT_TRUE(parked.pending);
   ASSERT_FALSE(parked.grads.empty());
 
@@ -179,7 +188,7 @@ TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
   stages.clear();
   std::unique_ptr<Stage> fresh = MakeStage();
   absl::StatusOr<int64_t> from = ResumeFromMemory(
-      *fresh, 0, {}, &parked, "job", 3, applied->last_update_squares());
+      *fresh, spec_, 0, {}, &parked, "job", 3, applied->last_update_squares());
   ASSERT_TRUE(from.ok()) << from.status();
   const std::map<std::string, Tensor> want = State(*applied),
                                       got = State(*fresh);
