@@ -977,15 +977,11 @@ void Controller::GrowReplicas(absl::Time now) {
       balance.push_back(s.layer_end() - s.layer_begin());
     absl::StatusOr<StagePlan> stages = PlanStages(spec, k, balance);
     if (!stages.ok()) continue;
-    StagePlan more;
-    for (int64_t q = job->replicas; q < r; ++q) {
-      more.balance.insert(more.balance.end(), stages->balance.begin(),
-                          stages->balance.end());
-      more.memory.insert(more.memory.end(), stages->memory.begin(),
-                         stages->memory.end());
-    }
     std::string why;
-    if (!PlaceStages(more, WorkerMemory(idle), &why)) continue;
+    if (!PlaceStages(RepeatPlan(*stages, r - job->replicas), WorkerMemory(idle),
+                     &why)) {
+      continue;
+    }
     RestartReplicas(*job, "Resize",
                     absl::StrCat("growing from ", job->replicas, " to ", r,
                                  " replicas: free workers joined"),

@@ -62,6 +62,16 @@ bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory) {
   return true;
 }
 
+StagePlan RepeatPlan(const StagePlan& plan, int64_t times) {
+  StagePlan out;
+  for (int64_t r = 0; r < times; ++r) {
+    out.balance.insert(out.balance.end(), plan.balance.begin(),
+                       plan.balance.end());
+    out.memory.insert(out.memory.end(), plan.memory.begin(), plan.memory.end());
+  }
+  return out;
+}
+
 std::optional<std::vector<size_t>> PlaceStages(
     const StagePlan& plan, const std::vector<int64_t>& worker_memory,
     std::string* why) {

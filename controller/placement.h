@@ -30,6 +30,10 @@ struct StagePlan {
 absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k,
                                      const std::vector<int64_t>& balance = {});
 
+// `plan`'s stages `times` over, one copy per data-parallel replica: every
+// replica's stage i needs what stage i needs.
+StagePlan RepeatPlan(const StagePlan& plan, int64_t times);
+
 // Whether each stage of `plan` fits the worker's memory (0: unknown, holds
 // anything) at the same index.
 bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory);

@@ -249,15 +249,8 @@ bool StartFromMemory(JobTable& jobs, JobRecord& job,
     job.memory_resume.reset();
     return false;
   }
-  StagePlan gang;
-  for (int64_t r = 1; r < replicas; ++r) {
-    gang.balance.insert(gang.balance.end(), stages->balance.begin(),
-                        stages->balance.end());
-    gang.memory.insert(gang.memory.end(), stages->memory.begin(),
-                       stages->memory.end());
-  }
   std::optional<std::vector<size_t>> place =
-      PlaceStages(gang, WorkerMemory(others), why);
+      PlaceStages(RepeatPlan(*stages, replicas - 1), WorkerMemory(others), why);
   if (!place) return false;
   for (size_t w : *place) chosen.push_back(others[w]);
   if (!Start(jobs, job, chosen, balance, checkpoint_dir, transport, now)) {
@@ -372,15 +365,8 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       if (rebalanced != nullptr)
         place = ChosenWorkers(*rebalanced, *plan, idle);
       if (!place) {
-        // Every replica's stage i needs what stage i needs.
-        StagePlan gang;
-        for (int64_t r = 0; r < replicas; ++r) {
-          gang.balance.insert(gang.balance.end(), plan->balance.begin(),
-                              plan->balance.end());
-          gang.memory.insert(gang.memory.end(), plan->memory.begin(),
-                             plan->memory.end());
-        }
-        place = PlaceStages(gang, WorkerMemory(idle), &why);
+        place =
+            PlaceStages(RepeatPlan(*plan, replicas), WorkerMemory(idle), &why);
       }
       if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;
