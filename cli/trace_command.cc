@@ -92,7 +92,8 @@ absl::Status ParseStepRange(const std::string& flag,
   return absl::OkStatus();
 }
 
-// Per stage: steps, mean step time, busy share and mean time per phase.
+// Per track (stage of a replica): steps, mean step time, busy share and mean
+// time per phase.
 void PrintSummary(const v1::GetTraceResponse& trace) {
   std::printf(
       "%s: K=%lld stages, M=%lld micro-batches, %s; steps %lld..%lld "
@@ -106,16 +107,19 @@ void PrintSummary(const v1::GetTraceResponse& trace) {
       static_cast<long long>(trace.last_stored_step()));
   // A split backward (zero-bubble) fills the input and weight columns, a
   // whole one the backward column.
+  const auto tracks = ByTrack(trace);
+  const bool replicas = HasReplicas(tracks);
+  // The replica column only when there are replicas to tell apart.
+  if (replicas) std::printf("%-7s ", "replica");
   std::printf("%-6s %6s %10s %7s %7s %10s %10s %10s %10s %10s %10s\n", "stage",
               "steps", "step ms", "busy", "bubble", "forward", "backward",
               "b.input", "b.weight", "recompute", "optimizer");
-  const auto stages = ByStage(trace);
-  for (size_t i = 0; i < stages.size(); ++i) {
-    if (stages[i].empty()) continue;
+  for (const TraceTrack& track : tracks) {
+    if (track.steps.empty()) continue;
     int64_t wall = 0, busy = 0;
     constexpr int kPhases = v1::OpTrace::Phase_MAX + 1;
     int64_t phase[kPhases] = {};
-    for (const v1::StepTrace* s : stages[i]) {
+    for (const v1::StepTrace* s : track.steps) {
       wall += s->end_unix_ns() - s->start_unix_ns();
       for (const v1::OpTrace& op : s->ops()) {
         const int64_t d = op.end_unix_ns() - op.start_unix_ns();
@@ -123,12 +127,14 @@ void PrintSummary(const v1::GetTraceResponse& trace) {
         if (op.phase() >= 0 && op.phase() < kPhases) phase[op.phase()] += d;
       }
     }
-    const double n = static_cast<double>(stages[i].size());
+    const double n = static_cast<double>(track.steps.size());
     const double share = wall > 0 ? static_cast<double>(busy) / wall : 0;
+    if (replicas) std::printf("%-7lld ", static_cast<long long>(track.replica));
     std::printf(
-        "%-6zu %6zu %10.3f %6.1f%% %6.1f%% %10.3f %10.3f %10.3f %10.3f %10.3f "
-        "%10.3f\n",
-        i, stages[i].size(), wall * 1e-6 / n, 100 * share, 100 * (1 - share),
+        "%-6lld %6zu %10.3f %6.1f%% %6.1f%% %10.3f %10.3f %10.3f %10.3f "
+        "%10.3f %10.3f\n",
+        static_cast<long long>(track.stage), track.steps.size(),
+        wall * 1e-6 / n, 100 * share, 100 * (1 - share),
         phase[v1::OpTrace::FORWARD] * 1e-6 / n,
         phase[v1::OpTrace::BACKWARD] * 1e-6 / n,
         phase[v1::OpTrace::BACKWARD_INPUT] * 1e-6 / n,

@@ -117,8 +117,11 @@ absl::Status WritePipelineTrace(InProcessPipeline& pipeline,
   trace.set_micro_batches(pipeline.stage(0).placement().micro_batches);
   trace.set_schedule(ScheduleToSpec(pipeline.stage(0).placement().schedule));
   const int64_t first = std::max<int64_t>(0, pipeline.step() - kTraceDirSteps);
-  for (int64_t i = 0; i < pipeline.stage_count(); ++i) {
-    AppendTimeline(pipeline.stage(i).timeline(), i, &trace);
+  trace.set_replicas(pipeline.replica_count());
+  for (int64_t r = 0; r < pipeline.replica_count(); ++r) {
+    for (int64_t i = 0; i < pipeline.stage_count(); ++i) {
+      AppendTimeline(pipeline.stage(i, r).timeline(), i, &trace, r);
+    }
   }
   gpipe::v1::GetTraceResponse last;
   last.CopyFrom(trace);

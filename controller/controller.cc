@@ -447,6 +447,11 @@ absl::StatusOr<v1::GetTraceResponse> Controller::GetTrace(
   if (!trace.ok()) return trace.status();
   trace->set_stages(job->stages);
   trace->set_micro_batches(MicroBatchCount(job->job.spec()));
+  // An elastic job may have run more replicas than it runs now.
+  int64_t replicas = job->replicas;
+  for (const v1::StepTrace& t : trace->steps())
+    replicas = std::max(replicas, t.replica() + 1);
+  trace->set_replicas(replicas);
   const v1::Schedule schedule = job->job.spec().pipeline().schedule();
   trace->set_schedule(schedule == v1::SCHEDULE_UNSPECIFIED ? v1::GPIPE
                                                            : schedule);
@@ -1136,6 +1141,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   status.set_step(step);
   if (loss) {
     status.set_loss(*loss);
+    if (options_.metrics != nullptr)
+      options_.metrics->ObserveLoss(job->id(), *loss);
     if (p.step_seconds() > 0) {
       status.set_samples_per_second(
           static_cast<double>(job->job.spec().batch_size()) / p.step_seconds());
@@ -1154,8 +1161,6 @@ void Controller::OnTrace(WorkerRecord& worker, const v1::StepTrace& t,
                   t.replica()) == nullptr) {
     return;
   }
-  // The trace store holds one pipeline's timelines (by stage): replica 0's.
-  if (t.replica() != 0) return;
   // Stages on other hosts stamp their own wall clock. A record that ends
   // after it arrived comes from a clock that runs ahead of this one by at
   // least the difference: say so once per worker, as a hint to check NTP.

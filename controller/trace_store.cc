@@ -30,7 +30,8 @@ void TraceStore::Add(v1::StepTrace trace) {
   }
   JobTraces& job = it->second;
   job.last_update = ++clock_;
-  std::deque<v1::StepTrace>& steps = job.stages[trace.stage()];
+  std::deque<v1::StepTrace>& steps =
+      job.tracks[{trace.replica(), trace.stage()}];
   // Steps arrive in order; a replay sends an old step again.
   auto at = std::lower_bound(
       steps.begin(), steps.end(), trace.step(),
@@ -63,7 +64,7 @@ absl::StatusOr<v1::GetTraceResponse> TraceStore::Get(
         absl::StrCat("first_step ", *first, " is after last_step ", *last));
   }
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || it->second.stages.empty()) {
+  if (it == jobs_.end() || it->second.tracks.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("no step timelines are stored for job ", AsAbsl(job_id),
                      " (it has not run a step yet, or its timelines were "
@@ -71,7 +72,7 @@ absl::StatusOr<v1::GetTraceResponse> TraceStore::Get(
   }
   int64_t oldest = std::numeric_limits<int64_t>::max();
   int64_t newest = std::numeric_limits<int64_t>::min();
-  for (const auto& [stage, steps] : it->second.stages) {
+  for (const auto& [track, steps] : it->second.tracks) {
     if (steps.empty()) continue;
     oldest = std::min(oldest, steps.front().step());
     newest = std::max(newest, steps.back().step());
@@ -79,7 +80,7 @@ absl::StatusOr<v1::GetTraceResponse> TraceStore::Get(
   const int64_t from = first.value_or(oldest);
   const int64_t to = last.value_or(newest);
   std::vector<const v1::StepTrace*> picked;
-  for (const auto& [stage, steps] : it->second.stages) {
+  for (const auto& [track, steps] : it->second.tracks) {
     for (const v1::StepTrace& t : steps) {
       if (t.step() >= from && t.step() <= to) picked.push_back(&t);
     }

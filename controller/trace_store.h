@@ -1,9 +1,9 @@
-// The stage timelines workers send (one StepTrace per stage and step), kept
-// for GetTrace with bounded memory: the last `keep_steps` steps of each
-// stage of a job, for the `keep_jobs` jobs that reported most recently. A
-// 1000-step job with M=64 and K=8 thus holds keep_steps x 8 records of
-// 3 x 64 + 1 ops, about 1.5 MB at the default 16 steps. Not thread-safe (the
-// controller's mutex guards it).
+// The stage timelines workers send (one StepTrace per stage, replica and
+// step), kept for GetTrace with bounded memory: the last `keep_steps` steps
+// of each stage of each replica of a job, for the `keep_jobs` jobs that
+// reported most recently. A 1000-step job with M=64 and K=8 thus holds
+// keep_steps x 8 records of 3 x 64 + 1 ops, about 1.5 MB at the default 16
+// steps. Not thread-safe (the controller's mutex guards it).
 #ifndef GPIPE_CONTROLLER_TRACE_STORE_H_
 #define GPIPE_CONTROLLER_TRACE_STORE_H_
 
@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "gpipe/v1/controller.pb.h"
@@ -27,14 +28,14 @@ class TraceStore {
   TraceStore(int64_t keep_steps = kDefaultKeepSteps,
              int64_t keep_jobs = kDefaultKeepJobs);
 
-  // Stores `trace`. A record of a step this stage already reported (a
-  // replay after a restart) replaces the older one; a step older than every
-  // kept one when the stage's window is full is dropped.
+  // Stores `trace`. A record of a step this stage of this replica already
+  // reported (a replay after a restart) replaces the older one; a step older
+  // than every kept one when the stage's window is full is dropped.
   void Add(gpipe::v1::StepTrace trace);
 
   // The kept records of `job_id` with first <= step <= last (an end left
-  // out: the oldest or newest kept), by step then stage, with the kept
-  // range. FailedPrecondition when nothing is kept for the job;
+  // out: the oldest or newest kept), by step, replica, then stage, with the
+  // kept range. FailedPrecondition when nothing is kept for the job;
   // InvalidArgument when first > last or a step is negative; OutOfRange
   // when no kept step falls in the range (the message says which are kept).
   // Only steps, first_stored_step and last_stored_step are set.
@@ -50,8 +51,9 @@ class TraceStore {
  private:
   struct JobTraces {
     uint64_t last_update = 0;  // for evicting the stalest job
-    // stage -> its kept steps, oldest first.
-    std::map<int64_t, std::deque<gpipe::v1::StepTrace>> stages;
+    // (replica, stage) -> its kept steps, oldest first.
+    std::map<std::pair<int64_t, int64_t>, std::deque<gpipe::v1::StepTrace>>
+        tracks;
   };
 
   const int64_t keep_steps_;

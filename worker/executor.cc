@@ -16,6 +16,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/link_reduction.h"
 #include "services/pipeline/memory_model.h"
+#include "services/pipeline/micro_batch.h"
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/step_plan.h"
@@ -144,6 +145,7 @@ struct Executor::Execution {
   std::vector<std::shared_ptr<Link>> accepted_replicas;
   std::vector<Link*> replica_peers;  // [q]: to replica q, null for this one
   std::unique_ptr<LinkReduction> reduction;
+  int64_t reduced_bytes = 0;  // the reduction's bytes already in the metrics
   // Steps the stage's state has taken at its last step boundary (-1 before
   // it was restored): what Park keeps.
   int64_t done_steps = -1;
@@ -364,6 +366,20 @@ gpipe::v1::WorkerMessage Evaluated(const gpipe::v1::Assignment& a, int64_t step,
   return m;
 }
 
+// The samples of a step this stage runs: the whole batch, or with replicas
+// this replica's micro-batches' rows, so the replicas' counts add up to it.
+int64_t ReplicaSamples(const StagePlacement& p, int64_t batch_size) {
+  if (p.micro_batches < 1 || p.micro_batches > batch_size) return batch_size;
+  const std::vector<RowRange> ranges =
+      SplitMicroBatches(batch_size, p.micro_batches);
+  const int64_t end =
+      std::min<int64_t>(p.local_end(), static_cast<int64_t>(ranges.size()));
+  int64_t rows = 0;
+  for (int64_t m = std::max<int64_t>(0, p.micro_batch_begin); m < end; ++m)
+    rows += ranges[m].end - ranges[m].begin;
+  return rows;
+}
+
 }  // namespace
 
 bool Executor::cancelled(const Run& run) const {
@@ -384,9 +400,9 @@ void Executor::Execute(std::shared_ptr<Run> run) {
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
           a.layer_end(), a.micro_batches());
   if (metrics_ != nullptr) {
-    x.metrics =
-        metrics_->ForStage(a.job_id(), a.stage(), a.stages(), a.micro_batches(),
-                           x.last, ScheduleFromSpec(a.schedule()));
+    x.metrics = metrics_->ForStage(a.job_id(), a.stage(), a.replica(),
+                                   a.stages(), a.micro_batches(), x.last,
+                                   ScheduleFromSpec(a.schedule()));
   }
   const auto run_stage = [&]() -> absl::Status {
     RETURN_IF_ERROR(CheckReplicaAssignment(a, device_));
@@ -466,7 +482,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   x.downstream.reset();       // half-closes and waits for the next stage
   if (x.upstream) x.upstream->Release();
   // The stage and its metered links are gone: nothing observes any more.
-  if (x.metrics != nullptr) metrics_->Finish(a.job_id(), a.stage());
+  if (x.metrics != nullptr)
+    metrics_->Finish(a.job_id(), a.stage(), a.replica());
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == run) current_ = nullptr;
 }
@@ -818,10 +835,17 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   if (x.metrics != nullptr) {
     StepOutcome report;
     report.completed_steps = step + 1;
-    report.samples = x.spec.batch_size();
+    report.samples = ReplicaSamples(x.placement, x.spec.batch_size());
     report.peak_activation_bytes = r.peak_activation_bytes;
     if (x.last) report.loss = p->loss();
     x.metrics->ObserveStep(t, report);
+    if (x.reduction != nullptr) {
+      const int64_t moved =
+          x.reduction->bytes_sent() + x.reduction->bytes_received();
+      x.metrics->ObserveReduction(x.stage->reduce_seconds(),
+                                  moved - x.reduced_bytes);
+      x.reduced_bytes = moved;
+    }
   }
   report_(m);
 }

@@ -1,5 +1,6 @@
 #include "services/telemetry/chrome_trace.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <vector>
 
@@ -13,7 +14,8 @@ namespace v1 = gpipe::v1;
 
 namespace {
 
-// The job is one process; its stages are threads 0..K-1 of it.
+// The job is one process; its tracks (stages of each replica, by replica
+// then stage) are its threads.
 constexpr int kPid = 1;
 
 std::string Micros(int64_t ns, int64_t origin_ns) {
@@ -74,35 +76,39 @@ std::string JsonString(std::string_view text) {
 
 std::string ChromeTraceJson(const v1::GetTraceResponse& trace) {
   const TimeSpan span = Span(trace);
-  const std::vector<std::vector<const v1::StepTrace*>> stages = ByStage(trace);
+  const std::vector<TraceTrack> tracks = ByTrack(trace);
+  const bool replicas = HasReplicas(tracks);
   std::vector<std::string> events;
   events.push_back(absl::StrCat(
       R"({"name":"process_name","ph":"M","pid":)", kPid, R"(,"args":{"name":)",
-      JsonString(absl::StrCat("gpipe ", trace.job_id(), " (K=", trace.stages(),
-                              ", M=", trace.micro_batches(), ", ",
-                              v1::Schedule_Name(trace.schedule()), ")")),
+      JsonString(absl::StrCat(
+          "gpipe ", trace.job_id(), " (K=", trace.stages(),
+          trace.replicas() > 1 ? absl::StrCat(", R=", trace.replicas()) : "",
+          ", M=", trace.micro_batches(), ", ",
+          v1::Schedule_Name(trace.schedule()), ")")),
       "}}"));
-  for (size_t stage = 0; stage < stages.size(); ++stage) {
-    events.push_back(
-        absl::StrCat(R"({"name":"thread_name","ph":"M","pid":)", kPid,
-                     R"(,"tid":)", stage, R"(,"args":{"name":)",
-                     JsonString(absl::StrCat("stage ", stage)), "}}"));
+  for (size_t tid = 0; tid < tracks.size(); ++tid) {
+    const TraceTrack& track = tracks[tid];
+    events.push_back(absl::StrCat(
+        R"({"name":"thread_name","ph":"M","pid":)", kPid, R"(,"tid":)", tid,
+        R"(,"args":{"name":)", JsonString(TrackName(track, replicas)), "}}"));
     events.push_back(absl::StrCat(
         R"({"name":"thread_sort_index","ph":"M","pid":)", kPid, R"(,"tid":)",
-        stage, R"(,"args":{"sort_index":)", stage, "}}"));
-    for (const v1::StepTrace* step : stages[stage]) {
+        tid, R"(,"args":{"sort_index":)", tid, "}}"));
+    for (const v1::StepTrace* step : track.steps) {
       events.push_back(absl::StrCat(
           R"({"name":)", JsonString(absl::StrCat("step ", step->step())),
-          R"(,"cat":"step","ph":"X","pid":)", kPid, R"(,"tid":)", stage,
+          R"(,"cat":"step","ph":"X","pid":)", kPid, R"(,"tid":)", tid,
           R"(,"ts":)", Micros(step->start_unix_ns(), span.begin_ns),
           R"(,"dur":)", Micros(step->end_unix_ns(), step->start_unix_ns()),
           R"(,"args":{"step":)", step->step(), R"(,"epoch":)", step->epoch(),
+          R"(,"stage":)", track.stage, R"(,"replica":)", track.replica,
           R"(,"worker":)", JsonString(step->worker_id()), "}}"));
       for (const v1::OpTrace& op : step->ops()) {
         events.push_back(absl::StrCat(
             R"({"name":)", JsonString(SliceName(op)), R"(,"cat":)",
             JsonString(PhaseName(op.phase())), R"(,"ph":"X","pid":)", kPid,
-            R"(,"tid":)", stage, R"(,"ts":)",
+            R"(,"tid":)", tid, R"(,"ts":)",
             Micros(op.start_unix_ns(), span.begin_ns), R"(,"dur":)",
             Micros(op.end_unix_ns(), op.start_unix_ns()), R"(,"args":{"step":)",
             step->step(), R"(,"micro_batch":)", op.micro_batch(),
@@ -119,6 +125,7 @@ std::string ChromeTraceJson(const v1::GetTraceResponse& trace) {
       &out, "],\"displayTimeUnit\":\"ms\",\"otherData\":{",
       "\"job\":", JsonString(trace.job_id()), ",\"stages\":", trace.stages(),
       ",\"micro_batches\":", trace.micro_batches(),
+      ",\"replicas\":", std::max<int64_t>(1, trace.replicas()),
       ",\"schedule\":", JsonString(v1::Schedule_Name(trace.schedule())),
       ",\"start_unix_ns\":", span.begin_ns, "}}\n");
   return out;

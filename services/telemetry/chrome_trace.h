@@ -1,8 +1,9 @@
 // A trace in the Chrome trace event format (JSON), which Perfetto and
 // chrome://tracing open: one process for the job, one thread (track) per
-// stage named "stage i", each op as a complete ("X") slice named F3, B3, R3
-// (forward, backward, recompute of micro-batch 3) or "optimizer", nested in
-// one "step s" slice per stage and step. Bubbles are the gaps between op
+// stage named "stage i" ("replica r stage i" when the job runs replicas),
+// each op as a complete ("X") slice named F3, B3, R3 (forward, backward,
+// recompute of micro-batch 3) or "optimizer", nested in one "step s" slice
+// per track and step. Bubbles are the gaps between op
 // slices. Times are microseconds from the earliest record.
 #ifndef GPIPE_SERVICES_TELEMETRY_CHROME_TRACE_H_
 #define GPIPE_SERVICES_TELEMETRY_CHROME_TRACE_H_

@@ -91,6 +91,16 @@ ControllerMetrics::ControllerMetrics() {
                "its measured layer and worker speeds (compute only: the gap "
                "to gpipe_job_step_seconds is transfers and fixed costs)")
            .Register(registry_);
+  loss_ = &prometheus::BuildGauge()
+               .Name("gpipe_job_loss")
+               .Help("A job's training loss of its newest step, over every "
+                     "replica's micro-batches (gpipe_loss is one last "
+                     "stage's share)")
+               .Register(registry_);
+}
+
+void ControllerMetrics::ObserveLoss(const std::string& job, double loss) {
+  loss_->Add({{"job", job}}).Set(loss);
 }
 
 void ControllerMetrics::OnRepartition(const std::string& reason) {

@@ -47,6 +47,9 @@ class ControllerMetrics : public prometheus::Collectable {
   // for its running cut (compute only); 0 leaves a gauge as it was.
   void ObserveStepTime(const std::string& job, double measured,
                        double predicted);
+  // The job's training loss of its newest step, assembled from every
+  // replica's micro-batches (what `gpipectl status` shows).
+  void ObserveLoss(const std::string& job, double loss);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 
@@ -63,6 +66,7 @@ class ControllerMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>* repartitions_;
   prometheus::Family<prometheus::Gauge>* step_seconds_;
   prometheus::Family<prometheus::Gauge>* predicted_step_seconds_;
+  prometheus::Family<prometheus::Gauge>* loss_;
 };
 
 }  // namespace gpipe

@@ -61,11 +61,18 @@ void StageMetrics::ObserveReceive(int64_t bytes) {
   received_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
 }
 
+void StageMetrics::ObserveReduction(double seconds, int64_t bytes) {
+  allreduce_seconds_->Increment(std::max(0.0, seconds));
+  allreduce_bytes_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
+}
+
 void StageMetrics::SetDataPlane(const std::string& plane) {
   std::lock_guard<std::mutex> lock(mu_);
   if (data_plane_ != nullptr) data_plane_family_->Remove(data_plane_);
-  data_plane_ = &data_plane_family_->Add(
-      {{"job", job_}, {"stage", std::to_string(stage_)}, {"plane", plane}});
+  data_plane_ = &data_plane_family_->Add({{"job", job_},
+                                          {"stage", std::to_string(stage_)},
+                                          {"replica", std::to_string(replica_)},
+                                          {"plane", plane}});
   data_plane_->Set(1);
 }
 
@@ -127,12 +134,24 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                    .Register(registry)),
       loss_(prometheus::BuildGauge()
                 .Name("gpipe_loss")
-                .Help("Training loss of the last step (last stage)")
+                .Help("Training loss of the last step (last stage); with "
+                      "replicas, this replica's micro-batches' share of it "
+                      "(the replicas' values add up to the step's loss)")
                 .Register(registry)),
       step_(prometheus::BuildGauge()
                 .Name("gpipe_job_step")
                 .Help("Training steps the job has completed")
                 .Register(registry)),
+      allreduce_seconds_(prometheus::BuildCounter()
+                             .Name("gpipe_stage_allreduce_seconds_total")
+                             .Help("Seconds the stage spent summing its "
+                                   "gradients with the stage's other replicas")
+                             .Register(registry)),
+      allreduce_bytes_(prometheus::BuildCounter()
+                           .Name("gpipe_stage_allreduce_bytes_total")
+                           .Help("Gradient bytes the stage sent to and "
+                                 "received from the stage's other replicas")
+                           .Register(registry)),
       data_plane_(prometheus::BuildGauge()
                       .Name("gpipe_transport_data_plane")
                       .Help("1 for the data plane (grpc or shm) that carries "
@@ -140,10 +159,10 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                       .Register(registry)) {}
 
 std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
-    const std::string& job, int64_t stage, int64_t stages,
+    const std::string& job, int64_t stage, int64_t replica, int64_t stages,
     int64_t micro_batches, bool last, ScheduleKind schedule) {
   std::lock_guard<std::mutex> lock(mu_);
-  const Key key(job, stage);
+  const Key key(job, stage, replica);
   // A stage reassigned after an elastic change may run another K.
   const double theory = TheoreticalBubbleRatio(stages, micro_batches, schedule);
   if (auto it = live_.find(key); it != live_.end()) {
@@ -151,7 +170,8 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
     return it->second;
   }
   for (auto it = finished_.begin(); it != finished_.end(); ++it) {
-    if (it->metrics->job() == job && it->metrics->stage() == stage) {
+    if (it->metrics->job() == job && it->metrics->stage() == stage &&
+        it->metrics->replica() == replica) {
       std::shared_ptr<StageMetrics> m = it->metrics;
       finished_.erase(it);
       m->theoretical_->Set(theory);
@@ -159,10 +179,11 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
       return m;
     }
   }
-  auto m = std::shared_ptr<StageMetrics>(new StageMetrics(job, stage));
+  auto m = std::shared_ptr<StageMetrics>(new StageMetrics(job, stage, replica));
   m->data_plane_family_ = &data_plane_;
   const prometheus::Labels labels = {{"job", job},
-                                     {"stage", absl::StrCat(stage)}};
+                                     {"stage", absl::StrCat(stage)},
+                                     {"replica", absl::StrCat(replica)}};
   for (Phase phase : kPhases) {
     prometheus::Labels with_phase = labels;
     with_phase["phase"] = std::string(PhaseName(phase));
@@ -184,13 +205,16 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
   m->samples_ = &samples_.Add(labels);
   if (last) m->loss_ = &loss_.Add(labels);
   m->step_ = &step_.Add(labels);
+  m->allreduce_seconds_ = &allreduce_seconds_.Add(labels);
+  m->allreduce_bytes_ = &allreduce_bytes_.Add(labels);
   live_[key] = m;
   return m;
 }
 
-void PipelineMetrics::Finish(const std::string& job, int64_t stage) {
+void PipelineMetrics::Finish(const std::string& job, int64_t stage,
+                             int64_t replica) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(Key(job, stage));
+  auto it = live_.find(Key(job, stage, replica));
   if (it == live_.end()) return;
   finished_.push_back({it->second, Clock::now()});
   live_.erase(it);
@@ -232,6 +256,8 @@ void PipelineMetrics::RemoveLocked(const std::shared_ptr<StageMetrics>& m) {
   samples_.Remove(m->samples_);
   if (m->loss_ != nullptr) loss_.Remove(m->loss_);
   step_.Remove(m->step_);
+  allreduce_seconds_.Remove(m->allreduce_seconds_);
+  allreduce_bytes_.Remove(m->allreduce_bytes_);
   {
     std::lock_guard<std::mutex> lock(m->mu_);
     if (m->data_plane_ != nullptr) data_plane_.Remove(m->data_plane_);

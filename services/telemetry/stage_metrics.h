@@ -1,10 +1,11 @@
-// The per-stage metric families of docs/design.md (Metrics), labelled by job
-// and stage only. A worker holds one PipelineMetrics on its registry and one
-// StageMetrics per assignment; each step's figures come from the stage
-// timeline. Label sets of an ended assignment linger for a while (so their
-// final values get scraped) and are then removed, and at most a few linger
-// at once: a long-lived worker exports a bounded number of series however
-// many jobs it runs, and a job that ended stops looking like a stalled one.
+// The per-stage metric families of docs/design.md (Metrics), labelled by job,
+// stage and replica only (replica "0" for a job of one pipeline). A worker
+// holds one PipelineMetrics on its registry and one StageMetrics per
+// assignment; each step's figures come from the stage timeline. Label sets of
+// an ended assignment linger for a while (so their final values get scraped)
+// and are then removed, and at most a few linger at once: a long-lived worker
+// exports a bounded number of series however many jobs it runs, and a job that
+// ended stops looking like a stalled one.
 #ifndef GPIPE_SERVICES_TELEMETRY_STAGE_METRICS_H_
 #define GPIPE_SERVICES_TELEMETRY_STAGE_METRICS_H_
 
@@ -17,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,20 +53,25 @@ class StageMetrics {
   // received from one.
   void ObserveSend(int64_t bytes, double seconds);
   void ObserveReceive(int64_t bytes);
+  // One step's gradient reduction across the stage's replicas: its seconds
+  // and the gradient bytes this replica sent and received.
+  void ObserveReduction(double seconds, int64_t bytes);
   // The data plane (services/transport/data_plane.h: "grpc", "shm", "cuda_ipc")
   // of the link to the next stage: gpipe_transport_data_plane{plane} is 1.
   void SetDataPlane(const std::string& plane);
 
   const std::string& job() const { return job_; }
   int64_t stage() const { return stage_; }
+  int64_t replica() const { return replica_; }
 
  private:
   friend class PipelineMetrics;
-  StageMetrics(std::string job, int64_t stage)
-      : job_(std::move(job)), stage_(stage) {}
+  StageMetrics(std::string job, int64_t stage, int64_t replica)
+      : job_(std::move(job)), stage_(stage), replica_(replica) {}
 
   std::string job_;
   int64_t stage_;
+  int64_t replica_;
   std::array<prometheus::Counter*, kPhaseCount> busy_{};
   std::array<prometheus::Histogram*, kPhaseCount> micro_batch_{};
   prometheus::Counter* bubble_ = nullptr;
@@ -79,6 +86,8 @@ class StageMetrics {
   prometheus::Counter* samples_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;  // last stage only
   prometheus::Gauge* step_ = nullptr;
+  prometheus::Counter* allreduce_seconds_ = nullptr;
+  prometheus::Counter* allreduce_bytes_ = nullptr;
   prometheus::Family<prometheus::Gauge>* data_plane_family_ = nullptr;
   prometheus::Gauge* data_plane_ = nullptr;  // under mu_
   std::mutex mu_;
@@ -97,16 +106,17 @@ class PipelineMetrics : public prometheus::Collectable {
                            size_t keep_finished = 4,
                            Clock::duration linger = std::chrono::seconds(60));
 
-  // The series of (job, stage), created on first use (a reassigned stage
-  // of the same job continues its counters). `last` stages export the loss.
+  // The series of (job, stage, replica), created on first use (a reassigned
+  // stage of the same job continues its counters). `last` stages export the
+  // loss.
   std::shared_ptr<StageMetrics> ForStage(
-      const std::string& job, int64_t stage, int64_t stages,
+      const std::string& job, int64_t stage, int64_t replica, int64_t stages,
       int64_t micro_batches, bool last,
       ScheduleKind schedule = ScheduleKind::kGPipe);
-  // The assignment of (job, stage) ended and will not use its StageMetrics
-  // again: its series stay for the linger time or until `keep_finished`
-  // newer ones have ended, then go.
-  void Finish(const std::string& job, int64_t stage);
+  // The assignment of (job, stage, replica) ended and will not use its
+  // StageMetrics again: its series stay for the linger time or until
+  // `keep_finished` newer ones have ended, then go.
+  void Finish(const std::string& job, int64_t stage, int64_t replica = 0);
 
   // Removes the label sets that lingered long enough (as of `now`).
   void Prune(Clock::time_point now = Clock::now());
@@ -117,7 +127,7 @@ class PipelineMetrics : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  using Key = std::pair<std::string, int64_t>;
+  using Key = std::tuple<std::string, int64_t, int64_t>;
   struct Finished {
     std::shared_ptr<StageMetrics> metrics;
     Clock::time_point at;
@@ -141,6 +151,8 @@ class PipelineMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& samples_;
   prometheus::Family<prometheus::Gauge>& loss_;
   prometheus::Family<prometheus::Gauge>& step_;
+  prometheus::Family<prometheus::Counter>& allreduce_seconds_;
+  prometheus::Family<prometheus::Counter>& allreduce_bytes_;
   prometheus::Family<prometheus::Gauge>& data_plane_;
   mutable std::mutex mu_;
   std::map<Key, std::shared_ptr<StageMetrics>> live_;

@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
 
 namespace gpipe {
 
@@ -79,15 +83,16 @@ v1::StepTrace ToStepTrace(const StepTimeline& step, int64_t stage,
 }
 
 void AppendTimeline(const Timeline& timeline, int64_t stage,
-                    v1::GetTraceResponse* trace) {
+                    v1::GetTraceResponse* trace, int64_t replica) {
   const int64_t origin = UnixNsAtOrigin(timeline);
   for (const StepTimeline& step : timeline.Steps()) {
-    *trace->add_steps() = ToStepTrace(step, stage, origin);
+    v1::StepTrace* t = trace->add_steps();
+    *t = ToStepTrace(step, stage, origin);
+    t->set_replica(replica);
   }
 }
 
-std::vector<std::vector<const v1::StepTrace*>> ByStage(
-    const v1::GetTraceResponse& trace) {
+std::vector<TraceTrack> ByTrack(const v1::GetTraceResponse& trace) {
   // Without a stage count, as many as the records name, within reason.
   int64_t stages = trace.stages();
   if (stages <= 0) {
@@ -95,19 +100,38 @@ std::vector<std::vector<const v1::StepTrace*>> ByStage(
       stages = std::max(stages, s.stage() + 1);
     stages = std::min<int64_t>(stages, kMaxStages);
   }
-  std::vector<std::vector<const v1::StepTrace*>> by_stage(
-      static_cast<size_t>(std::max<int64_t>(stages, 0)));
-  for (const v1::StepTrace& s : trace.steps()) {
-    if (s.stage() < 0 || s.stage() >= stages) continue;
-    by_stage[s.stage()].push_back(&s);
+  std::map<std::pair<int64_t, int64_t>, TraceTrack> tracks;
+  for (int64_t stage = 0; stage < stages; ++stage) {
+    tracks[{0, stage}] = TraceTrack{0, stage, {}};
   }
-  for (auto& steps : by_stage) {
-    std::stable_sort(steps.begin(), steps.end(),
+  for (const v1::StepTrace& s : trace.steps()) {
+    if (s.stage() < 0 || s.stage() >= stages || s.replica() < 0) continue;
+    TraceTrack& t = tracks[{s.replica(), s.stage()}];
+    t.replica = s.replica();
+    t.stage = s.stage();
+    t.steps.push_back(&s);
+  }
+  std::vector<TraceTrack> out;
+  out.reserve(tracks.size());
+  for (auto& [key, t] : tracks) {
+    std::stable_sort(t.steps.begin(), t.steps.end(),
                      [](const v1::StepTrace* a, const v1::StepTrace* b) {
                        return a->step() < b->step();
                      });
+    out.push_back(std::move(t));
   }
-  return by_stage;
+  return out;
+}
+
+bool HasReplicas(const std::vector<TraceTrack>& tracks) {
+  return std::any_of(tracks.begin(), tracks.end(),
+                     [](const TraceTrack& t) { return t.replica != 0; });
+}
+
+std::string TrackName(const TraceTrack& track, bool replicas) {
+  return replicas
+             ? absl::StrCat("replica ", track.replica, " stage ", track.stage)
+             : absl::StrCat("stage ", track.stage);
 }
 
 TimeSpan Span(const v1::GetTraceResponse& trace) {

@@ -32,18 +32,32 @@ int64_t UnixNsAtOrigin(const Timeline& timeline);
 gpipe::v1::StepTrace ToStepTrace(const StepTimeline& step, int64_t stage,
                                  int64_t origin_unix_ns);
 
-// Appends every step `timeline` still keeps as records of `stage`.
+// Appends every step `timeline` still keeps as records of `stage` of
+// `replica`.
 void AppendTimeline(const Timeline& timeline, int64_t stage,
-                    gpipe::v1::GetTraceResponse* trace);
+                    gpipe::v1::GetTraceResponse* trace, int64_t replica = 0);
 
 gpipe::v1::OpTrace::Phase ToProtoPhase(Phase phase);
 // "forward", "backward", "recompute", "optimizer" ("unknown" otherwise).
 const char* PhaseName(gpipe::v1::OpTrace::Phase phase);
 
-// The steps of a trace grouped by stage (index = stage), each stage's steps
-// in step order; records of a stage outside [0, stages) are dropped.
-std::vector<std::vector<const gpipe::v1::StepTrace*>> ByStage(
-    const gpipe::v1::GetTraceResponse& trace);
+// One row of a timeline: one stage of one replica, its steps in step order.
+struct TraceTrack {
+  int64_t replica = 0;
+  int64_t stage = 0;
+  std::vector<const gpipe::v1::StepTrace*> steps;
+};
+
+// The steps of a trace as tracks ordered by (replica, stage): every stage of
+// replica 0 (a stage with no records too), then the stages of other replicas
+// that have records. Records of a stage outside [0, stages) or of a negative
+// replica are dropped.
+std::vector<TraceTrack> ByTrack(const gpipe::v1::GetTraceResponse& trace);
+
+// "stage 2", or "replica 1 stage 2" when `tracks` hold more than one replica.
+std::string TrackName(const TraceTrack& track, bool replicas);
+// Whether `tracks` hold records of a replica other than 0.
+bool HasReplicas(const std::vector<TraceTrack>& tracks);
 
 // Earliest start and latest end over every record (0, 0 when empty).
 struct TimeSpan {

@@ -16,10 +16,10 @@ namespace {
 
 // Layout, in SVG user units (px).
 constexpr double kWidth = 1200;
-constexpr double kLeft = 80;    // stage labels
+constexpr double kLeft = 120;   // track labels ("replica 1 stage 2")
 constexpr double kRight = 90;   // busy share
 constexpr double kTop = 58;     // title and step labels
-constexpr double kRow = 30;     // per stage
+constexpr double kRow = 30;     // per track
 constexpr double kBox = 22;     // op box height within a row
 constexpr double kAxis = 34;    // time axis below the rows
 constexpr double kLegend = 30;  // legend below the axis
@@ -106,8 +106,9 @@ std::string XmlEscape(std::string_view text) {
 
 std::string TimelineSvg(const v1::GetTraceResponse& trace) {
   const TimeSpan span = Span(trace);
-  const std::vector<std::vector<const v1::StepTrace*>> stages = ByStage(trace);
-  const double rows = static_cast<double>(std::max<size_t>(stages.size(), 1));
+  const std::vector<TraceTrack> tracks = ByTrack(trace);
+  const bool replicas = HasReplicas(tracks);
+  const double rows = static_cast<double>(std::max<size_t>(tracks.size(), 1));
   const double height = kTop + rows * kRow + kAxis + kLegend + 8;
   const double plot = kWidth - kLeft - kRight;
   const double total_ms = std::max(1e-6, (span.end_ns - span.begin_ns) * 1e-6);
@@ -130,8 +131,10 @@ std::string TimelineSvg(const v1::GetTraceResponse& trace) {
     any = true;
   }
   const std::string title = absl::StrCat(
-      "gpipe ", trace.job_id(), ": K=", trace.stages(),
-      " stages, M=", trace.micro_batches(), " micro-batches, ",
+      "gpipe ", trace.job_id(), ": K=", trace.stages(), " stages, ",
+      trace.replicas() > 1 ? absl::StrCat("R=", trace.replicas(), " replicas, ")
+                           : std::string(),
+      "M=", trace.micro_batches(), " micro-batches, ",
       v1::Schedule_Name(trace.schedule()),
       any ? absl::StrCat(", steps ", first_step, "..", last_step) : "", ", ",
       Milliseconds(total_ms));
@@ -140,27 +143,30 @@ std::string TimelineSvg(const v1::GetTraceResponse& trace) {
                   R"(" y="18" font-size="14" font-weight="bold">)",
                   XmlEscape(title), "</text>\n");
 
-  for (size_t stage = 0; stage < stages.size(); ++stage) {
-    const double y = kTop + stage * kRow;
+  for (size_t row = 0; row < tracks.size(); ++row) {
+    const TraceTrack& track = tracks[row];
+    const std::string name = TrackName(track, replicas);
+    const double y = kTop + row * kRow;
     const double box_y = y + (kRow - kBox) / 2;
-    absl::StrAppend(&svg, R"(<g class="stage" id="stage-)", stage, R"(">)",
-                    "\n");
+    absl::StrAppend(
+        &svg, R"(<g class="stage" id=")",
+        replicas ? absl::StrCat("replica-", track.replica, "-") : std::string(),
+        "stage-", track.stage, R"(">)", "\n");
     absl::StrAppend(&svg, R"(<text x=")", Num(kLeft - 8), R"(" y=")",
-                    Num(y + kRow / 2 + 4), R"(" text-anchor="end">stage )",
-                    stage, "</text>\n");
+                    Num(y + kRow / 2 + 4), R"(" text-anchor="end">)", name,
+                    "</text>\n");
     absl::StrAppend(&svg, R"(<rect x=")", Num(kLeft), R"(" y=")", Num(box_y),
                     R"(" width=")", Num(plot), R"(" height=")", Num(kBox),
                     R"(" fill=")", kIdleFill, R"("/>)", "\n");
     int64_t busy_ns = 0, wall_ns = 0;
-    for (const v1::StepTrace* step : stages[stage]) {
+    for (const v1::StepTrace* step : track.steps) {
       wall_ns += step->end_unix_ns() - step->start_unix_ns();
       for (const v1::OpTrace& op : step->ops()) {
         busy_ns += op.end_unix_ns() - op.start_unix_ns();
         const double x0 = x_of(op.start_unix_ns());
         const double w = std::max(0.5, x_of(op.end_unix_ns()) - x0);
         const std::string tip = absl::StrCat(
-            "stage ", stage, ", step ", step->step(), ": ",
-            PhaseName(op.phase()),
+            name, ", step ", step->step(), ": ", PhaseName(op.phase()),
             op.micro_batch() >= 0
                 ? absl::StrCat(" of micro-batch ", op.micro_batch())
                 : "",
@@ -188,14 +194,13 @@ std::string TimelineSvg(const v1::GetTraceResponse& trace) {
       }
       // Where this stage's step begins: a dark mark across the row.
       const double sx = x_of(step->start_unix_ns());
-      absl::StrAppend(&svg, R"(<line class="step" x1=")", Num(sx), R"(" y1=")",
-                      Num(y + 1), R"(" x2=")", Num(sx), R"(" y2=")",
-                      Num(y + kRow - 1),
-                      R"(" stroke="#333333" stroke-width="1.5"><title>)",
-                      XmlEscape(absl::StrCat("stage ", stage, ": step ",
-                                             step->step(), " begins")),
-                      "</title></line>\n");
-      if (stage == 0) {
+      absl::StrAppend(
+          &svg, R"(<line class="step" x1=")", Num(sx), R"(" y1=")", Num(y + 1),
+          R"(" x2=")", Num(sx), R"(" y2=")", Num(y + kRow - 1),
+          R"(" stroke="#333333" stroke-width="1.5"><title>)",
+          XmlEscape(absl::StrCat(name, ": step ", step->step(), " begins")),
+          "</title></line>\n");
+      if (row == 0) {
         absl::StrAppend(&svg, R"(<text x=")", Num(sx + 2), R"(" y=")",
                         Num(kTop - 6), R"(" font-size="10" fill="#333333">)",
                         XmlEscape(absl::StrCat("step ", step->step())),

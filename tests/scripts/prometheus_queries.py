@@ -7,7 +7,7 @@ alert rules against a live Prometheus through its HTTP API.
 Dashboard panel targets, template variable queries and the quantities the
 annotations compare must return data (the
 template variables are substituted: $job with a training job Prometheus has
-seen, $stage with every stage). Alert rules must be loaded, healthy and
+seen, $stage and $replica with every one). Alert rules must be loaded, healthy and
 evaluated, their expressions must run, and the quantity each thresholds (its
 `signal` annotation) must return data. Retries until all pass or the deadline
 (rates need a few scrapes); prints what failed and exits 1 otherwise.
@@ -57,6 +57,7 @@ def substitute(expr, job):
     # Job ids are [a-z0-9-]: no regex metacharacters to escape.
     expr = expr.replace("$job", job)
     expr = expr.replace("$stage", ".*")
+    expr = expr.replace("$replica", ".*")
     return expr
 
 

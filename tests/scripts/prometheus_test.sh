@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The metrics against a real Prometheus. `gpipectl local` runs a long job on a
-# controller and two workers with metrics on free loopback ports and writes
-# their file_sd targets; a Prometheus (Debian's, on a free loopback port,
+# The metrics against a real Prometheus. `gpipectl local` runs a long job of
+# 2 stages x 2 data-parallel replicas on a controller and four workers with
+# metrics on free loopback ports and writes their file_sd targets; a Prometheus (Debian's, on a free loopback port,
 # generated config: 1 s scrapes, the shipped alert rules) scrapes them. Then:
-# `promtool check metrics` on every endpoint's output, `promtool check rules`
+# `promtool check metrics` on every endpoint's output, every (replica, stage)
+# exported with a gradient reduction that moved bytes, the controller's loss
+# of the whole job, `promtool check rules`
 # and `check config` on deploy/prometheus/, and every PromQL expression of
 # every dashboard panel and alert rule evaluated through the HTTP API must
 # return data (tests/scripts/prometheus_queries.py). Bounded: about 30 s;
@@ -80,7 +82,7 @@ cat >"$work/job.json" <<'JSON'
 }
 JSON
 targets="$work/targets.json"
-"$bin/gpipectl" local "$work/job.json" --workers 2 --threads 2 \
+"$bin/gpipectl" local "$work/job.json" --workers 4 --replicas 2 --threads 2 \
   --keep "$work/run" --metrics_targets "$targets" >"$work/local.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 300); do
@@ -94,8 +96,8 @@ import json, sys
 for group in json.load(open(sys.argv[1])):
     for t in group["targets"]:
         print(t)' "$targets")
-[[ $(wc -l <<<"$endpoints") -eq 3 ]] ||
-  fail "want 3 metrics endpoints (controller, 2 workers), got: $endpoints"
+[[ $(wc -l <<<"$endpoints") -eq 5 ]] ||
+  fail "want 5 metrics endpoints (controller, 4 workers), got: $endpoints"
 for e in $endpoints; do
   [[ $e == 127.0.0.1:* ]] || fail "endpoint $e is not on loopback"
 done
@@ -138,6 +140,32 @@ for e in $endpoints; do
   [[ $ok == 1 ]] || { show_logs; fail "$e exported no gpipe series within 20 s"; }
   promtool check metrics <"$work/scrape.txt" || fail "promtool check metrics on $e"
 done
+# Every stage of both replicas on its own series, each replica's stage
+# summing gradients with the other (bytes moved), and the job's loss.
+python3 - $endpoints <<'PY' || { show_logs; fail "replica series"; }
+import re, sys, time, urllib.request
+deadline = time.time() + 20
+while True:
+    text = "".join(urllib.request.urlopen("http://%s/metrics" % e, timeout=2).read().decode()
+                   for e in sys.argv[1:])
+    grid = set(re.findall(r'^gpipe_job_step\{job="[^"]+",replica="(\d+)",stage="(\d+)"\}', text, re.M))
+    moved = {m[0]: float(m[1]) for m in re.findall(r'^gpipe_stage_allreduce_bytes_total\{job="[^"]+",(replica="\d+",stage="\d+")\} (\S+)', text, re.M)}
+    loss = re.search(r'^gpipe_job_loss\{job="[^"]+"\} \d', text, re.M)
+    problems = []
+    want = {(r, s) for r in "01" for s in "01"}
+    if grid != want:
+        problems.append(f"gpipe_job_step series for (replica, stage) {sorted(grid)}, want {sorted(want)}")
+    if len(moved) != 4 or not all(v > 0 for v in moved.values()):
+        problems.append(f"gpipe_stage_allreduce_bytes_total {moved}")
+    if not loss:
+        problems.append("no gpipe_job_loss on the controller")
+    if not problems:
+        break
+    if time.time() > deadline:
+        sys.exit("; ".join(problems))
+    time.sleep(0.5)
+print("ok: replica x stage series, reduction bytes", sorted(moved.values()), "and the job's loss")
+PY
 
 # --- every dashboard and rule expression returns data ---------------------
 python3 "$src/tests/scripts/prometheus_queries.py" "$url" \

@@ -4,7 +4,8 @@
 # stage summing their gradients over their own links. With the gradient
 # groups pinned in the spec (4), the final parameters are bitwise those of
 # the single-process reference trainer and of `gpipectl train --replicas R`
-# for every (K, R) tried; the job's events name the grid; a cluster short of
+# for every (K, R) tried; the job's events name the grid; the traces of both
+# (`--trace`) have a track per replica and stage; a cluster short of
 # workers says how many it needs.
 #   replicas_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -38,11 +39,20 @@ for config in "2 2 1f1b" "2 2 gpipe" "1 4 1f1b" "3 2 1f1b"; do
   read -r k r schedule <<<"$config"
   name="k$k-r$r-$schedule"
   "$bin/gpipectl" train "$spec" --stages "$k" --replicas "$r" "${common[@]}" \
-    --schedule "$schedule" --out "$work/$name-inprocess" >"$work/log" 2>&1 ||
+    --schedule "$schedule" --out "$work/$name-inprocess" \
+    --trace "$work/$name-inprocess-trace" >"$work/log" 2>&1 ||
     { cat "$work/log"; fail "$name: in-process"; }
   "$bin/gpipectl" local "$spec" --stages "$k" --replicas "$r" "${common[@]}" \
     --schedule "$schedule" --threads 2 --out "$work/$name-cluster" \
+    --trace "$work/$name-cluster-trace" \
     >"$work/log" 2>&1 || { tail -30 "$work/log"; fail "$name: local cluster"; }
+  # One track per (replica, stage), each with its share of the micro-batches.
+  for run in inprocess cluster; do
+    python3 "$src/tests/scripts/check_trace.py" "$work/$name-$run-trace/trace.json" \
+      "$work/$name-$run-trace/timeline.svg" --stages "$k" --replicas "$r" \
+      --micro-batches 4 ||
+      fail "$name: the $run trace does not show every replica's stages"
+  done
   grep -q "$k stages x $r replicas" "$work/log" ||
     { tail -30 "$work/log"; fail "$name: the job's events do not name the grid"; }
   same "$work/$name-cluster/model.safetensors" "$work/reference/model.safetensors" \

@@ -12,7 +12,7 @@ int main() {
   prometheus::Registry registry;
   gpipe::PipelineMetrics metrics(registry);
   std::shared_ptr<gpipe::StageMetrics> stage =
-      metrics.ForStage("probe", 0, 1, 1, /*last=*/true);
+      metrics.ForStage("probe", 0, /*replica=*/0, 1, 1, /*last=*/true);
   stage->ObserveSend(1024, 0.001);
   stage->SetDataPlane("grpc");
   metrics.Finish("probe", 0);

@@ -61,6 +61,29 @@ TEST(TraceStoreTest, KeepsTheLastStepsOfEachStage) {
   EXPECT_EQ(partial->steps_size(), 2);
 }
 
+TEST(TraceStoreTest, KeepsEachReplicaOfAStageApart) {
+  TraceStore store(/*keep_steps=*/2, /*keep_jobs=*/4);
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int64_t replica : {1, 0}) {
+      for (int64_t stage = 0; stage < 2; ++stage) {
+        v1::StepTrace t = Record("j", stage, step);
+        t.set_replica(replica);
+        store.Add(t);
+      }
+    }
+  }
+  absl::StatusOr<v1::GetTraceResponse> all =
+      store.Get("j", std::nullopt, std::nullopt);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->steps_size(), 8);  // 2 steps x 2 replicas x 2 stages
+  // By step, then replica, then stage.
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(all->steps(i).step(), 1 + i / 4);
+    EXPECT_EQ(all->steps(i).replica(), (i / 2) % 2);
+    EXPECT_EQ(all->steps(i).stage(), i % 2);
+  }
+}
+
 TEST(TraceStoreTest, AReplayedStepReplacesTheOlderRecord) {
   TraceStore store(3, 4);
   for (int64_t step = 0; step < 3; ++step) store.Add(Record("j", 0, step));

@@ -145,7 +145,8 @@ TEST_P(BalancedPipeline, BubbleRatioIsCloseToTheory) {
   std::vector<StageRun> runs(k);
   for (int64_t i = 0; i < k; ++i) {
     timelines.push_back(std::make_unique<Timeline>(origin, kSteps));
-    stage_metrics.push_back(metrics.ForStage("j", i, k, m, i == k - 1));
+    stage_metrics.push_back(
+        metrics.ForStage("j", i, /*replica=*/0, k, m, i == k - 1));
     StageRun& r = runs[i];
     r.index = i;
     r.count = k;

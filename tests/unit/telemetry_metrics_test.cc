@@ -77,21 +77,23 @@ TEST(StepFigures, TheoreticalBubble) {
   EXPECT_EQ(TheoreticalBubbleRatio(4, 0), 0.0);
 }
 
-// Finds `name` with labels job=`job`, stage=`stage` (and phase when given).
+// Finds `name` with labels job=`job`, stage=`stage`, replica=`replica` (and
+// phase when given).
 const prometheus::ClientMetric* Find(
     const std::vector<prometheus::MetricFamily>& families,
     const std::string& name, const std::string& job, const std::string& stage,
-    const std::string& phase = "") {
+    const std::string& phase = "", const std::string& replica = "0") {
   for (const auto& f : families) {
     if (f.name != name) continue;
     for (const auto& m : f.metric) {
-      bool j = false, s = false, p = phase.empty();
+      bool j = false, s = false, r = false, p = phase.empty();
       for (const auto& l : m.label) {
         j |= l.name == "job" && l.value == job;
         s |= l.name == "stage" && l.value == stage;
+        r |= l.name == "replica" && l.value == replica;
         p |= l.name == "phase" && l.value == phase;
       }
-      if (j && s && p) return &m;
+      if (j && s && r && p) return &m;
     }
   }
   return nullptr;
@@ -100,7 +102,7 @@ const prometheus::ClientMetric* Find(
 TEST(StageMetrics, AStepLandsInEveryFamily) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
-  auto last = metrics.ForStage("job-1", 1, 2, 4, /*last=*/true);
+  auto last = metrics.ForStage("job-1", 1, /*replica=*/0, 2, 4, /*last=*/true);
   StepOutcome report;
   report.completed_steps = 4;
   report.samples = 32;
@@ -150,13 +152,49 @@ TEST(StageMetrics, AStepLandsInEveryFamily) {
   for (const auto& family : f)
     for (const auto& m : family.metric)
       for (const auto& l : m.label)
-        EXPECT_THAT(l.name, ::testing::AnyOf("job", "stage", "phase"));
+        EXPECT_THAT(l.name,
+                    ::testing::AnyOf("job", "stage", "replica", "phase"));
+}
+
+// The replicas of a stage are series of their own (Prometheus would add
+// their counters otherwise), each with its gradient reduction's figures.
+TEST(StageMetrics, ReplicasOfAStageAreSeparateSeriesWithTheirReduction) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  auto r0 = metrics.ForStage("j", 1, /*replica=*/0, 2, 4, /*last=*/true);
+  auto r1 = metrics.ForStage("j", 1, /*replica=*/1, 2, 4, /*last=*/true);
+  ASSERT_NE(r0, r1);
+  EXPECT_EQ(metrics.ForStage("j", 1, /*replica=*/1, 2, 4, true), r1);
+  r0->ObserveStep(Step(10, {}), StepOutcome{1, 16, 0, 0.25});
+  r1->ObserveStep(Step(10, {}), StepOutcome{1, 16, 0, 0.5});
+  r1->ObserveReduction(0.003, 4096);
+  r1->ObserveReduction(0.002, 1024);
+  r1->ObserveReduction(-1, -1);  // a clock read gone wrong adds nothing
+  r1->SetDataPlane("shm");
+  const auto f = registry.Collect();
+  auto value = [&](const char* name, const char* replica) {
+    const prometheus::ClientMetric* m = Find(f, name, "j", "1", "", replica);
+    EXPECT_NE(m, nullptr) << name << " replica " << replica;
+    return m;
+  };
+  EXPECT_EQ(value("gpipe_loss", "0")->gauge.value, 0.25);
+  EXPECT_EQ(value("gpipe_loss", "1")->gauge.value, 0.5);
+  EXPECT_EQ(value("gpipe_samples_total", "1")->counter.value, 16);
+  EXPECT_NEAR(value("gpipe_stage_allreduce_seconds_total", "1")->counter.value,
+              0.005, 1e-12);
+  EXPECT_EQ(value("gpipe_stage_allreduce_bytes_total", "1")->counter.value,
+            5120);
+  EXPECT_EQ(value("gpipe_stage_allreduce_bytes_total", "0")->counter.value, 0);
+  EXPECT_EQ(value("gpipe_transport_data_plane", "1")->gauge.value, 1);
+  // Ending one replica's assignment leaves the other's series alone.
+  metrics.Finish("j", 1, /*replica=*/1);
+  EXPECT_EQ(metrics.ForStage("j", 1, /*replica=*/0, 2, 4, true), r0);
 }
 
 TEST(StageMetrics, OnlyTheLastStageExportsTheLoss) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
-  metrics.ForStage("j", 0, 2, 4, /*last=*/false)
+  metrics.ForStage("j", 0, /*replica=*/0, 2, 4, /*last=*/false)
       ->ObserveStep(Step(10, {}), StepOutcome{1, 8, 0, 1.5});
   EXPECT_EQ(Find(registry.Collect(), "gpipe_loss", "j", "0"), nullptr);
 }
@@ -166,7 +204,8 @@ TEST(StageMetrics, LabelSetsOfEndedJobsStayBounded) {
   PipelineMetrics metrics(registry, /*keep_finished=*/2);
   for (int job = 0; job < 50; ++job) {
     const std::string id = "job-" + std::to_string(job);
-    metrics.ForStage(id, 0, 2, 4, false)->ObserveStep(Step(10, {}), {});
+    metrics.ForStage(id, 0, /*replica=*/0, 2, 4, false)
+        ->ObserveStep(Step(10, {}), {});
     metrics.Finish(id, 0);
   }
   EXPECT_EQ(metrics.exported(), 2u);
@@ -182,7 +221,7 @@ TEST(StageMetrics, LabelSetsOfEndedJobsStayBounded) {
   EXPECT_NE(Find(registry.Collect(), "gpipe_job_step", "job-49", "0"), nullptr);
   EXPECT_EQ(Find(registry.Collect(), "gpipe_job_step", "job-0", "0"), nullptr);
   // Past the linger time the ended ones go; a live one stays.
-  metrics.ForStage("live", 1, 2, 4, false);
+  metrics.ForStage("live", 1, /*replica=*/0, 2, 4, false);
   metrics.Prune(PipelineMetrics::Clock::now() + std::chrono::hours(1));
   EXPECT_EQ(metrics.exported(), 1u);
   EXPECT_EQ(Find(registry.Collect(), "gpipe_job_step", "job-49", "0"), nullptr);
@@ -190,7 +229,7 @@ TEST(StageMetrics, LabelSetsOfEndedJobsStayBounded) {
   // A stage reassigned to the same worker continues its series while they
   // are exported.
   metrics.Finish("live", 1);
-  auto again = metrics.ForStage("live", 1, 2, 4, false);
+  auto again = metrics.ForStage("live", 1, /*replica=*/0, 2, 4, false);
   again->ObserveStep(Step(10, {}), {});
   again->ObserveStep(Step(10, {}), {});
   EXPECT_EQ(Find(registry.Collect(), "gpipe_step_duration_seconds", "live", "1")
@@ -201,8 +240,8 @@ TEST(StageMetrics, LabelSetsOfEndedJobsStayBounded) {
 TEST(MeteredLink, CountsTensorBytesBothWays) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
-  auto down = metrics.ForStage("j", 0, 2, 1, false);
-  auto up = metrics.ForStage("j", 1, 2, 1, true);
+  auto down = metrics.ForStage("j", 0, /*replica=*/0, 2, 1, false);
+  auto up = metrics.ForStage("j", 1, /*replica=*/0, 2, 1, true);
   auto [a, b] = MakeInProcessLinkPair(4);
   MeteredLink ma(a.get(), down.get()), mb(b.get(), up.get());
   Message msg;
@@ -303,7 +342,8 @@ TEST(MetricsServer, AnswersBadRequestsAndKeepsServing) {
 TEST(MetricsServer, ServesOnAFreeLoopbackPort) {
   prometheus::Registry registry;
   auto metrics = std::make_shared<PipelineMetrics>(registry);
-  metrics->ForStage("job-7", 2, 4, 8, true)->ObserveStep(Step(10, {}), {});
+  metrics->ForStage("job-7", 2, /*replica=*/0, 4, 8, true)
+      ->ObserveStep(Step(10, {}), {});
   auto server = MetricsServer::Start("127.0.0.1:0", {metrics});
   ASSERT_TRUE(server.ok()) << server.status();
   EXPECT_GT((*server)->port(), 0);
@@ -313,7 +353,7 @@ TEST(MetricsServer, ServesOnAFreeLoopbackPort) {
   EXPECT_THAT(text, HasSubstr("200 OK"));
   EXPECT_THAT(text,
               HasSubstr("gpipe_pipeline_bubble_theoretical_ratio{job=\"job-7\","
-                        "stage=\"2\"} 0.2727"));
+                        "replica=\"0\",stage=\"2\"} 0.2727"));
   // The port is taken now: a clear Unavailable, no exception.
   auto again = MetricsServer::Start((*server)->address(), {metrics});
   EXPECT_TRUE(absl::IsUnavailable(again.status())) << again.status();

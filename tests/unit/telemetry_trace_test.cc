@@ -114,6 +114,58 @@ TEST(ChromeTraceTest, OneTrackPerStageWithTimesFromTheEarliestRecord) {
   EXPECT_EQ(s1[3].cat, "optimizer");
 }
 
+// Replicas: one track per (replica, stage), replica by replica, each named
+// for both; the SVG draws a row for each.
+TEST(ChromeTraceTest, OneTrackPerReplicaAndStage) {
+  v1::GetTraceResponse trace = HandMade("job-r");
+  trace.set_replicas(2);
+  // Replica 1's records, added before replica 0's are all there: the tracks
+  // are ordered by (replica, stage), not by arrival.
+  v1::GetTraceResponse mixed = trace;
+  mixed.clear_steps();
+  for (int64_t replica : {1, 0}) {
+    for (const v1::StepTrace& s : trace.steps()) {
+      v1::StepTrace* t = mixed.add_steps();
+      *t = s;
+      t->set_replica(replica);
+    }
+  }
+  const Struct doc = Parse(ChromeTraceJson(mixed));
+  EXPECT_EQ(ThreadNames(doc),
+            (std::map<int, std::string>{{0, "replica 0 stage 0"},
+                                        {1, "replica 0 stage 1"},
+                                        {2, "replica 1 stage 0"},
+                                        {3, "replica 1 stage 1"}}));
+  const auto slices = Slices(doc);
+  ASSERT_EQ(slices.size(), 4u);
+  for (const auto& [tid, track] : slices) EXPECT_EQ(track.size(), 4u) << tid;
+  EXPECT_EQ(doc.fields()
+                .at("otherData")
+                .struct_value()
+                .fields()
+                .at("replicas")
+                .number_value(),
+            2);
+  const std::vector<TraceTrack> tracks = ByTrack(mixed);
+  ASSERT_EQ(tracks.size(), 4u);
+  EXPECT_EQ(tracks[3].replica, 1);
+  EXPECT_EQ(tracks[3].stage, 1);
+  EXPECT_TRUE(HasReplicas(tracks));
+  const std::string svg = TimelineSvg(mixed);
+  EXPECT_THAT(svg, HasSubstr("R=2 replicas"));
+  EXPECT_THAT(svg, HasSubstr("id=\"replica-1-stage-0\""));
+  EXPECT_THAT(svg, HasSubstr(">replica 1 stage 1</text>"));
+  // A record of a negative replica (a hostile or broken sender) is dropped:
+  // replica 1's stage 0 had only that one.
+  ASSERT_EQ(mixed.steps(0).replica(), 1);
+  ASSERT_EQ(mixed.steps(0).stage(), 0);
+  mixed.mutable_steps(0)->set_replica(-3);
+  const std::vector<TraceTrack> left = ByTrack(mixed);
+  ASSERT_EQ(left.size(), 3u);
+  EXPECT_EQ(left[2].replica, 1);
+  EXPECT_EQ(left[2].stage, 1);
+}
+
 TEST(ChromeTraceTest, EscapesStrings) {
   EXPECT_EQ(JsonString("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
   const std::string odd = "job \"<&>\"\\\n\t\x02 ünï";
