@@ -45,16 +45,7 @@ job_workers() {
 # run_mode NAME REPLICAS: a job, KILLS kills, its timeline.
 run_mode() {
   local name=$1 replicas=$2 job i victim at st state restarts step ok before done_kills=0
-  write_spec "$work/$name.json" "replica-bench-$name" "$steps" 2 0 "$ADAMW"
-  python3 - "$work/$name.json" "$replicas" "$every" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
-d["pipeline"]["replicas"] = int(sys.argv[2])
-d["pipeline"]["gradientGroups"] = 2
-d["checkpoint"]["every"] = int(sys.argv[3])
-json.dump(d, open(sys.argv[1], "w"))
-PY
+  write_replica_spec "$work/$name.json" "replica-bench-$name" "$steps" "$replicas" 2 "$every"
   job=$(submit "$work/$name.json")
   "$bin/gpipectl" --controller "127.0.0.1:$cport" watch "$job" --json >"$work/$name-events.jsonl" 2>"$work/$name-watch.log" &
   watch_pid=$!

@@ -222,5 +222,23 @@ write_spec() {
 JSON
 }
 
+# write_replica_spec FILE NAME STEPS REPLICAS [GRADIENT_GROUPS [CHECKPOINT_EVERY]]:
+# write_spec's model without its batch norm (replicas refuse one) on 2 stages
+# x REPLICAS with AdamW and clipping.
+write_replica_spec() {
+  write_spec "$1" "$2" "$3" 2 0 "$ADAMW"
+  python3 - "$1" "$4" "${5:-0}" "${6:-0}" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
+d["pipeline"]["replicas"] = int(sys.argv[2])
+if int(sys.argv[3]):
+    d["pipeline"]["gradientGroups"] = int(sys.argv[3])
+if int(sys.argv[4]):
+    d["checkpoint"]["every"] = int(sys.argv[4])
+json.dump(d, open(sys.argv[1], "w"))
+PY
+}
+
 SGD='{"lr": 0.05, "sgd": {"momentum": 0.9}, "warmupSteps": 20, "decay": "LR_DECAY_COSINE", "minLr": 0.001}'
 ADAMW='{"lr": 0.01, "adamw": {}, "clipNorm": 1.0, "decay": "LR_DECAY_LINEAR"}'
