@@ -157,9 +157,19 @@ Executor::Executor(int threads, Reporter report, PipelineMetrics* metrics,
     : threads_(threads),
       report_(std::move(report)),
       metrics_(metrics),
-      device_(device) {}
+      device_(device) {
+  reaper_ = std::thread([this] { ReapParked(); });
+}
 
-Executor::~Executor() { CancelAll(); }
+Executor::~Executor() {
+  CancelAll();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    cv_.notify_all();
+  }
+  reaper_.join();
+}
 
 bool Executor::busy() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -180,6 +190,47 @@ void Executor::StopLocked(std::unique_lock<std::mutex>& lock) {
     std::thread t = std::move(thread_);
     lock.unlock();
     t.join();
+    lock.lock();
+  }
+}
+
+int64_t Executor::parked_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return parked_ != nullptr ? parked_->step : -1;
+}
+
+void Executor::SetParked(std::unique_ptr<ParkedStage> p) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    parked_.swap(p);
+    if (parked_ != nullptr) {
+      parked_until_ = std::chrono::steady_clock::now() + parked_ttl_;
+      cv_.notify_all();
+    }
+  }
+  // The old state's tensors are freed here, outside the lock.
+}
+
+void Executor::ReapParked() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shutting_down_) {
+    if (parked_ == nullptr || current_ != nullptr) {
+      cv_.wait(lock);
+      continue;
+    }
+    if (std::chrono::steady_clock::now() < parked_until_) {
+      cv_.wait_until(lock, parked_until_);
+      continue;
+    }
+    std::unique_ptr<ParkedStage> expired = std::move(parked_);
+    lock.unlock();
+    LogInfo(
+        "freed the state of %s's layers [%d, %d) after step %d: kept %.1f s "
+        "for a resume from memory, not used",
+        expired->job_id, expired->layer_begin, expired->layer_end,
+        expired->step, std::chrono::duration<double>(parked_ttl_).count());
+    expired.reset();
+    ReleaseFreedMemory();
     lock.lock();
   }
 }
@@ -394,7 +445,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   // Another job's state, or one this assignment will not resume from.
   if (parked_ != nullptr &&
       (parked_->job_id != a.job_id() || !a.resume_in_memory())) {
-    parked_.reset();
+    SetParked(nullptr);
   }
   LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
           a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
@@ -466,7 +517,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     }
   }
   if (status.ok()) {
-    parked_.reset();
+    SetParked(nullptr);
   } else {
     Park(x);
   }
@@ -486,6 +537,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     metrics_->Finish(a.job_id(), a.stage(), a.replica());
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == run) current_ = nullptr;
+  cv_.notify_all();  // the reaper waits for no assignment to run
 }
 
 absl::Status Executor::CheckMemory(const Execution& x) const {
@@ -506,9 +558,15 @@ absl::Status Executor::CheckMemory(const Execution& x) const {
                      ") are not within the model's ", shapes.costs.size()));
   }
   const StageMemory need = EstimateStageMemory(x.spec, shapes, p);
-  if (need.total() <= memory_budget_) return absl::OkStatus();
+  // A state kept for this assignment's resume from memory is a copy beside
+  // the stage's own until the resume has loaded it.
+  const int64_t parked = parked_ != nullptr ? ParkedBytes(*parked_) : 0;
+  if (need.total() + parked <= memory_budget_) return absl::OkStatus();
   return MemoryError(absl::StrCat(
       "stage ", p.stage, " needs ", need.ToString(),
+      parked > 0 ? absl::StrCat(" and ", FormatBytes(parked),
+                                " for the state it resumes from")
+                 : std::string(),
       ", more than this worker's memory for stages, ",
       FormatBytes(memory_budget_), " (gpipe-worker --memory_limit)"));
 }
@@ -658,7 +716,7 @@ absl::Status Executor::ResumeInMemory(Execution& x) {
       a.resume_roll_forward()
           ? std::optional<double>(a.resume_roll_forward_squares())
           : std::nullopt);
-  if (from.ok()) parked_.reset();  // the stage holds it now
+  if (from.ok()) SetParked(nullptr);  // the stage holds it now
   if (!from.ok()) {
     return absl::Status(
         from.status().code(),
@@ -690,10 +748,10 @@ void Executor::Park(Execution& x) {
       !x.stage->update_in_progress()) {
     const int64_t step =
         std::max(x.done_steps, x.stage->last_update_step() + 1);
-    parked_.reset();
+    SetParked(nullptr);
     try {
-      parked_ = std::make_unique<ParkedStage>(
-          ParkStage(*x.stage, x.spec, x.a.job_id(), step));
+      SetParked(std::make_unique<ParkedStage>(
+          ParkStage(*x.stage, x.spec, x.a.job_id(), step)));
     } catch (const std::bad_alloc&) {
       LogWarning("stage %d of %s: no memory to keep its state for a resume",
                  x.a.stage(), x.a.job_id());

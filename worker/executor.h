@@ -7,6 +7,7 @@
 #ifndef GPIPE_WORKER_EXECUTOR_H_
 #define GPIPE_WORKER_EXECUTOR_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -92,6 +93,14 @@ class Executor {
   // stage (TensorMemoryLimit); both as OutOfMemory, a failure of the job, not
   // of this worker. Set before the first Start.
   void set_memory_budget(int64_t bytes) { memory_budget_ = bytes; }
+  // How long a stage's state kept for a resume from memory (Park) waits for
+  // the assignment that uses it; then it is freed. Set before the first
+  // Start.
+  void set_parked_state_ttl(std::chrono::milliseconds ttl) {
+    parked_ttl_ = ttl;
+  }
+  // Steps of the state kept for a resume from memory, -1 when none is kept.
+  int64_t parked_step() const;
 
  private:
   struct Run;        // one assignment, as Start and Cancel see it
@@ -114,6 +123,11 @@ class Executor {
   // After an assignment of several replicas ended without finishing: keeps
   // its stage's state when it lies on a step boundary, and says so.
   void Park(Execution& x);
+  // Replaces the parked state (under mu_; a new one gets its TTL).
+  void SetParked(std::unique_ptr<ParkedStage> p);
+  // The reaper thread: frees a parked state whose TTL ran out while no
+  // assignment runs (one that runs may be resuming from it).
+  void ReapParked();
   absl::Status RunSteps(Execution& x);
   absl::Status Finish(Execution& x);
   // Parts of RunSteps.
@@ -140,12 +154,16 @@ class Executor {
   std::unique_ptr<StageFileStore> controller_files_;
   const Device device_;
   int64_t memory_budget_ = 0;
+  std::chrono::milliseconds parked_ttl_{std::chrono::minutes(10)};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;
   std::thread thread_;
+  std::chrono::steady_clock::time_point parked_until_;  // under mu_
+  bool shutting_down_ = false;                          // under mu_
+  std::thread reaper_;
   // The state the last assignment left (Park); only the assignment thread
-  // touches it, and only one runs at a time.
+  // changes it (SetParked, under mu_), and only one runs at a time.
   std::unique_ptr<ParkedStage> parked_;
 };
 

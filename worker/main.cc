@@ -105,6 +105,10 @@ ABSL_FLAG(double, compute_slowdown, 1.0,
           "for tests and benchmarks: every layer of a CPU stage takes this "
           "many times as long (>= 1; the rest is slept, the CPU left free), "
           "so one process stands for a slower machine");
+ABSL_FLAG(int64_t, parked_state_seconds, 600,
+          "how long a stage's state kept for a resume from memory (after a "
+          "replica of its job was lost) waits for the assignment that uses "
+          "it before it is freed");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");
@@ -282,6 +286,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   executor.set_memory_budget(memory->stages);
+  if (absl::GetFlag(FLAGS_parked_state_seconds) < 1) {
+    std::fprintf(stderr,
+                 "gpipe-worker: --parked_state_seconds must be 1 or more\n");
+    return 2;
+  }
+  executor.set_parked_state_ttl(
+      std::chrono::seconds(absl::GetFlag(FLAGS_parked_state_seconds)));
   executor.set_exchange_credentials(security->exchange);
   executor.set_compute_slowdown(slowdown);
   {

@@ -38,6 +38,13 @@ absl::StatusOr<Message> ReceiveResume(Link& link, int64_t from, int64_t step,
 
 }  // namespace
 
+int64_t ParkedBytes(const ParkedStage& parked) {
+  int64_t bytes = 0;
+  for (const auto& [name, t] : parked.state) bytes += t.nbytes();
+  for (const auto& [name, t] : parked.grads) bytes += t.nbytes();
+  return bytes;
+}
+
 ParkedStage ParkStage(Stage& stage, const gpipe::v1::JobSpec& spec,
                       const std::string& job_id, int64_t step) {
   ParkedStage parked;

@@ -43,6 +43,9 @@ struct ParkedStage {
   double last_update_squares = 0;
 };
 
+// Bytes of the tensors `parked` holds.
+int64_t ParkedBytes(const ParkedStage& parked);
+
 // Copies `stage`'s state after `step` steps (and its gradients when the
 // update of `step` is pending).
 ParkedStage ParkStage(Stage& stage, const gpipe::v1::JobSpec& spec,

@@ -3,12 +3,15 @@
 // reference trainer's. Bad links (another job, an old epoch, a header whose
 // byte count does not match its shape, bytes that are no frame at all) are
 // rejected with a clear status, and the workers keep serving.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -543,6 +546,78 @@ TEST_F(WorkerTest, BadReductionLinksAndReplicaAssignmentsAreRefused) {
   EXPECT_FALSE(reports_.WaitFinished(1, &failure));
   EXPECT_NE(failure.find("3 replicas do not divide"), std::string::npos)
       << failure;
+}
+
+// A replica's worker whose epoch is cancelled keeps its stage's state for a
+// resume from memory, counted, and frees it when no assignment has come for
+// it within the TTL (--parked_state_seconds) or another job's comes.
+TEST_F(WorkerTest, ParkedStateIsFreedWhenNothingUsesIt) {
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_model()->mutable_layers()->DeleteSubrange(1, 1);  // batch norm
+  spec.set_steps(100000);
+  spec.mutable_pipeline()->set_replicas(2);
+  a_->executor.set_parked_state_ttl(std::chrono::milliseconds(300));
+  gpipe::v1::Assignment a;
+  a.set_job_id("job-park");
+  a.set_epoch(1);
+  *a.mutable_spec() = spec;
+  a.set_stage(0);
+  a.set_stages(1);
+  a.set_layer_begin(0);
+  a.set_layer_end(spec.model().layers_size());
+  a.set_micro_batches(4);
+  a.set_replicas(2);
+  a.add_replica_addresses(a_->address);
+  a.add_replica_addresses(b_->address);
+  a.set_replica(1);
+  b_->executor.Start(a);
+  a.set_replica(0);
+  a_->executor.Start(a);
+  // Both replicas past a few steps.
+  const auto deadline = absl::Now() + absl::Seconds(30);
+  auto steps_of = [&](int64_t replica) {
+    int64_t step = 0;
+    for (const auto& m : reports_.All()) {
+      if (m.has_progress() && m.progress().replica() == replica)
+        step = std::max(step, m.progress().step());
+    }
+    return step;
+  };
+  while ((steps_of(0) < 3 || steps_of(1) < 3) && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_GE(steps_of(0), 3);
+  ASSERT_GE(steps_of(1), 3);
+  a_->executor.Cancel("job-park", 1);
+  b_->executor.Cancel("job-park", 1);
+  ASSERT_GE(a_->executor.parked_step(), 3);
+  ASSERT_GE(b_->executor.parked_step(), 3);
+  int parked_reports = 0;
+  for (const auto& m : reports_.All()) {
+    if (m.has_parked()) {
+      EXPECT_GE(m.parked().step(), 3);
+      ++parked_reports;
+    }
+  }
+  EXPECT_EQ(parked_reports, 2);
+  // Worker a's TTL runs out; b's (ten minutes) does not.
+  const auto freed_by = absl::Now() + absl::Seconds(10);
+  while (a_->executor.parked_step() >= 0 && absl::Now() < freed_by)
+    absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(a_->executor.parked_step(), -1);
+  EXPECT_GE(b_->executor.parked_step(), 3);
+  // Another job's assignment frees it at once.
+  reports_.Clear();
+  gpipe::v1::Assignment other = a;
+  other.set_job_id("job-after");
+  other.mutable_spec()->set_steps(1);
+  other.mutable_spec()->mutable_pipeline()->set_replicas(1);
+  other.set_replicas(1);
+  other.clear_replica_addresses();
+  other.set_output_dir((dir_ / "job-after").string());
+  b_->executor.Start(other);
+  std::string failure;
+  ASSERT_TRUE(reports_.WaitFinished(1, &failure)) << failure;
+  EXPECT_EQ(b_->executor.parked_step(), -1);
 }
 
 }  // namespace

@@ -97,6 +97,11 @@ TEST_F(MemoryResumeTest, EveryReplicaGetsTheStateOfTheLowestThatHoldsIt) {
   for (int64_t s = 0; s < 3; ++s) ASSERT_TRUE(trained->RunStep(s).ok());
   const ParkedStage parked = ParkStage(*trained, spec_, "job", 3);
   const std::map<std::string, Tensor> want = State(*trained);
+  // What the worker's memory check counts beside a resuming stage.
+  int64_t bytes = 0;
+  for (const auto& [name, t] : want) bytes += t.nbytes();
+  EXPECT_EQ(ParkedBytes(parked), bytes);
+  EXPECT_GT(bytes, 0);
   // A fresh stage starts elsewhere: the test would pass without a copy
   // otherwise.
   std::unique_ptr<Stage> fresh = MakeStage();
