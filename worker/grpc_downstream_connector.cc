@@ -1,11 +1,14 @@
 #include "worker/grpc_downstream_connector.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "services/core/bytes.h"
 #include "services/core/log.h"
+#include "services/nn/layer_spec.h"
 #include "services/transport/resolve.h"
 
 namespace gpipe {
@@ -19,10 +22,31 @@ constexpr absl::Duration kResolveRetry = absl::Milliseconds(200);
 
 }  // namespace
 
+int64_t ShmRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
+  const absl::StatusOr<ModelShapes> shapes = InferModelShapes(a.spec().model());
+  const int64_t m = std::max<int64_t>(1, a.micro_batches());
+  if (!shapes.ok() || a.layer_end() < 1 ||
+      a.layer_end() > static_cast<int64_t>(shapes->outputs.size())) {
+    return most;  // the stage's own checks say what is wrong
+  }
+  const int64_t rows = (a.spec().batch_size() + m - 1) / m;
+  // fp32: the widest activation dtype a boundary carries.
+  const double message =
+      4.0 * static_cast<double>(rows) *
+      static_cast<double>(shapes->outputs[a.layer_end() - 1].numel());
+  const double need = std::max(8 * message, 4 * m * message);
+  int64_t ring = kMinShmRingBytes;
+  while (ring < most && static_cast<double>(ring) < need) ring *= 2;
+  return std::min(ring, most);
+}
+
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     const gpipe::v1::Assignment& a, const std::function<bool()>& cancelled) {
+  DataPlaneOptions plane = data_plane_;
+  plane.ring_bytes = ShmRingBytesFor(a, data_plane_.ring_bytes);
+  plane.chunk_bytes = std::min(plane.chunk_bytes, plane.ring_bytes / 2);
   return Dial(a, a.downstream_address(), absl::StrCat("stage ", a.stage() + 1),
-              data_plane_, cancelled);
+              plane, cancelled);
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
@@ -100,9 +124,13 @@ absl::StatusOr<std::string> GrpcDownstreamConnector::AwaitDataPlane(
     if (plane.ok()) {
       const PlaneRefusal refusal = exchange.refusal();
       LogInfo(
-          "stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s",
+          "stage %d of %s: data plane to stage %d is %s (--data_plane %s)%s%s",
           a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
           DataPlaneModeName(data_plane_.mode),
+          *plane == DataPlaneKind::kShm
+              ? absl::StrCat(", rings of ", FormatBytes(ShmRingBytesFor(
+                                                a, data_plane_.ring_bytes)))
+              : std::string(),
           refusal.empty() ? std::string()
                           : absl::StrCat(": ", refusal.ToString()));
       return std::string(DataPlaneName(*plane));

@@ -45,6 +45,15 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
   const DataPlaneOptions data_plane_;
 };
 
+// The shared-memory ring per direction for the link from `a`'s stage to the
+// next: room for every micro-batch of a step in flight, each one chunk that
+// the receiver may hold in place (a chunk is at most an eighth of the ring,
+// the receiver holds at most a quarter), as a power of two within
+// [kMinShmRingBytes, `most`] (`most` itself when the model's shapes do not
+// say). A small model's link then maps and pre-faults a megabyte, not
+// `most`: what a stage's start, and so a recovery, waits for.
+int64_t ShmRingBytesFor(const gpipe::v1::Assignment& a, int64_t most);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_WORKER_GRPC_DOWNSTREAM_CONNECTOR_H_

@@ -87,8 +87,9 @@ ABSL_FLAG(std::string, data_plane, "auto",
           "(shared memory or fail) or cuda_ipc (CUDA IPC or fail; needs "
           "--device cuda)");
 ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{32} << 20,
-          "shared-memory plane: bytes of each direction's ring per "
-          "neighbouring pair, a multiple of 4096 (a full ring makes the "
+          "shared-memory plane: the most bytes of each direction's ring per "
+          "neighbouring pair (each link takes what its stage boundary's "
+          "tensors need, at least 1 MiB), a multiple of 4096 (a full ring makes the "
           "sender wait); an activation or gradient of up to an eighth of it "
           "is copied once, larger ones twice");
 ABSL_FLAG(int64_t, cuda_ipc_ring_bytes, int64_t{64} << 20,

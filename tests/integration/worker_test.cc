@@ -22,6 +22,7 @@
 #include "services/storage/safetensors.h"
 #include "tests/support/worker_reports.h"
 #include "worker/executor.h"
+#include "worker/grpc_downstream_connector.h"
 #include "worker/stage_service.h"
 
 namespace gpipe {
@@ -546,6 +547,33 @@ TEST_F(WorkerTest, BadReductionLinksAndReplicaAssignmentsAreRefused) {
   EXPECT_FALSE(reports_.WaitFinished(1, &failure));
   EXPECT_NE(failure.find("3 replicas do not divide"), std::string::npos)
       << failure;
+}
+
+// Each link's shared-memory rings fit its stage boundary: a step's
+// micro-batches, each one chunk, within [1 MiB, --shm_ring_bytes].
+TEST_F(WorkerTest, ShmRingsAreSizedToTheStageBoundary) {
+  constexpr int64_t kMost = int64_t{32} << 20;
+  gpipe::v1::Assignment a;
+  *a.mutable_spec() = spec_;
+  a.set_micro_batches(4);
+  a.set_layer_begin(0);
+  a.set_layer_end(1);  // [8 rows of 30/4, rounded up, x 16] floats: tiny
+  EXPECT_EQ(ShmRingBytesFor(a, kMost), kMinShmRingBytes);
+  // 4096 rows / 4 = 1024 rows x 16 floats = 64 KiB a message; 4 x 4 of
+  // them need 1 MiB; 8192 rows, 2 MiB.
+  a.mutable_spec()->set_batch_size(8192);
+  EXPECT_EQ(ShmRingBytesFor(a, kMost), int64_t{2} << 20);
+  // Eight micro-batches of the same rows each: twice the ring.
+  a.set_micro_batches(8);
+  a.mutable_spec()->set_batch_size(16384);
+  EXPECT_EQ(ShmRingBytesFor(a, kMost), int64_t{4} << 20);
+  // Far more than the flag allows: the flag.
+  a.mutable_spec()->set_batch_size(int64_t{1} << 24);
+  EXPECT_EQ(ShmRingBytesFor(a, kMost), kMost);
+  EXPECT_EQ(ShmRingBytesFor(a, 3 * kMinShmRingBytes), 3 * kMinShmRingBytes);
+  // Layers the model does not have: the flag (the stage itself refuses).
+  a.set_layer_end(99);
+  EXPECT_EQ(ShmRingBytesFor(a, kMost), kMost);
 }
 
 // A replica's worker whose epoch is cancelled keeps its stage's state for a
