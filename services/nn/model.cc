@@ -76,10 +76,12 @@ void Model::EachLayerBackward(LayerContext ctx, Pass pass) {
 }
 
 Tensor Model::Backward(const Tensor& dy, const std::vector<Saved>& saved,
-                       LayerContext ctx) {
+                       LayerContext ctx,
+                       const std::function<void(int64_t)>& after_layer) {
   Tensor g = dy;
   EachLayerBackward(ctx, [&](size_t i, const LayerContext& c) {
     g = layers_[i]->Backward(g, saved[i], c);
+    if (after_layer) after_layer(static_cast<int64_t>(i));
   });
   return g;
 }
@@ -97,10 +99,11 @@ Tensor Model::BackwardInput(const Tensor& dy, std::vector<Saved>* saved,
 // The layers' order does not matter for the bits (each adds into its own
 // parameters); reverse, as Backward, so the timing and caches see the same.
 void Model::BackwardWeight(const std::vector<Saved>& saved,
-                           const std::vector<Saved>& deferred,
-                           LayerContext ctx) {
+                           const std::vector<Saved>& deferred, LayerContext ctx,
+                           const std::function<void(int64_t)>& after_layer) {
   EachLayerBackward(ctx, [&](size_t i, const LayerContext& c) {
     layers_[i]->BackwardWeight(saved[i], deferred[i], c);
+    if (after_layer) after_layer(static_cast<int64_t>(i));
   });
 }
 

@@ -5,6 +5,7 @@
 #ifndef GPIPE_SERVICES_NN_MODEL_H_
 #define GPIPE_SERVICES_NN_MODEL_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,8 +52,12 @@ class Model {
     return layers_.empty() ? absl::OkStatus() : layers_.front()->CheckInput(x);
   }
   // Backward through every layer in reverse; returns the input gradient.
+  // `after_layer(i)` (optional) runs once layer i (local) has added its
+  // parameters' gradients: a caller may start using them while the layers
+  // below compute.
   Tensor Backward(const Tensor& dy, const std::vector<Saved>& saved,
-                  LayerContext ctx);
+                  LayerContext ctx,
+                  const std::function<void(int64_t)>& after_layer = nullptr);
   // The backward in two halves (Layer::BackwardInput / BackwardWeight):
   // the input gradient now, with what the weight half needs kept in
   // `deferred` (resized to size()) and the rest of `saved` dropped, and the
@@ -60,8 +65,11 @@ class Model {
   // gradients bit for bit.
   Tensor BackwardInput(const Tensor& dy, std::vector<Saved>* saved,
                        LayerContext ctx, std::vector<Saved>* deferred);
-  void BackwardWeight(const std::vector<Saved>& saved,
-                      const std::vector<Saved>& deferred, LayerContext ctx);
+  // `after_layer` as Backward's.
+  void BackwardWeight(
+      const std::vector<Saved>& saved, const std::vector<Saved>& deferred,
+      LayerContext ctx,
+      const std::function<void(int64_t)>& after_layer = nullptr);
 
   const std::vector<NamedParameter>& Parameters() const { return params_; }
   // Parameters and buffers by global name: what a checkpoint holds.

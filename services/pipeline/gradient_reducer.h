@@ -28,6 +28,22 @@ class GradientReducer {
   // Wakes every replica waiting in Reduce with CANCELLED (a replica
   // failed), now and for every later call.
   virtual void Close() = 0;
+
+  // Overlap with the drain (optional): a replica that runs one gradient
+  // group hands in its step's parameters in buckets as the last backward
+  // finishes them, `node` holding the bucket's gradients (level 0, first =
+  // the replica's group), numbered from 0 in the same order on every
+  // replica; each is summed like Reduce while the caller computes on, and
+  // FinishBuckets waits for every one of them (the first error, if any).
+  virtual bool SupportsBuckets() const { return false; }
+  virtual absl::Status StartBucket(int64_t replica, int64_t step,
+                                   int64_t bucket, GradientNode node,
+                                   std::vector<NamedParameter> params) {
+    return absl::UnimplementedError("this reduction takes no buckets");
+  }
+  virtual absl::Status FinishBuckets() {
+    return absl::UnimplementedError("this reduction takes no buckets");
+  }
 };
 
 }  // namespace gpipe

@@ -15,9 +15,70 @@ LinkReduction::LinkReduction(int64_t replica, int64_t groups,
       shares_(std::move(shares)),
       peers_(std::move(peers)) {}
 
+LinkReduction::~LinkReduction() {
+  if (bucket_thread_.joinable()) {
+    Close();  // a bucket thread blocked on a peer wakes with an error
+    (void)FinishBuckets();
+  }
+}
+
 void LinkReduction::Close() {
   for (Link* link : peers_)
     if (link != nullptr) link->Close();
+}
+
+absl::Status LinkReduction::StartBucket(int64_t replica, int64_t step,
+                                        int64_t bucket, GradientNode node,
+                                        std::vector<NamedParameter> params) {
+  if (replica != replica_ || bucket < 0 ||
+      shares_[replica_].end - shares_[replica_].begin != 1 ||
+      node.first != shares_[replica_].begin || node.level != 0 ||
+      node.grads.size() != params.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica ", replica, ": bucket ", bucket,
+        " is not one gradient group of replica ", replica_, "'s share"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  buckets_.push_back({step, bucket, std::move(node), std::move(params)});
+  if (!bucket_thread_.joinable()) {
+    no_more_ = false;
+    bucket_thread_ = std::thread([this] { RunBuckets(); });
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+void LinkReduction::RunBuckets() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return !buckets_.empty() || no_more_; });
+    if (buckets_.empty()) return;
+    Bucket b = std::move(buckets_.front());
+    buckets_.pop_front();
+    if (!bucket_status_.ok()) continue;  // a failed step sums nothing more
+    lock.unlock();
+    std::vector<GradientNode> forest;
+    forest.push_back(std::move(b.node));
+    absl::Status s = Sum(b.step, 4 + 2 * b.bucket, std::move(forest), b.params);
+    lock.lock();
+    if (s.ok()) ++buckets_summed_;
+    if (!s.ok() && bucket_status_.ok()) bucket_status_ = std::move(s);
+  }
+}
+
+absl::Status LinkReduction::FinishBuckets() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    no_more_ = true;
+    cv_.notify_all();
+  }
+  if (bucket_thread_.joinable()) bucket_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  absl::Status s = std::move(bucket_status_);
+  bucket_status_ = absl::OkStatus();
+  buckets_.clear();
+  no_more_ = false;
+  return s;
 }
 
 RowRange LinkReduction::Slice(int64_t numel, int64_t q) const {
@@ -33,9 +94,10 @@ absl::StatusOr<Tensor> LinkReduction::ReceiveSlice(int64_t from, int64_t step,
       m.micro_batch != phase || !m.tensor.defined() ||
       m.tensor.dtype() != DType::kF32 || m.tensor.numel() != numel) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "replica ", replica_, ": expected ", phase == 0 ? "gradient" : "summed",
-        " slice of ", numel, " floats at step ", step, " from replica ", from,
-        ", received ", Describe(m),
+        "replica ", replica_, ": expected ",
+        phase % 2 == 0 ? "gradient" : "summed", " slice of ", numel,
+        " floats at step ", step, " from replica ", from, ", received ",
+        Describe(m),
         m.tensor.defined() ? absl::StrCat(" of ", m.tensor.numel(), " values")
                            : ""));
   }
@@ -46,11 +108,22 @@ absl::StatusOr<Tensor> LinkReduction::ReceiveSlice(int64_t from, int64_t step,
 absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
                                    std::vector<GradientNode> forest,
                                    const std::vector<NamedParameter>& params) {
-  const int64_t replicas = static_cast<int64_t>(peers_.size());
-  if (replica != replica_ || shares_.size() != peers_.size()) {
+  if (replica != replica_) {
     return absl::InvalidArgumentError(absl::StrCat("replica ", replica,
                                                    " reduces through replica ",
                                                    replica_, "'s links"));
+  }
+  return Sum(step, 0, std::move(forest), params);
+}
+
+absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
+                                std::vector<GradientNode> forest,
+                                const std::vector<NamedParameter>& params) {
+  const int64_t replicas = static_cast<int64_t>(peers_.size());
+  if (shares_.size() != peers_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica ", replica_, " has ", shares_.size(),
+                     " shares for ", peers_.size(), " replicas"));
   }
   for (const NamedParameter& p : params) {
     if (p.param->grad.device() != Device::kCpu) {
@@ -86,11 +159,11 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
       floats[q] += slices[q].back().end - slices[q].back().begin;
     }
   }
-  const auto send = [&](int64_t q, int64_t phase, Tensor t) {
+  const auto send = [&](int64_t q, int64_t half, Tensor t) {
     Message m;
     m.kind = MessageKind::kReduceSlice;
     m.step = step;
-    m.micro_batch = phase;
+    m.micro_batch = phase + half;
     bytes_sent_ += t.nbytes();
     m.tensor = std::move(t);
     return peers_[q]->Send(std::move(m));
@@ -121,7 +194,7 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
       ASSIGN_OR_RETURN(
           from_peer,
           ReceiveSlice(
-              q, step, 0,
+              q, step, phase,
               std::max<int64_t>(1, floats[replica_] *
                                        static_cast<int64_t>(spans[q].size()))));
       at = from_peer.f32();
@@ -171,8 +244,9 @@ absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
   }
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
-    ASSIGN_OR_RETURN(const Tensor got,
-                     ReceiveSlice(q, step, 1, std::max<int64_t>(1, floats[q])));
+    ASSIGN_OR_RETURN(
+        const Tensor got,
+        ReceiveSlice(q, step, phase + 1, std::max<int64_t>(1, floats[q])));
     const float* from = got.f32();
     for (size_t i = 0; i < params.size(); ++i) {
       const RowRange s = slices[q][i];

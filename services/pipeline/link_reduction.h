@@ -7,9 +7,19 @@
 // bits are the single process's (GradientTree), whatever R. Every replica
 // sends to all its peers before it receives, so the links must queue two
 // messages each way without a receiver (every Link here does).
+//
+// Buckets (StartBucket) are summed the same way, one after another on a
+// thread of the reduction's own, while the stage computes the layers below:
+// the sum of a parameter does not depend on which others share its
+// messages, so the bits are Reduce's. Bucket b's slices travel as phases
+// 4 + 2b and 5 + 2b (Reduce's are 0 and 1).
 #ifndef GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 #define GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "services/pipeline/gradient_reducer.h"
@@ -26,15 +36,35 @@ class LinkReduction final : public GradientReducer {
   LinkReduction(int64_t replica, int64_t groups, std::vector<RowRange> shares,
                 std::vector<Link*> peers);
 
+  ~LinkReduction() override;
+
   absl::Status Reduce(int64_t replica, int64_t step,
                       std::vector<GradientNode> forest,
                       const std::vector<NamedParameter>& params) override;
   void Close() override;
+  bool SupportsBuckets() const override { return true; }
+  absl::Status StartBucket(int64_t replica, int64_t step, int64_t bucket,
+                           GradientNode node,
+                           std::vector<NamedParameter> params) override;
+  absl::Status FinishBuckets() override;
   // Gradient bytes this replica sent and received (for its metrics).
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }
+  // Buckets summed so far (read between steps).
+  int64_t buckets_summed() const { return buckets_summed_; }
 
  private:
+  struct Bucket {
+    int64_t step;
+    int64_t bucket;
+    GradientNode node;
+    std::vector<NamedParameter> params;
+  };
+  // Reduce's work, its slices sent as phases `phase` and `phase` + 1.
+  absl::Status Sum(int64_t step, int64_t phase,
+                   std::vector<GradientNode> forest,
+                   const std::vector<NamedParameter>& params);
+  void RunBuckets();  // the bucket thread
   // Slice q of parameter i: elements [begin, end).
   RowRange Slice(int64_t numel, int64_t q) const;
   absl::StatusOr<Tensor> ReceiveSlice(int64_t from, int64_t step, int64_t phase,
@@ -44,8 +74,16 @@ class LinkReduction final : public GradientReducer {
   const int64_t groups_;
   const std::vector<RowRange> shares_;
   const std::vector<Link*> peers_;
+  // Written by the bucket thread while it runs; read after FinishBuckets.
   int64_t bytes_sent_ = 0;
   int64_t bytes_received_ = 0;
+  int64_t buckets_summed_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Bucket> buckets_;  // under mu_
+  bool no_more_ = false;        // under mu_: FinishBuckets was called
+  absl::Status bucket_status_;  // under mu_: the first failure
+  std::thread bucket_thread_;   // one step's buckets
 };
 
 }  // namespace gpipe

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -249,7 +250,15 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     f.input = Tensor();
     f.dlogits = Tensor();
   } else {
-    dx = model_->Backward(dy, f.saved, ctx);
+    StepState& st = *current_;
+    if (BucketsGradients(st)) {
+      dx = model_->Backward(dy, f.saved, ctx,
+                            [&](int64_t layer) { BucketLayer(st, layer); });
+      RETURN_IF_ERROR(st.bucket_status);
+    } else {
+      dx = model_->Backward(dy, f.saved, ctx);
+    }
+    ++st.weights_done;
     f = InFlight();
   }
   if (!placement_.first()) {
@@ -262,6 +271,55 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     RETURN_IF_ERROR(upstream_->Send(std::move(out)));
   }
   return split ? absl::OkStatus() : WeightGradientDone(m);
+}
+
+bool Stage::BucketsGradients(const StepState& st) const {
+  return placement_.reducer != nullptr &&
+         placement_.reducer->SupportsBuckets() && local_groups() == 1 &&
+         device_ == nullptr &&
+         st.weights_done == placement_.local_micro_batches() - 1;
+}
+
+// Large enough that a message's fixed cost stays small against its bytes,
+// small enough that the last bucket (the stage's first layers, which
+// nothing is left to overlap) is short.
+constexpr int64_t kBucketBytes = int64_t{1} << 20;
+
+void Stage::BucketLayer(StepState& st, int64_t layer) {
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  if (layer_params_.empty()) {
+    int64_t at = 0;
+    for (int64_t i = 0; i < model_->size(); ++i) {
+      layer_params_.push_back(at);
+      at += static_cast<int64_t>(model_->layer(i).Parameters().size());
+    }
+    layer_params_.push_back(at);
+  }
+  if (!st.bucket_status.ok()) return;
+  const int64_t begin = layer_params_[layer], end = layer_params_[layer + 1];
+  if (end > begin) {
+    if (st.bucket_end == st.bucket_begin) st.bucket_end = end;
+    st.bucket_begin = begin;  // layers come last to first
+    for (int64_t i = begin; i < end; ++i)
+      st.bucket_bytes += params[i].param->grad.nbytes();
+  }
+  if (st.bucket_end == st.bucket_begin ||
+      (st.bucket_bytes < kBucketBytes && layer > 0)) {
+    return;
+  }
+  GradientNode node;
+  node.first = first_group();
+  std::vector<NamedParameter> bucket(params.begin() + st.bucket_begin,
+                                     params.begin() + st.bucket_end);
+  for (const NamedParameter& p : bucket) node.grads.push_back(p.param->grad);
+  if (st.summing == nullptr) {
+    st.summing = placement_.reducer;
+    st.buckets_start = std::chrono::steady_clock::now();
+  }
+  st.bucket_status =
+      placement_.reducer->StartBucket(placement_.replica, st.step, st.buckets++,
+                                      std::move(node), std::move(bucket));
+  st.bucket_begin = st.bucket_end = st.bucket_bytes = 0;
 }
 
 int64_t Stage::first_group() const {
@@ -294,6 +352,18 @@ absl::Status Stage::WeightGradientDone(int64_t m) {
 
 absl::Status Stage::SumGradientGroups() {
   if (placement_.gradient_groups == 1) return absl::OkStatus();
+  StepState& st = *current_;
+  if (st.summing != nullptr) {
+    // The buckets handed in during the last backward: wait for the rest.
+    // The time counted is the whole sum's, from its first bucket.
+    GradientReducer* reducer = std::exchange(st.summing, nullptr);
+    const absl::Status done = reducer->FinishBuckets();
+    last_reduce_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                      st.buckets_start)
+            .count();
+    return done;
+  }
   const auto start = std::chrono::steady_clock::now();
   absl::Cleanup timed = [&] {
     last_reduce_seconds_ =
@@ -331,7 +401,15 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
                      "waiting for it"));
   }
   OpTimer timer(timeline_, Phase::kBackwardWeight, m);
-  model_->BackwardWeight(f.saved, f.deferred, Context(step, m));
+  StepState& st = *current_;
+  if (BucketsGradients(st)) {
+    model_->BackwardWeight(f.saved, f.deferred, Context(step, m),
+                           [&](int64_t layer) { BucketLayer(st, layer); });
+    RETURN_IF_ERROR(st.bucket_status);
+  } else {
+    model_->BackwardWeight(f.saved, f.deferred, Context(step, m));
+  }
+  ++st.weights_done;
   f = InFlight();
   return WeightGradientDone(m);
 }

@@ -5,6 +5,7 @@
 #ifndef GPIPE_SERVICES_PIPELINE_STAGE_H_
 #define GPIPE_SERVICES_PIPELINE_STAGE_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -217,7 +218,36 @@ class Stage {
     double squares = 0;        // the clipping chain's sum so far
     GradientTree groups;       // with several gradient groups per stage
     int64_t next_weight = -1;  // the micro-batch whose weights are due
+    int64_t weights_done = 0;  // micro-batches whose weight gradients ran
+    // Overlap: the reducer summing this step's buckets (null when none
+    // runs), the bucket being gathered (parameters [bucket_begin,
+    // bucket_end), bucket_bytes of gradients), buckets handed in, when the
+    // first was, and the first failure to hand one in.
+    GradientReducer* summing = nullptr;
+    int64_t bucket_begin = 0, bucket_end = 0, bucket_bytes = 0, buckets = 0;
+    std::chrono::steady_clock::time_point buckets_start;
+    absl::Status bucket_status;
+    StepState() = default;
+    StepState(const StepState&) = delete;
+    StepState& operator=(const StepState&) = delete;
+    // A step abandoned with buckets in flight: they must not write into
+    // the gradients after the stage moved on (or was freed).
+    ~StepState() {
+      if (summing != nullptr) {
+        summing->Close();
+        (void)summing->FinishBuckets();
+      }
+    }
   };
+  // Whether the weight gradients about to run (a whole backward or a weight
+  // half) are the step's last and hand the parameters' gradients to the
+  // reducer in buckets as their layers finish them: replicas over a
+  // reducer that takes buckets, one gradient group per replica, on the CPU.
+  bool BucketsGradients(const StepState& st) const;
+  // After layer `layer` (local) of the last backward: adds its parameters
+  // to the bucket and hands the bucket in once it is large enough or the
+  // layers are done.
+  void BucketLayer(StepState& st, int64_t layer);
   // `t` as `link` takes it: on the host, or as it is.
   Tensor ForLink(Link* link, Tensor t);
 
@@ -249,6 +279,9 @@ class Stage {
   float ApplyUpdate(int64_t step, double squares);
   int64_t last_eval_peak_bytes_ = 0;
   double last_reduce_seconds_ = 0;
+  // Model::Parameters() index of each local layer's first parameter, and
+  // the count at the end (filled on first use).
+  std::vector<int64_t> layer_params_;
   std::unique_ptr<StepState> current_;
 };
 

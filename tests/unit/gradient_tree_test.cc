@@ -7,6 +7,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "services/core/status.h"
 #include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/link_reduction.h"
 #include "services/transport/in_process_link.h"
@@ -256,6 +257,119 @@ TEST(LinkReduction, ThreeReplicasGetTheTotal) {
     EXPECT_EQ(std::vector<float>(g, g + n), want) << "replica " << r;
     EXPECT_GT(reducers[r]->bytes_sent(), 0);
   }
+}
+
+// Buckets (the overlap with the drain): three replicas of one group each
+// hand in their parameters in two buckets, in the order the backward
+// finishes them (the last parameter first), while their callers go on;
+// every replica ends with the bits of one Reduce over all parameters, and
+// those are the one process's.
+TEST(LinkReduction, BucketsSumToReducesBits) {
+  const std::vector<int64_t> sizes = {37, 5, 64};
+  const auto grads = GroupGradients(3, 37 + 5 + 64);
+  const std::vector<RowRange> shares = {{0, 1}, {1, 2}, {2, 3}};
+  // Runs R=3 replicas, bucketed or not; [replica][parameter] -> gradient.
+  auto run = [&](bool buckets) {
+    std::vector<std::unique_ptr<Link>> links;
+    std::vector<std::vector<Link*>> peers(3, std::vector<Link*>(3, nullptr));
+    for (int a = 0; a < 3; ++a) {
+      for (int b = a + 1; b < 3; ++b) {
+        auto [to_b, to_a] = MakeInProcessLinkPair(4);
+        peers[a][b] = to_b.get();
+        peers[b][a] = to_a.get();
+        links.push_back(std::move(to_b));
+        links.push_back(std::move(to_a));
+      }
+    }
+    std::vector<std::vector<Parameter>> params(3, std::vector<Parameter>(3));
+    std::vector<std::unique_ptr<LinkReduction>> reducers;
+    std::vector<std::future<absl::Status>> done;
+    for (int r = 0; r < 3; ++r) {
+      int64_t at = 0;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        params[r][i].value = Tensor::Zeros({sizes[i]});
+        params[r][i].grad = Tensor::Zeros({sizes[i]});
+        std::copy(grads[r].begin() + at, grads[r].begin() + at + sizes[i],
+                  params[r][i].grad.f32());
+        at += sizes[i];
+      }
+      reducers.push_back(
+          std::make_unique<LinkReduction>(r, 3, shares, peers[r]));
+    }
+    for (int r = 0; r < 3; ++r) {
+      done.push_back(std::async(std::launch::async, [&, r] {
+        std::vector<NamedParameter> named;
+        for (size_t i = 0; i < sizes.size(); ++i)
+          named.push_back({"p" + std::to_string(i), &params[r][i]});
+        auto node_of = [&](size_t begin, size_t end) {
+          GradientNode node;
+          node.first = r;
+          for (size_t i = begin; i < end; ++i)
+            node.grads.push_back(named[i].param->grad);
+          return node;
+        };
+        if (!buckets) {
+          std::vector<GradientNode> forest;
+          forest.push_back(node_of(0, 3));
+          return reducers[r]->Reduce(r, 5, std::move(forest), named);
+        }
+        RETURN_IF_ERROR(reducers[r]->StartBucket(
+            r, 5, 0, node_of(2, 3), {named.begin() + 2, named.end()}));
+        RETURN_IF_ERROR(reducers[r]->StartBucket(
+            r, 5, 1, node_of(0, 2), {named.begin(), named.begin() + 2}));
+        return reducers[r]->FinishBuckets();
+      }));
+    }
+    std::vector<std::vector<std::vector<float>>> out(3);
+    for (int r = 0; r < 3; ++r) {
+      const absl::Status s = done[r].get();
+      EXPECT_TRUE(s.ok()) << "replica " << r << ": " << s;
+      for (const Parameter& p : params[r])
+        out[r].emplace_back(p.grad.f32(), p.grad.f32() + p.grad.numel());
+    }
+    return out;
+  };
+  const auto whole = run(false);
+  const auto bucketed = run(true);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(bucketed[r], whole[0]) << "replica " << r;
+    EXPECT_EQ(whole[r], whole[0]) << "replica " << r;
+  }
+  // And the one process's bits, parameter by parameter.
+  const std::vector<float> one = Sum(Forest(grads, 0, 3), 3, 37 + 5 + 64);
+  EXPECT_EQ(std::vector<float>(one.begin(), one.begin() + 37), whole[0][0]);
+  EXPECT_EQ(std::vector<float>(one.begin() + 42, one.end()), whole[0][2]);
+}
+
+// A replica that numbers its buckets otherwise, or hands in a bucket that
+// is not one group of its share, is refused; a closed reduction's pending
+// buckets end with an error instead of a hang.
+TEST(LinkReduction, MismatchedOrClosedBucketsFail) {
+  auto [to_1, to_0] = MakeInProcessLinkPair(4);
+  const std::vector<RowRange> shares = {{0, 1}, {1, 2}};
+  LinkReduction zero(0, 2, shares, {nullptr, to_1.get()});
+  LinkReduction one(1, 2, shares, {to_0.get(), nullptr});
+  OneParam a(8), b(8);
+  auto node = [](OneParam& p, int64_t first) {
+    GradientNode n;
+    n.first = first;
+    n.grads.push_back(p.p.grad);
+    return n;
+  };
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      zero.StartBucket(0, 1, 0, node(a, 1), a.params)));  // not its group
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      zero.StartBucket(1, 1, 0, node(a, 0), a.params)));  // not this replica
+  ASSERT_TRUE(zero.StartBucket(0, 1, 0, node(a, 0), a.params).ok());
+  ASSERT_TRUE(one.StartBucket(1, 1, 3, node(b, 1), b.params).ok());
+  const absl::Status s0 = zero.FinishBuckets(), s1 = one.FinishBuckets();
+  EXPECT_TRUE(absl::IsInvalidArgument(s0)) << s0;
+  EXPECT_TRUE(absl::IsInvalidArgument(s1)) << s1;
+  // Closed while a bucket waits for its peer: the wait ends.
+  LinkReduction lonely(0, 2, shares, {nullptr, to_1.get()});
+  ASSERT_TRUE(lonely.StartBucket(0, 2, 0, node(a, 0), a.params).ok());
+  lonely.Close();
+  EXPECT_FALSE(lonely.FinishBuckets().ok());
 }
 
 }  // namespace

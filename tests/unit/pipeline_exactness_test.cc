@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/link_reduction.h"
 #include "services/pipeline/reference_trainer.h"
 
 namespace gpipe {
@@ -350,6 +351,15 @@ void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat,
               EXPECT_EQ(r->loss, losses[s]) << what << " step " << s;
             }
             ExpectSame(want, Snapshot(**p), what);
+            // Over links with one group per replica, each stage's last
+            // backward hands its gradients in as buckets (the overlap);
+            // with more, the forest goes whole after the last backward.
+            if (over_links && replicas > 1) {
+              const auto* links = dynamic_cast<const LinkReduction*>(
+                  (*p)->stage(0, 0).placement().reducer);
+              ASSERT_NE(links, nullptr) << what;
+              EXPECT_EQ(links->buckets_summed() > 0, replicas == 4) << what;
+            }
             // Every replica holds the same parameters, not only replica 0.
             for (int64_t r = 1; r < replicas; ++r) {
               for (int64_t i = 0; i < k; ++i) {
