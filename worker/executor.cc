@@ -145,7 +145,10 @@ struct Executor::Execution {
   std::vector<std::shared_ptr<Link>> accepted_replicas;
   std::vector<Link*> replica_peers;  // [q]: to replica q, null for this one
   std::unique_ptr<LinkReduction> reduction;
-  int64_t reduced_bytes = 0;  // the reduction's bytes already in the metrics
+  // The reduction's steps, seconds and bytes so far (metrics, the summary).
+  int64_t reduced_steps = 0;
+  double reduced_seconds = 0;
+  int64_t reduced_bytes = 0;
   // Steps the stage's state has taken at its last step boundary (-1 before
   // it was restored): what Park keeps.
   int64_t done_steps = -1;
@@ -535,6 +538,15 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   // The stage and its metered links are gone: nothing observes any more.
   if (x.metrics != nullptr)
     metrics_->Finish(a.job_id(), a.stage(), a.replica());
+  if (x.reduced_steps > 0) {
+    LogInfo(
+        "stage %d of %s (replica %d of %d): %d gradient sums with the other "
+        "replicas, %.3f s, %s sent and received (%.2f GB/s)",
+        a.stage(), a.job_id(), a.replica(), x.replicas, x.reduced_steps,
+        x.reduced_seconds, FormatBytes(x.reduced_bytes),
+        x.reduced_seconds > 0 ? x.reduced_bytes / x.reduced_seconds * 1e-9
+                              : 0.0);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (current_ == run) current_ = nullptr;
   cv_.notify_all();  // the reaper waits for no assignment to run
@@ -897,13 +909,17 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
     report.peak_activation_bytes = r.peak_activation_bytes;
     if (x.last) report.loss = p->loss();
     x.metrics->ObserveStep(t, report);
-    if (x.reduction != nullptr) {
-      const int64_t moved =
-          x.reduction->bytes_sent() + x.reduction->bytes_received();
+  }
+  if (x.reduction != nullptr) {
+    const int64_t moved =
+        x.reduction->bytes_sent() + x.reduction->bytes_received();
+    ++x.reduced_steps;
+    x.reduced_seconds += x.stage->reduce_seconds();
+    if (x.metrics != nullptr) {
       x.metrics->ObserveReduction(x.stage->reduce_seconds(),
                                   moved - x.reduced_bytes);
-      x.reduced_bytes = moved;
     }
+    x.reduced_bytes = moved;
   }
   report_(m);
 }
