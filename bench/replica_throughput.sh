@@ -5,8 +5,8 @@
 # runs train the same bits) on 2 stages,
 #   R=1: `gpipectl local --replicas 1`, 2 worker processes;
 #   R=2: `gpipectl local --replicas 2`, 4 worker processes, the replicas of
-#        each stage summing their gradients over gRPC (in buckets during
-#        the last backward);
+#        each stage summing their gradients over their own links (shared
+#        memory on one host; in buckets during the last backward);
 # each with one compute thread per worker. From each run's timeline
 # (`--trace`, the last steps the controller keeps): the median step time,
 # samples/s, and what R=1's per-stage busy times (two processes on the
@@ -14,8 +14,9 @@
 # cores: max(R=1's busiest stage / R, R=1's busy time of all stages /
 # min(cores, 2R)). R=2's own busy times are longer on 2 cores (four
 # processes share them), so they are shown, not used. From the R=2 workers' logs: the gradient sums' seconds and bytes
-# (their GB/s), against the raw gRPC link's GB/s for messages of a stage's
-# gradient slice (build/bench/stream_bench) in the same run. Then both
+# (their GB/s), against the raw links' GB/s (gRPC and shared memory) for
+# messages of a bucket and of a stage's gradient slice
+# (build/bench/stream_bench) in the same run. Then both
 # runs' models are compared bitwise.
 # Usage: bench/replica_throughput.sh [STEPS] [BUILD_DIR]  (defaults 40, build)
 set -euo pipefail
@@ -120,17 +121,24 @@ for log in glob.glob(f"{work}/run2/*.log"):
 for stage, replica, n, sec, moved, gbs in sorted(sums):
     print(f"stage {stage} replica {replica}: {n} sums, {sec / n * 1e3:.2f} ms each "
           f"(from its first bucket, overlapping the last backward), {moved} moved: {gbs:.2f} GB/s")
-link = {}
+# The links each run accepted: the pipeline's and, with replicas, the
+# reduction's; on one host `--data_plane auto` puts them on shared memory.
+planes = []
+for log in glob.glob(f"{work}/run2/*.log"):
+    planes += re.findall(r"link of \S+ epoch \d+ from stage \d+: data plane (\w+)", open(log).read())
+print(f"R=2's accepted links (2 pipeline, 2 reduction): {', '.join(sorted(planes))}")
+grpc, shm = {}, {}
 for line in open(f"{work}/stream.log"):
-    m = re.match(r"(\d+ [KM]iB)\s+([0-9.]+)\s", line)
-    if m:
-        link[m[1]] = float(m[2])
-print("raw gRPC link, one direction: " + ", ".join(f"{k} messages {v:.2f} GB/s"
-                                                  for k, v in link.items()))
-if sums and link:
-    best = max(link.values())
+    f = line.split()
+    if len(f) >= 10 and re.fullmatch(r"\d+", f[0]) and f[1] in ("KiB", "MiB") and f[2] != "grpc":
+        grpc[f"{f[0]} {f[1]}"] = float(f[2])
+        shm[f"{f[0]} {f[1]}"] = float(f[8])
+print("raw links, one direction (stream_bench): " + ", ".join(
+    f"{k} messages gRPC {grpc[k]:.2f} GB/s, shm {shm[k]:.2f} GB/s" for k in grpc))
+if sums and shm:
     mean = statistics.mean(s[5] for s in sums)
-    print(f"reduction / raw link: {mean / best:.2f} (a replica's bytes go both ways at once, "
-          f"and its sum also adds and copies on the same 2 cores)")
+    print(f"reduction / raw shm link: {mean / max(shm.values()):.3f}, / raw gRPC link: "
+          f"{mean / max(grpc.values()):.2f} (the sum is paced by the last backward handing it buckets, its bytes go both ways at once, and it "
+          f"also packs, adds and copies, on the same cores as the other stage's compute)")
 print("models of R=1 and R=2: bitwise equal")
 PY

@@ -9,6 +9,7 @@
 #include "services/core/bytes.h"
 #include "services/core/log.h"
 #include "services/nn/layer_spec.h"
+#include "services/pipeline/job_spec.h"
 #include "services/transport/resolve.h"
 
 namespace gpipe {
@@ -40,6 +41,25 @@ int64_t ShmRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
   return std::min(ring, most);
 }
 
+int64_t ReductionRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
+  const absl::StatusOr<ModelShapes> shapes = InferModelShapes(a.spec().model());
+  if (!shapes.ok() || a.layer_begin() < 0 || a.layer_end() <= a.layer_begin() ||
+      a.layer_end() > static_cast<int64_t>(shapes->costs.size())) {
+    return most;
+  }
+  double bytes = 0;
+  for (int64_t i = a.layer_begin(); i < a.layer_end(); ++i)
+    bytes += static_cast<double>(shapes->costs[i].param_bytes);
+  const int64_t replicas = std::max<int64_t>(1, a.replicas());
+  const int64_t groups =
+      std::max<int64_t>(1, GradientGroupCount(a.spec()) / replicas);
+  const double need =
+      2 * bytes * static_cast<double>(groups) / static_cast<double>(replicas);
+  int64_t ring = kMinShmRingBytes;
+  while (ring < most && static_cast<double>(ring) < need) ring *= 2;
+  return std::min(ring, most);
+}
+
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     const gpipe::v1::Assignment& a, const std::function<bool()>& cancelled) {
   DataPlaneOptions plane = data_plane_;
@@ -57,9 +77,14 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
         absl::StrCat("assignment names no address for replica ", replica,
                      " of stage ", a.stage()));
   }
+  // The worker's data planes, shared memory on one host: the sum sends
+  // while it receives (LinkReduction), so a bounded ring cannot block it.
+  DataPlaneOptions plane = data_plane_;
+  plane.ring_bytes = ReductionRingBytesFor(a, data_plane_.ring_bytes);
+  plane.chunk_bytes = std::min(plane.chunk_bytes, plane.ring_bytes / 2);
   return Dial(a, a.replica_addresses(replica),
-              absl::StrCat("replica ", replica, " of stage ", a.stage()),
-              DataPlaneOptions(), cancelled);
+              absl::StrCat("replica ", replica, " of stage ", a.stage()), plane,
+              cancelled);
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Dial(

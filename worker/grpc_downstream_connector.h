@@ -54,6 +54,12 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
 // `most`: what a stage's start, and so a recovery, waits for.
 int64_t ShmRingBytesFor(const gpipe::v1::Assignment& a, int64_t most);
 
+// The same for a link between the replicas of `a`'s stage: room for two of
+// the largest messages of its gradient sum (each replica's share of the
+// stage's gradients, for every group it runs). The sum sends while it
+// receives, so a smaller ring only costs speed, never a deadlock.
+int64_t ReductionRingBytesFor(const gpipe::v1::Assignment& a, int64_t most);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_WORKER_GRPC_DOWNSTREAM_CONNECTOR_H_

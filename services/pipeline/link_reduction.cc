@@ -1,11 +1,45 @@
 #include "services/pipeline/link_reduction.h"
 
 #include <algorithm>
+#include <functional>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 
 namespace gpipe {
+
+namespace {
+
+// Sends on a thread of its own while the caller receives: every replica
+// sends to all its peers before it receives, and a link that holds less
+// than a message (a shared-memory ring smaller than a stage's gradient)
+// would otherwise leave both ends of a pair blocked in Send. Abandoned (the
+// caller returned early on a receive error), it closes the reduction's
+// links, which ends a blocked Send, and joins.
+class ConcurrentSends {
+ public:
+  ConcurrentSends(LinkReduction* reduction, std::function<absl::Status()> work)
+      : reduction_(reduction),
+        thread_([this, work = std::move(work)] { status_ = work(); }) {}
+  ~ConcurrentSends() {
+    if (thread_.joinable()) {
+      reduction_->Close();
+      thread_.join();
+    }
+  }
+  absl::Status Join() {
+    thread_.join();
+    return status_;
+  }
+
+ private:
+  LinkReduction* reduction_;
+  absl::Status status_;
+  std::thread thread_;
+};
+
+}  // namespace
 
 LinkReduction::LinkReduction(int64_t replica, int64_t groups,
                              std::vector<RowRange> shares,
@@ -168,12 +202,14 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
     m.tensor = std::move(t);
     return peers_[q]->Send(std::move(m));
   };
-  // Reduce-scatter: slice q of every node to replica q.
+  // Reduce-scatter: slice q of every node to replica q, sent while this
+  // replica receives its own slices.
+  std::vector<Tensor> outs(replicas);
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
-    Tensor out = Tensor::Empty({std::max<int64_t>(
+    outs[q] = Tensor::Empty({std::max<int64_t>(
         1, floats[q] * static_cast<int64_t>(forest.size()))});
-    float* at = out.f32();
+    float* at = outs[q].f32();
     for (const GradientNode& node : forest) {
       for (size_t i = 0; i < params.size(); ++i) {
         const RowRange s = slices[q][i];
@@ -181,23 +217,29 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
                        node.grads[i].f32() + s.end, at);
       }
     }
-    RETURN_IF_ERROR(send(q, 0, std::move(out)));
   }
+  ConcurrentSends scatter(this, [&]() -> absl::Status {
+    for (int64_t q = 0; q < replicas; ++q) {
+      if (q != replica_) RETURN_IF_ERROR(send(q, 0, std::move(outs[q])));
+    }
+    return absl::OkStatus();
+  });
   const std::vector<RowRange>& own = slices[replica_];
-  // This replica's slice of every replica's nodes, in group order.
+  // This replica's slice of every replica's nodes, in group order: views
+  // of its own gradients and of what the others sent (the tree adds into
+  // them; nothing else reads them after).
   std::vector<GradientNode> mine;
   std::vector<NodeSpan> all;
+  std::vector<Tensor> received(replicas);
   for (int64_t q = 0; q < replicas; ++q) {
-    Tensor from_peer;
-    const float* at = nullptr;
+    int64_t at = 0;
     if (q != replica_) {
       ASSIGN_OR_RETURN(
-          from_peer,
+          received[q],
           ReceiveSlice(
               q, step, phase,
               std::max<int64_t>(1, floats[replica_] *
                                        static_cast<int64_t>(spans[q].size()))));
-      at = from_peer.f32();
     }
     for (size_t n = 0; n < spans[q].size(); ++n) {
       GradientNode node;
@@ -205,20 +247,22 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
       node.level = spans[q][n].level;
       for (size_t i = 0; i < params.size(); ++i) {
         const RowRange s = own[i];
-        Tensor t = Tensor::Empty({std::max<int64_t>(1, s.end - s.begin)});
-        if (q == replica_) {
-          const float* src = forest[n].grads[i].f32();
-          std::copy(src + s.begin, src + s.end, t.f32());
+        const int64_t len = s.end - s.begin;
+        if (len == 0) {
+          node.grads.push_back(Tensor::Zeros({1}));
+        } else if (q == replica_) {
+          const Tensor& g = forest[n].grads[i];
+          node.grads.push_back(g.Reshape({g.numel()}).Rows(s.begin, s.end));
         } else {
-          std::copy(at, at + (s.end - s.begin), t.f32());
-          at += s.end - s.begin;
+          node.grads.push_back(received[q].Rows(at, at + len));
+          at += len;
         }
-        node.grads.push_back(std::move(t));
       }
       all.push_back(spans[q][n]);
       mine.push_back(std::move(node));
     }
   }
+  RETURN_IF_ERROR(scatter.Join());
   RETURN_IF_ERROR(CheckForest(all, groups_));
   const TreePlan plan = PlanTree(all);
   std::vector<GradientNode*> nodes;
@@ -232,16 +276,19 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
   float* at = summed.f32();
   for (size_t i = 0; i < params.size(); ++i) {
     const RowRange s = own[i];
-    std::copy(total.grads[i].f32(), total.grads[i].f32() + (s.end - s.begin),
-              params[i].param->grad.f32() + s.begin);
-    at = std::copy(total.grads[i].f32(),
-                   total.grads[i].f32() + (s.end - s.begin), at);
+    const float* from = total.grads[i].f32();
+    float* to = params[i].param->grad.f32() + s.begin;
+    // The total may be the view of these very gradients.
+    if (from != to) std::copy(from, from + (s.end - s.begin), to);
+    at = std::copy(from, from + (s.end - s.begin), at);
   }
-  for (int64_t q = 0; q < replicas; ++q) {
-    if (q == replica_) continue;
-    // Read-only from here on: one tensor shared by every send.
-    RETURN_IF_ERROR(send(q, 1, summed));
-  }
+  // Read-only from here on: one tensor shared by every send.
+  ConcurrentSends gather(this, [&]() -> absl::Status {
+    for (int64_t q = 0; q < replicas; ++q) {
+      if (q != replica_) RETURN_IF_ERROR(send(q, 1, summed));
+    }
+    return absl::OkStatus();
+  });
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
     ASSIGN_OR_RETURN(
@@ -255,6 +302,7 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
       from += s.end - s.begin;
     }
   }
+  RETURN_IF_ERROR(gather.Join());
   return absl::OkStatus();
 }
 
