@@ -120,7 +120,8 @@ for log in glob.glob(f"{work}/run2/*.log"):
         sums.append((int(m[1]), int(m[2]), int(m[3]), float(m[4]), m[5] + " " + m[6], float(m[7])))
 for stage, replica, n, sec, moved, gbs in sorted(sums):
     print(f"stage {stage} replica {replica}: {n} sums, {sec / n * 1e3:.2f} ms each "
-          f"(from its first bucket, overlapping the last backward), {moved} moved: {gbs:.2f} GB/s")
+          f"(the sums' own time, on the reduction's thread during the last backward; waits for the "
+          f"other replica included), {moved} moved: {gbs:.2f} GB/s")
 # The links each run accepted: the pipeline's and, with replicas, the
 # reduction's; on one host `--data_plane auto` puts them on shared memory.
 planes = []
@@ -138,7 +139,7 @@ print("raw links, one direction (stream_bench): " + ", ".join(
 if sums and shm:
     mean = statistics.mean(s[5] for s in sums)
     print(f"reduction / raw shm link: {mean / max(shm.values()):.3f}, / raw gRPC link: "
-          f"{mean / max(grpc.values()):.2f} (the sum is paced by the last backward handing it buckets, its bytes go both ways at once, and it "
+          f"{mean / max(grpc.values()):.2f} (the sum waits for the other replica's slices, its bytes go both ways at once, and it "
           f"also packs, adds and copies, on the same cores as the other stage's compute)")
 print("models of R=1 and R=2: bitwise equal")
 PY

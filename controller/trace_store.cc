@@ -42,8 +42,19 @@ void TraceStore::Add(v1::StepTrace trace) {
   }
   if (at == steps.begin() && static_cast<int64_t>(steps.size()) >= keep_steps_)
     return;
+  const int64_t step = trace.step();
   steps.insert(at, std::move(trace));
   while (static_cast<int64_t>(steps.size()) > keep_steps_) steps.pop_front();
+  // A track that stopped (a replica the job shrank away, stages of a cut it
+  // re-partitioned from) goes once the others are a window past it: its
+  // old steps would stretch every picture of the newest ones.
+  for (auto t = job.tracks.begin(); t != job.tracks.end();) {
+    if (!t->second.empty() && t->second.back().step() < step - keep_steps_) {
+      t = job.tracks.erase(t);
+    } else {
+      ++t;
+    }
+  }
 }
 
 void TraceStore::Forget(std::string_view job_id) {

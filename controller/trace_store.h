@@ -28,8 +28,10 @@ class TraceStore {
   TraceStore(int64_t keep_steps = kDefaultKeepSteps,
              int64_t keep_jobs = kDefaultKeepJobs);
 
-  // Stores `trace`. A record of a step this stage of this replica already
-  // reported (a replay after a restart) replaces the older one; a step older
+  // Stores `trace`. A track (stage of a replica) whose newest step is more
+  // than `keep_steps` behind this one is dropped. A record of a step this
+  // stage of this replica already reported (a replay after a restart)
+  // replaces the older one; a step older
   // than every kept one when the stage's window is full is dropped.
   void Add(gpipe::v1::StepTrace trace);
 

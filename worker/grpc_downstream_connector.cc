@@ -80,6 +80,9 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
   // The worker's data planes, shared memory on one host: the sum sends
   // while it receives (LinkReduction), so a bounded ring cannot block it.
   DataPlaneOptions plane = data_plane_;
+  // Forcing a plane (--data_plane shm) is about the pipeline's neighbours;
+  // a stage's replicas may sit on other hosts: the best that works.
+  if (plane.mode != DataPlaneMode::kGrpc) plane.mode = DataPlaneMode::kAuto;
   plane.ring_bytes = ReductionRingBytesFor(a, data_plane_.ring_bytes);
   plane.chunk_bytes = std::min(plane.chunk_bytes, plane.ring_bytes / 2);
   return Dial(a, a.replica_addresses(replica),

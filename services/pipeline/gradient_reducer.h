@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "services/nn/model.h"
 #include "services/pipeline/gradient_tree.h"
 
@@ -34,14 +35,15 @@ class GradientReducer {
   // finishes them, `node` holding the bucket's gradients (level 0, first =
   // the replica's group), numbered from 0 in the same order on every
   // replica; each is summed like Reduce while the caller computes on, and
-  // FinishBuckets waits for every one of them (the first error, if any).
+  // FinishBuckets waits for every one of them: the seconds their sums took
+  // (not the compute they overlapped), or the first error.
   virtual bool SupportsBuckets() const { return false; }
   virtual absl::Status StartBucket(int64_t replica, int64_t step,
                                    int64_t bucket, GradientNode node,
                                    std::vector<NamedParameter> params) {
     return absl::UnimplementedError("this reduction takes no buckets");
   }
-  virtual absl::Status FinishBuckets() {
+  virtual absl::StatusOr<double> FinishBuckets() {
     return absl::UnimplementedError("this reduction takes no buckets");
   }
 };

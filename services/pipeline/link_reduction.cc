@@ -1,15 +1,32 @@
 #include "services/pipeline/link_reduction.h"
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/tensor/threads.h"
 
 namespace gpipe {
 
 namespace {
+
+// `work`'s status, or an error for what it threw (an allocation failing on a
+// thread of the reduction's own must fail the step, not end the process).
+absl::Status Guarded(const std::function<absl::Status()>& work) {
+  try {
+    return work();
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        "out of memory while summing gradients with the other replicas");
+  } catch (const std::exception& e) {
+    return absl::InternalError(
+        absl::StrCat("summing gradients with the other replicas: ", e.what()));
+  }
+}
 
 // Sends on a thread of its own while the caller receives: every replica
 // sends to all its peers before it receives, and a link that holds less
@@ -21,7 +38,7 @@ class ConcurrentSends {
  public:
   ConcurrentSends(LinkReduction* reduction, std::function<absl::Status()> work)
       : reduction_(reduction),
-        thread_([this, work = std::move(work)] { status_ = work(); }) {}
+        thread_([this, work = std::move(work)] { status_ = Guarded(work); }) {}
   ~ConcurrentSends() {
     if (thread_.joinable()) {
       reduction_->Close();
@@ -76,7 +93,20 @@ absl::Status LinkReduction::StartBucket(int64_t replica, int64_t step,
   buckets_.push_back({step, bucket, std::move(node), std::move(params)});
   if (!bucket_thread_.joinable()) {
     no_more_ = false;
-    bucket_thread_ = std::thread([this] { RunBuckets(); });
+    bucket_seconds_ = 0;
+    // The caller's compute threads: a new thread would get OpenMP's
+    // default, every core, for the tree's additions.
+    const int threads = ComputeThreads();
+    try {
+      bucket_thread_ = std::thread([this, threads] {
+        SetComputeThreads(threads);
+        RunBuckets();
+      });
+    } catch (const std::system_error& e) {
+      buckets_.clear();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("no thread to sum gradient buckets: ", e.what()));
+    }
   }
   cv_.notify_all();
   return absl::OkStatus();
@@ -91,16 +121,23 @@ void LinkReduction::RunBuckets() {
     buckets_.pop_front();
     if (!bucket_status_.ok()) continue;  // a failed step sums nothing more
     lock.unlock();
-    std::vector<GradientNode> forest;
-    forest.push_back(std::move(b.node));
-    absl::Status s = Sum(b.step, 4 + 2 * b.bucket, std::move(forest), b.params);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = Guarded([&] {
+      std::vector<GradientNode> forest;
+      forest.push_back(std::move(b.node));
+      return Sum(b.step, 4 + 2 * b.bucket, std::move(forest), b.params);
+    });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     lock.lock();
+    bucket_seconds_ += seconds;
     if (s.ok()) ++buckets_summed_;
     if (!s.ok() && bucket_status_.ok()) bucket_status_ = std::move(s);
   }
 }
 
-absl::Status LinkReduction::FinishBuckets() {
+absl::StatusOr<double> LinkReduction::FinishBuckets() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     no_more_ = true;
@@ -112,7 +149,8 @@ absl::Status LinkReduction::FinishBuckets() {
   bucket_status_ = absl::OkStatus();
   buckets_.clear();
   no_more_ = false;
-  return s;
+  if (!s.ok()) return s;
+  return bucket_seconds_;
 }
 
 RowRange LinkReduction::Slice(int64_t numel, int64_t q) const {

@@ -46,7 +46,7 @@ class LinkReduction final : public GradientReducer {
   absl::Status StartBucket(int64_t replica, int64_t step, int64_t bucket,
                            GradientNode node,
                            std::vector<NamedParameter> params) override;
-  absl::Status FinishBuckets() override;
+  absl::StatusOr<double> FinishBuckets() override;
   // Gradient bytes this replica sent and received (for its metrics).
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }
@@ -83,6 +83,7 @@ class LinkReduction final : public GradientReducer {
   std::deque<Bucket> buckets_;  // under mu_
   bool no_more_ = false;        // under mu_: FinishBuckets was called
   absl::Status bucket_status_;  // under mu_: the first failure
+  double bucket_seconds_ = 0;   // under mu_: the step's sums, on the thread
   std::thread bucket_thread_;   // one step's buckets
 };
 

@@ -312,10 +312,7 @@ void Stage::BucketLayer(StepState& st, int64_t layer) {
   std::vector<NamedParameter> bucket(params.begin() + st.bucket_begin,
                                      params.begin() + st.bucket_end);
   for (const NamedParameter& p : bucket) node.grads.push_back(p.param->grad);
-  if (st.summing == nullptr) {
-    st.summing = placement_.reducer;
-    st.buckets_start = std::chrono::steady_clock::now();
-  }
+  if (st.summing == nullptr) st.summing = placement_.reducer;
   st.bucket_status =
       placement_.reducer->StartBucket(placement_.replica, st.step, st.buckets++,
                                       std::move(node), std::move(bucket));
@@ -355,14 +352,10 @@ absl::Status Stage::SumGradientGroups() {
   StepState& st = *current_;
   if (st.summing != nullptr) {
     // The buckets handed in during the last backward: wait for the rest.
-    // The time counted is the whole sum's, from its first bucket.
+    // The time counted is the sums' own, not the backward they overlapped.
     GradientReducer* reducer = std::exchange(st.summing, nullptr);
-    const absl::Status done = reducer->FinishBuckets();
-    last_reduce_seconds_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                      st.buckets_start)
-            .count();
-    return done;
+    ASSIGN_OR_RETURN(last_reduce_seconds_, reducer->FinishBuckets());
+    return absl::OkStatus();
   }
   const auto start = std::chrono::steady_clock::now();
   absl::Cleanup timed = [&] {

@@ -221,11 +221,10 @@ class Stage {
     int64_t weights_done = 0;  // micro-batches whose weight gradients ran
     // Overlap: the reducer summing this step's buckets (null when none
     // runs), the bucket being gathered (parameters [bucket_begin,
-    // bucket_end), bucket_bytes of gradients), buckets handed in, when the
-    // first was, and the first failure to hand one in.
+    // bucket_end), bucket_bytes of gradients), buckets handed in, and the
+    // first failure to hand one in.
     GradientReducer* summing = nullptr;
     int64_t bucket_begin = 0, bucket_end = 0, bucket_bytes = 0, buckets = 0;
-    std::chrono::steady_clock::time_point buckets_start;
     absl::Status bucket_status;
     StepState() = default;
     StepState(const StepState&) = delete;

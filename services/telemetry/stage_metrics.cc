@@ -145,7 +145,9 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
       allreduce_seconds_(prometheus::BuildCounter()
                              .Name("gpipe_stage_allreduce_seconds_total")
                              .Help("Seconds the stage spent summing its "
-                                   "gradients with the stage's other replicas")
+                                   "gradients with the stage's other replicas "
+                                   "(on a thread of their own while they "
+                                   "overlap the last backward)")
                              .Register(registry)),
       allreduce_bytes_(prometheus::BuildCounter()
                            .Name("gpipe_stage_allreduce_bytes_total")

@@ -84,6 +84,30 @@ TEST(TraceStoreTest, KeepsEachReplicaOfAStageApart) {
   }
 }
 
+// A replica the job shrank away stops reporting: once the others are a
+// window past its last step, its track goes.
+TEST(TraceStoreTest, AStoppedTrackGoesAWindowLater) {
+  TraceStore store(/*keep_steps=*/2, /*keep_jobs=*/4);
+  for (int64_t step = 0; step < 8; ++step) {
+    for (int64_t replica = 0; replica < (step < 3 ? 2 : 1); ++replica) {
+      v1::StepTrace t = Record("j", 0, step);
+      t.set_replica(replica);
+      store.Add(t);
+    }
+    absl::StatusOr<v1::GetTraceResponse> all =
+        store.Get("j", std::nullopt, std::nullopt);
+    ASSERT_TRUE(all.ok()) << all.status();
+    bool replica_1 = false;
+    for (const v1::StepTrace& t : all->steps()) replica_1 |= t.replica() == 1;
+    // Replica 1's last step is 2: kept while the newest is at most 4.
+    EXPECT_EQ(replica_1, step <= 4) << "after step " << step;
+    // The oldest kept: replica 1's step 1 while it stays, else replica 0's
+    // window.
+    const int64_t want_first = step <= 1 ? 0 : step <= 4 ? 1 : step - 1;
+    EXPECT_EQ(all->first_stored_step(), want_first) << "after step " << step;
+  }
+}
+
 TEST(TraceStoreTest, AReplayedStepReplacesTheOlderRecord) {
   TraceStore store(3, 4);
   for (int64_t step = 0; step < 3; ++step) store.Add(Record("j", 0, step));

@@ -317,7 +317,9 @@ TEST(LinkReduction, BucketsSumToReducesBits) {
             r, 5, 0, node_of(2, 3), {named.begin() + 2, named.end()}));
         RETURN_IF_ERROR(reducers[r]->StartBucket(
             r, 5, 1, node_of(0, 2), {named.begin(), named.begin() + 2}));
-        return reducers[r]->FinishBuckets();
+        absl::StatusOr<double> seconds = reducers[r]->FinishBuckets();
+        if (seconds.ok()) EXPECT_GE(*seconds, 0.0);
+        return seconds.status();
       }));
     }
     std::vector<std::vector<std::vector<float>>> out(3);
@@ -362,7 +364,8 @@ TEST(LinkReduction, MismatchedOrClosedBucketsFail) {
       zero.StartBucket(1, 1, 0, node(a, 0), a.params)));  // not this replica
   ASSERT_TRUE(zero.StartBucket(0, 1, 0, node(a, 0), a.params).ok());
   ASSERT_TRUE(one.StartBucket(1, 1, 3, node(b, 1), b.params).ok());
-  const absl::Status s0 = zero.FinishBuckets(), s1 = one.FinishBuckets();
+  const absl::Status s0 = zero.FinishBuckets().status(),
+                     s1 = one.FinishBuckets().status();
   // The first to see the other's bucket names it; it then closes the
   // links, so the other may only hear that they closed.
   EXPECT_FALSE(s0.ok());
