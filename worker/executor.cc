@@ -445,9 +445,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
   Execution x(run, device_, compute_slowdown_);
   const gpipe::v1::Assignment& a = x.a;
-  // Another job's state, or one this assignment will not resume from.
+  // Another job's state, or one this assignment will not resume from
+  // (another cut's layers cannot be its stage's).
   if (parked_ != nullptr &&
-      (parked_->job_id != a.job_id() || !a.resume_in_memory())) {
+      (parked_->job_id != a.job_id() || !a.resume_in_memory() ||
+       parked_->layer_begin != a.layer_begin() ||
+       parked_->layer_end != a.layer_end())) {
     SetParked(nullptr);
   }
   LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",

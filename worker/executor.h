@@ -154,7 +154,7 @@ class Executor {
   std::unique_ptr<StageFileStore> controller_files_;
   const Device device_;
   int64_t memory_budget_ = 0;
-  std::chrono::milliseconds parked_ttl_{std::chrono::minutes(10)};
+  std::chrono::milliseconds parked_ttl_{std::chrono::minutes(2)};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::shared_ptr<Run> current_;

@@ -86,12 +86,13 @@ ABSL_FLAG(std::string, data_plane, "auto",
           "host that can map it, else gRPC frames), grpc (frames only), shm "
           "(shared memory or fail) or cuda_ipc (CUDA IPC or fail; needs "
           "--device cuda)");
-ABSL_FLAG(int64_t, shm_ring_bytes, int64_t{32} << 20,
-          "shared-memory plane: the most bytes of each direction's ring per "
-          "neighbouring pair (each link takes what its stage boundary's "
-          "tensors need, at least 1 MiB), a multiple of 4096 (a full ring makes the "
-          "sender wait); an activation or gradient of up to an eighth of it "
-          "is copied once, larger ones twice");
+ABSL_FLAG(
+    int64_t, shm_ring_bytes, int64_t{32} << 20,
+    "shared-memory plane: the most bytes of each direction's ring per "
+    "neighbouring pair (each link takes what its stage boundary's "
+    "tensors need, at least 1 MiB), a multiple of 4096 (a full ring makes the "
+    "sender wait); an activation or gradient of up to an eighth of it "
+    "is copied once, larger ones twice");
 ABSL_FLAG(int64_t, cuda_ipc_ring_bytes, int64_t{64} << 20,
           "CUDA IPC plane: bytes of device memory per direction and "
           "neighbouring pair, allocated once (a full ring makes the sender "
@@ -106,10 +107,11 @@ ABSL_FLAG(double, compute_slowdown, 1.0,
           "for tests and benchmarks: every layer of a CPU stage takes this "
           "many times as long (>= 1; the rest is slept, the CPU left free), "
           "so one process stands for a slower machine");
-ABSL_FLAG(int64_t, parked_state_seconds, 600,
+ABSL_FLAG(int64_t, parked_state_seconds, 120,
           "how long a stage's state kept for a resume from memory (after a "
           "replica of its job was lost) waits for the assignment that uses "
-          "it before it is freed");
+          "it before it is freed (the controller decides within seconds "
+          "and restarts after at most 30 s of backoff)");
 ABSL_FLAG(int64_t, drain_timeout_ms, 10000,
           "on SIGTERM, the longest the worker takes to say goodbye, abandon "
           "its step and exit");

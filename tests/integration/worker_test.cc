@@ -627,7 +627,7 @@ TEST_F(WorkerTest, ParkedStateIsFreedWhenNothingUsesIt) {
     }
   }
   EXPECT_EQ(parked_reports, 2);
-  // Worker a's TTL runs out; b's (ten minutes) does not.
+  // Worker a's TTL runs out; b's (the default, two minutes) does not.
   const auto freed_by = absl::Now() + absl::Seconds(10);
   while (a_->executor.parked_step() >= 0 && absl::Now() < freed_by)
     absl::SleepFor(absl::Milliseconds(20));
