@@ -21,6 +21,21 @@ constexpr absl::Duration kConnectBudget = absl::Seconds(30);
 constexpr int64_t kAttemptMs = 1000;
 constexpr absl::Duration kResolveRetry = absl::Milliseconds(200);
 
+// The smallest power of two from kMinShmRingBytes that holds `need` bytes,
+// at most `most`.
+int64_t RingFor(double need, int64_t most) {
+  int64_t ring = kMinShmRingBytes;
+  while (ring < most && static_cast<double>(ring) < need) ring *= 2;
+  return std::min(ring, most);
+}
+
+// `options` with rings of `ring_bytes` (and chunks that fit them).
+DataPlaneOptions WithRing(DataPlaneOptions options, int64_t ring_bytes) {
+  options.ring_bytes = ring_bytes;
+  options.chunk_bytes = std::min(options.chunk_bytes, ring_bytes / 2);
+  return options;
+}
+
 }  // namespace
 
 int64_t ShmRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
@@ -35,10 +50,7 @@ int64_t ShmRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
   const double message =
       4.0 * static_cast<double>(rows) *
       static_cast<double>(shapes->outputs[a.layer_end() - 1].numel());
-  const double need = std::max(8 * message, 4 * m * message);
-  int64_t ring = kMinShmRingBytes;
-  while (ring < most && static_cast<double>(ring) < need) ring *= 2;
-  return std::min(ring, most);
+  return RingFor(std::max(8 * message, 4 * m * message), most);
 }
 
 int64_t ReductionRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
@@ -53,20 +65,16 @@ int64_t ReductionRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
   const int64_t replicas = std::max<int64_t>(1, a.replicas());
   const int64_t groups =
       std::max<int64_t>(1, GradientGroupCount(a.spec()) / replicas);
-  const double need =
-      2 * bytes * static_cast<double>(groups) / static_cast<double>(replicas);
-  int64_t ring = kMinShmRingBytes;
-  while (ring < most && static_cast<double>(ring) < need) ring *= 2;
-  return std::min(ring, most);
+  return RingFor(
+      2 * bytes * static_cast<double>(groups) / static_cast<double>(replicas),
+      most);
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     const gpipe::v1::Assignment& a, const std::function<bool()>& cancelled) {
-  DataPlaneOptions plane = data_plane_;
-  plane.ring_bytes = ShmRingBytesFor(a, data_plane_.ring_bytes);
-  plane.chunk_bytes = std::min(plane.chunk_bytes, plane.ring_bytes / 2);
   return Dial(a, a.downstream_address(), absl::StrCat("stage ", a.stage() + 1),
-              plane, cancelled);
+              WithRing(data_plane_, ShmRingBytesFor(a, data_plane_.ring_bytes)),
+              cancelled);
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
@@ -79,12 +87,11 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
   }
   // The worker's data planes, shared memory on one host: the sum sends
   // while it receives (LinkReduction), so a bounded ring cannot block it.
-  DataPlaneOptions plane = data_plane_;
+  DataPlaneOptions plane =
+      WithRing(data_plane_, ReductionRingBytesFor(a, data_plane_.ring_bytes));
   // Forcing a plane (--data_plane shm) is about the pipeline's neighbours;
   // a stage's replicas may sit on other hosts: the best that works.
   if (plane.mode != DataPlaneMode::kGrpc) plane.mode = DataPlaneMode::kAuto;
-  plane.ring_bytes = ReductionRingBytesFor(a, data_plane_.ring_bytes);
-  plane.chunk_bytes = std::min(plane.chunk_bytes, plane.ring_bytes / 2);
   return Dial(a, a.replica_addresses(replica),
               absl::StrCat("replica ", replica, " of stage ", a.stage()), plane,
               cancelled);

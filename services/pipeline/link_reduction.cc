@@ -231,14 +231,21 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
       floats[q] += slices[q].back().end - slices[q].back().begin;
     }
   }
-  const auto send = [&](int64_t q, int64_t half, Tensor t) {
-    Message m;
-    m.kind = MessageKind::kReduceSlice;
-    m.step = step;
-    m.micro_batch = phase + half;
-    bytes_sent_ += t.nbytes();
-    m.tensor = std::move(t);
-    return peers_[q]->Send(std::move(m));
+  // Sends `out[q]` to every other replica q as phase + `half`.
+  const auto send_all = [&](int64_t half, std::vector<Tensor> out) {
+    return [this, step, phase, half, out = std::move(out)]() -> absl::Status {
+      for (size_t q = 0; q < out.size(); ++q) {
+        if (static_cast<int64_t>(q) == replica_) continue;
+        Message m;
+        m.kind = MessageKind::kReduceSlice;
+        m.step = step;
+        m.micro_batch = phase + half;
+        bytes_sent_ += out[q].nbytes();
+        m.tensor = out[q];
+        RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
+      }
+      return absl::OkStatus();
+    };
   };
   // Reduce-scatter: slice q of every node to replica q, sent while this
   // replica receives its own slices.
@@ -256,12 +263,7 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
       }
     }
   }
-  ConcurrentSends scatter(this, [&]() -> absl::Status {
-    for (int64_t q = 0; q < replicas; ++q) {
-      if (q != replica_) RETURN_IF_ERROR(send(q, 0, std::move(outs[q])));
-    }
-    return absl::OkStatus();
-  });
+  ConcurrentSends scatter(this, send_all(0, std::move(outs)));
   const std::vector<RowRange>& own = slices[replica_];
   // This replica's slice of every replica's nodes, in group order: views
   // of its own gradients and of what the others sent (the tree adds into
@@ -321,12 +323,8 @@ absl::Status LinkReduction::Sum(int64_t step, int64_t phase,
     at = std::copy(from, from + (s.end - s.begin), at);
   }
   // Read-only from here on: one tensor shared by every send.
-  ConcurrentSends gather(this, [&]() -> absl::Status {
-    for (int64_t q = 0; q < replicas; ++q) {
-      if (q != replica_) RETURN_IF_ERROR(send(q, 1, summed));
-    }
-    return absl::OkStatus();
-  });
+  ConcurrentSends gather(this,
+                         send_all(1, std::vector<Tensor>(replicas, summed)));
   for (int64_t q = 0; q < replicas; ++q) {
     if (q == replica_) continue;
     ASSIGN_OR_RETURN(

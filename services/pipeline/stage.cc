@@ -251,13 +251,8 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     f.dlogits = Tensor();
   } else {
     StepState& st = *current_;
-    if (BucketsGradients(st)) {
-      dx = model_->Backward(dy, f.saved, ctx,
-                            [&](int64_t layer) { BucketLayer(st, layer); });
-      RETURN_IF_ERROR(st.bucket_status);
-    } else {
-      dx = model_->Backward(dy, f.saved, ctx);
-    }
+    dx = model_->Backward(dy, f.saved, ctx, Bucketer(st));
+    RETURN_IF_ERROR(st.bucket_status);
     ++st.weights_done;
     f = InFlight();
   }
@@ -273,11 +268,13 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
   return split ? absl::OkStatus() : WeightGradientDone(m);
 }
 
-bool Stage::BucketsGradients(const StepState& st) const {
-  return placement_.reducer != nullptr &&
-         placement_.reducer->SupportsBuckets() && local_groups() == 1 &&
-         device_ == nullptr &&
-         st.weights_done == placement_.local_micro_batches() - 1;
+std::function<void(int64_t)> Stage::Bucketer(StepState& st) {
+  const bool last = placement_.reducer != nullptr &&
+                    placement_.reducer->SupportsBuckets() &&
+                    local_groups() == 1 && device_ == nullptr &&
+                    st.weights_done == placement_.local_micro_batches() - 1;
+  if (!last) return nullptr;
+  return [this, &st](int64_t layer) { BucketLayer(st, layer); };
 }
 
 // Large enough that a message's fixed cost stays small against its bytes,
@@ -395,13 +392,8 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
   }
   OpTimer timer(timeline_, Phase::kBackwardWeight, m);
   StepState& st = *current_;
-  if (BucketsGradients(st)) {
-    model_->BackwardWeight(f.saved, f.deferred, Context(step, m),
-                           [&](int64_t layer) { BucketLayer(st, layer); });
-    RETURN_IF_ERROR(st.bucket_status);
-  } else {
-    model_->BackwardWeight(f.saved, f.deferred, Context(step, m));
-  }
+  model_->BackwardWeight(f.saved, f.deferred, Context(step, m), Bucketer(st));
+  RETURN_IF_ERROR(st.bucket_status);
   ++st.weights_done;
   f = InFlight();
   return WeightGradientDone(m);

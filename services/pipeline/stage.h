@@ -6,6 +6,7 @@
 #define GPIPE_SERVICES_PIPELINE_STAGE_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -238,11 +239,12 @@ class Stage {
       }
     }
   };
-  // Whether the weight gradients about to run (a whole backward or a weight
-  // half) are the step's last and hand the parameters' gradients to the
-  // reducer in buckets as their layers finish them: replicas over a
-  // reducer that takes buckets, one gradient group per replica, on the CPU.
-  bool BucketsGradients(const StepState& st) const;
+  // The after-layer callback of the weight gradients about to run (a whole
+  // backward or a weight half) when they are the step's last and hand the
+  // parameters' gradients to the reducer in buckets as their layers finish
+  // them (replicas over a reducer that takes buckets, one gradient group
+  // per replica, on the CPU); null otherwise.
+  std::function<void(int64_t)> Bucketer(StepState& st);
   // After layer `layer` (local) of the last backward: adds its parameters
   // to the bucket and hands the bucket in once it is large enough or the
   // layers are done.

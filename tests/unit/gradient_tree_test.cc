@@ -11,6 +11,7 @@
 #include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/link_reduction.h"
 #include "services/transport/in_process_link.h"
+#include "tests/support/link_mesh.h"
 
 namespace gpipe {
 namespace {
@@ -226,17 +227,8 @@ TEST(LinkReduction, ThreeReplicasGetTheTotal) {
   const std::vector<float> want = Sum(Forest(grads, 0, 6), 6, n);
   // Uneven shares, as after a replica is lost: 3, 1 and 2 groups.
   const std::vector<RowRange> shares = {{0, 3}, {3, 4}, {4, 6}};
-  std::vector<std::unique_ptr<Link>> links;
-  std::vector<std::vector<Link*>> peers(3, std::vector<Link*>(3, nullptr));
-  for (int a = 0; a < 3; ++a) {
-    for (int b = a + 1; b < 3; ++b) {
-      auto [to_b, to_a] = MakeInProcessLinkPair(4);
-      peers[a][b] = to_b.get();
-      peers[b][a] = to_a.get();
-      links.push_back(std::move(to_b));
-      links.push_back(std::move(to_a));
-    }
-  }
+  const test_support::LinkMesh mesh(3, 4);
+  const auto& peers = mesh.peers;
   std::vector<std::unique_ptr<OneParam>> params;
   std::vector<std::future<absl::Status>> done;
   std::vector<std::unique_ptr<LinkReduction>> reducers;
@@ -270,17 +262,8 @@ TEST(LinkReduction, BucketsSumToReducesBits) {
   const std::vector<RowRange> shares = {{0, 1}, {1, 2}, {2, 3}};
   // Runs R=3 replicas, bucketed or not; [replica][parameter] -> gradient.
   auto run = [&](bool buckets) {
-    std::vector<std::unique_ptr<Link>> links;
-    std::vector<std::vector<Link*>> peers(3, std::vector<Link*>(3, nullptr));
-    for (int a = 0; a < 3; ++a) {
-      for (int b = a + 1; b < 3; ++b) {
-        auto [to_b, to_a] = MakeInProcessLinkPair(4);
-        peers[a][b] = to_b.get();
-        peers[b][a] = to_a.get();
-        links.push_back(std::move(to_b));
-        links.push_back(std::move(to_a));
-      }
-    }
+    const test_support::LinkMesh mesh(3, 4);
+    const auto& peers = mesh.peers;
     std::vector<std::vector<Parameter>> params(3, std::vector<Parameter>(3));
     std::vector<std::unique_ptr<LinkReduction>> reducers;
     std::vector<std::future<absl::Status>> done;

@@ -14,6 +14,7 @@
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/stage_checkpoint.h"
 #include "services/transport/in_process_link.h"
+#include "tests/support/link_mesh.h"
 
 namespace gpipe {
 namespace {
@@ -64,17 +65,8 @@ class MemoryResumeTest : public ::testing::Test {
       const std::vector<const ParkedStage*>& own, int64_t step,
       std::vector<std::unique_ptr<Stage>>* stages) {
     const int64_t r = static_cast<int64_t>(own.size());
-    std::vector<std::unique_ptr<Link>> links;
-    std::vector<std::vector<Link*>> peers(r, std::vector<Link*>(r, nullptr));
-    for (int64_t a = 0; a < r; ++a) {
-      for (int64_t b = a + 1; b < r; ++b) {
-        auto [to_b, to_a] = MakeInProcessLinkPair(64);
-        peers[a][b] = to_b.get();
-        peers[b][a] = to_a.get();
-        links.push_back(std::move(to_b));
-        links.push_back(std::move(to_a));
-      }
-    }
+    const test_support::LinkMesh mesh(static_cast<int>(r), 64);
+    const auto& peers = mesh.peers;
     for (int64_t q = 0; q < r; ++q) stages->push_back(MakeStage());
     std::vector<absl::StatusOr<int64_t>> results(r, absl::UnknownError(""));
     std::vector<std::thread> threads;
