@@ -101,9 +101,11 @@ struct JobRecord {
   // slower than the cut before, which the next checkpoint restores.
   bool measuring_repartition = false;
   bool revert_pending = false;
-  // The cut (CutKey) the last checkpoint's estimates proposed: the next
-  // must propose it again before the job moves.
-  std::string proposed_cut;
+  // The cut the last checkpoint's estimates proposed (empty: none): the
+  // job moves there only once the next checkpoint's estimates predict that
+  // it gains enough too.
+  std::vector<int64_t> proposed_balance;
+  std::vector<std::string> proposed_workers;
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a

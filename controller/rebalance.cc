@@ -169,9 +169,15 @@ std::optional<v1::Repartition> PlanRepartition(
   const v1::JobSpec& spec = job.job.spec();
   const RebalanceSettings settings = RebalanceSettingsOf(spec);
   const v1::JobStatus& status = job.status();
-  // What the previous checkpoint proposed, if anything: a move needs two
-  // checkpoints in a row to agree, so one noisy estimate moves nothing.
-  const std::string proposed = std::exchange(job.proposed_cut, "");
+  // What the previous checkpoint proposed, if anything: a move needs the
+  // estimates of two checkpoints in a row to predict it gains enough, so
+  // one noisy estimate moves nothing. They need not agree on the best cut:
+  // a slow worker often has several cuts within a few percent of each
+  // other, and noise picks a different one each time.
+  const std::vector<int64_t> proposed_balance =
+      std::exchange(job.proposed_balance, {});
+  const std::vector<std::string> proposed_workers =
+      std::exchange(job.proposed_workers, {});
   if (job.revert_pending && !status.repartitions().empty() &&
       status.stages_size() == job.stages) {
     // Back to the cut and workers before the last re-partition, whatever
@@ -225,43 +231,68 @@ std::optional<v1::Repartition> PlanRepartition(
   if (!proposal) return std::nullopt;
   // It pays when the steps left, each faster by the expected fraction,
   // save more than the steps replayed from the checkpoint and the restart.
-  const double gain =
-      ExpectedGain(proposal->predicted_old_seconds,
-                   proposal->predicted_new_seconds, job.step_seconds);
-  const double saved =
-      gain * job.step_seconds *
-      static_cast<double>(status.total_steps() - status.step());
   const double cost =
       job.step_seconds * static_cast<double>(status.step() - step) +
       std::max(kRestartSeconds,
                job.step_seconds * static_cast<double>(kRestartSteps));
+  const auto saved_by = [&](double gain) {
+    return gain * job.step_seconds *
+           static_cast<double>(status.total_steps() - status.step());
+  };
+  const double gain =
+      ExpectedGain(proposal->predicted_old_seconds,
+                   proposal->predicted_new_seconds, job.step_seconds);
   const std::string cut = CutKey(proposal->balance, proposal->workers);
-  if (saved <= cost) {
+  if (saved_by(gain) <= cost) {
     *why = absl::StrFormat(
         "the %d steps left would save %.1f s at the cut %s, less than the "
         "%.1f s a restart from step %d costs",
-        status.total_steps() - status.step(), saved, cut, cost, step);
+        status.total_steps() - status.step(), saved_by(gain), cut, cost, step);
     return std::nullopt;
   }
-  if (cut != proposed) {
-    job.proposed_cut = cut;
+  const auto propose = [&](std::string reason) {
+    job.proposed_balance = proposal->balance;
+    job.proposed_workers = proposal->workers;
     *why = absl::StrFormat(
-        "the cut %s would gain %.1f%%; the job moves there if the next "
-        "checkpoint finds the same",
-        cut, 100 * gain);
+        "%sthe cut %s would gain %.1f%%; the job moves if the next "
+        "checkpoint's estimates agree that a move gains %.0f%% or more",
+        reason, cut, 100 * gain, 100 * in.min_gain);
     return std::nullopt;
+  };
+  if (proposed_balance.empty()) return propose("");
+  // The cut the previous checkpoint proposed, judged by this one's
+  // estimates: the job moves there when they predict it gains enough as
+  // well (a cut both estimates back, rather than this one's best alone).
+  RebalanceProposal chosen = *proposal;
+  const std::string previous = CutKey(proposed_balance, proposed_workers);
+  if (previous != cut) {
+    const double seconds =
+        PredictStepSeconds(in, proposed_balance, proposed_workers);
+    const double previous_gain = ExpectedGain(proposal->predicted_old_seconds,
+                                              seconds, job.step_seconds);
+    if (previous_gain < in.min_gain || saved_by(previous_gain) <= cost ||
+        in.tried.contains(previous) ||
+        (in.fits && !in.fits(proposed_balance, proposed_workers))) {
+      return propose(absl::StrFormat(
+          "the cut %s proposed at the last checkpoint would gain %.1f%% by "
+          "these estimates; ",
+          previous, 100 * previous_gain));
+    }
+    chosen.balance = proposed_balance;
+    chosen.workers = proposed_workers;
+    chosen.predicted_new_seconds = seconds;
   }
 
   v1::Repartition r;
   r.set_step(step);
   *r.mutable_time() = ToTimestamp(now);
   for (int64_t b : in.balance) r.add_old_balance(b);
-  for (int64_t b : proposal->balance) r.add_new_balance(b);
-  for (const std::string& w : proposal->workers) r.add_workers(w);
+  for (int64_t b : chosen.balance) r.add_new_balance(b);
+  for (const std::string& w : chosen.workers) r.add_workers(w);
   for (const std::string& w : in.workers) r.add_old_workers(w);
-  r.set_reason(proposal->reason);
-  r.set_predicted_old_seconds(proposal->predicted_old_seconds);
-  r.set_predicted_new_seconds(proposal->predicted_new_seconds);
+  r.set_reason(chosen.reason);
+  r.set_predicted_old_seconds(chosen.predicted_old_seconds);
+  r.set_predicted_new_seconds(chosen.predicted_new_seconds);
   r.set_measured_old_seconds(job.step_seconds);
   return r;
 }

@@ -79,7 +79,8 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.finished_paths.assign(k, "");
   job.micro_batch_losses.clear();
   job.timed_reports.assign(k, 0);
-  job.proposed_cut.clear();
+  job.proposed_balance.clear();
+  job.proposed_workers.clear();
   job.step_seconds = 0;
   job.step_reports = 0;
   job.checkpointing.clear();

@@ -3,6 +3,7 @@
 // checkpoint may move the layers (warm-up, every_steps, the steps left).
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "controller/rebalance.h"
 #include "gtest/gtest.h"
@@ -76,7 +77,7 @@ TEST(RebalanceRulesTest, AfterTheWarmUpASlowStageMoves) {
   // one that finds it too moves.
   EXPECT_FALSE(
       PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why).has_value());
-  EXPECT_NE(why.find("if the next checkpoint finds the same"),
+  EXPECT_NE(why.find("if the next checkpoint's estimates agree"),
             std::string::npos)
       << why;
   Feed(job, 25, 35, 6.0);
@@ -93,6 +94,50 @@ TEST(RebalanceRulesTest, AfterTheWarmUpASlowStageMoves) {
   EXPECT_FALSE(PlanRepartition(balanced, 20, NoMemoryLimit, absl::Now(), &why)
                    .has_value());
   EXPECT_EQ(why, "the running cut 2,3 on w1,w2 is the best");
+}
+
+// Noise makes consecutive checkpoints find different best cuts among
+// several nearly as good: the job still moves, to the cut the earlier one
+// proposed, when the later estimates predict it gains enough too; a
+// proposal they no longer back waits for the next checkpoint.
+TEST(RebalanceRulesTest, TwoCheckpointsNeedNotPickTheSameBestCut) {
+  JobRecord job = RunningJob();
+  Feed(job, 0, 25, 6.0);
+  std::string why;
+  ASSERT_FALSE(
+      PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why).has_value());
+  ASSERT_EQ(job.proposed_balance, (std::vector<int64_t>{4, 1})) << why;
+  // As if the last checkpoint's estimates had found 3,2 best: it gains
+  // too by these, so the job moves there.
+  job.proposed_balance = {3, 2};
+  Feed(job, 25, 35, 6.0);
+  std::optional<v1::Repartition> r =
+      PlanRepartition(job, 30, NoMemoryLimit, absl::Now(), &why);
+  ASSERT_TRUE(r.has_value()) << why;
+  EXPECT_EQ(
+      std::vector<int64_t>(r->new_balance().begin(), r->new_balance().end()),
+      (std::vector<int64_t>{3, 2}));
+  EXPECT_LT(r->predicted_new_seconds(), r->predicted_old_seconds());
+
+  // A proposal these estimates say gains nothing (the running cut's
+  // mirror, 1,4): no move; this checkpoint's best is proposed instead and
+  // moves at the next.
+  JobRecord other = RunningJob();
+  Feed(other, 0, 25, 6.0);
+  ASSERT_FALSE(
+      PlanRepartition(other, 20, NoMemoryLimit, absl::Now(), &why).has_value());
+  other.proposed_balance = {1, 4};
+  Feed(other, 25, 35, 6.0);
+  EXPECT_FALSE(
+      PlanRepartition(other, 30, NoMemoryLimit, absl::Now(), &why).has_value());
+  EXPECT_NE(why.find("the cut 1,4 on w1,w2 proposed at the last checkpoint"),
+            std::string::npos)
+      << why;
+  EXPECT_EQ(other.proposed_balance, (std::vector<int64_t>{4, 1}));
+  Feed(other, 35, 45, 6.0);
+  r = PlanRepartition(other, 40, NoMemoryLimit, absl::Now(), &why);
+  ASSERT_TRUE(r.has_value()) << why;
+  EXPECT_EQ(r->new_balance(0), 4);
 }
 
 TEST(RebalanceRulesTest, AtMostOnceInEverySteps) {
