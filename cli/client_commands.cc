@@ -47,6 +47,7 @@ ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
 ABSL_DECLARE_FLAG(int64_t, stages);
 ABSL_DECLARE_FLAG(int64_t, micro_batches);
 ABSL_DECLARE_FLAG(int64_t, replicas);
+ABSL_DECLARE_FLAG(int64_t, virtual_stages);
 ABSL_DECLARE_FLAG(std::string, steps);
 ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
@@ -508,6 +509,17 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", s.status().message()));
     p.set_schedule(ScheduleToSpec(*s));
+  }
+  if (absl::GetFlag(FLAGS_virtual_stages) > 0) {
+    if (!Interleaves(ScheduleFromSpec(p.schedule()))) {
+      return absl::InvalidArgumentError(
+          "--virtual-stages: only the interleaved schedule holds several "
+          "chunks per stage (--schedule interleaved)");
+    }
+    p.set_virtual_stages(absl::GetFlag(FLAGS_virtual_stages));
+  } else if (Interleaves(ScheduleFromSpec(p.schedule())) &&
+             p.virtual_stages() == 0) {
+    p.set_virtual_stages(2);  // as gpipectl train does
   }
   if (!absl::GetFlag(FLAGS_remat).empty()) {
     absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));

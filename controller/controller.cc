@@ -194,19 +194,13 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     RETURN_IF_ERROR(ResolveDataDependentFields(&spec));
   }
   if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
-  if (Interleaves(ScheduleFromSpec(spec.pipeline().schedule()))) {
-    // A worker runs one stage; holding several (links to more than two
-    // neighbours, one assignment for several layer ranges) is to come.
-    return absl::UnimplementedError(
-        "pipeline.schedule: INTERLEAVED_1F1B runs in one process so far "
-        "(gpipectl train --schedule interleaved --virtual-stages V); a "
-        "cluster's workers each hold one stage: use GPIPE, ONE_F_ONE_B or "
-        "ZERO_BUBBLE_H1 here");
-  }
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.
-  const absl::StatusOr<StagePlan> plan = PlanStages(spec, k);
+  // An interleaved schedule cuts K x v chunks, v on each of the K workers.
+  const int64_t v = ChunksPerWorker(spec);
+  absl::StatusOr<StagePlan> plan = PlanStages(spec, k * v);
+  if (plan.ok() && v > 1) plan = WorkerPlan(*plan, k);
   const absl::Time now = Now();
   v1::Job submitted;
   uint64_t ticket = 0;
@@ -777,11 +771,22 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
     return;
   }
   JobRecord* job = jobs_.Find(info.job_id());
-  const int64_t slot =
-      job == nullptr ? -1 : job->Slot(info.stage(), info.replica());
+  // Its stage, or with an interleaved schedule each of its chunks.
+  bool unfinished = false;
+  if (job != nullptr) {
+    const int64_t v = ChunksPerWorker(job->job.spec());
+    const int64_t k = job->running_stages();
+    for (int64_t c = 0; c < v; ++c) {
+      const int64_t slot =
+          job->Slot(info.stage() + c * (k / v), info.replica());
+      unfinished = unfinished ||
+                   (slot >= 0 &&
+                    slot < static_cast<int64_t>(job->finished.size()) &&
+                    !job->finished[slot]);
+    }
+  }
   if (job == nullptr || IsTerminal(job->status().state()) || job->merging ||
-      slot < 0 || slot >= static_cast<int64_t>(job->finished.size()) ||
-      job->finished[slot]) {
+      !unfinished) {
     Reschedule(now);
     return;  // its stage was done: nothing is lost
   }
@@ -1023,7 +1028,8 @@ JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
   } else if (job->status().state() != v1::RUNNING) {
     problem = "the job is restarting";
   } else if (worker.info.state() != v1::BUSY ||
-             worker.info.job_id() != job_id || worker.info.stage() != stage ||
+             worker.info.job_id() != job_id ||
+             worker.info.stage() != job->WorkerIndexOf(stage) ||
              worker.info.replica() != replica ||
              job->Slot(stage, replica) < 0) {
     problem = worker.info.state() == v1::BUSY

@@ -6,6 +6,7 @@
 #ifndef GPIPE_CONTROLLER_JOB_TABLE_H_
 #define GPIPE_CONTROLLER_JOB_TABLE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -87,6 +88,9 @@ struct JobRecord {
 
   // The self-balancing pipeline (balancer.h; in memory: a controller
   // restart measures again). What every stage measured, across epochs.
+  // Stages each worker of the current epoch runs (an interleaved
+  // schedule's chunks; 1 otherwise).
+  int64_t chunks = 1;
   LayerCostBook layer_costs;
   std::shared_ptr<const ModelShapes> model_shapes;  // of the spec, once
   // This epoch: per stage, the progress reports that carried layer times;
@@ -118,6 +122,13 @@ struct JobRecord {
   const std::string& id() const { return job.id(); }
   // Stages of the current epoch (elastic: at most `stages`).
   int64_t running_stages() const { return job.status().running_stages(); }
+  // The worker index of `stage` (WorkerInfo.stage of its worker): the
+  // stage, or with an interleaved schedule's v chunks per worker stage % W
+  // of its W workers.
+  int64_t WorkerIndexOf(int64_t stage) const {
+    const int64_t w = running_stages() / std::max<int64_t>(1, chunks);
+    return chunks > 1 && w > 0 ? stage % w : stage;
+  }
   // The index of (stage, replica) into the per-worker vectors; -1 when the
   // current epoch has no such worker.
   int64_t Slot(int64_t stage, int64_t replica) const {

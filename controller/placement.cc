@@ -10,6 +10,7 @@
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe::controller {
 namespace {
@@ -52,6 +53,34 @@ absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k,
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   plan.memory = EstimatePipelineMemory(spec, shapes, plan.balance);
   return plan;
+}
+
+StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers) {
+  StagePlan out;
+  if (workers <= 0) return out;
+  out.memory.resize(workers);
+  for (size_t s = 0; s < chunks.memory.size(); ++s) {
+    StageMemory& w = out.memory[s % workers];
+    const StageMemory& c = chunks.memory[s];
+    for (auto [to, from] : {std::pair{&w.parameters, c.parameters},
+                            {&w.gradients, c.gradients},
+                            {&w.optimizer_state, c.optimizer_state},
+                            {&w.activations, c.activations},
+                            {&w.working, c.working},
+                            {&w.evaluation, c.evaluation},
+                            {&w.data, c.data},
+                            {&w.batch, c.batch}}) {
+      *to = SaturatingSum({*to, from});
+    }
+  }
+  out.balance = chunks.balance;
+  return out;
+}
+
+int64_t ChunksPerWorker(const v1::JobSpec& spec) {
+  return Interleaves(ScheduleFromSpec(spec.pipeline().schedule()))
+             ? VirtualStageCount(spec)
+             : 1;
 }
 
 bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory) {

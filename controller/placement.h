@@ -34,6 +34,14 @@ absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k,
 // replica's stage i needs what stage i needs.
 StagePlan RepeatPlan(const StagePlan& plan, int64_t times);
 
+// An interleaved plan's K x v chunks folded onto its K workers (chunk c of
+// worker w is stage w + c K): worker w needs what its chunks need together,
+// part by part.
+StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers);
+
+// The chunks a worker runs of `spec`: v of an interleaved schedule, else 1.
+int64_t ChunksPerWorker(const gpipe::v1::JobSpec& spec);
+
 // Whether each stage of `plan` fits the worker's memory (0: unknown, holds
 // anything) at the same index.
 bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory);

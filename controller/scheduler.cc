@@ -28,10 +28,11 @@ namespace v1 = gpipe::v1;
 
 constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
 
-// Assigns `job` to `workers` (stage i of replica r on workers[r * K + i])
-// cut by `balance` (K entries): epoch, restore point, messages. False when
-// no stream key could be made: it has failed, and the workers are still
-// free.
+// Assigns `job` to `workers` (stage i of replica r on workers[r * K + i];
+// an interleaved schedule's stage i on workers[i % W], W workers each
+// running its v chunks) cut by `balance` (K entries, K = W x v when
+// interleaved): epoch, restore point, messages. False when no stream key
+// could be made: it has failed, and the workers are still free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
            const std::vector<int64_t>& balance,
@@ -39,7 +40,16 @@ bool Start(JobTable& jobs, JobRecord& job,
            absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(balance.size());
-  const int64_t replicas = static_cast<int64_t>(workers.size()) / k;
+  const int64_t v = ChunksPerWorker(spec);
+  const int64_t replicas =
+      v > 1 ? 1 : static_cast<int64_t>(workers.size()) / k;
+  // The worker of stage i of replica r.
+  const auto worker_of = [&](int64_t i, int64_t r) -> WorkerRecord& {
+    return v > 1 ? *workers[i % (k / v)] : *workers[r * k + i];
+  };
+  // An interleaved schedule's assignments, one per worker, collecting its
+  // chunks.
+  std::vector<v1::ControllerMessage> chunked(v > 1 ? k / v : 0);
   // One key for the epoch's streams (services/security/stream_key.h);
   // never logged or stored: a restart of the controller bumps the epoch and
   // makes a new one.
@@ -72,6 +82,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.clear_stages();
   status.clear_replica_stages();
   job.replicas = replicas;
+  job.chunks = v;
   job.start_step = start_step;
   job.stage_steps.assign(k * replicas, start_step);
   job.stage_reported.assign(k * replicas, now);
@@ -95,7 +106,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.tried_cuts.insert(CutKey(balance, ids));
   for (int64_t slot = 0; slot < k * replicas; ++slot) {
     const int64_t i = slot % k, r = slot / k;
-    WorkerRecord& worker = *workers[slot];
+    WorkerRecord& worker = worker_of(i, r);
     v1::StageStatus* stage =
         r == 0 ? status.add_stages() : status.add_replica_stages();
     stage->set_stage(i);
@@ -118,14 +129,14 @@ bool Start(JobTable& jobs, JobRecord& job,
     a.set_schedule(
         ScheduleToSpec(ScheduleFromSpec(spec.pipeline().schedule())));
     a.set_remat(RematToSpec(RematFromSpec(spec.pipeline().remat())));
-    a.set_upstream_address(i > 0 ? workers[slot - 1]->info.address() : "");
-    a.set_downstream_address(i + 1 < k ? workers[slot + 1]->info.address()
+    a.set_upstream_address(i > 0 ? worker_of(i - 1, r).info.address() : "");
+    a.set_downstream_address(i + 1 < k ? worker_of(i + 1, r).info.address()
                                        : "");
     if (replicas > 1) {
       a.set_replica(r);
       a.set_replicas(replicas);
       for (int64_t q = 0; q < replicas; ++q)
-        a.add_replica_addresses(workers[q * k + i]->info.address());
+        a.add_replica_addresses(worker_of(i, q).info.address());
     }
     a.set_start_step(start_step);
     a.set_resume_in_memory(memory.has_value());
@@ -147,12 +158,30 @@ bool Start(JobTable& jobs, JobRecord& job,
       }
     }
     a.set_stream_key(*stream_key);
-    WorkerRegistry::Send(worker, std::move(message));
-    WorkerRegistry::MarkBusy(worker, job.id(), i, r);
     absl::StrAppend(&placed, slot > 0 ? ", " : "", "stage ", i,
                     replicas > 1 ? absl::StrCat(" of replica ", r) : "",
                     " (layers ", stage->layer_begin(), "..",
                     stage->layer_end() - 1, ") on ", worker.id());
+    if (v > 1) {
+      // Chunk i / W of worker i % W: the worker's assignment is its chunk
+      // 0's, carrying every chunk (each without the spec it shares).
+      v1::ControllerMessage& whole = chunked[i % (k / v)];
+      if (i < k / v) {
+        whole = message;
+      } else {
+        a.clear_spec();
+      }
+      *whole.mutable_assignment()->add_chunks() = std::move(a);
+      continue;
+    }
+    WorkerRegistry::Send(worker, std::move(message));
+    WorkerRegistry::MarkBusy(worker, job.id(), i, r);
+  }
+  for (size_t w = 0; w < chunked.size(); ++w) {
+    v1::Assignment& a = *chunked[w].mutable_assignment();
+    a.mutable_chunks(0)->clear_spec();
+    WorkerRegistry::Send(*workers[w], std::move(chunked[w]));
+    WorkerRegistry::MarkBusy(*workers[w], job.id(), static_cast<int64_t>(w));
   }
   status.set_state(v1::RUNNING);
   if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
@@ -161,7 +190,7 @@ bool Start(JobTable& jobs, JobRecord& job,
       k, " stages",
       replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "",
       ", epoch ", epoch, ": ", placed);
-  if (k != job.stages) {
+  if (k / v != job.stages) {
     absl::StrAppend(&running, " (elastic: ", k, " of ", job.stages, ")");
   }
   if (restore) {
@@ -327,7 +356,10 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // Short of workers for longer than the grace period: run on what there
     // is. Exact all the same: stages change only at checkpoint boundaries.
     // (Replicas wait for all their workers so far.)
-    if (blocked_by == nullptr && replicas == 1 && free < k &&
+    // (An interleaved schedule keeps its workers: its chunks are cut for
+    // K of them, and M must stay a multiple of K.)
+    const int64_t v = ChunksPerWorker(job->job.spec());
+    if (blocked_by == nullptr && replicas == 1 && v == 1 && free < k &&
         free >= MinStages(job->job.spec()) &&
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
       k = free;
@@ -349,7 +381,7 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       const v1::Repartition* rebalanced =
           replicas == 1 ? RepartitionFor(*job, k) : nullptr;
       absl::StatusOr<StagePlan> plan = PlanStages(
-          job->job.spec(), k,
+          job->job.spec(), k * v,
           rebalanced != nullptr
               ? std::vector<int64_t>(rebalanced->new_balance().begin(),
                                      rebalanced->new_balance().end())
@@ -366,8 +398,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       if (rebalanced != nullptr)
         place = ChosenWorkers(*rebalanced, *plan, idle);
       if (!place) {
-        place =
-            PlaceStages(RepeatPlan(*plan, replicas), WorkerMemory(idle), &why);
+        place = PlaceStages(
+            v > 1 ? WorkerPlan(*plan, k) : RepeatPlan(*plan, replicas),
+            WorkerMemory(idle), &why);
       }
       if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;

@@ -20,6 +20,7 @@
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/step_plan.h"
+#include "services/pipeline/worker_step.h"
 #include "services/security/stream_key.h"
 #include "services/telemetry/metered_link.h"
 #include "services/telemetry/step_trace.h"
@@ -30,13 +31,18 @@ namespace gpipe {
 
 struct Executor::Run {
   gpipe::v1::Assignment assignment;
+  // The stages it runs: its chunks (each with the assignment's spec), or
+  // the assignment alone.
+  std::vector<gpipe::v1::Assignment> chunks;
+  absl::Status chunks_status;  // ChunksOf's: the run fails with it
   bool cancelled = false;
   // The same, read without the lock by the stage's thread at each tensor
   // allocation (AllocationsCancelledBy): a cancel stops compute within one
   // layer op, not at the next send or receive.
   std::atomic<bool> stop{false};
-  std::shared_ptr<Link> upstream;  // set by AcceptUpstream
-  Link* downstream = nullptr;      // while connected, for Cancel
+  // Set by AcceptUpstream, by the stage that receives on them.
+  std::map<int64_t, std::shared_ptr<Link>> upstreams;
+  std::vector<Link*> downstreams;  // while connected, for Cancel
   // Replicas: the reduction links accepted from the replicas below this one
   // (by replica), and those dialled to the replicas above while connected
   // (for Cancel).
@@ -109,12 +115,51 @@ absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a,
   return absl::OkStatus();
 }
 
+// The stages an assignment runs: its chunks, each given the assignment's
+// spec, or the assignment itself. INVALID_ARGUMENT naming what is wrong
+// when the chunks are not the worker's stages w, w + K, ... of one job and
+// epoch.
+absl::StatusOr<std::vector<gpipe::v1::Assignment>> ChunksOf(
+    const gpipe::v1::Assignment& a) {
+  if (a.chunks_size() == 0) return std::vector<gpipe::v1::Assignment>{a};
+  const int64_t v = a.chunks_size();
+  const int64_t k = a.stages() / v;
+  if (v < 2 || a.stages() % v != 0 || a.stage() < 0 || a.stage() >= k) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment: ", v, " chunks of ", a.stages(),
+        " stages do not place one worker's stages (worker ", a.stage(), ")"));
+  }
+  if (a.replicas() > 1) {
+    return absl::InvalidArgumentError(
+        "assignment: chunks with replicas (an interleaved schedule runs one "
+        "pipeline)");
+  }
+  std::vector<gpipe::v1::Assignment> out;
+  for (int64_t c = 0; c < v; ++c) {
+    gpipe::v1::Assignment chunk = a.chunks(c);
+    const int64_t stage = a.stage() + c * k;
+    if (chunk.job_id() != a.job_id() || chunk.epoch() != a.epoch() ||
+        chunk.stage() != stage || chunk.stages() != a.stages() ||
+        chunk.chunks_size() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "assignment: chunk ", c, " is stage ", chunk.stage(), " of ",
+          chunk.stages(), " of ", chunk.job_id(), " epoch ", chunk.epoch(),
+          "; worker ", a.stage(), "'s chunk ", c, " is stage ", stage, " of ",
+          a.stages(), " of ", a.job_id(), " epoch ", a.epoch()));
+    }
+    *chunk.mutable_spec() = a.spec();
+    out.push_back(std::move(chunk));
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Executor::Execution {
-  Execution(std::shared_ptr<Run> r, Device device, double compute_slowdown)
+  Execution(std::shared_ptr<Run> r, const gpipe::v1::Assignment& chunk,
+            Device device, double compute_slowdown)
       : run(std::move(r)),
-        a(run->assignment),
+        a(chunk),
         spec(a.spec()),
         plan(StepPlan::FromSpec(spec)),
         placement(PlacementOf(a, device, compute_slowdown)),
@@ -183,8 +228,8 @@ void Executor::StopLocked(std::unique_lock<std::mutex>& lock) {
   if (current_ != nullptr) {
     current_->cancelled = true;
     current_->stop.store(true);
-    if (current_->upstream) current_->upstream->Close();
-    if (current_->downstream) current_->downstream->Close();
+    for (auto& [stage, link] : current_->upstreams) link->Close();
+    for (Link* link : current_->downstreams) link->Close();
     for (auto& [replica, link] : current_->replica_links) link->Close();
     for (Link* link : current_->dialed_replicas) link->Close();
   }
@@ -247,6 +292,14 @@ void Executor::Start(const gpipe::v1::Assignment& a) {
   }
   auto run = std::make_shared<Run>();
   run->assignment = a;
+  absl::StatusOr<std::vector<gpipe::v1::Assignment>> chunks = ChunksOf(a);
+  if (chunks.ok()) {
+    run->chunks = *std::move(chunks);
+  } else {
+    run->chunks = {a};
+    run->chunks.front().clear_chunks();
+    run->chunks_status = chunks.status();
+  }
   current_ = run;
   cv_.notify_all();
   thread_ = std::thread([this, run] {
@@ -296,10 +349,18 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
         if (from_stage == a.stage() && a.replicas() > 1) {
           return AcceptReplicaLocked(from_replica, std::move(link));
         }
-        if (from_stage != a.stage() - 1) {
+        // The stage of this worker that receives from `from_stage`.
+        const std::vector<gpipe::v1::Assignment>& chunks = current_->chunks;
+        const auto to = std::find_if(
+            chunks.begin(), chunks.end(),
+            [&](const auto& c) { return c.stage() == from_stage + 1; });
+        if (to == chunks.end()) {
+          std::string mine;
+          for (const auto& c : chunks)
+            absl::StrAppend(&mine, mine.empty() ? "" : ", ", c.stage());
           return absl::FailedPreconditionError(absl::StrCat(
-              "link from stage ", from_stage, " but this worker runs stage ",
-              a.stage(), " of job ", job_id));
+              "link from stage ", from_stage, " but this worker ", "runs stage",
+              chunks.size() > 1 ? "s " : " ", mine, " of job ", job_id));
         }
         if (from_replica != a.replica()) {
           return absl::FailedPreconditionError(
@@ -307,12 +368,12 @@ absl::Status Executor::AcceptUpstream(const std::string& job_id, int64_t epoch,
                            from_replica, " but this worker runs replica ",
                            a.replica(), " of job ", job_id));
         }
-        if (current_->upstream != nullptr) {
+        if (current_->upstreams.contains(to->stage())) {
           return absl::AlreadyExistsError(
-              absl::StrCat("stage ", a.stage(), " of job ", job_id, " epoch ",
+              absl::StrCat("stage ", to->stage(), " of job ", job_id, " epoch ",
                            epoch, " already has its upstream link"));
         }
-        current_->upstream = std::move(link);
+        current_->upstreams[to->stage()] = std::move(link);
         cv_.notify_all();
         return absl::OkStatus();
       }
@@ -443,39 +504,61 @@ bool Executor::cancelled(const Run& run) const {
 
 void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
-  Execution x(run, device_, compute_slowdown_);
+  // One execution per stage the assignment runs (its chunks); the first
+  // speaks for the assignment (failures, replicas, a parked state).
+  std::vector<std::unique_ptr<Execution>> xs;
+  for (const gpipe::v1::Assignment& chunk : run->chunks) {
+    xs.push_back(
+        std::make_unique<Execution>(run, chunk, device_, compute_slowdown_));
+  }
+  Execution& x = *xs.front();
   const gpipe::v1::Assignment& a = x.a;
   // Another job's state, or one this assignment will not resume from
   // (another cut's layers cannot be its stage's).
   if (parked_ != nullptr &&
       (parked_->job_id != a.job_id() || !a.resume_in_memory() ||
        parked_->layer_begin != a.layer_begin() ||
-       parked_->layer_end != a.layer_end())) {
+       parked_->layer_end != a.layer_end() || xs.size() > 1)) {
     SetParked(nullptr);
   }
-  LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d",
-          a.stage(), a.stages(), a.job_id(), a.epoch(), a.layer_begin(),
-          a.layer_end(), a.micro_batches());
-  if (metrics_ != nullptr) {
-    x.metrics = metrics_->ForStage(a.job_id(), a.stage(), a.replica(),
-                                   a.stages(), a.micro_batches(), x.last,
-                                   ScheduleFromSpec(a.schedule()));
+  for (const auto& c : xs) {
+    LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d%s",
+            c->a.stage(), c->a.stages(), c->a.job_id(), c->a.epoch(),
+            c->a.layer_begin(), c->a.layer_end(), c->a.micro_batches(),
+            xs.size() > 1 ? absl::StrCat(", chunk ", &c - &xs.front(), " of ",
+                                         xs.size(), " on this worker")
+                          : std::string());
+    if (metrics_ != nullptr) {
+      c->metrics = metrics_->ForStage(
+          c->a.job_id(), c->a.stage(), c->a.replica(), c->a.stages(),
+          c->a.micro_batches(), c->last, ScheduleFromSpec(c->a.schedule()));
+    }
   }
   const auto run_stage = [&]() -> absl::Status {
+    RETURN_IF_ERROR(run->chunks_status);
     RETURN_IF_ERROR(CheckReplicaAssignment(a, device_));
-    RETURN_IF_ERROR(CheckMemory(x));
-    if (x.first || x.last) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(x.spec));
-      x.dataset = std::move(d);
+    RETURN_IF_ERROR(CheckMemory(xs));
+    std::shared_ptr<const Dataset> dataset;
+    for (const auto& c : xs) {
+      if (!c->first && !c->last) continue;
+      if (dataset == nullptr) {
+        ASSIGN_OR_RETURN(std::unique_ptr<Dataset> d, OpenJobDataset(x.spec));
+        dataset = std::move(d);
+      }
+      c->dataset = dataset;
     }
-    if (!x.last) RETURN_IF_ERROR(ConnectDownstream(x));
-    if (!x.first) RETURN_IF_ERROR(AwaitUpstream(x));
+    // Every link down before any up: a worker's chunks wait for workers
+    // that wait for theirs, around the ring of an interleaved pipeline.
+    for (const auto& c : xs)
+      if (!c->last) RETURN_IF_ERROR(ConnectDownstream(*c));
+    for (const auto& c : xs)
+      if (!c->first) RETURN_IF_ERROR(AwaitUpstream(*c));
     RETURN_IF_ERROR(ConnectReplicas(x));
-    RETURN_IF_ERROR(BuildStage(x));
-    RETURN_IF_ERROR(Restore(x));
-    x.done_steps = a.start_step();  // a cancel from here on can keep it
-    RETURN_IF_ERROR(RunSteps(x));
-    return Finish(x);
+    for (const auto& c : xs) RETURN_IF_ERROR(BuildStage(*c));
+    for (const auto& c : xs) RETURN_IF_ERROR(Restore(*c));
+    for (const auto& c : xs) c->done_steps = a.start_step();
+    RETURN_IF_ERROR(RunSteps(xs));
+    return Finish(xs);
   };
   absl::Status status;
   try {
@@ -491,8 +574,10 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
 
   if (!status.ok()) {
-    if (x.upstream) x.upstream->Close();
-    if (x.downstream) x.downstream->Close();
+    for (const auto& c : xs) {
+      if (c->upstream) c->upstream->Close();
+      if (c->downstream) c->downstream->Close();
+    }
     for (auto& link : x.dialed_replicas) link->Close();
     for (auto& link : x.accepted_replicas) link->Close();
     if (!cancelled(*run)) {
@@ -503,7 +588,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    run->downstream = nullptr;
+    run->downstreams.clear();
     run->dialed_replicas.clear();
     // No more links for this run; those accepted but not yet taken (the run
     // ended while connecting) are released below like the others, or their
@@ -517,9 +602,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       }
     }
     run->replica_links.clear();
-    if (x.upstream == nullptr && run->upstream != nullptr) {
-      run->upstream->Close();
-      x.upstream = run->upstream;
+    for (const auto& c : xs) {
+      auto it = run->upstreams.find(c->a.stage());
+      if (c->upstream == nullptr && it != run->upstreams.end()) {
+        it->second->Close();
+        c->upstream = it->second;
+      }
     }
   }
   if (status.ok()) {
@@ -527,20 +615,29 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   } else {
     Park(x);
   }
-  x.stage.reset();  // before the links it uses
-  x.reduction.reset();
-  x.metered_down.reset();
-  x.metered_up.reset();
+  for (const auto& c : xs) {
+    c->stage.reset();  // before the links it uses
+    c->reduction.reset();
+    c->metered_down.reset();
+    c->metered_up.reset();
+  }
   // The links accepted from lower replicas first: each replica waits only
   // for those above it, so the highest lets go first and no wait closes a
   // cycle.
   for (auto& link : x.accepted_replicas) link->Release();
   x.dialed_replicas.clear();  // half-close, wait for the replicas above
-  x.downstream.reset();       // half-closes and waits for the next stage
-  if (x.upstream) x.upstream->Release();
-  // The stage and its metered links are gone: nothing observes any more.
-  if (x.metrics != nullptr)
-    metrics_->Finish(a.job_id(), a.stage(), a.replica());
+  // Every upstream let go before waiting on any downstream: around an
+  // interleaved pipeline's ring, a worker waiting for its next one while
+  // holding its previous one's link would close a cycle.
+  for (const auto& c : xs)
+    if (c->upstream) c->upstream->Release();
+  // Half-closes and waits for the next stage.
+  for (const auto& c : xs) c->downstream.reset();
+  // The stages and their metered links are gone: nothing observes any more.
+  for (const auto& c : xs) {
+    if (c->metrics != nullptr)
+      metrics_->Finish(c->a.job_id(), c->a.stage(), c->a.replica());
+  }
   if (x.reduced_steps > 0) {
     LogInfo(
         "stage %d of %s (replica %d of %d): %d gradient sums with the other "
@@ -555,30 +652,41 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   cv_.notify_all();  // the reaper waits for no assignment to run
 }
 
-absl::Status Executor::CheckMemory(const Execution& x) const {
+absl::Status Executor::CheckMemory(
+    const std::vector<std::unique_ptr<Execution>>& xs) const {
   if (memory_budget_ <= 0 || device_ != Device::kCpu) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(x.spec.model()));
-  StageMemoryPlacement p;
-  p.stage = x.placement.index;
-  p.stages = x.placement.count;
-  p.layer_begin = x.placement.layer_begin;
-  p.layer_end = x.placement.layer_end;
-  p.micro_batches = x.placement.micro_batches;
-  p.schedule = x.placement.schedule;
-  p.remat = x.placement.remat;
-  if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
-      p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("assignment's layers [", p.layer_begin, ", ", p.layer_end,
-                     ") are not within the model's ", shapes.costs.size()));
+  ASSIGN_OR_RETURN(const ModelShapes shapes,
+                   InferModelShapes(xs.front()->spec.model()));
+  int64_t total = 0;
+  std::string needs;
+  for (const auto& x : xs) {
+    StageMemoryPlacement p;
+    p.stage = x->placement.index;
+    p.stages = x->placement.count;
+    p.layer_begin = x->placement.layer_begin;
+    p.layer_end = x->placement.layer_end;
+    p.micro_batches = x->placement.micro_batches;
+    p.schedule = x->placement.schedule;
+    p.remat = x->placement.remat;
+    if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
+        p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "assignment's layers [", p.layer_begin, ", ", p.layer_end,
+          ") are not within the model's ", shapes.costs.size()));
+    }
+    const StageMemory need = EstimateStageMemory(x->spec, shapes, p);
+    total = SaturatingSum({total, need.total()});
+    absl::StrAppend(&needs, needs.empty() ? "" : "; ", "stage ", p.stage,
+                    " needs ", need.ToString());
   }
-  const StageMemory need = EstimateStageMemory(x.spec, shapes, p);
   // A state kept for this assignment's resume from memory is a copy beside
   // the stage's own until the resume has loaded it.
   const int64_t parked = parked_ != nullptr ? ParkedBytes(*parked_) : 0;
-  if (need.total() + parked <= memory_budget_) return absl::OkStatus();
+  if (SaturatingSum({total, parked}) <= memory_budget_) return absl::OkStatus();
   return MemoryError(absl::StrCat(
-      "stage ", p.stage, " needs ", need.ToString(),
+      needs,
+      xs.size() > 1 ? absl::StrCat(" (", FormatBytes(total), " in all)")
+                    : std::string(),
       parked > 0 ? absl::StrCat(" and ", FormatBytes(parked),
                                 " for the state it resumes from")
                  : std::string(),
@@ -592,7 +700,7 @@ absl::Status Executor::ConnectDownstream(Execution& x) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (x.run->cancelled) return absl::CancelledError("cancelled");
-    x.run->downstream = x.downstream.get();
+    x.run->downstreams.push_back(x.downstream.get());
   }
   ASSIGN_OR_RETURN(x.data_plane, connector_->AwaitDataPlane(*x.downstream, x.a,
                                                             is_cancelled));
@@ -602,14 +710,15 @@ absl::Status Executor::ConnectDownstream(Execution& x) {
 
 absl::Status Executor::AwaitUpstream(Execution& x) {
   std::unique_lock<std::mutex> lock(mu_);
+  const int64_t stage = x.a.stage();
   if (!cv_.wait_for(lock, std::chrono::seconds(60), [&] {
-        return x.run->cancelled || x.run->upstream != nullptr;
+        return x.run->cancelled || x.run->upstreams.contains(stage);
       })) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "stage ", x.a.stage() - 1, " did not connect within 60 s"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("stage ", stage - 1, " did not connect within 60 s"));
   }
   if (x.run->cancelled) return absl::CancelledError("cancelled");
-  x.upstream = x.run->upstream;
+  x.upstream = x.run->upstreams.at(stage);
   return absl::OkStatus();
 }
 
@@ -813,25 +922,99 @@ absl::Status Executor::InitFrom(Execution& x) {
   return absl::OkStatus();
 }
 
-absl::Status Executor::RunSteps(Execution& x) {
-  x.done_steps = x.a.start_step();
+absl::StatusOr<LossResult> Executor::Evaluate(
+    const std::vector<std::unique_ptr<Execution>>& xs) {
+  const int64_t max_samples = xs.front()->spec.eval().max_samples();
+  if (xs.size() == 1) {
+    return xs.front()->stage->RunEval(Split::kTest, max_samples);
+  }
+  // Each chunk on a thread of its own: a chunk's batches come from a
+  // chunk of the worker before, which waits for this worker's other chunks
+  // in turn. A failed chunk closes every link, so none waits for it.
+  const std::shared_ptr<Run>& run = xs.front()->run;
+  std::vector<absl::StatusOr<LossResult>> results(
+      xs.size(), absl::UnknownError("not run"));
+  const auto evaluate = [&](size_t c) {
+    SetComputeThreads(threads_);
+    TensorMemoryLimit limit(device_ == Device::kCpu ? memory_budget_ : 0);
+    AllocationsCancelledBy stop(&run->stop);
+    try {
+      results[c] = xs[c]->stage->RunEval(Split::kTest, max_samples);
+    } catch (const std::bad_alloc& e) {
+      results[c] = MemoryError(e.what());
+    } catch (const AllocationCancelled&) {
+      results[c] = absl::CancelledError("cancelled while computing");
+    }
+    if (results[c].ok()) return;
+    for (const auto& x : xs) {
+      if (x->upstream) x->upstream->Close();
+      if (x->downstream) x->downstream->Close();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (size_t c = 1; c < xs.size(); ++c) threads.emplace_back(evaluate, c);
+  evaluate(0);
+  for (std::thread& t : threads) t.join();
+  // The error that caused the others (they only see closed links).
+  absl::Status first = absl::OkStatus();
+  LossResult last;
+  for (size_t c = 0; c < xs.size(); ++c) {
+    if (results[c].ok()) {
+      if (xs[c]->last) last = *results[c];
+      continue;
+    }
+    if (first.ok() ||
+        (absl::IsCancelled(first) && !absl::IsCancelled(results[c].status())))
+      first = results[c].status();
+  }
+  if (!first.ok()) return first;
+  return last;
+}
+
+absl::Status Executor::RunSteps(
+    const std::vector<std::unique_ptr<Execution>>& xs) {
+  Execution& x = *xs.front();
+  const gpipe::v1::Assignment& a = x.a;
+  // The chunk that runs the pipeline's last stage, if this worker has it:
+  // it reports the evaluations.
+  const Execution* last = nullptr;
+  std::vector<Stage*> stages;
+  for (const auto& c : xs) {
+    if (c->last) last = c.get();
+    stages.push_back(c->stage.get());
+  }
+  const int64_t v = static_cast<int64_t>(xs.size());
+  const std::vector<Op> ops =
+      v > 1 ? MakeWorkerSchedule(x.placement.schedule, a.stages() / v,
+                                 a.micro_batches(), v, a.stage())
+            : std::vector<Op>();
+  const auto evaluate = [&](int64_t step) -> absl::Status {
+    ASSIGN_OR_RETURN(LossResult e, Evaluate(xs));
+    if (last != nullptr && e.counted > 0) report_(Evaluated(last->a, step, e));
+    return absl::OkStatus();
+  };
   // A resume from memory may start where a cancel cut the evaluation of
   // its step short: it runs first (the controller keeps one per step).
-  if (x.a.resume_in_memory() && x.writes && x.a.start_step() > 0 &&
-      x.plan.EvaluatesAfter(x.a.start_step())) {
-    ASSIGN_OR_RETURN(
-        LossResult e,
-        x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
-    if (x.last && e.counted > 0) report_(Evaluated(x.a, x.a.start_step(), e));
+  if (a.resume_in_memory() && x.writes && a.start_step() > 0 &&
+      x.plan.EvaluatesAfter(a.start_step())) {
+    RETURN_IF_ERROR(evaluate(a.start_step()));
   }
-  for (int64_t s = x.a.start_step(); s < x.spec.steps(); ++s) {
+  for (int64_t s = a.start_step(); s < x.spec.steps(); ++s) {
     const auto start = std::chrono::steady_clock::now();
-    ASSIGN_OR_RETURN(StageStepResult r, x.stage->RunStep(s));
-    x.done_steps = s + 1;
-    ReportStep(
-        x, s, r,
+    std::vector<StageStepResult> results;
+    if (v == 1) {
+      ASSIGN_OR_RETURN(StageStepResult r, x.stage->RunStep(s));
+      results.push_back(std::move(r));
+    } else {
+      ASSIGN_OR_RETURN(results, RunWorkerStep(stages, ops, s));
+    }
+    const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count());
+            .count();
+    for (int64_t c = 0; c < v; ++c) {
+      xs[c]->done_steps = s + 1;
+      ReportStep(*xs[c], s, results[c], seconds);
+    }
     if (cancelled(*x.run)) return absl::CancelledError("cancelled");
     const int64_t done = s + 1;
     // The evaluation before the checkpoint: the last stage's evaluation
@@ -841,16 +1024,13 @@ absl::Status Executor::RunSteps(Execution& x) {
     // nobody made). Evaluating changes no state, so the order is free.
     // As `gpipectl train` does; all stages take part.
     if (x.writes && x.plan.EvaluatesAfter(done)) {
-      ASSIGN_OR_RETURN(
-          LossResult e,
-          x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
-      if (x.last && e.counted > 0) report_(Evaluated(x.a, done, e));
+      RETURN_IF_ERROR(evaluate(done));
     }
     if (x.writes && x.plan.CheckpointsAfter(done) &&
-        (x.a.checkpoint_transport() ==
+        (a.checkpoint_transport() ==
              gpipe::v1::CHECKPOINT_TRANSPORT_CONTROLLER ||
-         !x.a.checkpoint_dir().empty())) {
-      RETURN_IF_ERROR(Checkpoint(x, done));
+         !a.checkpoint_dir().empty())) {
+      for (const auto& c : xs) RETURN_IF_ERROR(Checkpoint(*c, done));
     }
   }
   return absl::OkStatus();
@@ -939,30 +1119,34 @@ absl::Status Executor::Checkpoint(Execution& x, int64_t done) {
 }
 
 // The final evaluation (all stages take part; the last reports it) and the
-// stage's final parameters, saved in the assignment's store; with replicas
+// stages' final parameters, saved in the assignment's store; with replicas
 // replica 0 does both, for all.
-absl::Status Executor::Finish(Execution& x) {
-  const gpipe::v1::Assignment& a = x.a;
-  gpipe::v1::WorkerMessage m;
-  auto* f = m.mutable_finished();
-  f->set_job_id(a.job_id());
-  f->set_epoch(a.epoch());
-  f->set_stage(a.stage());
-  f->set_replica(a.replica());
-  if (!x.writes) {
-    report_(m);
-    return absl::OkStatus();
+absl::Status Executor::Finish(
+    const std::vector<std::unique_ptr<Execution>>& xs) {
+  std::vector<gpipe::v1::WorkerMessage> finished;
+  for (const auto& x : xs) {
+    gpipe::v1::WorkerMessage& m = finished.emplace_back();
+    auto* f = m.mutable_finished();
+    f->set_job_id(x->a.job_id());
+    f->set_epoch(x->a.epoch());
+    f->set_stage(x->a.stage());
+    f->set_replica(x->a.replica());
   }
-  ASSIGN_OR_RETURN(LossResult eval,
-                   x.stage->RunEval(Split::kTest, x.spec.eval().max_samples()));
-  ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(a));
-  ASSIGN_OR_RETURN(StageFileStore::Stored stored,
-                   files->SaveFinal(a, *x.stage));
-  f->set_parameters_path(stored.path);
-  if (x.last && eval.counted > 0) {
-    *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);
+  if (xs.front()->writes) {
+    ASSIGN_OR_RETURN(LossResult eval, Evaluate(xs));
+    for (size_t c = 0; c < xs.size(); ++c) {
+      const Execution& x = *xs[c];
+      auto* f = finished[c].mutable_finished();
+      ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(x.a));
+      ASSIGN_OR_RETURN(StageFileStore::Stored stored,
+                       files->SaveFinal(x.a, *x.stage));
+      f->set_parameters_path(stored.path);
+      if (x.last && eval.counted > 0) {
+        *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);
+      }
+    }
   }
-  report_(m);
+  for (const gpipe::v1::WorkerMessage& m : finished) report_(m);
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gpipe/v1/controller.pb.h"
@@ -40,14 +41,17 @@ class Executor {
            Device device = Device::kCpu);
   ~Executor();  // cancels and joins the running assignment
 
-  // Starts `a`, cancelling whatever ran before.
+  // Starts `a`, cancelling whatever ran before. An assignment with chunks
+  // (an interleaved schedule) runs their stages on one thread in the order
+  // of its worker schedule (MakeWorkerSchedule).
   void Start(const gpipe::v1::Assignment& a);
   // Cancels the assignment of (job, epoch) if it is the current one.
   void Cancel(const std::string& job_id, int64_t epoch);
   void CancelAll();
 
   // The Exchange handler offers the server end of an upstream link (from
-  // stage - 1 of this worker's replica), or with replicas a gradient
+  // stage - 1 of this worker's replica, for each stage it runs: one, or the
+  // chunks of an interleaved schedule), or with replicas a gradient
   // reduction link (from this same stage of a lower replica). Waits up to
   // `wait_ms` for a matching assignment (it may still be on its way from the
   // controller); rejects frames of another job or an older epoch.
@@ -107,7 +111,8 @@ class Executor {
   struct Execution;  // what the assignment's thread builds as it goes
   void Execute(std::shared_ptr<Run> run);
   // The steps of Execute, in order.
-  absl::Status CheckMemory(const Execution& x) const;
+  absl::Status CheckMemory(
+      const std::vector<std::unique_ptr<Execution>>& xs) const;
   absl::Status ConnectDownstream(Execution& x);
   absl::Status AwaitUpstream(Execution& x);
   // With replicas: dials the replicas of this stage above this one, waits
@@ -128,8 +133,12 @@ class Executor {
   // The reaper thread: frees a parked state whose TTL ran out while no
   // assignment runs (one that runs may be resuming from it).
   void ReapParked();
-  absl::Status RunSteps(Execution& x);
-  absl::Status Finish(Execution& x);
+  absl::Status RunSteps(const std::vector<std::unique_ptr<Execution>>& xs);
+  absl::Status Finish(const std::vector<std::unique_ptr<Execution>>& xs);
+  // The test split's evaluation, every chunk taking part; the loss of the
+  // pipeline's last stage when this worker runs it, else zeros.
+  absl::StatusOr<LossResult> Evaluate(
+      const std::vector<std::unique_ptr<Execution>>& xs);
   // Parts of RunSteps.
   void ReportStep(Execution& x, int64_t step, const StageStepResult& r,
                   double seconds);

@@ -11,6 +11,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/link_reduction.h"
 #include "services/pipeline/partitioner.h"
+#include "services/pipeline/worker_step.h"
 #include "services/transport/in_process_link.h"
 
 namespace gpipe {
@@ -274,29 +275,12 @@ absl::StatusOr<std::vector<Result>> InProcessPipeline::OnThreads(size_t k,
   return out;
 }
 
-// The optimizer step's two halves go over the chunks in opposite orders:
-// the clipping norm passes down the chain (chunk 0 first: its upstream is
-// on another worker) and the total back up (the last chunk first).
 absl::StatusOr<std::vector<StageStepResult>> InProcessPipeline::RunWorkerStep(
     int64_t w, int64_t step) {
-  const auto chunk = [&](int64_t c) -> Stage& {
-    return *stages_[c * workers_ + w];
-  };
-  std::vector<StageStepResult> results(virtual_stages_);
+  std::vector<Stage*> chunks;
   for (int64_t c = 0; c < virtual_stages_; ++c)
-    RETURN_IF_ERROR(chunk(c).BeginStep(step));
-  for (const Op& op : worker_ops_[w]) {
-    if (op.kind != OpKind::kOptimizerStep) {
-      RETURN_IF_ERROR(chunk(op.chunk).RunOp(op));
-      continue;
-    }
-    for (int64_t c = 0; c < virtual_stages_; ++c)
-      RETURN_IF_ERROR(chunk(c).SendGradSquares());
-    for (int64_t c = virtual_stages_; c-- > 0;) {
-      ASSIGN_OR_RETURN(results[c], chunk(c).FinishStep());
-    }
-  }
-  return results;
+    chunks.push_back(stages_[c * workers_ + w].get());
+  return gpipe::RunWorkerStep(chunks, worker_ops_[w], step);
 }
 
 absl::StatusOr<StepReport> InProcessPipeline::Step() {
