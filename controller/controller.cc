@@ -439,7 +439,8 @@ absl::StatusOr<v1::GetTraceResponse> Controller::GetTrace(
                      v1::JobState_Name(job->status().state())));
   }
   if (!trace.ok()) return trace.status();
-  trace->set_stages(job->stages);
+  // An interleaved schedule's chunks are stages of their own.
+  trace->set_stages(job->stages * ChunksPerWorker(job->job.spec()));
   trace->set_micro_batches(MicroBatchCount(job->job.spec()));
   // An elastic job may have run more replicas than it runs now.
   int64_t replicas = job->replicas;

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
@@ -161,19 +162,90 @@ TEST_F(ControllerStateTest, ARestartingJobWaitsItsSettleTimeThenRestarts) {
   EXPECT_EQ(a->start_step(), 0);
 }
 
-// Workers hold one stage each: a cluster refuses the interleaved schedule
-// with a status that says where it runs, and keeps nothing.
-TEST_F(ControllerStateTest, AClusterRefusesTheInterleavedSchedule) {
-  v1::JobSpec spec = Spec(2, 0);
+// An interleaved schedule runs on K workers of v chunks each, all at once
+// (no elastic shrink: its chunks are cut for K workers): stage i on the
+// (i % K)-th worker, whose one assignment carries its chunks with their own
+// layers and neighbours (the last worker's chunks feed the first's next
+// chunk). A stage's reports count only from the worker that runs it, and a
+// checkpoint commits once every chunk wrote it.
+TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  v1::JobSpec spec = Spec(2, 2);
   spec.mutable_pipeline()->set_schedule(v1::INTERLEAVED_1F1B);
   spec.mutable_pipeline()->set_virtual_stages(2);
   spec.mutable_pipeline()->set_micro_batches(2);
   spec.mutable_pipeline()->clear_balance();
+  spec.mutable_pipeline()->set_min_stages(1);
+  spec.mutable_pipeline()->set_elastic_grace_ms(1000);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
-  ASSERT_FALSE(job.ok());
-  EXPECT_EQ(job.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(job.status().message().find("gpipectl train"), std::string::npos)
-      << job.status();
+  ASSERT_TRUE(job.ok()) << job.status();
+  clock_.Advance(absl::Seconds(5));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::PENDING);
+  EXPECT_FALSE(Assignment(*w1).has_value());
+
+  std::shared_ptr<WorkerRecord> w2 = Attach(2);
+  controller_->Tick(clock_.Now());
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> a[2] = {Assignment(*w1), Assignment(*w2)};
+  ASSERT_TRUE(a[0].has_value() && a[1].has_value());
+  int64_t next_layer = 0;
+  std::map<int64_t, v1::Assignment> by_stage;
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(a[w]->stage(), w);
+    EXPECT_EQ(a[w]->stages(), 4);
+    EXPECT_EQ(a[w]->spec().pipeline().virtual_stages(), 2);
+    ASSERT_EQ(a[w]->chunks_size(), 2);
+    for (int c = 0; c < 2; ++c) {
+      const v1::Assignment& chunk = a[w]->chunks(c);
+      EXPECT_EQ(chunk.stage(), w + 2 * c);
+      EXPECT_FALSE(chunk.has_spec());  // the worker's assignment has it
+      by_stage[chunk.stage()] = chunk;
+    }
+    EXPECT_EQ(a[w]->layer_begin(), a[w]->chunks(0).layer_begin());
+  }
+  for (const auto& [stage, chunk] : by_stage) {
+    EXPECT_EQ(chunk.layer_begin(), next_layer) << stage;
+    next_layer = chunk.layer_end();
+    const std::string other =
+        stage % 2 == 0 ? "127.0.0.1:9002" : "127.0.0.1:9001";
+    EXPECT_EQ(chunk.upstream_address(), stage > 0 ? other : "") << stage;
+    EXPECT_EQ(chunk.downstream_address(), stage < 3 ? other : "") << stage;
+  }
+  EXPECT_EQ(next_layer, 5);
+
+  // Stage 2's report from w1 counts; from w2 (stage 3's worker) it does not.
+  const int64_t ignored = controller_->ignored_reports();
+  controller_->HandleMessage(*w2, test_support::Checkpointed(by_stage[2], 2));
+  EXPECT_EQ(controller_->ignored_reports(), ignored + 1);
+  for (int64_t stage : {0, 1, 2, 3}) {
+    controller_->HandleMessage(stage % 2 == 0 ? *w1 : *w2,
+                               test_support::Checkpointed(by_stage[stage], 2));
+  }
+  EXPECT_EQ(controller_->ignored_reports(), ignored + 1);
+  controller_->FlushIo();
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->status().checkpoints_size(), 1);
+  EXPECT_EQ(got->status().stages_size(), 4);
+
+  // Losing a worker restarts the job on two workers again, not on one.
+  controller_->DetachWorker(*w2, absl::UnavailableError("gone"), "test");
+  clock_.Advance(absl::Seconds(5));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  EXPECT_NE(State(job->id()), v1::RUNNING);
+  EXPECT_FALSE(Assignment(*w1).has_value());
+  std::shared_ptr<WorkerRecord> w3 = Attach(3);
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> again = Assignment(*w3);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->chunks_size(), 2);
+  EXPECT_EQ(again->start_step(), 2);
 }
 
 // Replicas run in one process so far: a cluster says so and keeps nothing.

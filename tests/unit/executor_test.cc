@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -387,6 +388,132 @@ TEST_F(ExecutorTest, AnAllocationPastTheBudgetFailsTheStageNotTheWorker) {
   for (const auto& m : reports_.All()) {
     EXPECT_FALSE(m.has_failed()) << m.failed().message();
   }
+}
+
+// Dials the executor running the next stage of an interleaved pipeline:
+// stage s + 1 runs on worker (s + 1) % W, so the last worker's links go
+// back to the first.
+class RingConnector final : public DownstreamConnector {
+ public:
+  RingConnector(std::unique_ptr<Executor>* workers, int count,
+                const int* wait_ms)
+      : workers_(workers), count_(count), wait_ms_(wait_ms) {}
+  absl::StatusOr<std::unique_ptr<Link>> Connect(
+      const gpipe::v1::Assignment& a,
+      const std::function<bool()>& cancelled) override {
+    auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
+    RETURN_IF_ERROR(workers_[(a.stage() + 1) % count_]->AcceptUpstream(
+        a.job_id(), a.epoch(), a.stage(), a.replica(),
+        std::shared_ptr<Link>(std::move(theirs)), *wait_ms_));
+    return std::move(mine);
+  }
+  absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
+      const gpipe::v1::Assignment&, int64_t,
+      const std::function<bool()>&) override {
+    return absl::UnimplementedError("one replica in this test");
+  }
+  absl::StatusOr<std::string> AwaitDataPlane(
+      Link&, const gpipe::v1::Assignment&,
+      const std::function<bool()>&) override {
+    return std::string("in_process");
+  }
+
+ private:
+  std::unique_ptr<Executor>* workers_;
+  int count_;
+  const int* wait_ms_;
+};
+
+// Two workers of two chunks each run the interleaved schedule: each chunk
+// checkpoints, reports and writes its parameters as the stage it is, the
+// last stage's chunk evaluates, and the result is the reference's bits.
+TEST_F(ExecutorTest, InterleavedChunksOnTwoWorkersMatchTheReferenceBitwise) {
+  constexpr int kWorkers = 2, kChunks = 2;
+  spec_.mutable_pipeline()->set_schedule(gpipe::v1::INTERLEAVED_1F1B);
+  spec_.mutable_pipeline()->set_virtual_stages(kChunks);
+  const std::vector<int64_t> balance = *PartitionJob(spec_, kWorkers * kChunks);
+  const std::vector<int64_t> begins = StageBegins(balance);
+  std::unique_ptr<Executor> workers[kWorkers];
+  const int wait_ms = 5000;
+  for (auto& w : workers) {
+    w = std::make_unique<Executor>(
+        1, [this](const gpipe::v1::WorkerMessage& m) { reports_.Add(m); });
+    w->set_downstream_connector(
+        std::make_unique<RingConnector>(workers, kWorkers, &wait_ms));
+  }
+  const auto chunk = [&](int64_t stage) {
+    gpipe::v1::Assignment a = Assign(0, /*epoch=*/1);
+    a.clear_spec();
+    a.set_stage(stage);
+    a.set_stages(kWorkers * kChunks);
+    a.set_layer_begin(begins[stage]);
+    a.set_layer_end(begins[stage] + balance[stage]);
+    a.set_schedule(gpipe::v1::INTERLEAVED_1F1B);
+    return a;
+  };
+  for (int w = kWorkers - 1; w >= 0; --w) {
+    gpipe::v1::Assignment a = chunk(w);
+    *a.mutable_spec() = spec_;
+    for (int c = 0; c < kChunks; ++c) *a.add_chunks() = chunk(w + c * kWorkers);
+    workers[w]->Start(a);
+  }
+  ASSERT_EQ(reports_.WaitEnded(kWorkers * kChunks), kWorkers * kChunks);
+  ExpectNoFailure();
+  ExpectReferenceParameters();
+  std::map<int64_t, std::set<int64_t>> checkpointed;  // step -> stages
+  std::set<int64_t> evaluated_by;
+  for (const auto& m : reports_.All()) {
+    if (m.has_checkpointed())
+      checkpointed[m.checkpointed().step()].insert(m.checkpointed().stage());
+    if (m.has_evaluated()) evaluated_by.insert(m.evaluated().stage());
+  }
+  const std::set<int64_t> all = {0, 1, 2, 3};
+  EXPECT_EQ(checkpointed, (std::map<int64_t, std::set<int64_t>>{
+                              {2, all}, {4, all}, {6, all}}));
+  EXPECT_EQ(evaluated_by, (std::set<int64_t>{3}));
+  // A link for a stage this worker does not run names those it does.
+  for (int w = kWorkers - 1; w >= 0; --w) {
+    gpipe::v1::Assignment a = chunk(w);
+    a.set_epoch(2);
+    *a.mutable_spec() = spec_;
+    a.mutable_spec()->set_steps(100000);
+    for (int c = 0; c < kChunks; ++c) {
+      *a.add_chunks() = chunk(w + c * kWorkers);
+      a.mutable_chunks(c)->set_epoch(2);
+    }
+    workers[w]->Start(a);
+  }
+  auto [mine, theirs] = MakeInProcessLinkPair(4);
+  const absl::Status wrong = workers[0]->AcceptUpstream(
+      "j", 2, 0, 0, std::shared_ptr<Link>(std::move(theirs)), 1000);
+  EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
+  EXPECT_NE(wrong.message().find("runs stages 0, 2"), std::string_view::npos)
+      << wrong;
+  for (auto& w : workers) w->CancelAll();
+}
+
+// Chunks that are not the worker's stages w, w + K, ... fail the assignment
+// by name, as bad input: nothing is built.
+TEST_F(ExecutorTest, ChunksOfOtherStagesAreRefusedByName) {
+  gpipe::v1::Assignment a = Assign(0, /*epoch=*/1);
+  a.set_stages(4);
+  a.set_schedule(gpipe::v1::INTERLEAVED_1F1B);
+  for (int64_t stage : {0, 1}) {
+    gpipe::v1::Assignment c = a;
+    c.clear_spec();
+    c.set_stage(stage);
+    *a.add_chunks() = c;
+  }
+  executors_[0]->Start(a);
+  ASSERT_EQ(reports_.WaitEnded(1), 1);
+  const auto all = reports_.All();
+  ASSERT_TRUE(all[0].has_failed());
+  EXPECT_EQ(all[0].failed().reason(), "InvalidData");
+  EXPECT_NE(all[0].failed().message().find(
+                "chunk 1 is stage 1 of 4 of j epoch 1; worker 0's chunk 1 is "
+                "stage 2"),
+            std::string::npos)
+      << all[0].failed().message();
 }
 
 TEST(ExecutorCancelTest, ACancelStopsComputeWithinALayerOp) {

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Interleaved 1F1B on worker processes (real controller and workers, gRPC
+# and shared memory on loopback): K workers each run v chunks of the model,
+# stage i on worker i % K, on one thread in Megatron's order.
+#   1. gpipectl local, K=2 and 3 x v=2 (deep MLP) and K=2 x v=2 (char
+#      Transformer, AdamW with clipping): bitwise the single-process reference trainer
+#      and `gpipectl train --schedule interleaved`; the trace has a track
+#      per chunk, each with every micro-batch; the events name the chunks'
+#      workers;
+#   2. a controller with a spare worker: kill -9 a busy worker after a
+#      checkpoint; the job restarts on the spare from the checkpoint (every
+#      chunk restored by its layers) and ends bitwise the reference.
+#   interleaved_cluster_test.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+bin="$1/bin"
+src=$2
+for b in gpipectl gpipe-controller gpipe-worker; do
+  [[ -x "$bin/$b" ]] || { echo "SKIP: $bin/$b is not built"; echo "0 passed, 0 failed"; exit 0; }
+done
+work=$(mktemp -d)
+source "$src/tests/scripts/recovery_lib.sh"
+trap cleanup EXIT
+steps=${GPIPE_INTERLEAVED_STEPS:-6}
+passed=0
+same() { python3 "$src/tests/scripts/same_tensors.py" "$1" "$2" || fail "$3"; }
+
+# --- 1. gpipectl local --------------------------------------------------------
+for config in "fashion_mnist_deep_mlp 2 2 4" "fashion_mnist_deep_mlp 3 2 6" \
+  "char_transformer 2 2 4"; do
+  read -r example k v m <<<"$config"
+  spec="$src/examples/$example.json"
+  name="$example-k$k-v$v"
+  common=(--micro-batches "$m" --steps "$steps")
+  "$bin/gpipectl" train "$spec" --stages 1 --schedule gpipe "${common[@]}" \
+    --threads 1 --out "$work/$name-reference" >"$work/log" 2>&1 ||
+    { cat "$work/log"; fail "$name: reference"; }
+  "$bin/gpipectl" train "$spec" --stages "$k" --schedule interleaved \
+    --virtual-stages "$v" "${common[@]}" --threads 1 \
+    --out "$work/$name-inprocess" >"$work/log" 2>&1 ||
+    { cat "$work/log"; fail "$name: gpipectl train --schedule interleaved"; }
+  "$bin/gpipectl" local "$spec" --stages "$k" --schedule interleaved \
+    --virtual-stages "$v" "${common[@]}" --threads 2 --out "$work/$name-cluster" \
+    --trace "$work/$name-trace" >"$work/log" 2>&1 ||
+    { tail -30 "$work/log"; fail "$name: local cluster"; }
+  same "$work/$name-cluster/model.safetensors" "$work/$name-reference/model.safetensors" \
+    "$name: the cluster differs from the reference trainer"
+  same "$work/$name-cluster/model.safetensors" "$work/$name-inprocess/model.safetensors" \
+    "$name: the cluster differs from gpipectl train --schedule interleaved"
+  # Stage i on worker i % K: chunk 0 and chunk 1 of worker 0 share it.
+  python3 - "$work/log" "$k" "$v" <<'PY' || fail "$name: the events do not place stage i on worker i % K"
+import re, sys
+text = open(sys.argv[1]).read()
+k, v = int(sys.argv[2]), int(sys.argv[3])
+line = next(l for l in text.splitlines() if "RUNNING: " in l and " stages, epoch 1" in l)
+on = dict((int(s), w) for s, w in re.findall(r"stage (\d+) \(layers [0-9.]+\) on (\S+?)[,\s]", line + " "))
+assert len(on) == k * v, (line, on)
+for s in range(k * v):
+    assert on[s] == on[s % k], (s, on)
+assert len(set(on.values())) == k, on
+PY
+  python3 "$src/tests/scripts/check_trace.py" "$work/$name-trace/trace.json" \
+    "$work/$name-trace/timeline.svg" --stages "$((k * v))" --micro-batches "$m" ||
+    fail "$name: the trace does not show every chunk"
+  echo "ok: $name on $k workers, bitwise the reference trainer and gpipectl train"
+  passed=$((passed + 1))
+done
+
+# --- 2. a worker killed mid-job ----------------------------------------------
+cport=$(free_port)
+start_controller
+for _ in 1 2 3; do start_worker; done
+wait_workers 3
+write_spec "$work/kill.json" interleaved-kill 2000 2 0 "$SGD"
+python3 - "$work/kill.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["pipeline"].update(schedule="INTERLEAVED_1F1B", virtualStages=2)
+json.dump(d, open(sys.argv[1], "w"))
+PY
+job=$(submit "$work/kill.json")
+for _ in $(seq 300); do
+  [[ "$(job_field "$job" "len(s.get('checkpoints', [])) >= 1 or s.get('state') != 'RUNNING'")" == True ]] && break
+  sleep 0.1
+done
+[[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] ||
+  fail "job $job ended before its first checkpoint: $(job_field "$job" "s.get('state','')")"
+mapfile -t busy < <(busy_workers "$job")
+((${#busy[@]} == 2)) || fail "job $job runs on ${#busy[@]} workers, not 2: ${busy[*]}"
+victim=${busy[RANDOM % 2]}
+at=$(job_field "$job" "str(s.get('step', 0))")
+kill -9 "${worker_pid[$victim]}"
+unset "worker_port[$victim]"
+echo "kill -9 $victim at step $at"
+wait_done "$job"
+restarts=$(job_field "$job" "s.get('restarts', 0)")
+((restarts >= 1)) || fail "job $job counts no restart after the kill"
+"$bin/gpipectl" train "$work/kill.json" --stages 1 --schedule gpipe \
+  --micro-batches 4 --threads 1 --out "$work/kill-reference" >"$work/log" 2>&1 ||
+  { cat "$work/log"; fail "kill: reference"; }
+same "$work/ckpt/$job/model.safetensors" "$work/kill-reference/model.safetensors" \
+  "job $job's parameters differ from the uninterrupted reference run"
+echo "ok: a worker of 2 x 2 chunks killed at step $at: restored on the spare, bitwise the reference"
+passed=$((passed + 1))
+echo "$passed passed, 0 failed"
