@@ -69,9 +69,10 @@ PY
 
 # The schedules on the same cluster (remat never, so the stages are equal:
 # stages that re-materialize do more): each stage's bubble per step (1 - busy
-# / step, from the stages' reports) against the schedule's formula. The
-# interleaved schedule runs in one process only so far.
-for schedule in ${SCHEDULES:-1f1b zb-h1}; do
+# / step, from the stages' reports) against the schedule's formula. Under
+# the interleaved schedule (v=2, M a multiple of K) each worker runs two
+# chunks: its bubble is 1 - its chunks' busy time together / step.
+for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved}; do
   "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
     --data_plane "$plane" --schedule "$schedule" --remat never \
     --json >"$work/$schedule.json" 2>/dev/null
@@ -79,13 +80,16 @@ for schedule in ${SCHEDULES:-1f1b zb-h1}; do
 import statistics, sys
 from cluster_reports import step_reports
 m, k, name = int(sys.argv[2]), 2, sys.argv[3]
+v = 2 if name == "interleaved" else 1
 bubbles, steps = [], []
-for stages in step_reports(sys.argv[1], k):
-    steps.append(max(s["stepSeconds"] for s in stages))
-    bubbles.append(statistics.mean(1 - s.get("busySeconds", 0) / s["stepSeconds"] for s in stages))
+for stages in step_reports(sys.argv[1], k * v):
+    step = max(s["stepSeconds"] for s in stages)
+    steps.append(step)
+    busy = [sum(stages[w + c * k].get("busySeconds", 0) for c in range(v)) for w in range(k)]
+    bubbles.append(statistics.mean(1 - b / step for b in busy))
 if not steps:
     sys.exit("no per-stage reports in the cluster's --json output")
-formula = (k - 1) / ((3 if name == "zb-h1" else 1) * m + k - 1)
+formula = (k - 1) / ((3 if name == "zb-h1" else v) * m + k - 1)
 print("cluster %-6s step %.1f ms, bubble %.1f%% (formula %.1f%%; medians of %d steps)"
       % (name, 1e3 * statistics.median(steps), 100 * statistics.median(bubbles),
          100 * formula, len(steps)))
