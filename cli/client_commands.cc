@@ -303,16 +303,36 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   }
 }
 
-// Per-stage utilization and bubble of the last step, for the progress bar:
-// "util 81% 79%  bubble 19% 21%" (stage 0 first); empty before any report.
+// Per-worker utilization and bubble of the last step, for the progress bar:
+// "util 81% 79%  bubble 19% 21%" (stage 0's worker first); empty before any
+// report. A worker of several stages (an interleaved schedule's chunks) is
+// busy for their busy time together, and idle for the rest of its step.
 std::string StageFiguresText(const gpipe::v1::JobStatus& s) {
-  std::string util, bubble;
+  struct Worker {
+    std::string id;
+    double busy = 0, bubble = 0, step = 0;
+    int stages = 0;
+  };
+  std::vector<Worker> workers;
   for (const gpipe::v1::StageStatus& st : s.stages()) {
     if (st.step_seconds() <= 0) return "";
-    const double u =
-        std::clamp(st.busy_seconds() / st.step_seconds(), 0.0, 1.0);
+    auto it =
+        std::find_if(workers.begin(), workers.end(),
+                     [&](const Worker& w) { return w.id == st.worker_id(); });
+    if (it == workers.end() || st.worker_id().empty()) {
+      workers.push_back({st.worker_id()});
+      it = std::prev(workers.end());
+    }
+    it->busy += st.busy_seconds();
+    it->bubble += st.bubble_seconds();
+    it->step = std::max(it->step, st.step_seconds());
+    ++it->stages;
+  }
+  std::string util, bubble;
+  for (const Worker& w : workers) {
+    const double u = std::clamp(w.busy / w.step, 0.0, 1.0);
     const double b =
-        std::clamp(st.bubble_seconds() / st.step_seconds(), 0.0, 1.0);
+        w.stages == 1 ? std::clamp(w.bubble / w.step, 0.0, 1.0) : 1.0 - u;
     absl::StrAppend(&util, util.empty() ? "" : " ",
                     absl::StrFormat("%.0f%%", 100 * u));
     absl::StrAppend(&bubble, bubble.empty() ? "" : " ",

@@ -531,7 +531,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     if (metrics_ != nullptr) {
       c->metrics = metrics_->ForStage(
           c->a.job_id(), c->a.stage(), c->a.replica(), c->a.stages(),
-          c->a.micro_batches(), c->last, ScheduleFromSpec(c->a.schedule()));
+          c->a.micro_batches(), c->last, ScheduleFromSpec(c->a.schedule()),
+          static_cast<int64_t>(xs.size()));
     }
   }
   const auto run_stage = [&]() -> absl::Status {
@@ -1011,9 +1012,12 @@ absl::Status Executor::RunSteps(
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
+    double busy = 0;  // the worker's, all its chunks together
+    for (const auto& c : xs)
+      busy += c->stage->timeline().LastStep().busy_seconds();
     for (int64_t c = 0; c < v; ++c) {
       xs[c]->done_steps = s + 1;
-      ReportStep(*xs[c], s, results[c], seconds);
+      ReportStep(*xs[c], s, results[c], seconds, busy);
     }
     if (cancelled(*x.run)) return absl::CancelledError("cancelled");
     const int64_t done = s + 1;
@@ -1038,7 +1042,7 @@ absl::Status Executor::RunSteps(
 
 // The step's op timeline (every trace_every_ steps), then its progress.
 void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
-                          double seconds) {
+                          double seconds, double worker_busy_seconds) {
   const gpipe::v1::Assignment& a = x.a;
   const StepTimeline t = x.stage->timeline().LastStep();
   if (trace_every_ > 0 && step % trace_every_ == 0) {
@@ -1077,7 +1081,10 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   }
   p->set_step_seconds(seconds);
   p->set_busy_seconds(t.busy_seconds());
-  p->set_bubble_seconds(t.bubble_seconds());
+  // The stage is not idle while its thread computes another of its
+  // worker's stages: with chunks, its bubble is its worker's.
+  const double others = std::max(0.0, worker_busy_seconds - t.busy_seconds());
+  p->set_bubble_seconds(std::max(0.0, t.bubble_seconds() - others));
   p->set_peak_activation_bytes(r.peak_activation_bytes);
   p->set_data_plane(x.data_plane);
   if (const LayerTiming* timing = x.stage->layer_timing()) {
@@ -1091,6 +1098,7 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
     report.samples = ReplicaSamples(x.placement, x.spec.batch_size());
     report.peak_activation_bytes = r.peak_activation_bytes;
     if (x.last) report.loss = p->loss();
+    report.other_stages_busy_seconds = others;
     x.metrics->ObserveStep(t, report);
   }
   if (x.reduction != nullptr) {

@@ -140,8 +140,10 @@ class Executor {
   absl::StatusOr<LossResult> Evaluate(
       const std::vector<std::unique_ptr<Execution>>& xs);
   // Parts of RunSteps.
+  // `worker_busy_seconds`: the step's busy time of every stage this worker
+  // runs (its chunks), this one's included.
   void ReportStep(Execution& x, int64_t step, const StageStepResult& r,
-                  double seconds);
+                  double seconds, double worker_busy_seconds);
   absl::Status Checkpoint(Execution& x, int64_t done);
   // The store of the assignment's checkpoint transport.
   absl::StatusOr<StageFileStore*> FilesFor(const gpipe::v1::Assignment& a);

@@ -29,7 +29,13 @@ constexpr std::array<Phase, kPhaseCount> kPhases = {
 
 void StageMetrics::ObserveStep(const StepTimeline& step,
                                const StepOutcome& report) {
-  const StepFigures f = ComputeStepFigures(step);
+  StepFigures f = ComputeStepFigures(step);
+  if (report.other_stages_busy_seconds > 0) {
+    f.bubble_seconds =
+        std::max(0.0, f.bubble_seconds - report.other_stages_busy_seconds);
+    f.bubble_ratio =
+        f.wall_seconds > 0 ? f.bubble_seconds / f.wall_seconds : 0.0;
+  }
   for (Phase phase : kPhases) {
     const int i = static_cast<int>(phase);
     busy_[i]->Increment(f.busy_by_phase[i]);
@@ -88,7 +94,8 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
       bubble_(prometheus::BuildCounter()
                   .Name("gpipe_stage_bubble_seconds_total")
                   .Help("Seconds of the stage's steps not spent computing "
-                        "(step wall time minus busy time)")
+                        "(step wall time minus busy time; with several "
+                        "stages on one worker, minus all their busy time)")
                   .Register(registry)),
       utilization_(prometheus::BuildGauge()
                        .Name("gpipe_stage_utilization_ratio")
@@ -101,7 +108,10 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
       theoretical_(prometheus::BuildGauge()
                        .Name("gpipe_pipeline_bubble_theoretical_ratio")
                        .Help("Bubble share of a balanced pipeline with the "
-                             "job's K and M: (K-1)/(M+K-1)")
+                             "job's K, M and schedule: (K-1)/(M+K-1) for "
+                             "GPipe and 1F1B, (K-1)/(3M+K-1) for ZB-H1, "
+                             "(K-1)/(vM+K-1) for interleaved 1F1B over K "
+                             "workers")
                        .Register(registry)),
       micro_batch_(prometheus::BuildHistogram()
                        .Name("gpipe_microbatch_duration_seconds")
@@ -162,11 +172,14 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
 
 std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
     const std::string& job, int64_t stage, int64_t replica, int64_t stages,
-    int64_t micro_batches, bool last, ScheduleKind schedule) {
+    int64_t micro_batches, bool last, ScheduleKind schedule,
+    int64_t virtual_stages) {
   std::lock_guard<std::mutex> lock(mu_);
   const Key key(job, stage, replica);
   // A stage reassigned after an elastic change may run another K.
-  const double theory = TheoreticalBubbleRatio(stages, micro_batches, schedule);
+  const int64_t v = std::max<int64_t>(1, virtual_stages);
+  const double theory =
+      TheoreticalBubbleRatio(stages / v, micro_batches, schedule, v);
   if (auto it = live_.find(key); it != live_.end()) {
     it->second->theoretical_->Set(theory);
     return it->second;

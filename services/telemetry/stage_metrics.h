@@ -39,6 +39,11 @@ struct StepOutcome {
   int64_t samples = 0;          // samples this step trained on
   int64_t peak_activation_bytes = 0;
   std::optional<double> loss;  // last stage only
+  // A worker that runs several stages on one thread (an interleaved
+  // schedule's chunks): the others' busy time in this step. The stage is
+  // not idle while its thread computes for them, so that time is not its
+  // bubble: its bubble is its worker's.
+  double other_stages_busy_seconds = 0;
 };
 
 class PipelineMetrics;
@@ -108,11 +113,12 @@ class PipelineMetrics : public prometheus::Collectable {
 
   // The series of (job, stage, replica), created on first use (a reassigned
   // stage of the same job continues its counters). `last` stages export the
-  // loss.
+  // loss. `stages` counts an interleaved schedule's chunks, `virtual_stages`
+  // per worker.
   std::shared_ptr<StageMetrics> ForStage(
       const std::string& job, int64_t stage, int64_t replica, int64_t stages,
       int64_t micro_batches, bool last,
-      ScheduleKind schedule = ScheduleKind::kGPipe);
+      ScheduleKind schedule = ScheduleKind::kGPipe, int64_t virtual_stages = 1);
   // The assignment of (job, stage, replica) ended and will not use its
   // StageMetrics again: its series stay for the linger time or until
   // `keep_finished` newer ones have ended, then go.

@@ -47,7 +47,7 @@ for config in "fashion_mnist_deep_mlp 2 2 4" "fashion_mnist_deep_mlp 3 2 6" \
   same "$work/$name-cluster/model.safetensors" "$work/$name-inprocess/model.safetensors" \
     "$name: the cluster differs from gpipectl train --schedule interleaved"
   # Stage i on worker i % K: chunk 0 and chunk 1 of worker 0 share it.
-  python3 - "$work/log" "$k" "$v" <<'PY' || fail "$name: the events do not place stage i on worker i % K"
+  python3 - "$work/log" "$k" "$v" <<'PY' || fail "$name: the events do not place stage i on worker i % K, or the progress shows other than K workers"
 import re, sys
 text = open(sys.argv[1]).read()
 k, v = int(sys.argv[2]), int(sys.argv[3])
@@ -57,6 +57,10 @@ assert len(on) == k * v, (line, on)
 for s in range(k * v):
     assert on[s] == on[s % k], (s, on)
 assert len(set(on.values())) == k, on
+# The progress shows each worker's utilization (its chunks together).
+util = [l for l in text.splitlines() if " util " in l][-1]
+shares = re.search(r" util ((?:\d+% ?)+) bubble", util).group(1).split()
+assert len(shares) == k, util
 PY
   python3 "$src/tests/scripts/check_trace.py" "$work/$name-trace/trace.json" \
     "$work/$name-trace/timeline.svg" --stages "$((k * v))" --micro-batches "$m" ||

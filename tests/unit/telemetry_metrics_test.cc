@@ -156,6 +156,36 @@ TEST(StageMetrics, AStepLandsInEveryFamily) {
                     ::testing::AnyOf("job", "stage", "replica", "phase"));
 }
 
+// A chunk of an interleaved schedule shares its worker's thread: the time
+// that thread computes its other chunks is not the chunk's bubble, and the
+// theory is interleaved 1F1B's over the K workers, not 1F1B's over K x v.
+TEST(StageMetrics, AChunksBubbleIsItsWorkersAndItsTheoryInterleaved) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  auto chunk = metrics.ForStage("j", 2, /*replica=*/0, /*stages=*/4,
+                                /*micro_batches=*/4, /*last=*/false,
+                                ScheduleKind::kInterleaved1F1B,
+                                /*virtual_stages=*/2);
+  StepOutcome report;
+  report.other_stages_busy_seconds = 0.040;  // its sibling chunk's
+  chunk->ObserveStep(Step(100, {Op(Phase::kForward, 0, 0, 30),
+                                Op(Phase::kBackward, 0, 40, 60)}),
+                     report);
+  const auto f = registry.Collect();
+  auto value = [&](const char* name) {
+    const prometheus::ClientMetric* m = Find(f, name, "j", "2", "");
+    EXPECT_NE(m, nullptr) << name;
+    return m;
+  };
+  EXPECT_NEAR(value("gpipe_stage_utilization_ratio")->gauge.value, 0.5, 1e-9);
+  EXPECT_NEAR(value("gpipe_stage_bubble_ratio")->gauge.value, 0.1, 1e-9);
+  EXPECT_NEAR(value("gpipe_stage_bubble_seconds_total")->counter.value, 0.010,
+              1e-9);
+  // (K-1)/(vM+K-1) with K=2 workers, v=2, M=4.
+  EXPECT_NEAR(value("gpipe_pipeline_bubble_theoretical_ratio")->gauge.value,
+              1.0 / 9, 1e-9);
+}
+
 // The replicas of a stage are series of their own (Prometheus would add
 // their counters otherwise), each with its gradient reduction's figures.
 TEST(StageMetrics, ReplicasOfAStageAreSeparateSeriesWithTheirReduction) {
