@@ -1441,12 +1441,18 @@ void Controller::CommitCheckpointIo(
                   now);
     // Elastic: a job running short grows back at a checkpoint boundary
     // once the workers it lacks are free.
-    const int64_t missing = job->stages - static_cast<int64_t>(running);
+    // (In workers: an interleaved schedule's run v stages each.)
+    const int64_t workers = static_cast<int64_t>(running) / job->chunks;
+    const int64_t missing = job->stages - workers;
     if (missing > 0 &&
         static_cast<int64_t>(workers_.Free(now).size()) >= missing) {
       RestartOrFail(*job, "Resize",
-                    absl::StrCat("growing back from ", running, " to ",
-                                 job->stages, " stages"),
+                    absl::StrCat("growing back from ", workers, " to ",
+                                 job->stages,
+                                 job->chunks > 1
+                                     ? absl::StrCat(" workers of ", job->chunks,
+                                                    " chunks")
+                                     : " stages"),
                     nullptr, /*counted=*/false, now);
       Reschedule(now);
     } else {

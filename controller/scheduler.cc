@@ -191,7 +191,8 @@ bool Start(JobTable& jobs, JobRecord& job,
       replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "",
       ", epoch ", epoch, ": ", placed);
   if (k / v != job.stages) {
-    absl::StrAppend(&running, " (elastic: ", k, " of ", job.stages, ")");
+    absl::StrAppend(&running, " (elastic: ", k / v, " of ", job.stages,
+                    v > 1 ? " workers" : "", ")");
   }
   if (restore) {
     absl::StrAppend(&running, "; restored the checkpoint of step ", start_step);
@@ -356,13 +357,17 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // Short of workers for longer than the grace period: run on what there
     // is. Exact all the same: stages change only at checkpoint boundaries.
     // (Replicas wait for all their workers so far.)
-    // (An interleaved schedule keeps its workers: its chunks are cut for
-    // K of them, and M must stay a multiple of K.)
+    // An interleaved schedule runs on the most workers that divide its
+    // micro-batches (its warm-up takes them K at a time), each with its v
+    // chunks: K' x v stages, checkpoints restored by layer as always.
     const int64_t v = ChunksPerWorker(job->job.spec());
-    if (blocked_by == nullptr && replicas == 1 && v == 1 && free < k &&
+    if (blocked_by == nullptr && replicas == 1 && free < k &&
         free >= MinStages(job->job.spec()) &&
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
-      k = free;
+      int64_t fit = free;
+      const int64_t m = MicroBatchCount(job->job.spec());
+      while (v > 1 && fit > 0 && m % fit != 0) --fit;
+      if (fit >= MinStages(job->job.spec())) k = fit;
     }
     if (blocked_by == nullptr && free >= k * replicas && k > 0 &&
         !job->status().checkpoints().empty() &&

@@ -9,7 +9,11 @@
 #      workers;
 #   2. a controller with a spare worker: kill -9 a busy worker after a
 #      checkpoint; the job restarts on the spare from the checkpoint (every
-#      chunk restored by its layers) and ends bitwise the reference.
+#      chunk restored by its layers) and ends bitwise the reference;
+#   3. no spare: with min_stages 1 the job goes on with one worker running
+#      every stage (K' = 1 x v = 2 chunks) after the grace period, grows
+#      back to two workers at a checkpoint once a new one attaches, and
+#      ends bitwise the reference.
 #   interleaved_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -104,5 +108,46 @@ restarts=$(job_field "$job" "s.get('restarts', 0)")
 same "$work/ckpt/$job/model.safetensors" "$work/kill-reference/model.safetensors" \
   "job $job's parameters differ from the uninterrupted reference run"
 echo "ok: a worker of 2 x 2 chunks killed at step $at: restored on the spare, bitwise the reference"
+passed=$((passed + 1))
+
+# --- 3. no spare: the job shrinks to one worker of two chunks and grows back -
+# (the two workers left from case 2; min_stages 1, a grace period of 1 s)
+write_spec "$work/shrink.json" interleaved-shrink 2000 2 1 "$SGD"
+python3 - "$work/shrink.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["pipeline"].update(schedule="INTERLEAVED_1F1B", virtualStages=2)
+json.dump(d, open(sys.argv[1], "w"))
+PY
+job=$(submit "$work/shrink.json")
+wait_step "$job" 30
+mapfile -t busy < <(busy_workers "$job")
+((${#busy[@]} == 2)) || fail "job $job runs on ${#busy[@]} workers, not 2: ${busy[*]}"
+victim=${busy[0]}
+kill -9 "${worker_pid[$victim]}"
+unset "worker_port[$victim]"
+for _ in $(seq 300); do
+  [[ "$(job_field "$job" "s.get('state') + str(len(s.get('stages', [])))")" =~ ^(RUNNING2|SUCCEEDED) ]] && break
+  sleep 0.1
+done
+[[ "$(job_field "$job" "s.get('state') + str(len(s.get('stages', [])))")" == RUNNING2 ]] ||
+  fail "job $job did not go on with one worker of two chunks: $(job_field "$job" "s.get('state')")"
+echo "kill -9 $victim: the job runs on one worker, two chunks"
+start_worker
+for _ in $(seq 300); do
+  [[ "$(job_field "$job" "s.get('state') + str(len(s.get('stages', [])))")" =~ ^(RUNNING4|SUCCEEDED) ]] && break
+  sleep 0.1
+done
+[[ "$(job_field "$job" "s.get('state') + str(len(s.get('stages', [])))")" =~ ^(RUNNING4|SUCCEEDED) ]] ||
+  fail "job $job did not grow back to two workers"
+wait_done "$job"
+"$bin/gpipectl" train "$work/shrink.json" --stages 1 --schedule gpipe \
+  --micro-batches 4 --threads 1 --out "$work/shrink-reference" >"$work/log" 2>&1 ||
+  { cat "$work/log"; fail "shrink: reference"; }
+same "$work/ckpt/$job/model.safetensors" "$work/shrink-reference/model.safetensors" \
+  "job $job's parameters differ from the uninterrupted reference run"
+grep -q "growing back from 1 to 2 workers of 2 chunks" "$work/controller.log" ||
+  fail "the controller did not say it grew back"
+echo "ok: shrunk to 1 worker x 2 chunks and grown back to 2 x 2: bitwise the reference"
 passed=$((passed + 1))
 echo "$passed passed, 0 failed"

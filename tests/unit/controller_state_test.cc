@@ -162,14 +162,17 @@ TEST_F(ControllerStateTest, ARestartingJobWaitsItsSettleTimeThenRestarts) {
   EXPECT_EQ(a->start_step(), 0);
 }
 
-// An interleaved schedule runs on K workers of v chunks each, all at once
-// (no elastic shrink: its chunks are cut for K workers): stage i on the
-// (i % K)-th worker, whose one assignment carries its chunks with their own
-// layers and neighbours (the last worker's chunks feed the first's next
-// chunk). A stage's reports count only from the worker that runs it, and a
-// checkpoint commits once every chunk wrote it.
+// An interleaved schedule runs on K workers of v chunks each: stage i on
+// the (i % K)-th worker, whose one assignment carries its chunks with their
+// own layers and neighbours (the last worker's chunks feed the first's
+// next chunk). A stage's reports count only from the worker that runs it,
+// and a checkpoint commits once every chunk wrote it. Short of workers past
+// the grace period it runs on fewer (K' dividing M, each still with v
+// chunks, the checkpoint restored by layer), and grows back at a
+// checkpoint.
 TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  std::shared_ptr<WorkerRecord> w2 = Attach(2);
   v1::JobSpec spec = Spec(2, 2);
   spec.mutable_pipeline()->set_schedule(v1::INTERLEAVED_1F1B);
   spec.mutable_pipeline()->set_virtual_stages(2);
@@ -179,13 +182,6 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   spec.mutable_pipeline()->set_elastic_grace_ms(1000);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  clock_.Advance(absl::Seconds(5));
-  controller_->Tick(clock_.Now());
-  EXPECT_EQ(State(job->id()), v1::PENDING);
-  EXPECT_FALSE(Assignment(*w1).has_value());
-
-  std::shared_ptr<WorkerRecord> w2 = Attach(2);
-  controller_->Tick(clock_.Now());
   ASSERT_EQ(State(job->id()), v1::RUNNING);
   std::optional<v1::Assignment> a[2] = {Assignment(*w1), Assignment(*w2)};
   ASSERT_TRUE(a[0].has_value() && a[1].has_value());
@@ -229,23 +225,49 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   ASSERT_EQ(got->status().checkpoints_size(), 1);
   EXPECT_EQ(got->status().stages_size(), 4);
 
-  // Losing a worker restarts the job on two workers again, not on one.
+  // w2 lost: within the grace period the job waits for a second worker;
+  // after it, w1 runs every stage: K' = 1 worker x v = 2 chunks.
   controller_->DetachWorker(*w2, absl::UnavailableError("gone"), "test");
-  clock_.Advance(absl::Seconds(5));
+  clock_.Advance(absl::Milliseconds(500));
   controller_->Tick(clock_.Now());
   controller_->FlushIo();
   controller_->Tick(clock_.Now());
   EXPECT_NE(State(job->id()), v1::RUNNING);
   EXPECT_FALSE(Assignment(*w1).has_value());
-  std::shared_ptr<WorkerRecord> w3 = Attach(3);
+  clock_.Advance(absl::Seconds(1));
   controller_->Tick(clock_.Now());
   controller_->FlushIo();
   controller_->Tick(clock_.Now());
-  EXPECT_EQ(State(job->id()), v1::RUNNING);
-  std::optional<v1::Assignment> again = Assignment(*w3);
-  ASSERT_TRUE(again.has_value());
-  EXPECT_EQ(again->chunks_size(), 2);
-  EXPECT_EQ(again->start_step(), 2);
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> alone = Assignment(*w1);
+  ASSERT_TRUE(alone.has_value());
+  EXPECT_EQ(alone->stages(), 2);
+  ASSERT_EQ(alone->chunks_size(), 2);
+  EXPECT_EQ(alone->chunks(0).layer_begin(), 0);
+  EXPECT_EQ(alone->chunks(1).layer_end(), 5);
+  EXPECT_EQ(alone->start_step(), 2);
+  EXPECT_FALSE(alone->restore_manifest().empty());
+
+  // A second worker again: the job grows back at its next checkpoint.
+  std::shared_ptr<WorkerRecord> w3 = Attach(3);
+  for (const v1::Assignment& chunk : alone->chunks()) {
+    v1::Assignment c = chunk;
+    controller_->HandleMessage(*w1, test_support::Checkpointed(c, 4));
+  }
+  controller_->FlushIo();
+  clock_.Advance(absl::Seconds(1));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> back[2] = {Assignment(*w1), Assignment(*w3)};
+  ASSERT_TRUE(back[0].has_value() && back[1].has_value());
+  EXPECT_EQ(back[0]->stages(), 4);
+  EXPECT_EQ(back[1]->chunks_size(), 2);
+  EXPECT_EQ(back[1]->start_step(), 4);
+  got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().restarts(), 1);  // growing back is not a restart
 }
 
 // Replicas run in one process so far: a cluster says so and keeps nothing.
