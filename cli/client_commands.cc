@@ -537,9 +537,10 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
           "chunks per stage (--schedule interleaved)");
     }
     p.set_virtual_stages(absl::GetFlag(FLAGS_virtual_stages));
-  } else if (Interleaves(ScheduleFromSpec(p.schedule())) &&
+  } else if (!absl::GetFlag(FLAGS_schedule).empty() &&
+             Interleaves(ScheduleFromSpec(p.schedule())) &&
              p.virtual_stages() == 0) {
-    p.set_virtual_stages(2);  // as gpipectl train does
+    p.set_virtual_stages(2);  // --schedule interleaved alone, as train takes it
   }
   if (!absl::GetFlag(FLAGS_remat).empty()) {
     absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));

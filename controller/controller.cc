@@ -780,10 +780,10 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
     for (int64_t c = 0; c < v; ++c) {
       const int64_t slot =
           job->Slot(info.stage() + c * (k / v), info.replica());
-      unfinished = unfinished ||
-                   (slot >= 0 &&
-                    slot < static_cast<int64_t>(job->finished.size()) &&
-                    !job->finished[slot]);
+      unfinished =
+          unfinished ||
+          (slot >= 0 && slot < static_cast<int64_t>(job->finished.size()) &&
+           !job->finished[slot]);
     }
   }
   if (job == nullptr || IsTerminal(job->status().state()) || job->merging ||
@@ -1284,12 +1284,19 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   // lease for a while): neither neighbour gets a stage again before it
   // proves alive with a message.
   if (reason == "LinkFailed") {
+    // The worker's stages: one, or an interleaved schedule's chunks (any of
+    // which may have lost the link).
+    const int64_t me = job->WorkerIndexOf(f.stage());
+    const int64_t k = job->running_stages();
+    const auto mine = [&](int64_t stage) {
+      return stage >= 0 && stage < k && job->WorkerIndexOf(stage) == me;
+    };
     for (const v1::StageStatus* s : job->AllStages()) {
       // Its neighbours in its pipeline, and its stage's other replicas.
-      const bool neighbour =
-          s->replica() == f.replica()
-              ? s->stage() == f.stage() - 1 || s->stage() == f.stage() + 1
-              : s->stage() == f.stage();
+      const bool neighbour = s->replica() == f.replica()
+                                 ? !mine(s->stage()) && (mine(s->stage() - 1) ||
+                                                         mine(s->stage() + 1))
+                                 : s->stage() == f.stage();
       if (!neighbour) continue;
       if (std::shared_ptr<WorkerRecord> n = workers_.Find(s->worker_id())) {
         n->suspect_since = now;
@@ -1446,14 +1453,13 @@ void Controller::CommitCheckpointIo(
     const int64_t missing = job->stages - workers;
     if (missing > 0 &&
         static_cast<int64_t>(workers_.Free(now).size()) >= missing) {
-      RestartOrFail(*job, "Resize",
-                    absl::StrCat("growing back from ", workers, " to ",
-                                 job->stages,
-                                 job->chunks > 1
-                                     ? absl::StrCat(" workers of ", job->chunks,
-                                                    " chunks")
-                                     : " stages"),
-                    nullptr, /*counted=*/false, now);
+      RestartOrFail(
+          *job, "Resize",
+          absl::StrCat("growing back from ", workers, " to ", job->stages,
+                       job->chunks > 1 ? absl::StrCat(" workers of ",
+                                                      job->chunks, " chunks")
+                                       : " stages"),
+          nullptr, /*counted=*/false, now);
       Reschedule(now);
     } else {
       Rebalance(*job, step, now);
@@ -1644,6 +1650,8 @@ bool Controller::CheckStalled(JobRecord& job, absl::Time now) {
   // The stage silent the longest holds the others; when several are as
   // silent (nobody could report), each is suspect.
   std::string blamed;
+  // Once per worker, however many of its stages (chunks) were silent.
+  std::set<std::string> quarantined;
   for (const v1::StageStatus* s : job.AllStages()) {
     const int64_t slot = job.Slot(s->stage(), s->replica());
     if (slot < 0 || slot >= static_cast<int64_t>(job.stage_reported.size()) ||
@@ -1654,6 +1662,7 @@ bool Controller::CheckStalled(JobRecord& job, absl::Time now) {
         &blamed, blamed.empty() ? "" : ", ", "stage ", s->stage(),
         job.replicas > 1 ? absl::StrCat(" of replica ", s->replica()) : "",
         " (worker ", s->worker_id(), ")");
+    if (!quarantined.insert(s->worker_id()).second) continue;
     if (std::shared_ptr<WorkerRecord> w = workers_.Find(s->worker_id())) {
       ++w->quarantines;
       w->quarantined_until =

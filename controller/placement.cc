@@ -58,21 +58,10 @@ absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k,
 StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers) {
   StagePlan out;
   if (workers <= 0) return out;
-  out.memory.resize(workers);
-  for (size_t s = 0; s < chunks.memory.size(); ++s) {
-    StageMemory& w = out.memory[s % workers];
-    const StageMemory& c = chunks.memory[s];
-    for (auto [to, from] : {std::pair{&w.parameters, c.parameters},
-                            {&w.gradients, c.gradients},
-                            {&w.optimizer_state, c.optimizer_state},
-                            {&w.activations, c.activations},
-                            {&w.working, c.working},
-                            {&w.evaluation, c.evaluation},
-                            {&w.data, c.data},
-                            {&w.batch, c.batch}}) {
-      *to = SaturatingSum({*to, from});
-    }
-  }
+  std::vector<std::vector<StageMemory>> mine(workers);
+  for (size_t s = 0; s < chunks.memory.size(); ++s)
+    mine[s % workers].push_back(chunks.memory[s]);
+  for (const auto& m : mine) out.memory.push_back(Combined(m));
   out.balance = chunks.balance;
   return out;
 }

@@ -178,6 +178,10 @@ std::optional<v1::Repartition> PlanRepartition(
       std::exchange(job.proposed_balance, {});
   const std::vector<std::string> proposed_workers =
       std::exchange(job.proposed_workers, {});
+  // An interleaved schedule's chunks are cut for their workers together
+  // (stage i on worker i % K): the balancer, which gives each stage a
+  // worker of its own, has nothing to propose for them.
+  if (job.chunks > 1) return std::nullopt;
   if (job.revert_pending && !status.repartitions().empty() &&
       status.stages_size() == job.stages) {
     // Back to the cut and workers before the last re-partition, whatever

@@ -41,8 +41,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(balance.size());
   const int64_t v = ChunksPerWorker(spec);
-  const int64_t replicas =
-      v > 1 ? 1 : static_cast<int64_t>(workers.size()) / k;
+  const int64_t replicas = v > 1 ? 1 : static_cast<int64_t>(workers.size()) / k;
   // The worker of stage i of replica r.
   const auto worker_of = [&](int64_t i, int64_t r) -> WorkerRecord& {
     return v > 1 ? *workers[i % (k / v)] : *workers[r * k + i];
@@ -344,7 +343,17 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         continue;
       }
     }
-    const int64_t free = static_cast<int64_t>(idle.size());
+    // With an interleaved schedule, the workers that say they run chunks
+    // (an older one would run chunk 0 as a stage of its own).
+    const int64_t v = ChunksPerWorker(job->job.spec());
+    std::vector<std::shared_ptr<WorkerRecord>> able;
+    if (v > 1) {
+      for (const auto& w : idle)
+        if (w->runs_chunks) able.push_back(w);
+    }
+    const std::vector<std::shared_ptr<WorkerRecord>>& pool =
+        v > 1 ? able : idle;
+    const int64_t free = static_cast<int64_t>(pool.size());
     int64_t k = job->stages;
     // Replicas take K x R workers, all or none (a gang); a job that ran
     // before may go on with fewer (pipeline.min_replicas), its bits the
@@ -360,7 +369,6 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // An interleaved schedule runs on the most workers that divide its
     // micro-batches (its warm-up takes them K at a time), each with its v
     // chunks: K' x v stages, checkpoints restored by layer as always.
-    const int64_t v = ChunksPerWorker(job->job.spec());
     if (blocked_by == nullptr && replicas == 1 && free < k &&
         free >= MinStages(job->job.spec()) &&
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
@@ -401,15 +409,15 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       }
       std::optional<std::vector<size_t>> place;
       if (rebalanced != nullptr)
-        place = ChosenWorkers(*rebalanced, *plan, idle);
+        place = ChosenWorkers(*rebalanced, *plan, pool);
       if (!place) {
         place = PlaceStages(
             v > 1 ? WorkerPlan(*plan, k) : RepeatPlan(*plan, replicas),
-            WorkerMemory(idle), &why);
+            WorkerMemory(pool), &why);
       }
       if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;
-        for (size_t w : *place) chosen.push_back(idle[w]);
+        for (size_t w : *place) chosen.push_back(pool[w]);
         if (Start(jobs, *job, chosen, plan->balance, checkpoint_dir, transport,
                   now)) {
           std::erase_if(idle, [&chosen](const auto& w) {
@@ -423,9 +431,16 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // Enough workers but not enough memory on them says so; otherwise the
     // count.
     std::string message =
-        !why.empty()
-            ? why
-            : WaitingMessage(k, replicas, static_cast<int64_t>(idle.size()));
+        !why.empty() ? why
+                     : WaitingMessage(k, replicas, static_cast<int64_t>(free));
+    if (why.empty() && v > 1 && able.size() < idle.size()) {
+      const size_t older = idle.size() - able.size();
+      absl::StrAppend(&message, " that run an interleaved schedule's chunks (",
+                      older,
+                      older == 1 ? " other is an older worker"
+                                 : " others are older workers",
+                      older == 1 ? " that does not)" : " that do not)");
+    }
     if (blocked_by != nullptr) {
       absl::StrAppend(&message, "; queued behind ", blocked_by->id());
     } else {

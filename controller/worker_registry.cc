@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/job_status.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe::controller {
 
@@ -26,6 +27,9 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> WorkerRegistry::Add(
   worker->attach_seq = next_seq_++;
   worker->last_heartbeat = now;
   worker->session_key = hello.session_key();
+  worker->runs_chunks =
+      std::find(hello.capabilities().begin(), hello.capabilities().end(),
+                kChunksCapability) != hello.capabilities().end();
   v1::WorkerInfo& info = worker->info;
   info.set_worker_id(hello.worker_id());
   info.set_address(hello.address());

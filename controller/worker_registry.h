@@ -26,6 +26,7 @@ struct WorkerRecord {
   gpipe::v1::WorkerInfo info;  // what ListWorkers returns
   std::string session_key;     // the hello's (never shown)
   std::string certificate;     // its client certificate (PEM), with mTLS
+  bool runs_chunks = false;    // WorkerHello.capabilities has "chunks"
   uint64_t attach_seq = 0;     // attach order: the scheduler's stable order
   absl::Time last_heartbeat;   // of any message: a report is proof of life
   std::deque<gpipe::v1::ControllerMessage> outbox;

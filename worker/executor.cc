@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -658,8 +659,8 @@ absl::Status Executor::CheckMemory(
   if (memory_budget_ <= 0 || device_ != Device::kCpu) return absl::OkStatus();
   ASSIGN_OR_RETURN(const ModelShapes shapes,
                    InferModelShapes(xs.front()->spec.model()));
-  int64_t total = 0;
-  std::string needs;
+  std::vector<StageMemory> needs;
+  std::string said;
   for (const auto& x : xs) {
     StageMemoryPlacement p;
     p.stage = x->placement.index;
@@ -668,6 +669,7 @@ absl::Status Executor::CheckMemory(
     p.layer_end = x->placement.layer_end;
     p.micro_batches = x->placement.micro_batches;
     p.schedule = x->placement.schedule;
+    p.virtual_stages = static_cast<int64_t>(xs.size());
     p.remat = x->placement.remat;
     if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
         p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
@@ -675,18 +677,19 @@ absl::Status Executor::CheckMemory(
           "assignment's layers [", p.layer_begin, ", ", p.layer_end,
           ") are not within the model's ", shapes.costs.size()));
     }
-    const StageMemory need = EstimateStageMemory(x->spec, shapes, p);
-    total = SaturatingSum({total, need.total()});
-    absl::StrAppend(&needs, needs.empty() ? "" : "; ", "stage ", p.stage,
-                    " needs ", need.ToString());
+    needs.push_back(EstimateStageMemory(x->spec, shapes, p));
+    absl::StrAppend(&said, said.empty() ? "" : "; ", "stage ", p.stage,
+                    " needs ", needs.back().ToString());
   }
+  // The worker's chunks together, as the controller placed them.
+  const int64_t total = Combined(needs).total();
   // A state kept for this assignment's resume from memory is a copy beside
   // the stage's own until the resume has loaded it.
   const int64_t parked = parked_ != nullptr ? ParkedBytes(*parked_) : 0;
   if (SaturatingSum({total, parked}) <= memory_budget_) return absl::OkStatus();
   return MemoryError(absl::StrCat(
-      needs,
-      xs.size() > 1 ? absl::StrCat(" (", FormatBytes(total), " in all)")
+      said,
+      xs.size() > 1 ? absl::StrCat(" (", FormatBytes(total), " together)")
                     : std::string(),
       parked > 0 ? absl::StrCat(" and ", FormatBytes(parked),
                                 " for the state it resumes from")
@@ -953,7 +956,18 @@ absl::StatusOr<LossResult> Executor::Evaluate(
     }
   };
   std::vector<std::thread> threads;
-  for (size_t c = 1; c < xs.size(); ++c) threads.emplace_back(evaluate, c);
+  try {
+    for (size_t c = 1; c < xs.size(); ++c) threads.emplace_back(evaluate, c);
+  } catch (const std::system_error& e) {
+    // No thread for a chunk: the others would wait for it for ever.
+    for (const auto& x : xs) {
+      if (x->upstream) x->upstream->Close();
+      if (x->downstream) x->downstream->Close();
+    }
+    for (std::thread& t : threads) t.join();
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no thread to evaluate a chunk: ", e.what()));
+  }
   evaluate(0);
   for (std::thread& t : threads) t.join();
   // The error that caused the others (they only see closed links).

@@ -36,6 +36,7 @@
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
+#include "services/pipeline/schedule.h"
 #include "services/security/client_flags.h"
 #include "services/security/client_security.h"
 #include "services/security/health_port.h"
@@ -424,6 +425,7 @@ int main(int argc, char** argv) {
     hello.set_session_key(*key);
   }
   hello.set_address(advertise);
+  hello.add_capabilities(std::string(gpipe::kChunksCapability));
   hello.mutable_resources()->set_cpus(threads);
   hello.mutable_resources()->set_memory_bytes(memory->stages);
   if (*device == gpipe::Device::kCpu) {

@@ -284,6 +284,23 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   return out;
 }
 
+StageMemory Combined(const std::vector<StageMemory>& stages) {
+  StageMemory w;
+  for (const StageMemory& c : stages) {
+    for (auto [to, from] : {std::pair{&w.parameters, c.parameters},
+                            {&w.gradients, c.gradients},
+                            {&w.optimizer_state, c.optimizer_state},
+                            {&w.activations, c.activations},
+                            {&w.working, c.working},
+                            {&w.evaluation, c.evaluation},
+                            {&w.data, c.data},
+                            {&w.batch, c.batch}}) {
+      *to = Add(*to, from);
+    }
+  }
+  return w;
+}
+
 std::vector<StageMemory> EstimatePipelineMemory(
     const v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance) {

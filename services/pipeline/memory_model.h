@@ -67,6 +67,13 @@ struct StageMemory {
   std::string ToString() const;
 };
 
+// What several stages on one worker (an interleaved schedule's chunks) need
+// together, part by part: their trainings and their evaluations add up, and
+// the worker holds the larger of the two sums (StageMemory::total), not the
+// sum of each stage's larger one. Data counts once per stage: an upper
+// bound where they share a data set.
+StageMemory Combined(const std::vector<StageMemory>& stages);
+
 // Where the stage sits and how the pipeline runs.
 struct StageMemoryPlacement {
   int64_t stage = 0;   // 0-based

@@ -80,6 +80,9 @@ std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
 
 // Whether the schedule places several chunks on each worker.
 bool Interleaves(ScheduleKind kind);
+// What a worker process that runs several chunks of an interleaved schedule
+// (Assignment.chunks) says in its hello (WorkerHello.capabilities).
+inline constexpr std::string_view kChunksCapability = "chunks";
 // Empty when (k, m, v) suit `kind`, else what does not (for the job spec's
 // validation and the in-process pipeline).
 std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,

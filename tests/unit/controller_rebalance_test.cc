@@ -140,6 +140,21 @@ TEST(RebalanceRulesTest, TwoCheckpointsNeedNotPickTheSameBestCut) {
   EXPECT_EQ(r->new_balance(0), 4);
 }
 
+// An interleaved schedule's chunks share workers (stage i on worker i % K):
+// however slow a stage, the balancer proposes nothing for them, even when
+// an elastic shrink left as many stages as the spec has workers.
+TEST(RebalanceRulesTest, NeverForAnInterleavedSchedulesChunks) {
+  JobRecord job = RunningJob();
+  job.chunks = 2;
+  Feed(job, 0, 35, 6.0);
+  std::string why;
+  EXPECT_FALSE(
+      PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why).has_value());
+  EXPECT_FALSE(
+      PlanRepartition(job, 30, NoMemoryLimit, absl::Now(), &why).has_value());
+  EXPECT_TRUE(job.proposed_balance.empty());
+}
+
 TEST(RebalanceRulesTest, AtMostOnceInEverySteps) {
   JobRecord job = RunningJob();
   v1::Repartition* before = job.status().add_repartitions();

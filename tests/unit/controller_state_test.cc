@@ -13,6 +13,7 @@
 #include "controller/controller.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/schedule.h"
 #include "services/storage/checkpoint_layout.h"
 #include "tests/support/controller_fixtures.h"
 
@@ -62,10 +63,13 @@ class ControllerStateTest : public ::testing::Test {
   v1::JobSpec Spec(int64_t stages, int64_t max_restarts) {
     return test_support::RecoverableSpec(stages, max_restarts);
   }
-  std::shared_ptr<WorkerRecord> Attach(int i) {
+  // `runs_chunks`: the worker says it runs an interleaved schedule's chunks,
+  // as every current one does.
+  std::shared_ptr<WorkerRecord> Attach(int i, bool runs_chunks = true) {
     v1::WorkerHello hello;
     hello.set_worker_id(absl::StrCat("w", i));
     hello.set_address(absl::StrCat("127.0.0.1:", 9000 + i));
+    if (runs_chunks) hello.add_capabilities(std::string(kChunksCapability));
     absl::StatusOr<std::shared_ptr<WorkerRecord>> w =
         controller_->AttachWorker(hello, "", [this] { ++disconnects_; });
     EXPECT_TRUE(w.ok()) << w.status();
@@ -248,7 +252,9 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   EXPECT_EQ(alone->start_step(), 2);
   EXPECT_FALSE(alone->restore_manifest().empty());
 
-  // A second worker again: the job grows back at its next checkpoint.
+  // A second worker again: the job grows back at its next checkpoint (an
+  // older worker, which would run one chunk alone, is passed over).
+  std::shared_ptr<WorkerRecord> old = Attach(4, /*runs_chunks=*/false);
   std::shared_ptr<WorkerRecord> w3 = Attach(3);
   for (const v1::Assignment& chunk : alone->chunks()) {
     v1::Assignment c = chunk;
@@ -268,6 +274,38 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   got = controller_->GetJob(job->id());
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->status().restarts(), 1);  // growing back is not a restart
+  EXPECT_FALSE(Assignment(*old).has_value());
+}
+
+// Only workers that say they run chunks take an interleaved job; the job
+// says what it waits for.
+TEST_F(ControllerStateTest, AnInterleavedJobPassesOverOlderWorkers) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  std::shared_ptr<WorkerRecord> old = Attach(2, /*runs_chunks=*/false);
+  v1::JobSpec spec = Spec(2, 2);
+  spec.mutable_pipeline()->set_schedule(v1::INTERLEAVED_1F1B);
+  spec.mutable_pipeline()->set_virtual_stages(2);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.mutable_pipeline()->clear_balance();
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(State(job->id()), v1::PENDING);
+  EXPECT_FALSE(Assignment(*old).has_value());
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  std::string waiting;
+  for (const v1::Condition& c : got->status().conditions())
+    if (c.type() == "Scheduled") waiting = c.message();
+  EXPECT_NE(waiting.find("needs 2 workers, 1 free that run an interleaved "
+                         "schedule's chunks (1 other is an older worker that "
+                         "does not)"),
+            std::string::npos)
+      << waiting;
+  std::shared_ptr<WorkerRecord> w3 = Attach(3);
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  EXPECT_TRUE(Assignment(*w1).has_value());
+  EXPECT_TRUE(Assignment(*w3).has_value());
 }
 
 // Replicas run in one process so far: a cluster says so and keeps nothing.
