@@ -110,6 +110,7 @@ struct JobRecord {
   // it gains enough too.
   std::vector<int64_t> proposed_balance;
   std::vector<std::string> proposed_workers;
+  std::string proposed_reason;  // RebalanceProposal::reason
 
   // Every change is one event; `version` numbers the latest. The latest
   // kEventHistory events are kept (fewer once the job has ended), so a

@@ -178,6 +178,7 @@ std::optional<v1::Repartition> PlanRepartition(
       std::exchange(job.proposed_balance, {});
   const std::vector<std::string> proposed_workers =
       std::exchange(job.proposed_workers, {});
+  const std::string proposed_reason = std::exchange(job.proposed_reason, "");
   // An interleaved schedule's chunks are cut for their workers together
   // (stage i on worker i % K): the balancer, which gives each stage a
   // worker of its own, has nothing to propose for them.
@@ -257,6 +258,7 @@ std::optional<v1::Repartition> PlanRepartition(
   const auto propose = [&](std::string reason) {
     job.proposed_balance = proposal->balance;
     job.proposed_workers = proposal->workers;
+    job.proposed_reason = proposal->reason;
     *why = absl::StrFormat(
         "%sthe cut %s would gain %.1f%%; the job moves if the next "
         "checkpoint's estimates agree that a move gains %.0f%% or more",
@@ -284,6 +286,7 @@ std::optional<v1::Repartition> PlanRepartition(
     }
     chosen.balance = proposed_balance;
     chosen.workers = proposed_workers;
+    chosen.reason = proposed_reason;
     chosen.predicted_new_seconds = seconds;
   }
 

@@ -91,6 +91,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.timed_reports.assign(k, 0);
   job.proposed_balance.clear();
   job.proposed_workers.clear();
+  job.proposed_reason.clear();
   job.step_seconds = 0;
   job.step_reports = 0;
   job.checkpointing.clear();

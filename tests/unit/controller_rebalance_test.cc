@@ -107,6 +107,8 @@ TEST(RebalanceRulesTest, TwoCheckpointsNeedNotPickTheSameBestCut) {
   ASSERT_FALSE(
       PlanRepartition(job, 20, NoMemoryLimit, absl::Now(), &why).has_value());
   ASSERT_EQ(job.proposed_balance, (std::vector<int64_t>{4, 1})) << why;
+  const std::string reason = job.proposed_reason;
+  EXPECT_FALSE(reason.empty());
   // As if the last checkpoint's estimates had found 3,2 best: it gains
   // too by these, so the job moves there.
   job.proposed_balance = {3, 2};
@@ -118,6 +120,7 @@ TEST(RebalanceRulesTest, TwoCheckpointsNeedNotPickTheSameBestCut) {
       std::vector<int64_t>(r->new_balance().begin(), r->new_balance().end()),
       (std::vector<int64_t>{3, 2}));
   EXPECT_LT(r->predicted_new_seconds(), r->predicted_old_seconds());
+  EXPECT_EQ(r->reason(), reason);  // the proposal's own, not this best's
 
   // A proposal these estimates say gains nothing (the running cut's
   // mirror, 1,4): no move; this checkpoint's best is proposed instead and
