@@ -198,7 +198,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.
   // An interleaved schedule cuts K x v chunks, v on each of the K workers.
-  const int64_t v = ChunksPerWorker(spec);
+  const int64_t v = VirtualStageCount(spec);
   absl::StatusOr<StagePlan> plan = PlanStages(spec, k * v);
   if (plan.ok() && v > 1) plan = WorkerPlan(*plan, k);
   const absl::Time now = Now();
@@ -440,7 +440,7 @@ absl::StatusOr<v1::GetTraceResponse> Controller::GetTrace(
   }
   if (!trace.ok()) return trace.status();
   // An interleaved schedule's chunks are stages of their own.
-  trace->set_stages(job->stages * ChunksPerWorker(job->job.spec()));
+  trace->set_stages(job->stages * VirtualStageCount(job->job.spec()));
   trace->set_micro_batches(MicroBatchCount(job->job.spec()));
   // An elastic job may have run more replicas than it runs now.
   int64_t replicas = job->replicas;
@@ -775,7 +775,7 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
   // Its stage, or with an interleaved schedule each of its chunks.
   bool unfinished = false;
   if (job != nullptr) {
-    const int64_t v = ChunksPerWorker(job->job.spec());
+    const int64_t v = VirtualStageCount(job->job.spec());
     const int64_t k = job->running_stages();
     for (int64_t c = 0; c < v; ++c) {
       const int64_t slot =
@@ -1449,16 +1449,16 @@ void Controller::CommitCheckpointIo(
     // Elastic: a job running short grows back at a checkpoint boundary
     // once the workers it lacks are free.
     // (In workers: an interleaved schedule's run v stages each.)
-    const int64_t workers = static_cast<int64_t>(running) / job->chunks;
+    const int64_t v = VirtualStageCount(job->job.spec());
+    const int64_t workers = static_cast<int64_t>(running) / v;
     const int64_t missing = job->stages - workers;
     if (missing > 0 &&
         static_cast<int64_t>(workers_.Free(now).size()) >= missing) {
       RestartOrFail(
           *job, "Resize",
-          absl::StrCat("growing back from ", workers, " to ", job->stages,
-                       job->chunks > 1 ? absl::StrCat(" workers of ",
-                                                      job->chunks, " chunks")
-                                       : " stages"),
+          absl::StrCat(
+              "growing back from ", workers, " to ", job->stages,
+              v > 1 ? absl::StrCat(" workers of ", v, " chunks") : " stages"),
           nullptr, /*counted=*/false, now);
       Reschedule(now);
     } else {

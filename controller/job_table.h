@@ -6,7 +6,6 @@
 #ifndef GPIPE_CONTROLLER_JOB_TABLE_H_
 #define GPIPE_CONTROLLER_JOB_TABLE_H_
 
-#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -24,6 +23,7 @@
 #include "controller/replica_resume.h"
 #include "controller/store_writer.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/pipeline/job_spec.h"
 
 namespace gpipe::controller {
 
@@ -88,9 +88,6 @@ struct JobRecord {
 
   // The self-balancing pipeline (balancer.h; in memory: a controller
   // restart measures again). What every stage measured, across epochs.
-  // Stages each worker of the current epoch runs (an interleaved
-  // schedule's chunks; 1 otherwise).
-  int64_t chunks = 1;
   LayerCostBook layer_costs;
   std::shared_ptr<const ModelShapes> model_shapes;  // of the spec, once
   // This epoch: per stage, the progress reports that carried layer times;
@@ -127,8 +124,9 @@ struct JobRecord {
   // stage, or with an interleaved schedule's v chunks per worker stage % W
   // of its W workers.
   int64_t WorkerIndexOf(int64_t stage) const {
-    const int64_t w = running_stages() / std::max<int64_t>(1, chunks);
-    return chunks > 1 && w > 0 ? stage % w : stage;
+    const int64_t v = VirtualStageCount(job.spec());
+    const int64_t w = running_stages() / v;
+    return v > 1 && w > 0 ? stage % w : stage;
   }
   // The index of (stage, replica) into the per-worker vectors; -1 when the
   // current epoch has no such worker.

@@ -10,7 +10,6 @@
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
-#include "services/pipeline/schedule.h"
 
 namespace gpipe::controller {
 namespace {
@@ -64,12 +63,6 @@ StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers) {
   for (const auto& m : mine) out.memory.push_back(Combined(m));
   out.balance = chunks.balance;
   return out;
-}
-
-int64_t ChunksPerWorker(const v1::JobSpec& spec) {
-  return Interleaves(ScheduleFromSpec(spec.pipeline().schedule()))
-             ? VirtualStageCount(spec)
-             : 1;
 }
 
 bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory) {

@@ -39,9 +39,6 @@ StagePlan RepeatPlan(const StagePlan& plan, int64_t times);
 // part by part.
 StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers);
 
-// The chunks a worker runs of `spec`: v of an interleaved schedule, else 1.
-int64_t ChunksPerWorker(const gpipe::v1::JobSpec& spec);
-
 // Whether each stage of `plan` fits the worker's memory (0: unknown, holds
 // anything) at the same index.
 bool StagesFit(const StagePlan& plan, const std::vector<int64_t>& memory);

@@ -182,7 +182,7 @@ std::optional<v1::Repartition> PlanRepartition(
   // An interleaved schedule's chunks are cut for their workers together
   // (stage i on worker i % K): the balancer, which gives each stage a
   // worker of its own, has nothing to propose for them.
-  if (job.chunks > 1) return std::nullopt;
+  if (VirtualStageCount(spec) > 1) return std::nullopt;
   if (job.revert_pending && !status.repartitions().empty() &&
       status.stages_size() == job.stages) {
     // Back to the cut and workers before the last re-partition, whatever

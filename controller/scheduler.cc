@@ -40,7 +40,7 @@ bool Start(JobTable& jobs, JobRecord& job,
            absl::Time now) {
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(balance.size());
-  const int64_t v = ChunksPerWorker(spec);
+  const int64_t v = VirtualStageCount(spec);
   const int64_t replicas = v > 1 ? 1 : static_cast<int64_t>(workers.size()) / k;
   // The worker of stage i of replica r.
   const auto worker_of = [&](int64_t i, int64_t r) -> WorkerRecord& {
@@ -81,7 +81,6 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.clear_stages();
   status.clear_replica_stages();
   job.replicas = replicas;
-  job.chunks = v;
   job.start_step = start_step;
   job.stage_steps.assign(k * replicas, start_step);
   job.stage_reported.assign(k * replicas, now);
@@ -346,7 +345,7 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     }
     // With an interleaved schedule, the workers that say they run chunks
     // (an older one would run chunk 0 as a stage of its own).
-    const int64_t v = ChunksPerWorker(job->job.spec());
+    const int64_t v = VirtualStageCount(job->job.spec());
     std::vector<std::shared_ptr<WorkerRecord>> able;
     if (v > 1) {
       for (const auto& w : idle)

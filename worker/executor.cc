@@ -576,10 +576,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
 
   if (!status.ok()) {
-    for (const auto& c : xs) {
-      if (c->upstream) c->upstream->Close();
-      if (c->downstream) c->downstream->Close();
-    }
+    ClosePipelineLinks(xs);
     for (auto& link : x.dialed_replicas) link->Close();
     for (auto& link : x.accepted_replicas) link->Close();
     if (!cancelled(*run)) {
@@ -926,6 +923,14 @@ absl::Status Executor::InitFrom(Execution& x) {
   return absl::OkStatus();
 }
 
+void Executor::ClosePipelineLinks(
+    const std::vector<std::unique_ptr<Execution>>& xs) {
+  for (const auto& x : xs) {
+    if (x->upstream) x->upstream->Close();
+    if (x->downstream) x->downstream->Close();
+  }
+}
+
 absl::StatusOr<LossResult> Executor::Evaluate(
     const std::vector<std::unique_ptr<Execution>>& xs) {
   const int64_t max_samples = xs.front()->spec.eval().max_samples();
@@ -949,21 +954,14 @@ absl::StatusOr<LossResult> Executor::Evaluate(
     } catch (const AllocationCancelled&) {
       results[c] = absl::CancelledError("cancelled while computing");
     }
-    if (results[c].ok()) return;
-    for (const auto& x : xs) {
-      if (x->upstream) x->upstream->Close();
-      if (x->downstream) x->downstream->Close();
-    }
+    if (!results[c].ok()) ClosePipelineLinks(xs);
   };
   std::vector<std::thread> threads;
   try {
     for (size_t c = 1; c < xs.size(); ++c) threads.emplace_back(evaluate, c);
   } catch (const std::system_error& e) {
     // No thread for a chunk: the others would wait for it for ever.
-    for (const auto& x : xs) {
-      if (x->upstream) x->upstream->Close();
-      if (x->downstream) x->downstream->Close();
-    }
+    ClosePipelineLinks(xs);
     for (std::thread& t : threads) t.join();
     return absl::ResourceExhaustedError(
         absl::StrCat("no thread to evaluate a chunk: ", e.what()));
@@ -971,18 +969,13 @@ absl::StatusOr<LossResult> Executor::Evaluate(
   evaluate(0);
   for (std::thread& t : threads) t.join();
   // The error that caused the others (they only see closed links).
-  absl::Status first = absl::OkStatus();
+  std::vector<absl::Status> statuses;
   LossResult last;
   for (size_t c = 0; c < xs.size(); ++c) {
-    if (results[c].ok()) {
-      if (xs[c]->last) last = *results[c];
-      continue;
-    }
-    if (first.ok() ||
-        (absl::IsCancelled(first) && !absl::IsCancelled(results[c].status())))
-      first = results[c].status();
+    statuses.push_back(results[c].status());
+    if (results[c].ok() && xs[c]->last) last = *results[c];
   }
-  if (!first.ok()) return first;
+  RETURN_IF_ERROR(FirstCause(statuses));
   return last;
 }
 

@@ -135,6 +135,10 @@ class Executor {
   void ReapParked();
   absl::Status RunSteps(const std::vector<std::unique_ptr<Execution>>& xs);
   absl::Status Finish(const std::vector<std::unique_ptr<Execution>>& xs);
+  // Closes every chunk's links to its neighbours in the pipeline, so that
+  // nothing waits on a part that failed.
+  static void ClosePipelineLinks(
+      const std::vector<std::unique_ptr<Execution>>& xs);
   // The test split's evaluation, every chunk taking part; the loss of the
   // pipeline's last stage when this worker runs it, else zeros.
   absl::StatusOr<LossResult> Evaluate(

@@ -2,8 +2,27 @@
 #ifndef GPIPE_SERVICES_CORE_STATUS_H_
 #define GPIPE_SERVICES_CORE_STATUS_H_
 
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+
+namespace gpipe {
+
+// Of parts that ran together, the error that caused the others' (which
+// fail CANCELLED once the first failure closes what they wait on): the
+// first that is not CANCELLED, else the first. OK when every part is.
+inline absl::Status FirstCause(const std::vector<absl::Status>& parts) {
+  absl::Status first = absl::OkStatus();
+  for (const absl::Status& s : parts) {
+    if (s.ok()) continue;
+    if (first.ok() || (absl::IsCancelled(first) && !absl::IsCancelled(s)))
+      first = s;
+  }
+  return first;
+}
+
+}  // namespace gpipe
 
 #define GPIPE_CONCAT_INNER(a, b) a##b
 #define GPIPE_CONCAT(a, b) GPIPE_CONCAT_INNER(a, b)

@@ -259,14 +259,9 @@ absl::StatusOr<std::vector<Result>> InProcessPipeline::OnThreads(size_t k,
   }
   for (auto& d : done) d.wait();
   // Report the error that caused the others (they only see closed links).
-  absl::Status first = absl::OkStatus();
-  for (const auto& r : results) {
-    if (r.ok()) continue;
-    if (first.ok() ||
-        (absl::IsCancelled(first) && !absl::IsCancelled(r.status())))
-      first = r.status();
-  }
-  if (!first.ok()) {
+  std::vector<absl::Status> statuses;
+  for (const auto& r : results) statuses.push_back(r.status());
+  if (const absl::Status first = FirstCause(statuses); !first.ok()) {
     broken_ = true;
     return first;
   }

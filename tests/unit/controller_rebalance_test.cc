@@ -148,7 +148,9 @@ TEST(RebalanceRulesTest, TwoCheckpointsNeedNotPickTheSameBestCut) {
 // an elastic shrink left as many stages as the spec has workers.
 TEST(RebalanceRulesTest, NeverForAnInterleavedSchedulesChunks) {
   JobRecord job = RunningJob();
-  job.chunks = 2;
+  job.job.mutable_spec()->mutable_pipeline()->set_schedule(
+      v1::INTERLEAVED_1F1B);
+  job.job.mutable_spec()->mutable_pipeline()->set_virtual_stages(2);
   Feed(job, 0, 35, 6.0);
   std::string why;
   EXPECT_FALSE(

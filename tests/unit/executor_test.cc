@@ -56,16 +56,18 @@ constexpr char kSpec[] = R"json({
 
 using Reports = test_support::WorkerReports;
 
-// Hands the far end of a fresh in-process link pair to the next stage's
-// executor, as its Exchange handler would.
+// Hands the far end of a fresh in-process link pair to the executor that
+// runs the assignment's next stage (`next`), as its Exchange handler would.
 class InProcessConnector final : public DownstreamConnector {
  public:
-  explicit InProcessConnector(Executor** next) : next_(next) {}
+  explicit InProcessConnector(
+      std::function<Executor*(const gpipe::v1::Assignment&)> next)
+      : next_(std::move(next)) {}
   absl::StatusOr<std::unique_ptr<Link>> Connect(
       const gpipe::v1::Assignment& a,
       const std::function<bool()>& cancelled) override {
     auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
-    RETURN_IF_ERROR((*next_)->AcceptUpstream(
+    RETURN_IF_ERROR(next_(a)->AcceptUpstream(
         a.job_id(), a.epoch(), a.stage(), a.replica(),
         std::shared_ptr<Link>(std::move(theirs)), /*wait_ms=*/5000));
     return std::move(mine);
@@ -83,7 +85,7 @@ class InProcessConnector final : public DownstreamConnector {
   }
 
  private:
-  Executor** next_;
+  std::function<Executor*(const gpipe::v1::Assignment&)> next_;
 };
 
 class ExecutorTest : public ::testing::Test {
@@ -102,7 +104,10 @@ class ExecutorTest : public ::testing::Test {
     for (int i = 0; i < kStages; ++i) {
       next_[i] = i + 1 < kStages ? executors_[i + 1].get() : nullptr;
       executors_[i]->set_downstream_connector(
-          std::make_unique<InProcessConnector>(&next_[i]));
+          std::make_unique<InProcessConnector>(
+              [next = &next_[i]](const gpipe::v1::Assignment&) {
+                return *next;
+              }));
     }
   }
   void TearDown() override {
@@ -390,40 +395,6 @@ TEST_F(ExecutorTest, AnAllocationPastTheBudgetFailsTheStageNotTheWorker) {
   }
 }
 
-// Dials the executor running the next stage of an interleaved pipeline:
-// stage s + 1 runs on worker (s + 1) % W, so the last worker's links go
-// back to the first.
-class RingConnector final : public DownstreamConnector {
- public:
-  RingConnector(std::unique_ptr<Executor>* workers, int count,
-                const int* wait_ms)
-      : workers_(workers), count_(count), wait_ms_(wait_ms) {}
-  absl::StatusOr<std::unique_ptr<Link>> Connect(
-      const gpipe::v1::Assignment& a,
-      const std::function<bool()>& cancelled) override {
-    auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
-    RETURN_IF_ERROR(workers_[(a.stage() + 1) % count_]->AcceptUpstream(
-        a.job_id(), a.epoch(), a.stage(), a.replica(),
-        std::shared_ptr<Link>(std::move(theirs)), *wait_ms_));
-    return std::move(mine);
-  }
-  absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
-      const gpipe::v1::Assignment&, int64_t,
-      const std::function<bool()>&) override {
-    return absl::UnimplementedError("one replica in this test");
-  }
-  absl::StatusOr<std::string> AwaitDataPlane(
-      Link&, const gpipe::v1::Assignment&,
-      const std::function<bool()>&) override {
-    return std::string("in_process");
-  }
-
- private:
-  std::unique_ptr<Executor>* workers_;
-  int count_;
-  const int* wait_ms_;
-};
-
 // Two workers of two chunks each run the interleaved schedule: each chunk
 // checkpoints, reports and writes its parameters as the stage it is, the
 // last stage's chunk evaluates, and the result is the reference's bits.
@@ -434,12 +405,15 @@ TEST_F(ExecutorTest, InterleavedChunksOnTwoWorkersMatchTheReferenceBitwise) {
   const std::vector<int64_t> balance = *PartitionJob(spec_, kWorkers * kChunks);
   const std::vector<int64_t> begins = StageBegins(balance);
   std::unique_ptr<Executor> workers[kWorkers];
-  const int wait_ms = 5000;
   for (auto& w : workers) {
     w = std::make_unique<Executor>(
         1, [this](const gpipe::v1::WorkerMessage& m) { reports_.Add(m); });
-    w->set_downstream_connector(
-        std::make_unique<RingConnector>(workers, kWorkers, &wait_ms));
+    // Stage s + 1 runs on worker (s + 1) % W: the last worker's links go
+    // back to the first.
+    w->set_downstream_connector(std::make_unique<InProcessConnector>(
+        [&workers](const gpipe::v1::Assignment& a) {
+          return workers[(a.stage() + 1) % kWorkers].get();
+        }));
   }
   const auto chunk = [&](int64_t stage) {
     gpipe::v1::Assignment a = Assign(0, /*epoch=*/1);
