@@ -347,11 +347,6 @@ int RunPlan(const std::vector<std::string>& args) {
     }
     return out;
   };
-  const bool batch_norm =
-      std::any_of(spec->model().layers().begin(), spec->model().layers().end(),
-                  [](const v1::LayerSpec& l) {
-                    return l.kind_case() == v1::LayerSpec::kBatchNorm;
-                  });
 
   // One core per stage: a stage is one worker, and on a small machine
   // several workers share the cores.
@@ -477,10 +472,9 @@ int RunPlan(const std::vector<std::string>& args) {
               k * v > layers) {
             continue;
           }
-          std::vector<int64_t> rs =
-              own_replicas > 0 ? std::vector<int64_t>{own_replicas}
-              : batch_norm     ? std::vector<int64_t>{1}
-                               : replica_choices(k, m, schedule);
+          std::vector<int64_t> rs = own_replicas > 0
+                                        ? std::vector<int64_t>{own_replicas}
+                                        : replica_choices(k, m, schedule);
           for (RematMode remat : modes) {
             for (int64_t r : rs) {
               Option o;
@@ -604,11 +598,8 @@ int RunPlan(const std::vector<std::string>& args) {
     std::printf(
         "workers: %lld; R data-parallel replicas of K stages each run M/R "
         "micro-batches, and the step adds the slowest stage's gradient sum "
-        "over the links%s\n",
-        static_cast<long long>(workers),
-        batch_norm ? " (none for this model: batch_norm's running statistics "
-                     "follow every micro-batch in order)"
-                   : "");
+        "over the links\n",
+        static_cast<long long>(workers));
   }
   std::printf(
       "memory: the largest stage's peak (parameters, gradients, optimizer "

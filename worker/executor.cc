@@ -855,8 +855,9 @@ absl::Status Executor::ResumeInMemory(Execution& x) {
 }
 
 void Executor::Park(Execution& x) {
-  // Only a job of replicas (even when it runs one for now; no batch norm:
-  // a failed step leaves no half-updated buffer).
+  // Only a job of replicas (even when it runs one for now). A failed step
+  // leaves no half-moved buffer: batch norm's running averages move with
+  // the update (Stage::GatherRunningStatistics).
   if (ReplicaCount(x.spec) == 1) return;
   gpipe::v1::WorkerMessage m;
   gpipe::v1::StageParked* p = m.mutable_parked();

@@ -42,6 +42,8 @@ int64_t ParkedBytes(const ParkedStage& parked) {
   int64_t bytes = 0;
   for (const auto& [name, t] : parked.state) bytes += t.nbytes();
   for (const auto& [name, t] : parked.grads) bytes += t.nbytes();
+  if (parked.running_statistics.defined())
+    bytes += parked.running_statistics.nbytes();
   return bytes;
 }
 
@@ -62,6 +64,8 @@ ParkedStage ParkStage(Stage& stage, const gpipe::v1::JobSpec& spec,
   if (parked.pending) {
     for (const NamedParameter& p : stage.model().Parameters())
       parked.grads.emplace(p.name, p.param->grad.Clone());
+    const Tensor rows = stage.pending_running_statistics();
+    if (rows.defined()) parked.running_statistics = rows.Clone();
   }
   return parked;
 }
@@ -85,8 +89,8 @@ absl::StatusOr<int64_t> ResumeFromMemory(
   if (!holds && roll_forward_squares.has_value() &&
       HoldsState(own, stage, spec, job_id, step - 1) && own->pending) {
     RETURN_IF_ERROR(LoadStageState(stage, own->state, "memory"));
-    RETURN_IF_ERROR(
-        stage.RollForward(step - 1, *roll_forward_squares, own->grads));
+    RETURN_IF_ERROR(stage.RollForward(step - 1, *roll_forward_squares,
+                                      own->grads, own->running_statistics));
     holds = loaded = true;
   }
   const int64_t replicas = std::max<int64_t>(1, peers.size());

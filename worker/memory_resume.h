@@ -37,6 +37,9 @@ struct ParkedStage {
   std::map<std::string, Tensor> state;
   bool pending = false;
   std::map<std::string, Tensor> grads;
+  // And the step's batch norm statistics the update moves the running
+  // averages by (Stage::pending_running_statistics; undefined without).
+  Tensor running_statistics;
   // The stage's last applied update and its total of squared gradients
   // (Stage::last_update_step), for the controller's roll-forward plans.
   int64_t last_update_step = -1;

@@ -31,6 +31,8 @@ struct NamedBuffer {
   Tensor* value;
 };
 
+class RunningStatistics;
+
 // Where a forward runs: everything that makes it reproducible.
 struct LayerContext {
   bool training = true;
@@ -46,6 +48,10 @@ struct LayerContext {
   // skip that product (a GEMM the size of the weight gradient's) and return
   // an undefined tensor. Parameter gradients do not depend on it.
   bool input_grad = true;
+  // Where a training forward (not re-materialized) records the statistics
+  // its buffers would follow (Layer::RunningStatisticsSize) instead of
+  // moving them; null: it moves them itself. Not owned.
+  RunningStatistics* running_statistics = nullptr;
 
   // The dropout key of this layer for this (step, micro-batch); `sub` tells
   // apart several dropouts inside one layer.
@@ -192,6 +198,13 @@ class Layer {
 
   virtual std::vector<Parameter*> Parameters() { return {}; }
   virtual std::vector<NamedBuffer> Buffers() { return {}; }
+  // Buffers that follow the training micro-batches (batch norm's running
+  // averages): how many floats a training forward records per micro-batch
+  // under a LayerContext::running_statistics (0: no such buffers), and the
+  // move by one micro-batch's record, to the bits its forward would have
+  // moved them. Host buffers only.
+  virtual int64_t RunningStatisticsSize() const { return 0; }
+  virtual void ApplyRunningStatistics(const float* record) {}
   // Draws the initial parameters from a key (a pure function of seed and
   // global layer index, so every partition starts from the same model).
   virtual void Initialize(uint64_t key) {}

@@ -1,5 +1,6 @@
 #include "services/nn/model.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -148,6 +149,56 @@ absl::Status Model::To(Device device) {
 
 void Model::ZeroGrad() {
   for (const NamedParameter& p : params_) p.param->grad.SetZero();
+}
+
+int64_t Model::RunningStatisticsWidth() const {
+  int64_t width = 0;
+  for (const auto& layer : layers_) width += layer->RunningStatisticsSize();
+  return width;
+}
+
+absl::StatusOr<Tensor> Model::RunningStatisticsRows(
+    const RunningStatistics& log, int64_t begin, int64_t end) const {
+  const int64_t width = RunningStatisticsWidth();
+  AllocatorScope scope(DefaultCpuAllocator());
+  Tensor rows = Tensor::Empty({end - begin, width});
+  float* at = rows.f32();
+  for (int64_t m = begin; m < end; ++m) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const int64_t size = layers_[i]->RunningStatisticsSize();
+      if (size == 0) continue;
+      const int64_t index = begin_ + static_cast<int64_t>(i);
+      const Tensor* record = log.Find(m, index);
+      if (record == nullptr || record->numel() != size ||
+          record->device() != Device::kCpu) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("layer ", index, " (", std::string(layers_[i]->kind()),
+                         ") recorded no statistics for micro-batch ", m,
+                         ": its running averages cannot move"));
+      }
+      at = std::copy(record->f32(), record->f32() + size, at);
+    }
+  }
+  return rows;
+}
+
+absl::Status Model::ApplyRunningStatistics(const Tensor& rows) {
+  const int64_t width = RunningStatisticsWidth();
+  if (!rows.defined() || rows.rank() != 2 || rows.dim(1) != width ||
+      rows.device() != Device::kCpu || rows.dtype() != DType::kF32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "running statistics: expected host rows of ", width, " floats"));
+  }
+  for (int64_t m = 0; m < rows.dim(0); ++m) {
+    const float* at = rows.f32() + m * width;
+    for (const auto& layer : layers_) {
+      const int64_t size = layer->RunningStatisticsSize();
+      if (size == 0) continue;
+      layer->ApplyRunningStatistics(at);
+      at += size;
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace gpipe

@@ -14,6 +14,7 @@
 #include "gpipe/v1/model.pb.h"
 #include "services/nn/layer.h"
 #include "services/nn/layer_timing.h"
+#include "services/nn/running_statistics.h"
 
 namespace gpipe {
 
@@ -75,6 +76,21 @@ class Model {
   // Parameters and buffers by global name: what a checkpoint holds.
   std::vector<NamedTensor> StateTensors();
   void ZeroGrad();
+
+  // Running statistics held back to the step's end (RunningStatistics):
+  // the floats a micro-batch records across the layers (0: none); the
+  // records of micro-batches [begin, end) in `log` as host rows
+  // [end - begin, width], each row the layers' records in layer order
+  // (FAILED_PRECONDITION names a micro-batch whose forward recorded
+  // nothing); and the layers' buffers moved by `rows`, one micro-batch
+  // after another in row order (INVALID_ARGUMENT for rows of another
+  // width).
+  int64_t RunningStatisticsWidth() const;
+  absl::StatusOr<Tensor> RunningStatisticsRows(const RunningStatistics& log,
+                                               int64_t begin,
+                                               int64_t end) const;
+  absl::Status ApplyRunningStatistics(const Tensor& rows);
+
   // Moves parameters, gradients and buffers to `device` (inputs must then
   // be on it too). FAILED_PRECONDITION names a layer without kernels there.
   absl::Status To(Device device);

@@ -1,9 +1,9 @@
 // How the replicas of one stage sum their gradients after a step's last
 // backward: each hands in its forest (GradientTree) and receives the
 // tree's total in its parameters' gradients, the same bits on every
-// replica. In one process the replicas meet in memory
-// (InProcessReduction); between processes a transport carries the
-// forests' slices.
+// replica; then they gather what else every micro-batch produced. In one
+// process the replicas meet in memory (InProcessReduction); between processes a
+// transport carries the forests' slices.
 #ifndef GPIPE_SERVICES_PIPELINE_GRADIENT_REDUCER_H_
 #define GPIPE_SERVICES_PIPELINE_GRADIENT_REDUCER_H_
 
@@ -26,6 +26,14 @@ class GradientReducer {
   virtual absl::Status Reduce(int64_t replica, int64_t step,
                               std::vector<GradientNode> forest,
                               const std::vector<NamedParameter>& params) = 0;
+  // Every replica's `rows` (a host [n, width] tensor: one row per
+  // micro-batch it ran, in order), stacked in replica order: the step's M
+  // rows in micro-batch order, the same on every replica. Batch norm's
+  // statistics travel so (RunningStatistics): each replica then moves its
+  // running averages by every micro-batch, as the reference trainer does.
+  // Called after Reduce (or FinishBuckets) of the same step.
+  virtual absl::StatusOr<Tensor> GatherRows(int64_t replica, int64_t step,
+                                            Tensor rows) = 0;
   // Wakes every replica waiting in Reduce with CANCELLED (a replica
   // failed), now and for every later call.
   virtual void Close() = 0;

@@ -65,7 +65,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
                              : replicas;
   if (replicas > 1 || groups > 1) {
     // The spec's rules for replicas (groups dividing M, whole groups per
-    // replica, no batch norm...) on the counts these options ask for.
+    // replica...) on the counts these options ask for.
     gpipe::v1::JobSpec asked = spec;
     asked.mutable_pipeline()->set_replicas(replicas);
     asked.mutable_pipeline()->set_micro_batches(m);

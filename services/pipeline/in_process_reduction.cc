@@ -1,12 +1,17 @@
 #include "services/pipeline/in_process_reduction.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 
 namespace gpipe {
 
 InProcessReduction::InProcessReduction(int64_t replicas, int64_t groups)
-    : replicas_(replicas), groups_(groups), forests_(replicas) {}
+    : replicas_(replicas),
+      groups_(groups),
+      forests_(replicas),
+      rows_(replicas) {}
 
 absl::Status InProcessReduction::Arrive(std::unique_lock<std::mutex>& lock,
                                         bool committed) {
@@ -93,6 +98,47 @@ absl::Status InProcessReduction::Reduce(
   // The totals may live in another replica's forest (or gradients): nobody
   // moves on until every replica has copied.
   return Arrive(lock, /*committed=*/true);
+}
+
+absl::StatusOr<Tensor> InProcessReduction::GatherRows(int64_t replica,
+                                                      int64_t step,
+                                                      Tensor rows) {
+  if (replica < 0 || replica >= replicas_ || !rows.defined() ||
+      rows.rank() != 2 || rows.device() != Device::kCpu) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica ", replica, " of ", replicas_, ": rows to gather at step ",
+        step, " must be a host matrix"));
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  rows_[replica] = std::move(rows);
+  struct Forget {
+    Tensor& mine;
+    ~Forget() { mine = Tensor(); }
+  } forget{rows_[replica]};
+  RETURN_IF_ERROR(Arrive(lock));
+  const int64_t width = rows_[replica].dim(1);
+  int64_t total = 0;
+  absl::Status status;
+  for (const Tensor& r : rows_) {
+    if (r.dim(1) != width) {
+      status = absl::InternalError(
+          absl::StrCat("step ", step, ": the replicas gather rows of ",
+                       r.dim(1), " and ", width, " values"));
+    }
+    total += r.dim(0);
+  }
+  Tensor all;
+  if (status.ok()) {
+    AllocatorScope scope(DefaultCpuAllocator());
+    all = Tensor::Empty({total, width});
+    float* at = all.f32();
+    for (const Tensor& r : rows_)
+      at = std::copy(r.f32(), r.f32() + r.numel(), at);
+  }
+  // The others read this replica's rows until each has copied.
+  RETURN_IF_ERROR(Arrive(lock, /*committed=*/true));
+  RETURN_IF_ERROR(status);
+  return all;
 }
 
 }  // namespace gpipe

@@ -19,6 +19,8 @@ class InProcessReduction final : public GradientReducer {
   absl::Status Reduce(int64_t replica, int64_t step,
                       std::vector<GradientNode> forest,
                       const std::vector<NamedParameter>& params) override;
+  absl::StatusOr<Tensor> GatherRows(int64_t replica, int64_t step,
+                                    Tensor rows) override;
   void Close() override;
 
  private:
@@ -38,6 +40,8 @@ class InProcessReduction final : public GradientReducer {
   int64_t generation_ = 0;  // barriers passed
   // Per replica: its forest (kept alive until every replica has copied).
   std::vector<std::vector<GradientNode>> forests_;
+  // Per replica: its rows in GatherRows (kept until every replica copied).
+  std::vector<Tensor> rows_;
 };
 
 }  // namespace gpipe

@@ -431,17 +431,6 @@ absl::Status ValidateReplicas(const v1::JobSpec& spec) {
                       "ZERO_BUBBLE_H1 does not run yet: set gradient_groups "
                       "to replicas");
   }
-  if (r > 1) {
-    for (int i = 0; i < spec.model().layers_size(); ++i) {
-      if (spec.model().layers(i).kind_case() == v1::LayerSpec::kBatchNorm) {
-        return FieldError(
-            absl::StrCat("model.layers[", i, "]"),
-            "batch_norm's running statistics follow every micro-batch in "
-            "order, which replicas do not see: use layer_norm, or one "
-            "replica");
-      }
-    }
-  }
   return absl::OkStatus();
 }
 

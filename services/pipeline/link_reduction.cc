@@ -177,6 +177,67 @@ absl::StatusOr<Tensor> LinkReduction::ReceiveSlice(int64_t from, int64_t step,
   return std::move(m.tensor);
 }
 
+absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
+                                                 Tensor rows) {
+  constexpr int64_t kRowsPhase = -2;
+  const int64_t replicas = static_cast<int64_t>(peers_.size());
+  const int64_t my_groups = shares_[replica_].end - shares_[replica_].begin;
+  if (replica != replica_ || !rows.defined() || rows.rank() != 2 ||
+      rows.device() != Device::kCpu || rows.dtype() != DType::kF32 ||
+      my_groups < 1 || rows.dim(0) % my_groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica ", replica, ": rows to gather at step ", step,
+        " must be a host matrix of whole gradient groups of replica ",
+        replica_));
+  }
+  // Every group has as many micro-batches (rows) as this replica's.
+  const int64_t per_group = rows.dim(0) / my_groups;
+  const int64_t width = rows.dim(1);
+  ConcurrentSends sends(this, [&]() -> absl::Status {
+    for (int64_t q = 0; q < replicas; ++q) {
+      if (q == replica_) continue;
+      Message m;
+      m.kind = MessageKind::kReduceSlice;
+      m.step = step;
+      m.micro_batch = kRowsPhase;
+      m.tensor = rows;
+      RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
+    }
+    return absl::OkStatus();
+  });
+  Tensor all;
+  {
+    AllocatorScope scope(DefaultCpuAllocator());
+    all = Tensor::Empty({per_group * groups_, width});
+  }
+  for (int64_t q = 0; q < replicas; ++q) {
+    const int64_t begin = shares_[q].begin * per_group;
+    const int64_t count = (shares_[q].end - shares_[q].begin) * per_group;
+    if (q == replica_) {
+      std::copy(rows.f32(), rows.f32() + rows.numel(),
+                all.f32() + begin * width);
+      continue;
+    }
+    ASSIGN_OR_RETURN(Message m, peers_[q]->Receive());
+    if (m.kind != MessageKind::kReduceSlice || m.step != step ||
+        m.micro_batch != kRowsPhase || !m.tensor.defined() ||
+        m.tensor.dtype() != DType::kF32 || m.tensor.rank() != 2 ||
+        m.tensor.dim(0) != count || m.tensor.dim(1) != width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "replica ", replica_, ": expected ", count,
+          " rows of running statistics at step ", step, " from replica ", q,
+          ", received ", Describe(m),
+          m.tensor.defined()
+              ? absl::StrCat(" of shape ", m.tensor.shape().ToString())
+              : ""));
+    }
+    std::copy(m.tensor.f32(), m.tensor.f32() + m.tensor.numel(),
+              all.f32() + begin * width);
+  }
+  RETURN_IF_ERROR(sends.Join());
+  return all;
+}
+
 absl::Status LinkReduction::Reduce(int64_t replica, int64_t step,
                                    std::vector<GradientNode> forest,
                                    const std::vector<NamedParameter>& params) {

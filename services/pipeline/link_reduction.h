@@ -12,7 +12,8 @@
 // thread of the reduction's own, while the stage computes the layers below:
 // the sum of a parameter does not depend on which others share its
 // messages, so the bits are Reduce's. Bucket b's slices travel as phases
-// 4 + 2b and 5 + 2b (Reduce's are 0 and 1).
+// 4 + 2b and 5 + 2b (Reduce's are 0 and 1). GatherRows sends this
+// replica's rows to every peer as phase -2.
 #ifndef GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 #define GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 
@@ -47,6 +48,8 @@ class LinkReduction final : public GradientReducer {
                            GradientNode node,
                            std::vector<NamedParameter> params) override;
   absl::StatusOr<double> FinishBuckets() override;
+  absl::StatusOr<Tensor> GatherRows(int64_t replica, int64_t step,
+                                    Tensor rows) override;
   // Gradient bytes this replica sent and received (for its metrics).
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }

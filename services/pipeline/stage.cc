@@ -131,6 +131,8 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
       MakeOptimizer(spec.optimizer(), stage->model_->Parameters()));
   // Optimizer state was zeroed on this thread's stream, not the stage's.
   if (stage->device_ != nullptr) SynchronizeCuda();
+  stage->holds_back_statistics_ =
+      stage->device_ == nullptr && stage->model_->RunningStatisticsWidth() > 0;
   return stage;
 }
 
@@ -148,6 +150,8 @@ LayerContext Stage::Context(int64_t step, int64_t m) const {
   ctx.seed = spec_.seed();
   ctx.step = step;
   ctx.micro_batch = m;
+  if (ctx.training && holds_back_statistics_ && current_ != nullptr)
+    ctx.running_statistics = &current_->running_log;
   return ctx;
 }
 
@@ -432,6 +436,7 @@ absl::Status Stage::SendGradSquares() {
     }
   }
   RETURN_IF_ERROR(SumGradientGroups());
+  RETURN_IF_ERROR(GatherRunningStatistics());
   if (placement_.last()) {
     const double loss = st.result.loss.loss_sum / st.result.loss_normalizer;
     if (!std::isfinite(loss)) {
@@ -471,7 +476,8 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
     OpTimer timer(timeline_, Phase::kOptimizer, -1);
     if (!placement_.first())
       RETURN_IF_ERROR(upstream_->Send(GradSquares(st.step, squares)));
-    st.result.lr = ApplyUpdate(st.step, squares);
+    ASSIGN_OR_RETURN(st.result.lr,
+                     ApplyUpdate(st.step, squares, st.running_rows));
   }
   st.result.grad_norm = std::sqrt(squares);
   timeline_.EndStep();
@@ -483,13 +489,50 @@ absl::StatusOr<StageStepResult> Stage::FinishStep() {
   return result;
 }
 
-float Stage::ApplyUpdate(int64_t step, double squares) {
+absl::Status Stage::GatherRunningStatistics() {
+  if (!holds_back_statistics_) return absl::OkStatus();
+  StepState& st = *current_;
+  ASSIGN_OR_RETURN(Tensor rows,
+                   model_->RunningStatisticsRows(st.running_log,
+                                                 placement_.micro_batch_begin,
+                                                 placement_.local_end()));
+  if (placement_.reducer != nullptr) {
+    ASSIGN_OR_RETURN(rows, placement_.reducer->GatherRows(
+                               placement_.replica, st.step, std::move(rows)));
+  }
+  if (rows.dim(0) != placement_.micro_batches) {
+    return absl::InternalError(
+        absl::StrCat("stage ", placement_.index, ": running statistics of ",
+                     rows.dim(0), " micro-batches gathered at step ", st.step,
+                     ", expected ", placement_.micro_batches));
+  }
+  st.running_rows = std::move(rows);
+  return absl::OkStatus();
+}
+
+Tensor Stage::pending_running_statistics() const {
+  if (current_ == nullptr || pending_update_ < 0) return Tensor();
+  return current_->running_rows;
+}
+
+absl::StatusOr<float> Stage::ApplyUpdate(int64_t step, double squares,
+                                         const Tensor& running_rows) {
+  if (holds_back_statistics_ &&
+      (!running_rows.defined() || running_rows.rank() != 2 ||
+       running_rows.dim(0) != placement_.micro_batches)) {
+    return absl::DataLossError(absl::StrCat(
+        "stage ", placement_.index, ": the update of step ", step,
+        " has no batch norm statistics of its ", placement_.micro_batches,
+        " micro-batches to move the running averages by"));
+  }
   const std::vector<NamedParameter>& params = model_->Parameters();
   ScaleGradients(params,
                  ClipCoefficient(squares, spec_.optimizer().clip_norm()));
   const float lr = LearningRate(spec_.optimizer(), step, spec_.steps());
   // Cleared only if the update ran to its end (an exception leaves it).
   update_in_progress_ = true;
+  if (holds_back_statistics_)
+    RETURN_IF_ERROR(model_->ApplyRunningStatistics(running_rows));
   optimizer_->Step(lr, step + 1);
   update_in_progress_ = false;
   pending_update_ = -1;
@@ -504,7 +547,8 @@ float Stage::ApplyUpdate(int64_t step, double squares) {
 }
 
 absl::Status Stage::RollForward(int64_t step, double squares,
-                                const std::map<std::string, Tensor>& grads) {
+                                const std::map<std::string, Tensor>& grads,
+                                const Tensor& running_statistics) {
   OnStage on_stage(*this);
   const std::vector<NamedParameter>& params = model_->Parameters();
   for (const NamedParameter& p : params) {
@@ -518,8 +562,7 @@ absl::Status Stage::RollForward(int64_t step, double squares,
   }
   for (const NamedParameter& p : params)
     p.param->grad.CopyFrom(grads.at(p.name));
-  ApplyUpdate(step, squares);
-  return absl::OkStatus();
+  return ApplyUpdate(step, squares, running_statistics).status();
 }
 
 absl::Status Stage::BeginStep(int64_t step) {

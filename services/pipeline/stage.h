@@ -103,11 +103,19 @@ class Stage {
   // every stage and replica.
   int64_t last_update_step() const { return last_update_step_; }
   double last_update_squares() const { return last_update_squares_; }
+  // The step's batch norm statistics of every micro-batch (rows of
+  // Model::RunningStatisticsRows, gathered from the replicas) while the
+  // update of pending_update() waits; undefined otherwise, and for a stage
+  // without running averages to move.
+  Tensor pending_running_statistics() const;
   // Sets the parameters' gradients to `grads` (by name, as
   // model().Parameters() names them) and applies the update of `step` with
-  // the pipeline's total `squares`, as FinishStep would have: the same bits.
+  // the pipeline's total `squares`, and the running averages' moves by
+  // `running_statistics` (pending_running_statistics() then), as
+  // FinishStep would have: the same bits.
   absl::Status RollForward(int64_t step, double squares,
-                           const std::map<std::string, Tensor>& grads);
+                           const std::map<std::string, Tensor>& grads,
+                           const Tensor& running_statistics = Tensor());
 
   // `dataset` is read by the first and the last stage (others may pass
   // null). The links are not owned; the first stage has no upstream and the
@@ -190,6 +198,10 @@ class Stage {
   // Before the clipping norm: the gradients summed over the groups and the
   // replicas (GradientTree, GradientReducer); nothing with one group.
   absl::Status SumGradientGroups();
+  // After the sum: every micro-batch's batch norm statistics, from this
+  // stage's records and its replicas' (GradientReducer::GatherRows), for
+  // the update to move the running averages by; nothing without any.
+  absl::Status GatherRunningStatistics();
   // This stage's groups, [first, end).
   int64_t first_group() const;
   int64_t local_groups() const;
@@ -227,6 +239,12 @@ class Stage {
     GradientReducer* summing = nullptr;
     int64_t bucket_begin = 0, bucket_end = 0, bucket_bytes = 0, buckets = 0;
     absl::Status bucket_status;
+    // Batch norm's statistics of this stage's micro-batches, held back to
+    // the step's end (a cancelled step then leaves the running averages
+    // at the last step boundary, and replicas move them by every
+    // micro-batch in order), and after the sum every micro-batch's rows.
+    RunningStatistics running_log;
+    Tensor running_rows;
     StepState() = default;
     StepState(const StepState&) = delete;
     StepState& operator=(const StepState&) = delete;
@@ -275,9 +293,14 @@ class Stage {
   int64_t pending_update_ = -1;
   int64_t last_update_step_ = -1;
   double last_update_squares_ = 0;
-  // Clips by `squares` and applies the optimizer's update of `step`;
-  // returns the learning rate.
-  float ApplyUpdate(int64_t step, double squares);
+  // Moves the running averages by `running_rows` (when defined), clips by
+  // `squares` and applies the optimizer's update of `step`; returns the
+  // learning rate.
+  absl::StatusOr<float> ApplyUpdate(int64_t step, double squares,
+                                    const Tensor& running_rows);
+  // Whether training forwards hold batch norm's statistics back to the
+  // step's end (a CPU stage with running averages).
+  bool holds_back_statistics_ = false;
   int64_t last_eval_peak_bytes_ = 0;
   double last_reduce_seconds_ = 0;
   // Model::Parameters() index of each local layer's first parameter, and

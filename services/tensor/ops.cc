@@ -234,14 +234,21 @@ void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd) {
+                      float* running_var, float* y, float* xhat, float* rstd,
+                      float* statistics) {
   GPIPE_ON_CUDA(
       d, BatchNormForward(batch, channels, inner, batch_stats, update_running,
                           momentum, eps, x, gamma, beta, running_mean,
                           running_var, y, xhat, rstd));
   cpu::BatchNormForward(batch, channels, inner, batch_stats, update_running,
                         momentum, eps, x, gamma, beta, running_mean,
-                        running_var, y, xhat, rstd);
+                        running_var, y, xhat, rstd, statistics);
+}
+void BatchNormMoveRunning(int64_t channels, float momentum,
+                          const float* statistics, float* running_mean,
+                          float* running_var) {
+  cpu::BatchNormMoveRunning(channels, momentum, statistics, running_mean,
+                            running_var);
 }
 void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
                        const float* xhat, const float* rstd, const float* gamma,

@@ -119,11 +119,18 @@ void GlobalAvgPoolBackward(Device d, int64_t planes, int64_t inner,
                            const float* dy, float* dx);
 
 // Batch norm over [batch, channels, inner]; see cpu/batch_norm.h.
+// `statistics` (the batch's, for a later BatchNormMoveRunning) is for the
+// CPU: it must be null on a GPU.
 void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd);
+                      float* running_var, float* y, float* xhat, float* rstd,
+                      float* statistics = nullptr);
+// On host buffers.
+void BatchNormMoveRunning(int64_t channels, float momentum,
+                          const float* statistics, float* running_mean,
+                          float* running_var);
 void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
                        const float* xhat, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma, float* dbeta);

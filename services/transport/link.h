@@ -23,7 +23,8 @@ enum class MessageKind : uint8_t {
   kEvalEnd,      // no more evaluation batches follow
   kReduceSlice,  // between replicas of a stage (GradientReducer): a slice
                  // of the sender's gradient nodes (micro_batch 0) or of
-                 // the total (micro_batch 1)
+                 // the total (micro_batch 1), or the sender's micro-batches'
+                 // batch norm statistics (micro_batch -2)
 };
 
 // Step used by messages of an evaluation pass rather than a training step.

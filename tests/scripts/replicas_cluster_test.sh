@@ -4,9 +4,10 @@
 # stage summing their gradients over their own links. With the gradient
 # groups pinned in the spec (4), the final parameters are bitwise those of
 # the single-process reference trainer and of `gpipectl train --replicas R`
-# for every (K, R) tried; the job's events name the grid; the traces of both
-# (`--trace`) have a track per replica and stage; a cluster short of
-# workers says how many it needs.
+# for every (K, R) tried (the CNN too: batch norm's running averages move
+# by every replica's micro-batches in order); the job's events name the
+# grid; the traces of both (`--trace`) have a track per replica and stage;
+# a cluster short of workers says how many it needs.
 #   replicas_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -23,13 +24,16 @@ same() { python3 "$src/tests/scripts/same_tensors.py" "$1" "$2" || fail "$3"; }
 
 # The main job's deep MLP with four gradient groups in its spec: the tree
 # every R in {1, 2, 4} sums in.
-spec="$work/deep_mlp_groups.json"
-python3 - "$src/examples/fashion_mnist_deep_mlp.json" "$spec" <<'PY'
+with_groups() {
+  python3 - "$1" "$2" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 d["pipeline"]["gradientGroups"] = 4
 json.dump(d, open(sys.argv[2], "w"))
 PY
+}
+spec="$work/deep_mlp_groups.json"
+with_groups "$src/examples/fashion_mnist_deep_mlp.json" "$spec"
 common=(--micro-batches 4 --steps "$steps")
 "$bin/gpipectl" train "$spec" --stages 1 "${common[@]}" \
   --out "$work/reference" >"$work/log" 2>&1 || { cat "$work/log"; fail "reference"; }
@@ -62,6 +66,21 @@ for config in "2 2 1f1b" "2 2 gpipe" "1 4 1f1b" "3 2 1f1b"; do
   echo "ok: $name bitwise equal to the reference"
   passed=$((passed + 1))
 done
+
+# The CNN (two batch norms) on 2 x 2: the running averages, which the
+# snapshot holds, move by all four micro-batches in order on both
+# replicas; replica 0 writes them.
+cnn="$work/cnn_groups.json"
+with_groups "$src/examples/fashion_mnist_cnn.json" "$cnn"
+"$bin/gpipectl" train "$cnn" --stages 1 --micro-batches 4 --steps 4 \
+  --out "$work/cnn-reference" >"$work/log" 2>&1 || { cat "$work/log"; fail "CNN reference"; }
+"$bin/gpipectl" local "$cnn" --stages 2 --replicas 2 --micro-batches 4 --steps 4 \
+  --threads 2 --out "$work/cnn-cluster" >"$work/log" 2>&1 ||
+  { tail -30 "$work/log"; fail "CNN on 2 stages x 2 replicas"; }
+same "$work/cnn-cluster/model.safetensors" "$work/cnn-reference/model.safetensors" \
+  "CNN 2 x 2: cluster differs from the reference trainer (batch norm)"
+echo "ok: CNN with batch norm on 2 x 2 bitwise equal to the reference"
+passed=$((passed + 1))
 
 # Fewer workers than K x R: refused before anything starts, by count.
 if "$bin/gpipectl" local "$spec" --stages 2 --replicas 2 --workers 3 \

@@ -444,9 +444,6 @@ std::vector<BadSpec> BadSpecs() {
        With(kMlp, R"("micro_batches": 4,)",
             R"("micro_batches": 4, "gradient_groups": 2, "replicas": 4,)"),
        "pipeline.replicas: 4 replicas do not divide gradient_groups 2"},
-      {"ReplicasWithBatchNorm",
-       With(kCnn, R"("min_stages": 2)", R"("min_stages": 2, "replicas": 2)"),
-       "model.layers[1]: batch_norm's running statistics"},
       {"ZeroBubbleWithSeveralGroupsPerReplica",
        With(kCnn, R"("schedule": "ONE_F_ONE_B")",
             R"("schedule": "ZERO_BUBBLE_H1", "gradient_groups": 4)"),
@@ -486,6 +483,16 @@ std::vector<BadSpec> BadSpecs() {
 
 INSTANTIATE_TEST_SUITE_P(Table, BadSpecTest, ::testing::ValuesIn(BadSpecs()),
                          [](const auto& info) { return info.param.name; });
+
+// Replicas move batch norm's running averages by every micro-batch in
+// order (the stages hold the statistics back and gather them), so a model
+// with batch norm takes replicas.
+TEST(JobSpecTest, ReplicasTakeBatchNorm) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(
+      With(kCnn, R"("min_stages": 2)", R"("min_stages": 2, "replicas": 2)"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->pipeline().replicas(), 2);
+}
 
 TEST(JobSpecTest, RebalanceIsOnWithoutABalanceAndWithCheckpoints) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(kCnn);

@@ -19,6 +19,7 @@
 #include "services/nn/layers/pooling.h"
 #include "services/nn/layers/transformer_block.h"
 #include "services/nn/loss.h"
+#include "services/nn/running_statistics.h"
 
 namespace gpipe {
 namespace {
@@ -297,6 +298,45 @@ TEST(BatchNorm, RecomputeLeavesRunningStatsAlone) {
   ctx.recompute = true;
   layer.Forward(x, ctx, nullptr);
   EXPECT_TRUE(BitwiseEqual(mean, *layer.Buffers()[0].value));
+}
+
+// Held back and moved later, micro-batch by micro-batch in order, the
+// running averages are those the forwards move themselves, bit for bit;
+// the held-back forwards leave them alone and normalize the same.
+TEST(BatchNorm, HeldBackStatisticsMoveTheAveragesToTheSameBits) {
+  BatchNorm inline_layer({3, 2, 2}, 0.1f, 1e-5f), held({3, 2, 2}, 0.1f, 1e-5f);
+  inline_layer.Initialize(1);
+  held.Initialize(1);
+  RunningStatistics log;
+  for (int64_t m = 0; m < 4; ++m) {
+    const Tensor x = RandomTensor({5, 3, 2, 2}, 30 + m);
+    LayerContext ctx = Training();
+    ctx.micro_batch = m;
+    ctx.layer_index = 7;
+    const Tensor a = inline_layer.Forward(x, ctx, nullptr);
+    ctx.running_statistics = &log;
+    const Tensor b = held.Forward(x, ctx, nullptr);
+    EXPECT_TRUE(BitwiseEqual(a, b));
+  }
+  EXPECT_TRUE(BitwiseEqual(*held.Buffers()[0].value, Tensor::Zeros({3})));
+  ASSERT_EQ(held.RunningStatisticsSize(), 6);
+  for (int64_t m = 0; m < 4; ++m) {
+    const Tensor* record = log.Find(m, 7);
+    ASSERT_NE(record, nullptr);
+    held.ApplyRunningStatistics(record->f32());
+  }
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_TRUE(BitwiseEqual(*inline_layer.Buffers()[b].value,
+                             *held.Buffers()[b].value))
+        << held.Buffers()[b].name;
+  }
+  // Out of order they differ: the test above could not pass by accident.
+  BatchNorm reversed({3, 2, 2}, 0.1f, 1e-5f);
+  reversed.Initialize(1);
+  for (int64_t m = 3; m >= 0; --m)
+    reversed.ApplyRunningStatistics(log.Find(m, 7)->f32());
+  EXPECT_FALSE(BitwiseEqual(*inline_layer.Buffers()[1].value,
+                            *reversed.Buffers()[1].value));
 }
 
 }  // namespace

@@ -35,11 +35,32 @@ constexpr char kSpec[] = R"({
   "batchSize": 8, "steps": 10, "seed": 5
 })";
 
+// The same with batch norm, whose running averages move with every
+// training micro-batch.
+constexpr char kBatchNormSpec[] = R"({
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"batchNorm": {"features": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "adamw": {}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 64, "testSamples": 16}},
+  "batchSize": 8, "steps": 10, "seed": 5,
+  "pipeline": {"microBatches": 2}
+})";
+
 class MemoryResumeTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(
-        google::protobuf::util::JsonStringToMessage(kSpec, &spec_).ok());
+  void SetUp() override { UseSpec(kSpec); }
+  void UseSpec(const char* json) {
+    spec_.Clear();
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &spec_).ok());
     auto dataset = OpenJobDataset(spec_);
     ASSERT_TRUE(dataset.ok()) << dataset.status();
     dataset_ = std::move(*dataset);
@@ -47,6 +68,7 @@ class MemoryResumeTest : public ::testing::Test {
   std::unique_ptr<Stage> MakeStage() {
     StagePlacement p;
     p.layer_end = spec_.model().layers_size();
+    p.micro_batches = MicroBatchCount(spec_);
     absl::StatusOr<std::unique_ptr<Stage>> stage =
         Stage::Create(spec_, p, dataset_, nullptr, nullptr);
     EXPECT_TRUE(stage.ok()) << stage.status();
@@ -79,6 +101,11 @@ class MemoryResumeTest : public ::testing::Test {
     for (auto& t : threads) t.join();
     return results;
   }
+
+  // Steps 0 and 1 on two stages, then step 2 whole on one and cut off
+  // before its update on the other: parked and rolled forward, the state
+  // is the first's bit for bit.
+  void CheckRollForward();
 
   gpipe::v1::JobSpec spec_;
   std::shared_ptr<const Dataset> dataset_;
@@ -159,7 +186,7 @@ TEST_F(MemoryResumeTest, NobodyHoldingTheStepIsRefusedEverywhere) {
 // A stage cut off while its update waited for the pipeline's total (its
 // gradients final) rolls forward with the total another stage reports, to
 // the bits of the stage that applied the update itself.
-TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
+void MemoryResumeTest::CheckRollForward() {
   std::unique_ptr<Stage> applied = MakeStage();
   std::unique_ptr<Stage> cut_off = MakeStage();
   for (int64_t s = 0; s < 2; ++s) {
@@ -168,7 +195,8 @@ TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
   }
   ASSERT_TRUE(applied->RunStep(2).ok());
   ASSERT_TRUE(cut_off->BeginStep(2).ok());
-  for (const Op& op : MakeSchedule(ScheduleKind::kGPipe, 1, 1, 0)) {
+  for (const Op& op :
+       MakeSchedule(ScheduleKind::kGPipe, 1, MicroBatchCount(spec_), 0)) {
     if (op.kind == OpKind::kOptimizerStep) continue;
     ASSERT_TRUE(cut_off->RunOp(op).ok());
   }
@@ -191,6 +219,43 @@ TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
                                       got = State(*fresh);
   for (const auto& [name, t] : want)
     EXPECT_TRUE(BitwiseEqual(t, got.at(name))) << name;
+}
+
+TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
+  CheckRollForward();
+}
+
+// Batch norm's running averages move with the update, by every
+// micro-batch's statistics: a stage cut off before it still holds the
+// averages of the step boundary (what it parks is not torn), keeps the
+// statistics with the pending gradients, and rolls forward to the bits of
+// the stage that applied the update.
+TEST_F(MemoryResumeTest, BatchNormAveragesMoveWithTheUpdate) {
+  UseSpec(kBatchNormSpec);
+  CheckRollForward();
+  std::unique_ptr<Stage> stage = MakeStage();
+  ASSERT_TRUE(stage->RunStep(0).ok());
+  const std::map<std::string, Tensor> boundary = State(*stage);
+  ASSERT_TRUE(stage->BeginStep(1).ok());
+  for (const Op& op :
+       MakeSchedule(ScheduleKind::kGPipe, 1, MicroBatchCount(spec_), 0)) {
+    if (op.kind == OpKind::kOptimizerStep) continue;
+    ASSERT_TRUE(stage->RunOp(op).ok());
+  }
+  const std::map<std::string, Tensor> cut = State(*stage);
+  ASSERT_TRUE(boundary.count("layers.1.running_mean") > 0);
+  for (const auto& [name, t] : boundary)
+    EXPECT_TRUE(BitwiseEqual(t, cut.at(name))) << name;
+  ASSERT_TRUE(stage->SendGradSquares().ok());
+  const ParkedStage parked = ParkStage(*stage, spec_, "job", 1);
+  ASSERT_TRUE(parked.running_statistics.defined());
+  EXPECT_EQ(parked.running_statistics.dim(0), MicroBatchCount(spec_));
+  // Without them the update cannot run.
+  std::unique_ptr<Stage> fresh = MakeStage();
+  ASSERT_TRUE(LoadStageState(*fresh, parked.state, "memory").ok());
+  const absl::Status refused =
+      fresh->RollForward(1, stage->last_update_squares(), parked.grads);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
 }
 
 }  // namespace

@@ -402,6 +402,19 @@ TEST(ReplicaExactness, MlpWithDropout) {
   CheckReplicas(spec, false);
 }
 
+// Batch norm's running averages follow every micro-batch in order: each
+// replica holds back its micro-batches' statistics, the replicas gather
+// them after the sum, and every replica moves its averages by all of them
+// in micro-batch order (RunningStatistics). The snapshot holds the
+// averages, and the evaluation after the steps reads them.
+TEST(ReplicaExactness, CnnWithBatchNorm) {
+  CheckReplicas(LoadExample("fashion_mnist_cnn.json", 32), false);
+}
+
+TEST(ReplicaExactness, CnnWithBatchNormOverLinks) {
+  CheckReplicas(LoadExample("fashion_mnist_cnn.json", 32), false, true);
+}
+
 TEST(ReplicaExactness, TransformerWithClipping) {
   CheckReplicas(LoadExample("char_transformer.json", 16), false);
 }

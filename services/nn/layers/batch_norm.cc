@@ -1,6 +1,7 @@
 #include "services/nn/layers/batch_norm.h"
 
 #include "services/nn/init.h"
+#include "services/nn/running_statistics.h"
 #include "services/tensor/ops.h"
 
 namespace gpipe {
@@ -21,6 +22,11 @@ std::vector<NamedBuffer> BatchNorm::Buffers() {
   return {{"running_mean", &running_mean_}, {"running_var", &running_var_}};
 }
 
+void BatchNorm::ApplyRunningStatistics(const float* record) {
+  ops::BatchNormMoveRunning(channels_, momentum_, record, running_mean_.f32(),
+                            running_var_.f32());
+}
+
 void BatchNorm::Initialize(uint64_t) {
   for (int64_t c = 0; c < channels_; ++c) {
     weight_.value.f32()[c] = 1.0f;
@@ -39,11 +45,26 @@ Tensor BatchNorm::Forward(const Tensor& x, const LayerContext& ctx,
   Tensor xhat =
       saved != nullptr ? Tensor::Empty(x.shape(), DType::kF32, d) : Tensor();
   Tensor rstd = Tensor::Empty({channels_}, DType::kF32, d);
+  const bool moves = ctx.training && !ctx.recompute;
+  // Held back (the caller moves the averages at the step's end) on the
+  // host; a GPU stage moves them here.
+  const bool records =
+      moves && ctx.running_statistics != nullptr && d == Device::kCpu;
+  Tensor statistics;
+  if (records) {
+    AllocatorScope scope(DefaultCpuAllocator());
+    statistics = Tensor::Empty({2 * channels_});
+  }
   ops::BatchNormForward(d, x.dim(0), channels_, inner_, ctx.training,
-                        ctx.training && !ctx.recompute, momentum_, eps_,
-                        x.f32(), weight_.value.f32(), bias_.value.f32(),
+                        moves && !records, momentum_, eps_, x.f32(),
+                        weight_.value.f32(), bias_.value.f32(),
                         running_mean_.f32(), running_var_.f32(), y.f32(),
-                        xhat.defined() ? xhat.f32() : nullptr, rstd.f32());
+                        xhat.defined() ? xhat.f32() : nullptr, rstd.f32(),
+                        records ? statistics.f32() : nullptr);
+  if (records) {
+    ctx.running_statistics->Record(ctx.micro_batch, ctx.layer_index,
+                                   std::move(statistics));
+  }
   if (saved != nullptr) {
     saved->Put("xhat", xhat);
     saved->Put("rstd", rstd);

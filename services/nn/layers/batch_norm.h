@@ -19,6 +19,8 @@ class BatchNorm final : public Layer {
                   const LayerContext& ctx) override;
   std::vector<Parameter*> Parameters() override { return {&weight_, &bias_}; }
   std::vector<NamedBuffer> Buffers() override;
+  int64_t RunningStatisticsSize() const override { return 2 * channels_; }
+  void ApplyRunningStatistics(const float* record) override;
   void Initialize(uint64_t key) override;
 
  private:

@@ -4,11 +4,31 @@
 
 namespace gpipe::cpu {
 
+namespace {
+
+// One formula for the update during a forward and the one held back for
+// later (BatchNormMoveRunning): the same operations, so the same bits.
+inline void MoveAverage(float momentum, float value, float& running) {
+  running = (1.0f - momentum) * running + momentum * value;
+}
+
+}  // namespace
+
+void BatchNormMoveRunning(int64_t channels, float momentum,
+                          const float* statistics, float* running_mean,
+                          float* running_var) {
+  for (int64_t c = 0; c < channels; ++c) {
+    MoveAverage(momentum, statistics[c], running_mean[c]);
+    MoveAverage(momentum, statistics[channels + c], running_var[c]);
+  }
+}
+
 void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd) {
+                      float* running_var, float* y, float* xhat, float* rstd,
+                      float* statistics) {
   const int64_t n = batch * inner;
 #pragma omp parallel for if (batch * channels * inner > (1 << 15))
   for (int64_t c = 0; c < channels; ++c) {
@@ -28,12 +48,14 @@ void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
         }
       }
       var = static_cast<float>(ss / n);
+      const float unbiased = n > 1 ? static_cast<float>(ss / (n - 1)) : var;
       if (update_running) {
-        const float unbiased = n > 1 ? static_cast<float>(ss / (n - 1)) : var;
-        float& rm = running_mean[c];
-        float& rv = running_var[c];
-        rm = (1.0f - momentum) * rm + momentum * mean;
-        rv = (1.0f - momentum) * rv + momentum * unbiased;
+        MoveAverage(momentum, mean, running_mean[c]);
+        MoveAverage(momentum, unbiased, running_var[c]);
+      }
+      if (statistics != nullptr) {
+        statistics[c] = mean;
+        statistics[channels + c] = unbiased;
       }
     } else {
       mean = running_mean[c];
