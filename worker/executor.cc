@@ -78,8 +78,7 @@ int64_t ReplicasOf(const gpipe::v1::Assignment& a) {
 
 // Whether the assignment's replicas can share its spec's gradient groups:
 // INVALID_ARGUMENT naming what is wrong before anything is built on them.
-absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a,
-                                    Device device) {
+absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a) {
   const int64_t r = ReplicasOf(a);
   if (a.replicas() < 0 || r > kMaxReplicas) {
     return absl::InvalidArgumentError(
@@ -96,11 +95,6 @@ absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a,
     return absl::InvalidArgumentError(absl::StrCat(
         "assignment: ", a.replica_addresses_size(), " replica addresses for ",
         r, " replicas of stage ", a.stage()));
-  }
-  if (device != Device::kCpu) {
-    return absl::InvalidArgumentError(
-        "assignment: replicas sum their gradients on the CPU so far; run "
-        "them on CPU workers");
   }
   // The spec as this assignment runs it: R replicas sharing the spec's own
   // groups (pinned, so that R may differ from the spec's without changing
@@ -429,8 +423,9 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   f->set_stage(a.stage());
   f->set_replica(a.replica());
   f->set_message(std::string(status.message()));
-  // Neither a loss that is not finite nor bad data gets better by retrying;
-  // a lost neighbour or link does.
+  // Neither a loss that is not finite, bad data nor what this worker does
+  // not implement (batch norm with replicas on a GPU) gets better by
+  // retrying; a lost neighbour or link does.
   // A checkpoint that cannot be written or restored is retried too: the
   // controller then falls back to the previous committed checkpoint.
   const bool loss = absl::StrContains(status.message(), "loss is not finite");
@@ -441,7 +436,7 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   const bool data = !checkpoint && !memory && !resume &&
                     (absl::IsInvalidArgument(status) ||
                      absl::IsNotFound(status) || absl::IsDataLoss(status));
-  f->set_permanent(loss || data || memory);
+  f->set_permanent(loss || data || memory || absl::IsUnimplemented(status));
   // A full checkpoint store (the controller's disk, or the shared volume)
   // is a condition to wait out, which the controller does without counting
   // a restart.
@@ -538,7 +533,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
   const auto run_stage = [&]() -> absl::Status {
     RETURN_IF_ERROR(run->chunks_status);
-    RETURN_IF_ERROR(CheckReplicaAssignment(a, device_));
+    RETURN_IF_ERROR(CheckReplicaAssignment(a));
     RETURN_IF_ERROR(CheckMemory(xs));
     std::shared_ptr<const Dataset> dataset;
     for (const auto& c : xs) {

@@ -62,8 +62,12 @@ ParkedStage ParkStage(Stage& stage, const gpipe::v1::JobSpec& spec,
     parked.state.emplace(name, tensor->Clone());
   parked.pending = stage.pending_update() == step;
   if (parked.pending) {
-    for (const NamedParameter& p : stage.model().Parameters())
-      parked.grads.emplace(p.name, p.param->grad.Clone());
+    // On the host, as the state: a GPU stage's allocator goes with it.
+    for (const NamedParameter& p : stage.model().Parameters()) {
+      const Tensor& g = p.param->grad;
+      parked.grads.emplace(
+          p.name, g.device() == Device::kCpu ? g.Clone() : g.To(Device::kCpu));
+    }
     const Tensor rows = stage.pending_running_statistics();
     if (rows.defined()) parked.running_statistics = rows.Clone();
   }

@@ -75,11 +75,6 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     asked.mutable_pipeline()->clear_balance();
     RETURN_IF_ERROR(ValidateJobSpec(asked));
   }
-  if (replicas > 1 && options.device != Device::kCpu) {
-    return absl::UnimplementedError(
-        "replicas: the in-process pipeline's replicas sum their gradients "
-        "on the CPU; run replicas with --device cpu");
-  }
   if (replicas > 1 && !options.ops.empty()) {
     return absl::InvalidArgumentError("ops: given for one replica only");
   }

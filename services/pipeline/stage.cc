@@ -9,6 +9,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/pipeline/job_spec.h"
 #include "services/tensor/device.h"
 
 namespace gpipe {
@@ -131,8 +132,20 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
       MakeOptimizer(spec.optimizer(), stage->model_->Parameters()));
   // Optimizer state was zeroed on this thread's stream, not the stage's.
   if (stage->device_ != nullptr) SynchronizeCuda();
-  stage->holds_back_statistics_ =
-      stage->device_ == nullptr && stage->model_->RunningStatisticsWidth() > 0;
+  const bool running = stage->model_->RunningStatisticsWidth() > 0;
+  stage->holds_back_statistics_ = stage->device_ == nullptr && running;
+  // A GPU stage moves batch norm's averages inside each forward: replicas
+  // would each see their own micro-batches only, and a step cut off
+  // midway would leave a parked state's averages half-moved.
+  if (running && stage->device_ != nullptr &&
+      (placement.reducer != nullptr || ReplicaCount(spec) > 1)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "stage ", placement.index,
+        ": batch norm with data-parallel replicas runs on the CPU so far "
+        "(its running averages move by every replica's micro-batches on "
+        "the host); run this model's replicas on CPU workers, or one "
+        "replica on GPUs"));
+  }
   return stage;
 }
 
@@ -374,11 +387,36 @@ absl::Status Stage::SumGradientGroups() {
   } else {
     forest = current_->groups.TakeForest();
   }
+  if (placement_.reducer != nullptr && device_ != nullptr)
+    return ReduceOnTheHost(std::move(forest));
   if (placement_.reducer != nullptr) {
     return placement_.reducer->Reduce(placement_.replica, current_->step,
                                       std::move(forest), params);
   }
   return FoldInto(std::move(forest), placement_.gradient_groups, params);
+}
+
+// The reducers add host tensors (over links, the bytes travel from the
+// host anyway): the nodes go down to the host, the tree adds there exactly
+// as on a CPU stage, and the total comes back into the gradients. The
+// copies run on the stage's compute stream (OnStage), so they follow the
+// backward that produced the gradients and precede the update.
+absl::Status Stage::ReduceOnTheHost(std::vector<GradientNode> forest) {
+  const std::vector<NamedParameter>& params = model_->Parameters();
+  for (GradientNode& node : forest)
+    for (Tensor& g : node.grads) g = g.To(Device::kCpu);
+  std::vector<Parameter> host(params.size());
+  std::vector<NamedParameter> on_host;
+  for (size_t i = 0; i < params.size(); ++i) {
+    host[i].name = params[i].param->name;
+    host[i].grad = Tensor::Empty(params[i].param->grad.shape());
+    on_host.push_back({params[i].name, &host[i]});
+  }
+  RETURN_IF_ERROR(placement_.reducer->Reduce(placement_.replica, current_->step,
+                                             std::move(forest), on_host));
+  for (size_t i = 0; i < params.size(); ++i)
+    params[i].param->grad.CopyFrom(host[i].grad);
+  return absl::OkStatus();
 }
 
 // Nobody waits for it: under zero-bubble schedules it runs where the stage

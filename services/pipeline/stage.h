@@ -198,6 +198,8 @@ class Stage {
   // Before the clipping norm: the gradients summed over the groups and the
   // replicas (GradientTree, GradientReducer); nothing with one group.
   absl::Status SumGradientGroups();
+  // A GPU stage's sum with its replicas, through host copies.
+  absl::Status ReduceOnTheHost(std::vector<GradientNode> forest);
   // After the sum: every micro-batch's batch norm statistics, from this
   // stage's records and its replicas' (GradientReducer::GatherRows), for
   // the update to move the running averages by; nothing without any.

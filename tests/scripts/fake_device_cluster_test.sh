@@ -9,7 +9,15 @@
 #      (links through the host, final parameters written from the device);
 #   3. a controller and 4 workers with --device cuda: checkpoints saved from
 #      the device, a busy worker killed -9 mid-job, its stage restored from
-#      the checkpoint onto another worker's device.
+#      the checkpoint onto another worker's device;
+#   4. gpipectl local --device cuda --replicas 2: 2 stages x 2 replicas of
+#      the model without its batch norm, each stage's gradients summed with
+#      its replica's through the host over their links;
+#   5. on the cluster of 3, with one more worker: the same 2 x 2, a worker
+#      of replica 1 killed -9; the job goes on with one replica from the
+#      survivors' memory (their state parked on the host, loaded back onto
+#      the device), no checkpoint restored; the model with its batch norm
+#      fails at once, naming why (its averages are held back on CPUs only).
 # Knobs: FAKE_DEVICE_STEPS (default 120; the cluster job runs 20 times as
 # many), KEEP_WORK=1.
 #   fake_device_cluster_test.sh BUILD_DIR SOURCE_DIR
@@ -80,5 +88,69 @@ grep -q "restored step" "$work"/w*.log ||
   fail "no worker says it restored a checkpoint"
 same_as_reference "$job" "$work/long.json" 4
 ok "cluster on the fake GPU: a killed worker's stage restored from a checkpoint ($restarts restarts), bitwise the CPU reference"
+
+# --- 4. data-parallel replicas on GPU workers -------------------------------
+python3 - "$work/job.json" "$work/replicas.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
+d["name"] = "fake-device-replicas"
+d["pipeline"]["gradientGroups"] = 2
+json.dump(d, open(sys.argv[2], "w"))
+PY
+"$bin/gpipectl" train "$work/replicas.json" --stages 1 --micro-batches 4 \
+  --threads 1 --device cpu --out "$work/replicas-ref" >"$work/replicas-ref.txt" 2>&1 ||
+  fail "replicas reference: $(tail -n 5 "$work/replicas-ref.txt")"
+"$bin/gpipectl" local "$work/replicas.json" --stages 2 --replicas 2 --threads 1 \
+  --device cuda --keep "$work/replicas-local" --out "$work/replicas-out" \
+  >"$work/replicas-local.log" 2>&1 ||
+  fail "gpipectl local --device cuda --replicas 2: $(tail -n 5 "$work/replicas-local.log")"
+python3 "$src/tests/scripts/same_tensors.py" "$work/replicas-ref/model.safetensors" \
+  "$work/replicas-out/model.safetensors" ||
+  fail "replicas on the fake GPU: the parameters differ from the CPU reference"
+n=$(cat "$work/replicas-local"/worker-*.log | grep -c "computes on fake GPU" || true)
+[[ "$n" == 4 ]] || fail "$n of 4 local workers say they compute on the fake GPU"
+ok "gpipectl local --device cuda, 2 stages x 2 replicas: bitwise the CPU reference"
+
+# --- 5. a replica lost on GPU workers, resumed from memory -------------------
+start_worker
+wait_workers 4
+write_replica_spec "$work/elastic.json" fake-device-elastic "$((20 * steps))" 2
+python3 - "$work/elastic.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
+json.dump(d, open(sys.argv[1], "w"))
+PY
+restored_before=$(cat "$work"/w*.log | grep -c "restored step" || true)
+job=$(submit "$work/elastic.json")
+wait_step "$job" 15
+EPOCH=$(job_field "$job" "s.get('epoch', 0)")
+victim=$(kill_replica "$job" replicaStages)
+echo "kill -9 $victim of replica 1 at step $(job_field "$job" "s.get('step', 0)")"
+wait_replicas "$job" 1
+DONE_TIMEOUT=300 wait_done "$job"
+restored=$(cat "$work"/w*.log | grep -c "restored step" || true)
+((restored == restored_before)) || fail "a checkpoint was restored after the replica's kill"
+grep -q "resumed step [0-9]* from its own memory" "$work"/w*.log ||
+  fail "no GPU worker resumed its stage from memory"
+same_as_reference "$job" "$work/elastic.json" 4
+ok "replicas on the fake GPU: a lost replica's job resumed from memory, bitwise the CPU reference"
+
+start_worker  # for the one killed: the job needs all four to start
+wait_workers 4
+write_replica_spec "$work/bn.json" fake-device-bn 40 2
+bn=$(submit "$work/bn.json")
+for _ in $(seq 300); do
+  state=$(job_field "$bn" "s.get('state', '')")
+  [[ "$state" == FAILED || "$state" == SUCCEEDED ]] && break
+  sleep 0.1
+done
+[[ "$state" == FAILED ]] || fail "batch norm with replicas on GPU workers ended $state"
+restarts=$(job_field "$bn" "s.get('restarts', 0)")
+((restarts == 0)) || fail "batch norm with replicas on GPU workers was retried $restarts times"
+ctl status "$bn" 2>&1 | grep -q "batch norm with data-parallel replicas runs on the CPU" ||
+  fail "the failure does not say why: $(ctl status "$bn" 2>&1 | tail -n 3)"
+ok "batch norm with replicas on GPU workers fails at once, naming why"
 
 echo "$passed passed, 0 failed"

@@ -223,14 +223,13 @@ JSON
 }
 
 # write_replica_spec FILE NAME STEPS REPLICAS [GRADIENT_GROUPS [CHECKPOINT_EVERY]]:
-# write_spec's model without its batch norm (replicas refuse one) on 2 stages
-# x REPLICAS with AdamW and clipping.
+# write_spec's model (its batch norm's running averages move by every
+# replica's micro-batches) on 2 stages x REPLICAS with AdamW and clipping.
 write_replica_spec() {
   write_spec "$1" "$2" "$3" 2 0 "$ADAMW"
   python3 - "$1" "$4" "${5:-0}" "${6:-0}" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
 d["pipeline"]["replicas"] = int(sys.argv[2])
 if int(sys.argv[3]):
     d["pipeline"]["gradientGroups"] = int(sys.argv[3])
@@ -238,6 +237,35 @@ if int(sys.argv[4]):
     d["checkpoint"]["every"] = int(sys.argv[4])
 json.dump(d, open(sys.argv[1], "w"))
 PY
+}
+
+# kill_replica JOB FIELD: kill -9 a worker of the job listed in the status's
+# FIELD (stages: replica 0, replicaStages: the others); prints its name.
+kill_replica() {
+  local addrs name
+  addrs=$(job_field "$1" "' '.join(x.get('address','') for x in s.get('$2', []))")
+  for name in "${!worker_port[@]}"; do
+    if [[ " $addrs " == *" 127.0.0.1:${worker_port[$name]} "* ]]; then
+      kill -9 "${worker_pid[$name]}"
+      unset "worker_port[$name]"
+      echo "$name"
+      return 0
+    fi
+  done
+  fail "no worker of $2 among $addrs"
+}
+
+# wait_replicas JOB R: until the job runs R replicas in an epoch after EPOCH.
+wait_replicas() {
+  local _ got
+  for _ in $(seq 600); do
+    got=$(job_field "$1" "s.get('state','') + ' ' + str(s.get('runningReplicas', 0)) + ' ' + str(s.get('epoch', 0))")
+    [[ "$got" == SUCCEEDED* ]] && fail "the job ended before it ran $2 replicas: raise REPLICA_STEPS"
+    read -r state replicas epoch <<<"$got"
+    [[ "$state" == RUNNING && "$replicas" == "$2" && "$epoch" -gt "$EPOCH" ]] && return 0
+    sleep 0.1
+  done
+  fail "job $1 did not run $2 replicas within 60 s (last: $got)"
 }
 
 SGD='{"lr": 0.05, "sgd": {"momentum": 0.9}, "warmupSteps": 20, "decay": "LR_DECAY_COSINE", "minLr": 0.001}'

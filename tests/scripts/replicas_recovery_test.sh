@@ -28,38 +28,9 @@ start_controller
 for _ in 1 2 3 4; do start_worker; done
 wait_workers 4
 
-# recovery_lib's model without its batch norm, on 2 stages x 2 replicas with
+# recovery_lib's model (its batch norm too), on 2 stages x 2 replicas with
 # AdamW and clipping.
 write_replica_spec "$work/replicas.json" replicas-elastic "$steps" 2
-
-# kill_replica JOB FIELD: kill -9 a worker of the job listed in the status's
-# FIELD (stages: replica 0, replicaStages: the others); prints its name.
-kill_replica() {
-  local addrs name
-  addrs=$(job_field "$1" "' '.join(x.get('address','') for x in s.get('$2', []))")
-  for name in "${!worker_port[@]}"; do
-    if [[ " $addrs " == *" 127.0.0.1:${worker_port[$name]} "* ]]; then
-      kill -9 "${worker_pid[$name]}"
-      unset "worker_port[$name]"
-      echo "$name"
-      return 0
-    fi
-  done
-  fail "no worker of $2 among $addrs"
-}
-
-# wait_replicas JOB R: until the job runs R replicas in an epoch after EPOCH.
-wait_replicas() {
-  local _ got
-  for _ in $(seq 600); do
-    got=$(job_field "$1" "s.get('state','') + ' ' + str(s.get('runningReplicas', 0)) + ' ' + str(s.get('epoch', 0))")
-    [[ "$got" == SUCCEEDED* ]] && fail "the job ended before it ran $2 replicas: raise REPLICA_STEPS"
-    read -r state replicas epoch <<<"$got"
-    [[ "$state" == RUNNING && "$replicas" == "$2" && "$epoch" -gt "$EPOCH" ]] && return 0
-    sleep 0.1
-  done
-  fail "job $1 did not run $2 replicas within 60 s (last: $got)"
-}
 
 job=$(submit "$work/replicas.json")
 wait_step "$job" 15

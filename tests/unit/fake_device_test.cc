@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "services/nn/generator.h"
 #include "services/nn/model.h"
+#include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/stage_checkpoint.h"
@@ -245,6 +246,58 @@ TEST_F(FakeDeviceStageTest,
   for (const NamedTensor& t : gpu->model().StateTensors()) {
     ASSERT_TRUE(read->tensors.count(t.name)) << t.name;
     EXPECT_TRUE(BitwiseEqual(read->tensors.at(t.name), *t.tensor)) << t.name;
+  }
+}
+
+// Data-parallel replicas on the device: each stage's gradient nodes go to
+// the host, the replicas sum them there (in memory, and over links as
+// between workers), and the totals come back; the fake's kernels being the
+// CPU's, two replicas end on the bits of one on the CPU. Batch norm's
+// averages are held back on the host only: with replicas on the device it
+// is refused by name.
+TEST_F(FakeDeviceStageTest, ReplicasSumThroughTheHostToTheCpuBits) {
+  PipelineOptions o;
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.replicas = 2;
+  o.dataset = dataset_;
+  o.device = Device::kCuda;
+  absl::StatusOr<std::unique_ptr<InProcessPipeline>> refused =
+      InProcessPipeline::Create(spec_, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("batch norm with data-parallel replicas"));
+
+  spec_.mutable_model()->mutable_layers()->DeleteSubrange(1, 1);
+  spec_.mutable_pipeline()->set_micro_batches(4);
+  spec_.mutable_pipeline()->set_gradient_groups(2);
+  for (bool over_links : {false, true}) {
+    PipelineOptions one = o;
+    one.replicas = 1;
+    one.device = Device::kCpu;
+    o.reduce_over_links = over_links;
+    auto cpu = InProcessPipeline::Create(spec_, one);
+    auto gpu = InProcessPipeline::Create(spec_, o);
+    ASSERT_TRUE(cpu.ok()) << cpu.status();
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    ASSERT_EQ((*gpu)->replica_count(), 2);
+    EXPECT_EQ((*gpu)->stage(1, 1).model().Parameters()[0].param->value.device(),
+              Device::kCuda);
+    for (int s = 0; s < 4; ++s) {
+      auto a = (*cpu)->Step();
+      auto b = (*gpu)->Step();
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      EXPECT_EQ(a->loss, b->loss) << "step " << s;
+      EXPECT_EQ(a->grad_norm, b->grad_norm) << "step " << s;
+    }
+    const std::vector<NamedTensor> want = (*cpu)->StateTensors();
+    const std::vector<NamedTensor> got = (*gpu)->StateTensors();
+    ASSERT_EQ(want.size(), got.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(*want[i].tensor, *got[i].tensor))
+          << (over_links ? "over links: " : "in memory: ") << want[i].name;
+    }
   }
 }
 
