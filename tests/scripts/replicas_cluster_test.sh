@@ -4,7 +4,7 @@
 # stage summing their gradients over their own links. With the gradient
 # groups pinned in the spec (4), the final parameters are bitwise those of
 # the single-process reference trainer and of `gpipectl train --replicas R`
-# for every (K, R) tried (the CNN too: batch norm's running averages move
+# for every K in 1..3 x R in {1, 2, 4} x GPipe and 1F1B (the CNN too: batch norm's running averages move
 # by every replica's micro-batches in order); the job's events name the
 # grid; the traces of both (`--trace`) have a track per replica and stage;
 # a cluster short of workers says how many it needs.
@@ -39,30 +39,46 @@ common=(--micro-batches 4 --steps "$steps")
   --out "$work/reference" >"$work/log" 2>&1 || { cat "$work/log"; fail "reference"; }
 
 passed=0
-for config in "2 2 1f1b" "2 2 gpipe" "1 4 1f1b" "3 2 1f1b"; do
+# Every K in 1..3 x R in {1, 2, 4} x both schedules (up to 12 workers).
+configs=()
+for k in 1 2 3; do
+  for r in 1 2 4; do
+    for schedule in 1f1b gpipe; do configs+=("$k $r $schedule"); done
+  done
+done
+for config in "${configs[@]}"; do
   read -r k r schedule <<<"$config"
   name="k$k-r$r-$schedule"
-  "$bin/gpipectl" train "$spec" --stages "$k" --replicas "$r" "${common[@]}" \
-    --schedule "$schedule" --out "$work/$name-inprocess" \
-    --trace "$work/$name-inprocess-trace" >"$work/log" 2>&1 ||
-    { cat "$work/log"; fail "$name: in-process"; }
+  # One stage of one replica in process is the reference trainer itself.
+  runs=(cluster)
+  if ((k > 1 || r > 1)); then
+    "$bin/gpipectl" train "$spec" --stages "$k" --replicas "$r" "${common[@]}" \
+      --schedule "$schedule" --out "$work/$name-inprocess" \
+      --trace "$work/$name-inprocess-trace" >"$work/log" 2>&1 ||
+      { cat "$work/log"; fail "$name: in-process"; }
+    runs+=(inprocess)
+  fi
   "$bin/gpipectl" local "$spec" --stages "$k" --replicas "$r" "${common[@]}" \
     --schedule "$schedule" --threads 2 --out "$work/$name-cluster" \
     --trace "$work/$name-cluster-trace" \
     >"$work/log" 2>&1 || { tail -30 "$work/log"; fail "$name: local cluster"; }
   # One track per (replica, stage), each with its share of the micro-batches.
-  for run in inprocess cluster; do
+  for run in "${runs[@]}"; do
     python3 "$src/tests/scripts/check_trace.py" "$work/$name-$run-trace/trace.json" \
       "$work/$name-$run-trace/timeline.svg" --stages "$k" --replicas "$r" \
       --micro-batches 4 ||
       fail "$name: the $run trace does not show every replica's stages"
   done
-  grep -q "$k stages x $r replicas" "$work/log" ||
-    { tail -30 "$work/log"; fail "$name: the job's events do not name the grid"; }
+  if ((r > 1)); then
+    grep -q "$k stages x $r replicas" "$work/log" ||
+      { tail -30 "$work/log"; fail "$name: the job's events do not name the grid"; }
+  fi
   same "$work/$name-cluster/model.safetensors" "$work/reference/model.safetensors" \
     "$name: cluster differs from the reference trainer"
-  same "$work/$name-cluster/model.safetensors" "$work/$name-inprocess/model.safetensors" \
-    "$name: cluster differs from gpipectl train --replicas $r"
+  if [[ -d "$work/$name-inprocess" ]]; then
+    same "$work/$name-cluster/model.safetensors" "$work/$name-inprocess/model.safetensors" \
+      "$name: cluster differs from gpipectl train --replicas $r"
+  fi
   echo "ok: $name bitwise equal to the reference"
   passed=$((passed + 1))
 done
