@@ -4,10 +4,11 @@
 # stage summing their gradients over their own links. With the gradient
 # groups pinned in the spec (4), the final parameters are bitwise those of
 # the single-process reference trainer and of `gpipectl train --replicas R`
-# for every K in 1..3 x R in {1, 2, 4} x GPipe and 1F1B (the CNN too: batch norm's running averages move
-# by every replica's micro-batches in order); the job's events name the
-# grid; the traces of both (`--trace`) have a track per replica and stage;
-# a cluster short of workers says how many it needs.
+# for every K in 1..3 x R in {1, 2, 4} x GPipe and 1F1B (the CNN too:
+# batch norm's running averages move by every replica's micro-batches in
+# order); the job's events name the grid; the traces of both (`--trace`)
+# have a track per replica and stage; a cluster short of workers says how
+# many it needs.
 #   replicas_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
