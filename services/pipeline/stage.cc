@@ -288,7 +288,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
 std::function<void(int64_t)> Stage::Bucketer(StepState& st) {
   const bool last = placement_.reducer != nullptr &&
                     placement_.reducer->SupportsBuckets() &&
-                    local_groups() == 1 && device_ == nullptr &&
+                    local_groups() == 1 &&
                     st.weights_done == placement_.local_micro_batches() - 1;
   if (!last) return nullptr;
   return [this, &st](int64_t layer) { BucketLayer(st, layer); };
@@ -325,6 +325,18 @@ void Stage::BucketLayer(StepState& st, int64_t layer) {
   node.first = first_group();
   std::vector<NamedParameter> bucket(params.begin() + st.bucket_begin,
                                      params.begin() + st.bucket_end);
+  if (device_ != nullptr) {
+    // On the host (the reducers add host tensors): copied on the compute
+    // stream once this layer's kernels are done.
+    for (NamedParameter& p : bucket) {
+      auto host = std::make_unique<Parameter>();
+      host->name = p.param->name;
+      host->grad = p.param->grad.To(Device::kCpu);
+      st.device_grads.push_back(p.param->grad);
+      p.param = host.get();
+      st.host_grads.push_back(std::move(host));
+    }
+  }
   for (const NamedParameter& p : bucket) node.grads.push_back(p.param->grad);
   if (st.summing == nullptr) st.summing = placement_.reducer;
   st.bucket_status =
@@ -369,6 +381,10 @@ absl::Status Stage::SumGradientGroups() {
     // The time counted is the sums' own, not the backward they overlapped.
     GradientReducer* reducer = std::exchange(st.summing, nullptr);
     ASSIGN_OR_RETURN(last_reduce_seconds_, reducer->FinishBuckets());
+    for (size_t i = 0; i < st.device_grads.size(); ++i)
+      st.device_grads[i].CopyFrom(st.host_grads[i]->grad);
+    st.device_grads.clear();
+    st.host_grads.clear();
     return absl::OkStatus();
   }
   const auto start = std::chrono::steady_clock::now();

@@ -247,6 +247,11 @@ class Stage {
     // micro-batch in order), and after the sum every micro-batch's rows.
     RunningStatistics running_log;
     Tensor running_rows;
+    // A GPU stage's buckets go through host copies of its gradients: the
+    // copies, which the reducer overwrites with the totals, and the device
+    // gradients they go back to once every bucket is summed.
+    std::vector<std::unique_ptr<Parameter>> host_grads;
+    std::vector<Tensor> device_grads;
     StepState() = default;
     StepState(const StepState&) = delete;
     StepState& operator=(const StepState&) = delete;
@@ -263,7 +268,7 @@ class Stage {
   // backward or a weight half) when they are the step's last and hand the
   // parameters' gradients to the reducer in buckets as their layers finish
   // them (replicas over a reducer that takes buckets, one gradient group
-  // per replica, on the CPU); null otherwise.
+  // per replica); null otherwise.
   std::function<void(int64_t)> Bucketer(StepState& st);
   // After layer `layer` (local) of the last backward: adds its parameters
   // to the bucket and hands the bucket in once it is large enough or the

@@ -21,6 +21,7 @@
 #include "services/nn/model.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/link_reduction.h"
 #include "services/pipeline/stage.h"
 #include "services/pipeline/stage_checkpoint.h"
 #include "services/storage/manifest.h"
@@ -290,6 +291,14 @@ TEST_F(FakeDeviceStageTest, ReplicasSumThroughTheHostToTheCpuBits) {
       ASSERT_TRUE(b.ok()) << b.status();
       EXPECT_EQ(a->loss, b->loss) << "step " << s;
       EXPECT_EQ(a->grad_norm, b->grad_norm) << "step " << s;
+    }
+    // Over links with one group per replica, the last backward hands its
+    // gradients in as buckets, through host copies.
+    if (over_links) {
+      const auto* links = dynamic_cast<const LinkReduction*>(
+          (*gpu)->stage(0, 0).placement().reducer);
+      ASSERT_NE(links, nullptr);
+      EXPECT_GT(links->buckets_summed(), 0);
     }
     const std::vector<NamedTensor> want = (*cpu)->StateTensors();
     const std::vector<NamedTensor> got = (*gpu)->StateTensors();
