@@ -67,7 +67,7 @@ int64_t ElasticReplicas(const gpipe::v1::JobSpec& spec, int64_t stages,
                         int64_t free) {
   const int64_t groups = GradientGroupCount(spec);
   for (int64_t r = ReplicaCount(spec); r >= MinReplicas(spec); --r) {
-    if (groups % r == 0 && stages * r <= free) return r;
+    if (r <= groups && stages * r <= free) return r;
   }
   return 0;
 }

@@ -63,8 +63,8 @@ int64_t ReductionRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
   for (int64_t i = a.layer_begin(); i < a.layer_end(); ++i)
     bytes += static_cast<double>(shapes->costs[i].param_bytes);
   const int64_t replicas = std::max<int64_t>(1, a.replicas());
-  const int64_t groups =
-      std::max<int64_t>(1, GradientGroupCount(a.spec()) / replicas);
+  const int64_t groups = std::max<int64_t>(
+      1, (GradientGroupCount(a.spec()) + replicas - 1) / replicas);
   return RingFor(
       2 * bytes * static_cast<double>(groups) / static_cast<double>(replicas),
       most);

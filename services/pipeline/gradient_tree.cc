@@ -17,8 +17,8 @@ bool Siblings(const NodeSpan& left, const NodeSpan& right) {
 }  // namespace
 
 RowRange ReplicaGroups(int64_t groups, int64_t replicas, int64_t replica) {
-  const int64_t per_replica = groups / replicas;
-  return RowRange{replica * per_replica, (replica + 1) * per_replica};
+  return RowRange{groups * replica / replicas,
+                  groups * (replica + 1) / replicas};
 }
 
 RowRange ReplicaMicroBatches(int64_t micro_batches, int64_t groups,

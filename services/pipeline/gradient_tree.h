@@ -27,8 +27,10 @@
 namespace gpipe {
 
 // The groups [begin, end) that replica `replica` of `replicas` runs, and
-// the micro-batches they are when M micro-batches form `groups` groups.
-// Require replicas | groups (and groups | M).
+// the micro-batches they are when M micro-batches form `groups` groups:
+// contiguous runs as even as whole groups allow (G / R each when R divides
+// G; otherwise some replicas run one group more, which the tree's bits do
+// not see). Require 1 <= replicas <= groups (and groups | M).
 RowRange ReplicaGroups(int64_t groups, int64_t replicas, int64_t replica);
 RowRange ReplicaMicroBatches(int64_t micro_batches, int64_t groups,
                              int64_t replicas, int64_t replica);

@@ -382,7 +382,7 @@ absl::Status ValidateInitFrom(const v1::JobSpec& spec) {
 }
 
 // Replicas and gradient groups: the tree's leaves are whole groups, and
-// each replica holds whole groups (ReplicaShare).
+// each replica holds a run of whole groups (ReplicaGroups).
 absl::Status ValidateReplicas(const v1::JobSpec& spec) {
   const v1::PipelineSpec& p = spec.pipeline();
   if (p.replicas() < 0 || p.replicas() > kMaxReplicas) {
@@ -409,10 +409,10 @@ absl::Status ValidateReplicas(const v1::JobSpec& spec) {
         " do not divide micro_batches ", m,
         ": each group is micro_batches / gradient_groups whole micro-batches");
   }
-  if (g % r != 0) {
+  if (r > g) {
     return FieldError("pipeline.replicas", r,
-                      " replicas do not divide gradient_groups ", g,
-                      ": each replica runs whole groups");
+                      " replicas are more than gradient_groups ", g,
+                      ": each replica runs one whole group at least");
   }
   const ScheduleKind schedule = ScheduleFromSpec(p.schedule());
   if (r > 1 && Interleaves(schedule)) {
@@ -424,7 +424,7 @@ absl::Status ValidateReplicas(const v1::JobSpec& spec) {
   // backward, the others in the weight half, and ZB-H1 runs the next
   // micro-batch's input half before this one's weight half: a group's sum
   // would take the next group's norm gradients.
-  if (g / r > 1 && SplitsBackward(schedule)) {
+  if (g > r && SplitsBackward(schedule)) {
     return FieldError("pipeline.gradient_groups", g, " groups on ", r,
                       " replica", r > 1 ? "s" : "",
                       " put several groups on one replica, which "

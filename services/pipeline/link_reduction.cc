@@ -73,6 +73,11 @@ LinkReduction::~LinkReduction() {
   }
 }
 
+bool LinkReduction::SupportsBuckets() const {
+  return std::all_of(shares_.begin(), shares_.end(),
+                     [](const RowRange& s) { return s.end - s.begin == 1; });
+}
+
 void LinkReduction::Close() {
   for (Link* link : peers_)
     if (link != nullptr) link->Close();

@@ -43,7 +43,9 @@ class LinkReduction final : public GradientReducer {
                       std::vector<GradientNode> forest,
                       const std::vector<NamedParameter>& params) override;
   void Close() override;
-  bool SupportsBuckets() const override { return true; }
+  // Every replica one group (G = R): a replica with more sums its groups'
+  // tree after its last backward, and all must send the same phases.
+  bool SupportsBuckets() const override;
   absl::Status StartBucket(int64_t replica, int64_t step, int64_t bucket,
                            GradientNode node,
                            std::vector<NamedParameter> params) override;

@@ -253,7 +253,9 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // leave at most floor(log2 L) + 1 nodes, and a run that starts off a
   // boundary (an uneven share) one more, the newest included.
   const int64_t replicas = ReplicaCount(spec);
-  const int64_t local_groups = GradientGroupCount(spec) / replicas;
+  // The largest share: one group more than G / R when R does not divide G.
+  const int64_t local_groups =
+      (GradientGroupCount(spec) + replicas - 1) / replicas;
   int64_t nodes = 0;
   if (local_groups > 1) {
     nodes = 2;

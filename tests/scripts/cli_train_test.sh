@@ -119,8 +119,8 @@ grep -q -- "--step" <<<"$help" || fail "gpipectl help fetch lacks --step: $help"
 # Replicas: the job above without its batch norm, M=4. With the spec's
 # replicas at 2 and no gradient_groups, --replicas 1 sums as one group on
 # one stage and on two alike (the flag's R is the run's, for both
-# trainers); with gradient_groups pinned to 4, R = 1, 2 and 4 give the same
-# file.
+# trainers); with gradient_groups pinned to 4, R = 1, 2, 3 (groups shared
+# 1, 1, 2) and 4 give the same file, and 8 replicas of 4 groups are refused.
 python3 - "$work/job.json" "$work/rep.json" "$work/rep4.json" <<'PY'
 import json, sys
 spec = json.load(open(sys.argv[1]))
@@ -137,7 +137,7 @@ for run in "1 1" "2 1"; do
 done
 cmp -s "$work/rep-1-1/model.safetensors" "$work/rep-2-1/model.safetensors" ||
   fail "--replicas 1 on one stage and on two differ"
-for r in 1 2 4; do
+for r in 1 2 3 4; do
   "$gpipectl" train "$work/rep4.json" --stages 2 --replicas "$r" --steps 3 \
     --out "$work/g4-$r" >"$work/rep.log" 2>&1 || { cat "$work/rep.log"; fail "train --replicas $r"; }
   grep -q "x $r replicas\|K=2 stages (layers [0-9+]*), M=4" "$work/rep.log" ||
@@ -145,10 +145,10 @@ for r in 1 2 4; do
   cmp -s "$work/g4-1/model.safetensors" "$work/g4-$r/model.safetensors" ||
     fail "gradient_groups 4: R=$r differs from R=1"
 done
-if "$gpipectl" train "$work/rep4.json" --replicas 3 --steps 1 >"$work/rep.log" 2>&1; then
-  fail "3 replicas of 4 groups were taken"
+if "$gpipectl" train "$work/rep4.json" --replicas 8 --steps 1 >"$work/rep.log" 2>&1; then
+  fail "8 replicas of 4 groups were taken"
 fi
-grep -q "pipeline.replicas: 3 replicas do not divide gradient_groups 4" "$work/rep.log" ||
+grep -q "pipeline.replicas: 8 replicas are more than gradient_groups 4" "$work/rep.log" ||
   { cat "$work/rep.log"; fail "the bad replica count was not named"; }
 
 echo "1 passed, 0 failed"

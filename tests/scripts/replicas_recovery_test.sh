@@ -6,7 +6,10 @@
 #   2. two workers join: it grows back to two replicas, the new ones copying
 #      their stages' states from the live replica;
 #   3. kill -9 a worker of replica 0 with a spare free: still two replicas,
-#      replica 0's stage now copied from replica 1's worker.
+#      replica 0's stage now copied from replica 1's worker;
+#   4. one stage x 4 replicas (4 gradient groups), the spare gone: kill -9 a
+#      replica's worker and the job goes on with 3 replicas (the groups
+#      shared 1, 1, 2: the same bits).
 # No checkpoint is restored at any point (no worker logs a restore), every
 # resume says it came from memory, `gpipectl status` shows the grid, and the
 # model ends bitwise equal to the single-process reference trainer.
@@ -66,4 +69,31 @@ grep -q "from the replicas' memory" "$work/controller.log" ||
 ok "no checkpoint restored; $resumed stage starts resumed from memory"
 same_as_reference "$job" "$work/replicas.json" 4
 ok "the model is bitwise the reference trainer's"
+
+python3 - "$work/replicas.json" "$work/four.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["name"] = "replicas-four"
+d["pipeline"].update({"stages": 1, "replicas": 4, "gradientGroups": 4})
+json.dump(d, open(sys.argv[2], "w"))
+PY
+EPOCH=0
+job=$(submit "$work/four.json")
+wait_step "$job" 15
+# Every worker the job does not use goes, so that a loss shrinks it.
+busy=" $(job_field "$job" "' '.join(x.get('address','') for x in s.get('stages', []) + s.get('replicaStages', []))") "
+for name in "${!worker_port[@]}"; do
+  if [[ "$busy" != *" 127.0.0.1:${worker_port[$name]} "* ]]; then
+    kill -9 "${worker_pid[$name]}" 2>/dev/null || true
+    unset "worker_port[$name]"
+  fi
+done
+EPOCH=$(job_field "$job" "s.get('epoch', 0)")
+victim=$(kill_replica "$job" replicaStages)
+echo "kill -9 $victim of 4 replicas at step $(job_field "$job" "s.get('step', 0)")"
+wait_replicas "$job" 3
+ok "lost one of 4 replicas with no spare: the job runs on with 3"
+DONE_TIMEOUT=300 wait_done "$job"
+same_as_reference "$job" "$work/four.json" 4
+ok "3 replicas sharing 4 groups: the model is bitwise the reference trainer's"
 echo "$passed passed, 0 failed"

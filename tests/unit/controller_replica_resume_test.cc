@@ -83,21 +83,24 @@ TEST(ReplicaResumeTest, APendingStageRollsForwardWithAReportedTotal) {
   EXPECT_FALSE(plan->roll_forward_squares.has_value());
 }
 
-TEST(ReplicaResumeTest, ReplicasShrinkToADivisorOfTheGroupsDownToTheMinimum) {
+// Down to the minimum, one replica at a time: 3 replicas share 4 groups
+// as 1, 1, 2 (the same bits), but never more replicas than groups.
+TEST(ReplicaResumeTest, ReplicasShrinkOneAtATimeDownToTheMinimum) {
   v1::JobSpec spec;
   spec.mutable_pipeline()->set_stages(2);
   spec.mutable_pipeline()->set_micro_batches(8);
   spec.mutable_pipeline()->set_replicas(4);
   EXPECT_EQ(ElasticReplicas(spec, 2, 8), 4);
-  EXPECT_EQ(ElasticReplicas(spec, 2, 7), 2);  // 3 does not divide 4 groups
+  EXPECT_EQ(ElasticReplicas(spec, 2, 7), 3);
+  EXPECT_EQ(ElasticReplicas(spec, 2, 5), 2);
   EXPECT_EQ(ElasticReplicas(spec, 2, 3), 1);
   EXPECT_EQ(ElasticReplicas(spec, 2, 1), 0);
   spec.mutable_pipeline()->set_min_replicas(2);
   EXPECT_EQ(ElasticReplicas(spec, 2, 3), 0);
   EXPECT_EQ(MinReplicas(spec), 2);
-  spec.mutable_pipeline()->set_gradient_groups(8);
+  spec.mutable_pipeline()->set_gradient_groups(2);
   spec.mutable_pipeline()->set_min_replicas(0);
-  EXPECT_EQ(ElasticReplicas(spec, 2, 7), 2);
+  EXPECT_EQ(ElasticReplicas(spec, 2, 7), 2);  // 3 replicas of 2 groups: no
   EXPECT_EQ(MinReplicas(spec), 1);
 }
 

@@ -301,9 +301,10 @@ TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {
 }
 
 // Data-parallel replicas: with the gradient groups pinned (G = 4), every K,
-// every R dividing G, GPipe and 1F1B (ZB-H1 where each replica holds one
-// group) and every remat mode end bitwise equal to the reference trainer
-// summing the same groups; so do the step's reported losses.
+// R = 1, 2, 4 and 3 (which shares the groups 1, 1, 2), GPipe and 1F1B
+// (ZB-H1 where each replica holds one group) and every remat mode end
+// bitwise equal to the reference trainer summing the same groups; so do
+// the step's reported losses.
 void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat,
                    bool over_links = false) {
   std::shared_ptr<const Dataset> data = Open(spec);
@@ -320,7 +321,7 @@ void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat,
     }
     const std::map<std::string, Tensor> want = Snapshot(**ref);
     for (int64_t k = 1; k <= 3; ++k) {
-      for (int64_t replicas : {1, 2, 4}) {
+      for (int64_t replicas : {1, 2, 3, 4}) {
         for (ScheduleKind schedule :
              {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
               ScheduleKind::kZeroBubbleH1}) {
@@ -353,7 +354,8 @@ void CheckReplicas(gpipe::v1::JobSpec spec, bool every_remat,
             ExpectSame(want, Snapshot(**p), what);
             // Over links with one group per replica, each stage's last
             // backward hands its gradients in as buckets (the overlap);
-            // with more, the forest goes whole after the last backward.
+            // with more on any replica, the forests go whole after the
+            // last backward.
             if (over_links && replicas > 1) {
               const auto* links = dynamic_cast<const LinkReduction*>(
                   (*p)->stage(0, 0).placement().reducer);
