@@ -7,7 +7,9 @@
 #   2. compute-sanitizer (memcheck, racecheck, synccheck) on the CUDA unit
 #      tests, where the tool is present;
 #   3. five `gpipectl train --stages 2 --schedule 1f1b --device cuda` runs
-#      of an MLP and a Transformer, each bitwise equal to `--stages 1`;
+#      of an MLP and a Transformer, each bitwise equal to `--stages 1`; the
+#      MLP with 2 data-parallel replicas (their sum through the host)
+#      bitwise equal to 1 replica of the same groups;
 #   4. kill -9 of a worker mid-job on CUDA IPC: nothing hangs, the job
 #      recovers on a replacement and ends bitwise where the run without a
 #      kill ends;
@@ -235,6 +237,23 @@ for spec in gpu_mlp char_transformer; do
   done
   echo "$spec: $(ls -d "$work"/repro-$spec-2-* 2>/dev/null | wc -l) runs of 2 stages, ${result[repro]}"
 done
+
+# Data-parallel replicas on the GPU: gradients summed through the host, the
+# same bits as one replica summing the same 2 groups.
+python3 - "$work/bench/gpu_mlp.json" "$work/replicas.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d.setdefault("pipeline", {})["gradientGroups"] = 2
+json.dump(d, open(sys.argv[2], "w"))
+PY
+for r in 1 2; do
+  ctl "$(left 60)" train "$work/replicas.json" --stages 2 --replicas $r \
+    --steps 30 --device cuda --out "$work/replicas-$r" >"$out/replicas-$r.log" 2>&1 ||
+    { tail -5 "$out/replicas-$r.log"; result[repro]="FAIL (--replicas $r failed)"; }
+done
+cmp -s "$work/replicas-1/model.safetensors" "$work/replicas-2/model.safetensors" ||
+  result[repro]="FAIL (2 replicas on the GPU differ from 1)"
+echo "2 replicas on the GPU against 1: ${result[repro]}"
 
 # Generation on the GPU (KV cache on the device): the same seed gives the
 # same tokens in one piece and as 2 stages.

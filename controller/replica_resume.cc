@@ -4,6 +4,7 @@
 #include <set>
 
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe::controller {
 
@@ -66,8 +67,13 @@ int64_t MinReplicas(const gpipe::v1::JobSpec& spec) {
 int64_t ElasticReplicas(const gpipe::v1::JobSpec& spec, int64_t stages,
                         int64_t free) {
   const int64_t groups = GradientGroupCount(spec);
+  // A split backward runs one group on each replica (job_spec.cc): such a
+  // job runs all its replicas or waits for workers.
+  const bool one_each =
+      SplitsBackward(ScheduleFromSpec(spec.pipeline().schedule()));
   for (int64_t r = ReplicaCount(spec); r >= MinReplicas(spec); --r) {
-    if (r <= groups && stages * r <= free) return r;
+    if (r <= groups && (!one_each || r == groups) && stages * r <= free)
+      return r;
   }
   return 0;
 }

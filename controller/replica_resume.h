@@ -52,7 +52,8 @@ int64_t MinReplicas(const gpipe::v1::JobSpec& spec);
 // The replicas a job of `stages` stages runs on `free` workers: the largest
 // r <= R (and at most the spec's gradient groups) with stages x r <= free,
 // not below MinReplicas; 0 when none fits. An r that does not divide the
-// groups shares them unevenly (ReplicaGroups), with the same bits.
+// groups shares them unevenly (ReplicaGroups), with the same bits. A
+// split-backward schedule (ZB-H1) takes only r = G, one group each.
 int64_t ElasticReplicas(const gpipe::v1::JobSpec& spec, int64_t stages,
                         int64_t free);
 

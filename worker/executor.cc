@@ -436,18 +436,21 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   const bool data = !checkpoint && !memory && !resume &&
                     (absl::IsInvalidArgument(status) ||
                      absl::IsNotFound(status) || absl::IsDataLoss(status));
-  f->set_permanent(loss || data || memory || absl::IsUnimplemented(status));
+  const bool unsupported =
+      !checkpoint && !resume && absl::IsUnimplemented(status);
+  f->set_permanent(loss || data || memory || unsupported);
   // A full checkpoint store (the controller's disk, or the shared volume)
   // is a condition to wait out, which the controller does without counting
   // a restart.
   const bool store_full = checkpoint && absl::IsResourceExhausted(status);
-  f->set_reason(loss         ? "LossNotFinite"
-                : memory     ? "OutOfMemory"
-                : store_full ? "CheckpointStoreFull"
-                : checkpoint ? "CheckpointFailed"
-                : resume     ? "ResumeFailed"
-                : data       ? "InvalidData"
-                             : "LinkFailed");
+  f->set_reason(loss          ? "LossNotFinite"
+                : memory      ? "OutOfMemory"
+                : store_full  ? "CheckpointStoreFull"
+                : checkpoint  ? "CheckpointFailed"
+                : resume      ? "ResumeFailed"
+                : data        ? "InvalidData"
+                : unsupported ? "Unsupported"
+                              : "LinkFailed");
   return m;
 }
 

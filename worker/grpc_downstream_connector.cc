@@ -92,6 +92,9 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
   // Forcing a plane (--data_plane shm) is about the pipeline's neighbours;
   // a stage's replicas may sit on other hosts: the best that works.
   if (plane.mode != DataPlaneMode::kGrpc) plane.mode = DataPlaneMode::kAuto;
+  // The sum adds host tensors (a GPU stage's go through the host): never
+  // offer the CUDA IPC plane, whose links deliver device tensors.
+  plane.on_gpu = false;
   return Dial(a, a.replica_addresses(replica),
               absl::StrCat("replica ", replica, " of stage ", a.stage()), plane,
               cancelled);

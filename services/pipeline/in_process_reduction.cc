@@ -1,6 +1,7 @@
 #include "services/pipeline/in_process_reduction.h"
 
 #include <algorithm>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
@@ -129,11 +130,18 @@ absl::StatusOr<Tensor> InProcessReduction::GatherRows(int64_t replica,
   }
   Tensor all;
   if (status.ok()) {
-    AllocatorScope scope(DefaultCpuAllocator());
-    all = Tensor::Empty({total, width});
-    float* at = all.f32();
-    for (const Tensor& r : rows_)
-      at = std::copy(r.f32(), r.f32() + r.numel(), at);
+    // Whatever happens, this replica reaches the barrier below: the
+    // others wait there for it, past the point where Close wakes them.
+    try {
+      AllocatorScope scope(DefaultCpuAllocator());
+      all = Tensor::Empty({total, width});
+      float* at = all.f32();
+      for (const Tensor& r : rows_)
+        at = std::copy(r.f32(), r.f32() + r.numel(), at);
+    } catch (const std::bad_alloc&) {
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          "step ", step, ": no memory to gather the replicas' rows"));
+    }
   }
   // The others read this replica's rows until each has copied.
   RETURN_IF_ERROR(Arrive(lock, /*committed=*/true));

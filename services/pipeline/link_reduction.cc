@@ -169,7 +169,8 @@ absl::StatusOr<Tensor> LinkReduction::ReceiveSlice(int64_t from, int64_t step,
   ASSIGN_OR_RETURN(Message m, peers_[from]->Receive());
   if (m.kind != MessageKind::kReduceSlice || m.step != step ||
       m.micro_batch != phase || !m.tensor.defined() ||
-      m.tensor.dtype() != DType::kF32 || m.tensor.numel() != numel) {
+      m.tensor.device() != Device::kCpu || m.tensor.dtype() != DType::kF32 ||
+      m.tensor.numel() != numel) {
     return absl::InvalidArgumentError(absl::StrCat(
         "replica ", replica_, ": expected ",
         phase % 2 == 0 ? "gradient" : "summed", " slice of ", numel,
@@ -226,8 +227,9 @@ absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
     ASSIGN_OR_RETURN(Message m, peers_[q]->Receive());
     if (m.kind != MessageKind::kReduceSlice || m.step != step ||
         m.micro_batch != kRowsPhase || !m.tensor.defined() ||
-        m.tensor.dtype() != DType::kF32 || m.tensor.rank() != 2 ||
-        m.tensor.dim(0) != count || m.tensor.dim(1) != width) {
+        m.tensor.device() != Device::kCpu || m.tensor.dtype() != DType::kF32 ||
+        m.tensor.rank() != 2 || m.tensor.dim(0) != count ||
+        m.tensor.dim(1) != width) {
       return absl::InvalidArgumentError(absl::StrCat(
           "replica ", replica_, ": expected ", count,
           " rows of running statistics at step ", step, " from replica ", q,

@@ -506,6 +506,9 @@ absl::Status Stage::SendGradSquares() {
   }
   squares = AccumulateGradSquares(model_->Parameters(), squares);
   pending_update_ = st.step;  // the gradients are final from here
+  // Kept past the step's records, which a failed step drops (RunStep):
+  // a roll-forward needs them as much as the gradients.
+  pending_running_rows_ = st.running_rows;
   if (!placement_.last())
     RETURN_IF_ERROR(downstream_->Send(GradSquares(st.step, squares)));
   st.squares = squares;
@@ -565,15 +568,16 @@ absl::Status Stage::GatherRunningStatistics() {
 }
 
 Tensor Stage::pending_running_statistics() const {
-  if (current_ == nullptr || pending_update_ < 0) return Tensor();
-  return current_->running_rows;
+  return pending_update_ >= 0 ? pending_running_rows_ : Tensor();
 }
 
 absl::StatusOr<float> Stage::ApplyUpdate(int64_t step, double squares,
                                          const Tensor& running_rows) {
+  // Checked before anything moves, so a refusal leaves the stage as it was.
   if (holds_back_statistics_ &&
       (!running_rows.defined() || running_rows.rank() != 2 ||
-       running_rows.dim(0) != placement_.micro_batches)) {
+       running_rows.dim(0) != placement_.micro_batches ||
+       running_rows.dim(1) != model_->RunningStatisticsWidth())) {
     return absl::DataLossError(absl::StrCat(
         "stage ", placement_.index, ": the update of step ", step,
         " has no batch norm statistics of its ", placement_.micro_batches,
@@ -590,6 +594,7 @@ absl::StatusOr<float> Stage::ApplyUpdate(int64_t step, double squares,
   optimizer_->Step(lr, step + 1);
   update_in_progress_ = false;
   pending_update_ = -1;
+  pending_running_rows_ = Tensor();
   last_update_step_ = step;
   last_update_squares_ = squares;
   model_->ZeroGrad();
@@ -623,6 +628,7 @@ absl::Status Stage::BeginStep(int64_t step) {
   // A step that failed midway leaves nothing to the next one.
   current_.reset();
   pending_update_ = -1;
+  pending_running_rows_ = Tensor();
   OnStage on_stage(*this);
   Counted().ResetPeak();
   timeline_.BeginStep(step);

@@ -298,6 +298,7 @@ class Stage {
   int64_t last_peak_bytes_ = 0;
   bool update_in_progress_ = false;
   int64_t pending_update_ = -1;
+  Tensor pending_running_rows_;  // with pending_update_
   int64_t last_update_step_ = -1;
   double last_update_squares_ = 0;
   // Moves the running averages by `running_rows` (when defined), clips by

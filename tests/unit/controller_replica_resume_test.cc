@@ -102,6 +102,11 @@ TEST(ReplicaResumeTest, ReplicasShrinkOneAtATimeDownToTheMinimum) {
   spec.mutable_pipeline()->set_min_replicas(0);
   EXPECT_EQ(ElasticReplicas(spec, 2, 7), 2);  // 3 replicas of 2 groups: no
   EXPECT_EQ(MinReplicas(spec), 1);
+  // ZB-H1 runs one group on each replica: 4 of 4 groups, or none.
+  spec.mutable_pipeline()->set_gradient_groups(0);
+  spec.mutable_pipeline()->set_schedule(v1::ZERO_BUBBLE_H1);
+  EXPECT_EQ(ElasticReplicas(spec, 2, 8), 4);
+  EXPECT_EQ(ElasticReplicas(spec, 2, 7), 0);
 }
 
 }  // namespace

@@ -258,5 +258,78 @@ TEST_F(MemoryResumeTest, BatchNormAveragesMoveWithTheUpdate) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kDataLoss) << refused;
 }
 
+// The same cut-off as a worker sees it: stage 0 of two runs RunStep, which
+// drops the step's records when its wait for the clipping total fails.
+// The pending update keeps its statistics anyway, and rolls forward to the
+// bits of a stage 0 that got the total.
+TEST_F(MemoryResumeTest, ARunStepCutOffKeepsItsPendingStatistics) {
+  UseSpec(kBatchNormSpec);
+  struct Pair {
+    std::unique_ptr<Link> down, up;
+    std::unique_ptr<Stage> first, last;
+  };
+  const auto make = [&]() {
+    Pair pair;
+    auto links = MakeInProcessLinkPair(64);
+    pair.down = std::move(links.first);
+    pair.up = std::move(links.second);
+    StagePlacement p;
+    p.count = 2;
+    p.layer_end = 2;
+    p.micro_batches = MicroBatchCount(spec_);
+    auto first = Stage::Create(spec_, p, dataset_, nullptr, pair.down.get());
+    p.index = 1;
+    p.layer_begin = 2;
+    p.layer_end = spec_.model().layers_size();
+    auto last = Stage::Create(spec_, p, dataset_, pair.up.get(), nullptr);
+    EXPECT_TRUE(first.ok() && last.ok());
+    if (first.ok()) pair.first = std::move(*first);
+    if (last.ok()) pair.last = std::move(*last);
+    return pair;
+  };
+  Pair whole = make(), cut = make();
+  ASSERT_TRUE(whole.first && whole.last && cut.first && cut.last);
+  {
+    absl::StatusOr<StageStepResult> a = absl::UnknownError(""),
+                                    b = absl::UnknownError("");
+    std::thread t([&] { a = whole.first->RunStep(0); });
+    b = whole.last->RunStep(0);
+    t.join();
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+  }
+  absl::StatusOr<StageStepResult> cut_off = absl::UnknownError("");
+  std::thread t([&] { cut_off = cut.first->RunStep(0); });
+  ASSERT_TRUE(cut.last->BeginStep(0).ok());
+  for (const Op& op :
+       MakeSchedule(ScheduleKind::kGPipe, 2, MicroBatchCount(spec_), 1)) {
+    if (op.kind != OpKind::kOptimizerStep)
+      ASSERT_TRUE(cut.last->RunOp(op).ok());
+  }
+  ASSERT_TRUE(cut.last->SendGradSquares().ok());
+  cut.up->Close();  // the total never comes back up
+  t.join();
+  ASSERT_FALSE(cut_off.ok());
+  ASSERT_EQ(cut.first->pending_update(), 0);
+  const ParkedStage parked = ParkStage(*cut.first, spec_, "job", 0);
+  ASSERT_TRUE(parked.pending);
+  ASSERT_TRUE(parked.running_statistics.defined());
+
+  StagePlacement p;
+  p.count = 2;
+  p.layer_end = 2;
+  p.micro_batches = MicroBatchCount(spec_);
+  auto fresh = Stage::Create(spec_, p, dataset_, nullptr, whole.down.get());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  absl::StatusOr<int64_t> from =
+      ResumeFromMemory(**fresh, spec_, 0, {}, &parked, "job", 1,
+                       whole.first->last_update_squares());
+  ASSERT_TRUE(from.ok()) << from.status();
+  const std::map<std::string, Tensor> want = State(*whole.first),
+                                      got = State(**fresh);
+  ASSERT_TRUE(want.count("layers.1.running_mean") > 0);
+  for (const auto& [name, t] : want)
+    EXPECT_TRUE(BitwiseEqual(t, got.at(name))) << name;
+}
+
 }  // namespace
 }  // namespace gpipe
