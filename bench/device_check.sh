@@ -243,7 +243,7 @@ done
 python3 - "$work/bench/gpu_mlp.json" "$work/replicas.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-d.setdefault("pipeline", {})["gradientGroups"] = 2
+d.setdefault("pipeline", {}).update({"microBatches": 4, "gradientGroups": 2})
 json.dump(d, open(sys.argv[2], "w"))
 PY
 for r in 1 2; do
