@@ -262,7 +262,11 @@ bool StartFromMemory(JobTable& jobs, JobRecord& job,
   if (replicas == 0) {
     *why =
         WaitingMessage(k, MinReplicas(spec), static_cast<int64_t>(idle.size()));
-    absl::StrAppend(why, " (pipeline.min_replicas)");
+    absl::StrAppend(
+        why, SplitsBackward(ScheduleFromSpec(spec.pipeline().schedule()))
+                 ? " (ZERO_BUBBLE_H1 runs one gradient group on each of its "
+                   "replicas: all of them, or none)"
+                 : " (pipeline.min_replicas)");
     return false;
   }
   std::vector<int64_t> balance;

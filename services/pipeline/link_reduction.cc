@@ -207,6 +207,7 @@ absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
       m.step = step;
       m.micro_batch = kRowsPhase;
       m.tensor = rows;
+      bytes_sent_ += rows.nbytes();
       RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
     }
     return absl::OkStatus();
@@ -238,6 +239,7 @@ absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
               ? absl::StrCat(" of shape ", m.tensor.shape().ToString())
               : ""));
     }
+    bytes_received_ += m.tensor.nbytes();
     std::copy(m.tensor.f32(), m.tensor.f32() + m.tensor.numel(),
               all.f32() + begin * width);
   }

@@ -52,7 +52,8 @@ class LinkReduction final : public GradientReducer {
   absl::StatusOr<double> FinishBuckets() override;
   absl::StatusOr<Tensor> GatherRows(int64_t replica, int64_t step,
                                     Tensor rows) override;
-  // Gradient bytes this replica sent and received (for its metrics).
+  // Bytes this replica sent and received: gradients and the running
+  // statistics gathered with them (for its metrics).
   int64_t bytes_sent() const { return bytes_sent_; }
   int64_t bytes_received() const { return bytes_received_; }
   // Buckets summed so far (read between steps).
