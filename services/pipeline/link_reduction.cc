@@ -185,7 +185,6 @@ absl::StatusOr<Tensor> LinkReduction::ReceiveSlice(int64_t from, int64_t step,
 
 absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
                                                  Tensor rows) {
-  constexpr int64_t kRowsPhase = -2;
   const int64_t replicas = static_cast<int64_t>(peers_.size());
   const int64_t my_groups = shares_[replica_].end - shares_[replica_].begin;
   if (replica != replica_ || !rows.defined() || rows.rank() != 2 ||
@@ -205,7 +204,7 @@ absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
       Message m;
       m.kind = MessageKind::kReduceSlice;
       m.step = step;
-      m.micro_batch = kRowsPhase;
+      m.micro_batch = kReduceRowsPhase;
       m.tensor = rows;
       bytes_sent_ += rows.nbytes();
       RETURN_IF_ERROR(peers_[q]->Send(std::move(m)));
@@ -227,7 +226,7 @@ absl::StatusOr<Tensor> LinkReduction::GatherRows(int64_t replica, int64_t step,
     }
     ASSIGN_OR_RETURN(Message m, peers_[q]->Receive());
     if (m.kind != MessageKind::kReduceSlice || m.step != step ||
-        m.micro_batch != kRowsPhase || !m.tensor.defined() ||
+        m.micro_batch != kReduceRowsPhase || !m.tensor.defined() ||
         m.tensor.device() != Device::kCpu || m.tensor.dtype() != DType::kF32 ||
         m.tensor.rank() != 2 || m.tensor.dim(0) != count ||
         m.tensor.dim(1) != width) {

@@ -13,7 +13,7 @@
 // the sum of a parameter does not depend on which others share its
 // messages, so the bits are Reduce's. Bucket b's slices travel as phases
 // 4 + 2b and 5 + 2b (Reduce's are 0 and 1). GatherRows sends this
-// replica's rows to every peer as phase -2.
+// replica's rows to every peer as kReduceRowsPhase.
 #ifndef GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 #define GPIPE_SERVICES_PIPELINE_LINK_REDUCTION_H_
 

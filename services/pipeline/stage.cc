@@ -325,18 +325,8 @@ void Stage::BucketLayer(StepState& st, int64_t layer) {
   node.first = first_group();
   std::vector<NamedParameter> bucket(params.begin() + st.bucket_begin,
                                      params.begin() + st.bucket_end);
-  if (device_ != nullptr) {
-    // On the host (the reducers add host tensors): copied on the compute
-    // stream once this layer's kernels are done.
-    for (NamedParameter& p : bucket) {
-      auto host = std::make_unique<Parameter>();
-      host->name = p.param->name;
-      host->grad = p.param->grad.To(Device::kCpu);
-      st.device_grads.push_back(p.param->grad);
-      p.param = host.get();
-      st.host_grads.push_back(std::move(host));
-    }
-  }
+  // Copied once this layer's kernels are done.
+  if (device_ != nullptr) bucket = MirrorOnHost(std::move(bucket), st);
   for (const NamedParameter& p : bucket) node.grads.push_back(p.param->grad);
   if (st.summing == nullptr) st.summing = placement_.reducer;
   st.bucket_status =
@@ -381,10 +371,7 @@ absl::Status Stage::SumGradientGroups() {
     // The time counted is the sums' own, not the backward they overlapped.
     GradientReducer* reducer = std::exchange(st.summing, nullptr);
     ASSIGN_OR_RETURN(last_reduce_seconds_, reducer->FinishBuckets());
-    for (size_t i = 0; i < st.device_grads.size(); ++i)
-      st.device_grads[i].CopyFrom(st.host_grads[i]->grad);
-    st.device_grads.clear();
-    st.host_grads.clear();
+    ReturnToDevice(st);
     return absl::OkStatus();
   }
   const auto start = std::chrono::steady_clock::now();
@@ -393,7 +380,10 @@ absl::Status Stage::SumGradientGroups() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
   };
-  const std::vector<NamedParameter>& params = model_->Parameters();
+  // A GPU stage's replicas add host copies (MirrorOnHost).
+  const bool via_host = placement_.reducer != nullptr && device_ != nullptr;
+  std::vector<NamedParameter> params = model_->Parameters();
+  if (via_host) params = MirrorOnHost(std::move(params), st);
   std::vector<GradientNode> forest;
   if (local_groups() == 1) {
     GradientNode node;
@@ -401,38 +391,43 @@ absl::Status Stage::SumGradientGroups() {
     for (const NamedParameter& p : params) node.grads.push_back(p.param->grad);
     forest.push_back(std::move(node));
   } else {
-    forest = current_->groups.TakeForest();
+    forest = st.groups.TakeForest();
+    if (via_host) {
+      for (GradientNode& node : forest)
+        for (Tensor& g : node.grads) g = g.To(Device::kCpu);
+    }
   }
-  if (placement_.reducer != nullptr && device_ != nullptr)
-    return ReduceOnTheHost(std::move(forest));
-  if (placement_.reducer != nullptr) {
-    return placement_.reducer->Reduce(placement_.replica, current_->step,
-                                      std::move(forest), params);
-  }
-  return FoldInto(std::move(forest), placement_.gradient_groups, params);
+  if (placement_.reducer == nullptr)
+    return FoldInto(std::move(forest), placement_.gradient_groups, params);
+  RETURN_IF_ERROR(placement_.reducer->Reduce(placement_.replica, st.step,
+                                             std::move(forest), params));
+  ReturnToDevice(st);
+  return absl::OkStatus();
 }
 
 // The reducers add host tensors (over links, the bytes travel from the
-// host anyway): the nodes go down to the host, the tree adds there exactly
-// as on a CPU stage, and the total comes back into the gradients. The
-// copies run on the stage's compute stream (OnStage), so they follow the
-// backward that produced the gradients and precede the update.
-absl::Status Stage::ReduceOnTheHost(std::vector<GradientNode> forest) {
-  const std::vector<NamedParameter>& params = model_->Parameters();
-  for (GradientNode& node : forest)
-    for (Tensor& g : node.grads) g = g.To(Device::kCpu);
-  std::vector<Parameter> host(params.size());
-  std::vector<NamedParameter> on_host;
-  for (size_t i = 0; i < params.size(); ++i) {
-    host[i].name = params[i].param->name;
-    host[i].grad = Tensor::Empty(params[i].param->grad.shape());
-    on_host.push_back({params[i].name, &host[i]});
+// host anyway): the tree adds host copies exactly as on a CPU stage, and
+// the totals come back into the device gradients. The copies run on the
+// stage's compute stream (OnStage), so they follow the backward that
+// produced the gradients and precede the update.
+std::vector<NamedParameter> Stage::MirrorOnHost(
+    std::vector<NamedParameter> params, StepState& st) {
+  for (NamedParameter& p : params) {
+    auto host = std::make_unique<Parameter>();
+    host->name = p.param->name;
+    host->grad = p.param->grad.To(Device::kCpu);
+    st.device_grads.push_back(p.param->grad);
+    p.param = host.get();
+    st.host_grads.push_back(std::move(host));
   }
-  RETURN_IF_ERROR(placement_.reducer->Reduce(placement_.replica, current_->step,
-                                             std::move(forest), on_host));
-  for (size_t i = 0; i < params.size(); ++i)
-    params[i].param->grad.CopyFrom(host[i].grad);
-  return absl::OkStatus();
+  return params;
+}
+
+void Stage::ReturnToDevice(StepState& st) {
+  for (size_t i = 0; i < st.device_grads.size(); ++i)
+    st.device_grads[i].CopyFrom(st.host_grads[i]->grad);
+  st.device_grads.clear();
+  st.host_grads.clear();
 }
 
 // Nobody waits for it: under zero-bubble schedules it runs where the stage

@@ -198,8 +198,6 @@ class Stage {
   // Before the clipping norm: the gradients summed over the groups and the
   // replicas (GradientTree, GradientReducer); nothing with one group.
   absl::Status SumGradientGroups();
-  // A GPU stage's sum with its replicas, through host copies.
-  absl::Status ReduceOnTheHost(std::vector<GradientNode> forest);
   // After the sum: every micro-batch's batch norm statistics, from this
   // stage's records and its replicas' (GradientReducer::GatherRows), for
   // the update to move the running averages by; nothing without any.
@@ -247,7 +245,7 @@ class Stage {
     // micro-batch in order), and after the sum every micro-batch's rows.
     RunningStatistics running_log;
     Tensor running_rows;
-    // A GPU stage's buckets go through host copies of its gradients: the
+    // A GPU stage's sum goes through host copies of its gradients: the
     // copies, which the reducer overwrites with the totals, and the device
     // gradients they go back to once every bucket is summed.
     std::vector<std::unique_ptr<Parameter>> host_grads;
@@ -274,6 +272,12 @@ class Stage {
   // to the bucket and hands the bucket in once it is large enough or the
   // layers are done.
   void BucketLayer(StepState& st, int64_t layer);
+  // A GPU stage's sum with its replicas, through host copies: `params`
+  // with each gradient replaced by a host copy (kept in `st`), and the
+  // copies (the totals by then) back into the device gradients.
+  std::vector<NamedParameter> MirrorOnHost(std::vector<NamedParameter> params,
+                                           StepState& st);
+  void ReturnToDevice(StepState& st);
   // `t` as `link` takes it: on the host, or as it is.
   Tensor ForLink(Link* link, Tensor t);
 

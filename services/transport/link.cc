@@ -7,9 +7,10 @@ namespace gpipe {
 std::string Describe(const Message& m) {
   if (m.kind == MessageKind::kEvalEnd) return "end of evaluation";
   if (m.kind == MessageKind::kReduceSlice) {
-    return absl::StrCat(m.micro_batch == 0    ? "gradient slice"
-                        : m.micro_batch == -2 ? "running statistics"
-                                              : "summed slice",
+    return absl::StrCat(m.micro_batch == 0 ? "gradient slice"
+                        : m.micro_batch == kReduceRowsPhase
+                            ? "running statistics"
+                            : "summed slice",
                         " at step ", m.step);
   }
   const char* kind = m.kind == MessageKind::kActivation ? "activation"

@@ -24,8 +24,12 @@ enum class MessageKind : uint8_t {
   kReduceSlice,  // between replicas of a stage (GradientReducer): a slice
                  // of the sender's gradient nodes (micro_batch 0) or of
                  // the total (micro_batch 1), or the sender's micro-batches'
-                 // batch norm statistics (micro_batch -2)
+                 // per-micro-batch statistics (kReduceRowsPhase)
 };
+
+// The kReduceSlice phase (micro_batch) that carries a replica's rows of
+// per-micro-batch statistics (GradientReducer::GatherRows).
+inline constexpr int64_t kReduceRowsPhase = -2;
 
 // Step used by messages of an evaluation pass rather than a training step.
 inline constexpr int64_t kEvalStep = -1;

@@ -90,14 +90,8 @@ same_as_reference "$job" "$work/long.json" 4
 ok "cluster on the fake GPU: a killed worker's stage restored from a checkpoint ($restarts restarts), bitwise the CPU reference"
 
 # --- 4. data-parallel replicas on GPU workers -------------------------------
-python3 - "$work/job.json" "$work/replicas.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
-d["name"] = "fake-device-replicas"
-d["pipeline"]["gradientGroups"] = 2
-json.dump(d, open(sys.argv[2], "w"))
-PY
+write_replica_spec "$work/replicas.json" fake-device-replicas "$steps" 2 2
+drop_batch_norm "$work/replicas.json"
 "$bin/gpipectl" train "$work/replicas.json" --stages 1 --micro-batches 4 \
   --threads 1 --device cpu --out "$work/replicas-ref" >"$work/replicas-ref.txt" 2>&1 ||
   fail "replicas reference: $(tail -n 5 "$work/replicas-ref.txt")"
@@ -116,12 +110,7 @@ ok "gpipectl local --device cuda, 2 stages x 2 replicas: bitwise the CPU referen
 start_worker
 wait_workers 4
 write_replica_spec "$work/elastic.json" fake-device-elastic "$((20 * steps))" 2
-python3 - "$work/elastic.json" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
-json.dump(d, open(sys.argv[1], "w"))
-PY
+drop_batch_norm "$work/elastic.json"
 restored_before=$(cat "$work"/w*.log | grep -c "restored step" || true)
 job=$(submit "$work/elastic.json")
 wait_step "$job" 15

@@ -268,5 +268,16 @@ wait_replicas() {
   fail "job $1 did not run $2 replicas within 60 s (last: $got)"
 }
 
+# drop_batch_norm FILE: the spec without its batch norm (a GPU stage runs
+# none under replicas: its averages move inside the CUDA kernel).
+drop_batch_norm() {
+  python3 - "$1" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["model"]["layers"] = [l for l in d["model"]["layers"] if "batchNorm" not in l]
+json.dump(d, open(sys.argv[1], "w"))
+PY
+}
+
 SGD='{"lr": 0.05, "sgd": {"momentum": 0.9}, "warmupSteps": 20, "decay": "LR_DECAY_COSINE", "minLr": 0.001}'
 ADAMW='{"lr": 0.01, "adamw": {}, "clipNorm": 1.0, "decay": "LR_DECAY_LINEAR"}'

@@ -4,6 +4,7 @@
 // state of another step or job, is refused on every replica alike.
 #include "worker/memory_resume.h"
 
+#include <algorithm>
 #include <map>
 #include <thread>
 #include <vector>
@@ -35,35 +36,22 @@ constexpr char kSpec[] = R"({
   "batchSize": 8, "steps": 10, "seed": 5
 })";
 
-// The same with batch norm, whose running averages move with every
-// training micro-batch.
-constexpr char kBatchNormSpec[] = R"({
-  "model": {
-    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
-    "layers": [
-      {"linear": {"inFeatures": 8, "outFeatures": 16}},
-      {"batchNorm": {"features": 16}},
-      {"relu": {}},
-      {"linear": {"inFeatures": 16, "outFeatures": 3}}
-    ],
-    "loss": {"softmaxCrossEntropy": {}}
-  },
-  "optimizer": {"lr": 0.05, "adamw": {}},
-  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
-                         "trainSamples": 64, "testSamples": 16}},
-  "batchSize": 8, "steps": 10, "seed": 5,
-  "pipeline": {"microBatches": 2}
-})";
-
 class MemoryResumeTest : public ::testing::Test {
  protected:
-  void SetUp() override { UseSpec(kSpec); }
-  void UseSpec(const char* json) {
-    spec_.Clear();
-    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &spec_).ok());
+  void SetUp() override {
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(kSpec, &spec_).ok());
     auto dataset = OpenJobDataset(spec_);
     ASSERT_TRUE(dataset.ok()) << dataset.status();
     dataset_ = std::move(*dataset);
+  }
+  // kSpec with batch norm after its first layer (whose running averages
+  // move with every training micro-batch), over 2 micro-batches.
+  void AddBatchNorm() {
+    auto* layers = spec_.mutable_model()->mutable_layers();
+    layers->Add()->mutable_batch_norm()->set_features(16);
+    std::rotate(layers->begin() + 1, layers->end() - 1, layers->end());
+    spec_.mutable_pipeline()->set_micro_batches(2);
   }
   std::unique_ptr<Stage> MakeStage() {
     StagePlacement p;
@@ -231,7 +219,7 @@ TEST_F(MemoryResumeTest, APendingUpdateRollsForwardToTheSameBits) {
 // statistics with the pending gradients, and rolls forward to the bits of
 // the stage that applied the update.
 TEST_F(MemoryResumeTest, BatchNormAveragesMoveWithTheUpdate) {
-  UseSpec(kBatchNormSpec);
+  AddBatchNorm();
   CheckRollForward();
   std::unique_ptr<Stage> stage = MakeStage();
   ASSERT_TRUE(stage->RunStep(0).ok());
@@ -263,7 +251,7 @@ TEST_F(MemoryResumeTest, BatchNormAveragesMoveWithTheUpdate) {
 // The pending update keeps its statistics anyway, and rolls forward to the
 // bits of a stage 0 that got the total.
 TEST_F(MemoryResumeTest, ARunStepCutOffKeepsItsPendingStatistics) {
-  UseSpec(kBatchNormSpec);
+  AddBatchNorm();
   struct Pair {
     std::unique_ptr<Link> down, up;
     std::unique_ptr<Stage> first, last;
