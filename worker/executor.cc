@@ -992,8 +992,10 @@ absl::Status Executor::RunSteps(
   }
   const int64_t v = static_cast<int64_t>(xs.size());
   const std::vector<Op> ops =
-      v > 1 ? MakeWorkerSchedule(x.placement.schedule, a.stages() / v,
-                                 a.micro_batches(), v, a.stage())
+      v > 1 ? WithTransfers(
+                  MakeWorkerSchedule(x.placement.schedule, a.stages() / v,
+                                     a.micro_batches(), v, a.stage()),
+                  a.stages() / v, v, a.stage())
             : std::vector<Op>();
   const auto evaluate = [&](int64_t step) -> absl::Status {
     ASSIGN_OR_RETURN(LossResult e, Evaluate(xs));

@@ -191,7 +191,8 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   if (v > 1) {
     for (int64_t w = 0; w < workers; ++w) {
       p->worker_ops_.push_back(
-          MakeWorkerSchedule(options.schedule, workers, m, v, w));
+          WithTransfers(MakeWorkerSchedule(options.schedule, workers, m, v, w),
+                        workers, v, w));
     }
   }
   if (spec.has_init_from()) {

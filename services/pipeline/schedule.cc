@@ -57,6 +57,48 @@ void Interleaved(int64_t k, int64_t m, int64_t v, int64_t worker,
 
 }  // namespace
 
+bool IsTransfer(OpKind kind) {
+  return kind == OpKind::kReceiveActivation ||
+         kind == OpKind::kSendActivation || kind == OpKind::kReceiveGradient ||
+         kind == OpKind::kSendGradient;
+}
+
+bool HasTransfers(const std::vector<Op>& ops) {
+  return std::any_of(ops.begin(), ops.end(),
+                     [](const Op& op) { return IsTransfer(op.kind); });
+}
+
+std::vector<Op> WithTransfers(const std::vector<Op>& ops, int64_t k, int64_t v,
+                              int64_t worker) {
+  if (HasTransfers(ops)) return ops;
+  const int64_t stages = k * v;
+  std::vector<Op> out;
+  out.reserve(3 * ops.size());
+  for (const Op& op : ops) {
+    const int64_t stage = op.chunk * k + worker;
+    const bool first = stage == 0, last = stage == stages - 1;
+    const auto with = [&](OpKind kind) {
+      return Op{kind, op.micro_batch, op.chunk};
+    };
+    switch (op.kind) {
+      case OpKind::kForward:
+        if (!first) out.push_back(with(OpKind::kReceiveActivation));
+        out.push_back(op);
+        if (!last) out.push_back(with(OpKind::kSendActivation));
+        break;
+      case OpKind::kBackward:
+      case OpKind::kBackwardInput:
+        if (!last) out.push_back(with(OpKind::kReceiveGradient));
+        out.push_back(op);
+        if (!first) out.push_back(with(OpKind::kSendGradient));
+        break;
+      default:
+        out.push_back(op);
+    }
+  }
+  return out;
+}
+
 bool Interleaves(ScheduleKind kind) {
   return kind == ScheduleKind::kInterleaved1F1B;
 }
@@ -213,6 +255,14 @@ std::string ToString(const Op& op) {
       return absl::StrCat("W", op.micro_batch, chunk);
     case OpKind::kOptimizerStep:
       return "step";
+    case OpKind::kReceiveActivation:
+      return absl::StrCat("ra", op.micro_batch, chunk);
+    case OpKind::kSendActivation:
+      return absl::StrCat("sa", op.micro_batch, chunk);
+    case OpKind::kReceiveGradient:
+      return absl::StrCat("rg", op.micro_batch, chunk);
+    case OpKind::kSendGradient:
+      return absl::StrCat("sg", op.micro_batch, chunk);
   }
   return "?";
 }

@@ -41,15 +41,27 @@ enum class ScheduleKind {
 };
 
 // kBackward is the whole backward of a micro-batch (input and parameter
-// gradients, then the input gradient is sent); kBackwardInput computes and
-// sends the input gradient and defers the parameter gradients to the
-// micro-batch's kBackwardWeight.
+// gradients); kBackwardInput computes the input gradient and defers the
+// parameter gradients to the micro-batch's kBackwardWeight.
+//
+// The transfers are actions of their own (WithTransfers adds them): a
+// forward computes on the activation its kReceiveActivation took off the
+// upstream link and leaves its output for its kSendActivation; a backward
+// (or input half) computes on the gradient its kReceiveGradient took off
+// the downstream link and leaves the input gradient for its kSendGradient.
+// A receive blocks until the link delivers; links deliver in the order
+// things were sent, so a receive must name the micro-batch its neighbour
+// sent next.
 enum class OpKind {
   kForward,
   kBackward,
   kBackwardInput,
   kBackwardWeight,
-  kOptimizerStep
+  kOptimizerStep,
+  kReceiveActivation,
+  kSendActivation,
+  kReceiveGradient,
+  kSendGradient,
 };
 
 struct Op {
@@ -77,6 +89,19 @@ std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
 // of k.
 std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
                                    int64_t v, int64_t worker);
+
+// `ops` (one worker's compute ops, MakeWorkerSchedule's or a hand-made
+// list, over `v` chunks; worker `worker` of `k`) with every transfer made an
+// action next to the op it serves: each forward's activation received just
+// before it (not on the model's first stage) and sent just after it (not
+// on the last); each backward's or input half's gradient received just
+// before it (not on the last stage) and the input gradient sent just after
+// it (not on the first). Chunk c of the worker is stage c * k + worker of
+// k * v. A list that already has transfers comes back as it is.
+std::vector<Op> WithTransfers(const std::vector<Op>& ops, int64_t k, int64_t v,
+                              int64_t worker);
+bool HasTransfers(const std::vector<Op>& ops);
+bool IsTransfer(OpKind kind);
 
 // Whether the schedule places several chunks on each worker.
 bool Interleaves(ScheduleKind kind);
@@ -108,8 +133,9 @@ int64_t MaxLiveMicroBatches(const std::vector<Op>& ops, int64_t chunk = -1);
 int64_t MaxDeferredMicroBatches(const std::vector<Op>& ops);
 
 // "F3", "B0" (the whole backward, or with a split backward its input
-// half), "W0" (the weight half), "step"; an op of chunk c > 0 ends in "/c"
-// ("F3/1").
+// half), "W0" (the weight half), "step"; the transfers "ra3" / "sa3"
+// (receive / send micro-batch 3's activation) and "rg3" / "sg3" (its
+// gradient); an op of chunk c > 0 ends in "/c" ("F3/1").
 std::string ToString(const Op& op);
 
 }  // namespace gpipe

@@ -70,6 +70,10 @@ int64_t PeakActivationBytes(const std::vector<Op>& ops,
         --h.deferred;
         break;
       case OpKind::kOptimizerStep:
+      case OpKind::kReceiveActivation:
+      case OpKind::kSendActivation:
+      case OpKind::kReceiveGradient:
+      case OpKind::kSendGradient:
         break;
     }
   }
@@ -99,6 +103,9 @@ SimulationResult Simulate(const SimulationConfig& config) {
     for (int64_t w = 0; w < k; ++w)
       ops[w] = MakeWorkerSchedule(config.schedule, k, m, v, w);
   }
+  // The runtime's lists: every transfer an action (hand-made lists may
+  // have theirs already).
+  for (int64_t w = 0; w < k; ++w) ops[w] = WithTransfers(ops[w], k, v, w);
   std::vector<bool> remat(g_count);
   for (int64_t g = 0; g < g_count; ++g)
     remat[g] = StageRematerializes(config.remat, g, g_count);
@@ -113,10 +120,18 @@ SimulationResult Simulate(const SimulationConfig& config) {
   };
   std::vector<std::vector<Message>> to_next(g_count), to_prev(g_count);
   std::vector<size_t> taken_next(g_count, 0), taken_prev(g_count, 0);
-  // When F(g, i) and the input half of (g, i) ended: the last stage's
-  // backward needs its forward, a weight half its input half.
+  // Per (stage, micro-batch): when its forward and its input half ended
+  // (a weight half needs its input half, the last stage's backward its
+  // forward), whether a receive holds its activation or gradient for the
+  // op it serves, and whether an op made its output or input gradient for
+  // a send. Every step of a stage's record is in these, so an action
+  // whose operand nobody made never runs and the step is incomplete.
   std::vector<double> forward_done(g_count * m, kUnknown);
   std::vector<double> input_done(g_count * m, kUnknown);
+  std::vector<char> has_activation(g_count * m, 0),
+      has_gradient(g_count * m, 0);
+  std::vector<char> made_activation(g_count * m, 0),
+      made_gradient(g_count * m, 0);
   std::vector<size_t> next(k, 0);
   std::vector<double> free_at(k, 0);
   // One transfer at a time per direction of each link: down_link[g] carries
@@ -140,11 +155,13 @@ SimulationResult Simulate(const SimulationConfig& config) {
     return static_cast<int64_t>(queue.size() - taken);
   };
 
-  // Each worker runs ops until one waits for a neighbour; finishing an op
-  // wakes the worker it feeds. An op's start time depends only on its
-  // worker's previous op and its input's arrival, so this order of
-  // evaluation gives the same times as processing events in time order,
-  // with O(1) work per op.
+  // Each worker runs ops until one waits for a neighbour; a send wakes the
+  // worker it feeds. An op's start time depends only on its worker's
+  // previous op and its input's arrival, so this order of evaluation gives
+  // the same times as processing events in time order, with O(1) work per
+  // op. An action that cannot run now stops its worker until a send wakes
+  // it; one that never can (its operand was never made or received, a
+  // transfer over a link the stage does not have) leaves it stuck.
   std::vector<int64_t> runnable(k);
   for (int64_t w = 0; w < k; ++w) runnable[w] = k - 1 - w;
   while (!runnable.empty()) {
@@ -160,21 +177,64 @@ SimulationResult Simulate(const SimulationConfig& config) {
       const int64_t i = op.micro_batch;
       if (i < 0 || i >= m || op.chunk < 0 || op.chunk >= v) break;  // never
       const int64_t g = op.chunk * k + w;
+      const int64_t at = g * m + i;
+      const bool first = g == 0, last = g == g_count - 1;
       const StageCost& cost = config.stages[g];
+      if (op.kind == OpKind::kReceiveActivation ||
+          op.kind == OpKind::kReceiveGradient) {
+        const bool activation = op.kind == OpKind::kReceiveActivation;
+        if (activation ? first : last) break;  // no such link: never
+        char& held = activation ? has_activation[at] : has_gradient[at];
+        if (held) break;  // a second one before the first was used: never
+        const double arrival =
+            activation ? receive(to_next[g - 1], taken_next[g - 1], i)
+                       : receive(to_prev[g], taken_prev[g], i);
+        if (arrival < 0) break;  // a neighbour will wake this worker, or none
+        // A receive blocks: the worker waits for the arrival.
+        free_at[w] = std::max(free_at[w], arrival);
+        if (activation) {
+          ++taken_next[g - 1];
+        } else {
+          ++taken_prev[g];
+        }
+        held = 1;
+        ++next[w];
+        continue;
+      }
+      if (op.kind == OpKind::kSendActivation ||
+          op.kind == OpKind::kSendGradient) {
+        const bool activation = op.kind == OpKind::kSendActivation;
+        if (activation ? last : first) break;  // no such link: never
+        char& made = activation ? made_activation[at] : made_gradient[at];
+        if (!made) break;  // nothing made to send: never
+        made = 0;
+        std::vector<Message>& queue = activation ? to_next[g] : to_prev[g - 1];
+        queue.push_back(
+            {i, activation
+                    ? transfer(down_link, g, free_at[w], cost.output_bytes)
+                    : transfer(up_link, g, free_at[w],
+                               config.stages[g - 1].output_bytes)});
+        result.max_link_messages =
+            std::max(result.max_link_messages,
+                     activation ? waiting(to_next[g], taken_next[g])
+                                : waiting(to_prev[g - 1], taken_prev[g - 1]));
+        runnable.push_back((activation ? g + 1 : g - 1) % k);
+        ++next[w];
+        continue;
+      }
       const bool forward = op.kind == OpKind::kForward;
       const bool weight = op.kind == OpKind::kBackwardWeight;
-      double ready = kUnknown;
+      bool ready;
       if (weight) {
-        ready = input_done[g * m + i];
+        ready = input_done[at] >= 0;
       } else if (forward) {
-        ready = g == 0 ? 0 : receive(to_next[g - 1], taken_next[g - 1], i);
+        ready = (first || has_activation[at]) && !made_activation[at];
       } else {
-        ready = g == g_count - 1 ? forward_done[g * m + i]
-                                 : receive(to_prev[g], taken_prev[g], i);
         // Its own forward first, on every stage.
-        if (forward_done[g * m + i] < 0) ready = kUnknown;
+        ready = forward_done[at] >= 0 && (last || has_gradient[at]) &&
+                !made_gradient[at];
       }
-      if (ready < 0) break;  // a neighbour will wake this worker, or none
+      if (!ready) break;  // what it needs was never made: never
       double seconds = cost.forward_seconds;
       if (weight) {
         seconds = cost.weight_seconds;
@@ -182,35 +242,20 @@ SimulationResult Simulate(const SimulationConfig& config) {
         seconds = cost.backward_seconds + (remat[g] ? cost.forward_seconds : 0);
         if (op.kind == OpKind::kBackwardInput) seconds -= cost.weight_seconds;
       }
-      const double end = std::max(free_at[w], ready) + seconds;
+      const double end = free_at[w] + seconds;
       free_at[w] = end;
       sim.busy_seconds += seconds;
       ++next[w];
       if (weight) {
-        input_done[g * m + i] = kUnknown;  // a second W of it never runs
-        continue;
-      }
-      if (forward) {
-        forward_done[g * m + i] = end;
-        if (g > 0) ++taken_next[g - 1];
-        if (g + 1 < g_count) {
-          to_next[g].push_back(
-              {i, transfer(down_link, g, end, cost.output_bytes)});
-          result.max_link_messages = std::max(
-              result.max_link_messages, waiting(to_next[g], taken_next[g]));
-          runnable.push_back((g + 1) % k);
-        }
-        continue;
-      }
-      if (op.kind == OpKind::kBackwardInput) input_done[g * m + i] = end;
-      if (g + 1 < g_count) ++taken_prev[g];
-      if (g > 0) {
-        to_prev[g - 1].push_back(
-            {i, transfer(up_link, g, end, config.stages[g - 1].output_bytes)});
-        result.max_link_messages =
-            std::max(result.max_link_messages,
-                     waiting(to_prev[g - 1], taken_prev[g - 1]));
-        runnable.push_back((g - 1) % k);
+        input_done[at] = kUnknown;  // a second W of it never runs
+      } else if (forward) {
+        forward_done[at] = end;
+        has_activation[at] = 0;
+        made_activation[at] = !last;
+      } else {
+        if (op.kind == OpKind::kBackwardInput) input_done[at] = end;
+        has_gradient[at] = 0;
+        made_gradient[at] = !first;
       }
     }
   }
@@ -218,6 +263,11 @@ SimulationResult Simulate(const SimulationConfig& config) {
   for (int64_t w = 0; w < k; ++w) {
     result.step_seconds = std::max(result.step_seconds, free_at[w]);
     result.complete = result.complete && next[w] == ops[w].size();
+  }
+  // Every send matched by a receive: nothing left on a link.
+  for (int64_t g = 0; g < g_count; ++g) {
+    result.complete = result.complete && taken_next[g] == to_next[g].size() &&
+                      taken_prev[g] == to_prev[g].size();
   }
   for (int64_t w = 0; w < k; ++w) {
     StageSimulation& sim = result.stages[w];

@@ -33,13 +33,15 @@ Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
                                  placement.count)),
       // An interleaved schedule is a worker's, over several stages: the
       // worker drives each stage op by op (RunOp), not RunStep.
-      schedule_(!placement.ops.empty() ? placement.ops
-                : Interleaves(placement.schedule)
-                    ? std::vector<Op>()
-                    : Shifted(MakeSchedule(placement.schedule, placement.count,
-                                           placement.local_micro_batches(),
-                                           placement.index),
-                              placement.micro_batch_begin)),
+      schedule_(WithTransfers(
+          !placement.ops.empty() ? placement.ops
+          : Interleaves(placement.schedule)
+              ? std::vector<Op>()
+              : Shifted(MakeSchedule(placement.schedule, placement.count,
+                                     placement.local_micro_batches(),
+                                     placement.index),
+                        placement.micro_batch_begin),
+          placement.count, 1, placement.index)),
       timeline_(origin),
       layer_timing_(0) {}
 
@@ -188,22 +190,28 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
                             const std::vector<RowRange>& ranges,
                             double normalizer, std::vector<InFlight>& flight,
                             StageStepResult& result) {
+  InFlight& f = flight[m];
+  if (!placement_.first() && !f.activation_in.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index, ": the schedule runs F", m,
+                     " before receiving its activation (ra", m, ")"));
+  }
+  if (!placement_.last() && f.activation_out.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index, ": the schedule runs F", m,
+                     " again before sending its activation (sa", m, ")"));
+  }
+  // Waiting for the activation was its receive's: bubble, not forward time.
   OpTimer timer(timeline_, Phase::kForward, m);
   Tensor x;
   if (placement_.first()) {
     x = batch.inputs.Rows(ranges[m].begin, ranges[m].end);
     if (device_ != nullptr) x = device_->ToDevice(x);
   } else {
-    ASSIGN_OR_RETURN(Message in,
-                     Expect(upstream_, MessageKind::kActivation, step, m));
-    timer.record().bytes_received = in.tensor.nbytes();
-    // Waiting for the activation is bubble, not forward time (as in
-    // Backward): the op starts when its input is here.
-    timer.record().start_ns = timeline_.Now();
-    x = device_ != nullptr ? device_->ToDevice(in.tensor)
-                           : std::move(in.tensor);
+    timer.record().bytes_received = f.activation_in.nbytes();
+    Tensor in = std::exchange(f.activation_in, Tensor());
+    x = device_ != nullptr ? device_->ToDevice(in) : std::move(in);
   }
-  InFlight& f = flight[m];
   const LayerContext ctx = Context(step, m);
   Tensor y = model_->Forward(x, ctx, remat_ ? nullptr : &f.saved);
   if (remat_) f.input = x;
@@ -216,13 +224,81 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
     result.losses[m] = r;
     return absl::OkStatus();
   }
+  timer.record().bytes_sent = y.nbytes();
+  f.activation_out = ForLink(downstream_, std::move(y));
+  return absl::OkStatus();
+}
+
+absl::Status Stage::Receive(int64_t step, int64_t m, OpKind kind,
+                            std::vector<InFlight>& flight) {
+  const bool activation = kind == OpKind::kReceiveActivation;
+  Link* link = activation ? upstream_ : downstream_;
+  InFlight& f = flight[m];
+  Tensor& slot = activation ? f.activation_in : f.gradient_in;
+  if (link == nullptr || slot.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", placement_.index, ": the schedule receives micro-batch ", m,
+        "'s ", activation ? "activation" : "gradient",
+        link == nullptr
+            ? absl::StrCat(" with no ", activation ? "upstream" : "downstream",
+                           " stage")
+            : " twice before using it"));
+  }
+  ASSIGN_OR_RETURN(Message in, Expect(link,
+                                      activation ? MessageKind::kActivation
+                                                 : MessageKind::kGradient,
+                                      step, m));
+  slot = std::move(in.tensor);
+  return absl::OkStatus();
+}
+
+absl::Status Stage::Send(int64_t step, int64_t m, OpKind kind,
+                         std::vector<InFlight>& flight) {
+  const bool activation = kind == OpKind::kSendActivation;
+  Link* link = activation ? downstream_ : upstream_;
+  InFlight& f = flight[m];
+  Tensor& slot = activation ? f.activation_out : f.gradient_out;
+  if (link == nullptr || !slot.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", placement_.index, ": the schedule sends micro-batch ", m,
+        "'s ", activation ? "activation" : "input gradient",
+        link == nullptr
+            ? absl::StrCat(" with no ", activation ? "downstream" : "upstream",
+                           " stage")
+            : absl::StrCat(" before its ", activation ? "forward" : "backward",
+                           " made it, or twice")));
+  }
   Message out;
-  out.kind = MessageKind::kActivation;
+  out.kind = activation ? MessageKind::kActivation : MessageKind::kGradient;
   out.step = step;
   out.micro_batch = m;
-  timer.record().bytes_sent = y.nbytes();
-  out.tensor = ForLink(downstream_, std::move(y));
-  return downstream_->Send(std::move(out));
+  out.tensor = std::exchange(slot, Tensor());
+  const int64_t start = timeline_.Now();
+  RETURN_IF_ERROR(link->Send(std::move(out)));
+  // Handing the output to the link is the op's last part, as it was
+  // before sends were actions of their own.
+  timeline_.RecordSend(activation, m, start, timeline_.Now());
+  return absl::OkStatus();
+}
+
+absl::Status Stage::CheckTransfersDone() const {
+  for (size_t m = 0; m < current_->flight.size(); ++m) {
+    const InFlight& f = current_->flight[m];
+    const char* left =
+        f.activation_in.defined()    ? "received the activation"
+        : f.gradient_in.defined()    ? "received the gradient"
+        : f.activation_out.defined() ? "did not send the activation"
+        : f.gradient_out.defined()   ? "did not send the input gradient"
+                                     : nullptr;
+    if (left != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage ", placement_.index, ": the step's schedule ", left,
+          " of micro-batch ", m,
+          std::string_view(left).starts_with("received") ? " and did not use it"
+                                                         : ""));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
@@ -236,17 +312,24 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
                      "micro-batch ",
                      m, " without its forward (before it, or twice)"));
   }
+  if (!placement_.last() && !f.gradient_in.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index, ": the schedule runs B", m,
+                     " before receiving its gradient (rg", m, ")"));
+  }
+  if (!placement_.first() && f.gradient_out.defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index, ": the schedule runs B", m,
+                     " again before sending its input gradient (sg", m, ")"));
+  }
   Tensor dy;
   int64_t received = 0;
   if (placement_.last()) {
     dy = std::move(f.dlogits);
   } else {
-    // Waiting for the gradient is bubble, not backward time.
-    ASSIGN_OR_RETURN(Message in,
-                     Expect(downstream_, MessageKind::kGradient, step, m));
-    received = in.tensor.nbytes();
-    dy = device_ != nullptr ? device_->ToDevice(in.tensor)
-                            : std::move(in.tensor);
+    received = f.gradient_in.nbytes();
+    Tensor in = std::exchange(f.gradient_in, Tensor());
+    dy = device_ != nullptr ? device_->ToDevice(in) : std::move(in);
   }
   const LayerContext ctx = Context(step, m);
   if (remat_) {
@@ -271,16 +354,11 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     dx = model_->Backward(dy, f.saved, ctx, Bucketer(st));
     RETURN_IF_ERROR(st.bucket_status);
     ++st.weights_done;
-    f = InFlight();
+    f.Release();
   }
   if (!placement_.first()) {
-    Message out;
-    out.kind = MessageKind::kGradient;
-    out.step = step;
-    out.micro_batch = m;
     timer.record().bytes_sent = dx.nbytes();
-    out.tensor = ForLink(upstream_, std::move(dx));
-    RETURN_IF_ERROR(upstream_->Send(std::move(out)));
+    f.gradient_out = ForLink(upstream_, std::move(dx));
   }
   return split ? absl::OkStatus() : WeightGradientDone(m);
 }
@@ -448,7 +526,7 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
   model_->BackwardWeight(f.saved, f.deferred, Context(step, m), Bucketer(st));
   RETURN_IF_ERROR(st.bucket_status);
   ++st.weights_done;
-  f = InFlight();
+  f.Release();
   return WeightGradientDone(m);
 }
 
@@ -468,6 +546,7 @@ absl::Status Stage::SendGradSquares() {
   if (!current_) return absl::FailedPreconditionError("no step begun");
   StepState& st = *current_;
   OnStage on_stage(*this);
+  RETURN_IF_ERROR(CheckTransfersDone());
   // A backward or a weight half that never ran would leave its gradient
   // out.
   for (size_t m = 0; m < st.flight.size(); ++m) {
@@ -676,6 +755,12 @@ absl::Status Stage::RunOp(const Op& op) {
       return Backward(st.step, op.micro_batch, op.kind, st.flight);
     case OpKind::kBackwardWeight:
       return BackwardWeight(st.step, op.micro_batch, st.flight);
+    case OpKind::kReceiveActivation:
+    case OpKind::kReceiveGradient:
+      return Receive(st.step, op.micro_batch, op.kind, st.flight);
+    case OpKind::kSendActivation:
+    case OpKind::kSendGradient:
+      return Send(st.step, op.micro_batch, op.kind, st.flight);
     case OpKind::kOptimizerStep:
       break;
   }

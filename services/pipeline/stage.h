@@ -177,6 +177,18 @@ class Stage {
     // Between the input half and the weight half: what the weight half
     // reads besides `saved` (Model::BackwardInput).
     std::vector<Saved> deferred;
+    // The schedule's transfers: what a receive took off its link for the
+    // op it serves, and what an op made for the send after it.
+    Tensor activation_in, gradient_in;
+    Tensor activation_out, gradient_out;
+
+    // The backward's record goes; the transfers' slots stay.
+    void Release() {
+      input = Tensor();
+      saved.clear();
+      dlogits = Tensor();
+      deferred.clear();
+    }
   };
 
   absl::StatusOr<Message> Expect(Link* link, MessageKind kind, int64_t step,
@@ -185,9 +197,17 @@ class Stage {
                        const std::vector<RowRange>& ranges, double normalizer,
                        std::vector<InFlight>& flight, StageStepResult& result);
   // The whole backward (kBackward) or its input half (kBackwardInput),
-  // which sends the input gradient upstream either way.
+  // which leaves the input gradient for its send either way.
   absl::Status Backward(int64_t step, int64_t m, OpKind kind,
                         std::vector<InFlight>& flight);
+  // A schedule's receive and send actions (OpKind's transfers).
+  absl::Status Receive(int64_t step, int64_t m, OpKind kind,
+                       std::vector<InFlight>& flight);
+  absl::Status Send(int64_t step, int64_t m, OpKind kind,
+                    std::vector<InFlight>& flight);
+  // FAILED_PRECONDITION naming what the step's schedule received and did
+  // not use, or made and did not send (a broken hand-made schedule).
+  absl::Status CheckTransfersDone() const;
   // FAILED_PRECONDITION when micro-batch m has no input half waiting for
   // it (a schedule running a weight half twice, or before its input half).
   absl::Status BackwardWeight(int64_t step, int64_t m,

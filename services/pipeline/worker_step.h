@@ -14,12 +14,12 @@
 namespace gpipe {
 
 // Runs step `step` of `chunks` (chunk c at [c], its ops naming it by
-// Op::chunk) through `ops` (MakeWorkerSchedule's, ending with the optimizer
-// step). The optimizer step's two halves go over the chunks in opposite
-// orders: the clipping norm passes down the chain (chunk 0 first: its
-// upstream is on another worker) and the total back up (the last chunk
-// first), so no chunk waits for one this thread has not reached. Each
-// chunk's result at its index.
+// Op::chunk) through `ops` (MakeWorkerSchedule's with its transfers,
+// WithTransfers, ending with the optimizer step). The optimizer step's two
+// halves go over the chunks in opposite orders: the clipping norm passes down
+// the chain (chunk 0 first: its upstream is on another worker) and the total
+// back up (the last chunk first), so no chunk waits for one this thread has not
+// reached. Each chunk's result at its index.
 absl::StatusOr<std::vector<StageStepResult>> RunWorkerStep(
     const std::vector<Stage*>& chunks, const std::vector<Op>& ops,
     int64_t step);

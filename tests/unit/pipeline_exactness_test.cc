@@ -246,6 +246,68 @@ TEST(PipelineExactness, ABrokenSplitScheduleIsCaught) {
       << never;
 }
 
+// The transfers are the schedule's actions too: hand-made lists that spell
+// them out run bitwise as the built-in ones, and one that forwards without
+// receiving, sends what it has not made, or receives what it never uses is
+// stopped with an error naming the action. (A send left out would leave
+// its neighbour waiting: the simulator catches that before any run.)
+TEST(PipelineExactness, ScheduleTransfersAreCheckedActions) {
+  const gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
+  std::shared_ptr<const Dataset> data = Open(spec);
+  const auto want = RunReference(spec, 4, data);
+  const auto run = [&](std::vector<std::vector<Op>> ops) -> absl::Status {
+    PipelineOptions o;
+    o.stages = 3;
+    o.micro_batches = 4;
+    o.schedule = ScheduleKind::kOneFOneB;
+    o.dataset = data;
+    o.ops = std::move(ops);
+    auto p = InProcessPipeline::Create(spec, o);
+    if (!p.ok()) return p.status();
+    for (int s = 0; s < kSteps; ++s) {
+      auto r = (*p)->Step();
+      if (!r.ok()) return r.status();
+    }
+    ExpectSame(want, Snapshot(**p), "spelt-out 1f1b transfers");
+    return absl::OkStatus();
+  };
+  std::vector<std::vector<Op>> intact;
+  for (int64_t s = 0; s < 3; ++s) {
+    intact.push_back(
+        WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, s), 3, 1, s));
+  }
+  EXPECT_TRUE(run(intact).ok());
+  const auto at = [](std::vector<Op>& ops, OpKind kind, int64_t m) {
+    auto it = std::find(ops.begin(), ops.end(), Op{kind, m});
+    EXPECT_TRUE(it != ops.end()) << ToString(Op{kind, m});
+    return it;
+  };
+  const auto fails_with = [&](std::vector<std::vector<Op>> ops,
+                              absl::string_view what) {
+    const absl::Status st = run(std::move(ops));
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find(what), std::string::npos) << st;
+  };
+  // Stage 1 forwards micro-batch 2 without its receive; its send moves
+  // before the forward that makes it.
+  std::vector<std::vector<Op>> unreceived = intact;
+  unreceived[1].erase(at(unreceived[1], OpKind::kReceiveActivation, 2));
+  fails_with(unreceived, "runs F2 before receiving its activation (ra2)");
+  std::vector<std::vector<Op>> early = intact;
+  early[1].erase(at(early[1], OpKind::kSendGradient, 1));
+  early[1].insert(at(early[1], OpKind::kBackward, 1),
+                  Op{OpKind::kSendGradient, 1});
+  fails_with(early, "sends micro-batch 1's input gradient before its backward");
+  // Stage 0 receives micro-batch 3's gradient and drops its backward.
+  std::vector<std::vector<Op>> unused = intact;
+  unused[0].erase(at(unused[0], OpKind::kBackward, 3));
+  fails_with(unused, "received the gradient of micro-batch 3 and did not use");
+  // A stage with no upstream receives no activation.
+  std::vector<std::vector<Op>> no_link = intact;
+  no_link[0].insert(no_link[0].begin(), Op{OpKind::kReceiveActivation, 0});
+  fails_with(no_link, "with no upstream stage");
+}
+
 // With several gradient groups on a stage, a weight gradient out of
 // micro-batch order would land in the wrong group: refused, not summed.
 TEST(PipelineExactness, WeightGradientsOutOfOrderAcrossGroupsAreRefused) {

@@ -30,6 +30,38 @@ TEST(Schedule, OneFOneBWarmsUpThenAlternates) {
             "F0 F1 B0 B1 step");
 }
 
+// The runtime's lists: each receive just before the op it feeds, each
+// send just after the op that made it; none over a link a stage does not
+// have (stage 0 receives no activation, the last stage no gradient).
+TEST(Schedule, TransfersAreActionsNextToTheirOps) {
+  EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 2, 2, 0),
+                                 2, 1, 0)),
+            "F0 sa0 F1 sa1 rg0 B0 rg1 B1 step");
+  EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 2, 2, 1),
+                                 2, 1, 1)),
+            "ra0 F0 B0 sg0 ra1 F1 B1 sg1 step");
+  EXPECT_EQ(Render(WithTransfers(
+                MakeSchedule(ScheduleKind::kZeroBubbleH1, 3, 1, 1), 3, 1, 1)),
+            "ra0 F0 sa0 rg0 B0 sg0 W0 step");
+  // A single stage has no links.
+  EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kGPipe, 1, 2, 0), 1,
+                                 1, 0)),
+            "F0 F1 B0 B1 step");
+  // Interleaved: worker 1 of 2 holds stages 1 and 3 of 4; its chunk 0 sends
+  // on to worker 0's chunk 1, and its chunk 1 is the last stage.
+  EXPECT_EQ(Render(WithTransfers(
+                MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2, 1),
+                2, 2, 1)),
+            "ra0 F0 sa0 ra1 F1 sa1 ra0/1 F0/1 B0/1 sg0/1 ra1/1 F1/1 B1/1 "
+            "sg1/1 rg0 B0 sg0 rg1 B1 sg1 step");
+  // A list with transfers already is the runtime's as it is.
+  const std::vector<Op> lowered =
+      WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, 1), 3, 1, 1);
+  EXPECT_TRUE(HasTransfers(lowered));
+  EXPECT_FALSE(HasTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, 1)));
+  EXPECT_EQ(WithTransfers(lowered, 3, 1, 1), lowered);
+}
+
 // B is the input half here, W the weight half (the paper's notation).
 TEST(Schedule, ZeroBubbleH1DefersEachStagesWeightsByItsIndex) {
   EXPECT_EQ(Render(MakeSchedule(ScheduleKind::kZeroBubbleH1, 2, 4, 0)),
@@ -168,27 +200,35 @@ TEST_P(ScheduleProperties, EveryStageIsWellFormed) {
   }
 }
 
-// Sends of stage s are the receives of s+1 in the same order, and running
-// all stages against unbounded FIFO links finishes (no deadlock).
+// On the runtime's lists (WithTransfers): the sends of stage s are the
+// receives of s+1 in the same order, each op's operand is received before
+// it and its output sent after it, and running all stages against unbounded
+// FIFO links finishes with every link empty (no deadlock, no message left).
 TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
   const auto [kind, k, m] = GetParam();
   std::vector<std::vector<Op>> ops;
-  for (int64_t s = 0; s < k; ++s) ops.push_back(MakeSchedule(kind, k, m, s));
+  for (int64_t s = 0; s < k; ++s)
+    ops.push_back(WithTransfers(MakeSchedule(kind, k, m, s), k, 1, s));
+  const auto micro_batches = [](const std::vector<Op>& list, OpKind kind) {
+    std::vector<int64_t> out;
+    for (const Op& op : list)
+      if (op.kind == kind) out.push_back(op.micro_batch);
+    return out;
+  };
   for (int64_t s = 0; s + 1 < k; ++s) {
-    std::vector<int64_t> sent_down, received_down, sent_up, received_up;
-    for (const Op& op : ops[s]) {
-      if (op.kind == OpKind::kForward) sent_down.push_back(op.micro_batch);
-      if (IsBackward(op)) received_up.push_back(op.micro_batch);
-    }
-    for (const Op& op : ops[s + 1]) {
-      if (op.kind == OpKind::kForward) received_down.push_back(op.micro_batch);
-      if (IsBackward(op)) sent_up.push_back(op.micro_batch);
-    }
-    EXPECT_EQ(sent_down, received_down) << "stage " << s;
-    EXPECT_EQ(sent_up, received_up) << "stage " << s;
+    EXPECT_EQ(micro_batches(ops[s], OpKind::kSendActivation),
+              micro_batches(ops[s + 1], OpKind::kReceiveActivation))
+        << "stage " << s;
+    EXPECT_EQ(micro_batches(ops[s + 1], OpKind::kSendGradient),
+              micro_batches(ops[s], OpKind::kReceiveGradient))
+        << "stage " << s;
   }
+  EXPECT_TRUE(micro_batches(ops[0], OpKind::kReceiveActivation).empty());
+  EXPECT_TRUE(micro_batches(ops[k - 1], OpKind::kReceiveGradient).empty());
   // down[s]: activations from s to s+1; up[s]: gradients from s+1 to s.
   std::vector<std::deque<int64_t>> down(k), up(k);
+  // Per stage, what receives hold and what ops made, by micro-batch.
+  std::vector<std::set<int64_t>> received(k), made(k);
   std::vector<size_t> pc(k, 0);
   bool progress = true;
   while (progress) {
@@ -196,27 +236,34 @@ TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
     for (int64_t s = 0; s < k; ++s) {
       if (pc[s] >= ops[s].size()) continue;
       const Op& op = ops[s][pc[s]];
-      if (op.kind == OpKind::kForward) {
-        if (s > 0) {
-          if (down[s - 1].empty()) continue;
-          EXPECT_EQ(down[s - 1].front(), op.micro_batch);
-          down[s - 1].pop_front();
-        }
-        if (s + 1 < k) down[s].push_back(op.micro_batch);
-      } else if (IsBackward(op)) {
-        if (s + 1 < k) {
-          if (up[s].empty()) continue;
-          EXPECT_EQ(up[s].front(), op.micro_batch);
-          up[s].pop_front();
-        }
-        if (s > 0) up[s - 1].push_back(op.micro_batch);
+      const int64_t i = op.micro_batch;
+      if (op.kind == OpKind::kReceiveActivation ||
+          op.kind == OpKind::kReceiveGradient) {
+        std::deque<int64_t>& link =
+            op.kind == OpKind::kReceiveActivation ? down[s - 1] : up[s];
+        if (link.empty()) continue;
+        EXPECT_EQ(link.front(), i);
+        link.pop_front();
+        EXPECT_TRUE(received[s].insert(i).second);
+      } else if (op.kind == OpKind::kSendActivation ||
+                 op.kind == OpKind::kSendGradient) {
+        EXPECT_EQ(made[s].erase(i), 1u) << "stage " << s << " sends " << i;
+        (op.kind == OpKind::kSendActivation ? down[s] : up[s - 1]).push_back(i);
+      } else if (op.kind == OpKind::kForward || IsBackward(op)) {
+        const bool forward = op.kind == OpKind::kForward;
+        if (forward ? s > 0 : s + 1 < k)
+          EXPECT_EQ(received[s].erase(i), 1u) << "stage " << s << " op " << i;
+        if (forward ? s + 1 < k : s > 0) made[s].insert(i);
       }
       ++pc[s];
       progress = true;
     }
   }
-  for (int64_t s = 0; s < k; ++s)
+  for (int64_t s = 0; s < k; ++s) {
     EXPECT_EQ(pc[s], ops[s].size()) << "stage " << s << " stuck";
+    EXPECT_TRUE(down[s].empty() && up[s].empty()) << "link " << s;
+    EXPECT_TRUE(received[s].empty() && made[s].empty()) << "stage " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

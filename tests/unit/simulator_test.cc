@@ -196,6 +196,68 @@ TEST(SimulatorTest, ABrokenScheduleDoesNotComplete) {
   EXPECT_FALSE(Simulate(early).complete);
 }
 
+// The transfers are actions: a list with them spelt out runs as the
+// compute-only one does, and a send dropped, a receive dropped or doubled,
+// two receives swapped, a send before what it sends was made, or a
+// transfer over a link the stage lacks leaves the step incomplete.
+TEST(SimulatorTest, BrokenTransfersDoNotComplete) {
+  for (ScheduleKind kind :
+       {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
+        ScheduleKind::kInterleaved1F1B}) {
+    const int64_t k = 3, m = 6, v = Interleaves(kind) ? 2 : 1;
+    SimulationConfig config = Balanced(k * v, m, kind);
+    config.virtual_stages = v;
+    config.stages.resize(k * v, config.stages[0]);
+    const SimulationResult plain = Simulate(config);
+    ASSERT_TRUE(plain.complete) << ScheduleName(kind);
+    for (int64_t w = 0; w < k; ++w) {
+      config.ops.push_back(
+          WithTransfers(MakeWorkerSchedule(kind, k, m, v, w), k, v, w));
+    }
+    const SimulationResult spelt = Simulate(config);
+    ASSERT_TRUE(spelt.complete) << ScheduleName(kind);
+    EXPECT_DOUBLE_EQ(spelt.step_seconds, plain.step_seconds);
+    EXPECT_EQ(spelt.max_link_messages, plain.max_link_messages);
+    const auto broken = [&](int64_t w, auto edit) {
+      SimulationConfig c = config;
+      edit(c.ops[w]);
+      return Simulate(c).complete;
+    };
+    const auto find = [](std::vector<Op>& ops, OpKind kind, int64_t i) {
+      return std::find(ops.begin(), ops.end(), Op{kind, i});
+    };
+    SCOPED_TRACE(ScheduleName(kind));
+    EXPECT_FALSE(broken(0, [&](std::vector<Op>& ops) {
+      ops.erase(find(ops, OpKind::kSendActivation, 2));
+    }));
+    EXPECT_FALSE(broken(1, [&](std::vector<Op>& ops) {
+      ops.erase(find(ops, OpKind::kReceiveActivation, 2));
+    }));
+    EXPECT_FALSE(broken(1, [&](std::vector<Op>& ops) {
+      ops.insert(find(ops, OpKind::kReceiveGradient, 1),
+                 Op{OpKind::kReceiveGradient, 1});
+    }));
+    EXPECT_FALSE(broken(1, [&](std::vector<Op>& ops) {
+      std::iter_swap(find(ops, OpKind::kReceiveGradient, 0),
+                     find(ops, OpKind::kReceiveGradient, 1));
+    }));
+    EXPECT_FALSE(broken(0, [&](std::vector<Op>& ops) {
+      auto send = find(ops, OpKind::kSendActivation, 1);
+      const Op op = *send;
+      ops.erase(send);
+      ops.insert(find(ops, OpKind::kForward, 1), op);
+    }));
+    // A second send of the same output leaves a message nobody takes.
+    EXPECT_FALSE(broken(0, [&](std::vector<Op>& ops) {
+      ops.insert(find(ops, OpKind::kSendActivation, 4),
+                 Op{OpKind::kSendActivation, 4});
+    }));
+    EXPECT_FALSE(broken(0, [&](std::vector<Op>& ops) {
+      ops.insert(ops.begin(), Op{OpKind::kReceiveActivation, 0});
+    }));
+  }
+}
+
 TEST(SimulatorTest, RematLowersPeakMemoryAndCostsTime) {
   const int64_t k = 4, m = 8;
   const SimulationResult never =
