@@ -103,7 +103,9 @@ struct LayerCost {
   // they are kept, and the model counts each boundary tensor once.
   bool keeps_input = false;
   bool keeps_output = false;
-  bool output_is_input = false;   // a view of the input (Flatten, p=0 dropout)
+  bool output_is_input = false;  // a view of the input (Flatten, p=0 dropout)
+  // The input itself outside training (dropout).
+  bool evaluation_passes_input = false;
   int64_t saved_bytes = 0;        // fresh tensors kept, per sample
   int64_t saved_fixed_bytes = 0;  // fresh tensors kept, per micro-batch
   // Temporaries of one forward or backward beyond its input, output and
@@ -127,6 +129,19 @@ struct LayerCost {
   // layer's inner GEMMs' inputs).
   bool weight_keeps_input = false;
   int64_t weight_saved_bytes = 0;
+  // A split backward's temporaries, per sample, when they differ from the
+  // whole backward's: the input half's (a convolution's column gradients)
+  // and the weight half's (its columns, made again); the input half's is
+  // `workspace_bytes` and the weight half's 0 otherwise. A layer that
+  // computes no input gradient (the model's first) runs only the weight
+  // part of its whole backward.
+  bool splits_workspace = false;
+  int64_t input_workspace_bytes = 0;
+  int64_t weight_workspace_bytes = 0;
+  // Whether `deferred_bytes` holds the layer's own output gradient (the
+  // tensor its backward was handed, kept as its last GEMM's operand)
+  // rather than only gradients its backward made.
+  bool defers_output_grad = false;
 };
 
 // What incremental decoding (generation) keeps of the positions already

@@ -317,6 +317,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       params = in * out + (bias ? out : 0);
       deferred = n_out;
       cost.weight_keeps_input = true;
+      cost.defers_output_grad = true;
       break;
     }
     case K::kRelu:
@@ -333,6 +334,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // The mask is recomputed from its key in the backward; p = 0 passes
       // the input through.
       cost.output_is_input = spec.dropout().p() == 0.0f;
+      cost.evaluation_passes_input = true;
       break;
     case K::kLayerNorm:
       flops = 5 * n_out;  // mean, variance, normalize, scale, shift
@@ -346,9 +348,11 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       flops = n_out;  // the position embedding add; the lookup is a copy
       params =
           static_cast<double>(e.vocab_size() + e.max_positions()) * e.dim();
-      saved = n_in;  // a checked copy of the ids (int32)
+      saved = n_in;         // a checked copy of the ids (int32)
+      forward_temp = n_in;  // made in any forward
       deferred = n_out;
       weight_saved = saved;
+      cost.defers_output_grad = true;
       break;
     }
     case K::kSelfAttention: {
@@ -360,9 +364,12 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // q/k/v, the attention probabilities and the heads' output (the
       // output projection's input).
       saved = 3 * t * dim + a.heads() * t * t + t * dim;
-      // Their gradients in the backward.
-      workspace = saved;
+      // The backward's output projection gradient and q/k/v's, beside its
+      // input gradient (the probabilities' gradients are one (sample,
+      // head) at a time, outside the tensors).
+      workspace = 4 * t * dim;
       deferred = 3 * t * dim + t * dim;  // the two projections' outputs'
+      cost.defers_output_grad = true;    // the output projection's
       // The projections' inputs: the layer's, and the heads' output.
       cost.weight_keeps_input = true;
       weight_saved = t * dim;
@@ -386,9 +393,18 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       // hidden layer before and after GELU.
       saved = 2 * t * dim + 4 * t + 3 * t * dim + b.heads() * t * t + t * dim +
               t * dim + 2 * t * hidden;
-      workspace = saved;
+      // The backward holds the MLP's hidden gradient (twice across GELU),
+      // then the residual's gradient beside attention's own backward (its
+      // workspace and input gradient); each dropout's gradient is a tensor
+      // of its own. Less the block's input gradient, counted by the caller.
+      const double dropout = b.dropout() > 0 ? t * dim : 0;
+      workspace = std::max(dropout + 2 * t * hidden,
+                           2 * dropout + t * hidden + 6 * t * dim) -
+                  t * dim;
       // Gradients of the q/k/v, output and two MLP projections' outputs.
       deferred = 3 * t * dim + t * dim + t * hidden + t * dim;
+      // The MLP's output projection's, unless a dropout comes between.
+      cost.defers_output_grad = b.dropout() == 0;
       // The four GEMMs' inputs: both norms' outputs, the heads' output and
       // GELU's output.
       weight_saved = 3 * t * dim + t * hidden;
@@ -419,8 +435,16 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
           std::numeric_limits<int64_t>::max());
       // A forward's columns and the GEMM's output, of a chunk.
       forward_temp = (c.in_channels() * k2 + c.out_channels()) * positions;
+      // Split: the column gradients and the output gradient's copy in the
+      // input half; the columns, made again, and the copy in the weight
+      // half.
+      cost.splits_workspace = true;
+      cost.input_workspace_bytes =
+          ParamBytes((c.in_channels() * k2 + c.out_channels()) * positions);
+      cost.weight_workspace_bytes = cost.input_workspace_bytes;
       deferred = n_out;
       cost.weight_keeps_input = true;
+      cost.defers_output_grad = true;
       break;
     }
     case K::kMaxPool2D: {

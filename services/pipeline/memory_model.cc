@@ -39,18 +39,49 @@ int64_t BoundaryBytes(const ModelShapes& shapes, int64_t j, int64_t end) {
 // or after a split backward's input half (for the weight half).
 enum class Kept { kForBackward, kForWeightHalf };
 
+// For each boundary j of [begin, end] (at j - begin), whether the record
+// of `what` holds its tensor: a layer keeps its input or output, or one
+// joined to it by views does (KeptBytes's groups).
+std::vector<char> KeptBoundaries(const ModelShapes& shapes, int64_t begin,
+                                 int64_t end, Kept what) {
+  const bool weight = what == Kept::kForWeightHalf;
+  std::vector<char> kept(end - begin + 1, 0);
+  int64_t group = begin;  // the first boundary of the current group
+  bool any = false;
+  const auto close = [&](int64_t past) {
+    for (int64_t j = group; j < past; ++j) kept[j - begin] = any;
+  };
+  for (int64_t j = begin; j <= end; ++j) {
+    if (j > begin && !shapes.costs[j - 1].output_is_input) {
+      close(j);
+      group = j;
+      any = false;
+    }
+    const LayerCost* in = j < end ? &shapes.costs[j] : nullptr;
+    const LayerCost* out = j > begin ? &shapes.costs[j - 1] : nullptr;
+    any = any ||
+          (in != nullptr &&
+           (weight ? in->weight_keeps_input : in->keeps_input)) ||
+          (out != nullptr && !weight && out->keeps_output);
+  }
+  close(end + 1);
+  return kept;
+}
+
 // SavedActivationBytes, leaving the stage's input out when `count_input` is
 // false (the first stage's input is a view of the step's batch).
-int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
-                  int64_t samples, bool count_input,
-                  Kept what = Kept::kForBackward) {
-  const bool weight = what == Kept::kForWeightHalf;
+// Layers [begin, weight_from) hold their records for the backward, layers
+// [weight_from, end) for their weight halves (a split backward's input
+// half has passed them).
+int64_t KeptBytesFrom(const ModelShapes& shapes, int64_t begin, int64_t end,
+                      int64_t samples, bool count_input, int64_t weight_from) {
+  const auto weight = [&](int64_t l) { return l >= weight_from; };
   const auto keeps_input = [&](int64_t l) {
-    return weight ? shapes.costs[l].weight_keeps_input
-                  : shapes.costs[l].keeps_input;
+    return weight(l) ? shapes.costs[l].weight_keeps_input
+                     : shapes.costs[l].keeps_input;
   };
   const auto keeps_output = [&](int64_t l) {
-    return !weight && shapes.costs[l].keeps_output;
+    return !weight(l) && shapes.costs[l].keeps_output;
   };
   int64_t per_sample = 0, fixed = 0;
   // Boundary j is layer j's input and layer j-1's output; a layer whose
@@ -74,10 +105,18 @@ int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
   }
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
-    per_sample = Add(per_sample, weight ? c.weight_saved_bytes : c.saved_bytes);
-    if (!weight) fixed = Add(fixed, c.saved_fixed_bytes);
+    per_sample =
+        Add(per_sample, weight(l) ? c.weight_saved_bytes : c.saved_bytes);
+    if (!weight(l)) fixed = Add(fixed, c.saved_fixed_bytes);
   }
   return Add(Mul(per_sample, samples), fixed);
+}
+
+int64_t KeptBytes(const ModelShapes& shapes, int64_t begin, int64_t end,
+                  int64_t samples, bool count_input,
+                  Kept what = Kept::kForBackward) {
+  return KeptBytesFrom(shapes, begin, end, samples, count_input,
+                       what == Kept::kForWeightHalf ? begin : end);
 }
 
 int64_t TrainSamples(const v1::DataSpec& data) {
@@ -104,34 +143,108 @@ int64_t TargetBytesPerSample(const ModelShapes& shapes) {
 // gradient and the input's with the layer's workspace.
 // A forward's input at layer `begin` is the stage's input, which the caller
 // counts (the message received, or the batch).
-enum class OpPass { kTrainingForward, kEvaluation, kBackward };
+// kUnkeptForward: a training forward that keeps no record (the first
+// under re-materialization): its temporaries pass as an evaluation's.
+enum class OpPass { kTrainingForward, kUnkeptForward, kEvaluation, kBackward };
 
+// `kept` (KeptBoundaries, for a forward that keeps its record): the
+// boundaries the activations count already, left out of the op.
+// `stage_grad`: a backward's output gradient, which the stage holds until
+// its last layer is done, beside every layer's but the stage's last.
 int64_t LargestOp(const ModelShapes& shapes, int64_t begin, int64_t end,
-                  int64_t samples, OpPass pass) {
+                  int64_t samples, OpPass pass,
+                  const std::vector<char>* kept = nullptr,
+                  int64_t stage_grad = 0) {
   const bool backward = pass == OpPass::kBackward;
   int64_t most = 0;
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
     // A forward's input at the stage's first layer is counted by the
     // caller; the model's first layer computes no input gradient.
-    const bool no_input = backward ? !InputGradUsed(l) : l == begin;
+    const bool no_input = backward ? !InputGradUsed(l)
+                                   : l == begin || (kept && (*kept)[l - begin]);
+    const bool no_output = !backward && kept && (*kept)[l + 1 - begin];
+    // A view's backward hands its output gradient on as its input's.
     const int64_t per_sample =
-        Add(no_input ? 0 : Mul(shapes.inputs[l].numel(), 4),
-            Mul(shapes.outputs[l].numel(), 4));
+        (pass == OpPass::kEvaluation && c.evaluation_passes_input) ||
+                (backward && c.output_is_input)
+            ? 0
+            : Add(no_input ? 0 : Mul(shapes.inputs[l].numel(), 4),
+                  no_output ? 0 : Mul(shapes.outputs[l].numel(), 4));
     // Chunked layers hold the temporaries of one chunk of samples.
     const int64_t in_chunk = c.workspace_samples > 0
                                  ? std::min(samples, c.workspace_samples)
                                  : samples;
     int64_t temporaries = 0;
     if (backward) {
-      temporaries = Mul(c.workspace_bytes, in_chunk);
-    } else if (pass == OpPass::kEvaluation || c.workspace_samples > 0) {
+      // Without an input gradient only the weight gradient's part runs.
+      temporaries =
+          Mul(!InputGradUsed(l) && c.splits_workspace ? c.weight_workspace_bytes
+                                                      : c.workspace_bytes,
+              in_chunk);
+    } else if (pass != OpPass::kTrainingForward || c.workspace_samples > 0) {
       temporaries = Mul(c.forward_temp_bytes, in_chunk);
     }
     // Per-channel statistics and the like, made in any pass.
-    if (pass == OpPass::kEvaluation)
+    if (pass == OpPass::kEvaluation || pass == OpPass::kUnkeptForward)
       temporaries = Add(temporaries, c.saved_fixed_bytes);
+    if (backward && l + 1 < end) temporaries = Add(temporaries, stage_grad);
     most = std::max(most, Add(Mul(per_sample, samples), temporaries));
+  }
+  return most;
+}
+
+// The most a split backward's input half holds beyond the rest of the
+// stage, over layers [begin, end): walking them last to first, each
+// layer's own op (LargestOp's backward terms) beside the micro-batch's
+// record, the stage's output gradient (held to the end) and the deferred
+// gradients the layers after it kept for their weight halves. A layer's
+// input half lets go of what its weight half does not read, so the layers
+// after it hold their weight halves' records only. A layer that defers
+// its output gradient keeps the tensor it was handed: the stage's own, at
+// the last.
+int64_t InputHalfPeak(const ModelShapes& shapes, int64_t begin, int64_t end,
+                      int64_t samples, bool count_input, int64_t stage_grad) {
+  int64_t most = 0, later = 0;
+  for (int64_t l = end - 1; l >= begin; --l) {
+    const LayerCost& c = shapes.costs[l];
+    const int64_t per_sample =
+        c.output_is_input
+            ? 0
+            : Add(InputGradUsed(l) ? Mul(shapes.inputs[l].numel(), 4) : 0,
+                  Mul(shapes.outputs[l].numel(), 4));
+    const int64_t in_chunk = c.workspace_samples > 0
+                                 ? std::min(samples, c.workspace_samples)
+                                 : samples;
+    const int64_t record =
+        KeptBytesFrom(shapes, begin, end, samples, count_input, l + 1);
+    const int64_t beside =
+        Add(Add(later, record), l + 1 < end ? stage_grad : 0);
+    const int64_t workspace = !InputGradUsed(l)    ? 0
+                              : c.splits_workspace ? c.input_workspace_bytes
+                                                   : c.workspace_bytes;
+    most = std::max(
+        most,
+        Add(Add(Mul(per_sample, samples), Mul(workspace, in_chunk)), beside));
+    int64_t kept = Mul(c.deferred_bytes, samples);
+    if (l + 1 == end && c.defers_output_grad)
+      kept = std::max<int64_t>(0, kept - stage_grad);
+    later = Add(later, kept);
+  }
+  return most;
+}
+
+// The most a weight half holds beyond the record: its largest layer's
+// temporaries.
+int64_t WeightHalfPeak(const ModelShapes& shapes, int64_t begin, int64_t end,
+                       int64_t samples) {
+  int64_t most = 0;
+  for (int64_t l = begin; l < end; ++l) {
+    const LayerCost& c = shapes.costs[l];
+    const int64_t in_chunk = c.workspace_samples > 0
+                                 ? std::min(samples, c.workspace_samples)
+                                 : samples;
+    most = std::max(most, Mul(c.weight_workspace_bytes, in_chunk));
   }
   return most;
 }
@@ -143,9 +256,9 @@ std::string StageMemory::ToString() const {
       FormatBytes(total()), " (parameters ", FormatBytes(parameters),
       ", gradients ", FormatBytes(gradients), ", optimizer ",
       FormatBytes(optimizer_state), ", activations ", FormatBytes(activations),
-      ", working ", FormatBytes(working), ", evaluation ",
-      FormatBytes(evaluation), ", batch ", FormatBytes(batch), ", data ",
-      FormatBytes(data), ")");
+      ", working ", FormatBytes(working), ", in flight ",
+      FormatBytes(in_flight), ", evaluation ", FormatBytes(evaluation),
+      ", batch ", FormatBytes(batch), ", data ", FormatBytes(data), ")");
 }
 
 int64_t SavedActivationBytes(const ModelShapes& shapes, int64_t begin,
@@ -192,21 +305,70 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // stage also keeps the loss gradient.
   int64_t per_micro_batch = remat ? (first ? 0 : in_bytes) : full;
   if (last) per_micro_batch = Add(per_micro_batch, out_bytes);
+  // Under re-materialization a micro-batch's record is rebuilt whole for
+  // its backward, beside the input it kept.
+  const int64_t rebuilt = KeptBytes(shapes, b, e, mb, /*count_input=*/false);
+
+  // The ops' own memory beside what the stage holds. The messages a stage
+  // receives are among what it holds (a forward's input, or kept) or the
+  // backward's output gradient; what it sends leaves its allocator when
+  // the link takes it (serialized, or copied into a ring), and the
+  // transport's copy is host memory beside the stage's (in_flight).
+  //
+  // A forward that keeps its record turns its kept tensors into the
+  // activations; a forward's input at the stage's first layer is among
+  // them when the record or re-materialization keeps it (the first
+  // stage's is a view of the batch). Under re-materialization the first
+  // forward keeps nothing: an evaluation's forward.
+  const std::vector<char> kept =
+      KeptBoundaries(shapes, b, e, Kept::kForBackward);
+  const int64_t keeping_forward =
+      LargestOp(shapes, b, e, mb, OpPass::kTrainingForward, &kept);
+  // The last stage's loss: the probabilities beside the logits (the loss
+  // gradient is among the activations).
+  const int64_t forward_op =
+      Add(remat ? LargestOp(shapes, b, e, mb, OpPass::kUnkeptForward)
+                : Add(keeping_forward, first || kept[0] ? 0 : in_bytes),
+          last ? out_bytes : 0);
+  // Re-materialization runs the forward again, keeping, with the output
+  // gradient received.
+  const int64_t recompute =
+      remat ? Add(Add(rebuilt, keeping_forward), last ? 0 : out_bytes) : 0;
+  // The backward holds its output gradient to the end, and its record:
+  // rebuilt under re-materialization with the input when a layer keeps it
+  // (else let go after the recompute); the last stage's loss gradient is
+  // the output gradient.
+  const int64_t backward_op =
+      LargestOp(shapes, b, e, mb, OpPass::kBackward, nullptr, out_bytes);
+  const int64_t record = remat ? full : per_micro_batch;
+  // The last stage's loss gradient, counted in per_micro_batch but not in
+  // the re-materialized record.
+  const int64_t own_grad = last && !remat ? out_bytes : 0;
+  int64_t train = 0;
   if (!SplitsBackward(p.schedule)) {
-    // Under re-materialization one micro-batch at a time is recomputed
-    // whole for its backward.
-    out.activations = Add(Mul(per_micro_batch, MaxLiveMicroBatches(ops, chunk)),
-                          remat ? full : 0);
+    const int64_t live = MaxLiveMicroBatches(ops, chunk);
+    out.activations = Mul(per_micro_batch, live);
+    const int64_t others = Mul(per_micro_batch, std::max<int64_t>(0, live - 1));
+    train = std::max({Add(out.activations, forward_op),
+                      Add(out.activations, recompute),
+                      Add(Add(others, record), backward_op) - own_grad});
   } else {
     // A micro-batch between its halves keeps what the weight half reads
-    // and its GEMMs' output gradients; while its input half runs, its whole
-    // record (recomputed under remat) beside the gradients it makes.
+    // and its GEMMs' output gradients; while its input half runs, its
+    // record beside the gradients it makes. Walk the ops: each moment the
+    // stage holds what the ops before left, beside the running op's own.
     int64_t gradients = 0;
     for (int64_t l = b; l < e; ++l)
       gradients = Add(gradients, Mul(shapes.costs[l].deferred_bytes, mb));
     const int64_t per_deferred = Add(
         KeptBytes(shapes, b, e, mb, !first, Kept::kForWeightHalf), gradients);
-    int64_t waiting = 0, deferred = 0, peak = 0;
+    // The record, the input when a layer keeps it (under
+    // re-materialization, rebuilt), and the loss gradient as the output
+    // gradient.
+    const int64_t input_half =
+        InputHalfPeak(shapes, b, e, mb, /*count_input=*/!first, out_bytes);
+    const int64_t weight_half = WeightHalfPeak(shapes, b, e, mb);
+    int64_t waiting = 0, deferred = 0;
     const auto held = [&] {
       return Add(Mul(per_micro_batch, waiting), Mul(per_deferred, deferred));
     };
@@ -214,28 +376,22 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
       if (op.chunk != chunk) continue;
       if (op.kind == OpKind::kForward) {
         ++waiting;
-        peak = std::max(peak, held());
+        out.activations = std::max(out.activations, held());
+        train = std::max(train, Add(held(), forward_op));
       } else if (op.kind == OpKind::kBackwardInput) {
+        train = std::max(train, Add(held(), recompute));
         --waiting;
-        const int64_t record =
-            remat ? Add(full, first ? 0 : in_bytes) : per_micro_batch;
-        peak = std::max(peak, Add(Add(held(), record), gradients));
+        train = std::max(train, Add(held(), input_half));
         ++deferred;
+        out.activations = std::max(out.activations, held());
       } else if (op.kind == OpKind::kBackwardWeight) {
+        train = std::max(train, Add(held(), weight_half));
         --deferred;
       }
     }
-    out.activations = peak;
   }
-
-  // One op at a time beside the activations, and the last activation sent
-  // while it waits for the next stage to take it. The messages received are
-  // among the others: the activation is the input the forward keeps, the
-  // gradient the backward's output gradient.
-  int64_t train =
-      Add(std::max(LargestOp(shapes, b, e, mb, OpPass::kTrainingForward),
-                   LargestOp(shapes, b, e, mb, OpPass::kBackward)),
-          last ? 0 : out_bytes);
+  train = std::max<int64_t>(0, train - out.activations);
+  out.in_flight = std::max(last ? 0 : out_bytes, first ? 0 : in_bytes);
   // An evaluation batch goes through whole: the stage's input beside its
   // largest forward.
   const int64_t eval_batch =
@@ -244,7 +400,6 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
                      first ? 0 : Mul(BoundaryBytes(shapes, b, e), eval_batch));
   if (last) {
     // The loss's probabilities beside the logits.
-    train = Add(train, out_bytes);
     eval = Add(eval, Mul(BoundaryBytes(shapes, e, e), eval_batch));
   }
   // Several gradient groups on one stage: the sums GradientTree holds
@@ -294,6 +449,7 @@ StageMemory Combined(const std::vector<StageMemory>& stages) {
                             {&w.optimizer_state, c.optimizer_state},
                             {&w.activations, c.activations},
                             {&w.working, c.working},
+                            {&w.in_flight, c.in_flight},
                             {&w.evaluation, c.evaluation},
                             {&w.data, c.data},
                             {&w.batch, c.batch}}) {

@@ -37,13 +37,17 @@ struct StageMemory {
   int64_t gradients = 0;        // one accumulator per parameter
   int64_t optimizer_state = 0;  // momentum, or AdamW's two moments
   // What forwards keep for their backwards, for as many micro-batches as
-  // the schedule holds at once (under re-materialization: their inputs,
-  // plus one micro-batch recomputed in full).
+  // the schedule holds at once (under re-materialization: their inputs;
+  // with a split backward, what the micro-batches between their halves
+  // keep).
   int64_t activations = 0;
-  // A training step's largest single op's input, output, gradients and
-  // temporaries, the messages in flight, and the step's batch on the first
-  // and last stage: on top of the activations.
+  // The rest of a training step's peak, walking the schedule's ops: the
+  // running op's own tensors beside what the ops before it left (a
+  // re-materialized record, gradients, temporaries).
   int64_t working = 0;
+  // A message on its way out: the transport's serialized copy of the
+  // largest tensor the stage sends, outside the stage's allocator.
+  int64_t in_flight = 0;
   // The same for an evaluation batch (forward only), between steps, when
   // no activations are kept.
   int64_t evaluation = 0;
@@ -59,11 +63,11 @@ struct StageMemory {
   int64_t training() const { return SaturatingSum({activations, working}); }
   int64_t total() const {
     return SaturatingSum({parameters, gradients, optimizer_state, data, batch,
-                          std::max(training(), evaluation)});
+                          in_flight, std::max(training(), evaluation)});
   }
   // "1.20 GiB (parameters 400 MiB, gradients 400 MiB, optimizer 800 MiB,
-  // activations 12.0 MiB, working 3.00 MiB, evaluation 8.00 MiB, batch
-  // 3.00 MiB, data 54.9 MiB)".
+  // activations 12.0 MiB, working 3.00 MiB, in flight 1.00 MiB, evaluation
+  // 8.00 MiB, batch 3.00 MiB, data 54.9 MiB)".
   std::string ToString() const;
 };
 
