@@ -31,6 +31,7 @@
 #include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/link_reduction.h"
+#include "services/pipeline/memory_model.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/simulator.h"
 #include "services/transport/in_process_link.h"
@@ -67,6 +68,9 @@ gpipe::v1::JobSpec BalancedMlp(int64_t width, int64_t batch) {
 struct Measured {
   double step_seconds;
   std::vector<int64_t> peak_bytes;
+  // The memory model's training peak of each worker (its chunks' together),
+  // for the same cut, M, schedule and remat.
+  std::vector<int64_t> estimate_bytes;
   // Over the measured steps of every stage: (wall - busy) / wall, as the
   // bubble gauges count it.
   double bubble = 0;
@@ -107,6 +111,16 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     if (s >= warmup) times.push_back(t);
   }
   Measured out{Median(times), {}};
+  if (auto shapes = InferModelShapes(spec.model()); shapes.ok()) {
+    const std::vector<StageMemory> model = EstimatePipelineMemory(
+        spec, *shapes, (*p)->balance(), m, schedule, remat, v);
+    for (int64_t w = 0; w < k && model.size() == static_cast<size_t>(k * v);
+         ++w) {
+      int64_t bytes = 0;
+      for (int64_t c = 0; c < v; ++c) bytes += model[c * k + w].training();
+      out.estimate_bytes.push_back(bytes);
+    }
+  }
   double wall = 0, busy = 0;
   for (int64_t w = 0; w < k; ++w) {
     int64_t peak = 0;
@@ -302,9 +316,9 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
                       int steps, std::shared_ptr<const Dataset> data) {
   std::printf("\nschedules at K=%lld (remat never):\n",
               static_cast<long long>(k));
-  std::printf("%4s %11s %9s %10s %9s %9s %8s %8s %10s %9s\n", "M", "sched",
+  std::printf("%4s %11s %9s %10s %9s %9s %8s %8s %10s %9s %9s\n", "M", "sched",
               "step ms", "pred ms", "meas/pred", "bubble", "sim", "formula",
-              "peak MiB", "vs 1f1b");
+              "peak MiB", "model/pk", "vs 1f1b");
   for (int64_t m : {2, 4, 8}) {
     const Measured one =
         Run(spec, 1, m, RematMode::kNever, warmup, steps, data);
@@ -332,14 +346,26 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
         versus = absl::StrFormat("%.2f/%.2f", r.bubble / ofob_bubble,
                                  static_cast<double>(peak) / ofob_peak);
       }
+      // The model's estimate over the measured peak, worker by worker: the
+      // lowest and the highest ratio (1.00: exact; below: under).
+      double lo = 0, hi = 0;
+      for (size_t w = 0; w < r.estimate_bytes.size(); ++w) {
+        if (r.peak_bytes[w] <= 0) continue;
+        const double ratio =
+            static_cast<double>(r.estimate_bytes[w]) / r.peak_bytes[w];
+        lo = w == 0 ? ratio : std::min(lo, ratio);
+        hi = std::max(hi, ratio);
+      }
+      const std::string model_ratio = absl::StrFormat("%.2f-%.2f", lo, hi);
       std::printf(
-          "%4lld %11s %9.1f %10.1f %9.2f %8.1f%% %7.1f%% %7.1f%% %10.2f %9s\n",
+          "%4lld %11s %9.1f %10.1f %9.2f %8.1f%% %7.1f%% %7.1f%% %10.2f %9s "
+          "%9s\n",
           static_cast<long long>(m),
           std::string(ScheduleName(schedule)).c_str(), r.step_seconds * 1e3,
           sim.step_seconds * 1e3, r.step_seconds / sim.step_seconds,
           100 * r.bubble, 100 * MeanBubble(sim),
           100 * TheoreticalBubble(schedule, k, m, v), peak / 1048576.0,
-          versus.c_str());
+          model_ratio.c_str(), versus.c_str());
     }
   }
 }
