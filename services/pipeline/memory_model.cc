@@ -19,6 +19,10 @@ int64_t Add(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_add_overflow(a, b, &r) ? kMax : r;
 }
+// a - b, never below 0, and kMax ("too large") stays kMax.
+int64_t Less(int64_t a, int64_t b) {
+  return a == kMax ? kMax : std::max<int64_t>(0, a - b);
+}
 int64_t Mul(int64_t a, int64_t b) {
   int64_t r;
   return __builtin_mul_overflow(a, b, &r) ? kMax : r;
@@ -351,7 +355,7 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
     const int64_t others = Mul(per_micro_batch, std::max<int64_t>(0, live - 1));
     train = std::max({Add(out.activations, forward_op),
                       Add(out.activations, recompute),
-                      Add(Add(others, record), backward_op) - own_grad});
+                      Less(Add(Add(others, record), backward_op), own_grad)});
   } else {
     // A micro-batch between its halves keeps what the weight half reads
     // and its GEMMs' output gradients; while its input half runs, its
@@ -390,12 +394,18 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
       }
     }
   }
-  train = std::max<int64_t>(0, train - out.activations);
-  out.in_flight = std::max(last ? 0 : out_bytes, first ? 0 : in_bytes);
+  train = Less(train, out.activations);
   // An evaluation batch goes through whole: the stage's input beside its
   // largest forward.
   const int64_t eval_batch =
       spec.eval().batch_size() > 0 ? spec.eval().batch_size() : batch;
+  // An evaluation batch crosses the links whole.
+  const int64_t eval_out =
+      last ? 0 : Mul(BoundaryBytes(shapes, e, e), eval_batch);
+  const int64_t eval_in =
+      first ? 0 : Mul(BoundaryBytes(shapes, b, e), eval_batch);
+  out.in_flight =
+      std::max({last ? 0 : out_bytes, first ? 0 : in_bytes, eval_out, eval_in});
   int64_t eval = Add(LargestOp(shapes, b, e, eval_batch, OpPass::kEvaluation),
                      first ? 0 : Mul(BoundaryBytes(shapes, b, e), eval_batch));
   if (last) {

@@ -45,8 +45,10 @@ struct StageMemory {
   // running op's own tensors beside what the ops before it left (a
   // re-materialized record, gradients, temporaries).
   int64_t working = 0;
-  // A message on its way out: the transport's serialized copy of the
-  // largest tensor the stage sends, outside the stage's allocator.
+  // A message on its way: the transport's copy (serialized, or being
+  // assembled) of the largest tensor the stage sends or receives, a
+  // training micro-batch's or an evaluation batch's, outside the stage's
+  // allocator.
   int64_t in_flight = 0;
   // The same for an evaluation batch (forward only), between steps, when
   // no activations are kept.

@@ -40,7 +40,8 @@ struct SimulationConfig {
   ScheduleKind schedule = ScheduleKind::kGPipe;
   int64_t virtual_stages = 1;  // v, chunks per worker (interleaved only)
   // Each worker's ops, when given (K lists), instead of MakeWorkerSchedule's
-  // for `schedule` (which then says only how many chunks a worker holds).
+  // for `schedule` (which then says only how many chunks a worker holds);
+  // lists without transfers get them (WithTransfers).
   std::vector<std::vector<Op>> ops;
   RematMode remat = RematMode::kNever;
   // Each direction of each neighbour link carries one tensor at a time;

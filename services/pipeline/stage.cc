@@ -277,7 +277,10 @@ absl::Status Stage::Send(int64_t step, int64_t m, OpKind kind,
   RETURN_IF_ERROR(link->Send(std::move(out)));
   // Handing the output to the link is the op's last part, as it was
   // before sends were actions of their own.
-  timeline_.RecordSend(activation, m, start, timeline_.Now());
+  timeline_.RecordSend(activation ? Phase::kForward : f.gradient_phase, m,
+                       start, timeline_.Now());
+  if (!activation && std::exchange(f.weights_due, false))
+    return WeightGradientDone(m);
   return absl::OkStatus();
 }
 
@@ -356,11 +359,13 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     ++st.weights_done;
     f.Release();
   }
-  if (!placement_.first()) {
-    timer.record().bytes_sent = dx.nbytes();
-    f.gradient_out = ForLink(upstream_, std::move(dx));
-  }
-  return split ? absl::OkStatus() : WeightGradientDone(m);
+  if (placement_.first())
+    return split ? absl::OkStatus() : WeightGradientDone(m);
+  timer.record().bytes_sent = dx.nbytes();
+  f.gradient_out = ForLink(upstream_, std::move(dx));
+  f.gradient_phase = split ? Phase::kBackwardInput : Phase::kBackward;
+  f.weights_due = !split;
+  return absl::OkStatus();
 }
 
 std::function<void(int64_t)> Stage::Bucketer(StepState& st) {

@@ -40,9 +40,12 @@ struct StagePlacement {
   int64_t layer_end = 0;
   int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
-  // The ops of a step instead of MakeSchedule's when not empty, run as
-  // given: tests run broken schedules to show the exactness checks catch
-  // them. Micro-batches outside [0, M) are refused.
+  // The ops of a step instead of MakeSchedule's when not empty: tests run
+  // broken schedules to show the exactness checks catch them. A list
+  // without transfers gets them (WithTransfers); one with them runs as
+  // written, and a send left out leaves its neighbour waiting for ever (run
+  // such a list through Simulate first). Micro-batches outside [0, M) are
+  // refused.
   std::vector<Op> ops;
   RematMode remat = RematMode::kExceptLast;
   // Where the stage computes; links carry host tensors unless they say
@@ -130,7 +133,8 @@ class Stage {
 
   // The same step op by op, for a worker that runs several stages (the
   // chunks of an interleaved schedule) on one thread: BeginStep, RunOp for
-  // each forward and backward op, then the optimizer step in two halves,
+  // each op of its list with the transfers (WithTransfers), then the
+  // optimizer step in two halves,
   // SendGradSquares (the clipping norm passed down the chain) on every
   // chunk in chunk order and FinishStep (the total passed back up, the
   // update) in reverse, so no chunk waits for one its own thread has not
@@ -181,6 +185,13 @@ class Stage {
     // op it serves, and what an op made for the send after it.
     Tensor activation_in, gradient_in;
     Tensor activation_out, gradient_out;
+    // What made gradient_out (a whole backward or an input half), for the
+    // send's record.
+    Phase gradient_phase = Phase::kBackward;
+    // A whole backward's group push (WeightGradientDone), run once its
+    // input gradient is sent: the stage upstream waits for that, not for
+    // the group's sum.
+    bool weights_due = false;
 
     // The backward's record goes; the transfers' slots stay.
     void Release() {

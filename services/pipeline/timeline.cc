@@ -56,21 +56,17 @@ void Timeline::Record(const OpRecord& op) {
   current_.ops.push_back(op);
 }
 
-void Timeline::RecordSend(bool activation, int64_t micro_batch,
-                          int64_t start_ns, int64_t end_ns) {
+void Timeline::RecordSend(Phase made_by, int64_t micro_batch, int64_t start_ns,
+                          int64_t end_ns) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!current_.ops.empty()) {
     OpRecord& last = current_.ops.back();
-    const bool made_it = activation ? last.phase == Phase::kForward
-                                    : last.phase == Phase::kBackward ||
-                                          last.phase == Phase::kBackwardInput;
-    if (made_it && last.micro_batch == micro_batch) {
+    if (last.phase == made_by && last.micro_batch == micro_batch) {
       last.end_ns = std::max(last.end_ns, end_ns);
       return;
     }
   }
-  current_.ops.push_back({activation ? Phase::kForward : Phase::kBackward,
-                          micro_batch, start_ns, end_ns});
+  current_.ops.push_back({made_by, micro_batch, start_ns, end_ns});
 }
 
 void Timeline::EndStep() {

@@ -60,10 +60,10 @@ class Timeline {
   void BeginStep(int64_t step);
   void Record(const OpRecord& op);
   // A send action's [start_ns, end_ns): the end of the op that made what
-  // it sends (a forward for an activation, a backward or input half for a
-  // gradient) when that op of `micro_batch` is the step's last record, as
-  // the schedules place sends; an op of its own otherwise.
-  void RecordSend(bool activation, int64_t micro_batch, int64_t start_ns,
+  // it sends (`made_by`, of `micro_batch`) when that op is the step's last
+  // record, as the schedules place sends; an op of its own, of the same
+  // phase, otherwise.
+  void RecordSend(Phase made_by, int64_t micro_batch, int64_t start_ns,
                   int64_t end_ns);
   void EndStep();
 

@@ -250,7 +250,8 @@ TEST(PipelineExactness, ABrokenSplitScheduleIsCaught) {
 // them out run bitwise as the built-in ones, and one that forwards without
 // receiving, sends what it has not made, or receives what it never uses is
 // stopped with an error naming the action. (A send left out would leave
-// its neighbour waiting: the simulator catches that before any run.)
+// its neighbour waiting: Simulate catches that, before any run, in lists
+// checked with it.)
 TEST(PipelineExactness, ScheduleTransfersAreCheckedActions) {
   const gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
   std::shared_ptr<const Dataset> data = Open(spec);
@@ -288,8 +289,8 @@ TEST(PipelineExactness, ScheduleTransfersAreCheckedActions) {
     EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
     EXPECT_NE(st.message().find(what), std::string::npos) << st;
   };
-  // Stage 1 forwards micro-batch 2 without its receive; its send moves
-  // before the forward that makes it.
+  // Stage 1 forwards micro-batch 2 without its receive, or sends micro-batch
+  // 1's input gradient before the backward that makes it.
   std::vector<std::vector<Op>> unreceived = intact;
   unreceived[1].erase(at(unreceived[1], OpKind::kReceiveActivation, 2));
   fails_with(unreceived, "runs F2 before receiving its activation (ra2)");
