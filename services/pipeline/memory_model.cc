@@ -43,12 +43,14 @@ int64_t BoundaryBytes(const ModelShapes& shapes, int64_t j, int64_t end) {
 // or after a split backward's input half (for the weight half).
 enum class Kept { kForBackward, kForWeightHalf };
 
-// For each boundary j of [begin, end] (at j - begin), whether the record
-// of `what` holds its tensor: a layer keeps its input or output, or one
-// joined to it by views does (KeptBytes's groups).
+// For each boundary j of [begin, end] (at j - begin; boundary j is layer
+// j's input and layer j-1's output), whether a record holds its tensor:
+// layers [begin, weight_from) keep theirs for the backward, layers
+// [weight_from, end) for their weight halves (a split backward's input
+// half has passed them). A layer whose output is a view of its input joins
+// its two boundaries into one tensor, held when any layer keeps any of it.
 std::vector<char> KeptBoundaries(const ModelShapes& shapes, int64_t begin,
-                                 int64_t end, Kept what) {
-  const bool weight = what == Kept::kForWeightHalf;
+                                 int64_t end, int64_t weight_from) {
   std::vector<char> kept(end - begin + 1, 0);
   int64_t group = begin;  // the first boundary of the current group
   bool any = false;
@@ -61,51 +63,33 @@ std::vector<char> KeptBoundaries(const ModelShapes& shapes, int64_t begin,
       group = j;
       any = false;
     }
-    const LayerCost* in = j < end ? &shapes.costs[j] : nullptr;
-    const LayerCost* out = j > begin ? &shapes.costs[j - 1] : nullptr;
-    any = any ||
-          (in != nullptr &&
-           (weight ? in->weight_keeps_input : in->keeps_input)) ||
-          (out != nullptr && !weight && out->keeps_output);
+    if (j < end) {
+      const LayerCost& in = shapes.costs[j];
+      any = any || (j >= weight_from ? in.weight_keeps_input : in.keeps_input);
+    }
+    if (j > begin)
+      any = any || (j - 1 < weight_from && shapes.costs[j - 1].keeps_output);
   }
   close(end + 1);
   return kept;
 }
 
 // SavedActivationBytes, leaving the stage's input out when `count_input` is
-// false (the first stage's input is a view of the step's batch).
-// Layers [begin, weight_from) hold their records for the backward, layers
-// [weight_from, end) for their weight halves (a split backward's input
-// half has passed them).
+// false (the first stage's input is a view of the step's batch), with the
+// records of layers from `weight_from` on their weight halves' (as
+// KeptBoundaries). Each group of joined boundaries counts once.
 int64_t KeptBytesFrom(const ModelShapes& shapes, int64_t begin, int64_t end,
                       int64_t samples, bool count_input, int64_t weight_from) {
   const auto weight = [&](int64_t l) { return l >= weight_from; };
-  const auto keeps_input = [&](int64_t l) {
-    return weight(l) ? shapes.costs[l].weight_keeps_input
-                     : shapes.costs[l].keeps_input;
-  };
-  const auto keeps_output = [&](int64_t l) {
-    return !weight(l) && shapes.costs[l].keeps_output;
-  };
+  const std::vector<char> kept =
+      KeptBoundaries(shapes, begin, end, weight_from);
   int64_t per_sample = 0, fixed = 0;
-  // Boundary j is layer j's input and layer j-1's output; a layer whose
-  // output is a view of its input joins its two boundaries into one tensor.
-  bool kept = false;
-  bool group_has_input = true;  // the group holds boundary `begin`
+  bool with_input = true;  // the group holds boundary `begin`
   for (int64_t j = begin; j <= end; ++j) {
-    const bool alias = j > begin && shapes.costs[j - 1].output_is_input;
-    if (j > begin && !alias) {
-      if (kept && (count_input || !group_has_input)) {
-        per_sample = Add(per_sample, BoundaryBytes(shapes, j - 1, end));
-      }
-      kept = false;
-      group_has_input = false;
-    }
-    kept = kept || (j < end && keeps_input(j)) ||
-           (j > begin && keeps_output(j - 1));
-  }
-  if (kept && (count_input || !group_has_input)) {
-    per_sample = Add(per_sample, BoundaryBytes(shapes, end, end));
+    if (j > begin && !shapes.costs[j - 1].output_is_input) with_input = false;
+    const bool group_end = j == end || !shapes.costs[j].output_is_input;
+    if (group_end && kept[j - begin] && (count_input || !with_input))
+      per_sample = Add(per_sample, BoundaryBytes(shapes, j, end));
   }
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
@@ -147,6 +131,21 @@ int64_t TargetBytesPerSample(const ModelShapes& shapes) {
 // gradient and the input's with the layer's workspace.
 // A forward's input at layer `begin` is the stage's input, which the caller
 // counts (the message received, or the batch).
+// Chunked layers hold the temporaries of one chunk of samples.
+int64_t ChunkSamples(const LayerCost& c, int64_t samples) {
+  return c.workspace_samples > 0 ? std::min(samples, c.workspace_samples)
+                                 : samples;
+}
+
+// A backward's output gradient and the input gradient it makes, per
+// sample: none made by a view's (it hands its output gradient on) or the
+// model's first layer's.
+int64_t GradientsPerSample(const ModelShapes& shapes, int64_t l) {
+  if (shapes.costs[l].output_is_input) return 0;
+  return Add(InputGradUsed(l) ? Mul(shapes.inputs[l].numel(), 4) : 0,
+             Mul(shapes.outputs[l].numel(), 4));
+}
+
 // kUnkeptForward: a training forward that keeps no record (the first
 // under re-materialization): its temporaries pass as an evaluation's.
 enum class OpPass { kTrainingForward, kUnkeptForward, kEvaluation, kBackward };
@@ -164,21 +163,16 @@ int64_t LargestOp(const ModelShapes& shapes, int64_t begin, int64_t end,
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
     // A forward's input at the stage's first layer is counted by the
-    // caller; the model's first layer computes no input gradient.
-    const bool no_input = backward ? !InputGradUsed(l)
-                                   : l == begin || (kept && (*kept)[l - begin]);
-    const bool no_output = !backward && kept && (*kept)[l + 1 - begin];
-    // A view's backward hands its output gradient on as its input's.
+    // caller.
+    const bool no_input = l == begin || (kept && (*kept)[l - begin]);
+    const bool no_output = kept && (*kept)[l + 1 - begin];
     const int64_t per_sample =
-        (pass == OpPass::kEvaluation && c.evaluation_passes_input) ||
-                (backward && c.output_is_input)
+        backward ? GradientsPerSample(shapes, l)
+        : pass == OpPass::kEvaluation && c.evaluation_passes_input
             ? 0
             : Add(no_input ? 0 : Mul(shapes.inputs[l].numel(), 4),
                   no_output ? 0 : Mul(shapes.outputs[l].numel(), 4));
-    // Chunked layers hold the temporaries of one chunk of samples.
-    const int64_t in_chunk = c.workspace_samples > 0
-                                 ? std::min(samples, c.workspace_samples)
-                                 : samples;
+    const int64_t in_chunk = ChunkSamples(c, samples);
     int64_t temporaries = 0;
     if (backward) {
       // Without an input gradient only the weight gradient's part runs.
@@ -212,14 +206,8 @@ int64_t InputHalfPeak(const ModelShapes& shapes, int64_t begin, int64_t end,
   int64_t most = 0, later = 0;
   for (int64_t l = end - 1; l >= begin; --l) {
     const LayerCost& c = shapes.costs[l];
-    const int64_t per_sample =
-        c.output_is_input
-            ? 0
-            : Add(InputGradUsed(l) ? Mul(shapes.inputs[l].numel(), 4) : 0,
-                  Mul(shapes.outputs[l].numel(), 4));
-    const int64_t in_chunk = c.workspace_samples > 0
-                                 ? std::min(samples, c.workspace_samples)
-                                 : samples;
+    const int64_t per_sample = GradientsPerSample(shapes, l);
+    const int64_t in_chunk = ChunkSamples(c, samples);
     const int64_t record =
         KeptBytesFrom(shapes, begin, end, samples, count_input, l + 1);
     const int64_t beside =
@@ -245,10 +233,8 @@ int64_t WeightHalfPeak(const ModelShapes& shapes, int64_t begin, int64_t end,
   int64_t most = 0;
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
-    const int64_t in_chunk = c.workspace_samples > 0
-                                 ? std::min(samples, c.workspace_samples)
-                                 : samples;
-    most = std::max(most, Mul(c.weight_workspace_bytes, in_chunk));
+    most =
+        std::max(most, Mul(c.weight_workspace_bytes, ChunkSamples(c, samples)));
   }
   return most;
 }
@@ -325,7 +311,7 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // stage's is a view of the batch). Under re-materialization the first
   // forward keeps nothing: an evaluation's forward.
   const std::vector<char> kept =
-      KeptBoundaries(shapes, b, e, Kept::kForBackward);
+      KeptBoundaries(shapes, b, e, /*weight_from=*/e);
   const int64_t keeping_forward =
       LargestOp(shapes, b, e, mb, OpPass::kTrainingForward, &kept);
   // The last stage's loss: the probabilities beside the logits (the loss

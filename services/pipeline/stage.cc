@@ -191,16 +191,7 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
                             double normalizer, std::vector<InFlight>& flight,
                             StageStepResult& result) {
   InFlight& f = flight[m];
-  if (!placement_.first() && !f.activation_in.defined()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stage ", placement_.index, ": the schedule runs F", m,
-                     " before receiving its activation (ra", m, ")"));
-  }
-  if (!placement_.last() && f.activation_out.defined()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stage ", placement_.index, ": the schedule runs F", m,
-                     " again before sending its activation (sa", m, ")"));
-  }
+  RETURN_IF_ERROR(CheckTransfersAround(/*forward=*/true, m, f));
   // Waiting for the activation was its receive's: bubble, not forward time.
   OpTimer timer(timeline_, Phase::kForward, m);
   Tensor x;
@@ -226,6 +217,26 @@ absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
   }
   timer.record().bytes_sent = y.nbytes();
   f.activation_out = ForLink(downstream_, std::move(y));
+  return absl::OkStatus();
+}
+
+absl::Status Stage::CheckTransfersAround(bool forward, int64_t m,
+                                         const InFlight& f) const {
+  const bool receives = forward ? !placement_.first() : !placement_.last();
+  const bool sends = forward ? !placement_.last() : !placement_.first();
+  const std::string op = absl::StrCat(forward ? "F" : "B", m);
+  if (receives && !(forward ? f.activation_in : f.gradient_in).defined()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("stage ", placement_.index, ": the schedule runs ", op,
+                     " before receiving its ",
+                     forward ? "activation (ra" : "gradient (rg", m, ")"));
+  }
+  if (sends && (forward ? f.activation_out : f.gradient_out).defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", placement_.index, ": the schedule runs ", op,
+        " again before sending its ",
+        forward ? "activation (sa" : "input gradient (sg", m, ")"));
+  }
   return absl::OkStatus();
 }
 
@@ -315,16 +326,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
                      "micro-batch ",
                      m, " without its forward (before it, or twice)"));
   }
-  if (!placement_.last() && !f.gradient_in.defined()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stage ", placement_.index, ": the schedule runs B", m,
-                     " before receiving its gradient (rg", m, ")"));
-  }
-  if (!placement_.first() && f.gradient_out.defined()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("stage ", placement_.index, ": the schedule runs B", m,
-                     " again before sending its input gradient (sg", m, ")"));
-  }
+  RETURN_IF_ERROR(CheckTransfersAround(/*forward=*/false, m, f));
   Tensor dy;
   int64_t received = 0;
   if (placement_.last()) {

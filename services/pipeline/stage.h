@@ -211,6 +211,11 @@ class Stage {
   // which leaves the input gradient for its send either way.
   absl::Status Backward(int64_t step, int64_t m, OpKind kind,
                         std::vector<InFlight>& flight);
+  // FAILED_PRECONDITION when a forward (or a backward, or input half) of
+  // micro-batch m would run without what its receive takes, or before its
+  // last output went out.
+  absl::Status CheckTransfersAround(bool forward, int64_t m,
+                                    const InFlight& f) const;
   // A schedule's receive and send actions (OpKind's transfers).
   absl::Status Receive(int64_t step, int64_t m, OpKind kind,
                        std::vector<InFlight>& flight);

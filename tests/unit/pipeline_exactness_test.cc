@@ -172,6 +172,32 @@ TEST(PipelineExactness, TheComparisonSeesADifferentMicroBatchCount) {
   EXPECT_GT(differing, 0);
 }
 
+// Runs kSteps of `ops` (hand-made lists, one a stage) on K stages of
+// 4 micro-batches under `schedule`: the first error, or OK with the
+// parameters bitwise `want`.
+absl::Status RunHandMade(const gpipe::v1::JobSpec& spec,
+                         std::shared_ptr<const Dataset> data,
+                         const std::map<std::string, Tensor>& want,
+                         ScheduleKind schedule,
+                         std::vector<std::vector<Op>> ops) {
+  PipelineOptions o;
+  o.stages = static_cast<int64_t>(ops.size());
+  o.micro_batches = 4;
+  o.schedule = schedule;
+  o.dataset = std::move(data);
+  o.ops = std::move(ops);
+  auto p = InProcessPipeline::Create(spec, o);
+  if (!p.ok()) return p.status();
+  for (int s = 0; s < kSteps; ++s) {
+    auto r = (*p)->Step();
+    if (!r.ok()) return r.status();
+  }
+  ExpectSame(
+      want, Snapshot(**p),
+      absl::StrCat("hand-made ", std::string(ScheduleName(schedule)), " ops"));
+  return absl::OkStatus();
+}
+
 // The exactness promise does not rest on the schedules being right: a
 // schedule that drops a weight half (its gradient left out) or doubles one
 // (added twice) stops the step with an error naming it, before any
@@ -182,21 +208,9 @@ TEST(PipelineExactness, ABrokenSplitScheduleIsCaught) {
   const gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
   std::shared_ptr<const Dataset> data = Open(spec);
   const auto want = RunReference(spec, 4, data);
-  const auto run = [&](std::vector<std::vector<Op>> ops) -> absl::Status {
-    PipelineOptions o;
-    o.stages = 2;
-    o.micro_batches = 4;
-    o.schedule = ScheduleKind::kZeroBubbleH1;
-    o.dataset = data;
-    o.ops = std::move(ops);
-    auto p = InProcessPipeline::Create(spec, o);
-    if (!p.ok()) return p.status();
-    for (int s = 0; s < kSteps; ++s) {
-      auto r = (*p)->Step();
-      if (!r.ok()) return r.status();
-    }
-    ExpectSame(want, Snapshot(**p), "intact zb-h1 ops");
-    return absl::OkStatus();
+  const auto run = [&](std::vector<std::vector<Op>> ops) {
+    return RunHandMade(spec, data, want, ScheduleKind::kZeroBubbleH1,
+                       std::move(ops));
   };
   std::vector<std::vector<Op>> intact;
   for (int64_t s = 0; s < 2; ++s)
@@ -256,21 +270,9 @@ TEST(PipelineExactness, ScheduleTransfersAreCheckedActions) {
   const gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
   std::shared_ptr<const Dataset> data = Open(spec);
   const auto want = RunReference(spec, 4, data);
-  const auto run = [&](std::vector<std::vector<Op>> ops) -> absl::Status {
-    PipelineOptions o;
-    o.stages = 3;
-    o.micro_batches = 4;
-    o.schedule = ScheduleKind::kOneFOneB;
-    o.dataset = data;
-    o.ops = std::move(ops);
-    auto p = InProcessPipeline::Create(spec, o);
-    if (!p.ok()) return p.status();
-    for (int s = 0; s < kSteps; ++s) {
-      auto r = (*p)->Step();
-      if (!r.ok()) return r.status();
-    }
-    ExpectSame(want, Snapshot(**p), "spelt-out 1f1b transfers");
-    return absl::OkStatus();
+  const auto run = [&](std::vector<std::vector<Op>> ops) {
+    return RunHandMade(spec, data, want, ScheduleKind::kOneFOneB,
+                       std::move(ops));
   };
   std::vector<std::vector<Op>> intact;
   for (int64_t s = 0; s < 3; ++s) {
