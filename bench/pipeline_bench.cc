@@ -117,7 +117,8 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     for (int64_t w = 0; w < k && model.size() == static_cast<size_t>(k * v);
          ++w) {
       int64_t bytes = 0;
-      for (int64_t c = 0; c < v; ++c) bytes += model[c * k + w].training();
+      for (int64_t c = 0; c < v; ++c)
+        bytes += model[StageOfChunk(schedule, k, w, c)].training();
       out.estimate_bytes.push_back(bytes);
     }
   }
@@ -126,7 +127,7 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     int64_t peak = 0;
     std::vector<double> step_wall(steps, 0.0);
     for (int64_t c = 0; c < v; ++c) {
-      Stage& stage = (*p)->stage(c * k + w);
+      Stage& stage = (*p)->stage(StageOfChunk(schedule, k, w, c));
       peak += stage.peak_activation_bytes();
       std::vector<StepTimeline> kept = stage.timeline().Steps();
       const size_t from = kept.size() > static_cast<size_t>(steps)
@@ -326,7 +327,8 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
     int64_t ofob_peak = 0;
     for (ScheduleKind schedule :
          {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-          ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B}) {
+          ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B,
+          ScheduleKind::kZeroBubbleV}) {
       const int64_t v = Interleaves(schedule) ? 2 : 1;
       if (!ScheduleShapeError(schedule, k, m, v).empty() ||
           k * v > spec.model().layers_size()) {

@@ -533,8 +533,8 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
   if (absl::GetFlag(FLAGS_virtual_stages) > 0) {
     if (!Interleaves(ScheduleFromSpec(p.schedule()))) {
       return absl::InvalidArgumentError(
-          "--virtual-stages: only the interleaved schedule holds several "
-          "chunks per stage (--schedule interleaved)");
+          "--virtual-stages: only the interleaved and zb-v schedules hold "
+          "several chunks per worker (--schedule interleaved or zb-v)");
     }
     p.set_virtual_stages(absl::GetFlag(FLAGS_virtual_stages));
   } else if (!absl::GetFlag(FLAGS_schedule).empty() &&
@@ -586,7 +586,8 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (args.size() != 1) {
     return Usage(
         "submit JOB.json [--watch] [--stages K] [--micro-batches M] "
-        "[--schedule gpipe|1f1b|zb-h1] [--remat always|except_last|never] "
+        "[--schedule gpipe|1f1b|zb-h1|interleaved|zb-v] [--remat "
+        "always|except_last|never] "
         "[--steps N] [--balance 2,3,1] [--controller ADDR] [--json]");
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);

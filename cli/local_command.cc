@@ -546,7 +546,7 @@ int RunLocal(const std::vector<std::string>& args) {
     std::fprintf(stderr,
                  "usage: gpipectl local JOB.json [--workers N] [--stages K] "
                  "[--replicas R] [--micro-batches M] "
-                 "[--schedule gpipe|1f1b|zb-h1|interleaved] "
+                 "[--schedule gpipe|1f1b|zb-h1|interleaved|zb-v] "
                  "[--virtual-stages V] "
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "

@@ -208,8 +208,8 @@ void PrintHeader(bool replicas) {
       replicas ? "   R" : "");
 }
 
-// One line per stage, or per chunk (stage/chunk) under interleaving, with
-// its stage's busy time and bubble.
+// One line per stage, or per chunk (worker/chunk) when a worker holds
+// several, with its worker's busy time and bubble.
 void PrintStageDetails(const Option& o) {
   std::printf("\nper stage (K=%lld, M=%lld, %s, remat %s):\n",
               static_cast<long long>(o.k), static_cast<long long>(o.m),
@@ -219,12 +219,15 @@ void PrintStageDetails(const Option& o) {
       "bubble   peak MiB  memory\n");
   const std::vector<int64_t> begins = StageBegins(o.balance);
   for (size_t s = 0; s < o.balance.size(); ++s) {
-    const int64_t worker = static_cast<int64_t>(s) % o.k;
+    const int64_t worker =
+        WorkerOfStage(o.schedule, o.k, static_cast<int64_t>(s));
     const StageSimulation& st = o.sim.stages[worker];
     const std::string layers =
         absl::StrCat("[", begins[s], ", ", begins[s] + o.balance[s], ")");
     const std::string name =
-        o.v > 1 ? absl::StrCat(worker, "/", static_cast<int64_t>(s) / o.k)
+        o.v > 1 ? absl::StrCat(
+                      worker, "/",
+                      ChunkOfStage(o.schedule, o.k, static_cast<int64_t>(s)))
                 : absl::StrCat(s);
     std::printf("  %5s  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f  %s\n",
                 name.c_str(), layers.c_str(), o.costs[s].forward_seconds * 1e3,
@@ -291,10 +294,11 @@ int RunPlan(const std::vector<std::string>& args) {
   }
 
   // Interleaved with the spec's chunks per stage, or 2, where M is a
-  // multiple of K.
+  // multiple of K; ZB-V with its 2.
   std::vector<ScheduleKind> schedules = {
       ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-      ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B};
+      ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B,
+      ScheduleKind::kZeroBubbleV};
   if (const std::string name = absl::GetFlag(FLAGS_schedule); !name.empty()) {
     absl::StatusOr<ScheduleKind> kind = ParseScheduleName(name);
     if (!kind.ok()) return Fail(kind.status());
@@ -466,7 +470,9 @@ int RunPlan(const std::vector<std::string>& args) {
           return costs;
         };
         for (ScheduleKind schedule : kinds) {
-          const int64_t v = Interleaves(schedule) ? spec_v : 1;
+          const int64_t v = schedule == ScheduleKind::kZeroBubbleV ? 2
+                            : Interleaves(schedule)                ? spec_v
+                                                                   : 1;
           // Interleaving needs M a multiple of K and K x v layers at least.
           if (!ScheduleShapeError(schedule, k, m, v).empty() ||
               k * v > layers) {
@@ -528,10 +534,10 @@ int RunPlan(const std::vector<std::string>& args) {
                                                 m / r, schedule, remat, v);
               // A worker holds its v chunks: their estimates add up.
               for (int64_t w = 0; w < k; ++w) {
-                int64_t total = 0;
+                std::vector<StageMemory> chunks;
                 for (int64_t c = 0; c < v; ++c)
-                  total = SaturatingSum({total, o.memory[c * k + w].total()});
-                o.peak_bytes = std::max(o.peak_bytes, total);
+                  chunks.push_back(o.memory[StageOfChunk(schedule, k, w, c)]);
+                o.peak_bytes = std::max(o.peak_bytes, Combined(chunks).total());
               }
               out.push_back(std::move(o));
             }

@@ -47,7 +47,7 @@ ABSL_FLAG(int64_t, stages, 0,
           "pipeline stages K (0: the job spec's; 1: the single-process "
           "reference trainer)");
 ABSL_FLAG(std::string, schedule, "",
-          "gpipe, 1f1b, zb-h1 or interleaved (default: the job spec's)");
+          "gpipe, 1f1b, zb-h1, interleaved or zb-v (default: the job spec's)");
 ABSL_FLAG(int64_t, replicas, 0,
           "data-parallel replicas R of the pipeline (train: each on its own "
           "K threads; local and submit: on K x R workers; 0: the job spec's "
@@ -159,8 +159,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   if (absl::GetFlag(FLAGS_virtual_stages) > 0 &&
       !Interleaves(options.schedule)) {
     return absl::InvalidArgumentError(
-        "--virtual-stages: only the interleaved schedule holds several "
-        "chunks per stage (--schedule interleaved)");
+        "--virtual-stages: only the interleaved and zb-v schedules hold "
+        "several chunks per worker (--schedule interleaved or zb-v)");
   }
   if (!absl::GetFlag(FLAGS_remat).empty()) {
     absl::StatusOr<RematMode> r = ParseRematName(absl::GetFlag(FLAGS_remat));
@@ -182,9 +182,10 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     const int64_t chunks =
         options.stages *
         (Interleaves(options.schedule)
-             ? std::max<int64_t>(1, options.virtual_stages > 0
-                                        ? options.virtual_stages
-                                        : VirtualStageCount(spec))
+             ? ChunksPerWorker(options.schedule,
+                               options.virtual_stages > 0
+                                   ? options.virtual_stages
+                                   : spec.pipeline().virtual_stages())
              : 1);
     auto parts = PartitionByCost(*seconds, chunks,
                                  RematStageWeights(options.remat, chunks));
@@ -242,13 +243,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
 
 int RunTrain(const std::vector<std::string>& args) {
   if (args.size() != 1) {
-    std::fprintf(
-        stderr,
-        "usage: gpipectl train JOB.json [--stages K] "
-        "[--micro-batches M] [--schedule "
-        "gpipe|1f1b|zb-h1|interleaved] [--virtual-stages V] [--replicas R] "
-        "[--remat always|except_last|never] [--steps N] [--out DIR] "
-        "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
+    std::fprintf(stderr,
+                 "usage: gpipectl train JOB.json [--stages K] "
+                 "[--micro-batches M] [--schedule "
+                 "gpipe|1f1b|zb-h1|interleaved|zb-v] [--virtual-stages V] "
+                 "[--replicas R] "
+                 "[--remat always|except_last|never] [--steps N] [--out DIR] "
+                 "[--threads T] [--trace DIR] [--device cpu|cuda|auto]\n");
     return 2;
   }
   const int threads = absl::GetFlag(FLAGS_threads) > 0

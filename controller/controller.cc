@@ -200,7 +200,9 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
   // An interleaved schedule cuts K x v chunks, v on each of the K workers.
   const int64_t v = VirtualStageCount(spec);
   absl::StatusOr<StagePlan> plan = PlanStages(spec, k * v);
-  if (plan.ok() && v > 1) plan = WorkerPlan(*plan, k);
+  if (plan.ok() && v > 1) {
+    plan = WorkerPlan(*plan, ScheduleFromSpec(spec.pipeline().schedule()), k);
+  }
   const absl::Time now = Now();
   v1::Job submitted;
   uint64_t ticket = 0;
@@ -778,8 +780,10 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
     const int64_t v = VirtualStageCount(job->job.spec());
     const int64_t k = job->running_stages();
     for (int64_t c = 0; c < v; ++c) {
-      const int64_t slot =
-          job->Slot(info.stage() + c * (k / v), info.replica());
+      const int64_t slot = job->Slot(
+          StageOfChunk(ScheduleFromSpec(job->job.spec().pipeline().schedule()),
+                       k / v, info.stage(), c),
+          info.replica());
       unfinished =
           unfinished ||
           (slot >= 0 && slot < static_cast<int64_t>(job->finished.size()) &&

@@ -24,6 +24,7 @@
 #include "controller/store_writer.h"
 #include "gpipe/v1/controller.pb.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe::controller {
 
@@ -121,12 +122,16 @@ struct JobRecord {
   // Stages of the current epoch (elastic: at most `stages`).
   int64_t running_stages() const { return job.status().running_stages(); }
   // The worker index of `stage` (WorkerInfo.stage of its worker): the
-  // stage, or with an interleaved schedule's v chunks per worker stage % W
-  // of its W workers.
+  // stage, or with v chunks per worker the one of its W workers the
+  // schedule places it on (WorkerOfStage).
   int64_t WorkerIndexOf(int64_t stage) const {
     const int64_t v = VirtualStageCount(job.spec());
     const int64_t w = running_stages() / v;
-    return v > 1 && w > 0 ? stage % w : stage;
+    return v > 1 && w > 0
+               ? WorkerOfStage(
+                     ScheduleFromSpec(job.spec().pipeline().schedule()), w,
+                     stage)
+               : stage;
   }
   // The index of (stage, replica) into the per-worker vectors; -1 when the
   // current epoch has no such worker.

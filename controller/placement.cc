@@ -54,12 +54,14 @@ absl::StatusOr<StagePlan> PlanStages(const v1::JobSpec& spec, int64_t k,
   return plan;
 }
 
-StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers) {
+StagePlan WorkerPlan(const StagePlan& chunks, ScheduleKind schedule,
+                     int64_t workers) {
   StagePlan out;
   if (workers <= 0) return out;
   std::vector<std::vector<StageMemory>> mine(workers);
   for (size_t s = 0; s < chunks.memory.size(); ++s)
-    mine[s % workers].push_back(chunks.memory[s]);
+    mine[WorkerOfStage(schedule, workers, static_cast<int64_t>(s))].push_back(
+        chunks.memory[s]);
   for (const auto& m : mine) out.memory.push_back(Combined(m));
   out.balance = chunks.balance;
   return out;

@@ -15,6 +15,7 @@
 #include "controller/worker_registry.h"
 #include "gpipe/v1/job.pb.h"
 #include "services/pipeline/memory_model.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe::controller {
 
@@ -34,10 +35,11 @@ absl::StatusOr<StagePlan> PlanStages(const gpipe::v1::JobSpec& spec, int64_t k,
 // replica's stage i needs what stage i needs.
 StagePlan RepeatPlan(const StagePlan& plan, int64_t times);
 
-// An interleaved plan's K x v chunks folded onto its K workers (chunk c of
-// worker w is stage w + c K): worker w needs what its chunks need together,
-// part by part.
-StagePlan WorkerPlan(const StagePlan& chunks, int64_t workers);
+// A plan's K x v chunks folded onto its K workers as `schedule` places
+// them (StageOfChunk): worker w needs what its chunks need together, part by
+// part.
+StagePlan WorkerPlan(const StagePlan& chunks, ScheduleKind schedule,
+                     int64_t workers);
 
 // Whether each stage of `plan` fits the worker's memory (0: unknown, holds
 // anything) at the same index.

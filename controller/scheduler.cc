@@ -29,9 +29,9 @@ namespace v1 = gpipe::v1;
 constexpr std::string_view kWaitingForWorkers = "WaitingForWorkers";
 
 // Assigns `job` to `workers` (stage i of replica r on workers[r * K + i];
-// an interleaved schedule's stage i on workers[i % W], W workers each
-// running its v chunks) cut by `balance` (K entries, K = W x v when
-// interleaved): epoch, restore point, messages. False when no stream key
+// a schedule with chunks places stage i on workers[WorkerOfStage(i)], W
+// workers each running its v chunks) cut by `balance` (K entries, K = W x v
+// when interleaved): epoch, restore point, messages. False when no stream key
 // could be made: it has failed, and the workers are still free.
 bool Start(JobTable& jobs, JobRecord& job,
            const std::vector<std::shared_ptr<WorkerRecord>>& workers,
@@ -41,10 +41,12 @@ bool Start(JobTable& jobs, JobRecord& job,
   const v1::JobSpec& spec = job.job.spec();
   const int64_t k = static_cast<int64_t>(balance.size());
   const int64_t v = VirtualStageCount(spec);
+  const ScheduleKind schedule = ScheduleFromSpec(spec.pipeline().schedule());
   const int64_t replicas = v > 1 ? 1 : static_cast<int64_t>(workers.size()) / k;
   // The worker of stage i of replica r.
   const auto worker_of = [&](int64_t i, int64_t r) -> WorkerRecord& {
-    return v > 1 ? *workers[i % (k / v)] : *workers[r * k + i];
+    return v > 1 ? *workers[WorkerOfStage(schedule, k / v, i)]
+                 : *workers[r * k + i];
   };
   // An interleaved schedule's assignments, one per worker, collecting its
   // chunks.
@@ -162,9 +164,10 @@ bool Start(JobTable& jobs, JobRecord& job,
                     " (layers ", stage->layer_begin(), "..",
                     stage->layer_end() - 1, ") on ", worker.id());
     if (v > 1) {
-      // Chunk i / W of worker i % W: the worker's assignment is its chunk
-      // 0's, carrying every chunk (each without the spec it shares).
-      v1::ControllerMessage& whole = chunked[i % (k / v)];
+      // The worker's assignment is its chunk 0's (the chunks come in stage
+      // order, so chunk 0 first), carrying every chunk (each without the
+      // spec it shares).
+      v1::ControllerMessage& whole = chunked[WorkerOfStage(schedule, k / v, i)];
       if (i < k / v) {
         whole = message;
       } else {
@@ -416,7 +419,11 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         place = ChosenWorkers(*rebalanced, *plan, pool);
       if (!place) {
         place = PlaceStages(
-            v > 1 ? WorkerPlan(*plan, k) : RepeatPlan(*plan, replicas),
+            v > 1 ? WorkerPlan(
+                        *plan,
+                        ScheduleFromSpec(job->job.spec().pipeline().schedule()),
+                        k)
+                  : RepeatPlan(*plan, replicas),
             WorkerMemory(pool), &why);
       }
       if (place) {

@@ -26,6 +26,7 @@
 #include "services/telemetry/metered_link.h"
 #include "services/telemetry/step_trace.h"
 #include "services/tensor/threads.h"
+#include "services/transport/in_process_link.h"
 #include "worker/grpc_downstream_connector.h"
 
 namespace gpipe {
@@ -112,8 +113,8 @@ absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a) {
 
 // The stages an assignment runs: its chunks, each given the assignment's
 // spec, or the assignment itself. INVALID_ARGUMENT naming what is wrong
-// when the chunks are not the worker's stages w, w + K, ... of one job and
-// epoch.
+// when the chunks are not the worker's stages of one job and epoch as its
+// schedule places them (StageOfChunk).
 absl::StatusOr<std::vector<gpipe::v1::Assignment>> ChunksOf(
     const gpipe::v1::Assignment& a) {
   if (a.chunks_size() == 0) return std::vector<gpipe::v1::Assignment>{a};
@@ -129,10 +130,16 @@ absl::StatusOr<std::vector<gpipe::v1::Assignment>> ChunksOf(
         "assignment: chunks with replicas (an interleaved schedule runs one "
         "pipeline)");
   }
+  const ScheduleKind schedule = ScheduleFromSpec(a.schedule());
+  if (const std::string shape =
+          ScheduleShapeError(schedule, k, a.micro_batches(), v);
+      !shape.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment: ", shape));
+  }
   std::vector<gpipe::v1::Assignment> out;
   for (int64_t c = 0; c < v; ++c) {
     gpipe::v1::Assignment chunk = a.chunks(c);
-    const int64_t stage = a.stage() + c * k;
+    const int64_t stage = StageOfChunk(schedule, k, a.stage(), c);
     if (chunk.job_id() != a.job_id() || chunk.epoch() != a.epoch() ||
         chunk.stage() != stage || chunk.stages() != a.stages() ||
         chunk.chunks_size() > 0) {
@@ -547,10 +554,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       }
       c->dataset = dataset;
     }
+    RETURN_IF_ERROR(LinkOwnChunks(*run, xs));
     // Every link down before any up: a worker's chunks wait for workers
     // that wait for theirs, around the ring of an interleaved pipeline.
     for (const auto& c : xs)
-      if (!c->last) RETURN_IF_ERROR(ConnectDownstream(*c));
+      if (!c->last && c->downstream == nullptr)
+        RETURN_IF_ERROR(ConnectDownstream(*c));
     for (const auto& c : xs)
       if (!c->first) RETURN_IF_ERROR(AwaitUpstream(*c));
     RETURN_IF_ERROR(ConnectReplicas(x));
@@ -691,6 +700,28 @@ absl::Status Executor::CheckMemory(
                  : std::string(),
       ", more than this worker's memory for stages, ",
       FormatBytes(memory_budget_), " (gpipe-worker --memory_limit)"));
+}
+
+absl::Status Executor::LinkOwnChunks(
+    Run& run, const std::vector<std::unique_ptr<Execution>>& xs) {
+  for (const auto& c : xs) {
+    for (const auto& d : xs) {
+      if (d->a.stage() != c->a.stage() + 1) continue;
+      // Each direction holds a whole step's messages, as in process: this
+      // thread sends before it receives.
+      auto [down, up] =
+          MakeInProcessLinkPair(static_cast<size_t>(c->a.micro_batches()) + 4);
+      c->downstream = std::move(down);
+      c->data_plane = "in_process";
+      if (c->metrics != nullptr) c->metrics->SetDataPlane(c->data_plane);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (run.cancelled) return absl::CancelledError("cancelled");
+      run.downstreams.push_back(c->downstream.get());
+      run.upstreams[d->a.stage()] = std::shared_ptr<Link>(std::move(up));
+    }
+  }
+  cv_.notify_all();
+  return absl::OkStatus();
 }
 
 absl::Status Executor::ConnectDownstream(Execution& x) {
@@ -995,7 +1026,7 @@ absl::Status Executor::RunSteps(
       v > 1 ? WithTransfers(
                   MakeWorkerSchedule(x.placement.schedule, a.stages() / v,
                                      a.micro_batches(), v, a.stage()),
-                  a.stages() / v, v, a.stage())
+                  x.placement.schedule, a.stages() / v, v, a.stage())
             : std::vector<Op>();
   const auto evaluate = [&](int64_t step) -> absl::Status {
     ASSIGN_OR_RETURN(LossResult e, Evaluate(xs));

@@ -113,6 +113,11 @@ class Executor {
   // The steps of Execute, in order.
   absl::Status CheckMemory(
       const std::vector<std::unique_ptr<Execution>>& xs) const;
+  // Two of the run's chunks next to each other in the pipeline (ZB-V's turn,
+  // every chunk of a one-worker pipeline) talk over an in-process link: no
+  // port to dial, nothing serialized.
+  absl::Status LinkOwnChunks(Run& run,
+                             const std::vector<std::unique_ptr<Execution>>& xs);
   absl::Status ConnectDownstream(Execution& x);
   absl::Status AwaitUpstream(Execution& x);
   // With replicas: dials the replicas of this stage above this one, waits

@@ -36,9 +36,13 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
       options.stages > 0 ? options.stages : StageCount(spec);
   const int64_t m =
       options.micro_batches > 0 ? options.micro_batches : MicroBatchCount(spec);
-  const int64_t v = !Interleaves(options.schedule) ? 1
-                    : options.virtual_stages > 0   ? options.virtual_stages
-                                                   : VirtualStageCount(spec);
+  const int64_t v =
+      !Interleaves(options.schedule)
+          ? 1
+          : ChunksPerWorker(options.schedule,
+                            options.virtual_stages > 0
+                                ? options.virtual_stages
+                                : spec.pipeline().virtual_stages());
   const int64_t layers = spec.model().layers_size();
   if (v > layers || workers > layers) {
     return absl::InvalidArgumentError(
@@ -58,6 +62,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   }
   p->workers_ = workers;
   p->virtual_stages_ = v;
+  p->schedule_ = options.schedule;
   const int64_t replicas =
       options.replicas > 0 ? options.replicas : ReplicaCount(spec);
   const int64_t groups = spec.pipeline().gradient_groups() > 0
@@ -192,7 +197,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     for (int64_t w = 0; w < workers; ++w) {
       p->worker_ops_.push_back(
           WithTransfers(MakeWorkerSchedule(options.schedule, workers, m, v, w),
-                        workers, v, w));
+                        options.schedule, workers, v, w));
     }
   }
   if (spec.has_init_from()) {
@@ -270,7 +275,7 @@ absl::StatusOr<std::vector<StageStepResult>> InProcessPipeline::RunWorkerStep(
     int64_t w, int64_t step) {
   std::vector<Stage*> chunks;
   for (int64_t c = 0; c < virtual_stages_; ++c)
-    chunks.push_back(stages_[c * workers_ + w].get());
+    chunks.push_back(stages_[StageOfChunk(schedule_, workers_, w, c)].get());
   return gpipe::RunWorkerStep(chunks, worker_ops_[w], step);
 }
 
@@ -286,7 +291,8 @@ absl::StatusOr<StepReport> InProcessPipeline::Step() {
     results.resize(stages_.size());
     for (int64_t w = 0; w < workers_; ++w)
       for (int64_t c = 0; c < virtual_stages_; ++c)
-        results[c * workers_ + w] = std::move(by_worker[w][c]);
+        results[StageOfChunk(schedule_, workers_, w, c)] =
+            std::move(by_worker[w][c]);
   } else {
     ASSIGN_OR_RETURN(results,
                      OnAllStages<StageStepResult>(

@@ -99,10 +99,11 @@ class InProcessPipeline final : public Trainer {
   std::vector<std::unique_ptr<GradientReducer>> reducers_;
   // R x (K x v): replica r's stages from r x chunks_, in model order.
   std::vector<std::unique_ptr<Stage>> stages_;
-  int64_t chunks_ = 1;                       // K x v
-  int64_t replicas_ = 1;                     // R
-  int64_t workers_ = 1;                      // K
-  int64_t virtual_stages_ = 1;               // v
+  int64_t chunks_ = 1;          // K x v
+  int64_t replicas_ = 1;        // R
+  int64_t workers_ = 1;         // K
+  int64_t virtual_stages_ = 1;  // v
+  ScheduleKind schedule_ = ScheduleKind::kGPipe;
   std::vector<std::vector<Op>> worker_ops_;  // interleaved: per worker
   std::vector<std::unique_ptr<StageThread>> threads_;
   int64_t step_ = 0;

@@ -417,8 +417,9 @@ absl::Status ValidateReplicas(const v1::JobSpec& spec) {
   const ScheduleKind schedule = ScheduleFromSpec(p.schedule());
   if (r > 1 && Interleaves(schedule)) {
     return FieldError("pipeline.replicas",
-                      "INTERLEAVED_1F1B runs one replica so far; use GPIPE, "
-                      "ONE_F_ONE_B or ZERO_BUBBLE_H1 with replicas");
+                      v1::Schedule_Name(ScheduleToSpec(schedule)),
+                      " runs one replica so far; use GPIPE, ONE_F_ONE_B or "
+                      "ZERO_BUBBLE_H1 with replicas");
   }
   // The norms add their parameter gradients in the input half of a split
   // backward, the others in the weight half, and ZB-H1 runs the next
@@ -427,9 +428,9 @@ absl::Status ValidateReplicas(const v1::JobSpec& spec) {
   if (g > r && SplitsBackward(schedule)) {
     return FieldError("pipeline.gradient_groups", g, " groups on ", r,
                       " replica", r > 1 ? "s" : "",
-                      " put several groups on one replica, which "
-                      "ZERO_BUBBLE_H1 does not run yet: set gradient_groups "
-                      "to replicas");
+                      " put several groups on one replica, which ",
+                      v1::Schedule_Name(ScheduleToSpec(schedule)),
+                      " does not run yet: set gradient_groups to replicas");
   }
   return absl::OkStatus();
 }
@@ -470,7 +471,8 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   if (const std::string shape = ScheduleShapeError(
           schedule, k, MicroBatchCount(spec), VirtualStageCount(spec));
       !shape.empty()) {
-    return FieldError(Interleaves(schedule) && VirtualStageCount(spec) >= 2
+    return FieldError(schedule == ScheduleKind::kInterleaved1F1B &&
+                              VirtualStageCount(spec) >= 2
                           ? "pipeline.micro_batches"
                           : "pipeline.virtual_stages",
                       shape);
@@ -585,9 +587,8 @@ int64_t StageCount(const v1::JobSpec& spec) {
 }
 
 int64_t VirtualStageCount(const v1::JobSpec& spec) {
-  return spec.pipeline().virtual_stages() == 0
-             ? 1
-             : spec.pipeline().virtual_stages();
+  return ChunksPerWorker(ScheduleFromSpec(spec.pipeline().schedule()),
+                         spec.pipeline().virtual_stages());
 }
 
 int64_t ChunkCount(const v1::JobSpec& spec) {

@@ -280,13 +280,15 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   const int64_t m = std::max<int64_t>(1, p.micro_batches);
   const int64_t mb = (batch + m - 1) / m;  // the largest micro-batch
   const bool remat = StageRematerializes(p.remat, p.stage, p.stages);
-  // Under an interleaved schedule the stage is chunk stage / K of worker
-  // stage % K, and holds what that chunk's ops in the worker's list hold.
+  // Under a schedule with chunks the stage is one chunk of a worker (as the
+  // schedule places it), and holds what that chunk's ops in the worker's
+  // list hold.
   const int64_t v = std::max<int64_t>(1, p.virtual_stages);
   const int64_t workers = std::max<int64_t>(1, p.stages / v);
-  const std::vector<Op> ops = MakeWorkerSchedule(
-      p.schedule, workers, p.micro_batches, v, p.stage % workers);
-  const int64_t chunk = p.stage / workers;
+  const std::vector<Op> ops =
+      MakeWorkerSchedule(p.schedule, workers, p.micro_batches, v,
+                         WorkerOfStage(p.schedule, workers, p.stage));
+  const int64_t chunk = ChunkOfStage(p.schedule, workers, p.stage);
   const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
   const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
   const int64_t full = KeptBytes(shapes, b, e, mb, /*count_input=*/!first);
@@ -447,10 +449,12 @@ StageMemory Combined(const std::vector<StageMemory>& stages) {
                             {&w.working, c.working},
                             {&w.in_flight, c.in_flight},
                             {&w.evaluation, c.evaluation},
-                            {&w.data, c.data},
                             {&w.batch, c.batch}}) {
       *to = Add(*to, from);
     }
+    // One dataset serves the worker's first and last stage (ZB-V's worker
+    // 0 holds both).
+    w.data = std::max(w.data, c.data);
   }
   return w;
 }

@@ -1,6 +1,7 @@
 #include "services/pipeline/schedule.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,98 @@ void ZeroBubbleH1(int64_t k, int64_t m, int64_t stage, std::vector<Op>& ops) {
   }
   while (next_weight < m)
     ops.push_back({OpKind::kBackwardWeight, next_weight++});
+}
+
+// ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024):
+// worker w holds stages w and 2K-1-w, so a micro-batch goes down the workers
+// and back up, and worker 0 runs both the first and the last stage. The
+// order comes from running the step on unit-time F, B and W (one tick each,
+// a transfer taking none): each free worker takes an input half whose
+// gradient has arrived, else a forward whose input has arrived (while it
+// holds fewer than `limit` micro-batches between forward and weight half),
+// else a pending weight half; the later chunk first at each (it is nearer
+// the loss and so to the next backward). Every stage keeps its forwards,
+// input halves and weight halves each in micro-batch order. Returns false
+// when the limit stalls it (no worker can take anything and some op is
+// left).
+bool ZeroBubbleVOrder(int64_t k, int64_t m, int64_t limit,
+                      std::vector<std::vector<Op>>& by_worker) {
+  const int64_t stages = 2 * k;
+  const auto stage_of = [k](int64_t w, int64_t c) {
+    return c == 0 ? w : 2 * k - 1 - w;
+  };
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  // When each (stage, micro-batch)'s forward and input half end.
+  std::vector<int64_t> forward_end(stages * m, kNever),
+      input_end(stages * m, kNever);
+  std::vector<int64_t> next_f(stages, 0), next_b(stages, 0), next_w(stages, 0);
+  std::vector<int64_t> live(k, 0);
+  by_worker.assign(k, {});
+  int64_t left = 3 * stages * m;
+  for (int64_t t = 0; left > 0; ++t) {
+    bool ran = false;
+    for (int64_t w = 0; w < k; ++w) {
+      Op pick{OpKind::kOptimizerStep, -1};
+      int64_t pick_stage = -1;
+      // Input halves, then forwards, then weight halves; within each, the
+      // earliest micro-batch, then the later chunk.
+      for (int pass = 0; pass < 3 && pick_stage < 0; ++pass) {
+        for (int64_t c = 1; c >= 0; --c) {
+          const int64_t g = stage_of(w, c);
+          int64_t j;
+          bool ready;
+          if (pass == 0) {
+            j = next_b[g];
+            ready = j < m && forward_end[g * m + j] <= t &&
+                    (g == stages - 1 || input_end[(g + 1) * m + j] <= t);
+          } else if (pass == 1) {
+            j = next_f[g];
+            ready = j < m && live[w] < limit &&
+                    (g == 0 || forward_end[(g - 1) * m + j] <= t);
+          } else {
+            j = next_w[g];
+            ready = j < next_b[g] && input_end[g * m + j] <= t;
+          }
+          if (ready && (pick_stage < 0 || j < pick.micro_batch)) {
+            pick = Op{pass == 0   ? OpKind::kBackwardInput
+                      : pass == 1 ? OpKind::kForward
+                                  : OpKind::kBackwardWeight,
+                      j, c};
+            pick_stage = g;
+          }
+        }
+      }
+      if (pick_stage < 0) continue;
+      const int64_t at = pick_stage * m + pick.micro_batch;
+      if (pick.kind == OpKind::kForward) {
+        forward_end[at] = t + 1;
+        ++next_f[pick_stage];
+        ++live[w];
+      } else if (pick.kind == OpKind::kBackwardInput) {
+        input_end[at] = t + 1;
+        ++next_b[pick_stage];
+      } else {
+        ++next_w[pick_stage];
+        --live[w];
+      }
+      by_worker[w].push_back(pick);
+      ran = true;
+      --left;
+    }
+    // Nothing ran and nothing is running (every op lasts one tick): stalled.
+    if (!ran) return false;
+  }
+  return true;
+}
+
+void ZeroBubbleV(int64_t k, int64_t m, int64_t worker, std::vector<Op>& ops) {
+  // 2K micro-batches of a half-size chunk: 1F1B's first stage's K of a
+  // whole one. A limit that stalls the order (never seen for K <= 16, M <=
+  // 64) is raised until it does not.
+  std::vector<std::vector<Op>> by_worker;
+  for (int64_t limit = 2 * k; !ZeroBubbleVOrder(k, m, limit, by_worker);)
+    ++limit;
+  ops.insert(ops.end(), by_worker[worker].begin(), by_worker[worker].end());
 }
 
 // Megatron's order: the worker's v*M (chunk, micro-batch) forwards go in
@@ -68,14 +161,14 @@ bool HasTransfers(const std::vector<Op>& ops) {
                      [](const Op& op) { return IsTransfer(op.kind); });
 }
 
-std::vector<Op> WithTransfers(const std::vector<Op>& ops, int64_t k, int64_t v,
-                              int64_t worker) {
+std::vector<Op> WithTransfers(const std::vector<Op>& ops, ScheduleKind kind,
+                              int64_t k, int64_t v, int64_t worker) {
   if (HasTransfers(ops)) return ops;
   const int64_t stages = k * v;
   std::vector<Op> out;
   out.reserve(3 * ops.size());
   for (const Op& op : ops) {
-    const int64_t stage = op.chunk * k + worker;
+    const int64_t stage = StageOfChunk(kind, k, worker, op.chunk);
     const bool first = stage == 0, last = stage == stages - 1;
     const auto with = [&](OpKind kind) {
       return Op{kind, op.micro_batch, op.chunk};
@@ -100,11 +193,41 @@ std::vector<Op> WithTransfers(const std::vector<Op>& ops, int64_t k, int64_t v,
 }
 
 bool Interleaves(ScheduleKind kind) {
-  return kind == ScheduleKind::kInterleaved1F1B;
+  return kind == ScheduleKind::kInterleaved1F1B ||
+         kind == ScheduleKind::kZeroBubbleV;
+}
+
+int64_t StageOfChunk(ScheduleKind kind, int64_t k, int64_t worker,
+                     int64_t chunk) {
+  if (kind == ScheduleKind::kZeroBubbleV && chunk % 2 == 1)
+    return (chunk + 1) * k - 1 - worker;
+  return chunk * k + worker;
+}
+
+int64_t WorkerOfStage(ScheduleKind kind, int64_t k, int64_t stage) {
+  if (kind == ScheduleKind::kZeroBubbleV && (stage / k) % 2 == 1)
+    return k - 1 - stage % k;
+  return stage % k;
+}
+
+int64_t ChunkOfStage(ScheduleKind /*kind*/, int64_t k, int64_t stage) {
+  return stage / k;
+}
+
+int64_t ChunksPerWorker(ScheduleKind kind, int64_t virtual_stages) {
+  if (kind == ScheduleKind::kZeroBubbleV && virtual_stages <= 1) return 2;
+  return std::max<int64_t>(1, virtual_stages);
 }
 
 std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,
                                int64_t v) {
+  if (kind == ScheduleKind::kZeroBubbleV) {
+    return v == 2 ? ""
+                  : absl::StrCat(
+                        "the zb-v schedule places exactly 2 virtual stages "
+                        "(chunks) per worker, got ",
+                        v);
+  }
   if (!Interleaves(kind)) {
     return v <= 1 ? ""
                   : absl::StrCat("virtual stages: ", v,
@@ -129,10 +252,19 @@ std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,
 std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
                                    int64_t v, int64_t worker) {
   if (!Interleaves(kind)) return MakeSchedule(kind, k, m, worker);
-  if (v <= 1) return MakeSchedule(ScheduleKind::kOneFOneB, k, m, worker);
+  if (v <= 1) {
+    return MakeSchedule(kind == ScheduleKind::kZeroBubbleV
+                            ? ScheduleKind::kZeroBubbleH1
+                            : ScheduleKind::kOneFOneB,
+                        k, m, worker);
+  }
   std::vector<Op> ops;
-  ops.reserve(2 * v * m + 1);
-  Interleaved(k, m, v, worker, ops);
+  ops.reserve(3 * v * m + 1);
+  if (kind == ScheduleKind::kZeroBubbleV) {
+    ZeroBubbleV(k, m, worker, ops);
+  } else {
+    Interleaved(k, m, v, worker, ops);
+  }
   ops.push_back({OpKind::kOptimizerStep, -1});
   return ops;
 }
@@ -166,7 +298,8 @@ std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
 }
 
 bool SplitsBackward(ScheduleKind kind) {
-  return kind == ScheduleKind::kZeroBubbleH1;
+  return kind == ScheduleKind::kZeroBubbleH1 ||
+         kind == ScheduleKind::kZeroBubbleV;
 }
 
 std::string_view ScheduleName(ScheduleKind kind) {
@@ -179,6 +312,8 @@ std::string_view ScheduleName(ScheduleKind kind) {
       return "zb-h1";
     case ScheduleKind::kInterleaved1F1B:
       return "interleaved";
+    case ScheduleKind::kZeroBubbleV:
+      return "zb-v";
   }
   return "?";
 }
@@ -190,9 +325,11 @@ absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name) {
     return ScheduleKind::kZeroBubbleH1;
   if (name == "interleaved" || name == "INTERLEAVED_1F1B")
     return ScheduleKind::kInterleaved1F1B;
+  if (name == "zb-v" || name == "ZERO_BUBBLE_V")
+    return ScheduleKind::kZeroBubbleV;
   return absl::InvalidArgumentError(
       absl::StrCat("schedule: '", std::string(name),
-                   "' is not one of gpipe, 1f1b, zb-h1, interleaved"));
+                   "' is not one of gpipe, 1f1b, zb-h1, interleaved, zb-v"));
 }
 
 ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule) {
@@ -203,6 +340,8 @@ ScheduleKind ScheduleFromSpec(gpipe::v1::Schedule schedule) {
       return ScheduleKind::kZeroBubbleH1;
     case gpipe::v1::INTERLEAVED_1F1B:
       return ScheduleKind::kInterleaved1F1B;
+    case gpipe::v1::ZERO_BUBBLE_V:
+      return ScheduleKind::kZeroBubbleV;
     default:
       return ScheduleKind::kGPipe;
   }
@@ -218,6 +357,8 @@ gpipe::v1::Schedule ScheduleToSpec(ScheduleKind kind) {
       return gpipe::v1::ZERO_BUBBLE_H1;
     case ScheduleKind::kInterleaved1F1B:
       return gpipe::v1::INTERLEAVED_1F1B;
+    case ScheduleKind::kZeroBubbleV:
+      return gpipe::v1::ZERO_BUBBLE_V;
   }
   return gpipe::v1::GPIPE;
 }

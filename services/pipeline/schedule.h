@@ -38,6 +38,16 @@ enum class ScheduleKind {
   // Bubble (K-1)/(vM+K-1) for equal stages: 1F1B's divided by about v.
   // Needs M to be a multiple of K.
   kInterleaved1F1B,
+  // Zero-bubble ZB-V (Qi et al. 2024, "Pipeline Parallelism with
+  // Controllable Memory"): the model cut into 2K stages placed in a V, worker
+  // w holding stages w and 2K-1-w, each backward split as in ZB-H1. A
+  // micro-batch goes down the workers and back up, so worker 0 runs the
+  // first and the last stage and every worker's first forward and last
+  // weight half come about as early and as late as worker 0's: with the
+  // weight halves filling the rest, bubble (K-1)/(6M+K-1) for equal F, B and
+  // W (half ZB-H1's) at a peak of 2K half-size micro-batches per worker
+  // (1F1B's first stage's). Always 2 chunks per worker; any M.
+  kZeroBubbleV,
 };
 
 // kBackward is the whole backward of a micro-batch (input and parameter
@@ -67,8 +77,8 @@ enum class OpKind {
 struct Op {
   OpKind kind;
   int64_t micro_batch;  // -1 for the optimizer step
-  // Which of its worker's stages the op runs on (interleaved schedules):
-  // worker w's chunk c is stage c * K + w. Always 0 otherwise.
+  // Which of its worker's stages the op runs on (schedules with chunks;
+  // StageOfChunk says which stage that is). Always 0 otherwise.
   int64_t chunk = 0;
 
   bool operator==(const Op& o) const {
@@ -83,28 +93,39 @@ std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
                              int64_t stage);
 
 // The ops of worker `worker` (< k) holding `v` chunks, ending with one
-// optimizer step (which updates every chunk). For a schedule that is not
-// interleaved, MakeSchedule's ops; interleaved with v = 1 is 1F1B. Requires k
-// >= 1, m >= 1, v >= 1 and, for interleaved schedules with k > 1, m a multiple
-// of k.
+// optimizer step (which updates every chunk). For a schedule without chunks,
+// MakeSchedule's ops; interleaved with v = 1 is 1F1B, ZB-V with v = 1 ZB-H1.
+// Requires k >= 1, m >= 1, v >= 1, a shape ScheduleShapeError accepts.
 std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
                                    int64_t v, int64_t worker);
 
 // `ops` (one worker's compute ops, MakeWorkerSchedule's or a hand-made
-// list, over `v` chunks; worker `worker` of `k`) with every transfer made an
-// action next to the op it serves: each forward's activation received just
-// before it (not on the model's first stage) and sent just after it (not
-// on the last); each backward's or input half's gradient received just
-// before it (not on the last stage) and the input gradient sent just after
-// it (not on the first). Chunk c of the worker is stage c * k + worker of
-// k * v. A list that already has transfers comes back as it is.
-std::vector<Op> WithTransfers(const std::vector<Op>& ops, int64_t k, int64_t v,
-                              int64_t worker);
+// list, over `v` chunks placed as `kind` places them; worker `worker` of
+// `k`) with every transfer made an action next to the op it serves: each
+// forward's activation received just before it (not on the model's first
+// stage) and sent just after it (not on the last); each backward's or input
+// half's gradient received just before it (not on the last stage) and the
+// input gradient sent just after it (not on the first). A list that already
+// has transfers comes back as it is.
+std::vector<Op> WithTransfers(const std::vector<Op>& ops, ScheduleKind kind,
+                              int64_t k, int64_t v, int64_t worker);
 bool HasTransfers(const std::vector<Op>& ops);
 bool IsTransfer(OpKind kind);
 
 // Whether the schedule places several chunks on each worker.
 bool Interleaves(ScheduleKind kind);
+// Where the chunks of a schedule's K workers sit among its K x v stages.
+// Interleaved 1F1B goes round the workers: worker w's chunk c is stage
+// c * K + w. ZB-V goes down and back: chunk 0 is stage w, chunk 1 stage
+// 2K-1-w. Any other schedule: stage w, chunk 0.
+int64_t StageOfChunk(ScheduleKind kind, int64_t k, int64_t worker,
+                     int64_t chunk);
+int64_t WorkerOfStage(ScheduleKind kind, int64_t k, int64_t stage);
+int64_t ChunkOfStage(ScheduleKind kind, int64_t k, int64_t stage);
+// How many chunks a worker holds when the spec says `virtual_stages` (0 or
+// 1 meaning none): ZB-V always holds 2, the interleaved schedule what it is
+// told, the others 1.
+int64_t ChunksPerWorker(ScheduleKind kind, int64_t virtual_stages);
 // What a worker process that runs several chunks of an interleaved schedule
 // (Assignment.chunks) says in its hello (WorkerHello.capabilities).
 inline constexpr std::string_view kChunksCapability = "chunks";
@@ -116,7 +137,7 @@ std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,
 // Whether the schedule splits the backward (kBackwardInput/Weight ops).
 bool SplitsBackward(ScheduleKind kind);
 
-// "gpipe" / "1f1b" / "zb-h1" / "interleaved".
+// "gpipe" / "1f1b" / "zb-h1" / "interleaved" / "zb-v".
 std::string_view ScheduleName(ScheduleKind kind);
 absl::StatusOr<ScheduleKind> ParseScheduleName(std::string_view name);
 // The job spec's enum and ours, the only place they are converted

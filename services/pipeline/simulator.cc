@@ -8,23 +8,25 @@ namespace {
 // Times below zero mean "not yet known": every real time is >= 0.
 constexpr double kUnknown = -1.0;
 
-// Peak activation bytes of one worker running `ops` over its chunks (stage
-// chunk * workers + worker of `stages`): a worker is sequential, so walking
+// Peak activation bytes of one worker running `ops` over its chunks (placed
+// among `stages` as `kind` places them): a worker is sequential, so walking
 // its ops in order visits every moment its memory can peak. A micro-batch
 // between its split backward's halves holds its activations (counted whole:
 // an upper bound; the memory model counts only what the weight half reads)
 // and its deferred gradients.
 int64_t PeakActivationBytes(const std::vector<Op>& ops,
                             const std::vector<StageCost>& stages,
-                            const std::vector<bool>& remat, int64_t workers,
-                            int64_t worker) {
+                            const std::vector<bool>& remat, ScheduleKind kind,
+                            int64_t workers, int64_t worker) {
   struct Held {
     int64_t waiting = 0;   // forwarded, backward not started
     int64_t deferred = 0;  // between a split backward's halves
   };
   std::vector<Held> chunks;
   int64_t peak = 0;
-  const auto stage_of = [&](int64_t c) { return c * workers + worker; };
+  const auto stage_of = [&](int64_t c) {
+    return StageOfChunk(kind, workers, worker, c);
+  };
   const auto whole = [&](int64_t c) {
     const StageCost& cost = stages[stage_of(c)];
     return cost.input_bytes + cost.internal_bytes;
@@ -87,7 +89,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
   const int64_t v = Interleaves(config.schedule)
                         ? std::max<int64_t>(1, config.virtual_stages)
                         : 1;
-  // g stages in all, on k workers; worker w runs stages w, w + k, ...
+  // g stages in all, on k workers, placed as the schedule places them.
   const int64_t g_count = static_cast<int64_t>(config.stages.size());
   const int64_t k = g_count / v;
   SimulationResult result;
@@ -105,7 +107,8 @@ SimulationResult Simulate(const SimulationConfig& config) {
   }
   // The runtime's lists: every transfer an action (hand-made lists may
   // have theirs already).
-  for (int64_t w = 0; w < k; ++w) ops[w] = WithTransfers(ops[w], k, v, w);
+  const ScheduleKind kind = config.schedule;
+  for (int64_t w = 0; w < k; ++w) ops[w] = WithTransfers(ops[w], kind, k, v, w);
   std::vector<bool> remat(g_count);
   for (int64_t g = 0; g < g_count; ++g)
     remat[g] = StageRematerializes(config.remat, g, g_count);
@@ -176,7 +179,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
       }
       const int64_t i = op.micro_batch;
       if (i < 0 || i >= m || op.chunk < 0 || op.chunk >= v) break;  // never
-      const int64_t g = op.chunk * k + w;
+      const int64_t g = StageOfChunk(kind, k, w, op.chunk);
       const int64_t at = g * m + i;
       const bool first = g == 0, last = g == g_count - 1;
       const StageCost& cost = config.stages[g];
@@ -209,8 +212,12 @@ SimulationResult Simulate(const SimulationConfig& config) {
         if (!made) break;  // nothing made to send: never
         made = 0;
         std::vector<Message>& queue = activation ? to_next[g] : to_prev[g - 1];
+        const int64_t to = WorkerOfStage(kind, k, activation ? g + 1 : g - 1);
+        // Between two chunks of one worker the link is in process: the
+        // message is there as soon as it is sent.
         queue.push_back(
-            {i, activation
+            {i, to == w ? free_at[w]
+                : activation
                     ? transfer(down_link, g, free_at[w], cost.output_bytes)
                     : transfer(up_link, g, free_at[w],
                                config.stages[g - 1].output_bytes)});
@@ -218,7 +225,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
             std::max(result.max_link_messages,
                      activation ? waiting(to_next[g], taken_next[g])
                                 : waiting(to_prev[g - 1], taken_prev[g - 1]));
-        runnable.push_back((activation ? g + 1 : g - 1) % k);
+        runnable.push_back(to);
         ++next[w];
         continue;
       }
@@ -276,7 +283,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
             ? (result.step_seconds - sim.busy_seconds) / result.step_seconds
             : 0;
     sim.peak_activation_bytes =
-        PeakActivationBytes(ops[w], config.stages, remat, k, w);
+        PeakActivationBytes(ops[w], config.stages, remat, kind, k, w);
   }
   return result;
 }
@@ -285,7 +292,7 @@ double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
                          int64_t micro_batches, int64_t virtual_stages) {
   if (stages <= 1 || micro_batches <= 0) return 0.0;
   const int64_t v =
-      Interleaves(schedule) ? std::max<int64_t>(1, virtual_stages) : 1;
+      Interleaves(schedule) ? ChunksPerWorker(schedule, virtual_stages) : 1;
   SimulationConfig config;
   StageCost unit;
   unit.forward_seconds = 1.0 / v;

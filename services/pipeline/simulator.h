@@ -33,8 +33,8 @@ struct StageCost {
 };
 
 struct SimulationConfig {
-  // K entries, or K x v under an interleaved schedule (in model order:
-  // worker w runs stages w, w + K, ...).
+  // K entries, or K x v under a schedule with chunks (in model order; the
+  // schedule places them on workers: StageOfChunk).
   std::vector<StageCost> stages;
   int64_t micro_batches = 1;  // M
   ScheduleKind schedule = ScheduleKind::kGPipe;
@@ -80,7 +80,7 @@ SimulationResult Simulate(const SimulationConfig& config);
 // 1 each; under an interleaved schedule shared by its v chunks; no transfer
 // time): the figure each schedule is measured against, (K-1)/(M+K-1) for
 // GPipe and 1F1B, (K-1)/(3M+K-1) for ZB-H1 with M >= K, (K-1)/(vM+K-1) for
-// interleaved 1F1B.
+// interleaved 1F1B, about (K-1)/(6M+K-1) for ZB-V.
 double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
                          int64_t micro_batches, int64_t virtual_stages = 1);
 

@@ -41,7 +41,7 @@ Stage::Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
                                      placement.local_micro_batches(),
                                      placement.index),
                         placement.micro_batch_begin),
-          placement.count, 1, placement.index)),
+          placement.schedule, placement.count, 1, placement.index)),
       timeline_(origin),
       layer_timing_(0) {}
 

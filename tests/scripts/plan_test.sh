@@ -18,7 +18,7 @@ flops=(--flops 1e11)  # the same costs on any machine
 "$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" --stages 2 \
   --micro-batches 8 --remat never "${flops[@]}" >"$work/one" 2>&1 ||
   { cat "$work/one"; fail "plan --stages 2 --micro-batches 8"; }
-for schedule in gpipe 1f1b zb-h1 interleaved/2; do
+for schedule in gpipe 1f1b zb-h1 interleaved/2 zb-v/2; do
   grep -Eq "^[ *]    2     8  $schedule +never " "$work/one" ||
     { cat "$work/one"; fail "no row for $schedule"; }
 done

@@ -289,8 +289,8 @@ TEST(MemoryModel, ReadsAsPeopleWriteIt) {
   EXPECT_EQ(absurd.total(), std::numeric_limits<int64_t>::max());
 }
 
-// Every example at its own K and M, under every schedule (interleaved with
-// two chunks a worker, each chunk estimated on its own) and every
+// Every example at its own K and M, under every schedule (interleaved and
+// ZB-V with two chunks a worker, each chunk estimated on its own) and every
 // re-materialization mode: a training step's peak (what
 // gpipe_stage_activation_memory_bytes shows) and an evaluation's, measured
 // by each stage's allocator, against the model. Both are upper bounds, and
@@ -300,7 +300,8 @@ class ExamplePeaks : public ::testing::TestWithParam<const char*> {};
 TEST_P(ExamplePeaks, StayWithinFifteenPercentOfTheEstimate) {
   const char* name = GetParam();
   for (const v1::Schedule schedule :
-       {v1::GPIPE, v1::ONE_F_ONE_B, v1::ZERO_BUBBLE_H1, v1::INTERLEAVED_1F1B}) {
+       {v1::GPIPE, v1::ONE_F_ONE_B, v1::ZERO_BUBBLE_H1, v1::INTERLEAVED_1F1B,
+        v1::ZERO_BUBBLE_V}) {
     for (const v1::Remat remat : {v1::ALWAYS, v1::NEVER, v1::EXCEPT_LAST}) {
       auto spec =
           LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + name);

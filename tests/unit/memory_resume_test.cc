@@ -289,8 +289,8 @@ TEST_F(MemoryResumeTest, ARunStepCutOffKeepsItsPendingStatistics) {
   std::thread t([&] { cut_off = cut.first->RunStep(0); });
   ASSERT_TRUE(cut.last->BeginStep(0).ok());
   for (const Op& op : WithTransfers(
-           MakeSchedule(ScheduleKind::kGPipe, 2, MicroBatchCount(spec_), 1), 2,
-           1, 1)) {
+           MakeSchedule(ScheduleKind::kGPipe, 2, MicroBatchCount(spec_), 1),
+           ScheduleKind::kGPipe, 2, 1, 1)) {
     if (op.kind != OpKind::kOptimizerStep)
       ASSERT_TRUE(cut.last->RunOp(op).ok());
   }

@@ -18,7 +18,7 @@ namespace {
 constexpr int kSteps = 3;
 constexpr ScheduleKind kSchedules[] = {
     ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1,
-    ScheduleKind::kInterleaved1F1B};
+    ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleV};
 
 gpipe::v1::JobSpec LoadExample(const std::string& name, int64_t batch) {
   auto spec =
@@ -63,8 +63,9 @@ void ExpectSame(const std::map<std::string, Tensor>& want,
 }
 
 // Every K in 1..4, M in {1,2,4,8}, every schedule, all remat modes; the
-// interleaved schedule with v = 2 chunks per worker wherever it applies
-// (M a multiple of K, K x 2 stages no more than the layers).
+// interleaved schedule and ZB-V with v = 2 chunks per worker wherever they
+// apply (interleaving: M a multiple of K; K x 2 stages no more than the
+// layers).
 void CheckAllCombinations(const std::string& example, int64_t batch) {
   const gpipe::v1::JobSpec spec = LoadExample(example, batch);
   std::shared_ptr<const Dataset> data = Open(spec);
@@ -277,7 +278,8 @@ TEST(PipelineExactness, ScheduleTransfersAreCheckedActions) {
   std::vector<std::vector<Op>> intact;
   for (int64_t s = 0; s < 3; ++s) {
     intact.push_back(
-        WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, s), 3, 1, s));
+        WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, s),
+                      ScheduleKind::kOneFOneB, 3, 1, s));
   }
   EXPECT_TRUE(run(intact).ok());
   const auto at = [](std::vector<Op>& ops, OpKind kind, int64_t m) {

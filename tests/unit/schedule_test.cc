@@ -35,31 +35,33 @@ TEST(Schedule, OneFOneBWarmsUpThenAlternates) {
 // have (stage 0 receives no activation, the last stage no gradient).
 TEST(Schedule, TransfersAreActionsNextToTheirOps) {
   EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 2, 2, 0),
-                                 2, 1, 0)),
+                                 ScheduleKind::kOneFOneB, 2, 1, 0)),
             "F0 sa0 F1 sa1 rg0 B0 rg1 B1 step");
   EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 2, 2, 1),
-                                 2, 1, 1)),
+                                 ScheduleKind::kOneFOneB, 2, 1, 1)),
             "ra0 F0 B0 sg0 ra1 F1 B1 sg1 step");
-  EXPECT_EQ(Render(WithTransfers(
-                MakeSchedule(ScheduleKind::kZeroBubbleH1, 3, 1, 1), 3, 1, 1)),
-            "ra0 F0 sa0 rg0 B0 sg0 W0 step");
+  EXPECT_EQ(
+      Render(WithTransfers(MakeSchedule(ScheduleKind::kZeroBubbleH1, 3, 1, 1),
+                           ScheduleKind::kZeroBubbleH1, 3, 1, 1)),
+      "ra0 F0 sa0 rg0 B0 sg0 W0 step");
   // A single stage has no links.
-  EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kGPipe, 1, 2, 0), 1,
-                                 1, 0)),
+  EXPECT_EQ(Render(WithTransfers(MakeSchedule(ScheduleKind::kGPipe, 1, 2, 0),
+                                 ScheduleKind::kGPipe, 1, 1, 0)),
             "F0 F1 B0 B1 step");
   // Interleaved: worker 1 of 2 holds stages 1 and 3 of 4; its chunk 0 sends
   // on to worker 0's chunk 1, and its chunk 1 is the last stage.
   EXPECT_EQ(Render(WithTransfers(
                 MakeWorkerSchedule(ScheduleKind::kInterleaved1F1B, 2, 2, 2, 1),
-                2, 2, 1)),
+                ScheduleKind::kInterleaved1F1B, 2, 2, 1)),
             "ra0 F0 sa0 ra1 F1 sa1 ra0/1 F0/1 B0/1 sg0/1 ra1/1 F1/1 B1/1 "
             "sg1/1 rg0 B0 sg0 rg1 B1 sg1 step");
   // A list with transfers already is the runtime's as it is.
   const std::vector<Op> lowered =
-      WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, 1), 3, 1, 1);
+      WithTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, 1),
+                    ScheduleKind::kOneFOneB, 3, 1, 1);
   EXPECT_TRUE(HasTransfers(lowered));
   EXPECT_FALSE(HasTransfers(MakeSchedule(ScheduleKind::kOneFOneB, 3, 4, 1)));
-  EXPECT_EQ(WithTransfers(lowered, 3, 1, 1), lowered);
+  EXPECT_EQ(WithTransfers(lowered, ScheduleKind::kOneFOneB, 3, 1, 1), lowered);
 }
 
 // B is the input half here, W the weight half (the paper's notation).
@@ -141,6 +143,85 @@ TEST(Schedule, InterleavedChunksRunInMicroBatchOrder) {
   }
 }
 
+// ZB-V places worker w's chunks at stages w and 2K-1-w: a micro-batch goes
+// down the workers and back up, so worker 0 holds the first and the last
+// stage and the turn (stages K-1 and K) is on worker K-1.
+TEST(Schedule, ZeroBubbleVPlacesTwoChunksInAV) {
+  for (int64_t k : {1, 2, 3, 5, 8}) {
+    for (int64_t g = 0; g < 2 * k; ++g) {
+      const int64_t w = WorkerOfStage(ScheduleKind::kZeroBubbleV, k, g);
+      const int64_t c = ChunkOfStage(ScheduleKind::kZeroBubbleV, k, g);
+      EXPECT_EQ(StageOfChunk(ScheduleKind::kZeroBubbleV, k, w, c), g);
+      EXPECT_EQ(w, g < k ? g : 2 * k - 1 - g);
+      // Round robin for interleaving.
+      EXPECT_EQ(WorkerOfStage(ScheduleKind::kInterleaved1F1B, k, g), g % k);
+      EXPECT_EQ(StageOfChunk(ScheduleKind::kInterleaved1F1B, k, g % k, g / k),
+                g);
+    }
+  }
+  EXPECT_EQ(ScheduleShapeError(ScheduleKind::kZeroBubbleV, 4, 3, 2), "");
+  EXPECT_NE(ScheduleShapeError(ScheduleKind::kZeroBubbleV, 4, 8, 3), "");
+  EXPECT_NE(ScheduleShapeError(ScheduleKind::kZeroBubbleV, 4, 8, 1), "");
+  EXPECT_EQ(ChunksPerWorker(ScheduleKind::kZeroBubbleV, 0), 2);
+  EXPECT_EQ(ChunksPerWorker(ScheduleKind::kInterleaved1F1B, 0), 1);
+  // One chunk per worker is ZB-H1.
+  EXPECT_EQ(MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, 3, 6, 1, 1),
+            MakeSchedule(ScheduleKind::kZeroBubbleH1, 3, 6, 1));
+}
+
+// "/1" marks chunk 1 (stage 2K-1-w). Worker 0 runs the first and the last
+// stage: its chunk-0 forwards until micro-batch 0 comes back, then input
+// halves first, forwards next, weight halves where nothing else is ready.
+TEST(Schedule, ZeroBubbleVRendersItsOrder) {
+  EXPECT_EQ(Render(MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, 2, 4, 2, 0)),
+            "F0 F1 F2 F0/1 B0/1 W0/1 F1/1 B0 B1/1 W0 F3 B1 W1/1 F2/1 B2/1 W1 "
+            "W2/1 B2 W2 F3/1 B3/1 W3/1 B3 W3 step");
+  EXPECT_EQ(Render(MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, 2, 4, 2, 1)),
+            "F0 F0/1 F1 F1/1 B0/1 B0 W0/1 F2 B1/1 B1 W0 F2/1 W1/1 F3 B2/1 B2 "
+            "W1 F3/1 W2/1 W2 B3/1 B3 W3/1 W3 step");
+  // Worker K-1 sends from its chunk 0 (stage K-1) to its chunk 1 (stage K)
+  // over a link to itself.
+  EXPECT_EQ(
+      Render(WithTransfers(
+          MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, 2, 2, 2, 1),
+          ScheduleKind::kZeroBubbleV, 2, 2, 1)),
+      "ra0 F0 sa0 ra0/1 F0/1 sa0/1 ra1 F1 sa1 ra1/1 F1/1 sa1/1 rg0/1 B0/1 "
+      "sg0/1 rg0 B0 sg0 rg1/1 B1/1 sg1/1 rg1 B1 sg1 W0/1 W0 W1/1 W1 step");
+}
+
+// Each stage of each worker runs its forwards, input halves and weight
+// halves each in micro-batch order (so gradients sum as in the reference),
+// a micro-batch's F before its B before its W, every op once, and no worker
+// holds more than 2K micro-batches of a chunk between F and W.
+TEST(Schedule, ZeroBubbleVKeepsMicroBatchOrderAndItsMemory) {
+  for (int64_t k = 1; k <= 16; ++k) {
+    for (int64_t m : {1, 2, 3, 5, 8, 13, 16, 32, 64}) {
+      for (int64_t w = 0; w < k; ++w) {
+        const std::vector<Op> ops =
+            MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w);
+        ASSERT_EQ(ops.size(), static_cast<size_t>(6 * m + 1));
+        EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
+        int64_t next[2][3] = {};
+        for (size_t i = 0; i + 1 < ops.size(); ++i) {
+          const Op& op = ops[i];
+          ASSERT_TRUE(op.chunk == 0 || op.chunk == 1);
+          const int kind = op.kind == OpKind::kForward         ? 0
+                           : op.kind == OpKind::kBackwardInput ? 1
+                                                               : 2;
+          ASSERT_TRUE(kind != 2 || op.kind == OpKind::kBackwardWeight);
+          EXPECT_EQ(op.micro_batch, next[op.chunk][kind]++)
+              << "k=" << k << " m=" << m << " w=" << w << " op " << i;
+          if (kind > 0) EXPECT_LT(op.micro_batch, next[op.chunk][kind - 1]);
+        }
+        for (const auto& chunk : next)
+          for (int64_t n : chunk) EXPECT_EQ(n, m);
+        EXPECT_LE(MaxLiveMicroBatches(ops), 2 * k)
+            << "k=" << k << " m=" << m << " w=" << w;
+      }
+    }
+  }
+}
+
 TEST(Schedule, NameRoundTrip) {
   EXPECT_EQ(*ParseScheduleName("gpipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(*ParseScheduleName("1f1b"), ScheduleKind::kOneFOneB);
@@ -148,9 +229,11 @@ TEST(Schedule, NameRoundTrip) {
   EXPECT_EQ(*ParseScheduleName("ZERO_BUBBLE_H1"), ScheduleKind::kZeroBubbleH1);
   EXPECT_FALSE(ParseScheduleName("interleaved-zb").ok());
   EXPECT_EQ(*ParseScheduleName("interleaved"), ScheduleKind::kInterleaved1F1B);
+  EXPECT_EQ(*ParseScheduleName("ZERO_BUBBLE_V"), ScheduleKind::kZeroBubbleV);
   for (ScheduleKind kind :
        {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
-        ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B}) {
+        ScheduleKind::kZeroBubbleH1, ScheduleKind::kInterleaved1F1B,
+        ScheduleKind::kZeroBubbleV}) {
     EXPECT_EQ(*ParseScheduleName(ScheduleName(kind)), kind);
     EXPECT_EQ(ScheduleFromSpec(ScheduleToSpec(kind)), kind);
   }
@@ -208,7 +291,7 @@ TEST_P(ScheduleProperties, NeighboursAgreeAndTheStepCompletes) {
   const auto [kind, k, m] = GetParam();
   std::vector<std::vector<Op>> ops;
   for (int64_t s = 0; s < k; ++s)
-    ops.push_back(WithTransfers(MakeSchedule(kind, k, m, s), k, 1, s));
+    ops.push_back(WithTransfers(MakeSchedule(kind, k, m, s), kind, k, 1, s));
   const auto micro_batches = [](const std::vector<Op>& list, OpKind kind) {
     std::vector<int64_t> out;
     for (const Op& op : list)
