@@ -225,6 +225,7 @@ double PredictStepSeconds(const RebalanceInput& in,
   }
   config.micro_batches = in.micro_batches;
   config.schedule = in.schedule;
+  config.virtual_stages = in.virtual_stages;
   config.remat = in.remat;
   return Simulate(config).step_seconds;
 }

@@ -99,6 +99,7 @@ struct RebalanceInput {
   int64_t micro_batches = 1;
   int64_t micro_batch_size = 1;
   ScheduleKind schedule = ScheduleKind::kGPipe;
+  int64_t virtual_stages = 1;  // chunks per worker (v); balance has K x v
   RematMode remat = RematMode::kExceptLast;
   std::vector<int64_t> balance;      // the running cut
   std::vector<std::string> workers;  // the worker of each running stage

@@ -74,6 +74,7 @@ RebalanceInput Input(const JobRecord& job) {
   in.micro_batch_size =
       (spec.batch_size() + in.micro_batches - 1) / in.micro_batches;
   in.schedule = ScheduleFromSpec(spec.pipeline().schedule());
+  in.virtual_stages = VirtualStageCount(spec);
   in.remat = RematFromSpec(spec.pipeline().remat());
   RunningCut(job.status(), &in.balance, &in.workers);
   in.costs = EstimateCosts(job.layer_costs,

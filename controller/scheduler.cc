@@ -350,13 +350,17 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         continue;
       }
     }
-    // With an interleaved schedule, the workers that say they run chunks
-    // (an older one would run chunk 0 as a stage of its own).
+    // With chunks, the workers that say they run them (an older one would
+    // run chunk 0 as a stage of its own), and under ZB-V place them in a V.
     const int64_t v = VirtualStageCount(job->job.spec());
+    const bool v_shape =
+        ScheduleFromSpec(job->job.spec().pipeline().schedule()) ==
+        ScheduleKind::kZeroBubbleV;
     std::vector<std::shared_ptr<WorkerRecord>> able;
     if (v > 1) {
       for (const auto& w : idle)
-        if (w->runs_chunks) able.push_back(w);
+        if (w->runs_chunks && (!v_shape || w->runs_zero_bubble_v))
+          able.push_back(w);
     }
     const std::vector<std::shared_ptr<WorkerRecord>>& pool =
         v > 1 ? able : idle;
@@ -373,15 +377,20 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // Short of workers for longer than the grace period: run on what there
     // is. Exact all the same: stages change only at checkpoint boundaries.
     // (Replicas wait for all their workers so far.)
-    // An interleaved schedule runs on the most workers that divide its
-    // micro-batches (its warm-up takes them K at a time), each with its v
-    // chunks: K' x v stages, checkpoints restored by layer as always.
+    // A schedule with chunks runs on the most workers its shape takes (the
+    // interleaved one's warm-up takes micro-batches K at a time, so K' must
+    // divide M; ZB-V takes any), each with its v chunks: K' x v stages,
+    // checkpoints restored by layer as always.
     if (blocked_by == nullptr && replicas == 1 && free < k &&
         free >= MinStages(job->job.spec()) &&
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
       int64_t fit = free;
       const int64_t m = MicroBatchCount(job->job.spec());
-      while (v > 1 && fit > 0 && m % fit != 0) --fit;
+      const ScheduleKind schedule =
+          ScheduleFromSpec(job->job.spec().pipeline().schedule());
+      while (v > 1 && fit > 0 &&
+             !ScheduleShapeError(schedule, fit, m, v).empty())
+        --fit;
       if (fit >= MinStages(job->job.spec())) k = fit;
     }
     if (blocked_by == nullptr && free >= k * replicas && k > 0 &&
@@ -446,7 +455,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
                      : WaitingMessage(k, replicas, static_cast<int64_t>(free));
     if (why.empty() && v > 1 && able.size() < idle.size()) {
       const size_t older = idle.size() - able.size();
-      absl::StrAppend(&message, " that run an interleaved schedule's chunks (",
+      absl::StrAppend(&message,
+                      v_shape ? " that run ZB-V's chunks ("
+                              : " that run an interleaved schedule's chunks (",
                       older,
                       older == 1 ? " other is an older worker"
                                  : " others are older workers",

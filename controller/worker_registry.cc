@@ -30,6 +30,10 @@ absl::StatusOr<std::shared_ptr<WorkerRecord>> WorkerRegistry::Add(
   worker->runs_chunks =
       std::find(hello.capabilities().begin(), hello.capabilities().end(),
                 kChunksCapability) != hello.capabilities().end();
+  worker->runs_zero_bubble_v =
+      worker->runs_chunks &&
+      std::find(hello.capabilities().begin(), hello.capabilities().end(),
+                kZeroBubbleVCapability) != hello.capabilities().end();
   v1::WorkerInfo& info = worker->info;
   info.set_worker_id(hello.worker_id());
   info.set_address(hello.address());

@@ -23,12 +23,13 @@
 namespace gpipe::controller {
 
 struct WorkerRecord {
-  gpipe::v1::WorkerInfo info;  // what ListWorkers returns
-  std::string session_key;     // the hello's (never shown)
-  std::string certificate;     // its client certificate (PEM), with mTLS
-  bool runs_chunks = false;    // WorkerHello.capabilities has "chunks"
-  uint64_t attach_seq = 0;     // attach order: the scheduler's stable order
-  absl::Time last_heartbeat;   // of any message: a report is proof of life
+  gpipe::v1::WorkerInfo info;       // what ListWorkers returns
+  std::string session_key;          // the hello's (never shown)
+  std::string certificate;          // its client certificate (PEM), with mTLS
+  bool runs_chunks = false;         // WorkerHello.capabilities has "chunks"
+  bool runs_zero_bubble_v = false;  // ... and "zb-v"
+  uint64_t attach_seq = 0;    // attach order: the scheduler's stable order
+  absl::Time last_heartbeat;  // of any message: a report is proof of life
   std::deque<gpipe::v1::ControllerMessage> outbox;
 
   // Set when the worker leaves the registry (stream ended, lease expired,

@@ -426,6 +426,7 @@ int main(int argc, char** argv) {
   }
   hello.set_address(advertise);
   hello.add_capabilities(std::string(gpipe::kChunksCapability));
+  hello.add_capabilities(std::string(gpipe::kZeroBubbleVCapability));
   hello.mutable_resources()->set_cpus(threads);
   hello.mutable_resources()->set_memory_bytes(memory->stages);
   if (*device == gpipe::Device::kCpu) {

@@ -449,12 +449,10 @@ StageMemory Combined(const std::vector<StageMemory>& stages) {
                             {&w.working, c.working},
                             {&w.in_flight, c.in_flight},
                             {&w.evaluation, c.evaluation},
+                            {&w.data, c.data},
                             {&w.batch, c.batch}}) {
       *to = Add(*to, from);
     }
-    // One dataset serves the worker's first and last stage (ZB-V's worker
-    // 0 holds both).
-    w.data = std::max(w.data, c.data);
   }
   return w;
 }

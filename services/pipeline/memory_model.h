@@ -76,8 +76,9 @@ struct StageMemory {
 // What several stages on one worker (a schedule's chunks) need
 // together, part by part: their trainings and their evaluations add up, and
 // the worker holds the larger of the two sums (StageMemory::total), not the
-// sum of each stage's larger one. Data counts once: a worker's stages share
-// one data set (ZB-V's worker 0 holds the first and the last stage).
+// sum of each stage's larger one. Data counts once per stage: an upper
+// bound where they share a data set (ZB-V's worker 0 holds the first and
+// the last stage, each with its own sampler but one data set).
 StageMemory Combined(const std::vector<StageMemory>& stages);
 
 // Where the stage sits and how the pipeline runs.

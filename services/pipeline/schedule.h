@@ -129,6 +129,9 @@ int64_t ChunksPerWorker(ScheduleKind kind, int64_t virtual_stages);
 // What a worker process that runs several chunks of an interleaved schedule
 // (Assignment.chunks) says in its hello (WorkerHello.capabilities).
 inline constexpr std::string_view kChunksCapability = "chunks";
+// What a worker that places ZB-V's chunks in a V says (one that says only
+// "chunks" expects them round robin and would refuse the assignment).
+inline constexpr std::string_view kZeroBubbleVCapability = "zb-v";
 // Empty when (k, m, v) suit `kind`, else what does not (for the job spec's
 // validation and the in-process pipeline).
 std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,

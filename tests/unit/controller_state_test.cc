@@ -64,12 +64,15 @@ class ControllerStateTest : public ::testing::Test {
     return test_support::RecoverableSpec(stages, max_restarts);
   }
   // `runs_chunks`: the worker says it runs an interleaved schedule's chunks,
-  // as every current one does.
-  std::shared_ptr<WorkerRecord> Attach(int i, bool runs_chunks = true) {
+  // `runs_zb_v` that it places ZB-V's in a V, as every current one does.
+  std::shared_ptr<WorkerRecord> Attach(int i, bool runs_chunks = true,
+                                       bool runs_zb_v = true) {
     v1::WorkerHello hello;
     hello.set_worker_id(absl::StrCat("w", i));
     hello.set_address(absl::StrCat("127.0.0.1:", 9000 + i));
     if (runs_chunks) hello.add_capabilities(std::string(kChunksCapability));
+    if (runs_chunks && runs_zb_v)
+      hello.add_capabilities(std::string(kZeroBubbleVCapability));
     absl::StatusOr<std::shared_ptr<WorkerRecord>> w =
         controller_->AttachWorker(hello, "", [this] { ++disconnects_; });
     EXPECT_TRUE(w.ok()) << w.status();
@@ -274,6 +277,64 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   got = controller_->GetJob(job->id());
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->status().restarts(), 1);  // growing back is not a restart
+  EXPECT_FALSE(Assignment(*old).has_value());
+}
+
+// ZB-V on 3 workers: worker w's one assignment carries stages w and 5-w
+// (the V), with their neighbours; a worker that runs chunks only round
+// robin is passed over. Losing a worker, the job goes on with 2 past the
+// grace period though 2 does not divide its M = 5 (only interleaving needs
+// that).
+TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
+  std::shared_ptr<WorkerRecord> old =
+      Attach(9, /*runs_chunks=*/true, /*runs_zb_v=*/false);
+  std::shared_ptr<WorkerRecord> w[3] = {Attach(0), Attach(1), Attach(2)};
+  v1::JobSpec spec = Spec(3, 2);
+  // 6 chunks need 6 layers at least.
+  for (int i = 0; i < 2; ++i)
+    spec.mutable_model()->add_layers()->mutable_relu();
+  spec.mutable_pipeline()->set_schedule(v1::ZERO_BUBBLE_V);
+  spec.mutable_pipeline()->set_micro_batches(5);
+  spec.set_batch_size(10);
+  spec.mutable_pipeline()->clear_balance();
+  spec.mutable_pipeline()->set_min_stages(1);
+  spec.mutable_pipeline()->set_elastic_grace_ms(1000);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  EXPECT_FALSE(Assignment(*old).has_value());
+  const auto address = [](int64_t i) {
+    return absl::StrCat("127.0.0.1:", 9000 + i);
+  };
+  for (int i = 0; i < 3; ++i) {
+    std::optional<v1::Assignment> a = Assignment(*w[i]);
+    ASSERT_TRUE(a.has_value()) << i;
+    EXPECT_EQ(a->stage(), i);
+    EXPECT_EQ(a->stages(), 6);
+    ASSERT_EQ(a->chunks_size(), 2);
+    EXPECT_EQ(a->chunks(0).stage(), i);
+    EXPECT_EQ(a->chunks(1).stage(), 5 - i);
+    // Stage s's worker: s, or 5 - s on the way back.
+    const auto worker_of = [](int64_t s) { return s < 3 ? s : 5 - s; };
+    for (const v1::Assignment& c : a->chunks()) {
+      const int64_t s = c.stage();
+      EXPECT_EQ(c.upstream_address(), s > 0 ? address(worker_of(s - 1)) : "")
+          << s;
+      EXPECT_EQ(c.downstream_address(), s < 5 ? address(worker_of(s + 1)) : "")
+          << s;
+    }
+  }
+  controller_->DetachWorker(*w[2], absl::UnavailableError("gone"), "test");
+  clock_.Advance(absl::Milliseconds(1500));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  std::optional<v1::Assignment> a = Assignment(*w[0]);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->stages(), 4);
+  ASSERT_EQ(a->chunks_size(), 2);
+  EXPECT_EQ(a->chunks(1).stage(), 3);
   EXPECT_FALSE(Assignment(*old).has_value());
 }
 
