@@ -17,7 +17,8 @@
 #      of replica 1 killed -9; the job goes on with one replica from the
 #      survivors' memory (their state parked on the host, loaded back onto
 #      the device), no checkpoint restored; the model with its batch norm
-#      fails at once, naming why (its averages are held back on CPUs only).
+#      fails, naming why (its averages are held back on CPUs only), at once
+#      or after one retry when the neighbour's closed link is reported first.
 # Knobs: FAKE_DEVICE_STEPS (default 120; the cluster job runs 20 times as
 # many), KEEP_WORK=1.
 #   fake_device_cluster_test.sh BUILD_DIR SOURCE_DIR
@@ -137,9 +138,12 @@ for _ in $(seq 300); do
 done
 [[ "$state" == FAILED ]] || fail "batch norm with replicas on GPU workers ended $state"
 restarts=$(job_field "$bn" "s.get('restarts', 0)")
-((restarts == 0)) || fail "batch norm with replicas on GPU workers was retried $restarts times"
+# The refusal is permanent, but the stage upstream may report the link it
+# closed first (a failure that may pass on a retry): one restart at most,
+# never the job's whole budget.
+((restarts <= 1)) || fail "batch norm with replicas on GPU workers was retried $restarts times"
 ctl status "$bn" 2>&1 | grep -q "batch norm with data-parallel replicas runs on the CPU" ||
   fail "the failure does not say why: $(ctl status "$bn" 2>&1 | tail -n 3)"
-ok "batch norm with replicas on GPU workers fails at once, naming why"
+ok "batch norm with replicas on GPU workers fails ($restarts restarts), naming why"
 
 echo "$passed passed, 0 failed"
