@@ -353,9 +353,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     // With chunks, the workers that say they run them (an older one would
     // run chunk 0 as a stage of its own), and under ZB-V place them in a V.
     const int64_t v = VirtualStageCount(job->job.spec());
-    const bool v_shape =
-        ScheduleFromSpec(job->job.spec().pipeline().schedule()) ==
-        ScheduleKind::kZeroBubbleV;
+    const ScheduleKind schedule =
+        ScheduleFromSpec(job->job.spec().pipeline().schedule());
+    const bool v_shape = schedule == ScheduleKind::kZeroBubbleV;
     std::vector<std::shared_ptr<WorkerRecord>> able;
     if (v > 1) {
       for (const auto& w : idle)
@@ -386,8 +386,6 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
         now - job->waiting_since >= ElasticGrace(job->job.spec())) {
       int64_t fit = free;
       const int64_t m = MicroBatchCount(job->job.spec());
-      const ScheduleKind schedule =
-          ScheduleFromSpec(job->job.spec().pipeline().schedule());
       while (v > 1 && fit > 0 &&
              !ScheduleShapeError(schedule, fit, m, v).empty())
         --fit;
@@ -427,13 +425,9 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       if (rebalanced != nullptr)
         place = ChosenWorkers(*rebalanced, *plan, pool);
       if (!place) {
-        place = PlaceStages(
-            v > 1 ? WorkerPlan(
-                        *plan,
-                        ScheduleFromSpec(job->job.spec().pipeline().schedule()),
-                        k)
-                  : RepeatPlan(*plan, replicas),
-            WorkerMemory(pool), &why);
+        place = PlaceStages(v > 1 ? WorkerPlan(*plan, schedule, k)
+                                  : RepeatPlan(*plan, replicas),
+                            WorkerMemory(pool), &why);
       }
       if (place) {
         std::vector<std::shared_ptr<WorkerRecord>> chosen;

@@ -63,6 +63,18 @@ class ControllerStateTest : public ::testing::Test {
   v1::JobSpec Spec(int64_t stages, int64_t max_restarts) {
     return test_support::RecoverableSpec(stages, max_restarts);
   }
+  // A job of `stages` workers holding chunks under `schedule`, cut by the
+  // cost model, that may run on one worker after a grace period of 1 s.
+  v1::JobSpec ChunkedSpec(int64_t stages, v1::Schedule schedule,
+                          int64_t micro_batches) {
+    v1::JobSpec spec = Spec(stages, 2);
+    spec.mutable_pipeline()->set_schedule(schedule);
+    spec.mutable_pipeline()->set_micro_batches(micro_batches);
+    spec.mutable_pipeline()->clear_balance();
+    spec.mutable_pipeline()->set_min_stages(1);
+    spec.mutable_pipeline()->set_elastic_grace_ms(1000);
+    return spec;
+  }
   // `runs_chunks`: the worker says it runs an interleaved schedule's chunks,
   // `runs_zb_v` that it places ZB-V's in a V, as every current one does.
   std::shared_ptr<WorkerRecord> Attach(int i, bool runs_chunks = true,
@@ -180,13 +192,8 @@ TEST_F(ControllerStateTest, ARestartingJobWaitsItsSettleTimeThenRestarts) {
 TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   std::shared_ptr<WorkerRecord> w2 = Attach(2);
-  v1::JobSpec spec = Spec(2, 2);
-  spec.mutable_pipeline()->set_schedule(v1::INTERLEAVED_1F1B);
+  v1::JobSpec spec = ChunkedSpec(2, v1::INTERLEAVED_1F1B, 2);
   spec.mutable_pipeline()->set_virtual_stages(2);
-  spec.mutable_pipeline()->set_micro_batches(2);
-  spec.mutable_pipeline()->clear_balance();
-  spec.mutable_pipeline()->set_min_stages(1);
-  spec.mutable_pipeline()->set_elastic_grace_ms(1000);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(State(job->id()), v1::RUNNING);
@@ -289,16 +296,11 @@ TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
   std::shared_ptr<WorkerRecord> old =
       Attach(9, /*runs_chunks=*/true, /*runs_zb_v=*/false);
   std::shared_ptr<WorkerRecord> w[3] = {Attach(0), Attach(1), Attach(2)};
-  v1::JobSpec spec = Spec(3, 2);
+  v1::JobSpec spec = ChunkedSpec(3, v1::ZERO_BUBBLE_V, 5);
   // 6 chunks need 6 layers at least.
   for (int i = 0; i < 2; ++i)
     spec.mutable_model()->add_layers()->mutable_relu();
-  spec.mutable_pipeline()->set_schedule(v1::ZERO_BUBBLE_V);
-  spec.mutable_pipeline()->set_micro_batches(5);
   spec.set_batch_size(10);
-  spec.mutable_pipeline()->clear_balance();
-  spec.mutable_pipeline()->set_min_stages(1);
-  spec.mutable_pipeline()->set_elastic_grace_ms(1000);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(State(job->id()), v1::RUNNING);
