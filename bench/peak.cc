@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/timing.h"
+#include "services/tensor/cpu/gemm_tiles.h"
 
 namespace gpipe::bench {
 
@@ -36,6 +37,30 @@ SgemmPeak MeasureSgemmPeak(int threads, int64_t size, int reps) {
   peak.gflops = 2.0 * n * n * n / peak.best_s / 1e9;
   openblas_set_num_threads(saved_blas);
   omp_set_num_threads(saved_omp);
+  return peak;
+}
+
+TilePeak MeasureTilePeak(int threads, int reps) {
+  const cpu::GemmTile& tile = cpu::BestGemmTile();
+  constexpr int64_t kDepth = 256;  // slivers of 48 KiB at most: L1
+  constexpr int64_t kCalls = 2000;
+  TilePeak peak;
+  peak.tile = tile.name;
+  peak.threads = threads;
+  for (int r = 0; r < reps + 1; ++r) {  // the first is a warm-up
+    const double s = TimeSeconds([&] {
+#pragma omp parallel num_threads(threads)
+      {
+        std::vector<float> a(tile.mr * kDepth, 0.5f),
+            b(tile.nr * kDepth, 0.25f), c(tile.mr * tile.nr, 0.0f);
+        for (int64_t call = 0; call < kCalls; ++call)
+          tile.run(kDepth, a.data(), b.data(), c.data(), tile.nr, true, 1.0f);
+      }
+    });
+    const double gflops =
+        2.0 * tile.mr * tile.nr * kDepth * kCalls * threads / s / 1e9;
+    if (r > 0) peak.gflops = std::max(peak.gflops, gflops);
+  }
   return peak;
 }
 

@@ -23,6 +23,18 @@ struct SgemmPeak {
 // OpenMP's). 2048^3 takes ~0.1-0.2 s per rep on 2 AVX2 cores.
 SgemmPeak MeasureSgemmPeak(int threads, int64_t size = 2048, int reps = 5);
 
+// The multiply-add throughput our GEMM's register tile (the widest this CPU
+// runs, services/tensor/cpu/gemm_tiles.h) reaches when nothing waits on
+// memory: the tile run over and over on slivers in L1 on each of `threads`
+// OpenMP threads at once. What our GEMM could reach at best on this CPU; on
+// an AVX-512 CPU it is about twice what an AVX2 kernel can.
+struct TilePeak {
+  const char* tile = "";
+  int threads = 0;
+  double gflops = 0.0;  // all threads together, best of `reps`
+};
+TilePeak MeasureTilePeak(int threads, int reps = 5);
+
 // The machine's memory bandwidth as a STREAM-like triad a[i] = b[i] + s c[i]
 // reaches on the current compute threads (OpenMP, static schedule), over
 // three arrays of `floats` each, far beyond the caches: the best of `reps`,

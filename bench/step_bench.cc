@@ -19,6 +19,7 @@
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
+#include "services/tensor/cpu/gemm.h"
 #include "services/tensor/threads.h"
 
 namespace gpipe::bench {
@@ -104,11 +105,14 @@ int Run(const Args& args) {
   std::printf("  model: %lld layers, %lld parameters\n",
               static_cast<long long>(t.model().size()),
               static_cast<long long>(parameters));
-  std::printf("  OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s\n",
-              Env("OPENBLAS_CORETYPE"), Env("OPENBLAS_L2_SIZE"));
+  std::printf(
+      "  GEMM tile %s; OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s (the "
+      "cblas_sgemm yardstick's)\n",
+      cpu::GemmKernelName(), Env("OPENBLAS_CORETYPE"), Env("OPENBLAS_L2_SIZE"));
   std::fflush(stdout);
 
   const SgemmPeak peak = MeasureSgemmPeak(threads);
+  const TilePeak tile = MeasureTilePeak(threads);
   const TriadBandwidth triad = MeasureTriad();
   for (long s = 0; s < warmup; ++s) {
     absl::StatusOr<StepReport> r = t.Step();
@@ -150,12 +154,16 @@ int Run(const Args& args) {
       step_flops / 1e6);
   std::printf(
       "achieved: %.2f GFLOP/s at the median step = %.1f%% of the "
-      "sgemm peak\n",
-      gflops, 100.0 * gflops / peak.gflops);
+      "cblas_sgemm peak, %.1f%% of our tile's peak\n",
+      gflops, 100.0 * gflops / peak.gflops, 100.0 * gflops / tile.gflops);
   std::printf(
       "peak: cblas_sgemm %lld^3 on %d OpenBLAS threads, best of %d: "
       "%.1f GFLOP/s (this run)\n",
       static_cast<long long>(peak.size), peak.threads, peak.reps, peak.gflops);
+  std::printf(
+      "tile peak: our %s GEMM tile on data in L1, %d thread(s): %.1f GFLOP/s "
+      "(this run)\n",
+      tile.tile, tile.threads, tile.gflops);
   std::printf(
       "memory: a triad over 3 x %lld MiB on %d thread(s), best of 5: %.1f "
       "GB/s (this run)\n",

@@ -46,6 +46,7 @@
 #include "services/telemetry/metrics_server.h"
 #include "services/telemetry/port_file.h"
 #include "services/telemetry/stage_metrics.h"
+#include "services/tensor/cpu/gemm.h"
 #include "services/tensor/device.h"
 #include "services/tensor/threads.h"
 #include "worker/agent.h"
@@ -452,16 +453,13 @@ int main(int argc, char** argv) {
   // Spinning compute threads on shared cores slowed trainings 3x
   // (bench/shared_cores_bench.sh): say which way this worker waits.
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
-  // OpenBLAS picks its GEMM kernel by the CPU: stages on CPUs of another
-  // generation round differently unless OPENBLAS_CORETYPE pins one.
-  const char* core_type = std::getenv("OPENBLAS_CORETYPE");
+  // The GEMM tile says how fast this CPU's stages are, not what they
+  // compute: every tile gives the same bits (services/tensor/cpu/gemm.h).
   gpipe::LogInfo(
-      "gpipe-worker compute: %d threads, OMP_WAIT_POLICY=%s, OpenBLAS "
-      "kernel %s (%s)",
+      "gpipe-worker compute: %d threads, OMP_WAIT_POLICY=%s, GEMM tile %s",
       threads,
       wait_policy != nullptr ? wait_policy : "(default: spin, then sleep)",
-      gpipe::BlasCoreName(),
-      core_type != nullptr ? "OPENBLAS_CORETYPE" : "chosen for this CPU");
+      gpipe::cpu::GemmKernelName());
   agent = std::make_unique<gpipe::Agent>(absl::GetFlag(FLAGS_controller), hello,
                                          set_ready, security->attach);
 

@@ -124,10 +124,9 @@ done
 echo "ok: Grafana's data source $url answers from a container on the network"
 
 # ---- the example job from the submit Job's pod ----
-# The reference: `gpipectl train` in a container of the same image, so the
-# same OpenBLAS kernel as the workers' (OpenBLAS picks its GEMM kernel by the
-# CPU, or by OPENBLAS_CORETYPE where set: docs/deploy.md, "Bitwise across
-# nodes").
+# The reference: `gpipectl train` in a container of the same image, as a
+# user would check a cluster's result (any CPU would do: docs/deploy.md,
+# "Bitwise across nodes").
 train() {  # train OUT [FLAG...]
   local out=$1
   shift

@@ -1,108 +1,242 @@
 #include "services/tensor/cpu/gemm.h"
 
-#include <cblas.h>
+#include <omp.h>
+
+#if defined(__SSE2__)
+#include <xmmintrin.h>
+#endif
 
 #include <algorithm>
-#include <mutex>
+#include <cstring>
 #include <vector>
+
+#include "services/tensor/cpu/gemm_tiles.h"
 
 namespace gpipe::cpu {
 namespace {
 
-// OpenBLAS's threaded GEMM splits work differently for each thread count, so
-// its results change with the number of threads. We keep OpenBLAS
-// single-threaded (SetComputeThreads) and parallelize over output panels of
-// a fixed size instead: the same sequence of single-threaded calls runs
-// whatever the thread count, and each output element is summed in the same
-// order, so results are bitwise the same on 1 thread or 16.
-// Panels are at least kMinPanel wide and at most kMaxPanels per call: a
-// function of the shape alone.
-//
-// Every panel's call packs the operand all panels share (op(A) for column
-// panels, op(B) for row panels) again, so a panel of width P pays a repack
-// per P columns of work: at 128, about 10% of a large product on one
-// thread (`gemm_bench --suite sizes`, the /plain column). When the shared
-// operand is large (beyond L2, so each repack is memory traffic), panels
-// are as wide as two panels allow, up to kWidePanel (under 3% at 512);
-// small products keep narrow panels, where splitting over threads is worth
-// more than the repack of a cached operand.
-constexpr int64_t kMinPanel = 128;
-constexpr int64_t kWidePanel = 512;
-constexpr int64_t kLargeSharedFloats = int64_t{1} << 18;  // 1 MiB
-constexpr int64_t kMaxPanels = 16;
+// The blocked product in the manner of BLIS (Van Zee and van de Geijn):
+// op(B) is packed kc x nc at a time into slivers of nr columns, op(A) mc x
+// kc at a time into slivers of mr rows, and a register tile (gemm_tiles.h)
+// runs over every pair of slivers. Each element of C is one chain of fused
+// multiply-adds over k in order: a pass over the next kc of the depth picks
+// the chain up from C where the last pass stored it. So neither the blocks,
+// nor the threads, nor the tile's vector width change a single bit, and each
+// row of C depends on its row of op(A) alone, whatever m is.
 
-int64_t PanelSize(int64_t extent, int64_t shared_floats) {
-  const int64_t even = (extent + kMaxPanels - 1) / kMaxPanels;
-  const int64_t half = ((extent + 1) / 2 + 15) / 16 * 16;
-  const int64_t least = shared_floats >= kLargeSharedFloats
-                            ? std::clamp(half, kMinPanel, kWidePanel)
-                            : kMinPanel;
-  return std::max(least, (even + 15) / 16 * 16);
+// Columns of op(B) packed at once: kc x 2048 floats (2 MiB) live in L3.
+constexpr int64_t kColumnBlock = 2048;
+// Below this many multiply-adds (about 20 us on one AVX-512 core) a product
+// runs on the calling thread: a team's start and barriers would cost more
+// than the work, and far more when the team sleeps at barriers.
+constexpr int64_t kParallelWork = int64_t{1} << 22;
+
+int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+// Blocks of about `most` (a multiple of `unit`) that cover `extent` evenly,
+// so no block is a sliver left over.
+int64_t EvenBlock(int64_t extent, int64_t most, int64_t unit) {
+  const int64_t blocks = (extent + most - 1) / most;
+  return RoundUp((extent + blocks - 1) / blocks, unit);
 }
 
-void Sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-           float alpha, const float* a, int64_t lda, const float* b,
-           int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b,
-              ldb, beta, c, ldc);
+struct Operand {
+  bool trans;
+  const float* data;
+  int64_t ld;
+};
+
+// out[p * width + j] = src[j * ld + p] for j < valid (the rows of src
+// become the columns of the sliver), zero for valid <= j < width.
+void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
+                    int64_t depth, float* out) {
+  int64_t j = 0;
+#if defined(__SSE2__)
+  // 4 x 4 blocks through registers: a plain loop writes every float to a
+  // different line of the sliver.
+  for (; j + 4 <= valid; j += 4) {
+    const float* s0 = src + j * ld;
+    int64_t p = 0;
+    for (; p + 4 <= depth; p += 4) {
+      __m128 r0 = _mm_loadu_ps(s0 + p), r1 = _mm_loadu_ps(s0 + ld + p);
+      __m128 r2 = _mm_loadu_ps(s0 + 2 * ld + p);
+      __m128 r3 = _mm_loadu_ps(s0 + 3 * ld + p);
+      _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+      _mm_storeu_ps(out + p * width + j, r0);
+      _mm_storeu_ps(out + (p + 1) * width + j, r1);
+      _mm_storeu_ps(out + (p + 2) * width + j, r2);
+      _mm_storeu_ps(out + (p + 3) * width + j, r3);
+    }
+    for (; p < depth; ++p)
+      for (int64_t q = 0; q < 4; ++q) out[p * width + j + q] = s0[q * ld + p];
+  }
+#endif
+  for (; j < valid; ++j)
+    for (int64_t p = 0; p < depth; ++p) out[p * width + j] = src[j * ld + p];
+  for (; j < width; ++j)
+    for (int64_t p = 0; p < depth; ++p) out[p * width + j] = 0.0f;
+}
+
+// out[p * width + j] = src[p * ld + j] for j < valid, zero past it.
+void PackRows(const float* src, int64_t ld, int64_t valid, int64_t width,
+              int64_t depth, float* out) {
+  for (int64_t p = 0; p < depth; ++p) {
+    float* dst = out + p * width;
+    std::memcpy(dst, src + p * ld, valid * sizeof(float));
+    std::fill(dst + valid, dst + width, 0.0f);
+  }
+}
+
+// Rows [r0, r0 + mr) of op(A) over depth [p0, p0 + depth) as depth groups
+// of mr floats; rows past `rows` are zero.
+void PackASliver(const Operand& a, int64_t r0, int64_t rows, int64_t mr,
+                 int64_t p0, int64_t depth, float* out) {
+  const int64_t valid = std::min(mr, rows);
+  if (a.trans)
+    PackRows(a.data + p0 * a.ld + r0, a.ld, valid, mr, depth, out);
+  else
+    PackTransposed(a.data + r0 * a.ld + p0, a.ld, valid, mr, depth, out);
+}
+
+// Columns [c0, c0 + nr) of op(B) over depth [p0, p0 + depth) as depth groups
+// of nr floats; columns past `cols` are zero.
+void PackBSliver(const Operand& b, int64_t c0, int64_t cols, int64_t nr,
+                 int64_t p0, int64_t depth, float* out) {
+  const int64_t valid = std::min(nr, cols);
+  if (b.trans)
+    PackTransposed(b.data + c0 * b.ld + p0, b.ld, valid, nr, depth, out);
+  else
+    PackRows(b.data + p0 * b.ld + c0, b.ld, valid, nr, depth, out);
+}
+
+// A tile at C's edge runs on a full-size copy, so the tile's own code needs
+// no edge cases; the padded rows and columns are computed and dropped.
+void RunTile(const GemmTile& tile, int64_t depth, const float* ap,
+             const float* bp, float* c, int64_t ldc, int64_t rows, int64_t cols,
+             bool accumulate, float scale) {
+  if (rows >= tile.mr && cols >= tile.nr) {
+    tile.run(depth, ap, bp, c, ldc, accumulate, scale);
+    return;
+  }
+  float edge[kMaxGemmTileFloats] = {};
+  rows = std::min(rows, tile.mr);
+  cols = std::min(cols, tile.nr);
+  if (accumulate)
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(edge + i * tile.nr, c + i * ldc, cols * sizeof(float));
+  tile.run(depth, ap, bp, edge, tile.nr, accumulate, scale);
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(c + i * ldc, edge + i * tile.nr, cols * sizeof(float));
+}
+
+// The packed operands of the calling thread, kept between calls so a
+// training step in steady state allocates (and faults in) nothing.
+struct PackedOperands {
+  std::vector<float> a, b;
+};
+PackedOperands& ThisThreadsPackedOperands() {
+  thread_local PackedOperands packed;
+  return packed;
+}
+
+// C = scale * op(A) op(B), or C += op(A) op(B) chained from C (accumulate,
+// scale 1).
+void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
+             int64_t m, int64_t n, int64_t k, float scale, bool accumulate,
+             float* c, int64_t ldc) {
+  const int64_t mr = tile.mr, nr = tile.nr;
+  const int threads = !omp_in_parallel() && m * n * k >= kParallelWork
+                          ? omp_get_max_threads()
+                          : 1;
+  const int64_t kc = EvenBlock(k, tile.kc, 1);
+  // At least one block of rows per thread where m allows it (the blocking
+  // changes no bit), and where it does not, the columns split too.
+  const int64_t mc = EvenBlock(
+      m, std::min(tile.mc, RoundUp((m + threads - 1) / threads, mr)), mr);
+  const int64_t row_blocks = (m + mc - 1) / mc;
+  const int64_t col_groups =
+      row_blocks >= threads ? 1 : (threads + row_blocks - 1) / row_blocks;
+  const int64_t nc = EvenBlock(n, kColumnBlock, nr);
+  std::vector<float>& packed_b = ThisThreadsPackedOperands().b;
+  if (static_cast<int64_t>(packed_b.size()) < nc * kc) packed_b.resize(nc * kc);
+  float* const bp = packed_b.data();
+  // Every thread walks the same passes. The first `omp for` packs B's
+  // slivers between all of them; in the second each thread packs its own
+  // block of A's rows into a buffer of its own and runs the block's tiles.
+  // Two barriers a pass: waking a sleeping team (OMP_WAIT_POLICY=PASSIVE)
+  // costs tens of microseconds each.
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  for (int64_t jc = 0; jc < n; jc += nc) {
+    const int64_t cols = std::min(nc, n - jc);
+    const int64_t col_slivers = (cols + nr - 1) / nr;
+    const int64_t per_group = (col_slivers + col_groups - 1) / col_groups;
+    for (int64_t pc = 0; pc < k; pc += kc) {
+      const int64_t depth = std::min(kc, k - pc);
+      const bool chained = accumulate || pc > 0;
+      const float pass_scale = pc + depth == k ? scale : 1.0f;
+#pragma omp for schedule(static)
+      for (int64_t s = 0; s < col_slivers; ++s)
+        PackBSliver(b, jc + s * nr, cols - s * nr, nr, pc, depth,
+                    bp + s * nr * depth);
+#pragma omp for collapse(2) schedule(static)
+      for (int64_t block = 0; block < row_blocks; ++block) {
+        for (int64_t group = 0; group < col_groups; ++group) {
+          const int64_t js_begin = group * per_group;
+          const int64_t js_end = std::min(col_slivers, js_begin + per_group);
+          if (js_begin >= js_end) continue;  // more groups than slivers
+          const int64_t ic = block * mc, rows = std::min(mc, m - ic);
+          const int64_t row_slivers = (rows + mr - 1) / mr;
+          std::vector<float>& packed_a = ThisThreadsPackedOperands().a;
+          if (static_cast<int64_t>(packed_a.size()) < row_slivers * mr * depth)
+            packed_a.resize(row_slivers * mr * depth);
+          float* const ap = packed_a.data();
+          for (int64_t s = 0; s < row_slivers; ++s)
+            PackASliver(a, ic + s * mr, rows - s * mr, mr, pc, depth,
+                        ap + s * mr * depth);
+          for (int64_t js = js_begin; js < js_end; ++js)
+            for (int64_t is = 0; is < row_slivers; ++is)
+              RunTile(tile, depth, ap + is * mr * depth, bp + js * nr * depth,
+                      c + (ic + is * mr) * ldc + jc + js * nr, ldc,
+                      rows - is * mr, cols - js * nr, chained, pass_scale);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
 
+void GemmStridedOn(const GemmTile& tile, bool trans_a, bool trans_b, int64_t m,
+                   int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta,
+                   float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
+  const Operand op_a{trans_a, a, lda}, op_b{trans_b, b, ldb};
+  if (beta == 0.0f) {
+    Blocked(tile, op_a, op_b, m, n, k, alpha, false, c, ldc);
+  } else if (beta == 1.0f && alpha == 1.0f) {
+    // Accumulating gradients: the chain starts from what C holds.
+    Blocked(tile, op_a, op_b, m, n, k, 1.0f, true, c, ldc);
+  } else {
+    std::vector<float> product(m * n);
+    Blocked(tile, op_a, op_b, m, n, k, alpha, false, product.data(), n);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        c[i * ldc + j] = product[i * n + j] + beta * c[i * ldc + j];
+  }
+}
+
 void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  float alpha, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  static std::once_flag single_threaded_blas;
-  std::call_once(single_threaded_blas, [] { openblas_set_num_threads(1); });
-  if (std::max(m, n) <= kMinPanel && k >= 8 * kMinPanel) {
-    // A small output over a long reduction (the weight gradient of a
-    // convolution): fixed K-slices into private buffers, then added to C in
-    // slice order, so the sum order is again a function of the shape alone.
-    // No operand is shared between slices: narrow ones cost no repack.
-    const int64_t slice = PanelSize(k, 0), slices = (k + slice - 1) / slice;
-    std::vector<float> partial(slices * m * n);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < slices; ++p) {
-      const int64_t k0 = p * slice, depth = std::min(slice, k - k0);
-      const float* ap = trans_a ? a + k0 * lda : a + k0;
-      const float* bp = trans_b ? b + k0 : b + k0 * ldb;
-      Sgemm(trans_a, trans_b, m, n, depth, alpha, ap, lda, bp, ldb, 0.0f,
-            partial.data() + p * m * n, n);
-    }
-    for (int64_t i = 0; i < m; ++i) {
-      float* row = c + i * ldc;
-      for (int64_t j = 0; j < n; ++j) {
-        float sum = beta == 0.0f ? 0.0f : beta * row[j];
-        for (int64_t p = 0; p < slices; ++p)
-          sum += partial[(p * m + i) * n + j];
-        row[j] = sum;
-      }
-    }
-    return;
-  }
-  if (m >= n) {
-    // Row panels of C: rows of op(A).
-    const int64_t panel = PanelSize(m, k * n), panels = (m + panel - 1) / panel;
-#pragma omp parallel for schedule(static) if (panels > 1)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int64_t r0 = p * panel, rows = std::min(panel, m - r0);
-      const float* ap = trans_a ? a + r0 : a + r0 * lda;
-      Sgemm(trans_a, trans_b, rows, n, k, alpha, ap, lda, b, ldb, beta,
-            c + r0 * ldc, ldc);
-    }
-  } else {
-    // Column panels of C: columns of op(B).
-    const int64_t panel = PanelSize(n, m * k), panels = (n + panel - 1) / panel;
-#pragma omp parallel for schedule(static) if (panels > 1)
-    for (int64_t p = 0; p < panels; ++p) {
-      const int64_t c0 = p * panel, cols = std::min(panel, n - c0);
-      const float* bp = trans_b ? b + c0 * ldb : b + c0;
-      Sgemm(trans_a, trans_b, m, cols, k, alpha, a, lda, bp, ldb, beta, c + c0,
-            ldc);
-    }
-  }
+  GemmStridedOn(BestGemmTile(), trans_a, trans_b, m, n, k, alpha, a, lda, b,
+                ldb, beta, c, ldc);
 }
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -113,28 +247,9 @@ void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
 
 void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
                    const float* w, float* c) {
-  // Eight outputs at a time, each its own running sum over k in order:
-  // eight independent chains keep the core busy without a transposed copy
-  // of W (decoding calls this once per token per layer, with m = 1, where
-  // copying W would cost as much as the product).
-  constexpr int64_t kOutputs = 8;
-#pragma omp parallel for schedule(static) if (m * n * k > (1 << 18))
-  for (int64_t i = 0; i < m; ++i) {
-    const float* ai = a + i * k;
-    float* ci = c + i * n;
-    for (int64_t j0 = 0; j0 < n; j0 += kOutputs) {
-      const int64_t outputs = std::min(kOutputs, n - j0);
-      float acc[kOutputs] = {};
-      const float* rows[kOutputs];
-      for (int64_t l = 0; l < kOutputs; ++l)
-        rows[l] = w + (j0 + std::min(l, outputs - 1)) * k;
-      for (int64_t p = 0; p < k; ++p) {
-        const float x = ai[p];
-        for (int64_t l = 0; l < kOutputs; ++l) acc[l] += x * rows[l][p];
-      }
-      std::copy(acc, acc + outputs, ci + j0);
-    }
-  }
+  Gemm(false, true, m, n, k, 1.0f, a, w, 0.0f, c);
 }
+
+const char* GemmKernelName() { return BestGemmTile().name; }
 
 }  // namespace gpipe::cpu

@@ -1,14 +1,21 @@
-// Dense matrix products on the CPU through OpenBLAS (row-major). Results are
-// bitwise independent of the number of compute threads.
+// Dense matrix products on the CPU (row-major), our own blocked GEMM
+// (gemm.cc) over the widest register tile the CPU has (gemm_tiles.h). Every
+// element of C is one chain of fused multiply-adds over k in order, so
+// results are bitwise the same whatever the number of compute threads, the
+// CPU's vector width (AVX-512, AVX2 or none) or the number of rows m.
 #ifndef GPIPE_SERVICES_TENSOR_CPU_GEMM_H_
 #define GPIPE_SERVICES_TENSOR_CPU_GEMM_H_
 
 #include <cstdint>
 
+#include "services/tensor/cpu/gemm_tiles.h"
+
 namespace gpipe::cpu {
 
 // C[m,n] = alpha * op(A)[m,k] * op(B)[k,n] + beta * C, all row-major and
-// packed (leading dimensions follow from the shapes).
+// packed (leading dimensions follow from the shapes). With alpha = beta = 1
+// (accumulating a gradient) each element's chain starts from C's value; with
+// beta = 0, C is only written.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
           float alpha, const float* a, const float* b, float beta, float* c);
 
@@ -17,14 +24,22 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  float alpha, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float beta, float* c, int64_t ldc);
 
-// C[m,n] = A[m,k] * W[n,k]^T (a Linear layer's product) where every row of
-// C is a function of its row of A alone: each element is summed over k in
-// order, whatever m is. OpenBLAS's results change with m (its kernels
-// differ by block shape), so incremental decoding, which runs one row
-// where a whole-sequence forward ran T, uses this for both to agree
-// bitwise. Rows run in parallel; slower than Gemm at large m.
+// The same on a given tile, for tests and benchmarks that compare tiles:
+// every one of SupportedGemmTiles() gives the same bits.
+void GemmStridedOn(const GemmTile& tile, bool trans_a, bool trans_b, int64_t m,
+                   int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta,
+                   float* c, int64_t ldc);
+
+// C[m,n] = A[m,k] * W[n,k]^T (a Linear layer's product), named for the
+// property incremental decoding relies on: each row of C is a function of
+// its row of A alone, so decoding one row where a whole-sequence forward ran
+// T agrees bitwise. Every Gemm has it; this says so where it matters.
 void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
                    const float* w, float* c);
+
+// The tile Gemm runs on this CPU ("avx512", "avx2", "portable"), for logs.
+const char* GemmKernelName();
 
 }  // namespace gpipe::cpu
 

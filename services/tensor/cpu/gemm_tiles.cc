@@ -1,0 +1,150 @@
+#include "services/tensor/cpu/gemm_tiles.h"
+
+#include <cmath>
+#include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GPIPE_GEMM_X86_TILES 1
+#endif
+
+namespace gpipe::cpu {
+namespace {
+
+// std::fma is one rounding on every CPU (in hardware where it has FMA, in
+// libm's exact emulation where not), so this tile gives the vector tiles'
+// bits anywhere, only slower.
+template <int64_t kMr, int64_t kNr>
+void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
+                  int64_t ldc, bool accumulate, float scale) {
+  float acc[kMr][kNr];
+  for (int64_t i = 0; i < kMr; ++i)
+    for (int64_t j = 0; j < kNr; ++j)
+      acc[i][j] = accumulate ? c[i * ldc + j] : 0.0f;
+  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += kNr)
+    for (int64_t i = 0; i < kMr; ++i)
+      for (int64_t j = 0; j < kNr; ++j)
+        acc[i][j] = std::fma(ap[i], bp[j], acc[i][j]);
+  for (int64_t i = 0; i < kMr; ++i)
+    for (int64_t j = 0; j < kNr; ++j)
+      c[i * ldc + j] = scale == 1.0f ? acc[i][j] : acc[i][j] * scale;
+}
+
+constexpr GemmTile kPortable{"portable", 4, 8, 64, 256, PortableTile<4, 8>};
+static_assert(kPortable.mr * kPortable.nr <= kMaxGemmTileFloats);
+
+#if GPIPE_GEMM_X86_TILES
+// 6 x 16: twelve accumulators, two rows of B and a broadcast of A in the
+// sixteen ymm registers; each step of the depth is 12 FMAs on 2 loads.
+__attribute__((target("avx2,fma"))) void Avx2Tile(int64_t depth,
+                                                  const float* ap,
+                                                  const float* bp, float* c,
+                                                  int64_t ldc, bool accumulate,
+                                                  float scale) {
+  constexpr int kMr = 6;
+  __m256 acc0[kMr], acc1[kMr];
+#pragma GCC unroll 6
+  for (int i = 0; i < kMr; ++i) {
+    acc0[i] = accumulate ? _mm256_loadu_ps(c + i * ldc) : _mm256_setzero_ps();
+    acc1[i] =
+        accumulate ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
+  }
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
+    const __m256 b0 = _mm256_loadu_ps(bp);
+    const __m256 b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kMr; ++i) {
+      const __m256 a = _mm256_broadcast_ss(ap + i);
+      acc0[i] = _mm256_fmadd_ps(a, b0, acc0[i]);
+      acc1[i] = _mm256_fmadd_ps(a, b1, acc1[i]);
+    }
+  }
+  // Without this GCC keeps the tile's row addresses from the loads above
+  // alive through the loop, in vector registers it then lacks for B.
+  asm("" : "+r"(ldc));
+  const __m256 s = _mm256_set1_ps(scale);
+#pragma GCC unroll 6
+  for (int i = 0; i < kMr; ++i) {
+    if (scale != 1.0f) {
+      acc0[i] = _mm256_mul_ps(acc0[i], s);
+      acc1[i] = _mm256_mul_ps(acc1[i], s);
+    }
+    _mm256_storeu_ps(c + i * ldc, acc0[i]);
+    _mm256_storeu_ps(c + i * ldc + 8, acc1[i]);
+  }
+}
+
+// 12 x 32: twenty-four accumulators and two rows of B in the 32 zmm
+// registers, A broadcast from memory into each FMA.
+__attribute__((target("avx512f"))) void Avx512Tile(int64_t depth,
+                                                   const float* ap,
+                                                   const float* bp, float* c,
+                                                   int64_t ldc, bool accumulate,
+                                                   float scale) {
+  constexpr int kMr = 12;
+  __m512 acc0[kMr], acc1[kMr];
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    acc0[i] = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+    acc1[i] =
+        accumulate ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
+  }
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 32) {
+    const __m512 b0 = _mm512_loadu_ps(bp);
+    const __m512 b1 = _mm512_loadu_ps(bp + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 a = _mm512_set1_ps(ap[i]);
+      acc0[i] = _mm512_fmadd_ps(a, b0, acc0[i]);
+      acc1[i] = _mm512_fmadd_ps(a, b1, acc1[i]);
+    }
+  }
+  // Without this GCC keeps the tile's row addresses from the loads above
+  // alive through the loop, in vector registers it then lacks for B.
+  asm("" : "+r"(ldc));
+  const __m512 s = _mm512_set1_ps(scale);
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    if (scale != 1.0f) {
+      acc0[i] = _mm512_mul_ps(acc0[i], s);
+      acc1[i] = _mm512_mul_ps(acc1[i], s);
+    }
+    _mm512_storeu_ps(c + i * ldc, acc0[i]);
+    _mm512_storeu_ps(c + i * ldc + 16, acc1[i]);
+  }
+}
+
+// kc and mc were swept over square and `gemm_bench --suite sizes` shapes on
+// one core (bench/README.md, "Our own GEMM"): a deeper pass stores and
+// reloads C less often, and at 384 the kc x nr sliver of B is about L1's
+// size (48 KiB for AVX-512) while mc x kc of A stays well inside L2.
+constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile};
+constexpr GemmTile kAvx512{"avx512", 12, 32, 144, 384, Avx512Tile};
+static_assert(kAvx2.mr * kAvx2.nr <= kMaxGemmTileFloats);
+static_assert(kAvx512.mr * kAvx512.nr <= kMaxGemmTileFloats);
+#endif
+
+std::vector<const GemmTile*> FindSupportedTiles() {
+  std::vector<const GemmTile*> tiles;
+#if GPIPE_GEMM_X86_TILES
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) tiles.push_back(&kAvx512);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    tiles.push_back(&kAvx2);
+#endif
+  tiles.push_back(&kPortable);
+  return tiles;
+}
+
+}  // namespace
+
+std::span<const GemmTile* const> SupportedGemmTiles() {
+  static const std::vector<const GemmTile*> tiles = FindSupportedTiles();
+  return tiles;
+}
+
+const GemmTile& BestGemmTile() { return *SupportedGemmTiles().front(); }
+
+}  // namespace gpipe::cpu

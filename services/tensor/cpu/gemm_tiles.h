@@ -1,0 +1,43 @@
+// The register tiles the blocked GEMM (gemm.cc) is built from, one per
+// instruction set, and which of them this CPU runs.
+#ifndef GPIPE_SERVICES_TENSOR_CPU_GEMM_TILES_H_
+#define GPIPE_SERVICES_TENSOR_CPU_GEMM_TILES_H_
+
+#include <cstdint>
+#include <span>
+
+namespace gpipe::cpu {
+
+// One mr x nr tile of C from packed slivers of op(A) and op(B): ap holds
+// depth groups of mr floats (a column of the sliver each), bp depth groups of
+// nr floats (a row each). Every element of the tile is one chain of fused
+// multiply-adds over the depth in order, c = fma(a_p, b_p, c), starting from
+// the tile's own values (accumulate) or from +0, then multiplied by `scale`
+// when it is not 1. A fused multiply-add rounds once whatever the vector
+// width, so every tile computes the same bits: the width only decides how
+// many elements run side by side. That is what lets stages on CPUs of
+// different generations agree bitwise while each uses its widest vectors.
+// No tile is larger than this (gemm.cc runs the tiles at C's edges on a
+// copy of this size).
+inline constexpr int64_t kMaxGemmTileFloats = 12 * 32;
+
+struct GemmTile {
+  const char* name;  // "avx512", "avx2", "portable"
+  int64_t mr;        // rows of C per tile
+  int64_t nr;        // columns of C per tile
+  int64_t mc;        // rows of op(A) packed at once: mr * mc * 4 B fit L2
+  int64_t kc;        // depth per pass: a kc x nr sliver of B fits L1
+  void (*run)(int64_t depth, const float* ap, const float* bp, float* c,
+              int64_t ldc, bool accumulate, float scale);
+};
+
+// The tiles this CPU can run, widest first; the portable one (std::fma,
+// any CPU) is always last.
+std::span<const GemmTile* const> SupportedGemmTiles();
+
+// The first of SupportedGemmTiles(): what Gemm uses.
+const GemmTile& BestGemmTile();
+
+}  // namespace gpipe::cpu
+
+#endif  // GPIPE_SERVICES_TENSOR_CPU_GEMM_TILES_H_

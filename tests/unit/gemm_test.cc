@@ -1,0 +1,148 @@
+// Our blocked GEMM: every register tile the CPU runs gives the bits of one
+// fused multiply-add chain per element, so results cannot depend on the
+// tile's width, the blocking, the threads or the number of rows.
+#include "services/tensor/cpu/gemm.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/tensor/cpu/gemm_tiles.h"
+#include "services/tensor/threads.h"
+
+namespace gpipe {
+namespace {
+
+std::vector<float> Random(int64_t n, uint64_t key) {
+  std::vector<float> v(n);
+  Rng rng(key);
+  for (float& x : v) x = static_cast<float>(rng.Normal());
+  return v;
+}
+
+struct Shape {
+  bool ta, tb;
+  int64_t m, n, k;
+};
+
+// The definition, one element at a time: C = alpha * chain + beta * C, the
+// chain starting from C itself when alpha = beta = 1.
+void ChainReference(const Shape& s, float alpha, const float* a, int64_t lda,
+                    const float* b, int64_t ldb, float beta, float* c,
+                    int64_t ldc) {
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < s.n; ++j) {
+      float& out = c[i * ldc + j];
+      const bool chained = alpha == 1.0f && beta == 1.0f;
+      float acc = chained ? out : 0.0f;
+      for (int64_t p = 0; p < s.k; ++p) {
+        const float x = s.ta ? a[p * lda + i] : a[i * lda + p];
+        const float y = s.tb ? b[j * ldb + p] : b[p * ldb + j];
+        acc = std::fma(x, y, acc);
+      }
+      if (chained) {
+        out = acc;
+      } else {
+        if (alpha != 1.0f) acc *= alpha;
+        out = beta == 0.0f ? acc : acc + beta * out;
+      }
+    }
+}
+
+std::string Describe(const cpu::GemmTile& tile, const Shape& s, float alpha,
+                     float beta) {
+  return std::string(tile.name) + " " + (s.ta ? "T" : "N") +
+         (s.tb ? "T" : "N") + " " + std::to_string(s.m) + "x" +
+         std::to_string(s.n) + "x" + std::to_string(s.k) +
+         " alpha=" + std::to_string(alpha) + " beta=" + std::to_string(beta);
+}
+
+TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
+  // Edges in m and n for every tile (12 x 32, 6 x 16, 4 x 8), depths that
+  // take one, two and three passes, and sizes spanning several blocks.
+  const Shape shapes[] = {
+      {false, false, 1, 1, 1},      {false, true, 13, 33, 7},
+      {true, false, 7, 17, 385},    {true, true, 25, 5, 770},
+      {false, true, 150, 70, 1000}, {false, false, 300, 40, 90},
+      {true, false, 11, 2100, 20}};
+  const std::pair<float, float> scalings[] = {
+      {1.0f, 0.0f}, {1.0f, 1.0f}, {0.125f, 0.0f}, {0.5f, 2.0f}, {1.0f, -1.0f}};
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    for (const Shape& s : shapes) {
+      // Leading dimensions past the shape, as in attention's strided heads.
+      const int64_t lda = (s.ta ? s.m : s.k) + 3;
+      const int64_t ldb = (s.tb ? s.k : s.n) + 5;
+      const int64_t ldc = s.n + 2;
+      const std::vector<float> a = Random((s.ta ? s.k : s.m) * lda, 1);
+      const std::vector<float> b = Random((s.tb ? s.n : s.k) * ldb, 2);
+      const std::vector<float> c0 = Random(s.m * ldc, 3);
+      for (auto [alpha, beta] : scalings) {
+        std::vector<float> want = c0, got = c0;
+        ChainReference(s, alpha, a.data(), lda, b.data(), ldb, beta,
+                       want.data(), ldc);
+        cpu::GemmStridedOn(*tile, s.ta, s.tb, s.m, s.n, s.k, alpha, a.data(),
+                           lda, b.data(), ldb, beta, got.data(), ldc);
+        // Bitwise, the gap between rows (columns n..ldc) included: it must
+        // be left as it was.
+        ASSERT_EQ(got, want) << Describe(*tile, s, alpha, beta);
+      }
+    }
+  }
+}
+
+TEST(Gemm, EachRowIsAFunctionOfItsRowAlone) {
+  // Incremental decoding runs one row where the forward ran the sequence.
+  const int64_t m = 97, n = 70, k = 500;
+  const std::vector<float> a = Random(m * k, 4), w = Random(n * k, 5);
+  std::vector<float> whole(m * n), row(n);
+  cpu::GemmRowStable(m, n, k, a.data(), w.data(), whole.data());
+  for (int64_t i = 0; i < m; ++i) {
+    cpu::GemmRowStable(1, n, k, a.data() + i * k, w.data(), row.data());
+    ASSERT_EQ(row, std::vector<float>(whole.begin() + i * n,
+                                      whole.begin() + (i + 1) * n))
+        << "row " << i;
+  }
+}
+
+TEST(Gemm, BetaZeroNeverReadsC) {
+  const int64_t m = 30, n = 40, k = 50;
+  const std::vector<float> a = Random(m * k, 6), b = Random(k * n, 7);
+  std::vector<float> c(m * n, std::numeric_limits<float>::quiet_NaN());
+  cpu::Gemm(false, false, m, n, k, 1.0f, a.data(), b.data(), 0.0f, c.data());
+  for (float x : c) ASSERT_TRUE(std::isfinite(x));
+  // With no depth, C is beta * C: zero for beta 0 whatever it held.
+  std::vector<float> empty(m * n, std::numeric_limits<float>::quiet_NaN());
+  cpu::Gemm(false, false, m, n, 0, 1.0f, a.data(), b.data(), 0.0f,
+            empty.data());
+  for (float x : empty) ASSERT_EQ(x, 0.0f);
+}
+
+TEST(Gemm, EveryTileAgreesAtTheSizesUsersTrain) {
+  // A Linear of the width-1024 MLP on 2 threads, on each tile: the bits a
+  // stage computes do not depend on the CPU generation it landed on.
+  const int64_t m = 256, n = 1024, k = 784;
+  const std::vector<float> a = Random(m * k, 8), w = Random(n * k, 9);
+  const int before = ComputeThreads();
+  SetComputeThreads(2);
+  std::vector<std::vector<float>> out;
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    if (std::string(tile->name) == "portable") continue;  // ~1 GFLOP/s
+    std::vector<float> y(m * n);
+    cpu::GemmStridedOn(*tile, false, true, m, n, k, 1.0f, a.data(), k, w.data(),
+                       k, 0.0f, y.data(), n);
+    out.push_back(std::move(y));
+  }
+  SetComputeThreads(before);
+  for (size_t t = 1; t < out.size(); ++t)
+    EXPECT_EQ(out[t], out[0]) << cpu::SupportedGemmTiles()[t]->name;
+  std::printf("tiles on this CPU:");
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles())
+    std::printf(" %s", tile->name);
+  std::printf(" (Gemm uses %s)\n", cpu::GemmKernelName());
+}
+
+}  // namespace
+}  // namespace gpipe
