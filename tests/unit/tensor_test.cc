@@ -86,7 +86,7 @@ TEST(Gemm, AllTransposesMatchNaive) {
 }
 
 TEST(Gemm, LongReductionMatchesNaive) {
-  const int64_t m = 6, n = 5, k = 3000;  // takes the K-sliced path
+  const int64_t m = 6, n = 5, k = 3000;  // eight passes over the depth
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       std::vector<float> a = Random(m * k, 11), b = Random(k * n, 12);
@@ -156,7 +156,7 @@ TEST(LayerNorm, NormalizesRows) {
 }
 
 TEST(Threads, SettingThreadsSticksAfterAGemm) {
-  // OpenBLAS must not take the OpenMP thread count down with it.
+  // Nothing in a GEMM may take the OpenMP thread count down with it.
   const int before = ComputeThreads();
   SetComputeThreads(2);
   EXPECT_EQ(ComputeThreads(), 2);
@@ -172,9 +172,9 @@ TEST(Threads, GemmResultDoesNotDependOnThreadCount) {
     bool ta, tb;
     int64_t m, n, k;
   };
-  // Row panels, column panels, one panel, long-K shapes (conv dW), and
-  // wide panels where the shared operand is large (two of 512, four with a
-  // short last one).
+  // Shapes of one block and of many in each dimension, fewer row blocks
+  // than threads (the columns split too), long-K shapes (conv dW) and
+  // edges everywhere.
   const Case cases[] = {
       {false, true, 256, 192, 300},   {false, false, 100, 700, 64},
       {true, false, 90, 60, 50},      {true, false, 256, 784, 1024},
