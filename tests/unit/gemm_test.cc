@@ -62,12 +62,15 @@ std::string Describe(const cpu::GemmTile& tile, const Shape& s, float alpha,
 
 TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
   // Edges in m and n for every tile (12 x 32, 6 x 16, 4 x 8), depths that
-  // take one, two and three passes, and sizes spanning several blocks.
+  // take one, two and three passes, sizes spanning several blocks, and short
+  // or narrow products (a micro-batch's rows, a classifier's head).
   const Shape shapes[] = {
       {false, false, 1, 1, 1},      {false, true, 13, 33, 7},
       {true, false, 7, 17, 385},    {true, true, 25, 5, 770},
       {false, true, 150, 70, 1000}, {false, false, 300, 40, 90},
-      {true, false, 11, 2100, 20}};
+      {true, false, 11, 2100, 20},  {false, true, 30, 200, 500},
+      {true, true, 40, 100, 800},   {false, false, 100, 50, 900},
+      {false, false, 64, 96, 100},  {true, false, 65, 64, 50}};
   const std::pair<float, float> scalings[] = {
       {1.0f, 0.0f}, {1.0f, 1.0f}, {0.125f, 0.0f}, {0.5f, 2.0f}, {1.0f, -1.0f}};
   for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
