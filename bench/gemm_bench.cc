@@ -122,6 +122,9 @@ struct CaseResult {
   double gflops = 0.0;          // at the median
   double plain_median_s = 0.0;  // one cblas_sgemm on `threads` threads
   double plain_gflops = 0.0;
+  // Ours with op(B) packed ahead (cpu::PackedB, as a Linear layer keeps its
+  // weight across a step's micro-batches); 0 where A is transposed (dW).
+  double packed_gflops = 0.0;
 };
 
 // Repeats our call and the plain one in alternating groups of about a
@@ -147,6 +150,13 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
                 a.data(), g.trans_a ? g.m : g.k, b.data(),
                 g.trans_b ? g.k : g.n, g.beta, c.data(), g.n);
   };
+  cpu::PackedB packed;
+  if (!g.trans_a) {
+    packed.Pack(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n);
+  }
+  auto ours_packed = [&] {
+    cpu::GemmPackedB(g.m, 1.0f, a.data(), g.k, packed, g.beta, c.data(), g.n);
+  };
   auto group_of = [](double first) {
     return std::clamp<int64_t>(
         static_cast<int64_t>(1e-3 / std::max(first, 1e-9)), 1, 10000);
@@ -155,7 +165,7 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
   openblas_set_num_threads(threads);
   const int64_t plain_group = group_of(TimeSeconds(plain));
   openblas_set_num_threads(1);
-  std::vector<double> per_call, plain_per_call;
+  std::vector<double> per_call, plain_per_call, packed_per_call;
   double spent = 0.0;
   while (spent < 2 * min_seconds || per_call.size() < 5) {
     const double s = TimeSeconds([&] {
@@ -169,6 +179,13 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
     openblas_set_num_threads(1);
     plain_per_call.push_back(p / plain_group);
     spent += s + p;
+    if (packed.packed()) {
+      const double q = TimeSeconds([&] {
+        for (int64_t i = 0; i < group; ++i) ours_packed();
+      });
+      packed_per_call.push_back(q / group);
+      spent += q;
+    }
   }
   const double flops = 2.0 * g.m * g.n * g.k;
   CaseResult r;
@@ -176,6 +193,8 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
   r.gflops = flops / r.median_s / 1e9;
   r.plain_median_s = Median(plain_per_call);
   r.plain_gflops = flops / r.plain_median_s / 1e9;
+  if (!packed_per_call.empty())
+    r.packed_gflops = flops / Median(packed_per_call) / 1e9;
   return r;
 }
 
@@ -237,9 +256,9 @@ int Run(const Args& args) {
   std::printf(
       "tile peak: our %s tile on data in L1, %d threads: %.1f GFLOP/s\n\n",
       tile.tile, tile.threads, tile.gflops);
-  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s %6s %8s\n", "model",
-              "gemm", "op", "m", "n", "k", "us/call", "GFLOP/s", "/peak",
-              "/tile", "/plain");
+  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s %6s %8s %8s\n",
+              "model", "gemm", "op", "m", "n", "k", "us/call", "GFLOP/s",
+              "/peak", "/tile", "/plain", "packedB");
   std::string last_model;
   double flops = 0.0, ours_s = 0.0, plain_s = 0.0;
   for (const GemmCase& g : suite == "sizes" ? SizeCases(m) : ModelCases(m)) {
@@ -248,12 +267,14 @@ int Run(const Args& args) {
     last_model = g.model;
     std::printf(
         "%-20s %-28s %c,%c %6lld %6lld %6lld %10.1f %8.1f %5.0f%% %5.0f%% "
-        "%7.0f%%\n",
+        "%7.0f%% %8s\n",
         g.model.c_str(), g.what.c_str(), g.trans_a ? 'T' : 'N',
         g.trans_b ? 'T' : 'N', static_cast<long long>(g.m),
         static_cast<long long>(g.n), static_cast<long long>(g.k),
         r.median_s * 1e6, r.gflops, 100.0 * r.gflops / peak.gflops,
-        100.0 * r.gflops / tile.gflops, 100.0 * r.gflops / r.plain_gflops);
+        100.0 * r.gflops / tile.gflops, 100.0 * r.gflops / r.plain_gflops,
+        r.packed_gflops > 0 ? absl::StrFormat("%.1f", r.packed_gflops).c_str()
+                            : "-");
     std::fflush(stdout);
     flops += 2.0 * g.m * g.n * g.k;
     ours_s += r.median_s;

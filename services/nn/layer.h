@@ -96,7 +96,11 @@ struct Saved {
 struct LayerCost {
   double forward_flops = 0;  // per sample
   int64_t param_bytes = 0;
-  int64_t buffer_bytes = 0;      // non-trainable state (running averages)
+  int64_t buffer_bytes = 0;  // non-trainable state (running averages)
+  // Linear weights packed for the CPU GEMM (PackedWeight), twice each: for
+  // the forward and for the input gradient. An upper bound on any CPU; a
+  // GPU worker holds none.
+  int64_t packed_weight_bytes = 0;
   int64_t activation_bytes = 0;  // output bytes per sample
   // What a training forward keeps for its backward (its Saved record).
   // The input and output are the neighbours' tensors: the flags say whether

@@ -11,6 +11,7 @@
 #include "services/core/status.h"
 #include "services/core/strings.h"
 #include "services/tensor/conv_chunk.h"
+#include "services/tensor/cpu/gemm.h"
 
 namespace gpipe {
 namespace {
@@ -253,6 +254,16 @@ double AttentionFlops(double t, double dim, double heads) {
 // Q, K, V and output projections, each with a bias.
 double AttentionParams(double dim) { return 4 * dim * dim + 4 * dim; }
 
+// A Linear's weight packed for its forward (op(B) = W^T, in x out) and its
+// input gradient (op(B) = W, out x in): services/nn/layers/linear.cc.
+int64_t LinearPackedBytes(int64_t in, int64_t out) {
+  return cpu::PackedBBytesBound(in, out) + cpu::PackedBBytesBound(out, in);
+}
+// Attention's q/k/v (dim -> 3 dim) and output (dim -> dim) projections.
+int64_t AttentionPackedBytes(int64_t dim) {
+  return LinearPackedBytes(dim, 3 * dim) + LinearPackedBytes(dim, dim);
+}
+
 // Parameter bytes as int64, saturating for absurd sizes rather than wrapping.
 int64_t ParamBytes(double params) {
   const double bytes = 4 * params;
@@ -315,6 +326,8 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const bool bias = !l.has_bias() || l.bias();
       flops = 2 * rows * in * out + (bias ? rows * out : 0);
       params = in * out + (bias ? out : 0);
+      cost.packed_weight_bytes =
+          LinearPackedBytes(l.in_features(), l.out_features());
       deferred = n_out;
       cost.weight_keeps_input = true;
       cost.defers_output_grad = true;
@@ -360,6 +373,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const double t = input[0], dim = a.dim();
       flops = AttentionFlops(t, dim, a.heads());
       params = AttentionParams(dim);
+      cost.packed_weight_bytes = AttentionPackedBytes(a.dim());
       cost.keeps_input = true;  // by the q/k/v projection
       // q/k/v, the attention probabilities and the heads' output (the
       // output projection's input).
@@ -387,6 +401,10 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       flops = AttentionFlops(t, dim, b.heads()) + norms + mlp + residuals;
       params = AttentionParams(dim) + 2 * (2 * dim) +
                (dim * hidden + hidden + hidden * dim + dim);
+      const int64_t h = static_cast<int64_t>(hidden);
+      cost.packed_weight_bytes = AttentionPackedBytes(b.dim()) +
+                                 LinearPackedBytes(b.dim(), h) +
+                                 LinearPackedBytes(h, b.dim());
       cost.keeps_input = true;  // by the first layer norm
       // Both norms' outputs and statistics, q/k/v, the probabilities, the
       // heads' output, the residual sum between attention and MLP, the

@@ -245,7 +245,8 @@ std::string StageMemory::ToString() const {
   return absl::StrCat(
       FormatBytes(total()), " (parameters ", FormatBytes(parameters),
       ", gradients ", FormatBytes(gradients), ", optimizer ",
-      FormatBytes(optimizer_state), ", activations ", FormatBytes(activations),
+      FormatBytes(optimizer_state), ", packed weights ",
+      FormatBytes(packed_weights), ", activations ", FormatBytes(activations),
       ", working ", FormatBytes(working), ", in flight ",
       FormatBytes(in_flight), ", evaluation ", FormatBytes(evaluation),
       ", batch ", FormatBytes(batch), ", data ", FormatBytes(data), ")");
@@ -266,6 +267,8 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   for (int64_t l = b; l < e; ++l) {
     params = Add(params, shapes.costs[l].param_bytes);
     buffers = Add(buffers, shapes.costs[l].buffer_bytes);
+    out.packed_weights =
+        Add(out.packed_weights, shapes.costs[l].packed_weight_bytes);
   }
   out.parameters = Add(params, buffers);
   out.gradients = params;
@@ -445,6 +448,7 @@ StageMemory Combined(const std::vector<StageMemory>& stages) {
     for (auto [to, from] : {std::pair{&w.parameters, c.parameters},
                             {&w.gradients, c.gradients},
                             {&w.optimizer_state, c.optimizer_state},
+                            {&w.packed_weights, c.packed_weights},
                             {&w.activations, c.activations},
                             {&w.working, c.working},
                             {&w.in_flight, c.in_flight},

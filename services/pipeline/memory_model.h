@@ -36,6 +36,9 @@ struct StageMemory {
   int64_t parameters = 0;       // values and buffers
   int64_t gradients = 0;        // one accumulator per parameter
   int64_t optimizer_state = 0;  // momentum, or AdamW's two moments
+  // Linear weights packed for the CPU GEMM (LayerCost::packed_weight_bytes;
+  // an upper bound on a GPU worker, which holds none).
+  int64_t packed_weights = 0;
   // What forwards keep for their backwards, for as many micro-batches as
   // the schedule holds at once (under re-materialization: their inputs;
   // with a split backward, what the micro-batches between their halves
@@ -64,12 +67,13 @@ struct StageMemory {
   // as too large, never wraps to a small or negative total.
   int64_t training() const { return SaturatingSum({activations, working}); }
   int64_t total() const {
-    return SaturatingSum({parameters, gradients, optimizer_state, data, batch,
-                          in_flight, std::max(training(), evaluation)});
+    return SaturatingSum({parameters, gradients, optimizer_state,
+                          packed_weights, data, batch, in_flight,
+                          std::max(training(), evaluation)});
   }
   // "1.20 GiB (parameters 400 MiB, gradients 400 MiB, optimizer 800 MiB,
-  // activations 12.0 MiB, working 3.00 MiB, in flight 1.00 MiB, evaluation
-  // 8.00 MiB, batch 3.00 MiB, data 54.9 MiB)".
+  // packed weights 800 MiB, activations 12.0 MiB, working 3.00 MiB, in
+  // flight 1.00 MiB, evaluation 8.00 MiB, batch 3.00 MiB, data 54.9 MiB)".
   std::string ToString() const;
 };
 

@@ -35,6 +35,8 @@ struct Tensor::Buffer {
   void* data;
   // The receiver that counts this storage besides its allocator (CountIn).
   std::atomic<CountingAllocator*> counted_in{nullptr};
+  // Tensor::writes().
+  std::atomic<uint64_t> writes{0};
 };
 
 Tensor Tensor::Empty(const Shape& shape, DType dtype, Device device) {
@@ -90,7 +92,13 @@ void Tensor::CountIn(Allocator* current) {
 }
 
 void* Tensor::raw() {
-  return buffer_ ? static_cast<char*>(buffer_->data) + offset_ : nullptr;
+  if (!buffer_) return nullptr;
+  buffer_->writes.fetch_add(1, std::memory_order_relaxed);
+  return static_cast<char*>(buffer_->data) + offset_;
+}
+
+uint64_t Tensor::writes() const {
+  return buffer_ ? buffer_->writes.load(std::memory_order_relaxed) : 0;
 }
 const void* Tensor::raw() const {
   return buffer_ ? static_cast<const char*>(buffer_->data) + offset_ : nullptr;

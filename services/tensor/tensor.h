@@ -42,8 +42,20 @@ class Tensor {
   const float* f32() const { return static_cast<const float*>(raw()); }
   int32_t* i32() { return static_cast<int32_t*>(raw()); }
   const int32_t* i32() const { return static_cast<const int32_t*>(raw()); }
+  // Non-const access counts as a write (writes()), whether or not the
+  // caller writes: read through a const tensor where nothing is written.
   void* raw();
   const void* raw() const;
+
+  // How many times this storage was handed out for writing (non-const
+  // f32(), i32(), raw(), CopyFrom, SetZero): unchanged between two calls
+  // means the bytes are too. What derives from the bytes keeps this to know
+  // when to derive it again (a weight packed for the GEMM: PackedWeight).
+  uint64_t writes() const;
+  // The same storage and offset: the same bytes, not merely equal ones.
+  bool SameStorage(const Tensor& other) const {
+    return buffer_ == other.buffer_ && offset_ == other.offset_;
+  }
 
   // Same storage, another shape with the same number of elements.
   Tensor Reshape(const Shape& shape) const;

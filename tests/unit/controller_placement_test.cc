@@ -45,7 +45,8 @@ TEST(PlacementTest, NoFitSaysWhichStageNeedsWhat) {
                    .has_value());
   EXPECT_EQ(why,
             "stage 1 needs 3.00 GiB (parameters 0 B, gradients 0 B, optimizer "
-            "0 B, activations 3.00 GiB, working 0 B, in flight 0 B, "
+            "0 B, packed weights 0 B, activations 3.00 GiB, working 0 B, in "
+            "flight 0 B, "
             "evaluation 0 B, batch 0 "
             "B, data 0 B), the largest "
             "free worker left has 2.00 GiB for stages");

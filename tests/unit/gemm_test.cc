@@ -96,6 +96,54 @@ TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
   }
 }
 
+TEST(Gemm, BPackedAheadGivesTheFusedChainOnEveryTile) {
+  // A Linear's weight packed once a step (PackedB) for the products of its
+  // forward (op(B) = W^T) and input gradient (op(B) = W).
+  const Shape shapes[] = {
+      {false, true, 1, 1, 1},       {false, false, 13, 33, 7},
+      {false, true, 32, 70, 385},   {false, false, 5, 2100, 20},
+      {false, true, 150, 70, 1000}, {false, false, 97, 64, 800}};
+  const std::pair<float, float> scalings[] = {
+      {1.0f, 0.0f}, {1.0f, 1.0f}, {0.5f, 2.0f}};
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    for (const Shape& s : shapes) {
+      const int64_t lda = s.k + 3, ldb = (s.tb ? s.k : s.n) + 5, ldc = s.n + 2;
+      const std::vector<float> a = Random(s.m * lda, 10);
+      const std::vector<float> b = Random((s.tb ? s.n : s.k) * ldb, 11);
+      const std::vector<float> c0 = Random(s.m * ldc, 12);
+      cpu::PackedB packed;
+      packed.PackOn(*tile, s.tb, s.k, s.n, b.data(), ldb);
+      EXPECT_LE(packed.bytes(), cpu::PackedBBytesBound(s.k, s.n));
+      for (auto [alpha, beta] : scalings) {
+        std::vector<float> want = c0, got = c0;
+        ChainReference(s, alpha, a.data(), lda, b.data(), ldb, beta,
+                       want.data(), ldc);
+        cpu::GemmPackedB(s.m, alpha, a.data(), lda, packed, beta, got.data(),
+                         ldc);
+        ASSERT_EQ(got, want) << Describe(*tile, s, alpha, beta);
+      }
+    }
+  }
+}
+
+TEST(Gemm, BPackedAheadAgreesWithGemmOnTwoThreads) {
+  const int64_t n = 1024, k = 784;
+  const std::vector<float> w = Random(n * k, 13);
+  cpu::PackedB packed;
+  packed.Pack(true, k, n, w.data(), k);
+  const int before = ComputeThreads();
+  SetComputeThreads(2);
+  for (int64_t m : {32, 256}) {
+    const std::vector<float> a = Random(m * k, 14);
+    std::vector<float> want(m * n), got(m * n);
+    cpu::Gemm(false, true, m, n, k, 1.0f, a.data(), w.data(), 0.0f,
+              want.data());
+    cpu::GemmPackedB(m, 1.0f, a.data(), k, packed, 0.0f, got.data(), n);
+    EXPECT_EQ(got, want) << "m=" << m;
+  }
+  SetComputeThreads(before);
+}
+
 TEST(Gemm, EachRowIsAFunctionOfItsRowAlone) {
   // Incremental decoding runs one row where the forward ran the sequence.
   const int64_t m = 97, n = 70, k = 500;

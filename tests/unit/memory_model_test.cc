@@ -267,6 +267,14 @@ TEST(MemoryModel, ParametersGradientsAndOptimizerState) {
   EXPECT_EQ(m[0].parameters, bytes);
   EXPECT_EQ(m[0].gradients, bytes);
   EXPECT_EQ(m[0].optimizer_state, 2 * bytes);  // AdamW: two moments
+  // The blocks' Linear weights, packed twice for the CPU GEMM: at least
+  // twice their floats (packed_weight_test checks a Linear's against what
+  // it holds).
+  int64_t packed = 0;
+  for (int64_t l = 2; l < 6; ++l)
+    packed += shapes->costs[l].packed_weight_bytes;
+  EXPECT_EQ(m[1].packed_weights, packed);
+  EXPECT_GT(m[1].packed_weights, m[1].parameters);
   // The synthetic data is made on demand: the sampler's permutations only.
   EXPECT_EQ(m[0].data, 3 * 8 * 256);
   EXPECT_EQ(m[1].data, m[0].data);
@@ -278,7 +286,8 @@ TEST(MemoryModel, ReadsAsPeopleWriteIt) {
   m.activations = 1536;
   EXPECT_EQ(m.ToString(),
             "3.00 GiB (parameters 3.00 GiB, gradients 0 B, optimizer 0 B, "
-            "activations 1.50 KiB, working 0 B, in flight 0 B, evaluation 0 B, "
+            "packed weights 0 B, activations 1.50 KiB, working 0 B, in flight "
+            "0 B, evaluation 0 B, "
             "batch 0 B, data 0 B)");
   // Totals saturate: an absurd stage is too large, never small.
   StageMemory absurd;

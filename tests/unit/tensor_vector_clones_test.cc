@@ -1,9 +1,9 @@
-// The CPU kernels compiled twice (services/tensor/cpu/vector_clones.h: an
-// AVX2 clone and the x86-64 baseline, chosen by the loader) give the bits
-// of the same formula computed one element at a time, whichever clone runs
-// on this CPU, the loops' remainders included. Together with the baseline
-// build's own tests this is what lets a job's stages run on CPUs with and
-// without AVX2 and still match the reference bitwise.
+// The CPU kernels compiled three times (services/tensor/cpu/vector_clones.h:
+// AVX-512 and AVX2 clones and the x86-64 baseline, chosen by the loader)
+// give the bits of the same formula computed one element at a time,
+// whichever clone runs on this CPU, the loops' remainders included. Together
+// with the baseline build's own tests this is what lets a job's stages run on
+// CPUs with and without AVX2 or AVX-512 and still match the reference bitwise.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -23,8 +23,8 @@
 namespace gpipe::cpu {
 namespace {
 
-// Lengths around the vector widths (4, 8) and the lanes' remainder.
-constexpr int64_t kLengths[] = {1, 3, 7, 8, 9, 31, 256, 1031};
+// Lengths around the vector widths (4, 8, 16) and the lanes' remainder.
+constexpr int64_t kLengths[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 256, 1031};
 
 std::vector<float> Random(int64_t n, uint64_t seed, float scale = 3.0f) {
   Rng rng(seed);
@@ -42,6 +42,7 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(VectorClonesTest, TheCpuIsReported) {
 #if defined(__x86_64__)
   RecordProperty("avx2", __builtin_cpu_supports("avx2") ? "yes" : "no");
+  RecordProperty("avx512f", __builtin_cpu_supports("avx512f") ? "yes" : "no");
 #endif
   SUCCEED();
 }

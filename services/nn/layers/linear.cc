@@ -1,6 +1,7 @@
 #include "services/nn/layers/linear.h"
 
 #include <cmath>
+#include <utility>
 
 #include "services/nn/init.h"
 #include "services/tensor/cpu/gemm.h"
@@ -40,8 +41,7 @@ Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx, Saved* saved) {
   dims.back() = out_;
   const Device d = x.device();
   Tensor y = Tensor::Empty(Shape(dims), DType::kF32, d);
-  ops::Gemm(d, false, true, rows, out_, in_, 1.0f, x.f32(), weight_.value.f32(),
-            0.0f, y.f32());
+  Product(true, rows, out_, in_, x.f32(), y.f32());
   if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
   if (saved != nullptr) saved->Put("x", x);
   return y;
@@ -53,9 +53,30 @@ Tensor Linear::Decode(const Tensor& x, int64_t, DecodeState*) {
   dims.back() = out_;
   const Device d = x.device();
   Tensor y = Tensor::Empty(Shape(dims), DType::kF32, d);
-  ops::GemmRowStable(d, rows, out_, in_, x.f32(), weight_.value.f32(), y.f32());
+  // On the CPU every product gives each row of C from its row of A alone
+  // (cpu::GemmRowStable), the packed one too.
+  if (d == Device::kCpu) {
+    Product(true, rows, out_, in_, x.f32(), y.f32());
+  } else {
+    ops::GemmRowStable(d, rows, out_, in_, x.f32(),
+                       std::as_const(weight_.value).f32(), y.f32());
+  }
   if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
   return y;
+}
+
+void Linear::Product(bool trans, int64_t rows, int64_t n, int64_t k,
+                     const float* a, float* c) const {
+  // Read through const: a non-const access would count as a write and
+  // pack the weight again for every product.
+  const Tensor& w = weight_.value;
+  PackedWeight& pack = trans ? forward_pack_ : input_grad_pack_;
+  if (w.device() == Device::kCpu) {
+    pack.Multiply(trans, rows, n, k, a, w, c);
+    return;
+  }
+  pack.Clear();  // moved off the CPU: the copy would only hold memory
+  ops::Gemm(w.device(), false, trans, rows, n, k, 1.0f, a, w.f32(), 0.0f, c);
 }
 
 void Linear::WeightGrad(const Tensor& x, const Tensor& dy) {
@@ -70,8 +91,7 @@ Tensor Linear::InputGrad(const Tensor& x, const Tensor& dy) const {
   const int64_t rows = x.numel() / in_;
   const Device d = x.device();
   Tensor dx = Tensor::Empty(x.shape(), DType::kF32, d);
-  ops::Gemm(d, false, false, rows, in_, out_, 1.0f, dy.f32(),
-            weight_.value.f32(), 0.0f, dx.f32());
+  Product(false, rows, in_, out_, dy.f32(), dx.f32());
   return dx;
 }
 

@@ -3,6 +3,7 @@
 #define GPIPE_SERVICES_NN_LAYERS_LINEAR_H_
 
 #include "services/nn/layer.h"
+#include "services/tensor/packed_weight.h"
 
 namespace gpipe {
 
@@ -28,6 +29,12 @@ class Linear final : public Layer {
   std::vector<Parameter*> Parameters() override;
   void Initialize(uint64_t key) override;
 
+  // Bytes of the weight packed for the CPU GEMM now held (the memory model
+  // counts LayerCost::packed_weight_bytes for them).
+  int64_t packed_bytes() const {
+    return forward_pack_.bytes() + input_grad_pack_.bytes();
+  }
+
   // Weight-only initialization scale for layers that prefer GPT-style N(0, s).
   void InitializeNormal(uint64_t key, float stddev);
 
@@ -37,8 +44,14 @@ class Linear final : public Layer {
   // dW += dy^T x and db += column sums of dy; dx = dy W.
   void WeightGrad(const Tensor& x, const Tensor& dy);
   Tensor InputGrad(const Tensor& x, const Tensor& dy) const;
+  // C[rows, n] = A op(W): W^T with `trans` (the forward), else W (the input
+  // gradient); on the CPU from the weight packed once while it is
+  // unchanged (PackedWeight), elsewhere by ops::Gemm.
+  void Product(bool trans, int64_t rows, int64_t n, int64_t k, const float* a,
+               float* c) const;
 
   Parameter weight_, bias_;
+  mutable PackedWeight forward_pack_, input_grad_pack_;
 };
 
 }  // namespace gpipe

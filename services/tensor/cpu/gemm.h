@@ -7,6 +7,7 @@
 #define GPIPE_SERVICES_TENSOR_CPU_GEMM_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "services/tensor/cpu/gemm_tiles.h"
 
@@ -30,6 +31,48 @@ void GemmStridedOn(const GemmTile& tile, bool trans_a, bool trans_b, int64_t m,
                    int64_t n, int64_t k, float alpha, const float* a,
                    int64_t lda, const float* b, int64_t ldb, float beta,
                    float* c, int64_t ldc);
+
+// op(B) of products packed ahead for the tile Gemm runs, for an operand that
+// many products share unchanged (a Linear layer's weight over a step's
+// micro-batches). At a micro-batch's few rows, packing B costs as much as
+// multiplying; packed once, the products that share it skip that. Packing
+// only moves floats, so GemmPackedB gives the bits of the same Gemm.
+class PackedB {
+ public:
+  // op(B) is k x n: B itself, or B^T with trans_b (B then n x k), rows
+  // `ldb` floats apart.
+  void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
+  void PackOn(const GemmTile& tile, bool trans_b, int64_t k, int64_t n,
+              const float* b, int64_t ldb);
+  // Drops the packed floats (and their memory).
+  void Clear() { *this = PackedB(); }
+
+  bool packed() const { return tile_ != nullptr; }
+  const GemmTile& tile() const { return *tile_; }
+  int64_t k() const { return k_; }
+  int64_t n() const { return n_; }
+  const float* data() const { return data_.data(); }
+  int64_t bytes() const {
+    return static_cast<int64_t>(data_.size() * sizeof(float));
+  }
+
+ private:
+  const GemmTile* tile_ = nullptr;
+  int64_t k_ = 0, n_ = 0;
+  std::vector<float> data_;
+};
+
+// The most bytes PackedB holds for a k x n op(B), on any tile: its columns
+// padded to whole slivers.
+inline int64_t PackedBBytesBound(int64_t k, int64_t n) {
+  return (n + kMaxGemmTileColumns - 1) / kMaxGemmTileColumns *
+         kMaxGemmTileColumns * k * static_cast<int64_t>(sizeof(float));
+}
+
+// C[m,n] = alpha * A[m,k] * op(B) + beta * C with op(B) packed ahead, A's
+// rows `lda` floats apart: the bits of GemmStrided on the same operands.
+void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
+                 const PackedB& b, float beta, float* c, int64_t ldc);
 
 // C[m,n] = A[m,k] * W[n,k]^T (a Linear layer's product), named for the
 // property incremental decoding relies on: each row of C is a function of

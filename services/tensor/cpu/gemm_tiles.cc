@@ -32,6 +32,7 @@ void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
 
 constexpr GemmTile kPortable{"portable", 4, 8, 64, 256, PortableTile<4, 8>};
 static_assert(kPortable.mr * kPortable.nr <= kMaxGemmTileFloats);
+static_assert(kPortable.nr <= kMaxGemmTileColumns);
 
 #if GPIPE_GEMM_X86_TILES
 // 6 x 16: twelve accumulators, two rows of B and a broadcast of A in the
@@ -124,6 +125,8 @@ constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile};
 constexpr GemmTile kAvx512{"avx512", 12, 32, 144, 384, Avx512Tile};
 static_assert(kAvx2.mr * kAvx2.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512.mr * kAvx512.nr <= kMaxGemmTileFloats);
+static_assert(kAvx2.nr <= kMaxGemmTileColumns);
+static_assert(kAvx512.nr <= kMaxGemmTileColumns);
 #endif
 
 std::vector<const GemmTile*> FindSupportedTiles() {

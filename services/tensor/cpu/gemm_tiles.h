@@ -20,6 +20,9 @@ namespace gpipe::cpu {
 // No tile is larger than this (gemm.cc runs the tiles at C's edges on a
 // copy of this size).
 inline constexpr int64_t kMaxGemmTileFloats = 12 * 32;
+// Nor wider than this: op(B) packed ahead (gemm.h's PackedB) pads its
+// columns to a multiple of the tile's nr, at most this many.
+inline constexpr int64_t kMaxGemmTileColumns = 32;
 
 struct GemmTile {
   const char* name;  // "avx512", "avx2", "portable"

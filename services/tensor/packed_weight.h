@@ -1,0 +1,52 @@
+// A weight kept packed for the CPU GEMM's tile (cpu::PackedB) while it is
+// unchanged. A Linear layer multiplies every micro-batch of a step by the
+// same weight, and at a micro-batch's few rows packing it anew for each
+// product costs about as much as the product itself; packed once a step,
+// the products skip that. Packing only moves floats: the results are the
+// bits Gemm gives on the weight itself.
+//
+// The weight counts as changed when its storage is another tensor's or was
+// handed out for writing since it was packed (Tensor::writes): an
+// optimizer step, a restored checkpoint, weights loaded or moved all pack
+// it again, with nobody having to say so.
+#ifndef GPIPE_SERVICES_TENSOR_PACKED_WEIGHT_H_
+#define GPIPE_SERVICES_TENSOR_PACKED_WEIGHT_H_
+
+#include <cstdint>
+#include <mutex>
+
+#include "services/tensor/cpu/gemm.h"
+#include "services/tensor/tensor.h"
+
+namespace gpipe {
+
+class PackedWeight {
+ public:
+  // C[m, n] = A[m, k] op(W) on the CPU, C written (not accumulated): op(W)
+  // is W^T with `trans` (W [n, k], a Linear's forward) or W (W [k, n], its
+  // input gradient). W must be a CPU tensor of k * n floats.
+  void Multiply(bool trans, int64_t m, int64_t n, int64_t k, const float* a,
+                const Tensor& w, float* c);
+
+  // Drops the packed copy (a weight moved off the CPU).
+  void Clear();
+
+  // Bytes of the packed copy now held.
+  int64_t bytes() const;
+  // How many times the weight was packed, for tests.
+  int64_t packs() const;
+
+ private:
+  // A layer's products run on its stage's thread one at a time; the lock
+  // keeps a repack from pulling the floats from under a product anyway.
+  mutable std::mutex mu_;
+  Tensor source_;  // the weight as packed (kept so its storage is not reused)
+  uint64_t source_writes_ = 0;
+  bool trans_ = false;
+  cpu::PackedB packed_;
+  int64_t packs_ = 0;
+};
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_TENSOR_PACKED_WEIGHT_H_

@@ -1,0 +1,141 @@
+// A weight packed ahead for the GEMM is packed again whenever it may have
+// changed, so a product never runs on a stale copy: the bits are always
+// those of Gemm on the weight as it is now.
+#include "services/tensor/packed_weight.h"
+
+#include <utility>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/core/rng.h"
+#include "services/nn/layer_spec.h"
+#include "services/nn/layers/linear.h"
+#include "services/tensor/cpu/gemm.h"
+
+namespace gpipe {
+namespace {
+
+Tensor Random(const Shape& shape, uint64_t key) {
+  std::vector<float> v(shape.numel());
+  Rng rng(key);
+  for (float& x : v) x = static_cast<float>(rng.Normal());
+  return Tensor::FromVector(shape, v);
+}
+
+// y = x W^T by Gemm on the weight's current bytes.
+std::vector<float> Direct(const Tensor& x, const Tensor& w) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  std::vector<float> y(m * n);
+  cpu::Gemm(false, true, m, n, k, 1.0f, x.f32(), w.f32(), 0.0f, y.data());
+  return y;
+}
+
+std::vector<float> Packed(PackedWeight& pack, const Tensor& x,
+                          const Tensor& w) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  std::vector<float> y(m * n);
+  pack.Multiply(true, m, n, k, x.f32(), w, y.data());
+  return y;
+}
+
+TEST(PackedWeight, PacksOnceWhileTheWeightIsUnchanged) {
+  const Tensor w = Random({64, 48}, 1);
+  PackedWeight pack;
+  for (int i = 0; i < 4; ++i) {
+    const Tensor x = Random({5 + i, 48}, 10 + i);
+    ASSERT_EQ(Packed(pack, x, w), Direct(x, w));
+  }
+  EXPECT_EQ(pack.packs(), 1);
+  EXPECT_GT(pack.bytes(), 0);
+}
+
+TEST(PackedWeight, PacksAgainAfterEveryKindOfWrite) {
+  Tensor w = Random({64, 48}, 2);
+  const Tensor x = Random({7, 48}, 3);
+  PackedWeight pack;
+  ASSERT_EQ(Packed(pack, x, w), Direct(x, w));
+
+  // An element written through a pointer (an optimizer's update).
+  w.f32()[5] += 1.0f;
+  EXPECT_EQ(Packed(pack, x, w), Direct(x, w));
+  EXPECT_EQ(pack.packs(), 2);
+
+  // Copied over (a restored checkpoint).
+  w.CopyFrom(Random({64, 48}, 4));
+  EXPECT_EQ(Packed(pack, x, w), Direct(x, w));
+  EXPECT_EQ(pack.packs(), 3);
+
+  // Written through a view that shares the storage.
+  w.Rows(10, 11).SetZero();
+  EXPECT_EQ(Packed(pack, x, w), Direct(x, w));
+  EXPECT_EQ(pack.packs(), 4);
+
+  // Another tensor with the same bytes: another storage, packed again.
+  const Tensor same_bytes = w.Clone();
+  EXPECT_EQ(Packed(pack, x, same_bytes), Direct(x, same_bytes));
+  EXPECT_EQ(pack.packs(), 5);
+
+  // Reading through a const tensor is no write.
+  const Tensor& reader = same_bytes;
+  EXPECT_NE(reader.f32(), nullptr);
+  EXPECT_EQ(Packed(pack, x, same_bytes), Direct(x, same_bytes));
+  EXPECT_EQ(pack.packs(), 5);
+
+  pack.Clear();
+  EXPECT_EQ(pack.bytes(), 0);
+  EXPECT_EQ(Packed(pack, x, same_bytes), Direct(x, same_bytes));
+  EXPECT_EQ(pack.packs(), 6);
+}
+
+TEST(PackedWeight, ALinearLayerSeesItsWeightUpdated) {
+  // The layer's forward and input gradient after its weight changes in
+  // place, as an optimizer step changes it, against a fresh layer given the
+  // new weight (which packs it for the first time).
+  Linear layer(48, 64, /*bias=*/true);
+  layer.Initialize(7);
+  const Tensor x = Random({9, 48}, 8), dy = Random({9, 64}, 9);
+  LayerContext ctx;
+  ctx.input_grad = true;
+  for (int step = 0; step < 3; ++step) {
+    Saved saved;
+    const Tensor y = layer.Forward(x, ctx, &saved);
+    const Tensor dx = layer.Backward(dy, saved, ctx);
+    Linear fresh(48, 64, /*bias=*/true);
+    for (size_t p = 0; p < layer.Parameters().size(); ++p)
+      fresh.Parameters()[p]->value.CopyFrom(layer.Parameters()[p]->value);
+    Saved fresh_saved;
+    ASSERT_TRUE(BitwiseEqual(fresh.Forward(x, ctx, &fresh_saved), y))
+        << "step " << step;
+    ASSERT_TRUE(BitwiseEqual(fresh.Backward(dy, fresh_saved, ctx), dx))
+        << "step " << step;
+    // An SGD-like update through the parameter's pointer.
+    Parameter* w = layer.Parameters()[0];
+    for (int64_t i = 0; i < w->value.numel(); ++i)
+      w->value.f32()[i] -= 0.01f * w->grad.f32()[i];
+  }
+}
+
+TEST(PackedWeight, TheMemoryModelCountsWhatALinearHolds) {
+  for (auto [in, out] :
+       {std::pair<int64_t, int64_t>{48, 64}, {1024, 10}, {784, 1024}}) {
+    Linear layer(in, out, /*bias=*/true);
+    layer.Initialize(3);
+    LayerContext ctx;
+    ctx.input_grad = true;
+    Saved saved;
+    const Tensor x = Random({4, in}, 5);
+    const Tensor y = layer.Forward(x, ctx, &saved);
+    layer.Backward(Random({4, out}, 6), saved, ctx);
+    v1::LayerSpec spec;
+    spec.mutable_linear()->set_in_features(in);
+    spec.mutable_linear()->set_out_features(out);
+    const LayerCost cost = EstimateCost(spec, Shape({in}), Shape({out}));
+    // Both copies, each at least the weight and at most the bound.
+    EXPECT_GE(layer.packed_bytes(), 2 * in * out * 4) << in << "->" << out;
+    EXPECT_LE(layer.packed_bytes(), cost.packed_weight_bytes)
+        << in << "->" << out;
+  }
+}
+
+}  // namespace
+}  // namespace gpipe
