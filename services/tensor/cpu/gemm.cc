@@ -293,8 +293,9 @@ void PackedB::PackOn(const GemmTile& tile, bool trans_b, int64_t k, int64_t n,
   n_ = n;
   const Operand op_b{trans_b, b, ldb};
   const int64_t kc = DepthBlock(tile, k), nc = ColumnBlock(tile, n);
-  const int64_t last = n == 0 ? 0 : (n - 1) / nc * nc;
-  data_.resize(n == 0 ? 0 : last * k + RoundUp(n - last, tile.nr) * k);
+  // The size: where a block past the last column block would start.
+  data_.resize(n == 0 ? 0
+                      : PackedBlockOffset(tile, n, k, (n - 1) / nc * nc, k));
   const int64_t nr = tile.nr;
   for (int64_t jc = 0; jc < n; jc += nc) {
     const int64_t cols = std::min(nc, n - jc);
