@@ -131,7 +131,7 @@ bool CudnnFailed(const std::string& error) {
 bool CudnnForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                   const float* x, const float* weight, float* y) {
 #if GPIPE_HAVE_CUDNN
-  cuda::CudnnConvolution conv(g, batch, cout);
+  cuda::CudnnConvolution& conv = cuda::ThreadConvolution(g, batch, cout);
   if (!conv.ok()) return CudnnFailed(conv.error());
   Tensor ws = DeviceScratch((conv.forward_workspace_bytes() + 3) / 4);
   conv.Forward(x, weight, y, ws.raw());
@@ -145,7 +145,7 @@ bool CudnnBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                    const float* x, const float* weight, const float* dy,
                    float* dx, float* dweight) {
 #if GPIPE_HAVE_CUDNN
-  cuda::CudnnConvolution conv(g, batch, cout);
+  cuda::CudnnConvolution& conv = cuda::ThreadConvolution(g, batch, cout);
   if (!conv.ok()) return CudnnFailed(conv.error());
   Tensor ws = DeviceScratch((conv.backward_workspace_bytes() + 3) / 4);
   conv.Backward(x, weight, dy, dx, dweight, ws.raw());

@@ -29,6 +29,17 @@ double MaxRelError(const Tensor& expected, const Tensor& actual) {
   return worst;
 }
 
+double MaxNormwiseError(const Tensor& expected, const Tensor& actual) {
+  const std::vector<float> a = expected.ToVector(), b = actual.ToVector();
+  if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+    scale = std::max(scale, static_cast<double>(std::fabs(a[i])));
+  }
+  return diff / (scale + 1.0);
+}
+
 void CudaTest::SetUp() {
   if (!CudaAvailable()) GTEST_SKIP() << "no GPU: " << CudaDescription();
 }

@@ -28,6 +28,9 @@ Tensor Random(const Shape& shape, uint64_t key, float scale = 1.0f);
 // The largest |a - b| / (|a| + 1) over the elements, `expected` and
 // `actual` read back to the host; infinity when their sizes differ.
 double MaxRelError(const Tensor& expected, const Tensor& actual);
+// max |a - b| over (max |a| + 1): for long sums that may cancel, whose
+// small elements carry the rounding of their large terms.
+double MaxNormwiseError(const Tensor& expected, const Tensor& actual);
 
 // A fixture whose tests skip, saying why, where no GPU is present.
 class CudaTest : public ::testing::Test {

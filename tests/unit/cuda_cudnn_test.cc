@@ -1,7 +1,8 @@
 // The optional cuDNN convolution against our im2col + cuBLAS one on the
 // same GPU: within 1e-4 relative (both are fp32 without TF32, summing in
-// different orders), and reproducible run after run (deterministic
-// algorithms only). Skipped without a GPU or without a loadable cuDNN 9.
+// different orders; the filter gradient relative to its largest element), and
+// reproducible run after run (deterministic algorithms only). Skipped without a
+// GPU or without a loadable cuDNN 9.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -74,7 +75,10 @@ TEST_F(CudaCudnnTest, MatchesIm2ColAndIsReproducible) {
     const Result dnn = RunConv(ConvPath::kCudnn, c.g, c.batch, c.cout);
     EXPECT_LE(MaxRelError(own.y, dnn.y), 1e-4) << "y";
     EXPECT_LE(MaxRelError(own.dx, dnn.dx), 1e-4) << "dx";
-    EXPECT_LE(MaxRelError(own.dw, dnn.dw), 1e-4) << "dw";
+    // dw sums batch x output pixels products (50176 in the first case):
+    // where they cancel, an element is far smaller than the rounding of its
+    // terms, so it is compared against the largest element instead.
+    EXPECT_LE(MaxNormwiseError(own.dw, dnn.dw), 1e-4) << "dw";
     EXPECT_TRUE(BitwiseEqual(own.db, dnn.db)) << "dbias: our kernel on both";
     const Result again = RunConv(ConvPath::kCudnn, c.g, c.batch, c.cout);
     EXPECT_TRUE(BitwiseEqual(dnn.y, again.y));

@@ -4,6 +4,9 @@
 #include <cudnn.h>
 
 #include <algorithm>
+#include <array>
+#include <map>
+#include <memory>
 #include <string>
 
 #include "services/tensor/cuda/cudnn_library.h"
@@ -220,9 +223,17 @@ size_t CudnnConvolution::backward_workspace_bytes() const {
   return std::max(data_bytes_, filter_bytes_);
 }
 
+bool CudnnConvolution::OnCurrentStream() {
+  if (!ok()) return false;
+  // A cached convolution is reused on whatever stream the thread has now.
+  handle_ = ThreadHandle();
+  if (handle_ == nullptr) error_ = "cudnnSetStream failed";
+  return ok();
+}
+
 void CudnnConvolution::Forward(const float* x, const float* w, float* y,
                                void* workspace) {
-  if (!ok()) return;
+  if (!OnCurrentStream()) return;
   const float one = 1.0f, zero = 0.0f;
   Ok(Cudnn()->ConvolutionForward(
          static_cast<cudnnHandle_t>(handle_), &one, Td(x_desc_), x, Fd(w_desc_),
@@ -234,7 +245,7 @@ void CudnnConvolution::Forward(const float* x, const float* w, float* y,
 
 void CudnnConvolution::Backward(const float* x, const float* w, const float* dy,
                                 float* dx, float* dw, void* workspace) {
-  if (!ok()) return;
+  if (!OnCurrentStream()) return;
   const float one = 1.0f, zero = 0.0f;
   cudnnHandle_t h = static_cast<cudnnHandle_t>(handle_);
   // The filter gradient accumulates into dw (beta = 1): after a failed data
@@ -255,6 +266,26 @@ void CudnnConvolution::Backward(const float* x, const float* w, const float* dy,
          static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter_algo_), workspace,
          filter_bytes_, &one, Fd(w_desc_), dw),
      "cudnnConvolutionBackwardFilter");
+}
+
+CudnnConvolution& ThreadConvolution(const cpu::ConvGeometry& g, int64_t batch,
+                                    int64_t out_channels) {
+  using Key = std::array<int64_t, 8>;
+  // Bounded: a job has a few convolutions and batch sizes; a stream of new
+  // shapes (evaluation's last partial batch, generation) starts it over.
+  constexpr size_t kMaxEntries = 64;
+  thread_local std::map<Key, std::unique_ptr<CudnnConvolution>> cache;
+  const Key key{g.channels, g.height,  g.width, g.kernel,
+                g.stride,   g.padding, batch,   out_channels};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() >= kMaxEntries) cache.clear();
+    it = cache
+             .emplace(key, std::make_unique<CudnnConvolution>(g, batch,
+                                                              out_channels))
+             .first;
+  }
+  return *it->second;
 }
 
 }  // namespace gpipe::cuda

@@ -45,6 +45,9 @@ class CudnnConvolution {
                 float* dw, void* workspace);
 
  private:
+  // Points the thread's handle at its current stream; false once anything
+  // has failed.
+  bool OnCurrentStream();
   // Records the first failure; false once anything has failed.
   bool Ok(int status, const char* what);
 
@@ -57,6 +60,14 @@ class CudnnConvolution {
   size_t forward_bytes_ = 0, data_bytes_ = 0, filter_bytes_ = 0;
   std::string error_;
 };
+
+// The calling thread's convolution for this geometry, batch and output
+// channel count, made at its first use and kept: building descriptors and
+// asking the heuristics for algorithms cost milliseconds, more than a small
+// convolution. A small per-thread cache, like the thread's cuDNN handle;
+// one that failed stays failed (its callers take im2col).
+CudnnConvolution& ThreadConvolution(const cpu::ConvGeometry& g, int64_t batch,
+                                    int64_t out_channels);
 
 }  // namespace gpipe::cuda
 

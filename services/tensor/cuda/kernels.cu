@@ -13,7 +13,6 @@
 namespace gpipe::cuda {
 namespace {
 
-
 __global__ void AddKernel(int64_t n, const float* a, const float* b,
                           float* out) {
   GPIPE_FOR_EACH(i, n) out[i] = a[i] + b[i];
@@ -40,14 +39,43 @@ __global__ void AddBroadcastKernel(int64_t batch, int64_t inner, const float* x,
                                    float* y) {
   GPIPE_FOR_EACH(i, batch * inner) y[i] += x[i % inner];
 }
+// s + x[0] + x[stride] + ... + x[(n - 1) * stride], added in that order
+// (the CPU's), with the loads issued 16 ahead of the adds: a thread that
+// walks a column is bound by memory latency, not by its adds.
+__device__ float SumStrided(float s, const float* x, int64_t n,
+                            int64_t stride) {
+  constexpr int kAhead = 16;
+  int64_t r = 0;
+  for (; r + kAhead <= n; r += kAhead) {
+    float v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) v[u] = x[(r + u) * stride];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) s += v[u];
+  }
+  for (; r < n; ++r) s += x[r * stride];
+  return s;
+}
+// The sum of a warp's 32 values, the same bits in every lane and every run:
+// a fixed butterfly whose pairs add commutatively.
+__device__ float WarpSum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+// The row a warp works on first, and how many rows all warps cover at once:
+// row kernels launched with 32 threads per row (GPIPE_LAUNCH(k, rows * 32)).
+__device__ int64_t FirstWarpRow() {
+  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+}
+__device__ int64_t WarpRowStride() {
+  return static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+}
 // One thread per column walks the rows in order: the CPU's summation order.
 __global__ void SumRowsKernel(int64_t rows, int64_t cols, const float* x,
                               float* out) {
-  GPIPE_FOR_EACH(c, cols) {
-    float s = out[c];
-    for (int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
-    out[c] = s;
-  }
+  GPIPE_FOR_EACH(c, cols) out[c] = SumStrided(out[c], x + c, rows, cols);
 }
 __global__ void ReluForwardKernel(int64_t n, const float* x, float* y) {
   GPIPE_FOR_EACH(i, n) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -167,58 +195,84 @@ __global__ void CrossEntropyKernel(int64_t rows, int64_t classes,
     }
   }
 }
+// Layer norm: a warp per row (a thread per row left most of the GPU idle
+// and read 32 rows' columns apart). Each lane sums its columns in order,
+// then WarpSum: a fixed order, so runs are reproducible, though not the
+// CPU's order (within its rounding: cuda_kernels_test).
 __global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps,
                                        const float* x, const float* gamma,
                                        const float* beta, float* y, float* mean,
                                        float* rstd) {
-  GPIPE_FOR_EACH(r, rows) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = FirstWarpRow(); r < rows; r += WarpRowStride()) {
     const float* in = x + r * cols;
     float* out = y + r * cols;
     float m = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) m += in[c];
-    m /= cols;
+    for (int64_t c = lane; c < cols; c += 32) m += in[c];
+    m = WarpSum(m) / static_cast<float>(cols);
     float v = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) v += (in[c] - m) * (in[c] - m);
-    v /= cols;
+    for (int64_t c = lane; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
+    v = WarpSum(v) / static_cast<float>(cols);
     const float s = 1.0f / sqrtf(v + eps);
-    for (int64_t c = 0; c < cols; ++c)
+    for (int64_t c = lane; c < cols; c += 32)
       out[c] = (in[c] - m) * s * gamma[c] + beta[c];
-    mean[r] = m;
-    rstd[r] = s;
+    if (lane == 0) {
+      mean[r] = m;
+      rstd[r] = s;
+    }
   }
 }
 __global__ void LayerNormBackwardRows(int64_t rows, int64_t cols,
                                       const float* x, const float* mean,
                                       const float* rstd, const float* gamma,
                                       const float* dy, float* dx) {
-  GPIPE_FOR_EACH(r, rows) {
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = FirstWarpRow(); r < rows; r += WarpRowStride()) {
     const float* in = x + r * cols;
     const float* g = dy + r * cols;
     float* out = dx + r * cols;
     const float m = mean[r], s = rstd[r];
     float sum_d = 0.0f, sum_dx = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
+    for (int64_t c = lane; c < cols; c += 32) {
       const float xhat = (in[c] - m) * s;
       const float d = g[c] * gamma[c];
       sum_d += d;
       sum_dx += d * xhat;
     }
-    sum_d /= cols;
-    sum_dx /= cols;
-    for (int64_t c = 0; c < cols; ++c) {
+    sum_d = WarpSum(sum_d) / static_cast<float>(cols);
+    sum_dx = WarpSum(sum_dx) / static_cast<float>(cols);
+    for (int64_t c = lane; c < cols; c += 32) {
       const float xhat = (in[c] - m) * s;
       out[c] = s * (g[c] * gamma[c] - sum_d - xhat * sum_dx);
     }
   }
 }
-// Parameter gradients: one thread per column, rows in order.
+// Parameter gradients: one thread per column, rows in order (dbeta is the
+// CPU's bits), loads issued 8 rows ahead as in SumStrided.
 __global__ void LayerNormBackwardParams(int64_t rows, int64_t cols,
                                         const float* x, const float* mean,
                                         const float* rstd, const float* dy,
                                         float* dgamma, float* dbeta) {
+  constexpr int kAhead = 8;
   GPIPE_FOR_EACH(c, cols) {
     float dg = dgamma[c], db = dbeta[c];
-    for (int64_t r = 0; r < rows; ++r) {
+    int64_t r = 0;
+    for (; r + kAhead <= rows; r += kAhead) {
+      float g[kAhead], xs[kAhead], ms[kAhead], ss[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        g[u] = dy[(r + u) * cols + c];
+        xs[u] = x[(r + u) * cols + c];
+        ms[u] = mean[r + u];
+        ss[u] = rstd[r + u];
+      }
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) {
+        dg += g[u] * (xs[u] - ms[u]) * ss[u];
+        db += g[u];
+      }
+    }
+    for (; r < rows; ++r) {
       const float g = dy[r * cols + c];
       dg += g * (x[r * cols + c] - mean[r]) * rstd[r];
       db += g;
@@ -250,11 +304,7 @@ __global__ void EmbeddingScatterKernel(int64_t n, int64_t dim,
 }
 __global__ void SumBlocksKernel(int64_t batch, int64_t inner, const float* y,
                                 float* out) {
-  GPIPE_FOR_EACH(i, inner) {
-    float s = out[i];
-    for (int64_t b = 0; b < batch; ++b) s += y[b * inner + i];
-    out[i] = s;
-  }
+  GPIPE_FOR_EACH(i, inner) out[i] = SumStrided(out[i], y + i, batch, inner);
 }
 __global__ void SgdKernel(int64_t n, float lr, float decay, float mu,
                           bool nesterov, bool first, const float* g, float* w,
@@ -381,15 +431,15 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
 void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
                       const float* gamma, const float* beta, float* y,
                       float* mean, float* rstd) {
-  GPIPE_LAUNCH(LayerNormForwardKernel, rows, rows, cols, eps, x, gamma, beta, y,
-               mean, rstd);
+  GPIPE_LAUNCH(LayerNormForwardKernel, rows * 32, rows, cols, eps, x, gamma,
+               beta, y, mean, rstd);
 }
 void LayerNormBackward(int64_t rows, int64_t cols, const float* x,
                        const float* mean, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma,
                        float* dbeta) {
-  GPIPE_LAUNCH(LayerNormBackwardRows, rows, rows, cols, x, mean, rstd, gamma,
-               dy, dx);
+  GPIPE_LAUNCH(LayerNormBackwardRows, rows * 32, rows, cols, x, mean, rstd,
+               gamma, dy, dx);
   GPIPE_LAUNCH(LayerNormBackwardParams, cols, rows, cols, x, mean, rstd, dy,
                dgamma, dbeta);
 }
