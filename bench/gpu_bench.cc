@@ -6,7 +6,7 @@
 // of the reference trainer on the GPU for each job spec given (compare with
 // bench/device_check.sh's PyTorch run of the same model).
 //
-//   gpu_bench [SPEC.json...] [--steps N] [--warmup W]
+//   gpu_bench [SPEC.json...] [--steps N] [--warmup W] [--profile]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bench/args.h"
+#include "bench/step_profile.h"
 #include "bench/timing.h"
 #include "services/data/sampler.h"
 #include "services/pipeline/job_spec.h"
@@ -175,6 +176,9 @@ int Run(const Args& args) {
         "  of which host batch gather %.3f ms, copy to device %.3f "
         "ms\n",
         1e3 * Median(gather), 1e3 * Median(copy));
+    // Layer by layer, each piece waiting for its kernels: where the device
+    // time goes (the steps above are not instrumented).
+    if (args.Has("profile")) PrintProfile(ProfileSteps(**trainer, 5));
   }
   return 0;
 }
@@ -183,7 +187,7 @@ int Run(const Args& args) {
 }  // namespace gpipe::bench
 
 int main(int argc, char** argv) {
-  gpipe::bench::Args args(argc, argv, {"steps", "warmup"});
+  gpipe::bench::Args args(argc, argv, {"steps", "warmup"}, {"profile"});
   if (!args.ok()) {
     std::fprintf(stderr, "gpu_bench: %s\n", args.error().c_str());
     return 2;

@@ -48,20 +48,6 @@ int Fail(const std::string& message) {
   return 1;
 }
 
-void PrintProfile(const StepProfile& p) {
-  std::printf(
-      "\nprofile (mean of the instrumented steps; timers around each "
-      "layer add a little):\n");
-  std::printf("  %-32s %10s %10s %7s\n", "part", "fwd ms", "bwd ms", "share");
-  for (const StepProfile::Part& part : p.parts) {
-    const double ms = part.forward_ms + part.backward_ms;
-    std::printf("  %-32s %10.3f %10.3f %6.1f%%\n", part.name.c_str(),
-                part.forward_ms, part.backward_ms,
-                p.total_ms > 0 ? 100.0 * ms / p.total_ms : 0.0);
-  }
-  std::printf("  %-32s %21.3f\n", "total", p.total_ms);
-}
-
 // Minor page faults of this process so far: first touches of fresh pages,
 // which a steady-state step should not have.
 int64_t MinorPageFaults() {

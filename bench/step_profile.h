@@ -33,6 +33,10 @@ struct StepProfile {
 // it after the timed steps.
 StepProfile ProfileSteps(ReferenceTrainer& trainer, int steps);
 
+// The profile as a table on stdout: each part's forward and backward ms and
+// its share of the total.
+void PrintProfile(const StepProfile& p);
+
 }  // namespace gpipe::bench
 
 #endif  // GPIPE_BENCH_STEP_PROFILE_H_

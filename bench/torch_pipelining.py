@@ -82,7 +82,8 @@ def run(rank, world, a, port):
             example = layer(example)
     module = OnGpu(nn.Sequential(*layers[lo:hi]).to(dev))
     kwargs = {}
-    if "input_args" in inspect.signature(PipelineStage.__init__).parameters:
+    if (not a.runtime_shapes and "input_args" in
+            inspect.signature(PipelineStage.__init__).parameters):
         kwargs["input_args"] = (example,)
     stage = PipelineStage(module, rank, world, torch.device("cpu"), **kwargs)
     last = rank == world - 1
@@ -108,15 +109,27 @@ def run(rank, world, a, port):
         opt.step()
         torch.cuda.synchronize()
 
-    for _ in range(a.warmup):
+    # The timing barriers go through a group of their own, not the one the
+    # schedule sends on (torch 2.11 with gloo on an H200 hung after the
+    # warm-up steps when they shared it).
+    timing = dist.new_group(backend="gloo")
+    verbose = os.environ.get("GPIPE_TORCH_PIPE_VERBOSE") == "1"
+
+    def note(what):
+        if verbose:
+            print(f"rank {rank}: {what}", file=sys.stderr, flush=True)
+
+    for i in range(a.warmup):
         step()
+        note(f"warm-up step {i} done")
     secs = []
-    for _ in range(a.steps):
-        dist.barrier()
+    for i in range(a.steps):
+        dist.barrier(group=timing)
         t = time.perf_counter()
         step()
-        dist.barrier()  # the step ends when every stage has stepped
+        dist.barrier(group=timing)  # the step ends when every stage is done
         secs.append(time.perf_counter() - t)
+        note(f"step {i} done")
     if rank == 0:
         print(f"ms/step: median {1e3 * statistics.median(secs):.3f} "
               f"(K={world}, M={a.micro_batches}, torch {torch.__version__}, "
@@ -131,6 +144,8 @@ def main():
     p.add_argument("--micro-batches", type=int, default=8)
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--runtime-shapes", action="store_true",
+                   help="no input_args: shapes inferred at the first step")
     a = p.parse_args()
     import torch
     import torch.multiprocessing as mp

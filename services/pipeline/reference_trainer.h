@@ -39,6 +39,8 @@ class ReferenceTrainer final : public Trainer {
   }
   const std::string& init_summary() const override { return init_summary_; }
   int64_t micro_batches() const { return micro_batches_; }
+  // Where the model and its micro-batches live.
+  Device device() const { return device_; }
   const gpipe::v1::JobSpec& spec() const { return spec_; }
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *optimizer_; }
