@@ -5,17 +5,21 @@
 
 #include <cstdint>
 
-// GPIPE_VECTOR_CLONES before a kernel compiles it three times, for AVX-512
-// (16 floats a vector), AVX2 (8) and the x86-64 baseline the rest of the
-// build targets (SSE2, 4); the dynamic loader picks one for the CPU it runs on (an ifunc),
-// and GCC clones the kernel's OpenMP regions with it. Results are the same
-// bits either way because nothing in a clone depends on the vector width:
-// FMA contraction is off for the whole build, each element is computed by
-// the same scalar operations in every lane, and the only sums across
-// elements are over a fixed number of lanes (LaneSum below), never an
-// OpenMP `simd reduction`, whose order follows the vector width.
+// GPIPE_VECTOR_CLONES before a kernel compiles it three times, for x86-64-v4
+// (AVX-512: 16 floats a vector), x86-64-v3 (AVX2 and FMA: 8) and the
+// x86-64 baseline the rest of the build targets (SSE2, 4); the dynamic
+// loader picks one for the CPU it runs on (an ifunc), and GCC clones the
+// kernel's OpenMP regions with it. Results are the same bits either way
+// because nothing in a clone depends on the vector width: FMA contraction
+// is off for the whole build (a fused multiply-add is written out as
+// std::fma where one is wanted: an instruction in both vector clones, libm's
+// exact fmaf in the baseline one), each element is computed by the same
+// scalar operations in every lane, and the only sums across elements are
+// over a fixed number of lanes (LaneSum below), never an OpenMP `simd
+// reduction`, whose order follows the vector width.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define GPIPE_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define GPIPE_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define GPIPE_VECTOR_CLONES
 #endif
