@@ -179,9 +179,22 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
                           : 1;
   const int64_t kc = DepthBlock(tile, k);
   // At least one block of rows per thread where m allows it (the blocking
-  // changes no bit), and where it does not, the columns split too.
-  const int64_t mc = EvenBlock(
-      m, std::min(tile.mc, RoundUp((m + threads - 1) / threads, mr)), mr);
+  // changes no bit), and where it does not, the columns split too. A few
+  // row slivers that do not share out evenly (m = 32 on two threads with
+  // 12-row tiles: 24 rows and 8) are kept whole and the columns split
+  // instead, where that leaves the busiest thread fewer tiles.
+  const int64_t row_slivers_all = (m + mr - 1) / mr;
+  const int64_t col_slivers_all = (n + nr - 1) / nr;
+  const bool split_columns =
+      threads > 1 && m <= tile.mc &&
+      row_slivers_all * ((col_slivers_all + threads - 1) / threads) <
+          (row_slivers_all + threads - 1) / threads * col_slivers_all;
+  const int64_t mc =
+      split_columns
+          ? RoundUp(m, mr)
+          : EvenBlock(
+                m, std::min(tile.mc, RoundUp((m + threads - 1) / threads, mr)),
+                mr);
   const int64_t row_blocks = (m + mc - 1) / mc;
   const int64_t col_groups =
       row_blocks >= threads ? 1 : (threads + row_blocks - 1) / row_blocks;
