@@ -10,8 +10,6 @@
 namespace gpipe::cuda {
 namespace {
 
-constexpr int kWarp = 32;
-
 // Element e of dst [parts][batch, heads, t, dh] and where it sits in rows
 // of `parts` blocks of dim = heads*dh (the [q | k | v] layout when parts
 // is 3, the heads' output when 1).
@@ -41,19 +39,6 @@ __device__ float WarpMax(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-// The same butterfly for every row: the sum depends only on the inputs.
-__device__ float WarpSum(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-#define GPIPE_FOR_EACH_ROW(row, rows)                                      \
-  for (int64_t row =                                                       \
-           (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / \
-           kWarp;                                                          \
-       row < (rows);                                                       \
-       row += static_cast<int64_t>(blockDim.x) * gridDim.x / kWarp)
 
 // Rows of t scores; row r is query r % t. Entries past the last visible
 // key become 0, as the CPU leaves them.

@@ -56,22 +56,6 @@ __device__ float SumStrided(float s, const float* x, int64_t n,
   for (; r < n; ++r) s += x[r * stride];
   return s;
 }
-// The sum of a warp's 32 values, the same bits in every lane and every run:
-// a fixed butterfly whose pairs add commutatively.
-__device__ float WarpSum(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-// The row a warp works on first, and how many rows all warps cover at once:
-// row kernels launched with 32 threads per row (GPIPE_LAUNCH(k, rows * 32)).
-__device__ int64_t FirstWarpRow() {
-  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-}
-__device__ int64_t WarpRowStride() {
-  return static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-}
 // One thread per column walks the rows in order: the CPU's summation order.
 __global__ void SumRowsKernel(int64_t rows, int64_t cols, const float* x,
                               float* out) {
@@ -203,18 +187,18 @@ __global__ void LayerNormForwardKernel(int64_t rows, int64_t cols, float eps,
                                        const float* x, const float* gamma,
                                        const float* beta, float* y, float* mean,
                                        float* rstd) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t r = FirstWarpRow(); r < rows; r += WarpRowStride()) {
+  const int lane = threadIdx.x % kWarp;
+  GPIPE_FOR_EACH_ROW(r, rows) {
     const float* in = x + r * cols;
     float* out = y + r * cols;
     float m = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) m += in[c];
+    for (int64_t c = lane; c < cols; c += kWarp) m += in[c];
     m = WarpSum(m) / static_cast<float>(cols);
     float v = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) v += (in[c] - m) * (in[c] - m);
+    for (int64_t c = lane; c < cols; c += kWarp) v += (in[c] - m) * (in[c] - m);
     v = WarpSum(v) / static_cast<float>(cols);
     const float s = 1.0f / sqrtf(v + eps);
-    for (int64_t c = lane; c < cols; c += 32)
+    for (int64_t c = lane; c < cols; c += kWarp)
       out[c] = (in[c] - m) * s * gamma[c] + beta[c];
     if (lane == 0) {
       mean[r] = m;
@@ -226,14 +210,14 @@ __global__ void LayerNormBackwardRows(int64_t rows, int64_t cols,
                                       const float* x, const float* mean,
                                       const float* rstd, const float* gamma,
                                       const float* dy, float* dx) {
-  const int lane = threadIdx.x % 32;
-  for (int64_t r = FirstWarpRow(); r < rows; r += WarpRowStride()) {
+  const int lane = threadIdx.x % kWarp;
+  GPIPE_FOR_EACH_ROW(r, rows) {
     const float* in = x + r * cols;
     const float* g = dy + r * cols;
     float* out = dx + r * cols;
     const float m = mean[r], s = rstd[r];
     float sum_d = 0.0f, sum_dx = 0.0f;
-    for (int64_t c = lane; c < cols; c += 32) {
+    for (int64_t c = lane; c < cols; c += kWarp) {
       const float xhat = (in[c] - m) * s;
       const float d = g[c] * gamma[c];
       sum_d += d;
@@ -241,7 +225,7 @@ __global__ void LayerNormBackwardRows(int64_t rows, int64_t cols,
     }
     sum_d = WarpSum(sum_d) / static_cast<float>(cols);
     sum_dx = WarpSum(sum_dx) / static_cast<float>(cols);
-    for (int64_t c = lane; c < cols; c += 32) {
+    for (int64_t c = lane; c < cols; c += kWarp) {
       const float xhat = (in[c] - m) * s;
       out[c] = s * (g[c] * gamma[c] - sum_d - xhat * sum_dx);
     }
@@ -431,14 +415,14 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
 void LayerNormForward(int64_t rows, int64_t cols, float eps, const float* x,
                       const float* gamma, const float* beta, float* y,
                       float* mean, float* rstd) {
-  GPIPE_LAUNCH(LayerNormForwardKernel, rows * 32, rows, cols, eps, x, gamma,
+  GPIPE_LAUNCH(LayerNormForwardKernel, rows * kWarp, rows, cols, eps, x, gamma,
                beta, y, mean, rstd);
 }
 void LayerNormBackward(int64_t rows, int64_t cols, const float* x,
                        const float* mean, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma,
                        float* dbeta) {
-  GPIPE_LAUNCH(LayerNormBackwardRows, rows * 32, rows, cols, x, mean, rstd,
+  GPIPE_LAUNCH(LayerNormBackwardRows, rows * kWarp, rows, cols, x, mean, rstd,
                gamma, dy, dx);
   GPIPE_LAUNCH(LayerNormBackwardParams, cols, rows, cols, x, mean, rstd, dy,
                dgamma, dbeta);

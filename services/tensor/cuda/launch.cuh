@@ -1,5 +1,6 @@
 // What every kernel file of ours shares: the block size, the current stage's
-// stream, and grid-stride loops launched on it. Included by .cu files only.
+// stream, grid-stride loops launched on it, and a warp per row with its
+// reproducible sum. Included by .cu files only.
 #ifndef GPIPE_SERVICES_TENSOR_CUDA_LAUNCH_CUH_
 #define GPIPE_SERVICES_TENSOR_CUDA_LAUNCH_CUH_
 
@@ -23,7 +24,27 @@ inline int Blocks(int64_t n) {
   return static_cast<int>(b < 65535 ? (b < 1 ? 1 : b) : 65535);
 }
 
+// Row kernels give each row a warp: launched with kWarp threads per row
+// (GPIPE_LAUNCH(kernel, rows * kWarp, ...)), they walk rows with
+// GPIPE_FOR_EACH_ROW, lanes striding over the row's columns.
+inline constexpr int kWarp = 32;
+
+// The sum of a warp's values, the same bits in every lane and every run: a
+// fixed butterfly whose pairs add commutatively.
+inline __device__ float WarpSum(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 }  // namespace gpipe::cuda
+
+#define GPIPE_FOR_EACH_ROW(row, rows)                                      \
+  for (int64_t row =                                                       \
+           (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / \
+           kWarp;                                                          \
+       row < (rows);                                                       \
+       row += static_cast<int64_t>(blockDim.x) * gridDim.x / kWarp)
 
 #define GPIPE_FOR_EACH(i, n)                                            \
   for (int64_t i =                                                      \
