@@ -59,6 +59,10 @@ ABSL_FLAG(double, layer_overhead_us, -1,
 ABSL_FLAG(double, link_gbps, 10,
           "plan: bandwidth of each link between neighbouring stages, in "
           "gigabits per second");
+ABSL_FLAG(double, message_us, 0,
+          "plan: fixed microseconds each message between workers takes on "
+          "top of its bytes and the link's latency (framing, system calls, "
+          "waking the receiver)");
 ABSL_FLAG(double, link_latency_us, 0,
           "plan: one-way latency of each link between neighbouring stages, "
           "in microseconds, paid by every message");
@@ -130,6 +134,35 @@ double MeasureSgemmFlops() {
                               .count());
   }
   return 2.0 * n * n * n / std::max(best, 1e-9);
+}
+
+// Bytes/s one thread moves through memory on this machine (reading two
+// arrays and writing a third, a STREAM triad on 32 MiB, past the caches):
+// the speed of the once-a-step passes over parameters the cost model
+// assumes when nothing was measured.
+double MeasureTriadBytesPerSecond() {
+  constexpr int64_t n = 8 << 20;
+  std::vector<float> a(n, 0.5f), b(n, 0.25f), c(n, 0.0f);
+  double best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < n; ++i) c[i] = a[i] + 0.5f * b[i];
+    best = std::min(best, std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start)
+                              .count());
+    a[rep] = c[n - 1 - rep];  // keep the loop's result live
+  }
+  return 3.0 * 4 * n / std::max(best, 1e-9);
+}
+
+// Bytes each parameter's once-a-step passes move, in units of the
+// parameter's own bytes, for the optimizer of `spec`: the squares read the
+// gradient; the update reads the parameter and its gradient and writes the
+// parameter, reads and writes each state tensor, and zeroes the gradient.
+double NormTraffic() { return 1; }
+double UpdateTraffic(const gpipe::v1::OptimizerSpec& spec) {
+  const double state = spec.has_adamw() ? 2 : spec.sgd().momentum() > 0 ? 1 : 0;
+  return 4 + 2 * state;
 }
 
 // One simulated configuration.
@@ -215,7 +248,7 @@ void PrintStageDetails(const Option& o) {
               static_cast<long long>(o.k), static_cast<long long>(o.m),
               ScheduleText(o).c_str(), std::string(RematName(o.remat)).c_str());
   std::printf(
-      "  stage  layers      forward ms  backward ms   busy ms  "
+      "  stage  layers      forward ms  backward ms  update ms   busy ms  "
       "bubble   peak MiB  memory\n");
   const std::vector<int64_t> begins = StageBegins(o.balance);
   for (size_t s = 0; s < o.balance.size(); ++s) {
@@ -229,11 +262,12 @@ void PrintStageDetails(const Option& o) {
                       worker, "/",
                       ChunkOfStage(o.schedule, o.k, static_cast<int64_t>(s)))
                 : absl::StrCat(s);
-    std::printf("  %5s  %-10s %11.3f %12.3f %9.3f %6.1f%% %10.2f  %s\n",
+    std::printf("  %5s  %-10s %11.3f %12.3f %10.3f %9.3f %6.1f%% %10.2f  %s\n",
                 name.c_str(), layers.c_str(), o.costs[s].forward_seconds * 1e3,
-                o.costs[s].backward_seconds * 1e3, st.busy_seconds * 1e3,
-                st.bubble_fraction * 100, o.memory[s].total() / kMiB,
-                o.memory[s].ToString().c_str());
+                o.costs[s].backward_seconds * 1e3,
+                (o.costs[s].norm_seconds + o.costs[s].update_seconds) * 1e3,
+                st.busy_seconds * 1e3, st.bubble_fraction * 100,
+                o.memory[s].total() / kMiB, o.memory[s].ToString().c_str());
   }
 }
 
@@ -246,7 +280,7 @@ int RunPlan(const std::vector<std::string>& args) {
                  "[--stages K] [--micro-batches M] [--schedule S] "
                  "[--remat R] [--measure] [--memory-budget BYTES] "
                  "[--flops F] [--layer-overhead-us U] [--link-gbps G] "
-                 "[--link-latency-us L] [--workers N]\n");
+                 "[--link-latency-us L] [--message-us U] [--workers N]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -320,6 +354,11 @@ int RunPlan(const std::vector<std::string>& args) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--link-gbps: must be > 0, got ", link_gbps)));
   }
+  const double message_us = absl::GetFlag(FLAGS_message_us);
+  if (!(message_us >= 0) || message_us > 1e7) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--message-us: must be in [0, 1e7], got ", message_us)));
+  }
   const double link_latency_us = absl::GetFlag(FLAGS_link_latency_us);
   if (!(link_latency_us >= 0) || link_latency_us > 1e7) {
     return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -355,37 +394,55 @@ int RunPlan(const std::vector<std::string>& args) {
   // One core per stage: a stage is one worker, and on a small machine
   // several workers share the cores.
   SetComputeThreads(1);
-  // Layer l costs, per forward or backward op on a micro-batch of mb
-  // samples: overhead[l] + share * per_sample[l] * mb, where per_sample is
-  // forward + backward and the share is 1/3 forward, 2/3 backward. The fixed
-  // part (kernel launches, dispatch) is what makes tiny micro-batches slow.
-  std::vector<double> per_sample(layers), overhead(layers);
+  // Layer l costs, per forward op on a micro-batch of mb samples,
+  // forward_fixed[l] + forward_per_sample[l] * mb, and per backward op the
+  // same with backward_*. The fixed part (kernel launches, dispatch, reading
+  // a weight once whatever the micro-batch) is what makes tiny micro-batches
+  // slow.
+  std::vector<double> forward_per_sample(layers), backward_per_sample(layers);
+  std::vector<double> forward_fixed(layers), backward_fixed(layers);
   std::vector<double> partition_costs(layers);  // what PartitionByCost sees
+  // Once a step per layer: the gradient squares and the update
+  // (StageCost::norm_seconds, update_seconds).
+  std::vector<double> norm(layers, 0), update(layers, 0);
   std::string cost_source;
   const double overhead_flag = absl::GetFlag(FLAGS_layer_overhead_us) * 1e-6;
   if (absl::GetFlag(FLAGS_measure)) {
     const int64_t spec_mb = (batch + MicroBatchCount(*spec) - 1) /
                             std::max<int64_t>(1, MicroBatchCount(*spec));
-    absl::StatusOr<std::vector<double>> at_spec =
-        MeasureLayerSeconds(*spec, spec_mb, kMeasureReps);
+    // Forward and backward apart, as a stage runs them (the first layer's
+    // backward without the input gradient): backward is not 2x forward
+    // everywhere.
+    absl::StatusOr<LayerPasses> at_spec =
+        MeasureLayerPasses(*spec, spec_mb, kMeasureReps);
     if (!at_spec.ok()) return Fail(at_spec.status());
     // A second size separates the fixed from the per-sample part.
-    std::vector<double> at_one = *at_spec;
+    LayerPasses at_one = *at_spec;
     if (spec_mb > 1) {
-      absl::StatusOr<std::vector<double>> one =
-          MeasureLayerSeconds(*spec, 1, kMeasureReps);
+      absl::StatusOr<LayerPasses> one =
+          MeasureLayerPasses(*spec, 1, kMeasureReps);
       if (!one.ok()) return Fail(one.status());
-      at_one = *one;
+      at_one = *std::move(one);
     }
+    const auto split = [&](double t, double t1, double& per_sample,
+                           double& fixed) {
+      per_sample = spec_mb > 1 ? std::max(0.0, (t - t1) / (spec_mb - 1))
+                               : t;  // one size: no fixed part to tell
+      fixed = overhead_flag >= 0 ? overhead_flag
+                                 : std::max(0.0, t - per_sample * spec_mb);
+    };
     for (int64_t l = 0; l < layers; ++l) {
-      const double t = (*at_spec)[l], t1 = at_one[l];
-      per_sample[l] = spec_mb > 1 ? std::max(0.0, (t - t1) / (spec_mb - 1))
-                                  : t;  // one size: no fixed part to tell
-      overhead[l] = overhead_flag >= 0
-                        ? overhead_flag
-                        : std::max(0.0, t - per_sample[l] * spec_mb) / 2;
-      partition_costs[l] = t;
+      split(at_spec->forward[l], at_one.forward[l], forward_per_sample[l],
+            forward_fixed[l]);
+      split(at_spec->backward[l], at_one.backward[l], backward_per_sample[l],
+            backward_fixed[l]);
+      partition_costs[l] = at_spec->forward[l] + at_spec->backward[l];
     }
+    absl::StatusOr<LayerStepSeconds> once =
+        MeasureLayerStepSeconds(*spec, spec_mb, kMeasureReps);
+    if (!once.ok()) return Fail(once.status());
+    norm = once->norm;
+    update = once->update;
     cost_source = absl::StrCat("measured per layer (median of ", kMeasureReps,
                                ", micro-batches of ", spec_mb,
                                spec_mb > 1 ? " and 1" : "", ", 1 thread)");
@@ -397,18 +454,36 @@ int RunPlan(const std::vector<std::string>& args) {
       how = "sgemm 512^3, 1 thread";
     }
     const std::vector<double> model_costs = CostModelLayerCosts(*shapes);
+    // The once-a-step passes are memory-bound: bytes over the triad's rate.
+    const double bandwidth = MeasureTriadBytesPerSecond();
     for (int64_t l = 0; l < layers; ++l) {
-      per_sample[l] = 3 * shapes->costs[l].forward_flops / flops;
-      overhead[l] = overhead_flag >= 0 ? overhead_flag : kDefaultLayerOverhead;
+      const LayerCost& cost = shapes->costs[l];
+      // The input and the weight gradient are each a product as large as
+      // the forward.
+      forward_per_sample[l] = cost.forward_flops / flops;
+      backward_per_sample[l] = 2 * forward_per_sample[l];
+      forward_fixed[l] = backward_fixed[l] =
+          overhead_flag >= 0 ? overhead_flag : kDefaultLayerOverhead;
       partition_costs[l] = model_costs[l];
+      norm[l] = NormTraffic() * cost.param_bytes / bandwidth;
+      // Re-packing reads the weight and writes its two packed copies.
+      update[l] = (UpdateTraffic(spec->optimizer()) * cost.param_bytes +
+                   1.5 * cost.packed_weight_bytes) /
+                  bandwidth;
     }
-    cost_source = absl::StrFormat("cost model at %.1f GFLOP/s per stage (%s)",
-                                  flops / 1e9, how);
+    cost_source = absl::StrFormat(
+        "cost model at %.1f GFLOP/s per stage (%s), updates at %.1f GB/s "
+        "(triad, 1 thread)",
+        flops / 1e9, how, bandwidth / 1e9);
   }
-  double mean_overhead = 0;
-  for (double o : overhead) mean_overhead += o / layers;
-  cost_source +=
-      absl::StrFormat(", %.1f us a layer per op", mean_overhead * 1e6);
+  double mean_overhead = 0, once_seconds = 0;
+  for (int64_t l = 0; l < layers; ++l)
+    mean_overhead += (forward_fixed[l] + backward_fixed[l]) / (2 * layers);
+  for (int64_t l = 0; l < layers; ++l) once_seconds += norm[l] + update[l];
+  cost_source += absl::StrFormat(
+      ", %.1f us a layer per op, %.3f ms a step for the gradient norm and "
+      "the updates (all layers)",
+      mean_overhead * 1e6, once_seconds * 1e3);
 
   // The spec's balance is for its own K (and v); other K are balanced by
   // the same costs the simulation uses, so a measured plan is balanced by
@@ -448,24 +523,32 @@ int RunPlan(const std::vector<std::string>& args) {
         const int64_t mb = (batch + m - 1) / m;
         std::vector<double> forward(layers);
         for (int64_t l = 0; l < layers; ++l)
-          forward[l] = per_sample[l] * mb / 3;
+          forward[l] = forward_per_sample[l] * mb;
         const auto stage_costs = [&](const std::vector<int64_t>& balance,
                                      ScheduleKind schedule) {
           std::vector<StageCost> costs =
               StageCostsFromLayers(*shapes, forward, balance, mb);
           const std::vector<int64_t> begins = StageBegins(balance);
           for (size_t s = 0; s < balance.size(); ++s) {
+            costs[s].backward_seconds = 0;
             for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
-              costs[s].forward_seconds += overhead[l];
-              costs[s].backward_seconds += overhead[l];
+              costs[s].norm_seconds += norm[l];
+              costs[s].update_seconds += update[l];
+              costs[s].forward_seconds += forward_fixed[l];
+              costs[s].backward_seconds +=
+                  backward_fixed[l] + backward_per_sample[l] * mb;
               // A split backward runs a layer that defers its weight
               // gradient twice.
               if (SplitsBackward(schedule) &&
                   shapes->costs[l].deferred_bytes > 0) {
-                costs[s].backward_seconds += overhead[l];
-                costs[s].weight_seconds += overhead[l];
+                costs[s].backward_seconds += backward_fixed[l] / 2;
+                costs[s].weight_seconds += backward_fixed[l] / 2;
               }
             }
+            // The weight half is the forward's product (StageCostsFromLayers)
+            // and never more than the backward it is part of.
+            costs[s].weight_seconds =
+                std::min(costs[s].weight_seconds, costs[s].backward_seconds);
           }
           return costs;
         };
@@ -501,6 +584,7 @@ int RunPlan(const std::vector<std::string>& args) {
               config.remat = remat;
               config.link_bytes_per_second = link_gbps * 1e9 / 8;
               config.link_latency_seconds = link_latency_us * 1e-6;
+              config.message_seconds = message_us * 1e-6;
               o.sim = Simulate(config);
               const std::vector<int64_t> begins = StageBegins(o.balance);
               for (size_t c = 0; c < o.balance.size(); ++c) {
@@ -598,8 +682,8 @@ int RunPlan(const std::vector<std::string>& args) {
   std::printf("plan for %s: %lld layers, batch %lld\n",
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(layers), static_cast<long long>(batch));
-  std::printf("costs: %s; links %.3g Gb/s, %.6g us\n", cost_source.c_str(),
-              link_gbps, link_latency_us);
+  std::printf("costs: %s; links %.3g Gb/s, %.6g us, %.6g us a message\n",
+              cost_source.c_str(), link_gbps, link_latency_us, message_us);
   if (with_replicas) {
     std::printf(
         "workers: %lld; R data-parallel replicas of K stages each run M/R "

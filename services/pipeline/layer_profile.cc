@@ -4,11 +4,14 @@
 #include <chrono>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "services/core/rng.h"
 #include "services/core/status.h"
 #include "services/nn/layer_spec.h"
 #include "services/nn/model.h"
+#include "services/nn/optimizer.h"
 
 namespace gpipe {
 namespace {
@@ -44,10 +47,14 @@ Tensor RandomGradient(const Shape& shape, Rng& rng) {
   return Tensor::FromVector(shape, values);
 }
 
-}  // namespace
+double Median(std::vector<double> s) {
+  if (s.empty()) return 0;
+  std::sort(s.begin(), s.end());
+  const size_t mid = s.size() / 2;
+  return s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
+}
 
-absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
-    const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps) {
+absl::Status CheckSizes(int64_t micro_batch_size, int reps) {
   if (micro_batch_size < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "measure: micro-batch size must be >= 1, got ", micro_batch_size));
@@ -56,6 +63,59 @@ absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
     return absl::InvalidArgumentError(
         absl::StrCat("measure: reps must be >= 1, got ", reps));
   }
+  return absl::OkStatus();
+}
+
+// The model's parameters by layer, from their global names
+// ("layers.<l>.<name>").
+std::vector<std::vector<NamedParameter>> ParametersByLayer(const Model& model) {
+  std::vector<std::vector<NamedParameter>> out(model.size());
+  for (const NamedParameter& p : model.Parameters()) {
+    absl::string_view rest = p.name;
+    int64_t l = -1;
+    if (absl::ConsumePrefix(&rest, "layers.")) {
+      const size_t dot = rest.find('.');
+      if (!absl::SimpleAtoi(rest.substr(0, dot), &l)) l = -1;
+    }
+    if (l >= 0 && l < model.size()) out[l].push_back(p);
+  }
+  return out;
+}
+
+// One training pass over every layer: forward, then backward from
+// `output_grad`, adding each layer's seconds to `forward` and `backward`
+// (size() each; the same vector for their sum). The first layer computes
+// its input gradient only if `first_input_grad`.
+void ForwardBackward(Model& model, const Tensor& input,
+                     const Tensor& output_grad, LayerContext ctx,
+                     bool first_input_grad, std::vector<double>& forward,
+                     std::vector<double>& backward) {
+  const int64_t n = model.size();
+  std::vector<Saved> saved(n);
+  Tensor h = input;
+  for (int64_t l = 0; l < n; ++l) {
+    ctx.layer_index = l;
+    const Clock::time_point start = Clock::now();
+    h = model.layer(l).Forward(h, ctx, &saved[l]);
+    forward[l] += SecondsSince(start);
+  }
+  Tensor g = output_grad;
+  for (int64_t l = n - 1; l >= 0; --l) {
+    ctx.layer_index = l;
+    ctx.input_grad = l > 0 || first_input_grad;
+    const Clock::time_point start = Clock::now();
+    g = model.layer(l).Backward(g, saved[l], ctx);
+    backward[l] += SecondsSince(start);
+    saved[l].Clear();
+  }
+}
+
+// Each layer's forward and backward medians over `reps` runs after one
+// warm-up run.
+absl::StatusOr<LayerPasses> MeasurePasses(const gpipe::v1::JobSpec& spec,
+                                          int64_t micro_batch_size, int reps,
+                                          bool first_input_grad) {
+  RETURN_IF_ERROR(CheckSizes(micro_batch_size, reps));
   ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                    Model::Build(spec.model(), spec.seed()));
@@ -66,44 +126,116 @@ absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
   const Tensor output_grad =
       RandomGradient(shapes.outputs[n - 1].WithBatch(micro_batch_size), rng);
 
-  // samples[l][r]: layer l's forward + backward seconds in run r.
-  std::vector<std::vector<double>> samples(n);
+  // [l][r]: layer l's seconds in run r.
+  std::vector<std::vector<double>> forward(n), backward(n);
   LayerContext ctx;
   ctx.training = true;
   ctx.seed = spec.seed();
-  std::vector<Saved> saved(n);
   for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocators
     ctx.step = r;
-    std::vector<double> seconds(n, 0);
-    Tensor h = input;
-    for (int64_t l = 0; l < n; ++l) {
-      ctx.layer_index = l;
-      saved[l].Clear();
-      const Clock::time_point start = Clock::now();
-      h = model->layer(l).Forward(h, ctx, &saved[l]);
-      seconds[l] += SecondsSince(start);
-    }
-    Tensor g = output_grad;
-    for (int64_t l = n - 1; l >= 0; --l) {
-      ctx.layer_index = l;
-      const Clock::time_point start = Clock::now();
-      g = model->layer(l).Backward(g, saved[l], ctx);
-      seconds[l] += SecondsSince(start);
-      saved[l].Clear();
-    }
+    std::vector<double> f(n, 0), b(n, 0);
+    ForwardBackward(*model, input, output_grad, ctx, first_input_grad, f, b);
     model->ZeroGrad();
     if (r == 0) continue;
-    for (int64_t l = 0; l < n; ++l) samples[l].push_back(seconds[l]);
+    for (int64_t l = 0; l < n; ++l) {
+      forward[l].push_back(f[l]);
+      backward[l].push_back(b[l]);
+    }
+  }
+  LayerPasses out;
+  for (int64_t l = 0; l < n; ++l) {
+    out.forward.push_back(Median(forward[l]));
+    out.backward.push_back(Median(backward[l]));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
+    const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps) {
+  ASSIGN_OR_RETURN(LayerPasses passes,
+                   MeasurePasses(spec, micro_batch_size, reps,
+                                 /*first_input_grad=*/true));
+  std::vector<double> sum(passes.forward.size());
+  for (size_t l = 0; l < sum.size(); ++l)
+    sum[l] = passes.forward[l] + passes.backward[l];
+  return sum;
+}
+
+absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
+                                               int64_t micro_batch_size,
+                                               int reps) {
+  return MeasurePasses(spec, micro_batch_size, reps,
+                       /*first_input_grad=*/false);
+}
+
+absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(
+    const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps) {
+  RETURN_IF_ERROR(CheckSizes(micro_batch_size, reps));
+  ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                   Model::Build(spec.model(), spec.seed()));
+  const int64_t n = model->size();
+  Rng rng(MixKey({spec.seed(), 0x73746570ULL}));
+  const Tensor input =
+      RandomInput(spec.model(), shapes.inputs[0], micro_batch_size, rng);
+  const Tensor output_grad =
+      RandomGradient(shapes.outputs[n - 1].WithBatch(micro_batch_size), rng);
+  const std::vector<std::vector<NamedParameter>> params =
+      ParametersByLayer(*model);
+  // One optimizer a layer, so each layer's update is timed alone; the
+  // per-parameter arithmetic is the same as one over the whole model.
+  std::vector<std::unique_ptr<Optimizer>> optimizers(n);
+  for (int64_t l = 0; l < n; ++l) {
+    if (params[l].empty()) continue;
+    ASSIGN_OR_RETURN(optimizers[l], MakeOptimizer(spec.optimizer(), params[l]));
+  }
+  const float lr =
+      LearningRate(spec.optimizer(), 0, std::max<int64_t>(1, spec.steps()));
+
+  LayerContext ctx;
+  ctx.training = true;
+  ctx.seed = spec.seed();
+  // Per layer and step: the pass after an update, one more with the
+  // weights unchanged, the squares and the update.
+  std::vector<std::vector<double>> after(n), again(n), norm(n), update(n);
+  for (int r = 0; r <= reps; ++r) {  // step 0 warms caches and allocators
+    ctx.step = 2 * r;
+    std::vector<double> first(n, 0), second(n, 0);
+    ForwardBackward(*model, input, output_grad, ctx, false, first, first);
+    model->ZeroGrad();
+    ctx.step = 2 * r + 1;
+    ForwardBackward(*model, input, output_grad, ctx, false, second, second);
+    for (int64_t l = 0; l < n; ++l) {
+      if (params[l].empty()) continue;
+      Clock::time_point start = Clock::now();
+      const double squares = AccumulateGradSquares(params[l], 0.0);
+      const double norm_seconds = SecondsSince(start);
+      start = Clock::now();
+      ScaleGradients(params[l],
+                     ClipCoefficient(squares, spec.optimizer().clip_norm()));
+      optimizers[l]->Step(lr, r + 1);
+      for (const NamedParameter& p : params[l]) p.param->grad.SetZero();
+      const double update_seconds = SecondsSince(start);
+      if (r == 0) continue;
+      after[l].push_back(first[l]);
+      again[l].push_back(second[l]);
+      norm[l].push_back(norm_seconds);
+      update[l].push_back(update_seconds);
+    }
   }
 
-  std::vector<double> median(n);
+  LayerStepSeconds out;
+  out.norm.assign(n, 0);
+  out.update.assign(n, 0);
   for (int64_t l = 0; l < n; ++l) {
-    std::vector<double>& s = samples[l];
-    std::sort(s.begin(), s.end());
-    const size_t mid = s.size() / 2;
-    median[l] = s.size() % 2 == 1 ? s[mid] : 0.5 * (s[mid - 1] + s[mid]);
+    if (params[l].empty()) continue;
+    out.norm[l] = Median(norm[l]);
+    out.update[l] =
+        Median(update[l]) + std::max(0.0, Median(after[l]) - Median(again[l]));
   }
-  return median;
+  return out;
 }
 
 }  // namespace gpipe

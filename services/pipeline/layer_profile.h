@@ -21,6 +21,32 @@ namespace gpipe {
 absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
     const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps);
 
+// The forward and the backward of each layer apart (medians over `reps`
+// runs, as MeasureLayerSeconds), the model's first layer's backward as a
+// pipeline's first stage runs it: without the input gradient nobody reads.
+struct LayerPasses {
+  std::vector<double> forward;
+  std::vector<double> backward;
+};
+absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
+                                               int64_t micro_batch_size,
+                                               int reps);
+
+// What each layer costs once a step, whatever the micro-batches: `norm`,
+// the pass summing its gradients' squares (the gradient-norm exchange);
+// `update`, the spec's optimizer over its parameters, zeroing their
+// gradients, and the first forward and backward after an update over the
+// others (re-packing the weights for the products). Medians over `reps`
+// steps on micro-batches of `micro_batch_size`; layers without parameters
+// cost 0. Uses the calling thread's compute-thread setting. Errors as
+// MeasureLayerSeconds's, and the optimizer's.
+struct LayerStepSeconds {
+  std::vector<double> norm;
+  std::vector<double> update;
+};
+absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(
+    const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_PIPELINE_LAYER_PROFILE_H_

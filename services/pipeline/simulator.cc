@@ -145,7 +145,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
                             int64_t bytes) {
     const double start = std::max(sent, link[g]);
     link[g] = start + static_cast<double>(bytes) / config.link_bytes_per_second;
-    return link[g] + latency;
+    return link[g] + latency + config.message_seconds;
   };
   // The arrival of `i` at the head of a link's queue; kUnknown while
   // nothing is there, and forever when another micro-batch is.
@@ -267,10 +267,38 @@ SimulationResult Simulate(const SimulationConfig& config) {
     }
   }
 
-  for (int64_t w = 0; w < k; ++w) {
-    result.step_seconds = std::max(result.step_seconds, free_at[w]);
+  for (int64_t w = 0; w < k; ++w)
     result.complete = result.complete && next[w] == ops[w].size();
+  if (result.complete) {
+    // The gradient-norm exchange (see step_seconds). A worker takes its
+    // chunks in order on the way down and in reverse on the way back, as
+    // RunWorkerStep does; each worker's chunks are in model order, so
+    // visiting stages in model order (and back) visits each worker's in
+    // its own order.
+    const auto hop = [&](int64_t from, int64_t to) {
+      return WorkerOfStage(kind, k, from) == WorkerOfStage(kind, k, to)
+                 ? 0.0
+                 : latency + config.message_seconds;
+    };
+    double sum_arrives = 0;  // the running sum at stage g
+    for (int64_t g = 0; g < g_count; ++g) {
+      const int64_t w = WorkerOfStage(kind, k, g);
+      free_at[w] =
+          std::max(free_at[w], sum_arrives) + config.stages[g].norm_seconds;
+      if (g + 1 < g_count) sum_arrives = free_at[w] + hop(g, g + 1);
+    }
+    double total_arrives = 0;  // the total at stage g
+    for (int64_t g = g_count - 1; g >= 0; --g) {
+      const int64_t w = WorkerOfStage(kind, k, g);
+      // Passed on upstream before the update (Stage::FinishStep).
+      free_at[w] = std::max(free_at[w], total_arrives);
+      if (g > 0) total_arrives = free_at[w] + hop(g, g - 1);
+      free_at[w] += config.stages[g].update_seconds;
+      result.stages[w].busy_seconds += config.stages[g].update_seconds;
+    }
   }
+  for (int64_t w = 0; w < k; ++w)
+    result.step_seconds = std::max(result.step_seconds, free_at[w]);
   // Every send matched by a receive: nothing left on a link.
   for (int64_t g = 0; g < g_count; ++g) {
     result.complete = result.complete && taken_next[g] == to_next[g].size() &&

@@ -30,6 +30,12 @@ struct StageCost {
   int64_t output_bytes = 0;    // sent downstream (its gradient comes back)
   // Kept between a split backward's halves: the GEMMs' output gradients.
   int64_t deferred_bytes = 0;
+  // Once a step, after the stage's last op: the pass that sums its
+  // gradients' squares (before it passes the running sum on) and the
+  // update once the global total is back (the optimizer, zeroing the
+  // gradients, and re-packing the weights for the next step's products).
+  double norm_seconds = 0;
+  double update_seconds = 0;
 };
 
 struct SimulationConfig {
@@ -48,16 +54,28 @@ struct SimulationConfig {
   // latency overlaps with the next transfer.
   double link_bytes_per_second = 1e10;
   double link_latency_seconds = 0;
+  // What each message between workers costs on top of its bytes and the
+  // link's latency: framing, system calls, waking the receiver. It delays
+  // the message like latency does.
+  double message_seconds = 0;
 };
 
 struct StageSimulation {
-  double busy_seconds = 0;     // forward + backward + recompute
+  // forward + backward + recompute + update: the ops a stage records (the
+  // squares pass before the gradient-norm exchange is not one, so it counts
+  // as bubble, as in the stages' own reports)
+  double busy_seconds = 0;
   double bubble_fraction = 0;  // (step - busy) / step
   int64_t peak_activation_bytes = 0;
 };
 
 struct SimulationResult {
-  double step_seconds = 0;  // until the last stage finishes its last op
+  // Until the last stage finishes its update. Every step ends with the
+  // gradient-norm exchange: each stage, after its last op, sums its
+  // gradients' squares into the running sum from upstream and passes it
+  // down the pipe; the last stage sends the total back up, and each stage
+  // passes it on before its update.
+  double step_seconds = 0;
   // Per worker: one per stage, or under an interleaved schedule one per
   // worker with its chunks' figures together.
   std::vector<StageSimulation> stages;

@@ -348,6 +348,46 @@ TEST(MeasureLayerSecondsTest, OneFigurePerLayer) {
   EXPECT_FALSE(MeasureLayerSeconds(spec, 8, 0).ok());
 }
 
+TEST(MeasureLayerSecondsTest, PassesApart) {
+  const gpipe::v1::JobSpec spec = MlpSpec();
+  absl::StatusOr<LayerPasses> passes = MeasureLayerPasses(spec, 8, 3);
+  ASSERT_TRUE(passes.ok()) << passes.status();
+  ASSERT_EQ(passes->forward.size(), 5u);
+  ASSERT_EQ(passes->backward.size(), 5u);
+  for (size_t l = 0; l < 5; ++l) {
+    EXPECT_GT(passes->forward[l], 0) << l;
+    EXPECT_GT(passes->backward[l], 0) << l;
+  }
+  EXPECT_FALSE(MeasureLayerPasses(spec, 0, 3).ok());
+  EXPECT_FALSE(MeasureLayerPasses(spec, 8, 0).ok());
+}
+
+TEST(MeasureLayerSecondsTest, OnceAStepCostsOnlyWhereThereAreParameters) {
+  gpipe::v1::JobSpec spec = MlpSpec();
+  for (const char* optimizer : {"sgd", "adamw"}) {
+    if (std::string(optimizer) == "adamw") {
+      spec.mutable_optimizer()->mutable_adamw();
+      spec.mutable_optimizer()->set_clip_norm(1.0f);
+    }
+    absl::StatusOr<LayerStepSeconds> once = MeasureLayerStepSeconds(spec, 8, 3);
+    ASSERT_TRUE(once.ok()) << optimizer << ": " << once.status();
+    ASSERT_EQ(once->norm.size(), 5u);
+    ASSERT_EQ(once->update.size(), 5u);
+    for (size_t l = 0; l < 5; ++l) {
+      // The linears (0, 2, 4) have parameters; the ReLUs none.
+      if (l % 2 == 0) {
+        EXPECT_GT(once->norm[l], 0) << optimizer << " layer " << l;
+        EXPECT_GT(once->update[l], 0) << optimizer << " layer " << l;
+      } else {
+        EXPECT_EQ(once->norm[l], 0) << optimizer << " layer " << l;
+        EXPECT_EQ(once->update[l], 0) << optimizer << " layer " << l;
+      }
+    }
+  }
+  EXPECT_FALSE(MeasureLayerStepSeconds(spec, 0, 3).ok());
+  EXPECT_FALSE(MeasureLayerStepSeconds(spec, 8, 0).ok());
+}
+
 TEST(MeasureLayerSecondsTest, TokenInputs) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
       std::string(GPIPE_SOURCE_DIR) + "/examples/char_transformer.json");

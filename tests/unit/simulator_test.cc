@@ -354,9 +354,51 @@ TEST(SimulatorTest, TransfersCostTime) {
   // critical path of the first and last micro-batch.
   EXPECT_NEAR(with_bandwidth, base + 6 * 0.1, 1e-9);
 
+  // Latency: the same six crossings, and six more for the gradient-norm
+  // exchange at the step's end (down the pipe and back). A message's own
+  // cost adds to every crossing alike.
   SimulationConfig latency = free_links;
   latency.link_latency_seconds = 0.5;
-  EXPECT_NEAR(Simulate(latency).step_seconds, base + 6 * 0.5, 1e-9);
+  EXPECT_NEAR(Simulate(latency).step_seconds, base + 12 * 0.5, 1e-9);
+  SimulationConfig messages = free_links;
+  messages.message_seconds = 0.25;
+  EXPECT_NEAR(Simulate(messages).step_seconds, base + 12 * 0.25, 1e-9);
+}
+
+TEST(SimulatorTest, TheStepEndsWithTheNormExchangeAndTheUpdates) {
+  // K=3 GPipe, M=2, forward 1, backward 2: after the last op (stage 0's
+  // last backward) the squares go down stage by stage, the total comes
+  // back, and each stage updates.
+  SimulationConfig config = Balanced(3, 2, ScheduleKind::kGPipe);
+  config.link_latency_seconds = 0.25;
+  const SimulationResult base = Simulate(config);
+  for (StageCost& c : config.stages) {
+    c.norm_seconds = 0.5;
+    c.update_seconds = 2;
+  }
+  const SimulationResult r = Simulate(config);
+  ASSERT_TRUE(r.complete);
+  // Stage 0 ends last (its backward of the last micro-batch), so the chain
+  // starts from it: two hops down and two back, as without the passes
+  // (in the base step: 4 x 0.25), and the three squares passes on the
+  // way, then stage 0's update.
+  EXPECT_NEAR(
+      base.step_seconds - 4 * 0.25,
+      Simulate(Balanced(3, 2, ScheduleKind::kGPipe)).step_seconds + 4 * 0.25,
+      1e-9);  // the ops' own four crossings
+  EXPECT_NEAR(r.step_seconds, base.step_seconds + 3 * 0.5 + 2, 1e-9);
+  for (size_t w = 0; w < r.stages.size(); ++w) {
+    // The update is busy time; the squares pass is not (as the stages
+    // report it).
+    EXPECT_NEAR(r.stages[w].busy_seconds, base.stages[w].busy_seconds + 2,
+                1e-9);
+  }
+  // The last stage updates as soon as the total is in (it makes it), the
+  // first only after it came back: nothing in the step after stage 0's
+  // update.
+  SimulationConfig no_update = config;
+  for (StageCost& c : no_update.stages) c.update_seconds = 0;
+  EXPECT_NEAR(Simulate(no_update).step_seconds, r.step_seconds - 2, 1e-9);
 }
 
 TEST(SimulatorTest, SlowLinkBecomesTheBottleneck) {
