@@ -9,7 +9,7 @@
 # median pair is the figure to read.
 # PLANE is the workers' --data_plane (grpc: frames over loopback TCP; shm:
 # the shared-memory plane that auto picks on one host).
-# Then each schedule of SCHEDULES (default "1f1b zb-h1") on the same
+# Then each schedule of SCHEDULES (default "1f1b zb-h1 interleaved zb-v") on the same
 # cluster: step time and measured bubble against the schedule's formula.
 # Usage: bench/cluster_bench.sh [M] [STEPS] [PAIRS] [PLANE]   (defaults 8, 40, 3, grpc)
 # Needs build/bin (scripts/build.sh) and, for the PyTorch row, python3-torch
@@ -68,31 +68,45 @@ print("cluster step %.1f ms against the ideal %.1f ms ((M+K-1)/M x the busiest "
 PY
 
 # The schedules on the same cluster (remat never, so the stages are equal:
-# stages that re-materialize do more): each stage's bubble per step (1 - busy
-# / step, from the stages' reports) against the schedule's formula. Under
-# the interleaved schedule (v=2, M a multiple of K) each worker runs two
-# chunks: its bubble is 1 - its chunks' busy time together / step.
-for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved}; do
+# stages that re-materialize do more): each worker's bubble per step (1 -
+# busy / step, from the stages' reports) against the schedule's formula, and
+# step and bubble against `gpipectl plan --measure` for the same K, M,
+# schedule and remat (its layer costs measured here, one thread, as the
+# workers run). Under the interleaved schedule (v=2, M a multiple of K) and
+# ZB-V each worker runs two chunks: its bubble is 1 - its chunks' busy time
+# together / step.
+for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved zb-v}; do
   "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
     --data_plane "$plane" --schedule "$schedule" --remat never \
     --json >"$work/$schedule.json" 2>/dev/null
-  PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" <<'PY'
-import statistics, sys
+  "$bin/gpipectl" plan "$work/job.json" --measure --stages 2 --micro-batches "$m" \
+    --schedule "$schedule" --remat never >"$work/$schedule.plan" 2>&1
+  PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" "$work/$schedule.plan" <<'PY'
+import collections, re, statistics, sys
 from cluster_reports import step_reports
 m, k, name = int(sys.argv[2]), 2, sys.argv[3]
-v = 2 if name == "interleaved" else 1
+v = 2 if name in ("interleaved", "zb-v") else 1
 bubbles, steps = [], []
 for stages in step_reports(sys.argv[1], k * v):
     step = max(s["stepSeconds"] for s in stages)
     steps.append(step)
-    busy = [sum(stages[w + c * k].get("busySeconds", 0) for c in range(v)) for w in range(k)]
-    bubbles.append(statistics.mean(1 - b / step for b in busy))
+    busy = collections.defaultdict(float)
+    for s in stages:
+        busy[s["workerId"]] += s.get("busySeconds", 0)
+    bubbles.append(statistics.mean(1 - b / step for b in busy.values()))
 if not steps:
     sys.exit("no per-stage reports in the cluster's --json output")
-formula = (k - 1) / ((3 if name == "zb-h1" else v) * m + k - 1)
-print("cluster %-6s step %.1f ms, bubble %.1f%% (formula %.1f%%; medians of %d steps)"
-      % (name, 1e3 * statistics.median(steps), 100 * statistics.median(bubbles),
-         100 * formula, len(steps)))
+formula = {"zb-h1": (k - 1) / (3 * m + k - 1), "zb-v": (k - 1) / (6 * m + k - 1)}.get(
+    name, (k - 1) / (v * m + k - 1))
+best = [l for l in open(sys.argv[4]) if l.startswith("best:")]
+if not best:
+    sys.exit("no plan: " + open(sys.argv[4]).read())
+f = re.search(r"([0-9.]+) ms a step, bubble ([0-9.]+)% \(idlest stage ([0-9.]+)%\)", best[0])
+plan_ms, plan_bubble = float(f.group(1)), (float(f.group(2)) + float(f.group(3))) / 2
+ms = 1e3 * statistics.median(steps)
+print("cluster %-11s step %.1f ms (plan %.1f ms, %.2fx), bubble %.1f%% (plan %.1f%%, formula %.1f%%; "
+      "medians of %d steps)" % (name, ms, plan_ms, ms / plan_ms, 100 * statistics.median(bubbles),
+                                plan_bubble, 100 * formula, len(steps)))
 PY
 done
 

@@ -216,6 +216,11 @@ class Layer {
   }
 
   virtual std::vector<Parameter*> Parameters() { return {}; }
+  // Brings any copy of the parameters kept in another layout for the
+  // kernels (a Linear's packed weight on the CPU) up to date now, with the
+  // input gradient's too when `input_grad`; the products would otherwise
+  // do it on first use. Moves floats only: results are the same bits.
+  virtual void PackWeights(bool input_grad) {}
   virtual std::vector<NamedBuffer> Buffers() { return {}; }
   // Buffers that follow the training micro-batches (batch norm's running
   // averages): how many floats a training forward records per micro-batch

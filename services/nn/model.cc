@@ -151,6 +151,11 @@ void Model::ZeroGrad() {
   for (const NamedParameter& p : params_) p.param->grad.SetZero();
 }
 
+void Model::PackWeights() {
+  for (size_t l = 0; l < layers_.size(); ++l)
+    layers_[l]->PackWeights(InputGradUsed(begin_ + static_cast<int64_t>(l)));
+}
+
 int64_t Model::RunningStatisticsWidth() const {
   int64_t width = 0;
   for (const auto& layer : layers_) width += layer->RunningStatisticsSize();

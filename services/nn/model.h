@@ -76,6 +76,9 @@ class Model {
   // Parameters and buffers by global name: what a checkpoint holds.
   std::vector<NamedTensor> StateTensors();
   void ZeroGrad();
+  // Layer::PackWeights for every layer, the model's first without its
+  // input gradient (nobody reads it).
+  void PackWeights();
 
   // Running statistics held back to the step's end (RunningStatistics):
   // the floats a micro-batch records across the layers (0: none); the

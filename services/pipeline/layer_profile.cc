@@ -102,7 +102,7 @@ void ForwardBackward(Model& model, const Tensor& input,
   Tensor g = output_grad;
   for (int64_t l = n - 1; l >= 0; --l) {
     ctx.layer_index = l;
-    ctx.input_grad = l > 0 || first_input_grad;
+    ctx.input_grad = InputGradUsed(l) || first_input_grad;
     const Clock::time_point start = Clock::now();
     g = model.layer(l).Backward(g, saved[l], ctx);
     backward[l] += SecondsSince(start);

@@ -679,6 +679,10 @@ absl::StatusOr<float> Stage::ApplyUpdate(int64_t step, double squares,
   last_update_step_ = step;
   last_update_squares_ = squares;
   model_->ZeroGrad();
+  // Packed now rather than by the next step's first forward and backward:
+  // the neighbours wait for those, while a stage other than the first
+  // would idle here anyway until its first micro-batch arrives.
+  model_->PackWeights();
   // The update is queued on the stage's stream; whoever reads the
   // parameters next (a checkpoint, the final write, an evaluation from
   // another thread's stream) must see it done.

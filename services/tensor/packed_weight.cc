@@ -6,8 +6,19 @@ namespace gpipe {
 
 void PackedWeight::Multiply(bool trans, int64_t m, int64_t n, int64_t k,
                             const float* a, const Tensor& w, float* c) {
-  assert(w.device() == Device::kCpu && w.numel() == n * k);
   std::lock_guard<std::mutex> lock(mu_);
+  PrepareLocked(trans, n, k, w);
+  cpu::GemmPackedB(m, 1.0f, a, k, packed_, 0.0f, c, n);
+}
+
+void PackedWeight::Prepare(bool trans, int64_t n, int64_t k, const Tensor& w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  PrepareLocked(trans, n, k, w);
+}
+
+void PackedWeight::PrepareLocked(bool trans, int64_t n, int64_t k,
+                                 const Tensor& w) {
+  assert(w.device() == Device::kCpu && w.numel() == n * k);
   const bool current = packed_.packed() && source_.SameStorage(w) &&
                        source_writes_ == w.writes() && trans_ == trans &&
                        packed_.k() == k && packed_.n() == n &&
@@ -20,7 +31,6 @@ void PackedWeight::Multiply(bool trans, int64_t m, int64_t n, int64_t k,
     packed_.Pack(trans, k, n, w.f32(), trans ? k : n);
     ++packs_;
   }
-  cpu::GemmPackedB(m, 1.0f, a, k, packed_, 0.0f, c, n);
 }
 
 void PackedWeight::Clear() {

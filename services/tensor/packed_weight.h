@@ -28,6 +28,11 @@ class PackedWeight {
   void Multiply(bool trans, int64_t m, int64_t n, int64_t k, const float* a,
                 const Tensor& w, float* c);
 
+  // Packs W for op(W) now unless the copy is current, so that the first
+  // product after an update does not pay for it (a stage packs in its
+  // update, while the stage downstream waits for its first micro-batch).
+  void Prepare(bool trans, int64_t n, int64_t k, const Tensor& w);
+
   // Drops the packed copy (a weight moved off the CPU).
   void Clear();
 
@@ -37,6 +42,8 @@ class PackedWeight {
   int64_t packs() const;
 
  private:
+  void PrepareLocked(bool trans, int64_t n, int64_t k, const Tensor& w);
+
   // A layer's products run on its stage's thread one at a time; the lock
   // keeps a repack from pulling the floats from under a product anyway.
   mutable std::mutex mu_;

@@ -115,6 +115,43 @@ TEST(PackedWeight, ALinearLayerSeesItsWeightUpdated) {
   }
 }
 
+TEST(PackedWeight, PreparedAheadTheProductsDoNotPackAgain) {
+  Tensor w = Random({64, 48}, 12);
+  const Tensor x = Random({6, 48}, 13);
+  PackedWeight pack;
+  pack.Prepare(true, 64, 48, w);
+  EXPECT_EQ(pack.packs(), 1);
+  pack.Prepare(true, 64, 48, w);  // current: nothing to do
+  EXPECT_EQ(Packed(pack, x, w), Direct(x, w));
+  EXPECT_EQ(pack.packs(), 1);
+  // A write after preparing still packs again before the product.
+  w.f32()[3] -= 0.5f;
+  EXPECT_EQ(Packed(pack, x, w), Direct(x, w));
+  EXPECT_EQ(pack.packs(), 2);
+}
+
+TEST(PackedWeight, ALinearPacksAheadTheSameBitsAndOnlyWhatItUses) {
+  Linear ahead(48, 64, /*bias=*/true), lazy(48, 64, /*bias=*/true);
+  ahead.Initialize(21);
+  lazy.Initialize(21);
+  // Without the input gradient (a model's first layer) only the forward's
+  // copy is made.
+  ahead.PackWeights(/*input_grad=*/false);
+  const int64_t forward_only = ahead.packed_bytes();
+  EXPECT_GT(forward_only, 0);
+  ahead.PackWeights(/*input_grad=*/true);
+  EXPECT_GT(ahead.packed_bytes(), forward_only);
+  EXPECT_EQ(lazy.packed_bytes(), 0);
+  const Tensor x = Random({9, 48}, 22), dy = Random({9, 64}, 23);
+  LayerContext ctx;
+  ctx.input_grad = true;
+  Saved a, b;
+  ASSERT_TRUE(
+      BitwiseEqual(ahead.Forward(x, ctx, &a), lazy.Forward(x, ctx, &b)));
+  EXPECT_TRUE(
+      BitwiseEqual(ahead.Backward(dy, a, ctx), lazy.Backward(dy, b, ctx)));
+}
+
 TEST(PackedWeight, TheMemoryModelCountsWhatALinearHolds) {
   for (auto [in, out] :
        {std::pair<int64_t, int64_t>{48, 64}, {1024, 10}, {784, 1024}}) {

@@ -79,6 +79,15 @@ void Linear::Product(bool trans, int64_t rows, int64_t n, int64_t k,
   ops::Gemm(w.device(), false, trans, rows, n, k, 1.0f, a, w.f32(), 0.0f, c);
 }
 
+void Linear::PackWeights(bool input_grad) {
+  // Read through const, as Product does: a non-const access counts as a
+  // write.
+  const Tensor& w = weight_.value;
+  if (w.device() != Device::kCpu) return;
+  forward_pack_.Prepare(true, out_, in_, w);
+  if (input_grad) input_grad_pack_.Prepare(false, in_, out_, w);
+}
+
 void Linear::WeightGrad(const Tensor& x, const Tensor& dy) {
   const int64_t rows = x.numel() / in_;
   const Device d = x.device();

@@ -27,6 +27,7 @@ class Linear final : public Layer {
   void BackwardWeight(const Saved& saved, const Saved& deferred,
                       const LayerContext& ctx) override;
   std::vector<Parameter*> Parameters() override;
+  void PackWeights(bool input_grad) override;
   void Initialize(uint64_t key) override;
 
   // Bytes of the weight packed for the CPU GEMM now held (the memory model
