@@ -79,8 +79,11 @@ for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved zb-v}; do
   "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
     --data_plane "$plane" --schedule "$schedule" --remat never \
     --json >"$work/$schedule.json" 2>/dev/null
+  # The shared-memory plane's ring takes a message at once; frames over
+  # gRPC hold the sender until the bytes are through.
   "$bin/gpipectl" plan "$work/job.json" --measure --stages 2 --micro-batches "$m" \
-    --schedule "$schedule" --remat never >"$work/$schedule.plan" 2>&1
+    --schedule "$schedule" --remat never --blocking-sends="$([[ $plane == shm ]] && echo false || echo true)" \
+    >"$work/$schedule.plan" 2>&1
   PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" "$work/$schedule.plan" <<'PY'
 import collections, re, statistics, sys
 from cluster_reports import step_reports

@@ -67,7 +67,7 @@ shape() {  # shape RATE DELAY: every worker pod's egress
     if [[ "$2" != 0 ]]; then
       nsenter --net="$ns" tc qdisc add dev eth0 root handle 1: netem delay "$2" rate "$1" 2>/dev/null || return 1
     else
-      nsenter --net="$ns" tc qdisc add dev eth0 root tbf rate "$1" burst 256kb latency 100ms
+      nsenter --net="$ns" tc qdisc add dev eth0 root tbf rate "$1" burst 32kb latency 100ms
     fi
   done
 }
@@ -104,7 +104,13 @@ if not row:
     sys.exit("no plan row: " + open(plan).read())
 f = row[0].split()
 f = f[1:] if f[0] in ("=", "*") else f
-plan_ms, plan_bubble = float(f[4]), float(f[6].rstrip("%"))
+plan_ms = float(f[4])
+# The stages' mean bubble, as measured: from the plan's per-stage table
+# (its words: stage, "[a," "b)", forward, backward, update, busy, bubble).
+per_stage = [l.split() for l in open(plan) if re.match(r"^\s+\d+\s+\[\d+, \d+\)", l)]
+if len(per_stage) != k:
+    sys.exit("no per-stage plan: " + open(plan).read())
+plan_bubble = statistics.mean(float(p[7].rstrip("%")) for p in per_stage)
 ms = 1e3 * statistics.median(steps)
 print("%-8s %-6s %10.1f %10.1f %7.2f %8.1f%% %8.1f%%" % (
     rate, delay, ms, plan_ms, ms / plan_ms, 100 * statistics.median(bubbles), plan_bubble))

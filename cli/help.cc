@@ -48,7 +48,7 @@ const std::vector<Command>& Commands() {
        "remat mode, and marks the best that fits.",
        {"stages_range", "micro_batches", "schedule", "remat", "measure",
         "memory_budget", "flops", "layer_overhead_us", "link_gbps",
-        "link_latency_us", "message_us"}},
+        "link_latency_us", "message_us", "blocking_sends"}},
       {"local",
        "JOB.json",
        "run the job on a controller and workers on this machine",

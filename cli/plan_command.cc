@@ -63,6 +63,10 @@ ABSL_FLAG(double, message_us, 0,
           "plan: fixed microseconds each message between workers takes on "
           "top of its bytes and the link's latency (framing, system calls, "
           "waking the receiver)");
+ABSL_FLAG(bool, blocking_sends, true,
+          "plan: a send holds its stage until its bytes are through the "
+          "link, as over gRPC between hosts (false: the shared-memory "
+          "plane's ring, which takes a message at once)");
 ABSL_FLAG(double, link_latency_us, 0,
           "plan: one-way latency of each link between neighbouring stages, "
           "in microseconds, paid by every message");
@@ -280,7 +284,8 @@ int RunPlan(const std::vector<std::string>& args) {
                  "[--stages K] [--micro-batches M] [--schedule S] "
                  "[--remat R] [--measure] [--memory-budget BYTES] "
                  "[--flops F] [--layer-overhead-us U] [--link-gbps G] "
-                 "[--link-latency-us L] [--message-us U] [--workers N]\n");
+                 "[--link-latency-us L] [--message-us U] [--blocking-sends=B] "
+                 "[--workers N]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
@@ -354,6 +359,7 @@ int RunPlan(const std::vector<std::string>& args) {
     return Fail(absl::InvalidArgumentError(
         absl::StrCat("--link-gbps: must be > 0, got ", link_gbps)));
   }
+  const bool blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
   const double message_us = absl::GetFlag(FLAGS_message_us);
   if (!(message_us >= 0) || message_us > 1e7) {
     return Fail(absl::InvalidArgumentError(
@@ -585,6 +591,7 @@ int RunPlan(const std::vector<std::string>& args) {
               config.link_bytes_per_second = link_gbps * 1e9 / 8;
               config.link_latency_seconds = link_latency_us * 1e-6;
               config.message_seconds = message_us * 1e-6;
+              config.sends_wait_for_link = blocking_sends;
               o.sim = Simulate(config);
               const std::vector<int64_t> begins = StageBegins(o.balance);
               for (size_t c = 0; c < o.balance.size(); ++c) {
@@ -682,8 +689,10 @@ int RunPlan(const std::vector<std::string>& args) {
   std::printf("plan for %s: %lld layers, batch %lld\n",
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(layers), static_cast<long long>(batch));
-  std::printf("costs: %s; links %.3g Gb/s, %.6g us, %.6g us a message\n",
-              cost_source.c_str(), link_gbps, link_latency_us, message_us);
+  std::printf(
+      "costs: %s; links %.3g Gb/s, %.6g us, %.6g us a message, sends %s\n",
+      cost_source.c_str(), link_gbps, link_latency_us, message_us,
+      blocking_sends ? "wait for the link" : "return at once");
   if (with_replicas) {
     std::printf(
         "workers: %lld; R data-parallel replicas of K stages each run M/R "

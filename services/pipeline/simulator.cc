@@ -221,6 +221,13 @@ SimulationResult Simulate(const SimulationConfig& config) {
                     ? transfer(down_link, g, free_at[w], cost.output_bytes)
                     : transfer(up_link, g, free_at[w],
                                config.stages[g - 1].output_bytes)});
+        if (config.sends_wait_for_link && to != w) {
+          // Held until its bytes are through; the stage counts the wait in
+          // the op that made the message (Timeline::RecordSend).
+          const double through = activation ? down_link[g] : up_link[g];
+          sim.busy_seconds += std::max(0.0, through - free_at[w]);
+          free_at[w] = std::max(free_at[w], through);
+        }
         result.max_link_messages =
             std::max(result.max_link_messages,
                      activation ? waiting(to_next[g], taken_next[g])

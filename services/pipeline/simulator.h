@@ -58,6 +58,13 @@ struct SimulationConfig {
   // link's latency: framing, system calls, waking the receiver. It delays
   // the message like latency does.
   double message_seconds = 0;
+  // Whether a send holds its stage until the message's bytes are through
+  // the link. Over gRPC a message larger than the stream's flow-control
+  // window waits for the receiver's window updates, so a slow link stalls
+  // the sender (measured on a 1 Gbit/s link: the step grew by what the
+  // transfers take, and the stages' busy time with it); the shared-memory
+  // plane's ring takes a message at once.
+  bool sends_wait_for_link = false;
 };
 
 struct StageSimulation {

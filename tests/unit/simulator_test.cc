@@ -401,6 +401,31 @@ TEST(SimulatorTest, TheStepEndsWithTheNormExchangeAndTheUpdates) {
   EXPECT_NEAR(Simulate(no_update).step_seconds, r.step_seconds - 2, 1e-9);
 }
 
+TEST(SimulatorTest, ABlockingSendHoldsItsStageUntilTheBytesAreThrough) {
+  // K=2 GPipe, M=2, transfers of 0.5 s: stage 0's sends take 0.5 s of its
+  // time each (two forwards' activations), counted busy, and its second
+  // forward starts only after the first's bytes are through.
+  SimulationConfig config = Balanced(2, 2, ScheduleKind::kGPipe);
+  for (StageCost& c : config.stages) c.output_bytes = 500;
+  config.link_bytes_per_second = 1000;
+  const SimulationResult free_sends = Simulate(config);
+  config.sends_wait_for_link = true;
+  const SimulationResult held = Simulate(config);
+  ASSERT_TRUE(held.complete);
+  // Stage 0's two activation sends (0.5 s each) and stage 1's two
+  // gradient sends.
+  EXPECT_NEAR(held.stages[0].busy_seconds,
+              free_sends.stages[0].busy_seconds + 2 * 0.5, 1e-9);
+  EXPECT_NEAR(held.stages[1].busy_seconds,
+              free_sends.stages[1].busy_seconds + 2 * 0.5, 1e-9);
+  // The critical path waits twice more: stage 0's F1 runs after F0's send
+  // (its activation reaches stage 1 at 3, not 2.5), and stage 1's B1 after
+  // B0's gradient is through (the last gradient reaches stage 0 at 9, not
+  // 8): 11 s instead of 10.
+  EXPECT_NEAR(free_sends.step_seconds, 10, 1e-9);
+  EXPECT_NEAR(held.step_seconds, 11, 1e-9);
+}
+
 TEST(SimulatorTest, SlowLinkBecomesTheBottleneck) {
   // A transfer longer than a forward: the link, not the stages, sets the
   // pace, which only a link carrying one tensor at a time shows.
