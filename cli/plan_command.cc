@@ -530,8 +530,7 @@ int RunPlan(const std::vector<std::string>& args) {
         std::vector<double> forward(layers);
         for (int64_t l = 0; l < layers; ++l)
           forward[l] = forward_per_sample[l] * mb;
-        const auto stage_costs = [&](const std::vector<int64_t>& balance,
-                                     ScheduleKind schedule) {
+        const auto stage_costs = [&](const std::vector<int64_t>& balance) {
           std::vector<StageCost> costs =
               StageCostsFromLayers(*shapes, forward, balance, mb);
           const std::vector<int64_t> begins = StageBegins(balance);
@@ -543,13 +542,12 @@ int RunPlan(const std::vector<std::string>& args) {
               costs[s].forward_seconds += forward_fixed[l];
               costs[s].backward_seconds +=
                   backward_fixed[l] + backward_per_sample[l] * mb;
-              // A split backward runs a layer that defers its weight
-              // gradient twice.
-              if (SplitsBackward(schedule) &&
-                  shapes->costs[l].deferred_bytes > 0) {
-                costs[s].backward_seconds += backward_fixed[l] / 2;
+              // A split backward does the same work in two ops: the fixed
+              // part of a layer's backward is mostly memory traffic (the
+              // input half reads the weight, the weight half adds into its
+              // gradient), which splits with it rather than doubling.
+              if (shapes->costs[l].deferred_bytes > 0)
                 costs[s].weight_seconds += backward_fixed[l] / 2;
-              }
             }
             // The weight half is the forward's product (StageCostsFromLayers)
             // and never more than the backward it is part of.
@@ -580,7 +578,7 @@ int RunPlan(const std::vector<std::string>& args) {
               o.schedule = schedule;
               o.remat = remat;
               ASSIGN_OR_RETURN(o.balance, balance_for(remat, v));
-              o.costs = stage_costs(o.balance, schedule);
+              o.costs = stage_costs(o.balance);
               SimulationConfig config;
               config.stages = o.costs;
               // Each replica runs its M / R micro-batches of the same size.
