@@ -134,12 +134,25 @@ float LearningRate(const gpipe::v1::OptimizerSpec& spec, int64_t step,
   }
 }
 
+std::vector<double> GradSquaresByParameter(
+    const std::vector<NamedParameter>& params) {
+  std::vector<double> out;
+  out.reserve(params.size());
+  for (const NamedParameter& p : params)
+    out.push_back(ops::SumSquares(p.param->grad.device(), p.param->grad.numel(),
+                                  p.param->grad.f32()));
+  return out;
+}
+
+double FoldGradSquares(const std::vector<double>& by_parameter,
+                       double running) {
+  for (double s : by_parameter) running += s;
+  return running;
+}
+
 double AccumulateGradSquares(const std::vector<NamedParameter>& params,
                              double running) {
-  for (const NamedParameter& p : params)
-    running += ops::SumSquares(p.param->grad.device(), p.param->grad.numel(),
-                               p.param->grad.f32());
-  return running;
+  return FoldGradSquares(GradSquaresByParameter(params), running);
 }
 
 float ClipCoefficient(double grad_squares, float clip_norm) {

@@ -38,6 +38,12 @@ float LearningRate(const gpipe::v1::OptimizerSpec& spec, int64_t step,
 // value), so the pipelined sum is bitwise the single-process sum.
 double AccumulateGradSquares(const std::vector<NamedParameter>& params,
                              double running);
+// The same in two halves: each gradient's squared L2 norm, and their fold
+// into `running` in order (bitwise AccumulateGradSquares), so a stage can
+// sum its own before the running sum from upstream arrives.
+std::vector<double> GradSquaresByParameter(
+    const std::vector<NamedParameter>& params);
+double FoldGradSquares(const std::vector<double>& by_parameter, double running);
 
 // The factor gradients are scaled by so their global norm is at most
 // `clip_norm` (1 when clipping is off or not needed).

@@ -290,8 +290,9 @@ SimulationResult Simulate(const SimulationConfig& config) {
     double sum_arrives = 0;  // the running sum at stage g
     for (int64_t g = 0; g < g_count; ++g) {
       const int64_t w = WorkerOfStage(kind, k, g);
+      // Its own squares first, then the running sum (Stage::SendGradSquares).
       free_at[w] =
-          std::max(free_at[w], sum_arrives) + config.stages[g].norm_seconds;
+          std::max(free_at[w] + config.stages[g].norm_seconds, sum_arrives);
       if (g + 1 < g_count) sum_arrives = free_at[w] + hop(g, g + 1);
     }
     double total_arrives = 0;  // the total at stage g

@@ -31,9 +31,10 @@ struct StageCost {
   // Kept between a split backward's halves: the GEMMs' output gradients.
   int64_t deferred_bytes = 0;
   // Once a step, after the stage's last op: the pass that sums its
-  // gradients' squares (before it passes the running sum on) and the
-  // update once the global total is back (the optimizer, zeroing the
-  // gradients, and re-packing the weights for the next step's products).
+  // gradients' squares (before it waits for the running sum from
+  // upstream) and the update once the global total is back (the optimizer,
+  // zeroing the gradients, and re-packing the weights for the next step's
+  // products).
   double norm_seconds = 0;
   double update_seconds = 0;
 };

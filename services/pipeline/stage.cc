@@ -579,13 +579,19 @@ absl::Status Stage::SendGradSquares() {
           absl::StrCat("loss is not finite (", loss, ") at step ", st.step));
     }
   }
+  // This stage's own squares first: its gradients are final, and the
+  // running sum from upstream comes only after the stages before it drain
+  // (the first stage's last backward is the step's last op), so the pass
+  // leaves the exchange's critical path. Folded in the same order, the
+  // total is the same bits.
+  const std::vector<double> own = GradSquaresByParameter(model_->Parameters());
   double squares = 0.0;
   if (!placement_.first()) {
     ASSIGN_OR_RETURN(Message in,
                      Expect(upstream_, MessageKind::kGradSquares, st.step, -1));
     squares = in.scalar;
   }
-  squares = AccumulateGradSquares(model_->Parameters(), squares);
+  squares = FoldGradSquares(own, squares);
   pending_update_ = st.step;  // the gradients are final from here
   // Kept past the step's records, which a failed step drops (RunStep):
   // a roll-forward needs them as much as the gradients.

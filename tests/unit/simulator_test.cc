@@ -380,13 +380,23 @@ TEST(SimulatorTest, TheStepEndsWithTheNormExchangeAndTheUpdates) {
   ASSERT_TRUE(r.complete);
   // Stage 0 ends last (its backward of the last micro-batch), so the chain
   // starts from it: two hops down and two back, as without the passes
-  // (in the base step: 4 x 0.25), and the three squares passes on the
-  // way, then stage 0's update.
+  // (in the base step: 4 x 0.25), stage 0's squares pass and its update.
+  // Stages 1 and 2 ended earlier and summed their own squares while they
+  // waited.
   EXPECT_NEAR(
       base.step_seconds - 4 * 0.25,
       Simulate(Balanced(3, 2, ScheduleKind::kGPipe)).step_seconds + 4 * 0.25,
       1e-9);  // the ops' own four crossings
-  EXPECT_NEAR(r.step_seconds, base.step_seconds + 3 * 0.5 + 2, 1e-9);
+  EXPECT_NEAR(r.step_seconds, base.step_seconds + 0.5 + 2, 1e-9);
+  // A pass longer than the drain it hides in shows: stage 1 ends its last
+  // op 2.25 s before stage 0 (a backward and a hop), stage 2 4.5 s before.
+  // With passes of 3 s, after stage 0's end: its pass to 3, the sum at
+  // stage 1 at 3.25 (ready since 0.75) and at stage 2 at 3.5 (ready since
+  // -1.5), the total back at stage 0 at 4, then its update.
+  SimulationConfig long_norms = config;
+  for (StageCost& c : long_norms.stages) c.norm_seconds = 3;
+  EXPECT_NEAR(Simulate(long_norms).step_seconds,
+              base.step_seconds - 4 * 0.25 + 3 + 4 * 0.25 + 2, 1e-9);
   for (size_t w = 0; w < r.stages.size(); ++w) {
     // The update is busy time; the squares pass is not (as the stages
     // report it).
