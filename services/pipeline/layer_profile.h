@@ -35,8 +35,9 @@ absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
 // What each layer costs once a step, whatever the micro-batches: `norm`,
 // the pass summing its gradients' squares (the gradient-norm exchange);
 // `update`, the spec's optimizer over its parameters, zeroing their
-// gradients, and the first forward and backward after an update over the
-// others (re-packing the weights for the products). Medians over `reps`
+// gradients, and for the layers that keep their weights packed for the
+// products (LayerCost::packed_weight_bytes) the first forward and backward
+// after an update over the others (re-packing them). Medians over `reps`
 // steps on micro-batches of `micro_batch_size`; layers without parameters
 // cost 0. Uses the calling thread's compute-thread setting. Errors as
 // MeasureLayerSeconds's, and the optimizer's.
