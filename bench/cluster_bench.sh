@@ -12,6 +12,7 @@
 # Then each schedule of SCHEDULES (default "1f1b zb-h1 interleaved zb-v") on the same
 # cluster: step time and measured bubble against the schedule's formula.
 # Usage: bench/cluster_bench.sh [M] [STEPS] [PAIRS] [PLANE]   (defaults 8, 40, 3, grpc)
+#   K=4 (default 2) for the schedules' part: K workers of one thread each.
 # Needs build/bin (scripts/build.sh) and, for the PyTorch row, python3-torch
 # (scripts/setup.sh --bench).
 set -euo pipefail
@@ -75,19 +76,22 @@ PY
 # workers run). Under the interleaved schedule (v=2, M a multiple of K) and
 # ZB-V each worker runs two chunks: its bubble is 1 - its chunks' busy time
 # together / step.
+# K (default 2) workers of one thread each: K=4 needs 4 cores to measure
+# the schedules rather than the cores' sharing.
+k=${K:-2}
 for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved zb-v}; do
-  "$bin/gpipectl" local "$work/job.json" --workers 2 --stages 2 --threads 2 \
+  "$bin/gpipectl" local "$work/job.json" --workers "$k" --stages "$k" --threads "$k" \
     --data_plane "$plane" --schedule "$schedule" --remat never \
     --json >"$work/$schedule.json" 2>/dev/null
   # The shared-memory plane's ring takes a message at once; frames over
   # gRPC hold the sender until the bytes are through.
-  "$bin/gpipectl" plan "$work/job.json" --measure --stages 2 --micro-batches "$m" \
+  "$bin/gpipectl" plan "$work/job.json" --measure --stages "$k" --micro-batches "$m" \
     --schedule "$schedule" --remat never --blocking-sends="$([[ $plane == shm ]] && echo false || echo true)" \
     >"$work/$schedule.plan" 2>&1
-  PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" "$work/$schedule.plan" <<'PY'
+  PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" "$work/$schedule.plan" "$k" <<'PY'
 import collections, re, statistics, sys
 from cluster_reports import step_reports
-m, k, name = int(sys.argv[2]), 2, sys.argv[3]
+m, k, name = int(sys.argv[2]), int(sys.argv[5]), sys.argv[3]
 v = 2 if name in ("interleaved", "zb-v") else 1
 bubbles, steps = [], []
 for stages in step_reports(sys.argv[1], k * v):
@@ -104,8 +108,15 @@ formula = {"zb-h1": (k - 1) / (3 * m + k - 1), "zb-v": (k - 1) / (6 * m + k - 1)
 best = [l for l in open(sys.argv[4]) if l.startswith("best:")]
 if not best:
     sys.exit("no plan: " + open(sys.argv[4]).read())
-f = re.search(r"([0-9.]+) ms a step, bubble ([0-9.]+)% \(idlest stage ([0-9.]+)%\)", best[0])
-plan_ms, plan_bubble = float(f.group(1)), (float(f.group(2)) + float(f.group(3))) / 2
+plan_ms = float(re.search(r"([0-9.]+) ms a step", best[0]).group(1))
+# The workers' mean bubble, from the plan's per-stage table (its words:
+# stage or worker/chunk, "[a," "b)", forward, backward, update, busy,
+# bubble); a worker's chunks repeat its figure.
+rows = [l.split() for l in open(sys.argv[4]) if re.match(r"^\s+\d+(/\d+)?\s+\[\d+, \d+\)", l)]
+by_worker = {r[0].split("/")[0]: float(r[7].rstrip("%")) for r in rows}
+if len(by_worker) != k:
+    sys.exit("no per-stage plan: " + open(sys.argv[4]).read())
+plan_bubble = statistics.mean(by_worker.values())
 ms = 1e3 * statistics.median(steps)
 print("cluster %-11s step %.1f ms (plan %.1f ms, %.2fx), bubble %.1f%% (plan %.1f%%, formula %.1f%%; "
       "medians of %d steps)" % (name, ms, plan_ms, ms / plan_ms, 100 * statistics.median(bubbles),
