@@ -83,9 +83,14 @@ for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved zb-v}; do
   "$bin/gpipectl" local "$work/job.json" --workers "$k" --stages "$k" --threads "$k" \
     --data_plane "$plane" --schedule "$schedule" --remat never \
     --json >"$work/$schedule.json" 2>/dev/null
-  # The shared-memory plane's ring takes a message at once; frames over
-  # gRPC hold the sender until the bytes are through.
-  "$bin/gpipectl" plan "$work/job.json" --measure --stages "$k" --micro-batches "$m" \
+  # The plan of the cut the cluster ran (measured layer costs can tie and
+  # cut otherwise). The shared-memory plane's ring takes a message at once;
+  # frames over gRPC hold the sender until the bytes are through.
+  v=1
+  [[ $schedule == interleaved || $schedule == zb-v ]] && v=2
+  python3 bench/cluster_reports.py with-cut "$work/$schedule.json" $((k * v)) "$schedule" \
+    "$work/job.json" "$work/$schedule-cut.json"
+  "$bin/gpipectl" plan "$work/$schedule-cut.json" --measure --stages "$k" --micro-batches "$m" \
     --schedule "$schedule" --remat never --blocking-sends="$([[ $plane == shm ]] && echo false || echo true)" \
     >"$work/$schedule.plan" 2>&1
   PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" "$work/$schedule.plan" "$k" <<'PY'
