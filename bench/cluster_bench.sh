@@ -95,7 +95,7 @@ for schedule in ${SCHEDULES:-1f1b zb-h1 interleaved zb-v}; do
     >"$work/$schedule.plan" 2>&1
   PYTHONPATH=bench python3 - "$work/$schedule.json" "$m" "$schedule" "$work/$schedule.plan" "$k" <<'PY'
 import collections, re, statistics, sys
-from cluster_reports import step_reports
+from cluster_reports import plan_bubble, step_reports
 m, k, name = int(sys.argv[2]), int(sys.argv[5]), sys.argv[3]
 v = 2 if name in ("interleaved", "zb-v") else 1
 bubbles, steps = [], []
@@ -114,18 +114,13 @@ best = [l for l in open(sys.argv[4]) if l.startswith("best:")]
 if not best:
     sys.exit("no plan: " + open(sys.argv[4]).read())
 plan_ms = float(re.search(r"([0-9.]+) ms a step", best[0]).group(1))
-# The workers' mean bubble, from the plan's per-stage table (its words:
-# stage or worker/chunk, "[a," "b)", forward, backward, update, busy,
-# bubble); a worker's chunks repeat its figure.
-rows = [l.split() for l in open(sys.argv[4]) if re.match(r"^\s+\d+(/\d+)?\s+\[\d+, \d+\)", l)]
-by_worker = {r[0].split("/")[0]: float(r[7].rstrip("%")) for r in rows}
-if len(by_worker) != k:
+planned_bubble = plan_bubble(sys.argv[4], k)
+if planned_bubble is None:
     sys.exit("no per-stage plan: " + open(sys.argv[4]).read())
-plan_bubble = statistics.mean(by_worker.values())
 ms = 1e3 * statistics.median(steps)
 print("cluster %-11s step %.1f ms (plan %.1f ms, %.2fx), bubble %.1f%% (plan %.1f%%, formula %.1f%%; "
       "medians of %d steps)" % (name, ms, plan_ms, ms / plan_ms, 100 * statistics.median(bubbles),
-                                plan_bubble, 100 * formula, len(steps)))
+                                planned_bubble, 100 * formula, len(steps)))
 PY
 done
 

@@ -3,6 +3,7 @@ step from `first_step` on, once, the K stages' status objects when every one
 of them has reported a step time; and the cut the cluster ran. Shared by
 cluster_bench.sh's readers."""
 import json
+import re
 import sys
 
 
@@ -32,6 +33,19 @@ def cut(path, k):
         return None
     stages = sorted(steps[-1], key=lambda s: int(s.get("stage", 0)))
     return [int(s["layerEnd"]) - int(s.get("layerBegin", 0)) for s in stages]
+
+
+def plan_bubble(path, k):
+    """The workers' mean bubble (%) in `gpipectl plan`'s per-stage table
+    (its words: stage or worker/chunk, "[a," "b)", forward, backward,
+    update, busy, bubble; a worker's chunks repeat its figure), or None
+    when the table does not have k workers."""
+    rows = [l.split() for l in open(path)
+            if re.match(r"^\s+\d+(/\d+)?\s+\[\d+, \d+\)", l)]
+    by_worker = {r[0].split("/")[0]: float(r[7].rstrip("%")) for r in rows}
+    if len(by_worker) != k:
+        return None
+    return sum(by_worker.values()) / k
 
 
 # gpipectl's schedule names as the spec spells them.

@@ -91,7 +91,7 @@ for rate in $rates; do
       --link-gbps "$gbps" --link-latency-us "$us" >"$work/plan.txt" 2>&1
     PYTHONPATH=bench python3 - "$work/$job.json" "$k" "$work/plan.txt" "$rate" "$delay" <<'PY'
 import re, statistics, sys
-from cluster_reports import step_reports
+from cluster_reports import plan_bubble, step_reports
 path, k, plan, rate, delay = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 steps, bubbles = [], []
 for stages in step_reports(path, k):
@@ -105,15 +105,13 @@ if not row:
 f = row[0].split()
 f = f[1:] if f[0] in ("=", "*") else f
 plan_ms = float(f[4])
-# The stages' mean bubble, as measured: from the plan's per-stage table
-# (its words: stage, "[a," "b)", forward, backward, update, busy, bubble).
-per_stage = [l.split() for l in open(plan) if re.match(r"^\s+\d+\s+\[\d+, \d+\)", l)]
-if len(per_stage) != k:
+# The stages' mean bubble, as measured.
+planned_bubble = plan_bubble(plan, k)
+if planned_bubble is None:
     sys.exit("no per-stage plan: " + open(plan).read())
-plan_bubble = statistics.mean(float(p[7].rstrip("%")) for p in per_stage)
 ms = 1e3 * statistics.median(steps)
 print("%-8s %-6s %10.1f %10.1f %7.2f %8.1f%% %8.1f%%" % (
-    rate, delay, ms, plan_ms, ms / plan_ms, 100 * statistics.median(bubbles), plan_bubble))
+    rate, delay, ms, plan_ms, ms / plan_ms, 100 * statistics.median(bubbles), planned_bubble))
 PY
   done
 done

@@ -163,7 +163,7 @@ double MeasureTriadBytesPerSecond() {
 // parameter's own bytes, for the optimizer of `spec`: the squares read the
 // gradient; the update reads the parameter and its gradient and writes the
 // parameter, reads and writes each state tensor, and zeroes the gradient.
-double NormTraffic() { return 1; }
+constexpr double kNormTraffic = 1;
 double UpdateTraffic(const gpipe::v1::OptimizerSpec& spec) {
   const double state = spec.has_adamw() ? 2 : spec.sgd().momentum() > 0 ? 1 : 0;
   return 4 + 2 * state;
@@ -471,7 +471,7 @@ int RunPlan(const std::vector<std::string>& args) {
       forward_fixed[l] = backward_fixed[l] =
           overhead_flag >= 0 ? overhead_flag : kDefaultLayerOverhead;
       partition_costs[l] = model_costs[l];
-      norm[l] = NormTraffic() * cost.param_bytes / bandwidth;
+      norm[l] = kNormTraffic * cost.param_bytes / bandwidth;
       // Re-packing reads the weight and writes its two packed copies.
       update[l] = (UpdateTraffic(spec->optimizer()) * cost.param_bytes +
                    1.5 * cost.packed_weight_bytes) /

@@ -4,9 +4,7 @@
 #include <chrono>
 
 #include "absl/status/status.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "services/core/rng.h"
 #include "services/core/status.h"
 #include "services/nn/layer_spec.h"
@@ -66,20 +64,37 @@ absl::Status CheckSizes(int64_t micro_batch_size, int reps) {
   return absl::OkStatus();
 }
 
-// The model's parameters by layer, from their global names
-// ("layers.<l>.<name>").
-std::vector<std::vector<NamedParameter>> ParametersByLayer(const Model& model) {
+// The model's parameters by layer, named as the model names them.
+std::vector<std::vector<NamedParameter>> ParametersByLayer(Model& model) {
   std::vector<std::vector<NamedParameter>> out(model.size());
-  for (const NamedParameter& p : model.Parameters()) {
-    absl::string_view rest = p.name;
-    int64_t l = -1;
-    if (absl::ConsumePrefix(&rest, "layers.")) {
-      const size_t dot = rest.find('.');
-      if (!absl::SimpleAtoi(rest.substr(0, dot), &l)) l = -1;
-    }
-    if (l >= 0 && l < model.size()) out[l].push_back(p);
+  for (int64_t l = 0; l < model.size(); ++l) {
+    for (Parameter* p : model.layer(l).Parameters())
+      out[l].push_back({absl::StrCat("layers.", l, ".", p->name), p});
   }
   return out;
+}
+
+// The spec's model and what a measurement feeds it: a random micro-batch
+// of `micro_batch_size` samples and a random output gradient, drawn from
+// the seed mixed with `salt`.
+struct Probe {
+  ModelShapes shapes;
+  std::unique_ptr<Model> model;
+  Tensor input, output_grad;
+};
+absl::StatusOr<Probe> MakeProbe(const gpipe::v1::JobSpec& spec,
+                                int64_t micro_batch_size, int reps,
+                                uint64_t salt) {
+  RETURN_IF_ERROR(CheckSizes(micro_batch_size, reps));
+  Probe p;
+  ASSIGN_OR_RETURN(p.shapes, InferModelShapes(spec.model()));
+  ASSIGN_OR_RETURN(p.model, Model::Build(spec.model(), spec.seed()));
+  Rng rng(MixKey({spec.seed(), salt}));
+  p.input =
+      RandomInput(spec.model(), p.shapes.inputs[0], micro_batch_size, rng);
+  p.output_grad = RandomGradient(
+      p.shapes.outputs[p.model->size() - 1].WithBatch(micro_batch_size), rng);
+  return p;
 }
 
 // One training pass over every layer: forward, then backward from
@@ -115,16 +130,10 @@ void ForwardBackward(Model& model, const Tensor& input,
 absl::StatusOr<LayerPasses> MeasurePasses(const gpipe::v1::JobSpec& spec,
                                           int64_t micro_batch_size, int reps,
                                           bool first_input_grad) {
-  RETURN_IF_ERROR(CheckSizes(micro_batch_size, reps));
-  ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                   Model::Build(spec.model(), spec.seed()));
-  const int64_t n = model->size();
-  Rng rng(MixKey({spec.seed(), 0x70726f66ULL}));
-  const Tensor input =
-      RandomInput(spec.model(), shapes.inputs[0], micro_batch_size, rng);
-  const Tensor output_grad =
-      RandomGradient(shapes.outputs[n - 1].WithBatch(micro_batch_size), rng);
+  ASSIGN_OR_RETURN(Probe probe,
+                   MakeProbe(spec, micro_batch_size, reps, 0x70726f66ULL));
+  Model& model = *probe.model;
+  const int64_t n = model.size();
 
   // [l][r]: layer l's seconds in run r.
   std::vector<std::vector<double>> forward(n), backward(n);
@@ -134,8 +143,9 @@ absl::StatusOr<LayerPasses> MeasurePasses(const gpipe::v1::JobSpec& spec,
   for (int r = 0; r <= reps; ++r) {  // run 0 warms caches and allocators
     ctx.step = r;
     std::vector<double> f(n, 0), b(n, 0);
-    ForwardBackward(*model, input, output_grad, ctx, first_input_grad, f, b);
-    model->ZeroGrad();
+    ForwardBackward(model, probe.input, probe.output_grad, ctx,
+                    first_input_grad, f, b);
+    model.ZeroGrad();
     if (r == 0) continue;
     for (int64_t l = 0; l < n; ++l) {
       forward[l].push_back(f[l]);
@@ -172,18 +182,12 @@ absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
 
 absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(
     const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps) {
-  RETURN_IF_ERROR(CheckSizes(micro_batch_size, reps));
-  ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
-                   Model::Build(spec.model(), spec.seed()));
-  const int64_t n = model->size();
-  Rng rng(MixKey({spec.seed(), 0x73746570ULL}));
-  const Tensor input =
-      RandomInput(spec.model(), shapes.inputs[0], micro_batch_size, rng);
-  const Tensor output_grad =
-      RandomGradient(shapes.outputs[n - 1].WithBatch(micro_batch_size), rng);
+  ASSIGN_OR_RETURN(Probe probe,
+                   MakeProbe(spec, micro_batch_size, reps, 0x73746570ULL));
+  Model& model = *probe.model;
+  const int64_t n = model.size();
   const std::vector<std::vector<NamedParameter>> params =
-      ParametersByLayer(*model);
+      ParametersByLayer(model);
   // One optimizer a layer, so each layer's update is timed alone; the
   // per-parameter arithmetic is the same as one over the whole model.
   std::vector<std::unique_ptr<Optimizer>> optimizers(n);
@@ -203,10 +207,12 @@ absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(
   for (int r = 0; r <= reps; ++r) {  // step 0 warms caches and allocators
     ctx.step = 2 * r;
     std::vector<double> first(n, 0), second(n, 0);
-    ForwardBackward(*model, input, output_grad, ctx, false, first, first);
-    model->ZeroGrad();
+    ForwardBackward(model, probe.input, probe.output_grad, ctx, false, first,
+                    first);
+    model.ZeroGrad();
     ctx.step = 2 * r + 1;
-    ForwardBackward(*model, input, output_grad, ctx, false, second, second);
+    ForwardBackward(model, probe.input, probe.output_grad, ctx, false, second,
+                    second);
     for (int64_t l = 0; l < n; ++l) {
       if (params[l].empty()) continue;
       Clock::time_point start = Clock::now();
@@ -236,7 +242,7 @@ absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(
     // What the first pass after an update does more is re-packing the
     // weights, for the layers that keep a packed copy; elsewhere the
     // difference would be noise of a larger pass.
-    if (shapes.costs[l].packed_weight_bytes > 0)
+    if (probe.shapes.costs[l].packed_weight_bytes > 0)
       out.update[l] += std::max(0.0, Median(after[l]) - Median(again[l]));
   }
   return out;
