@@ -74,9 +74,9 @@ write_spec "$work/long.json" fake-device-long "$((20 * steps))" 3 0 "$ADAMW"
 job=$(submit "$work/long.json")
 # Past the second checkpoint (every 10 steps), so that the kill restores one.
 wait_step "$job" 25
-[[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] ||
+[[ "$(job_field "$job" "s.get('state','')")" =~ ^(RUNNING|RESTARTING)$ ]] ||
   fail "job $job ended before the kill (FAKE_DEVICE_STEPS too small?)"
-mapfile -t busy < <(busy_workers "$job")
+mapfile -t busy < <(running_busy_workers "$job")
 ((${#busy[@]} > 0)) || fail "job $job lists no busy worker"
 victim=${busy[RANDOM % ${#busy[@]}]}
 kill -9 "${worker_pid[$victim]}"

@@ -148,6 +148,23 @@ busy_workers() {
   return 0
 }
 
+# running_busy_workers JOB: busy_workers once the job is RUNNING with its
+# stages placed, waiting up to 10 s: between epochs (a re-partition from
+# measured costs or speeds, which a loaded machine can set off, or a
+# recovery) it lists no stages for a moment. Nothing when it never is.
+running_busy_workers() {
+  local _ names
+  for _ in $(seq 100); do
+    names=$(busy_workers "$1")
+    [[ -n "$names" && "$(job_field "$1" "s.get('state','')")" == RUNNING ]] && {
+      echo "$names"
+      return 0
+    }
+    sleep 0.1
+  done
+  return 0
+}
+
 # wait_step JOB STEP: until the job has completed STEP steps (or ended).
 wait_step() {
   local _ st

@@ -74,13 +74,7 @@ echo "kill -9: the job survived $survived kills of busy workers ($restarts resta
 wait_workers 4
 job=$(submit "$work/sgd.json")
 wait_step "$job" $((steps / 9))
-# Between epochs (a re-partition from the measured speeds, which a loaded
-# machine can set off) the job lists no stages for a moment.
-for _ in $(seq 100); do
-  mapfile -t busy < <(busy_workers "$job")
-  ((${#busy[@]} > 0)) && [[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] && break
-  sleep 0.1
-done
+mapfile -t busy < <(running_busy_workers "$job")
 ((${#busy[@]} > 0)) || fail "job $job has no busy workers at step $((steps / 9))"
 paused=${busy[0]}
 epoch=$(job_field "$job" "s.get('epoch', 0)")
