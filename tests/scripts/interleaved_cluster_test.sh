@@ -105,7 +105,7 @@ kill_case() {
   done
   [[ "$(job_field "$job" "s.get('state','')")" == RUNNING ]] ||
     fail "job $job ended before its first checkpoint: $(job_field "$job" "s.get('state','')")"
-  mapfile -t busy < <(busy_workers "$job")
+  mapfile -t busy < <(running_busy_workers "$job")
   ((${#busy[@]} == 2)) || fail "job $job runs on ${#busy[@]} workers, not 2: ${busy[*]}"
   victim=${busy[RANDOM % 2]}
   at=$(job_field "$job" "str(s.get('step', 0))")
@@ -128,7 +128,7 @@ shrink_case() {
   interleaved_spec "$work/shrink-$1.json" "shrink-$1" 1 "$1" 6000
   job=$(submit "$work/shrink-$1.json")
   wait_step "$job" 30
-  mapfile -t busy < <(busy_workers "$job")
+  mapfile -t busy < <(running_busy_workers "$job")
   ((${#busy[@]} == 2)) || fail "job $job runs on ${#busy[@]} workers, not 2: ${busy[*]}"
   victim=${busy[0]}
   kill -9 "${worker_pid[$victim]}"

@@ -47,7 +47,7 @@ wait_workers 4
 write_spec "$work/elastic.json" recovery-elastic "$((8 * steps))" 4 2 "$SGD"
 job=$(submit "$work/elastic.json")
 wait_step "$job" $((steps / 20))
-mapfile -t busy < <(busy_workers "$job")
+mapfile -t busy < <(running_busy_workers "$job")
 ((${#busy[@]} == 4)) || fail "job $job runs on ${#busy[@]} workers, want 4"
 for victim in "${busy[@]:0:2}"; do
   kill -9 "${worker_pid[$victim]}"
