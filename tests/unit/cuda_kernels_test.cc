@@ -216,6 +216,58 @@ TEST_F(CudaKernelsTest, SoftmaxCrossEntropy) {
   ExpectNear(d, dd, 1e-6, "dlogits");
 }
 
+// A warp per row: vocabulary-wide rows, rows with fewer classes than a
+// warp's lanes, and ties for the largest logit, which the CPU gives to the
+// first column.
+TEST_F(CudaKernelsTest, SoftmaxCrossEntropyWideRowsAndTies) {
+  for (int64_t classes : {int64_t{3}, int64_t{33}, int64_t{5000}}) {
+    SCOPED_TRACE(classes);
+    const int64_t rows = 67;
+    Tensor logits = Random({rows, classes}, 21, 4.0f);
+    std::vector<float> z = logits.ToVector();
+    for (int64_t r = 0; r < rows; r += 3) {  // a tie between two columns
+      float* row = z.data() + r * classes;
+      const int64_t a = r % classes, b = (r * 7 + 1) % classes;
+      row[a] = row[b] = 20.0f;
+    }
+    logits = Tensor::FromVector({rows, classes}, z);
+    std::vector<int32_t> t(rows);
+    for (int64_t r = 0; r < rows; ++r)
+      t[r] = r % 11 == 5 ? -1 : static_cast<int32_t>((r * 7 + 1) % classes);
+    Tensor targets = Tensor::FromInts({rows}, t);
+    Tensor d = Tensor::Empty(logits.shape());
+    Tensor dd = d.To(kCuda);
+    const cpu::CrossEntropyResult a = ops::SoftmaxCrossEntropy(
+        kCpu, rows, classes, logits.f32(), targets.i32(), 100.0, d.f32());
+    const cpu::CrossEntropyResult b =
+        ops::SoftmaxCrossEntropy(kCuda, rows, classes, logits.To(kCuda).f32(),
+                                 targets.To(kCuda).i32(), 100.0, dd.f32());
+    EXPECT_EQ(a.counted, b.counted);
+    EXPECT_EQ(a.correct, b.correct);
+    EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-5 * a.loss_sum);
+    ExpectNear(d, dd, 1e-5, "dlogits");
+  }
+}
+
+// Tokens land in every bucket of the GPU's scatter and many repeat, so a
+// table row adds several tokens' rows: bitwise the CPU's order.
+TEST_F(CudaKernelsTest, EmbeddingScatterIsTheCpusOrder) {
+  const int64_t n = 700, dim = 48, vocab = 97;
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i)
+    ids[i] = static_cast<int32_t>((i * i + 3 * i) % vocab);
+  Tensor tokens = Tensor::FromInts({n}, ids);
+  Tensor dout = Random({n, dim}, 22);
+  Tensor table = Random({vocab, dim}, 23), gtable = table.To(kCuda);
+  Tensor position = Tensor::Zeros({n, dim}), gposition = position.To(kCuda);
+  ops::EmbeddingBackward(kCpu, 1, n, dim, tokens.i32(), dout.f32(), table.f32(),
+                         position.f32());
+  ops::EmbeddingBackward(kCuda, 1, n, dim, tokens.To(kCuda).i32(),
+                         dout.To(kCuda).f32(), gtable.f32(), gposition.f32());
+  EXPECT_TRUE(BitwiseEqual(table, gtable));
+  EXPECT_TRUE(BitwiseEqual(position, gposition));
+}
+
 TEST_F(CudaKernelsTest, LayerNorm) {
   const int64_t rows = 129, cols = 96;
   Tensor x = Random({rows, cols}, 13, 2.0f), dy = Random({rows, cols}, 14);

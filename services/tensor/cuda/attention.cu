@@ -34,12 +34,6 @@ __global__ void MergeHeadsKernel(int64_t batch, int64_t heads, int64_t t,
   rows[RowIndex(e, batch, heads, t, dh, parts)] = blocks[e];
 }
 
-__device__ float WarpMax(float v) {
-  for (int o = kWarp / 2; o > 0; o /= 2)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
 // Rows of t scores; row r is query r % t. Entries past the last visible
 // key become 0, as the CPU leaves them.
 __global__ void MaskedSoftmaxKernel(int64_t rows, int64_t t, bool causal,

@@ -118,63 +118,53 @@ __global__ void SumPartials(int n, double* partial) {
   partial[0] = s;
 }
 
-// Row kernels: one thread per row, the CPU's loop inside.
-__global__ void SoftmaxRowsKernel(int64_t rows, int64_t cols, const float* x,
-                                  float* y) {
-  GPIPE_FOR_EACH(r, rows) {
-    const float* in = x + r * cols;
-    float* out = y + r * cols;
-    float m = in[0];
-    for (int64_t c = 1; c < cols; ++c) m = in[c] > m ? in[c] : m;
-    float s = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) {
-      out[c] = expf(in[c] - m);
-      s += out[c];
-    }
-    const float inv = 1.0f / s;
-    for (int64_t c = 0; c < cols; ++c) out[c] *= inv;
+// The row's largest logit and its first column, as the CPU's strict `>`
+// scan finds it: each lane scans its columns in order, then the butterfly
+// keeps the larger value and, on a tie, the smaller column, which is an
+// order-free choice, so every lane ends with the same pair.
+__device__ void WarpArgMax(float& m, int64_t& arg) {
+  for (int o = kWarp / 2; o > 0; o /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, m, o);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, arg, o);
+    if (om > m || (om == m && oa < arg)) m = om, arg = oa;
   }
 }
-__global__ void SoftmaxRowsBackwardKernel(int64_t rows, int64_t cols,
-                                          const float* y, const float* dy,
-                                          float* dx) {
-  GPIPE_FOR_EACH(r, rows) {
-    const float* yr = y + r * cols;
-    const float* dyr = dy + r * cols;
-    float* dxr = dx + r * cols;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
-    for (int64_t c = 0; c < cols; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
-  }
-}
+// Cross-entropy: a warp per row (launched with kWarp threads a row), as
+// layer norm below. One thread per row left most of the GPU idle, read 32
+// rows' columns apart, and walked a vocabulary-wide row alone. The maximum
+// is exact in any order; the sum is WarpSum's fixed tree, reproducible but
+// not the CPU's order (within its rounding: cuda_kernels_test).
 __global__ void CrossEntropyKernel(int64_t rows, int64_t classes,
                                    const float* logits, const int32_t* targets,
                                    float scale, float* dlogits,
                                    double* row_loss, int32_t* row_correct) {
-  GPIPE_FOR_EACH(r, rows) {
+  const int lane = threadIdx.x % kWarp;
+  GPIPE_FOR_EACH_ROW(r, rows) {
     const float* z = logits + r * classes;
     const int32_t t = targets[r];
-    float m = z[0];
-    int64_t arg = 0;
-    for (int64_t c = 1; c < classes; ++c)
-      if (z[c] > m) m = z[c], arg = c;
+    // Lanes with no column (classes < 32) hold -inf at an index past the
+    // row, which never wins against a real column.
+    float m = -INFINITY;
+    int64_t arg = classes;
+    for (int64_t c = lane; c < classes; c += kWarp)
+      if (z[c] > m || arg == classes) m = z[c], arg = c;
+    WarpArgMax(m, arg);
     float s = 0.0f;
-    for (int64_t c = 0; c < classes; ++c) s += expf(z[c] - m);
-    const float log_s = logf(s);
+    for (int64_t c = lane; c < classes; c += kWarp) s += expf(z[c] - m);
+    s = WarpSum(s);
     // A target outside [0, classes) is never read through: -2 marks it
     // for the host to refuse (-1 is an ignored row).
     const bool valid = t >= 0 && t < classes;
-    row_loss[r] = valid ? static_cast<double>(log_s - (z[t] - m)) : 0.0;
-    row_correct[r] = valid ? (arg == t ? 1 : 0) : (t == -1 ? -1 : -2);
+    if (lane == 0) {
+      row_loss[r] = valid ? static_cast<double>(logf(s) - (z[t] - m)) : 0.0;
+      row_correct[r] = valid ? (arg == t ? 1 : 0) : (t == -1 ? -1 : -2);
+    }
     if (dlogits != nullptr) {
       float* d = dlogits + r * classes;
-      if (!valid) {
-        for (int64_t c = 0; c < classes; ++c) d[c] = 0.0f;
-      } else {
-        const float inv = 1.0f / s;
-        for (int64_t c = 0; c < classes; ++c)
-          d[c] = expf(z[c] - m) * inv * scale;
-        d[t] -= scale;
+      const float inv = 1.0f / s;
+      for (int64_t c = lane; c < classes; c += kWarp) {
+        const float g = expf(z[c] - m) * inv * scale;
+        d[c] = !valid ? 0.0f : (c == t ? g - scale : g);
       }
     }
   }
@@ -276,14 +266,21 @@ __global__ void EmbeddingGatherKernel(int64_t n, int64_t dim, int64_t vocab,
     out[i] = table[static_cast<int64_t>(id) * dim + i % dim];
   }
 }
-// One thread per embedding column, tokens in order: no atomics, and the
-// CPU's order of additions into each row.
+// Thread (d, b) adds, tokens in order, column d of every token whose id
+// falls in bucket b (id % kScatterBuckets): each table entry still gets
+// its tokens' values in the CPU's order and from one thread, so no atomics
+// and the CPU's bits, with kScatterBuckets times the threads of one per
+// column (a 256-wide table gave 256 threads, each walking every token).
+constexpr int64_t kScatterBuckets = 32;
 __global__ void EmbeddingScatterKernel(int64_t n, int64_t dim,
                                        const int32_t* ids, const float* dout,
                                        float* dtable) {
-  GPIPE_FOR_EACH(d, dim) {
-    for (int64_t i = 0; i < n; ++i)
-      dtable[static_cast<int64_t>(ids[i]) * dim + d] += dout[i * dim + d];
+  GPIPE_FOR_EACH(e, dim * kScatterBuckets) {
+    const int64_t d = e % dim, b = e / dim;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id = ids[i];
+      if (id % kScatterBuckets == b) dtable[id * dim + d] += dout[i * dim + d];
+    }
   }
 }
 __global__ void SumBlocksKernel(int64_t batch, int64_t inner, const float* y,
@@ -379,14 +376,6 @@ double SumSquares(int64_t n, const float* x, double* partial) {
   return s;
 }
 
-void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y) {
-  GPIPE_LAUNCH(SoftmaxRowsKernel, rows, rows, cols, x, y);
-}
-void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
-                         const float* dy, float* dx) {
-  GPIPE_LAUNCH(SoftmaxRowsBackwardKernel, rows, rows, cols, y, dy, dx);
-}
-
 cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
                                             const float* logits,
                                             const int32_t* targets,
@@ -395,8 +384,8 @@ cpu::CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
   cpu::CrossEntropyResult result;
   if (rows == 0) return result;
   const float scale = static_cast<float>(1.0 / normalizer);
-  GPIPE_LAUNCH(CrossEntropyKernel, rows, rows, classes, logits, targets, scale,
-               dlogits, loss, correct);
+  GPIPE_LAUNCH(CrossEntropyKernel, rows * kWarp, rows, classes, logits, targets,
+               scale, dlogits, loss, correct);
   std::vector<double> row_loss(rows);
   std::vector<int32_t> row_correct(rows);
   CopyDeviceToHost(row_loss.data(), loss, rows * sizeof(double));
@@ -435,7 +424,8 @@ void EmbeddingGather(int64_t n, int64_t dim, int64_t vocab, const int32_t* ids,
 }
 void EmbeddingScatterAdd(int64_t n, int64_t dim, const int32_t* ids,
                          const float* dout, float* dtable) {
-  GPIPE_LAUNCH(EmbeddingScatterKernel, dim, n, dim, ids, dout, dtable);
+  GPIPE_LAUNCH(EmbeddingScatterKernel, dim * kScatterBuckets, n, dim, ids, dout,
+               dtable);
 }
 
 void SgdStep(int64_t n, float lr, float decay, float mu, bool nesterov,

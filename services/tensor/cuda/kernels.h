@@ -56,9 +56,6 @@ void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out);
 constexpr int64_t kSumSquaresScratch = 256;
 double SumSquares(int64_t n, const float* x, double* scratch);
 
-void SoftmaxRows(int64_t rows, int64_t cols, const float* x, float* y);
-void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
-                         const float* dy, float* dx);
 // As cpu::SoftmaxCrossEntropy; `targets` on the device; `row_loss` and
 // `row_correct` hold `rows` entries of device scratch. Synchronizes.
 cpu::CrossEntropyResult SoftmaxCrossEntropy(

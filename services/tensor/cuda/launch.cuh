@@ -37,6 +37,13 @@ inline __device__ float WarpSum(float v) {
   return v;
 }
 
+// The largest of a warp's values, in every lane: exact in any order.
+inline __device__ float WarpMax(float v) {
+  for (int o = kWarp / 2; o > 0; o /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
 }  // namespace gpipe::cuda
 
 #define GPIPE_FOR_EACH_ROW(row, rows)                                      \
