@@ -76,6 +76,20 @@ std::vector<LayerSeconds> LayerSecondsFromBusy(
   return out;
 }
 
+void AddUpdateSeconds(double update_seconds,
+                      const std::vector<int64_t>& param_bytes,
+                      std::vector<LayerSeconds>& layers) {
+  if (!(update_seconds > 0) || layers.empty()) return;
+  const size_t n = std::min(layers.size(), param_bytes.size());
+  const double total =
+      std::accumulate(param_bytes.begin(), param_bytes.begin() + n, 0.0);
+  for (size_t i = 0; i < layers.size(); ++i) {
+    layers[i].update +=
+        total > 0 ? (i < n ? update_seconds * param_bytes[i] / total : 0.0)
+                  : update_seconds / static_cast<double>(layers.size());
+  }
+}
+
 CostEstimate EstimateCosts(const LayerCostBook& book, int64_t layers) {
   std::vector<int64_t> classes(layers);
   std::iota(classes.begin(), classes.end(), int64_t{0});
@@ -133,11 +147,13 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
       const double speed = c.speed[key.second];
       sum[k].forward += s.forward * speed;
       sum[k].backward += s.backward * speed;
+      sum[k].update += s.update * speed;
     }
     for (int64_t k = 0; k < classes; ++k) {
       if (observed[k] == 0) continue;
       cost[k].forward = sum[k].forward / observed[k];
       cost[k].backward = sum[k].backward / observed[k];
+      cost[k].update = sum[k].update / observed[k];
     }
     // Worker speeds at the current costs: a mean of log(cost / seconds)
     // weighted by seconds, so long layers, whose times are steadiest, count
@@ -172,6 +188,7 @@ CostEstimate EstimateCosts(const LayerCostBook& book,
   for (LayerSeconds& k : cost) {
     k.forward *= scale;
     k.backward *= scale;
+    k.update *= scale;
   }
   // A layer's cost: its timed class's where that was observed, else what
   // its own split measurements say.
@@ -213,6 +230,7 @@ double PredictStepSeconds(const RebalanceInput& in,
     for (int64_t l = begin; l < begin + balance[s]; ++l) {
       stage.forward_seconds += in.costs.layers[l].forward / speed;
       stage.backward_seconds += in.costs.layers[l].backward / speed;
+      stage.update_seconds += in.costs.layers[l].update / speed;
       // A split backward's weight half: a product as large as the forward,
       // for the layers that defer one, within the backward measured.
       if (in.shapes->costs[l].deferred_bytes > 0) {

@@ -30,6 +30,10 @@ struct LayerSeconds {
   // Split from a stage's busy time by the cost model, not timed per layer:
   // says nothing about how layers of one class compare across workers.
   bool split = false;
+  // Seconds per step, not per micro-batch: the layer's share of its
+  // stage's update (AddUpdateSeconds). Not part of total(), which is what
+  // tells workers' speeds apart.
+  double update = 0;
   double total() const { return forward + backward; }
 };
 
@@ -69,6 +73,14 @@ class LayerCostBook {
 std::vector<LayerSeconds> LayerSecondsFromBusy(
     double busy_seconds, int64_t micro_batches, bool rematerializes,
     const std::vector<double>& model_costs);
+
+// A stage's update seconds (once a step) over its layers in proportion to
+// their parameter bytes (one entry per layer), as the optimizer's passes
+// over parameters, gradients and their state take; evenly where no layer
+// has parameters.
+void AddUpdateSeconds(double update_seconds,
+                      const std::vector<int64_t>& param_bytes,
+                      std::vector<LayerSeconds>& layers);
 
 struct CostEstimate {
   std::vector<LayerSeconds> layers;     // at speed 1
@@ -126,7 +138,8 @@ struct RebalanceProposal {
   std::string reason;                // layer_costs | worker_speeds
 };
 
-// The simulator's step time of `balance` with stage s on workers[s].
+// The simulator's step time of `balance` with stage s on workers[s], its
+// layers' updates at the step's end included.
 double PredictStepSeconds(const RebalanceInput& in,
                           const std::vector<int64_t>& balance,
                           const std::vector<std::string>& workers);

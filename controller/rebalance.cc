@@ -129,6 +129,8 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
   }
   const int64_t layers = stage->layer_end() - stage->layer_begin();
   const int n = static_cast<int>(layers);
+  if (!PlausibleSeconds(p.update_seconds())) return false;
+  const double update = p.update_seconds();
   std::vector<LayerSeconds> seconds;
   if (p.layer_forward_seconds_size() == n &&
       p.layer_backward_seconds_size() == n) {
@@ -150,13 +152,21 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
     const std::vector<double> mine(all.begin() + stage->layer_begin(),
                                    all.begin() + stage->layer_end());
     const v1::JobSpec& spec = job.job.spec();
+    // The update is once a step, not per micro-batch: split apart.
     seconds = LayerSecondsFromBusy(
-        p.busy_seconds(), MicroBatchCount(spec),
+        std::max(0.0, p.busy_seconds() - update), MicroBatchCount(spec),
         StageRematerializes(RematFromSpec(spec.pipeline().remat()), p.stage(),
                             status.stages_size()),
         mine);
   } else {
     return false;
+  }
+  if (shapes != nullptr &&
+      stage->layer_end() <= static_cast<int64_t>(shapes->costs.size())) {
+    std::vector<int64_t> param_bytes;
+    for (int64_t l = stage->layer_begin(); l < stage->layer_end(); ++l)
+      param_bytes.push_back(shapes->costs[l].param_bytes);
+    AddUpdateSeconds(update, param_bytes, seconds);
   }
   job.layer_costs.Record(worker, stage->layer_begin(), seconds, probe_gflops);
   ++job.timed_reports[p.stage()];

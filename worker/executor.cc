@@ -1120,6 +1120,7 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   }
   p->set_step_seconds(seconds);
   p->set_busy_seconds(t.busy_seconds());
+  p->set_update_seconds(t.busy_seconds(Phase::kOptimizer));
   // The stage is not idle while its thread computes another of its
   // worker's stages: with chunks, its bubble is its worker's.
   const double others = std::max(0.0, worker_busy_seconds - t.busy_seconds());

@@ -232,6 +232,41 @@ TEST(BalancerTest, BusyTimeSplitsByTheCostModel) {
   EXPECT_DOUBLE_EQ(s[0].forward + s[1].forward, 1.5);
 }
 
+TEST(BalancerTest, UpdatesSplitByParameterBytes) {
+  std::vector<LayerSeconds> layers(3);
+  AddUpdateSeconds(0.006, {100, 0, 200}, layers);
+  EXPECT_DOUBLE_EQ(layers[0].update, 0.002);
+  EXPECT_DOUBLE_EQ(layers[1].update, 0.0);
+  EXPECT_DOUBLE_EQ(layers[2].update, 0.004);
+  EXPECT_DOUBLE_EQ(layers[0].total(), 0.0);  // not a per-micro-batch time
+  std::vector<LayerSeconds> none(2);
+  AddUpdateSeconds(0.002, {0, 0}, none);
+  EXPECT_DOUBLE_EQ(none[0].update, 0.001);
+  EXPECT_DOUBLE_EQ(none[1].update, 0.001);
+}
+
+TEST(BalancerTest, ThePredictedStepEndsWithTheUpdates) {
+  // 4 equal layers on 2 stages, GPipe: the first stage finishes last, so
+  // its update (2 layers x 5 ms) is the step's last 10 ms; the last
+  // stage's (2 x 1 ms) runs beside it.
+  const ModelShapes shapes = EqualLayers(4);
+  LayerCostBook plain, updating;
+  Measure(plain, {2, 2}, {"a", "b"}, {1e-3, 1e-3, 1e-3, 1e-3});
+  const std::vector<double> update = {5e-3, 5e-3, 1e-3, 1e-3};
+  for (int64_t s = 0; s < 2; ++s) {
+    std::vector<LayerSeconds> layers;
+    for (int64_t l = 2 * s; l < 2 * s + 2; ++l)
+      layers.push_back({1e-3, 2e-3, false, update[l]});
+    updating.Record(s == 0 ? "a" : "b", 2 * s, layers);
+  }
+  const RebalanceInput a = Input(shapes, {2, 2}, {"a", "b"}, plain);
+  const RebalanceInput b = Input(shapes, {2, 2}, {"a", "b"}, updating);
+  EXPECT_DOUBLE_EQ(b.costs.layers[0].update, 5e-3);
+  EXPECT_NEAR(PredictStepSeconds(b, {2, 2}, {"a", "b"}) -
+                  PredictStepSeconds(a, {2, 2}, {"a", "b"}),
+              10e-3, 1e-9);
+}
+
 TEST(BalancerTest, TheBookForgetsTheLeastRecentWorkers) {
   LayerCostBook book;
   for (int w = 0; w < 70; ++w) {

@@ -277,11 +277,34 @@ TEST(RebalanceRulesTest, LayerTimesOfTheWrongLengthAreIgnored) {
   EXPECT_TRUE(job.layer_costs.seen().empty());
 }
 
+TEST(RebalanceRulesTest, AStagesUpdateIsSplitOverItsLayersByParameters) {
+  JobRecord job = RunningJob();
+  v1::StepProgress p = Progress(1, 1, 3, 1.0);
+  p.set_update_seconds(0.006);
+  ASSERT_TRUE(RecordStageTimes(job, "w2", 0, p));
+  const ModelShapes* shapes = job.model_shapes.get();
+  ASSERT_NE(shapes, nullptr);
+  int64_t params = 0;
+  for (int64_t l = 2; l < 5; ++l) params += shapes->costs[l].param_bytes;
+  ASSERT_GT(params, 0);
+  double update = 0;
+  for (const auto& [key, s] : job.layer_costs.seen()) {
+    EXPECT_DOUBLE_EQ(s.update,
+                     0.006 * shapes->costs[key.first].param_bytes / params);
+    update += s.update;
+  }
+  EXPECT_NEAR(update, 0.006, 1e-15);
+  v1::StepProgress bad = Progress(1, 2, 3, 1.0);
+  bad.set_update_seconds(std::numeric_limits<double>::quiet_NaN());
+  EXPECT_FALSE(RecordStageTimes(job, "w2", 0, bad));
+}
+
 TEST(RebalanceRulesTest, AStageWithoutLayerTimesIsSplitByTheCostModel) {
   // A GPU stage sends its busy time only.
   JobRecord job = RunningJob();
   v1::StepProgress p = Progress(1, 1, 0, 0);
-  p.set_busy_seconds(0.08);
+  p.set_busy_seconds(0.09);
+  p.set_update_seconds(0.01);  // once a step: not split per micro-batch
   ASSERT_TRUE(RecordStageTimes(job, "w2", 0, p));
   double forward = 0;
   for (const auto& [key, s] : job.layer_costs.seen()) {
