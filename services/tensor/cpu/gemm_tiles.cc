@@ -52,7 +52,7 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(int64_t depth,
   }
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 16 * 16), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bp + 16 * depth), _MM_HINT_T1);
     const __m256 b0 = _mm256_loadu_ps(bp);
     const __m256 b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 6
@@ -78,10 +78,12 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(int64_t depth,
 }
 
 // 12 x 32: twenty-four accumulators and two rows of B in the 32 zmm
-// registers, A broadcast from memory into each FMA. Both tiles prefetch B 16
-// steps ahead: in a training step B (a layer's weight, packed) comes from
-// memory, not cache, and a micro-batch's few rows reuse each sliver only a
-// few times, so the loads' latency was the tile's pace.
+// registers, A broadcast from memory into each FMA. Both tiles fetch the
+// next sliver of B into L2 while they work on this one (the packed slivers
+// lie one after the other): in a training step B, a layer's packed weight,
+// comes from memory, and a micro-batch's few rows reuse each sliver only a
+// few times, so without it the first tile of each sliver waited on memory
+// while the others asked nothing of it.
 __attribute__((target("avx512f"))) void Avx512Tile(int64_t depth,
                                                    const float* ap,
                                                    const float* bp, float* c,
@@ -97,8 +99,9 @@ __attribute__((target("avx512f"))) void Avx512Tile(int64_t depth,
   }
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 32) {
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 32 * 16), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 32 * 16 + 16), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(bp + 32 * depth), _MM_HINT_T1);
+    _mm_prefetch(reinterpret_cast<const char*>(bp + 32 * depth + 16),
+                 _MM_HINT_T1);
     const __m512 b0 = _mm512_loadu_ps(bp);
     const __m512 b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 12
