@@ -407,6 +407,9 @@ int RunPlan(const std::vector<std::string>& args) {
   // slow.
   std::vector<double> forward_per_sample(layers), backward_per_sample(layers);
   std::vector<double> forward_fixed(layers), backward_fixed(layers);
+  // The weight half of a split backward, where measured (empty otherwise:
+  // the cost model's estimate in stage_costs below).
+  std::vector<double> weight_per_sample, weight_fixed;
   std::vector<double> partition_costs(layers);  // what PartitionByCost sees
   // Once a step per layer: the gradient squares and the update
   // (StageCost::norm_seconds, update_seconds).
@@ -443,6 +446,15 @@ int RunPlan(const std::vector<std::string>& args) {
       split(at_spec->backward[l], at_one.backward[l], backward_per_sample[l],
             backward_fixed[l]);
       partition_costs[l] = at_spec->forward[l] + at_spec->backward[l];
+    }
+    // The weight halves timed as zero-bubble schedules run them: the
+    // estimate from the forward's product placed ZB-V's chunks' time
+    // differently from what they take.
+    weight_per_sample.assign(layers, 0);
+    weight_fixed.assign(layers, 0);
+    for (int64_t l = 0; l < layers; ++l) {
+      split(at_spec->weight[l], at_one.weight[l], weight_per_sample[l],
+            weight_fixed[l]);
     }
     absl::StatusOr<LayerStepSeconds> once =
         MeasureLayerStepSeconds(*spec, spec_mb, kMeasureReps);
@@ -542,12 +554,20 @@ int RunPlan(const std::vector<std::string>& args) {
               costs[s].forward_seconds += forward_fixed[l];
               costs[s].backward_seconds +=
                   backward_fixed[l] + backward_per_sample[l] * mb;
+              if (!weight_per_sample.empty()) continue;
               // A split backward does the same work in two ops: the fixed
               // part of a layer's backward is mostly memory traffic (the
               // input half reads the weight, the weight half adds into its
               // gradient), which splits with it rather than doubling.
               if (shapes->costs[l].deferred_bytes > 0)
                 costs[s].weight_seconds += backward_fixed[l] / 2;
+            }
+            if (!weight_per_sample.empty()) {  // measured
+              costs[s].weight_seconds = 0;
+              for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
+                costs[s].weight_seconds +=
+                    weight_fixed[l] + weight_per_sample[l] * mb;
+              }
             }
             // The weight half is the forward's product (StageCostsFromLayers)
             // and never more than the backward it is part of.

@@ -125,11 +125,37 @@ void ForwardBackward(Model& model, const Tensor& input,
   }
 }
 
+// One training pass with each layer's backward split in two (input half,
+// then at once its weight half), adding each layer's weight-half seconds
+// to `weight`.
+void ForwardSplitBackward(Model& model, const Tensor& input,
+                          const Tensor& output_grad, LayerContext ctx,
+                          std::vector<double>& weight) {
+  const int64_t n = model.size();
+  std::vector<Saved> saved(n);
+  Tensor h = input;
+  for (int64_t l = 0; l < n; ++l) {
+    ctx.layer_index = l;
+    h = model.layer(l).Forward(h, ctx, &saved[l]);
+  }
+  Tensor g = output_grad;
+  for (int64_t l = n - 1; l >= 0; --l) {
+    ctx.layer_index = l;
+    ctx.input_grad = InputGradUsed(l);
+    Saved deferred;
+    g = model.layer(l).BackwardInput(g, saved[l], ctx, &deferred);
+    const Clock::time_point start = Clock::now();
+    model.layer(l).BackwardWeight(saved[l], deferred, ctx);
+    weight[l] += SecondsSince(start);
+    saved[l].Clear();
+  }
+}
+
 // Each layer's forward and backward medians over `reps` runs after one
-// warm-up run.
+// warm-up run (and, with `split`, its weight half's over as many more).
 absl::StatusOr<LayerPasses> MeasurePasses(const gpipe::v1::JobSpec& spec,
                                           int64_t micro_batch_size, int reps,
-                                          bool first_input_grad) {
+                                          bool first_input_grad, bool split) {
   ASSIGN_OR_RETURN(Probe probe,
                    MakeProbe(spec, micro_batch_size, reps, 0x70726f66ULL));
   Model& model = *probe.model;
@@ -152,10 +178,20 @@ absl::StatusOr<LayerPasses> MeasurePasses(const gpipe::v1::JobSpec& spec,
       backward[l].push_back(b[l]);
     }
   }
+  std::vector<std::vector<double>> weight(n);
+  for (int r = 0; split && r <= reps; ++r) {
+    ctx.step = reps + 1 + r;
+    std::vector<double> w(n, 0);
+    ForwardSplitBackward(model, probe.input, probe.output_grad, ctx, w);
+    model.ZeroGrad();
+    if (r == 0) continue;
+    for (int64_t l = 0; l < n; ++l) weight[l].push_back(w[l]);
+  }
   LayerPasses out;
   for (int64_t l = 0; l < n; ++l) {
     out.forward.push_back(Median(forward[l]));
     out.backward.push_back(Median(backward[l]));
+    out.weight.push_back(Median(weight[l]));
   }
   return out;
 }
@@ -166,7 +202,7 @@ absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
     const gpipe::v1::JobSpec& spec, int64_t micro_batch_size, int reps) {
   ASSIGN_OR_RETURN(LayerPasses passes,
                    MeasurePasses(spec, micro_batch_size, reps,
-                                 /*first_input_grad=*/true));
+                                 /*first_input_grad=*/true, /*split=*/false));
   std::vector<double> sum(passes.forward.size());
   for (size_t l = 0; l < sum.size(); ++l)
     sum[l] = passes.forward[l] + passes.backward[l];
@@ -177,7 +213,7 @@ absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
                                                int64_t micro_batch_size,
                                                int reps) {
   return MeasurePasses(spec, micro_batch_size, reps,
-                       /*first_input_grad=*/false);
+                       /*first_input_grad=*/false, /*split=*/true);
 }
 
 absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(

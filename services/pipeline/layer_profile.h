@@ -24,9 +24,13 @@ absl::StatusOr<std::vector<double>> MeasureLayerSeconds(
 // The forward and the backward of each layer apart (medians over `reps`
 // runs, as MeasureLayerSeconds), the model's first layer's backward as a
 // pipeline's first stage runs it: without the input gradient nobody reads.
+// `weight`: the weight half of the backward split in two (Layer::
+// BackwardWeight, as zero-bubble schedules run it), timed in runs of their
+// own; 0 for layers that defer nothing.
 struct LayerPasses {
   std::vector<double> forward;
   std::vector<double> backward;
+  std::vector<double> weight;
 };
 absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
                                                int64_t micro_batch_size,

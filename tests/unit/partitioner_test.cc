@@ -354,10 +354,23 @@ TEST(MeasureLayerSecondsTest, PassesApart) {
   ASSERT_TRUE(passes.ok()) << passes.status();
   ASSERT_EQ(passes->forward.size(), 5u);
   ASSERT_EQ(passes->backward.size(), 5u);
+  ASSERT_EQ(passes->weight.size(), 5u);
+  // The weight half is timed where a split backward defers one (the
+  // linears), and nothing elsewhere.
+  absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec.model());
+  ASSERT_TRUE(shapes.ok());
+  int deferring = 0;
   for (size_t l = 0; l < 5; ++l) {
     EXPECT_GT(passes->forward[l], 0) << l;
     EXPECT_GT(passes->backward[l], 0) << l;
+    if (shapes->costs[l].deferred_bytes > 0) {
+      ++deferring;
+      EXPECT_GT(passes->weight[l], 0) << l;
+    } else {
+      EXPECT_LT(passes->weight[l], 1e-5) << l;  // an empty call
+    }
   }
+  EXPECT_GT(deferring, 0);
   EXPECT_FALSE(MeasureLayerPasses(spec, 0, 3).ok());
   EXPECT_FALSE(MeasureLayerPasses(spec, 8, 0).ok());
 }
