@@ -125,6 +125,10 @@ struct CaseResult {
   // Ours with op(B) packed ahead (cpu::PackedB, as a Linear layer keeps its
   // weight across a step's micro-batches); 0 where A is transposed (dW).
   double packed_gflops = 0.0;
+  // The same, each call on another of copies of B that together outgrow
+  // the caches (`cold_bytes`), as a training step's layers take their
+  // weights from memory in turn; 0 where not packed or not asked for.
+  double cold_gflops = 0.0;
 };
 
 // Repeats our call and the plain one in alternating groups of about a
@@ -133,7 +137,8 @@ struct CaseResult {
 // `threads` of its own threads, as a user calling it would (and back on one
 // between, so its idle threads do not spin beside ours); ours runs on
 // `threads` OpenMP threads.
-CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
+CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds,
+                    int64_t cold_bytes) {
   std::mt19937 rng(2);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> a(g.m * g.k), b(g.k * g.n), c(g.m * g.n);
@@ -157,6 +162,20 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
   auto ours_packed = [&] {
     cpu::GemmPackedB(g.m, 1.0f, a.data(), g.k, packed, g.beta, c.data(), g.n);
   };
+  std::vector<cpu::PackedB> cold;
+  if (packed.packed() && cold_bytes > 0) {
+    const int64_t copies =
+        std::max<int64_t>(2, cold_bytes / std::max<int64_t>(1, 4 * g.k * g.n));
+    cold.resize(copies);
+    for (cpu::PackedB& p : cold)
+      p.Pack(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n);
+  }
+  size_t next_cold = 0;
+  auto ours_cold = [&] {
+    cpu::GemmPackedB(g.m, 1.0f, a.data(), g.k, cold[next_cold], g.beta,
+                     c.data(), g.n);
+    next_cold = (next_cold + 1) % cold.size();
+  };
   auto group_of = [](double first) {
     return std::clamp<int64_t>(
         static_cast<int64_t>(1e-3 / std::max(first, 1e-9)), 1, 10000);
@@ -165,7 +184,7 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
   openblas_set_num_threads(threads);
   const int64_t plain_group = group_of(TimeSeconds(plain));
   openblas_set_num_threads(1);
-  std::vector<double> per_call, plain_per_call, packed_per_call;
+  std::vector<double> per_call, plain_per_call, packed_per_call, cold_per_call;
   double spent = 0.0;
   while (spent < 2 * min_seconds || per_call.size() < 5) {
     const double s = TimeSeconds([&] {
@@ -186,6 +205,13 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
       packed_per_call.push_back(q / group);
       spent += q;
     }
+    if (!cold.empty()) {
+      const double q = TimeSeconds([&] {
+        for (int64_t i = 0; i < group; ++i) ours_cold();
+      });
+      cold_per_call.push_back(q / group);
+      spent += q;
+    }
   }
   const double flops = 2.0 * g.m * g.n * g.k;
   CaseResult r;
@@ -195,6 +221,8 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds) {
   r.plain_gflops = flops / r.plain_median_s / 1e9;
   if (!packed_per_call.empty())
     r.packed_gflops = flops / Median(packed_per_call) / 1e9;
+  if (!cold_per_call.empty())
+    r.cold_gflops = flops / Median(cold_per_call) / 1e9;
   return r;
 }
 
@@ -215,7 +243,7 @@ void WarnThreads(int asked) {
 
 constexpr char kUsage[] =
     "usage: gemm_bench [--threads N] [--micro-batches M] [--min-seconds S]\n"
-    "                  [--suite examples|sizes]\n"
+    "                  [--suite examples|sizes] [--cold-mib C]\n"
     "  --threads N        compute threads (default: the usable cores)\n"
     "  --micro-batches M  divide every batch by M, as a run with M "
     "micro-batches\n"
@@ -224,7 +252,11 @@ constexpr char kUsage[] =
     "  --suite S          examples: the shapes of examples/*.json (default);\n"
     "                     sizes: the Linears of bench/mlp_1024.json, a\n"
     "                     width-4096 MLP and Transformer blocks of dim 256 "
-    "and 512\n";
+    "and 512\n"
+    "  --cold-mib C       the cold column cycles packed copies of B over C "
+    "MiB\n"
+    "                     (default 1024: past this machine's caches; 0: "
+    "none)\n";
 
 int Run(const Args& args) {
   const long threads_flag = args.Int("threads", 0);
@@ -233,6 +265,8 @@ int Run(const Args& args) {
   const int64_t m = std::max<long>(1, args.Int("micro-batches", 1));
   const double min_seconds = args.Double("min-seconds", 0.1);
   const std::string suite = args.Str("suite", "examples");
+  const int64_t cold_bytes =
+      std::max<long>(0, args.Int("cold-mib", 1024)) * (int64_t{1} << 20);
   if (suite != "examples" && suite != "sizes") {
     std::fprintf(stderr, "gemm_bench: --suite is examples or sizes, not %s\n",
                  suite.c_str());
@@ -256,25 +290,27 @@ int Run(const Args& args) {
   std::printf(
       "tile peak: our %s tile on data in L1, %d threads: %.1f GFLOP/s\n\n",
       tile.tile, tile.threads, tile.gflops);
-  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s %6s %8s %8s\n",
+  std::printf("%-20s %-28s %-3s %6s %6s %6s %10s %8s %6s %6s %8s %8s %8s\n",
               "model", "gemm", "op", "m", "n", "k", "us/call", "GFLOP/s",
-              "/peak", "/tile", "/plain", "packedB");
+              "/peak", "/tile", "/plain", "packedB", "cold");
   std::string last_model;
   double flops = 0.0, ours_s = 0.0, plain_s = 0.0;
   for (const GemmCase& g : suite == "sizes" ? SizeCases(m) : ModelCases(m)) {
-    const CaseResult r = TimeCase(g, threads, min_seconds);
+    const CaseResult r = TimeCase(g, threads, min_seconds, cold_bytes);
     if (g.model != last_model && !last_model.empty()) std::printf("\n");
     last_model = g.model;
     std::printf(
         "%-20s %-28s %c,%c %6lld %6lld %6lld %10.1f %8.1f %5.0f%% %5.0f%% "
-        "%7.0f%% %8s\n",
+        "%7.0f%% %8s %8s\n",
         g.model.c_str(), g.what.c_str(), g.trans_a ? 'T' : 'N',
         g.trans_b ? 'T' : 'N', static_cast<long long>(g.m),
         static_cast<long long>(g.n), static_cast<long long>(g.k),
         r.median_s * 1e6, r.gflops, 100.0 * r.gflops / peak.gflops,
         100.0 * r.gflops / tile.gflops, 100.0 * r.gflops / r.plain_gflops,
         r.packed_gflops > 0 ? absl::StrFormat("%.1f", r.packed_gflops).c_str()
-                            : "-");
+                            : "-",
+        r.cold_gflops > 0 ? absl::StrFormat("%.1f", r.cold_gflops).c_str()
+                          : "-");
     std::fflush(stdout);
     flops += 2.0 * g.m * g.n * g.k;
     ours_s += r.median_s;
@@ -308,7 +344,12 @@ int Run(const Args& args) {
       "timed in\n"
       "alternation with ours (OpenBLAS's kernel is the one it picks for this "
       "CPU,\n"
-      "or OPENBLAS_CORETYPE's).\n",
+      "or OPENBLAS_CORETYPE's). packedB: ours with B packed ahead, as a "
+      "Linear\n"
+      "keeps its weight; cold: the same with each call on the next of copies "
+      "of B\n"
+      "spanning --cold-mib, as a training step's layers find their weights "
+      "in memory.\n",
       min_seconds);
   return 0;
 }
@@ -318,8 +359,9 @@ int Run(const Args& args) {
 
 int main(int argc, char** argv) {
   using gpipe::bench::Args;
-  const Args args(argc, argv,
-                  {"threads", "micro-batches", "min-seconds", "suite"});
+  const Args args(
+      argc, argv,
+      {"threads", "micro-batches", "min-seconds", "suite", "cold-mib"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr, "gemm_bench: %s\n%s",
                  args.ok() ? "no positional arguments" : args.error().c_str(),
