@@ -170,7 +170,7 @@ TEST_F(ControllerAuthTest, EveryJobApiMethodChecksTheToken) {
     EXPECT_FALSE(reader->Read(&event));
     EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
   }
-  for (const std::string token : {std::string(), std::string(kWorkerToken)}) {
+  for (const std::string& token : {std::string(), std::string(kWorkerToken)}) {
     // A model is the job's result: the job API token, not a worker's.
     grpc::ClientContext context;
     Prepare(&context, token);
