@@ -7,36 +7,58 @@ namespace gpipe {
 void PackedWeight::Multiply(bool trans, int64_t m, int64_t n, int64_t k,
                             const float* a, const Tensor& w, float* c) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrepareLocked(trans, n, k, w);
+  SeeLocked(trans, n, k, w);
+  ++uses_;
+  if (!pays_) {
+    cpu::Gemm(false, trans, m, n, k, 1.0f, a, w.f32(), 0.0f, c);
+    return;
+  }
+  PackLocked(trans, n, k, w);
   cpu::GemmPackedB(m, 1.0f, a, k, packed_, 0.0f, c, n);
 }
 
 void PackedWeight::Prepare(bool trans, int64_t n, int64_t k, const Tensor& w) {
   std::lock_guard<std::mutex> lock(mu_);
-  PrepareLocked(trans, n, k, w);
+  SeeLocked(trans, n, k, w);
+  if (pays_) PackLocked(trans, n, k, w);
 }
 
-void PackedWeight::PrepareLocked(bool trans, int64_t n, int64_t k,
-                                 const Tensor& w) {
+bool PackedWeight::SeeLocked(bool trans, int64_t n, int64_t k,
+                             const Tensor& w) {
   assert(w.device() == Device::kCpu && w.numel() == n * k);
-  const bool current = packed_.packed() && source_.SameStorage(w) &&
-                       source_writes_ == w.writes() && trans_ == trans &&
-                       packed_.k() == k && packed_.n() == n &&
-                       &packed_.tile() == &cpu::BestGemmTile();
-  if (!current) {
-    // writes() first: a write that lands while packing then packs again.
-    source_writes_ = w.writes();
-    source_ = w;
-    trans_ = trans;
-    packed_.Pack(trans, k, n, w.f32(), trans ? k : n);
-    ++packs_;
-  }
+  const bool same = source_.defined() && source_.SameStorage(w) &&
+                    source_writes_ == w.writes() && trans_ == trans &&
+                    n_ == n && k_ == k;
+  if (same) return false;
+  // The version before it decides; the first one is packed.
+  if (source_.defined()) pays_ = uses_ >= 2;
+  // writes() first: a write that lands while packing then packs again.
+  source_writes_ = w.writes();
+  source_ = w;
+  trans_ = trans;
+  n_ = n;
+  k_ = k;
+  uses_ = 0;
+  current_ = false;
+  if (!pays_) packed_.Clear();  // the memory is better left unheld
+  return true;
+}
+
+void PackedWeight::PackLocked(bool trans, int64_t n, int64_t k,
+                              const Tensor& w) {
+  if (current_ && &packed_.tile() == &cpu::BestGemmTile()) return;
+  packed_.Pack(trans, k, n, w.f32(), trans ? k : n);
+  current_ = true;
+  ++packs_;
 }
 
 void PackedWeight::Clear() {
   std::lock_guard<std::mutex> lock(mu_);
   packed_.Clear();
   source_ = Tensor();
+  current_ = false;
+  uses_ = 0;
+  pays_ = true;
 }
 
 int64_t PackedWeight::bytes() const {
