@@ -71,8 +71,9 @@ void CheckGradients(Layer& layer, Tensor x, const LayerContext& ctx,
   layer.Initialize(MixKey({99, 1}));
   // Nudge parameters off their special initial values (ones, zeros).
   for (Parameter* p : layer.Parameters()) {
-    Tensor noise =
-        RandomTensor(p->value.shape(), MixKey({7, p->value.numel()}), 0.1f);
+    Tensor noise = RandomTensor(
+        p->value.shape(), MixKey({7, static_cast<uint64_t>(p->value.numel())}),
+        0.1f);
     for (int64_t i = 0; i < p->value.numel(); ++i)
       p->value.f32()[i] += noise.f32()[i];
     p->grad.SetZero();
