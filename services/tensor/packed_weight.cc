@@ -23,13 +23,13 @@ void PackedWeight::Prepare(bool trans, int64_t n, int64_t k, const Tensor& w) {
   if (pays_) PackLocked(trans, n, k, w);
 }
 
-bool PackedWeight::SeeLocked(bool trans, int64_t n, int64_t k,
+void PackedWeight::SeeLocked(bool trans, int64_t n, int64_t k,
                              const Tensor& w) {
   assert(w.device() == Device::kCpu && w.numel() == n * k);
   const bool same = source_.defined() && source_.SameStorage(w) &&
                     source_writes_ == w.writes() && trans_ == trans &&
                     n_ == n && k_ == k;
-  if (same) return false;
+  if (same) return;
   // The version before it decides; the first one is packed.
   if (source_.defined()) pays_ = uses_ >= 2;
   // writes() first: a write that lands while packing then packs again.
@@ -41,7 +41,6 @@ bool PackedWeight::SeeLocked(bool trans, int64_t n, int64_t k,
   uses_ = 0;
   current_ = false;
   if (!pays_) packed_.Clear();  // the memory is better left unheld
-  return true;
 }
 
 void PackedWeight::PackLocked(bool trans, int64_t n, int64_t k,

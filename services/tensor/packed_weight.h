@@ -37,9 +37,10 @@ class PackedWeight {
   void Multiply(bool trans, int64_t m, int64_t n, int64_t k, const float* a,
                 const Tensor& w, float* c);
 
-  // Packs W for op(W) now unless the copy is current, so that the first
-  // product after an update does not pay for it (a stage packs in its
-  // update, while the stage downstream waits for its first micro-batch).
+  // Packs W for op(W) now unless the copy is current or a copy does not
+  // pay (see above), so that the first product after an update does not
+  // pay for it (a stage packs in its update, while the stage downstream
+  // waits for its first micro-batch).
   void Prepare(bool trans, int64_t n, int64_t k, const Tensor& w);
 
   // Drops the packed copy (a weight moved off the CPU).
@@ -51,9 +52,9 @@ class PackedWeight {
   int64_t packs() const;
 
  private:
-  // Notes a new version of the weight (deciding whether to keep a copy of
-  // it from how many products the last one served); true if it is one.
-  bool SeeLocked(bool trans, int64_t n, int64_t k, const Tensor& w);
+  // Notes a new version of the weight, deciding whether to keep a copy of
+  // it from how many products the last one served.
+  void SeeLocked(bool trans, int64_t n, int64_t k, const Tensor& w);
   void PackLocked(bool trans, int64_t n, int64_t k, const Tensor& w);
 
   // A layer's products run on its stage's thread one at a time; the lock
