@@ -186,32 +186,23 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds,
   openblas_set_num_threads(1);
   std::vector<double> per_call, plain_per_call, packed_per_call, cold_per_call;
   double spent = 0.0;
-  while (spent < 2 * min_seconds || per_call.size() < 5) {
+  // `count` calls of `call`, timed together: the seconds per call go to
+  // `out`, the whole to `spent`.
+  const auto time_group = [&](auto& call, int64_t count,
+                              std::vector<double>& out) {
     const double s = TimeSeconds([&] {
-      for (int64_t i = 0; i < group; ++i) ours();
+      for (int64_t i = 0; i < count; ++i) call();
     });
-    per_call.push_back(s / group);
+    out.push_back(s / count);
+    spent += s;
+  };
+  while (spent < 2 * min_seconds || per_call.size() < 5) {
+    time_group(ours, group, per_call);
     openblas_set_num_threads(threads);
-    const double p = TimeSeconds([&] {
-      for (int64_t i = 0; i < plain_group; ++i) plain();
-    });
+    time_group(plain, plain_group, plain_per_call);
     openblas_set_num_threads(1);
-    plain_per_call.push_back(p / plain_group);
-    spent += s + p;
-    if (packed.packed()) {
-      const double q = TimeSeconds([&] {
-        for (int64_t i = 0; i < group; ++i) ours_packed();
-      });
-      packed_per_call.push_back(q / group);
-      spent += q;
-    }
-    if (!cold.empty()) {
-      const double q = TimeSeconds([&] {
-        for (int64_t i = 0; i < group; ++i) ours_cold();
-      });
-      cold_per_call.push_back(q / group);
-      spent += q;
-    }
+    if (packed.packed()) time_group(ours_packed, group, packed_per_call);
+    if (!cold.empty()) time_group(ours_cold, group, cold_per_call);
   }
   const double flops = 2.0 * g.m * g.n * g.k;
   CaseResult r;

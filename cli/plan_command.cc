@@ -548,25 +548,23 @@ int RunPlan(const std::vector<std::string>& args) {
           const std::vector<int64_t> begins = StageBegins(balance);
           for (size_t s = 0; s < balance.size(); ++s) {
             costs[s].backward_seconds = 0;
+            // Measured weight halves replace StageCostsFromLayers' estimate.
+            if (!weight_per_sample.empty()) costs[s].weight_seconds = 0;
             for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
               costs[s].norm_seconds += norm[l];
               costs[s].update_seconds += update[l];
               costs[s].forward_seconds += forward_fixed[l];
               costs[s].backward_seconds +=
                   backward_fixed[l] + backward_per_sample[l] * mb;
-              if (!weight_per_sample.empty()) continue;
-              // A split backward does the same work in two ops: the fixed
-              // part of a layer's backward is mostly memory traffic (the
-              // input half reads the weight, the weight half adds into its
-              // gradient), which splits with it rather than doubling.
-              if (shapes->costs[l].deferred_bytes > 0)
-                costs[s].weight_seconds += backward_fixed[l] / 2;
-            }
-            if (!weight_per_sample.empty()) {  // measured
-              costs[s].weight_seconds = 0;
-              for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
+              if (!weight_per_sample.empty()) {  // measured
                 costs[s].weight_seconds +=
                     weight_fixed[l] + weight_per_sample[l] * mb;
+              } else if (shapes->costs[l].deferred_bytes > 0) {
+                // A split backward does the same work in two ops: the fixed
+                // part of a layer's backward is mostly memory traffic (the
+                // input half reads the weight, the weight half adds into
+                // its gradient), which splits with it rather than doubling.
+                costs[s].weight_seconds += backward_fixed[l] / 2;
               }
             }
             // The weight half is the forward's product (StageCostsFromLayers)

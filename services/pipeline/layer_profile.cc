@@ -97,6 +97,19 @@ absl::StatusOr<Probe> MakeProbe(const gpipe::v1::JobSpec& spec,
   return p;
 }
 
+// A training forward over every layer, keeping each one's record in
+// `saved` (size() of them) and adding its seconds to `forward`.
+void ForwardAll(Model& model, const Tensor& input, LayerContext ctx,
+                std::vector<Saved>& saved, std::vector<double>& forward) {
+  Tensor h = input;
+  for (int64_t l = 0; l < model.size(); ++l) {
+    ctx.layer_index = l;
+    const Clock::time_point start = Clock::now();
+    h = model.layer(l).Forward(h, ctx, &saved[l]);
+    forward[l] += SecondsSince(start);
+  }
+}
+
 // One training pass over every layer: forward, then backward from
 // `output_grad`, adding each layer's seconds to `forward` and `backward`
 // (size() each; the same vector for their sum). The first layer computes
@@ -107,13 +120,7 @@ void ForwardBackward(Model& model, const Tensor& input,
                      std::vector<double>& backward) {
   const int64_t n = model.size();
   std::vector<Saved> saved(n);
-  Tensor h = input;
-  for (int64_t l = 0; l < n; ++l) {
-    ctx.layer_index = l;
-    const Clock::time_point start = Clock::now();
-    h = model.layer(l).Forward(h, ctx, &saved[l]);
-    forward[l] += SecondsSince(start);
-  }
+  ForwardAll(model, input, ctx, saved, forward);
   Tensor g = output_grad;
   for (int64_t l = n - 1; l >= 0; --l) {
     ctx.layer_index = l;
@@ -133,11 +140,8 @@ void ForwardSplitBackward(Model& model, const Tensor& input,
                           std::vector<double>& weight) {
   const int64_t n = model.size();
   std::vector<Saved> saved(n);
-  Tensor h = input;
-  for (int64_t l = 0; l < n; ++l) {
-    ctx.layer_index = l;
-    h = model.layer(l).Forward(h, ctx, &saved[l]);
-  }
+  std::vector<double> forward(n, 0);  // only the weight halves are wanted
+  ForwardAll(model, input, ctx, saved, forward);
   Tensor g = output_grad;
   for (int64_t l = n - 1; l >= 0; --l) {
     ctx.layer_index = l;

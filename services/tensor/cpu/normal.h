@@ -21,6 +21,14 @@
 
 namespace gpipe::cpu {
 
+// The range reduction's constants: log2(e); 1.5 * 2^23, whose addition
+// rounds to an integer; ln2 in two parts (Cody and Waite), the first with
+// 12 trailing zero bits (0x3f317200), so k ln2hi is exact for |k| < 2^12.
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kRound = 12582912.0f;
+inline constexpr float kLn2Hi = 0.693145752f;
+inline constexpr float kLn2Lo = 1.42860677e-06f;
+
 // e^r by its Taylor series to r^kDegree, times 2^k from the exponent bits.
 template <int kDegree>
 [[gnu::always_inline]] inline float ExpReduced(float r, int32_t k) {
@@ -42,11 +50,7 @@ template <int kDegree>
 // Waite's two-part ln2, so k ln2 is exact), then e^r to r^8 (error below
 // 1e-8).
 [[gnu::always_inline]] inline float ExpOfSmall(float a) {
-  const float kLog2e = 1.44269504088896341f;
-  const float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to integer
   const float kf = (a * kLog2e + kRound) - kRound;
-  const float kLn2Hi = 0.693145752f;  // 0x3f317200: 12 trailing zero bits
-  const float kLn2Lo = 1.42860677e-06f;
   const float r = (a - kf * kLn2Hi) - kf * kLn2Lo;
   return ExpReduced<8>(r, static_cast<int32_t>(kf));
 }
@@ -56,13 +60,10 @@ template <int kDegree>
 // steps are fused and k read from j's bits (ExpOfSmall's reduction in 4
 // operations instead of 7), as GELU needs them cheap.
 [[gnu::always_inline]] inline float ExpOfSum(float a, float b) {
-  const float kRound = 12582912.0f;
   // j = 1.5 * 2^23 + k exactly, so k is j's low mantissa bits: no
   // float-to-int conversion.
-  const float j = std::fma(a, 1.44269504088896341f, kRound);
+  const float j = std::fma(a, kLog2e, kRound);
   const float kf = j - kRound;
-  const float kLn2Hi = 0.693145752f;
-  const float kLn2Lo = 1.42860677e-06f;
   const float r = std::fma(kf, -kLn2Lo, std::fma(kf, -kLn2Hi, a)) + b;
   uint32_t j_bits;
   std::memcpy(&j_bits, &j, sizeof j_bits);
@@ -96,7 +97,6 @@ struct NormalAt {
   p = std::fma(p, -hi, 0.0398911424f);
   p = std::fma(p, -hi, -0.132980675f);
   p = std::fma(p, -hi, 0.398942292f);
-
   // Otherwise Phi(-|x|) = erfc(z)/2 = exp(-z^2) Q(t)/2, t = 1/(1 + z/2),
   // Q fitted on z in [1/2, 10] to 1.6e-9 relative; below, Q/2.
   const float t = 1.0f / std::fma(0.353553385f, ax, 1.0f);
