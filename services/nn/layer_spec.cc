@@ -10,7 +10,6 @@
 #include "google/protobuf/descriptor.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
-#include "services/tensor/conv_chunk.h"
 #include "services/tensor/cpu/gemm.h"
 
 namespace gpipe {
@@ -443,22 +442,19 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       params = static_cast<double>(c.out_channels()) * c.in_channels() * k2 +
                (bias ? c.out_channels() : 0);
       cost.keeps_input = true;
-      // im2col columns and their gradient, and the GEMM's output, per
-      // output position, for the samples of one chunk (on the CPU).
+      // A convolution makes its columns (the forward's, the weight
+      // gradient's) and the columns' gradient (the input gradient's) one
+      // sample at a time, one after the other (conv_ops.cc), and reads and
+      // writes the layer's tensors in place. That is a stage's one compute
+      // thread; on T threads the forward and the input gradient hold T
+      // samples' columns at once, which this leaves out.
       const double positions = n_out / c.out_channels();
-      workspace = (2 * c.in_channels() * k2 + c.out_channels()) * positions;
-      cost.workspace_samples = ConvChunkSamples(
-          kCpuColumnFloats,
-          static_cast<int64_t>(c.in_channels() * k2 * positions),
-          std::numeric_limits<int64_t>::max());
-      // A forward's columns and the GEMM's output, of a chunk.
-      forward_temp = (c.in_channels() * k2 + c.out_channels()) * positions;
-      // Split: the column gradients and the output gradient's copy in the
-      // input half; the columns, made again, and the copy in the weight
-      // half.
+      const double columns = c.in_channels() * k2 * positions;
+      workspace = columns;
+      cost.workspace_samples = 1;
+      forward_temp = columns;
       cost.splits_workspace = true;
-      cost.input_workspace_bytes =
-          ParamBytes((c.in_channels() * k2 + c.out_channels()) * positions);
+      cost.input_workspace_bytes = ParamBytes(columns);
       cost.weight_workspace_bytes = cost.input_workspace_bytes;
       deferred = n_out;
       cost.weight_keeps_input = true;

@@ -1,8 +1,6 @@
-// How many samples a convolution's im2col handles at once: the column buffer
-// stays near a budget (8 MiB of floats on the CPU, where it should stay in
-// cache; 64 MiB on the GPU, where fewer, larger GEMMs are faster). Shared by
-// the kernels (conv_ops.cc) and the memory model's count of their working
-// memory (services/nn/layer_spec.cc), so the two cannot drift apart.
+// How many samples a convolution's im2col handles at once on the GPU, where
+// fewer, larger GEMMs are faster: the column buffer stays near a budget of
+// 64 MiB. (The CPU works sample by sample: conv_ops.cc.)
 #ifndef GPIPE_SERVICES_TENSOR_CONV_CHUNK_H_
 #define GPIPE_SERVICES_TENSOR_CONV_CHUNK_H_
 
@@ -11,7 +9,6 @@
 
 namespace gpipe {
 
-inline constexpr int64_t kCpuColumnFloats = int64_t{2} << 20;
 inline constexpr int64_t kGpuColumnFloats = int64_t{16} << 20;
 
 // Samples per chunk for columns of `column_floats_per_sample` floats each

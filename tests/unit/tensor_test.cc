@@ -3,6 +3,7 @@
 #include "services/tensor/tensor.h"
 
 #include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "services/tensor/cpu/conv.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
+#include "services/tensor/cpu/pool.h"
 #include "services/tensor/cpu/softmax.h"
 #include "services/tensor/denormals.h"
 #include "services/tensor/threads.h"
@@ -127,6 +129,81 @@ TEST(Conv, Im2ColGemmMatchesDirectConvolution) {
                    x[(c * 6 + yy) * 5 + xx];
             }
         EXPECT_NEAR(y[(o * oh + i) * ow + j], s, 1e-4);
+      }
+}
+
+// Im2Col and Col2Im against their definitions, element by element, over
+// strides, paddings wider than the kernel's reach and images narrower than
+// it: the copies compute the inside range once per row, so its edges are
+// what can go wrong. Col2Im must also add in the definition's order (the
+// same bits).
+TEST(Conv, Im2ColAndCol2ImMatchTheirDefinitions) {
+  for (int64_t k : {1, 2, 3, 5})
+    for (int64_t s : {1, 2, 3})
+      for (int64_t p : {0, 1, 2, 4})
+        for (int64_t w : {1, 4, 7}) {
+          const cpu::ConvGeometry g{2, 5, w, k, s, p};
+          if (g.out_height() < 1 || g.out_width() < 1) continue;
+          const int64_t oh = g.out_height(), ow = g.out_width();
+          const int64_t rows = 2 * k * k, ld = oh * ow + 3;
+          std::vector<float> x = Random(2 * 5 * w, 11);
+          std::vector<float> col(rows * ld, -7.0f);
+          cpu::Im2Col(g, x.data(), col.data(), ld);
+          std::vector<float> dcol = Random(rows * ld, 12);
+          std::vector<float> dx = Random(2 * 5 * w, 13), want = dx;
+          cpu::Col2Im(g, dcol.data(), ld, dx.data());
+          for (int64_t c = 0; c < 2; ++c)
+            for (int64_t ki = 0; ki < k; ++ki)
+              for (int64_t kj = 0; kj < k; ++kj)
+                for (int64_t i = 0; i < oh; ++i)
+                  for (int64_t j = 0; j < ow; ++j) {
+                    const int64_t r = (c * k + ki) * k + kj;
+                    const int64_t yy = i * s - p + ki, xx = j * s - p + kj;
+                    const bool in = yy >= 0 && yy < 5 && xx >= 0 && xx < w;
+                    const float v = in ? x[(c * 5 + yy) * w + xx] : 0.0f;
+                    ASSERT_EQ(col[r * ld + i * ow + j], v)
+                        << "k=" << k << " s=" << s << " p=" << p << " w=" << w
+                        << " row " << r << " at " << i << "," << j;
+                    if (in)
+                      want[(c * 5 + yy) * w + xx] += dcol[r * ld + i * ow + j];
+                  }
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t e = oh * ow; e < ld; ++e)
+              ASSERT_EQ(col[r * ld + e], -7.0f) << "wrote past its row";
+          for (size_t e = 0; e < dx.size(); ++e)
+            ASSERT_EQ(dx[e], want[e]) << "k=" << k << " s=" << s << " p=" << p
+                                      << " w=" << w << " dx[" << e << "]";
+        }
+}
+
+// The 2 x 2, stride 2 windows have a loop of their own: it must pick the
+// maximum and its index as the definition does, ties to the first in
+// (row, column) order and a NaN never displacing a number before it.
+TEST(MaxPool, TwoByTwoWindowsMatchTheDefinition) {
+  const int64_t planes = 3, h = 6, w = 38;  // 19 outputs a row: a vector tail
+  std::vector<float> x = Random(planes * h * w, 21);
+  for (size_t i = 0; i < x.size(); i += 5) x[i] = 0.5f;  // ties
+  x[7] = std::nanf("");
+  x[w + 9] = std::nanf("");
+  x[3 * w + 40] = -0.0f;
+  x[3 * w + 41] = 0.0f;
+  const int64_t oh = h / 2, ow = w / 2;
+  std::vector<float> y(planes * oh * ow);
+  std::vector<int32_t> argmax(y.size());
+  cpu::MaxPool2dForward(planes, h, w, 2, 2, x.data(), y.data(), argmax.data());
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        const float* in = x.data() + p * h * w;
+        int64_t best = 2 * i * w + 2 * j;
+        for (int64_t ki = 0; ki < 2; ++ki)
+          for (int64_t kj = 0; kj < 2; ++kj) {
+            const int64_t at = (2 * i + ki) * w + 2 * j + kj;
+            if (in[at] > in[best]) best = at;
+          }
+        const int64_t o = (p * oh + i) * ow + j;
+        ASSERT_EQ(argmax[o], best) << "plane " << p << " at " << i << "," << j;
+        ASSERT_EQ(std::memcmp(&y[o], &in[best], sizeof(float)), 0);
       }
 }
 

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "services/tensor/cpu/vector_clones.h"
+
 namespace gpipe::cpu {
 
 namespace {
@@ -23,6 +25,12 @@ void BatchNormMoveRunning(int64_t channels, float momentum,
   }
 }
 
+// Each plane (one sample's channel) is summed in float lanes
+// (vector_clones.h), and the planes' sums in double, in sample order: the
+// lanes break the chain of dependent adds a plain loop is, and a plane is
+// short enough (hundreds to thousands of floats) that its float sum loses
+// nothing the double total would keep.
+GPIPE_VECTOR_CLONES
 void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
@@ -35,18 +43,12 @@ void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
     float mean, var;
     if (batch_stats) {
       double s = 0.0, ss = 0.0;
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* p = x + (b * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) s += p[i];
-      }
+      for (int64_t b = 0; b < batch; ++b)
+        s += LaneSum(inner, x + (b * channels + c) * inner);
       mean = static_cast<float>(s / n);
-      for (int64_t b = 0; b < batch; ++b) {
-        const float* p = x + (b * channels + c) * inner;
-        for (int64_t i = 0; i < inner; ++i) {
-          const double d = p[i] - mean;
-          ss += d * d;
-        }
-      }
+      for (int64_t b = 0; b < batch; ++b)
+        ss += LaneSumSquaredDeviations(inner, x + (b * channels + c) * inner,
+                                       mean);
       var = static_cast<float>(ss / n);
       const float unbiased = n > 1 ? static_cast<float>(ss / (n - 1)) : var;
       if (update_running) {
@@ -66,15 +68,26 @@ void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
     const float g = gamma[c], bias = beta[c];
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t off = (b * channels + c) * inner;
+      const float* in = x + off;
+      float* out = y + off;
+      if (xhat == nullptr) {
+#pragma omp simd
+        for (int64_t i = 0; i < inner; ++i)
+          out[i] = (in[i] - mean) * r * g + bias;
+        continue;
+      }
+      float* h = xhat + off;
+#pragma omp simd
       for (int64_t i = 0; i < inner; ++i) {
-        const float h = (x[off + i] - mean) * r;
-        if (xhat != nullptr) xhat[off + i] = h;
-        y[off + i] = h * g + bias;
+        const float v = (in[i] - mean) * r;
+        h[i] = v;
+        out[i] = v * g + bias;
       }
     }
   }
 }
 
+GPIPE_VECTOR_CLONES
 void BatchNormBackward(int64_t batch, int64_t channels, int64_t inner,
                        const float* xhat, const float* rstd, const float* gamma,
                        const float* dy, float* dx, float* dgamma,
@@ -85,20 +98,23 @@ void BatchNormBackward(int64_t batch, int64_t channels, int64_t inner,
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t off = (b * channels + c) * inner;
-      for (int64_t i = 0; i < inner; ++i) {
-        sum_dy += dy[off + i];
-        sum_dy_xhat += static_cast<double>(dy[off + i]) * xhat[off + i];
-      }
+      sum_dy += LaneSum(inner, dy + off);
+      sum_dy_xhat += LaneDot(inner, dy + off, xhat + off);
     }
     dgamma[c] += static_cast<float>(sum_dy_xhat);
     dbeta[c] += static_cast<float>(sum_dy);
     const float k = gamma[c] * rstd[c] / n;
     const float s = static_cast<float>(sum_dy);
     const float sx = static_cast<float>(sum_dy_xhat);
+    const float nf = static_cast<float>(n);
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t off = (b * channels + c) * inner;
+      const float* g = dy + off;
+      const float* h = xhat + off;
+      float* out = dx + off;
+#pragma omp simd
       for (int64_t i = 0; i < inner; ++i)
-        dx[off + i] = k * (n * dy[off + i] - s - xhat[off + i] * sx);
+        out[i] = k * (nf * g[i] - s - h[i] * sx);
     }
   }
 }

@@ -1,6 +1,7 @@
 // Batch normalization over [batch, channels, inner] data, per channel.
-// Statistics are summed in double, channel by channel, so they do not depend
-// on the number of threads.
+// Statistics are summed channel by channel (each plane in fixed float lanes,
+// the planes in double, in sample order), so they do not depend on the number
+// of threads or the vector width.
 #ifndef GPIPE_SERVICES_TENSOR_CPU_BATCH_NORM_H_
 #define GPIPE_SERVICES_TENSOR_CPU_BATCH_NORM_H_
 
