@@ -79,21 +79,17 @@ void CpuForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   if (bias != nullptr) cpu::AddChannelBias(batch, cout, hw, bias, y);
 }
 
-// dX sample by sample, as the forward: each sample's column gradients
-// (W^T dY, read straight from dY's [Cout, HW] rows) stay in cache for
-// col2im, and samples share out between threads.
-void CpuInputGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
-                      const float* weight, const float* dy, float* dx) {
+// dX for samples first, first + step, ... : each sample's column gradients
+// (W^T dY, read straight from dY's [Cout, HW] rows) stay in cache in `dcol`
+// for col2im, as the forward's columns do.
+void InputGradientOfSamples(const cpu::ConvGeometry& g, int64_t batch,
+                            int64_t cout, const float* weight, const float* dy,
+                            float* dx, int64_t first, int64_t step,
+                            float* dcol) {
   const int64_t hw = g.out_height() * g.out_width();
   const int64_t ckk = g.channels * g.kernel * g.kernel;
   const int64_t in_size = g.channels * g.height * g.width;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(omp_get_max_threads(), batch));
-  Tensor columns = Tensor::Empty({threads, ckk * hw});
-  float* const dcol_base = columns.f32();
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t b = 0; b < batch; ++b) {
-    float* const dcol = dcol_base + omp_get_thread_num() * ckk * hw;
+  for (int64_t b = first; b < batch; b += step) {
     cpu::GemmStrided(true, false, ckk, hw, cout, 1.0f, weight, ckk,
                      dy + b * cout * hw, hw, 0.0f, dcol, hw);
     float* const dxb = dx + b * in_size;
@@ -139,13 +135,41 @@ void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   }
 }
 
+// The input gradient's samples share out between threads. The weight
+// gradient's cannot, so with both to make, one thread makes it while the
+// others make the input gradient; each element is computed as on one thread.
 void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                  const float* x, const float* weight, const float* dy,
                  float* dx, float* dweight, float* dbias) {
   const int64_t hw = g.out_height() * g.out_width();
+  const int64_t ckk = g.channels * g.kernel * g.kernel;
   if (dbias != nullptr) cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
-  if (dx != nullptr) CpuInputGradient(g, batch, cout, weight, dy, dx);
-  if (dweight != nullptr) CpuWeightGradient(g, batch, cout, x, dy, dweight);
+  if (dx == nullptr) {
+    if (dweight != nullptr) CpuWeightGradient(g, batch, cout, x, dy, dweight);
+    return;
+  }
+  const int threads = static_cast<int>(std::min<int64_t>(
+      omp_in_parallel() ? 1 : omp_get_max_threads(), batch + 1));
+  // The weight gradient's thread, when it has one of its own.
+  const int apart = dweight != nullptr && threads > 1 ? 1 : 0;
+  const int for_dx = threads - apart;
+  {
+    // Let go of before a weight gradient after it, which has its own.
+    Tensor columns = Tensor::Empty({for_dx, ckk * hw});
+    float* const dcol = columns.f32();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    {
+      const int t = omp_get_thread_num() - apart;
+      if (t < 0) {
+        CpuWeightGradient(g, batch, cout, x, dy, dweight);
+      } else {
+        InputGradientOfSamples(g, batch, cout, weight, dy, dx, t, for_dx,
+                               dcol + t * ckk * hw);
+      }
+    }
+  }
+  if (dweight != nullptr && apart == 0)
+    CpuWeightGradient(g, batch, cout, x, dy, dweight);
 }
 
 #if GPIPE_HAVE_CUDA
