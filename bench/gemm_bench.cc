@@ -45,25 +45,28 @@ void AddLinear(std::vector<GemmCase>& cases, const std::string& model,
   cases.push_back({model, layer + " dX", false, false, rows, in, out, 0.0f});
 }
 
-// Conv2d(cin -> cout, k x k, stride 1, padding k/2) through im2col, one chunk
-// of samples per GEMM (services/tensor/conv_ops.cc; the chunk rule mirrors
-// its ChunkSize on the CPU: about 2M floats of im2col columns per chunk).
+// Conv2d(cin -> cout, k x k, stride 1, padding k/2) through im2col, one
+// sample per GEMM, as services/tensor/conv_ops.cc issues them on the CPU:
+// the forward, dW (as its transpose where that fills the tile better, the
+// same rule as there) and the column gradients of dX.
 void AddConv(std::vector<GemmCase>& cases, const std::string& model,
-             const std::string& name, int64_t batch, int64_t cin, int64_t hw_in,
-             int64_t cout, int64_t k) {
+             const std::string& name, int64_t cin, int64_t hw_in, int64_t cout,
+             int64_t k) {
   const int64_t hw = hw_in * hw_in, ckk = cin * k * k;
-  const int64_t chunk =
-      std::clamp<int64_t>((2 << 20) / std::max<int64_t>(ckk * hw, 1), 1, batch);
-  std::vector<int64_t> sizes = {chunk};
-  if (batch % chunk != 0 && batch > chunk) sizes.push_back(batch % chunk);
-  for (int64_t nb : sizes) {
-    const std::string layer =
-        absl::StrFormat("%s %d->%d chunk %d", name, cin, cout, nb);
-    const int64_t ld = nb * hw;
-    cases.push_back({model, layer + " fwd", false, false, cout, ld, ckk, 0.0f});
-    cases.push_back({model, layer + " dW", false, true, cout, ckk, ld, 1.0f});
-    cases.push_back({model, layer + " dcol", true, false, ckk, ld, cout, 0.0f});
+  const cpu::GemmTile& tile = cpu::BestGemmTile();
+  const auto padded = [&tile](int64_t rows, int64_t cols) {
+    return (rows + tile.mr - 1) / tile.mr * tile.mr *
+           ((cols + tile.nr - 1) / tile.nr * tile.nr);
+  };
+  const std::string layer =
+      absl::StrFormat("%s %d->%d a sample", name, cin, cout);
+  cases.push_back({model, layer + " fwd", false, false, cout, hw, ckk, 0.0f});
+  if (padded(ckk, cout) < padded(cout, ckk)) {
+    cases.push_back({model, layer + " dW^T", false, true, ckk, cout, hw, 1.0f});
+  } else {
+    cases.push_back({model, layer + " dW", false, true, cout, ckk, hw, 1.0f});
   }
+  cases.push_back({model, layer + " dcol", true, false, ckk, hw, cout, 0.0f});
 }
 
 // The GEMMs of examples/*.json at their batch sizes divided by `m`.
@@ -85,8 +88,8 @@ std::vector<GemmCase> ModelCases(int64_t m) {
 
   const int64_t cnn_batch = 128 / m;
   const std::string cnn = absl::StrFormat("cnn B=%d", cnn_batch);
-  AddConv(cases, cnn, "conv0", cnn_batch, 1, 28, 16, 3);
-  AddConv(cases, cnn, "conv4", cnn_batch, 16, 14, 32, 3);
+  AddConv(cases, cnn, "conv0", 1, 28, 16, 3);
+  AddConv(cases, cnn, "conv4", 16, 14, 32, 3);
   AddLinear(cases, cnn, "fc9", cnn_batch, 1568, 128);
   AddLinear(cases, cnn, "fc12", cnn_batch, 128, 10);
   return cases;
