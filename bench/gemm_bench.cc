@@ -47,21 +47,16 @@ void AddLinear(std::vector<GemmCase>& cases, const std::string& model,
 
 // Conv2d(cin -> cout, k x k, stride 1, padding k/2) through im2col, one
 // sample per GEMM, as services/tensor/conv_ops.cc issues them on the CPU:
-// the forward, dW (as its transpose where that fills the tile better, the
-// same rule as there) and the column gradients of dX.
+// the forward, dW (as its transpose where that fills the tiles better) and
+// the column gradients of dX.
 void AddConv(std::vector<GemmCase>& cases, const std::string& model,
              const std::string& name, int64_t cin, int64_t hw_in, int64_t cout,
              int64_t k) {
   const int64_t hw = hw_in * hw_in, ckk = cin * k * k;
-  const cpu::GemmTile& tile = cpu::BestGemmTile();
-  const auto padded = [&tile](int64_t rows, int64_t cols) {
-    return (rows + tile.mr - 1) / tile.mr * tile.mr *
-           ((cols + tile.nr - 1) / tile.nr * tile.nr);
-  };
   const std::string layer =
       absl::StrFormat("%s %d->%d a sample", name, cin, cout);
   cases.push_back({model, layer + " fwd", false, false, cout, hw, ckk, 0.0f});
-  if (padded(ckk, cout) < padded(cout, ckk)) {
+  if (cpu::TransposeFillsTilesBetter(cout, ckk)) {
     cases.push_back({model, layer + " dW^T", false, true, ckk, cout, hw, 1.0f});
   } else {
     cases.push_back({model, layer + " dW", false, true, cout, ckk, hw, 1.0f});

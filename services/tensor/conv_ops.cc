@@ -33,23 +33,18 @@
 namespace gpipe::ops {
 namespace {
 
-// Whether C = A B^T of m x n comes out of fewer padded register tiles
-// computed as its transpose (n x m).
-bool TransposePays(int64_t m, int64_t n) {
-  const cpu::GemmTile& tile = cpu::BestGemmTile();
-  const auto padded = [&tile](int64_t rows, int64_t cols) {
-    return (rows + tile.mr - 1) / tile.mr * tile.mr *
-           ((cols + tile.nr - 1) / tile.nr * tile.nr);
-  };
-  return padded(n, m) < padded(m, n);
+// Threads to share `tasks` between: none beyond the one running when
+// called inside a parallel region (its GEMMs then run on one too).
+int TaskThreads(int64_t tasks) {
+  return static_cast<int>(
+      std::clamp<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), 1,
+                          std::max<int64_t>(tasks, 1)));
 }
 
-// The rows x cols matrix `a` transposed (cols x rows).
-std::vector<float> Transposed(int64_t rows, int64_t cols, const float* a) {
-  std::vector<float> t(rows * cols);
+// `a` (rows x cols) transposed into `t` (cols x rows).
+void Transpose(int64_t rows, int64_t cols, const float* a, float* t) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = a[r * cols + c];
-  return t;
 }
 
 // Sample by sample: each sample's columns (channels x k^2 rows of its
@@ -62,11 +57,9 @@ std::vector<float> Transposed(int64_t rows, int64_t cols, const float* a) {
 void CpuForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                 const float* x, const float* weight, const float* bias,
                 float* y) {
-  const int64_t hw = g.out_height() * g.out_width();
-  const int64_t ckk = g.channels * g.kernel * g.kernel;
-  const int64_t in_size = g.channels * g.height * g.width;
-  const int threads =
-      static_cast<int>(std::min<int64_t>(omp_get_max_threads(), batch));
+  const int64_t hw = g.out_positions(), ckk = g.column_rows();
+  const int64_t in_size = g.input_size();
+  const int threads = TaskThreads(batch);
   Tensor columns = Tensor::Empty({threads, ckk * hw});
   float* const col_base = columns.f32();
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -86,9 +79,8 @@ void InputGradientOfSamples(const cpu::ConvGeometry& g, int64_t batch,
                             int64_t cout, const float* weight, const float* dy,
                             float* dx, int64_t first, int64_t step,
                             float* dcol) {
-  const int64_t hw = g.out_height() * g.out_width();
-  const int64_t ckk = g.channels * g.kernel * g.kernel;
-  const int64_t in_size = g.channels * g.height * g.width;
+  const int64_t hw = g.out_positions(), ckk = g.column_rows();
+  const int64_t in_size = g.input_size();
   for (int64_t b = first; b < batch; b += step) {
     cpu::GemmStrided(true, false, ckk, hw, cout, 1.0f, weight, ckk,
                      dy + b * cout * hw, hw, 0.0f, dcol, hw);
@@ -105,17 +97,18 @@ void InputGradientOfSamples(const cpu::ConvGeometry& g, int64_t batch,
 // the GEMM to share out: on several threads this half runs on one.
 void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                        const float* x, const float* dy, float* dweight) {
-  const int64_t hw = g.out_height() * g.out_width();
-  const int64_t ckk = g.channels * g.kernel * g.kernel;
-  const int64_t in_size = g.channels * g.height * g.width;
+  const int64_t hw = g.out_positions(), ckk = g.column_rows();
+  const int64_t in_size = g.input_size();
   // The product is small (cout x ckk) over a long depth. Computed as its
-  // transpose, dW^T += col dY^T, it fills the GEMM's register tiles better
-  // when cout is the narrower side (the first layer's 16 x 9 ran at a third
-  // of the speed its transpose does), and it is the same bits: each element
-  // is the same chain of fused multiply-adds with the two factors swapped.
-  const bool transposed = TransposePays(cout, ckk);
+  // transpose, dW^T += col dY^T, where that fills the GEMM's register tiles
+  // better (the first layer's 16 x 9 ran at a third of the speed its
+  // transpose does), for the same bits.
+  const bool transposed = cpu::TransposeFillsTilesBetter(cout, ckk);
   std::vector<float> dweight_t;
-  if (transposed) dweight_t = Transposed(cout, ckk, dweight);
+  if (transposed) {
+    dweight_t.resize(cout * ckk);
+    Transpose(cout, ckk, dweight, dweight_t.data());
+  }
   Tensor columns = Tensor::Empty({ckk * hw});
   float* const col = columns.f32();
   for (int64_t b = 0; b < batch; ++b) {
@@ -129,10 +122,7 @@ void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                        dweight, ckk);
     }
   }
-  if (transposed) {
-    const std::vector<float> back = Transposed(ckk, cout, dweight_t.data());
-    std::copy(back.begin(), back.end(), dweight);
-  }
+  if (transposed) Transpose(ckk, cout, dweight_t.data(), dweight);
 }
 
 // The input gradient's samples share out between threads. The weight
@@ -141,15 +131,14 @@ void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
 void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                  const float* x, const float* weight, const float* dy,
                  float* dx, float* dweight, float* dbias) {
-  const int64_t hw = g.out_height() * g.out_width();
-  const int64_t ckk = g.channels * g.kernel * g.kernel;
+  const int64_t hw = g.out_positions(), ckk = g.column_rows();
   if (dbias != nullptr) cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
   if (dx == nullptr) {
     if (dweight != nullptr) CpuWeightGradient(g, batch, cout, x, dy, dweight);
     return;
   }
-  const int threads = static_cast<int>(std::min<int64_t>(
-      omp_in_parallel() ? 1 : omp_get_max_threads(), batch + 1));
+  // The samples, and the weight gradient as one task more.
+  const int threads = TaskThreads(batch + (dweight != nullptr ? 1 : 0));
   // The weight gradient's thread, when it has one of its own.
   const int apart = dweight != nullptr && threads > 1 ? 1 : 0;
   const int for_dx = threads - apart;
@@ -175,9 +164,8 @@ void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
 #if GPIPE_HAVE_CUDA
 // Samples per im2col chunk on the GPU (conv_chunk.h).
 int64_t ChunkSize(const cpu::ConvGeometry& g, int64_t batch) {
-  return ConvChunkSamples(
-      kGpuColumnFloats,
-      g.channels * g.kernel * g.kernel * g.out_height() * g.out_width(), batch);
+  return ConvChunkSamples(kGpuColumnFloats, g.column_rows() * g.out_positions(),
+                          batch);
 }
 
 Tensor DeviceScratch(int64_t floats) {

@@ -15,6 +15,11 @@ struct ConvGeometry {
   int64_t out_width() const {
     return (width + 2 * padding - kernel) / stride + 1;
   }
+  // Floats of one sample's input, and the shape of its columns (Im2Col):
+  // channels x k^2 rows of one float per output position.
+  int64_t input_size() const { return channels * height * width; }
+  int64_t column_rows() const { return channels * kernel * kernel; }
+  int64_t out_positions() const { return out_height() * out_width(); }
 };
 
 // col[(c*k + ki)*k + kj, oh*OW + ow] = x[c, oh*s - p + ki, ow*s - p + kj]

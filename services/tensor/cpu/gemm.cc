@@ -357,6 +357,14 @@ void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
   Gemm(false, true, m, n, k, 1.0f, a, w, 0.0f, c);
 }
 
+bool TransposeFillsTilesBetter(int64_t m, int64_t n) {
+  const GemmTile& tile = BestGemmTile();
+  const auto padded = [&tile](int64_t rows, int64_t cols) {
+    return RoundUp(rows, tile.mr) * RoundUp(cols, tile.nr);
+  };
+  return padded(n, m) < padded(m, n);
+}
+
 const char* GemmKernelName() { return BestGemmTile().name; }
 
 }  // namespace gpipe::cpu

@@ -81,6 +81,12 @@ void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
 void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
                    const float* w, float* c);
 
+// Whether an m x n product takes fewer padded register tiles of the tile
+// Gemm runs when computed as its n x m transpose. A product whose factors
+// are swapped (C^T = op(B)^T op(A)^T) is the same bits: each element is the
+// same chain of fused multiply-adds with the two factors exchanged.
+bool TransposeFillsTilesBetter(int64_t m, int64_t n);
+
 // The tile Gemm runs on this CPU ("avx512", "avx2", "portable"), for logs.
 const char* GemmKernelName();
 
