@@ -96,6 +96,86 @@ TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
   }
 }
 
+// op(A) for a triangular product: zero above (lower) or below (upper) the
+// diagonal, with -0 among the zeros (a softmax gradient's underflowed
+// entries) and in the kept half.
+std::vector<float> Triangular(const Shape& s, int64_t lda, bool lower,
+                              uint64_t key) {
+  std::vector<float> a = Random((s.ta ? s.k : s.m) * lda, key);
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t p = 0; p < s.k; ++p) {
+      float& x = s.ta ? a[p * lda + i] : a[i * lda + p];
+      const bool zero = lower ? p > i : p < i;
+      const bool negative_zero = (i * 7 + p * 3) % 5 == 0;
+      if (zero || (i + p) % 11 == 0) x = negative_zero ? -0.0f : 0.0f;
+    }
+  return a;
+}
+
+TEST(Gemm, TriangularProductsAreTheFullChainBitwise) {
+  // Causal attention's products (GemmTriangle) on every tile: the tiles it
+  // skips or shortens change no bit of what it keeps. Square operands from
+  // one element to two passes of the depth, with t x dh and t x t results.
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    for (int64_t t : {1, 5, 13, 40, 100, 397}) {
+      if (std::string(tile->name) == "portable" && t > 100) continue;
+      for (int64_t dh : {1, 16, 64}) {
+        for (bool ta : {false, true}) {
+          for (float alpha : {1.0f, 0.125f}) {
+            // P V and dS K (lower), P^T dO and dS^T Q (upper): t x dh.
+            for (bool lower : {true, false}) {
+              const Shape s{ta, false, t, dh, t};
+              const int64_t lda = t + 3, ldb = dh + 5, ldc = dh + 2;
+              const std::vector<float> a = Triangular(s, lda, lower, 20);
+              const std::vector<float> b = Random(t * ldb, 21);
+              std::vector<float> want(t * ldc, 7.0f), got = want;
+              ChainReference(s, alpha, a.data(), lda, b.data(), ldb, 0.0f,
+                             want.data(), ldc);
+              cpu::GemmTriangularOn(*tile,
+                                    lower ? cpu::GemmTriangle::kLowerA
+                                          : cpu::GemmTriangle::kUpperA,
+                                    ta, false, t, dh, t, alpha, a.data(), lda,
+                                    b.data(), ldb, got.data(), ldc);
+              ASSERT_EQ(got, want) << Describe(*tile, s, alpha, 0.0f)
+                                   << (lower ? " lower A" : " upper A");
+            }
+            // Q K^T and dO V^T: t x t, the lower half kept.
+            const Shape s{ta, true, t, t, dh};
+            const int64_t lda = (ta ? t : dh) + 3, ldb = dh + 5, ldc = t + 2;
+            const std::vector<float> a = Random((ta ? dh : t) * lda, 22);
+            const std::vector<float> b = Random(t * ldb, 23);
+            std::vector<float> want(t * ldc, 7.0f), got = want;
+            ChainReference(s, alpha, a.data(), lda, b.data(), ldb, 0.0f,
+                           want.data(), ldc);
+            cpu::GemmTriangularOn(*tile, cpu::GemmTriangle::kLowerOutput, ta,
+                                  true, t, t, dh, alpha, a.data(), lda,
+                                  b.data(), ldb, got.data(), ldc);
+            for (int64_t i = 0; i < t; ++i)
+              for (int64_t j = 0; j <= i; ++j)
+                ASSERT_EQ(got[i * ldc + j], want[i * ldc + j])
+                    << Describe(*tile, s, alpha, 0.0f) << " lower C at " << i
+                    << "," << j;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Gemm, TriangularProductsSkipWork) {
+  // Not a timing: the skipped tiles leave C as it was, so a product that
+  // skipped nothing would have overwritten every element.
+  const int64_t t = 200, dh = 64;
+  const std::vector<float> a = Random(t * dh, 24), b = Random(t * dh, 25);
+  std::vector<float> c(t * t, 7.0f);
+  cpu::GemmTriangular(cpu::GemmTriangle::kLowerOutput, false, true, t, t, dh,
+                      1.0f, a.data(), dh, b.data(), dh, c.data(), t);
+  int64_t untouched = 0;
+  for (float x : c) untouched += x == 7.0f;
+  // At least a third of the t^2 / 2 entries above the diagonal.
+  EXPECT_GE(untouched, t * t / 6);
+}
+
 TEST(Gemm, BPackedAheadGivesTheFusedChainOnEveryTile) {
   // A Linear's weight packed once a step (PackedB) for the products of its
   // forward (op(B) = W^T) and input gradient (op(B) = W).

@@ -20,6 +20,11 @@ namespace {
   for (int64_t j = last + 1; j < t; ++j) s[j] = 0.0f;
 }
 
+// The triangle a causal block's product may skip; none without the mask.
+GemmTriangle Lower(bool causal, GemmTriangle triangle) {
+  return causal ? triangle : GemmTriangle::kFull;
+}
+
 }  // namespace
 
 GPIPE_VECTOR_CLONES
@@ -40,9 +45,9 @@ void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
 // Per (sample, head): S = scale Q K^T and O = P V as GEMMs over the strided
 // q, k, v columns of the qkv rows (cpu::GemmStrided: its panels depend on
 // the shape only, so the bits do not depend on the thread count, nor on
-// whether it runs nested in the loop over heads). A causal block computes
-// the masked half too and throws it away: the GEMM is still far faster
-// than the scalar loops it replaced.
+// whether it runs nested in the loop over heads). A causal block skips the
+// masked half where whole register tiles fall in it: the scores above the
+// diagonal, and the products with P's zeros (GemmTriangle: the same bits).
 GPIPE_VECTOR_CLONES
 void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
                       bool causal, float scale, const float* qkv, float* probs,
@@ -55,11 +60,12 @@ void AttentionForward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
       const float* k = q + d;
       const float* v = q + 2 * d;
       float* p = probs + (b * heads + h) * t * t;
-      GemmStrided(false, true, t, t, dh, scale, q, 3 * d, k, 3 * d, 0.0f, p, t);
+      GemmTriangular(Lower(causal, GemmTriangle::kLowerOutput), false, true, t,
+                     t, dh, scale, q, 3 * d, k, 3 * d, p, t);
       for (int64_t i = 0; i < t; ++i)
         MaskedSoftmaxRow(p + i * t, t, causal ? i : t - 1);
-      GemmStrided(false, false, t, dh, t, 1.0f, p, t, v, 3 * d, 0.0f,
-                  out + b * t * d + h * dh, d);
+      GemmTriangular(Lower(causal, GemmTriangle::kLowerA), false, false, t, dh,
+                     t, 1.0f, p, t, v, 3 * d, out + b * t * d + h * dh, d);
     }
   }
 }
@@ -84,19 +90,20 @@ void AttentionBackward(int64_t batch, int64_t heads, int64_t t, int64_t dim,
       const float* p = probs + (b * heads + h) * t * t;
       const float* go = dout + b * t * d + h * dh;
       std::vector<float> ds(static_cast<size_t>(t * t));
-      GemmStrided(true, false, t, dh, t, 1.0f, p, t, go, d, 0.0f, dv, 3 * d);
-      GemmStrided(false, true, t, t, dh, 1.0f, go, d, v, 3 * d, 0.0f, ds.data(),
-                  t);
+      GemmTriangular(Lower(causal, GemmTriangle::kUpperA), true, false, t, dh,
+                     t, 1.0f, p, t, go, d, dv, 3 * d);
+      GemmTriangular(Lower(causal, GemmTriangle::kLowerOutput), false, true, t,
+                     t, dh, 1.0f, go, d, v, 3 * d, ds.data(), t);
       for (int64_t i = 0; i < t; ++i) {
         const int64_t last = causal ? i : t - 1;
         float* dsi = ds.data() + i * t;
         SoftmaxRowBackward(last + 1, p + i * t, dsi, scale, dsi);
         for (int64_t j = last + 1; j < t; ++j) dsi[j] = 0.0f;
       }
-      GemmStrided(false, false, t, dh, t, 1.0f, ds.data(), t, k, 3 * d, 0.0f,
-                  dq, 3 * d);
-      GemmStrided(true, false, t, dh, t, 1.0f, ds.data(), t, q, 3 * d, 0.0f, dk,
-                  3 * d);
+      GemmTriangular(Lower(causal, GemmTriangle::kLowerA), false, false, t, dh,
+                     t, 1.0f, ds.data(), t, k, 3 * d, dq, 3 * d);
+      GemmTriangular(Lower(causal, GemmTriangle::kUpperA), true, false, t, dh,
+                     t, 1.0f, ds.data(), t, q, 3 * d, dk, 3 * d);
     }
   }
 }

@@ -32,6 +32,35 @@ void GemmStridedOn(const GemmTile& tile, bool trans_a, bool trans_b, int64_t m,
                    int64_t lda, const float* b, int64_t ldb, float beta,
                    float* c, int64_t ldc);
 
+// The products of causal attention, where half of a square operand is
+// zeros or half of the result is thrown away: the tiles wholly in the
+// half that does not count are not run, or run over part of the depth.
+enum class GemmTriangle {
+  kFull,
+  // Only C[i][j] with j <= i is wanted; the tiles wholly above the diagonal
+  // are not computed and C there is left as it was, or partly written.
+  kLowerOutput,
+  // op(A)[i][p] is zero for p > i: each tile stops its chain past its last
+  // row. A chain that starts at +0 and adds products of +-0 never reaches
+  // -0, so dropping its zero terms changes no bit: the result is the full
+  // product's, bit for bit, wherever op(B) is finite.
+  kLowerA,
+  // op(A)[i][p] is zero for p < i: each tile starts its chain at its first
+  // row. The same bits, for the same reason.
+  kUpperA,
+};
+
+// C = alpha * op(A) op(B) (beta = 0: C is only written) computing only the
+// triangle asked for, otherwise as GemmStrided.
+void GemmTriangular(GemmTriangle triangle, bool trans_a, bool trans_b,
+                    int64_t m, int64_t n, int64_t k, float alpha,
+                    const float* a, int64_t lda, const float* b, int64_t ldb,
+                    float* c, int64_t ldc);
+void GemmTriangularOn(const GemmTile& tile, GemmTriangle triangle, bool trans_a,
+                      bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float* a, int64_t lda, const float* b,
+                      int64_t ldb, float* c, int64_t ldc);
+
 // op(B) of products packed ahead for the tile Gemm runs, for an operand that
 // many products share unchanged (a Linear layer's weight over a step's
 // micro-batches). At a micro-batch's few rows, packing B costs as much as
