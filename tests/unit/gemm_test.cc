@@ -70,7 +70,8 @@ TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
       {false, true, 150, 70, 1000}, {false, false, 300, 40, 90},
       {true, false, 11, 2100, 20},  {false, true, 30, 200, 500},
       {true, true, 40, 100, 800},   {false, false, 100, 50, 900},
-      {false, false, 64, 96, 100},  {true, false, 65, 64, 50}};
+      {false, false, 64, 96, 100},  {true, false, 65, 64, 50},
+      {false, false, 20, 40, 600}};
   const std::pair<float, float> scalings[] = {
       {1.0f, 0.0f}, {1.0f, 1.0f}, {0.125f, 0.0f}, {0.5f, 2.0f}, {1.0f, -1.0f}};
   for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
@@ -117,7 +118,7 @@ TEST(Gemm, TriangularProductsAreTheFullChainBitwise) {
   // skips or shortens change no bit of what it keeps. Square operands from
   // one element to two passes of the depth, with t x dh and t x t results.
   for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
-    for (int64_t t : {1, 5, 13, 40, 100, 397}) {
+    for (int64_t t : {1, 5, 13, 40, 100, 397, 600}) {
       if (std::string(tile->name) == "portable" && t > 100) continue;
       for (int64_t dh : {1, 16, 64}) {
         for (bool ta : {false, true}) {

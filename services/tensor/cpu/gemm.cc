@@ -181,7 +181,9 @@ PackedOperands& ThisThreadsPackedOperands() {
 // Columns of op(B) per block and depth per pass: functions of the shape
 // and the tile alone, so B packed ahead (PackedB) fits every product.
 int64_t DepthBlock(const GemmTile& tile, int64_t k) {
-  return EvenBlock(k, tile.kc, 1);
+  // A depth up to a third past kc runs in one pass: its B sliver outgrows L1
+  // a little, but C is loaded and stored once, not twice.
+  return k <= tile.kc + tile.kc / 3 ? k : EvenBlock(k, tile.kc, 1);
 }
 int64_t ColumnBlock(const GemmTile& tile, int64_t n) {
   return EvenBlock(n, kColumnBlock, tile.nr);
