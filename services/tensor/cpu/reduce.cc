@@ -15,17 +15,17 @@ void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out) {
   }
 }
 
+// Each plane in float lanes (LaneSum), the planes in double in sample
+// order, as batch norm sums: one dependent add per element took 5% of the
+// CNN's step.
+GPIPE_VECTOR_CLONES
 void SumChannelsInto(int64_t n, int64_t channels, int64_t inner, const float* x,
                      float* out) {
 #pragma omp parallel for if (n * channels * inner > (1 << 16))
   for (int64_t c = 0; c < channels; ++c) {
     double acc = 0.0;
-    for (int64_t b = 0; b < n; ++b) {
-      const float* p = x + (b * channels + c) * inner;
-      float s = 0.0f;
-      for (int64_t i = 0; i < inner; ++i) s += p[i];
-      acc += s;
-    }
+    for (int64_t b = 0; b < n; ++b)
+      acc += LaneSum(inner, x + (b * channels + c) * inner);
     out[c] += static_cast<float>(acc);
   }
 }

@@ -9,7 +9,9 @@ namespace gpipe::cpu {
 
 // out[c] += sum over r of x[r, c], rows in order.
 void SumRowsInto(int64_t rows, int64_t cols, const float* x, float* out);
-// out[c] += sum over n and i of x[n, c, i] (channel sums of NCHW data).
+// out[c] += sum over n and i of x[n, c, i] (channel sums of NCHW data):
+// each plane's sum in float lanes (vector_clones.h's LaneSum), the planes'
+// in double in sample order.
 void SumChannelsInto(int64_t n, int64_t channels, int64_t inner, const float* x,
                      float* out);
 double Sum(int64_t n, const float* x);

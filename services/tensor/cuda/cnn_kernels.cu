@@ -9,7 +9,6 @@
 namespace gpipe::cuda {
 namespace {
 
-
 // col[(c*k + ki)*k + kj, s*OH*OW + i*OW + j] for sample s.
 // (oh, ow) come from the host: ConvGeometry's members are host functions.
 __global__ void Im2ColKernel(cpu::ConvGeometry g, int64_t oh, int64_t ow,
@@ -73,10 +72,19 @@ __global__ void AddChannelBiasKernel(int64_t n, int64_t channels, int64_t inner,
 }
 __global__ void PlaneSumsKernel(int64_t planes, int64_t inner, const float* x,
                                 float* sums) {
+  // The CPU's order (cpu::LaneSum): element i into lane i % 8, the lanes
+  // added in its fixed tree, so the bias gradient is the CPU's bits.
   GPIPE_FOR_EACH(p, planes) {
-    float s = 0.0f;
-    for (int64_t i = 0; i < inner; ++i) s += x[p * inner + i];
-    sums[p] = s;
+    const float* row = x + p * inner;
+    float lane[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= inner; i += 8) {
+#pragma unroll
+      for (int l = 0; l < 8; ++l) lane[l] += row[i + l];
+    }
+    for (int l = 0; i < inner; ++i, ++l) lane[l] += row[i];
+    sums[p] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+              ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   }
 }
 __global__ void ChannelSumsKernel(int64_t n, int64_t channels,
