@@ -61,31 +61,36 @@ struct Operand {
 // become the columns of the sliver), zero for valid <= j < width.
 void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
                     int64_t depth, float* out) {
-  int64_t j = 0;
+  int64_t p = 0, whole = 0;
 #if defined(__SSE2__)
-  // 4 x 4 blocks through registers: a plain loop writes every float to a
-  // different line of the sliver.
-  for (; j + 4 <= valid; j += 4) {
-    const float* s0 = src + j * ld;
-    int64_t p = 0;
-    for (; p + 4 <= depth; p += 4) {
-      __m128 r0 = _mm_loadu_ps(s0 + p), r1 = _mm_loadu_ps(s0 + ld + p);
-      __m128 r2 = _mm_loadu_ps(s0 + 2 * ld + p);
-      __m128 r3 = _mm_loadu_ps(s0 + 3 * ld + p);
+  // 4 x 4 blocks through registers, all of the sliver's width for four
+  // steps of the depth at a time: those steps are 4 * width floats in a
+  // row of the sliver, written whole while each source row's line is
+  // read again from L1 by the next three. Column by column down the depth,
+  // as before, wrote each line of the sliver in four visits (1.05-1.6x
+  // slower on the MLP's and the Transformer's shapes).
+  whole = valid / 4 * 4;
+  for (; p + 4 <= depth; p += 4) {
+    float* o = out + p * width;
+    for (int64_t j = 0; j < whole; j += 4) {
+      const float* s0 = src + j * ld + p;
+      __m128 r0 = _mm_loadu_ps(s0), r1 = _mm_loadu_ps(s0 + ld);
+      __m128 r2 = _mm_loadu_ps(s0 + 2 * ld), r3 = _mm_loadu_ps(s0 + 3 * ld);
       _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
-      _mm_storeu_ps(out + p * width + j, r0);
-      _mm_storeu_ps(out + (p + 1) * width + j, r1);
-      _mm_storeu_ps(out + (p + 2) * width + j, r2);
-      _mm_storeu_ps(out + (p + 3) * width + j, r3);
+      _mm_storeu_ps(o + j, r0);
+      _mm_storeu_ps(o + width + j, r1);
+      _mm_storeu_ps(o + 2 * width + j, r2);
+      _mm_storeu_ps(o + 3 * width + j, r3);
     }
-    for (; p < depth; ++p)
-      for (int64_t q = 0; q < 4; ++q) out[p * width + j + q] = s0[q * ld + p];
   }
 #endif
-  for (; j < valid; ++j)
-    for (int64_t p = 0; p < depth; ++p) out[p * width + j] = src[j * ld + p];
-  for (; j < width; ++j)
-    for (int64_t p = 0; p < depth; ++p) out[p * width + j] = 0.0f;
+  // The depth's last steps of those columns, then the columns past them.
+  for (int64_t j = 0; j < whole; ++j)
+    for (int64_t q = p; q < depth; ++q) out[q * width + j] = src[j * ld + q];
+  for (int64_t j = whole; j < valid; ++j)
+    for (int64_t q = 0; q < depth; ++q) out[q * width + j] = src[j * ld + q];
+  for (int64_t j = valid; j < width; ++j)
+    for (int64_t q = 0; q < depth; ++q) out[q * width + j] = 0.0f;
 }
 
 // Whole slivers of a tile's width: a copy of a constant size compiles to a
