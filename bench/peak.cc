@@ -54,7 +54,8 @@ TilePeak MeasureTilePeak(int threads, int reps) {
         std::vector<float> a(tile.mr * kDepth, 0.5f),
             b(tile.nr * kDepth, 0.25f), c(tile.mr * tile.nr, 0.0f);
         for (int64_t call = 0; call < kCalls; ++call)
-          tile.run(kDepth, a.data(), b.data(), c.data(), tile.nr, true, 1.0f);
+          tile.run(kDepth, a.data(), b.data(), c.data(), tile.nr, true, 1.0f,
+                   nullptr);
       }
     });
     const double gflops =

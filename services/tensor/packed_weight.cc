@@ -5,16 +5,26 @@
 namespace gpipe {
 
 void PackedWeight::Multiply(bool trans, int64_t m, int64_t n, int64_t k,
-                            const float* a, const Tensor& w, float* c) {
+                            const float* a, const Tensor& w, float* c,
+                            const float* bias) {
   std::lock_guard<std::mutex> lock(mu_);
   SeeLocked(trans, n, k, w);
   ++uses_;
   if (!pays_) {
-    cpu::Gemm(false, trans, m, n, k, 1.0f, a, w.f32(), 0.0f, c);
+    if (bias != nullptr) {
+      cpu::GemmAddBias(trans, m, n, k, a, k, w.f32(), trans ? k : n, bias, c,
+                       n);
+    } else {
+      cpu::Gemm(false, trans, m, n, k, 1.0f, a, w.f32(), 0.0f, c);
+    }
     return;
   }
   PackLocked(trans, n, k, w);
-  cpu::GemmPackedB(m, 1.0f, a, k, packed_, 0.0f, c, n);
+  if (bias != nullptr) {
+    cpu::GemmPackedBAddBias(m, a, k, packed_, bias, c, n);
+  } else {
+    cpu::GemmPackedB(m, 1.0f, a, k, packed_, 0.0f, c, n);
+  }
 }
 
 void PackedWeight::Prepare(bool trans, int64_t n, int64_t k, const Tensor& w) {

@@ -33,9 +33,10 @@ class PackedWeight {
  public:
   // C[m, n] = A[m, k] op(W) on the CPU, C written (not accumulated): op(W)
   // is W^T with `trans` (W [n, k], a Linear's forward) or W (W [k, n], its
-  // input gradient). W must be a CPU tensor of k * n floats.
+  // input gradient). W must be a CPU tensor of k * n floats. With `bias`
+  // (n floats), C = A op(W) + bias on every row, added as C is stored.
   void Multiply(bool trans, int64_t m, int64_t n, int64_t k, const float* a,
-                const Tensor& w, float* c);
+                const Tensor& w, float* c, const float* bias = nullptr);
 
   // Packs W for op(W) now unless the copy is current or a copy does not
   // pay (see above), so that the first product after an update does not

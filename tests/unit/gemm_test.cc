@@ -177,6 +177,37 @@ TEST(Gemm, TriangularProductsSkipWork) {
   EXPECT_GE(untouched, t * t / 6);
 }
 
+TEST(Gemm, BiasAddedAsCIsStoredIsTheSeparatePassBitwise) {
+  // A Linear's forward: the product, then y += b on every row, in one go.
+  // Edges in both dimensions, one to three passes of the depth, no depth.
+  const Shape shapes[] = {
+      {false, true, 1, 1, 1},      {false, true, 13, 33, 7},
+      {false, false, 25, 70, 600}, {false, true, 40, 100, 800},
+      {false, true, 300, 40, 90},  {false, false, 7, 9, 0}};
+  for (const Shape& s : shapes) {
+    const int64_t lda = s.k + 3, ldb = (s.tb ? s.k : s.n) + 5, ldc = s.n + 2;
+    const std::vector<float> a = Random(s.m * lda, 30);
+    const std::vector<float> b = Random((s.tb ? s.n : s.k) * ldb, 31);
+    const std::vector<float> bias = Random(s.n, 32);
+    std::vector<float> want(s.m * ldc, 7.0f);
+    ChainReference(s, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, want.data(),
+                   ldc);
+    for (int64_t i = 0; i < s.m; ++i)
+      for (int64_t j = 0; j < s.n; ++j) want[i * ldc + j] += bias[j];
+    std::vector<float> got(s.m * ldc, 7.0f);
+    cpu::GemmAddBias(s.tb, s.m, s.n, s.k, a.data(), lda, b.data(), ldb,
+                     bias.data(), got.data(), ldc);
+    ASSERT_EQ(got, want) << Describe(cpu::BestGemmTile(), s, 1.0f, 0.0f);
+    cpu::PackedB packed;
+    packed.Pack(s.tb, s.k, s.n, b.data(), ldb);
+    std::vector<float> packed_got(s.m * ldc, 7.0f);
+    cpu::GemmPackedBAddBias(s.m, a.data(), lda, packed, bias.data(),
+                            packed_got.data(), ldc);
+    ASSERT_EQ(packed_got, want)
+        << "packed " << Describe(cpu::BestGemmTile(), s, 1.0f, 0.0f);
+  }
+}
+
 TEST(Gemm, BPackedAheadGivesTheFusedChainOnEveryTile) {
   // A Linear's weight packed once a step (PackedB) for the products of its
   // forward (op(B) = W^T) and input gradient (op(B) = W).

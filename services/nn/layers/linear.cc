@@ -41,8 +41,7 @@ Tensor Linear::Forward(const Tensor& x, const LayerContext& ctx, Saved* saved) {
   dims.back() = out_;
   const Device d = x.device();
   Tensor y = Tensor::Empty(Shape(dims), DType::kF32, d);
-  Product(true, rows, out_, in_, x.f32(), y.f32());
-  if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
+  Affine(rows, x.f32(), y.f32());
   if (saved != nullptr) saved->Put("x", x);
   return y;
 }
@@ -56,13 +55,23 @@ Tensor Linear::Decode(const Tensor& x, int64_t, DecodeState*) {
   // On the CPU every product gives each row of C from its row of A alone
   // (cpu::GemmRowStable), the packed one too.
   if (d == Device::kCpu) {
-    Product(true, rows, out_, in_, x.f32(), y.f32());
-  } else {
-    ops::GemmRowStable(d, rows, out_, in_, x.f32(),
-                       std::as_const(weight_.value).f32(), y.f32());
+    Affine(rows, x.f32(), y.f32());
+    return y;
   }
+  ops::GemmRowStable(d, rows, out_, in_, x.f32(),
+                     std::as_const(weight_.value).f32(), y.f32());
   if (has_bias_) ops::AddRowBias(d, rows, out_, bias_.value.f32(), y.f32());
   return y;
+}
+
+void Linear::Affine(int64_t rows, const float* x, float* y) const {
+  const Tensor& w = weight_.value;
+  if (w.device() == Device::kCpu && has_bias_) {
+    forward_pack_.Multiply(true, rows, out_, in_, x, w, y, bias_.value.f32());
+    return;
+  }
+  Product(true, rows, out_, in_, x, y);
+  if (has_bias_) ops::AddRowBias(w.device(), rows, out_, bias_.value.f32(), y);
 }
 
 void Linear::Product(bool trans, int64_t rows, int64_t n, int64_t k,

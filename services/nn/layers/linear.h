@@ -50,6 +50,9 @@ class Linear final : public Layer {
   // unchanged (PackedWeight), elsewhere by ops::Gemm.
   void Product(bool trans, int64_t rows, int64_t n, int64_t k, const float* a,
                float* c) const;
+  // y[rows, out] = x W^T + b: on the CPU the bias is added as the product
+  // stores y (the bits of a separate pass, without the pass).
+  void Affine(int64_t rows, const float* x, float* y) const;
 
   Parameter weight_, bias_;
   mutable PackedWeight forward_pack_, input_grad_pack_;

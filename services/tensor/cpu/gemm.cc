@@ -157,18 +157,22 @@ void PackBSliver(const Operand& b, int64_t c0, int64_t cols, int64_t nr,
 // no edge cases; the padded rows and columns are computed and dropped.
 void RunTile(const GemmTile& tile, int64_t depth, const float* ap,
              const float* bp, float* c, int64_t ldc, int64_t rows, int64_t cols,
-             bool accumulate, float scale) {
+             bool accumulate, float scale, const float* bias) {
   if (rows >= tile.mr && cols >= tile.nr) {
-    tile.run(depth, ap, bp, c, ldc, accumulate, scale);
+    tile.run(depth, ap, bp, c, ldc, accumulate, scale, bias);
     return;
   }
   float edge[kMaxGemmTileFloats] = {};
+  float edge_bias[kMaxGemmTileColumns] = {};
   rows = std::min(rows, tile.mr);
   cols = std::min(cols, tile.nr);
   if (accumulate)
     for (int64_t i = 0; i < rows; ++i)
       std::memcpy(edge + i * tile.nr, c + i * ldc, cols * sizeof(float));
-  tile.run(depth, ap, bp, edge, tile.nr, accumulate, scale);
+  // The tile reads a whole row of bias: past C's last column it must not.
+  if (bias != nullptr) std::memcpy(edge_bias, bias, cols * sizeof(float));
+  tile.run(depth, ap, bp, edge, tile.nr, accumulate, scale,
+           bias != nullptr ? edge_bias : nullptr);
   for (int64_t i = 0; i < rows; ++i)
     std::memcpy(c + i * ldc, edge + i * tile.nr, cols * sizeof(float));
 }
@@ -224,12 +228,14 @@ TileDepths DepthsOfTile(GemmTriangle triangle, const GemmTile& tile,
 }
 
 // C = scale * op(A) op(B), or C += op(A) op(B) chained from C (accumulate,
-// scale 1). With `packed_b_whole`, op(B) is read from there (PackedB's
-// layout) and not packed again.
+// scale 1), plus bias[j] on every row when `bias` is set (the last pass
+// adds it as it stores C). With `packed_b_whole`, op(B) is read from there
+// (PackedB's layout) and not packed again.
 void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
              int64_t m, int64_t n, int64_t k, float scale, bool accumulate,
              float* c, int64_t ldc, const float* packed_b_whole,
-             GemmTriangle triangle = GemmTriangle::kFull) {
+             GemmTriangle triangle = GemmTriangle::kFull,
+             const float* bias = nullptr) {
   const int64_t mr = tile.mr, nr = tile.nr;
   const int threads = !omp_in_parallel() && m * n * k >= kParallelWork
                           ? omp_get_max_threads()
@@ -274,7 +280,10 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
     for (int64_t pc = 0; pc < k; pc += kc) {
       const int64_t depth = std::min(kc, k - pc);
       const bool chained = accumulate || pc > 0;
-      const float pass_scale = pc + depth == k ? scale : 1.0f;
+      const bool last_pass = pc + depth == k;
+      const float pass_scale = last_pass ? scale : 1.0f;
+      const float* const pass_bias =
+          last_pass && bias != nullptr ? bias + jc : nullptr;
       const float* bp;
       if (packed_b_whole != nullptr) {
         bp = packed_b_whole + PackedBlockOffset(tile, n, k, jc, pc);
@@ -311,7 +320,8 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
             RunTile(tile, d.to - d.from, ap + (is * depth + d.from) * mr,
                     bp + (js * depth + d.from) * nr,
                     c + (ic + is * mr) * ldc + jc + js * nr, ldc,
-                    rows - is * mr, cols - js * nr, chained, pass_scale);
+                    rows - is * mr, cols - js * nr, chained, pass_scale,
+                    pass_bias != nullptr ? pass_bias + js * nr : nullptr);
           };
           if (depth < kShallowDepth) {
             for (int64_t is = 0; is < row_slivers; ++is)
@@ -414,6 +424,33 @@ void GemmTriangular(GemmTriangle triangle, bool trans_a, bool trans_b,
                     float* c, int64_t ldc) {
   GemmTriangularOn(BestGemmTile(), triangle, trans_a, trans_b, m, n, k, alpha,
                    a, lda, b, ldb, c, ldc);
+}
+
+void GemmAddBias(bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, const float* bias,
+                 float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // no pass to add it in
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f + bias[j];
+    return;
+  }
+  Blocked(BestGemmTile(), Operand{false, a, lda}, Operand{trans_b, b, ldb}, m,
+          n, k, 1.0f, false, c, ldc, nullptr, GemmTriangle::kFull, bias);
+}
+
+void GemmPackedBAddBias(int64_t m, const float* a, int64_t lda,
+                        const PackedB& b, const float* bias, float* c,
+                        int64_t ldc) {
+  assert(b.packed());
+  if (m == 0 || b.n() == 0) return;
+  if (b.k() == 0) {
+    GemmAddBias(false, m, b.n(), 0, a, lda, nullptr, 0, bias, c, ldc);
+    return;
+  }
+  Blocked(b.tile(), Operand{false, a, lda}, Operand{false, nullptr, 0}, m,
+          b.n(), b.k(), 1.0f, false, c, ldc, b.data(), GemmTriangle::kFull,
+          bias);
 }
 
 void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,

@@ -103,6 +103,16 @@ inline int64_t PackedBBytesBound(int64_t k, int64_t n) {
 void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
                  const PackedB& b, float beta, float* c, int64_t ldc);
 
+// C[m,n] = A[m,k] * op(B) + bias, bias[j] added to every row of column j
+// as the product stores C: the bits of the product and then a pass adding
+// the bias, without the pass.
+void GemmAddBias(bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, const float* bias,
+                 float* c, int64_t ldc);
+void GemmPackedBAddBias(int64_t m, const float* a, int64_t lda,
+                        const PackedB& b, const float* bias, float* c,
+                        int64_t ldc);
+
 // C[m,n] = A[m,k] * W[n,k]^T (a Linear layer's product), named for the
 // property incremental decoding relies on: each row of C is a function of
 // its row of A alone, so decoding one row where a whole-sequence forward ran

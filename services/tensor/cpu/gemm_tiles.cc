@@ -16,7 +16,8 @@ namespace {
 // bits anywhere, only slower.
 template <int64_t kMr, int64_t kNr>
 void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
-                  int64_t ldc, bool accumulate, float scale) {
+                  int64_t ldc, bool accumulate, float scale,
+                  const float* bias) {
   float acc[kMr][kNr];
   for (int64_t i = 0; i < kMr; ++i)
     for (int64_t j = 0; j < kNr; ++j)
@@ -26,8 +27,10 @@ void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
       for (int64_t j = 0; j < kNr; ++j)
         acc[i][j] = std::fma(ap[i], bp[j], acc[i][j]);
   for (int64_t i = 0; i < kMr; ++i)
-    for (int64_t j = 0; j < kNr; ++j)
-      c[i * ldc + j] = scale == 1.0f ? acc[i][j] : acc[i][j] * scale;
+    for (int64_t j = 0; j < kNr; ++j) {
+      const float v = scale == 1.0f ? acc[i][j] : acc[i][j] * scale;
+      c[i * ldc + j] = bias != nullptr ? v + bias[j] : v;
+    }
 }
 
 constexpr GemmTile kPortable{"portable", 4, 8, 64, 256, PortableTile<4, 8>};
@@ -37,11 +40,9 @@ static_assert(kPortable.nr <= kMaxGemmTileColumns);
 #if GPIPE_GEMM_X86_TILES
 // 6 x 16: twelve accumulators, two rows of B and a broadcast of A in the
 // sixteen ymm registers; each step of the depth is 12 FMAs on 2 loads.
-__attribute__((target("avx2,fma"))) void Avx2Tile(int64_t depth,
-                                                  const float* ap,
-                                                  const float* bp, float* c,
-                                                  int64_t ldc, bool accumulate,
-                                                  float scale) {
+__attribute__((target("avx2,fma"))) void Avx2Tile(
+    int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
+    bool accumulate, float scale, const float* bias) {
   constexpr int kMr = 6;
   __m256 acc0[kMr], acc1[kMr];
 #pragma GCC unroll 6
@@ -72,6 +73,10 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(int64_t depth,
       acc0[i] = _mm256_mul_ps(acc0[i], s);
       acc1[i] = _mm256_mul_ps(acc1[i], s);
     }
+    if (bias != nullptr) {
+      acc0[i] = _mm256_add_ps(acc0[i], _mm256_loadu_ps(bias));
+      acc1[i] = _mm256_add_ps(acc1[i], _mm256_loadu_ps(bias + 8));
+    }
     _mm256_storeu_ps(c + i * ldc, acc0[i]);
     _mm256_storeu_ps(c + i * ldc + 8, acc1[i]);
   }
@@ -84,11 +89,9 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(int64_t depth,
 // comes from memory, and a micro-batch's few rows reuse each sliver only a
 // few times, so without it the first tile of each sliver waited on memory
 // while the others asked nothing of it.
-__attribute__((target("avx512f"))) void Avx512Tile(int64_t depth,
-                                                   const float* ap,
-                                                   const float* bp, float* c,
-                                                   int64_t ldc, bool accumulate,
-                                                   float scale) {
+__attribute__((target("avx512f"))) void Avx512Tile(
+    int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
+    bool accumulate, float scale, const float* bias) {
   constexpr int kMr = 12;
   __m512 acc0[kMr], acc1[kMr];
 #pragma GCC unroll 12
@@ -120,6 +123,10 @@ __attribute__((target("avx512f"))) void Avx512Tile(int64_t depth,
     if (scale != 1.0f) {
       acc0[i] = _mm512_mul_ps(acc0[i], s);
       acc1[i] = _mm512_mul_ps(acc1[i], s);
+    }
+    if (bias != nullptr) {
+      acc0[i] = _mm512_add_ps(acc0[i], _mm512_loadu_ps(bias));
+      acc1[i] = _mm512_add_ps(acc1[i], _mm512_loadu_ps(bias + 16));
     }
     _mm512_storeu_ps(c + i * ldc, acc0[i]);
     _mm512_storeu_ps(c + i * ldc + 16, acc1[i]);

@@ -13,12 +13,13 @@ namespace gpipe::cpu {
 // nr floats (a row each). Every element of the tile is one chain of fused
 // multiply-adds over the depth in order, c = fma(a_p, b_p, c), starting from
 // the tile's own values (accumulate) or from +0, then multiplied by `scale`
-// when it is not 1. A fused multiply-add rounds once whatever the vector
-// width, so every tile computes the same bits: the width only decides how
-// many elements run side by side. That is what lets stages on CPUs of
-// different generations agree bitwise while each uses its widest vectors.
-// No tile is larger than this (gemm.cc runs the tiles at C's edges on a
-// copy of this size).
+// when it is not 1, then added to bias[j] (its column's) when `bias` is
+// set: the same two roundings as a separate pass over C would make. A fused
+// multiply-add rounds once whatever the vector width, so every tile computes
+// the same bits: the width only decides how many elements run side by side.
+// That is what lets stages on CPUs of different generations agree bitwise while
+// each uses its widest vectors. No tile is larger than this (gemm.cc runs the
+// tiles at C's edges on a copy of this size).
 inline constexpr int64_t kMaxGemmTileFloats = 12 * 32;
 // Nor wider than this: op(B) packed ahead (gemm.h's PackedB) pads its
 // columns to a multiple of the tile's nr, at most this many.
@@ -31,7 +32,7 @@ struct GemmTile {
   int64_t mc;        // rows of op(A) packed at once: mr * mc * 4 B fit L2
   int64_t kc;        // depth per pass: a kc x nr sliver of B fits L1
   void (*run)(int64_t depth, const float* ap, const float* bp, float* c,
-              int64_t ldc, bool accumulate, float scale);
+              int64_t ldc, bool accumulate, float scale, const float* bias);
 };
 
 // The tiles this CPU can run, widest first; the portable one (std::fma,
