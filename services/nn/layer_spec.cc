@@ -477,8 +477,9 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
     case K::kBatchNorm:
       flops = 5 * n_out;
       params = 2.0 * spec.batch_norm().features();
-      saved = n_out;  // the normalized input
-      cost.saved_fixed_bytes = 4 * spec.batch_norm().features();  // rstd
+      cost.keeps_input = true;  // normalized again by the backward
+      // The mean and rstd.
+      cost.saved_fixed_bytes = 2 * 4 * spec.batch_norm().features();
       cost.buffer_bytes = 2 * 4 * spec.batch_norm().features();
       break;
     case K::KIND_NOT_SET:

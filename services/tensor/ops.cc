@@ -234,15 +234,15 @@ void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd,
+                      float* running_var, float* y, float* mean, float* rstd,
                       float* statistics) {
   GPIPE_ON_CUDA(
       d, BatchNormForward(batch, channels, inner, batch_stats, update_running,
                           momentum, eps, x, gamma, beta, running_mean,
-                          running_var, y, xhat, rstd));
+                          running_var, y, mean, rstd));
   cpu::BatchNormForward(batch, channels, inner, batch_stats, update_running,
                         momentum, eps, x, gamma, beta, running_mean,
-                        running_var, y, xhat, rstd, statistics);
+                        running_var, y, mean, rstd, statistics);
 }
 void BatchNormMoveRunning(int64_t channels, float momentum,
                           const float* statistics, float* running_mean,
@@ -251,12 +251,12 @@ void BatchNormMoveRunning(int64_t channels, float momentum,
                             running_var);
 }
 void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
-                       const float* xhat, const float* rstd, const float* gamma,
-                       const float* dy, float* dx, float* dgamma,
-                       float* dbeta) {
-  GPIPE_ON_CUDA(d, BatchNormBackward(batch, channels, inner, xhat, rstd, gamma,
-                                     dy, dx, dgamma, dbeta));
-  cpu::BatchNormBackward(batch, channels, inner, xhat, rstd, gamma, dy, dx,
+                       const float* x, const float* mean, const float* rstd,
+                       const float* gamma, const float* dy, float* dx,
+                       float* dgamma, float* dbeta) {
+  GPIPE_ON_CUDA(d, BatchNormBackward(batch, channels, inner, x, mean, rstd,
+                                     gamma, dy, dx, dgamma, dbeta));
+  cpu::BatchNormBackward(batch, channels, inner, x, mean, rstd, gamma, dy, dx,
                          dgamma, dbeta);
 }
 

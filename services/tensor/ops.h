@@ -125,15 +125,16 @@ void BatchNormForward(Device d, int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd,
+                      float* running_var, float* y, float* mean, float* rstd,
                       float* statistics = nullptr);
 // On host buffers.
 void BatchNormMoveRunning(int64_t channels, float momentum,
                           const float* statistics, float* running_mean,
                           float* running_var);
 void BatchNormBackward(Device d, int64_t batch, int64_t channels, int64_t inner,
-                       const float* xhat, const float* rstd, const float* gamma,
-                       const float* dy, float* dx, float* dgamma, float* dbeta);
+                       const float* x, const float* mean, const float* rstd,
+                       const float* gamma, const float* dy, float* dx,
+                       float* dgamma, float* dbeta);
 
 // C[m,n] = A[m,k] W[n,k]^T with every row of C a function of its row of A
 // alone (cpu::GemmRowStable; on the GPU one cuBLAS call per row): what

@@ -36,14 +36,15 @@ void BatchNorm::Initialize(uint64_t) {
   bias_.value.SetZero();
 }
 
-// The normalized input is saved for backward; a re-materialized forward
-// does not move the running averages a second time.
+// The input, the mean and rstd are saved for backward, which normalizes the
+// input again; a re-materialized forward does not move the running
+// averages a second time.
 Tensor BatchNorm::Forward(const Tensor& x, const LayerContext& ctx,
                           Saved* saved) {
   const Device d = x.device();
   Tensor y = Tensor::Empty(x.shape(), DType::kF32, d);
-  Tensor xhat =
-      saved != nullptr ? Tensor::Empty(x.shape(), DType::kF32, d) : Tensor();
+  Tensor mean =
+      saved != nullptr ? Tensor::Empty({channels_}, DType::kF32, d) : Tensor();
   Tensor rstd = Tensor::Empty({channels_}, DType::kF32, d);
   const bool moves = ctx.training && !ctx.recompute;
   // Held back (the caller moves the averages at the step's end) on the
@@ -59,14 +60,15 @@ Tensor BatchNorm::Forward(const Tensor& x, const LayerContext& ctx,
                         moves && !records, momentum_, eps_, x.f32(),
                         weight_.value.f32(), bias_.value.f32(),
                         running_mean_.f32(), running_var_.f32(), y.f32(),
-                        xhat.defined() ? xhat.f32() : nullptr, rstd.f32(),
+                        mean.defined() ? mean.f32() : nullptr, rstd.f32(),
                         records ? statistics.f32() : nullptr);
   if (records) {
     ctx.running_statistics->Record(ctx.micro_batch, ctx.layer_index,
                                    std::move(statistics));
   }
   if (saved != nullptr) {
-    saved->Put("xhat", xhat);
+    saved->Put("x", x);
+    saved->Put("mean", mean);
     saved->Put("rstd", rstd);
   }
   return y;
@@ -76,8 +78,8 @@ Tensor BatchNorm::Backward(const Tensor& dy, const Saved& saved,
                            const LayerContext&) {
   const Device d = dy.device();
   Tensor dx = Tensor::Empty(dy.shape(), DType::kF32, d);
-  ops::BatchNormBackward(d, dy.dim(0), channels_, inner_,
-                         saved.Get("xhat").f32(), saved.Get("rstd").f32(),
+  ops::BatchNormBackward(d, dy.dim(0), channels_, inner_, saved.Get("x").f32(),
+                         saved.Get("mean").f32(), saved.Get("rstd").f32(),
                          weight_.value.f32(), dy.f32(), dx.f32(),
                          weight_.grad.f32(), bias_.grad.f32());
   return dx;

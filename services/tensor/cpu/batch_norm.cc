@@ -35,8 +35,8 @@ void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd,
-                      float* statistics) {
+                      float* running_var, float* y, float* saved_mean,
+                      float* rstd, float* statistics) {
   const int64_t n = batch * inner;
 #pragma omp parallel for if (batch * channels * inner > (1 << 15))
   for (int64_t c = 0; c < channels; ++c) {
@@ -65,56 +65,52 @@ void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
     }
     const float r = 1.0f / std::sqrt(var + eps);
     rstd[c] = r;
+    if (saved_mean != nullptr) saved_mean[c] = mean;
     const float g = gamma[c], bias = beta[c];
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t off = (b * channels + c) * inner;
       const float* in = x + off;
       float* out = y + off;
-      if (xhat == nullptr) {
 #pragma omp simd
-        for (int64_t i = 0; i < inner; ++i)
-          out[i] = (in[i] - mean) * r * g + bias;
-        continue;
-      }
-      float* h = xhat + off;
-#pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) {
-        const float v = (in[i] - mean) * r;
-        h[i] = v;
-        out[i] = v * g + bias;
-      }
+      for (int64_t i = 0; i < inner; ++i)
+        out[i] = (in[i] - mean) * r * g + bias;
     }
   }
 }
 
 GPIPE_VECTOR_CLONES
 void BatchNormBackward(int64_t batch, int64_t channels, int64_t inner,
-                       const float* xhat, const float* rstd, const float* gamma,
-                       const float* dy, float* dx, float* dgamma,
-                       float* dbeta) {
+                       const float* x, const float* mean, const float* rstd,
+                       const float* gamma, const float* dy, float* dx,
+                       float* dgamma, float* dbeta) {
   const int64_t n = batch * inner;
 #pragma omp parallel for if (batch * channels * inner > (1 << 15))
   for (int64_t c = 0; c < channels; ++c) {
+    // xhat = (x - mean) * rstd, the forward's operations on its operands.
+    const float m = mean[c], r = rstd[c];
     double sum_dy = 0.0, sum_dy_xhat = 0.0;
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t off = (b * channels + c) * inner;
-      sum_dy += LaneSum(inner, dy + off);
-      sum_dy_xhat += LaneDot(inner, dy + off, xhat + off);
+      const float* g = dy + off;
+      const float* in = x + off;
+      sum_dy += LaneSum(inner, g);
+      sum_dy_xhat += LaneSumOf(
+          inner, [g, in, m, r](int64_t i) { return g[i] * ((in[i] - m) * r); });
     }
     dgamma[c] += static_cast<float>(sum_dy_xhat);
     dbeta[c] += static_cast<float>(sum_dy);
-    const float k = gamma[c] * rstd[c] / n;
+    const float k = gamma[c] * r / n;
     const float s = static_cast<float>(sum_dy);
     const float sx = static_cast<float>(sum_dy_xhat);
     const float nf = static_cast<float>(n);
     for (int64_t b = 0; b < batch; ++b) {
       const int64_t off = (b * channels + c) * inner;
       const float* g = dy + off;
-      const float* h = xhat + off;
+      const float* in = x + off;
       float* out = dx + off;
 #pragma omp simd
       for (int64_t i = 0; i < inner; ++i)
-        out[i] = k * (nf * g[i] - s - h[i] * sx);
+        out[i] = k * (nf * g[i] - s - (in[i] - m) * r * sx);
     }
   }
 }

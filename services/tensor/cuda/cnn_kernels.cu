@@ -165,13 +165,11 @@ __device__ double BlockSum(double v, double* shared) {
 
 // Block c normalizes channel c; element e of the channel is sample e /
 // inner, position e % inner.
-__global__ void BatchNormForwardKernel(int64_t batch, int64_t channels,
-                                       int64_t inner, bool batch_stats,
-                                       bool update_running, float momentum,
-                                       float eps, const float* x,
-                                       const float* gamma, const float* beta,
-                                       float* running_mean, float* running_var,
-                                       float* y, float* xhat, float* rstd) {
+__global__ void BatchNormForwardKernel(
+    int64_t batch, int64_t channels, int64_t inner, bool batch_stats,
+    bool update_running, float momentum, float eps, const float* x,
+    const float* gamma, const float* beta, float* running_mean,
+    float* running_var, float* y, float* saved_mean, float* rstd) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.x, n = batch * inner;
   auto at = [&](int64_t e) {
@@ -199,31 +197,37 @@ __global__ void BatchNormForwardKernel(int64_t batch, int64_t channels,
     var = running_var[c];
   }
   const float r = 1.0f / sqrtf(var + eps);
-  if (threadIdx.x == 0) rstd[c] = r;
+  if (threadIdx.x == 0) {
+    rstd[c] = r;
+    if (saved_mean != nullptr) saved_mean[c] = mean;
+  }
   const float g = gamma[c], b = beta[c];
   for (int64_t e = threadIdx.x; e < n; e += kThreads) {
     const int64_t i = at(e);
     const float h = (x[i] - mean) * r;
-    if (xhat != nullptr) xhat[i] = h;
     y[i] = h * g + b;
   }
 }
 
 __global__ void BatchNormBackwardKernel(int64_t batch, int64_t channels,
-                                        int64_t inner, const float* xhat,
-                                        const float* rstd, const float* gamma,
-                                        const float* dy, float* dx,
-                                        float* dgamma, float* dbeta) {
+                                        int64_t inner, const float* x,
+                                        const float* mean, const float* rstd,
+                                        const float* gamma, const float* dy,
+                                        float* dx, float* dgamma,
+                                        float* dbeta) {
   __shared__ double shared[kThreads];
   const int64_t c = blockIdx.x, n = batch * inner;
   auto at = [&](int64_t e) {
     return (e / inner * channels + c) * inner + e % inner;
   };
+  // The normalized input, made again as the forward made it.
+  const float m = mean[c], r = rstd[c];
+  auto xhat = [&](int64_t i) { return (x[i] - m) * r; };
   double s = 0.0, sx = 0.0;
   for (int64_t e = threadIdx.x; e < n; e += kThreads) {
     const int64_t i = at(e);
     s += dy[i];
-    sx += static_cast<double>(dy[i]) * xhat[i];
+    sx += static_cast<double>(dy[i]) * xhat(i);
   }
   const double sum_dy = BlockSum(s, shared);
   const double sum_dy_xhat = BlockSum(sx, shared);
@@ -231,12 +235,12 @@ __global__ void BatchNormBackwardKernel(int64_t batch, int64_t channels,
     dgamma[c] += static_cast<float>(sum_dy_xhat);
     dbeta[c] += static_cast<float>(sum_dy);
   }
-  const float k = gamma[c] * rstd[c] / n;
+  const float k = gamma[c] * r / n;
   const float fs = static_cast<float>(sum_dy);
   const float fsx = static_cast<float>(sum_dy_xhat);
   for (int64_t e = threadIdx.x; e < n; e += kThreads) {
     const int64_t i = at(e);
-    dx[i] = k * (n * dy[i] - fs - xhat[i] * fsx);
+    dx[i] = k * (n * dy[i] - fs - xhat(i) * fsx);
   }
 }
 
@@ -300,21 +304,21 @@ void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd) {
+                      float* running_var, float* y, float* mean, float* rstd) {
   if (channels == 0) return;
   BatchNormForwardKernel<<<static_cast<int>(channels), kThreads, 0,
                            Current()>>>(
       batch, channels, inner, batch_stats, update_running, momentum, eps, x,
-      gamma, beta, running_mean, running_var, y, xhat, rstd);
+      gamma, beta, running_mean, running_var, y, mean, rstd);
   CheckLastError("BatchNormForwardKernel");
 }
 void BatchNormBackward(int64_t batch, int64_t channels, int64_t inner,
-                       const float* xhat, const float* rstd, const float* gamma,
-                       const float* dy, float* dx, float* dgamma,
-                       float* dbeta) {
+                       const float* x, const float* mean, const float* rstd,
+                       const float* gamma, const float* dy, float* dx,
+                       float* dgamma, float* dbeta) {
   if (channels == 0) return;
   BatchNormBackwardKernel<<<static_cast<int>(channels), kThreads, 0,
-                            Current()>>>(batch, channels, inner, xhat, rstd,
+                            Current()>>>(batch, channels, inner, x, mean, rstd,
                                          gamma, dy, dx, dgamma, dbeta);
   CheckLastError("BatchNormBackwardKernel");
 }

@@ -52,16 +52,19 @@ void GlobalAvgPoolBackward(int64_t planes, int64_t inner, const float* dy,
 // `batch_stats` the statistics are the batch's (double sums in a fixed
 // tree: within double rounding of the CPU's sequential sums) and, when
 // `update_running`, the running averages move; otherwise the running
-// averages normalize. `xhat` may be null (no backward follows).
+// averages normalize. The mean that normalized goes to `mean` unless it is
+// null (no backward follows).
 void BatchNormForward(int64_t batch, int64_t channels, int64_t inner,
                       bool batch_stats, bool update_running, float momentum,
                       float eps, const float* x, const float* gamma,
                       const float* beta, float* running_mean,
-                      float* running_var, float* y, float* xhat, float* rstd);
-// dx from the saved xhat and rstd; dgamma and dbeta accumulate.
+                      float* running_var, float* y, float* mean, float* rstd);
+// dx from the forward's input and its saved mean and rstd (the normalized
+// input made again); dgamma and dbeta accumulate.
 void BatchNormBackward(int64_t batch, int64_t channels, int64_t inner,
-                       const float* xhat, const float* rstd, const float* gamma,
-                       const float* dy, float* dx, float* dgamma, float* dbeta);
+                       const float* x, const float* mean, const float* rstd,
+                       const float* gamma, const float* dy, float* dx,
+                       float* dgamma, float* dbeta);
 
 }  // namespace gpipe::cuda
 
