@@ -43,9 +43,10 @@ void AttendRow(const float* qi, const float* k, const float* v, int64_t last,
 }
 
 // Per (sample, head): S = scale Q K^T and O = P V as GEMMs over the strided
-// q, k, v columns of the qkv rows (cpu::GemmStrided: its panels depend on
-// the shape only, so the bits do not depend on the thread count, nor on
-// whether it runs nested in the loop over heads). A causal block skips the
+// q, k, v columns of the qkv rows (cpu::GemmTriangular, GemmStrided's
+// blocking: its panels depend on the shape only, so the bits do not depend
+// on the thread count, nor on whether it runs nested in the loop over
+// heads). A causal block skips the
 // masked half where whole register tiles fall in it: the scores above the
 // diagonal, and the products with P's zeros (GemmTriangle: the same bits).
 GPIPE_VECTOR_CLONES
