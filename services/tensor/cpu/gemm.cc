@@ -422,7 +422,7 @@ void GemmTriangular(GemmTriangle triangle, bool trans_a, bool trans_b,
                     int64_t m, int64_t n, int64_t k, float alpha,
                     const float* a, int64_t lda, const float* b, int64_t ldb,
                     float* c, int64_t ldc) {
-  GemmTriangularOn(BestGemmTile(), triangle, trans_a, trans_b, m, n, k, alpha,
+  GemmTriangularOn(GemmTileFor(n), triangle, trans_a, trans_b, m, n, k, alpha,
                    a, lda, b, ldb, c, ldc);
 }
 
@@ -435,7 +435,7 @@ void GemmAddBias(bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f + bias[j];
     return;
   }
-  Blocked(BestGemmTile(), Operand{false, a, lda}, Operand{trans_b, b, ldb}, m,
+  Blocked(GemmTileFor(n), Operand{false, a, lda}, Operand{trans_b, b, ldb}, m,
           n, k, 1.0f, false, c, ldc, nullptr, GemmTriangle::kFull, bias);
 }
 
@@ -464,7 +464,7 @@ void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
 void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  float alpha, const float* a, int64_t lda, const float* b,
                  int64_t ldb, float beta, float* c, int64_t ldc) {
-  GemmStridedOn(BestGemmTile(), trans_a, trans_b, m, n, k, alpha, a, lda, b,
+  GemmStridedOn(GemmTileFor(n), trans_a, trans_b, m, n, k, alpha, a, lda, b,
                 ldb, beta, c, ldc);
 }
 
@@ -480,8 +480,8 @@ void GemmRowStable(int64_t m, int64_t n, int64_t k, const float* a,
 }
 
 bool TransposeFillsTilesBetter(int64_t m, int64_t n) {
-  const GemmTile& tile = BestGemmTile();
-  const auto padded = [&tile](int64_t rows, int64_t cols) {
+  const auto padded = [](int64_t rows, int64_t cols) {
+    const GemmTile& tile = GemmTileFor(cols);
     return RoundUp(rows, tile.mr) * RoundUp(cols, tile.nr);
   };
   return padded(n, m) < padded(m, n);

@@ -133,14 +133,47 @@ __attribute__((target("avx512f"))) void Avx512Tile(
   }
 }
 
+// 12 x 16, for products at most 16 columns wide (a classifier's head, the
+// first convolution's weight gradient): the 12 x 32 tile would compute as
+// many padded columns as real ones. Twelve accumulators, one row of B, the
+// same chains.
+__attribute__((target("avx512f"))) void Avx512NarrowTile(
+    int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
+    bool accumulate, float scale, const float* bias) {
+  constexpr int kMr = 12;
+  __m512 acc[kMr];
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i)
+    acc[i] = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
+    _mm_prefetch(reinterpret_cast<const char*>(bp + 16 * depth), _MM_HINT_T1);
+    const __m512 b = _mm512_loadu_ps(bp);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b, acc[i]);
+  }
+  asm("" : "+r"(ldc));
+  const __m512 s = _mm512_set1_ps(scale);
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) {
+    if (scale != 1.0f) acc[i] = _mm512_mul_ps(acc[i], s);
+    if (bias != nullptr) acc[i] = _mm512_add_ps(acc[i], _mm512_loadu_ps(bias));
+    _mm512_storeu_ps(c + i * ldc, acc[i]);
+  }
+}
+
 // kc and mc were swept over square and `gemm_bench --suite sizes` shapes on
 // one core (bench/README.md, "Our own GEMM"): a deeper pass stores and
 // reloads C less often, and at 384 the kc x nr sliver of B is about L1's
 // size (48 KiB for AVX-512) while mc x kc of A stays well inside L2.
 constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile};
 constexpr GemmTile kAvx512{"avx512", 12, 32, 144, 384, Avx512Tile};
+constexpr GemmTile kAvx512Narrow{"avx512-narrow", 12, 16, 144, 384,
+                                 Avx512NarrowTile};
 static_assert(kAvx2.mr * kAvx2.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512.mr * kAvx512.nr <= kMaxGemmTileFloats);
+static_assert(kAvx512Narrow.mr * kAvx512Narrow.nr <= kMaxGemmTileFloats);
 static_assert(kAvx2.nr <= kMaxGemmTileColumns);
 static_assert(kAvx512.nr <= kMaxGemmTileColumns);
 #endif
@@ -149,7 +182,10 @@ std::vector<const GemmTile*> FindSupportedTiles() {
   std::vector<const GemmTile*> tiles;
 #if GPIPE_GEMM_X86_TILES
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) tiles.push_back(&kAvx512);
+  if (__builtin_cpu_supports("avx512f")) {
+    tiles.push_back(&kAvx512);
+    tiles.push_back(&kAvx512Narrow);
+  }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     tiles.push_back(&kAvx2);
 #endif
@@ -165,5 +201,14 @@ std::span<const GemmTile* const> SupportedGemmTiles() {
 }
 
 const GemmTile& BestGemmTile() { return *SupportedGemmTiles().front(); }
+
+const GemmTile& GemmTileFor(int64_t n) {
+  const GemmTile& best = BestGemmTile();
+#if GPIPE_GEMM_X86_TILES
+  if (&best == &kAvx512 && n <= kAvx512Narrow.nr) return kAvx512Narrow;
+#endif
+  (void)n;
+  return best;
+}
 
 }  // namespace gpipe::cpu

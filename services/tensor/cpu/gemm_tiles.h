@@ -39,8 +39,13 @@ struct GemmTile {
 // any CPU) is always last.
 std::span<const GemmTile* const> SupportedGemmTiles();
 
-// The first of SupportedGemmTiles(): what Gemm uses.
+// The first of SupportedGemmTiles(): what Gemm uses, and what B packed
+// ahead is packed for.
 const GemmTile& BestGemmTile();
+// The tile for a product n columns wide: BestGemmTile(), or a narrower one
+// of the same instruction set that n fits (fewer padded columns computed).
+// Every tile gives the same bits, so the choice is only speed.
+const GemmTile& GemmTileFor(int64_t n);
 
 }  // namespace gpipe::cpu
 
