@@ -14,7 +14,7 @@
 #     each at MICRO micro-batches (default "1 8": the whole batch, and the
 #     eighth a stage of an 8-micro-batch pipeline sees); SPECS="a.json b.json"
 #     picks some of them
-# Environment: STEPS (default 20; 4 with SIZES), WARMUP (default 3; 1 with
+# Environment: STEPS (default 20; 4 with SIZES), WARMUP (default 3; 2 with
 # SIZES), ROUNDS (default 2), PYTHON (a python3 that can import torch).
 # Builds nothing: run scripts/setup.sh --bench && scripts/build.sh first.
 set -euo pipefail
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 
 threads=${1:-$(nproc)}
 steps=${STEPS:-$([[ ${SIZES:-} == 1 ]] && echo 4 || echo 20)}
-warmup=${WARMUP:-$([[ ${SIZES:-} == 1 ]] && echo 1 || echo 3)}
+warmup=${WARMUP:-$([[ ${SIZES:-} == 1 ]] && echo 2 || echo 3)}
 rounds=${ROUNDS:-2}
 specs=(examples/fashion_mnist_mlp.json examples/char_transformer.json
        examples/fashion_mnist_cnn.json)
