@@ -11,20 +11,11 @@ void PackedWeight::Multiply(bool trans, int64_t m, int64_t n, int64_t k,
   SeeLocked(trans, n, k, w);
   ++uses_;
   if (!pays_) {
-    if (bias != nullptr) {
-      cpu::GemmAddBias(trans, m, n, k, a, k, w.f32(), trans ? k : n, bias, c,
-                       n);
-    } else {
-      cpu::Gemm(false, trans, m, n, k, 1.0f, a, w.f32(), 0.0f, c);
-    }
+    cpu::GemmAddBias(trans, m, n, k, a, k, w.f32(), trans ? k : n, bias, c, n);
     return;
   }
   PackLocked(trans, n, k, w);
-  if (bias != nullptr) {
-    cpu::GemmPackedBAddBias(m, a, k, packed_, bias, c, n);
-  } else {
-    cpu::GemmPackedB(m, 1.0f, a, k, packed_, 0.0f, c, n);
-  }
+  cpu::GemmPackedBAddBias(m, a, k, packed_, bias, c, n);
 }
 
 void PackedWeight::Prepare(bool trans, int64_t n, int64_t k, const Tensor& w) {

@@ -66,8 +66,9 @@ Tensor Linear::Decode(const Tensor& x, int64_t, DecodeState*) {
 
 void Linear::Affine(int64_t rows, const float* x, float* y) const {
   const Tensor& w = weight_.value;
-  if (w.device() == Device::kCpu && has_bias_) {
-    forward_pack_.Multiply(true, rows, out_, in_, x, w, y, bias_.value.f32());
+  if (w.device() == Device::kCpu) {
+    forward_pack_.Multiply(true, rows, out_, in_, x, w, y,
+                           has_bias_ ? bias_.value.f32() : nullptr);
     return;
   }
   Product(true, rows, out_, in_, x, y);

@@ -93,37 +93,9 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
     for (int64_t q = 0; q < depth; ++q) out[q * width + j] = 0.0f;
 }
 
-// Whole slivers of a tile's width: a copy of a constant size compiles to a
-// few vector moves, not a call to memcpy for 48 or 128 bytes per step of
-// the depth (the weight gradient packs both of its operands this way). In
-// a training step the copies wait on memory either way.
-template <int64_t kWidth>
-void PackWholeRows(const float* src, int64_t ld, int64_t depth, float* out) {
-  for (int64_t p = 0; p < depth; ++p)
-    std::memcpy(out + p * kWidth, src + p * ld, kWidth * sizeof(float));
-}
-
 // out[p * width + j] = src[p * ld + j] for j < valid, zero past it.
 void PackRows(const float* src, int64_t ld, int64_t valid, int64_t width,
               int64_t depth, float* out) {
-  if (valid == width) {
-    switch (width) {
-      case 32:
-        return PackWholeRows<32>(src, ld, depth, out);
-      case 16:
-        return PackWholeRows<16>(src, ld, depth, out);
-      case 12:
-        return PackWholeRows<12>(src, ld, depth, out);
-      case 8:
-        return PackWholeRows<8>(src, ld, depth, out);
-      case 6:
-        return PackWholeRows<6>(src, ld, depth, out);
-      case 4:
-        return PackWholeRows<4>(src, ld, depth, out);
-      default:
-        break;
-    }
-  }
   for (int64_t p = 0; p < depth; ++p) {
     float* dst = out + p * width;
     std::memcpy(dst, src + p * ld, valid * sizeof(float));
@@ -337,19 +309,26 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
 }
 
 // C = alpha * op(A) op(B) + beta * C for any alpha and beta, op(B) packed
-// ahead when `packed_b_whole` is set.
+// ahead when `packed_b_whole` is set. A triangle or a bias applies with
+// beta = 0 only (C written, not read).
 void Scaled(const GemmTile& tile, const Operand& op_a, const Operand& op_b,
             int64_t m, int64_t n, int64_t k, float alpha, float beta, float* c,
-            int64_t ldc, const float* packed_b_whole) {
+            int64_t ldc, const float* packed_b_whole,
+            GemmTriangle triangle = GemmTriangle::kFull,
+            const float* bias = nullptr) {
+  assert(beta == 0.0f || (triangle == GemmTriangle::kFull && bias == nullptr));
   if (m == 0 || n == 0) return;
-  if (k == 0 || alpha == 0.0f) {
+  if (k == 0 || alpha == 0.0f) {  // no pass to add a bias in
     for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+        c[i * ldc + j] = bias != nullptr ? v + bias[j] : v;
+      }
     return;
   }
   if (beta == 0.0f) {
-    Blocked(tile, op_a, op_b, m, n, k, alpha, false, c, ldc, packed_b_whole);
+    Blocked(tile, op_a, op_b, m, n, k, alpha, false, c, ldc, packed_b_whole,
+            triangle, bias);
   } else if (beta == 1.0f && alpha == 1.0f) {
     // Accumulating gradients: the chain starts from what C holds.
     Blocked(tile, op_a, op_b, m, n, k, 1.0f, true, c, ldc, packed_b_whole);
@@ -409,13 +388,8 @@ void GemmTriangularOn(const GemmTile& tile, GemmTriangle triangle, bool trans_a,
                       bool trans_b, int64_t m, int64_t n, int64_t k,
                       float alpha, const float* a, int64_t lda, const float* b,
                       int64_t ldb, float* c, int64_t ldc) {
-  const Operand op_a{trans_a, a, lda}, op_b{trans_b, b, ldb};
-  if (m == 0 || n == 0) return;
-  if (k == 0 || alpha == 0.0f) {
-    Scaled(tile, op_a, op_b, m, n, k, alpha, 0.0f, c, ldc, nullptr);
-    return;
-  }
-  Blocked(tile, op_a, op_b, m, n, k, alpha, false, c, ldc, nullptr, triangle);
+  Scaled(tile, Operand{trans_a, a, lda}, Operand{trans_b, b, ldb}, m, n, k,
+         alpha, 0.0f, c, ldc, nullptr, triangle);
 }
 
 void GemmTriangular(GemmTriangle triangle, bool trans_a, bool trans_b,
@@ -429,28 +403,16 @@ void GemmTriangular(GemmTriangle triangle, bool trans_a, bool trans_b,
 void GemmAddBias(bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                  int64_t lda, const float* b, int64_t ldb, const float* bias,
                  float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (k == 0) {  // no pass to add it in
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = 0.0f + bias[j];
-    return;
-  }
-  Blocked(GemmTileFor(n), Operand{false, a, lda}, Operand{trans_b, b, ldb}, m,
-          n, k, 1.0f, false, c, ldc, nullptr, GemmTriangle::kFull, bias);
+  Scaled(GemmTileFor(n), Operand{false, a, lda}, Operand{trans_b, b, ldb}, m, n,
+         k, 1.0f, 0.0f, c, ldc, nullptr, GemmTriangle::kFull, bias);
 }
 
 void GemmPackedBAddBias(int64_t m, const float* a, int64_t lda,
                         const PackedB& b, const float* bias, float* c,
                         int64_t ldc) {
   assert(b.packed());
-  if (m == 0 || b.n() == 0) return;
-  if (b.k() == 0) {
-    GemmAddBias(false, m, b.n(), 0, a, lda, nullptr, 0, bias, c, ldc);
-    return;
-  }
-  Blocked(b.tile(), Operand{false, a, lda}, Operand{false, nullptr, 0}, m,
-          b.n(), b.k(), 1.0f, false, c, ldc, b.data(), GemmTriangle::kFull,
-          bias);
+  Scaled(b.tile(), Operand{false, a, lda}, Operand{false, nullptr, 0}, m, b.n(),
+         b.k(), 1.0f, 0.0f, c, ldc, b.data(), GemmTriangle::kFull, bias);
 }
 
 void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,

@@ -105,7 +105,7 @@ void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
 
 // C[m,n] = A[m,k] * op(B) + bias, bias[j] added to every row of column j
 // as the product stores C: the bits of the product and then a pass adding
-// the bias, without the pass.
+// the bias, without the pass. A null bias adds nothing (the plain product).
 void GemmAddBias(bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                  int64_t lda, const float* b, int64_t ldb, const float* bias,
                  float* c, int64_t ldc);
