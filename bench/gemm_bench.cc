@@ -255,7 +255,7 @@ void WarnThreads(int asked) {
 
 constexpr char kUsage[] =
     "usage: gemm_bench [--threads N] [--micro-batches M] [--min-seconds S]\n"
-    "                  [--suite examples|sizes] [--cold-mib C]\n"
+    "                  [--suite examples|sizes] [--cold-mib C] [--only NAME]\n"
     "  --threads N        compute threads (default: the usable cores)\n"
     "  --micro-batches M  divide every batch by M, as a run with M "
     "micro-batches\n"
@@ -269,7 +269,8 @@ constexpr char kUsage[] =
     "  --cold-mib C       the cold column cycles packed copies of B over C "
     "MiB\n"
     "                     (default 1024: past this machine's caches; 0: "
-    "none)\n";
+    "none)\n"
+    "  --only NAME        only the models whose name contains NAME\n";
 
 int Run(const Args& args) {
   const long threads_flag = args.Int("threads", 0);
@@ -278,6 +279,7 @@ int Run(const Args& args) {
   const int64_t m = std::max<long>(1, args.Int("micro-batches", 1));
   const double min_seconds = args.Double("min-seconds", 0.1);
   const std::string suite = args.Str("suite", "examples");
+  const std::string only = args.Str("only", "");
   const int64_t cold_bytes =
       std::max<long>(0, args.Int("cold-mib", 1024)) * (int64_t{1} << 20);
   if (suite != "examples" && suite != "sizes") {
@@ -309,6 +311,7 @@ int Run(const Args& args) {
   std::string last_model;
   double flops = 0.0, ours_s = 0.0, plain_s = 0.0;
   for (const GemmCase& g : suite == "sizes" ? SizeCases(m) : ModelCases(m)) {
+    if (!only.empty() && g.model.find(only) == std::string::npos) continue;
     const CaseResult r = TimeCase(g, threads, min_seconds, cold_bytes);
     if (g.model != last_model && !last_model.empty()) std::printf("\n");
     last_model = g.model;
@@ -379,7 +382,7 @@ int main(int argc, char** argv) {
   using gpipe::bench::Args;
   const Args args(
       argc, argv,
-      {"threads", "micro-batches", "min-seconds", "suite", "cold-mib"});
+      {"threads", "micro-batches", "min-seconds", "suite", "cold-mib", "only"});
   if (!args.ok() || !args.positional().empty()) {
     std::fprintf(stderr, "gemm_bench: %s\n%s",
                  args.ok() ? "no positional arguments" : args.error().c_str(),

@@ -55,7 +55,7 @@ TilePeak MeasureTilePeak(int threads, int reps) {
             b(tile.nr * kDepth, 0.25f), c(tile.mr * tile.nr, 0.0f);
         for (int64_t call = 0; call < kCalls; ++call)
           tile.run(kDepth, a.data(), b.data(), c.data(), tile.nr, true, 1.0f,
-                   nullptr);
+                   nullptr, nullptr, 0);
       }
     });
     const double gflops =

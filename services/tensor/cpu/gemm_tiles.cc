@@ -16,8 +16,8 @@ namespace {
 // bits anywhere, only slower.
 template <int64_t kMr, int64_t kNr>
 void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
-                  int64_t ldc, bool accumulate, float scale,
-                  const float* bias) {
+                  int64_t ldc, bool accumulate, float scale, const float* bias,
+                  const float*, int64_t) {
   float acc[kMr][kNr];
   for (int64_t i = 0; i < kMr; ++i)
     for (int64_t j = 0; j < kNr; ++j)
@@ -42,7 +42,8 @@ static_assert(kPortable.nr <= kMaxGemmTileColumns);
 // sixteen ymm registers; each step of the depth is 12 FMAs on 2 loads.
 __attribute__((target("avx2,fma"))) void Avx2Tile(
     int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool accumulate, float scale, const float* bias) {
+    bool accumulate, float scale, const float* bias, const float* pf,
+    int64_t pf_step) {
   constexpr int kMr = 6;
   __m256 acc0[kMr], acc1[kMr];
 #pragma GCC unroll 6
@@ -53,7 +54,10 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(
   }
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 16 * depth), _MM_HINT_T1);
+    if (pf_step > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+      pf += pf_step;
+    }
     const __m256 b0 = _mm256_loadu_ps(bp);
     const __m256 b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 6
@@ -83,15 +87,11 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(
 }
 
 // 12 x 32: twenty-four accumulators and two rows of B in the 32 zmm
-// registers, A broadcast from memory into each FMA. Both tiles fetch the
-// next sliver of B into L2 while they work on this one (the packed slivers
-// lie one after the other): in a training step B, a layer's packed weight,
-// comes from memory, and a micro-batch's few rows reuse each sliver only a
-// few times, so without it the first tile of each sliver waited on memory
-// while the others asked nothing of it.
+// registers, A broadcast from memory into each FMA.
 __attribute__((target("avx512f"))) void Avx512Tile(
     int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool accumulate, float scale, const float* bias) {
+    bool accumulate, float scale, const float* bias, const float* pf,
+    int64_t pf_step) {
   constexpr int kMr = 12;
   __m512 acc0[kMr], acc1[kMr];
 #pragma GCC unroll 12
@@ -102,9 +102,12 @@ __attribute__((target("avx512f"))) void Avx512Tile(
   }
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 32) {
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 32 * depth), _MM_HINT_T1);
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 32 * depth + 16),
-                 _MM_HINT_T1);
+    if (pf_step > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+      if (pf_step > 16)
+        _mm_prefetch(reinterpret_cast<const char*>(pf + 16), _MM_HINT_T1);
+      pf += pf_step;
+    }
     const __m512 b0 = _mm512_loadu_ps(bp);
     const __m512 b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 12
@@ -139,7 +142,8 @@ __attribute__((target("avx512f"))) void Avx512Tile(
 // same chains.
 __attribute__((target("avx512f"))) void Avx512NarrowTile(
     int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
-    bool accumulate, float scale, const float* bias) {
+    bool accumulate, float scale, const float* bias, const float* pf,
+    int64_t pf_step) {
   constexpr int kMr = 12;
   __m512 acc[kMr];
 #pragma GCC unroll 12
@@ -147,7 +151,10 @@ __attribute__((target("avx512f"))) void Avx512NarrowTile(
     acc[i] = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
 #pragma GCC unroll 4
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
-    _mm_prefetch(reinterpret_cast<const char*>(bp + 16 * depth), _MM_HINT_T1);
+    if (pf_step > 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+      pf += pf_step;
+    }
     const __m512 b = _mm512_loadu_ps(bp);
 #pragma GCC unroll 12
     for (int i = 0; i < kMr; ++i)

@@ -17,6 +17,9 @@ namespace gpipe::cpu {
 // set: the same two roundings as a separate pass over C would make. A fused
 // multiply-add rounds once whatever the vector width, so every tile computes
 // the same bits: the width only decides how many elements run side by side.
+// While it works, a tile pulls memory the next tiles will read into L2:
+// at step p of its depth the line at prefetch + p * prefetch_step (and, for
+// a step of 32 floats, the line after it); none when prefetch_step is 0.
 // That is what lets stages on CPUs of different generations agree bitwise while
 // each uses its widest vectors. No tile is larger than this (gemm.cc runs the
 // tiles at C's edges on a copy of this size).
@@ -32,7 +35,8 @@ struct GemmTile {
   int64_t mc;        // rows of op(A) packed at once: mr * mc * 4 B fit L2
   int64_t kc;        // depth per pass: a kc x nr sliver of B fits L1
   void (*run)(int64_t depth, const float* ap, const float* bp, float* c,
-              int64_t ldc, bool accumulate, float scale, const float* bias);
+              int64_t ldc, bool accumulate, float scale, const float* bias,
+              const float* prefetch, int64_t prefetch_step);
 };
 
 // The tiles this CPU can run, widest first; the portable one (std::fma,
