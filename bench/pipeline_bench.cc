@@ -66,7 +66,7 @@ gpipe::v1::JobSpec BalancedMlp(int64_t width, int64_t batch) {
 }
 
 struct Measured {
-  double step_seconds;
+  double step_seconds = 0;
   std::vector<int64_t> peak_bytes;
   // The memory model's training peak of each worker (its chunks' together),
   // for the same cut, M, schedule and remat.
@@ -110,7 +110,8 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
     });
     if (s >= warmup) times.push_back(t);
   }
-  Measured out{Median(times), {}};
+  Measured out;
+  out.step_seconds = Median(times);
   if (auto shapes = InferModelShapes(spec.model()); shapes.ok()) {
     const std::vector<StageMemory> model = EstimatePipelineMemory(
         spec, *shapes, (*p)->balance(), m, schedule, remat, v);

@@ -17,6 +17,7 @@
 #include "services/core/cores.h"
 #include "services/core/memory.h"
 #include "services/nn/layer_spec.h"
+#include "services/nn/optimizer.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/tensor/cpu/gemm.h"
@@ -158,18 +159,21 @@ int Run(const Args& args) {
   std::printf(
       "note: a step includes gathering its batch from the dataset in "
       "memory, the forward\n      and backward of every micro-batch, "
-      "clipping and the optimizer update.\n");
+      "clipping (when the job clips) and the optimizer update.\n");
   std::fflush(stdout);
 
   if (args.Has("profile")) {
     const StepProfile profile = ProfileSteps(t, 5);
     PrintProfile(profile);
-    // The update's memory traffic per parameter: the gradient norm reads
-    // the gradient (4 bytes), the update reads the gradient and reads and
-    // writes the weight and each state tensor, zeroing writes the gradient.
+    // The update's memory traffic per parameter: the gradient norm, when
+    // the job clips, reads the gradient (4 bytes), the update reads the
+    // gradient and reads and writes the weight and each state tensor,
+    // zeroing writes the gradient.
     const gpipe::v1::OptimizerSpec& o = spec->optimizer();
     const int states = o.has_adamw() ? 2 : (o.sgd().momentum() != 0 ? 1 : 0);
-    const double bytes = (4.0 + 4.0 + 8.0 + 8.0 * states + 4.0) * parameters;
+    const double norm_bytes = ClipsGradients(o) ? 4.0 : 0.0;
+    const double bytes =
+        (norm_bytes + 4.0 + 8.0 + 8.0 * states + 4.0) * parameters;
     // The element-wise layers stream their tensors once: a forward reads
     // its input and writes its output (8 bytes an element), a backward
     // reads the output's gradient and what the forward kept and writes the

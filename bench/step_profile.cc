@@ -81,7 +81,9 @@ StepProfile ProfileSteps(ReferenceTrainer& trainer, int steps) {
     }
     update.forward_ms += timed_ms([&] {
       const std::vector<NamedParameter>& params = model.Parameters();
-      const double squares = AccumulateGradSquares(params, 0.0);
+      const double squares = ClipsGradients(spec.optimizer())
+                                 ? AccumulateGradSquares(params, 0.0)
+                                 : 0.0;
       ScaleGradients(params,
                      ClipCoefficient(squares, spec.optimizer().clip_norm()));
       trainer.optimizer().Step(

@@ -155,6 +155,10 @@ double AccumulateGradSquares(const std::vector<NamedParameter>& params,
   return FoldGradSquares(GradSquaresByParameter(params), running);
 }
 
+bool ClipsGradients(const gpipe::v1::OptimizerSpec& spec) {
+  return spec.clip_norm() > 0.0f;
+}
+
 float ClipCoefficient(double grad_squares, float clip_norm) {
   if (clip_norm <= 0.0f) return 1.0f;
   const double norm = std::sqrt(grad_squares);

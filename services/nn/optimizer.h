@@ -45,6 +45,14 @@ std::vector<double> GradSquaresByParameter(
     const std::vector<NamedParameter>& params);
 double FoldGradSquares(const std::vector<double>& by_parameter, double running);
 
+// Whether the spec clips gradients by their global norm. Only then is the
+// norm summed: nothing else reads it, and the sum is a pass over every
+// gradient (a tenth of an update's memory traffic with SGD and momentum),
+// which PyTorch, too, makes only in clip_grad_norm_. Without clipping the
+// trainers take 0 for the squares, and the stages still pass that total
+// down the pipe and back, where it is the barrier before the update.
+bool ClipsGradients(const gpipe::v1::OptimizerSpec& spec);
+
 // The factor gradients are scaled by so their global norm is at most
 // `clip_norm` (1 when clipping is off or not needed).
 float ClipCoefficient(double grad_squares, float clip_norm);

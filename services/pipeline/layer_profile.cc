@@ -256,7 +256,10 @@ absl::StatusOr<LayerStepSeconds> MeasureLayerStepSeconds(
     for (int64_t l = 0; l < n; ++l) {
       if (params[l].empty()) continue;
       Clock::time_point start = Clock::now();
-      const double squares = AccumulateGradSquares(params[l], 0.0);
+      // A stage sums the squares only when it clips (ClipsGradients).
+      const double squares = ClipsGradients(spec.optimizer())
+                                 ? AccumulateGradSquares(params[l], 0.0)
+                                 : 0.0;
       const double norm_seconds = SecondsSince(start);
       start = Clock::now();
       ScaleGradients(params[l],

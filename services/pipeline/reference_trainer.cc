@@ -103,7 +103,9 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
         absl::StrCat("loss is not finite (", report.loss, ") at step ", s));
   }
   const std::vector<NamedParameter>& params = model_->Parameters();
-  const double squares = AccumulateGradSquares(params, 0.0);
+  const double squares = ClipsGradients(spec_.optimizer())
+                             ? AccumulateGradSquares(params, 0.0)
+                             : 0.0;
   report.grad_norm = std::sqrt(squares);
   ScaleGradients(params,
                  ClipCoefficient(squares, spec_.optimizer().clip_norm()));

@@ -583,8 +583,12 @@ absl::Status Stage::SendGradSquares() {
   // running sum from upstream comes only after the stages before it drain
   // (the first stage's last backward is the step's last op), so the pass
   // leaves the exchange's critical path. Folded in the same order, the
-  // total is the same bits.
-  const std::vector<double> own = GradSquaresByParameter(model_->Parameters());
+  // total is the same bits. Without clipping there is nothing to sum
+  // (ClipsGradients), and the exchange is only the barrier before updates.
+  const std::vector<double> own =
+      ClipsGradients(spec_.optimizer())
+          ? GradSquaresByParameter(model_->Parameters())
+          : std::vector<double>();
   double squares = 0.0;
   if (!placement_.first()) {
     ASSIGN_OR_RETURN(Message in,

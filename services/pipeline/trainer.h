@@ -20,7 +20,9 @@ struct StepReport {
   double loss = 0.0;      // mean over the mini-batch
   double accuracy = 0.0;  // of the mini-batch's counted targets
   float lr = 0.0f;
-  double grad_norm = 0.0;  // global, before clipping
+  // Global, before clipping; 0 when the job does not clip (ClipsGradients:
+  // the norm is then not computed).
+  double grad_norm = 0.0;
 };
 
 struct EvalResult {

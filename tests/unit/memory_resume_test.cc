@@ -291,8 +291,9 @@ TEST_F(MemoryResumeTest, ARunStepCutOffKeepsItsPendingStatistics) {
   for (const Op& op : WithTransfers(
            MakeSchedule(ScheduleKind::kGPipe, 2, MicroBatchCount(spec_), 1),
            ScheduleKind::kGPipe, 2, 1, 1)) {
-    if (op.kind != OpKind::kOptimizerStep)
+    if (op.kind != OpKind::kOptimizerStep) {
       ASSERT_TRUE(cut.last->RunOp(op).ok());
+    }
   }
   ASSERT_TRUE(cut.last->SendGradSquares().ok());
   cut.up->Close();  // the total never comes back up

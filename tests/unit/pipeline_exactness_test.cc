@@ -367,6 +367,37 @@ TEST(PipelineExactness, WeightGradientsOutOfOrderAcrossGroupsAreRefused) {
       << s;
 }
 
+TEST(PipelineExactness, TheGradientNormIsSummedOnlyWhenClipping) {
+  // A job that clips reports its global norm, the same bits on both sides;
+  // one that does not sums no squares (a pass over every gradient nothing
+  // would read), reports 0, and its stages' exchange carries 0.
+  for (const float clip : {1.0f, 0.0f}) {
+    gpipe::v1::JobSpec spec = LoadExample("fashion_mnist_mlp.json", 32);
+    spec.mutable_optimizer()->set_clip_norm(clip);
+    std::shared_ptr<const Dataset> data = Open(spec);
+    ASSERT_NE(data, nullptr);
+    auto ref = ReferenceTrainer::Create(spec, 4, data);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 4;
+    o.dataset = data;
+    auto p = InProcessPipeline::Create(spec, o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    for (int s = 0; s < 2; ++s) {
+      auto a = (*ref)->Step();
+      auto b = (*p)->Step();
+      ASSERT_TRUE(a.ok() && b.ok());
+      EXPECT_EQ(a->grad_norm, b->grad_norm) << "clip " << clip;
+      if (clip > 0) {
+        EXPECT_GT(a->grad_norm, 0.0);
+      } else {
+        EXPECT_EQ(a->grad_norm, 0.0);
+      }
+    }
+  }
+}
+
 TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {
   const gpipe::v1::JobSpec spec = LoadExample("char_transformer.json", 16);
   std::shared_ptr<const Dataset> data = Open(spec);
