@@ -289,29 +289,29 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
             if (!d.runs) return;
             // The next sliver of B into L2 (the packed slivers lie one
             // after the other): in a training step B, a layer's packed
-            // weight, comes from memory, and a micro-batch's few rows reuse
-            // each sliver only a few times. A tile that asks for all of it
-            // waits on memory (a core has few lines in flight) while the
-            // tiles after it on the same sliver ask nothing, so down the
-            // rows the sliver's tiles share it out: each prefetches its
-            // share, `share` floats a step (between half a line and a
-            // line, so no line is skipped), and a tile with no share runs
-            // without the prefetches' loads. 1.2x on the MLPs' 32-row
-            // products with their weights in memory (bench/README.md).
-            const float* const next = bp + (js + 1) * depth * nr;
+            // weight, comes from memory. A micro-batch's few rows reuse
+            // each sliver only a few times, and a tile that asks for all
+            // of the next one waits on memory (a core has few lines in
+            // flight) while the tiles after it on the same sliver ask
+            // nothing. So where a sliver has at most `sharers` tiles down
+            // the rows, they share the next one out: each prefetches
+            // `share` floats a step (between half a line and a line, so no
+            // line is skipped), and a tile with no share runs without the
+            // prefetches' loads: 1.2x on the MLPs' 32-row products with
+            // their weights in memory. Taller blocks, whose compute hides
+            // the fetch anyway, keep every tile fetching the whole next
+            // sliver, which measured 2% faster on the Transformer's
+            // 512-row micro-batches (bench/README.md).
             constexpr int64_t kLine = 16;  // floats
-            const float* pf = nullptr;
-            int64_t pf_step = 0;
-            if (!deep || row_slivers == 1) {
-              pf = next;
-              pf_step = nr;
-            } else {
+            const int64_t sharers = (nr + kLine / 2 - 1) / (kLine / 2);
+            const float* const next = bp + (js + 1) * depth * nr;
+            const float* pf = next + d.from * nr;
+            int64_t pf_step = nr;
+            if (deep && row_slivers > 1 && row_slivers <= sharers) {
               const int64_t share = std::clamp(
                   (nr + row_slivers - 1) / row_slivers, kLine / 2, kLine);
-              if (is * depth * share < depth * nr) {
-                pf = next + is * depth * share;
-                pf_step = share;
-              }
+              pf = next + is * depth * share;
+              pf_step = is * depth * share < depth * nr ? share : 0;
             }
             // A sliver's first `from` steps of the depth are its first
             // from * mr (or nr) floats: the tile starts past them. With no
