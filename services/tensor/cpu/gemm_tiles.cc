@@ -38,6 +38,28 @@ static_assert(kPortable.mr * kPortable.nr <= kMaxGemmTileFloats);
 static_assert(kPortable.nr <= kMaxGemmTileColumns);
 
 #if GPIPE_GEMM_X86_TILES
+// The 6 x 16 tile's steps over the depth, with or without a prefetch a
+// step (a loop apiece, as the AVX-512 tiles).
+template <bool kPrefetch>
+__attribute__((target("avx2,fma"), always_inline)) inline void Avx2Steps(
+    int64_t depth, const float* ap, const float* bp, const float* pf,
+    int64_t pf_step, __m256 (&acc0)[6], __m256 (&acc1)[6]) {
+  constexpr int kMr = 6;
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16, pf += pf_step) {
+    if constexpr (kPrefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+    const __m256 b0 = _mm256_loadu_ps(bp);
+    const __m256 b1 = _mm256_loadu_ps(bp + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < kMr; ++i) {
+      const __m256 a = _mm256_broadcast_ss(ap + i);
+      acc0[i] = _mm256_fmadd_ps(a, b0, acc0[i]);
+      acc1[i] = _mm256_fmadd_ps(a, b1, acc1[i]);
+    }
+  }
+}
+
 // 6 x 16: twelve accumulators, two rows of B and a broadcast of A in the
 // sixteen ymm registers; each step of the depth is 12 FMAs on 2 loads.
 __attribute__((target("avx2,fma"))) void Avx2Tile(
@@ -52,20 +74,10 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(
     acc1[i] =
         accumulate ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
   }
-#pragma GCC unroll 2
-  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
-    if (pf_step > 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
-      pf += pf_step;
-    }
-    const __m256 b0 = _mm256_loadu_ps(bp);
-    const __m256 b1 = _mm256_loadu_ps(bp + 8);
-#pragma GCC unroll 6
-    for (int i = 0; i < kMr; ++i) {
-      const __m256 a = _mm256_broadcast_ss(ap + i);
-      acc0[i] = _mm256_fmadd_ps(a, b0, acc0[i]);
-      acc1[i] = _mm256_fmadd_ps(a, b1, acc1[i]);
-    }
+  if (pf_step > 0) {
+    Avx2Steps<true>(depth, ap, bp, pf, pf_step, acc0, acc1);
+  } else {
+    Avx2Steps<false>(depth, ap, bp, pf, 0, acc0, acc1);
   }
   // Without this GCC keeps the tile's row addresses from the loads above
   // alive through the loop, in vector registers it then lacks for B.
@@ -151,6 +163,24 @@ __attribute__((target("avx512f"))) void Avx512Tile(
   }
 }
 
+// The 12 x 16 tile's steps over the depth, with or without a prefetch a
+// step.
+template <bool kPrefetch>
+__attribute__((target("avx512f"), always_inline)) inline void Avx512NarrowSteps(
+    int64_t depth, const float* ap, const float* bp, const float* pf,
+    int64_t pf_step, __m512 (&acc)[12]) {
+  constexpr int kMr = 12;
+#pragma GCC unroll 4
+  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16, pf += pf_step) {
+    if constexpr (kPrefetch)
+      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+    const __m512 b = _mm512_loadu_ps(bp);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b, acc[i]);
+  }
+}
+
 // 12 x 16, for products at most 16 columns wide (a classifier's head, the
 // first convolution's weight gradient): the 12 x 32 tile would compute as
 // many padded columns as real ones. Twelve accumulators, one row of B, the
@@ -164,16 +194,10 @@ __attribute__((target("avx512f"))) void Avx512NarrowTile(
 #pragma GCC unroll 12
   for (int i = 0; i < kMr; ++i)
     acc[i] = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
-#pragma GCC unroll 4
-  for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16) {
-    if (pf_step > 0) {
-      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
-      pf += pf_step;
-    }
-    const __m512 b = _mm512_loadu_ps(bp);
-#pragma GCC unroll 12
-    for (int i = 0; i < kMr; ++i)
-      acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b, acc[i]);
+  if (pf_step > 0) {
+    Avx512NarrowSteps<true>(depth, ap, bp, pf, pf_step, acc);
+  } else {
+    Avx512NarrowSteps<false>(depth, ap, bp, pf, 0, acc);
   }
   asm("" : "+r"(ldc));
   const __m512 s = _mm512_set1_ps(scale);
