@@ -4,9 +4,11 @@
 // every K, M, schedule and re-materialization mode.
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "gtest/gtest.h"
+#include "services/core/status.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/link_reduction.h"
@@ -48,6 +50,25 @@ std::map<std::string, Tensor> RunReference(
   EXPECT_TRUE(ref.ok()) << ref.status();
   for (int s = 0; s < kSteps; ++s) EXPECT_TRUE((*ref)->Step().ok());
   return Snapshot(**ref);
+}
+
+// The reference and an in-process pipeline of `stages` stages, both with `m`
+// micro-batches of `data`, to step side by side.
+struct SideBySide {
+  std::unique_ptr<ReferenceTrainer> reference;
+  std::unique_ptr<InProcessPipeline> pipeline;
+};
+absl::StatusOr<SideBySide> MakeSideBySide(const gpipe::v1::JobSpec& spec,
+                                          int64_t stages, int64_t m,
+                                          std::shared_ptr<const Dataset> data) {
+  SideBySide both;
+  ASSIGN_OR_RETURN(both.reference, ReferenceTrainer::Create(spec, m, data));
+  PipelineOptions o;
+  o.stages = stages;
+  o.micro_batches = m;
+  o.dataset = std::move(data);
+  ASSIGN_OR_RETURN(both.pipeline, InProcessPipeline::Create(spec, o));
+  return both;
 }
 
 void ExpectSame(const std::map<std::string, Tensor>& want,
@@ -376,17 +397,11 @@ TEST(PipelineExactness, TheGradientNormIsSummedOnlyWhenClipping) {
     spec.mutable_optimizer()->set_clip_norm(clip);
     std::shared_ptr<const Dataset> data = Open(spec);
     ASSERT_NE(data, nullptr);
-    auto ref = ReferenceTrainer::Create(spec, 4, data);
-    ASSERT_TRUE(ref.ok()) << ref.status();
-    PipelineOptions o;
-    o.stages = 2;
-    o.micro_batches = 4;
-    o.dataset = data;
-    auto p = InProcessPipeline::Create(spec, o);
-    ASSERT_TRUE(p.ok()) << p.status();
+    auto both = MakeSideBySide(spec, 2, 4, data);
+    ASSERT_TRUE(both.ok()) << both.status();
     for (int s = 0; s < 2; ++s) {
-      auto a = (*ref)->Step();
-      auto b = (*p)->Step();
+      auto a = both->reference->Step();
+      auto b = both->pipeline->Step();
       ASSERT_TRUE(a.ok() && b.ok());
       EXPECT_EQ(a->grad_norm, b->grad_norm) << "clip " << clip;
       if (clip > 0) {
@@ -401,24 +416,20 @@ TEST(PipelineExactness, TheGradientNormIsSummedOnlyWhenClipping) {
 TEST(PipelineExactness, LossAndEvaluationMatchTheReference) {
   const gpipe::v1::JobSpec spec = LoadExample("char_transformer.json", 16);
   std::shared_ptr<const Dataset> data = Open(spec);
-  auto ref = ReferenceTrainer::Create(spec, 4, data);
-  ASSERT_TRUE(ref.ok());
-  PipelineOptions o;
-  o.stages = 3;
-  o.micro_batches = 4;
-  o.dataset = data;
-  auto p = InProcessPipeline::Create(spec, o);
-  ASSERT_TRUE(p.ok()) << p.status();
+  auto both = MakeSideBySide(spec, 3, 4, data);
+  ASSERT_TRUE(both.ok()) << both.status();
+  ReferenceTrainer& ref = *both->reference;
+  InProcessPipeline& p = *both->pipeline;
   for (int s = 0; s < kSteps; ++s) {
-    auto a = (*ref)->Step();
-    auto b = (*p)->Step();
+    auto a = ref.Step();
+    auto b = p.Step();
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->loss, b->loss);
     EXPECT_EQ(a->grad_norm, b->grad_norm);
     EXPECT_EQ(a->lr, b->lr);
   }
-  auto ea = (*ref)->Evaluate(Split::kTest, 200);
-  auto eb = (*p)->Evaluate(Split::kTest, 200);
+  auto ea = ref.Evaluate(Split::kTest, 200);
+  auto eb = p.Evaluate(Split::kTest, 200);
   ASSERT_TRUE(ea.ok() && eb.ok()) << eb.status();
   EXPECT_EQ(ea->counted, eb->counted);
   EXPECT_EQ(ea->loss, eb->loss);

@@ -254,6 +254,8 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
       const int64_t depth = std::min(kc, k - pc);
       const bool chained = accumulate || pc > 0;
       const bool last_pass = pc + depth == k;
+      // Shallow passes run row sliver by row sliver (kShallowDepth).
+      const bool deep = depth >= kShallowDepth;
       const float pass_scale = last_pass ? scale : 1.0f;
       const float* const pass_bias =
           last_pass && bias != nullptr ? bias + jc : nullptr;
@@ -283,33 +285,36 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
           for (int64_t s = 0; s < row_slivers; ++s)
             PackASliver(a, ic + s * mr, rows - s * mr, mr, pc, depth,
                         ap + s * mr * depth);
-          auto run = [&](int64_t is, int64_t js, bool deep) {
+          // The next sliver of B into L2 (the packed slivers lie one after
+          // the other): in a training step B, a layer's packed weight, comes
+          // from memory. A micro-batch's few rows reuse each sliver only a
+          // few times, and a tile that asks for all of the next one waits
+          // on memory (a core has few lines in flight) while the tiles
+          // after it on the same sliver ask nothing. So where a sliver has
+          // at most `sharers` tiles down the rows, they share the next one
+          // out: each prefetches `share` floats a step (between half a line
+          // and a line, so no line is skipped), and a tile with no share
+          // runs without the prefetches' loads: 1.2x on the MLPs' 32-row
+          // products with their weights in memory. Taller blocks, whose
+          // compute hides the fetch anyway, and passes across the rows keep
+          // every tile fetching the whole next sliver, which measured 2%
+          // faster on the Transformer's 512-row micro-batches
+          // (bench/README.md). share is 0 where the tiles do not share.
+          constexpr int64_t kLine = 16;  // floats
+          const int64_t sharers = (nr + kLine / 2 - 1) / (kLine / 2);
+          const int64_t share =
+              deep && row_slivers > 1 && row_slivers <= sharers
+                  ? std::clamp((nr + row_slivers - 1) / row_slivers, kLine / 2,
+                               kLine)
+                  : 0;
+          auto run = [&](int64_t is, int64_t js) {
             const TileDepths d = DepthsOfTile(triangle, tile, ic + is * mr,
                                               jc + js * nr, pc, depth);
             if (!d.runs) return;
-            // The next sliver of B into L2 (the packed slivers lie one
-            // after the other): in a training step B, a layer's packed
-            // weight, comes from memory. A micro-batch's few rows reuse
-            // each sliver only a few times, and a tile that asks for all
-            // of the next one waits on memory (a core has few lines in
-            // flight) while the tiles after it on the same sliver ask
-            // nothing. So where a sliver has at most `sharers` tiles down
-            // the rows, they share the next one out: each prefetches
-            // `share` floats a step (between half a line and a line, so no
-            // line is skipped), and a tile with no share runs without the
-            // prefetches' loads: 1.2x on the MLPs' 32-row products with
-            // their weights in memory. Taller blocks, whose compute hides
-            // the fetch anyway, keep every tile fetching the whole next
-            // sliver, which measured 2% faster on the Transformer's
-            // 512-row micro-batches (bench/README.md).
-            constexpr int64_t kLine = 16;  // floats
-            const int64_t sharers = (nr + kLine / 2 - 1) / (kLine / 2);
             const float* const next = bp + (js + 1) * depth * nr;
             const float* pf = next + d.from * nr;
             int64_t pf_step = nr;
-            if (deep && row_slivers > 1 && row_slivers <= sharers) {
-              const int64_t share = std::clamp(
-                  (nr + row_slivers - 1) / row_slivers, kLine / 2, kLine);
+            if (share > 0) {
               pf = next + is * depth * share;
               pf_step = is * depth * share < depth * nr ? share : 0;
             }
@@ -323,12 +328,12 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
                     pass_bias != nullptr ? pass_bias + js * nr : nullptr, pf,
                     pf_step);
           };
-          if (depth < kShallowDepth) {
-            for (int64_t is = 0; is < row_slivers; ++is)
-              for (int64_t js = js_begin; js < js_end; ++js) run(is, js, false);
-          } else {
+          if (deep) {
             for (int64_t js = js_begin; js < js_end; ++js)
-              for (int64_t is = 0; is < row_slivers; ++is) run(is, js, true);
+              for (int64_t is = 0; is < row_slivers; ++is) run(is, js);
+          } else {
+            for (int64_t is = 0; is < row_slivers; ++is)
+              for (int64_t js = js_begin; js < js_end; ++js) run(is, js);
           }
         }
       }
