@@ -16,6 +16,7 @@
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/reduce.h"
+#include "services/tensor/cpu/shallow_product.h"
 #include "services/tensor/fake_device.h"
 #include "services/tensor/ops.h"
 #include "services/tensor/tensor.h"
@@ -60,16 +61,25 @@ void CpuForward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   const int64_t hw = g.out_positions(), ckk = g.column_rows();
   const int64_t in_size = g.input_size();
   const int threads = TaskThreads(batch);
+  // A shallow product (a first layer's few taps) adds the bias as it
+  // stores each element, the same add the pass over y after the GEMM makes.
+  const bool shallow = cpu::ShallowDepth(ckk);
   Tensor columns = Tensor::Empty({threads, ckk * hw});
   float* const col_base = columns.f32();
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t b = 0; b < batch; ++b) {
     float* const col = col_base + omp_get_thread_num() * ckk * hw;
     cpu::Im2Col(g, x + b * in_size, col, hw);
-    cpu::GemmStrided(false, false, cout, hw, ckk, 1.0f, weight, ckk, col, hw,
-                     0.0f, y + b * cout * hw, hw);
+    float* const yb = y + b * cout * hw;
+    if (shallow) {
+      cpu::ShallowProduct(cout, hw, ckk, weight, col, hw, bias, yb, hw);
+    } else {
+      cpu::GemmStrided(false, false, cout, hw, ckk, 1.0f, weight, ckk, col, hw,
+                       0.0f, yb, hw);
+    }
   }
-  if (bias != nullptr) cpu::AddChannelBias(batch, cout, hw, bias, y);
+  if (bias != nullptr && !shallow)
+    cpu::AddChannelBias(batch, cout, hw, bias, y);
 }
 
 // dX for samples first, first + step, ... : each sample's column gradients

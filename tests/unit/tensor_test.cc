@@ -14,6 +14,7 @@
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
 #include "services/tensor/cpu/pool.h"
+#include "services/tensor/cpu/shallow_product.h"
 #include "services/tensor/cpu/softmax.h"
 #include "services/tensor/denormals.h"
 #include "services/tensor/threads.h"
@@ -130,6 +131,41 @@ TEST(Conv, Im2ColGemmMatchesDirectConvolution) {
             }
         EXPECT_NEAR(y[(o * oh + i) * ow + j], s, 1e-4);
       }
+}
+
+// A first layer's product over its few taps runs outside the GEMM
+// (shallow_product.h); every bit must be what the GEMM and the bias pass
+// after it make, or the layer's output would depend on its depth.
+TEST(Conv, ShallowProductIsTheGemmBitForBit) {
+  for (const int64_t depth : {1, 9, 27, 32}) {
+    for (const int64_t rows : {3, 16}) {
+      for (const int64_t n : {7, 784}) {
+        for (const bool with_bias : {false, true}) {
+          SCOPED_TRACE(testing::Message()
+                       << "depth " << depth << " rows " << rows << " n " << n
+                       << " bias " << with_bias);
+          const uint64_t key = static_cast<uint64_t>(depth * 1000 + n);
+          std::vector<float> w = Random(rows * depth, key);
+          std::vector<float> col = Random(depth * n, key + 1);
+          const std::vector<float> bias = Random(rows, key + 2);
+          // A column of zeros, as im2col's padding leaves.
+          for (int64_t t = 0; t < depth; ++t) col[t * n] = 0.0f;
+          std::vector<float> want(rows * n), got(rows * n, 1.0f);
+          cpu::Gemm(false, false, rows, n, depth, 1.0f, w.data(), col.data(),
+                    0.0f, want.data());
+          if (with_bias)
+            for (int64_t i = 0; i < rows; ++i)
+              for (int64_t j = 0; j < n; ++j) want[i * n + j] += bias[i];
+          ASSERT_TRUE(cpu::ShallowDepth(depth));
+          cpu::ShallowProduct(rows, n, depth, w.data(), col.data(), n,
+                              with_bias ? bias.data() : nullptr, got.data(), n);
+          EXPECT_EQ(
+              std::memcmp(got.data(), want.data(), want.size() * sizeof(float)),
+              0);
+        }
+      }
+    }
+  }
 }
 
 // Im2Col and Col2Im against their definitions, element by element, over

@@ -1,0 +1,30 @@
+// Products over a short depth, as a first convolution makes them: its
+// columns (im2col) have channels x k^2 rows, 9 for a grey image under a
+// 3 x 3 kernel. The blocked GEMM (gemm.h) packs both operands and runs
+// 12 x 32 register tiles for a few multiply-adds per element, and its
+// transposed weight gradient packs a sample's output gradient again for
+// every sample; these run straight from the operands instead. Each element
+// is the same chain of fused multiply-adds, over the depth in order, that
+// the GEMM computes, so the bits do not depend on which runs.
+#ifndef GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
+#define GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
+
+#include <cstdint>
+
+namespace gpipe::cpu {
+
+// Whether a product of this depth runs here rather than through the GEMM.
+bool ShallowDepth(int64_t depth);
+
+// y[i, j] = (w[i, :] . col[:, j]) + bias[i] for i < rows, j < n: the dot
+// product one chain of fused multiply-adds from +0 over the depth in order,
+// as Gemm(beta = 0) makes it, then the bias added as a separate add (none
+// where bias is null). w is rows x depth; col's rows are ldcol apart, y's
+// ldy.
+void ShallowProduct(int64_t rows, int64_t n, int64_t depth, const float* w,
+                    const float* col, int64_t ldcol, const float* bias,
+                    float* y, int64_t ldy);
+
+}  // namespace gpipe::cpu
+
+#endif  // GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
