@@ -1,9 +1,8 @@
 // Products over a short depth, as a first convolution makes them: its
 // columns (im2col) have channels x k^2 rows, 9 for a grey image under a
 // 3 x 3 kernel. The blocked GEMM (gemm.h) packs both operands and runs
-// 12 x 32 register tiles for a few multiply-adds per element, and its
-// transposed weight gradient packs a sample's output gradient again for
-// every sample; these run straight from the operands instead. Each element
+// 12 x 32 register tiles for a few multiply-adds per element; this runs
+// straight from the operands instead. Each element
 // is the same chain of fused multiply-adds, over the depth in order, that
 // the GEMM computes, so the bits do not depend on which runs.
 #ifndef GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
