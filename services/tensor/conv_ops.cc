@@ -113,7 +113,10 @@ void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   // transpose, dW^T += col dY^T, where that fills the GEMM's register tiles
   // better (the first layer's 16 x 9 ran at a third of the speed its
   // transpose does), for the same bits.
-  const bool transposed = cpu::TransposeFillsTilesBetter(cout, ckk);
+  // A few taps (a first layer's) go to the direct kernel, which works on
+  // the transpose too.
+  const bool shallow = ckk <= cpu::kShallowGradientTaps;
+  const bool transposed = shallow || cpu::TransposeFillsTilesBetter(cout, ckk);
   std::vector<float> dweight_t;
   if (transposed) {
     dweight_t.resize(cout * ckk);
@@ -124,6 +127,10 @@ void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
   for (int64_t b = 0; b < batch; ++b) {
     cpu::Im2Col(g, x + b * in_size, col, hw);
     const float* const dyb = dy + b * cout * hw;
+    if (shallow && cpu::ShallowWeightGradient(ckk, cout, hw, col, dyb, hw,
+                                              dweight_t.data())) {
+      continue;
+    }
     if (transposed) {
       cpu::GemmStrided(false, true, ckk, cout, hw, 1.0f, col, hw, dyb, hw, 1.0f,
                        dweight_t.data(), cout);

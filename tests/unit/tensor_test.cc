@@ -168,6 +168,37 @@ TEST(Conv, ShallowProductIsTheGemmBitForBit) {
   }
 }
 
+// The first layer's weight gradient, accumulated sample by sample, likewise
+// (where the CPU runs the direct kernel; elsewhere the GEMM runs anyway).
+TEST(Conv, ShallowWeightGradientIsTheGemmBitForBit) {
+  for (const int64_t depth : {1, 4, 9, 16}) {
+    for (const int64_t channels : {1, 5, 16, 17, 32}) {
+      for (const int64_t n : {7, 196}) {
+        SCOPED_TRACE(testing::Message() << "depth " << depth << " channels "
+                                        << channels << " n " << n);
+        const uint64_t key = static_cast<uint64_t>(depth * 1000 + channels);
+        const int64_t ld = n + 3;  // rows with a gap between them
+        std::vector<float> col = Random(depth * ld, key);
+        const std::vector<float> dy = Random(channels * ld, key + 1);
+        for (int64_t t = 0; t < depth; ++t) col[t * ld] = 0.0f;  // padding
+        std::vector<float> want = Random(depth * channels, key + 2);
+        std::vector<float> got = want;
+        cpu::GemmStrided(false, true, depth, channels, n, 1.0f, col.data(), ld,
+                         dy.data(), ld, 1.0f, want.data(), channels);
+        if (!cpu::ShallowWeightGradient(depth, channels, n, col.data(),
+                                        dy.data(), ld, got.data())) {
+          GTEST_SKIP() << "no direct kernel on this CPU";
+        }
+        EXPECT_EQ(
+            std::memcmp(got.data(), want.data(), want.size() * sizeof(float)),
+            0);
+      }
+    }
+  }
+  EXPECT_FALSE(cpu::ShallowWeightGradient(cpu::kShallowGradientTaps + 1, 16, 7,
+                                          nullptr, nullptr, 7, nullptr));
+}
+
 // Im2Col and Col2Im against their definitions, element by element, over
 // strides, paddings wider than the kernel's reach and images narrower than
 // it: the copies compute the inside range once per row, so its edges are

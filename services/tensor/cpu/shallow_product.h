@@ -24,6 +24,18 @@ void ShallowProduct(int64_t rows, int64_t n, int64_t depth, const float* w,
                     const float* col, int64_t ldcol, const float* bias,
                     float* y, int64_t ldy);
 
+// The transposed weight gradient of a shallow product over one sample:
+// dwt[t, c] += col[t, :] . dy[c, :] for t < depth, c < channels, each
+// element's chain of fused multiply-adds continuing from dwt's value over
+// the positions j < n in order, as Gemm(beta = 1) of col and dy^T makes it.
+// col's and dy's rows are ld apart; dwt is depth x channels. Runs where the
+// CPU has AVX-512 and depth <= kShallowGradientTaps, and returns false
+// without touching dwt where not (the caller runs the GEMM).
+inline constexpr int64_t kShallowGradientTaps = 16;
+bool ShallowWeightGradient(int64_t depth, int64_t channels, int64_t n,
+                           const float* col, const float* dy, int64_t ld,
+                           float* dwt);
+
 }  // namespace gpipe::cpu
 
 #endif  // GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
