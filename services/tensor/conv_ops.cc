@@ -149,6 +149,19 @@ void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                  const float* x, const float* weight, const float* dy,
                  float* dx, float* dweight, float* dbias) {
   const int64_t hw = g.out_positions(), ckk = g.column_rows();
+  if (dx == nullptr && dweight != nullptr && dbias != nullptr &&
+      TaskThreads(2) > 1) {
+    // A first layer's: its weight gradient runs on one thread (above), so
+    // the bias gradient runs beside it rather than before it.
+#pragma omp parallel num_threads(2)
+    {
+      if (omp_get_thread_num() == 0)
+        CpuWeightGradient(g, batch, cout, x, dy, dweight);
+      else
+        cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
+    }
+    return;
+  }
   if (dbias != nullptr) cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
   if (dx == nullptr) {
     if (dweight != nullptr) CpuWeightGradient(g, batch, cout, x, dy, dweight);
