@@ -1,6 +1,7 @@
 // Element-wise kernels on one tensor against a triad (c = a + s b) over
 // the same buffers, in the same run and thread count: GELU (bound by its
-// arithmetic), ReLU and an add (bound by memory). Each kernel's GB/s counts
+// arithmetic), ReLU, an add (bound by memory) and dropout (its mask a
+// hash of each element's index). Each kernel's GB/s counts
 // the least traffic it must move (each input read once, the output written
 // once); the share of the triad is that over the triad's GB/s.
 //   elementwise_bench [--floats N] [--threads T] [--reps R]
@@ -57,6 +58,8 @@ int Main(int argc, char** argv) {
       {"relu backward", 12,
        [&] { cpu::ReluBackward(n, x.data(), dy.data(), dx.data()); }},
       {"add", 12, [&] { cpu::Add(n, x.data(), dy.data(), y.data()); }},
+      {"dropout", 8,
+       [&] { cpu::DropoutForward(n, 0.1f, 7, x.data(), y.data()); }},
   };
   // The triad runs on the kernels' own buffers, so it finds them where
   // they find them (this machine's cache may hold a few tensors of this

@@ -11,6 +11,7 @@
 #include "services/core/rng.h"
 #include "services/tensor/allocator.h"
 #include "services/tensor/cpu/conv.h"
+#include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
 #include "services/tensor/cpu/pool.h"
@@ -246,6 +247,27 @@ TEST(Conv, Im2ColAndCol2ImMatchTheirDefinitions) {
 // The 2 x 2, stride 2 windows have a loop of their own: it must pick the
 // maximum and its index as the definition does, ties to the first in
 // (row, column) order and a NaN never displacing a number before it.
+// Dropout's mask is UniformAt of each element's index, the GPU's too
+// (cuda_kernels_test): the vectorized hash must keep every element of it.
+TEST(Dropout, KeepsExactlyTheElementsUniformAtKeeps) {
+  const int64_t n = 100003;  // vector bodies, a tail, and two threads' shares
+  const std::vector<float> x = Random(n, 11);
+  for (const float p : {0.1f, 0.5f}) {
+    const uint64_t key = MixKey({42, static_cast<uint64_t>(p * 10)});
+    std::vector<float> y(n);
+    cpu::DropoutForward(n, p, key, x.data(), y.data());
+    const float scale = 1.0f / (1.0f - p);
+    int64_t kept = 0, wrong = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = UniformAt(key, i) >= p ? x[i] * scale : 0.0f;
+      wrong += std::memcmp(&want, &y[i], sizeof(float)) != 0;
+      kept += y[i] != 0.0f;
+    }
+    EXPECT_EQ(wrong, 0) << "p " << p;
+    EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.01) << "p " << p;
+  }
+}
+
 TEST(MaxPool, TwoByTwoWindowsMatchTheDefinition) {
   const int64_t planes = 3, h = 6, w = 38;  // 19 outputs a row: a vector tail
   std::vector<float> x = Random(planes * h * w, 21);
