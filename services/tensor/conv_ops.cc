@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -100,95 +101,127 @@ void InputGradientOfSamples(const cpu::ConvGeometry& g, int64_t batch,
   }
 }
 
+// Whether the weight gradient runs as its transpose, dW^T += col dY^T: the
+// product is small (cout x ckk) over a long depth, and its transpose fills
+// the GEMM's register tiles better where it does (the first layer's 16 x 9
+// ran at a third of the speed its transpose does), for the same bits. A
+// few taps (a first layer's) go to the direct kernel, which makes the
+// transpose too.
+bool TransposedWeightGradient(int64_t cout, int64_t ckk) {
+  return ckk <= cpu::kShallowGradientTaps ||
+         cpu::TransposeFillsTilesBetter(cout, ckk);
+}
+
+// CpuWeightGradient's scratch, made before any parallel region it runs in:
+// the columns are a tensor, counted against the memory budget, and making
+// one past the budget or in a cancelled step throws, which must not happen
+// on an OpenMP thread (std::terminate).
+struct WeightGradientScratch {
+  WeightGradientScratch(const cpu::ConvGeometry& g, int64_t cout)
+      : columns(Tensor::Empty({g.column_rows() * g.out_positions()})),
+        transposed(TransposedWeightGradient(cout, g.column_rows())
+                       ? cout * g.column_rows()
+                       : 0) {}
+  Tensor columns;                 // one sample's im2col
+  std::vector<float> transposed;  // dW^T, the weight's size
+};
+
 // dW += dY col^T over the batch, each element one chain over the samples'
 // output positions in order: sample by sample, so the columns stay in cache
 // and dY is read in place. The samples cannot share out between threads
 // (their terms chain in order), and one sample's product is too small for
 // the GEMM to share out: on several threads this half runs on one.
 void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
-                       const float* x, const float* dy, float* dweight) {
+                       const float* x, const float* dy, float* dweight,
+                       WeightGradientScratch& scratch) {
   const int64_t hw = g.out_positions(), ckk = g.column_rows();
   const int64_t in_size = g.input_size();
-  // The product is small (cout x ckk) over a long depth. Computed as its
-  // transpose, dW^T += col dY^T, where that fills the GEMM's register tiles
-  // better (the first layer's 16 x 9 ran at a third of the speed its
-  // transpose does), for the same bits.
-  // A few taps (a first layer's) go to the direct kernel, which works on
-  // the transpose too.
   const bool shallow = ckk <= cpu::kShallowGradientTaps;
-  const bool transposed = shallow || cpu::TransposeFillsTilesBetter(cout, ckk);
-  std::vector<float> dweight_t;
-  if (transposed) {
-    dweight_t.resize(cout * ckk);
-    Transpose(cout, ckk, dweight, dweight_t.data());
-  }
-  Tensor columns = Tensor::Empty({ckk * hw});
-  float* const col = columns.f32();
+  const bool transposed = TransposedWeightGradient(cout, ckk);
+  float* const dweight_t = scratch.transposed.data();
+  if (transposed) Transpose(cout, ckk, dweight, dweight_t);
+  float* const col = scratch.columns.f32();
   for (int64_t b = 0; b < batch; ++b) {
     cpu::Im2Col(g, x + b * in_size, col, hw);
     const float* const dyb = dy + b * cout * hw;
-    if (shallow && cpu::ShallowWeightGradient(ckk, cout, hw, col, dyb, hw,
-                                              dweight_t.data())) {
+    if (shallow &&
+        cpu::ShallowWeightGradient(ckk, cout, hw, col, dyb, hw, dweight_t)) {
       continue;
     }
     if (transposed) {
       cpu::GemmStrided(false, true, ckk, cout, hw, 1.0f, col, hw, dyb, hw, 1.0f,
-                       dweight_t.data(), cout);
+                       dweight_t, cout);
     } else {
       cpu::GemmStrided(false, true, cout, ckk, hw, 1.0f, dyb, hw, col, hw, 1.0f,
                        dweight, ckk);
     }
   }
-  if (transposed) Transpose(ckk, cout, dweight_t.data(), dweight);
+  if (transposed) Transpose(ckk, cout, dweight_t, dweight);
 }
 
 // The input gradient's samples share out between threads. The weight
 // gradient's cannot, so with both to make, one thread makes it while the
 // others make the input gradient; each element is computed as on one thread.
+// A team may come smaller than asked (OMP_DYNAMIC, a thread limit): the
+// shares follow the team the region got.
 void CpuBackward(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                  const float* x, const float* weight, const float* dy,
                  float* dx, float* dweight, float* dbias) {
   const int64_t hw = g.out_positions(), ckk = g.column_rows();
+  std::optional<WeightGradientScratch> scratch;
   if (dx == nullptr && dweight != nullptr && dbias != nullptr &&
-      TaskThreads(2) > 1) {
-    // A first layer's: its weight gradient runs on one thread (above), so
-    // the bias gradient runs beside it rather than before it.
-#pragma omp parallel num_threads(2)
+      ckk <= cpu::kShallowGradientTaps && TaskThreads(2) > 1) {
+    // A first layer's few taps: their weight gradient runs on one thread
+    // (a larger one's GEMMs would share out), so the bias gradient runs
+    // beside it rather than before it. A one-thread team runs both.
+    scratch.emplace(g, cout);
+#pragma omp parallel sections num_threads(2)
     {
-      if (omp_get_thread_num() == 0)
-        CpuWeightGradient(g, batch, cout, x, dy, dweight);
-      else
-        cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
+#pragma omp section
+      CpuWeightGradient(g, batch, cout, x, dy, dweight, *scratch);
+#pragma omp section
+      cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
     }
     return;
   }
   if (dbias != nullptr) cpu::SumChannelsInto(batch, cout, hw, dy, dbias);
   if (dx == nullptr) {
-    if (dweight != nullptr) CpuWeightGradient(g, batch, cout, x, dy, dweight);
+    if (dweight != nullptr) {
+      scratch.emplace(g, cout);
+      CpuWeightGradient(g, batch, cout, x, dy, dweight, *scratch);
+    }
     return;
   }
   // The samples, and the weight gradient as one task more.
   const int threads = TaskThreads(batch + (dweight != nullptr ? 1 : 0));
-  // The weight gradient's thread, when it has one of its own.
-  const int apart = dweight != nullptr && threads > 1 ? 1 : 0;
-  const int for_dx = threads - apart;
+  bool weight_done = false;
   {
-    // Let go of before a weight gradient after it, which has its own.
+    // Columns for the input gradient's threads (a team smaller than asked
+    // needs no more), let go of before a weight gradient after the region,
+    // which makes its own.
+    const int for_dx = threads - (dweight != nullptr && threads > 1 ? 1 : 0);
     Tensor columns = Tensor::Empty({for_dx, ckk * hw});
     float* const dcol = columns.f32();
+    if (dweight != nullptr && threads > 1) scratch.emplace(g, cout);
 #pragma omp parallel num_threads(threads) if (threads > 1)
     {
+      const int team = omp_get_num_threads();
+      // The weight gradient's thread, when it has one of its own.
+      const int apart = scratch.has_value() && team > 1 ? 1 : 0;
       const int t = omp_get_thread_num() - apart;
       if (t < 0) {
-        CpuWeightGradient(g, batch, cout, x, dy, dweight);
+        CpuWeightGradient(g, batch, cout, x, dy, dweight, *scratch);
+        weight_done = true;
       } else {
-        InputGradientOfSamples(g, batch, cout, weight, dy, dx, t, for_dx,
+        InputGradientOfSamples(g, batch, cout, weight, dy, dx, t, team - apart,
                                dcol + t * ckk * hw);
       }
     }
   }
-  if (dweight != nullptr && apart == 0)
-    CpuWeightGradient(g, batch, cout, x, dy, dweight);
+  if (dweight != nullptr && !weight_done) {
+    if (!scratch.has_value()) scratch.emplace(g, cout);
+    CpuWeightGradient(g, batch, cout, x, dy, dweight, *scratch);
+  }
 }
 
 #if GPIPE_HAVE_CUDA

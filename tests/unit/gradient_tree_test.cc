@@ -301,7 +301,9 @@ TEST(LinkReduction, BucketsSumToReducesBits) {
         RETURN_IF_ERROR(reducers[r]->StartBucket(
             r, 5, 1, node_of(0, 2), {named.begin(), named.begin() + 2}));
         absl::StatusOr<double> seconds = reducers[r]->FinishBuckets();
-        if (seconds.ok()) EXPECT_GE(*seconds, 0.0);
+        if (seconds.ok()) {
+          EXPECT_GE(*seconds, 0.0);
+        }
         return seconds.status();
       }));
     }

@@ -210,8 +210,12 @@ TEST(SimulatorTest, ZeroBubbleVHalvesZeroBubbleH1sBubble) {
         // K on, and within 30% of it beyond (the order is a greedy one's
         // under the memory limit, a tick or two behind at K = 5 and 16).
         EXPECT_LE(s.bubble_fraction, h1 + 1e-9);
-        if (m >= k && k <= 4) EXPECT_NEAR(s.bubble_fraction, formula, 1e-9);
-        if (m >= k) EXPECT_LE(s.bubble_fraction, 1.3 * formula + 1e-9);
+        if (m >= k && k <= 4) {
+          EXPECT_NEAR(s.bubble_fraction, formula, 1e-9);
+        }
+        if (m >= k) {
+          EXPECT_LE(s.bubble_fraction, 1.3 * formula + 1e-9);
+        }
       }
       EXPECT_NEAR(TheoreticalBubble(ScheduleKind::kZeroBubbleV, k, m, 2),
                   r.stages[0].bubble_fraction, 1e-9);

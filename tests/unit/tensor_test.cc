@@ -18,6 +18,7 @@
 #include "services/tensor/cpu/shallow_product.h"
 #include "services/tensor/cpu/softmax.h"
 #include "services/tensor/denormals.h"
+#include "services/tensor/ops.h"
 #include "services/tensor/threads.h"
 
 namespace gpipe {
@@ -140,26 +141,31 @@ TEST(Conv, Im2ColGemmMatchesDirectConvolution) {
 TEST(Conv, ShallowProductIsTheGemmBitForBit) {
   for (const int64_t depth : {1, 9, 27, 32}) {
     for (const int64_t rows : {3, 16}) {
-      for (const int64_t n : {7, 784}) {
+      // 100: vector bodies and a tail on every vector width.
+      for (const int64_t n : {7, 100, 784}) {
         for (const bool with_bias : {false, true}) {
           SCOPED_TRACE(testing::Message()
                        << "depth " << depth << " rows " << rows << " n " << n
                        << " bias " << with_bias);
           const uint64_t key = static_cast<uint64_t>(depth * 1000 + n);
+          // Rows of col and y further apart than n, and 4 floats of guard
+          // past y's last row.
+          const int64_t ldcol = n + 5, ldy = n + 3;
           std::vector<float> w = Random(rows * depth, key);
-          std::vector<float> col = Random(depth * n, key + 1);
+          std::vector<float> col = Random(depth * ldcol, key + 1);
           const std::vector<float> bias = Random(rows, key + 2);
           // A column of zeros, as im2col's padding leaves.
-          for (int64_t t = 0; t < depth; ++t) col[t * n] = 0.0f;
-          std::vector<float> want(rows * n), got(rows * n, 1.0f);
-          cpu::Gemm(false, false, rows, n, depth, 1.0f, w.data(), col.data(),
-                    0.0f, want.data());
+          for (int64_t t = 0; t < depth; ++t) col[t * ldcol] = 0.0f;
+          std::vector<float> want(rows * ldy + 4, 1.0f), got = want;
+          cpu::GemmStrided(false, false, rows, n, depth, 1.0f, w.data(), depth,
+                           col.data(), ldcol, 0.0f, want.data(), ldy);
           if (with_bias)
             for (int64_t i = 0; i < rows; ++i)
-              for (int64_t j = 0; j < n; ++j) want[i * n + j] += bias[i];
+              for (int64_t j = 0; j < n; ++j) want[i * ldy + j] += bias[i];
           ASSERT_TRUE(cpu::ShallowDepth(depth));
-          cpu::ShallowProduct(rows, n, depth, w.data(), col.data(), n,
-                              with_bias ? bias.data() : nullptr, got.data(), n);
+          cpu::ShallowProduct(rows, n, depth, w.data(), col.data(), ldcol,
+                              with_bias ? bias.data() : nullptr, got.data(),
+                              ldy);
           EXPECT_EQ(
               std::memcmp(got.data(), want.data(), want.size() * sizeof(float)),
               0);
@@ -182,7 +188,8 @@ TEST(Conv, ShallowWeightGradientIsTheGemmBitForBit) {
         std::vector<float> col = Random(depth * ld, key);
         const std::vector<float> dy = Random(channels * ld, key + 1);
         for (int64_t t = 0; t < depth; ++t) col[t * ld] = 0.0f;  // padding
-        std::vector<float> want = Random(depth * channels, key + 2);
+        // 16 floats of guard past the gradient: a store past it shows.
+        std::vector<float> want = Random(depth * channels + 16, key + 2);
         std::vector<float> got = want;
         cpu::GemmStrided(false, true, depth, channels, n, 1.0f, col.data(), ld,
                          dy.data(), ld, 1.0f, want.data(), channels);
@@ -198,6 +205,51 @@ TEST(Conv, ShallowWeightGradientIsTheGemmBitForBit) {
   }
   EXPECT_FALSE(cpu::ShallowWeightGradient(cpu::kShallowGradientTaps + 1, 16, 7,
                                           nullptr, nullptr, 7, nullptr));
+}
+
+// A convolution's backward shares its work between threads three ways (a
+// first layer's bias gradient beside its weight gradient; the samples'
+// input gradients beside the weight gradient): every gradient must be the
+// one thread's, bit for bit.
+TEST(Conv, BackwardIsTheSameOnAnyThreadCount) {
+  struct Case {
+    cpu::ConvGeometry g;
+    int64_t cout;
+    bool input_gradient;
+  };
+  const Case cases[] = {{{1, 28, 28, 3, 1, 1}, 16, false},
+                        {{3, 12, 12, 3, 1, 1}, 8, false},
+                        {{4, 14, 14, 3, 1, 1}, 12, true},
+                        {{2, 9, 9, 3, 2, 0}, 5, true}};
+  const int before = ComputeThreads();
+  const int64_t batch = 6;
+  for (const Case& c : cases) {
+    const int64_t in = batch * c.g.input_size(),
+                  out = batch * c.cout * c.g.out_positions(),
+                  wn = c.cout * c.g.column_rows();
+    const std::vector<float> x = Random(in, 51), w = Random(wn, 52),
+                             dy = Random(out, 53);
+    std::vector<std::vector<float>> grads;
+    for (int threads : {1, 2, 3}) {
+      SetComputeThreads(threads);
+      std::vector<float> dx(c.input_gradient ? in : 0);
+      std::vector<float> dw = Random(wn, 54), db = Random(c.cout, 55);
+      ops::Conv2dBackward(Device::kCpu, c.g, batch, c.cout, x.data(), w.data(),
+                          dy.data(), c.input_gradient ? dx.data() : nullptr,
+                          dw.data(), db.data());
+      dw.insert(dw.end(), db.begin(), db.end());
+      dw.insert(dw.end(), dx.begin(), dx.end());
+      grads.push_back(std::move(dw));
+    }
+    for (size_t t = 1; t < grads.size(); ++t) {
+      ASSERT_EQ(grads[t].size(), grads[0].size());
+      EXPECT_EQ(std::memcmp(grads[t].data(), grads[0].data(),
+                            grads[0].size() * sizeof(float)),
+                0)
+          << "channels " << c.g.channels << ", " << t + 1 << " threads";
+    }
+  }
+  SetComputeThreads(before);
 }
 
 // Im2Col and Col2Im against their definitions, element by element, over
@@ -244,9 +296,6 @@ TEST(Conv, Im2ColAndCol2ImMatchTheirDefinitions) {
         }
 }
 
-// The 2 x 2, stride 2 windows have a loop of their own: it must pick the
-// maximum and its index as the definition does, ties to the first in
-// (row, column) order and a NaN never displacing a number before it.
 // Dropout's mask is UniformAt of each element's index, the GPU's too
 // (cuda_kernels_test): the vectorized hash must keep every element of it.
 TEST(Dropout, KeepsExactlyTheElementsUniformAtKeeps) {
@@ -268,6 +317,9 @@ TEST(Dropout, KeepsExactlyTheElementsUniformAtKeeps) {
   }
 }
 
+// The 2 x 2, stride 2 windows have a loop of their own: it must pick the
+// maximum and its index as the definition does, ties to the first in
+// (row, column) order and a NaN never displacing a number before it.
 TEST(MaxPool, TwoByTwoWindowsMatchTheDefinition) {
   const int64_t planes = 3, h = 6, w = 38;  // 19 outputs a row: a vector tail
   std::vector<float> x = Random(planes * h * w, 21);

@@ -111,22 +111,16 @@ void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
 
-// The mask is UniformAt(key, i) >= p, vectorized: two SplitMix64 hashes
-// an element, whose 64-bit multiplies ran one element at a time (10% of the
-// triad in elementwise_bench); the top 24 bits go to float through a
-// 32-bit integer, the same exact value UniformAt converts from 64 bits.
+// The mask is UniformAt(key, i) >= p: two SplitMix64 hashes an element,
+// whose 64-bit multiplies ran one element at a time before this loop was
+// among the vector clones (10% of the triad in elementwise_bench).
 GPIPE_VECTOR_CLONES
 void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
                     float* y) {
   const float scale = 1.0f / (1.0f - p);
 #pragma omp parallel for simd if (n > kParallelMin / 4)
-  for (int64_t i = 0; i < n; ++i) {
-    const uint64_t bits =
-        SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(i)));
-    const float u = static_cast<float>(static_cast<int32_t>(bits >> 40)) *
-                    (1.0f / 16777216.0f);
-    y[i] = u >= p ? x[i] * scale : 0.0f;
-  }
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = UniformAt(key, static_cast<uint64_t>(i)) >= p ? x[i] * scale : 0.0f;
 }
 
 void DropoutBackward(int64_t n, float p, uint64_t key, const float* dy,

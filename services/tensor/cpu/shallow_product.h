@@ -1,10 +1,12 @@
 // Products over a short depth, as a first convolution makes them: its
 // columns (im2col) have channels x k^2 rows, 9 for a grey image under a
 // 3 x 3 kernel. The blocked GEMM (gemm.h) packs both operands and runs
-// 12 x 32 register tiles for a few multiply-adds per element; this runs
-// straight from the operands instead. Each element
-// is the same chain of fused multiply-adds, over the depth in order, that
-// the GEMM computes, so the bits do not depend on which runs.
+// 12 x 32 register tiles for a few multiply-adds per element, and for the
+// weight gradient packs each sample's columns and output gradient again;
+// these run straight from the operands: the forward product and the weight
+// gradient's. Each element is the same chain of fused multiply-adds, over
+// the depth in order, that the GEMM computes, so the bits do not depend on
+// which runs.
 #ifndef GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
 #define GPIPE_SERVICES_TENSOR_CPU_SHALLOW_PRODUCT_H_
 
@@ -29,8 +31,9 @@ void ShallowProduct(int64_t rows, int64_t n, int64_t depth, const float* w,
 // element's chain of fused multiply-adds continuing from dwt's value over
 // the positions j < n in order, as Gemm(beta = 1) of col and dy^T makes it.
 // col's and dy's rows are ld apart; dwt is depth x channels. Runs where the
-// CPU has AVX-512 and depth <= kShallowGradientTaps, and returns false
-// without touching dwt where not (the caller runs the GEMM).
+// CPU has AVX-512, depth <= kShallowGradientTaps and 15 ld fits the
+// gather's 32-bit offsets, and returns false without touching dwt where not
+// (the caller runs the GEMM).
 inline constexpr int64_t kShallowGradientTaps = 16;
 bool ShallowWeightGradient(int64_t depth, int64_t channels, int64_t n,
                            const float* col, const float* dy, int64_t ld,
