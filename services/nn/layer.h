@@ -23,6 +23,18 @@ struct Parameter {
   Tensor value;
   Tensor grad;
   bool decay = true;  // weight decay applies (not to biases and norm scales)
+  // Set by a layer that makes every gradient of this parameter with one
+  // product on the CPU that can start its chain from +0 instead of from
+  // what the gradient holds (Linear's weight). Model::ZeroGrad then only
+  // marks the gradient unwritten, and the step's first product overwrites
+  // it: the same bits as adding onto zeros, without a pass zeroing the
+  // whole weight's gradient and the product reading those zeros back.
+  bool first_gradient_overwrites = false;
+  // The gradient is zero whatever `grad` holds; the next product
+  // overwrites it. Set only by Model::ZeroGrad, and only on the CPU; every
+  // step's backward writes the gradient before anything reads it (the
+  // gradient norm, the exchange between replicas, the update).
+  bool grad_unwritten = false;
 };
 
 // Non-trainable state that checkpoints keep (BatchNorm running averages).

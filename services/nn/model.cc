@@ -137,6 +137,11 @@ absl::Status Model::To(Device device) {
   for (const NamedParameter& p : params_) {
     p.param->value = p.param->value.To(device);
     p.param->grad = p.param->grad.To(device);
+    // Only the CPU's products overwrite an unwritten gradient.
+    if (p.param->grad_unwritten && device != Device::kCpu) {
+      p.param->grad.SetZero();
+      p.param->grad_unwritten = false;
+    }
   }
   for (auto& layer : layers_)
     for (const NamedBuffer& b : layer->Buffers())
@@ -148,7 +153,15 @@ absl::Status Model::To(Device device) {
 }
 
 void Model::ZeroGrad() {
-  for (const NamedParameter& p : params_) p.param->grad.SetZero();
+  for (const NamedParameter& p : params_) {
+    Parameter& param = *p.param;
+    if (param.first_gradient_overwrites &&
+        param.grad.device() == Device::kCpu) {
+      param.grad_unwritten = true;
+    } else {
+      param.grad.SetZero();
+    }
+  }
 }
 
 void Model::PackWeights() {

@@ -1,6 +1,7 @@
 // Every layer's backward against central finite differences of
 // f = sum(Forward(x) * r) for a fixed random r, on small shapes.
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -132,6 +133,42 @@ TEST(LayerGradient, Linear) {
 TEST(LayerGradient, LinearWithoutBias) {
   Linear layer(6, 3, false);
   CheckGradients(layer, RandomTensor({4, 6}, 2), Training());
+}
+
+// Model::ZeroGrad only marks a Linear's weight gradient unwritten
+// (Parameter::grad_unwritten), and the step's first product overwrites it:
+// whatever the tensor held, the gradient after two micro-batches must be
+// the one accumulated onto zeros, bit for bit, in either backward.
+TEST(LayerGradient, ALinearsFirstWeightGradientOverwritesAnUnwrittenOne) {
+  for (const bool split : {false, true}) {
+    SCOPED_TRACE(split ? "split backward" : "whole backward");
+    Linear zeroed(6, 5, true), unwritten(6, 5, true);
+    zeroed.Initialize(MixKey({3, 1}));
+    unwritten.Initialize(MixKey({3, 1}));
+    Parameter& weight = *unwritten.Parameters()[0];
+    ASSERT_TRUE(weight.first_gradient_overwrites);
+    for (int64_t i = 0; i < weight.grad.numel(); ++i)
+      weight.grad.f32()[i] = std::nanf("");
+    weight.grad_unwritten = true;
+    for (const int64_t mb : {0, 1}) {
+      const Tensor x = RandomTensor({7, 6}, 10 + mb);
+      const Tensor dy = RandomTensor({7, 5}, 20 + mb);
+      for (Linear* layer : {&zeroed, &unwritten}) {
+        Saved saved;
+        layer->Forward(x, Training(), &saved);
+        if (split) {
+          Saved deferred;
+          layer->BackwardInput(dy, saved, Training(), &deferred);
+          layer->BackwardWeight(saved, deferred, Training());
+        } else {
+          layer->Backward(dy, saved, Training());
+        }
+      }
+      EXPECT_FALSE(weight.grad_unwritten);
+    }
+    const Tensor& want = zeroed.Parameters()[0]->grad;
+    EXPECT_EQ(std::memcmp(weight.grad.f32(), want.f32(), want.nbytes()), 0);
+  }
 }
 
 TEST(LayerGradient, ReLU) {

@@ -16,6 +16,7 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias,
       has_bias_(bias),
       weight_(
           MakeParameter(prefix + "weight", {out_features, in_features}, true)) {
+  weight_.first_gradient_overwrites = true;  // WeightGrad's one product
   if (has_bias_) bias_ = MakeParameter(prefix + "bias", {out_features}, false);
 }
 
@@ -101,7 +102,18 @@ void Linear::PackWeights(bool input_grad) {
 void Linear::WeightGrad(const Tensor& x, const Tensor& dy) {
   const int64_t rows = x.numel() / in_;
   const Device d = x.device();
-  ops::Gemm(d, true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), 1.0f,
+  // The step's first product onto an unwritten gradient starts its chains
+  // from +0 (beta = 0) where the others continue them: on the CPU the same
+  // bits as starting from zeros in memory (Parameter::grad_unwritten).
+  float beta = 1.0f;
+  if (weight_.grad_unwritten) {
+    if (d == Device::kCpu)
+      beta = 0.0f;
+    else
+      weight_.grad.SetZero();
+    weight_.grad_unwritten = false;
+  }
+  ops::Gemm(d, true, false, out_, in_, rows, 1.0f, dy.f32(), x.f32(), beta,
             weight_.grad.f32());
   if (has_bias_) ops::SumRowsInto(d, rows, out_, dy.f32(), bias_.grad.f32());
 }
