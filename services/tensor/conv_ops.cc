@@ -122,8 +122,9 @@ struct WeightGradientScratch {
         transposed(TransposedWeightGradient(cout, g.column_rows())
                        ? cout * g.column_rows()
                        : 0) {}
-  Tensor columns;                 // one sample's im2col
-  std::vector<float> transposed;  // dW^T, the weight's size
+  Tensor columns;  // one sample's im2col
+  // dW^T, the weight's size, where TransposedWeightGradient; else empty.
+  std::vector<float> transposed;
 };
 
 // dW += dY col^T over the batch, each element one chain over the samples'
@@ -136,15 +137,15 @@ void CpuWeightGradient(const cpu::ConvGeometry& g, int64_t batch, int64_t cout,
                        WeightGradientScratch& scratch) {
   const int64_t hw = g.out_positions(), ckk = g.column_rows();
   const int64_t in_size = g.input_size();
-  const bool shallow = ckk <= cpu::kShallowGradientTaps;
-  const bool transposed = TransposedWeightGradient(cout, ckk);
+  const bool transposed = !scratch.transposed.empty();
   float* const dweight_t = scratch.transposed.data();
   if (transposed) Transpose(cout, ckk, dweight, dweight_t);
   float* const col = scratch.columns.f32();
   for (int64_t b = 0; b < batch; ++b) {
     cpu::Im2Col(g, x + b * in_size, col, hw);
     const float* const dyb = dy + b * cout * hw;
-    if (shallow &&
+    // The direct kernel where it runs (a few taps, AVX-512), else the GEMM.
+    if (transposed &&
         cpu::ShallowWeightGradient(ckk, cout, hw, col, dyb, hw, dweight_t)) {
       continue;
     }
