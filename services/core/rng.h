@@ -32,12 +32,16 @@ inline uint64_t MixKey(std::initializer_list<uint64_t> parts) {
   return h;
 }
 
-// Uniform in [0, 1) with 24 random bits, exact in float. The bits go to
-// float through a 32-bit integer (the same value), which vectorizes where
-// a 64-bit conversion does not (dropout's CPU loop).
+// Uniform in [0, 1) with 24 random bits, exact in float: element `index` of
+// the SplitMix64 sequence seeded with `key` (one mix of key + (index + 1)
+// * gamma), the sequence that passes BigCrush. The counter advances by
+// gamma, so a loop over indices carries it as an induction variable and the
+// mix's two 64-bit multiplies are the whole cost (dropout's CPU loop). The
+// bits go to float through a 32-bit integer (the same value), which
+// vectorizes where a 64-bit conversion does not.
 GPIPE_HOST_DEVICE inline float UniformAt(uint64_t key, uint64_t index) {
-  return static_cast<float>(
-             static_cast<int32_t>(SplitMix64(key ^ SplitMix64(index)) >> 40)) *
+  return static_cast<float>(static_cast<int32_t>(
+             SplitMix64(key + index * 0x9e3779b97f4a7c15ULL) >> 40)) *
          (1.0f / 16777216.0f);
 }
 

@@ -111,9 +111,9 @@ void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
 
-// The mask is UniformAt(key, i) >= p: two SplitMix64 hashes an element,
-// whose 64-bit multiplies ran one element at a time before this loop was
-// among the vector clones (10% of the triad in elementwise_bench).
+// The mask is UniformAt(key, i) >= p: one SplitMix64 mix an element, whose
+// 64-bit multiplies bound the loop (it ran one element at a time, 10% of
+// the triad in elementwise_bench, before it was among the vector clones).
 GPIPE_VECTOR_CLONES
 void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
                     float* y) {
