@@ -303,11 +303,35 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   }
 }
 
+// The bubble the job's schedule has in theory on equal stages with free
+// transfers, for the K stages and micro-batches each pipeline runs now (an
+// elastic job may run fewer stages or replicas than its spec): " (zb-h1
+// theory 4%)", what the measured bubbles are read against. Empty for one
+// stage.
+std::string TheoryText(const gpipe::v1::JobSpec& spec,
+                       const gpipe::v1::JobStatus& s) {
+  const ScheduleKind kind = ScheduleFromSpec(spec.pipeline().schedule());
+  const int64_t v =
+      std::max<int64_t>(1, ChunksPerWorker(kind, VirtualStageCount(spec)));
+  // stages: replica 0's; replica_stages: the other replicas', each with its
+  // share of the micro-batches.
+  int64_t replicas = 1;
+  for (const gpipe::v1::StageStatus& st : s.replica_stages())
+    replicas = std::max(replicas, st.replica() + 1);
+  const int64_t k = s.stages_size() / v;
+  const int64_t m = MicroBatchCount(spec) / replicas;
+  if (k < 2 || m < 1) return "";
+  return absl::StrFormat(" (%s theory %.0f%%)", ScheduleName(kind),
+                         100 * TheoreticalBubble(kind, k, m, v));
+}
+
 // Per-worker utilization and bubble of the last step, for the progress bar:
-// "util 81% 79%  bubble 19% 21%" (stage 0's worker first); empty before any
-// report. A worker of several stages (an interleaved schedule's chunks) is
-// busy for their busy time together, and idle for the rest of its step.
-std::string StageFiguresText(const gpipe::v1::JobStatus& s) {
+// "util 81% 79%  bubble 19% 21% (1f1b theory 11%)" (stage 0's worker
+// first); empty before any report. A worker of several stages (an
+// interleaved schedule's chunks) is busy for their busy time together, and
+// idle for the rest of its step.
+std::string StageFiguresText(const gpipe::v1::JobSpec& spec,
+                             const gpipe::v1::JobStatus& s) {
   struct Worker {
     std::string id;
     double busy = 0, bubble = 0, step = 0;
@@ -339,7 +363,7 @@ std::string StageFiguresText(const gpipe::v1::JobStatus& s) {
                     absl::StrFormat("%.0f%%", 100 * b));
   }
   if (util.empty()) return "";
-  return absl::StrCat("util ", util, "  bubble ", bubble);
+  return absl::StrCat("util ", util, "  bubble ", bubble, TheoryText(spec, s));
 }
 
 std::string WorkerStateName(gpipe::v1::WorkerState state) {
@@ -401,7 +425,7 @@ class JobFollower {
       progress_ = std::make_unique<Progress>(s.total_steps(), stderr, s.step());
     }
     if (progress_ != nullptr && seen_ && s.step() > step_) {
-      progress_->SetSuffix(StageFiguresText(s));
+      progress_->SetSuffix(StageFiguresText(job_.spec(), s));
       progress_->Update(s.step(), s.loss(),
                         s.step() * job_.spec().batch_size());
     }

@@ -24,12 +24,16 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 same() { python3 "$src/tests/scripts/same_tensors.py" "$1" "$2" || fail "$3"; }
 
 # The main job's deep MLP with four gradient groups in its spec: the tree
-# every R in {1, 2, 4} sums in.
+# every R in {1, 2, 4} sums in. Its own schedule (ZB-H1) runs one group a
+# replica only, so the spec says 1F1B (each run below names its schedule),
+# and it re-materializes as the traces below expect.
 with_groups() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 d["pipeline"]["gradientGroups"] = 4
+d["pipeline"]["schedule"] = "ONE_F_ONE_B"
+d["pipeline"]["remat"] = "EXCEPT_LAST"
 json.dump(d, open(sys.argv[2], "w"))
 PY
 }

@@ -11,6 +11,8 @@
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
+#include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe {
 namespace {
@@ -487,8 +489,8 @@ TEST(StageCostsFromLayersTest, SumsLayersOfEachStage) {
 
 // The main job (scripts/train-example) must show pipelining at its best: cut
 // by the partitioner for K of 2 and 4, its stages carry the same work, so
-// the simulated bubble of every stage is GPipe's (K-1)/(M+K-1) within a
-// point, not an imbalance on top.
+// the simulated bubble of every stage is its schedule's theory within a
+// point (ZB-H1's (K-1)/(3M+K-1)), not an imbalance on top.
 TEST(SimulatorTest, TheMainJobsStagesAreBalanced) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
       std::string(GPIPE_SOURCE_DIR) + "/examples/fashion_mnist_deep_mlp.json");
@@ -496,6 +498,8 @@ TEST(SimulatorTest, TheMainJobsStagesAreBalanced) {
   absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
   ASSERT_TRUE(shapes.ok());
   const int64_t m = MicroBatchCount(*spec);
+  const ScheduleKind schedule = ScheduleFromSpec(spec->pipeline().schedule());
+  EXPECT_EQ(schedule, ScheduleKind::kZeroBubbleH1);
   std::vector<double> flops;
   for (const LayerCost& c : shapes->costs) flops.push_back(c.forward_flops);
   for (int64_t k : {2, 4}) {
@@ -505,8 +509,10 @@ TEST(SimulatorTest, TheMainJobsStagesAreBalanced) {
     config.stages =
         StageCostsFromLayers(*shapes, flops, *balance, spec->batch_size() / m);
     config.micro_batches = m;
+    config.schedule = schedule;
+    config.remat = RematFromSpec(spec->pipeline().remat());
     const SimulationResult r = Simulate(config);
-    const double theory = static_cast<double>(k - 1) / (m + k - 1);
+    const double theory = TheoreticalBubble(schedule, k, m);
     for (const StageSimulation& st : r.stages) {
       EXPECT_NEAR(st.bubble_fraction, theory, 0.01) << "K=" << k;
     }
