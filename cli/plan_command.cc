@@ -416,7 +416,8 @@ int RunPlan(const std::vector<std::string>& args) {
   std::vector<double> norm(layers, 0), update(layers, 0);
   std::string cost_source;
   const double overhead_flag = absl::GetFlag(FLAGS_layer_overhead_us) * 1e-6;
-  if (absl::GetFlag(FLAGS_measure)) {
+  const bool measured = absl::GetFlag(FLAGS_measure);
+  if (measured) {
     const int64_t spec_mb = (batch + MicroBatchCount(*spec) - 1) /
                             std::max<int64_t>(1, MicroBatchCount(*spec));
     // Forward and backward apart, as a stage runs them (the first layer's
@@ -479,7 +480,8 @@ int RunPlan(const std::vector<std::string>& args) {
       // The input and the weight gradient are each a product as large as
       // the forward.
       forward_per_sample[l] = cost.forward_flops / flops;
-      backward_per_sample[l] = 2 * forward_per_sample[l];
+      // The first layer computes no input gradient (InputGradUsed).
+      backward_per_sample[l] = (l == 0 ? 1 : 2) * forward_per_sample[l];
       forward_fixed[l] = backward_fixed[l] =
           overhead_flag >= 0 ? overhead_flag : kDefaultLayerOverhead;
       partition_costs[l] = model_costs[l];
@@ -533,7 +535,8 @@ int RunPlan(const std::vector<std::string>& args) {
             explicit_balance
                 ? PartitionJob(*spec, chunks)
                 : PartitionByCost(partition_costs, chunks,
-                                  RematStageWeights(remat, chunks));
+                                  RematStageWeights(remat, chunks),
+                                  /*first_layer_input_half=*/!measured);
         if (!balance.ok()) return balance.status();
         return balances[{remat, v}] = *std::move(balance);
       };

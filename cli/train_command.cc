@@ -188,7 +188,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
                                    : spec.pipeline().virtual_stages())
              : 1);
     auto parts = PartitionByCost(*seconds, chunks,
-                                 RematStageWeights(options.remat, chunks));
+                                 RematStageWeights(options.remat, chunks),
+                                 /*first_layer_input_half=*/true);
     if (!parts.ok()) return parts.status();
     options.balance = *parts;
   } else if (!balance.empty() && balance != "measured") {

@@ -103,7 +103,7 @@ absl::StatusOr<std::vector<int64_t>> MinMaxCut(int64_t n, int64_t k_stages,
 
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
     const std::vector<double>& layer_costs, int64_t stages,
-    const std::vector<double>& stage_weights) {
+    const std::vector<double>& stage_weights, bool first_layer_input_half) {
   const int64_t n = static_cast<int64_t>(layer_costs.size());
   RETURN_IF_ERROR(CheckStageCount(stages, n));
   std::vector<double> w = stage_weights;
@@ -113,9 +113,10 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
         absl::StrCat("stage weights: ", w.size(), " for ", stages, " stages"));
   }
   for (double x : w) {
-    if (!std::isfinite(x) || x <= 0) {
+    if (!std::isfinite(x) || x <= 0 || (first_layer_input_half && x < 1)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("stage weights: must be finite and > 0, got ", x));
+          absl::StrCat("stage weights: must be finite and ",
+                       first_layer_input_half ? ">= 1" : "> 0", ", got ", x));
     }
   }
   std::vector<double> prefix(n + 1, 0.0);
@@ -130,9 +131,13 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   if (!std::isfinite(prefix[n])) {
     return absl::InvalidArgumentError("layer costs: the sum is not finite");
   }
-  return MinMaxCut(n, stages, [&w, &prefix](int64_t k, int64_t j, int64_t i) {
-    return w[k] * (prefix[i] - prefix[j]);
-  });
+  // A constant off every cost of the first stage, which starts at layer 0:
+  // still non-decreasing as its range grows, and >= 0 with weights >= 1.
+  const double saved = first_layer_input_half && n > 0 ? layer_costs[0] : 0.0;
+  return MinMaxCut(
+      n, stages, [&w, &prefix, saved](int64_t k, int64_t j, int64_t i) {
+        return w[k] * (prefix[i] - prefix[j]) - (j == 0 ? saved : 0.0);
+      });
 }
 
 absl::StatusOr<std::vector<int64_t>> PartitionByStageCost(
@@ -174,7 +179,8 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
   ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
   return PartitionByCost(
       CostModelLayerCosts(shapes), stages,
-      RematStageWeights(RematFromSpec(spec.pipeline().remat()), stages));
+      RematStageWeights(RematFromSpec(spec.pipeline().remat()), stages),
+      /*first_layer_input_half=*/true);
 }
 
 absl::StatusOr<std::vector<int64_t>> PartitionJobAt(

@@ -21,12 +21,17 @@ namespace gpipe {
 // by lower variance of stage costs. Every stage gets at least one layer.
 // Stage k's cost is stage_weights[k] times the sum of its layers' costs
 // (empty: all 1; with weights the tie-break is the smallest sum of squared
-// stage costs). Errors (InvalidArgument): stages < 1, stages >
-// costs.size(), a negative or non-finite cost, weights that are not
-// `stages` positive numbers.
+// stage costs). With `first_layer_input_half` the costs are forwards and
+// the weights count a step in forwards (RematStageWeights), and the first
+// stage does one forward of the model's first layer less: that layer
+// computes no input gradient (InputGradUsed). Errors (InvalidArgument):
+// stages < 1, stages > costs.size(), a negative or non-finite cost,
+// weights that are not `stages` numbers of at least 1 with the flag,
+// positive without.
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
     const std::vector<double>& layer_costs, int64_t stages,
-    const std::vector<double>& stage_weights = {});
+    const std::vector<double>& stage_weights = {},
+    bool first_layer_input_half = false);
 
 // The same exact min-max cut for any stage cost: cost(stage, begin, end) is
 // what stage `stage` (0-based) takes for layers [begin, end), and must not

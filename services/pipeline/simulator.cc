@@ -359,10 +359,9 @@ std::vector<StageCost> StageCostsFromLayers(
       const double f = layer_forward_seconds[l];
       c.forward_seconds += f;
       // The input and the weight gradient are each a product as large as
-      // the forward. (The model's first layer skips the input gradient, but
-      // its stage also gathers the batch: counted as 2x, the first stage
-      // measures closer to what it does.)
-      c.backward_seconds += 2 * f;
+      // the forward; the model's first layer computes no input gradient
+      // (InputGradUsed), so its stage does one forward of it less.
+      c.backward_seconds += (l == 0 ? 1 : 2) * f;
       // Layers that defer a weight gradient (their GEMMs'); the norms do
       // theirs in the input half.
       if (cost.deferred_bytes > 0) c.weight_seconds += f;

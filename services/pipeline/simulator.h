@@ -111,7 +111,8 @@ double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
                          int64_t micro_batches, int64_t virtual_stages = 1);
 
 // StageCosts of a partition: forward = sum of the stage's layer seconds
-// (per micro-batch), backward = 2x forward of which the weight half is the
+// (per micro-batch), backward = 2x forward (1x for the model's first
+// layer, which computes no input gradient) of which the weight half is the
 // forward of the layers with parameters, internal bytes = sum of the
 // layers' output activation bytes, input / output bytes = the stage's
 // boundary tensors (4 bytes an element), deferred bytes = the layers'

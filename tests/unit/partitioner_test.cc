@@ -141,6 +141,23 @@ TEST(PartitionByCostTest, HandMadeCases) {
   EXPECT_THAT(*PartitionByCost({0, 0, 0}, 3), ElementsAre(1, 1, 1));
 }
 
+// The model's first layer computes no input gradient, so the first stage
+// does one forward of it less: of five equal layers at 3 units a layer, the
+// first stage takes three (8 against 6), where without it 2 | 3 and 3 | 2
+// both cost 9.
+TEST(PartitionByCostTest, TheFirstStageSkipsItsFirstLayersInputHalf) {
+  const std::vector<double> five(5, 1.0);
+  EXPECT_THAT(*PartitionByCost(five, 2, {3, 3}, true), ElementsAre(3, 2));
+  // 5, 6, 3 or 5, 3, 6 (the same squares), never 1 | 2 | 2 (2, 6, 6).
+  EXPECT_THAT(*PartitionByCost(five, 3, {3, 3, 3}, true),
+              ::testing::AnyOf(ElementsAre(2, 2, 1), ElementsAre(2, 1, 2)));
+  // Re-materializing stages count 4 a layer: 4 + 4 - 1 against 3 x 3.
+  EXPECT_THAT(*PartitionByCost(five, 2, {4, 3}, true), ElementsAre(2, 3));
+  // Weights under one forward a layer cannot pay for the skipped half.
+  EXPECT_FALSE(PartitionByCost(five, 2, {0.5, 3}, true).ok());
+  EXPECT_TRUE(PartitionByCost(five, 2, {0.5, 3}, false).ok());
+}
+
 TEST(PartitionByCostTest, WeightedStagesMinimizeTheWeightedMaximum) {
   Rng rng(3);
   const double choices[] = {1.0, 1.5, 3.0, 4.0};

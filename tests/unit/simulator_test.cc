@@ -474,7 +474,8 @@ TEST(StageCostsFromLayersTest, SumsLayersOfEachStage) {
       StageCostsFromLayers(*shapes, seconds, {2, 3}, 8);
   ASSERT_EQ(stages.size(), 2u);
   EXPECT_DOUBLE_EQ(stages[0].forward_seconds, 1.5);
-  EXPECT_DOUBLE_EQ(stages[0].backward_seconds, 3.0);
+  // The first linear's backward is its weight half alone (1, not 2).
+  EXPECT_DOUBLE_EQ(stages[0].backward_seconds, 2.0);
   EXPECT_DOUBLE_EQ(stages[0].weight_seconds, 1.0);
   EXPECT_DOUBLE_EQ(stages[1].backward_seconds, 2 * 0.4375);
   EXPECT_DOUBLE_EQ(stages[1].weight_seconds, 0.25 + 0.0625);
@@ -488,10 +489,11 @@ TEST(StageCostsFromLayersTest, SumsLayersOfEachStage) {
 }
 
 // The main job (scripts/train-example) must show pipelining at its best: cut
-// by the partitioner for K of 2 and 4, its stages carry the same work, so
-// the simulated bubble of every stage is its schedule's theory within a
-// point (ZB-H1's (K-1)/(3M+K-1)), not an imbalance on top.
-TEST(SimulatorTest, TheMainJobsStagesAreBalanced) {
+// by the partitioner for K of 2 and 4, the stage that sets the step (the
+// busiest) waits no more than its schedule's theory (ZB-H1's
+// (K-1)/(3M+K-1)) within a point. The first stage is the lighter one (its
+// first layer computes no input gradient) and may wait more.
+TEST(SimulatorTest, TheMainJobsBusiestStageRunsAtTheTheory) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
       std::string(GPIPE_SOURCE_DIR) + "/examples/fashion_mnist_deep_mlp.json");
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -513,9 +515,11 @@ TEST(SimulatorTest, TheMainJobsStagesAreBalanced) {
     config.remat = RematFromSpec(spec->pipeline().remat());
     const SimulationResult r = Simulate(config);
     const double theory = TheoreticalBubble(schedule, k, m);
-    for (const StageSimulation& st : r.stages) {
-      EXPECT_NEAR(st.bubble_fraction, theory, 0.01) << "K=" << k;
-    }
+    double least = 1;
+    for (const StageSimulation& st : r.stages)
+      least = std::min(least, st.bubble_fraction);
+    EXPECT_NEAR(least, theory, 0.01) << "K=" << k;
+    EXPECT_LT(r.stages.back().bubble_fraction, theory + 0.01) << "K=" << k;
   }
 }
 
