@@ -76,6 +76,8 @@ struct Measured {
   double bubble = 0;
   // Per measured step, summed over every stage of every replica.
   double busy_seconds = 0;
+  double optimizer_seconds = 0;  // of which the updates'
+
   // The slowest stage's gradient sum in the last step (replicas).
   double reduce_seconds = 0;
   int64_t gradient_bytes = 0;  // the largest stage's
@@ -151,8 +153,11 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
       const size_t from = kept.size() > static_cast<size_t>(steps)
                               ? kept.size() - static_cast<size_t>(steps)
                               : 0;
-      for (size_t s = from; s < kept.size(); ++s)
+      for (size_t s = from; s < kept.size(); ++s) {
         out.busy_seconds += kept[s].busy_seconds() / steps;
+        out.optimizer_seconds +=
+            kept[s].busy_seconds(Phase::kOptimizer) / steps;
+      }
       out.reduce_seconds = std::max(out.reduce_seconds, stage.reduce_seconds());
       int64_t bytes = 0;
       for (const NamedParameter& np : stage.model().Parameters())
@@ -268,40 +273,60 @@ void CompareReplicas(gpipe::v1::JobSpec spec, int warmup, int steps,
 
 // The simulator's K-stage step for M micro-batches. Relative layer costs
 // come from the cost model; their absolute scale from the measured
-// single-stage step at the same M (which also carries the optimizer, data
-// and loss time, spread over the layers in proportion).
+// single-stage step at the same M less its updates (the data and loss time
+// spread over the layers in proportion). The updates run once a step after
+// each stage's last op, not pipelined with its layers: the simulator's
+// update op, each stage's share by its parameter bytes (the pass is bound
+// by memory).
 SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
                              int64_t m, RematMode remat, ScheduleKind schedule,
-                             double measured_one_stage_seconds, int64_t v = 1) {
+                             double measured_one_stage_seconds,
+                             double measured_optimizer_seconds, int64_t v = 1) {
   const ModelShapes shapes = *InferModelShapes(spec.model());
   const int64_t mb = spec.batch_size() / m;
   std::vector<double> costs = CostModelLayerCosts(shapes);
+  int64_t all_params = 0;
+  for (const LayerCost& c : shapes.costs) all_params += c.param_bytes;
+  double update_seconds = 0;
   auto simulate = [&](int64_t stages, RematMode mode, ScheduleKind kind,
                       int64_t chunks) {
     // Cut as the in-process pipeline cuts for this remat mode.
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_stages(stages);
     for_k.mutable_pipeline()->set_remat(RematToSpec(mode));
+    const std::vector<int64_t> balance = *PartitionJob(for_k, stages * chunks);
     SimulationConfig config;
-    config.stages = StageCostsFromLayers(
-        shapes, costs, *PartitionJob(for_k, stages * chunks), mb);
+    config.stages = StageCostsFromLayers(shapes, costs, balance, mb);
+    const std::vector<int64_t> begins = StageBegins(balance);
+    for (size_t s = 0; s < balance.size() && all_params > 0; ++s) {
+      int64_t params = 0;
+      for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l)
+        params += shapes.costs[l].param_bytes;
+      config.stages[s].update_seconds =
+          update_seconds * static_cast<double>(params) / all_params;
+    }
     config.micro_batches = m;
     config.remat = mode;
     config.schedule = kind;
     config.virtual_stages = chunks;
     return Simulate(config);
   };
+  const double layers_seconds =
+      std::max(measured_one_stage_seconds - measured_optimizer_seconds,
+               0.5 * measured_one_stage_seconds);
   const double scale =
-      measured_one_stage_seconds /
+      layers_seconds /
       simulate(1, RematMode::kNever, ScheduleKind::kGPipe, 1).step_seconds;
   for (double& c : costs) c *= scale;
+  update_seconds = measured_one_stage_seconds - layers_seconds;
   return simulate(k, remat, schedule, v);
 }
 
 double Predict(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
-               RematMode remat, double measured_one_stage_seconds) {
+               RematMode remat, double measured_one_stage_seconds,
+               double measured_optimizer_seconds) {
   return PredictStep(spec, k, m, remat, ScheduleKind::kGPipe,
-                     measured_one_stage_seconds)
+                     measured_one_stage_seconds, measured_optimizer_seconds)
       .step_seconds;
 }
 
@@ -337,8 +362,9 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
       }
       const Measured r =
           Run(spec, k, m, RematMode::kNever, warmup, steps, data, schedule, v);
-      const SimulationResult sim = PredictStep(spec, k, m, RematMode::kNever,
-                                               schedule, one.step_seconds, v);
+      const SimulationResult sim =
+          PredictStep(spec, k, m, RematMode::kNever, schedule, one.step_seconds,
+                      one.optimizer_seconds, v);
       const int64_t peak =
           *std::max_element(r.peak_bytes.begin(), r.peak_bytes.end());
       std::string versus = "-";
@@ -451,8 +477,8 @@ int main(int argc, char** argv) {
         Run(spec, 2, m, RematMode::kNever, warmup, steps, data);
     const double speedup = one.step_seconds / two.step_seconds;
     const double bound = 2.0 * m / (m + 1.0);
-    const double predicted =
-        Predict(spec, 2, m, RematMode::kNever, one.step_seconds);
+    const double predicted = Predict(spec, 2, m, RematMode::kNever,
+                                     one.step_seconds, one.optimizer_seconds);
     std::printf("%4lld %10.1f %10.1f %8.2f %8.2f %6.0f%% %12.1f %9.2f\n",
                 static_cast<long long>(m), one.step_seconds * 1e3,
                 two.step_seconds * 1e3, speedup, bound, 100 * speedup / bound,
@@ -470,8 +496,10 @@ int main(int argc, char** argv) {
       "predicted %.0f%%)\n",
       never.step_seconds * 1e3, always.step_seconds * 1e3,
       100 * (always.step_seconds / never.step_seconds - 1),
-      100 * (Predict(spec, 2, 8, RematMode::kAlways, one.step_seconds) /
-                 Predict(spec, 2, 8, RematMode::kNever, one.step_seconds) -
+      100 * (Predict(spec, 2, 8, RematMode::kAlways, one.step_seconds,
+                     one.optimizer_seconds) /
+                 Predict(spec, 2, 8, RematMode::kNever, one.step_seconds,
+                         one.optimizer_seconds) -
              1));
   for (int s = 0; s < 2; ++s) {
     std::printf(
