@@ -188,8 +188,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
                                    : spec.pipeline().virtual_stages())
              : 1);
     auto parts = PartitionByCost(*seconds, chunks,
-                                 RematStageWeights(options.remat, chunks),
-                                 /*first_layer_input_half=*/true);
+                                 RematStageWeights(options.remat, chunks));
     if (!parts.ok()) return parts.status();
     options.balance = *parts;
   } else if (!balance.empty() && balance != "measured") {
