@@ -25,6 +25,7 @@
 #include "cli/controller_client.h"
 #include "cli/progress.h"
 #include "cli/security_flags.h"
+#include "cli/stage_figures.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/bytes.h"
 #include "services/core/strings.h"
@@ -303,11 +304,9 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   }
 }
 
-// The bubble the job's schedule has in theory on equal stages with free
-// transfers, for the K stages and micro-batches each pipeline runs now (an
-// elastic job may run fewer stages or replicas than its spec): " (zb-h1
-// theory 4%)", what the measured bubbles are read against. Empty for one
-// stage.
+// The bubble the job's schedule has in theory, for the K stages and the
+// micro-batches each replica runs now (an elastic job may run fewer stages
+// or replicas than its spec).
 std::string TheoryText(const gpipe::v1::JobSpec& spec,
                        const gpipe::v1::JobStatus& s) {
   const ScheduleKind kind = ScheduleFromSpec(spec.pipeline().schedule());
@@ -318,18 +317,14 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
   int64_t replicas = 1;
   for (const gpipe::v1::StageStatus& st : s.replica_stages())
     replicas = std::max(replicas, st.replica() + 1);
-  const int64_t k = s.stages_size() / v;
-  const int64_t m = MicroBatchCount(spec) / replicas;
-  if (k < 2 || m < 1) return "";
-  return absl::StrFormat(" (%s theory %.0f%%)", ScheduleName(kind),
-                         100 * TheoreticalBubble(kind, k, m, v));
+  return BubbleTheoryText(kind, s.stages_size() / v,
+                          MicroBatchCount(spec) / replicas, v);
 }
 
-// Per-worker utilization and bubble of the last step, for the progress bar:
-// "util 81% 79%  bubble 19% 21% (1f1b theory 11%)" (stage 0's worker
-// first); empty before any report. A worker of several stages (an
-// interleaved schedule's chunks) is busy for their busy time together, and
-// idle for the rest of its step.
+// Per-worker utilization and bubble of the last step, for the progress bar
+// (StageFiguresLine); empty before any report. A worker of several stages
+// (an interleaved schedule's chunks) is busy for their busy time together,
+// and idle for the rest of its step.
 std::string StageFiguresText(const gpipe::v1::JobSpec& spec,
                              const gpipe::v1::JobStatus& s) {
   struct Worker {
@@ -352,18 +347,13 @@ std::string StageFiguresText(const gpipe::v1::JobSpec& spec,
     it->step = std::max(it->step, st.step_seconds());
     ++it->stages;
   }
-  std::string util, bubble;
+  std::vector<WorkerFigures> figures;
   for (const Worker& w : workers) {
     const double u = std::clamp(w.busy / w.step, 0.0, 1.0);
-    const double b =
-        w.stages == 1 ? std::clamp(w.bubble / w.step, 0.0, 1.0) : 1.0 - u;
-    absl::StrAppend(&util, util.empty() ? "" : " ",
-                    absl::StrFormat("%.0f%%", 100 * u));
-    absl::StrAppend(&bubble, bubble.empty() ? "" : " ",
-                    absl::StrFormat("%.0f%%", 100 * b));
+    figures.push_back(
+        {u, w.stages == 1 ? std::clamp(w.bubble / w.step, 0.0, 1.0) : 1.0 - u});
   }
-  if (util.empty()) return "";
-  return absl::StrCat("util ", util, "  bubble ", bubble, TheoryText(spec, s));
+  return StageFiguresLine(figures, TheoryText(spec, s));
 }
 
 std::string WorkerStateName(gpipe::v1::WorkerState state) {

@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/stage_figures.h"
 #include "services/core/cores.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/in_process_pipeline.h"
@@ -133,6 +134,34 @@ absl::Status WritePipelineTrace(InProcessPipeline& pipeline,
     return absl::FailedPreconditionError("--trace: no step was recorded");
   }
   return WriteTraceDir(last, dir);
+}
+
+// Each worker's utilization and bubble in the pipeline's last step (replica
+// 0's; a worker of several chunks is busy for their busy time together)
+// and the schedule's theory, as `gpipectl local` shows a cluster's.
+std::string PipelineFigures(InProcessPipeline& pipeline) {
+  const int64_t k = pipeline.worker_count();
+  const int64_t v = pipeline.chunks_per_worker();
+  if (k < 2) return "";
+  std::vector<WorkerFigures> workers;
+  for (int64_t w = 0; w < k; ++w) {
+    double busy = 0, wall = 0;
+    for (int64_t c = 0; c < v; ++c) {
+      const StepTimeline last =
+          pipeline.stage(StageOfChunk(pipeline.schedule(), k, w, c))
+              .timeline()
+              .LastStep();
+      busy += last.busy_seconds();
+      wall = std::max(wall, last.wall_seconds());
+    }
+    if (wall <= 0) return "";
+    const double u = std::min(1.0, busy / wall);
+    workers.push_back({u, 1.0 - u});
+  }
+  const int64_t m = pipeline.stage(0).placement().micro_batches /
+                    std::max<int64_t>(1, pipeline.replica_count());
+  return StageFiguresLine(workers,
+                          BubbleTheoryText(pipeline.schedule(), k, m, v));
 }
 
 }  // namespace
@@ -301,6 +330,7 @@ int RunTrain(const std::vector<std::string>& args) {
         progress.Finish();
         return Fail(r.status());
       }
+      if (pipeline != nullptr) progress.SetSuffix(PipelineFigures(*pipeline));
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
       if (plan.EvaluatesAfter(t.step())) {
         progress.Finish();

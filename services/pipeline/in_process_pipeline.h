@@ -67,6 +67,11 @@ class InProcessPipeline final : public Trainer {
   // i; evaluation, outputs and state come from replica 0.
   int64_t stage_count() const { return chunks_; }
   int64_t replica_count() const { return replicas_; }
+  // K workers of v chunks each under `schedule()` (StageOfChunk places
+  // them); v is 1 unless the schedule interleaves.
+  int64_t worker_count() const { return workers_; }
+  int64_t chunks_per_worker() const { return virtual_stages_; }
+  ScheduleKind schedule() const { return schedule_; }
   Stage& stage(int64_t i, int64_t replica = 0) {
     return *stages_[replica * chunks_ + i];
   }
