@@ -452,7 +452,9 @@ int main(int argc, char** argv) {
     std::printf(
         "\nbubble = the stages' idle share of their measured steps (wall - "
         "busy, as the gauges count it); sim = the simulator's on the cost "
-        "model's layer costs scaled to the measured K=1 step; formula = "
+        "model's layer costs scaled to the measured K=1 step less its "
+        "update, which the simulator runs once a step on each stage "
+        "(shared by parameter bytes); formula = "
         "the schedule's on equal stages; interleaved holds 2 chunks per "
         "stage (its bubble and peak are the stage's); vs 1f1b = the "
         "schedule's bubble and largest peak over 1f1b's\n");
