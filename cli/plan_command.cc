@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "services/core/bytes.h"
 #include "services/core/status.h"
+#include "services/nn/layer.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
@@ -480,8 +481,9 @@ int RunPlan(const std::vector<std::string>& args) {
       // The input and the weight gradient are each a product as large as
       // the forward.
       forward_per_sample[l] = cost.forward_flops / flops;
-      // The first layer computes no input gradient (InputGradUsed).
-      backward_per_sample[l] = (l == 0 ? 1 : 2) * forward_per_sample[l];
+      // The first layer computes no input gradient.
+      backward_per_sample[l] =
+          (InputGradUsed(l) ? 2 : 1) * forward_per_sample[l];
       forward_fixed[l] = backward_fixed[l] =
           overhead_flag >= 0 ? overhead_flag : kDefaultLayerOverhead;
       partition_costs[l] = model_costs[l];

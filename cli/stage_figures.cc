@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "services/pipeline/simulator.h"
 
 namespace gpipe::cli {
@@ -18,16 +19,15 @@ std::string BubbleTheoryText(ScheduleKind kind, int64_t k, int64_t m,
 std::string StageFiguresLine(const std::vector<WorkerFigures>& workers,
                              const std::string& theory) {
   if (workers.empty()) return "";
-  std::string util, bubble;
-  for (const WorkerFigures& w : workers) {
-    absl::StrAppend(
-        &util, util.empty() ? "" : " ",
-        absl::StrFormat("%.0f%%", 100 * std::clamp(w.utilization, 0.0, 1.0)));
-    absl::StrAppend(
-        &bubble, bubble.empty() ? "" : " ",
-        absl::StrFormat("%.0f%%", 100 * std::clamp(w.bubble, 0.0, 1.0)));
-  }
-  return absl::StrCat("util ", util, "  bubble ", bubble, theory);
+  const auto percents = [&workers](double WorkerFigures::*share) {
+    return absl::StrJoin(
+        workers, " ", [share](std::string* out, const WorkerFigures& w) {
+          absl::StrAppendFormat(out, "%.0f%%",
+                                100 * std::clamp(w.*share, 0.0, 1.0));
+        });
+  };
+  return absl::StrCat("util ", percents(&WorkerFigures::utilization),
+                      "  bubble ", percents(&WorkerFigures::bubble), theory);
 }
 
 }  // namespace gpipe::cli

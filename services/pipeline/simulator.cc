@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "services/nn/layer.h"
+
 namespace gpipe {
 namespace {
 
@@ -359,9 +361,9 @@ std::vector<StageCost> StageCostsFromLayers(
       const double f = layer_forward_seconds[l];
       c.forward_seconds += f;
       // The input and the weight gradient are each a product as large as
-      // the forward; the model's first layer computes no input gradient
-      // (InputGradUsed), so its stage does one forward of it less.
-      c.backward_seconds += (l == 0 ? 1 : 2) * f;
+      // the forward; the model's first layer computes no input gradient,
+      // so its stage does one forward of it less.
+      c.backward_seconds += (InputGradUsed(l) ? 2 : 1) * f;
       // Layers that defer a weight gradient (their GEMMs'); the norms do
       // theirs in the input half.
       if (cost.deferred_bytes > 0) c.weight_seconds += f;
