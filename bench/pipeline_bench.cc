@@ -77,6 +77,8 @@ struct Measured {
   // Per measured step, summed over every stage of every replica.
   double busy_seconds = 0;
   double optimizer_seconds = 0;  // of which the updates'
+  // ... forwards', split backwards' input and weight halves'
+  double forward_seconds = 0, input_seconds = 0, weight_seconds = 0;
 
   // The slowest stage's gradient sum in the last step (replicas).
   double reduce_seconds = 0;
@@ -157,6 +159,11 @@ Measured Run(const gpipe::v1::JobSpec& spec, int64_t k, int64_t m,
         out.busy_seconds += kept[s].busy_seconds() / steps;
         out.optimizer_seconds +=
             kept[s].busy_seconds(Phase::kOptimizer) / steps;
+        out.forward_seconds += kept[s].busy_seconds(Phase::kForward) / steps;
+        out.input_seconds +=
+            kept[s].busy_seconds(Phase::kBackwardInput) / steps;
+        out.weight_seconds +=
+            kept[s].busy_seconds(Phase::kBackwardWeight) / steps;
       }
       out.reduce_seconds = std::max(out.reduce_seconds, stage.reduce_seconds());
       int64_t bytes = 0;
@@ -271,6 +278,62 @@ void CompareReplicas(gpipe::v1::JobSpec spec, int warmup, int steps,
       "waiting for the other replica included\n");
 }
 
+// What the in-process links cost, measured on `bytes`-sized messages: each
+// side's copy (Clone, median of 31), and the rest of a message's one-way
+// time (waking the receiver) from 31 round trips between two threads.
+struct InProcessLinkCosts {
+  int64_t bytes = 0;
+  double copy_bytes_per_second = 0;
+  double message_seconds = 0;
+};
+
+InProcessLinkCosts MeasureInProcessLink(int64_t bytes) {
+  constexpr int kTrips = 31;
+  const Tensor sent = Tensor::Zeros({std::max<int64_t>(bytes / 4, 1)});
+  std::vector<double> copies;
+  for (int i = 0; i < kTrips; ++i)
+    copies.push_back(TimeSeconds([&] { Tensor c = sent.Clone(); }));
+  auto [a, b] = MakeInProcessLinkPair(4);
+  std::thread echo([&b = *b] {
+    for (int i = 0; i < kTrips; ++i) {
+      absl::StatusOr<Message> m = b.Receive();
+      if (!m.ok() || !b.Send(*std::move(m)).ok()) return;
+    }
+  });
+  std::vector<double> trips;
+  for (int i = 0; i < kTrips; ++i) {
+    trips.push_back(TimeSeconds([&a = *a, &sent] {
+      Message m;
+      m.tensor = sent;
+      if (a.Send(std::move(m)).ok()) (void)a.Receive();
+    }));
+  }
+  echo.join();
+  InProcessLinkCosts costs;
+  costs.bytes = sent.nbytes();
+  const double copy = Median(copies);
+  costs.copy_bytes_per_second = static_cast<double>(sent.nbytes()) / copy;
+  // A trip is two messages, each two copies and a wake.
+  costs.message_seconds = std::max(0.0, Median(trips) / 2 - 2 * copy);
+  return costs;
+}
+
+// The shares of a one-stage step's layer time that its forwards, input
+// halves and weight halves take (a split backward's, measured): the cost
+// model prices a weight half like a forward, but at small micro-batches it
+// reads and writes the whole weight gradient and takes longer.
+struct PhaseShares {
+  double forward = 0, input = 0, weight = 0;
+};
+
+PhaseShares SharesOf(const Measured& split) {
+  const double sum =
+      split.forward_seconds + split.input_seconds + split.weight_seconds;
+  if (sum <= 0) return {};
+  return {split.forward_seconds / sum, split.input_seconds / sum,
+          split.weight_seconds / sum};
+}
+
 // The simulator's K-stage step for M micro-batches. Relative layer costs
 // come from the cost model; their absolute scale from the measured
 // single-stage step at the same M less its updates (the data and loss time
@@ -281,7 +344,9 @@ void CompareReplicas(gpipe::v1::JobSpec spec, int warmup, int steps,
 SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
                              int64_t m, RematMode remat, ScheduleKind schedule,
                              double measured_one_stage_seconds,
-                             double measured_optimizer_seconds, int64_t v = 1) {
+                             double measured_optimizer_seconds, int64_t v = 1,
+                             InProcessLinkCosts* measured_link = nullptr,
+                             const PhaseShares& shares = {}) {
   const ModelShapes shapes = *InferModelShapes(spec.model());
   const int64_t mb = spec.batch_size() / m;
   std::vector<double> costs = CostModelLayerCosts(shapes);
@@ -297,6 +362,20 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
     const std::vector<int64_t> balance = *PartitionJob(for_k, stages * chunks);
     SimulationConfig config;
     config.stages = StageCostsFromLayers(shapes, costs, balance, mb);
+    if (shares.forward > 0) {
+      // Each phase scaled to its measured share of the whole model's time.
+      const std::vector<StageCost> whole = StageCostsFromLayers(
+          shapes, costs, {static_cast<int64_t>(shapes.costs.size())}, mb);
+      const double f = whole[0].forward_seconds, w = whole[0].weight_seconds,
+                   b = whole[0].backward_seconds - w, sum = f + b + w;
+      for (StageCost& c : config.stages) {
+        const double input = (c.backward_seconds - c.weight_seconds) *
+                             shares.input * sum / std::max(b, 1e-30);
+        c.forward_seconds *= shares.forward * sum / std::max(f, 1e-30);
+        c.weight_seconds *= shares.weight * sum / std::max(w, 1e-30);
+        c.backward_seconds = input + c.weight_seconds;
+      }
+    }
     const std::vector<int64_t> begins = StageBegins(balance);
     for (size_t s = 0; s < balance.size() && all_params > 0; ++s) {
       int64_t params = 0;
@@ -309,6 +388,18 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
     config.remat = mode;
     config.schedule = kind;
     config.virtual_stages = chunks;
+    if (stages > 1) {
+      // The links as measured: every message copied by both stages, and
+      // the receiver woken, with no transfer in between (one address space).
+      int64_t bytes = 0;
+      for (const StageCost& c : config.stages)
+        bytes = std::max(bytes, c.output_bytes);
+      const InProcessLinkCosts link = MeasureInProcessLink(bytes);
+      if (measured_link != nullptr) *measured_link = link;
+      config.link_bytes_per_second = 1e15;
+      config.copy_bytes_per_second = link.copy_bytes_per_second;
+      config.message_seconds = link.message_seconds;
+    }
     return Simulate(config);
   };
   const double layers_seconds =
@@ -346,9 +437,13 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
   std::printf("%4s %11s %9s %10s %9s %9s %8s %8s %10s %9s %9s\n", "M", "sched",
               "step ms", "pred ms", "meas/pred", "bubble", "sim", "formula",
               "peak MiB", "model/pk", "vs 1f1b");
+  std::string links;
   for (int64_t m : {2, 4, 8}) {
     const Measured one =
         Run(spec, 1, m, RematMode::kNever, warmup, steps, data);
+    const PhaseShares shares =
+        SharesOf(Run(spec, 1, m, RematMode::kNever, warmup, steps, data,
+                     ScheduleKind::kZeroBubbleH1));
     double ofob_bubble = 0;
     int64_t ofob_peak = 0;
     for (ScheduleKind schedule :
@@ -362,9 +457,18 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
       }
       const Measured r =
           Run(spec, k, m, RematMode::kNever, warmup, steps, data, schedule, v);
+      InProcessLinkCosts link;
       const SimulationResult sim =
           PredictStep(spec, k, m, RematMode::kNever, schedule, one.step_seconds,
-                      one.optimizer_seconds, v);
+                      one.optimizer_seconds, v, &link, shares);
+      if (schedule == ScheduleKind::kOneFOneB) {
+        links = absl::StrFormat(
+            "%s  M=%lld: forward %.0f%%, input halves %.0f%%, weight halves "
+            "%.0f%%; %.0f KiB messages, copies %.1f GB/s, wake %.0f us\n",
+            links, static_cast<long long>(m), 100 * shares.forward,
+            100 * shares.input, 100 * shares.weight, link.bytes / 1024.0,
+            link.copy_bytes_per_second / 1e9, link.message_seconds * 1e6);
+      }
       const int64_t peak =
           *std::max_element(r.peak_bytes.begin(), r.peak_bytes.end());
       std::string versus = "-";
@@ -397,6 +501,10 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
           model_ratio.c_str(), versus.c_str());
     }
   }
+  std::printf(
+      "the one-stage step's layer time by phase (split backward) and the "
+      "in-process links, as measured for sim:\n%s",
+      links.c_str());
 }
 
 }  // namespace
@@ -454,7 +562,9 @@ int main(int argc, char** argv) {
         "busy, as the gauges count it); sim = the simulator's on the cost "
         "model's layer costs scaled to the measured K=1 step less its "
         "update, which the simulator runs once a step on each stage "
-        "(shared by parameter bytes); formula = "
+        "(shared by parameter bytes), and with the links' copies (one on "
+        "each side of a message, on the stages' threads) and wake-ups "
+        "measured in this run; formula = "
         "the schedule's on equal stages; interleaved holds 2 chunks per "
         "stage (its bubble and peak are the stage's); vs 1f1b = the "
         "schedule's bubble and largest peak over 1f1b's\n");

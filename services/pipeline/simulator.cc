@@ -149,6 +149,11 @@ SimulationResult Simulate(const SimulationConfig& config) {
     link[g] = start + static_cast<double>(bytes) / config.link_bytes_per_second;
     return link[g] + latency + config.message_seconds;
   };
+  const auto copy = [&](int64_t bytes) {
+    return config.copy_bytes_per_second > 0
+               ? static_cast<double>(bytes) / config.copy_bytes_per_second
+               : 0.0;
+  };
   // The arrival of `i` at the head of a link's queue; kUnknown while
   // nothing is there, and forever when another micro-batch is.
   const auto receive = [&](const std::vector<Message>& queue, size_t taken,
@@ -196,7 +201,9 @@ SimulationResult Simulate(const SimulationConfig& config) {
                        : receive(to_prev[g], taken_prev[g], i);
         if (arrival < 0) break;  // a neighbour will wake this worker, or none
         // A receive blocks: the worker waits for the arrival.
-        free_at[w] = std::max(free_at[w], arrival);
+        free_at[w] = std::max(free_at[w], arrival) +
+                     copy(activation ? config.stages[g - 1].output_bytes
+                                     : cost.output_bytes);
         if (activation) {
           ++taken_next[g - 1];
         } else {
@@ -215,6 +222,10 @@ SimulationResult Simulate(const SimulationConfig& config) {
         made = 0;
         std::vector<Message>& queue = activation ? to_next[g] : to_prev[g - 1];
         const int64_t to = WorkerOfStage(kind, k, activation ? g + 1 : g - 1);
+        const double copied = copy(
+            activation ? cost.output_bytes : config.stages[g - 1].output_bytes);
+        free_at[w] += copied;
+        sim.busy_seconds += copied;
         // Between two chunks of one worker the link is in process: the
         // message is there as soon as it is sent.
         queue.push_back(

@@ -66,6 +66,13 @@ struct SimulationConfig {
   // transfers take, and the stages' busy time with it); the shared-memory
   // plane's ring takes a message at once.
   bool sends_wait_for_link = false;
+  // Links that copy each message twice on the stages' own threads (the
+  // in-process pipeline's: the sender out of its activation memory, the
+  // receiver into its own allocator), a worker's own chunks' links too.
+  // Each copy holds its thread for bytes / copy_bytes_per_second; 0 counts
+  // none. The sender's copy is busy time (the stage records it with the op
+  // that made the message), the receiver's is wait.
+  double copy_bytes_per_second = 0;
 };
 
 struct StageSimulation {

@@ -442,6 +442,28 @@ TEST(SimulatorTest, ABlockingSendHoldsItsStageUntilTheBytesAreThrough) {
   EXPECT_NEAR(held.step_seconds, 11, 1e-9);
 }
 
+TEST(SimulatorTest, LinksThatCopyHoldBothStagesForTheirCopies) {
+  // K=2 GPipe, M=1, copies of 0.5 s on each side of a message: stage 0's
+  // forward ends at 1, its copy out at 1.5; stage 1 copies in until 2,
+  // runs its forward and backward until 5 and copies the gradient out
+  // until 5.5; stage 0 copies it in until 6 and ends its backward at 8.
+  SimulationConfig config = Balanced(2, 1, ScheduleKind::kGPipe);
+  for (StageCost& c : config.stages) c.output_bytes = 500;
+  config.link_bytes_per_second = 1e12;  // no transfer in between
+  const SimulationResult free_copies = Simulate(config);
+  config.copy_bytes_per_second = 1000;
+  const SimulationResult copied = Simulate(config);
+  ASSERT_TRUE(copied.complete);
+  EXPECT_NEAR(free_copies.step_seconds, 6, 1e-6);
+  EXPECT_NEAR(copied.step_seconds, 8, 1e-6);
+  // The copy out is busy time (the stage records it with the op that made
+  // the message); the copy in is wait.
+  for (size_t w = 0; w < 2; ++w) {
+    EXPECT_NEAR(copied.stages[w].busy_seconds,
+                free_copies.stages[w].busy_seconds + 0.5, 1e-9);
+  }
+}
+
 TEST(SimulatorTest, SlowLinkBecomesTheBottleneck) {
   // A transfer longer than a forward: the link, not the stages, sets the
   // pace, which only a link carrying one tensor at a time shows.
