@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs what bench/device_check.sh needs on a GPU machine that has none of
 # our Debian libraries: the CUDA test binaries, gpu_bench, gpipectl and the
-# controller and worker it starts for the pipeline check, every
+# controller and worker it starts for the pipeline check, pipeline_bench
+# (the schedules at K=4 on that machine's cores), every
 # shared library they load (glibc and its loader included, so the binaries
 # run on any x86-64 Linux) except the NVIDIA driver (libcuda) and cuBLAS /
 # cuDNN, which that machine has in its CUDA toolkit or in python's nvidia-*
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 dest=${1:-/work/main/.devcarry}
 bins=(cuda_kernels_test cuda_layers_test cuda_cnn_test cuda_cudnn_test
       tensor_caching_allocator_test cuda_ipc_link_test cuda_ipc_plane_test
-      gpu_bench gpipectl gpipe-controller gpipe-worker)
+      gpu_bench gpipectl gpipe-controller gpipe-worker pipeline_bench)
 scripts/build.sh "${bins[@]}" >/dev/null
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
