@@ -97,6 +97,28 @@ TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
   }
 }
 
+TEST(Gemm, PassesThatOnlyWriteALargeCAreTheFusedChainBitwise) {
+  // At least 2^18 floats of C written, not read (beta = 0): the deep
+  // passes that start the chains go along C's rows instead of down them
+  // (gemm.cc, kColdOutputFloats); one pass, and two or more (the later
+  // passes continue the chains down the rows).
+  const Shape shapes[] = {{false, true, 264, 1000, 200},
+                          {true, false, 260, 1010, 600}};
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    for (const Shape& s : shapes) {
+      const int64_t lda = s.ta ? s.m : s.k, ldb = s.tb ? s.k : s.n;
+      const std::vector<float> a = Random((s.ta ? s.k : s.m) * lda, 4);
+      const std::vector<float> b = Random((s.tb ? s.n : s.k) * ldb, 5);
+      std::vector<float> want(s.m * s.n, 7.0f), got(s.m * s.n, 7.0f);
+      ChainReference(s, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, want.data(),
+                     s.n);
+      cpu::GemmStridedOn(*tile, s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda,
+                         b.data(), ldb, 0.0f, got.data(), s.n);
+      ASSERT_EQ(got, want) << Describe(*tile, s, 1.0f, 0.0f);
+    }
+  }
+}
+
 // op(A) for a triangular product: zero above (lower) or below (upper) the
 // diagonal, with -0 among the zeros (a softmax gradient's underflowed
 // entries) and in the kept half.
