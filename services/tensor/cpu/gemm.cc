@@ -46,8 +46,9 @@ constexpr int64_t kShallowDepth = 128;
 // the rows. Such a C is not in cache (a step's first weight gradient is
 // the whole weight; a whole batch's forward), and each store down the rows
 // waits for its line, a dozen new lines a tile, where along a row the
-// prefetcher fetches them ahead. 4-10% off those products' time, 2.5-5%
-// off the steps of the size suite's MLPs and Transformer (bench/README.md).
+// prefetcher fetches them ahead. An eighth off the width-4096 MLP's
+// weight gradient on its own, 2.5-5% off the steps of the size suite's
+// MLPs and Transformer (bench/README.md).
 // A micro-batch's smaller output stays in cache, and its B sliver in L1
 // down the rows is worth more (the width-1024 MLP at M = 8 measured 6%
 // slower along the rows).
