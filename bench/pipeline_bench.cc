@@ -281,6 +281,7 @@ void CompareReplicas(gpipe::v1::JobSpec spec, int warmup, int steps,
 // What the in-process links cost, measured on `bytes`-sized messages: each
 // side's copy (Clone, median of 31), and the rest of a message's one-way
 // time (waking the receiver) from 31 round trips between two threads.
+// bytes: the size asked for (0: not measured yet).
 struct InProcessLinkCosts {
   int64_t bytes = 0;
   double copy_bytes_per_second = 0;
@@ -310,7 +311,7 @@ InProcessLinkCosts MeasureInProcessLink(int64_t bytes) {
   }
   echo.join();
   InProcessLinkCosts costs;
-  costs.bytes = sent.nbytes();
+  costs.bytes = bytes;
   const double copy = Median(copies);
   costs.copy_bytes_per_second = static_cast<double>(sent.nbytes()) / copy;
   // A trip is two messages, each two copies and a wake.
@@ -345,7 +346,7 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
                              int64_t m, RematMode remat, ScheduleKind schedule,
                              double measured_one_stage_seconds,
                              double measured_optimizer_seconds, int64_t v = 1,
-                             InProcessLinkCosts* measured_link = nullptr,
+                             InProcessLinkCosts* link = nullptr,
                              const PhaseShares& shares = {}) {
   const ModelShapes shapes = *InferModelShapes(spec.model());
   const int64_t mb = spec.batch_size() / m;
@@ -353,6 +354,20 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
   int64_t all_params = 0;
   for (const LayerCost& c : shapes.costs) all_params += c.param_bytes;
   double update_seconds = 0;
+  // Each phase scaled to its measured share of the whole model's time (the
+  // factors do not change with the costs' common scale below).
+  double forward_factor = 1, input_factor = 1, weight_factor = 1;
+  if (shares.forward > 0) {
+    const StageCost whole = StageCostsFromLayers(
+        shapes, costs, {static_cast<int64_t>(shapes.costs.size())}, mb)[0];
+    const double f = whole.forward_seconds, w = whole.weight_seconds,
+                 b = whole.backward_seconds - w, sum = f + b + w;
+    forward_factor = shares.forward * sum / std::max(f, 1e-30);
+    input_factor = shares.input * sum / std::max(b, 1e-30);
+    weight_factor = shares.weight * sum / std::max(w, 1e-30);
+  }
+  InProcessLinkCosts local_link;
+  if (link == nullptr) link = &local_link;
   auto simulate = [&](int64_t stages, RematMode mode, ScheduleKind kind,
                       int64_t chunks) {
     // Cut as the in-process pipeline cuts for this remat mode.
@@ -362,19 +377,12 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
     const std::vector<int64_t> balance = *PartitionJob(for_k, stages * chunks);
     SimulationConfig config;
     config.stages = StageCostsFromLayers(shapes, costs, balance, mb);
-    if (shares.forward > 0) {
-      // Each phase scaled to its measured share of the whole model's time.
-      const std::vector<StageCost> whole = StageCostsFromLayers(
-          shapes, costs, {static_cast<int64_t>(shapes.costs.size())}, mb);
-      const double f = whole[0].forward_seconds, w = whole[0].weight_seconds,
-                   b = whole[0].backward_seconds - w, sum = f + b + w;
-      for (StageCost& c : config.stages) {
-        const double input = (c.backward_seconds - c.weight_seconds) *
-                             shares.input * sum / std::max(b, 1e-30);
-        c.forward_seconds *= shares.forward * sum / std::max(f, 1e-30);
-        c.weight_seconds *= shares.weight * sum / std::max(w, 1e-30);
-        c.backward_seconds = input + c.weight_seconds;
-      }
+    for (StageCost& c : config.stages) {
+      const double input =
+          (c.backward_seconds - c.weight_seconds) * input_factor;
+      c.forward_seconds *= forward_factor;
+      c.weight_seconds *= weight_factor;
+      c.backward_seconds = input + c.weight_seconds;
     }
     const std::vector<int64_t> begins = StageBegins(balance);
     for (size_t s = 0; s < balance.size() && all_params > 0; ++s) {
@@ -391,14 +399,15 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
     if (stages > 1) {
       // The links as measured: every message copied by both stages, and
       // the receiver woken, with no transfer in between (one address space).
+      // Measured once for each message size, and kept in *link for the
+      // caller's next prediction.
       int64_t bytes = 0;
       for (const StageCost& c : config.stages)
         bytes = std::max(bytes, c.output_bytes);
-      const InProcessLinkCosts link = MeasureInProcessLink(bytes);
-      if (measured_link != nullptr) *measured_link = link;
+      if (link->bytes != bytes) *link = MeasureInProcessLink(bytes);
       config.link_bytes_per_second = 1e15;
-      config.copy_bytes_per_second = link.copy_bytes_per_second;
-      config.message_seconds = link.message_seconds;
+      config.copy_bytes_per_second = link->copy_bytes_per_second;
+      config.message_seconds = link->message_seconds;
     }
     return Simulate(config);
   };
@@ -444,6 +453,8 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
     const PhaseShares shares =
         SharesOf(Run(spec, 1, m, RematMode::kNever, warmup, steps, data,
                      ScheduleKind::kZeroBubbleH1));
+    // The same measured links for every schedule at this M.
+    InProcessLinkCosts link;
     double ofob_bubble = 0;
     int64_t ofob_peak = 0;
     for (ScheduleKind schedule :
@@ -457,7 +468,6 @@ void CompareSchedules(const gpipe::v1::JobSpec& spec, int64_t k, int warmup,
       }
       const Measured r =
           Run(spec, k, m, RematMode::kNever, warmup, steps, data, schedule, v);
-      InProcessLinkCosts link;
       const SimulationResult sim =
           PredictStep(spec, k, m, RematMode::kNever, schedule, one.step_seconds,
                       one.optimizer_seconds, v, &link, shares);
