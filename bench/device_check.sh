@@ -157,6 +157,31 @@ pipeline_check() {
     pipe_ms[$plane]=$ms
     result[pipeline_$plane]=$([[ $n == 3 ]] && echo PASS || echo "FAIL ($n of 3 links on $plane)")
   done
+  if [[ $device == cuda && -n ${pipe_ms[cuda_ipc]:-} ]]; then
+    # Informational: where a CUDA IPC hop's time goes. Each link logs at its
+    # end how long its stage waited for the sender's copies and for its own
+    # copies out; then the same job with the stage waiting for every copy
+    # out itself (the plane's first design) against the releasing thread.
+    grep -h "cuda_ipc link:" "$work/pipe-cuda_ipc-$long-run"/worker-*.log 2>/dev/null | sed 's/^/  /'
+    local sync_secs=()
+    for steps in $short $long; do
+      GPIPE_CUDA_IPC_SYNC_RELEASE=1 PATH="$work/wrap:$PATH" timeout "$(left 60)" \
+        gpipectl local "$spec" --workers 4 --stages 4 --balance 4,4,4,3 \
+        --micro-batches 8 --steps "$steps" --threads 2 --device cuda \
+        --data_plane cuda_ipc --json --out "$work/pipe-ipcsync-$steps" \
+        --keep "$work/pipe-ipcsync-$steps-run" >"$out/pipe-ipcsync-$steps.log" 2>&1 || break
+      sync_secs+=("$(job_seconds "$out/pipe-ipcsync-$steps.log")")
+    done
+    if ((${#sync_secs[@]} == 2)) && [[ -n ${sync_secs[0]} && -n ${sync_secs[1]} ]]; then
+      awk -v a="${sync_secs[0]}" -v b="${sync_secs[1]}" -v n=$((long - short)) \
+        -v r="${pipe_ms[cuda_ipc]}" 'BEGIN {printf "cuda_ipc, each copy out waited for on the stage (GPIPE_CUDA_IPC_SYNC_RELEASE=1): %.2f ms/step, against %s with the releasing thread (informational)\n", 1000 * (b - a) / n, r}'
+      grep -h "cuda_ipc link:" "$work/pipe-ipcsync-$long-run"/worker-*.log 2>/dev/null | sed 's/^/  /'
+      cmp -s "$work/pipe-ipcsync-$long/model.safetensors" "$work/pipe-cuda_ipc-$long/model.safetensors" ||
+        echo "  (its parameters DIFFER from the releasing thread's run)"
+    else
+      echo "cuda_ipc with GPIPE_CUDA_IPC_SYNC_RELEASE=1 did not finish (informational): $out/pipe-ipcsync-*.log"
+    fi
+  fi
   if [[ -n ${pipe_ms[${planes[0]}]:-} && -n ${pipe_ms[${planes[1]}]:-} ]]; then
     if cmp -s "$work/pipe-${planes[0]}-$long/model.safetensors" \
       "$work/pipe-${planes[1]}-$long/model.safetensors"; then

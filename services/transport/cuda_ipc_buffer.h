@@ -1,6 +1,7 @@
 // The device side of the CUDA IPC plane: one cudaMalloc allocation (a header
 // with the nonces, then a ring per direction) and 2 x kCudaIpcEvents
-// interprocess events, made and exported once by the upstream stage and
+// interprocess events (plus kCudaIpcEvents local ones that mark the copies
+// out), made and exported once by the upstream stage and
 // opened once by the downstream stage; and the device-to-device copies in
 // and out of the rings. Nothing here includes CUDA headers; without the CUDA
 // backend (or a GPU) Create and Open fail with FAILED_PRECONDITION.
@@ -65,9 +66,14 @@ class CudaIpcBuffer {
   // device memory `dst`.
   absl::Status CopyOut(Ring r, int64_t offset, void* dst, int64_t bytes,
                        int64_t sequence);
-  // Waits until the current stream has done everything queued on it (the
-  // copies out are finished: their chunks can be released).
-  static absl::Status SynchronizeCurrentStream();
+  // Receiving chunk `sequence`: marks the end of its copy out on the
+  // thread's current stream (call after CopyOut).
+  absl::Status MarkCopiedOut(int64_t sequence);
+  // Blocks, sleeping, until the copy out marked for `sequence` is done: the
+  // chunk may be released then. From any thread; it waits for this
+  // process's own stream only (whose wait for the sender's copy
+  // AwaitSenderCopy has seen end), so a dead peer cannot hang it.
+  absl::Status AwaitCopiedOut(int64_t sequence) const;
 
  private:
   struct State;

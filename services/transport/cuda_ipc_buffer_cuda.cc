@@ -40,6 +40,8 @@ struct CudaIpcBuffer::State {
   char* base = nullptr;
   int64_t ring_bytes = 0;
   cudaEvent_t events[2 * kCudaIpcEvents] = {};
+  // This process's own: the ends of its copies out, by chunk sequence.
+  cudaEvent_t copied_out[kCudaIpcEvents] = {};
   cudaStream_t copy = nullptr;
 
   char* ring(Ring r) const {
@@ -49,6 +51,18 @@ struct CudaIpcBuffer::State {
     return events[r * kCudaIpcEvents + sequence % kCudaIpcEvents];
   }
 
+  // Blocking-sync events: the thread that waits for one sleeps instead of
+  // spinning on a core the stages' compute threads need.
+  absl::Status CreateCopiedOutEvents() {
+    for (cudaEvent_t& e : copied_out) {
+      GPIPE_CUDA_RETURN_IF_ERROR(
+          cudaEventCreateWithFlags(
+              &e, cudaEventDisableTiming | cudaEventBlockingSync),
+          "cudaEventCreate (copies out)");
+    }
+    return absl::OkStatus();
+  }
+
   ~State() {
     // Errors are ignored: at process exit the runtime may be gone already.
     if (copy != nullptr) {
@@ -56,6 +70,8 @@ struct CudaIpcBuffer::State {
       cudaStreamDestroy(copy);
     }
     for (cudaEvent_t e : events)
+      if (e != nullptr) cudaEventDestroy(e);
+    for (cudaEvent_t e : copied_out)
       if (e != nullptr) cudaEventDestroy(e);
     if (base != nullptr) {
       if (creator) {
@@ -123,6 +139,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> CudaIpcBuffer::Create(
                                "cudaIpcGetEventHandle");
     offer->add_event_handles(std::string(eh.reserved, sizeof(eh)));
   }
+  RETURN_IF_ERROR(s->CreateCopiedOutEvents());
   GPIPE_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking),
       "cudaStreamCreate");
@@ -173,6 +190,7 @@ absl::StatusOr<std::unique_ptr<CudaIpcBuffer>> CudaIpcBuffer::Open(
     GPIPE_CUDA_RETURN_IF_ERROR(cudaIpcOpenEventHandle(&s->events[i], eh),
                                "cudaIpcOpenEventHandle");
   }
+  RETURN_IF_ERROR(s->CreateCopiedOutEvents());
   GPIPE_CUDA_RETURN_IF_ERROR(
       cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking),
       "cudaStreamCreate");
@@ -243,9 +261,17 @@ absl::Status CudaIpcBuffer::CopyOut(Ring r, int64_t offset, void* dst,
   return absl::OkStatus();
 }
 
-absl::Status CudaIpcBuffer::SynchronizeCurrentStream() {
-  GPIPE_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(Current()),
-                             "cudaStreamSynchronize");
+absl::Status CudaIpcBuffer::MarkCopiedOut(int64_t sequence) {
+  GPIPE_CUDA_RETURN_IF_ERROR(
+      cudaEventRecord(s_->copied_out[sequence % kCudaIpcEvents], Current()),
+      "cudaEventRecord (copy out)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaIpcBuffer::AwaitCopiedOut(int64_t sequence) const {
+  GPIPE_CUDA_RETURN_IF_ERROR(
+      cudaEventSynchronize(s_->copied_out[sequence % kCudaIpcEvents]),
+      "waiting for a copy out of the CUDA IPC ring");
   return absl::OkStatus();
 }
 

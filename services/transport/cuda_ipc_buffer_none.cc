@@ -44,6 +44,7 @@ absl::Status CudaIpcBuffer::AwaitSenderCopy(
 absl::Status CudaIpcBuffer::CopyOut(Ring, int64_t, void*, int64_t, int64_t) {
   return NoCuda();
 }
-absl::Status CudaIpcBuffer::SynchronizeCurrentStream() { return NoCuda(); }
+absl::Status CudaIpcBuffer::MarkCopiedOut(int64_t) { return NoCuda(); }
+absl::Status CudaIpcBuffer::AwaitCopiedOut(int64_t) const { return NoCuda(); }
 
 }  // namespace gpipe

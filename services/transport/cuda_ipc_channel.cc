@@ -51,7 +51,7 @@ absl::Status CudaIpcChannel::ReadChunk(const gpipe::v1::ShmSlot& slot,
       }));
   RETURN_IF_ERROR(buffer_->CopyOut(in_, slot.offset(), dst, slot.length(),
                                    slot.sequence()));
-  return CudaIpcBuffer::SynchronizeCurrentStream();
+  return buffer_->MarkCopiedOut(slot.sequence());
 }
 
 void CudaIpcChannel::Close(absl::Status why) {

@@ -47,10 +47,15 @@ class CudaIpcChannel {
   }
   // Reading, on the receiving stage's thread: waits on the host for the
   // sender's copy of the accepted chunk `slot` (returning Close's reason if
-  // the link closes first, so a dead sender cannot hang the stage), copies
-  // it to the device memory `dst` on the thread's current stream and waits
-  // for that copy (the chunk may be released then).
+  // the link closes first, so a dead sender cannot hang the stage), then
+  // queues its copy to the device memory `dst` on the thread's current
+  // stream, and returns without waiting for that copy.
   absl::Status ReadChunk(const gpipe::v1::ShmSlot& slot, void* dst);
+  // Reading, from any thread: waits until the copy ReadChunk queued for
+  // chunk `sequence` is done; the chunk may be released then.
+  absl::Status AwaitCopiedOut(int64_t sequence) const {
+    return buffer_->AwaitCopiedOut(sequence);
+  }
 
   // Wakes and fails every Reserve, now and later.
   void Close(absl::Status why);

@@ -1,11 +1,48 @@
 #include "services/transport/cuda_ipc_data_plane.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <string_view>
+
 #include "absl/strings/str_cat.h"
+#include "services/core/log.h"
 #include "services/core/status.h"
 
 namespace gpipe {
 
 using gpipe::v1::Frame;
+
+namespace {
+
+bool SyncReleaseRequested() {
+  const char* v = std::getenv("GPIPE_CUDA_IPC_SYNC_RELEASE");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+}  // namespace
+
+CudaIpcDataPlane::CudaIpcDataPlane(const PlaneContext& context,
+                                   std::unique_ptr<CudaIpcChannel> channel,
+                                   FrameDataPlane* frames)
+    : context_(context), channel_(std::move(channel)), frames_(frames) {
+  if (!SyncReleaseRequested()) {
+    releaser_ = std::make_unique<OrderedReleaser>(
+        [this](int64_t sequence) { return channel_->AwaitCopiedOut(sequence); },
+        [this](int64_t sequence) { return WriteRelease(sequence); });
+  }
+}
+
+CudaIpcDataPlane::~CudaIpcDataPlane() {
+  if (chunks_in_ == 0) return;
+  LogInfo(
+      "cuda_ipc link: %d chunks in; %.3f s waiting for the sender's copies, "
+      "%.3f s for copies out (%s)",
+      chunks_in_, sender_wait_seconds_,
+      releaser_ != nullptr ? releaser_->await_seconds() : copy_wait_seconds_,
+      releaser_ != nullptr ? "on the releasing thread"
+                           : "on the stage's thread: "
+                             "GPIPE_CUDA_IPC_SYNC_RELEASE=1");
+}
 
 // Each chunk is copied device to device into the ring, then its descriptor
 // goes down the stream; the receiver copies it out after the chunk's event
@@ -106,8 +143,21 @@ absl::Status CudaIpcDataPlane::ReceiveTensor(Message& m) {
       chunk = t->chunks.front();
       t->chunks.pop_front();
     }
+    const auto start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(channel_->ReadChunk(chunk, dst));
+    const auto copied = std::chrono::steady_clock::now();
+    sender_wait_seconds_ +=
+        std::chrono::duration<double>(copied - start).count();
+    ++chunks_in_;
     dst += chunk.length();
+    if (releaser_ != nullptr) {
+      RETURN_IF_ERROR(releaser_->Add(chunk.sequence()));
+      continue;
+    }
+    RETURN_IF_ERROR(channel_->AwaitCopiedOut(chunk.sequence()));
+    copy_wait_seconds_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - copied)
+            .count();
     if (!WriteRelease(chunk.sequence())) {
       return absl::UnavailableError("the neighbouring stage closed the link");
     }
@@ -127,6 +177,7 @@ bool CudaIpcDataPlane::WriteRelease(int64_t sequence) {
 
 void CudaIpcDataPlane::Close(const absl::Status& why) {
   channel_->Close(why);
+  if (releaser_ != nullptr) releaser_->Stop(why);
   absl::MutexLock lock(&mu_);
   if (closed_.ok()) closed_ = why;
 }
