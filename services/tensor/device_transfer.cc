@@ -1,6 +1,9 @@
 #include "services/tensor/device_transfer.h"
 
 #include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
 
 #include "services/tensor/caching_allocator.h"
 #include "services/tensor/device.h"
@@ -60,6 +63,7 @@ class CudaTransfer final : public DeviceTransfer {
 
   Tensor ToDevice(const Tensor& host) override {
     if (!host.defined() || host.device() == Device::kCuda) return host;
+    Reclaim();
     Tensor t = Tensor::Empty(host.shape(), host.dtype(), Device::kCuda);
     PinnedBufferPool::Buffer staging = pinned_.Acquire(host.nbytes());
     std::memcpy(staging.data(), host.raw(), host.nbytes());
@@ -72,13 +76,23 @@ class CudaTransfer final : public DeviceTransfer {
     cuda::CopyHostToDeviceAsync(t.raw(), staging.data(), host.nbytes(),
                                 copy_.handle());
     cuda::StreamWaitStream(compute_.handle(), copy_.handle());
-    // The staging buffer goes back to the pool: wait until it was read.
-    copy_.Synchronize();
+    // The staging buffer goes back to the pool once the copy has read it.
+    // Waiting for that here would wait for all the compute queued before
+    // the copy, and the stage would lose its lead over its stream at every
+    // received tensor; the buffer is parked with an event instead.
+    Park(std::move(staging));
     return t;
+  }
+
+  ~CudaTransfer() override {
+    // Parked buffers return to the pool (declared before them) only after
+    // the copies that read them.
+    copy_.Synchronize();
   }
 
   Tensor ToHost(const Tensor& device) override {
     if (!device.defined() || device.device() == Device::kCpu) return device;
+    Reclaim();
     cuda::StreamWaitStream(copy_.handle(), compute_.handle());
     PinnedBufferPool::Buffer staging = pinned_.Acquire(device.nbytes());
     cuda::CopyDeviceToHostAsync(staging.data(), device.raw(), device.nbytes(),
@@ -97,10 +111,45 @@ class CudaTransfer final : public DeviceTransfer {
   }
   void Leave() override { stream_scope_.reset(); }
 
+  // A staging buffer whose copy to the device may still be reading it.
+  struct Parked {
+    PinnedBufferPool::Buffer staging;
+    std::unique_ptr<cuda::Event> copied;
+  };
+  // More parked buffers than this means the host runs far ahead of the
+  // copy stream: the oldest is then waited for, bounding pinned memory.
+  static constexpr size_t kMaxParked = 64;
+
+  void Park(PinnedBufferPool::Buffer staging) {
+    std::unique_ptr<cuda::Event> e;
+    if (!spare_events_.empty()) {
+      e = std::move(spare_events_.back());
+      spare_events_.pop_back();
+    } else {
+      e = std::make_unique<cuda::Event>();
+    }
+    e->Record(copy_.handle());
+    parked_.push_back({std::move(staging), std::move(e)});
+    if (parked_.size() > kMaxParked) {
+      parked_.front().copied->Synchronize();
+      Reclaim();
+    }
+  }
+
+  // Copies on the copy stream finish in order: the oldest first.
+  void Reclaim() {
+    while (!parked_.empty() && parked_.front().copied->Done()) {
+      spare_events_.push_back(std::move(parked_.front().copied));
+      parked_.pop_front();
+    }
+  }
+
   cuda::Stream compute_, copy_;
   CachingAllocator cache_;
   CountingAllocator activations_;
   PinnedBufferPool pinned_;
+  std::deque<Parked> parked_;  // after pinned_: returned to it first
+  std::vector<std::unique_ptr<cuda::Event>> spare_events_;
   std::unique_ptr<cuda::StreamScope> stream_scope_;
 };
 

@@ -90,6 +90,34 @@ Stream::~Stream() {
 
 void Stream::Synchronize() const { SynchronizeStream(handle_); }
 
+Event::Event() {
+  cudaEvent_t e = nullptr;
+  Check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+        "cudaEventCreate");
+  handle_ = e;
+}
+
+Event::~Event() {
+  if (handle_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(handle_));
+}
+
+void Event::Record(void* stream) {
+  Check(cudaEventRecord(static_cast<cudaEvent_t>(handle_), AsStream(stream)),
+        "cudaEventRecord");
+}
+
+bool Event::Done() const {
+  const cudaError_t e = cudaEventQuery(static_cast<cudaEvent_t>(handle_));
+  if (e == cudaErrorNotReady) return false;
+  Check(e, "cudaEventQuery");
+  return true;
+}
+
+void Event::Synchronize() const {
+  Check(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)),
+        "cudaEventSynchronize");
+}
+
 void* CurrentStream() { return current_stream; }
 
 StreamScope::StreamScope(const Stream& s) : previous_(current_stream) {

@@ -39,6 +39,24 @@ class Stream {
   void* handle_ = nullptr;
 };
 
+// A CUDA event owned for its lifetime (no timing), to learn without
+// waiting whether the work queued on a stream before it has finished.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  // Marks the work queued on `stream` so far.
+  void Record(void* stream);
+  // Whether all of that work has finished (true before any Record).
+  bool Done() const;
+  void Synchronize() const;
+
+ private:
+  void* handle_ = nullptr;  // a cudaEvent_t
+};
+
 // The stream kernels and copies of this thread are ordered on (the legacy
 // default stream unless a StreamScope says otherwise).
 void* CurrentStream();
