@@ -151,8 +151,10 @@ absl::Status CudaIpcDataPlane::ReceiveTensor(Message& m) {
     ++chunks_in_;
     dst += chunk.length();
     if (releaser_ != nullptr) {
-      RETURN_IF_ERROR(releaser_->Add(chunk.sequence()));
-      continue;
+      ASSIGN_OR_RETURN(const bool queued, releaser_->Add(chunk.sequence()));
+      if (queued) continue;
+      // The link is ending (Stop): what arrived before still goes back,
+      // from here, as the releaser has given back everything before it.
     }
     RETURN_IF_ERROR(channel_->AwaitCopiedOut(chunk.sequence()));
     copy_wait_seconds_ +=
@@ -166,6 +168,12 @@ absl::Status CudaIpcDataPlane::ReceiveTensor(Message& m) {
   return absl::OkStatus();
 }
 
+void CudaIpcDataPlane::Stop(const absl::Status& why, bool drain) {
+  Close(why);
+  // Its last release written before the link's stream may go.
+  if (releaser_ != nullptr) releaser_->Stop();
+}
+
 bool CudaIpcDataPlane::WriteRelease(int64_t sequence) {
   Frame release;
   release.set_job_id(context_.job_id);
@@ -177,7 +185,6 @@ bool CudaIpcDataPlane::WriteRelease(int64_t sequence) {
 
 void CudaIpcDataPlane::Close(const absl::Status& why) {
   channel_->Close(why);
-  if (releaser_ != nullptr) releaser_->Stop(why);
   absl::MutexLock lock(&mu_);
   if (closed_.ok()) closed_ = why;
 }

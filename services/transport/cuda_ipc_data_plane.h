@@ -39,6 +39,7 @@ class CudaIpcDataPlane final : public DataPlane {
       const ReceivedFrame& frame) override;
   absl::Status ReceiveTensor(Message& m) override;
   void Close(const absl::Status& why) override;
+  void Stop(const absl::Status& why, bool drain) override;
 
  private:
   // A device tensor on its way: its message went into the inbox (without

@@ -10,23 +10,27 @@ OrderedReleaser::OrderedReleaser(std::function<absl::Status(int64_t)> await,
       release_(std::move(release)),
       thread_([this] { Run(); }) {}
 
-OrderedReleaser::~OrderedReleaser() {
-  Stop(absl::CancelledError("the link closed"));
-  thread_.join();
-}
+OrderedReleaser::~OrderedReleaser() { Stop(); }
 
-absl::Status OrderedReleaser::Add(int64_t sequence) {
+absl::StatusOr<bool> OrderedReleaser::Add(int64_t sequence) {
   absl::MutexLock lock(&mu_);
-  if (!stopped_.ok()) return stopped_;
-  pending_.push_back(sequence);
-  return absl::OkStatus();
-}
-
-void OrderedReleaser::Stop(absl::Status why) {
-  absl::MutexLock lock(&mu_);
-  if (stopped_.ok()) {
-    stopped_ = why.ok() ? absl::CancelledError("stopped") : std::move(why);
+  if (!failed_.ok()) return failed_;
+  if (stopping_) {
+    // The chunks queued before go back first.
+    mu_.Await(absl::Condition(&exited_));
+    if (!failed_.ok()) return failed_;
+    return false;
   }
+  pending_.push_back(sequence);
+  return true;
+}
+
+void OrderedReleaser::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
 }
 
 double OrderedReleaser::await_seconds() const {
@@ -40,10 +44,16 @@ void OrderedReleaser::Run() {
     {
       absl::MutexLock lock(&mu_);
       const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !stopped_.ok() || !pending_.empty();
+        return stopping_ || !pending_.empty();
       };
       mu_.Await(absl::Condition(&ready));
-      if (!stopped_.ok()) return;
+      // After a failure nothing more goes back (the link or the device is
+      // gone); otherwise the queue drains before the thread ends.
+      if (!failed_.ok()) pending_.clear();
+      if (pending_.empty()) {
+        exited_ = true;
+        return;
+      }
       sequence = pending_.front();
       pending_.pop_front();
     }
@@ -57,7 +67,7 @@ void OrderedReleaser::Run() {
     }
     absl::MutexLock lock(&mu_);
     await_seconds_ += waited;
-    if (!s.ok() && stopped_.ok()) stopped_ = std::move(s);
+    if (!s.ok() && failed_.ok()) failed_ = std::move(s);
   }
 }
 
