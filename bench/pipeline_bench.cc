@@ -396,6 +396,10 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
     config.remat = mode;
     config.schedule = kind;
     config.virtual_stages = chunks;
+    // The order the in-process pipeline runs: ZB-V's for the cost model's
+    // phase times, whatever the measured ones are.
+    if (kind == ScheduleKind::kZeroBubbleV)
+      config.order_ticks = CostModelTicks(shapes, balance, mode);
     if (stages > 1) {
       // The links as measured: every message copied by both stages, and
       // the receiver woken, with no transfer in between (one address space).

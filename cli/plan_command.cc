@@ -609,6 +609,10 @@ int RunPlan(const std::vector<std::string>& args) {
               config.schedule = schedule;
               config.virtual_stages = v;
               config.remat = remat;
+              // The order a run builds: for the cost model's phase times,
+              // also when the costs here were measured (--measure).
+              if (schedule == ScheduleKind::kZeroBubbleV)
+                config.order_ticks = CostModelTicks(*shapes, o.balance, remat);
               config.link_bytes_per_second = link_gbps * 1e9 / 8;
               config.link_latency_seconds = link_latency_us * 1e-6;
               config.message_seconds = message_us * 1e-6;

@@ -231,12 +231,19 @@ double PredictStepSeconds(const RebalanceInput& in,
       stage.forward_seconds += in.costs.layers[l].forward / speed;
       stage.backward_seconds += in.costs.layers[l].backward / speed;
       stage.update_seconds += in.costs.layers[l].update / speed;
-      // A split backward's weight half: a product as large as the forward,
-      // for the layers that defer one, within the backward measured.
-      if (in.shapes->costs[l].deferred_bytes > 0) {
-        stage.weight_seconds +=
-            std::min(in.costs.layers[l].forward, in.costs.layers[l].backward) /
-            speed;
+      // A split backward's weight half: the parameters' products (as
+      // large as the forward's, less attention's products of activations:
+      // LayerCost::weight_flops), for the layers that defer one, within the
+      // backward measured.
+      const LayerCost& cost = in.shapes->costs[l];
+      if (cost.deferred_bytes > 0) {
+        const double share =
+            cost.forward_flops > 0
+                ? std::min(1.0, cost.weight_flops / cost.forward_flops)
+                : 1.0;
+        stage.weight_seconds += std::min(in.costs.layers[l].forward * share,
+                                         in.costs.layers[l].backward) /
+                                speed;
       }
     }
     begin += balance[s];
@@ -245,6 +252,10 @@ double PredictStepSeconds(const RebalanceInput& in,
   config.schedule = in.schedule;
   config.virtual_stages = in.virtual_stages;
   config.remat = in.remat;
+  // The order the workers would build for this cut (the controller sends
+  // them the cost model's phase times).
+  if (in.schedule == ScheduleKind::kZeroBubbleV)
+    config.order_ticks = CostModelTicks(*in.shapes, balance, in.remat);
   return Simulate(config).step_seconds;
 }
 

@@ -18,6 +18,7 @@
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
+#include "services/pipeline/simulator.h"
 #include "services/security/stream_key.h"
 #include "services/storage/checkpoint_layout.h"
 
@@ -63,6 +64,18 @@ bool Start(JobTable& jobs, JobRecord& job,
     return false;
   }
   const std::vector<int64_t> begins = StageBegins(balance);
+  // ZB-V's order follows the stages' phase times: computed once here for
+  // this cut and sent to every worker, so that all build the same order.
+  // Shapes that do not infer (the spec was checked at submit) give none,
+  // equal times, to every worker alike.
+  std::vector<PhaseTicks> ticks;
+  if (schedule == ScheduleKind::kZeroBubbleV) {
+    if (absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec.model());
+        shapes.ok()) {
+      ticks = CostModelTicks(*shapes, balance,
+                             RematFromSpec(spec.pipeline().remat()));
+    }
+  }
   v1::JobStatus& status = job.status();
   const int64_t epoch = status.epoch() + 1;
   // Checked off the lock before this start (ScheduleJobs); used up now.
@@ -182,6 +195,11 @@ bool Start(JobTable& jobs, JobRecord& job,
   for (size_t w = 0; w < chunked.size(); ++w) {
     v1::Assignment& a = *chunked[w].mutable_assignment();
     a.mutable_chunks(0)->clear_spec();
+    for (const PhaseTicks& t : ticks) {
+      a.add_phase_ticks(t.forward);
+      a.add_phase_ticks(t.input);
+      a.add_phase_ticks(t.weight);
+    }
     WorkerRegistry::Send(*workers[w], std::move(chunked[w]));
     WorkerRegistry::MarkBusy(*workers[w], job.id(), static_cast<int64_t>(w));
   }

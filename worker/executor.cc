@@ -111,6 +111,25 @@ absl::Status CheckReplicaAssignment(const gpipe::v1::Assignment& a) {
   return absl::OkStatus();
 }
 
+// The phase times the controller computed for ZB-V's order (three numbers
+// a stage); INVALID_ARGUMENT when they are not a set per stage in range.
+absl::StatusOr<std::vector<PhaseTicks>> AssignedPhaseTicks(
+    const gpipe::v1::Assignment& a) {
+  std::vector<PhaseTicks> ticks;
+  if (a.phase_ticks_size() % 3 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: ", a.phase_ticks_size(),
+                     " phase_ticks, not three a stage"));
+  }
+  for (int i = 0; i + 2 < a.phase_ticks_size(); i += 3) {
+    ticks.push_back(
+        {a.phase_ticks(i), a.phase_ticks(i + 1), a.phase_ticks(i + 2)});
+  }
+  if (const std::string e = PhaseTicksError(ticks, a.stages()); !e.empty())
+    return absl::InvalidArgumentError(absl::StrCat("assignment: ", e));
+  return ticks;
+}
+
 // The stages an assignment runs: its chunks, each given the assignment's
 // spec, or the assignment itself. INVALID_ARGUMENT naming what is wrong
 // when the chunks are not the worker's stages of one job and epoch as its
@@ -136,6 +155,7 @@ absl::StatusOr<std::vector<gpipe::v1::Assignment>> ChunksOf(
       !shape.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("assignment: ", shape));
   }
+  RETURN_IF_ERROR(AssignedPhaseTicks(a).status());
   std::vector<gpipe::v1::Assignment> out;
   for (int64_t c = 0; c < v; ++c) {
     gpipe::v1::Assignment chunk = a.chunks(c);
@@ -150,6 +170,7 @@ absl::StatusOr<std::vector<gpipe::v1::Assignment>> ChunksOf(
           a.stages(), " of ", a.job_id(), " epoch ", a.epoch()));
     }
     *chunk.mutable_spec() = a.spec();
+    *chunk.mutable_phase_ticks() = a.phase_ticks();
     out.push_back(std::move(chunk));
   }
   return out;
@@ -675,6 +696,7 @@ absl::Status Executor::CheckMemory(
     p.schedule = x->placement.schedule;
     p.virtual_stages = static_cast<int64_t>(xs.size());
     p.remat = x->placement.remat;
+    ASSIGN_OR_RETURN(p.order_ticks, AssignedPhaseTicks(x->a));
     if (p.layer_begin < 0 || p.layer_end <= p.layer_begin ||
         p.layer_end > static_cast<int64_t>(shapes.costs.size())) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1022,10 +1044,11 @@ absl::Status Executor::RunSteps(
     stages.push_back(c->stage.get());
   }
   const int64_t v = static_cast<int64_t>(xs.size());
+  ASSIGN_OR_RETURN(const std::vector<PhaseTicks> ticks, AssignedPhaseTicks(a));
   const std::vector<Op> ops =
       v > 1 ? WithTransfers(
                   MakeWorkerSchedule(x.placement.schedule, a.stages() / v,
-                                     a.micro_batches(), v, a.stage()),
+                                     a.micro_batches(), v, a.stage(), ticks),
                   x.placement.schedule, a.stages() / v, v, a.stage())
             : std::vector<Op>();
   const auto evaluate = [&](int64_t step) -> absl::Status {

@@ -107,6 +107,11 @@ struct Saved {
 // (services/pipeline/memory_model.h) adds up.
 struct LayerCost {
   double forward_flops = 0;  // per sample
+  // What of a split backward's two halves is the weight half, per sample:
+  // the parameters' GEMMs (as large as the forward's), not attention's
+  // products of activations, whose gradients the input half computes. 0
+  // for a layer with no weight half (deferred_bytes 0).
+  double weight_flops = 0;
   int64_t param_bytes = 0;
   int64_t buffer_bytes = 0;  // non-trainable state (running averages)
   // Linear weights packed for the CPU GEMM (PackedWeight), twice each: for

@@ -244,6 +244,11 @@ absl::StatusOr<Shape> InferKind(const v1::LayerSpec& spec, const Shape& in,
 // CPU (GemmTriangular) skips only the register tiles wholly masked, about
 // half at T of a few hundred. The measured plan (`plan --measure`) sees
 // what each device does.
+// The q/k/v and output projections' products of one sample (`t` rows).
+double AttentionProjectionFlops(double t, double dim) {
+  return 2 * t * dim * 3 * dim + 2 * t * dim * dim;
+}
+
 double AttentionFlops(double t, double dim, double heads) {
   const double qkv = 2 * t * dim * 3 * dim;
   const double scores = 2 * t * t * dim;
@@ -327,6 +332,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const double rows = n_in / in;
       const bool bias = !l.has_bias() || l.bias();
       flops = 2 * rows * in * out + (bias ? rows * out : 0);
+      cost.weight_flops = flops;
       params = in * out + (bias ? out : 0);
       cost.packed_weight_bytes =
           LinearPackedBytes(l.in_features(), l.out_features());
@@ -361,6 +367,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
     case K::kEmbedding: {
       const v1::Embedding& e = spec.embedding();
       flops = n_out;  // the position embedding add; the lookup is a copy
+      cost.weight_flops = n_out;  // the scatter into the tables
       params =
           static_cast<double>(e.vocab_size() + e.max_positions()) * e.dim();
       saved = n_in;         // a checked copy of the ids (int32)
@@ -374,6 +381,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const v1::SelfAttention& a = spec.self_attention();
       const double t = input[0], dim = a.dim();
       flops = AttentionFlops(t, dim, a.heads());
+      cost.weight_flops = AttentionProjectionFlops(t, dim);
       params = AttentionParams(dim);
       cost.packed_weight_bytes = AttentionPackedBytes(a.dim());
       cost.keeps_input = true;  // by the q/k/v projection
@@ -401,6 +409,8 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const double mlp = 2 * t * dim * hidden * 2 + t * hidden + t * hidden;
       const double residuals = 2 * t * dim;
       flops = AttentionFlops(t, dim, b.heads()) + norms + mlp + residuals;
+      cost.weight_flops =
+          AttentionProjectionFlops(t, dim) + 2 * t * dim * hidden * 2;
       params = AttentionParams(dim) + 2 * (2 * dim) +
                (dim * hidden + hidden + hidden * dim + dim);
       const int64_t h = static_cast<int64_t>(hidden);
@@ -442,6 +452,7 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       const double k2 = static_cast<double>(c.kernel_size()) * c.kernel_size();
       const bool bias = !c.has_bias() || c.bias();
       flops = 2 * n_out * c.in_channels() * k2 + (bias ? n_out : 0);
+      cost.weight_flops = flops;
       params = static_cast<double>(c.out_channels()) * c.in_channels() * k2 +
                (bias ? c.out_channels() : 0);
       cost.keeps_input = true;

@@ -11,6 +11,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/link_reduction.h"
 #include "services/pipeline/partitioner.h"
+#include "services/pipeline/simulator.h"
 #include "services/pipeline/worker_step.h"
 #include "services/transport/in_process_link.h"
 
@@ -194,10 +195,18 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
         std::make_unique<StageThread>(std::max(1, options.threads_per_stage)));
   }
   if (v > 1) {
+    // ZB-V orders its ops for the cost model's phase times, as the
+    // controller has a cluster's workers do.
+    std::vector<PhaseTicks> ticks;
+    if (options.schedule == ScheduleKind::kZeroBubbleV) {
+      ASSIGN_OR_RETURN(const ModelShapes shapes,
+                       InferModelShapes(spec.model()));
+      ticks = CostModelTicks(shapes, p->balance_, options.remat);
+    }
     for (int64_t w = 0; w < workers; ++w) {
-      p->worker_ops_.push_back(
-          WithTransfers(MakeWorkerSchedule(options.schedule, workers, m, v, w),
-                        options.schedule, workers, v, w));
+      p->worker_ops_.push_back(WithTransfers(
+          MakeWorkerSchedule(options.schedule, workers, m, v, w, ticks),
+          options.schedule, workers, v, w));
     }
   }
   if (spec.has_init_from()) {

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/bytes.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/simulator.h"
 
 namespace gpipe {
 namespace {
@@ -288,9 +289,9 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // list hold.
   const int64_t v = std::max<int64_t>(1, p.virtual_stages);
   const int64_t workers = std::max<int64_t>(1, p.stages / v);
-  const std::vector<Op> ops =
-      MakeWorkerSchedule(p.schedule, workers, p.micro_batches, v,
-                         WorkerOfStage(p.schedule, workers, p.stage));
+  const std::vector<Op> ops = MakeWorkerSchedule(
+      p.schedule, workers, p.micro_batches, v,
+      WorkerOfStage(p.schedule, workers, p.stage), p.order_ticks);
   const int64_t chunk = ChunkOfStage(p.schedule, workers, p.stage);
   const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
   const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
@@ -475,9 +476,14 @@ std::vector<StageMemory> EstimatePipelineMemory(
     const std::vector<int64_t>& balance, int64_t micro_batches,
     ScheduleKind schedule, RematMode remat, int64_t virtual_stages) {
   std::vector<StageMemory> out;
+  const std::vector<PhaseTicks> ticks =
+      schedule == ScheduleKind::kZeroBubbleV
+          ? CostModelTicks(shapes, balance, remat)
+          : std::vector<PhaseTicks>();
   int64_t begin = 0;
   for (size_t s = 0; s < balance.size(); ++s) {
     StageMemoryPlacement p;
+    p.order_ticks = ticks;
     p.stage = static_cast<int64_t>(s);
     p.stages = static_cast<int64_t>(balance.size());
     p.layer_begin = begin;

@@ -97,6 +97,9 @@ struct StageMemoryPlacement {
   // all (K x v), and a worker holds v of these estimates at once.
   int64_t virtual_stages = 1;
   RematMode remat = RematMode::kExceptLast;
+  // ZB-V's phase times, which its order follows (the assignment's, or
+  // CostModelTicks of the partition); empty: equal times.
+  std::vector<PhaseTicks> order_ticks;
 };
 
 // Bytes that a training forward of layers [begin, end) keeps for the

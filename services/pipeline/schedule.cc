@@ -33,16 +33,20 @@ void ZeroBubbleH1(int64_t k, int64_t m, int64_t stage, std::vector<Op>& ops) {
 // ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024):
 // worker w holds stages w and 2K-1-w, so a micro-batch goes down the workers
 // and back up, and worker 0 runs both the first and the last stage. The
-// order comes from running the step on unit-time F, B and W (one tick each,
-// a transfer taking none): each free worker takes an input half whose
-// gradient has arrived, else a forward whose input has arrived (while it
-// holds fewer than `limit` micro-batches between forward and weight half),
-// else a pending weight half; the later chunk first at each (it is nearer
-// the loss and so to the next backward). Every stage keeps its forwards,
-// input halves and weight halves each in micro-batch order. Returns false
-// when the limit stalls it (no worker can take anything and some op is
-// left).
+// order comes from running the step on the stages' phase times (`ticks`:
+// each stage's F, B and W; a transfer taking none): each worker, whenever it
+// is free, takes an input half whose gradient has arrived, else a forward
+// whose input has arrived (while it holds fewer than `limit` micro-batches
+// between forward and weight half), else a pending weight half; the later
+// chunk first at each (it is nearer the loss and so to the next backward).
+// Every stage keeps its forwards, input halves and weight halves each in
+// micro-batch order. With equal times this is the paper's order; with the
+// real ones (input halves longer than weight halves where attention or a
+// norm has no parameters) the unit-time order left workers waiting on
+// inputs that came later than it assumed. Returns false when the limit
+// stalls it (no worker can take anything and some op is left).
 bool ZeroBubbleVOrder(int64_t k, int64_t m, int64_t limit,
+                      const std::vector<PhaseTicks>& ticks,
                       std::vector<std::vector<Op>>& by_worker) {
   const int64_t stages = 2 * k;
   const auto stage_of = [k](int64_t w, int64_t c) {
@@ -53,12 +57,14 @@ bool ZeroBubbleVOrder(int64_t k, int64_t m, int64_t limit,
   std::vector<int64_t> forward_end(stages * m, kNever),
       input_end(stages * m, kNever);
   std::vector<int64_t> next_f(stages, 0), next_b(stages, 0), next_w(stages, 0);
-  std::vector<int64_t> live(k, 0);
+  std::vector<int64_t> live(k, 0), free_at(k, 0);
   by_worker.assign(k, {});
   int64_t left = 3 * stages * m;
-  for (int64_t t = 0; left > 0; ++t) {
-    bool ran = false;
+  // Time moves from one op's end to the next: only then can a worker be
+  // free or an input arrive.
+  for (int64_t t = 0; left > 0;) {
     for (int64_t w = 0; w < k; ++w) {
+      if (free_at[w] > t) continue;
       Op pick{OpKind::kOptimizerStep, -1};
       int64_t pick_stage = -1;
       // Input halves, then forwards, then weight halves; within each, the
@@ -91,34 +97,103 @@ bool ZeroBubbleVOrder(int64_t k, int64_t m, int64_t limit,
       }
       if (pick_stage < 0) continue;
       const int64_t at = pick_stage * m + pick.micro_batch;
+      const PhaseTicks& d = ticks[pick_stage];
       if (pick.kind == OpKind::kForward) {
-        forward_end[at] = t + 1;
+        free_at[w] = t + d.forward;
+        forward_end[at] = free_at[w];
         ++next_f[pick_stage];
         ++live[w];
       } else if (pick.kind == OpKind::kBackwardInput) {
-        input_end[at] = t + 1;
+        free_at[w] = t + d.input;
+        input_end[at] = free_at[w];
         ++next_b[pick_stage];
       } else {
+        free_at[w] = t + d.weight;
         ++next_w[pick_stage];
         --live[w];
       }
       by_worker[w].push_back(pick);
-      ran = true;
       --left;
     }
-    // Nothing ran and nothing is running (every op lasts one tick): stalled.
-    if (!ran) return false;
+    // The next end of an op; none (every worker idle with ops left): the
+    // limit stalled it.
+    int64_t next = kNever;
+    for (int64_t w = 0; w < k; ++w)
+      if (free_at[w] > t) next = std::min(next, free_at[w]);
+    if (left > 0 && next == kNever) return false;
+    t = next;
   }
   return true;
 }
 
-void ZeroBubbleV(int64_t k, int64_t m, int64_t worker, std::vector<Op>& ops) {
+// How long the order `by_worker` takes on the stages' phase times with free
+// transfers: each worker runs its ops in their order, each once its worker
+// is free and its inputs are there (a forward after the stage before's, an
+// input half after its own forward and the stage after's input half, a
+// weight half after its input half).
+int64_t OrderTicks(int64_t k, int64_t m, const std::vector<PhaseTicks>& ticks,
+                   const std::vector<std::vector<Op>>& by_worker) {
+  const int64_t stages = 2 * k;
+  constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> forward_end(stages * m, kNever),
+      input_end(stages * m, kNever), free_at(k, 0);
+  std::vector<size_t> next(k, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int64_t w = 0; w < k; ++w) {
+      for (; next[w] < by_worker[w].size(); ++next[w]) {
+        const Op& op = by_worker[w][next[w]];
+        const int64_t g = op.chunk == 0 ? w : stages - 1 - w;
+        const int64_t at = g * m + op.micro_batch;
+        int64_t ready;
+        if (op.kind == OpKind::kForward) {
+          ready = g == 0 ? 0 : forward_end[at - m];
+        } else if (op.kind == OpKind::kBackwardInput) {
+          ready = std::max(forward_end[at],
+                           g + 1 == stages ? 0 : input_end[at + m]);
+        } else {
+          ready = input_end[at];
+        }
+        if (ready == kNever) break;
+        const int64_t end =
+            std::max(free_at[w], ready) +
+            (op.kind == OpKind::kForward         ? ticks[g].forward
+             : op.kind == OpKind::kBackwardInput ? ticks[g].input
+                                                 : ticks[g].weight);
+        free_at[w] = end;
+        if (op.kind == OpKind::kForward) forward_end[at] = end;
+        if (op.kind == OpKind::kBackwardInput) input_end[at] = end;
+        progress = true;
+      }
+    }
+  }
+  for (int64_t w = 0; w < k; ++w)
+    if (next[w] < by_worker[w].size()) return kNever;
+  return *std::max_element(free_at.begin(), free_at.end());
+}
+
+void ZeroBubbleV(int64_t k, int64_t m, int64_t worker,
+                 std::span<const PhaseTicks> ticks, std::vector<Op>& ops) {
+  // Equal times unless every one of the 2K stages has its own.
+  std::vector<PhaseTicks> times(2 * k);
+  if (!ticks.empty() && PhaseTicksError(ticks, 2 * k).empty())
+    times.assign(ticks.begin(), ticks.end());
   // 2K micro-batches of a half-size chunk: 1F1B's first stage's K of a
-  // whole one. A limit that stalls the order (never seen for K <= 16, M <=
-  // 64) is raised until it does not.
-  std::vector<std::vector<Op>> by_worker;
-  for (int64_t limit = 2 * k; !ZeroBubbleVOrder(k, m, limit, by_worker);)
+  // whole one. Where the phase times make the greedy order stall at that
+  // limit (a worker full of micro-batches whose weight halves wait on
+  // input halves that wait on it), the order for equal times keeps it
+  // instead (its limit raised until it does not stall: never seen for K <=
+  // 16, M <= 64).
+  // And a greedy order is no optimum: where the order for equal times
+  // takes no longer on the stages' times, it is kept.
+  std::vector<std::vector<Op>> by_worker, paper;
+  const std::vector<PhaseTicks> equal(2 * k);
+  for (int64_t limit = 2 * k; !ZeroBubbleVOrder(k, m, limit, equal, paper);)
     ++limit;
+  if (times == equal || !ZeroBubbleVOrder(k, m, 2 * k, times, by_worker) ||
+      OrderTicks(k, m, times, by_worker) >= OrderTicks(k, m, times, paper)) {
+    by_worker = std::move(paper);
+  }
   ops.insert(ops.end(), by_worker[worker].begin(), by_worker[worker].end());
 }
 
@@ -249,8 +324,27 @@ std::string ScheduleShapeError(ScheduleKind kind, int64_t k, int64_t m,
   return "";
 }
 
+std::string PhaseTicksError(std::span<const PhaseTicks> ticks, int64_t stages) {
+  if (ticks.empty()) return "";
+  if (static_cast<int64_t>(ticks.size()) != stages) {
+    return absl::StrCat(ticks.size(), " stages' phase times for ", stages,
+                        " stages");
+  }
+  for (size_t g = 0; g < ticks.size(); ++g) {
+    for (const int64_t t :
+         {ticks[g].forward, ticks[g].input, ticks[g].weight}) {
+      if (t < 1 || t > kMaxPhaseTicks) {
+        return absl::StrCat("stage ", g, "'s phase time ", t,
+                            " ticks is not in [1, ", kMaxPhaseTicks, "]");
+      }
+    }
+  }
+  return "";
+}
+
 std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
-                                   int64_t v, int64_t worker) {
+                                   int64_t v, int64_t worker,
+                                   std::span<const PhaseTicks> ticks) {
   if (!Interleaves(kind)) return MakeSchedule(kind, k, m, worker);
   if (v <= 1) {
     return MakeSchedule(kind == ScheduleKind::kZeroBubbleV
@@ -261,7 +355,7 @@ std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
   std::vector<Op> ops;
   ops.reserve(3 * v * m + 1);
   if (kind == ScheduleKind::kZeroBubbleV) {
-    ZeroBubbleV(k, m, worker, ops);
+    ZeroBubbleV(k, m, worker, ticks, ops);
   } else {
     Interleaved(k, m, v, worker, ops);
   }

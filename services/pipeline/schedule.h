@@ -10,6 +10,7 @@
 #define GPIPE_SERVICES_PIPELINE_SCHEDULE_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,12 +93,37 @@ struct Op {
 std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,
                              int64_t stage);
 
+// How long a stage's forward, input half and weight half of a micro-batch
+// take, in ticks of any one length: what ZB-V orders its ops by. Integers,
+// so that every worker that builds the order from the same ticks gets the
+// same order (ScheduleTicks in simulator.h makes them from costs).
+struct PhaseTicks {
+  int64_t forward = 1;
+  int64_t input = 1;
+  int64_t weight = 1;
+
+  bool operator==(const PhaseTicks& o) const {
+    return forward == o.forward && input == o.input && weight == o.weight;
+  }
+};
+
+// The longest phase a tick count may say (the cost model's longest is
+// 1000): more could overflow the order's clock.
+inline constexpr int64_t kMaxPhaseTicks = int64_t{1} << 20;
+// Empty when `ticks` are none or one set per stage of `stages` (K x v),
+// each phase in [1, kMaxPhaseTicks]; else what is wrong with them.
+std::string PhaseTicksError(std::span<const PhaseTicks> ticks, int64_t stages);
+
 // The ops of worker `worker` (< k) holding `v` chunks, ending with one
 // optimizer step (which updates every chunk). For a schedule without chunks,
 // MakeSchedule's ops; interleaved with v = 1 is 1F1B, ZB-V with v = 1 ZB-H1.
-// Requires k >= 1, m >= 1, v >= 1, a shape ScheduleShapeError accepts.
+// ZB-V orders its ops for `ticks` (its 2K stages' times in model order;
+// none, or ticks PhaseTicksError refuses, mean equal times). Every
+// worker of a step must be given the same ticks. Requires k >= 1, m >= 1,
+// v >= 1, a shape ScheduleShapeError accepts.
 std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
-                                   int64_t v, int64_t worker);
+                                   int64_t v, int64_t worker,
+                                   std::span<const PhaseTicks> ticks = {});
 
 // `ops` (one worker's compute ops, MakeWorkerSchedule's or a hand-made
 // list, over `v` chunks placed as `kind` places them; worker `worker` of

@@ -1,8 +1,10 @@
 #include "services/pipeline/simulator.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "services/nn/layer.h"
+#include "services/pipeline/partitioner.h"
 
 namespace gpipe {
 namespace {
@@ -103,9 +105,15 @@ SimulationResult Simulate(const SimulationConfig& config) {
 
   std::vector<std::vector<Op>> ops = config.ops;
   if (static_cast<int64_t>(ops.size()) != k) {
+    const std::vector<PhaseTicks> ticks =
+        config.schedule != ScheduleKind::kZeroBubbleV
+            ? std::vector<PhaseTicks>()
+        : !config.order_ticks.empty()
+            ? config.order_ticks
+            : ScheduleTicks(config.stages, config.remat);
     ops.assign(k, {});
     for (int64_t w = 0; w < k; ++w)
-      ops[w] = MakeWorkerSchedule(config.schedule, k, m, v, w);
+      ops[w] = MakeWorkerSchedule(config.schedule, k, m, v, w, ticks);
   }
   // The runtime's lists: every transfer an action (hand-made lists may
   // have theirs already).
@@ -376,8 +384,14 @@ std::vector<StageCost> StageCostsFromLayers(
       // so its stage does one forward of it less.
       c.backward_seconds += (InputGradUsed(l) ? 2 : 1) * f;
       // Layers that defer a weight gradient (their GEMMs'); the norms do
-      // theirs in the input half.
-      if (cost.deferred_bytes > 0) c.weight_seconds += f;
+      // theirs in the input half, and so does attention its products of
+      // activations (LayerCost::weight_flops).
+      if (cost.deferred_bytes > 0) {
+        c.weight_seconds +=
+            cost.forward_flops > 0
+                ? f * std::min(1.0, cost.weight_flops / cost.forward_flops)
+                : f;
+      }
       c.internal_bytes += cost.activation_bytes * micro_batch_size;
       c.deferred_bytes += cost.deferred_bytes * micro_batch_size;
     }
@@ -386,6 +400,37 @@ std::vector<StageCost> StageCostsFromLayers(
     begin = end;
   }
   return stages;
+}
+
+std::vector<PhaseTicks> ScheduleTicks(const std::vector<StageCost>& stages,
+                                      RematMode remat) {
+  const int64_t g_count = static_cast<int64_t>(stages.size());
+  std::vector<double> f(g_count), b(g_count), w(g_count);
+  double longest = 0;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const StageCost& c = stages[g];
+    f[g] = c.forward_seconds;
+    w[g] = c.weight_seconds;
+    b[g] = std::max(0.0, c.backward_seconds - c.weight_seconds) +
+           (StageRematerializes(remat, g, g_count) ? c.forward_seconds : 0);
+    longest = std::max({longest, f[g], b[g], w[g]});
+  }
+  const auto tick = [&](double x) {
+    return longest > 0 ? std::max<int64_t>(1, std::llround(1000 * x / longest))
+                       : int64_t{1};
+  };
+  std::vector<PhaseTicks> ticks(g_count);
+  for (int64_t g = 0; g < g_count; ++g)
+    ticks[g] = PhaseTicks{tick(f[g]), tick(b[g]), tick(w[g])};
+  return ticks;
+}
+
+std::vector<PhaseTicks> CostModelTicks(const ModelShapes& shapes,
+                                       const std::vector<int64_t>& balance,
+                                       RematMode remat) {
+  return ScheduleTicks(
+      StageCostsFromLayers(shapes, CostModelLayerCosts(shapes), balance, 1),
+      remat);
 }
 
 double ExpectedGain(double old_seconds, double new_seconds,

@@ -66,6 +66,11 @@ struct SimulationConfig {
   // transfers take, and the stages' busy time with it); the shared-memory
   // plane's ring takes a message at once.
   bool sends_wait_for_link = false;
+  // The phase times ZB-V's order is built for (MakeWorkerSchedule), when
+  // they differ from `stages` (a simulation with measured costs of the
+  // order the runtime builds from the cost model: CostModelTicks). Empty:
+  // ScheduleTicks(stages, remat). Unused when `ops` is given.
+  std::vector<PhaseTicks> order_ticks;
   // Links that copy each message twice on the stages' own threads (the
   // in-process pipeline's: the sender out of its activation memory, the
   // receiver into its own allocator), a worker's own chunks' links too.
@@ -127,6 +132,19 @@ double TheoreticalBubble(ScheduleKind schedule, int64_t stages,
 std::vector<StageCost> StageCostsFromLayers(
     const ModelShapes& shapes, const std::vector<double>& layer_forward_seconds,
     const std::vector<int64_t>& balance, int64_t micro_batch_size);
+
+// ZB-V's phase times for stage costs (schedule.h's PhaseTicks): each
+// stage's forward, input half (with the forward again where the stage
+// re-materializes under `remat`) and weight half, in thousandths of the
+// longest of them, at least one tick each.
+std::vector<PhaseTicks> ScheduleTicks(const std::vector<StageCost>& stages,
+                                      RematMode remat);
+// ScheduleTicks of the cost model's stage costs for a partition (`balance`:
+// layers per stage, all K x v of them): what the in-process pipeline and
+// the controller give ZB-V, the same wherever they are computed.
+std::vector<PhaseTicks> CostModelTicks(const ModelShapes& shapes,
+                                       const std::vector<int64_t>& balance,
+                                       RematMode remat);
 
 // The fraction of a measured step that going from the simulator's
 // `old_seconds` to its `new_seconds` saves: the smaller of the simulator's

@@ -13,7 +13,9 @@
 #include "controller/controller.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
+#include "services/pipeline/simulator.h"
 #include "services/storage/checkpoint_layout.h"
 #include "tests/support/controller_fixtures.h"
 
@@ -308,6 +310,7 @@ TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
   const auto address = [](int64_t i) {
     return absl::StrCat("127.0.0.1:", 9000 + i);
   };
+  std::vector<int64_t> first_ticks, balance(6, 0);
   for (int i = 0; i < 3; ++i) {
     std::optional<v1::Assignment> a = Assignment(*w[i]);
     ASSERT_TRUE(a.has_value()) << i;
@@ -316,6 +319,18 @@ TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
     ASSERT_EQ(a->chunks_size(), 2);
     EXPECT_EQ(a->chunks(0).stage(), i);
     EXPECT_EQ(a->chunks(1).stage(), 5 - i);
+    // Every worker gets the same phase times for ZB-V's order (checked
+    // against the cost model's for the cut below), three a stage.
+    ASSERT_EQ(a->phase_ticks_size(), 3 * 6);
+    if (i == 0) {
+      first_ticks.assign(a->phase_ticks().begin(), a->phase_ticks().end());
+    }
+    EXPECT_EQ(
+        std::vector<int64_t>(a->phase_ticks().begin(), a->phase_ticks().end()),
+        first_ticks);
+    for (const v1::Assignment& c : a->chunks())
+      balance[c.stage()] = c.layer_end() - c.layer_begin();
+    for (int64_t t : a->phase_ticks()) EXPECT_GE(t, 1);
     // Stage s's worker: s, or 5 - s on the way back.
     const auto worker_of = [](int64_t s) { return s < 3 ? s : 5 - s; };
     for (const v1::Assignment& c : a->chunks()) {
@@ -326,6 +341,14 @@ TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
           << s;
     }
   }
+  const absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec.model());
+  ASSERT_TRUE(shapes.ok());
+  std::vector<int64_t> expected;
+  for (const PhaseTicks& t : CostModelTicks(
+           *shapes, balance, RematFromSpec(spec.pipeline().remat()))) {
+    expected.insert(expected.end(), {t.forward, t.input, t.weight});
+  }
+  EXPECT_EQ(first_ticks, expected);
   controller_->DetachWorker(*w[2], absl::UnavailableError("gone"), "test");
   clock_.Advance(absl::Milliseconds(1500));
   controller_->Tick(clock_.Now());

@@ -490,6 +490,40 @@ TEST_F(ExecutorTest, ChunksOfOtherStagesAreRefusedByName) {
       << all[0].failed().message();
 }
 
+// ZB-V's phase times come from the controller, three a stage: any other
+// count, or a time out of range, fails the assignment by name before
+// anything is built (workers that ordered differently would deadlock).
+TEST_F(ExecutorTest, ZeroBubbleVPhaseTimesThatAreNotASetPerStageAreRefused) {
+  for (const std::vector<int64_t>& ticks : std::vector<std::vector<int64_t>>{
+           {1000, 1000, 1000, 5},
+           {1, 1, 1, 1, 1, 1, 1, 1, 1},
+           {1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1},
+           {1, 1, 1, 1, 1, 1, 1, 1, 1, 1 << 30, 1, 1}}) {
+    gpipe::v1::Assignment a = Assign(0, /*epoch=*/1);
+    a.set_stages(4);
+    a.set_schedule(gpipe::v1::ZERO_BUBBLE_V);
+    for (int64_t stage : {0, 3}) {
+      gpipe::v1::Assignment c = a;
+      c.clear_spec();
+      c.set_stage(stage);
+      *a.add_chunks() = c;
+    }
+    for (int64_t t : ticks) a.add_phase_ticks(t);
+    reports_.Clear();
+    executors_[0]->Start(a);
+    ASSERT_EQ(reports_.WaitEnded(1), 1);
+    const auto all = reports_.All();
+    ASSERT_TRUE(all[0].has_failed());
+    EXPECT_EQ(all[0].failed().reason(), "InvalidData");
+    EXPECT_NE(all[0].failed().message().find("assignment: "), std::string::npos)
+        << all[0].failed().message();
+    EXPECT_NE(all[0].failed().message().find(
+                  ticks.size() % 3 == 0 ? "phase time" : "phase_ticks"),
+              std::string::npos)
+        << all[0].failed().message();
+  }
+}
+
 TEST(ExecutorCancelTest, ACancelStopsComputeWithinALayerOp) {
   // One stage of 48 Linear+ReLU pairs on a 512-wide batch of 512: a step
   // takes a second or more, each layer op a few tens of milliseconds.

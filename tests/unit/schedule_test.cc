@@ -3,6 +3,7 @@
 
 #include <deque>
 #include <map>
+#include <random>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -199,6 +200,86 @@ TEST(Schedule, ZeroBubbleVKeepsMicroBatchOrderAndItsMemory) {
       for (int64_t w = 0; w < k; ++w) {
         const std::vector<Op> ops =
             MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w);
+        ASSERT_EQ(ops.size(), static_cast<size_t>(6 * m + 1));
+        EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
+        int64_t next[2][3] = {};
+        for (size_t i = 0; i + 1 < ops.size(); ++i) {
+          const Op& op = ops[i];
+          ASSERT_TRUE(op.chunk == 0 || op.chunk == 1);
+          const int kind = op.kind == OpKind::kForward         ? 0
+                           : op.kind == OpKind::kBackwardInput ? 1
+                                                               : 2;
+          ASSERT_TRUE(kind != 2 || op.kind == OpKind::kBackwardWeight);
+          EXPECT_EQ(op.micro_batch, next[op.chunk][kind]++)
+              << "k=" << k << " m=" << m << " w=" << w << " op " << i;
+          if (kind > 0) EXPECT_LT(op.micro_batch, next[op.chunk][kind - 1]);
+        }
+        for (const auto& chunk : next)
+          for (int64_t n : chunk) EXPECT_EQ(n, m);
+        EXPECT_LE(MaxLiveMicroBatches(ops), 2 * k)
+            << "k=" << k << " m=" << m << " w=" << w;
+      }
+    }
+  }
+}
+
+// Equal phase times, of any length, give the paper's order (the unit-time
+// one above); ticks that are not a set per stage in range give it too.
+TEST(Schedule, ZeroBubbleVWithEqualPhaseTimesIsThePapersOrder) {
+  for (int64_t k : {1, 2, 3, 4, 8}) {
+    for (int64_t m : {1, 3, 8, 16}) {
+      const std::vector<PhaseTicks> equal(2 * k, PhaseTicks{7, 7, 7});
+      std::vector<PhaseTicks> short_by_one(2 * k - 1, PhaseTicks{1, 3, 1});
+      std::vector<PhaseTicks> zero(2 * k, PhaseTicks{1, 3, 1});
+      zero.back().weight = 0;
+      for (int64_t w = 0; w < k; ++w) {
+        const std::vector<Op> unit =
+            MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w);
+        EXPECT_EQ(
+            MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w, equal),
+            unit);
+        EXPECT_EQ(MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w,
+                                     short_by_one),
+                  unit);
+        EXPECT_EQ(
+            MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w, zero),
+            unit);
+      }
+    }
+  }
+}
+
+TEST(Schedule, PhaseTicksErrorSaysWhatIsWrong) {
+  EXPECT_EQ(PhaseTicksError({}, 4), "");
+  const std::vector<PhaseTicks> four(4);
+  EXPECT_EQ(PhaseTicksError(four, 4), "");
+  EXPECT_EQ(PhaseTicksError(four, 6), "4 stages' phase times for 6 stages");
+  std::vector<PhaseTicks> bad = four;
+  bad[2].input = kMaxPhaseTicks + 1;
+  EXPECT_EQ(PhaseTicksError(bad, 4),
+            "stage 2's phase time 1048577 ticks is not in [1, 1048576]");
+}
+
+// With unequal phase times the order changes (input halves a third longer
+// than forwards: each worker waits less for the gradients), and keeps what
+// every ZB-V order keeps: each stage's forwards, input halves and weight
+// halves each in micro-batch order, a micro-batch's F before its B before
+// its W, every op once, at most 2K micro-batches held (times drawn at
+// random, seeded).
+TEST(Schedule, ZeroBubbleVForPhaseTimesKeepsMicroBatchOrderAndItsMemory) {
+  const std::vector<PhaseTicks> longer_inputs(4, PhaseTicks{100, 130, 100});
+  EXPECT_NE(
+      MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, 2, 8, 2, 0, longer_inputs),
+      MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, 2, 8, 2, 0));
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int64_t> tick(1, 2000);
+  for (int64_t k : {1, 2, 3, 4, 8, 16}) {
+    for (int64_t m : {1, 2, 5, 8, 16, 64}) {
+      std::vector<PhaseTicks> ticks(2 * k);
+      for (PhaseTicks& t : ticks) t = {tick(rng), tick(rng), tick(rng)};
+      for (int64_t w = 0; w < k; ++w) {
+        const std::vector<Op> ops =
+            MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w, ticks);
         ASSERT_EQ(ops.size(), static_cast<size_t>(6 * m + 1));
         EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
         int64_t next[2][3] = {};
