@@ -203,10 +203,11 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
                        InferModelShapes(spec.model()));
       ticks = CostModelTicks(shapes, p->balance_, options.remat);
     }
+    std::vector<std::vector<Op>> all =
+        MakeWorkerSchedules(options.schedule, workers, m, v, ticks);
     for (int64_t w = 0; w < workers; ++w) {
-      p->worker_ops_.push_back(WithTransfers(
-          MakeWorkerSchedule(options.schedule, workers, m, v, w, ticks),
-          options.schedule, workers, v, w));
+      p->worker_ops_.push_back(
+          WithTransfers(all[w], options.schedule, workers, v, w));
     }
   }
   if (spec.has_init_from()) {

@@ -172,8 +172,9 @@ int64_t OrderTicks(int64_t k, int64_t m, const std::vector<PhaseTicks>& ticks,
   return *std::max_element(free_at.begin(), free_at.end());
 }
 
-void ZeroBubbleV(int64_t k, int64_t m, int64_t worker,
-                 std::span<const PhaseTicks> ticks, std::vector<Op>& ops) {
+// Every worker's ZB-V ops (without the step): the order is one for all.
+std::vector<std::vector<Op>> ZeroBubbleV(int64_t k, int64_t m,
+                                         std::span<const PhaseTicks> ticks) {
   // Equal times unless every one of the 2K stages has its own.
   std::vector<PhaseTicks> times(2 * k);
   if (!ticks.empty() && PhaseTicksError(ticks, 2 * k).empty())
@@ -194,7 +195,7 @@ void ZeroBubbleV(int64_t k, int64_t m, int64_t worker,
       OrderTicks(k, m, times, by_worker) >= OrderTicks(k, m, times, paper)) {
     by_worker = std::move(paper);
   }
-  ops.insert(ops.end(), by_worker[worker].begin(), by_worker[worker].end());
+  return by_worker;
 }
 
 // Megatron's order: the worker's v*M (chunk, micro-batch) forwards go in
@@ -352,15 +353,27 @@ std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
                             : ScheduleKind::kOneFOneB,
                         k, m, worker);
   }
+  if (kind == ScheduleKind::kZeroBubbleV)
+    return MakeWorkerSchedules(kind, k, m, v, ticks)[worker];
   std::vector<Op> ops;
   ops.reserve(3 * v * m + 1);
-  if (kind == ScheduleKind::kZeroBubbleV) {
-    ZeroBubbleV(k, m, worker, ticks, ops);
-  } else {
-    Interleaved(k, m, v, worker, ops);
-  }
+  Interleaved(k, m, v, worker, ops);
   ops.push_back({OpKind::kOptimizerStep, -1});
   return ops;
+}
+
+std::vector<std::vector<Op>> MakeWorkerSchedules(
+    ScheduleKind kind, int64_t k, int64_t m, int64_t v,
+    std::span<const PhaseTicks> ticks) {
+  if (kind != ScheduleKind::kZeroBubbleV || v <= 1) {
+    std::vector<std::vector<Op>> all;
+    for (int64_t w = 0; w < k; ++w)
+      all.push_back(MakeWorkerSchedule(kind, k, m, v, w, ticks));
+    return all;
+  }
+  std::vector<std::vector<Op>> all = ZeroBubbleV(k, m, ticks);
+  for (std::vector<Op>& ops : all) ops.push_back({OpKind::kOptimizerStep, -1});
+  return all;
 }
 
 std::vector<Op> MakeSchedule(ScheduleKind kind, int64_t k, int64_t m,

@@ -124,6 +124,11 @@ std::string PhaseTicksError(std::span<const PhaseTicks> ticks, int64_t stages);
 std::vector<Op> MakeWorkerSchedule(ScheduleKind kind, int64_t k, int64_t m,
                                    int64_t v, int64_t worker,
                                    std::span<const PhaseTicks> ticks = {});
+// MakeWorkerSchedule of every worker 0..k-1, for callers that run them all
+// (ZB-V's order is built once for all workers, not once each).
+std::vector<std::vector<Op>> MakeWorkerSchedules(
+    ScheduleKind kind, int64_t k, int64_t m, int64_t v,
+    std::span<const PhaseTicks> ticks = {});
 
 // `ops` (one worker's compute ops, MakeWorkerSchedule's or a hand-made
 // list, over `v` chunks placed as `kind` places them; worker `worker` of

@@ -111,9 +111,7 @@ SimulationResult Simulate(const SimulationConfig& config) {
         : !config.order_ticks.empty()
             ? config.order_ticks
             : ScheduleTicks(config.stages, config.remat);
-    ops.assign(k, {});
-    for (int64_t w = 0; w < k; ++w)
-      ops[w] = MakeWorkerSchedule(config.schedule, k, m, v, w, ticks);
+    ops = MakeWorkerSchedules(config.schedule, k, m, v, ticks);
   }
   // The runtime's lists: every transfer an action (hand-made lists may
   // have theirs already).

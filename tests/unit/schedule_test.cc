@@ -190,6 +190,32 @@ TEST(Schedule, ZeroBubbleVRendersItsOrder) {
       "sg0/1 rg0 B0 sg0 rg1/1 B1/1 sg1/1 rg1 B1 sg1 W0/1 W0 W1/1 W1 step");
 }
 
+// Worker w's ZB-V ops (of K workers, M micro-batches): each chunk's
+// forwards, input halves and weight halves each in micro-batch order, a
+// micro-batch's F before its B before its W, every op once, the step last,
+// and at most 2K micro-batches held between F and W.
+void ExpectZeroBubbleVWorkerOrder(const std::vector<Op>& ops, int64_t k,
+                                  int64_t m, int64_t w) {
+  ASSERT_EQ(ops.size(), static_cast<size_t>(6 * m + 1));
+  EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
+  int64_t next[2][3] = {};
+  for (size_t i = 0; i + 1 < ops.size(); ++i) {
+    const Op& op = ops[i];
+    ASSERT_TRUE(op.chunk == 0 || op.chunk == 1);
+    const int kind = op.kind == OpKind::kForward         ? 0
+                     : op.kind == OpKind::kBackwardInput ? 1
+                                                         : 2;
+    ASSERT_TRUE(kind != 2 || op.kind == OpKind::kBackwardWeight);
+    EXPECT_EQ(op.micro_batch, next[op.chunk][kind]++)
+        << "k=" << k << " m=" << m << " w=" << w << " op " << i;
+    if (kind > 0) EXPECT_LT(op.micro_batch, next[op.chunk][kind - 1]);
+  }
+  for (const auto& chunk : next)
+    for (int64_t n : chunk) EXPECT_EQ(n, m);
+  EXPECT_LE(MaxLiveMicroBatches(ops), 2 * k)
+      << "k=" << k << " m=" << m << " w=" << w;
+}
+
 // Each stage of each worker runs its forwards, input halves and weight
 // halves each in micro-batch order (so gradients sum as in the reference),
 // a micro-batch's F before its B before its W, every op once, and no worker
@@ -200,24 +226,7 @@ TEST(Schedule, ZeroBubbleVKeepsMicroBatchOrderAndItsMemory) {
       for (int64_t w = 0; w < k; ++w) {
         const std::vector<Op> ops =
             MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w);
-        ASSERT_EQ(ops.size(), static_cast<size_t>(6 * m + 1));
-        EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
-        int64_t next[2][3] = {};
-        for (size_t i = 0; i + 1 < ops.size(); ++i) {
-          const Op& op = ops[i];
-          ASSERT_TRUE(op.chunk == 0 || op.chunk == 1);
-          const int kind = op.kind == OpKind::kForward         ? 0
-                           : op.kind == OpKind::kBackwardInput ? 1
-                                                               : 2;
-          ASSERT_TRUE(kind != 2 || op.kind == OpKind::kBackwardWeight);
-          EXPECT_EQ(op.micro_batch, next[op.chunk][kind]++)
-              << "k=" << k << " m=" << m << " w=" << w << " op " << i;
-          if (kind > 0) EXPECT_LT(op.micro_batch, next[op.chunk][kind - 1]);
-        }
-        for (const auto& chunk : next)
-          for (int64_t n : chunk) EXPECT_EQ(n, m);
-        EXPECT_LE(MaxLiveMicroBatches(ops), 2 * k)
-            << "k=" << k << " m=" << m << " w=" << w;
+        ExpectZeroBubbleVWorkerOrder(ops, k, m, w);
       }
     }
   }
@@ -280,24 +289,7 @@ TEST(Schedule, ZeroBubbleVForPhaseTimesKeepsMicroBatchOrderAndItsMemory) {
       for (int64_t w = 0; w < k; ++w) {
         const std::vector<Op> ops =
             MakeWorkerSchedule(ScheduleKind::kZeroBubbleV, k, m, 2, w, ticks);
-        ASSERT_EQ(ops.size(), static_cast<size_t>(6 * m + 1));
-        EXPECT_EQ(ops.back().kind, OpKind::kOptimizerStep);
-        int64_t next[2][3] = {};
-        for (size_t i = 0; i + 1 < ops.size(); ++i) {
-          const Op& op = ops[i];
-          ASSERT_TRUE(op.chunk == 0 || op.chunk == 1);
-          const int kind = op.kind == OpKind::kForward         ? 0
-                           : op.kind == OpKind::kBackwardInput ? 1
-                                                               : 2;
-          ASSERT_TRUE(kind != 2 || op.kind == OpKind::kBackwardWeight);
-          EXPECT_EQ(op.micro_batch, next[op.chunk][kind]++)
-              << "k=" << k << " m=" << m << " w=" << w << " op " << i;
-          if (kind > 0) EXPECT_LT(op.micro_batch, next[op.chunk][kind - 1]);
-        }
-        for (const auto& chunk : next)
-          for (int64_t n : chunk) EXPECT_EQ(n, m);
-        EXPECT_LE(MaxLiveMicroBatches(ops), 2 * k)
-            << "k=" << k << " m=" << m << " w=" << w;
+        ExpectZeroBubbleVWorkerOrder(ops, k, m, w);
       }
     }
   }
