@@ -160,19 +160,25 @@ int64_t LargestOp(const ModelShapes& shapes, int64_t begin, int64_t end,
                   const std::vector<char>* kept = nullptr,
                   int64_t stage_grad = 0) {
   const bool backward = pass == OpPass::kBackward;
+  // A layer whose output is its input (a view; in an evaluation also a
+  // layer that hands its input on) makes no tensor: its output is the
+  // tensor before it.
+  const auto passes_input = [&](const LayerCost& c) {
+    return c.output_is_input ||
+           (pass == OpPass::kEvaluation && c.evaluation_passes_input);
+  };
+  // Whether layer l's input is the stage's input, which the caller counts.
+  bool stage_input = true;
   int64_t most = 0;
   for (int64_t l = begin; l < end; ++l) {
     const LayerCost& c = shapes.costs[l];
-    // A forward's input at the stage's first layer is counted by the
-    // caller.
-    const bool no_input = l == begin || (kept && (*kept)[l - begin]);
-    const bool no_output = kept && (*kept)[l + 1 - begin];
+    if (l > begin && !passes_input(shapes.costs[l - 1])) stage_input = false;
+    const bool no_input = stage_input || (kept && (*kept)[l - begin]);
+    const bool no_output = passes_input(c) || (kept && (*kept)[l + 1 - begin]);
     const int64_t per_sample =
         backward ? GradientsPerSample(shapes, l)
-        : pass == OpPass::kEvaluation && c.evaluation_passes_input
-            ? 0
-            : Add(no_input ? 0 : Mul(shapes.inputs[l].numel(), 4),
-                  no_output ? 0 : Mul(shapes.outputs[l].numel(), 4));
+                 : Add(no_input ? 0 : Mul(shapes.inputs[l].numel(), 4),
+                       no_output ? 0 : Mul(shapes.outputs[l].numel(), 4));
     const int64_t in_chunk = ChunkSamples(c, samples);
     int64_t temporaries = 0;
     if (backward) {
@@ -400,10 +406,8 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
       std::max({last ? 0 : out_bytes, first ? 0 : in_bytes, eval_out, eval_in});
   int64_t eval = Add(LargestOp(shapes, b, e, eval_batch, OpPass::kEvaluation),
                      first ? 0 : Mul(BoundaryBytes(shapes, b, e), eval_batch));
-  if (last) {
-    // The loss's probabilities beside the logits.
-    eval = Add(eval, Mul(BoundaryBytes(shapes, e, e), eval_batch));
-  }
+  // The last stage's loss makes no tensor in an evaluation: without a
+  // gradient it reads the logits in place.
   // Several gradient groups on one stage: the sums GradientTree holds
   // until the step's end, from the first group's end on, beside the
   // activations, as the allocator sees. Siblings merge at once, so L groups
