@@ -374,6 +374,8 @@ SimulationResult PredictStep(const gpipe::v1::JobSpec& spec, int64_t k,
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_stages(stages);
     for_k.mutable_pipeline()->set_remat(RematToSpec(mode));
+    for_k.mutable_pipeline()->set_schedule(ScheduleToSpec(kind));
+    for_k.mutable_pipeline()->set_micro_batches(m);
     const std::vector<int64_t> balance = *PartitionJob(for_k, stages * chunks);
     SimulationConfig config;
     config.stages = StageCostsFromLayers(shapes, costs, balance, mb);

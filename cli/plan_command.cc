@@ -12,6 +12,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -522,25 +523,31 @@ int RunPlan(const std::vector<std::string>& args) {
                             0) -> absl::StatusOr<std::vector<Option>> {
     std::vector<Option> out;
     for (int64_t k = lo; k <= hi; ++k) {
-      // Each remat mode (and chunk count) has its own cut: stages that
-      // re-materialize do more for the same layers (RematStageWeights).
-      std::map<std::pair<RematMode, int64_t>, std::vector<int64_t>> balances;
+      // Each remat mode (and chunk count, and ZB-V's M) has its own cut:
+      // stages that re-materialize do more for the same layers
+      // (RematStageWeights).
+      std::map<std::tuple<RematMode, int64_t, int64_t>, std::vector<int64_t>>
+          balances;
       const auto balance_for =
-          [&](RematMode remat,
-              int64_t v) -> absl::StatusOr<std::vector<int64_t>> {
-        auto it = balances.find({remat, v});
+          [&](RematMode remat, int64_t v, ScheduleKind schedule,
+              int64_t m) -> absl::StatusOr<std::vector<int64_t>> {
+        // ZB-V's cut depends on M (PartitionForSchedule); the others' not.
+        const bool v_shape = schedule == ScheduleKind::kZeroBubbleV;
+        const auto key = std::make_tuple(remat, v, v_shape ? m : 0);
+        auto it = balances.find(key);
         if (it != balances.end()) return it->second;
         const int64_t chunks = k * v;
         const bool explicit_balance =
             spec->pipeline().balance_size() == chunks && k == StageCount(*spec);
         absl::StatusOr<std::vector<int64_t>> balance =
-            explicit_balance
-                ? PartitionJob(*spec, chunks)
-                : PartitionByCost(partition_costs, chunks,
-                                  RematStageWeights(remat, chunks),
-                                  /*first_layer_input_half=*/!measured);
+            explicit_balance ? PartitionJob(*spec, chunks)
+                             : PartitionForSchedule(
+                                   *spec, *shapes, partition_costs, chunks,
+                                   v_shape ? schedule : ScheduleKind::kOneFOneB,
+                                   m, remat, RematStageWeights(remat, chunks),
+                                   /*first_layer_input_half=*/!measured);
         if (!balance.ok()) return balance.status();
-        return balances[{remat, v}] = *std::move(balance);
+        return balances[key] = *std::move(balance);
       };
       for (int64_t m : ms) {
         const int64_t mb = (batch + m - 1) / m;
@@ -600,7 +607,7 @@ int RunPlan(const std::vector<std::string>& args) {
               o.v = v;
               o.schedule = schedule;
               o.remat = remat;
-              ASSIGN_OR_RETURN(o.balance, balance_for(remat, v));
+              ASSIGN_OR_RETURN(o.balance, balance_for(remat, v, schedule, m));
               o.costs = stage_costs(o.balance);
               SimulationConfig config;
               config.stages = o.costs;

@@ -109,6 +109,12 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     // from the spec's).
     gpipe::v1::JobSpec for_k = spec;
     for_k.mutable_pipeline()->set_remat(RematToSpec(options.remat));
+    // And by the schedule they will run (ZB-V balances its workers); a
+    // spec's own balance keeps its meaning (for the spec's schedule).
+    if (spec.pipeline().balance().empty()) {
+      for_k.mutable_pipeline()->set_schedule(ScheduleToSpec(options.schedule));
+      for_k.mutable_pipeline()->set_micro_batches(m);
+    }
     ASSIGN_OR_RETURN(p->balance_, PartitionJobAt(for_k, k));
   }
   if (options.dataset != nullptr) {

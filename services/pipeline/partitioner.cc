@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/simulator.h"
 
 namespace gpipe {
 namespace {
@@ -99,11 +100,109 @@ absl::StatusOr<std::vector<int64_t>> MinMaxCut(int64_t n, int64_t k_stages,
   return balance;
 }
 
+// ZB-V runs chunks g and 2K-1-g on worker g (`balance` has 2K chunks), so
+// a cut even over the chunks can leave one worker a chunk's worth more
+// than another: 7 equal layers in chunks of 2, 2, 2, 1 give workers 3 and
+// 4, where 2, 2, 1, 2 give 4 and 3 with the lighter first layer on the
+// busier one. The cut kept is the one with the least busy busiest worker,
+// then the least busy busiest chunk (each within 1%), then the least sum of
+// the workers' squared costs: over every cut where there are few enough (up to
+// kExhaustiveCuts), else from the chunks' min-max cut, moving one boundary
+// at a time to wherever it lowers those most, until no move does.
+constexpr int64_t kExhaustiveCuts = 200000;
+
+template <typename Cost>
+std::vector<int64_t> BalanceWorkersOfV(std::vector<int64_t> balance,
+                                       const Cost& cost) {
+  const int64_t chunks = static_cast<int64_t>(balance.size());
+  if (chunks < 4 || chunks % 2 != 0) return balance;
+  const int64_t k = chunks / 2;
+  int64_t layers = 0;
+  for (int64_t b : balance) layers += b;
+  // Within 1% the workers count as even (a ReLU's cost more or less must
+  // not buy a chunk twice the others), and so do the chunks.
+  struct Score {
+    double worker, chunk, squares;
+    bool operator<(const Score& o) const {
+      if (std::abs(worker - o.worker) > 0.01 * std::max(worker, o.worker))
+        return worker < o.worker;
+      if (std::abs(chunk - o.chunk) > 0.01 * std::max(chunk, o.chunk))
+        return chunk < o.chunk;
+      return squares < o.squares;
+    }
+  };
+  std::vector<double> c(chunks);
+  const auto score = [&](const std::vector<int64_t>& b) {
+    int64_t begin = 0;
+    for (int64_t g = 0; g < chunks; ++g) {
+      c[g] = cost(g, begin, begin + b[g]);
+      begin += b[g];
+    }
+    Score s{0, 0, 0};
+    for (int64_t w = 0; w < k; ++w) {
+      const double load = c[w] + c[chunks - 1 - w];
+      s.worker = std::max(s.worker, load);
+      s.squares += load * load;
+    }
+    s.chunk = *std::max_element(c.begin(), c.end());
+    return s;
+  };
+  Score best = score(balance);
+  // C(layers - 1, chunks - 1) cuts, counted until it passes the limit.
+  double cuts = 1;
+  for (int64_t i = 1; i < chunks && cuts <= kExhaustiveCuts; ++i)
+    cuts = cuts * static_cast<double>(layers - i) / static_cast<double>(i);
+  if (cuts <= kExhaustiveCuts) {
+    std::vector<int64_t> b(chunks, 1);
+    // Every composition of `layers` into `chunks` positive parts.
+    const std::function<void(int64_t, int64_t)> walk = [&](int64_t g,
+                                                           int64_t left) {
+      if (g + 1 == chunks) {
+        b[g] = left;
+        const Score s = score(b);
+        if (s < best) {
+          best = s;
+          balance = b;
+        }
+        return;
+      }
+      for (int64_t n = 1; n <= left - (chunks - 1 - g); ++n) {
+        b[g] = n;
+        walk(g + 1, left - n);
+      }
+    };
+    walk(0, layers);
+    return balance;
+  }
+  for (bool moved = true; moved;) {
+    moved = false;
+    std::vector<int64_t> next = balance;
+    for (int64_t g = 0; g + 1 < chunks; ++g) {
+      // Boundary g (between chunks g and g+1) anywhere both keep a layer.
+      const int64_t pair = balance[g] + balance[g + 1];
+      for (int64_t n = 1; n < pair; ++n) {
+        std::vector<int64_t> b = balance;
+        b[g] = n;
+        b[g + 1] = pair - n;
+        const Score s = score(b);
+        if (s < best) {
+          best = s;
+          next = std::move(b);
+          moved = true;
+        }
+      }
+    }
+    balance = std::move(next);
+  }
+  return balance;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
     const std::vector<double>& layer_costs, int64_t stages,
-    const std::vector<double>& stage_weights, bool first_layer_input_half) {
+    const std::vector<double>& stage_weights, bool first_layer_input_half,
+    bool zero_bubble_v) {
   const int64_t n = static_cast<int64_t>(layer_costs.size());
   RETURN_IF_ERROR(CheckStageCount(stages, n));
   std::vector<double> w = stage_weights;
@@ -134,10 +233,12 @@ absl::StatusOr<std::vector<int64_t>> PartitionByCost(
   // A constant off every cost of the first stage, which starts at layer 0:
   // still non-decreasing as its range grows, and >= 0 with weights >= 1.
   const double saved = first_layer_input_half && n > 0 ? layer_costs[0] : 0.0;
-  return MinMaxCut(
-      n, stages, [&w, &prefix, saved](int64_t k, int64_t j, int64_t i) {
-        return w[k] * (prefix[i] - prefix[j]) - (j == 0 ? saved : 0.0);
-      });
+  const auto cost = [&w, &prefix, saved](int64_t k, int64_t j, int64_t i) {
+    return w[k] * (prefix[i] - prefix[j]) - (j == 0 ? saved : 0.0);
+  };
+  ASSIGN_OR_RETURN(std::vector<int64_t> balance, MinMaxCut(n, stages, cost));
+  if (zero_bubble_v) return BalanceWorkersOfV(std::move(balance), cost);
+  return balance;
 }
 
 absl::StatusOr<std::vector<int64_t>> PartitionByStageCost(
@@ -177,10 +278,39 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
     return std::vector<int64_t>(balance.begin(), balance.end());
   }
   ASSIGN_OR_RETURN(ModelShapes shapes, InferModelShapes(spec.model()));
-  return PartitionByCost(
-      CostModelLayerCosts(shapes), stages,
-      RematStageWeights(RematFromSpec(spec.pipeline().remat()), stages),
-      /*first_layer_input_half=*/true);
+  const RematMode remat = RematFromSpec(spec.pipeline().remat());
+  return PartitionForSchedule(
+      spec, shapes, CostModelLayerCosts(shapes), stages,
+      ScheduleFromSpec(spec.pipeline().schedule()), MicroBatchCount(spec),
+      remat, RematStageWeights(remat, stages), /*first_layer_input_half=*/true);
+}
+
+absl::StatusOr<std::vector<int64_t>> PartitionForSchedule(
+    const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
+    const std::vector<double>& layer_costs, int64_t stages,
+    ScheduleKind schedule, int64_t micro_batches, RematMode remat,
+    const std::vector<double>& stage_weights, bool first_layer_input_half) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> chunks,
+                   PartitionByCost(layer_costs, stages, stage_weights,
+                                   first_layer_input_half));
+  if (schedule != ScheduleKind::kZeroBubbleV || stages < 4 || stages % 2 != 0)
+    return chunks;
+  ASSIGN_OR_RETURN(std::vector<int64_t> workers,
+                   PartitionByCost(layer_costs, stages, stage_weights,
+                                   first_layer_input_half,
+                                   /*zero_bubble_v=*/true));
+  // Neither balance wins everywhere (the workers' sums matter, and so do
+  // the chunks' for the order's fill and drain): the cost model's
+  // simulation of the step chooses, the chunks' cut on a tie.
+  const auto step = [&](const std::vector<int64_t>& cut) {
+    return CostModelStepSeconds(shapes, cut, micro_batches, schedule, 2, remat,
+                                spec.batch_size(),
+                                UpdateTraffic(spec.optimizer()));
+  };
+  if (workers != chunks && step(workers) < step(chunks)) {
+    return workers;
+  }
+  return chunks;
 }
 
 absl::StatusOr<std::vector<int64_t>> PartitionJobAt(

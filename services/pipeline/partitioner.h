@@ -14,6 +14,7 @@
 #include "gpipe/v1/job.pb.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/remat.h"
+#include "services/pipeline/schedule.h"
 
 namespace gpipe {
 
@@ -24,14 +25,17 @@ namespace gpipe {
 // stage costs). With `first_layer_input_half` the costs are forwards and
 // the weights count a step in forwards (RematStageWeights), and the first
 // stage does one forward of the model's first layer less: that layer
-// computes no input gradient (InputGradUsed). Errors (InvalidArgument):
+// computes no input gradient (InputGradUsed). With `zero_bubble_v` the
+// stages are ZB-V's 2K chunks, chunks g and 2K-1-g on one worker: the cut
+// is then moved from there a layer at a time while that lowers the
+// busiest worker's sum (then the busiest chunk). Errors (InvalidArgument):
 // stages < 1, stages > costs.size(), a negative or non-finite cost,
 // weights that are not `stages` numbers of at least 1 with the flag,
 // positive without.
 absl::StatusOr<std::vector<int64_t>> PartitionByCost(
     const std::vector<double>& layer_costs, int64_t stages,
     const std::vector<double>& stage_weights = {},
-    bool first_layer_input_half = false);
+    bool first_layer_input_half = false, bool zero_bubble_v = false);
 
 // The same exact min-max cut for any stage cost: cost(stage, begin, end) is
 // what stage `stage` (0-based) takes for layers [begin, end), and must not
@@ -50,10 +54,22 @@ absl::StatusOr<std::vector<int64_t>> PartitionByStageCost(
 // more of them.
 std::vector<double> RematStageWeights(RematMode mode, int64_t stages);
 
+// PartitionByCost for a run of `schedule`: under ZB-V (`stages` its 2K
+// chunks) both the chunks' min-max cut and the cut that balances its
+// workers (zero_bubble_v), whichever the cost model's simulation of a step
+// of `spec`'s batch in `micro_batches` finds faster (CostModelStepSeconds;
+// the chunks' cut on a tie); the chunks' cut under any other schedule.
+absl::StatusOr<std::vector<int64_t>> PartitionForSchedule(
+    const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
+    const std::vector<double>& layer_costs, int64_t stages,
+    ScheduleKind schedule, int64_t micro_batches, RematMode remat,
+    const std::vector<double>& stage_weights, bool first_layer_input_half);
+
 // The spec's explicit pipeline.balance when set (must have `stages` entries
 // > 0 summing to the layer count: the error names pipeline.balance), else
-// PartitionByCost over CostModelLayerCosts of the spec's model, weighted by
-// the spec's remat mode (RematStageWeights).
+// PartitionForSchedule over CostModelLayerCosts of the spec's model,
+// weighted by the spec's remat mode (RematStageWeights), for its schedule
+// and micro-batches.
 absl::StatusOr<std::vector<int64_t>> PartitionJob(
     const gpipe::v1::JobSpec& spec, int64_t stages);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "services/nn/layer.h"
 #include "services/pipeline/partitioner.h"
@@ -429,6 +430,50 @@ std::vector<PhaseTicks> CostModelTicks(const ModelShapes& shapes,
   return ScheduleTicks(
       StageCostsFromLayers(shapes, CostModelLayerCosts(shapes), balance, 1),
       remat);
+}
+
+double CostModelStepSeconds(const ModelShapes& shapes,
+                            const std::vector<int64_t>& balance,
+                            int64_t micro_batches, ScheduleKind schedule,
+                            int64_t virtual_stages, RematMode remat,
+                            int64_t batch_size, double update_traffic) {
+  // A nominal machine: what matters is the ratio of compute to the update's
+  // memory traffic and to each op's fixed cost (10 FLOP a byte, 5 us a
+  // layer op at 100 GFLOP/s), not the machine the choice is made on, so
+  // that every controller makes the same one.
+  constexpr double kFlops = 1e11, kBytesPerSecond = 1e10, kLayerOp = 5e-6;
+  const int64_t m = std::max<int64_t>(1, micro_batches);
+  const double mb =
+      static_cast<double>(std::max<int64_t>(1, (batch_size + m - 1) / m));
+  std::vector<double> seconds = CostModelLayerCosts(shapes);
+  for (double& x : seconds) x = x * mb / kFlops;
+  SimulationConfig config;
+  config.stages = StageCostsFromLayers(shapes, seconds, balance, 1);
+  int64_t begin = 0;
+  for (size_t g = 0; g < balance.size(); ++g) {
+    StageCost& c = config.stages[g];
+    for (int64_t l = begin; l < begin + balance[g]; ++l) {
+      const LayerCost& cost = shapes.costs[l];
+      c.forward_seconds += kLayerOp;
+      c.backward_seconds += kLayerOp;
+      c.update_seconds +=
+          (update_traffic * cost.param_bytes + 1.5 * cost.packed_weight_bytes) /
+          kBytesPerSecond;
+    }
+    begin += balance[g];
+  }
+  config.micro_batches = m;
+  config.schedule = schedule;
+  config.virtual_stages = virtual_stages;
+  config.remat = remat;
+  config.link_bytes_per_second = 1e18;
+  const SimulationResult r = Simulate(config);
+  return r.complete ? r.step_seconds : std::numeric_limits<double>::infinity();
+}
+
+double UpdateTraffic(const gpipe::v1::OptimizerSpec& spec) {
+  const double state = spec.has_adamw() ? 2 : spec.sgd().momentum() > 0 ? 1 : 0;
+  return 4 + 2 * state;
 }
 
 double ExpectedGain(double old_seconds, double new_seconds,

@@ -146,6 +146,23 @@ std::vector<PhaseTicks> CostModelTicks(const ModelShapes& shapes,
                                        const std::vector<int64_t>& balance,
                                        RematMode remat);
 
+// The step the cost model predicts for a cut (`balance`, K x v stages) of
+// a batch of `batch_size` in M micro-batches on a nominal machine (compute,
+// each op's fixed cost, the update's memory traffic: `update_traffic`
+// bytes moved per parameter byte), links free: what chooses between cuts
+// that balance differently (PartitionForSchedule's ZB-V cut).
+double CostModelStepSeconds(const ModelShapes& shapes,
+                            const std::vector<int64_t>& balance,
+                            int64_t micro_batches, ScheduleKind schedule,
+                            int64_t virtual_stages, RematMode remat,
+                            int64_t batch_size, double update_traffic);
+
+// Bytes each parameter's update moves, in units of the parameter's own
+// bytes, for the optimizer of `spec`: it reads the parameter and its
+// gradient and writes the parameter, reads and writes each state tensor,
+// and zeroes the gradient.
+double UpdateTraffic(const gpipe::v1::OptimizerSpec& spec);
+
 // The fraction of a measured step that going from the simulator's
 // `old_seconds` to its `new_seconds` saves: the smaller of the simulator's
 // own ratio and the seconds it saves over `measured_seconds` (the simulator

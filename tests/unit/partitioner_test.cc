@@ -16,6 +16,7 @@
 #include "services/core/rng.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
+#include "services/pipeline/simulator.h"
 
 namespace gpipe {
 namespace {
@@ -337,6 +338,62 @@ TEST(PartitionJobTest, ExplicitBalanceWins) {
   spec.mutable_pipeline()->set_balance(1, 5);
   EXPECT_THAT(PartitionJob(spec, 2).status().message(),
               HasSubstr("pipeline.balance[0]"));
+}
+
+// ZB-V's workers hold chunks g and 2K-1-g. Over 7 equal layers (the first
+// without an input half) the chunks' min-max cut leaves one worker 4
+// layers and the other 3 with the lighter first layer; the workers' cut
+// gives the lighter one the 4th. Every cut the workers' cut is compared
+// against is no better on its busiest worker.
+TEST(PartitionByCostTest, ZeroBubbleVBalancesItsWorkers) {
+  const std::vector<double> costs(7, 1.0);
+  const std::vector<double> weights(4, 3.0);
+  const std::vector<int64_t> chunks =
+      *PartitionByCost(costs, 4, weights, /*first_layer_input_half=*/true);
+  const std::vector<int64_t> workers =
+      *PartitionByCost(costs, 4, weights, true, /*zero_bubble_v=*/true);
+  const auto busiest = [&](const std::vector<int64_t>& b) {
+    std::vector<double> c(4);
+    int64_t begin = 0;
+    for (int g = 0; g < 4; ++g) {
+      c[g] = 3.0 * b[g] - (begin == 0 ? 1.0 : 0.0);
+      begin += b[g];
+    }
+    return std::max(c[0] + c[3], c[1] + c[2]);
+  };
+  EXPECT_EQ(std::accumulate(workers.begin(), workers.end(), int64_t{0}), 7);
+  EXPECT_DOUBLE_EQ(busiest(workers), 11.0);  // 4 layers, one without B
+  EXPECT_DOUBLE_EQ(busiest(chunks), 12.0);
+  // Every composition of 7 into 4: none has a less busy busiest worker.
+  for (int64_t a = 1; a <= 4; ++a)
+    for (int64_t b = 1; a + b <= 5; ++b)
+      for (int64_t c = 1; a + b + c <= 6; ++c)
+        EXPECT_GE(busiest({a, b, c, 7 - a - b - c}), 11.0);
+}
+
+// A job under ZB-V is cut for its workers where the cost model's step
+// says so: the small Transformer at K=2, where the chunks' cut leaves one
+// worker far busier than the other.
+TEST(PartitionJobTest, ZeroBubbleVTakesTheFasterOfTheTwoCuts) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(
+      std::string(GPIPE_SOURCE_DIR) + "/examples/char_transformer.json");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->mutable_pipeline()->set_stages(2);
+  spec->mutable_pipeline()->set_micro_batches(8);
+  spec->mutable_pipeline()->set_remat(gpipe::v1::NEVER);
+  spec->mutable_pipeline()->clear_balance();
+  const std::vector<int64_t> plain = *PartitionJob(*spec, 4);
+  spec->mutable_pipeline()->set_schedule(gpipe::v1::ZERO_BUBBLE_V);
+  spec->mutable_pipeline()->set_virtual_stages(2);
+  const std::vector<int64_t> v = *PartitionJob(*spec, 4);
+  EXPECT_NE(v, plain);
+  const ModelShapes shapes = *InferModelShapes(spec->model());
+  const auto step = [&](const std::vector<int64_t>& cut) {
+    return CostModelStepSeconds(shapes, cut, 8, ScheduleKind::kZeroBubbleV, 2,
+                                RematMode::kNever, spec->batch_size(),
+                                UpdateTraffic(spec->optimizer()));
+  };
+  EXPECT_LT(step(v), 0.8 * step(plain));
 }
 
 TEST(CostModelLayerCostsTest, FlopsWithAFloor) {
