@@ -434,11 +434,12 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   out.working = train;
   out.evaluation = eval;
   // The step's (or the evaluation's) inputs and targets, gathered on the
-  // host by the first and the last stage.
+  // host by the first and the last stage, beside the next step's, gathered
+  // ahead (BatchPrefetch).
   const int64_t sample_in = BoundaryBytes(shapes, 0, shapes.inputs.size());
   const int64_t per_sample =
       Add(first ? sample_in : 0, last ? TargetBytesPerSample(shapes) : 0);
-  out.batch = Mul(per_sample, std::max(batch, eval_batch));
+  out.batch = Mul(per_sample, Add(batch, std::max(batch, eval_batch)));
 
   if (first || last) {
     out.data = Add(DatasetBytes(spec.data()),

@@ -732,17 +732,19 @@ absl::Status Stage::BeginStep(int64_t step) {
   st.step = step;
   st.result.step = step;
   if (placement_.first() || placement_.last()) {
-    const std::vector<int64_t> indices = sampler_->Indices(step);
     // The last stage's inputs come down the pipe: it needs the targets only.
-    if (placement_.first()) {
-      st.batch = dataset_->Gather(Split::kTrain, indices);
-      // Once for the step's batch, not per micro-batch.
-      RETURN_IF_ERROR(model_->CheckInput(st.batch.inputs));
-    } else {
-      st.batch.targets = dataset_->GatherTargets(Split::kTrain, indices);
+    if (prefetch_ == nullptr) {
+      prefetch_ = std::make_unique<BatchPrefetch>(
+          dataset_.get(), sampler_.get(),
+          placement_.first() ? BatchPrefetch::Part::kWhole
+                             : BatchPrefetch::Part::kTargets);
     }
-    st.ranges = SplitMicroBatches(static_cast<int64_t>(indices.size()),
-                                  placement_.micro_batches);
+    st.batch = prefetch_->Take(step);
+    // Once for the step's batch, not per micro-batch.
+    if (placement_.first())
+      RETURN_IF_ERROR(model_->CheckInput(st.batch.inputs));
+    st.ranges =
+        SplitMicroBatches(sampler_->batch_size(), placement_.micro_batches);
     if (placement_.last())
       st.result.loss_normalizer =
           std::max<int64_t>(CountTargets(st.batch.targets), 1);

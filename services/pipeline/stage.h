@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpipe/v1/job.pb.h"
+#include "services/data/batch_prefetch.h"
 #include "services/data/dataset.h"
 #include "services/data/sampler.h"
 #include "services/nn/layer_timing.h"
@@ -323,6 +324,9 @@ class Stage {
   std::vector<Op> schedule_;
   std::shared_ptr<const Dataset> dataset_;
   std::unique_ptr<Sampler> sampler_;
+  // The first and the last stage's next batch (or its targets), gathered
+  // while the step before runs; made by the first step.
+  std::unique_ptr<BatchPrefetch> prefetch_;
   Link* upstream_ = nullptr;
   Link* downstream_ = nullptr;
   std::unique_ptr<Model> model_;
