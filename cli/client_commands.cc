@@ -304,11 +304,17 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   }
 }
 
-// The bubble the job's schedule has in theory, for the K stages and the
-// micro-batches each replica runs now (an elastic job may run fewer stages
-// or replicas than its spec).
+// The bubble the job's schedule has in theory, and each worker's for the
+// cut it runs, for the K stages and the micro-batches each replica runs now
+// (an elastic job may run fewer stages or replicas than its spec). The
+// cut's figures are simulated once per cut: `cut` keeps the last.
+struct CutFigures {
+  std::vector<int64_t> balance;
+  int64_t micro_batches = 0;
+  std::vector<double> bubbles;
+};
 std::string TheoryText(const gpipe::v1::JobSpec& spec,
-                       const gpipe::v1::JobStatus& s) {
+                       const gpipe::v1::JobStatus& s, CutFigures& cut) {
   const ScheduleKind kind = ScheduleFromSpec(spec.pipeline().schedule());
   const int64_t v =
       std::max<int64_t>(1, ChunksPerWorker(kind, VirtualStageCount(spec)));
@@ -317,8 +323,22 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
   int64_t replicas = 1;
   for (const gpipe::v1::StageStatus& st : s.replica_stages())
     replicas = std::max(replicas, st.replica() + 1);
-  return BubbleTheoryText(kind, s.stages_size() / v,
-                          MicroBatchCount(spec) / replicas, v);
+  const int64_t m = MicroBatchCount(spec) / replicas;
+  std::vector<const gpipe::v1::StageStatus*> stages;
+  for (const gpipe::v1::StageStatus& st : s.stages()) stages.push_back(&st);
+  std::sort(stages.begin(), stages.end(), [](const auto* a, const auto* b) {
+    return a->stage() < b->stage();
+  });
+  std::vector<int64_t> balance;
+  for (const gpipe::v1::StageStatus* st : stages)
+    balance.push_back(st->layer_end() - st->layer_begin());
+  if (balance != cut.balance || m != cut.micro_batches) {
+    cut.balance = balance;
+    cut.micro_batches = m;
+    cut.bubbles = CutBubbles(spec, kind, RematFromSpec(spec.pipeline().remat()),
+                             balance, m, v, spec.batch_size() / replicas);
+  }
+  return BubbleTheoryText(kind, s.stages_size() / v, m, v, cut.bubbles);
 }
 
 // Per-worker utilization and bubble of the last step, for the progress bar
@@ -326,7 +346,7 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
 // (an interleaved schedule's chunks) is busy for their busy time together,
 // and idle for the rest of its step.
 std::string StageFiguresText(const gpipe::v1::JobSpec& spec,
-                             const gpipe::v1::JobStatus& s) {
+                             const gpipe::v1::JobStatus& s, CutFigures& cut) {
   struct Worker {
     std::string id;
     double busy = 0, bubble = 0, step = 0;
@@ -353,7 +373,7 @@ std::string StageFiguresText(const gpipe::v1::JobSpec& spec,
     figures.push_back(
         {u, w.stages == 1 ? std::clamp(w.bubble / w.step, 0.0, 1.0) : 1.0 - u});
   }
-  return StageFiguresLine(figures, TheoryText(spec, s));
+  return StageFiguresLine(figures, TheoryText(spec, s, cut));
 }
 
 std::string WorkerStateName(gpipe::v1::WorkerState state) {
@@ -415,7 +435,7 @@ class JobFollower {
       progress_ = std::make_unique<Progress>(s.total_steps(), stderr, s.step());
     }
     if (progress_ != nullptr && seen_ && s.step() > step_) {
-      progress_->SetSuffix(StageFiguresText(job_.spec(), s));
+      progress_->SetSuffix(StageFiguresText(job_.spec(), s, cut_));
       progress_->Update(s.step(), s.loss(),
                         s.step() * job_.spec().batch_size());
     }
@@ -485,6 +505,7 @@ class JobFollower {
   std::string last_message_;   // of the last line printed
   std::string final_message_;  // of the last event
   std::unique_ptr<Progress> progress_;
+  CutFigures cut_;
 };
 
 int ExitCodeFor(const gpipe::v1::Job& job) {

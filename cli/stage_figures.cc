@@ -5,15 +5,49 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "services/nn/layer_spec.h"
 #include "services/pipeline/simulator.h"
 
 namespace gpipe::cli {
 
-std::string BubbleTheoryText(ScheduleKind kind, int64_t k, int64_t m,
-                             int64_t v) {
+std::vector<double> CutBubbles(const gpipe::v1::JobSpec& spec,
+                               ScheduleKind kind, RematMode remat,
+                               const std::vector<int64_t>& balance, int64_t m,
+                               int64_t v, int64_t batch) {
+  const absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec.model());
+  int64_t layers = 0;
+  for (int64_t n : balance) {
+    if (n < 1) return {};
+    layers += n;
+  }
+  if (!shapes.ok() || balance.empty() || m < 1 || v < 1 ||
+      layers != static_cast<int64_t>(shapes->costs.size()) ||
+      balance.size() % v != 0 ||
+      !ScheduleShapeError(kind, balance.size() / v, m, v).empty()) {
+    return {};
+  }
+  const SimulationResult r =
+      CostModelSimulation(*shapes, balance, m, kind, v, remat, batch,
+                          UpdateTraffic(spec.optimizer()));
+  if (!r.complete) return {};
+  std::vector<double> bubbles;
+  for (const StageSimulation& w : r.stages)
+    bubbles.push_back(w.bubble_fraction);
+  return bubbles;
+}
+
+std::string BubbleTheoryText(ScheduleKind kind, int64_t k, int64_t m, int64_t v,
+                             const std::vector<double>& cut) {
   if (k < 2 || m < 1 || v < 1) return "";
-  return absl::StrFormat(" (%s theory %.0f%%)", ScheduleName(kind),
-                         100 * TheoreticalBubble(kind, k, m, v));
+  std::string cut_text;
+  if (static_cast<int64_t>(cut.size()) == k) {
+    cut_text = absl::StrCat(
+        ", this cut ", absl::StrJoin(cut, " ", [](std::string* out, double b) {
+          absl::StrAppendFormat(out, "%.0f%%", 100 * std::clamp(b, 0.0, 1.0));
+        }));
+  }
+  return absl::StrFormat(" (%s theory %.0f%%%s)", ScheduleName(kind),
+                         100 * TheoreticalBubble(kind, k, m, v), cut_text);
 }
 
 std::string StageFiguresLine(const std::vector<WorkerFigures>& workers,

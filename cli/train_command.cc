@@ -139,7 +139,8 @@ absl::Status WritePipelineTrace(InProcessPipeline& pipeline,
 // Each worker's utilization and bubble in the pipeline's last step (replica
 // 0's; a worker of several chunks is busy for their busy time together)
 // and the schedule's theory, as `gpipectl local` shows a cluster's.
-std::string PipelineFigures(InProcessPipeline& pipeline) {
+std::string PipelineFigures(InProcessPipeline& pipeline,
+                            const std::vector<double>& cut) {
   const int64_t k = pipeline.worker_count();
   const int64_t v = pipeline.chunks_per_worker();
   if (k < 2) return "";
@@ -161,7 +162,7 @@ std::string PipelineFigures(InProcessPipeline& pipeline) {
   const int64_t m = pipeline.stage(0).placement().micro_batches /
                     std::max<int64_t>(1, pipeline.replica_count());
   return StageFiguresLine(workers,
-                          BubbleTheoryText(pipeline.schedule(), k, m, v));
+                          BubbleTheoryText(pipeline.schedule(), k, m, v, cut));
 }
 
 }  // namespace
@@ -324,13 +325,25 @@ int RunTrain(const std::vector<std::string>& args) {
   {
     Progress progress(spec->steps());
     const StepPlan plan = StepPlan::FromSpec(*spec);
+    // The bubble the cost model predicts for the pipeline's cut, beside
+    // the schedule's theory: once, the cut does not change.
+    std::vector<double> cut;
+    if (pipeline != nullptr && pipeline->worker_count() > 1) {
+      const int64_t m = pipeline->stage(0).placement().micro_batches /
+                        std::max<int64_t>(1, pipeline->replica_count());
+      cut = CutBubbles(
+          *spec, pipeline->schedule(), pipeline->remat(), pipeline->balance(),
+          m, pipeline->chunks_per_worker(),
+          spec->batch_size() / std::max<int64_t>(1, pipeline->replica_count()));
+    }
     while (t.step() < spec->steps()) {
       absl::StatusOr<StepReport> r = t.Step();
       if (!r.ok()) {
         progress.Finish();
         return Fail(r.status());
       }
-      if (pipeline != nullptr) progress.SetSuffix(PipelineFigures(*pipeline));
+      if (pipeline != nullptr)
+        progress.SetSuffix(PipelineFigures(*pipeline, cut));
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
       if (plan.EvaluatesAfter(t.step())) {
         progress.Finish();

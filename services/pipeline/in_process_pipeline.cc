@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   p->workers_ = workers;
   p->virtual_stages_ = v;
   p->schedule_ = options.schedule;
+  p->remat_ = options.remat;
   const int64_t replicas =
       options.replicas > 0 ? options.replicas : ReplicaCount(spec);
   const int64_t groups = spec.pipeline().gradient_groups() > 0

@@ -72,6 +72,7 @@ class InProcessPipeline final : public Trainer {
   int64_t worker_count() const { return workers_; }
   int64_t chunks_per_worker() const { return virtual_stages_; }
   ScheduleKind schedule() const { return schedule_; }
+  RematMode remat() const { return remat_; }
   Stage& stage(int64_t i, int64_t replica = 0) {
     return *stages_[replica * chunks_ + i];
   }
@@ -109,6 +110,7 @@ class InProcessPipeline final : public Trainer {
   int64_t workers_ = 1;         // K
   int64_t virtual_stages_ = 1;  // v
   ScheduleKind schedule_ = ScheduleKind::kGPipe;
+  RematMode remat_ = RematMode::kExceptLast;
   std::vector<std::vector<Op>> worker_ops_;  // interleaved: per worker
   std::vector<std::unique_ptr<StageThread>> threads_;
   int64_t step_ = 0;

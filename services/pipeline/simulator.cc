@@ -432,11 +432,10 @@ std::vector<PhaseTicks> CostModelTicks(const ModelShapes& shapes,
       remat);
 }
 
-double CostModelStepSeconds(const ModelShapes& shapes,
-                            const std::vector<int64_t>& balance,
-                            int64_t micro_batches, ScheduleKind schedule,
-                            int64_t virtual_stages, RematMode remat,
-                            int64_t batch_size, double update_traffic) {
+SimulationResult CostModelSimulation(
+    const ModelShapes& shapes, const std::vector<int64_t>& balance,
+    int64_t micro_batches, ScheduleKind schedule, int64_t virtual_stages,
+    RematMode remat, int64_t batch_size, double update_traffic) {
   // A nominal machine: what matters is the ratio of compute to the update's
   // memory traffic and to each op's fixed cost (10 FLOP a byte, 5 us a
   // layer op at 100 GFLOP/s), not the machine the choice is made on, so
@@ -467,7 +466,17 @@ double CostModelStepSeconds(const ModelShapes& shapes,
   config.virtual_stages = virtual_stages;
   config.remat = remat;
   config.link_bytes_per_second = 1e18;
-  const SimulationResult r = Simulate(config);
+  return Simulate(config);
+}
+
+double CostModelStepSeconds(const ModelShapes& shapes,
+                            const std::vector<int64_t>& balance,
+                            int64_t micro_batches, ScheduleKind schedule,
+                            int64_t virtual_stages, RematMode remat,
+                            int64_t batch_size, double update_traffic) {
+  const SimulationResult r =
+      CostModelSimulation(shapes, balance, micro_batches, schedule,
+                          virtual_stages, remat, batch_size, update_traffic);
   return r.complete ? r.step_seconds : std::numeric_limits<double>::infinity();
 }
 

@@ -149,8 +149,17 @@ std::vector<PhaseTicks> CostModelTicks(const ModelShapes& shapes,
 // The step the cost model predicts for a cut (`balance`, K x v stages) of
 // a batch of `batch_size` in M micro-batches on a nominal machine (compute,
 // each op's fixed cost, the update's memory traffic: `update_traffic`
-// bytes moved per parameter byte), links free: what chooses between cuts
-// that balance differently (PartitionForSchedule's ZB-V cut).
+// bytes moved per parameter byte), links free, with each worker's bubble:
+// what a cut allows, its unequal stages included.
+SimulationResult CostModelSimulation(const ModelShapes& shapes,
+                                     const std::vector<int64_t>& balance,
+                                     int64_t micro_batches,
+                                     ScheduleKind schedule,
+                                     int64_t virtual_stages, RematMode remat,
+                                     int64_t batch_size, double update_traffic);
+// CostModelSimulation's step; infinite where the schedule does not
+// complete. What chooses between cuts that balance differently
+// (PartitionForSchedule's ZB-V cut).
 double CostModelStepSeconds(const ModelShapes& shapes,
                             const std::vector<int64_t>& balance,
                             int64_t micro_batches, ScheduleKind schedule,
