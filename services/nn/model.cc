@@ -28,8 +28,10 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Build(
     ASSIGN_OR_RETURN(std::unique_ptr<Layer> layer,
                      MakeLayer(spec.layers(i), shapes.inputs[i]));
     layer->Initialize(MixKey({seed, 0x696e6974ULL, static_cast<uint64_t>(i)}));
-    for (Parameter* p : layer->Parameters())
+    for (Parameter* p : layer->Parameters()) {
       model->params_.push_back({absl::StrCat("layers.", i, ".", p->name), p});
+      model->param_layers_.push_back(i - begin);
+    }
     model->layers_.push_back(std::move(layer));
   }
   return model;
@@ -164,9 +166,11 @@ void Model::ZeroGrad() {
   }
 }
 
-void Model::PackWeights() {
-  for (size_t l = 0; l < layers_.size(); ++l)
-    layers_[l]->PackWeights(InputGradUsed(begin_ + static_cast<int64_t>(l)));
+void Model::PackAfterUpdate(size_t i) {
+  if (i >= param_layers_.size()) return;
+  const int64_t l = param_layers_[i];
+  if (i + 1 < param_layers_.size() && param_layers_[i + 1] == l) return;
+  layers_[l]->PackWeights(InputGradUsed(begin_ + l));
 }
 
 int64_t Model::RunningStatisticsWidth() const {

@@ -76,9 +76,13 @@ class Model {
   // Parameters and buffers by global name: what a checkpoint holds.
   std::vector<NamedTensor> StateTensors();
   void ZeroGrad();
-  // Layer::PackWeights for every layer, the model's first without its
-  // input gradient (nobody reads it).
-  void PackWeights();
+  // Layer::PackWeights for the layer of Parameters()[i] once i is its last
+  // parameter (the model's first layer without its input gradient's copy:
+  // nobody reads it): an optimizer's `updated` callback, so each weight is
+  // packed right after its update, while it is in the cache, not read back
+  // from memory in a pass of its own. Packing moves floats: the bits of
+  // the products are the same.
+  void PackAfterUpdate(size_t i);
 
   // Running statistics held back to the step's end (RunningStatistics):
   // the floats a micro-batch records across the layers (0: none); the
@@ -110,6 +114,8 @@ class Model {
   int64_t begin_ = 0;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<NamedParameter> params_;
+  // The local layer of each of params_.
+  std::vector<int64_t> param_layers_;
   LayerTiming* timing_ = nullptr;
 };
 

@@ -26,7 +26,8 @@ class Sgd final : public Optimizer {
         momentum_.push_back(ZerosLike(p.param->value));
   }
 
-  void Step(float lr, int64_t step) override {
+  void Step(float lr, int64_t step,
+            const std::function<void(size_t)>& updated) override {
     const float mu = spec_.momentum(), wd = spec_.weight_decay();
     for (size_t i = 0; i < params_.size(); ++i) {
       Parameter& p = *params_[i].param;
@@ -36,6 +37,7 @@ class Sgd final : public Optimizer {
       const float decay = p.decay ? wd : 0.0f;
       ops::SgdStep(p.value.device(), n, lr, decay, mu, spec_.nesterov(),
                    step == 1, g, w, mu == 0.0f ? nullptr : momentum_[i].f32());
+      if (updated) updated(i);
     }
   }
 
@@ -67,7 +69,8 @@ class AdamW final : public Optimizer {
     }
   }
 
-  void Step(float lr, int64_t step) override {
+  void Step(float lr, int64_t step,
+            const std::function<void(size_t)>& updated) override {
     const double c1 = 1.0 - std::pow(static_cast<double>(beta1_), step);
     const double c2 = 1.0 - std::pow(static_cast<double>(beta2_), step);
     const float step_size = static_cast<float>(lr / c1);
@@ -82,6 +85,7 @@ class AdamW final : public Optimizer {
       const float decay = p.decay ? 1.0f - lr * wd_ : 1.0f;
       ops::AdamWStep(p.value.device(), n, decay, beta1_, beta2_, step_size,
                      c2_sqrt, eps_, g, w, m, v);
+      if (updated) updated(i);
     }
   }
 

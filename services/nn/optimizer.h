@@ -5,6 +5,7 @@
 #ifndef GPIPE_SERVICES_NN_OPTIMIZER_H_
 #define GPIPE_SERVICES_NN_OPTIMIZER_H_
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -18,7 +19,11 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   // Applies one update with learning rate `lr`; `step` counts from 1.
-  virtual void Step(float lr, int64_t step) = 0;
+  // `updated(i)`, when given, runs once parameter i (in the order the
+  // optimizer was made with) has its new value, while it is still in the
+  // cache (Model::PackAfterUpdate).
+  virtual void Step(float lr, int64_t step,
+                    const std::function<void(size_t)>& updated = nullptr) = 0;
   // Optimizer state by name ("<param name>.momentum", ".exp_avg", ...), for
   // checkpoints.
   virtual std::vector<NamedTensor> State() = 0;

@@ -110,7 +110,10 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   ScaleGradients(params,
                  ClipCoefficient(squares, spec_.optimizer().clip_norm()));
   report.lr = LearningRate(spec_.optimizer(), s, spec_.steps());
-  optimizer_->Step(report.lr, s + 1);
+  // Each weight packed for the next step's products right after its
+  // update, from the cache, as a stage does it.
+  optimizer_->Step(report.lr, s + 1,
+                   [this](size_t i) { model_->PackAfterUpdate(i); });
   model_->ZeroGrad();
   ++step_;
   return report;

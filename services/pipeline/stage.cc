@@ -682,17 +682,18 @@ absl::StatusOr<float> Stage::ApplyUpdate(int64_t step, double squares,
   update_in_progress_ = true;
   if (holds_back_statistics_)
     RETURN_IF_ERROR(model_->ApplyRunningStatistics(running_rows));
-  optimizer_->Step(lr, step + 1);
+  // Each Linear's weight packed for the next step's products (rather than
+  // by its first forward and backward: the neighbours wait for those,
+  // while a stage other than the first would idle here anyway until its
+  // first micro-batch arrives), right after its update, from the cache.
+  optimizer_->Step(lr, step + 1,
+                   [this](size_t i) { model_->PackAfterUpdate(i); });
   update_in_progress_ = false;
   pending_update_ = -1;
   pending_running_rows_ = Tensor();
   last_update_step_ = step;
   last_update_squares_ = squares;
   model_->ZeroGrad();
-  // Packed now rather than by the next step's first forward and backward:
-  // the neighbours wait for those, while a stage other than the first
-  // would idle here anyway until its first micro-batch arrives.
-  model_->PackWeights();
   // The update is queued on the stage's stream; whoever reads the
   // parameters next (a checkpoint, the final write, an evaluation from
   // another thread's stream) must see it done.

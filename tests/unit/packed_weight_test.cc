@@ -10,6 +10,8 @@
 #include "services/core/rng.h"
 #include "services/nn/layer_spec.h"
 #include "services/nn/layers/linear.h"
+#include "services/nn/model.h"
+#include "services/nn/optimizer.h"
 #include "services/tensor/cpu/gemm.h"
 
 namespace gpipe {
@@ -184,6 +186,76 @@ TEST(PackedWeight, ALinearPacksAheadTheSameBitsAndOnlyWhatItUses) {
       BitwiseEqual(ahead.Forward(x, ctx, &a), lazy.Forward(x, ctx, &b)));
   EXPECT_TRUE(
       BitwiseEqual(ahead.Backward(dy, a, ctx), lazy.Backward(dy, b, ctx)));
+}
+
+// A model's weights packed by the optimizer's step, each right after its
+// update (Model::PackAfterUpdate): every Linear holds its copies of the new
+// weight before the next forward, the model's first without the input
+// gradient's, and the next step's products are those of a model given the
+// updated weights.
+TEST(PackedWeight, AModelPacksEachWeightAfterItsUpdate) {
+  v1::ModelSpec spec;
+  spec.mutable_input()->set_dtype(v1::FLOAT32);
+  spec.mutable_input()->mutable_shape()->add_dims(12);
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{12, 16}, {16, 8}}) {
+    auto& l = *spec.add_layers()->mutable_linear();
+    l.set_in_features(in);
+    l.set_out_features(out);
+    spec.add_layers()->mutable_relu();
+  }
+  spec.mutable_loss()->mutable_softmax_cross_entropy();
+  auto model = Model::Build(spec, /*seed=*/4);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto fresh = Model::Build(spec, /*seed=*/4);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  v1::OptimizerSpec opt;
+  opt.mutable_adamw();
+  auto optimizer = MakeOptimizer(opt, (*model)->Parameters());
+  ASSERT_TRUE(optimizer.ok());
+  const Tensor x = Random({5, 12}, 31);
+  LayerContext ctx;
+  // Two micro-batches: a copy pays for itself from a weight's second
+  // product on (PackedWeight), so each Linear keeps its copies.
+  for (int m = 0; m < 2; ++m) {
+    std::vector<Saved> saved;
+    const Tensor y = (*model)->Forward(x, ctx, &saved);
+    (*model)->Backward(Random(y.shape(), 32 + m), saved, ctx);
+  }
+  auto& first = static_cast<Linear&>((*model)->layer(0));
+  auto& second = static_cast<Linear&>((*model)->layer(2));
+  const int64_t first_packs = first.packs(), second_packs = second.packs();
+  (*optimizer)->Step(0.1f, 1, [&](size_t i) { (*model)->PackAfterUpdate(i); });
+  // Packed in the step: the forward's copy of the first, both copies of
+  // the second.
+  EXPECT_EQ(first.packs(), first_packs + 1);
+  EXPECT_EQ(second.packs(), second_packs + 2);
+  // The model's first layer makes no input gradient: its forward's copy
+  // only.
+  Linear forward_only(12, 16, /*bias=*/true);
+  forward_only.PackWeights(/*input_grad=*/false);
+  EXPECT_EQ(first.packed_bytes(), forward_only.packed_bytes());
+  Linear both(16, 8, /*bias=*/true);
+  both.PackWeights(/*input_grad=*/true);
+  EXPECT_EQ(second.packed_bytes(), both.packed_bytes());
+  for (size_t p = 0; p < (*model)->Parameters().size(); ++p) {
+    (*fresh)->Parameters()[p].param->value.CopyFrom(
+        (*model)->Parameters()[p].param->value);
+  }
+  std::vector<Saved> a, b;
+  const Tensor y = (*model)->Forward(x, ctx, &a);
+  EXPECT_TRUE(BitwiseEqual(y, (*fresh)->Forward(x, ctx, &b)));
+  // The backward's products: the second Linear's input gradient feeds
+  // the first's weight gradient.
+  (*model)->ZeroGrad();
+  (*fresh)->ZeroGrad();
+  const Tensor dy = Random(y.shape(), 40);
+  (*model)->Backward(dy, a, ctx);
+  (*fresh)->Backward(dy, b, ctx);
+  EXPECT_TRUE(BitwiseEqual((*model)->Parameters()[0].param->grad,
+                           (*fresh)->Parameters()[0].param->grad));
+  // The step's products found the copies current.
+  EXPECT_EQ(first.packs(), first_packs + 1);
+  EXPECT_EQ(second.packs(), second_packs + 2);
 }
 
 TEST(PackedWeight, TheMemoryModelCountsWhatALinearHolds) {

@@ -35,6 +35,10 @@ class Linear final : public Layer {
   int64_t packed_bytes() const {
     return forward_pack_.bytes() + input_grad_pack_.bytes();
   }
+  // How many times its copies were packed (PackedWeight::packs).
+  int64_t packs() const {
+    return forward_pack_.packs() + input_grad_pack_.packs();
+  }
 
   // Weight-only initialization scale for layers that prefer GPT-style N(0, s).
   void InitializeNormal(uint64_t key, float stddev);
