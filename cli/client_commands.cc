@@ -311,6 +311,7 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
 struct CutFigures {
   std::vector<int64_t> balance;
   int64_t micro_batches = 0;
+  int64_t replicas = 0;
   std::vector<double> bubbles;
 };
 std::string TheoryText(const gpipe::v1::JobSpec& spec,
@@ -332,9 +333,11 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
   std::vector<int64_t> balance;
   for (const gpipe::v1::StageStatus* st : stages)
     balance.push_back(st->layer_end() - st->layer_begin());
-  if (balance != cut.balance || m != cut.micro_batches) {
+  if (balance != cut.balance || m != cut.micro_batches ||
+      replicas != cut.replicas) {
     cut.balance = balance;
     cut.micro_batches = m;
+    cut.replicas = replicas;
     cut.bubbles = CutBubbles(spec, kind, RematFromSpec(spec.pipeline().remat()),
                              balance, m, v, spec.batch_size() / replicas);
   }

@@ -1,5 +1,6 @@
 #include "services/data/batch_prefetch.h"
 
+#include <system_error>
 #include <utility>
 
 namespace gpipe {
@@ -43,9 +44,19 @@ Batch BatchPrefetch::Take(int64_t step) {
   if (!ahead) batch = GatherNow(step);
   {
     absl::MutexLock lock(&mu_);
-    next_ = step + 1;
-    busy_ = true;
-    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    if (!thread_.joinable() && !no_thread_) {
+      // Without a thread (the process is out of them) every batch is
+      // gathered here, as before there was a prefetch.
+      try {
+        thread_ = std::thread([this] { Run(); });
+      } catch (const std::system_error&) {
+        no_thread_ = true;
+      }
+    }
+    if (thread_.joinable()) {
+      next_ = step + 1;
+      busy_ = true;
+    }
   }
   return batch;
 }
@@ -63,10 +74,21 @@ void BatchPrefetch::Run() {
     const int64_t step = next_;
     next_ = -1;
     mu_.Unlock();
-    Batch batch = GatherNow(step);
+    // A gather that fails here (out of memory) leaves nothing ahead: Take
+    // then gathers on the caller's thread, which fails cleanly (a stage's
+    // thread turns std::bad_alloc into its status).
+    Batch batch;
+    bool gathered = true;
+    try {
+      batch = GatherNow(step);
+    } catch (...) {
+      gathered = false;
+    }
     mu_.Lock();
-    ahead_ = std::move(batch);
-    ahead_step_ = step;
+    if (gathered) {
+      ahead_ = std::move(batch);
+      ahead_step_ = step;
+    }
     busy_ = false;
   }
   busy_ = false;

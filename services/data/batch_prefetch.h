@@ -25,7 +25,10 @@ class BatchPrefetch {
 
   // `dataset` and `sampler` must outlive this object (both are read from
   // its thread; Dataset::Gather and Sampler::Indices are const and
-  // thread-safe).
+  // thread-safe). One caller at a time. The batches gathered ahead are
+  // host tensors of the process's allocator: they count towards a
+  // TensorMemoryLimit, which the caller's thread meets at its next
+  // allocation, as it meets a link reader's.
   BatchPrefetch(const Dataset* dataset, const Sampler* sampler, Part part);
   // Waits for a gather in progress.
   ~BatchPrefetch();
@@ -59,6 +62,7 @@ class BatchPrefetch {
   int64_t ahead_step_ ABSL_GUARDED_BY(mu_) = -1;
   Batch ahead_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool no_thread_ ABSL_GUARDED_BY(mu_) = false;  // none could be started
   int64_t taken_ahead_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;  // started by the first Take
 };

@@ -406,8 +406,12 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
       std::max({last ? 0 : out_bytes, first ? 0 : in_bytes, eval_out, eval_in});
   int64_t eval = Add(LargestOp(shapes, b, e, eval_batch, OpPass::kEvaluation),
                      first ? 0 : Mul(BoundaryBytes(shapes, b, e), eval_batch));
-  // The last stage's loss makes no tensor in an evaluation: without a
-  // gradient it reads the logits in place.
+  // The last stage's loss makes no tensor of the logits' size in an
+  // evaluation (without a gradient it reads them in place); on a GPU it
+  // holds each row's results (12 bytes) and the targets copied to the
+  // device (4 bytes a row) beside them.
+  if (last)
+    eval = Add(eval, Mul(Mul(TargetBytesPerSample(shapes), 4), eval_batch));
   // Several gradient groups on one stage: the sums GradientTree holds
   // until the step's end, from the first group's end on, beside the
   // activations, as the allocator sees. Siblings merge at once, so L groups

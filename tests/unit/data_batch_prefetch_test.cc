@@ -3,10 +3,13 @@
 // step out of order (a restore) gets its own batch.
 #include <atomic>
 #include <cstring>
+#include <new>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "gtest/gtest.h"
 #include "services/data/batch_prefetch.h"
 #include "services/data/synthetic.h"
@@ -29,11 +32,13 @@ v1::Synthetic Gaussian() {
   return spec;
 }
 
-// A dataset that records the threads its gathers run on.
+// A dataset that records the threads its gathers run on; each gather
+// takes at least `delay` and counts as under way until it returns.
 class RecordingDataset : public Dataset {
  public:
-  explicit RecordingDataset(std::unique_ptr<Dataset> inner)
-      : inner_(std::move(inner)) {}
+  explicit RecordingDataset(std::unique_ptr<Dataset> inner,
+                            absl::Duration delay = absl::ZeroDuration())
+      : inner_(std::move(inner)), delay_(delay) {}
   int64_t size(Split s) const override { return inner_->size(s); }
   Shape input_shape() const override { return inner_->input_shape(); }
   DType input_dtype() const override { return inner_->input_dtype(); }
@@ -42,8 +47,13 @@ class RecordingDataset : public Dataset {
   Batch Gather(Split split,
                const std::vector<int64_t>& indices) const override {
     Record();
-    return inner_->Gather(split, indices);
+    ++under_way_;
+    absl::SleepFor(delay_);
+    Batch b = inner_->Gather(split, indices);
+    --under_way_;
+    return b;
   }
+  int under_way() const { return under_way_.load(); }
   Tensor GatherTargets(Split split,
                        const std::vector<int64_t>& indices) const override {
     Record();
@@ -60,6 +70,8 @@ class RecordingDataset : public Dataset {
     threads_.push_back(std::this_thread::get_id());
   }
   std::unique_ptr<Dataset> inner_;
+  absl::Duration delay_;
+  mutable std::atomic<int> under_way_{0};
   mutable absl::Mutex mu_;
   mutable std::vector<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
 };
@@ -117,16 +129,54 @@ TEST(BatchPrefetch, TargetsOnly) {
   }
 }
 
-// Destroyed with a gather under way or queued: it waits, and nothing runs
-// after (the sanitizers' and the dataset's lifetime check this).
+// A dataset whose gathers fail (out of memory) on every thread but the
+// one that made it.
+class FailingElsewhere : public RecordingDataset {
+ public:
+  using RecordingDataset::RecordingDataset;
+  Batch Gather(Split split,
+               const std::vector<int64_t>& indices) const override {
+    if (std::this_thread::get_id() != owner_) throw std::bad_alloc();
+    return RecordingDataset::Gather(split, indices);
+  }
+
+ private:
+  std::thread::id owner_ = std::this_thread::get_id();
+};
+
+// A gather that fails ahead kills nothing: the caller gathers the batch
+// itself (where a stage's thread would turn a failure into its status).
+TEST(BatchPrefetch, AGatherThatFailsAheadIsMadeByTheCaller) {
+  auto inner = MakeSynthetic(Gaussian(), 5);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  FailingElsewhere dataset(std::move(*inner));
+  const Sampler sampler(9, dataset.size(Split::kTrain), 7);
+  BatchPrefetch prefetch(&dataset, &sampler, BatchPrefetch::Part::kWhole);
+  for (int64_t step = 0; step < 4; ++step) {
+    const Batch got = prefetch.Take(step);
+    const Batch want = dataset.Gather(Split::kTrain, sampler.Indices(step));
+    EXPECT_TRUE(SameBytes(got.inputs, want.inputs)) << step;
+  }
+  EXPECT_EQ(prefetch.taken_ahead(), 0);
+}
+
+// Destroyed with a gather under way: it waits for it, so no gather runs
+// on past it (or past the dataset, which goes after it).
 TEST(BatchPrefetch, GoesAwayWithAGatherUnderWay) {
-  auto dataset = MakeSynthetic(Gaussian(), 5);
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
-  const Sampler sampler(2, (*dataset)->size(Split::kTrain), 50);
-  for (int round = 0; round < 20; ++round) {
-    BatchPrefetch prefetch(dataset->get(), &sampler,
-                           BatchPrefetch::Part::kWhole);
-    prefetch.Take(round);
+  auto inner = MakeSynthetic(Gaussian(), 5);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  RecordingDataset dataset(std::move(*inner), absl::Milliseconds(20));
+  const Sampler sampler(2, dataset.size(Split::kTrain), 50);
+  for (int round = 0; round < 3; ++round) {
+    {
+      BatchPrefetch prefetch(&dataset, &sampler, BatchPrefetch::Part::kWhole);
+      prefetch.Take(round);
+      // Until the next step's gather is under way (bounded: 2 s).
+      for (int i = 0; i < 2000 && dataset.under_way() == 0; ++i)
+        absl::SleepFor(absl::Milliseconds(1));
+      EXPECT_EQ(dataset.under_way(), 1);
+    }
+    EXPECT_EQ(dataset.under_way(), 0) << "a gather outlived its prefetch";
   }
 }
 
