@@ -325,14 +325,10 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
   for (const gpipe::v1::StageStatus& st : s.replica_stages())
     replicas = std::max(replicas, st.replica() + 1);
   const int64_t m = MicroBatchCount(spec) / replicas;
-  std::vector<const gpipe::v1::StageStatus*> stages;
-  for (const gpipe::v1::StageStatus& st : s.stages()) stages.push_back(&st);
-  std::sort(stages.begin(), stages.end(), [](const auto* a, const auto* b) {
-    return a->stage() < b->stage();
-  });
+  // The status lists the stages in model order.
   std::vector<int64_t> balance;
-  for (const gpipe::v1::StageStatus* st : stages)
-    balance.push_back(st->layer_end() - st->layer_begin());
+  for (const gpipe::v1::StageStatus& st : s.stages())
+    balance.push_back(st.layer_end() - st.layer_begin());
   if (balance != cut.balance || m != cut.micro_batches ||
       replicas != cut.replicas) {
     cut.balance = balance;

@@ -161,15 +161,9 @@ double MeasureTriadBytesPerSecond() {
   return 3.0 * 4 * n / std::max(best, 1e-9);
 }
 
-// Bytes each parameter's once-a-step passes move, in units of the
-// parameter's own bytes, for the optimizer of `spec`: the squares read the
-// gradient; the update reads the parameter and its gradient and writes the
-// parameter, reads and writes each state tensor, and zeroes the gradient.
+// Bytes each parameter's squares pass moves, in units of the parameter's
+// own bytes: it reads the gradient (the update's: UpdateTraffic).
 constexpr double kNormTraffic = 1;
-double UpdateTraffic(const gpipe::v1::OptimizerSpec& spec) {
-  const double state = spec.has_adamw() ? 2 : spec.sgd().momentum() > 0 ? 1 : 0;
-  return 4 + 2 * state;
-}
 
 // One simulated configuration.
 struct Option {

@@ -136,6 +136,12 @@ absl::Status WritePipelineTrace(InProcessPipeline& pipeline,
   return WriteTraceDir(last, dir);
 }
 
+// The micro-batches each replica of the pipeline runs.
+int64_t ReplicaMicroBatches(InProcessPipeline& pipeline) {
+  return pipeline.stage(0).placement().micro_batches /
+         std::max<int64_t>(1, pipeline.replica_count());
+}
+
 // Each worker's utilization and bubble in the pipeline's last step (replica
 // 0's; a worker of several chunks is busy for their busy time together)
 // and the schedule's theory, as `gpipectl local` shows a cluster's.
@@ -159,8 +165,7 @@ std::string PipelineFigures(InProcessPipeline& pipeline,
     const double u = std::min(1.0, busy / wall);
     workers.push_back({u, 1.0 - u});
   }
-  const int64_t m = pipeline.stage(0).placement().micro_batches /
-                    std::max<int64_t>(1, pipeline.replica_count());
+  const int64_t m = ReplicaMicroBatches(pipeline);
   return StageFiguresLine(workers,
                           BubbleTheoryText(pipeline.schedule(), k, m, v, cut));
 }
@@ -329,11 +334,9 @@ int RunTrain(const std::vector<std::string>& args) {
     // the schedule's theory: once, the cut does not change.
     std::vector<double> cut;
     if (pipeline != nullptr && pipeline->worker_count() > 1) {
-      const int64_t m = pipeline->stage(0).placement().micro_batches /
-                        std::max<int64_t>(1, pipeline->replica_count());
       cut = CutBubbles(
           *spec, pipeline->schedule(), pipeline->remat(), pipeline->balance(),
-          m, pipeline->chunks_per_worker(),
+          ReplicaMicroBatches(*pipeline), pipeline->chunks_per_worker(),
           spec->batch_size() / std::max<int64_t>(1, pipeline->replica_count()));
     }
     while (t.step() < spec->steps()) {

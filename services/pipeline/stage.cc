@@ -116,6 +116,13 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
   if (stage->dataset_ != nullptr) {
     stage->sampler_ = std::make_unique<Sampler>(
         spec.seed(), stage->dataset_->size(Split::kTrain), spec.batch_size());
+    // The last stage's inputs come down the pipe: it needs the targets only.
+    if (placement.first() || placement.last()) {
+      stage->prefetch_ = std::make_unique<BatchPrefetch>(
+          stage->dataset_.get(), stage->sampler_.get(),
+          placement.first() ? BatchPrefetch::Part::kWhole
+                            : BatchPrefetch::Part::kTargets);
+    }
   }
   ASSIGN_OR_RETURN(stage->model_,
                    Model::Build(spec.model(), spec.seed(),
@@ -733,13 +740,6 @@ absl::Status Stage::BeginStep(int64_t step) {
   st.step = step;
   st.result.step = step;
   if (placement_.first() || placement_.last()) {
-    // The last stage's inputs come down the pipe: it needs the targets only.
-    if (prefetch_ == nullptr) {
-      prefetch_ = std::make_unique<BatchPrefetch>(
-          dataset_.get(), sampler_.get(),
-          placement_.first() ? BatchPrefetch::Part::kWhole
-                             : BatchPrefetch::Part::kTargets);
-    }
     st.batch = prefetch_->Take(step);
     // Once for the step's batch, not per micro-batch.
     if (placement_.first())

@@ -325,7 +325,7 @@ class Stage {
   std::shared_ptr<const Dataset> dataset_;
   std::unique_ptr<Sampler> sampler_;
   // The first and the last stage's next batch (or its targets), gathered
-  // while the step before runs; made by the first step.
+  // while the step before runs; null on the other stages.
   std::unique_ptr<BatchPrefetch> prefetch_;
   Link* upstream_ = nullptr;
   Link* downstream_ = nullptr;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <new>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -76,6 +77,19 @@ class RecordingDataset : public Dataset {
   mutable std::vector<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
 };
 
+// Each of `steps` taken from `prefetch` is the sampler's batch as the
+// dataset gathers it.
+void ExpectSamplersBatches(BatchPrefetch& prefetch, const Dataset& dataset,
+                           const Sampler& sampler,
+                           const std::vector<int64_t>& steps) {
+  for (int64_t step : steps) {
+    const Batch got = prefetch.Take(step);
+    const Batch want = dataset.Gather(Split::kTrain, sampler.Indices(step));
+    EXPECT_TRUE(SameBytes(got.inputs, want.inputs)) << step;
+    EXPECT_TRUE(SameBytes(got.targets, want.targets)) << step;
+  }
+}
+
 TEST(BatchPrefetch, EachStepIsTheSamplersBatchGatheredAhead) {
   auto inner = MakeSynthetic(Gaussian(), 5);
   ASSERT_TRUE(inner.ok()) << inner.status();
@@ -83,12 +97,9 @@ TEST(BatchPrefetch, EachStepIsTheSamplersBatchGatheredAhead) {
   // 7 does not divide 50: batches straddle epochs.
   const Sampler sampler(9, dataset.size(Split::kTrain), 7);
   BatchPrefetch prefetch(&dataset, &sampler, BatchPrefetch::Part::kWhole);
-  for (int64_t step = 0; step < 20; ++step) {
-    const Batch got = prefetch.Take(step);
-    const Batch want = dataset.Gather(Split::kTrain, sampler.Indices(step));
-    EXPECT_TRUE(SameBytes(got.inputs, want.inputs)) << step;
-    EXPECT_TRUE(SameBytes(got.targets, want.targets)) << step;
-  }
+  std::vector<int64_t> steps(20);
+  std::iota(steps.begin(), steps.end(), 0);
+  ExpectSamplersBatches(prefetch, dataset, sampler, steps);
   // The first step's batch was gathered on the caller's thread; every later
   // one ahead, on another.
   EXPECT_EQ(prefetch.taken_ahead(), 19);
@@ -104,12 +115,7 @@ TEST(BatchPrefetch, AStepOutOfOrderGetsItsOwnBatch) {
   const Sampler sampler(9, (*dataset)->size(Split::kTrain), 8);
   BatchPrefetch prefetch(dataset->get(), &sampler, BatchPrefetch::Part::kWhole);
   // 0, 1, 2 in order; then back to 1 (a restore), then 2 again.
-  for (int64_t step : {0, 1, 2, 1, 2, 40}) {
-    const Batch got = prefetch.Take(step);
-    const Batch want = (*dataset)->Gather(Split::kTrain, sampler.Indices(step));
-    EXPECT_TRUE(SameBytes(got.inputs, want.inputs)) << step;
-    EXPECT_TRUE(SameBytes(got.targets, want.targets)) << step;
-  }
+  ExpectSamplersBatches(prefetch, **dataset, sampler, {0, 1, 2, 1, 2, 40});
   // Ahead: 1, 2 and the second 2; not the first step, the restored 1 or 40.
   EXPECT_EQ(prefetch.taken_ahead(), 3);
 }
