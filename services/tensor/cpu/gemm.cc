@@ -73,7 +73,7 @@ struct Operand {
 // become the columns of the sliver), zero for valid <= j < width.
 void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
                     int64_t depth, float* out) {
-  int64_t p = 0, whole = 0;
+  int64_t p = 0, whole = 0, paired = 0;
 #if defined(__SSE2__)
   // 4 x 4 blocks through registers, all of the sliver's width for four
   // steps of the depth at a time: those steps are 4 * width floats in a
@@ -81,7 +81,11 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
   // read again from L1 by the next three. Column by column down the depth,
   // as before, wrote each line of the sliver in four visits (1.05-1.6x
   // slower on the MLP's and the Transformer's shapes).
+  // A pair of rows left (the AVX2 tile's 6 rows are 4 and 2) goes two
+  // floats a step: element by element, those two rows cost as much as the
+  // four before them.
   whole = valid / 4 * 4;
+  paired = valid - whole >= 2 ? whole + 2 : whole;
   for (; p + 4 <= depth; p += 4) {
     float* o = out + p * width;
     for (int64_t j = 0; j < whole; j += 4) {
@@ -94,20 +98,56 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
       _mm_storeu_ps(o + 2 * width + j, r2);
       _mm_storeu_ps(o + 3 * width + j, r3);
     }
+    if (paired > whole) {
+      const float* s0 = src + whole * ld + p;
+      const __m128 r0 = _mm_loadu_ps(s0), r1 = _mm_loadu_ps(s0 + ld);
+      const __m128 lo = _mm_unpacklo_ps(r0, r1), hi = _mm_unpackhi_ps(r0, r1);
+      _mm_storel_pi(reinterpret_cast<__m64*>(o + whole), lo);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(o + width + whole), lo);
+      _mm_storel_pi(reinterpret_cast<__m64*>(o + 2 * width + whole), hi);
+      _mm_storeh_pi(reinterpret_cast<__m64*>(o + 3 * width + whole), hi);
+    }
   }
 #endif
   // The depth's last steps of those columns, then the columns past them.
-  for (int64_t j = 0; j < whole; ++j)
+  for (int64_t j = 0; j < paired; ++j)
     for (int64_t q = p; q < depth; ++q) out[q * width + j] = src[j * ld + q];
-  for (int64_t j = whole; j < valid; ++j)
+  for (int64_t j = paired; j < valid; ++j)
     for (int64_t q = 0; q < depth; ++q) out[q * width + j] = src[j * ld + q];
   for (int64_t j = valid; j < width; ++j)
     for (int64_t q = 0; q < depth; ++q) out[q * width + j] = 0.0f;
 }
 
+// out[p * kWidth + j] = src[p * ld + j], a whole sliver's width a row: the
+// copy's size known, it is a few vector moves where memcpy's call cost as
+// much as the copy (a 6-float row of the AVX2 tile's A).
+template <int64_t kWidth>
+void PackWholeRows(const float* src, int64_t ld, int64_t depth, float* out) {
+  for (int64_t p = 0; p < depth; ++p)
+    std::memcpy(out + p * kWidth, src + p * ld, kWidth * sizeof(float));
+}
+
 // out[p * width + j] = src[p * ld + j] for j < valid, zero past it.
 void PackRows(const float* src, int64_t ld, int64_t valid, int64_t width,
               int64_t depth, float* out) {
+  if (valid == width) {
+    switch (width) {
+      case 4:
+        return PackWholeRows<4>(src, ld, depth, out);
+      case 6:
+        return PackWholeRows<6>(src, ld, depth, out);
+      case 8:
+        return PackWholeRows<8>(src, ld, depth, out);
+      case 12:
+        return PackWholeRows<12>(src, ld, depth, out);
+      case 16:
+        return PackWholeRows<16>(src, ld, depth, out);
+      case 32:
+        return PackWholeRows<32>(src, ld, depth, out);
+      default:
+        break;
+    }
+  }
   for (int64_t p = 0; p < depth; ++p) {
     float* dst = out + p * width;
     std::memcpy(dst, src + p * ld, valid * sizeof(float));
@@ -124,6 +164,51 @@ void PackASliver(const Operand& a, int64_t r0, int64_t rows, int64_t mr,
     PackRows(a.data + p0 * a.ld + r0, a.ld, valid, mr, depth, out);
   else
     PackTransposed(a.data + r0 * a.ld + p0, a.ld, valid, mr, depth, out);
+}
+
+// Rows [r0, r0 + rows) of op(A) = A^T over depth [p0, p0 + depth), every
+// sliver of them at once: A's row p is read once along its length and
+// dealt out kMr floats to each sliver. Sliver by sliver, each row's line
+// was fetched again for every sliver it feeds, from a stride that maps
+// A's rows onto a few of L1's sets.
+template <int64_t kMr>
+void DealTransposedRows(const float* src, int64_t ld, int64_t rows,
+                        int64_t depth, float* out) {
+  const int64_t whole = rows / kMr, rest = rows - whole * kMr;
+  const int64_t sliver = kMr * depth;
+  for (int64_t p = 0; p < depth; ++p) {
+    const float* const s = src + p * ld;
+    float* const o = out + p * kMr;
+    for (int64_t w = 0; w < whole; ++w)
+      std::memcpy(o + w * sliver, s + w * kMr, kMr * sizeof(float));
+    if (rest > 0) {
+      float* const t = o + whole * sliver;
+      std::memcpy(t, s + whole * kMr, rest * sizeof(float));
+      std::fill(t + rest, t + kMr, 0.0f);
+    }
+  }
+}
+
+// All the slivers of rows [r0, r0 + rows) of op(A), one after the other.
+void PackABlock(const Operand& a, int64_t r0, int64_t rows, int64_t mr,
+                int64_t p0, int64_t depth, float* out) {
+  if (a.trans) {
+    const float* const src = a.data + p0 * a.ld + r0;
+    switch (mr) {
+      case 4:
+        return DealTransposedRows<4>(src, a.ld, rows, depth, out);
+      case 6:
+        return DealTransposedRows<6>(src, a.ld, rows, depth, out);
+      case 12:
+        return DealTransposedRows<12>(src, a.ld, rows, depth, out);
+      default:
+        break;
+    }
+  }
+  const int64_t slivers = (rows + mr - 1) / mr;
+  for (int64_t s = 0; s < slivers; ++s)
+    PackASliver(a, r0 + s * mr, rows - s * mr, mr, p0, depth,
+                out + s * mr * depth);
 }
 
 // Columns [c0, c0 + nr) of op(B) over depth [p0, p0 + depth) as depth groups
@@ -297,9 +382,7 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
           if (static_cast<int64_t>(packed_a.size()) < row_slivers * mr * depth)
             packed_a.resize(row_slivers * mr * depth);
           float* const ap = packed_a.data();
-          for (int64_t s = 0; s < row_slivers; ++s)
-            PackASliver(a, ic + s * mr, rows - s * mr, mr, pc, depth,
-                        ap + s * mr * depth);
+          PackABlock(a, ic, rows, mr, pc, depth, ap);
           // The next sliver of B into L2 (the packed slivers lie one after
           // the other): in a training step B, a layer's packed weight, comes
           // from memory. A micro-batch's few rows reuse each sliver only a
