@@ -43,7 +43,9 @@ SgemmPeak MeasureSgemmPeak(int threads, int64_t size, int reps) {
 TilePeak MeasureTilePeak(int threads, int reps) {
   const cpu::GemmTile& tile = cpu::BestGemmTile();
   constexpr int64_t kDepth = 256;  // slivers of 48 KiB at most: L1
-  constexpr int64_t kCalls = 2000;
+  // About 10 ms a repetition: at 1 ms, a thread that lost its core for
+  // the whole of every repetition once reported a quarter of the peak.
+  constexpr int64_t kCalls = 20000;
   TilePeak peak;
   peak.tile = tile.name;
   peak.threads = threads;
