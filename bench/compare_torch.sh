@@ -102,5 +102,6 @@ for row in "${rows[@]}"; do
     "$(awk -v a="$ours" -v b="$torch" 'BEGIN { print a / b }')"
 done
 echo
-echo "ours includes gathering each batch from the dataset; torch reuses one random"
-echo "batch (no data loading), so its figure is a lower bound for a PyTorch loop."
+echo "ours gathers each batch from the dataset on a thread of its own during the"
+echo "step before; torch reuses one random batch (no data loading), so its figure"
+echo "is a lower bound for a PyTorch loop."

@@ -157,9 +157,10 @@ int Run(const Args& args) {
       static_cast<long long>(triad.floats * 4 >> 20), triad.threads,
       triad.gbytes_per_s);
   std::printf(
-      "note: a step includes gathering its batch from the dataset in "
-      "memory, the forward\n      and backward of every micro-batch, "
-      "clipping (when the job clips) and the optimizer update.\n");
+      "note: a step includes taking its batch (gathered from the dataset "
+      "in memory on a thread\n      of its own while the step before ran), "
+      "the forward and backward of every\n      micro-batch, clipping "
+      "(when the job clips) and the optimizer update.\n");
   std::fflush(stdout);
 
   if (args.Has("profile")) {

@@ -42,6 +42,8 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   }
   t->sampler_ = std::make_unique<Sampler>(
       spec.seed(), t->dataset_->size(Split::kTrain), spec.batch_size());
+  t->prefetch_ = std::make_unique<BatchPrefetch>(
+      t->dataset_.get(), t->sampler_.get(), BatchPrefetch::Part::kWhole);
   ASSIGN_OR_RETURN(t->model_, Model::Build(spec.model(), spec.seed()));
   t->device_ = device;
   if (device != Device::kCpu) RETURN_IF_ERROR(t->model_->To(device));
@@ -59,7 +61,7 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
 
 absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   const int64_t s = step_;
-  const Batch batch = dataset_->Gather(Split::kTrain, sampler_->Indices(s));
+  const Batch batch = prefetch_->Take(s);
   RETURN_IF_ERROR(model_->CheckInput(batch.inputs));
   const double normalizer = std::max<int64_t>(CountTargets(batch.targets), 1);
   LayerContext ctx;

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpipe/v1/job.pb.h"
+#include "services/data/batch_prefetch.h"
 #include "services/data/dataset.h"
 #include "services/data/sampler.h"
 #include "services/nn/model.h"
@@ -45,6 +46,8 @@ class ReferenceTrainer final : public Trainer {
   Model& model() { return *model_; }
   Optimizer& optimizer() { return *optimizer_; }
   const Dataset& dataset() const { return *dataset_; }
+  // How many steps' batches were gathered while the step before ran.
+  int64_t batches_taken_ahead() const { return prefetch_->taken_ahead(); }
 
  private:
   ReferenceTrainer() = default;
@@ -56,6 +59,10 @@ class ReferenceTrainer final : public Trainer {
   int64_t step_ = 0;
   std::shared_ptr<const Dataset> dataset_;
   std::unique_ptr<Sampler> sampler_;
+  // After the dataset and sampler it reads, so it stops before they go.
+  // The next step's batch is gathered while this one runs: on a GPU the
+  // gather is host work the device would otherwise wait for.
+  std::unique_ptr<BatchPrefetch> prefetch_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::string init_summary_;

@@ -112,6 +112,15 @@ TEST(MicroBatchAccumulation, ThreadCountDoesNotChangeTheResult) {
         << a[i].name;
 }
 
+// Each step after the first takes the batch gathered while the step before
+// ran; the bits are the gathered batch's (SameMTwiceIsBitwiseEqual, and
+// pipeline_exactness_test against the stages, which gather their own).
+TEST(MicroBatchAccumulation, TheNextBatchIsGatheredAhead) {
+  std::unique_ptr<ReferenceTrainer> trainer = Train(2, 4);
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_EQ(trainer->batches_taken_ahead(), 3);
+}
+
 TEST(MicroBatchAccumulation, MoreMicroBatchesThanRowsIsAnError) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(kSpec);
   ASSERT_TRUE(spec.ok());
