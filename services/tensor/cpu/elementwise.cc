@@ -1,8 +1,10 @@
 #include "services/tensor/cpu/elementwise.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "services/core/rng.h"
+#include "services/tensor/cpu/dropout_avx2.h"
 #include "services/tensor/cpu/normal.h"
 #include "services/tensor/cpu/vector_clones.h"
 
@@ -111,16 +113,29 @@ void TanhBackward(int64_t n, const float* y, const float* dy, float* dx) {
   for (int64_t i = 0; i < n; ++i) dx[i] = dy[i] * (1.0f - y[i] * y[i]);
 }
 
+namespace {
 // The mask is UniformAt(key, i) >= p: one SplitMix64 mix an element, whose
 // 64-bit multiplies bound the loop (it ran one element at a time, 10% of
 // the triad in elementwise_bench, before it was among the vector clones).
 GPIPE_VECTOR_CLONES
-void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
-                    float* y) {
+void DropoutVectorized(int64_t n, float p, uint64_t key, const float* x,
+                       float* y) {
   const float scale = 1.0f / (1.0f - p);
 #pragma omp parallel for simd if (n > kParallelMin / 4)
   for (int64_t i = 0; i < n; ++i)
     y[i] = UniformAt(key, static_cast<uint64_t>(i)) >= p ? x[i] * scale : 0.0f;
+}
+}  // namespace
+
+void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
+                    float* y) {
+  if (!DropoutPrefersAvx2()) return DropoutVectorized(n, p, key, x, y);
+  // Blocks a thread, each the same bits as the whole.
+  constexpr int64_t kBlock = int64_t{1} << 14;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for if (n > kParallelMin / 4)
+  for (int64_t b = 0; b < blocks; ++b)
+    DropoutRangeAvx2(b * kBlock, std::min(n, (b + 1) * kBlock), p, key, x, y);
 }
 
 void DropoutBackward(int64_t n, float p, uint64_t key, const float* dy,
