@@ -158,6 +158,15 @@ ok "only workers with the token and the CA's certificate attach; plaintext probe
 
 # --- 4. a job, and a stranger pushing frames into it -------------------------
 write_spec "$work/job.json" secure "$steps" 2 0 "$SGD"
+# No self-balancing: on a busy machine the workers' step times can ask for
+# a new cut, and its restart (a new epoch) would answer the stranger's
+# streams with "older than this worker's epoch" before any key is checked.
+python3 - "$work/job.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["pipeline"]["rebalance"] = {"enabled": False}
+json.dump(d, open(sys.argv[1], "w"))
+PY
 job=$(ctl submit "$work/job.json" | tail -n 1)
 st=""
 for _ in $(seq 200); do
