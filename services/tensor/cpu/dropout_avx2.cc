@@ -31,11 +31,11 @@ __attribute__((target("avx2"))) inline __m256i MulLow64(__m256i z, __m256i m_lo,
 // gamma: the mix's final z ^ (z >> 31) changes none of z's top 24 bits.
 __attribute__((target("avx2"))) inline __m256i MixTop24(__m256i z) {
   const __m256i m1_lo = _mm256_set1_epi64x(kMul1 & 0xffffffffu);
-  const __m256i m1_cross = _mm256_set1_epi64x(
-      static_cast<int64_t>((kMul1 << 32) | (kMul1 >> 32)));
+  const __m256i m1_cross =
+      _mm256_set1_epi64x(static_cast<int64_t>((kMul1 << 32) | (kMul1 >> 32)));
   const __m256i m2_lo = _mm256_set1_epi64x(kMul2 & 0xffffffffu);
-  const __m256i m2_cross = _mm256_set1_epi64x(
-      static_cast<int64_t>((kMul2 << 32) | (kMul2 >> 32)));
+  const __m256i m2_cross =
+      _mm256_set1_epi64x(static_cast<int64_t>((kMul2 << 32) | (kMul2 >> 32)));
   z = MulLow64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 30)), m1_lo, m1_cross);
   z = MulLow64(_mm256_xor_si256(z, _mm256_srli_epi64(z, 27)), m2_lo, m2_cross);
   return _mm256_srli_epi64(z, 40);
@@ -73,18 +73,25 @@ __attribute__((target("avx2"))) void DropoutRange(int64_t begin, int64_t end,
   for (; i < end; ++i)
     y[i] = UniformAt(key, static_cast<uint64_t>(i)) >= p ? x[i] * scale : 0.0f;
 }
+
+// Each asked once: DropoutRangeAvx2 runs for every block of every dropout.
+bool HasAvx2() {
+  static const bool has =
+      (__builtin_cpu_init(), __builtin_cpu_supports("avx2") != 0);
+  return has;
+}
+bool HasAvx512Dq() {
+  static const bool has =
+      (__builtin_cpu_init(), __builtin_cpu_supports("avx512dq") != 0);
+  return has;
+}
 #endif
 
 }  // namespace
 
 bool DropoutPrefersAvx2() {
 #if GPIPE_DROPOUT_AVX2
-  static const bool prefers = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") &&
-           !__builtin_cpu_supports("avx512dq");
-  }();
-  return prefers;
+  return HasAvx2() && !HasAvx512Dq();
 #else
   return false;
 #endif
@@ -93,8 +100,7 @@ bool DropoutPrefersAvx2() {
 bool DropoutRangeAvx2(int64_t begin, int64_t end, float p, uint64_t key,
                       const float* x, float* y) {
 #if GPIPE_DROPOUT_AVX2
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx2")) return false;
+  if (!HasAvx2()) return false;
   DropoutRange(begin, end, p, key, 1.0f / (1.0f - p), x, y);
   return true;
 #else

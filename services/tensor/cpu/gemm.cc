@@ -118,36 +118,63 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
     for (int64_t q = 0; q < depth; ++q) out[q * width + j] = 0.0f;
 }
 
-// out[p * kWidth + j] = src[p * ld + j], a whole sliver's width a row: the
-// copy's size known, it is a few vector moves where memcpy's call cost as
-// much as the copy (a 6-float row of the AVX2 tile's A).
+// Columns [0, cols) of src's rows 0..depth-1 dealt out to slivers kWidth
+// columns wide: sliver w's row p at out + (w * depth + p) * kWidth, the
+// last sliver's columns past `cols` zero. Each of src's rows is read once
+// along its length (sliver by sliver, a row's line was fetched again for
+// every sliver it feeds, from a stride that can map the rows onto a few of
+// L1's sets), and each copy's size is known at compile time: a few vector
+// moves, where a call to memcpy cost as much as the copy (a 6-float row of
+// the AVX2 tile's A).
 template <int64_t kWidth>
-void PackWholeRows(const float* src, int64_t ld, int64_t depth, float* out) {
-  for (int64_t p = 0; p < depth; ++p)
-    std::memcpy(out + p * kWidth, src + p * ld, kWidth * sizeof(float));
+void DealRows(const float* src, int64_t ld, int64_t cols, int64_t depth,
+              float* out) {
+  const int64_t whole = cols / kWidth, rest = cols - whole * kWidth;
+  const int64_t sliver = kWidth * depth;
+  for (int64_t p = 0; p < depth; ++p) {
+    const float* const s = src + p * ld;
+    float* const o = out + p * kWidth;
+    for (int64_t w = 0; w < whole; ++w)
+      std::memcpy(o + w * sliver, s + w * kWidth, kWidth * sizeof(float));
+    if (rest > 0) {
+      float* const t = o + whole * sliver;
+      std::memcpy(t, s + whole * kWidth, rest * sizeof(float));
+      std::fill(t + rest, t + kWidth, 0.0f);
+    }
+  }
+}
+
+// DealRows for the widths the tiles' slivers have; false for another.
+bool DealRowsOfWidth(int64_t width, const float* src, int64_t ld, int64_t cols,
+                     int64_t depth, float* out) {
+  switch (width) {
+    case 4:
+      DealRows<4>(src, ld, cols, depth, out);
+      return true;
+    case 6:
+      DealRows<6>(src, ld, cols, depth, out);
+      return true;
+    case 8:
+      DealRows<8>(src, ld, cols, depth, out);
+      return true;
+    case 12:
+      DealRows<12>(src, ld, cols, depth, out);
+      return true;
+    case 16:
+      DealRows<16>(src, ld, cols, depth, out);
+      return true;
+    case 32:
+      DealRows<32>(src, ld, cols, depth, out);
+      return true;
+    default:
+      return false;
+  }
 }
 
 // out[p * width + j] = src[p * ld + j] for j < valid, zero past it.
 void PackRows(const float* src, int64_t ld, int64_t valid, int64_t width,
               int64_t depth, float* out) {
-  if (valid == width) {
-    switch (width) {
-      case 4:
-        return PackWholeRows<4>(src, ld, depth, out);
-      case 6:
-        return PackWholeRows<6>(src, ld, depth, out);
-      case 8:
-        return PackWholeRows<8>(src, ld, depth, out);
-      case 12:
-        return PackWholeRows<12>(src, ld, depth, out);
-      case 16:
-        return PackWholeRows<16>(src, ld, depth, out);
-      case 32:
-        return PackWholeRows<32>(src, ld, depth, out);
-      default:
-        break;
-    }
-  }
+  if (DealRowsOfWidth(width, src, ld, valid, depth, out)) return;
   for (int64_t p = 0; p < depth; ++p) {
     float* dst = out + p * width;
     std::memcpy(dst, src + p * ld, valid * sizeof(float));
@@ -166,44 +193,13 @@ void PackASliver(const Operand& a, int64_t r0, int64_t rows, int64_t mr,
     PackTransposed(a.data + r0 * a.ld + p0, a.ld, valid, mr, depth, out);
 }
 
-// Rows [r0, r0 + rows) of op(A) = A^T over depth [p0, p0 + depth), every
-// sliver of them at once: A's row p is read once along its length and
-// dealt out kMr floats to each sliver. Sliver by sliver, each row's line
-// was fetched again for every sliver it feeds, from a stride that maps
-// A's rows onto a few of L1's sets.
-template <int64_t kMr>
-void DealTransposedRows(const float* src, int64_t ld, int64_t rows,
-                        int64_t depth, float* out) {
-  const int64_t whole = rows / kMr, rest = rows - whole * kMr;
-  const int64_t sliver = kMr * depth;
-  for (int64_t p = 0; p < depth; ++p) {
-    const float* const s = src + p * ld;
-    float* const o = out + p * kMr;
-    for (int64_t w = 0; w < whole; ++w)
-      std::memcpy(o + w * sliver, s + w * kMr, kMr * sizeof(float));
-    if (rest > 0) {
-      float* const t = o + whole * sliver;
-      std::memcpy(t, s + whole * kMr, rest * sizeof(float));
-      std::fill(t + rest, t + kMr, 0.0f);
-    }
-  }
-}
-
 // All the slivers of rows [r0, r0 + rows) of op(A), one after the other.
 void PackABlock(const Operand& a, int64_t r0, int64_t rows, int64_t mr,
                 int64_t p0, int64_t depth, float* out) {
-  if (a.trans) {
-    const float* const src = a.data + p0 * a.ld + r0;
-    switch (mr) {
-      case 4:
-        return DealTransposedRows<4>(src, a.ld, rows, depth, out);
-      case 6:
-        return DealTransposedRows<6>(src, a.ld, rows, depth, out);
-      case 12:
-        return DealTransposedRows<12>(src, a.ld, rows, depth, out);
-      default:
-        break;
-    }
+  // op(A) = A^T: A's rows hold op(A)'s columns, dealt out whole.
+  if (a.trans &&
+      DealRowsOfWidth(mr, a.data + p0 * a.ld + r0, a.ld, rows, depth, out)) {
+    return;
   }
   const int64_t slivers = (rows + mr - 1) / mr;
   for (int64_t s = 0; s < slivers; ++s)
