@@ -29,6 +29,11 @@ constexpr double kEqualSpeeds = 1.05;
 // under kMaxOrderLayers: the search runs under the controller's lock.
 constexpr int64_t kMaxPermutedStages = 6;
 constexpr int64_t kMaxOrderLayers = 100000;
+// The simulator sees compute only, so for the running cut it predicts at
+// most the measured step, which holds compute and transfers. Layer times
+// adding up to more than this many steps were taken on a disturbed machine
+// (preempted layers, a neighbour's burst): no cut is judged by them.
+constexpr double kMaxPredictedOverMeasured = 1.5;
 
 double SpeedOf(const CostEstimate& c, const std::string& worker) {
   auto it = c.speed.find(worker);
@@ -301,6 +306,15 @@ std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
                        orders * std::max<int64_t>(n, 1) <= kMaxOrderLayers;
 
   const double old_seconds = PredictStepSeconds(in, in.balance, in.workers);
+  if (in.measured_step_seconds > 0 &&
+      old_seconds > kMaxPredictedOverMeasured * in.measured_step_seconds) {
+    *why = absl::StrFormat(
+        "the layer times add up to %.1f ms of compute for the running cut, "
+        "more than its whole %.1f ms step: they were measured on a disturbed "
+        "machine, and no cut is judged by them",
+        old_seconds * 1e3, in.measured_step_seconds * 1e3);
+    return std::nullopt;
+  }
   std::optional<RebalanceProposal> best;
   std::vector<size_t> order(k);
   std::iota(order.begin(), order.end(), size_t{0});

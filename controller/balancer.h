@@ -149,7 +149,9 @@ double PredictStepSeconds(const RebalanceInput& in,
 // their speeds differ by more than 5%; else the running order), the exact
 // min-max cut by measured stage time (PartitionByStageCost), and of those the
 // one the simulator predicts fastest. nullopt unless its ExpectedGain reaches
-// min_gain, it fits and was not tried before; `why` (optional) then says which.
+// min_gain, it fits and was not tried before, and the running cut's
+// predicted compute is not over 1.5x its measured step (layer times that
+// contradict the step they were part of); `why` (optional) then says which.
 std::optional<RebalanceProposal> ProposeRebalance(const RebalanceInput& in,
                                                   std::string* why = nullptr);
 

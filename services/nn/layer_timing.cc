@@ -6,10 +6,6 @@
 namespace gpipe {
 namespace {
 
-// Weight of the newest step in the running estimates: about the last ten
-// steps count, so an estimate follows a change within a few steps and one
-// noisy step moves it little.
-constexpr double kNewest = 0.2;
 // Slowdown sleeps are taken in pieces at least this long: sleeping after
 // every microsecond layer would cost more in wake-ups than it emulates.
 constexpr double kMinSleepSeconds = 1e-3;
@@ -19,7 +15,9 @@ constexpr double kMinSleepSeconds = 1e-3;
 LayerTiming::LayerTiming(int64_t layers, double slowdown)
     : slowdown_(std::max(1.0, slowdown)),
       step_forward_(layers, 0.0),
-      step_backward_(layers, 0.0) {}
+      step_backward_(layers, 0.0),
+      window_forward_(layers * kWindowSteps, 0.0),
+      window_backward_(layers * kWindowSteps, 0.0) {}
 
 void LayerTiming::Finished(int64_t local, bool backward, bool record,
                            std::chrono::steady_clock::time_point start) {
@@ -47,15 +45,24 @@ void LayerTiming::EndStep(int64_t micro_batches) {
   const double per =
       1.0 / static_cast<double>(std::max<int64_t>(1, micro_batches));
   if (steps_ended_++ > 0) {
-    const bool first = forward_.empty();
-    if (first) {
-      forward_.assign(step_forward_.size(), 0.0);
-      backward_.assign(step_backward_.size(), 0.0);
-    }
-    for (size_t i = 0; i < step_forward_.size(); ++i) {
-      const double f = step_forward_[i] * per, b = step_backward_[i] * per;
-      forward_[i] = first ? f : forward_[i] + kNewest * (f - forward_[i]);
-      backward_[i] = first ? b : backward_[i] + kNewest * (b - backward_[i]);
+    const size_t layers = step_forward_.size();
+    const int64_t slot = folded_++ % kWindowSteps;
+    const int64_t filled = std::min<int64_t>(folded_, kWindowSteps);
+    forward_.resize(layers);
+    backward_.resize(layers);
+    std::vector<double> last(filled);
+    const auto median = [&](std::vector<double>& window, size_t l) {
+      const auto begin = window.begin() + l * kWindowSteps;
+      std::copy(begin, begin + filled, last.begin());
+      // The upper median for an even count: a step's time, not a mean.
+      std::nth_element(last.begin(), last.begin() + filled / 2, last.end());
+      return last[filled / 2];
+    };
+    for (size_t l = 0; l < layers; ++l) {
+      window_forward_[l * kWindowSteps + slot] = step_forward_[l] * per;
+      window_backward_[l * kWindowSteps + slot] = step_backward_[l] * per;
+      forward_[l] = median(window_forward_, l);
+      backward_[l] = median(window_backward_, l);
     }
   }
   std::fill(step_forward_.begin(), step_forward_.end(), 0.0);

@@ -30,16 +30,29 @@ class LayerTiming {
   // and is not folded in.
   void EndStep(int64_t micro_batches);
 
-  // Running estimates (an exponential average over steps) of each layer's
-  // seconds per micro-batch; empty until a step was folded in.
+  // Running estimates of each layer's seconds per micro-batch: the median
+  // of its last kWindowSteps steps (fewer until that many ended); empty
+  // until a step was folded in. A median, not a mean: on a shared machine
+  // a microsecond layer is now and then preempted for milliseconds, and
+  // one such step would otherwise make it look a thousand times its cost
+  // to the balancer for several steps.
   const std::vector<double>& forward_seconds() const { return forward_; }
   const std::vector<double>& backward_seconds() const { return backward_; }
+
+  // Steps the estimates look back over: a spike in fewer than half of them
+  // moves nothing, a lasting change shows within half of them.
+  static constexpr int kWindowSteps = 9;
 
  private:
   double slowdown_;
   double owed_seconds_ = 0;  // slowdown sleep not yet taken
   int64_t steps_ended_ = 0;
   std::vector<double> step_forward_, step_backward_;  // this step's sums
+  // The last kWindowSteps steps' per-micro-batch seconds, layer-major
+  // (layer l's at [l * kWindowSteps, (l + 1) * kWindowSteps)), filled
+  // round-robin; `folded_` steps so far.
+  std::vector<double> window_forward_, window_backward_;
+  int64_t folded_ = 0;
   std::vector<double> forward_, backward_;
 };
 

@@ -167,6 +167,32 @@ TEST(BalancerTest, ASlowStageGivesUpLayers) {
   EXPECT_FALSE(ProposeRebalance(in).has_value());
 }
 
+TEST(BalancerTest, LayerTimesLongerThanTheirStepJudgeNothing) {
+  // ASlowStageGivesUpLayers's times: stage 1's layers measured 4x the
+  // others'. Whether they are evidence depends on the step measured around
+  // them: one much shorter than their compute says that they were taken
+  // on a disturbed machine (layers preempted mid-way).
+  const ModelShapes shapes = EqualLayers(12);
+  LayerCostBook book;
+  std::vector<double> seconds(12, 1e-3);
+  for (int l = 4; l < 8; ++l) seconds[l] = 4e-3;
+  Measure(book, {4, 4, 4}, {"a", "b", "c"}, seconds);
+  RebalanceInput in = Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book);
+  const double predicted = PredictStepSeconds(in, in.balance, in.workers);
+  // A step as long as the compute the layers claim, or a little shorter:
+  // judged, and stage 1 gives up layers.
+  in.measured_step_seconds = predicted;
+  std::string why;
+  EXPECT_TRUE(ProposeRebalance(in, &why).has_value()) << why;
+  in.measured_step_seconds = predicted / 1.4;
+  EXPECT_TRUE(ProposeRebalance(in, &why).has_value()) << why;
+  // Under two thirds of it: no proposal, and why says so.
+  in.measured_step_seconds = predicted / 1.6;
+  EXPECT_FALSE(ProposeRebalance(in, &why).has_value());
+  EXPECT_NE(why.find("more than its whole"), std::string::npos) << why;
+  EXPECT_NE(why.find("disturbed"), std::string::npos) << why;
+}
+
 TEST(BalancerTest, ABalancedCutStays) {
   const ModelShapes shapes = EqualLayers(12);
   LayerCostBook book;

@@ -15,6 +15,11 @@ namespace {
 
 namespace v1 = gpipe::v1;
 
+// A step as long as the slow (6x) stage's layers run serially, so the
+// layer times never add up to more than their step (the balancer ignores
+// times that do).
+constexpr double kStepSeconds = 0.25;
+
 // A running 2-stage job of the fixture's 5 layers, cut 2,3 on w1 and w2.
 JobRecord RunningJob(int64_t total_steps = 200) {
   JobRecord job;
@@ -48,7 +53,7 @@ v1::StepProgress Progress(int64_t stage, int64_t step, int64_t layers,
     p.add_layer_forward_seconds(layer_ms * 1e-3);
     p.add_layer_backward_seconds(2 * layer_ms * 1e-3);
   }
-  p.set_step_seconds(0.05);
+  p.set_step_seconds(kStepSeconds);
   p.set_busy_seconds(0.04);
   return p;
 }
@@ -87,7 +92,7 @@ TEST(RebalanceRulesTest, AfterTheWarmUpASlowStageMoves) {
   EXPECT_EQ(r->step(), 30);
   EXPECT_GT(r->new_balance(0), 2);
   EXPECT_EQ(r->workers(0), "w1");
-  EXPECT_DOUBLE_EQ(r->measured_old_seconds(), 0.05);
+  EXPECT_DOUBLE_EQ(r->measured_old_seconds(), kStepSeconds);
   // A balanced job is told why it stays.
   JobRecord balanced = RunningJob();
   Feed(balanced, 0, 25, 1.0);

@@ -861,6 +861,11 @@ TEST_F(ControllerStateTest, AWorkerIdBelongsToItsClientCertificate) {
   EXPECT_EQ((*again)->certificate, mine);
 }
 
+// A step as long as the slow (6x) stage's layers run serially, so the
+// layer times never add up to more than their step (the balancer ignores
+// times that do).
+constexpr double kStepSeconds = 0.25;
+
 // The self-balancing pipeline on the state machine: stages report layer
 // times, and at a committed checkpoint past the warm-up a job whose stage
 // 1 is slow restarts (uncounted) from that checkpoint under a new cut.
@@ -890,7 +895,7 @@ class RebalanceTest : public ControllerStateTest {
       p.add_layer_backward_seconds(2 * layer_ms * 1e-3);
     }
     p.set_busy_seconds(4 * 3 * layer_ms * 1e-3 * static_cast<double>(layers));
-    p.set_step_seconds(0.05);
+    p.set_step_seconds(kStepSeconds);
     return m;
   }
   // Steps (from, to] on both stages, stage 1's layers `slow` times as
@@ -943,7 +948,7 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   EXPECT_EQ(r.reason(), "worker_speeds");
   EXPECT_EQ(r.new_balance(1), 1);
   EXPECT_LT(r.predicted_new_seconds(), 0.9 * r.predicted_old_seconds());
-  EXPECT_DOUBLE_EQ(r.measured_old_seconds(), 0.05);
+  EXPECT_DOUBLE_EQ(r.measured_old_seconds(), kStepSeconds);
   const v1::Condition* running = nullptr;
   for (const v1::Condition& c : s.conditions())
     if (c.type() == "Running") running = &c;

@@ -107,6 +107,37 @@ TEST(LayerTimingTest, RematerializationAndEvaluationAreNotCounted) {
   EXPECT_LT(timing.forward_seconds()[0], 5 * once);
 }
 
+// Folds one step of one micro-batch in which layer 0's forward took
+// `seconds` (as if started that long before now).
+void FoldStep(LayerTiming& timing, double seconds) {
+  const auto start =
+      std::chrono::steady_clock::now() -
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+          std::chrono::duration<double>(seconds));
+  timing.Finished(0, /*backward=*/false, /*record=*/true, start);
+  timing.EndStep(1);
+}
+
+TEST(LayerTimingTest, APreemptedStepMovesNothingALastingChangeShows) {
+  LayerTiming timing(1);
+  FoldStep(timing, 1e-3);  // warm-up
+  for (int s = 0; s < 6; ++s) FoldStep(timing, 1e-3);
+  // Preempted for 100 ms in one step (a shared machine under load): the
+  // estimate stays where the other steps put it.
+  FoldStep(timing, 0.1);
+  EXPECT_LT(timing.forward_seconds()[0], 2e-3);
+  // A few more such steps, fewer than half the window: still nothing.
+  for (int s = 0; s < LayerTiming::kWindowSteps / 2 - 1; ++s)
+    FoldStep(timing, 0.1);
+  EXPECT_LT(timing.forward_seconds()[0], 2e-3);
+  // The layer really became slower (a slower worker, a larger input):
+  // within half the window the estimate is the new time.
+  for (int s = 0; s < LayerTiming::kWindowSteps / 2 + 1; ++s)
+    FoldStep(timing, 20e-3);
+  EXPECT_GE(timing.forward_seconds()[0], 20e-3);
+  EXPECT_LT(timing.forward_seconds()[0], 0.1);
+}
+
 TEST(LayerTimingTest, ASlowdownSleepsWhatItCounts) {
   std::unique_ptr<Model> model = Mlp();
   LayerTiming timing(model->size(), /*slowdown=*/4.0);
