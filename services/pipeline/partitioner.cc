@@ -3,6 +3,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <set>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -174,7 +176,15 @@ std::vector<int64_t> BalanceWorkersOfV(std::vector<int64_t> balance,
     walk(0, layers);
     return balance;
   }
-  for (bool moved = true; moved;) {
+  // The score's 1% tolerance makes it no strict order (a beats b, b beats
+  // c, c beats a can all hold), so the climb can come back to a cut it
+  // left: it stops there, and after a bounded number of rounds (each
+  // moves one boundary by at least a layer). A 163-layer model looped
+  // here for good, in the controller's submit too.
+  std::set<std::vector<int64_t>> visited = {balance};
+  const int64_t max_rounds = 4 * layers + 16;
+  for (bool moved = true;
+       moved && static_cast<int64_t>(visited.size()) <= max_rounds;) {
     moved = false;
     std::vector<int64_t> next = balance;
     for (int64_t g = 0; g + 1 < chunks; ++g) {
@@ -192,6 +202,7 @@ std::vector<int64_t> BalanceWorkersOfV(std::vector<int64_t> balance,
         }
       }
     }
+    if (moved && !visited.insert(next).second) break;
     balance = std::move(next);
   }
   return balance;
