@@ -824,11 +824,15 @@ absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
 absl::StatusOr<std::unique_ptr<Dataset>> OpenJobDataset(
     const gpipe::v1::JobSpec& spec) {
   const auto& dims = spec.model().input().shape().dims();
+  // Tensor files are converted to the model's input dtype: token ids for
+  // an INT32 model (read as float32 they were the floats' bit patterns).
   ASSIGN_OR_RETURN(
       std::unique_ptr<Dataset> data,
-      OpenDataset(spec.data(),
-                  Shape(std::vector<int64_t>(dims.begin(), dims.end())),
-                  spec.seed()));
+      OpenDataset(
+          spec.data(), Shape(std::vector<int64_t>(dims.begin(), dims.end())),
+          spec.seed(),
+          spec.model().input().dtype() == gpipe::v1::INT32 ? DType::kI32
+                                                           : DType::kF32));
   RETURN_IF_ERROR(CheckDataFitsModel(spec, *data));
   return data;
 }

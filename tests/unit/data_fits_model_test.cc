@@ -3,9 +3,12 @@
 // the value and the file (before this, its token ids reached the embedding
 // kernel and corrupted the heap); and so is any dataset whose classes the
 // model's outputs cannot hold.
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -88,6 +91,54 @@ TEST_F(DataFitsModelTest, AVocabularyThatFitsOpensAndTrains) {
       ReferenceTrainer::Create(spec, 1);
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   EXPECT_TRUE((*trainer)->Step().ok());
+}
+
+// Token ids in tensor files (data.tensors) for an embedding: the job's
+// dataset holds them as int32 ids. Before, OpenJobDataset read them as the
+// default float32, and every worker refused ids such as 1088421888 (the
+// bits of 7.0f) as outside the vocabulary.
+TEST(DataTensorsForTokensTest, AnInt32ModelGetsTheIds) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() /
+       absl::StrCat("data_fits_model_test-", getpid(), "-ids.npy"))
+          .string();
+  // 40 sequences of 4 int64 ids in 0..16, as np.save writes them.
+  std::vector<int64_t> ids(160);
+  for (int i = 0; i < 160; ++i) ids[i] = (i * 7) % 17;
+  std::string dict =
+      "{'descr': '<i8', 'fortran_order': False, 'shape': (40, 4), }";
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string npy = "\x93NUMPY\x01";
+  npy += '\0';
+  npy += static_cast<char>(dict.size() & 0xff);
+  npy += static_cast<char>(dict.size() >> 8);
+  npy += dict;
+  npy.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
+  std::ofstream(path, std::ios::binary) << npy;
+  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(absl::StrCat(
+      R"({"model": {"input": {"dtype": "INT32", "shape": {"dims": [4]}},
+            "layers": [
+              {"embedding": {"vocab_size": 17, "dim": 8, "max_positions": 4}},
+              {"linear": {"in_features": 8, "out_features": 17}}],
+            "loss": {"softmax_cross_entropy": {}}},
+          "optimizer": {"lr": 0.01, "sgd": {}},
+          "data": {"tensors": {"inputs": ")",
+      path, R"(", "targets": ")", path, R"("}},
+          "batch_size": 4, "steps": 2})"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::unique_ptr<Dataset>> data = OpenJobDataset(*spec);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EXPECT_EQ((*data)->input_dtype(), DType::kI32);
+  const Batch b = (*data)->Gather(Split::kTrain, {0});
+  ASSERT_EQ(b.inputs.dtype(), DType::kI32);
+  for (int i = 0; i < 4; ++i) EXPECT_LT(b.inputs.i32()[i], 17) << i;
+  // And a trainer starts and steps on them.
+  absl::StatusOr<std::unique_ptr<ReferenceTrainer>> trainer =
+      ReferenceTrainer::Create(*spec, 1);
+  ASSERT_TRUE(trainer.ok()) << trainer.status();
+  EXPECT_TRUE((*trainer)->Step().ok());
+  std::filesystem::remove(path);
 }
 
 }  // namespace
