@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "cli/help.h"
 #include "cli/security_flags.h"
 #include "services/core/flags_help.h"
@@ -53,6 +54,11 @@ int main(int argc, char** argv) {
                    std::string(security.status().message()).c_str());
       return 2;
     }
+  }
+  if (absl::Status s = gpipe::cli::CheckNumericFlags(command); !s.ok()) {
+    std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
+                 std::string(s.message()).c_str());
+    return 2;
   }
   if (command == "train") return gpipe::cli::RunTrain(args);
   if (command == "plan") return gpipe::cli::RunPlan(args);

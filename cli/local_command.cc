@@ -37,6 +37,7 @@
 #include "cli/child_process.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
+#include "cli/flag_checks.h"
 #include "services/core/cores.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
@@ -600,13 +601,17 @@ int RunLocal(const std::vector<std::string>& args) {
   absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
   if (!run_dir.ok()) return Fail(run_dir.status());
 
-  std::string targets_path = absl::GetFlag(FLAGS_metrics_targets);
-  if (targets_path.empty()) {
-    const std::string out = absl::GetFlag(FLAGS_out);
-    std::error_code ec;
-    if (!out.empty()) fs::create_directories(out, ec);
-    targets_path = (out.empty() ? *run_dir : out) + "/prometheus-targets.json";
+  // Where the results go is made now, before the job runs.
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (!out.empty()) {
+    if (absl::Status s = MakeOutputDir("--out", out); !s.ok()) return Fail(s);
   }
+  if (const std::string dir = absl::GetFlag(FLAGS_trace); !dir.empty()) {
+    if (absl::Status s = MakeOutputDir("--trace", dir); !s.ok()) return Fail(s);
+  }
+  std::string targets_path = absl::GetFlag(FLAGS_metrics_targets);
+  if (targets_path.empty())
+    targets_path = (out.empty() ? *run_dir : out) + "/prometheus-targets.json";
 
   InstallInterruptHandlers();
   int code = 1;

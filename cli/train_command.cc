@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "cli/progress.h"
 #include "cli/stage_figures.h"
 #include "services/core/cores.h"
@@ -310,6 +311,15 @@ int RunTrain(const std::vector<std::string>& args) {
     return Fail(absl::InvalidArgumentError(
         "--trace: the reference trainer (--stages 1) has no stages to trace; "
         "give --stages 2 or more"));
+  }
+  // Where the results go is made now: found after training, a bad path
+  // lost the trained model.
+  if (!trace_dir.empty()) {
+    if (absl::Status s = MakeOutputDir("--trace", trace_dir); !s.ok())
+      return Fail(s);
+  }
+  if (const std::string out = absl::GetFlag(FLAGS_out); !out.empty()) {
+    if (absl::Status s = MakeOutputDir("--out", out); !s.ok()) return Fail(s);
   }
   const bool classification =
       spec->model().input().dtype() == gpipe::v1::FLOAT32;

@@ -159,4 +159,28 @@ fi
 grep -q "pipeline.replicas: 8 replicas are more than gradient_groups 4" "$work/rep.log" ||
   { cat "$work/rep.log"; fail "the bad replica count was not named"; }
 
+# Flags out of range are refused before anything runs, naming the flag and
+# the value (a thread count no machine has crashed libgomp; negative counts
+# were read as the default), and so is an --out that cannot be a directory,
+# before the training whose model it was to keep.
+expect_refused() {  # EXPECTED_CODE MESSAGE ARGS...
+  local want=$1 message=$2
+  shift 2
+  set +e
+  "$gpipectl" "$@" >"$work/flag.log" 2>&1
+  local code=$?
+  set -e
+  [[ $code == "$want" ]] || { cat "$work/flag.log"; fail "$* exited $code, not $want"; }
+  grep -qF -- "$message" "$work/flag.log" || { cat "$work/flag.log"; fail "$*: no '$message'"; }
+  ! grep -q "^training " "$work/flag.log" || fail "$*: trained first"
+}
+expect_refused 2 "--threads: must be between 0 (the usable cores) and 1024, got 100000" \
+  train "$work/job.json" --steps 1 --threads 100000
+expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
+  train "$work/job.json" --steps 1 --micro-batches -1
+expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
+expect_refused 2 "--flops: must be a finite number >= 0" plan "$work/job.json" --flops nan
+expect_refused 1 "--out: cannot make $work/job.json a directory" \
+  train "$work/job.json" --steps 1 --out "$work/job.json"
+
 echo "1 passed, 0 failed"

@@ -1,0 +1,118 @@
+#include "cli/flag_checks.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <system_error>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(int64_t, stages);
+ABSL_DECLARE_FLAG(int64_t, micro_batches);
+ABSL_DECLARE_FLAG(int64_t, replicas);
+ABSL_DECLARE_FLAG(int64_t, virtual_stages);
+ABSL_DECLARE_FLAG(int64_t, workers);
+ABSL_DECLARE_FLAG(int64_t, max_samples);
+ABSL_DECLARE_FLAG(int64_t, top);
+ABSL_DECLARE_FLAG(int64_t, top_k);
+ABSL_DECLARE_FLAG(int64_t, tokens);
+ABSL_DECLARE_FLAG(double, temperature);
+ABSL_DECLARE_FLAG(double, flops);
+ABSL_DECLARE_FLAG(double, layer_overhead_us);
+ABSL_DECLARE_FLAG(absl::Duration, timeout);
+
+namespace gpipe::cli {
+namespace {
+
+absl::Status Refuse(const std::string& flag, const std::string& want,
+                    const std::string& got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, ": must be ", want, ", got ", got));
+}
+
+absl::Status AtLeast(const std::string& flag, int64_t value, int64_t least,
+                     const std::string& meaning) {
+  if (value >= least) return absl::OkStatus();
+  return Refuse(flag, absl::StrCat(">= ", least, meaning), absl::StrCat(value));
+}
+
+}  // namespace
+
+absl::Status CheckNumericFlags(const std::string& command) {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0 || threads > kMaxThreads) {
+    return Refuse(
+        "--threads",
+        absl::StrCat("between 0 (the usable cores) and ", kMaxThreads),
+        absl::StrCat(threads));
+  }
+  for (const auto& [flag, value] :
+       {std::pair<const char*, int64_t>{"--stages",
+                                        absl::GetFlag(FLAGS_stages)},
+        {"--micro-batches", absl::GetFlag(FLAGS_micro_batches)},
+        {"--replicas", absl::GetFlag(FLAGS_replicas)},
+        {"--virtual-stages", absl::GetFlag(FLAGS_virtual_stages)},
+        {"--workers", absl::GetFlag(FLAGS_workers)},
+        {"--top-k", absl::GetFlag(FLAGS_top_k)},
+        {"--tokens", absl::GetFlag(FLAGS_tokens)}}) {
+    if (absl::Status s = AtLeast(flag, value, 0, " (0: the default)"); !s.ok())
+      return s;
+  }
+  if (command == "local" && absl::GetFlag(FLAGS_workers) > kMaxLocalWorkers) {
+    return Refuse("--workers",
+                  absl::StrCat("at most ", kMaxLocalWorkers,
+                               " (local starts a process per worker on this "
+                               "machine)"),
+                  absl::StrCat(absl::GetFlag(FLAGS_workers)));
+  }
+  if (absl::Status s =
+          AtLeast("--max-samples", absl::GetFlag(FLAGS_max_samples), -1,
+                  " (-1: the job's eval.max_samples)");
+      !s.ok())
+    return s;
+  if (absl::Status s = AtLeast("--top", absl::GetFlag(FLAGS_top), 1, "");
+      !s.ok())
+    return s;
+  if (const double t = absl::GetFlag(FLAGS_temperature);
+      !std::isfinite(t) || t < 0) {
+    return Refuse("--temperature", "a finite number >= 0", absl::StrCat(t));
+  }
+  if (const double f = absl::GetFlag(FLAGS_flops); !std::isfinite(f) || f < 0) {
+    return Refuse("--flops", "a finite number >= 0 (0: measure here)",
+                  absl::StrCat(f));
+  }
+  if (const double us = absl::GetFlag(FLAGS_layer_overhead_us);
+      !std::isfinite(us) || (us < 0 && us != -1)) {
+    return Refuse("--layer-overhead-us",
+                  "a finite number >= 0, or -1 (fitted or the default)",
+                  absl::StrCat(us));
+  }
+  if (const absl::Duration d = absl::GetFlag(FLAGS_timeout);
+      d <= absl::ZeroDuration()) {
+    return Refuse("--timeout", "positive", absl::FormatDuration(d));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MakeOutputDir(const std::string& flag, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": cannot make ", dir, " a directory",
+        ec ? absl::StrCat(": ", ec.message()) : " (it is a file)"));
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": cannot write in ", dir));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace gpipe::cli

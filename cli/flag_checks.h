@@ -1,0 +1,31 @@
+// gpipectl's flags checked before a command runs. A negative count was
+// read as "the default", a thread count no machine has crashed libgomp, a
+// non-finite cost gave a plan of zeros, and a --out that cannot be a
+// directory was found only after the training it was meant to keep: each
+// is now refused at once, naming the flag and the value.
+#ifndef GPIPE_CLI_FLAG_CHECKS_H_
+#define GPIPE_CLI_FLAG_CHECKS_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace gpipe::cli {
+
+// Compute threads a command may ask for, and worker processes `local` may
+// start on this machine.
+inline constexpr int kMaxThreads = 1024;
+inline constexpr int64_t kMaxLocalWorkers = 256;
+
+// The numeric flags `command` reads, each within its range; errors name
+// the flag, e.g. "--threads: must be between 0 (the usable cores) and
+// 1024, got 100000".
+absl::Status CheckNumericFlags(const std::string& command);
+
+// `dir` (the value of `flag`, e.g. "--out") made a directory now, before
+// any work whose result goes there; an error says why it cannot be.
+absl::Status MakeOutputDir(const std::string& flag, const std::string& dir);
+
+}  // namespace gpipe::cli
+
+#endif  // GPIPE_CLI_FLAG_CHECKS_H_
