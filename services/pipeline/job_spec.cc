@@ -755,12 +755,23 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
         err == 0 ? absl::StatusCode::kUnknown : absl::ErrnoToStatusCode(err),
         absl::StrCat(path, ": cannot open: ", std::strerror(err)));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read no more than a spec can be: the size limit was checked after
+  // parsing, so /dev/zero or a stray multi-gigabyte file filled the memory
+  // first. JSON spends more bytes than the binary limit counts (names,
+  // spaces), so the file may be several times that.
+  constexpr int64_t kMaxFileBytes = 16 * kMaxSpecBytes;
+  std::string text(kMaxFileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) {
     return absl::DataLossError(absl::StrCat(path, ": read failed"));
   }
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text.str());
+  if (in.gcount() > kMaxFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": more than ", kMaxFileBytes,
+                     " bytes is too large for a job spec"));
+  }
+  text.resize(static_cast<size_t>(in.gcount()));
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(),
                         absl::StrCat(path, ": ", spec.status().message()));

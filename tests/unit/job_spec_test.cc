@@ -596,6 +596,14 @@ TEST(JobSpecTest, LoadJobSpecFileNamesThePath) {
   EXPECT_EQ(spec->name(), "cnn");
   std::filesystem::remove(bad);
   std::filesystem::remove(good);
+
+  // An endless file is refused once past what a spec can be, not read
+  // into memory to the end (which never came).
+  spec = LoadJobSpecFile("/dev/zero");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("/dev/zero: more than 16777216 bytes is too large"));
 }
 
 TEST(JobSpecTest, ExamplesValidate) {
