@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <filesystem>
 #include <set>
 #include <system_error>
@@ -123,6 +124,20 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
       weights.step = step;
     }
     for (auto& [name, tensor] : read->tensors) {
+      // A NaN or an infinity in a weight poisons every step after it, and
+      // the job would write it back out: refused here, as non-finite data
+      // is.
+      if (tensor.dtype() == DType::kF32) {
+        const float* v = tensor.f32();
+        for (int64_t i = 0; i < tensor.numel(); ++i) {
+          if (!std::isfinite(v[i])) {
+            return InitError(
+                absl::StatusCode::kInvalidArgument,
+                absl::StrCat(file, ": tensor ", name, " holds ", v[i],
+                             " at element ", i, " (weights must be finite)"));
+          }
+        }
+      }
       if (!weights.tensors.emplace(name, std::move(tensor)).second) {
         return InitError(
             absl::StatusCode::kInvalidArgument,

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -225,6 +226,24 @@ TEST_F(InitWeightsTest, AnotherShapeIsAnErrorEvenWhenNotStrict) {
   EXPECT_THAT(t.status().message(),
               HasSubstr("layers.0.weight is float32 [16, 7] in the file, "
                         "float32 [16, 8] in the model"));
+}
+
+// A weight that is not a number would poison every step and be written
+// back out at the end: the file is refused, naming the tensor and element.
+TEST_F(InitWeightsTest, ANonFiniteWeightIsRefused) {
+  Tensor weight = Tensor::Zeros(Shape{16, 8}, DType::kF32);
+  weight.f32()[5] = std::nanf("");
+  const std::string path = (dir_ / "nan.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(path, {{"layers.0.weight", &weight}}, {}).ok());
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_init_from()->set_path(path);
+  spec.mutable_init_from()->set_strict(false);
+  auto t = ReferenceTrainer::Create(spec);
+  ASSERT_FALSE(t.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(t.status())) << t.status();
+  EXPECT_THAT(t.status().message(),
+              HasSubstr("tensor layers.0.weight holds nan at element 5 "
+                        "(weights must be finite)"));
 }
 
 TEST_F(InitWeightsTest, ADirectoryOfStageFilesIsOneCheckpoint) {
