@@ -1273,6 +1273,27 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
 
 void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
                           absl::Time now) {
+  // A permanent failure (a loss that is not finite, bad data) of the epoch
+  // the job just left: its neighbour's lost link, reported first, restarted
+  // the job, and the replay is bitwise the same run, so it would fail the
+  // same way after replaying the steps since the checkpoint.
+  // It comes while the job waits to restart (the same epoch, no longer
+  // running) or after it restarted (the next epoch).
+  if (JobRecord* old = jobs_.Find(f.job_id());
+      old != nullptr && f.permanent() && !IsTerminal(old->status().state()) &&
+      !old->merging &&
+      (f.epoch() + 1 == old->status().epoch() ||
+       (f.epoch() == old->status().epoch() &&
+        old->status().state() != v1::RUNNING))) {
+    const std::string message =
+        absl::StrCat("stage ", f.stage(), " (worker ", worker.id(),
+                     ") failed in epoch ", f.epoch(), ": ", f.message());
+    EndJob(*old, v1::FAILED, kFailed,
+           f.reason().empty() ? "StageFailed" : f.reason(), message,
+           /*except=*/nullptr, now);
+    Reschedule(now);
+    return;
+  }
   JobRecord* job = ReportedJob(worker, "failure", f.job_id(), f.epoch(),
                                f.stage(), f.replica());
   if (job == nullptr) return;

@@ -604,14 +604,19 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
 
   if (!status.ok()) {
-    ClosePipelineLinks(xs);
-    for (auto& link : x.dialed_replicas) link->Close();
-    for (auto& link : x.accepted_replicas) link->Close();
+    // The report goes out before the links close: a neighbour that finds
+    // its link closed reports a lost link, which the controller restarts
+    // the job for, and a permanent failure (a loss that is not finite, bad
+    // data) arriving after that restart was ignored as of an old epoch, so
+    // the job replayed into the same failure several times.
     if (!cancelled(*run)) {
       LogWarning("stage %d of %s failed: %s", a.stage(), a.job_id(),
                  std::string(status.message()));
       report_(Failure(a, status));
     }
+    ClosePipelineLinks(xs);
+    for (auto& link : x.dialed_replicas) link->Close();
+    for (auto& link : x.accepted_replicas) link->Close();
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

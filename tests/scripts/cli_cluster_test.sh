@@ -93,6 +93,21 @@ if pgrep -f -- "127.0.0.1:$port" >/dev/null; then
   fail "processes of the local cluster (port $port) outlived gpipectl local"
 fi
 
+# A loss that is not finite fails the job at once, naming it: the last
+# stage reports it before closing its links, so its neighbour's "link
+# closed" does not restart the job first (it did, 1-5 times).
+python3 - "$work/job.json" "$work/nan.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["optimizer"]["lr"] = 1e30
+d["steps"] = 5
+json.dump(d, open(sys.argv[2], "w"))
+PY
+run "$gpipectl" local "$work/nan.json" --workers 2 --threads 1
+[[ $rc -eq 1 ]] || fail "a job whose loss is not finite: local exited $rc, want 1: $out"
+grep -q "FAILED: .*loss is not finite" <<<"$out" || fail "no non-finite loss named: $out"
+! grep -q "RESTARTING" <<<"$out" || fail "a non-finite loss restarted the job: $out"
+
 # Bitwise the reference trainer's parameters over the same micro-batches.
 "$gpipectl" train "$work/job.json" --stages 1 --micro-batches 4 --threads 1 \
   --out "$work/ref" >"$work/ref.txt" 2>&1 || fail "reference run failed: $(cat "$work/ref.txt")"

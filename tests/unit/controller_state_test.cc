@@ -821,6 +821,66 @@ TEST_F(RestartPolicyTest, ALinkFailureSuspendsTheNeighboursUntilTheyBeat) {
   }
 }
 
+// A loss that is not finite on stage 1, reported after stage 0's lost link
+// (its neighbour closed it) made the job restart: the permanent failure of
+// the epoch the job just left ends it, as the replay would fail alike.
+TEST_F(RestartPolicyTest, APermanentFailureOfTheEpochJustLeftEndsTheJob) {
+  v1::WorkerMessage link;
+  link.mutable_failed()->set_reason("LinkFailed");
+  link.mutable_failed()->set_message("the neighbouring stage closed the link");
+  v1::WorkerMessage loss;
+  loss.mutable_failed()->set_stage(1);
+  loss.mutable_failed()->set_reason("LossNotFinite");
+  loss.mutable_failed()->set_permanent(true);
+  loss.mutable_failed()->set_message("loss is not finite (nan) at step 1");
+  const auto failed_for_the_loss = [&] {
+    const v1::JobStatus s = Status();
+    const v1::Condition* failed = nullptr;
+    for (const v1::Condition& c : s.conditions())
+      if (c.type() == "Failed" && c.status()) failed = &c;
+    return s.state() == v1::FAILED && failed != nullptr &&
+           failed->reason() == "LossNotFinite" &&
+           failed->message().find("loss is not finite (nan)") !=
+               std::string::npos;
+  };
+  // `restarts` lost links, each followed by the restart, then the loss of
+  // the epoch `back` epochs before the current one.
+  const auto run = [&](int restarts, bool restart_last, int back) {
+    id_ = controller_->SubmitJob(test_support::ControllerSpec(2))->id();
+    Busy();
+    const int64_t first = Status().epoch();
+    link.mutable_failed()->set_job_id(id_);
+    loss.mutable_failed()->set_job_id(id_);
+    for (int r = 0; r < restarts; ++r) {
+      link.mutable_failed()->set_epoch(Status().epoch());
+      link.mutable_failed()->set_stage(assignment_.stage());
+      controller_->HandleMessage(*busy_, link);
+      EXPECT_EQ(Status().state(), v1::RESTARTING);
+      if (r + 1 < restarts || restart_last) {
+        // Past the backoff, with every worker alive (the neighbours of a
+        // lost link wait for a beat).
+        BeatFor(*controller_, clock_, workers_, absl::Seconds(1 << r));
+        busy_ = nullptr;
+        Busy();
+        EXPECT_EQ(Status().state(), v1::RUNNING);
+      }
+    }
+    EXPECT_EQ(Status().epoch(),
+              first + (restart_last ? restarts : restarts - 1));
+    loss.mutable_failed()->set_epoch(Status().epoch() - back);
+    controller_->HandleMessage(*busy_, loss);
+  };
+  // While the job waits to restart after the lost link: the same epoch.
+  run(1, /*restart_last=*/false, 0);
+  EXPECT_TRUE(failed_for_the_loss());
+  // After it restarted: the epoch before.
+  run(1, /*restart_last=*/true, 1);
+  EXPECT_TRUE(failed_for_the_loss());
+  // Two epochs back says nothing about this one.
+  run(2, /*restart_last=*/true, 2);
+  EXPECT_EQ(Status().state(), v1::RUNNING);
+}
+
 // Ended jobs go once their retention has passed (running ones stay).
 TEST_F(RestartPolicyTest, EndedJobsAreDeletedAfterTheirRetention) {
   id_ = controller_->SubmitJob(test_support::ControllerSpec(1))->id();
