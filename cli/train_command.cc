@@ -14,11 +14,15 @@
 #include "cli/flag_checks.h"
 #include "cli/progress.h"
 #include "cli/stage_figures.h"
+#include "services/core/bytes.h"
 #include "services/core/cores.h"
+#include "services/core/memory.h"
+#include "services/core/status.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
+#include "services/pipeline/memory_model.h"
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
@@ -175,6 +179,35 @@ std::string PipelineFigures(InProcessPipeline& pipeline,
 
 // The trainer the flags ask for: the reference trainer for one stage, the
 // in-process pipeline otherwise.
+// What every step holds whatever the cut (each stage holds its layers'
+// share): the model's parameters, gradients, optimizer state and packed
+// weights, once per replica. Past this process's memory (physical or its
+// cgroups') a run would be killed partway with no word, as a worker is not
+// (it checks the memory model against its budget).
+absl::Status CheckStateFits(const gpipe::v1::JobSpec& spec,
+                            const PipelineOptions& options) {
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
+  const std::vector<StageMemory> whole = EstimatePipelineMemory(
+      spec, shapes, {static_cast<int64_t>(shapes.costs.size())});
+  const StageMemory& m = whole.front();
+  const int64_t state = SaturatingSum(
+      {m.parameters, m.gradients, m.optimizer_state, m.packed_weights});
+  const int64_t replicas = std::max<int64_t>(1, options.replicas);
+  const int64_t need =
+      state > INT64_MAX / replicas ? INT64_MAX : state * replicas;
+  const int64_t have = SystemMemoryLimit();
+  if (have > 0 && need > have) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model's parameters, gradients, optimizer state and packed "
+        "weights need ",
+        FormatBytes(need),
+        replicas > 1 ? absl::StrCat(" (", replicas, " replicas)") : "",
+        ", more than the ", FormatBytes(have),
+        " this machine lets the process use"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     const gpipe::v1::JobSpec& spec, int threads, std::string* description) {
   PipelineOptions options = OptionsFromSpec(spec);
@@ -245,6 +278,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   gpipe::v1::JobSpec run = spec;
   run.mutable_pipeline()->set_replicas(options.replicas);
   run.mutable_pipeline()->set_micro_batches(options.micro_batches);
+  if (*device == Device::kCpu) RETURN_IF_ERROR(CheckStateFits(run, options));
   if (options.stages == 1 && options.replicas <= 1) {
     SetComputeThreads(threads);
     *description = absl::StrCat(
