@@ -67,6 +67,15 @@ absl::Duration DoublingBackoff(absl::Duration base, int64_t n,
 }
 
 absl::Status JobNotFound(std::string_view id) {
+  // An id is echoed only as long as ids are: a 100 KB one sent back in the
+  // status message outgrew gRPC's metadata limit, and the client saw a
+  // transport error instead of "not found".
+  constexpr size_t kMaxShown = 64;
+  if (id.size() > kMaxShown) {
+    return absl::NotFoundError(
+        absl::StrCat("job ", AsAbsl(id.substr(0, kMaxShown)), "... (",
+                     id.size(), " bytes, longer than any job id) not found"));
+  }
   return absl::NotFoundError(absl::StrCat("job ", AsAbsl(id), " not found"));
 }
 

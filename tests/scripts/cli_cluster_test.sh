@@ -143,6 +143,11 @@ run "$gpipectl" --controller "$addr" status job-nope
 [[ $rc -eq 1 ]] || fail "status of a missing job exited $rc, want 1: $out"
 grep -qi "not found" <<<"$out" || fail "status of a missing job: $out"
 grep -q "job-nope" <<<"$out" || fail "status of a missing job does not name it: $out"
+# An id far longer than any: still "not found", not a transport error (the
+# echoed id outgrew gRPC's metadata limit).
+run "$gpipectl" --controller "$addr" status "$(head -c 100000 /dev/zero | tr '\0' x)"
+[[ $rc -eq 1 ]] || fail "status of a 100 KB id exited $rc, want 1: ${out:0:300}"
+grep -q "not found" <<<"$out" || fail "status of a 100 KB id: ${out:0:300}"
 
 run "$gpipectl" --controller "$addr" watch job-nope
 [[ $rc -eq 1 ]] || fail "watch of a missing job exited $rc, want 1: $out"
