@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
@@ -712,7 +713,50 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// protobuf's JSON parser drops a null array element without a word: a
+// layer written as null vanished from the model, which then trained with
+// its other layers' indices shifted. Nulls elsewhere mean "the default", as
+// proto3 JSON says.
+absl::Status CheckNoNullElements(std::string_view json) {
+  std::vector<char> open;  // the enclosing '[' and '{'
+  int64_t line = 1, column = 0;
+  bool in_string = false, escaped = false;
+  for (size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    ++column;
+    if (c == '\n') line += 1, column = 0;
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      open.push_back(c);
+    } else if ((c == ']' || c == '}') && !open.empty()) {
+      open.pop_back();
+    } else if (c == 'n' && json.substr(i, 4) == "null" && !open.empty() &&
+               open.back() == '[') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job spec: line ", line, ", column ", column,
+          ": null is not a list entry (a layer or value left empty?)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
+  RETURN_IF_ERROR(CheckNoNullElements(json));
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
@@ -720,8 +764,12 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
       std::string(json), &spec, options);
   if (!parsed.ok()) {
     const auto message = parsed.message();  // StringPiece or string_view
+    // A NUL quoted back from the input would end the message where it is
+    // printed as a C string ("job spec: mod").
     return absl::InvalidArgumentError(absl::StrCat(
-        "job spec: ", absl::string_view(message.data(), message.size())));
+        "job spec: ",
+        absl::StrReplaceAll(absl::string_view(message.data(), message.size()),
+                            {{absl::string_view("\0", 1), "\\0"}})));
   }
   // Where the data can be read (the submitter's machine), what only the
   // data says is written into the spec before it is checked.

@@ -573,6 +573,31 @@ TEST(JobSpecTest, InferModelShapesFlattensAndTracksTokens) {
   EXPECT_EQ(LayerKindName(flatten), "flatten");
 }
 
+// A null list entry is refused where it is: protobuf's parser dropped it,
+// and a null layer vanished from the model. A null value elsewhere is the
+// field's default, and a "null" in a string is text. A NUL in the input
+// does not cut the message short.
+TEST(JobSpecTest, ANullListEntryIsRefusedNamingWhereItIs) {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobSpecJson(With(kMlp, R"({"relu": {}},)", R"(null,)"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("line 7, column 7: null is not a list entry"));
+  spec = ParseJobSpecJson(
+      With(kMlp, R"("balance": [3, 3])", R"("balance": [3, null])"));
+  EXPECT_FALSE(spec.ok());
+  spec = ParseJobSpecJson(
+      With(kMlp, R"("max_restarts": 3)", R"("max_restarts": null)"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec = ParseJobSpecJson(With(kMlp, R"("name": "mlp")", R"("name": "[null")"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "[null");
+  spec = ParseJobSpecJson(std::string("{\"mod\0el\": {}}", 15));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("mod\\0el"));
+}
+
 TEST(JobSpecTest, LoadJobSpecFileNamesThePath) {
   const std::string dir = ::testing::TempDir();
   const std::string missing = dir + "/job_spec_test_missing.json";
