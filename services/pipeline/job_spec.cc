@@ -96,6 +96,12 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& o) {
                       static_cast<int>(o.decay()));
   }
   RETURN_IF_ERROR(CheckNonNegative("optimizer.min_lr", o.min_lr()));
+  // The decay goes from lr down to min_lr: above lr it would climb, which
+  // is a typo (a min_lr of 10 for an lr of 0.01 trained to a loss of 69).
+  if (o.decay() != v1::LR_DECAY_NONE && o.min_lr() > o.lr()) {
+    return FieldError("optimizer.min_lr", o.min_lr(), " is above lr ", o.lr(),
+                      " (the decay goes from lr down to min_lr)");
+  }
   return absl::OkStatus();
 }
 

@@ -573,6 +573,20 @@ TEST(JobSpecTest, InferModelShapesFlattensAndTracksTokens) {
   EXPECT_EQ(LayerKindName(flatten), "flatten");
 }
 
+// min_lr above lr would make the decay climb: a typo, refused by name.
+TEST(JobSpecTest, AMinimumLearningRateAboveTheRateIsRefused) {
+  const std::string decaying =
+      With(kMlp, R"("lr": 0.1,)", R"("lr": 0.1, "decay": "LR_DECAY_COSINE",)");
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(With(
+      decaying, R"("clip_norm": 1.0)", R"("clip_norm": 1.0, "min_lr": 10)"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("optimizer.min_lr: 10 is above lr 0.1"));
+  spec = ParseJobSpecJson(With(decaying, R"("clip_norm": 1.0)",
+                               R"("clip_norm": 1.0, "min_lr": 0.001)"));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+}
+
 // A null list entry is refused where it is: protobuf's parser dropped it,
 // and a null layer vanished from the model. A null value elsewhere is the
 // field's default, and a "null" in a string is text. A NUL in the input
