@@ -50,13 +50,13 @@ void LayerTiming::EndStep(int64_t micro_batches) {
     const int64_t filled = std::min<int64_t>(folded_, kWindowSteps);
     forward_.resize(layers);
     backward_.resize(layers);
-    std::vector<double> last(filled);
-    const auto median = [&](std::vector<double>& window, size_t l) {
+    const auto median = [&](const std::vector<double>& window, size_t l) {
       const auto begin = window.begin() + l * kWindowSteps;
-      std::copy(begin, begin + filled, last.begin());
+      scratch_.assign(begin, begin + filled);
       // The upper median for an even count: a step's time, not a mean.
-      std::nth_element(last.begin(), last.begin() + filled / 2, last.end());
-      return last[filled / 2];
+      std::nth_element(scratch_.begin(), scratch_.begin() + filled / 2,
+                       scratch_.end());
+      return scratch_[filled / 2];
     };
     for (size_t l = 0; l < layers; ++l) {
       window_forward_[l * kWindowSteps + slot] = step_forward_[l] * per;

@@ -52,6 +52,7 @@ class LayerTiming {
   // (layer l's at [l * kWindowSteps, (l + 1) * kWindowSteps)), filled
   // round-robin; `folded_` steps so far.
   std::vector<double> window_forward_, window_backward_;
+  std::vector<double> scratch_;  // one layer's window, for its median
   int64_t folded_ = 0;
   std::vector<double> forward_, backward_;
 };

@@ -814,17 +814,19 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   // first. JSON spends more bytes than the binary limit counts (names,
   // spaces), so the file may be several times that.
   constexpr int64_t kMaxFileBytes = 16 * kMaxSpecBytes;
-  std::string text(kMaxFileBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<size_t>(in.gcount()));
+    if (static_cast<int64_t>(text.size()) > kMaxFileBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": more than ", kMaxFileBytes,
+                       " bytes is too large for a job spec"));
+    }
+  }
   if (in.bad()) {
     return absl::DataLossError(absl::StrCat(path, ": read failed"));
   }
-  if (in.gcount() > kMaxFileBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": more than ", kMaxFileBytes,
-                     " bytes is too large for a job spec"));
-  }
-  text.resize(static_cast<size_t>(in.gcount()));
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(),

@@ -138,15 +138,20 @@ TEST(BalancerTest, ProbesSetTheSpeedsMeasurementsDoNotLink) {
   EXPECT_NEAR(c.speed.at("a") / c.speed.at("b"), 1.0, 1e-9);
 }
 
-TEST(BalancerTest, ASlowStageGivesUpLayers) {
-  // 12 equal layers on 3 stages; stage 1's worker is 4x slower, which the
-  // first measurements show as expensive layers.
-  const ModelShapes shapes = EqualLayers(12);
+// 12 equal layers (`shapes`) cut 4,4,4 on workers a, b, c, where stage 1's
+// worker is 4x slower, which the first measurements show as expensive
+// layers.
+RebalanceInput SlowMiddleStage(const ModelShapes& shapes) {
   LayerCostBook book;
   std::vector<double> seconds(12, 1e-3);
   for (int l = 4; l < 8; ++l) seconds[l] = 4e-3;
   Measure(book, {4, 4, 4}, {"a", "b", "c"}, seconds);
-  RebalanceInput in = Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book);
+  return Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book);
+}
+
+TEST(BalancerTest, ASlowStageGivesUpLayers) {
+  const ModelShapes shapes = EqualLayers(12);
+  RebalanceInput in = SlowMiddleStage(shapes);
   const std::optional<RebalanceProposal> p = ProposeRebalance(in);
   ASSERT_TRUE(p.has_value());
   EXPECT_LT(p->balance[1], 4);
@@ -168,16 +173,12 @@ TEST(BalancerTest, ASlowStageGivesUpLayers) {
 }
 
 TEST(BalancerTest, LayerTimesLongerThanTheirStepJudgeNothing) {
-  // ASlowStageGivesUpLayers's times: stage 1's layers measured 4x the
-  // others'. Whether they are evidence depends on the step measured around
-  // them: one much shorter than their compute says that they were taken
-  // on a disturbed machine (layers preempted mid-way).
+  // Stage 1's layers measured 4x the others'. Whether they are evidence
+  // depends on the step measured around them: one much shorter than their
+  // compute says that they were taken on a disturbed machine (layers
+  // preempted mid-way).
   const ModelShapes shapes = EqualLayers(12);
-  LayerCostBook book;
-  std::vector<double> seconds(12, 1e-3);
-  for (int l = 4; l < 8; ++l) seconds[l] = 4e-3;
-  Measure(book, {4, 4, 4}, {"a", "b", "c"}, seconds);
-  RebalanceInput in = Input(shapes, {4, 4, 4}, {"a", "b", "c"}, book);
+  RebalanceInput in = SlowMiddleStage(shapes);
   const double predicted = PredictStepSeconds(in, in.balance, in.workers);
   // A step as long as the compute the layers claim, or a little shorter:
   // judged, and stage 1 gives up layers.

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/reference_trainer.h"
+#include "tests/support/npy_file.h"
 
 namespace gpipe {
 namespace {
@@ -105,17 +106,9 @@ TEST(DataTensorsForTokensTest, AnInt32ModelGetsTheIds) {
   // 40 sequences of 4 int64 ids in 0..16, as np.save writes them.
   std::vector<int64_t> ids(160);
   for (int i = 0; i < 160; ++i) ids[i] = (i * 7) % 17;
-  std::string dict =
-      "{'descr': '<i8', 'fortran_order': False, 'shape': (40, 4), }";
-  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
-  dict += '\n';
-  std::string npy = "\x93NUMPY\x01";
-  npy += '\0';
-  npy += static_cast<char>(dict.size() & 0xff);
-  npy += static_cast<char>(dict.size() >> 8);
-  npy += dict;
-  npy.append(reinterpret_cast<const char*>(ids.data()), ids.size() * 8);
-  std::ofstream(path, std::ios::binary) << npy;
+  std::ofstream(path, std::ios::binary) << test_support::NpyFile(
+      "<i8", "(40, 4)",
+      std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 8));
   absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(absl::StrCat(
       R"({"model": {"input": {"dtype": "INT32", "shape": {"dims": [4]}},
             "layers": [

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "services/data/tensor_files.h"
 #include "services/storage/safetensors.h"
+#include "tests/support/npy_file.h"
 
 namespace gpipe {
 namespace {
@@ -30,18 +31,9 @@ std::string Bytes(const std::vector<T>& v) {
   return out;
 }
 
-// A version 1.0 .npy file as np.save writes it.
 std::string Npy(const std::string& descr, const std::string& shape,
                 const std::string& data) {
-  std::string dict = "{'descr': '" + descr +
-                     "', 'fortran_order': False, 'shape': " + shape + ", }";
-  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
-  dict += '\n';
-  std::string out = "\x93NUMPY\x01";
-  out += '\0';
-  out += static_cast<char>(dict.size() & 0xff);
-  out += static_cast<char>(dict.size() >> 8);
-  return out + dict + data;
+  return test_support::NpyFile(descr, shape, data);
 }
 
 std::vector<float> Iota(int n) {
