@@ -79,7 +79,7 @@ for id in $ids; do
   out=$(hostile forge-hello "127.0.0.1:$cport" "$id") || fail "a forged hello under $id was taken: $out"
   [[ "$out" == ALREADY_EXISTS* ]] || fail "forged hello: $out"
 done
-now=$(ctl workers --json | python3 -c 'import json,sys; print(" ".join(w["workerId"] for w in json.load(sys.stdin)["workers"]))')
+now=$(ctl workers --json | python3 -c 'import json,sys; print(" ".join(sorted(w["workerId"] for w in json.load(sys.stdin)["workers"])))')
 [[ "$now" == "$ids" ]] || fail "the workers changed after forged hellos: '$ids' -> '$now'"
 ok "forged hellos refused: $out"
 
