@@ -1,7 +1,10 @@
 #include "services/data/normalize.h"
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -62,6 +65,24 @@ class NormalizedDataset final : public Dataset {
   std::vector<float> std_;
 };
 
+// The compute threads flush subnormal floats to zero, so a subnormal std
+// divides by 0; it is told by its bits, which that mode leaves alone.
+bool IsSubnormal(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return (bits & 0x7f800000u) == 0 && (bits & 0x007fffffu) != 0;
+}
+
+// Its value for a message, from the bits: converting it to double would
+// read it as 0 on such a thread.
+double SubnormalValue(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const double magnitude =
+      static_cast<double>(bits & 0x007fffffu) * std::ldexp(1.0, -149);
+  return (bits & 0x80000000u) ? -magnitude : magnitude;
+}
+
 }  // namespace
 
 absl::Status CheckNormalize(const gpipe::v1::Normalize& normalize,
@@ -90,6 +111,12 @@ absl::Status CheckNormalize(const gpipe::v1::Normalize& normalize,
     if (!std::isfinite(normalize.mean(g))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "mean[", g, "]: must be finite, got ", normalize.mean(g)));
+    }
+    if (const float s = normalize.std(g); IsSubnormal(s)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("std[", g, "]: ", SubnormalValue(s),
+                       " is below the smallest normal float (", FLT_MIN,
+                       "), and the compute threads read such a value as 0"));
     }
     if (!(normalize.std(g) > 0) || !std::isfinite(normalize.std(g))) {
       return absl::InvalidArgumentError(absl::StrCat(

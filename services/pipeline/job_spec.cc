@@ -19,6 +19,7 @@
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/schedule.h"
+#include "services/pipeline/spec_json_check.h"
 #include "services/tensor/shape.h"
 
 namespace gpipe {
@@ -719,50 +720,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-namespace {
-
-// protobuf's JSON parser drops a null array element without a word: a
-// layer written as null vanished from the model, which then trained with
-// its other layers' indices shifted. Nulls elsewhere mean "the default", as
-// proto3 JSON says.
-absl::Status CheckNoNullElements(std::string_view json) {
-  std::vector<char> open;  // the enclosing '[' and '{'
-  int64_t line = 1, column = 0;
-  bool in_string = false, escaped = false;
-  for (size_t i = 0; i < json.size(); ++i) {
-    const char c = json[i];
-    ++column;
-    if (c == '\n') line += 1, column = 0;
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      open.push_back(c);
-    } else if ((c == ']' || c == '}') && !open.empty()) {
-      open.pop_back();
-    } else if (c == 'n' && json.substr(i, 4) == "null" && !open.empty() &&
-               open.back() == '[') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "job spec: line ", line, ", column ", column,
-          ": null is not a list entry (a layer or value left empty?)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
-  RETURN_IF_ERROR(CheckNoNullElements(json));
+  RETURN_IF_ERROR(CheckSpecJsonStructure(json));
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;

@@ -1,12 +1,15 @@
 // data.normalize: one pair for the sample, one per channel, one per
 // feature; the arithmetic a user repeats in PyTorch; and bad settings named.
+#include <cfloat>
 #include <cmath>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/data/normalize.h"
+#include "services/tensor/denormals.h"
 
 namespace gpipe {
 namespace {
@@ -98,6 +101,21 @@ TEST(NormalizeTest, BadSettingsAreNamed) {
   EXPECT_FALSE(Normalized(std::make_unique<Counting>(Shape{2}, DType::kI32),
                           Pairs({0}, {1}))
                    .ok());
+}
+
+// A subnormal std reads as 0 on a compute thread (denormals are zero there):
+// it is refused by its own value, not as "got 0".
+TEST(NormalizeTest, ASubnormalStdIsNamedAsSuch) {
+  absl::Status status;
+  std::thread([&] {
+    FlushDenormalsOnThisThread();
+    status = CheckNormalize(Pairs({0}, {1e-45f}), Shape{2}, DType::kF32);
+  }).join();
+  EXPECT_THAT(status.message(), HasSubstr("std[0]: 1.4"));
+  EXPECT_THAT(status.message(),
+              HasSubstr("is below the smallest normal float (1.17549e-38)"));
+  EXPECT_TRUE(
+      CheckNormalize(Pairs({0}, {FLT_MIN}), Shape{2}, DType::kF32).ok());
 }
 
 }  // namespace

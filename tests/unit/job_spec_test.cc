@@ -612,6 +612,32 @@ TEST(JobSpecTest, ANullListEntryIsRefusedNamingWhereItIs) {
   EXPECT_THAT(std::string(spec.status().message()), HasSubstr("mod\\0el"));
 }
 
+// A key given twice in one object is refused where it is: protobuf's parser
+// kept the last value and dropped the first without a word. A field's two
+// spellings are one key; the same key in different objects is fine.
+TEST(JobSpecTest, AKeyGivenTwiceIsRefusedNamingBothPlaces) {
+  absl::StatusOr<v1::JobSpec> spec =
+      ParseJobSpecJson(With(kMlp, R"("lr": 0.1,)", R"("lr": 0.1, "lr": 0.5,)"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("line 15, column 28: \"lr\" is given a second time "
+                        "in this object (first at line 15, column 17)"));
+  spec = ParseJobSpecJson(With(kMlp, R"("batch_size": 32,)",
+                               R"("batch_size": 32, "batchSize": 8,)"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("batchSize"));
+  spec = ParseJobSpecJson(
+      With(kMlp, R"({"relu": {}},)", R"({"relu": {}, "relu": {}},)"));
+  EXPECT_FALSE(spec.ok());
+  // "linear" in every layer and "every" in checkpoint and eval: other objects.
+  spec = ParseJobSpecJson(kMlp);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  // A key-like string as a value is text.
+  spec = ParseJobSpecJson(With(kMlp, R"("name": "mlp")", R"("name": "name")"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+}
+
 TEST(JobSpecTest, LoadJobSpecFileNamesThePath) {
   const std::string dir = ::testing::TempDir();
   const std::string missing = dir + "/job_spec_test_missing.json";
