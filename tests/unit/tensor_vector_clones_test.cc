@@ -18,6 +18,7 @@
 #include "services/tensor/cpu/reduce.h"
 #include "services/tensor/cpu/softmax.h"
 #include "services/tensor/cpu/softmax_row.h"
+#include "services/tensor/cpu/tanh.h"
 #include "services/tensor/cpu/vector_clones.h"
 
 namespace gpipe::cpu {
@@ -67,6 +68,12 @@ SCALAR std::vector<float> GeluGradRef(const std::vector<float>& x,
   return dx;
 }
 
+SCALAR std::vector<float> TanhRef(const std::vector<float>& x) {
+  std::vector<float> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = Tanh(x[i]);
+  return y;
+}
+
 TEST(VectorClonesTest, ElementwiseKernelsGiveTheScalarBits) {
   for (int64_t n : kLengths) {
     const std::vector<float> a = Random(n, 1), b = Random(n, 2);
@@ -85,6 +92,8 @@ TEST(VectorClonesTest, ElementwiseKernelsGiveTheScalarBits) {
     EXPECT_TRUE(SameBits(got, GeluRef(a))) << "GeluForward " << n;
     GeluBackward(n, a.data(), b.data(), got.data());
     EXPECT_TRUE(SameBits(got, GeluGradRef(a, b))) << "GeluBackward " << n;
+    TanhForward(n, a.data(), got.data());
+    EXPECT_TRUE(SameBits(got, TanhRef(a))) << "TanhForward " << n;
   }
 }
 

@@ -6,6 +6,7 @@
 #include "services/core/rng.h"
 #include "services/tensor/cpu/dropout_avx2.h"
 #include "services/tensor/cpu/normal.h"
+#include "services/tensor/cpu/tanh.h"
 #include "services/tensor/cpu/vector_clones.h"
 
 namespace gpipe::cpu {
@@ -102,9 +103,10 @@ void GeluBackward(int64_t n, const float* x, const float* dy, float* dx) {
   }
 }
 
+GPIPE_VECTOR_CLONES
 void TanhForward(int64_t n, const float* x, float* y) {
-#pragma omp parallel for if (n > kParallelMin / 8)
-  for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(x[i]);
+#pragma omp parallel for simd if (n > kParallelMin / 8)
+  for (int64_t i = 0; i < n; ++i) y[i] = Tanh(x[i]);
 }
 
 GPIPE_VECTOR_CLONES
