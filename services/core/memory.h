@@ -8,9 +8,9 @@
 namespace gpipe {
 
 // Keeps freed memory in the heap instead of handing it back to the kernel:
-// no mmap per large block, no trimming, one arena (another arena cannot hold
-// a 64 MiB block and would mmap it). With glibc's defaults every tensor and
-// gRPC buffer of 128 KiB or more comes from fresh pages, each a page fault
+// no mmap per block below 2 GiB, no trimming, one arena (another arena cannot
+// hold a 64 MiB block and would mmap it). With glibc's defaults every tensor
+// and gRPC buffer of 128 KiB or more comes from fresh pages, each a page fault
 // on first touch: tensor streaming ran 10-25x slower (bench/stream_bench).
 // The price: the process keeps its peak heap instead of shrinking. Call at
 // the top of main, before threads start.

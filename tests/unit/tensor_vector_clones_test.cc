@@ -97,6 +97,37 @@ TEST(VectorClonesTest, ElementwiseKernelsGiveTheScalarBits) {
   }
 }
 
+// The cross-entropy kernel's formula one element at a time.
+SCALAR float CrossEntropyRef(int64_t classes, const float* z, int32_t t,
+                             float* d, bool* correct) {
+  const LaneTop top = LaneArgMax(classes, z);
+  for (int64_t c = 0; c < classes; ++c) d[c] = ExpOfShifted(z[c] - top.value);
+  const float s = LaneSum(classes, d);
+  const float inv = 1.0f / s;
+  for (int64_t c = 0; c < classes; ++c) d[c] = d[c] * inv * 0.5f;
+  d[t] -= 0.5f;
+  *correct = top.index == t;
+  return std::log(s) - (z[t] - top.value);
+}
+
+TEST(VectorClonesTest, CrossEntropyGivesTheScalarBits) {
+  for (int64_t n : kLengths) {
+    std::vector<float> z = Random(n, 12, 8.0f);
+    z[n / 2] = 100.0f;  // the largest twice: the first is taken
+    z[n - 1] = z[n / 2];
+    const int32_t t = static_cast<int32_t>(n - 1);
+    std::vector<float> got(n), want(n);
+    const CrossEntropyResult r =
+        SoftmaxCrossEntropy(1, n, z.data(), &t, 2.0, got.data());
+    bool correct = false;
+    const float loss = CrossEntropyRef(n, z.data(), t, want.data(), &correct);
+    EXPECT_TRUE(SameBits(got, want)) << "dlogits " << n;
+    EXPECT_EQ(r.loss_sum, static_cast<double>(loss)) << n;
+    EXPECT_EQ(r.correct, correct ? 1 : 0) << n;
+    EXPECT_EQ(r.correct, n / 2 == n - 1 ? 1 : 0) << n;
+  }
+}
+
 SCALAR void AdamWRef(int64_t n, const float* g, float* w, float* m, float* v) {
   for (int64_t j = 0; j < n; ++j) {
     w[j] *= 0.999f;

@@ -93,6 +93,42 @@ template <typename Term>
   return m;
 }
 
+struct LaneTop {
+  float value;
+  int64_t index;
+};
+
+// The largest of x[0..n) (n >= 1) and the first index holding it, as a
+// scalar scan from x[0] with `>` finds them: a NaN is never larger (so a
+// NaN x[0] is the answer, at 0). Each lane keeps its first largest, and
+// ties between lanes go to the lower index, so the answer is the scan's
+// whatever the vector width.
+[[gnu::always_inline]] inline LaneTop LaneArgMax(int64_t n, const float* x) {
+  float value[kLanes];
+  int64_t index[kLanes];
+  for (int64_t l = 0; l < kLanes; ++l) value[l] = x[0], index[l] = 0;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float v = x[i + l];
+      const bool larger = v > value[l];
+      value[l] = larger ? v : value[l];
+      index[l] = larger ? i + l : index[l];
+    }
+  }
+  for (int64_t l = 0; i < n; ++i, ++l) {
+    if (x[i] > value[l]) value[l] = x[i], index[l] = i;
+  }
+  LaneTop top{value[0], index[0]};
+  for (int64_t l = 1; l < kLanes; ++l) {
+    if (value[l] > top.value ||
+        (value[l] == top.value && index[l] < top.index)) {
+      top = {value[l], index[l]};
+    }
+  }
+  return top;
+}
+
 }  // namespace gpipe::cpu
 
 #endif  // GPIPE_SERVICES_TENSOR_CPU_VECTOR_CLONES_H_
