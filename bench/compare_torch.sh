@@ -10,6 +10,8 @@
 #     batch 32, AdamW with clipping),
 #     bench/transformer_lm_512.json (8 blocks of dim 512, 8 heads, sequence
 #     256, batch 16, AdamW with clipping; ~10 s a step on one core),
+#     bench/transformer_lm_32k.json (transformer_lm.json with a 32000-token
+#     vocabulary: the head and the loss at a real language model's width),
 #     bench/cnn_256.json (the CNN example at batch 256)
 #     each at MICRO micro-batches (default "1 8": the whole batch, and the
 #     eighth a stage of an 8-micro-batch pipeline sees); SPECS="a.json b.json"
@@ -29,7 +31,8 @@ specs=(examples/fashion_mnist_mlp.json examples/char_transformer.json
 micros=(0)  # 0: the spec's own micro-batches
 if [[ ${SIZES:-} == 1 ]]; then
   specs=(bench/mlp_1024.json bench/mlp_4096.json bench/transformer_lm.json
-         bench/transformer_lm_512.json bench/cnn_256.json)
+         bench/transformer_lm_512.json bench/transformer_lm_32k.json
+         bench/cnn_256.json)
   read -r -a micros <<< "${MICRO:-1 8}"
 fi
 if [[ -n ${SPECS:-} ]]; then read -r -a specs <<< "$SPECS"; fi
