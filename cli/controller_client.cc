@@ -203,16 +203,19 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
     grpc::ClientContext context;
     security_.ApplyTo(&context);
     auto stream = stub_->FetchModel(&context, request);
-    absl::StatusOr<std::vector<DownloadedFile>> files = ReceiveModelFiles(
-        [&](gpipe::v1::FetchModelResponse* m) { return stream->Read(m); }, dir);
-    if (!files.ok()) context.TryCancel();
+    bool ended = false;
+    absl::StatusOr<ReceivedFiles> files = ReceiveModelFiles(
+        [&](gpipe::v1::FetchModelResponse* m) {
+          ended = !stream->Read(m);
+          return !ended;
+        },
+        dir);
+    // Cancelled only when we stopped reading: a stream that ended has the
+    // controller's reason in its status (a checkpoint file that no longer
+    // matches its manifest), which a cancel would replace.
+    if (!files.ok() && !ended) context.TryCancel();
     const grpc::Status status = stream->Finish();
-    if (status.ok() && files.ok()) return files;
-    if (files.ok()) {
-      std::error_code ec;
-      for (const DownloadedFile& f : *files)
-        std::filesystem::remove(f.path, ec);
-    }
+    if (status.ok() && files.ok()) return files->Commit();
     last = !status.ok() ? UserStatus(status, "FetchModel") : files.status();
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
   }

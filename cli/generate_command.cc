@@ -166,6 +166,9 @@ int RunGenerate(const std::vector<std::string>& args) {
   options.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   options.top_k = absl::GetFlag(FLAGS_top_k);
   options.seed = absl::GetFlag(FLAGS_seed);
+  if (data.has_text()) {
+    options.vocabulary = static_cast<int64_t>(vocabulary.size());
+  }
   if (options.tokens < 0 || !(options.temperature >= 0)) {
     return Fail(absl::InvalidArgumentError(
         "--tokens and --temperature must not be negative"));

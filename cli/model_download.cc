@@ -64,15 +64,11 @@ class PartFile {
     if (!out_) {
       return absl::InternalError(absl::StrCat("cannot write ", part_.string()));
     }
-    std::error_code ec;
-    fs::rename(part_, final_, ec);
-    if (ec) {
-      return absl::InternalError(
-          absl::StrCat("cannot rename ", part_.string(), ": ", ec.message()));
-    }
-    done_ = true;
+    done_ = true;  // the part file is now the caller's (ReceivedFiles)
     return DownloadedFile{final_.string(), received_, got};
   }
+
+  std::string part() const { return part_.string(); }
 
  private:
   fs::path final_, part_;
@@ -85,7 +81,29 @@ class PartFile {
 
 }  // namespace
 
-absl::StatusOr<std::vector<DownloadedFile>> ReceiveModelFiles(
+ReceivedFiles::~ReceivedFiles() {
+  std::error_code ec;
+  for (const auto& [part, file] : files_) fs::remove(part, ec);
+}
+
+absl::StatusOr<std::vector<DownloadedFile>> ReceivedFiles::Commit() {
+  std::vector<DownloadedFile> out;
+  while (!files_.empty()) {
+    auto [part, file] = std::move(files_.front());
+    files_.erase(files_.begin());
+    std::error_code ec;
+    fs::rename(part, file.path, ec);
+    if (ec) {
+      fs::remove(part, ec);
+      return absl::InternalError(absl::StrCat("cannot rename ", part, " to ",
+                                              file.path, ": ", ec.message()));
+    }
+    out.push_back(std::move(file));
+  }
+  return out;
+}
+
+absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
     absl::FunctionRef<bool(gpipe::v1::FetchModelResponse*)> read,
     const std::string& dir) {
   std::error_code ec;
@@ -94,11 +112,8 @@ absl::StatusOr<std::vector<DownloadedFile>> ReceiveModelFiles(
     return absl::InternalError(
         absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
-  std::vector<DownloadedFile> done;
-  const auto fail = [&](absl::Status s) {
-    for (const DownloadedFile& f : done) fs::remove(f.path, ec);
-    return s;
-  };
+  ReceivedFiles done;  // removes its part files on every error return
+  const auto fail = [](absl::Status s) { return s; };
   std::unique_ptr<PartFile> file;
   gpipe::v1::FetchModelResponse m;
   while (read(&m)) {
@@ -126,9 +141,10 @@ absl::StatusOr<std::vector<DownloadedFile>> ReceiveModelFiles(
           return fail(absl::DataLossError("a digest before any file"));
         }
         absl::StatusOr<DownloadedFile> f = file->Finish(m.sha256());
+        const std::string part = file->part();
         file.reset();
         if (!f.ok()) return fail(f.status());
-        done.push_back(*f);
+        done.Add(part, std::move(*f));
         break;
       }
       default:

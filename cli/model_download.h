@@ -1,12 +1,13 @@
 // Writing what FetchModel streams (a model, or a checkpoint's manifest and
-// files) into a directory, checked: a file appears under its name only when
-// every byte its header announced arrived and its sha256 is the one the
-// controller computed; nothing else is left behind.
+// files) into a directory, checked: files appear under their names only when
+// every byte each header announced arrived, each sha256 is the one the
+// controller computed and the stream ended well; nothing else is left behind.
 #ifndef GPIPE_CLI_MODEL_DOWNLOAD_H_
 #define GPIPE_CLI_MODEL_DOWNLOAD_H_
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -21,12 +22,39 @@ struct DownloadedFile {
   std::string sha256;
 };
 
+// Files received and checked, each still under NAME.part beside its final
+// name; they take their names together, once the whole stream has arrived
+// and the controller has ended it well (Commit). Dropped uncommitted, it
+// removes them: a failed fetch leaves what the directory held before,
+// files of an earlier fetch of the same checkpoint included.
+class ReceivedFiles {
+ public:
+  ReceivedFiles() = default;
+  ReceivedFiles(ReceivedFiles&& o) noexcept : files_(std::move(o.files_)) {
+    o.files_.clear();
+  }
+  ReceivedFiles& operator=(ReceivedFiles&&) = delete;
+  ReceivedFiles(const ReceivedFiles&) = delete;
+  ReceivedFiles& operator=(const ReceivedFiles&) = delete;
+  ~ReceivedFiles();
+
+  // Renames every file into place (Internal naming it when one cannot be).
+  absl::StatusOr<std::vector<DownloadedFile>> Commit();
+
+  void Add(std::string part, DownloadedFile file) {
+    files_.emplace_back(std::move(part), std::move(file));
+  }
+
+ private:
+  std::vector<std::pair<std::string, DownloadedFile>> files_;  // part, file
+};
+
 // Reads messages with `read` (false: the stream ended) into files of `dir`
 // (created). A name that is not a plain file name, a stream that ends inside
 // a file, more or fewer bytes than announced, or a digest that differs is
 // an error (InvalidArgument, Aborted, DataLoss) that removes every file this
-// call wrote, finished ones included.
-absl::StatusOr<std::vector<DownloadedFile>> ReceiveModelFiles(
+// call wrote, finished ones included; it never touches another file.
+absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
     absl::FunctionRef<bool(gpipe::v1::FetchModelResponse*)> read,
     const std::string& dir);
 

@@ -32,6 +32,7 @@
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/model_file.h"
+#include "services/storage/file_io.h"
 
 ABSL_FLAG(int64_t, top, 3, "predict: the most likely classes shown per sample");
 ABSL_DECLARE_FLAG(bool, json);
@@ -92,8 +93,16 @@ absl::StatusOr<Samples> ReadNpySamples(const std::string& path,
 absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
                                        const v1::JobSpec& spec,
                                        int64_t sample) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  ASSIGN_OR_RETURN(const std::string read, storage::ReadWholeFile(path));
+  absl::string_view text = read;
+  // As training reads a table (services/data/csv.cc): a spreadsheet's byte
+  // order mark is not a cell, blank lines may end the table but not break
+  // it (a skipped one would shift every later line number).
+  if (absl::StartsWith(text, "\xEF\xBB\xBF")) text.remove_prefix(3);
+  std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
+  while (!lines.empty() && absl::StripAsciiWhitespace(lines.back()).empty()) {
+    lines.pop_back();
+  }
   const char delimiter =
       spec.data().has_csv() && !spec.data().csv().delimiter().empty()
           ? spec.data().csv().delimiter()[0]
@@ -101,10 +110,14 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
   const auto& names = spec.data().csv().feature_columns();
   std::vector<int64_t> pick;  // column of each feature, by the header
   Samples s;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (absl::StripAsciiWhitespace(line).empty()) continue;
+  for (int64_t number = 1; number <= static_cast<int64_t>(lines.size());
+       ++number) {
+    absl::string_view line = lines[number - 1];
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (absl::StripAsciiWhitespace(line).empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", number, ": empty line"));
+    }
     std::vector<std::string> cells = absl::StrSplit(line, delimiter);
     std::vector<float> row;
     bool numbers = true;

@@ -1569,14 +1569,21 @@ void Controller::CheckRestorePointIo(
     if (options_.metrics != nullptr) {
       options_.metrics->OnCorruptCheckpoints(corrupt);
     }
-    jobs_.Publish(
-        *job,
-        absl::StrCat(corrupt, " corrupt checkpoint", corrupt > 1 ? "s" : "",
-                     " dropped; restoring ",
-                     point.chosen ? absl::StrCat("the checkpoint of step ",
-                                                 point.chosen->step())
-                                  : std::string("from the start")),
-        now);
+    // On the job's status too, not only in the controller's log and the
+    // events: a resume that said "from the checkpoint of step N" and then
+    // trained from step 0 told the user nothing.
+    const std::string message = absl::StrCat(
+        corrupt, " corrupt checkpoint", corrupt > 1 ? "s" : "",
+        " dropped (the newest, of step ", point.unusable.front().first.step(),
+        ": ", point.unusable.front().second.message(), "); restoring ",
+        point.chosen
+            ? absl::StrCat("the checkpoint of step ", point.chosen->step())
+            : std::string("from the start: every checkpoint was unusable"));
+    job->status().set_step(point.chosen ? point.chosen->step()
+                                        : InitialStep(job->job.spec()));
+    SetCondition(&job->status(), kRestored, point.chosen.has_value(),
+                 "CorruptCheckpoints", message, now);
+    jobs_.Publish(*job, message, now);
   }
   job->restore_point = point.chosen;
   job->restore_check = JobRecord::RestoreCheck::kChecked;

@@ -20,6 +20,9 @@ inline constexpr std::string_view kRunning = "Running";
 inline constexpr std::string_view kComplete = "Complete";
 inline constexpr std::string_view kFailed = "Failed";
 inline constexpr std::string_view kCancelled = "Cancelled";
+// Set when a restart or resume found checkpoints unusable: True when an
+// older one was restored, False when none was and training began again.
+inline constexpr std::string_view kRestored = "Restored";
 
 google::protobuf::Timestamp ToTimestamp(absl::Time t);
 absl::Time FromTimestamp(const google::protobuf::Timestamp& t);

@@ -12,6 +12,7 @@
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/pipeline/stage_checkpoint.h"
+#include "services/storage/manifest.h"
 #include "services/storage/safetensors_stream.h"
 #include "services/storage/sha256.h"
 
@@ -185,6 +186,9 @@ absl::StatusOr<int64_t> ControllerFileStore::Restore(const v1::Assignment& a,
           absl::StrCat(what, ": ", file->path(), " arrived with sha256 ",
                        sha256, "; its manifest says ", file->sha256()));
     }
+    RETURN_IF_ERROR(
+        storage::CheckFileStep(absl::StrCat(what, ": ", file->path()),
+                               read.metadata, manifest->step()));
     for (auto& [name, tensor] : read.tensors) {
       found.insert_or_assign(name, std::move(tensor));
     }

@@ -28,7 +28,8 @@ using GzFile = std::unique_ptr<gzFile_s, GzCloser>;
 
 absl::StatusOr<GzFile> Open(const std::string& path) {
   // open() first so that errno reliably says why it failed.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO is refused below instead of waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
   }

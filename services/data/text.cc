@@ -9,29 +9,15 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/data/windows.h"
+#include "services/storage/file_io.h"
 
 namespace gpipe {
 namespace {
 
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-
+// A regular file only: /dev/zero was read until memory ran out.
 absl::StatusOr<std::vector<uint8_t>> ReadFile(const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  if (f == nullptr) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  }
-  std::vector<uint8_t> bytes;
-  uint8_t chunk[1 << 16];
-  size_t got;
-  while ((got = std::fread(chunk, 1, sizeof(chunk), f.get())) > 0) {
-    bytes.insert(bytes.end(), chunk, chunk + got);
-  }
-  if (std::ferror(f.get())) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
-  }
-  return bytes;
+  ASSIGN_OR_RETURN(const std::string text, storage::ReadWholeFile(path));
+  return std::vector<uint8_t>(text.begin(), text.end());
 }
 
 }  // namespace

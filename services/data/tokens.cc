@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/data/windows.h"
+#include "services/storage/file_io.h"
 
 namespace gpipe {
 
@@ -54,30 +55,20 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Open(
   }
   const auto map =
       [&](const std::string& path) -> absl::StatusOr<std::unique_ptr<Mapped>> {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-    }
-    struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      const int e = errno;
-      ::close(fd);
-      return absl::ErrnoToStatus(e, absl::StrCat("cannot stat ", path));
-    }
+    uint64_t size = 0;
+    ASSIGN_OR_RETURN(const storage::ScopedFd fd,
+                     storage::OpenForRead(path, &size));
     auto m = std::make_unique<Mapped>();
     m->path = path;
     m->bytes_per_id = o.bytes_per_id;
-    m->length = static_cast<size_t>(st.st_size);
+    m->length = static_cast<size_t>(size);
     if (m->length > 0) {
-      void* p = ::mmap(nullptr, m->length, PROT_READ, MAP_PRIVATE, fd, 0);
+      void* p = ::mmap(nullptr, m->length, PROT_READ, MAP_PRIVATE, fd.get(), 0);
       if (p == MAP_FAILED) {
-        const int e = errno;
-        ::close(fd);
-        return absl::ErrnoToStatus(e, absl::StrCat("cannot map ", path));
+        return absl::ErrnoToStatus(errno, absl::StrCat("cannot map ", path));
       }
       m->base = static_cast<const uint8_t*>(p);
     }
-    ::close(fd);
     const int64_t length = static_cast<int64_t>(m->length);
     if (length < o.header_bytes) {
       return absl::InvalidArgumentError(

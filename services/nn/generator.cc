@@ -105,7 +105,10 @@ std::vector<float> Generator::Feed(const std::vector<int32_t>& ids) {
 int32_t Generator::Sample(const std::vector<float>& scores,
                           const SamplingOptions& o,
                           std::mt19937_64& rng) const {
-  const int64_t v = static_cast<int64_t>(scores.size());
+  const int64_t v =
+      o.vocabulary > 0
+          ? std::min(o.vocabulary, static_cast<int64_t>(scores.size()))
+          : static_cast<int64_t>(scores.size());
   std::vector<int64_t> order(v);
   std::iota(order.begin(), order.end(), 0);
   // Highest score first, the lower id first among equals: deterministic.
@@ -137,10 +140,12 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
   if (prompt.empty()) {
     return absl::InvalidArgumentError("the prompt is empty: give one token");
   }
+  const int64_t vocab =
+      options.vocabulary > 0 ? std::min(options.vocabulary, vocab_) : vocab_;
   for (int32_t id : prompt) {
-    if (id < 0 || id >= vocab_) {
+    if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "prompt token ", id, " is outside the vocabulary of ", vocab_));
+          "prompt token ", id, " is outside the vocabulary of ", vocab));
     }
   }
   std::mt19937_64 rng(options.seed);

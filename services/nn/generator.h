@@ -32,6 +32,9 @@ struct SamplingOptions {
   float temperature = 1.0f;  // 0: always the most likely token
   int64_t top_k = 0;         // sample among the k most likely; 0: all
   uint64_t seed = 0;
+  // Sample only ids below this (a text model's vocabulary may be shorter
+  // than its V scores, which then has ids with no byte); 0: all V.
+  int64_t vocabulary = 0;
 };
 
 class Generator {

@@ -254,6 +254,27 @@ absl::Status ValidateText(const v1::TextFile& text, const ModelEnds& m) {
     return FieldError("data.text", "seq_len ", t, " needs a model output of [",
                       t, ", V] with V >= 2, got ", m.output.ToString());
   }
+  // A recorded vocabulary (a model file's, or one given): token i is its
+  // byte i, so it must be a vocabulary and the model must score every one
+  // of its tokens. A model file's, altered, made generate print bytes
+  // from past its end.
+  const std::string& vocabulary = text.vocabulary();
+  for (size_t i = 1; i < vocabulary.size(); ++i) {
+    const auto byte = [&](size_t j) {
+      return static_cast<uint8_t>(vocabulary[j]);
+    };
+    if (byte(i) <= byte(i - 1)) {
+      return FieldError("data.text.vocabulary",
+                        "must hold distinct bytes in ascending order; byte ",
+                        int{byte(i)}, " follows ", int{byte(i - 1)});
+    }
+  }
+  if (static_cast<int64_t>(vocabulary.size()) > m.output[1]) {
+    return FieldError("data.text.vocabulary", "has ", vocabulary.size(),
+                      " tokens, more than the ", m.output[1],
+                      " the model scores (its output is ", m.output.ToString(),
+                      ")");
+  }
   return absl::OkStatus();
 }
 

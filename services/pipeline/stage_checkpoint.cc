@@ -120,6 +120,8 @@ absl::StatusOr<int64_t> RestoreStageCheckpoint(
     RETURN_IF_ERROR(storage::VerifyCheckpointFile(manifest_path, file));
     const std::string path = storage::ManifestFilePath(manifest_path, file);
     ASSIGN_OR_RETURN(SafetensorsFile read, ReadSafetensors(path));
+    RETURN_IF_ERROR(
+        storage::CheckFileStep(path, read.metadata, manifest.step()));
     for (auto& [name, tensor] : read.tensors) {
       found.insert_or_assign(name, std::move(tensor));
     }

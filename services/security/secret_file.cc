@@ -18,7 +18,9 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& flag,
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, " is empty: give the path of a file"));
   }
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO is refused below instead of waited on (the wait
+  // ignored SIGTERM).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     const int err = errno;
     if (err == ENOENT) {
@@ -41,6 +43,10 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& flag,
     if (S_ISDIR(st.st_mode)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": is a directory, not a file"));
+    }
+    if (!S_ISREG(st.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": not a regular file (a device, FIFO or socket)"));
     }
     char buffer[4096];
     for (;;) {

@@ -48,13 +48,19 @@ absl::Status ScopedFd::Close() {
 }
 
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path, uint64_t* size) {
-  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO with no writer would wait forever, deaf to
+  // SIGTERM, before fstat could refuse it. Reads of a regular file ignore it.
+  ScopedFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return ErrnoError(errno, "open", path);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) return ErrnoError(errno, "stat", path);
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": is a directory, not a file"));
+  }
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": not a regular file"));
+        absl::StrCat(path, ": not a regular file (a device, FIFO or socket)"));
   }
   *size = static_cast<uint64_t>(st.st_size);
   return fd;

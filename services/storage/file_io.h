@@ -34,7 +34,8 @@ class ScopedFd {
 };
 
 // Opens `path` for reading; NotFound, PermissionDenied etc. from errno, and
-// InvalidArgument when it is not a regular file. Sets *size to its length.
+// InvalidArgument when it is not a regular file (a directory, a device such
+// as /dev/zero, a FIFO: never blocks on one). Sets *size to its length.
 absl::StatusOr<ScopedFd> OpenForRead(const std::string& path, uint64_t* size);
 
 // Reads exactly `n` bytes at `offset`; DataLoss naming `path` when the file

@@ -3,10 +3,14 @@
 #include <filesystem>
 #include <string_view>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
 #include "services/storage/file_io.h"
+#include "services/storage/safetensors_header.h"
 #include "services/storage/sha256.h"
 
 namespace gpipe::storage {
@@ -126,11 +130,44 @@ absl::Status VerifyCheckpointFile(const std::string& manifest_path,
   return absl::OkStatus();
 }
 
+absl::Status CheckFileStep(std::string_view what,
+                           const std::map<std::string, std::string>& metadata,
+                           int64_t manifest_step) {
+  const auto it = metadata.find("step");
+  int64_t step = 0;
+  if (it != metadata.end() &&
+      (!absl::SimpleAtoi(it->second, &step) || step != manifest_step)) {
+    return absl::DataLossError(absl::StrCat(
+        AsAbsl(what), " is of step ", it->second, ", its manifest's is ",
+        manifest_step, " (a file of another checkpoint?)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::CheckpointManifest> ReadVerifiedManifest(
     const std::string& path) {
   ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(path));
   for (const v1::CheckpointFile& file : manifest.files()) {
     RETURN_IF_ERROR(VerifyCheckpointFile(path, file));
+    if (!absl::EndsWith(file.path(), ".safetensors")) continue;
+    // Its own step, from its header: a file of another checkpoint in its
+    // place, with the manifest's digest made to match, is caught here, so
+    // the controller falls back to the checkpoint before instead of
+    // handing it to stages that would each refuse it.
+    // A header that does not parse is left to the stage that loads the
+    // file, which refuses it: its digest is the one its writer recorded.
+    const std::string file_path = ManifestFilePath(path, file);
+    uint64_t size = 0;
+    absl::StatusOr<ScopedFd> fd = OpenForRead(file_path, &size);
+    if (!fd.ok()) return fd.status();
+    const absl::StatusOr<std::string> json =
+        ReadHeaderJson(*fd, file_path, size);
+    if (!json.ok()) continue;
+    const absl::StatusOr<SafetensorsHeader> header = ParseSafetensorsHeader(
+        *json, size - kHeaderLengthBytes - json->size(), file_path);
+    if (!header.ok()) continue;
+    RETURN_IF_ERROR(
+        CheckFileStep(file_path, header->metadata, manifest.step()));
   }
   return manifest;
 }

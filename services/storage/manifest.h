@@ -4,7 +4,10 @@
 #ifndef GPIPE_SERVICES_STORAGE_MANIFEST_H_
 #define GPIPE_SERVICES_STORAGE_MANIFEST_H_
 
+#include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -33,7 +36,15 @@ std::string ManifestFilePath(const std::string& manifest_path,
 absl::Status VerifyCheckpointFile(const std::string& manifest_path,
                                   const gpipe::v1::CheckpointFile& file);
 
-// ReadManifest, then VerifyCheckpointFile on every file.
+// DataLoss when a checkpoint file's own "step" (its metadata, as
+// SaveStageCheckpoint writes it) is not its manifest's: the file of another
+// checkpoint put in its place, with a manifest whose sha256 was made to
+// match, would restore a stage a step apart from the others.
+absl::Status CheckFileStep(std::string_view what,
+                           const std::map<std::string, std::string>& metadata,
+                           int64_t manifest_step);
+
+// ReadManifest, then VerifyCheckpointFile and CheckFileStep on every file.
 absl::StatusOr<gpipe::v1::CheckpointManifest> ReadVerifiedManifest(
     const std::string& path);
 

@@ -309,9 +309,9 @@ TEST_F(ControllerTest, UnparsableRequestsAreInvalidArgument) {
   grpc::GenericStub generic(channel);
   // Field 1 as a varint that never ends: no protobuf parser accepts it.
   const grpc::ByteBuffer garbage = ToBuffer(std::string("\x0a\xff\xff", 3));
-  for (const char *method : {"/gpipe.v1.Controller/GetJob",
-                             "/gpipe.v1.Controller/SubmitJob",
-                             "/gpipe.v1.Controller/WatchJob"}) {
+  for (const char *method :
+       {"/gpipe.v1.Controller/GetJob", "/gpipe.v1.Controller/SubmitJob",
+        "/gpipe.v1.Controller/WatchJob"}) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() +
                          std::chrono::seconds(5));
@@ -1157,6 +1157,14 @@ TEST_F(ControllerTest, LostWorkerRestartsFromNewestIntactCheckpoint) {
   ASSERT_EQ(job.status().checkpoints_size(), 1);
   EXPECT_EQ(server_->controller().corrupt_checkpoints(), 1);
   EXPECT_EQ(Condition(job, "Running")->reason(), "Started");
+  // The user sees it on the job, not only in the controller's log.
+  ASSERT_NE(Condition(job, "Restored"), nullptr);
+  EXPECT_TRUE(Condition(job, "Restored")->status());
+  EXPECT_THAT(Condition(job, "Restored")->message(),
+              ::testing::HasSubstr("1 corrupt checkpoint dropped (the newest, "
+                                   "of step 4: "));
+  EXPECT_THAT(Condition(job, "Restored")->message(),
+              ::testing::HasSubstr("restoring the checkpoint of step 2"));
 
   // The old epoch's reports no longer count.
   const int64_t ignored = server_->controller().ignored_reports();

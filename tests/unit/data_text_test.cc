@@ -1,4 +1,5 @@
 // The character-level text dataset: vocabulary, splits, windows and errors.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -149,6 +150,21 @@ TEST_F(TextTest, OpenDatasetNamesTheField) {
   spec.mutable_text()->clear_path();
   d = OpenDataset(spec, Shape(), 0);
   EXPECT_THAT(d.status().message(), HasSubstr("data.text.path: required"));
+}
+
+// Not a file to read whole: /dev/zero was read until memory ran out, and a
+// FIFO with no writer blocked for ever.
+TEST_F(TextTest, OnlyARegularFileIsRead) {
+  auto d = TextDataset::Open("/dev/zero", 4);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("/dev/zero: not a regular file"));
+  const std::string fifo = Write("fifo", "");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  d = TextDataset::Open(fifo, 4);
+  EXPECT_THAT(d.status().message(), HasSubstr(": not a regular file"));
+  d = TextDataset::Open(std::filesystem::path(fifo).parent_path().string(), 4);
+  EXPECT_THAT(d.status().message(), HasSubstr(": is a directory, not a file"));
 }
 
 TEST_F(TextTest, OpenDatasetReadsText) {

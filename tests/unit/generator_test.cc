@@ -157,6 +157,24 @@ TEST(GeneratorTest, TheSameSeedSamplesTheSameTokens) {
   EXPECT_EQ(run(1), run(2));
 }
 
+// A text model's vocabulary may be shorter than its V scores: the ids past
+// it have no byte, so they are never sampled, nor taken in a prompt.
+TEST(GeneratorTest, AShorterVocabularyIsNeverSampledPast) {
+  auto model = Model::Build(Spec(), 5);
+  ASSERT_TRUE(model.ok());
+  SamplingOptions o;
+  o.tokens = 200;
+  o.temperature = 50.0f;  // nearly uniform over what may be sampled
+  o.vocabulary = 3;
+  auto g = Generator::Create(model->get());
+  ASSERT_TRUE(g.ok());
+  auto out = (*g)->Generate({1, 2}, o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  for (int32_t id : *out) EXPECT_TRUE(id >= 0 && id < 3) << id;
+  EXPECT_THAT((*g)->Generate({5}, o).status().message(),
+              HasSubstr("prompt token 5 is outside the vocabulary of 3"));
+}
+
 TEST(GeneratorTest, ModelsThatCannotGenerateAreRefused) {
   auto model = Model::Build(Spec(/*causal=*/false), 3);
   ASSERT_TRUE(model.ok());

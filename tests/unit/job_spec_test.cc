@@ -372,6 +372,18 @@ std::vector<BadSpec> BadSpecs() {
       {"TextTestFractionOne",
        With(kText, R"("test_fraction": 0.1)", R"("test_fraction": 1)"),
        "data.text.test_fraction: must be in [0, 1), got 1"},
+      // A recorded vocabulary (base64 in JSON): "ab,,", and bytes 0..96.
+      {"TextVocabularyRepeats",
+       With(kText, R"("test_fraction": 0.1)",
+            R"("test_fraction": 0.1, "vocabulary": "YWIsLA==")"),
+       "data.text.vocabulary: must hold distinct bytes in ascending order; "
+       "byte 44 follows 98"},
+      {"TextVocabularyPastTheOutputs",
+       With(
+           kText, R"("test_fraction": 0.1)",
+           R"("test_fraction": 0.1, "vocabulary": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYA==")"),
+       "data.text.vocabulary: has 97 tokens, more than the 96 the model "
+       "scores"},
 
       // Pipeline layout.
       {"MicroBatchesExceedBatch",

@@ -41,7 +41,7 @@ class ModelDownloadTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  absl::StatusOr<std::vector<DownloadedFile>> Receive(const Stream& s) {
+  absl::StatusOr<ReceivedFiles> ReceiveOnly(const Stream& s) {
     size_t next = 0;
     return ReceiveModelFiles(
         [&](gpipe::v1::FetchModelResponse* m) {
@@ -50,6 +50,16 @@ class ModelDownloadTest : public ::testing::Test {
           return true;
         },
         dir_.string());
+  }
+  // Received and committed, as a stream the controller ended well.
+  absl::StatusOr<std::vector<DownloadedFile>> Receive(const Stream& s) {
+    absl::StatusOr<ReceivedFiles> files = ReceiveOnly(s);
+    if (!files.ok()) return files.status();
+    return files->Commit();
+  }
+  void Write(const std::string& name, const std::string& bytes) {
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / name, std::ios::binary) << bytes;
   }
   std::vector<std::string> Files() {
     std::vector<std::string> out;
@@ -93,6 +103,36 @@ TEST_F(ModelDownloadTest, ACutStreamLeavesNothing) {
   auto files = Receive(s);
   EXPECT_TRUE(absl::IsAborted(files.status())) << files.status();
   EXPECT_TRUE(Files().empty());  // the complete first file is gone too
+}
+
+// Fetching a checkpoint again into the folder of an earlier fetch: a
+// failure, or a stream the controller ended with an error after whole
+// files, leaves the earlier files as they were. (They were replaced by the
+// new copies as each arrived, then removed with them.)
+TEST_F(ModelDownloadTest, AFailedFetchLeavesTheFilesThatWereThere) {
+  Write("MANIFEST.json", "old manifest");
+  Write("e1-stage-0.safetensors", "old stage 0");
+  Stream s;
+  AddFile(s, "MANIFEST.json", "new manifest");
+  AddFile(s, "e1-stage-0.safetensors", "new stage 0");
+  AddFile(s, "e1-stage-1.safetensors", "0123456789");
+  Stream cut = s;
+  cut.resize(cut.size() - 2);
+  EXPECT_TRUE(absl::IsAborted(Receive(cut).status()));
+  EXPECT_EQ(Files(), (std::vector<std::string>{"MANIFEST.json",
+                                               "e1-stage-0.safetensors"}));
+  EXPECT_EQ(Read("MANIFEST.json"), "old manifest");
+  EXPECT_EQ(Read("e1-stage-0.safetensors"), "old stage 0");
+  {
+    absl::StatusOr<ReceivedFiles> whole = ReceiveOnly(s);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    // Not committed: the controller's status said the stream failed.
+  }
+  EXPECT_EQ(Read("MANIFEST.json"), "old manifest");
+  EXPECT_EQ(Files().size(), 2u);
+  ASSERT_TRUE(Receive(s).ok());
+  EXPECT_EQ(Read("e1-stage-0.safetensors"), "new stage 0");
+  EXPECT_EQ(Files().size(), 3u);
 }
 
 TEST_F(ModelDownloadTest, WrongLengthsAndDigestsAreDataLoss) {

@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/storage/manifest.h"
+#include "services/storage/safetensors_header.h"
 #include "services/storage/sha256.h"
 
 namespace gpipe::storage {
@@ -122,6 +123,31 @@ TEST_F(ManifestTest, CorruptOrTruncatedFileIsDataLoss) {
   std::filesystem::remove(dir_ / "e3-stage-1.safetensors");
   read = ReadVerifiedManifest(ManifestPath());
   EXPECT_TRUE(absl::IsDataLoss(read.status())) << read.status();
+}
+
+// A stage file of another checkpoint put in place of this one's, with the
+// manifest's digest made to match: its own step gives it away.
+TEST_F(ManifestTest, AFileOfAnotherStepIsDataLoss) {
+  v1::CheckpointManifest m = TwoFiles();
+  for (int64_t step : {20, 10}) {
+    SafetensorsHeader header;
+    header.metadata["step"] = absl::StrCat(step);
+    const std::string bytes = EncodeSafetensorsHeader(header);
+    Write("e3-stage-0.safetensors", bytes);
+    m.mutable_files(0)->set_sha256(Sha256Hex(bytes));
+    m.mutable_files(0)->set_bytes(bytes.size());
+    ASSERT_TRUE(WriteManifest(ManifestPath(), m).ok());
+    absl::StatusOr<v1::CheckpointManifest> read =
+        ReadVerifiedManifest(ManifestPath());
+    if (step == 20) {
+      EXPECT_TRUE(read.ok()) << read.status();
+      continue;
+    }
+    EXPECT_TRUE(absl::IsDataLoss(read.status())) << read.status();
+    EXPECT_THAT(read.status().message(),
+                HasSubstr("e3-stage-0.safetensors is of step 10, its "
+                          "manifest's is 20"));
+  }
 }
 
 TEST_F(ManifestTest, MalformedManifestsAreDataLoss) {
