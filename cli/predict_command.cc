@@ -61,14 +61,22 @@ struct Samples {
   int64_t count = 0;
 };
 
-absl::StatusOr<int64_t> CountOf(int64_t numel, int64_t sample,
+// One sample (as many values as the model's input), or [N, ...] whose
+// samples each have that many, as training takes them: an array of (200, 5)
+// for an input of 4 values was read as 250 samples.
+absl::StatusOr<int64_t> CountOf(const NumericArray& array, int64_t sample,
                                 const std::string& path) {
-  if (numel == 0 || numel % sample != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": ", numel, " values are not whole samples of ",
-                     sample, " (the model's input)"));
+  const int64_t numel = array.numel();
+  if (numel == sample) return 1;
+  int64_t per = 1;
+  for (size_t d = 1; d < array.shape.size(); ++d) per *= array.shape[d];
+  if (array.shape.size() >= 2 && per == sample && array.shape[0] > 0) {
+    return array.shape[0];
   }
-  return numel / sample;
+  return absl::InvalidArgumentError(absl::StrCat(
+      path, ": an array of ", ShapeToString(array.shape),
+      " is neither one sample nor [N, ...] samples of the model's input of ",
+      sample, " values"));
 }
 
 absl::StatusOr<Samples> ReadNpySamples(const std::string& path,
@@ -76,7 +84,7 @@ absl::StatusOr<Samples> ReadNpySamples(const std::string& path,
                                        int64_t sample) {
   ASSIGN_OR_RETURN(const NumericArray array, ReadNpy(path));
   Samples s;
-  ASSIGN_OR_RETURN(s.count, CountOf(array.numel(), sample, path));
+  ASSIGN_OR_RETURN(s.count, CountOf(array, sample, path));
   if (spec.model().input().dtype() == v1::INT32) {
     ASSIGN_OR_RETURN(s.ids, ToInt32(array, "token ids"));
     return s;

@@ -355,6 +355,12 @@ absl::StatusOr<std::unique_ptr<CsvDataset>> CsvDataset::Open(
   for (const Table* t : {&train, &test}) {
     for (int32_t id : t->targets) max_target = std::max(max_target, id);
   }
+  if (std::all_of(train.targets.begin(), train.targets.end(),
+                  [](int32_t t) { return t == -1; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target: every target of the train split of ", spec.path(),
+                     " is -1 (none): nothing to learn"));
+  }
   d->num_classes_ = int64_t{max_target} + 1;
   for (auto [part, table] :
        {std::pair{&d->train_, &train}, std::pair{&d->test_, &test}}) {

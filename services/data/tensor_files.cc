@@ -262,6 +262,11 @@ absl::StatusOr<std::unique_ptr<TensorFilesDataset>> TensorFilesDataset::Open(
     for (int32_t t : p->targets) max_target = std::max(max_target, t);
     for (int32_t id : p->i32) max_id = std::max(max_id, id);
   }
+  if (std::all_of(d->train_.targets.begin(), d->train_.targets.end(),
+                  [](int32_t t) { return t == -1; })) {
+    return targets.Error(
+        "every target of the train split is -1 (none): nothing to learn");
+  }
   d->num_classes_ = int64_t{max_target} + 1;
   d->num_input_ids_ = model_dtype == DType::kI32 ? int64_t{max_id} + 1 : 0;
   return d;

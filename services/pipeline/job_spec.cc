@@ -270,10 +270,10 @@ absl::Status ValidateText(const v1::TextFile& text, const ModelEnds& m) {
     }
   }
   if (static_cast<int64_t>(vocabulary.size()) > m.output[1]) {
-    return FieldError("data.text.vocabulary", "has ", vocabulary.size(),
-                      " tokens, more than the ", m.output[1],
-                      " the model scores (its output is ", m.output.ToString(),
-                      ")");
+    return FieldError("data.text.vocabulary", vocabulary.size(),
+                      " tokens (the text's distinct bytes) are more than the ",
+                      m.output[1], " the model scores (its output is ",
+                      m.output.ToString(), ")");
   }
   return absl::OkStatus();
 }
@@ -838,6 +838,19 @@ std::string DataSourceName(const v1::DataSpec& data) {
   return "data";
 }
 
+// Where the targets come from: a tensors source names its targets file,
+// where a label out of range is (the inputs file was named).
+std::string DataTargetsName(const v1::DataSpec& data) {
+  if (data.has_tensors() && !data.tensors().targets().empty()) {
+    return absl::StrCat("data.tensors.targets ", data.tensors().targets());
+  }
+  if (data.has_csv()) {
+    return absl::StrCat("data.csv.path ", data.csv().path(), " (column ",
+                        data.csv().target(), ")");
+  }
+  return DataSourceName(data);
+}
+
 }  // namespace
 
 absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
@@ -856,14 +869,27 @@ absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
                       DataSourceName(spec.data()), " (set it to at least ", ids,
                       ")");
   }
-  // Targets index the loss's classes (the last dimension of the output).
+  // Targets index the loss's classes (the last dimension of the output),
+  // one class id for each row of scores: [T, C] scores take [T] ids, [C]
+  // one (or [1]: a column vector of ids is the same ids). Targets of [2]
+  // for [10] scores were taken, and read as two samples' worth.
   const Shape& out = shapes.outputs.back();
   const int64_t head = out.rank() > 0 ? out[out.rank() - 1] : 0;
+  std::vector<int64_t> per_row;
+  for (int64_t d = 0; d + 1 < out.rank(); ++d) per_row.push_back(out[d]);
+  const Shape expected(per_row);
+  if (data.target_shape().numel() != expected.numel()) {
+    return FieldError(DataTargetsName(spec.data()), "targets per sample are ",
+                      data.target_shape().ToString(),
+                      ", but the model's output ", out.ToString(), " takes ",
+                      expected.ToString(),
+                      " (one class id for each row of scores)");
+  }
   if (classes > head) {
     return FieldError(
         absl::StrCat("model.layers[", model.layers_size() - 1, "]"), head,
         " outputs are fewer than the ", classes, " classes of ",
-        DataSourceName(spec.data()), " (its targets would index past them)");
+        DataTargetsName(spec.data()), " (its targets would index past them)");
   }
   return absl::OkStatus();
 }

@@ -106,6 +106,22 @@ assert [p["class"] for p in one] == [p["class"] for p in two], (one, two)
 assert all(abs(a["probability"] - b["probability"]) < 1e-4 for a, b in zip(one, two))
 PY
 ok "predict: PGM images, grey and RGB PNGs and a uint8 .npy give the same classes, $right of 8 right; so do 2 stages"
+# Samples of another size are refused, not regrouped: 8 rows of 392 bytes
+# hold as many values as 4 images and were read as 4.
+python3 - "$work" <<'PY'
+import sys
+header = "{'descr': '|u1', 'fortran_order': False, 'shape': (8, 392), }"
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(sys.argv[1] + "/halves.npy", "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    f.write(bytes(8 * 392))
+PY
+set +e
+out=$(g predict "$work/mlp/model.safetensors" "$work/halves.npy" 2>&1)
+set -e
+[[ "$out" == *"an array of [8, 392] is neither one sample nor [N, ...] samples of the model's input of 784 values"* ]] ||
+  fail "samples of another size: $out"
+ok "predict refuses an array whose samples are not the model's input"
 
 # A table with a header; predict finds the features by name.
 python3 - "$work" <<'PY'

@@ -37,7 +37,13 @@ class DataFitsModelTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove(path_); }
 
   gpipe::v1::JobSpec TextSpec(int64_t vocab, int64_t head) {
-    absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(absl::StrCat(
+    absl::StatusOr<gpipe::v1::JobSpec> spec =
+        ParseJobSpecJson(TextSpecJson(vocab, head));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return *spec;
+  }
+  std::string TextSpecJson(int64_t vocab, int64_t head) {
+    return absl::StrCat(
         R"({"model": {"input": {"dtype": "INT32", "shape": {"dims": [8]}},
               "layers": [
                 {"embedding": {"vocab_size": )",
@@ -48,9 +54,7 @@ class DataFitsModelTest : public ::testing::Test {
             "optimizer": {"lr": 0.01, "sgd": {}},
             "data": {"text": {"path": ")",
         path_, R"(", "seq_len": 8}},
-            "batch_size": 4, "steps": 2})"));
-    EXPECT_TRUE(spec.ok()) << spec.status();
-    return *spec;
+            "batch_size": 4, "steps": 2})");
   }
 
   std::string path_;
@@ -72,13 +76,16 @@ TEST_F(DataFitsModelTest, ASmallerEmbeddingThanTheVocabularyIsRefused) {
   EXPECT_TRUE(absl::IsInvalidArgument(trainer.status())) << trainer.status();
 }
 
+// Where the text is read (the submitter's machine), its vocabulary is
+// resolved into the spec and checked against the model's scores there.
 TEST_F(DataFitsModelTest, FewerOutputsThanClassesAreRefused) {
-  absl::StatusOr<std::unique_ptr<Dataset>> data =
-      OpenJobDataset(TextSpec(/*vocab=*/40, /*head=*/30));
-  ASSERT_TRUE(absl::IsInvalidArgument(data.status())) << data.status();
-  EXPECT_THAT(data.status().message(),
-              HasSubstr("model.layers[1]: 30 outputs are fewer than the 40 "
-                        "classes of data.text.path"));
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      ParseJobSpecJson(TextSpecJson(/*vocab=*/40, /*head=*/30));
+  ASSERT_TRUE(absl::IsInvalidArgument(spec.status())) << spec.status();
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("data.text.vocabulary: 40 tokens (the text's "
+                        "distinct bytes) are more than the 30 the model "
+                        "scores"));
 }
 
 TEST_F(DataFitsModelTest, AVocabularyThatFitsOpensAndTrains) {
@@ -132,6 +139,57 @@ TEST(DataTensorsForTokensTest, AnInt32ModelGetsTheIds) {
   ASSERT_TRUE(trainer.ok()) << trainer.status();
   EXPECT_TRUE((*trainer)->Step().ok());
   std::filesystem::remove(path);
+}
+
+// Class-id targets for a classifier, from tensor files: one id a sample
+// (or a column of them), each naming a class the model scores, and not all
+// -1. Each was taken before: [N, 2] targets were read as twice the ids, a
+// label out of range was blamed on the inputs file, and targets that were
+// all -1 trained on nothing.
+TEST(DataTensorsForClassesTest, TargetsMustBeOneIdASampleAndSomeClasses) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string x = absl::StrCat(dir, "/data_fits-", getpid(), "-x.npy");
+  const std::string y = absl::StrCat(dir, "/data_fits-", getpid(), "-y.npy");
+  std::vector<float> xs(40 * 4, 0.5f);
+  std::ofstream(x, std::ios::binary) << test_support::NpyFile(
+      "<f4", "(40, 4)",
+      std::string(reinterpret_cast<const char*>(xs.data()), xs.size() * 4));
+  const auto targets = [&](const std::string& shape,
+                           const std::vector<int64_t>& ids) {
+    std::ofstream(y, std::ios::binary | std::ios::trunc)
+        << test_support::NpyFile(
+               "<i8", shape,
+               std::string(reinterpret_cast<const char*>(ids.data()),
+                           ids.size() * 8));
+    absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(absl::StrCat(
+        R"({"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [4]}},
+              "layers": [{"linear": {"in_features": 4, "out_features": 3}}],
+              "loss": {"softmax_cross_entropy": {}}},
+            "optimizer": {"lr": 0.01, "sgd": {}},
+            "data": {"tensors": {"inputs": ")",
+        x, R"(", "targets": ")", y, R"("}},
+            "batch_size": 4, "steps": 2})"));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return OpenJobDataset(*spec).status();
+  };
+  std::vector<int64_t> ids(40);
+  for (int i = 0; i < 40; ++i) ids[i] = i % 3;
+  EXPECT_TRUE(targets("(40,)", ids).ok());
+  EXPECT_TRUE(targets("(40, 1)", ids).ok());
+  std::vector<int64_t> pairs(80, 1);
+  EXPECT_THAT(targets("(40, 2)", pairs).message(),
+              HasSubstr("data.tensors.targets " + y +
+                        ": targets per sample are [2], but the model's output "
+                        "[3] takes []"));
+  ids[13] = 7;
+  EXPECT_THAT(targets("(40,)", ids).message(),
+              HasSubstr("3 outputs are fewer than the 8 classes of "
+                        "data.tensors.targets " +
+                        y));
+  EXPECT_THAT(targets("(40,)", std::vector<int64_t>(40, -1)).message(),
+              HasSubstr("every target of the train split is -1"));
+  std::filesystem::remove(x);
+  std::filesystem::remove(y);
 }
 
 }  // namespace

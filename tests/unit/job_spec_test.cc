@@ -382,8 +382,8 @@ std::vector<BadSpec> BadSpecs() {
        With(
            kText, R"("test_fraction": 0.1)",
            R"("test_fraction": 0.1, "vocabulary": "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8gISIjJCUmJygpKissLS4vMDEyMzQ1Njc4OTo7PD0+P0BBQkNERUZHSElKS0xNTk9QUVJTVFVWV1hZWltcXV5fYA==")"),
-       "data.text.vocabulary: has 97 tokens, more than the 96 the model "
-       "scores"},
+       "data.text.vocabulary: 97 tokens (the text's distinct bytes) are more "
+       "than the 96 the model scores"},
 
       // Pipeline layout.
       {"MicroBatchesExceedBatch",
