@@ -371,8 +371,11 @@ int RunTrain(const std::vector<std::string>& args) {
   std::fflush(stdout);
 
   const absl::Time start = absl::Now();
+  // A run continued from a checkpoint's step counts only its own steps
+  // (it printed the checkpoint's 6200 steps as trained in 0.0 s).
+  const int64_t first_step = t.step();
   {
-    Progress progress(spec->steps());
+    Progress progress(spec->steps(), stderr, first_step);
     const StepPlan plan = StepPlan::FromSpec(*spec);
     // The bubble the cost model predicts for the pipeline's cut, beside
     // the schedule's theory: once, the cut does not change.
@@ -402,9 +405,10 @@ int RunTrain(const std::vector<std::string>& args) {
     }
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const int64_t ran = t.step() - first_step;
   std::printf("trained %lld steps in %.1fs (%.0f samples/s)\n",
-              static_cast<long long>(t.step()), seconds,
-              t.step() * spec->batch_size() / seconds);
+              static_cast<long long>(ran), seconds,
+              seconds > 0 ? ran * spec->batch_size() / seconds : 0.0);
   absl::StatusOr<EvalResult> e =
       t.Evaluate(Split::kTest, spec->eval().max_samples());
   if (!e.ok()) return Fail(e.status());

@@ -14,6 +14,8 @@
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/pipeline/model_file.h"
+#include "services/storage/manifest.h"
 #include "services/storage/safetensors.h"
 
 namespace gpipe {
@@ -82,7 +84,23 @@ std::string InitReport::ToString() const {
 absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
   std::error_code ec;
   std::vector<std::string> files;
-  if (std::filesystem::is_directory(path, ec)) {
+  const std::string manifest_path =
+      (std::filesystem::path(path) / storage::kManifestName).string();
+  if (std::filesystem::is_directory(path, ec) &&
+      std::filesystem::exists(manifest_path, ec)) {
+    // A committed checkpoint: its manifest says which files, and each is
+    // checked against its digest and step before any is read (a flipped
+    // bit, or a file of another checkpoint, trained on before).
+    absl::StatusOr<gpipe::v1::CheckpointManifest> manifest =
+        storage::ReadVerifiedManifest(manifest_path);
+    if (!manifest.ok()) {
+      return InitError(manifest.status().code(),
+                       std::string(manifest.status().message()));
+    }
+    for (const gpipe::v1::CheckpointFile& file : manifest->files()) {
+      files.push_back(storage::ManifestFilePath(manifest_path, file));
+    }
+  } else if (std::filesystem::is_directory(path, ec)) {
     for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
       if (entry.path().extension() == ".safetensors") {
         files.push_back(entry.path().string());
@@ -112,6 +130,10 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
     if (!read.ok()) {
       return InitError(read.status().code(),
                        std::string(read.status().message()));
+    }
+    if (absl::Status v = CheckModelFormatVersion(file, read->metadata);
+        !v.ok()) {
+      return InitError(v.code(), std::string(v.message()));
     }
     ASSIGN_OR_RETURN(std::optional<int64_t> step, StepOf(file, read->metadata));
     if (step.has_value()) {

@@ -59,6 +59,24 @@ std::map<std::string, std::string> ModelFileMetadata(
   return metadata;
 }
 
+absl::Status CheckModelFormatVersion(
+    const std::string& path,
+    const std::map<std::string, std::string>& metadata) {
+  const auto it = metadata.find(kModelFormatVersionKey);
+  if (it == metadata.end()) return absl::OkStatus();
+  int64_t version = 0;
+  if (!absl::SimpleAtoi(it->second, &version) || version < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", kModelFormatVersionKey, " is \"", it->second, "\""));
+  }
+  if (version > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, ": model format version ", version,
+        " is newer than this gpipe reads (", kModelFormatVersion, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   uint64_t size = 0;
   ASSIGN_OR_RETURN(const storage::ScopedFd fd,
@@ -80,18 +98,7 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
     auto it = info.metadata.find(key);
     return it == info.metadata.end() ? nullptr : &it->second;
   };
-  if (const std::string* v = get(kModelFormatVersionKey)) {
-    int64_t version = 0;
-    if (!absl::SimpleAtoi(*v, &version) || version < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": ", kModelFormatVersionKey, " is \"", *v, "\""));
-    }
-    if (version > 1) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": model format version ", version,
-          " is newer than this gpipe reads (", kModelFormatVersion, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckModelFormatVersion(path, info.metadata));
   const std::string* job = get("gpipe.job");
   const std::string* step = get("gpipe.step");
   if (job == nullptr || step == nullptr) {

@@ -33,6 +33,13 @@ struct ModelFileInfo {
   std::map<std::string, std::string> metadata;
 };
 
+// InvalidArgument for a gpipe.format_version in `metadata` that is not a
+// version, FailedPrecondition for a later one than this gpipe reads; none
+// is fine (a checkpoint's stage file, another tool's weights).
+absl::Status CheckModelFormatVersion(
+    const std::string& path,
+    const std::map<std::string, std::string>& metadata);
+
 // Reads and checks `path`'s header: a safetensors file this product wrote
 // (gpipe.job and gpipe.step present), of a format version it knows.
 // Errors name the path and what is missing or wrong.

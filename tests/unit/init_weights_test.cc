@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,7 +23,9 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/reference_trainer.h"
+#include "services/storage/manifest.h"
 #include "services/storage/safetensors.h"
+#include "services/storage/sha256.h"
 
 namespace gpipe {
 namespace {
@@ -276,6 +279,63 @@ TEST_F(InitWeightsTest, ADirectoryOfStageFilesIsOneCheckpoint) {
   EXPECT_THAT(twice.status().message(), HasSubstr("init_from.path: "));
   EXPECT_THAT(ReadInitWeights((dir_ / "none").string()).status().message(),
               HasSubstr("no such file or directory"));
+}
+
+// A committed checkpoint's directory is read by its manifest: a file that
+// no longer matches its digest, or one of another step put in its place,
+// is refused (both trained before), as is a model file of a later format.
+TEST_F(InitWeightsTest, ACheckpointIsCheckedAgainstItsManifest) {
+  auto source = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(source.ok());
+  ASSERT_TRUE((*source)->Step().ok());
+  const std::filesystem::path ckpt = dir_ / "committed";
+  std::filesystem::create_directories(ckpt);
+  std::vector<std::pair<std::string, const Tensor*>> all;
+  for (const NamedTensor& n : (*source)->model().StateTensors()) {
+    all.emplace_back(n.name, n.tensor);
+  }
+  const std::string file = (ckpt / "e1-stage-0.safetensors").string();
+  const auto commit = [&](int64_t file_step, int64_t manifest_step) {
+    EXPECT_TRUE(
+        WriteSafetensors(file, all, {{"step", absl::StrCat(file_step)}}).ok());
+    gpipe::v1::CheckpointManifest m;
+    m.set_job_id("job-1");
+    m.set_step(manifest_step);
+    m.set_epoch(1);
+    gpipe::v1::CheckpointFile* f = m.add_files();
+    f->set_path("e1-stage-0.safetensors");
+    f->set_sha256(storage::Sha256File(file).value());
+    f->set_bytes(static_cast<int64_t>(std::filesystem::file_size(file)));
+    f->set_layer_end(4);
+    EXPECT_TRUE(
+        storage::WriteManifest((ckpt / storage::kManifestName).string(), m)
+            .ok());
+  };
+  commit(1, 1);
+  auto weights = ReadInitWeights(ckpt.string());
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->step, 1);
+  commit(1, 2);
+  EXPECT_THAT(ReadInitWeights(ckpt.string()).status().message(),
+              HasSubstr("e1-stage-0.safetensors is of step 1, its manifest's "
+                        "is 2"));
+  commit(1, 1);
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  EXPECT_THAT(ReadInitWeights(ckpt.string()).status().message(),
+              HasSubstr("does not match its manifest's sha256"));
+
+  const std::string later = (dir_ / "later.safetensors").string();
+  ASSERT_TRUE(
+      WriteSafetensors(later, all,
+                       {{"gpipe.format_version", "2"}, {"gpipe.step", "1"}})
+          .ok());
+  EXPECT_THAT(ReadInitWeights(later).status().message(),
+              HasSubstr("model format version 2 is newer than this gpipe "
+                        "reads"));
 }
 
 TEST_F(InitWeightsTest, ResolvingRefusesAFileWithoutAStepToContinue) {
