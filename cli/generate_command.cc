@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
 #include "services/core/cores.h"
@@ -120,6 +121,17 @@ int RunGenerate(const std::vector<std::string>& args) {
           s.message(), ")")));
     }
     vocabulary = resolved.data().text().vocabulary();
+  }
+  // Said before the prompt is read: a classifier's prompt was refused as
+  // "not a token id", which pointed at the prompt rather than the model.
+  if (spec->model().layers_size() == 0 ||
+      !spec->model().layers(0).has_embedding()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        args[0],
+        ": generation needs a language model (an embedding of token "
+        "ids first); this model's input is ",
+        gpipe::v1::DType_Name(spec->model().input().dtype()), " [",
+        absl::StrJoin(spec->model().input().shape().dims(), ", "), "]")));
   }
   const std::string prompt = absl::GetFlag(FLAGS_prompt);
   std::vector<int32_t> ids;

@@ -85,11 +85,19 @@ absl::StatusOr<Samples> ReadNpySamples(const std::string& path,
   ASSIGN_OR_RETURN(const NumericArray array, ReadNpy(path));
   Samples s;
   ASSIGN_OR_RETURN(s.count, CountOf(array, sample, path));
+  // The conversions' errors name the element; the file is named here.
+  const auto in_file = [&](const absl::Status& e) {
+    return absl::Status(e.code(), absl::StrCat(path, ": ", e.message()));
+  };
   if (spec.model().input().dtype() == v1::INT32) {
-    ASSIGN_OR_RETURN(s.ids, ToInt32(array, "token ids"));
+    absl::StatusOr<std::vector<int32_t>> ids = ToInt32(array, "token ids");
+    if (!ids.ok()) return in_file(ids.status());
+    s.ids = std::move(*ids);
     return s;
   }
-  ASSIGN_OR_RETURN(s.values, ToFloat32(array));
+  absl::StatusOr<std::vector<float>> values = ToFloat32(array);
+  if (!values.ok()) return in_file(values.status());
+  s.values = std::move(*values);
   // Bytes of an image, as Fashion-MNIST's files hold them: scaled as the
   // dataset scales them.
   if (spec.data().has_fashion_mnist() && array.type == ElementType::kU8) {

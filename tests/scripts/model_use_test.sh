@@ -122,6 +122,12 @@ set -e
 [[ "$out" == *"an array of [8, 392] is neither one sample nor [N, ...] samples of the model's input of 784 values"* ]] ||
   fail "samples of another size: $out"
 ok "predict refuses an array whose samples are not the model's input"
+set +e
+out=$(g generate "$work/mlp/model.safetensors" --prompt hi 2>&1)
+set -e
+[[ "$out" == *"generation needs a language model"*"this model's input is FLOAT32"* ]] ||
+  fail "generate on a classifier: $out"
+ok "generate on a classifier names the model, not the prompt"
 
 # A table with a header; predict finds the features by name.
 python3 - "$work" <<'PY'
