@@ -10,7 +10,8 @@
 #     spec of 200,000 layers: refused naming the field; the controller's
 #     memory stays put;
 #  4. a job too large for any worker: refused with the figures;
-#  5. poison data (a text with more symbols than vocabSize): the job fails
+#  5. poison data (a text with bytes its given vocabulary of 10 lacks, which
+#     only the workers read): the job fails
 #     as InvalidData without a restart; the workers live;
 #  6. a worker that takes a stage and then only sends heartbeats: the job
 #     restarts elsewhere (StageStalled) and the staller gets nothing more;
@@ -124,7 +125,7 @@ cat >"$work/poison.json" <<JSON
     "loss": {"softmaxCrossEntropy": {}}
   },
   "optimizer": {"lr": 0.01, "sgd": {}},
-  "data": {"text": {"path": "$work/text.txt", "seqLen": 16}},
+  "data": {"text": {"path": "$work/text.txt", "seqLen": 16, "vocabulary": "YWJjZGVmZ2hpag=="}},
   "batchSize": 8, "steps": 10, "seed": 1
 }
 JSON
