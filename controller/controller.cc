@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <optional>
@@ -258,9 +259,11 @@ absl::StatusOr<v1::ListJobsResponse> Controller::ListJobs(
   uint64_t after = std::numeric_limits<uint64_t>::max();
   if (!request.page_token().empty() &&
       !absl::SimpleAtoi(request.page_token(), &after)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_token \"", request.page_token(),
-                     "\" is not a token ListJobs gave"));
+    // Echoed only as long as a token is (JobNotFound says why).
+    const std::string& token = request.page_token();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_token \"", token.substr(0, 32), token.size() > 32 ? "..." : "",
+        "\" is not a token ListJobs gave"));
   }
   v1::ListJobsResponse response;
   absl::MutexLock lock(&mu_);
@@ -1089,6 +1092,34 @@ std::optional<double> StepLoss(JobRecord& job, const v1::StepProgress& p) {
   return sum / p.loss_normalizer();
 }
 
+// What in a progress report no stage can have measured: a loss or a time
+// that is not a finite number, a negative time or size. Stored, it showed
+// as loss=nan and step_seconds=-1 on the job; a stage whose loss is not
+// finite reports a failure instead.
+std::optional<std::string> ImpossibleFigure(const v1::StepProgress& p) {
+  for (auto [name, v] :
+       {std::pair{"loss", p.loss()}, std::pair{"accuracy", p.accuracy()},
+        std::pair{"loss_normalizer", p.loss_normalizer()}}) {
+    if (!std::isfinite(v)) return absl::StrCat(name, " ", v);
+  }
+  for (auto [name, v] : {std::pair{"step_seconds", p.step_seconds()},
+                         std::pair{"busy_seconds", p.busy_seconds()},
+                         std::pair{"bubble_seconds", p.bubble_seconds()},
+                         std::pair{"update_seconds", p.update_seconds()}}) {
+    if (!(std::isfinite(v) && v >= 0)) return absl::StrCat(name, " ", v);
+  }
+  if (p.peak_activation_bytes() < 0) {
+    return absl::StrCat("peak_activation_bytes ", p.peak_activation_bytes());
+  }
+  for (const v1::MicroBatchLoss& l : p.micro_batch_losses()) {
+    if (!std::isfinite(l.loss_sum())) {
+      return absl::StrCat("the loss of micro-batch ", l.micro_batch(), " ",
+                          l.loss_sum());
+    }
+  }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
@@ -1107,6 +1138,12 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
         "[%d, %d]",
         p.stage(), p.job_id(), worker.id(), p.step(), job->stage_steps[slot],
         status.total_steps());
+    return;
+  }
+  if (const std::optional<std::string> bad = ImpossibleFigure(p)) {
+    ++ignored_reports_;
+    LogWarning("ignored progress of stage %d of %s from worker %s: %s",
+               p.stage(), p.job_id(), worker.id(), *bad);
     return;
   }
   job->stage_steps[slot] = p.step();
@@ -1177,8 +1214,19 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
 
 void Controller::OnTrace(WorkerRecord& worker, const v1::StepTrace& t,
                          absl::Time now) {
-  if (ReportedJob(worker, "trace", t.job_id(), t.epoch(), t.stage(),
-                  t.replica()) == nullptr) {
+  const JobRecord* job = ReportedJob(worker, "trace", t.job_id(), t.epoch(),
+                                     t.stage(), t.replica());
+  if (job == nullptr) return;
+  // A step the job has, in time order: traces of steps -7 and 2^62 were
+  // kept, and GetTrace then gave them as the stored range.
+  if (t.step() < 0 || t.step() >= job->status().total_steps() ||
+      t.end_unix_ns() < t.start_unix_ns()) {
+    ++ignored_reports_;
+    LogWarning(
+        "ignored the trace of stage %d of %s from worker %s: step %d of [0, "
+        "%d), from %d to %d ns",
+        t.stage(), t.job_id(), worker.id(), t.step(),
+        job->status().total_steps(), t.start_unix_ns(), t.end_unix_ns());
     return;
   }
   // Stages on other hosts stamp their own wall clock. A record that ends
@@ -1422,6 +1470,28 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
     ++ignored_reports_;
     LogWarning("ignored checkpoint report of stage %d of %s: %s", c.stage(),
                c.job_id(), ok.ToString());
+    return;
+  }
+  // A stage checkpoints a step it has reported (its progress precedes the
+  // report on the stream), and after the newest committed one: a report of
+  // a step never reached was committed, and an older one moved the list
+  // back and left the newer directory behind.
+  const v1::JobStatus& status = job->status();
+  const int64_t reached = job->stage_steps[job->Slot(c.stage(), 0)];
+  const int64_t newest =
+      status.checkpoints().empty()
+          ? -1
+          : status.checkpoints(status.checkpoints_size() - 1).step();
+  if (c.step() > reached || c.step() <= newest) {
+    ++ignored_reports_;
+    LogWarning(
+        "ignored checkpoint report of stage %d of %s: step %d is %s", c.stage(),
+        c.job_id(), c.step(),
+        c.step() > reached
+            ? absl::StrCat("past the stage's reported progress (step ", reached,
+                           ")")
+            : absl::StrCat("not after the newest committed checkpoint (step ",
+                           newest, ")"));
     return;
   }
   const size_t running = job->finished_paths.size();

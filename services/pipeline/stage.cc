@@ -9,6 +9,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
+#include "services/core/strings.h"
+#include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/tensor/device.h"
 
@@ -110,6 +112,19 @@ absl::StatusOr<std::unique_ptr<Stage>> Stage::Create(
     }
   }
   std::unique_ptr<Stage> stage(new Stage(spec, placement, origin));
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
+  if (placement.layer_begin < 0 ||
+      placement.layer_end <= placement.layer_begin ||
+      placement.layer_end > static_cast<int64_t>(shapes.outputs.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stage ", placement.index, ": layers [", placement.layer_begin, ", ",
+        placement.layer_end, ") are not layers of the model's ",
+        shapes.outputs.size()));
+  }
+  stage->input_sample_ = shapes.inputs[placement.layer_begin];
+  stage->output_sample_ = shapes.outputs[placement.layer_end - 1];
+  stage->micro_batch_rows_ =
+      SplitMicroBatches(spec.batch_size(), placement.micro_batches);
   stage->dataset_ = std::move(dataset);
   stage->upstream_ = upstream;
   stage->downstream_ = downstream;
@@ -193,6 +208,26 @@ absl::StatusOr<Message> Stage::Expect(Link* link, MessageKind kind,
   return m;
 }
 
+absl::Status Stage::CheckArrived(const Tensor& t, bool activation, int64_t m,
+                                 int64_t rows, int64_t max_rows) const {
+  const Shape& sample = activation ? input_sample_ : output_sample_;
+  const bool fits = t.dtype() == DType::kF32 &&
+                    t.shape().rank() == sample.rank() + 1 &&
+                    t.shape().WithoutBatch() == sample &&
+                    (rows > 0 ? t.shape()[0] == rows
+                              : t.shape()[0] >= 1 && t.shape()[0] <= max_rows);
+  if (fits) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "stage ", placement_.index, ": micro-batch ", m, "'s ",
+      activation ? "activation from the upstream stage"
+                 : "gradient from the downstream stage",
+      " is ", AsAbsl(DTypeName(t.dtype())), " ", t.shape().ToString(),
+      "; this stage takes float32 ",
+      rows > 0 ? sample.WithBatch(rows).ToString()
+               : absl::StrCat("[1..", max_rows, "] x ", sample.ToString()),
+      " (a neighbour of another model or cut?)"));
+}
+
 absl::Status Stage::Forward(int64_t step, int64_t m, const Batch& batch,
                             const std::vector<RowRange>& ranges,
                             double normalizer, std::vector<InFlight>& flight,
@@ -266,6 +301,9 @@ absl::Status Stage::Receive(int64_t step, int64_t m, OpKind kind,
                                       activation ? MessageKind::kActivation
                                                  : MessageKind::kGradient,
                                       step, m));
+  const RowRange rows = micro_batch_rows_[m];
+  RETURN_IF_ERROR(
+      CheckArrived(in.tensor, activation, m, rows.end - rows.begin, 0));
   slot = std::move(in.tensor);
   return absl::OkStatus();
 }
@@ -836,6 +874,8 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
             "stage ", placement_.index, ": expected evaluation batch ", b,
             ", received ", Describe(in)));
       }
+      RETURN_IF_ERROR(CheckArrived(in.tensor, /*activation=*/true, b,
+                                   /*rows=*/0, batch_size));
       x = std::move(in.tensor);
     }
     Batch batch;

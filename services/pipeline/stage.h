@@ -29,6 +29,7 @@
 #include "services/pipeline/timeline.h"
 #include "services/pipeline/trainer.h"
 #include "services/tensor/device_transfer.h"
+#include "services/tensor/shape.h"
 #include "services/transport/link.h"
 
 namespace gpipe {
@@ -205,6 +206,13 @@ class Stage {
 
   absl::StatusOr<Message> Expect(Link* link, MessageKind kind, int64_t step,
                                  int64_t micro_batch);
+  // InvalidArgument unless `t`, micro-batch `m`'s activation from the
+  // upstream stage (or gradient from the downstream one), is float32 of
+  // this stage's input (output) shape per sample, with `rows` rows, or
+  // between 1 and `max_rows` when `rows` is 0 (an evaluation batch). A
+  // neighbour's tensor of another shape was read past its end.
+  absl::Status CheckArrived(const Tensor& t, bool activation, int64_t m,
+                            int64_t rows, int64_t max_rows) const;
   absl::Status Forward(int64_t step, int64_t m, const Batch& batch,
                        const std::vector<RowRange>& ranges, double normalizer,
                        std::vector<InFlight>& flight, StageStepResult& result);
@@ -320,6 +328,12 @@ class Stage {
 
   gpipe::v1::JobSpec spec_;
   StagePlacement placement_;
+  // What arrives from the neighbours, per sample: the activation of this
+  // stage's first layer's input and the gradient of its last layer's
+  // output; and each training micro-batch's rows.
+  Shape input_sample_;
+  Shape output_sample_;
+  std::vector<RowRange> micro_batch_rows_;
   bool remat_;
   std::vector<Op> schedule_;
   std::shared_ptr<const Dataset> dataset_;

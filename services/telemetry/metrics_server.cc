@@ -1,5 +1,6 @@
 #include "services/telemetry/metrics_server.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -8,8 +9,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
+#include <cstddef>
 #include <cstring>
+#include <deque>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -83,7 +88,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
   int fd = -1;
   std::string why = "no address";
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    // Non-blocking: Serve accepts until none is waiting.
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                a->ai_protocol);
     if (fd < 0) continue;
     const int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -130,35 +137,83 @@ MetricsServer::~MetricsServer() {
 }
 
 void MetricsServer::Serve() {
-  // One scrape at a time: Prometheus asks once per interval, and a client
-  // that stalls is cut off by the receive timeout below.
+  // Connections are read side by side, each within its own deadline, and a
+  // request is answered once it is whole: one at a time, 50 clients that
+  // sent a header line every second held every scrape off (each had 2 s in
+  // turn). Past kMaxConnections the oldest unfinished one is dropped.
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kRequestTime = std::chrono::seconds(2);
+  constexpr size_t kMaxConnections = 128;
+  struct Connection {
+    int fd;
+    Clock::time_point deadline;
+    std::string request;
+  };
+  std::deque<Connection> open;
+  const auto drop = [&](size_t i) {
+    close(open[i].fd);
+    open.erase(open.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+  std::vector<pollfd> polled;
   while (!stop_) {
-    pollfd p = {fd_, POLLIN, 0};
-    if (poll(&p, 1, 100) <= 0) continue;  // wakes to notice stop_
-    const int connection = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (connection < 0) continue;
-    timeval timeout = {2, 0};
-    setsockopt(connection, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    setsockopt(connection, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-    Answer(connection);
-    close(connection);
+    polled.assign(1, pollfd{fd_, POLLIN, 0});
+    for (const Connection& c : open) polled.push_back({c.fd, POLLIN, 0});
+    // Wakes to notice stop_ and the deadlines.
+    if (poll(polled.data(), polled.size(), 100) < 0 && errno != EINTR) {
+      continue;
+    }
+    const Clock::time_point now = Clock::now();
+    // Readable connections first (polled[i + 1] is open[i]); from the back,
+    // so erasing keeps the earlier indices.
+    for (size_t i = open.size(); i-- > 0;) {
+      if (polled[i + 1].revents == 0) {
+        if (now > open[i].deadline) drop(i);
+        continue;
+      }
+      char buffer[2048];
+      const ssize_t n = recv(open[i].fd, buffer, sizeof(buffer), 0);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {  // closed before a whole request
+        drop(i);
+        continue;
+      }
+      std::string& request = open[i].request;
+      request.append(buffer, n);
+      const bool whole = request.find("\r\n\r\n") != std::string::npos ||
+                         request.find("\n\n") != std::string::npos;
+      if (whole || request.size() > kMaxRequestBytes) {
+        // The answer is written blocking, within a send timeout: it is a
+        // few tens of KB, which the socket's buffer takes at once.
+        const int fd = open[i].fd;
+        fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+        timeval timeout = {1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+        Answer(fd, request);
+        drop(i);
+      } else if (now > open[i].deadline) {
+        drop(i);
+      }
+    }
+    if (polled[0].revents & POLLIN) {
+      for (;;) {
+        const int c =
+            accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (c < 0) break;
+        if (open.size() >= kMaxConnections) drop(0);
+        open.push_back({c, Clock::now() + kRequestTime, std::string()});
+      }
+    }
   }
+  for (const Connection& c : open) close(c.fd);
 }
 
-void MetricsServer::Answer(int connection) {
-  std::string request;
-  char buffer[2048];
-  while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos) {
-    if (request.size() > kMaxRequestBytes) {
-      WriteAll(connection, Response("431 Request Header Fields Too Large",
-                                    "text/plain", "request too large\n"));
-      return;
-    }
-    const ssize_t n = recv(connection, buffer, sizeof(buffer), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // closed or timed out before a whole request
-    request.append(buffer, n);
+void MetricsServer::Answer(int connection, const std::string& request) {
+  if (request.size() > kMaxRequestBytes &&
+      request.find("\r\n\r\n") == std::string::npos &&
+      request.find("\n\n") == std::string::npos) {
+    WriteAll(connection, Response("431 Request Header Fields Too Large",
+                                  "text/plain", "request too large\n"));
+    return;
   }
   const std::string line = request.substr(0, request.find_first_of("\r\n"));
   if (!absl::StartsWith(line, "GET ") && !absl::StartsWith(line, "HEAD ")) {

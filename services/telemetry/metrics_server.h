@@ -1,5 +1,6 @@
 // The /metrics endpoint of a process on a HOST:PORT address; port 0 takes a
-// free port. A small HTTP/1.0 server of our own on one thread with a normal
+// free port. A small HTTP/1.0 server of our own on one thread (connections
+// read side by side by poll, each within 2 s) with a normal
 // stack: prometheus-cpp's civetweb exposer runs handlers on 100 KB threads,
 // and the static TLS of our libraries (OpenBLAS alone takes 60 KB of it)
 // left too little of that stack, so scrapes crashed workers.
@@ -43,7 +44,8 @@ class MetricsServer {
   MetricsServer(int fd, int port, std::string address,
                 std::vector<std::weak_ptr<prometheus::Collectable>> sources);
   void Serve();
-  void Answer(int connection);
+  // Answers a whole request (or one past kMaxRequestBytes with 431).
+  void Answer(int connection, const std::string& request);
   std::string Exposition();
 
   const int fd_;  // the listening socket

@@ -221,6 +221,7 @@ TEST_F(StageFilesTest, CheckpointUploadsCommitsAndRestoresBitwise) {
             CheckpointFilePath(server_->controller().options().checkpoint_dir,
                                a.job_id(), 2, a.epoch(), 0));
   EXPECT_EQ(storage::Sha256File(stored->path).value(), stored->sha256);
+  ASSERT_TRUE(worker_->Progress(a, 2));  // as a stage reports before it
   ASSERT_TRUE(worker_->Send(CheckpointedReport(a, 2, *stored)));
   WaitForJob(a.job_id(), [](const v1::Job& j) {
     return j.status().checkpoints_size() == 1;

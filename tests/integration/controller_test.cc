@@ -882,6 +882,37 @@ TEST_F(ControllerTest, HostileReportsAreIgnoredAndTheJobCompletes) {
     m.mutable_progress()->set_loss(9.0);
     hostile.push_back(m);
   }
+  // Figures no stage measures: a loss or a time that is no number, a
+  // negative time (stored, they showed on the job as loss=nan).
+  for (int i = 0; i < 3; ++i) {
+    m.Clear();
+    v1::StepProgress &p = *m.mutable_progress();
+    p.set_job_id(id);
+    p.set_epoch(a1.epoch());
+    p.set_stage(1);
+    p.set_step(1);
+    if (i == 0) p.set_loss(std::nan(""));
+    if (i == 1) p.set_step_seconds(-1);
+    if (i == 2) p.set_busy_seconds(INFINITY);
+    hostile.push_back(m);
+  }
+  // A checkpoint of a step the stage never reported reaching (it was
+  // committed, with the job at step 0).
+  hostile.push_back(Checkpointed(a0, 2));
+  // Traces of steps the job has not, or that end before they start.
+  for (auto [step, start, end] :
+       {std::tuple{int64_t{-7}, 1, 2}, std::tuple{int64_t{1} << 62, 1, 2},
+        std::tuple{int64_t{1}, 5, 2}}) {
+    m.Clear();
+    v1::StepTrace &t = *m.mutable_trace();
+    t.set_job_id(id);
+    t.set_epoch(a1.epoch());
+    t.set_stage(1);
+    t.set_step(step);
+    t.set_start_unix_ns(start);
+    t.set_end_unix_ns(end);
+    hostile.push_back(m);
+  }
   // Path traversal: final parameters and checkpoint files elsewhere.
   hostile.push_back(Finished(a1, secret.string()));
   hostile.push_back(Finished(a1, "/etc/passwd"));
@@ -939,10 +970,21 @@ TEST_F(ControllerTest, HostileReportsAreIgnoredAndTheJobCompletes) {
 
   // Honest reports still count: a checkpoint, two evaluations (the second
   // of step 4 is a replay and replaces the first), the final evaluation.
+  ASSERT_TRUE(w1->Progress(a0, 2));
   ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
+  ASSERT_TRUE(w2->Progress(a1, 2));
   ASSERT_TRUE(w2->Send(Checkpointed(a1, 2)));
   job = WaitForJob(
       id, [](const v1::Job &j) { return j.status().checkpoints_size() == 1; });
+  // The same step again is no newer checkpoint (an older one moved the
+  // list back and left the newer directory behind).
+  const int64_t before_again = controller.ignored_reports();
+  ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
+  for (const absl::Time until = absl::Now() + kWait;
+       controller.ignored_reports() == before_again && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(controller.ignored_reports(), before_again + 1);
   ASSERT_TRUE(w2->Send(Evaluated(a1, 4, 1.5, 0.25)));
   ASSERT_TRUE(w2->Send(Evaluated(a1, 8, 1.0, 0.5)));
   ASSERT_TRUE(w2->Send(Evaluated(a1, 4, 1.25, 0.375)));
@@ -1054,6 +1096,18 @@ TEST_F(ControllerTest, JobsAreListedInPagesAndDeletedWhenEnded) {
     EXPECT_EQ(stub_->ListJobs(&context, bad, &page).error_code(),
               grpc::StatusCode::INVALID_ARGUMENT);
   }
+  {
+    // A 200 KB token is refused as a token, not echoed whole (that outgrew
+    // gRPC's metadata limit: a transport error).
+    grpc::ClientContext context;
+    v1::ListJobsRequest bad;
+    bad.set_page_token(std::string(200'000, '7') + "x");
+    v1::ListJobsResponse page;
+    const grpc::Status s = stub_->ListJobs(&context, bad, &page);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << s.error_message().substr(0, 200);
+    EXPECT_LT(s.error_message().size(), 200u);
+  }
 
   const auto remove = [&](const std::string &id) {
     grpc::ClientContext context;
@@ -1112,13 +1166,17 @@ TEST_F(ControllerTest, LostWorkerRestartsFromNewestIntactCheckpoint) {
   EXPECT_EQ(a0.restore_manifest(), "");
 
   // Step 2: one stage is not a checkpoint yet; both are.
+  ASSERT_TRUE(w1->Progress(a0, 2));
   ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
   absl::SleepFor(absl::Milliseconds(100));
   v1::Job job;
   ASSERT_TRUE(Get(id, &job).ok());
   EXPECT_EQ(job.status().checkpoints_size(), 0);
+  ASSERT_TRUE(w2->Progress(a1, 2));
   ASSERT_TRUE(w2->Send(Checkpointed(a1, 2)));
+  ASSERT_TRUE(w1->Progress(a0, 4));
   ASSERT_TRUE(w1->Send(Checkpointed(a0, 4)));
+  ASSERT_TRUE(w2->Progress(a1, 4));
   ASSERT_TRUE(w2->Send(Checkpointed(a1, 4)));
   job = WaitForJob(
       id, [](const v1::Job &j) { return j.status().checkpoints_size() == 2; });
@@ -1230,7 +1288,9 @@ TEST_F(ControllerTest, RestartedControllerResumesJobsFromItsStore) {
     id = SubmitOk(RecoverableSpec(2, 0)).id();
     const v1::Assignment a0 = w1->NextAssignment();
     const v1::Assignment a1 = w2->NextAssignment();
+    ASSERT_TRUE(w1->Progress(a0, 2));
     ASSERT_TRUE(w1->Send(Checkpointed(a0, 2)));
+    ASSERT_TRUE(w2->Progress(a1, 2));
     ASSERT_TRUE(w2->Send(Checkpointed(a1, 2)));
     const v1::Job job = WaitForJob(id, [](const v1::Job &j) {
       return j.status().checkpoints_size() == 1;
@@ -1282,6 +1342,7 @@ TEST_F(ControllerTest, ElasticJobShrinksAndGrowsBackAtACheckpoint) {
 
   std::unique_ptr<FakeWorker> w3 = AttachWorker(3);
   EXPECT_FALSE(w3->Next(absl::Milliseconds(100)).has_value());
+  ASSERT_TRUE(w1->Progress(solo, 2));
   ASSERT_TRUE(w1->Send(Checkpointed(solo, 2)));
   EXPECT_EQ(w1->NextCancel().epoch(), solo.epoch());
   const v1::Assignment b0 = w1->NextAssignment();

@@ -56,6 +56,18 @@ gpipe::v1::JobSpec RecoverableSpec(int64_t stages, int64_t max_restarts) {
   return spec;
 }
 
+gpipe::v1::WorkerMessage Progressed(const gpipe::v1::Assignment& a,
+                                    int64_t step) {
+  gpipe::v1::WorkerMessage m;
+  gpipe::v1::StepProgress& p = *m.mutable_progress();
+  p.set_job_id(a.job_id());
+  p.set_epoch(a.epoch());
+  p.set_stage(a.stage());
+  p.set_replica(a.replica());
+  p.set_step(step);
+  return m;
+}
+
 gpipe::v1::WorkerMessage Checkpointed(const gpipe::v1::Assignment& a,
                                       int64_t step, std::string bytes) {
   if (bytes.empty())

@@ -28,6 +28,11 @@ gpipe::v1::JobSpec ParseSpec(std::string_view json);
 gpipe::v1::WorkerMessage Checkpointed(const gpipe::v1::Assignment& a,
                                       int64_t step, std::string bytes = "");
 
+// The progress report of `a`'s stage having completed `step` steps, which a
+// stage sends before it reports that step's checkpoint.
+gpipe::v1::WorkerMessage Progressed(const gpipe::v1::Assignment& a,
+                                    int64_t step);
+
 }  // namespace gpipe::test_support
 
 #endif  // GPIPE_TESTS_SUPPORT_CONTROLLER_FIXTURES_H_

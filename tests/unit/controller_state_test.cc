@@ -232,6 +232,8 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   EXPECT_EQ(controller_->ignored_reports(), ignored + 1);
   for (int64_t stage : {0, 1, 2, 3}) {
     controller_->HandleMessage(stage % 2 == 0 ? *w1 : *w2,
+                               test_support::Progressed(by_stage[stage], 2));
+    controller_->HandleMessage(stage % 2 == 0 ? *w1 : *w2,
                                test_support::Checkpointed(by_stage[stage], 2));
   }
   EXPECT_EQ(controller_->ignored_reports(), ignored + 1);
@@ -270,6 +272,7 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   std::shared_ptr<WorkerRecord> w3 = Attach(3);
   for (const v1::Assignment& chunk : alone->chunks()) {
     v1::Assignment c = chunk;
+    controller_->HandleMessage(*w1, test_support::Progressed(c, 4));
     controller_->HandleMessage(*w1, test_support::Checkpointed(c, 4));
   }
   controller_->FlushIo();
@@ -612,8 +615,10 @@ TEST_F(ControllerStateTest, CommitsAreVerifiedOffTheLockAndRestoredFrom) {
   std::shared_ptr<WorkerRecord> w1 = j.w1, w2 = j.w2;
   const std::optional<v1::Assignment>& a = j.a;
   ASSERT_TRUE(a.has_value());
+  controller_->HandleMessage(*w1, test_support::Progressed(*a, 2));
   controller_->HandleMessage(*w1, test_support::Checkpointed(*a, 2));
   // A report whose file does not match what it says is not committed.
+  controller_->HandleMessage(*w1, test_support::Progressed(*a, 4));
   v1::WorkerMessage lying = test_support::Checkpointed(*a, 4);
   lying.mutable_checkpointed()->set_sha256(std::string(64, 'a'));
   controller_->HandleMessage(*w1, lying);
@@ -637,7 +642,9 @@ TEST_F(ControllerStateTest, ACorruptRestorePointIsDroppedAndCounted) {
   std::shared_ptr<WorkerRecord> w1 = j.w1, w2 = j.w2;
   const std::optional<v1::Assignment>& a = j.a;
   ASSERT_TRUE(a.has_value());
+  controller_->HandleMessage(*w1, test_support::Progressed(*a, 2));
   controller_->HandleMessage(*w1, test_support::Checkpointed(*a, 2));
+  controller_->HandleMessage(*w1, test_support::Progressed(*a, 4));
   controller_->HandleMessage(*w1, test_support::Checkpointed(*a, 4));
   controller_->FlushIo();
   // Step 4's file changes after its commit.
@@ -1042,7 +1049,9 @@ TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   // Measured as predicted, the new cut is the best there is: the job
   // settles there.
   v1::Assignment c0 = *b0, c1 = *b1;
+  controller_->HandleMessage(*w1, test_support::Progressed(c0, 50));
   controller_->HandleMessage(*w1, test_support::Checkpointed(c0, 50));
+  controller_->HandleMessage(*w2, test_support::Progressed(c1, 50));
   controller_->HandleMessage(*w2, test_support::Checkpointed(c1, 50));
   controller_->FlushIo();
   Run(c0, c1, *w1, *w2, 55, 80, 6.0);

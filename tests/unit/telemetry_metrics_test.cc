@@ -369,6 +369,44 @@ TEST(MetricsServer, AnswersBadRequestsAndKeepsServing) {
   EXPECT_THAT(Scrape(port), HasSubstr("200 OK"));
 }
 
+// Clients that never finish their request do not hold a scrape off: they
+// were read one at a time, each for up to 2 s, so 50 of them kept every
+// scrape waiting for 100 s.
+TEST(MetricsServer, AScrapeIsAnsweredBesideStalledClients) {
+  prometheus::Registry registry;
+  auto metrics = std::make_shared<PipelineMetrics>(registry);
+  auto server = MetricsServer::Start("127.0.0.1:0", {metrics});
+  ASSERT_TRUE(server.ok()) << server.status();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::vector<int> stalled;
+  for (int i = 0; i < 50; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const std::string start = "GET /metrics HTTP/1.1\r\n";
+    ASSERT_EQ(write(fd, start.data(), start.size()),
+              static_cast<ssize_t>(start.size()));
+    stalled.push_back(fd);
+  }
+  // Well under the 50 x 2 s the clients would have taken in turn.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval limit = {10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  const std::string scrape = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(write(fd, scrape.data(), scrape.size()),
+            static_cast<ssize_t>(scrape.size()));
+  std::string response;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;)
+    response.append(buf, n);
+  close(fd);
+  EXPECT_THAT(response, HasSubstr("200 OK"));
+  for (int s : stalled) close(s);
+}
+
 TEST(MetricsServer, ServesOnAFreeLoopbackPort) {
   prometheus::Registry registry;
   auto metrics = std::make_shared<PipelineMetrics>(registry);

@@ -1,0 +1,120 @@
+// What a stage takes from its neighbours: float32 tensors of its input
+// (activations) or output (gradients) shape per sample, with the
+// micro-batch's rows. A neighbour's tensor of another shape or dtype is
+// refused naming both shapes (a worker read one of [16, 999] past its end
+// and died of the corrupted heap); the right one is taken.
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
+#include "gtest/gtest.h"
+#include "services/pipeline/job_spec.h"
+#include "services/pipeline/stage.h"
+#include "services/transport/in_process_link.h"
+
+namespace gpipe {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr char kSpec[] = R"({
+  "model": {
+    "input": {"dtype": "FLOAT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"linear": {"inFeatures": 8, "outFeatures": 16}},
+      {"relu": {}},
+      {"linear": {"inFeatures": 16, "outFeatures": 3}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.05, "sgd": {}},
+  "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
+                         "trainSamples": 64, "testSamples": 16}},
+  "pipeline": {"microBatches": 1},
+  "batchSize": 8, "steps": 10, "seed": 5
+})";
+
+class StageArrivalsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(
+        google::protobuf::util::JsonStringToMessage(kSpec, &spec_).ok());
+    auto dataset = OpenJobDataset(spec_);
+    ASSERT_TRUE(dataset.ok()) << dataset.status();
+    dataset_ = std::move(*dataset);
+    auto links = MakeInProcessLinkPair(8);
+    down_ = std::move(links.first);  // the first stage's end
+    up_ = std::move(links.second);   // the last stage's end
+  }
+  // Stage 0 holds layers [0, 2), stage 1 layer 2.
+  std::unique_ptr<Stage> Make(int index) {
+    StagePlacement p;
+    p.count = 2;
+    p.index = index;
+    p.layer_begin = index == 0 ? 0 : 2;
+    p.layer_end = index == 0 ? 2 : 3;
+    p.micro_batches = 1;
+    auto stage =
+        Stage::Create(spec_, p, dataset_, index == 0 ? nullptr : up_.get(),
+                      index == 0 ? down_.get() : nullptr);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    return stage.ok() ? std::move(*stage) : nullptr;
+  }
+  static Message Arriving(MessageKind kind, Shape shape,
+                          DType dtype = DType::kF32) {
+    Message m;
+    m.kind = kind;
+    m.step = 0;
+    m.micro_batch = 0;
+    m.tensor = Tensor::Zeros(shape, dtype);
+    return m;
+  }
+
+  gpipe::v1::JobSpec spec_;
+  std::shared_ptr<const Dataset> dataset_;
+  std::unique_ptr<Link> down_, up_;
+};
+
+TEST_F(StageArrivalsTest, AnActivationOfAnotherShapeOrDtypeIsRefused) {
+  for (auto [shape, dtype, says] :
+       {std::tuple{Shape{8, 999}, DType::kF32, "float32 [8, 999]"},
+        std::tuple{Shape{16, 16}, DType::kF32, "float32 [16, 16]"},
+        std::tuple{Shape{8, 4, 4}, DType::kF32, "float32 [8, 4, 4]"},
+        std::tuple{Shape{8, 16}, DType::kI32, "int32 [8, 16]"}}) {
+    SetUp();
+    std::unique_ptr<Stage> last = Make(1);
+    ASSERT_TRUE(
+        down_->Send(Arriving(MessageKind::kActivation, shape, dtype)).ok());
+    const absl::StatusOr<StageStepResult> r = last->RunStep(0);
+    ASSERT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+    EXPECT_THAT(r.status().message(),
+                HasSubstr(absl::StrCat(
+                    "micro-batch 0's activation from the upstream stage is ",
+                    says, "; this stage takes float32 [8, 16]")));
+  }
+}
+
+TEST_F(StageArrivalsTest, AGradientOfAnotherShapeIsRefused) {
+  std::unique_ptr<Stage> first = Make(0);
+  ASSERT_TRUE(up_->Send(Arriving(MessageKind::kGradient, Shape{8, 3})).ok());
+  const absl::StatusOr<StageStepResult> r = first->RunStep(0);
+  ASSERT_TRUE(absl::IsInvalidArgument(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("micro-batch 0's gradient from the downstream stage is "
+                        "float32 [8, 3]; this stage takes float32 [8, 16]"));
+}
+
+TEST_F(StageArrivalsTest, TheRightShapesAreTaken) {
+  std::unique_ptr<Stage> first = Make(0), last = Make(1);
+  absl::StatusOr<StageStepResult> a = absl::UnknownError("");
+  std::thread t([&] { a = first->RunStep(0); });
+  const absl::StatusOr<StageStepResult> b = last->RunStep(0);
+  t.join();
+  EXPECT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(b.ok()) << b.status();
+}
+
+}  // namespace
+}  // namespace gpipe
