@@ -48,6 +48,9 @@ ok "continued from step 20 on the cluster: bitwise the uninterrupted run"
 (cd "$work" && "$bin/gpipectl" train cont.json --stages 2 --threads 1 --out "$work/local") >"$work/train.txt" 2>&1 ||
   fail "gpipectl train with init_from failed: $(tail -n 3 "$work/train.txt")"
 grep -q "continuing from step 20" "$work/train.txt" || fail "train did not say where it continued: $(head -n 3 "$work/train.txt")"
+# It counts the steps it ran, not the checkpoint's (it said "trained 40
+# steps" of a run that trained 20).
+grep -q "^trained 20 steps in" "$work/train.txt" || fail "train miscounted its steps: $(grep trained "$work/train.txt")"
 python3 "$src/tests/scripts/same_tensors.py" "$work/ckpt/$whole/model.safetensors" \
   "$work/local/model.safetensors" || fail "the in-process continuation differs"
 ok "the same in process (gpipectl train --stages 2)"

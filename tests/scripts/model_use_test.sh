@@ -122,6 +122,22 @@ set -e
 [[ "$out" == *"an array of [8, 392] is neither one sample nor [N, ...] samples of the model's input of 784 values"* ]] ||
   fail "samples of another size: $out"
 ok "predict refuses an array whose samples are not the model's input"
+python3 - "$work" <<'PY'
+import struct, sys
+header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 784), }"
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+values = [0.0] * (2 * 784)
+values[900] = float("nan")
+with open(sys.argv[1] + "/nan.npy", "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    f.write(struct.pack("<%df" % len(values), *values))
+PY
+set +e
+out=$(g predict "$work/mlp/model.safetensors" "$work/nan.npy" 2>&1)
+set -e
+[[ "$out" == *"nan.npy: value nan is not finite at flat index 900 (sample 1)"* ]] ||
+  fail "a NaN in an .npy: $out"
+ok "predict names the .npy file holding a value that is not finite"
 set +e
 out=$(g generate "$work/mlp/model.safetensors" --prompt hi 2>&1)
 set -e

@@ -140,6 +140,15 @@ TEST(SecretFile, ErrorsNameTheFlagAndTheFile) {
   EXPECT_EQ(directory.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(directory.status().message(), HasSubstr("is a directory"));
 
+  // A FIFO with no writer is refused at once (opening it waited for ever,
+  // deaf to SIGTERM), as is a device.
+  const std::string fifo = dir.path() + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(ReadSecretFile("api_token_file", fifo).status().message(),
+              HasSubstr("not a regular file"));
+  EXPECT_THAT(ReadSecretFile("tls_key", "/dev/zero").status().message(),
+              HasSubstr("not a regular file"));
+
   auto empty = ReadSecretFile("token_file", dir.Write("empty", ""));
   EXPECT_THAT(empty.status().message(), HasSubstr("the file is empty"));
 
