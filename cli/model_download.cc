@@ -113,46 +113,45 @@ absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
         absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
   ReceivedFiles done;  // removes its part files on every error return
-  const auto fail = [](absl::Status s) { return s; };
   std::unique_ptr<PartFile> file;
   gpipe::v1::FetchModelResponse m;
   while (read(&m)) {
     switch (m.kind_case()) {
       case gpipe::v1::FetchModelResponse::kHeader:
         if (file != nullptr) {
-          return fail(absl::DataLossError(
-              "a file began before the previous one was complete"));
+          return absl::DataLossError(
+              "a file began before the previous one was complete");
         }
         if (!PlainName(m.header().name()) || m.header().bytes() < 0) {
-          return fail(absl::InvalidArgumentError(absl::StrCat(
+          return absl::InvalidArgumentError(absl::StrCat(
               "the controller sent a file named '", m.header().name(), "' of ",
-              m.header().bytes(), " bytes: not a plain file name and length")));
+              m.header().bytes(), " bytes: not a plain file name and length"));
         }
         file = std::make_unique<PartFile>(dir, m.header());
         break;
       case gpipe::v1::FetchModelResponse::kChunk:
         if (file == nullptr) {
-          return fail(absl::DataLossError("bytes before any file's header"));
+          return absl::DataLossError("bytes before any file's header");
         }
-        if (absl::Status s = file->Write(m.chunk()); !s.ok()) return fail(s);
+        if (absl::Status s = file->Write(m.chunk()); !s.ok()) return s;
         break;
       case gpipe::v1::FetchModelResponse::kSha256: {
         if (file == nullptr) {
-          return fail(absl::DataLossError("a digest before any file"));
+          return absl::DataLossError("a digest before any file");
         }
         absl::StatusOr<DownloadedFile> f = file->Finish(m.sha256());
         const std::string part = file->part();
         file.reset();
-        if (!f.ok()) return fail(f.status());
+        if (!f.ok()) return f.status();
         done.Add(part, std::move(*f));
         break;
       }
       default:
-        return fail(absl::DataLossError("an empty message in the stream"));
+        return absl::DataLossError("an empty message in the stream");
     }
   }
   if (file != nullptr) {
-    return fail(absl::AbortedError("the stream ended inside a file"));
+    return absl::AbortedError("the stream ended inside a file");
   }
   return done;
 }

@@ -102,13 +102,15 @@ std::vector<float> Generator::Feed(const std::vector<int32_t>& ids) {
   return scores;
 }
 
+int64_t Generator::SampledVocabulary(const SamplingOptions& o) const {
+  return o.vocabulary > 0 ? std::min(o.vocabulary, vocab_) : vocab_;
+}
+
 int32_t Generator::Sample(const std::vector<float>& scores,
                           const SamplingOptions& o,
                           std::mt19937_64& rng) const {
   const int64_t v =
-      o.vocabulary > 0
-          ? std::min(o.vocabulary, static_cast<int64_t>(scores.size()))
-          : static_cast<int64_t>(scores.size());
+      std::min(SampledVocabulary(o), static_cast<int64_t>(scores.size()));
   std::vector<int64_t> order(v);
   std::iota(order.begin(), order.end(), 0);
   // Highest score first, the lower id first among equals: deterministic.
@@ -140,8 +142,7 @@ absl::StatusOr<std::vector<int32_t>> Generator::Generate(
   if (prompt.empty()) {
     return absl::InvalidArgumentError("the prompt is empty: give one token");
   }
-  const int64_t vocab =
-      options.vocabulary > 0 ? std::min(options.vocabulary, vocab_) : vocab_;
+  const int64_t vocab = SampledVocabulary(options);
   for (int32_t id : prompt) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(

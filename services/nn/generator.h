@@ -65,6 +65,8 @@ class Generator {
  private:
   Generator(std::vector<Model*> stages, int64_t max_positions, int64_t vocab);
   std::vector<float> Run(const std::vector<int32_t>& ids);
+  // The ids that may be sampled or prompted: [0, this).
+  int64_t SampledVocabulary(const SamplingOptions& o) const;
   int32_t Sample(const std::vector<float>& scores, const SamplingOptions& o,
                  std::mt19937_64& rng) const;
 

@@ -86,8 +86,8 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
   std::vector<std::string> files;
   const std::string manifest_path =
       (std::filesystem::path(path) / storage::kManifestName).string();
-  if (std::filesystem::is_directory(path, ec) &&
-      std::filesystem::exists(manifest_path, ec)) {
+  const bool directory = std::filesystem::is_directory(path, ec);
+  if (directory && std::filesystem::exists(manifest_path, ec)) {
     // A committed checkpoint: its manifest says which files, and each is
     // checked against its digest and step before any is read (a flipped
     // bit, or a file of another checkpoint, trained on before).
@@ -100,7 +100,7 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
     for (const gpipe::v1::CheckpointFile& file : manifest->files()) {
       files.push_back(storage::ManifestFilePath(manifest_path, file));
     }
-  } else if (std::filesystem::is_directory(path, ec)) {
+  } else if (directory) {
     for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
       if (entry.path().extension() == ".safetensors") {
         files.push_back(entry.path().string());

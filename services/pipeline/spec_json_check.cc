@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "services/storage/safetensors_header.h"
 
 namespace gpipe {
 namespace {
@@ -34,22 +35,6 @@ std::string FieldKey(std::string_view raw) {
     upper_next = false;
   }
   return key;
-}
-
-// Printable: a key quoted back may hold a NUL or control bytes.
-std::string Quoted(std::string_view raw) {
-  std::string out = "\"";
-  for (const char c : raw.substr(0, 64)) {
-    if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppend(
-          &out, "\\x",
-          absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
-    } else {
-      out.push_back(c);
-    }
-  }
-  if (raw.size() > 64) out += "...";
-  return out + "\"";
 }
 
 struct Frame {
@@ -86,7 +71,7 @@ absl::Status CheckSpecJsonStructure(std::string_view json) {
           if (!inserted) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "job spec: line ", string_at.line, ", column ",
-                string_at.column, ": ", Quoted(raw),
+                string_at.column, ": ", storage::QuoteForMessage(raw),
                 " is given a second time in this object (first at line ",
                 it->second.line, ", column ", it->second.column,
                 "); only one value can be taken, so remove the other"));
