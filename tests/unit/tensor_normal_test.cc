@@ -11,19 +11,12 @@
 #include "gtest/gtest.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/normal.h"
+#include "tests/support/ulps.h"
 
 namespace gpipe::cpu {
 namespace {
 
-// |got - want| in units of the last place of want (as a float).
-double Ulps(float got, double want) {
-  const float w = static_cast<float>(want);
-  const float next = std::nextafter(std::fabs(w), INFINITY);
-  // The spacing in double: near the smallest normal float it is itself
-  // below it, and compute threads flush such floats to zero (denormals.h).
-  return std::fabs(got - want) /
-         (static_cast<double>(next) - std::fabs(static_cast<double>(w)));
-}
+using test_support::Ulps;
 
 // Every 997th float of [0, 14], with its negative: about two million
 // values, every binade down to the denormals.

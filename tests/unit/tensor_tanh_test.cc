@@ -10,17 +10,12 @@
 #include "gtest/gtest.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/tanh.h"
+#include "tests/support/ulps.h"
 
 namespace gpipe::cpu {
 namespace {
 
-// |got - want| in units of the last place of want (as a float).
-double Ulps(float got, double want) {
-  const float w = static_cast<float>(want);
-  const float next = std::nextafter(std::fabs(w), INFINITY);
-  return std::fabs(got - want) /
-         (static_cast<double>(next) - std::fabs(static_cast<double>(w)));
-}
+using test_support::Ulps;
 
 // Every 97th float of [0, 12], with its negative: about 22 million values,
 // every binade from the smallest normal float up, and both sides of the
