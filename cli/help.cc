@@ -62,7 +62,8 @@ const std::vector<Command>& Commands() {
        "loss and accuracy of a trained model",
        "Loss and accuracy of a trained model on its own data's test split\n"
        "(the job in the file), or on JOB.json's data; computed as training\n"
-       "computed its evaluations, so the same flags give the same figures.",
+       "computed its evaluations, so the same flags give the same figures.\n"
+       "MODEL.safetensors may be the folder --out or fetch wrote it into.",
        {"split", "max_samples", "stages", "micro_batches", "schedule", "remat",
         "threads", "device", "json"}},
       {"predict",
@@ -70,7 +71,8 @@ const std::vector<Command>& Commands() {
        "a classifier's classes for your samples",
        "A classifier's most likely classes for each sample of INPUT, read\n"
        "and normalized as the model's training data was; --stages K runs\n"
-       "it through K pipeline stages (each holding only its layers).",
+       "it through K pipeline stages (each holding only its layers).\n"
+       "MODEL.safetensors may be the folder --out or fetch wrote it into.",
        {"top", "stages", "json"}},
       {"generate",
        "MODEL.safetensors --prompt TEXT",
@@ -80,7 +82,8 @@ const std::vector<Command>& Commands() {
        "write bytes through the vocabulary their file records, token-id\n"
        "models ids. The same seed gives the same text. --stages K splits\n"
        "the model into K stages (each its own layers and caches) that\n"
-       "every token passes through; --device cuda runs them on the GPU.",
+       "every token passes through; --device cuda runs them on the GPU.\n"
+       "MODEL.safetensors may be the folder --out or fetch wrote it into.",
        {"prompt", "tokens", "temperature", "top_k", "seed", "stages", "threads",
         "device"}},
       {"submit", "JOB.json", "submit a job to a controller",

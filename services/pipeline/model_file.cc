@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -10,6 +11,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
+#include "services/storage/checkpoint_layout.h"
 #include "services/storage/file_io.h"
 #include "services/storage/safetensors_header.h"
 
@@ -122,8 +124,22 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   return info;
 }
 
-absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
+std::string ModelFilePath(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) return path;
+  const std::string inside = storage::MergedModelPath(path);
+  return std::filesystem::is_regular_file(inside, ec) ? inside : path;
+}
+
+absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
                                                const std::string& job_path) {
+  const std::string model = ModelFilePath(path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(model, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": a directory with no model.safetensors in it (name the model "
+              "file, or the folder train --out or fetch wrote it into)"));
+  }
   ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
   gpipe::v1::JobSpec spec = std::move(info.spec);
   if (!job_path.empty()) {

@@ -45,7 +45,13 @@ absl::Status CheckModelFormatVersion(
 // Errors name the path and what is missing or wrong.
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path);
 
-// The job in `model`'s metadata set up to serve the model: its parameters
+// The model file `path` names: `path` itself, or DIR/model.safetensors
+// where `path` is a directory that holds one (what `train --out`, `local
+// --out` and `fetch` write), so the folder a user was given is enough.
+std::string ModelFilePath(const std::string& path);
+
+// The job in `model`'s metadata (a model file, or a directory as
+// ModelFilePath takes it) set up to serve the model: its parameters
 // loaded strictly from `model` (init_from, no optimizer state), and with
 // JOB.json's data and eval settings instead of its own when `job_path` is
 // not empty.

@@ -399,6 +399,19 @@ TEST_F(InitWeightsTest, AModelFileServedEvaluatesAsItsRunDid) {
     EXPECT_EQ(after->accuracy, before->accuracy) << stages;
     EXPECT_EQ(after->counted, before->counted);
   }
+  // The folder train --out and fetch write serves as its model file does;
+  // a folder without one is named as such.
+  const std::filesystem::path folder = dir_ / "out";
+  std::filesystem::create_directories(folder);
+  std::filesystem::copy_file(dir_ / "model1.safetensors",
+                             folder / "model.safetensors");
+  auto from_folder = SpecToServe(folder.string(), "");
+  ASSERT_TRUE(from_folder.ok()) << from_folder.status();
+  EXPECT_EQ(from_folder->init_from().path(),
+            (folder / "model.safetensors").string());
+  std::filesystem::create_directories(dir_ / "empty");
+  EXPECT_THAT(SpecToServe((dir_ / "empty").string(), "").status().message(),
+              HasSubstr("a directory with no model.safetensors in it"));
   // Not a model file: a checkpoint's stage file has no job.
   const std::string stage_file = TrainAndSave(1, "stage.safetensors", true);
   EXPECT_THAT(ReadModelFileInfo(stage_file).status().message(),
