@@ -137,8 +137,9 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
   std::error_code ec;
   if (std::filesystem::is_directory(model, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path, ": a directory with no model.safetensors in it (name the model "
-              "file, or the folder train --out or fetch wrote it into)"));
+        path,
+        ": a directory with no model.safetensors in it (name the model "
+        "file, or the folder train --out or fetch wrote it into)"));
   }
   ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
   gpipe::v1::JobSpec spec = std::move(info.spec);
