@@ -521,6 +521,15 @@ absl::StatusOr<std::string> Controller::StageFileDestination(
 
 absl::StatusOr<std::string> Controller::CheckpointToFetch(
     const v1::FetchCheckpointRequest& request) {
+  // No stage holds no layers: a range that is empty or inverted would be
+  // answered with the manifest alone, which reads as a checkpoint without
+  // this stage's files.
+  if (request.layer_begin() < 0 ||
+      request.layer_end() <= request.layer_begin()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layers [", request.layer_begin(), ", ",
+                     request.layer_end(), ") are no stage's"));
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord * job,
                    TransferringJob(request.job_id(), request.epoch(),

@@ -247,6 +247,25 @@ TEST_F(StageFilesTest, CheckpointUploadsCommitsAndRestoresBitwise) {
   EXPECT_EQ(*step, 2);
   EXPECT_EQ(State(*restored), State(*stage));
 
+  // A layer range no stage has is refused, not answered with the manifest.
+  {
+    v1::FetchCheckpointRequest inverted;
+    inverted.set_job_id(b.job_id());
+    inverted.set_epoch(b.epoch());
+    inverted.set_stage(0);
+    inverted.set_stream_key(b.stream_key());
+    inverted.set_step(2);
+    inverted.set_layer_begin(b.layer_end());
+    inverted.set_layer_end(b.layer_begin());
+    grpc::ClientContext context;
+    auto reader = stub_->FetchCheckpoint(&context, inverted);
+    v1::FetchCheckpointResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    const grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("are no stage's"));
+  }
+
   // The old epoch's key fetches nothing any more.
   v1::Assignment stale = b;
   stale.set_stream_key(a.stream_key());
