@@ -118,6 +118,35 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSource(
   return absl::InvalidArgumentError("data: no source set");
 }
 
+// A sample must fill the model's input exactly: each is gathered as the
+// source's values and the first layer reads the model input's count of
+// them, so a CSV of 4 feature columns under a model input of [3] wrote
+// past the batch (a worker's segmentation fault) and under [400] read
+// past it (a loss of 4e17).
+absl::Status CheckSampleFillsInput(const gpipe::v1::DataSpec& spec,
+                                   const Dataset& data,
+                                   const Shape& model_input) {
+  const Shape sample = data.input_shape();
+  if (model_input.rank() == 0 || sample.numel() == model_input.numel()) {
+    return absl::OkStatus();
+  }
+  if (spec.has_csv()) {
+    const auto& csv = static_cast<const CsvDataset&>(data);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data.csv.path: ", spec.csv().path(), " has ", sample.numel(),
+        " feature columns (", absl::StrJoin(csv.feature_names(), ", "),
+        "), but the model input ", model_input.ToString(), " takes ",
+        model_input.numel(),
+        " values (model.input.shape and the first "
+        "layer's inputs must be ",
+        sample.numel(), ")"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("data: a sample is ", sample.ToString(), " (",
+                   sample.numel(), " values), but the model input ",
+                   model_input.ToString(), " takes ", model_input.numel()));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
@@ -125,6 +154,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenDataset(
     DType model_dtype) {
   ASSIGN_OR_RETURN(std::unique_ptr<Dataset> data,
                    OpenSource(spec, model_input, seed, model_dtype));
+  RETURN_IF_ERROR(CheckSampleFillsInput(spec, *data, model_input));
   gpipe::v1::Normalize normalize = spec.normalize();
   // Standardization not yet written into the spec (a job opened where it
   // was not submitted): the same statistics, computed here.

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/data/csv.h"
+#include "services/data/dataset.h"
 
 namespace gpipe {
 namespace {
@@ -216,6 +217,28 @@ TEST_F(CsvTest, BadFilesAndSpecs) {
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("path: "));
   EXPECT_THAT(missing.status().message(), HasSubstr("missing.csv"));
+}
+
+// A model input the feature columns do not fill is refused when the data
+// is opened, naming the columns, with standardization or without: a
+// smaller one made each sample's gather write past the batch (a crashed
+// worker), a larger one read past it.
+TEST_F(CsvTest, AModelInputTheColumnsDoNotFillIsRefused) {
+  gpipe::v1::DataSpec spec;
+  *spec.mutable_csv() = Spec(TenRows());
+  spec.mutable_csv()->set_test_fraction(0.2);
+  ASSERT_TRUE(OpenDataset(spec, Shape{2}, 1).ok());
+  for (bool standardize : {false, true}) {
+    spec.mutable_csv()->set_standardize(standardize);
+    for (const Shape& input : {Shape{1}, Shape{3}, Shape{400}, Shape{1, 3}}) {
+      auto d = OpenDataset(spec, input, 1);
+      EXPECT_TRUE(absl::IsInvalidArgument(d.status())) << d.status();
+      EXPECT_THAT(d.status().message(),
+                  HasSubstr("has 2 feature columns (a, b), but the model "
+                            "input " +
+                            input.ToString()));
+    }
+  }
 }
 
 }  // namespace
