@@ -1195,9 +1195,18 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   }
   const int64_t step =
       *std::min_element(job->stage_steps.begin(), job->stage_steps.end());
-  std::optional<double> loss;
-  if (last_stage) loss = StepLoss(*job, p);
-  if (step == status.step() && !loss) return;
+  if (last_stage) {
+    if (const std::optional<double> loss = StepLoss(*job, p)) {
+      job->step_figures[p.step()] = {*loss, p.step_seconds()};
+    }
+  }
+  // The step's own loss, once the slowest stage has completed it.
+  std::optional<JobRecord::StepFigures> figures;
+  if (auto it = job->step_figures.find(step); it != job->step_figures.end())
+    figures = it->second;
+  job->step_figures.erase(job->step_figures.begin(),
+                          job->step_figures.upper_bound(step));
+  if (step == status.step() && !figures) return;
   // With checkpoints, progress is a commit (a restart keeps it); without,
   // a step is the only measure there is.
   if (step > status.step() &&
@@ -1205,13 +1214,14 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     job->restarts_without_progress = 0;
   }
   status.set_step(step);
-  if (loss) {
-    status.set_loss(*loss);
+  if (figures) {
+    status.set_loss(figures->loss);
     if (options_.metrics != nullptr)
-      options_.metrics->ObserveLoss(job->id(), *loss);
-    if (p.step_seconds() > 0) {
+      options_.metrics->ObserveLoss(job->id(), figures->loss);
+    if (figures->step_seconds > 0) {
       status.set_samples_per_second(
-          static_cast<double>(job->job.spec().batch_size()) / p.step_seconds());
+          static_cast<double>(job->job.spec().batch_size()) /
+          figures->step_seconds);
     }
   }
   jobs_.Publish(*job,

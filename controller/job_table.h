@@ -47,6 +47,15 @@ struct JobRecord {
   // and the batch's normalizer.
   std::map<int64_t, std::map<int64_t, gpipe::v1::MicroBatchLoss>>
       micro_batch_losses;
+  // Each step's loss and step time from the last stage, kept until every
+  // stage has completed the step: the last stage finishes a step's
+  // backward first, and its loss shown beside the step before read as
+  // that step's.
+  struct StepFigures {
+    double loss = 0;
+    double step_seconds = 0;
+  };
+  std::map<int64_t, StepFigures> step_figures;
   // Elastic replicas (replica_resume.h): after the epoch `parking_epoch`
   // (0: none) ended, what its workers kept in memory (StageParked, by
   // worker id), until all of `parking_expected` reported or

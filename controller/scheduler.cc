@@ -102,6 +102,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.finished.assign(k * replicas, false);
   job.finished_paths.assign(k, "");
   job.micro_batch_losses.clear();
+  job.step_figures.clear();
   job.timed_reports.assign(k, 0);
   job.proposed_balance.clear();
   job.proposed_workers.clear();

@@ -610,6 +610,50 @@ TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
   EXPECT_EQ(a->stages(), 1);
 }
 
+// The last stage finishes a step's backward before the first does: its
+// loss waits until every stage has completed the step, so the job (and
+// each watch event) never pairs step N with step N + 1's loss.
+TEST_F(ControllerStateTest, AStepIsShownWithItsOwnLoss) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> x = Assignment(*w1), y = Assignment(*w2);
+  ASSERT_TRUE(x.has_value() && y.has_value());
+  const v1::Assignment& first = x->stage() == 0 ? *x : *y;
+  const v1::Assignment& last = x->stage() == 0 ? *y : *x;
+  WorkerRecord& on_first = x->stage() == 0 ? *w1 : *w2;
+  WorkerRecord& on_last = x->stage() == 0 ? *w2 : *w1;
+  const auto with_loss = [](const v1::Assignment& a, int64_t step, double loss,
+                            double seconds) {
+    v1::WorkerMessage m = test_support::Progressed(a, step);
+    m.mutable_progress()->set_loss(loss);
+    m.mutable_progress()->set_step_seconds(seconds);
+    return m;
+  };
+  const auto status = [&] {
+    absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+    EXPECT_TRUE(got.ok());
+    return got->status();
+  };
+  controller_->HandleMessage(on_last, with_loss(last, 1, 2.0, 0.5));
+  EXPECT_EQ(status().step(), 0);
+  controller_->HandleMessage(on_first, test_support::Progressed(first, 1));
+  EXPECT_EQ(status().step(), 1);
+  EXPECT_EQ(status().loss(), 2.0);
+  // Step 2's loss comes while the first stage is still at step 1.
+  controller_->HandleMessage(on_last, with_loss(last, 2, 1.5, 0.25));
+  EXPECT_EQ(status().step(), 1);
+  EXPECT_EQ(status().loss(), 2.0);
+  controller_->HandleMessage(on_last, with_loss(last, 3, 1.25, 0.25));
+  controller_->HandleMessage(on_first, test_support::Progressed(first, 2));
+  EXPECT_EQ(status().step(), 2);
+  EXPECT_EQ(status().loss(), 1.5);
+  EXPECT_EQ(status().samples_per_second(), Spec(2, 2).batch_size() / 0.25);
+  controller_->HandleMessage(on_first, test_support::Progressed(first, 3));
+  EXPECT_EQ(status().step(), 3);
+  EXPECT_EQ(status().loss(), 1.25);
+}
+
 TEST_F(ControllerStateTest, CommitsAreVerifiedOffTheLockAndRestoredFrom) {
   OneStageJob j = StartOneStageJob();
   std::shared_ptr<WorkerRecord> w1 = j.w1, w2 = j.w2;
