@@ -153,6 +153,11 @@ absl::Status Controller::Recover() {
     }
     JobRecord& job = **restored;
     v1::JobStatus& status = job.status();
+    // Jobs stored by a controller that listed the final parameters as a
+    // checkpoint: they are none (MergeIo).
+    if (RemoveFinalParametersRefs(options_.checkpoint_dir, job.id(), &status)) {
+      jobs_.Publish(job, "the final parameters are not a checkpoint", now);
+    }
     if (IsTerminal(status.state())) {
       jobs_.Publish(job, "restored from the job store", now);
       continue;
@@ -1874,20 +1879,17 @@ void Controller::MergeIo(const std::string& id) {
       s.set_path(paths[stage.stage()]);
     }
   }
-  // The final parameters are a committed checkpoint too.
-  std::optional<v1::CheckpointRef> final_ref;
+  // The final parameters are committed (hashed, with a manifest) but not
+  // listed among the checkpoints: they hold no optimizer state and no step
+  // to continue from, and listing them dropped the oldest real checkpoint
+  // kept. The model file is how a user takes them.
   absl::Status merged = absl::OkStatus();
   if (!paths.empty()) {
-    absl::StatusOr<v1::CheckpointRef> ref = CommitFinalParameters(
-        options_.checkpoint_dir, id, epoch, step, std::move(stages));
-    if (ref.ok()) {
-      final_ref = *std::move(ref);
-    } else {
-      merged = ref.status();
-    }
+    merged = CommitFinalParameters(options_.checkpoint_dir, id, epoch, step,
+                                   std::move(stages))
+                 .status();
   }
   if (merged.ok()) merged = MergeStageParameters(paths, out_path, metadata);
-  std::vector<std::string> dropped;
   {
     const absl::Time now = Now();
     absl::MutexLock lock(&mu_);
@@ -1903,10 +1905,6 @@ void Controller::MergeIo(const std::string& id) {
                    now);
       jobs_.Publish(*job, message, now);
     } else {
-      if (final_ref) {
-        dropped = KeepCheckpoints(&job->status(), *final_ref,
-                                  job->job.spec().checkpoint().keep());
-      }
       job->status().set_model_path(out_path);
       const v1::Evaluation& e = job->status().evaluation();
       const std::string message = absl::StrFormat(
@@ -1918,7 +1916,6 @@ void Controller::MergeIo(const std::string& id) {
     }
     Changed();
   }
-  RemoveCheckpointDirs(dropped);
 }
 
 }  // namespace gpipe::controller

@@ -149,6 +149,26 @@ absl::StatusOr<v1::CheckpointRef> CommitFinalParameters(
                      job_id, epoch, step, stages);
 }
 
+bool RemoveFinalParametersRefs(const std::string& checkpoint_dir,
+                               const std::string& job_id,
+                               v1::JobStatus* status) {
+  const std::filesystem::path final_dir = storage::FinalParametersDir(
+      storage::JobCheckpointDir(checkpoint_dir, job_id));
+  auto* refs = status->mutable_checkpoints();
+  const int before = refs->size();
+  for (int i = refs->size() - 1; i >= 0; --i) {
+    // By the job's own folder names, so a checkpoint root named another way
+    // since (relative, moved) matches too.
+    const std::filesystem::path dir =
+        std::filesystem::path(refs->Get(i).manifest_path()).parent_path();
+    if (dir.filename() == final_dir.filename() &&
+        dir.parent_path().filename() == final_dir.parent_path().filename()) {
+      refs->DeleteSubrange(i, 1);
+    }
+  }
+  return refs->size() != before;
+}
+
 absl::Status VerifyCheckpointReports(
     const std::vector<v1::StageCheckpointed>& reports) {
   for (const v1::StageCheckpointed& r : reports) {

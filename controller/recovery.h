@@ -46,13 +46,20 @@ absl::StatusOr<gpipe::v1::CheckpointRef> CommitCheckpoint(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
     const std::vector<gpipe::v1::StageCheckpointed>& reports);
 
-// The final parameters are a committed checkpoint too: hashes each stage's
-// final file (`stages`: path, stage and layer range) and writes their
-// manifest in the job's final directory. Reads every file: call it off the
-// controller's lock.
+// Commits the final parameters: hashes each stage's final file (`stages`:
+// path, stage and layer range) and writes their manifest in the job's
+// final directory. They are no checkpoint (no optimizer state, no step to
+// continue from), so the ref is not for the job's list. Reads every file:
+// call it off the controller's lock.
 absl::StatusOr<gpipe::v1::CheckpointRef> CommitFinalParameters(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
     int64_t step, std::vector<gpipe::v1::StageCheckpointed> stages);
+
+// Drops from `status`'s checkpoints any ref to the job's final parameters
+// (which a controller before this one listed); true when one was dropped.
+bool RemoveFinalParametersRefs(const std::string& checkpoint_dir,
+                               const std::string& job_id,
+                               gpipe::v1::JobStatus* status);
 
 // Checks every file a stage reported for a checkpoint against the size and
 // sha256 it reported (DataLoss naming the file otherwise), so a checkpoint

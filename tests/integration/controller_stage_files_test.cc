@@ -287,6 +287,10 @@ TEST_F(StageFilesTest, CheckpointUploadsCommitsAndRestoresBitwise) {
   });
   EXPECT_EQ(done.status().state(), v1::SUCCEEDED) << done.DebugString();
   EXPECT_TRUE(std::filesystem::exists(done.status().model_path()));
+  // The final parameters are the model, not a checkpoint: step 2 is still
+  // the one kept (they hold no optimizer state to continue from).
+  ASSERT_EQ(done.status().checkpoints_size(), 1) << done.DebugString();
+  EXPECT_EQ(done.status().checkpoints(0).step(), 2);
 }
 
 // Whoever lacks the epoch's key, or asks for what is not a checkpoint of

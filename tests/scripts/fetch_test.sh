@@ -2,8 +2,9 @@
 # gpipectl fetch against a real controller and workers on loopback (files
 # through the controller, workers in their own directories): the final
 # model and a committed checkpoint's files arrive byte-identical to the
-# controller's; a job without a model yet, a step not kept and an unknown
-# job are refused with what there is; a fetch started while the controller
+# controller's; the final parameters are not listed as a checkpoint; a job
+# without a model yet, a step not kept and an unknown job are refused with
+# what there is; a fetch started while the controller
 # is down is retried and succeeds once it is back.
 #   fetch_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -45,6 +46,11 @@ grep -q "model.safetensors" "$work/fetch.txt" || fail "fetch did not say what it
 ls "$work/got" | grep -q '\.part$' && fail "a .part file was left"
 ok "the final model, byte-identical ($(cut -c1-120 "$work/fetch.txt"))"
 
+# The final parameters are the model, not a checkpoint: the last kept is
+# step 30 of 40, and step 40 is refused naming what is kept.
+kept_steps=$(job_field "$job" "' '.join(c['step'] for c in s['checkpoints'])")
+[[ "$kept_steps" == "10 20 30" ]] || fail "kept checkpoints: $kept_steps, not 10 20 30"
+refused "has no checkpoint of step 40; it keeps the checkpoints of steps 10, 20, 30" ctl fetch "$job" --step 40 -o "$work/none"
 kept=$(job_field "$job" "s['checkpoints'][-1]['step']")
 kept_dir=$(dirname "$(job_field "$job" "s['checkpoints'][-1]['manifestPath']")")
 ctl fetch "$job" --step "$kept" -o "$work/step" >/dev/null

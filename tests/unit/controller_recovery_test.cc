@@ -164,7 +164,27 @@ TEST_F(RecoveryTest, KeepsTheNewestNAndHandsBackTheRestForRemoval) {
   EXPECT_EQ(status.checkpoints(0).step(), 6);
 }
 
-TEST_F(RecoveryTest, FinalParametersAreCommittedLikeACheckpoint) {
+// A job stored by a controller that listed its final parameters as a
+// checkpoint loses that entry, and only that one, when restored.
+TEST_F(RecoveryTest, FinalParametersAreNoCheckpoint) {
+  v1::JobStatus status;
+  for (int64_t step : {4, 6}) *status.add_checkpoints() = Commit(step);
+  v1::CheckpointRef final_ref;
+  final_ref.set_step(8);
+  final_ref.set_manifest_path(
+      (std::filesystem::path(storage::FinalParametersDir(
+           storage::JobCheckpointDir(root_.string(), "j"))) /
+       storage::kManifestName)
+          .string());
+  *status.add_checkpoints() = final_ref;
+  EXPECT_FALSE(RemoveFinalParametersRefs(root_.string(), "other", &status));
+  EXPECT_TRUE(RemoveFinalParametersRefs("elsewhere", "j", &status));
+  ASSERT_EQ(status.checkpoints_size(), 2);
+  EXPECT_EQ(status.checkpoints(1).step(), 6);
+  EXPECT_FALSE(RemoveFinalParametersRefs(root_.string(), "j", &status));
+}
+
+TEST_F(RecoveryTest, FinalParametersAreCommittedWithAManifest) {
   const std::string final_dir = storage::FinalParametersDir(
       storage::JobCheckpointDir(root_.string(), "j"));
   std::filesystem::create_directories(final_dir);
