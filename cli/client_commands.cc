@@ -545,7 +545,7 @@ bool Interrupted() { return g_interrupted != 0; }
 
 ControllerClient MakeControllerClient() { return MakeClient(); }
 
-absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
+absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
   gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
   if (absl::GetFlag(FLAGS_stages) > 0)
     p.set_stages(absl::GetFlag(FLAGS_stages));
@@ -584,12 +584,12 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec) {
     p.set_remat(RematToSpec(*r));
   }
   const std::string balance = absl::GetFlag(FLAGS_balance);
-  if (balance == "measured") {
+  if (balance == "measured" && !measured_balance) {
     return absl::InvalidArgumentError(
         "--balance measured works with `gpipectl train` only; give a list "
         "of layer counts such as 2,3,1");
   }
-  if (!balance.empty()) {
+  if (!balance.empty() && balance != "measured") {
     p.clear_balance();
     for (absl::string_view part : absl::StrSplit(balance, ',')) {
       int64_t n = 0;

@@ -68,9 +68,14 @@ absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
                                          const std::string& job_id, bool json,
                                          const std::function<bool()>& stop);
 
-// Applies --stages, --micro-batches, --schedule, --remat and --steps to a
-// spec and validates the result.
-absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec);
+// Applies --stages, --micro-batches, --replicas, --schedule,
+// --virtual-stages, --remat, --balance and --steps to a spec and validates
+// the result: what the job runs, and what its model file records (train
+// and local record the same spec for the same flags). `measured_balance`:
+// --balance measured is the caller's to apply (train measures its layers);
+// otherwise it is refused.
+absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec,
+                            bool measured_balance = false);
 
 // Ctrl-C and SIGTERM set a flag instead of killing gpipectl, so that a watch
 // ends cleanly and `local` stops its processes; a second one kills at once.

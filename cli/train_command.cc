@@ -331,9 +331,13 @@ int RunTrain(const std::vector<std::string>& args) {
   // wherever the file is used (gpipectl eval, generate) later.
   std::error_code cwd_error;
   ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
-  absl::StatusOr<int64_t> steps = StepCountFlag();
-  if (!steps.ok()) return Fail(steps.status());
-  if (*steps > 0) spec->set_steps(*steps);
+  // The flags go into the spec as `local` and `submit` put them, so the
+  // model file records how the model was trained (it recorded the file's
+  // micro-batches for a run of --micro-batches 8).
+  if (absl::Status s = ApplySpecFlags(*spec, /*measured_balance=*/true);
+      !s.ok()) {
+    return Fail(s);
+  }
   std::string description;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       MakeTrainer(*spec, threads, &description);

@@ -122,12 +122,18 @@ evals_ref=$(grep -E '^(step [0-9]+|final): test loss' "$work/ref.txt" || true)
 [[ $(grep -c '^step' <<<"$evals_ref") -eq 2 ]] || fail "gpipectl train printed no periodic evaluations: $evals_ref"
 [[ "$evals_local" == "$evals_ref" ]] ||
   fail "the cluster's evaluations differ from gpipectl train's: $evals_local / $evals_ref"
-if ! cmp -s "$work/ref/model.safetensors" "$work/local/model.safetensors"; then
+if ! python3 "$src/tests/scripts/same_tensors.py" "$work/ref/model.safetensors" "$work/local/model.safetensors" >/dev/null 2>&1; then
   python3 "$src/tests/scripts/read_safetensors.py" "$work/ref/model.safetensors" --print >"$work/ref.read" 2>&1 || true
   python3 "$src/tests/scripts/read_safetensors.py" "$work/local/model.safetensors" --print >"$work/local.read" 2>&1 || true
   diff "$work/ref.read" "$work/local.read" >&2 || true
   fail "gpipectl local's model.safetensors differs from gpipectl train --stages 1's"
 fi
+# With local's own flags, train writes the same file byte for byte: the
+# metadata records the flags both ran with (train left --micro-batches out).
+"$gpipectl" train "$work/job.json" --micro-batches 4 --threads 2 \
+  --out "$work/same_flags" >"$work/same_flags.txt" 2>&1 || fail "train with local's flags failed: $(cat "$work/same_flags.txt")"
+cmp -s "$work/same_flags/model.safetensors" "$work/local/model.safetensors" ||
+  fail "gpipectl train --micro-batches 4 and gpipectl local --micro-batches 4 wrote different files"
 
 # --- the client commands against a controller started by hand -------------
 (cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 --metrics_listen= \

@@ -11,6 +11,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# The same parameters, bit for bit; the files' metadata records each run's
+# own pipeline flags.
+same_tensors() { python3 "$src/tests/scripts/same_tensors.py" "$1" "$2" >/dev/null 2>&1; }
 
 cat >"$work/job.json" <<'JSON'
 {
@@ -50,6 +53,21 @@ python3 "$src/tests/scripts/read_safetensors.py" "$work/model/model.safetensors"
 grep -q "layers.0.weight" "$work/read.txt" || fail "reader did not list layers.0.weight"
 grep -q "\[16, 8\]" "$work/read.txt" || fail "layers.0.weight is not [16, 8]"
 
+# The model file records the run's flags in its spec (it recorded the
+# file's pipeline, none here, for --micro-batches 4).
+recorded_pipeline() {
+  python3 - "$1" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+job = json.loads(json.loads(data[8:8 + n])["__metadata__"]["gpipe.job"])
+p = job.get("pipeline", {})
+print(" ".join(f"{k}={p[k]}" for k in sorted(p)))
+PY
+}
+[[ "$(recorded_pipeline "$work/model/model.safetensors")" == "microBatches=4" ]] ||
+  fail "the model file records pipeline {$(recorded_pipeline "$work/model/model.safetensors")}, not the run's --micro-batches 4"
+
 # The same job with the same flags gives the same bytes.
 "$gpipectl" train "$work/job.json" --micro-batches 4 --out "$work/again" --threads 2 >/dev/null 2>&1
 cmp -s "$work/model/model.safetensors" "$work/again/model.safetensors" ||
@@ -72,9 +90,12 @@ for flags in "--stages 2 --schedule gpipe --remat never" \
   [[ $flags == *"--stages 2 --schedule 1f1b"* ]] && want="1f1b theory 20%, this cut [0-9]+% [0-9]+%"
   grep -Eq "util ([0-9]+% )+ bubble ([0-9]+% ?)+ \($want\)" "$work/pipe.txt" ||
     fail "($flags) shows no stage figures with ($want): $(tail -3 "$work/pipe.txt")"
-  cmp -s "$work/model/model.safetensors" "$work/pipe/model.safetensors" ||
+  same_tensors "$work/model/model.safetensors" "$work/pipe/model.safetensors" ||
     fail "pipeline ($flags) parameters differ from the reference trainer's"
 done
+recorded=$(recorded_pipeline "$work/pipe/model.safetensors")
+[[ "$recorded" == "microBatches=4 remat=EXCEPT_LAST schedule=ONE_F_ONE_B stages=2" ]] ||
+  fail "the last pipeline run's file records {$recorded}"
 
 # Bad input: a clear message naming the field, exit code 1, no crash.
 sed 's/"inFeatures": 16, "outFeatures": 3/"inFeatures": 15, "outFeatures": 3/' \
@@ -99,7 +120,7 @@ msg=$("$gpipectl" train "$work/job.json" --stages 2 --balance 1,1 2>&1)
 rc=$?
 set -e
 [[ $rc -eq 1 ]] || fail "bad balance exited $rc, want 1"
-grep -q "adding up to 4" <<<"$msg" || fail "bad balance message: $msg"
+grep -q "balance: sums to 2 but the model has 4 layers" <<<"$msg" || fail "bad balance message: $msg"
 
 # --help lists each binary's own flags (absl alone would say "No flags
 # matched": it looks for a file named after the binary), not absl's.
@@ -143,14 +164,14 @@ for run in "1 1" "2 1"; do
   "$gpipectl" train "$work/rep.json" --stages "$1" --replicas "$2" --steps 3 \
     --out "$work/rep-$1-$2" >"$work/rep.log" 2>&1 || { cat "$work/rep.log"; fail "train --stages $1 --replicas $2"; }
 done
-cmp -s "$work/rep-1-1/model.safetensors" "$work/rep-2-1/model.safetensors" ||
+same_tensors "$work/rep-1-1/model.safetensors" "$work/rep-2-1/model.safetensors" ||
   fail "--replicas 1 on one stage and on two differ"
 for r in 1 2 3 4; do
   "$gpipectl" train "$work/rep4.json" --stages 2 --replicas "$r" --steps 3 \
     --out "$work/g4-$r" >"$work/rep.log" 2>&1 || { cat "$work/rep.log"; fail "train --replicas $r"; }
   grep -q "x $r replicas\|K=2 stages (layers [0-9+]*), M=4" "$work/rep.log" ||
     { cat "$work/rep.log"; fail "the description does not name $r replicas"; }
-  cmp -s "$work/g4-1/model.safetensors" "$work/g4-$r/model.safetensors" ||
+  same_tensors "$work/g4-1/model.safetensors" "$work/g4-$r/model.safetensors" ||
     fail "gradient_groups 4: R=$r differs from R=1"
 done
 if "$gpipectl" train "$work/rep4.json" --replicas 8 --steps 1 >"$work/rep.log" 2>&1; then
