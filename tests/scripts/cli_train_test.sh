@@ -138,6 +138,14 @@ for word in train eval predict fetch "COMMAND --help"; do
 done
 help=$("$gpipectl" train --help)
 grep -q -- "--micro-batches" <<<"$help" || fail "gpipectl train --help lacks --micro-batches: $help"
+# The flags the README gives for train, local and submit are listed.
+for command in train local submit; do
+  help=$("$gpipectl" "$command" --help)
+  for flag in --replicas --virtual-stages --balance --remat; do
+    grep -q -- "$flag" <<<"$help" || fail "gpipectl $command --help lacks $flag"
+  done
+done
+help=$("$gpipectl" train --help)
 grep -q -- "usage: gpipectl train JOB.json" <<<"$help" || fail "gpipectl train --help: $help"
 ! grep -q -- "--controller" <<<"$help" || fail "gpipectl train --help lists a client flag"
 help=$("$gpipectl" help fetch)
