@@ -213,7 +213,13 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
     // Cancelled only when we stopped reading: a stream that ended has the
     // controller's reason in its status (a checkpoint file that no longer
     // matches its manifest), which a cancel would replace.
-    if (!files.ok() && !ended) context.TryCancel();
+    if (!files.ok() && !ended) {
+      // Our own failure (a folder that cannot be made, a full disk): its
+      // reason, not the cancel's "interrupted".
+      context.TryCancel();
+      (void)stream->Finish();
+      return files.status();
+    }
     const grpc::Status status = stream->Finish();
     if (status.ok() && files.ok()) return files->Commit();
     last = !status.ok() ? UserStatus(status, "FetchModel") : files.status();

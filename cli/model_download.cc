@@ -107,9 +107,13 @@ absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
     absl::FunctionRef<bool(gpipe::v1::FetchModelResponse*)> read,
     const std::string& dir) {
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, ": is not a directory (the files go into one)"));
+  }
   fs::create_directories(dir, ec);
   if (ec) {
-    return absl::InternalError(
+    return absl::FailedPreconditionError(
         absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
   ReceivedFiles done;  // removes its part files on every error return

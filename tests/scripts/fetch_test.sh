@@ -65,7 +65,11 @@ ok "the checkpoint of step $kept: $n files (manifest and stages), byte-identical
 
 refused "has no checkpoint of step 7; it keeps the checkpoints of steps" ctl fetch "$job" --step 7 -o "$work/none"
 refused "job-nope" ctl fetch job-nope -o "$work/none"
-ok "a step not kept and an unknown job are refused, naming what there is"
+# Our own side's failure is named, not "interrupted".
+touch "$work/afile"
+refused "afile: is not a directory" ctl fetch "$job" -o "$work/afile"
+refused "cannot create $work/afile/sub" ctl fetch "$job" -o "$work/afile/sub"
+ok "a step not kept, an unknown job and a destination that is a file are refused, naming what there is"
 
 # Down, then back: the fetch retries (1 s, then 2 s later).
 kill "$controller_pid"

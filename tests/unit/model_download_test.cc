@@ -170,5 +170,26 @@ TEST_F(ModelDownloadTest, NamesMustBePlainFileNames) {
   EXPECT_FALSE(fs::exists(dir_.parent_path() / "escape"));
 }
 
+// A destination that is a file, or under one, is named as such.
+TEST_F(ModelDownloadTest, ADestinationThatIsAFileIsNamed) {
+  std::ofstream(dir_.string()) << "a file";
+  Stream s;
+  AddFile(s, "model.safetensors", "0123456789");
+  auto files = Receive(s);
+  EXPECT_TRUE(absl::IsFailedPrecondition(files.status())) << files.status();
+  EXPECT_NE(files.status().message().find("is not a directory"),
+            std::string::npos)
+      << files.status();
+  fs::remove(dir_);
+  fs::create_directories(dir_.parent_path());
+  const fs::path under = dir_ / "sub";
+  std::ofstream(dir_.string()) << "a file";
+  auto nested = ReceiveModelFiles(
+      [](gpipe::v1::FetchModelResponse*) { return false; }, under.string());
+  EXPECT_TRUE(absl::IsFailedPrecondition(nested.status())) << nested.status();
+  EXPECT_NE(nested.status().message().find("cannot create"), std::string::npos);
+  fs::remove(dir_);
+}
+
 }  // namespace
 }  // namespace gpipe::cli
