@@ -33,6 +33,7 @@
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/model_file.h"
 #include "services/storage/file_io.h"
+#include "services/storage/safetensors_header.h"
 
 ABSL_FLAG(int64_t, top, 3, "predict: the most likely classes shown per sample");
 ABSL_DECLARE_FLAG(bool, json);
@@ -124,62 +125,80 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
           ? spec.data().csv().delimiter()[0]
           : ',';
   const auto& names = spec.data().csv().feature_columns();
-  std::vector<int64_t> pick;  // column of each feature, by the header
+  std::vector<int64_t> pick;        // column of each feature, by the header
+  std::vector<std::string> header;  // its names, when the table has one
+  const auto number_of = [](absl::string_view cell, float* v) {
+    return absl::SimpleAtof(absl::StripAsciiWhitespace(cell), v) &&
+           std::isfinite(*v);
+  };
   Samples s;
   for (int64_t number = 1; number <= static_cast<int64_t>(lines.size());
        ++number) {
     absl::string_view line = lines[number - 1];
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (absl::StripAsciiWhitespace(line).empty()) {
+    const auto error = [&](absl::string_view what) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", number, ": empty line"));
-    }
-    std::vector<std::string> cells = absl::StrSplit(line, delimiter);
-    std::vector<float> row;
-    bool numbers = true;
-    for (std::string& cell : cells) {
+          absl::StrCat(path, ":", number, ": ", what));
+    };
+    if (absl::StripAsciiWhitespace(line).empty()) return error("empty line");
+    const std::vector<absl::string_view> cells =
+        absl::StrSplit(line, delimiter);
+    if (number == 1) {
       float v = 0;
-      numbers = numbers &&
-                absl::SimpleAtof(absl::StripAsciiWhitespace(cell), &v) &&
-                std::isfinite(v);
-      row.push_back(v);
-    }
-    if (!numbers && number == 1 && s.count == 0) {
-      // A header: find the model's features by name when it knows them.
-      if (names.empty()) continue;
-      for (const std::string& name : names) {
-        auto at =
-            std::find_if(cells.begin(), cells.end(), [&](const std::string& c) {
-              return absl::StripAsciiWhitespace(c) == name;
-            });
-        if (at == cells.end()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ":1: no column \"", name,
-                           "\"; the model takes ", absl::StrJoin(names, ", ")));
+      const bool numbers = std::all_of(
+          cells.begin(), cells.end(),
+          [&](absl::string_view cell) { return number_of(cell, &v); });
+      if (!numbers) {
+        // A header: find the model's features by name when it knows them.
+        for (absl::string_view c : cells)
+          header.emplace_back(absl::StripAsciiWhitespace(c));
+        for (const std::string& name : names) {
+          const auto at = std::find(header.begin(), header.end(), name);
+          if (at == header.end()) {
+            return error(
+                absl::StrCat("no column ", storage::QuoteForMessage(name),
+                             "; the model takes ", absl::StrJoin(names, ", ")));
+          }
+          pick.push_back(at - header.begin());
         }
-        pick.push_back(at - cells.begin());
+        continue;
       }
-      continue;
     }
-    if (!numbers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ":", number, ": a cell is not a finite number: ", line));
-    }
+    // Each value the model takes, named by its column as training names it;
+    // columns it does not take (an id, the label) are not read.
+    const auto value = [&](size_t c) -> absl::StatusOr<float> {
+      const std::string column =
+          c < header.size()
+              ? absl::StrCat("column ", storage::QuoteForMessage(header[c]))
+              : absl::StrCat("column ", c);
+      float v = 0;
+      if (absl::StripAsciiWhitespace(cells[c]).empty())
+        return error(absl::StrCat(column, ": empty cell"));
+      if (!number_of(cells[c], &v)) {
+        return error(absl::StrCat(column, ": ",
+                                  storage::QuoteForMessage(std::string_view(
+                                      cells[c].data(), cells[c].size())),
+                                  " is not a finite number"));
+      }
+      return v;
+    };
     if (pick.empty()) {
-      if (static_cast<int64_t>(row.size()) != sample) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(path, ":", number, ": ", row.size(),
-                         " cells, the model takes ", sample, " features"));
+      if (static_cast<int64_t>(cells.size()) != sample) {
+        return error(absl::StrCat(cells.size(), " cells, the model takes ",
+                                  sample, " features"));
       }
-      s.values.insert(s.values.end(), row.begin(), row.end());
+      for (size_t c = 0; c < cells.size(); ++c) {
+        ASSIGN_OR_RETURN(const float v, value(c));
+        s.values.push_back(v);
+      }
     } else {
+      if (cells.size() != header.size()) {
+        return error(absl::StrCat(cells.size(), " cells, the header has ",
+                                  header.size()));
+      }
       for (int64_t c : pick) {
-        if (c >= static_cast<int64_t>(row.size())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(path, ":", number, ": ", row.size(),
-                           " cells, fewer than the header's"));
-        }
-        s.values.push_back(row[c]);
+        ASSIGN_OR_RETURN(const float v, value(static_cast<size_t>(c)));
+        s.values.push_back(v);
       }
     }
     ++s.count;

@@ -189,7 +189,23 @@ set +e
 out=$(g predict "$work/csv/model.safetensors" "$work/gap.csv" 2>&1)
 set -e
 [[ "$out" == *"gap.csv:3: empty line"* ]] || fail "a blank line inside a CSV: $out"
-ok "predict reads a CSV as training does: byte order mark, blank lines"
+# A bad cell is named by its column; a column the model does not take (an
+# id, the label) is not read.
+printf 'id,y,x
+row-a,100,3
+row-b,0,0
+' >"$work/ids.csv"
+classes=$(g predict "$work/csv/model.safetensors" "$work/ids.csv" --json |
+  python3 -c 'import json,sys; print(" ".join(str(p["class"]) for p in json.load(sys.stdin)["predictions"]))')
+[[ "$classes" == "1 0" ]] || fail "a CSV with an id column predicted '$classes'"
+printf 'y,x
+100,abc
+' >"$work/bad_cell.csv"
+set +e
+out=$(g predict "$work/csv/model.safetensors" "$work/bad_cell.csv" 2>&1)
+set -e
+[[ "$out" == *'bad_cell.csv:2: column "x": "abc" is not a finite number'* ]] || fail "a bad cell: $out"
+ok "predict reads a CSV as training does: byte order mark, blank lines, cells named by column"
 
 set +e
 out=$(g predict "$work/csv/model.safetensors" "$work/img0.pgm" 2>&1)
