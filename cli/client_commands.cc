@@ -384,7 +384,8 @@ std::string WorkerStateName(gpipe::v1::WorkerState state) {
 // its state changes or something happens to it, a summary at the end.
 class JobFollower {
  public:
-  explicit JobFollower(bool json) : json_(json) {}
+  JobFollower(bool json, bool show_model_path)
+      : json_(json), show_model_path_(show_model_path) {}
 
   void OnEvent(const gpipe::v1::JobEvent& event) {
     job_ = event.job();
@@ -484,7 +485,7 @@ class JobFollower {
     std::printf("%s\n", line.c_str());
     if (s.evaluation().counted() > 0)
       std::printf("final: %s\n", EvaluationText(job_, s.evaluation()).c_str());
-    if (!s.model_path().empty())
+    if (show_model_path_ && !s.model_path().empty())
       std::printf("model: %s\n", s.model_path().c_str());
     std::fflush(stdout);
   }
@@ -493,6 +494,7 @@ class JobFollower {
 
  private:
   bool json_;
+  bool show_model_path_;
   gpipe::v1::Job job_;
   bool seen_ = false;
   gpipe::v1::JobState state_ = gpipe::v1::JOB_STATE_UNSPECIFIED;
@@ -605,8 +607,9 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
 
 absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
                                          const std::string& job_id, bool json,
-                                         const std::function<bool()>& stop) {
-  JobFollower follower(json);
+                                         const std::function<bool()>& stop,
+                                         bool show_model_path) {
+  JobFollower follower(json, show_model_path);
   absl::Status s = client.WatchJob(
       job_id,
       [&](const gpipe::v1::JobEvent& event) { follower.OnEvent(event); }, stop);

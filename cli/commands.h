@@ -63,10 +63,12 @@ int RunLocal(const std::vector<std::string>& args);
 // with a progress bar (plain lines when not on a terminal) and a line per
 // state change, then prints the final state, evaluation and model path
 // (with `json`: each event as one line of protobuf JSON instead). Stops early
-// when `stop` returns true. Returns the job as last seen.
+// when `stop` returns true. Returns the job as last seen. `show_model_path`
+// false: the controller's model path is not printed (`local` removes it).
 absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
                                          const std::string& job_id, bool json,
-                                         const std::function<bool()>& stop);
+                                         const std::function<bool()>& stop,
+                                         bool show_model_path = true);
 
 // Applies --stages, --micro-batches, --replicas, --schedule,
 // --virtual-stages, --remat, --balance and --steps to a spec and validates

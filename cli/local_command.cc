@@ -498,7 +498,10 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
     return cluster.ControllerEnded() != nullptr ||
            !cluster.ReplaceEndedWorkers();
   };
-  absl::StatusOr<gpipe::v1::Job> job = FollowJob(client, id, json, stopped);
+  // The controller's model path outlives this command only under --keep.
+  absl::StatusOr<gpipe::v1::Job> job =
+      FollowJob(client, id, json, stopped,
+                /*show_model_path=*/!absl::GetFlag(FLAGS_keep).empty());
   if (!job.ok()) {
     if (ChildProcess* c = cluster.Ended(); c != nullptr) {
       Fail(LocalCluster::Died(*c));
@@ -535,6 +538,8 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
     if (absl::Status s = CopyModel(job->status().model_path(), out); !s.ok())
       return Fail(s);
     if (!json) std::printf("wrote %s/model.safetensors\n", out.c_str());
+  } else if (!json && absl::GetFlag(FLAGS_keep).empty()) {
+    std::printf("the model goes with the local cluster: --out DIR keeps it\n");
   }
   *keep_logs = false;
   return 0;

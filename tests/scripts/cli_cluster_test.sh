@@ -80,6 +80,10 @@ passive=$(cat "$work"/run/worker*.log | grep -c "OMP_WAIT_POLICY=PASSIVE" || tru
 [[ $passive -eq 2 ]] || fail "$passive of 2 workers of gpipectl local wait passively at barriers"
 grep -q "^final: test loss" "$work/local.txt" || fail "gpipectl local printed no final evaluation"
 [[ -f "$work/local/model.safetensors" ]] || fail "gpipectl local wrote no model.safetensors"
+# The controller's model path is printed only where it outlives the run
+# (--keep); without --keep the local cluster's folder goes with it.
+kept_model=$(sed -n 's/^model: //p' "$work/local.txt")
+[[ -n "$kept_model" && -f "$kept_model" ]] || fail "gpipectl local --keep printed model '$kept_model', which is not there"
 
 # Nothing it started is left running.
 port=$(tr -d '[:space:]' <"$work/run/controller.port")
