@@ -307,8 +307,9 @@ absl::StatusOr<std::unique_ptr<CsvDataset>> CsvDataset::Open(
   }
   const double fraction = spec.test_fraction();
   if (!(fraction >= 0 && fraction < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("test_fraction: must be in [0, 1), got ", fraction));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "test_fraction: must be in [0, 1) (0 means the default 0.1), got ",
+        fraction));
   }
   if (spec.path().empty()) return absl::InvalidArgumentError("path: required");
   if (spec.target().empty()) {

@@ -168,8 +168,9 @@ absl::StatusOr<std::unique_ptr<TensorFilesDataset>> TensorFilesDataset::Open(
   }
   const double fraction = spec.test_fraction();
   if (!(fraction >= 0 && fraction < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("test_fraction: must be in [0, 1), got ", fraction));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "test_fraction: must be in [0, 1) (0 means the default 0.1), got ",
+        fraction));
   }
   const bool has_test = !spec.test_inputs().empty();
   Source inputs{"inputs", spec.inputs(), input_key};

@@ -56,6 +56,16 @@ absl::Status CheckFraction(std::string_view path, float v) {
   return absl::OkStatus();
 }
 
+// A data source's test split: 0 is the default, as when the field is left
+// out (proto3 cannot tell them apart), so the message says so.
+absl::Status CheckTestFraction(std::string_view path, float v) {
+  if (!(v >= 0 && v < 1)) {
+    return FieldError(path, "must be in [0, 1) (0 means the default 0.1), got ",
+                      v);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateOptimizer(const v1::OptimizerSpec& o) {
   if (!(o.lr() > 0) || !std::isfinite(o.lr())) {
     return FieldError("optimizer.lr", "must be positive and finite, got ",
@@ -243,7 +253,7 @@ absl::Status ValidateText(const v1::TextFile& text, const ModelEnds& m) {
   if (text.path().empty()) return FieldError("data.text.path", "must be set");
   RETURN_IF_ERROR(CheckPositive("data.text.seq_len", text.seq_len()));
   RETURN_IF_ERROR(
-      CheckFraction("data.text.test_fraction", text.test_fraction()));
+      CheckTestFraction("data.text.test_fraction", text.test_fraction()));
   const int64_t t = text.seq_len();
   if (m.input_dtype != v1::INT32 || m.input != Shape{t}) {
     return FieldError("data.text", "seq_len ", t,
@@ -288,7 +298,7 @@ absl::Status ValidateTokens(const v1::TokenFile& tokens, const ModelEnds& m) {
   }
   RETURN_IF_ERROR(CheckPositive("data.tokens.seq_len", tokens.seq_len()));
   RETURN_IF_ERROR(
-      CheckFraction("data.tokens.test_fraction", tokens.test_fraction()));
+      CheckTestFraction("data.tokens.test_fraction", tokens.test_fraction()));
   if (tokens.header_bytes() < 0) {
     return FieldError("data.tokens.header_bytes", "must not be negative, got ",
                       tokens.header_bytes());
@@ -320,7 +330,7 @@ absl::Status ValidateTensorFiles(const v1::TensorFiles& t, const ModelEnds& m) {
                       t.test_inputs().empty() ? "test_targets" : "test_inputs");
   }
   RETURN_IF_ERROR(
-      CheckFraction("data.tensors.test_fraction", t.test_fraction()));
+      CheckTestFraction("data.tensors.test_fraction", t.test_fraction()));
   if (m.output.rank() < 1 || m.output[m.output.rank() - 1] < 2) {
     return FieldError("data.tensors",
                       "needs a model output of class scores ([C] or [T, C] "
@@ -341,7 +351,8 @@ absl::Status ValidateCsv(const v1::CsvFile& csv, const ModelEnds& m) {
     return FieldError("data.csv.delimiter", "must be one character, got \"",
                       csv.delimiter(), "\"");
   }
-  RETURN_IF_ERROR(CheckFraction("data.csv.test_fraction", csv.test_fraction()));
+  RETURN_IF_ERROR(
+      CheckTestFraction("data.csv.test_fraction", csv.test_fraction()));
   if (m.input_dtype != v1::FLOAT32 || m.input.rank() != 1) {
     return FieldError("data.csv",
                       "needs a model input of FLOAT32 [features], got ",

@@ -206,7 +206,7 @@ TEST_F(CsvTest, BadFilesAndSpecs) {
   EXPECT_THAT(Error(spec), HasSubstr("target: no column \"label\""));
   spec.clear_delimiter();
   spec.set_test_fraction(-0.5);
-  EXPECT_THAT(Error(spec), HasSubstr("test_fraction: must be in [0, 1)"));
+  EXPECT_THAT(Error(spec), HasSubstr("test_fraction: must be in [0, 1) (0 means the default 0.1)"));
   spec.set_test_fraction(0);
   spec.clear_target();
   EXPECT_THAT(Error(spec), HasSubstr("target: required"));

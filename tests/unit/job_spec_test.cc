@@ -371,7 +371,8 @@ std::vector<BadSpec> BadSpecs() {
        "data.text.path: must be set"},
       {"TextTestFractionOne",
        With(kText, R"("test_fraction": 0.1)", R"("test_fraction": 1)"),
-       "data.text.test_fraction: must be in [0, 1), got 1"},
+       "data.text.test_fraction: must be in [0, 1) (0 means the default 0.1), "
+       "got 1"},
       // A recorded vocabulary (base64 in JSON): "ab,,", and bytes 0..96.
       {"TextVocabularyRepeats",
        With(kText, R"("test_fraction": 0.1)",
