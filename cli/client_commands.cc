@@ -549,8 +549,19 @@ ControllerClient MakeControllerClient() { return MakeClient(); }
 
 absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
   gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
-  if (absl::GetFlag(FLAGS_stages) > 0)
+  if (absl::GetFlag(FLAGS_stages) > 0) {
+    // The spec's balance cuts the model for its own K: another K (--stages
+    // 1 for the reference trainer) is cut afresh unless --balance says how.
+    if (absl::GetFlag(FLAGS_stages) != p.stages() &&
+        absl::GetFlag(FLAGS_balance).empty()) {
+      p.clear_balance();
+    }
     p.set_stages(absl::GetFlag(FLAGS_stages));
+    // `train` runs no elastic cluster: a floor for shrinking one is moot,
+    // and above the K asked for it would refuse the reference run.
+    if (measured_balance && p.min_stages() > p.stages())
+      p.set_min_stages(p.stages());
+  }
   if (absl::GetFlag(FLAGS_micro_batches) > 0)
     p.set_micro_batches(absl::GetFlag(FLAGS_micro_batches));
   if (absl::GetFlag(FLAGS_replicas) > 0)

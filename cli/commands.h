@@ -73,9 +73,12 @@ absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
 // Applies --stages, --micro-batches, --replicas, --schedule,
 // --virtual-stages, --remat, --balance and --steps to a spec and validates
 // the result: what the job runs, and what its model file records (train
-// and local record the same spec for the same flags). `measured_balance`:
-// --balance measured is the caller's to apply (train measures its layers);
-// otherwise it is refused.
+// and local record the same spec for the same flags). A --stages of
+// another K drops the spec's balance (cut for its own K) unless --balance
+// gives one. `measured_balance` (train): --balance measured is the
+// caller's to apply (train measures its layers), and pipeline.min_stages,
+// which only an elastic cluster uses, is lowered to --stages; otherwise
+// --balance measured is refused.
 absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec,
                             bool measured_balance = false);
 
