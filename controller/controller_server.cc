@@ -32,6 +32,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
                                : grpc::InsecureServerCredentials(),
                            &server->port_);
   builder.RegisterService(server->service_.get());
+  // gRPC sets SO_REUSEPORT by default: a second controller on a taken port
+  // started and took every other connection (with its own job store).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   std::vector<
       std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
@@ -47,8 +50,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
       GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.listen,
+        " (in use by another process, or not an address of this host)"));
   }
   if (!options.health_listen.empty()) {
     absl::StatusOr<std::unique_ptr<security::HealthPort>> health =

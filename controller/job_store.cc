@@ -1,10 +1,17 @@
 #include "controller/job_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "services/core/status.h"
 
 namespace gpipe::controller {
@@ -23,6 +30,45 @@ constexpr char kSchema[] =
     "  epoch INTEGER NOT NULL,"
     "  job BLOB NOT NULL);";
 
+// PATH.lock, locked for this process, with its pid written in for the
+// message a second controller gets. The lock goes with the process, so a
+// crashed controller leaves none behind; one that is still exiting (a
+// restart) is given `wait`. Where the filesystem has no flock, the store
+// opens unguarded, as before.
+absl::StatusOr<storage::ScopedFd> LockStore(const std::string& path,
+                                            absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  const std::string lock_path = path + ".lock";
+  storage::ScopedFd fd(
+      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  if (fd.get() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job store ", path, ": cannot open ", lock_path, ": ",
+                     std::strerror(errno)));
+  }
+  for (;;) {
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) break;
+    if (errno != EWOULDBLOCK) return fd;  // no flock here: unguarded
+    if (absl::Now() >= deadline) {
+      char holder[32] = {};
+      const ssize_t n = ::pread(fd.get(), holder, sizeof(holder) - 1, 0);
+      const std::string pid = n > 0 ? std::string(holder, n) : "?";
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job store ", path, " is in use by another gpipe-controller (pid ",
+          absl::StripAsciiWhitespace(pid), " holds ", lock_path,
+          "): two controllers must never share a store"));
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(fd.get(), 0) != 0 ||
+      ::pwrite(fd.get(), pid.data(), pid.size(), 0) !=
+          static_cast<ssize_t>(pid.size())) {
+    // Only the message of a second controller loses the pid.
+  }
+  return fd;
+}
+
 }  // namespace
 
 absl::Status JobStore::Error(const std::string& what) const {
@@ -31,11 +77,12 @@ absl::Status JobStore::Error(const std::string& what) const {
 }
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(
-    const std::string& path) {
+    const std::string& path, absl::Duration wait) {
+  ASSIGN_OR_RETURN(storage::ScopedFd lock, LockStore(path, wait));
   sqlite3* db = nullptr;
   const int rc = sqlite3_open_v2(
       path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
-  std::unique_ptr<JobStore> store(new JobStore(path, db));
+  std::unique_ptr<JobStore> store(new JobStore(path, db, std::move(lock)));
   if (rc != SQLITE_OK) return store->Error("cannot open");
   sqlite3_busy_timeout(db, 5000);
   char* message = nullptr;

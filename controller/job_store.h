@@ -12,7 +12,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "gpipe/v1/controller.pb.h"
+#include "services/storage/file_io.h"
 
 struct sqlite3;
 struct sqlite3_stmt;
@@ -31,9 +33,13 @@ struct LoadedJobs {
 
 class JobStore {
  public:
-  // Opens (creating) the database at `path`; errors name the path.
+  // Opens (creating) the database at `path`; errors name the path. Holds
+  // PATH.lock (an flock) while open: a second controller on the same store
+  // is refused, naming the process that has it (two controllers would each
+  // run and overwrite the other's jobs) once `wait` has passed (one that is
+  // still exiting, as a restart overlaps it, lets go within it).
   static absl::StatusOr<std::unique_ptr<JobStore>> Open(
-      const std::string& path);
+      const std::string& path, absl::Duration wait = absl::Seconds(3));
   ~JobStore();
 
   JobStore(const JobStore&) = delete;
@@ -48,13 +54,15 @@ class JobStore {
   const std::string& path() const { return path_; }
 
  private:
-  JobStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  JobStore(std::string path, sqlite3* db, storage::ScopedFd lock)
+      : path_(std::move(path)), db_(db), lock_(std::move(lock)) {}
   absl::Status Error(const std::string& what) const;
 
   std::string path_;
   sqlite3* db_ = nullptr;
   sqlite3_stmt* put_ = nullptr;
   sqlite3_stmt* delete_ = nullptr;
+  storage::ScopedFd lock_;  // released after the database is closed
 };
 
 }  // namespace gpipe::controller

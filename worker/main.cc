@@ -363,6 +363,9 @@ int main(int argc, char** argv) {
       &port);
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(4 << 20);
+  // A taken port is an error, not shared with another worker's stages
+  // (gRPC sets SO_REUSEPORT by default).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 2000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 2000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -371,7 +374,10 @@ int main(int argc, char** argv) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "gpipe-worker: cannot listen on %s\n", listen.c_str());
+    std::fprintf(stderr,
+                 "gpipe-worker: cannot listen on %s (in use by another "
+                 "process, or not an address of this host)\n",
+                 listen.c_str());
     return 1;
   }
   gpipe::Readiness readiness(server.get());

@@ -42,10 +42,14 @@ absl::StatusOr<std::unique_ptr<HealthPort>> HealthPort::Start(
                            &port->port_);
   port->unimplemented_ = std::make_unique<OnlyHealth>();
   builder.RegisterCallbackGenericService(port->unimplemented_.get());
+  // Not shared with another process's probes (gRPC's SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   port->server_ = builder.BuildAndStart();
   if (port->server_ == nullptr || port->port_ == 0) {
     return absl::UnavailableError(
-        absl::StrCat("--health_listen: cannot listen on ", listen));
+        absl::StrCat("--health_listen: cannot listen on ", listen,
+                     " (in use by another process, or not an address of "
+                     "this host)"));
   }
   return port;
 }

@@ -135,5 +135,20 @@ TEST_F(JobStoreTest, FileThatIsNotADatabaseIsAnError) {
   EXPECT_THAT(missing_dir.status().message(), HasSubstr("no/such"));
 }
 
+// A store is one controller's: a second is refused naming the holder,
+// and once the first has closed it, the store opens again.
+TEST_F(JobStoreTest, ASecondControllerOnTheStoreIsRefused) {
+  auto first = JobStore::Open(path_);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = JobStore::Open(path_, absl::Milliseconds(100));
+  ASSERT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  EXPECT_THAT(second.status().message(),
+              HasSubstr(absl::StrCat("in use by another gpipe-controller (pid ",
+                                     getpid(), " holds ", path_, ".lock)")));
+  first->reset();
+  auto again = JobStore::Open(path_, absl::ZeroDuration());
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 }  // namespace
 }  // namespace gpipe::controller
