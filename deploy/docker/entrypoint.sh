@@ -26,8 +26,13 @@ case "$binary" in
 esac
 
 # Environment flags go first, in name order (prepended in reverse); a
-# newline-free value is assumed (flags are).
-env_flags=$(env | sed -n "s/^${prefix}\([A-Z0-9_]*\)=\(.*\)$/\1=\2/p" | sort -r)
+# newline-free value is assumed (flags are). Kubernetes' service links
+# share the prefix (a Service gpipe-controller gives every pod after it
+# GPIPE_CONTROLLER_SERVICE_HOST, _PORT, _PORT_7070_TCP_ADDR ...): they are
+# no flags, and passed as ones the binary would exit on an unknown flag.
+env_flags=$(env | sed -n "s/^${prefix}\([A-Z0-9_]*\)=\(.*\)$/\1=\2/p" |
+  grep -Ev '^(SERVICE_HOST|SERVICE_PORT|SERVICE_PORT_[A-Z0-9_]+|PORT|PORT_[0-9]+_[A-Z0-9_]+)=' |
+  sort -r || true)
 if [ -n "$env_flags" ]; then
   old_ifs=$IFS
   IFS='

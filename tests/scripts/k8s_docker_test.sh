@@ -47,8 +47,14 @@ passed=$((passed + 1))
 mkdir -p "$work/path"
 printf '#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n' >"$work/path/gpipe-worker"
 chmod +x "$work/path/gpipe-worker"
+# Kubernetes' service links for a Service gpipe-worker share the prefix
+# and are no flags.
 got=$(env -i PATH="$work/path:/usr/bin:/bin" GPIPE_WORKER_THREADS=4 \
   GPIPE_WORKER_LINK_WAIT_MS=500 GPIPE_CONTROLLER_LISTEN=x:1 \
+  GPIPE_WORKER_SERVICE_HOST=10.96.0.9 GPIPE_WORKER_SERVICE_PORT=7071 \
+  GPIPE_WORKER_SERVICE_PORT_STAGES=7071 GPIPE_WORKER_PORT=tcp://10.96.0.9:7071 \
+  GPIPE_WORKER_PORT_7071_TCP=tcp://10.96.0.9:7071 GPIPE_WORKER_PORT_7071_TCP_PROTO=tcp \
+  GPIPE_WORKER_PORT_7071_TCP_ADDR=10.96.0.9 \
   sh "$src/deploy/docker/entrypoint.sh" gpipe-worker --threads=2 --advertise=10.0.0.7:7071 | tr '\n' ' ')
 want="--link_wait_ms=500 --threads=4 --threads=2 --advertise=10.0.0.7:7071 "
 [[ "$got" == "$want" ]] || fail "entrypoint passed [$got], want [$want]"

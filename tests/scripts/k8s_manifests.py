@@ -351,6 +351,13 @@ def main():
                        for o in objects if o.get("kind") == "ConfigMap"}
         pods = list(pod_specs(objects))
         for owner, _, spec in pods:
+            # A pod whose entrypoint reads GPIPE_CONTROLLER_* or
+            # GPIPE_WORKER_* must not get service links of those names.
+            runs = {binary_of(c) for c in spec["containers"]}
+            if runs & {"gpipe-controller", "gpipe-worker"} and \
+                    spec.get("enableServiceLinks", True) is not False:
+                errors.append("%s: %s: enableServiceLinks is not false" %
+                              (os.path.basename(path), owner))
             for container in spec.get("initContainers", []) + spec["containers"]:
                 before = len(errors)
                 check_container(owner, container, flags_by_binary, config_maps,
