@@ -336,10 +336,13 @@ absl::Status ControllerClient::WatchJob(
     if (stopped.load()) return absl::CancelledError("interrupted");
 
     // The stream ended early. A controller that restarts (it keeps its jobs
-    // in its store) is worth waiting for; anything else is the answer.
+    // in its store) is worth waiting for; anything else is the answer. Its
+    // graceful shutdown ends the stream CANCELLED: not ours (that is
+    // `stopped`), so no interrupt either.
     const bool retry =
         ever_connected &&
-        (status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE);
+        (status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::CANCELLED);
     if (!retry) {
       if (status.ok()) {
         return absl::UnavailableError(

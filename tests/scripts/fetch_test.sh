@@ -82,4 +82,26 @@ wait "$fetcher" || fail "the fetch did not survive the controller's restart: $(c
 cmp "$work/retried/model.safetensors" "$work/ckpt/$job/model.safetensors" ||
   fail "the retried fetch differs"
 ok "a fetch while the controller was down was retried and completed"
+
+# A watch outlives the controller's graceful restart: its stream ends
+# CANCELLED by the server's shutdown, which is no Ctrl-C (it said "stopped
+# watching" and exited).
+long2=$(submit "$work/long.json")
+wait_step "$long2" 3
+ctl watch "$long2" >"$work/watch.txt" 2>&1 &
+watcher=$!
+sleep 0.5
+kill "$controller_pid"
+wait "$controller_pid" 2>/dev/null || true
+start_controller
+sleep 1.5
+ctl cancel "$long2" >/dev/null
+set +e
+wait "$watcher"
+rc=$?
+set -e
+((rc == 1)) || fail "watch of a cancelled job exited $rc: $(tail -3 "$work/watch.txt")"
+grep -q "stopped watching" "$work/watch.txt" && fail "the watch gave up at the restart: $(tail -3 "$work/watch.txt")"
+grep -q "CANCELLED" "$work/watch.txt" || fail "the watch did not follow the job to its end: $(tail -3 "$work/watch.txt")"
+ok "a watch followed its job across the controller's graceful restart"
 echo "$passed passed, 0 failed"
