@@ -29,30 +29,31 @@ class GpipeError(Exception):
 # The spec's paths a worker reads, made absolute against the submitter's
 # directory as `gpipectl submit` does: a worker elsewhere would resolve a
 # relative one against its own.
+# The path fields of each data source, by their protobuf names: resolved on
+# the parsed JobSpec, so a spec written with JSON names ("fashionMnist",
+# "testPath") or protobuf ones ("fashion_mnist", "test_path") alike.
 _PATH_FIELDS = {
     "text": ("path",),
-    "tokens": ("path", "testPath"),
-    "fashionMnist": ("dir",),
-    "tensors": ("inputs", "targets", "testInputs", "testTargets"),
-    "csv": ("path", "testPath"),
+    "tokens": ("path", "test_path"),
+    "fashion_mnist": ("dir",),
+    "tensors": ("inputs", "targets", "test_inputs", "test_targets"),
+    "csv": ("path", "test_path"),
 }
 
 
-def _resolve_paths(spec, base):
+def _resolve_paths(message, base):
     def absolute(path):
         return path if not path or os.path.isabs(path) else os.path.normpath(
             os.path.join(base, path))
 
-    data = spec.get("data", {})
+    data = message.data
     for source, fields in _PATH_FIELDS.items():
-        block = data.get(source)
-        if isinstance(block, dict):
+        if data.HasField(source):
+            block = getattr(data, source)
             for field in fields:
-                if field in block:
-                    block[field] = absolute(block[field])
-    init = spec.get("initFrom")
-    if isinstance(init, dict) and "path" in init:
-        init["path"] = absolute(init["path"])
+                setattr(block, field, absolute(getattr(block, field)))
+    if message.HasField("init_from"):
+        message.init_from.path = absolute(message.init_from.path)
 
 
 def _read(path):
@@ -128,11 +129,11 @@ class Client:
                 spec = json.load(f)
         else:
             spec = json.loads(json.dumps(spec))  # ours to change
-        _resolve_paths(spec, base_dir or os.getcwd())
         try:
             message = json_format.ParseDict(spec, job_pb2.JobSpec())
         except json_format.ParseError as e:
             raise GpipeError("INVALID_ARGUMENT", "job spec: %s" % e) from None
+        _resolve_paths(message, base_dir or os.getcwd())
         job = self._call(self._stub.SubmitJob,
                          controller_pb2.SubmitJobRequest(spec=message))
         return job.id
