@@ -309,6 +309,7 @@ uint64_t Controller::RemoveJob(const std::string& id) {
       storage::JobCheckpointDir(options_.checkpoint_dir, id);
   LogInfo("job %s deleted, with %s", id, dir);
   EnqueueIo([dir] { RemoveCheckpointDirs({dir}); });
+  if (options_.metrics != nullptr) options_.metrics->ForgetJob(id);
   return jobs_.Remove(id);
 }
 

@@ -93,14 +93,24 @@ ControllerMetrics::ControllerMetrics() {
            .Register(registry_);
   loss_ = &prometheus::BuildGauge()
                .Name("gpipe_job_loss")
-               .Help("A job's training loss of its newest step, over every "
-                     "replica's micro-batches (gpipe_loss is one last "
-                     "stage's share)")
+               .Help(
+                   "A job's training loss of its newest step, over every "
+                   "replica's micro-batches (gpipe_loss is one last "
+                   "stage's share)")
                .Register(registry_);
 }
 
 void ControllerMetrics::ObserveLoss(const std::string& job, double loss) {
   loss_->Add({{"job", job}}).Set(loss);
+}
+
+void ControllerMetrics::ForgetJob(const std::string& job) {
+  const std::map<std::string, std::string> labels = {{"job", job}};
+  for (prometheus::Family<prometheus::Gauge>* family :
+       {eval_loss_, eval_accuracy_, step_seconds_, predicted_step_seconds_,
+        loss_}) {
+    if (family->Has(labels)) family->Remove(&family->Add(labels));
+  }
 }
 
 void ControllerMetrics::OnRepartition(const std::string& reason) {

@@ -50,6 +50,9 @@ class ControllerMetrics : public prometheus::Collectable {
   // The job's training loss of its newest step, assembled from every
   // replica's micro-batches (what `gpipectl status` shows).
   void ObserveLoss(const std::string& job, double loss);
+  // Drops every series of `job` (deleted, or past its retention): a deleted
+  // job's loss stayed on the dashboards until the controller restarted.
+  void ForgetJob(const std::string& job);
 
   std::vector<prometheus::MetricFamily> Collect() const override;
 

@@ -328,6 +328,29 @@ TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
   }
 }
 
+// A deleted job's series go with it; another job's stay.
+TEST(ControllerMetrics, AForgottenJobsSeriesAreDropped) {
+  ControllerMetrics metrics;
+  for (const std::string job : {"job-a", "job-b"}) {
+    metrics.ObserveLoss(job, 0.5);
+    metrics.ObserveEvaluation(job, 0.4, 0.9);
+    metrics.ObserveStepTime(job, 0.1, 0.2);
+  }
+  metrics.ForgetJob("job-a");
+  metrics.ForgetJob("job-never");
+  int series = 0;
+  for (const auto& f : metrics.Collect()) {
+    for (const auto& m : f.metric) {
+      for (const auto& l : m.label) {
+        if (l.name != "job") continue;
+        EXPECT_EQ(l.value, "job-b") << f.name;
+        ++series;
+      }
+    }
+  }
+  EXPECT_EQ(series, 5);  // loss, eval loss and accuracy, both step times
+}
+
 // Sends `request` to 127.0.0.1:port with a plain socket; the whole reply.
 std::string Ask(int port, const std::string& request) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
