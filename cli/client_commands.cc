@@ -708,13 +708,11 @@ int RunResume(const std::vector<std::string>& args) {
   constexpr char kUsage[] =
       "resume JOB [--steps N] [--watch] [--controller ADDR] [--json]";
   if (args.size() != 1) return Usage(kUsage);
-  int64_t steps = 0;
-  const std::string text = absl::GetFlag(FLAGS_steps);
-  if (!text.empty() && (!absl::SimpleAtoi(text, &steps) || steps < 1)) {
-    return Usage(kUsage);
-  }
+  // Named as submit names it (a bare usage line said nothing of why).
+  absl::StatusOr<int64_t> steps = StepCountFlag();
+  if (!steps.ok()) return Fail("resume", steps.status());
   ControllerClient client = MakeClient();
-  absl::StatusOr<gpipe::v1::Job> job = client.ResumeJob(args[0], steps);
+  absl::StatusOr<gpipe::v1::Job> job = client.ResumeJob(args[0], *steps);
   if (!job.ok()) return Fail("resume", job.status());
   const bool watch = absl::GetFlag(FLAGS_watch);
   if (absl::GetFlag(FLAGS_json)) {
@@ -733,12 +731,19 @@ int RunResume(const std::vector<std::string>& args) {
 }
 
 int RunDelete(const std::vector<std::string>& args) {
-  if (args.size() != 1) return Usage("delete JOB [--controller ADDR]");
+  if (args.size() != 1) return Usage("delete JOB [--controller ADDR] [--json]");
   ControllerClient client = MakeClient();
   if (absl::Status s = client.DeleteJob(args[0]); !s.ok()) {
     return Fail("delete", s);
   }
-  std::printf("%s deleted\n", args[0].c_str());
+  if (absl::GetFlag(FLAGS_json)) {
+    // The response is empty: the request, which names the job deleted.
+    gpipe::v1::DeleteJobRequest deleted;
+    deleted.set_job_id(args[0]);
+    PrintJson(deleted, /*pretty=*/false);
+  } else {
+    std::printf("%s deleted\n", args[0].c_str());
+  }
   return 0;
 }
 

@@ -46,8 +46,8 @@ const std::vector<Command>& Commands() {
        "predict throughput, bubble and memory for each K and M",
        "Predicts throughput, bubble and memory for each K, M, schedule and\n"
        "remat mode, and marks the best that fits.",
-       {"stages_range", "micro_batches", "schedule", "remat", "measure",
-        "memory_budget", "flops", "layer_overhead_us", "link_gbps",
+       {"stages_range", "workers", "micro_batches", "schedule", "remat",
+        "measure", "memory_budget", "flops", "layer_overhead_us", "link_gbps",
         "link_latency_us", "message_us", "blocking_sends"}},
       {"local",
        "JOB.json",

@@ -84,6 +84,7 @@ class PartFile {
 ReceivedFiles::~ReceivedFiles() {
   std::error_code ec;
   for (const auto& [part, file] : files_) fs::remove(part, ec);
+  if (!created_dir_.empty()) fs::remove(created_dir_, ec);  // if empty
 }
 
 absl::StatusOr<std::vector<DownloadedFile>> ReceivedFiles::Commit() {
@@ -100,6 +101,7 @@ absl::StatusOr<std::vector<DownloadedFile>> ReceivedFiles::Commit() {
     }
     out.push_back(std::move(file));
   }
+  created_dir_.clear();  // it holds the files now
   return out;
 }
 
@@ -111,12 +113,30 @@ absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
     return absl::FailedPreconditionError(
         absl::StrCat(dir, ": is not a directory (the files go into one)"));
   }
-  fs::create_directories(dir, ec);
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  // Where it cannot be made, said before the controller is asked.
+  for (fs::path up = fs::absolute(dir, ec).parent_path();
+       !up.empty() && up != up.root_path(); up = up.parent_path()) {
+    if (!fs::exists(up, ec)) continue;
+    if (!fs::is_directory(up, ec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot create ", dir, ": ", up.string(), " is not a directory"));
+    }
+    break;
   }
   ReceivedFiles done;  // removes its part files on every error return
+  bool made = false;   // dir, by the first file
+  const auto make_dir = [&]() -> absl::Status {
+    if (made) return absl::OkStatus();
+    made = true;
+    const bool existed = fs::exists(dir, ec);
+    fs::create_directories(dir, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot create ", dir, ": ", ec.message()));
+    }
+    if (!existed) done.CreatedDir(dir);
+    return absl::OkStatus();
+  };
   std::unique_ptr<PartFile> file;
   gpipe::v1::FetchModelResponse m;
   while (read(&m)) {
@@ -131,6 +151,7 @@ absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
               "the controller sent a file named '", m.header().name(), "' of ",
               m.header().bytes(), " bytes: not a plain file name and length"));
         }
+        if (absl::Status s = make_dir(); !s.ok()) return s;
         file = std::make_unique<PartFile>(dir, m.header());
         break;
       case gpipe::v1::FetchModelResponse::kChunk:

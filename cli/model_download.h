@@ -30,8 +30,10 @@ struct DownloadedFile {
 class ReceivedFiles {
  public:
   ReceivedFiles() = default;
-  ReceivedFiles(ReceivedFiles&& o) noexcept : files_(std::move(o.files_)) {
+  ReceivedFiles(ReceivedFiles&& o) noexcept
+      : files_(std::move(o.files_)), created_dir_(std::move(o.created_dir_)) {
     o.files_.clear();
+    o.created_dir_.clear();
   }
   ReceivedFiles& operator=(ReceivedFiles&&) = delete;
   ReceivedFiles(const ReceivedFiles&) = delete;
@@ -44,13 +46,18 @@ class ReceivedFiles {
   void Add(std::string part, DownloadedFile file) {
     files_.emplace_back(std::move(part), std::move(file));
   }
+  // The folder the stream created: removed again (when empty) unless the
+  // files are committed, so a failed fetch leaves no trace.
+  void CreatedDir(std::string dir) { created_dir_ = std::move(dir); }
 
  private:
   std::vector<std::pair<std::string, DownloadedFile>> files_;  // part, file
+  std::string created_dir_;
 };
 
 // Reads messages with `read` (false: the stream ended) into files of `dir`
-// (created). A name that is not a plain file name, a stream that ends inside
+// (created with the first file, not before: a refused fetch makes no
+// folder). A name that is not a plain file name, a stream that ends inside
 // a file, more or fewer bytes than announced, or a digest that differs is
 // an error (InvalidArgument, Aborted, DataLoss) that removes every file this
 // call wrote, finished ones included; it never touches another file.

@@ -207,5 +207,12 @@ run "$gpipectl" --controller "$addr" cancel "$job"
 run "$gpipectl" --controller "$addr" watch "$job"
 [[ $rc -eq 1 ]] || fail "watch of a cancelled job exited $rc, want 1: $out"
 grep -q "CANCELLED" <<<"$out" || fail "watch of a cancelled job: $out"
+# delete: JSON for scripts too, and the job is gone.
+run "$gpipectl" --controller "$addr" delete "$job" --json
+[[ $rc -eq 0 ]] || fail "delete $job exited $rc: $out"
+[[ "$(python3 -c 'import json,sys; print(json.load(sys.stdin)["jobId"])' <<<"$out")" == "$job" ]] ||
+  fail "delete --json is not the job's JSON: $out"
+run "$gpipectl" --controller "$addr" status "$job"
+[[ $rc -eq 1 ]] && grep -q "not found" <<<"$out" || fail "a deleted job's status: $out"
 
 echo "1 passed, 0 failed"

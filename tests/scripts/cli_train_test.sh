@@ -145,6 +145,7 @@ for command in train local submit; do
     grep -q -- "$flag" <<<"$help" || fail "gpipectl $command --help lacks $flag"
   done
 done
+grep -q -- "--workers" <<<"$("$gpipectl" plan --help)" || fail "gpipectl plan --help lacks --workers"
 help=$("$gpipectl" train --help)
 grep -q -- "usage: gpipectl train JOB.json" <<<"$help" || fail "gpipectl train --help: $help"
 ! grep -q -- "--controller" <<<"$help" || fail "gpipectl train --help lists a client flag"

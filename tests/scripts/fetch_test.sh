@@ -65,6 +65,7 @@ ok "the checkpoint of step $kept: $n files (manifest and stages), byte-identical
 
 refused "has no checkpoint of step 7; it keeps the checkpoints of steps" ctl fetch "$job" --step 7 -o "$work/none"
 refused "job-nope" ctl fetch job-nope -o "$work/none"
+[[ ! -e "$work/none" ]] || fail "a refused fetch made its folder"
 # Our own side's failure is named, not "interrupted".
 touch "$work/afile"
 refused "afile: is not a directory" ctl fetch "$job" -o "$work/afile"

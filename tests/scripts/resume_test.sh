@@ -34,6 +34,7 @@ refused "only a cancelled or failed job resumes" ctl resume "$job"
 ctl cancel "$job" >/dev/null
 from=$(job_field "$job" "s['checkpoints'][-1]['step']")
 refused "is not past the newest checkpoint" ctl resume "$job" --steps "$from"
+refused "--steps: '0' is not a number of training steps" ctl resume "$job" --steps 0
 out=$(ctl resume "$job")
 [[ "$out" == *"resumed by the user from the checkpoint of step $from"* ]] || fail "resume said: $out"
 wait_done "$job"

@@ -170,6 +170,22 @@ TEST_F(ModelDownloadTest, NamesMustBePlainFileNames) {
   EXPECT_FALSE(fs::exists(dir_.parent_path() / "escape"));
 }
 
+// A fetch that fails leaves no folder it made: none for a stream refused
+// before its first file, and the one it made removed again after a bad one.
+TEST_F(ModelDownloadTest, AFailedFetchMakesNoFolder) {
+  EXPECT_TRUE(ReceiveOnly(Stream()).ok());
+  EXPECT_FALSE(fs::exists(dir_));
+  Stream s;
+  AddFile(s, "model.safetensors", "0123456789");
+  s.back().set_sha256(std::string(64, '0'));
+  EXPECT_TRUE(absl::IsDataLoss(Receive(s).status()));
+  EXPECT_FALSE(fs::exists(dir_));
+  // A folder that was there stays, empty or not.
+  fs::create_directories(dir_);
+  EXPECT_TRUE(absl::IsDataLoss(Receive(s).status()));
+  EXPECT_TRUE(fs::is_directory(dir_));
+}
+
 // A destination that is a file, or under one, is named as such.
 TEST_F(ModelDownloadTest, ADestinationThatIsAFileIsNamed) {
   std::ofstream(dir_.string()) << "a file";
