@@ -206,15 +206,22 @@ class Client:
         Each file is written as NAME.part, checked against its length and
         sha256, then renamed; an interrupted download is tried again (up to
         `attempts` times, 1 s then 2 s apart) and never leaves a file."""
+        created = not os.path.exists(out_dir)
         os.makedirs(out_dir, exist_ok=True)
-        for attempt in range(attempts):
-            try:
-                return self._fetch_once(job_id, out_dir, step)
-            except GpipeError as e:
-                if e.code != "UNAVAILABLE" or attempt + 1 == attempts:
-                    raise
-                time.sleep(2 ** attempt)
-        return []
+        try:
+            for attempt in range(attempts):
+                try:
+                    return self._fetch_once(job_id, out_dir, step)
+                except GpipeError as e:
+                    if e.code != "UNAVAILABLE" or attempt + 1 == attempts:
+                        raise
+                    time.sleep(2 ** attempt)
+            return []
+        except BaseException:
+            # A failed fetch leaves no folder of its own making behind.
+            if created and not os.listdir(out_dir):
+                os.rmdir(out_dir)
+            raise
 
     def _fetch_once(self, job_id, out_dir, step):
         written = []

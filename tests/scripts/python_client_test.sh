@@ -50,6 +50,11 @@ with Client(address) as c:
         raise AssertionError("a step not kept was fetched")
     except GpipeError as e:
         assert e.code == "NOT_FOUND", e
+    try:
+        c.fetch(job, out + "-none", step=7)
+        raise AssertionError("a step not kept was fetched")
+    except GpipeError as e:
+        assert not os.path.exists(out + "-none"), "a failed fetch made its folder"
     bad = json.loads(json.dumps(spec))
     bad["optimizer"]["lr"] = -1
     try:
