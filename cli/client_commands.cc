@@ -549,13 +549,8 @@ ControllerClient MakeControllerClient() { return MakeClient(); }
 
 absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
   gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
+  const int64_t chunks_before = ChunkCount(spec);
   if (absl::GetFlag(FLAGS_stages) > 0) {
-    // The spec's balance cuts the model for its own K: another K (--stages
-    // 1 for the reference trainer) is cut afresh unless --balance says how.
-    if (absl::GetFlag(FLAGS_stages) != p.stages() &&
-        absl::GetFlag(FLAGS_balance).empty()) {
-      p.clear_balance();
-    }
     p.set_stages(absl::GetFlag(FLAGS_stages));
     // `train` runs no elastic cluster: a floor for shrinking one is moot,
     // and above the K asked for it would refuse the reference run.
@@ -576,6 +571,8 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", s.status().message()));
     p.set_schedule(ScheduleToSpec(*s));
+    // A schedule of one chunk per worker has no virtual stages to keep.
+    if (!Interleaves(*s)) p.clear_virtual_stages();
   }
   if (absl::GetFlag(FLAGS_virtual_stages) > 0) {
     if (!Interleaves(ScheduleFromSpec(p.schedule()))) {
@@ -601,6 +598,13 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
     return absl::InvalidArgumentError(
         "--balance measured works with `gpipectl train` only; give a list "
         "of layer counts such as 2,3,1");
+  }
+  // The spec's balance cuts the model into its own number of chunks: other
+  // stages or schedule flags (--stages 1 for the reference trainer,
+  // --schedule interleaved) cut it afresh unless --balance lists the cut.
+  if ((balance.empty() || balance == "measured") &&
+      ChunkCount(spec) != chunks_before) {
+    p.clear_balance();
   }
   if (!balance.empty() && balance != "measured") {
     p.clear_balance();

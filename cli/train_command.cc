@@ -345,6 +345,11 @@ int RunTrain(const std::vector<std::string>& args) {
   Trainer& t = **trainer;
   const std::string trace_dir = absl::GetFlag(FLAGS_trace);
   auto* pipeline = dynamic_cast<InProcessPipeline*>(&t);
+  // The cut measured here is the one the model was trained under.
+  if (absl::GetFlag(FLAGS_balance) == "measured" && pipeline != nullptr) {
+    spec->mutable_pipeline()->mutable_balance()->Assign(
+        pipeline->balance().begin(), pipeline->balance().end());
+  }
   if (!trace_dir.empty() && pipeline == nullptr) {
     return Fail(absl::InvalidArgumentError(
         "--trace: the reference trainer (--stages 1) has no stages to trace; "

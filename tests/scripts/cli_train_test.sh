@@ -94,8 +94,28 @@ for flags in "--stages 2 --schedule gpipe --remat never" \
     fail "pipeline ($flags) parameters differ from the reference trainer's"
 done
 recorded=$(recorded_pipeline "$work/pipe/model.safetensors")
-[[ "$recorded" == "microBatches=4 remat=EXCEPT_LAST schedule=ONE_F_ONE_B stages=2" ]] ||
-  fail "the last pipeline run's file records {$recorded}"
+cut=$(sed -n "s/.*K=2 stages (layers \([0-9]*\)+\([0-9]*\)).*/balance=['\1', '\2']/p" "$work/pipe.txt" | head -1)
+[[ "$recorded" == "$cut microBatches=4 remat=EXCEPT_LAST schedule=ONE_F_ONE_B stages=2" ]] ||
+  fail "the last pipeline run's file records {$recorded}, not its measured cut ($cut)"
+
+# A spec cut for its own stages and schedule runs under other flags, cut
+# afresh: the reference trainer, measured cuts, interleaving and back.
+python3 - "$work/job.json" "$work/cut.json" "$work/chunked.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["pipeline"] = {"stages": 2, "microBatches": 4, "balance": [2, 2]}
+json.dump(spec, open(sys.argv[2], "w"))
+spec["pipeline"] = {"stages": 2, "microBatches": 4,
+                    "schedule": "INTERLEAVED_1F1B", "virtualStages": 2}
+json.dump(spec, open(sys.argv[3], "w"))
+PY
+for run in "cut.json --stages 1" "cut.json --stages 1 --balance measured" \
+           "cut.json --stages 4 --balance measured" "cut.json --schedule interleaved" \
+           "cut.json --schedule zb-v" "chunked.json --schedule 1f1b"; do
+  # shellcheck disable=SC2086
+  "$gpipectl" train "$work"/$run --steps 3 --out "$work/flags" >"$work/flags.txt" 2>&1 ||
+    fail "train $run: $(tail -n 2 "$work/flags.txt")"
+done
 
 # Bad input: a clear message naming the field, exit code 1, no crash.
 sed 's/"inFeatures": 16, "outFeatures": 3/"inFeatures": 15, "outFeatures": 3/' \
