@@ -84,7 +84,12 @@ class PartFile {
 ReceivedFiles::~ReceivedFiles() {
   std::error_code ec;
   for (const auto& [part, file] : files_) fs::remove(part, ec);
-  if (!created_dir_.empty()) fs::remove(created_dir_, ec);  // if empty
+  if (created_dir_.empty()) return;
+  // Each only when empty (remove fails on a folder that holds anything).
+  for (fs::path d = created_dir_; !d.empty(); d = d.parent_path()) {
+    if (!fs::remove(d, ec)) break;
+    if (d == fs::path(created_top_)) break;
+  }
 }
 
 absl::StatusOr<std::vector<DownloadedFile>> ReceivedFiles::Commit() {
@@ -128,13 +133,25 @@ absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
   const auto make_dir = [&]() -> absl::Status {
     if (made) return absl::OkStatus();
     made = true;
-    const bool existed = fs::exists(dir, ec);
+    // The highest folder of the path that is not there yet.
+    fs::path path = fs::path(dir).lexically_normal();
+    if (!path.has_filename() && path.has_parent_path()) {
+      path = path.parent_path();  // "out/" is "out"
+    }
+    fs::path top;
+    for (fs::path d = path; !d.empty() && !fs::exists(d, ec);
+         d = d.parent_path()) {
+      top = d;
+      if (d == d.parent_path()) break;
+    }
     fs::create_directories(dir, ec);
     if (ec) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot create ", dir, ": ", ec.message()));
     }
-    if (!existed) done.CreatedDir(dir);
+    if (!top.empty()) {
+      done.CreatedDirs(path.string(), top.string());
+    }
     return absl::OkStatus();
   };
   std::unique_ptr<PartFile> file;

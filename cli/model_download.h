@@ -31,9 +31,12 @@ class ReceivedFiles {
  public:
   ReceivedFiles() = default;
   ReceivedFiles(ReceivedFiles&& o) noexcept
-      : files_(std::move(o.files_)), created_dir_(std::move(o.created_dir_)) {
+      : files_(std::move(o.files_)),
+        created_dir_(std::move(o.created_dir_)),
+        created_top_(std::move(o.created_top_)) {
     o.files_.clear();
     o.created_dir_.clear();
+    o.created_top_.clear();
   }
   ReceivedFiles& operator=(ReceivedFiles&&) = delete;
   ReceivedFiles(const ReceivedFiles&) = delete;
@@ -46,13 +49,17 @@ class ReceivedFiles {
   void Add(std::string part, DownloadedFile file) {
     files_.emplace_back(std::move(part), std::move(file));
   }
-  // The folder the stream created: removed again (when empty) unless the
-  // files are committed, so a failed fetch leaves no trace.
-  void CreatedDir(std::string dir) { created_dir_ = std::move(dir); }
+  // The folders the stream created, `dir` up to `top` (the highest that was
+  // not there): removed again, each when empty, unless the files are
+  // committed, so a failed fetch leaves no trace.
+  void CreatedDirs(std::string dir, std::string top) {
+    created_dir_ = std::move(dir);
+    created_top_ = std::move(top);
+  }
 
  private:
   std::vector<std::pair<std::string, DownloadedFile>> files_;  // part, file
-  std::string created_dir_;
+  std::string created_dir_, created_top_;
 };
 
 // Reads messages with `read` (false: the stream ended) into files of `dir`

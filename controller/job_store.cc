@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/core/log.h"
 #include "services/core/status.h"
 
 namespace gpipe::controller {
@@ -48,7 +49,14 @@ absl::StatusOr<storage::ScopedFd> LockStore(const std::string& path,
   }
   for (;;) {
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) == 0) break;
-    if (errno != EWOULDBLOCK) return fd;  // no flock here: unguarded
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) {
+      LogWarning(
+          "job store %s: cannot lock %s (%s): a second controller on "
+          "this store would not be refused",
+          path, lock_path, std::strerror(errno));
+      return fd;
+    }
     if (absl::Now() >= deadline) {
       char holder[32] = {};
       const ssize_t n = ::pread(fd.get(), holder, sizeof(holder) - 1, 0);

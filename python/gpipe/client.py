@@ -203,10 +203,16 @@ class Client:
     def fetch(self, job_id, out_dir=".", step=0, attempts=3):
         """Downloads the job's model.safetensors (or, with `step`, the files
         of that kept checkpoint) into `out_dir` and returns their paths.
-        Each file is written as NAME.part, checked against its length and
-        sha256, then renamed; an interrupted download is tried again (up to
-        `attempts` times, 1 s then 2 s apart) and never leaves a file."""
-        created = not os.path.exists(out_dir)
+        Each file is written as NAME.part and checked against its length
+        and sha256; once the whole stream has ended well, all are renamed
+        into place. An interrupted download is tried again (up to
+        `attempts` times, 1 s then 2 s apart); a failed one leaves neither a
+        file nor a folder it made."""
+        made = []  # the folders made for out_dir, deepest first
+        path = os.path.abspath(out_dir)
+        while not os.path.exists(path):
+            made.append(path)
+            path = os.path.dirname(path)
         os.makedirs(out_dir, exist_ok=True)
         try:
             for attempt in range(attempts):
@@ -218,13 +224,15 @@ class Client:
                     time.sleep(2 ** attempt)
             return []
         except BaseException:
-            # A failed fetch leaves no folder of its own making behind.
-            if created and not os.listdir(out_dir):
-                os.rmdir(out_dir)
+            for folder in made:
+                try:
+                    os.rmdir(folder)  # only when empty
+                except OSError:
+                    break
             raise
 
     def _fetch_once(self, job_id, out_dir, step):
-        written = []
+        parts = []  # (part, final) of each file checked so far
         current = None  # [name, file, expected bytes, sha256, got bytes]
         request = controller_pb2.FetchModelRequest(job_id=job_id, step=step)
         try:
@@ -249,21 +257,33 @@ class Client:
                     name, f, expected, digest, got = current
                     f.close()
                     part = os.path.join(out_dir, name + ".part")
+                    current = None
+                    parts.append((part, os.path.join(out_dir, name)))
                     if got != expected or digest.hexdigest() != response.sha256:
-                        os.remove(part)
                         raise GpipeError(
                             "DATA_LOSS",
                             "%s: %d of %d bytes, sha256 %s, the controller "
                             "read %s" % (name, got, expected,
                                          digest.hexdigest(), response.sha256))
-                    final = os.path.join(out_dir, name)
-                    os.replace(part, final)
-                    written.append(final)
-                    current = None
+            if current is not None:
+                raise GpipeError("ABORTED", "the stream ended inside %s"
+                                 % current[0])
+            # All arrived whole: now they take their names, together.
+            written = []
+            for part, final in parts:
+                os.replace(part, final)
+                written.append(final)
+            parts = []
+            return written
         except grpc.RpcError as e:
             raise GpipeError(e.code().name, e.details()) from None
         finally:
             if current is not None:
                 current[1].close()
-                os.remove(os.path.join(out_dir, current[0] + ".part"))
-        return written
+                parts.append((os.path.join(out_dir, current[0] + ".part"),
+                              None))
+            for part, _ in parts:
+                try:
+                    os.remove(part)
+                except OSError:
+                    pass

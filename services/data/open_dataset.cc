@@ -64,7 +64,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSource(
       }
       if (!(text.test_fraction() >= 0 && text.test_fraction() < 1)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("data.text.test_fraction: must be in [0, 1), got ",
+            absl::StrCat("data.text.test_fraction: must be in [0, 1) (0 "
+                         "means the default 0.1), got ",
                          text.test_fraction()));
       }
       return Upcast("data.text.path",

@@ -180,7 +180,18 @@ TEST_F(ModelDownloadTest, AFailedFetchMakesNoFolder) {
   s.back().set_sha256(std::string(64, '0'));
   EXPECT_TRUE(absl::IsDataLoss(Receive(s).status()));
   EXPECT_FALSE(fs::exists(dir_));
-  // A folder that was there stays, empty or not.
+  // Nor the folders above it that it made; one that was there stays, empty
+  // or not.
+  size_t next = 0;
+  auto nested = ReceiveModelFiles(
+      [&](gpipe::v1::FetchModelResponse* m) {
+        if (next == s.size()) return false;
+        *m = s[next++];
+        return true;
+      },
+      (dir_ / "a" / "b" / "").string());
+  EXPECT_TRUE(absl::IsDataLoss(nested.status()));
+  EXPECT_FALSE(fs::exists(dir_));
   fs::create_directories(dir_);
   EXPECT_TRUE(absl::IsDataLoss(Receive(s).status()));
   EXPECT_TRUE(fs::is_directory(dir_));
