@@ -102,7 +102,8 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
                         : 0;
   if (!std::isfinite(report.loss)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("loss is not finite (", report.loss, ") at step ", s));
+        // Counted from 1, as the progress bar counts the steps.
+        absl::StrCat("loss is not finite (", report.loss, ") at step ", s + 1));
   }
   const std::vector<NamedParameter>& params = model_->Parameters();
   const double squares = ClipsGradients(spec_.optimizer())

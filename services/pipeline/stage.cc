@@ -621,7 +621,9 @@ absl::Status Stage::SendGradSquares() {
     const double loss = st.result.loss.loss_sum / st.result.loss_normalizer;
     if (!std::isfinite(loss)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("loss is not finite (", loss, ") at step ", st.step));
+          // Counted from 1, as the progress bar counts the steps.
+          absl::StrCat("loss is not finite (", loss, ") at step ",
+                       st.step + 1));
     }
   }
   // This stage's own squares first: its gradients are final, and the

@@ -115,6 +115,14 @@ grep -q "FAILED: .*loss is not finite" <<<"$out" || fail "no non-finite loss nam
 # begun, and the failure of the epoch it left ends the job (before, it
 # replayed into the same failure 1-5 times).
 (($(grep -c "RESTARTING" <<<"$out") <= 1)) || fail "a non-finite loss restarted the job more than once: $out"
+# The step named is counted as the progress bar counts (it named the step
+# the bar had just shown with a finite loss), the same in one process.
+local_out=$out
+run "$gpipectl" train "$work/nan.json" --stages 1 --threads 1
+n=$(sed -n 's/.*loss is not finite (nan) at step \([0-9]*\).*/\1/p' <<<"$out" | tail -n 1)
+[[ -n "$n" ]] || fail "train named no step: $out"
+grep -q "loss is not finite (nan) at step $n" <<<"$local_out" || fail "local and train name different steps: $local_out"
+grep -q "step $n/5 " <<<"$out" && fail "the bar showed step $n with a finite loss, and step $n is named as failing: $out"
 
 # Bitwise the reference trainer's parameters over the same micro-batches.
 "$gpipectl" train "$work/job.json" --stages 1 --micro-batches 4 --threads 1 \
