@@ -719,6 +719,41 @@ RebalanceSettings RebalanceSettingsOf(const v1::JobSpec& spec) {
   return s;
 }
 
+namespace {
+
+// Batch norm takes each micro-batch's own statistics (per feature, over
+// its samples and positions): from one value the normalized output is 0
+// whatever came in, so no gradient passes and the layers before it never
+// train (a batch of 2 in 2 micro-batches trained to chance, silently).
+// PyTorch refuses the same case.
+absl::Status ValidateBatchNormSamples(const v1::JobSpec& spec,
+                                      const ModelShapes& shapes) {
+  const int64_t m = MicroBatchCount(spec);
+  const int64_t smallest = spec.batch_size() / m;  // SplitMicroBatches'
+  for (int64_t i = 0; i < spec.model().layers_size(); ++i) {
+    const v1::LayerSpec& layer = spec.model().layers(i);
+    if (!layer.has_batch_norm() ||
+        i >= static_cast<int64_t>(shapes.inputs.size()))
+      continue;
+    const Shape& in = shapes.inputs[i];
+    const int64_t features =
+        std::max<int64_t>(1, layer.batch_norm().features());
+    const int64_t positions = in.numel() / features;
+    if (smallest * positions >= 2) continue;
+    return FieldError(
+        absl::StrCat("model.layers[", i, "].batch_norm"),
+        "normalizes each micro-batch over its samples: batch_size ",
+        spec.batch_size(), " in ", m, " micro-batches leaves micro-batches of ",
+        smallest,
+        " sample, whose normalized output is 0 and passes no gradient (make "
+        "every micro-batch at least 2 samples: a larger batch_size or fewer "
+        "micro-batches)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateLimits(spec));
   for (const DataDependentField& f : DataDependentFields(spec)) {
@@ -739,6 +774,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateData(spec.data(), spec.model(), shapes));
   RETURN_IF_ERROR(ValidateInitFrom(spec));
   RETURN_IF_ERROR(ValidatePipeline(spec));
+  RETURN_IF_ERROR(ValidateBatchNormSamples(spec, shapes));
   RETURN_IF_ERROR(
       CheckNonNegative("checkpoint.every", spec.checkpoint().every()));
   RETURN_IF_ERROR(

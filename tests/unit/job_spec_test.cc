@@ -251,6 +251,14 @@ std::vector<BadSpec> BadSpecs() {
       {"BatchNormMomentum",
        With(kClasses, R"("momentum": 0.1)", R"("momentum": 2)"),
        "model.layers[1].batch_norm.momentum: must be in [0, 1]"},
+      // One sample a micro-batch normalizes to 0 on [F] features; a 1x1
+      // position per channel too.
+      {"BatchNormOfOneSample",
+       With(kClasses, R"("batch_size": 32)",
+            R"("batch_size": 3, "pipeline": {"micro_batches": 2})"),
+       "model.layers[1].batch_norm: normalizes each micro-batch over its "
+       "samples: batch_size 3 in 2 micro-batches leaves micro-batches of 1 "
+       "sample"},
       {"EmbeddingOnFloatInput",
        With(kCopy, R"("dtype": "INT32")", R"("dtype": "FLOAT32")"),
        "model.layers[0].embedding: needs int32 token ids as input, got "
