@@ -206,7 +206,13 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     }
     // The data is read here only when the spec leaves something to it
     // (gpipectl fills those in where it can read the data).
-    RETURN_IF_ERROR(ResolveDataDependentFields(&spec));
+    std::string filled;
+    RETURN_IF_ERROR(ResolveDataDependentFields(&spec, &filled));
+    if (absl::Status valid = ValidateJobSpec(spec);
+        !valid.ok() && !filled.empty()) {
+      return absl::Status(valid.code(),
+                          absl::StrCat(valid.message(), " (", filled, ")"));
+    }
   }
   if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
   const int64_t k = StageCount(spec);

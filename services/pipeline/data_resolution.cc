@@ -103,7 +103,8 @@ std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
   return fields;
 }
 
-absl::Status ResolveDataDependentFields(v1::JobSpec* spec) {
+absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
+                                        std::string* filled) {
   if (NeedsInitStep(*spec)) {
     ASSIGN_OR_RETURN(const InitWeights weights,
                      ReadInitWeights(spec->init_from().path()));
@@ -142,14 +143,26 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec) {
                   input.dtype() == v1::INT32 ? DType::kI32 : DType::kF32));
   const int64_t classes = data->num_classes();
   v1::ModelSpec& model = *spec->mutable_model();
+  const auto note = [&](std::string what) {
+    if (filled != nullptr)
+      absl::StrAppend(filled, filled->empty() ? "" : "; ", what);
+  };
   if (HasEmbeddingToSize(model)) {
     model.mutable_layers(0)->mutable_embedding()->set_vocab_size(
         data->num_input_ids());
+    note(absl::StrCat("model.layers[0].embedding.vocab_size ",
+                      data->num_input_ids(),
+                      " was filled from the data: its largest token id is ",
+                      data->num_input_ids() - 1));
   }
   if (HasHeadToSize(model)) {
     model.mutable_layers(model.layers_size() - 1)
         ->mutable_linear()
         ->set_out_features(classes);
+    note(absl::StrCat("model.layers[", model.layers_size() - 1,
+                      "].linear.out_features ", classes,
+                      " was filled from the data: its largest class id is ",
+                      classes - 1));
   }
   if (spec->data().has_csv()) {
     const auto* csv = dynamic_cast<const CsvDataset*>(data.get());

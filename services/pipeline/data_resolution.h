@@ -32,8 +32,12 @@ std::vector<DataDependentField> DataDependentFields(
 // embeddings and heads, the file's bytes into data.text.vocabulary, the
 // train split's per-feature mean and standard deviation into
 // data.normalize. A spec with nothing to fill is left untouched and no file
-// is read. Errors are the data's (naming field and file).
-absl::Status ResolveDataDependentFields(gpipe::v1::JobSpec* spec);
+// is read. Errors are the data's (naming field and file). `filled`, when
+// given, says which sizes came from which ids ("model.layers[2].linear.
+// out_features 300000001: the data's largest class id is 300000000"), for
+// a later error about such a size to name its cause.
+absl::Status ResolveDataDependentFields(gpipe::v1::JobSpec* spec,
+                                        std::string* filled = nullptr);
 
 // Makes the spec's paths (SpecPaths) absolute against `base` (the
 // submitter's directory): a worker elsewhere would resolve a relative path

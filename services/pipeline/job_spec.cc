@@ -814,7 +814,16 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
                      [](const DataDependentField& f) { return f.required; })) {
       RETURN_IF_ERROR(ValidateJobSpec(spec));
     }
-    RETURN_IF_ERROR(ResolveDataDependentFields(&spec));
+    std::string filled;
+    RETURN_IF_ERROR(ResolveDataDependentFields(&spec, &filled));
+    // A size the data set is checked as if written: its error says where
+    // it came from (a label of 300000000 in a CSV was named as the head's
+    // out_features, which the spec gave as 0).
+    if (absl::Status valid = ValidateJobSpec(spec);
+        !valid.ok() && !filled.empty()) {
+      return absl::Status(valid.code(),
+                          absl::StrCat(valid.message(), " (", filled, ")"));
+    }
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;

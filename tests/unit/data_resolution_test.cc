@@ -77,6 +77,34 @@ TEST_F(DataResolutionTest, AZeroVocabularyIsTheFilesAndIsRecorded) {
   EXPECT_THAT(metadata.at("gpipe.job"), HasSubstr("\"vocabSize\":\"4\""));
 }
 
+// A size filled from the data that the model cannot take names where it
+// came from: the spec said 0, the data's largest class id set it.
+TEST_F(DataResolutionTest, AFilledSizeTooLargeNamesTheDataThatSetIt) {
+  std::string csv = "a,b,y\n";
+  for (int i = 0; i < 30; ++i)
+    absl::StrAppend(&csv, i, ",", 2 * i, ",", i % 3, "\n");
+  csv += "1,2,300000000\n";
+  const std::string path = Write("big.csv", csv);
+  const std::string spec = absl::StrCat(R"({
+    "model": {
+      "input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
+      "layers": [{"linear": {"in_features": 2, "out_features": 0}}],
+      "loss": {"softmax_cross_entropy": {}}
+    },
+    "optimizer": {"lr": 0.01, "sgd": {}},
+    "data": {"csv": {"path": ")",
+                                        path, R"(", "target": "y"}},
+    "batch_size": 4,
+    "steps": 2
+  })");
+  auto parsed = ParseJobSpecJson(spec);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("(model.layers[0].linear.out_features 300000001 was "
+                        "filled from the data: its largest class id is "
+                        "300000000)"));
+}
+
 TEST_F(DataResolutionTest, ARecordedVocabularyIsEnforced) {
   const std::string path = Write("abc.txt", std::string(200, 'a') + "bcab\n");
   auto spec = ParseJobSpecJson(CharModel(path, 0, 0));
