@@ -116,7 +116,15 @@ int64_t TrainSamples(const v1::DataSpec& data) {
 
 int64_t DatasetBytes(const v1::DataSpec& data) {
   if (data.has_fashion_mnist()) return kFashionMnistBytes;
-  return 0;  // synthetic samples are made on demand
+  // Synthetic samples are made on demand, but the Gaussian classes' centres
+  // (features x classes floats, up to 1 GiB) are kept: uncounted, a worker
+  // under a 300 MiB limit held 1.1 GB.
+  if (data.has_synthetic() && data.synthetic().task() == v1::CLASSES) {
+    return Mul(Mul(std::max<int64_t>(0, data.synthetic().features()),
+                   std::max<int64_t>(0, data.synthetic().classes())),
+               4);
+  }
+  return 0;
 }
 
 // Targets per sample: one class, or one per position of a [T, V] output.

@@ -286,6 +286,14 @@ TEST(MemoryModel, ParametersGradientsAndOptimizerState) {
   // The synthetic data is made on demand: the sampler's permutations only.
   EXPECT_EQ(m[0].data, 3 * 8 * 256);
   EXPECT_EQ(m[1].data, m[0].data);
+  // The Gaussian classes keep their centres (features x classes floats)
+  // besides: 12 x 4 here, up to 1 GiB in a spec.
+  const v1::JobSpec mlp = Mlp();
+  auto mlp_shapes = InferModelShapes(mlp.model());
+  ASSERT_TRUE(mlp_shapes.ok());
+  const std::vector<StageMemory> c =
+      EstimatePipelineMemory(mlp, *mlp_shapes, {10});
+  EXPECT_EQ(c[0].data, 3 * 8 * 64 + 12 * 4 * 4);
 }
 
 TEST(MemoryModel, ReadsAsPeopleWriteIt) {
