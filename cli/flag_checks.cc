@@ -58,11 +58,19 @@ absl::Status CheckNumericFlags(const std::string& command) {
         {"--micro-batches", absl::GetFlag(FLAGS_micro_batches)},
         {"--replicas", absl::GetFlag(FLAGS_replicas)},
         {"--virtual-stages", absl::GetFlag(FLAGS_virtual_stages)},
-        {"--workers", absl::GetFlag(FLAGS_workers)},
-        {"--top-k", absl::GetFlag(FLAGS_top_k)},
-        {"--tokens", absl::GetFlag(FLAGS_tokens)}}) {
+        {"--workers", absl::GetFlag(FLAGS_workers)}}) {
     if (absl::Status s = AtLeast(flag, value, 0, " (0: the default)"); !s.ok())
       return s;
+  }
+  // Their 0 is no default: all tokens, and none generated.
+  if (absl::Status s =
+          AtLeast("--top-k", absl::GetFlag(FLAGS_top_k), 0, " (0: all tokens)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = AtLeast("--tokens", absl::GetFlag(FLAGS_tokens), 0, "");
+      !s.ok()) {
+    return s;
   }
   if (command == "local" && absl::GetFlag(FLAGS_workers) > kMaxLocalWorkers) {
     return Refuse("--workers",
