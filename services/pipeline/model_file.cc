@@ -145,8 +145,29 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
   gpipe::v1::JobSpec spec = std::move(info.spec);
   if (!job_path.empty()) {
     ASSIGN_OR_RETURN(const gpipe::v1::JobSpec job, LoadJobSpecFile(job_path));
+    const gpipe::v1::DataSpec trained = spec.data();
     *spec.mutable_data() = job.data();
     *spec.mutable_eval() = job.eval();
+    // The model's preprocessing is part of the model: other data is read
+    // with the ids, columns and statistics it was trained with, not ones
+    // made from that data (another text file's bytes were numbered afresh,
+    // and its loss read as 3.99 for a model at 0.65).
+    gpipe::v1::DataSpec& data = *spec.mutable_data();
+    if (trained.has_normalize()) {
+      *data.mutable_normalize() = trained.normalize();
+    } else {
+      data.clear_normalize();
+    }
+    if (data.has_csv()) {
+      data.mutable_csv()->set_standardize(false);  // normalize, above
+      if (trained.has_csv()) {
+        *data.mutable_csv()->mutable_feature_columns() =
+            trained.csv().feature_columns();
+      }
+    }
+    if (data.has_text() && trained.has_text()) {
+      data.mutable_text()->set_vocabulary(trained.text().vocabulary());
+    }
   }
   gpipe::v1::InitFrom& init = *spec.mutable_init_from();
   init.Clear();

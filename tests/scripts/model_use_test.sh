@@ -280,4 +280,19 @@ out=$(g generate "$work/mlp/model.safetensors" --prompt "1 2" 2>&1)
 set -e
 [[ "$out" == *"generation needs a language model"* ]] || fail "generate on a classifier: $out"
 ok "generate: a char model continues its sentence past its 16 positions; seeds repeat, in 3 stages and on the fake GPU too"
+
+# eval on another job's text reads it with the model's ids: words of the
+# sentence in another order score 1.46 (numbered afresh, its bytes were read
+# as other tokens: 7.93), and a byte the model never saw is refused.
+python3 -c "open('$work/mat.txt', 'w').write('on the mat. ' * 300); open('$work/caps.txt', 'w').write('ON THE MAT. ' * 300)"
+sed 's/"cat.txt"/"mat.txt"/' "$work/cat.json" >"$work/mat.json"
+sed 's/"cat.txt"/"caps.txt"/' "$work/cat.json" >"$work/caps.json"
+loss=$(cd "$work" && g eval cat mat.json --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["loss"])')
+python3 -c "import sys; sys.exit(0 if $loss < 3.0 else 1)" ||
+  fail "eval on a part of the training text: loss $loss (its bytes numbered afresh?)"
+set +e
+out=$(cd "$work" && g eval cat caps.json 2>&1)
+set -e
+[[ "$out" == *"caps.txt: byte 79 at offset 0 is not in the vocabulary"* ]] || fail "eval on bytes the model never saw: $out"
+ok "eval on another job's text uses the model's vocabulary (loss $loss); unseen bytes are refused"
 echo "$passed passed, 0 failed"
