@@ -275,6 +275,13 @@ out=$(g generate "$work/cat/model.safetensors" --prompt "The" 2>&1)
 set -e
 [[ "$out" == *"byte 84 ('T') at offset 0 is not in the model's vocabulary of 11 bytes"* ]] ||
   fail "an unknown byte: $out"
+# Their 0 is no default: the messages say what it is.
+set +e
+out=$(g generate "$work/cat/model.safetensors" --prompt "the" --tokens -5 2>&1)
+out2=$(g generate "$work/cat/model.safetensors" --prompt "the" --top-k -1 2>&1)
+set -e
+[[ "$out" == *"--tokens: must be >= 0, got -5"* ]] || fail "--tokens -5: $out"
+[[ "$out2" == *"--top-k: must be >= 0 (0: all tokens), got -1"* ]] || fail "--top-k -1: $out2"
 set +e
 out=$(g generate "$work/mlp/model.safetensors" --prompt "1 2" 2>&1)
 set -e
