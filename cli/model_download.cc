@@ -114,44 +114,36 @@ absl::StatusOr<ReceivedFiles> ReceiveModelFiles(
     absl::FunctionRef<bool(gpipe::v1::FetchModelResponse*)> read,
     const std::string& dir) {
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(dir, ": is not a directory (the files go into one)"));
+  fs::path path = fs::path(dir).lexically_normal();
+  if (!path.has_filename() && path.has_parent_path()) {
+    path = path.parent_path();  // "out/" is "out"
   }
-  // Where it cannot be made, said before the controller is asked.
-  for (fs::path up = fs::absolute(dir, ec).parent_path();
-       !up.empty() && up != up.root_path(); up = up.parent_path()) {
-    if (!fs::exists(up, ec)) continue;
-    if (!fs::is_directory(up, ec)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot create ", dir, ": ", up.string(), " is not a directory"));
-    }
-    break;
+  // The highest folder of the path that is not there yet (made with the
+  // first file, and removed again if the fetch fails), and the nearest one
+  // that is, which must be a folder: said before the controller is asked.
+  fs::path top, up = path;
+  for (; !up.empty() && !fs::exists(up, ec); up = up.parent_path()) {
+    top = up;
+    if (up == up.parent_path()) break;
+  }
+  if (!up.empty() && fs::exists(up, ec) && !fs::is_directory(up, ec)) {
+    return absl::FailedPreconditionError(
+        top.empty()
+            ? absl::StrCat(dir, ": is not a directory (the files go into one)")
+            : absl::StrCat("cannot create ", dir, ": ", up.string(),
+                           " is not a directory"));
   }
   ReceivedFiles done;  // removes its part files on every error return
   bool made = false;   // dir, by the first file
   const auto make_dir = [&]() -> absl::Status {
     if (made) return absl::OkStatus();
     made = true;
-    // The highest folder of the path that is not there yet.
-    fs::path path = fs::path(dir).lexically_normal();
-    if (!path.has_filename() && path.has_parent_path()) {
-      path = path.parent_path();  // "out/" is "out"
-    }
-    fs::path top;
-    for (fs::path d = path; !d.empty() && !fs::exists(d, ec);
-         d = d.parent_path()) {
-      top = d;
-      if (d == d.parent_path()) break;
-    }
     fs::create_directories(dir, ec);
     if (ec) {
       return absl::FailedPreconditionError(
           absl::StrCat("cannot create ", dir, ": ", ec.message()));
     }
-    if (!top.empty()) {
-      done.CreatedDirs(path.string(), top.string());
-    }
+    if (!top.empty()) done.CreatedDirs(path.string(), top.string());
     return absl::OkStatus();
   };
   std::unique_ptr<PartFile> file;

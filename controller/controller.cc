@@ -206,15 +206,10 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     }
     // The data is read here only when the spec leaves something to it
     // (gpipectl fills those in where it can read the data).
-    std::string filled;
-    RETURN_IF_ERROR(ResolveDataDependentFields(&spec, &filled));
-    if (absl::Status valid = ValidateJobSpec(spec);
-        !valid.ok() && !filled.empty()) {
-      return absl::Status(valid.code(),
-                          absl::StrCat(valid.message(), " (", filled, ")"));
-    }
+    RETURN_IF_ERROR(ResolveAndValidateJobSpec(&spec));
+  } else {
+    RETURN_IF_ERROR(ValidateJobSpec(spec));
   }
-  if (absl::Status valid = ValidateJobSpec(spec); !valid.ok()) return valid;
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.

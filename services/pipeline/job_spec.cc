@@ -814,19 +814,20 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
                      [](const DataDependentField& f) { return f.required; })) {
       RETURN_IF_ERROR(ValidateJobSpec(spec));
     }
-    std::string filled;
-    RETURN_IF_ERROR(ResolveDataDependentFields(&spec, &filled));
-    // A size the data set is checked as if written: its error says where
-    // it came from (a label of 300000000 in a CSV was named as the head's
-    // out_features, which the spec gave as 0).
-    if (absl::Status valid = ValidateJobSpec(spec);
-        !valid.ok() && !filled.empty()) {
-      return absl::Status(valid.code(),
-                          absl::StrCat(valid.message(), " (", filled, ")"));
-    }
+    RETURN_IF_ERROR(ResolveAndValidateJobSpec(&spec));
+    return spec;
   }
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;
+}
+
+absl::Status ResolveAndValidateJobSpec(v1::JobSpec* spec) {
+  std::string filled;
+  RETURN_IF_ERROR(ResolveDataDependentFields(spec, &filled));
+  absl::Status valid = ValidateJobSpec(*spec);
+  if (valid.ok() || filled.empty()) return valid;
+  return absl::Status(valid.code(),
+                      absl::StrCat(valid.message(), " (", filled, ")"));
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {

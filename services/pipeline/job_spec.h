@@ -73,6 +73,12 @@ absl::StatusOr<gpipe::v1::JobSpec> LoadJobSpecFile(const std::string& path);
 // source against the model's input and output, and the pipeline layout.
 absl::Status ValidateJobSpec(const gpipe::v1::JobSpec& spec);
 
+// ResolveDataDependentFields, then ValidateJobSpec. A size the data filled
+// is checked as if written, and its error says where it came from (a label
+// of 300000000 in a CSV was named as the head's out_features, which the
+// spec gave as 0).
+absl::Status ResolveAndValidateJobSpec(gpipe::v1::JobSpec* spec);
+
 // K and M with their defaults applied (0 means 1).
 int64_t StageCount(const gpipe::v1::JobSpec& spec);
 // v, the chunks per worker of an interleaved schedule (0 means 1), and the

@@ -19,6 +19,18 @@ passed=0
 fail() { echo "FAIL: $*"; exit 1; }
 ok() { echo "ok: $*"; passed=$((passed + 1)); }
 g() { "$bin/gpipectl" "$@"; }
+# write_npy PATH DESCR SHAPE: an .npy file of that dtype and shape whose data
+# is the bytes on stdin (no numpy needed).
+write_npy() {
+  python3 -c '
+import sys
+path, descr, shape = sys.argv[1:4]
+header = "{%r: %r, %r: False, %r: %s, }" % ("descr", descr, "fortran_order", "shape", shape)
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(path, "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
+    f.write(sys.stdin.buffer.read())' "$@"
+}
 
 cat >"$work/mlp.json" <<'JSON'
 {
@@ -108,30 +120,20 @@ PY
 ok "predict: PGM images, grey and RGB PNGs and a uint8 .npy give the same classes, $right of 8 right; so do 2 stages"
 # Samples of another size are refused, not regrouped: 8 rows of 392 bytes
 # hold as many values as 4 images and were read as 4.
-python3 - "$work" <<'PY'
-import sys
-header = "{'descr': '|u1', 'fortran_order': False, 'shape': (8, 392), }"
-header += " " * (63 - (10 + len(header)) % 64) + "\n"
-with open(sys.argv[1] + "/halves.npy", "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
-    f.write(bytes(8 * 392))
-PY
+python3 -c 'import sys; sys.stdout.buffer.write(bytes(8 * 392))' |
+  write_npy "$work/halves.npy" '|u1' '(8, 392)'
 set +e
 out=$(g predict "$work/mlp/model.safetensors" "$work/halves.npy" 2>&1)
 set -e
 [[ "$out" == *"an array of [8, 392] is neither one sample nor [N, ...] samples of the model's input of 784 values"* ]] ||
   fail "samples of another size: $out"
 ok "predict refuses an array whose samples are not the model's input"
-python3 - "$work" <<'PY'
+python3 -c '
 import struct, sys
-header = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 784), }"
-header += " " * (63 - (10 + len(header)) % 64) + "\n"
 values = [0.0] * (2 * 784)
 values[900] = float("nan")
-with open(sys.argv[1] + "/nan.npy", "wb") as f:
-    f.write(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode())
-    f.write(struct.pack("<%df" % len(values), *values))
-PY
+sys.stdout.buffer.write(struct.pack("<%df" % len(values), *values))' |
+  write_npy "$work/nan.npy" '<f4' '(2, 784)'
 set +e
 out=$(g predict "$work/mlp/model.safetensors" "$work/nan.npy" 2>&1)
 set -e
