@@ -71,7 +71,8 @@ TEST(Gemm, EveryTileIsTheFusedChainBitwise) {
       {true, false, 11, 2100, 20},  {false, true, 30, 200, 500},
       {true, true, 40, 100, 800},   {false, false, 100, 50, 900},
       {false, false, 64, 96, 100},  {true, false, 65, 64, 50},
-      {false, false, 20, 40, 600}};
+      {false, false, 20, 40, 600},  {true, true, 9, 48, 130},
+      {false, false, 3, 16, 5}};
   const std::pair<float, float> scalings[] = {
       {1.0f, 0.0f}, {1.0f, 1.0f}, {0.125f, 0.0f}, {0.5f, 2.0f}, {1.0f, -1.0f}};
   for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
@@ -205,7 +206,8 @@ TEST(Gemm, BiasAddedAsCIsStoredIsTheSeparatePassBitwise) {
   const Shape shapes[] = {
       {false, true, 1, 1, 1},      {false, true, 13, 33, 7},
       {false, false, 25, 70, 600}, {false, true, 40, 100, 800},
-      {false, true, 300, 40, 90},  {false, false, 7, 9, 0}};
+      {false, true, 300, 40, 90},  {false, false, 7, 9, 0},
+      {false, true, 9, 48, 130}};
   for (const Shape& s : shapes) {
     const int64_t lda = s.k + 3, ldb = (s.tb ? s.k : s.n) + 5, ldc = s.n + 2;
     const std::vector<float> a = Random(s.m * lda, 30);
@@ -289,6 +291,27 @@ TEST(Gemm, EachRowIsAFunctionOfItsRowAlone) {
     ASSERT_EQ(row, std::vector<float>(whole.begin() + i * n,
                                       whole.begin() + (i + 1) * n))
         << "row " << i;
+  }
+}
+
+TEST(Gemm, TilesAtCsLastRowsWriteOnlyThem) {
+  // The last rows of C run on C itself (GemmTile::run_rows) where a tile
+  // can: the rows below C and the gap past each row keep their values.
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    for (int64_t m = 1; m <= 13; ++m) {
+      for (float beta : {0.0f, 1.0f}) {
+        const Shape s{false, false, m, 32, 20};
+        const int64_t ldc = s.n + 3;
+        const std::vector<float> a = Random(s.m * s.k, 40);
+        const std::vector<float> b = Random(s.k * s.n, 41);
+        std::vector<float> want = Random((s.m + 2) * ldc, 42), got = want;
+        ChainReference(s, 1.0f, a.data(), s.k, b.data(), s.n, beta, want.data(),
+                       ldc);
+        cpu::GemmStridedOn(*tile, false, false, s.m, s.n, s.k, 1.0f, a.data(),
+                           s.k, b.data(), s.n, beta, got.data(), ldc);
+        ASSERT_EQ(got, want) << Describe(*tile, s, 1.0f, beta);
+      }
+    }
   }
 }
 

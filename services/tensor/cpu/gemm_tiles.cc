@@ -33,18 +33,19 @@ void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
     }
 }
 
-constexpr GemmTile kPortable{"portable", 4, 8, 64, 256, PortableTile<4, 8>};
+constexpr GemmTile kPortable{"portable",         4,      8, 64, 256,
+                             PortableTile<4, 8>, nullptr};
 static_assert(kPortable.mr * kPortable.nr <= kMaxGemmTileFloats);
 static_assert(kPortable.nr <= kMaxGemmTileColumns);
 
 #if GPIPE_GEMM_X86_TILES
-// The 6 x 16 tile's steps over the depth, with or without a prefetch a
-// step (a loop apiece, as the AVX-512 tiles).
-template <bool kPrefetch>
+// The 6 x 16 tile's steps over the depth for its first kRows rows, with or
+// without a prefetch a step (a loop apiece, as the AVX-512 tiles).
+template <int kRows, bool kPrefetch>
 __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Steps(
     int64_t depth, const float* ap, const float* bp, const float* pf,
-    int64_t pf_step, __m256 (&acc0)[6], __m256 (&acc1)[6]) {
-  constexpr int kMr = 6;
+    int64_t pf_step, __m256 (&acc0)[kRows], __m256 (&acc1)[kRows]) {
+  constexpr int kMr = 6;  // the packed sliver's rows, whatever kRows
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16, pf += pf_step) {
     if constexpr (kPrefetch)
@@ -52,7 +53,7 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Steps(
     const __m256 b0 = _mm256_loadu_ps(bp);
     const __m256 b1 = _mm256_loadu_ps(bp + 8);
 #pragma GCC unroll 6
-    for (int i = 0; i < kMr; ++i) {
+    for (int i = 0; i < kRows; ++i) {
       const __m256 a = _mm256_broadcast_ss(ap + i);
       acc0[i] = _mm256_fmadd_ps(a, b0, acc0[i]);
       acc1[i] = _mm256_fmadd_ps(a, b1, acc1[i]);
@@ -62,11 +63,13 @@ __attribute__((target("avx2,fma"), always_inline)) inline void Avx2Steps(
 
 // 6 x 16: twelve accumulators, two rows of B and a broadcast of A in the
 // sixteen ymm registers; each step of the depth is 12 FMAs on 2 loads.
-__attribute__((target("avx2,fma"))) void Avx2Tile(
+// kRows < 6 is the tile for C's last rows (Avx2RowsTile).
+template <int kRows>
+__attribute__((target("avx2,fma"))) void Avx2TileOf(
     int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
     bool accumulate, float scale, const float* bias, const float* pf,
     int64_t pf_step) {
-  constexpr int kMr = 6;
+  constexpr int kMr = kRows;
   __m256 acc0[kMr], acc1[kMr];
 #pragma GCC unroll 6
   for (int i = 0; i < kMr; ++i) {
@@ -75,9 +78,9 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(
         accumulate ? _mm256_loadu_ps(c + i * ldc + 8) : _mm256_setzero_ps();
   }
   if (pf_step > 0) {
-    Avx2Steps<true>(depth, ap, bp, pf, pf_step, acc0, acc1);
+    Avx2Steps<kRows, true>(depth, ap, bp, pf, pf_step, acc0, acc1);
   } else {
-    Avx2Steps<false>(depth, ap, bp, pf, 0, acc0, acc1);
+    Avx2Steps<kRows, false>(depth, ap, bp, pf, 0, acc0, acc1);
   }
   // Without this GCC keeps the tile's row addresses from the loads above
   // alive through the loop, in vector registers it then lacks for B.
@@ -95,6 +98,38 @@ __attribute__((target("avx2,fma"))) void Avx2Tile(
     }
     _mm256_storeu_ps(c + i * ldc, acc0[i]);
     _mm256_storeu_ps(c + i * ldc + 8, acc1[i]);
+  }
+}
+
+void Avx2Tile(int64_t depth, const float* ap, const float* bp, float* c,
+              int64_t ldc, bool accumulate, float scale, const float* bias,
+              const float* pf, int64_t pf_step) {
+  Avx2TileOf<6>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
+}
+
+// C's last 1-5 rows on C itself: their chains are the full tile's, and the
+// padded rows the full tile would compute on a copy (RunTile) cost a sixth
+// to five sixths of its multiply-adds, a zeroed copy and a copy back. A
+// 128-row product (an attention head's positions) ends in 2.
+void Avx2RowsTile(int64_t rows, int64_t depth, const float* ap, const float* bp,
+                  float* c, int64_t ldc, bool accumulate, float scale,
+                  const float* bias, const float* pf, int64_t pf_step) {
+  switch (rows) {
+    case 1:
+      return Avx2TileOf<1>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
+                           pf_step);
+    case 2:
+      return Avx2TileOf<2>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
+                           pf_step);
+    case 3:
+      return Avx2TileOf<3>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
+                           pf_step);
+    case 4:
+      return Avx2TileOf<4>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
+                           pf_step);
+    default:
+      return Avx2TileOf<5>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
+                           pf_step);
   }
 }
 
@@ -213,10 +248,10 @@ __attribute__((target("avx512f"))) void Avx512NarrowTile(
 // one core (bench/README.md, "Our own GEMM"): a deeper pass stores and
 // reloads C less often, and at 384 the kc x nr sliver of B is about L1's
 // size (48 KiB for AVX-512) while mc x kc of A stays well inside L2.
-constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile};
-constexpr GemmTile kAvx512{"avx512", 12, 32, 144, 384, Avx512Tile};
-constexpr GemmTile kAvx512Narrow{"avx512-narrow", 12, 16, 144, 384,
-                                 Avx512NarrowTile};
+constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile, Avx2RowsTile};
+constexpr GemmTile kAvx512{"avx512", 12, 32, 144, 384, Avx512Tile, nullptr};
+constexpr GemmTile kAvx512Narrow{"avx512-narrow",  12,     16, 144, 384,
+                                 Avx512NarrowTile, nullptr};
 static_assert(kAvx2.mr * kAvx2.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512.mr * kAvx512.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512Narrow.mr * kAvx512Narrow.nr <= kMaxGemmTileFloats);

@@ -37,6 +37,13 @@ struct GemmTile {
   void (*run)(int64_t depth, const float* ap, const float* bp, float* c,
               int64_t ldc, bool accumulate, float scale, const float* bias,
               const float* prefetch, int64_t prefetch_step);
+  // The same for C's first `rows` rows only (0 < rows < mr; the sliver is
+  // still packed mr wide), the same bits; null where a tile has none, and
+  // gemm.cc then runs the whole tile on a copy.
+  void (*run_rows)(int64_t rows, int64_t depth, const float* ap,
+                   const float* bp, float* c, int64_t ldc, bool accumulate,
+                   float scale, const float* bias, const float* prefetch,
+                   int64_t prefetch_step);
 };
 
 // The tiles this CPU can run, widest first; the portable one (std::fma,
