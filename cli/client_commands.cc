@@ -28,6 +28,7 @@
 #include "cli/stage_figures.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/bytes.h"
+#include "services/core/status.h"
 #include "services/core/strings.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
@@ -547,6 +548,8 @@ bool Interrupted() { return g_interrupted != 0; }
 
 ControllerClient MakeControllerClient() { return MakeClient(); }
 
+namespace {
+
 absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
   gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
   const int64_t chunks_before = ChunkCount(spec);
@@ -617,7 +620,22 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
       p.add_balance(n);
     }
   }
-  return ValidateJobSpec(spec);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(const std::string& path,
+                                                     bool measured_balance) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      LoadJobSpecFile(path, SpecCheck::kJsonOnly);
+  if (!spec.ok()) return spec.status();
+  std::error_code cwd_error;
+  ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
+  RETURN_IF_ERROR(ApplySpecFlags(*spec, measured_balance));
+  if (absl::Status s = CheckJobSpec(&*spec); !s.ok())
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  return spec;
 }
 
 absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
@@ -642,13 +660,8 @@ int RunSubmit(const std::vector<std::string>& args) {
         "always|except_last|never] "
         "[--steps N] [--balance 2,3,1] [--controller ADDR] [--json]");
   }
-  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadSpecWithFlags(args[0]);
   if (!spec.ok()) return Fail("submit", spec.status());
-  // Workers run elsewhere: a relative data path means this directory.
-  std::error_code ec;
-  ResolveDataPaths(std::filesystem::current_path(ec).string(), &*spec);
-  absl::Status flags = ApplySpecFlags(*spec);
-  if (!flags.ok()) return Fail("submit", flags);
   ControllerClient client = MakeClient();
   absl::StatusOr<gpipe::v1::Job> job = client.SubmitJob(*spec);
   if (!job.ok()) return Fail("submit", job.status());

@@ -70,17 +70,20 @@ absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
                                          const std::function<bool()>& stop,
                                          bool show_model_path = true);
 
-// Applies --stages, --micro-batches, --replicas, --schedule,
-// --virtual-stages, --remat, --balance and --steps to a spec and validates
-// the result: what the job runs, and what its model file records (train
-// and local record the same spec for the same flags). A --stages of
+// The spec in `path` with --stages, --micro-batches, --replicas,
+// --schedule, --virtual-stages, --remat, --balance and --steps applied,
+// then checked (CheckJobSpec; its errors name the file): what the job runs,
+// and what its model file records (train, local and submit record the same
+// spec for the same flags). The file alone need not be valid: --replicas 2
+// makes a spec whose gradient_groups is 2 runnable. Relative data paths
+// mean this directory (the workers may run elsewhere). A --stages of
 // another K drops the spec's balance (cut for its own K) unless --balance
 // gives one. `measured_balance` (train): --balance measured is the
 // caller's to apply (train measures its layers), and pipeline.min_stages,
 // which only an elastic cluster uses, is lowered to --stages; otherwise
 // --balance measured is refused.
-absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec,
-                            bool measured_balance = false);
+absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(
+    const std::string& path, bool measured_balance = false);
 
 // Ctrl-C and SIGTERM set a flag instead of killing gpipectl, so that a watch
 // ends cleanly and `local` stops its processes; a second one kills at once.

@@ -560,12 +560,9 @@ int RunLocal(const std::vector<std::string>& args) {
                  "[--device cpu|cuda|auto] [--noreplace_workers]\n");
     return 2;
   }
-  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
-  if (!spec.ok()) return Fail(spec.status());
   // The workers may run elsewhere (--keep directories): paths mean here.
-  std::error_code cwd_error;
-  ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
-  if (absl::Status s = ApplySpecFlags(*spec); !s.ok()) return Fail(s);
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadSpecWithFlags(args[0]);
+  if (!spec.ok()) return Fail(spec.status());
   // The workers' own parser: what they accept is what is accepted here.
   if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
       !plane.empty()) {

@@ -284,8 +284,33 @@ int RunPlan(const std::vector<std::string>& args) {
                  "[--workers N]\n");
     return 2;
   }
-  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      LoadJobSpecFile(args[0], SpecCheck::kJsonOnly);
   if (!spec.ok()) return Fail(spec.status());
+  // The plan chooses the stages, schedule, remat and replicas itself: the
+  // spec's own choice of them need not be valid (gradient_groups 2 under
+  // ZB-H1 needs 2 replicas, which the plan may pick), so they are checked
+  // at their defaults. The micro-batches and gradient groups stay: the plan
+  // starts from the one and keeps to the other.
+  {
+    gpipe::v1::JobSpec checked = *spec;
+    gpipe::v1::PipelineSpec& p = *checked.mutable_pipeline();
+    const gpipe::v1::PipelineSpec own = p;
+    p.clear_stages();
+    p.clear_schedule();
+    p.clear_remat();
+    p.clear_balance();
+    p.clear_min_stages();
+    p.clear_virtual_stages();
+    p.clear_replicas();
+    p.clear_min_replicas();
+    if (absl::Status s = CheckJobSpec(&checked); !s.ok()) {
+      return Fail(
+          absl::Status(s.code(), absl::StrCat(args[0], ": ", s.message())));
+    }
+    *spec = std::move(checked);  // with the sizes the data filled
+    *spec->mutable_pipeline() = own;
+  }
   absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
   if (!shapes.ok()) return Fail(shapes.status());
   const int64_t layers = spec->model().layers_size();

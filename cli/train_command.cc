@@ -325,19 +325,14 @@ int RunTrain(const std::vector<std::string>& args) {
   const int threads = absl::GetFlag(FLAGS_threads) > 0
                           ? absl::GetFlag(FLAGS_threads)
                           : gpipe::AvailableCores();
-  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadJobSpecFile(args[0]);
-  if (!spec.ok()) return Fail(spec.status());
-  // The model file records the spec: its paths must mean the same files
-  // wherever the file is used (gpipectl eval, generate) later.
-  std::error_code cwd_error;
-  ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
   // The flags go into the spec as `local` and `submit` put them, so the
   // model file records how the model was trained (it recorded the file's
-  // micro-batches for a run of --micro-batches 8).
-  if (absl::Status s = ApplySpecFlags(*spec, /*measured_balance=*/true);
-      !s.ok()) {
-    return Fail(s);
-  }
+  // micro-batches for a run of --micro-batches 8); its paths are absolute,
+  // so they mean the same files wherever the file is used later (eval,
+  // generate).
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      LoadSpecWithFlags(args[0], /*measured_balance=*/true);
+  if (!spec.ok()) return Fail(spec.status());
   std::string description;
   absl::StatusOr<std::unique_ptr<Trainer>> trainer =
       MakeTrainer(*spec, threads, &description);

@@ -788,7 +788,8 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
+absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json,
+                                             SpecCheck check) {
   RETURN_IF_ERROR(CheckSpecJsonStructure(json));
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
@@ -804,21 +805,24 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json) {
         absl::StrReplaceAll(absl::string_view(message.data(), message.size()),
                             {{absl::string_view("\0", 1), "\\0"}})));
   }
+  if (check == SpecCheck::kWhole) RETURN_IF_ERROR(CheckJobSpec(&spec));
+  return spec;
+}
+
+absl::Status CheckJobSpec(v1::JobSpec* spec) {
   // Where the data can be read (the submitter's machine), what only the
   // data says is written into the spec before it is checked.
-  const std::vector<DataDependentField> pending = DataDependentFields(spec);
-  if (!pending.empty() && CheckSpecPathsExist(spec).ok()) {
+  const std::vector<DataDependentField> pending = DataDependentFields(*spec);
+  if (!pending.empty() && CheckSpecPathsExist(*spec).ok()) {
     // A spec that can be checked without its data is, first: a mistake in
     // it is named as such, not by what reading the data then tripped on.
     if (std::none_of(pending.begin(), pending.end(),
                      [](const DataDependentField& f) { return f.required; })) {
-      RETURN_IF_ERROR(ValidateJobSpec(spec));
+      RETURN_IF_ERROR(ValidateJobSpec(*spec));
     }
-    RETURN_IF_ERROR(ResolveAndValidateJobSpec(&spec));
-    return spec;
+    return ResolveAndValidateJobSpec(spec);
   }
-  RETURN_IF_ERROR(ValidateJobSpec(spec));
-  return spec;
+  return ValidateJobSpec(*spec);
 }
 
 absl::Status ResolveAndValidateJobSpec(v1::JobSpec* spec) {
@@ -830,7 +834,8 @@ absl::Status ResolveAndValidateJobSpec(v1::JobSpec* spec) {
                       absl::StrCat(valid.message(), " (", filled, ")"));
 }
 
-absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path,
+                                            SpecCheck check) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat(path, ": no such file"));
@@ -864,7 +869,7 @@ absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
   if (in.bad()) {
     return absl::DataLossError(absl::StrCat(path, ": read failed"));
   }
-  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text);
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(text, check);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(),
                         absl::StrCat(path, ": ", spec.status().message()));

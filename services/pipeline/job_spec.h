@@ -60,14 +60,23 @@ struct RebalanceSettings {
 };
 RebalanceSettings RebalanceSettingsOf(const gpipe::v1::JobSpec& spec);
 
-// Parses the protobuf JSON form of a JobSpec and validates it. Unknown fields
+// What parsing a spec checks: all of it (CheckJobSpec), or its JSON alone
+// for a caller that changes the spec before checking it (gpipectl's flags:
+// `--replicas 2` makes valid a spec whose gradient_groups 2 needs two).
+enum class SpecCheck { kWhole, kJsonOnly };
+
+// Parses the protobuf JSON form of a JobSpec and checks it. Unknown fields
 // are errors: a misspelt option must not silently fall back to its default.
-// When the spec's data paths exist here, the fields only the data can fill
-// (ResolveDataDependentFields) are filled first.
-absl::StatusOr<gpipe::v1::JobSpec> ParseJobSpecJson(std::string_view json);
+absl::StatusOr<gpipe::v1::JobSpec> ParseJobSpecJson(
+    std::string_view json, SpecCheck check = SpecCheck::kWhole);
 
 // ParseJobSpecJson on a file's contents; every error names the file.
-absl::StatusOr<gpipe::v1::JobSpec> LoadJobSpecFile(const std::string& path);
+absl::StatusOr<gpipe::v1::JobSpec> LoadJobSpecFile(
+    const std::string& path, SpecCheck check = SpecCheck::kWhole);
+
+// ValidateJobSpec; first, when the spec's data paths exist here, the fields
+// only the data can fill (ResolveDataDependentFields) are filled.
+absl::Status CheckJobSpec(gpipe::v1::JobSpec* spec);
 
 // Checks the model (shapes through every layer), the optimizer, the data
 // source against the model's input and output, and the pipeline layout.

@@ -209,6 +209,29 @@ fi
 grep -q "pipeline.replicas: 8 replicas are more than gradient_groups 4" "$work/rep.log" ||
   { cat "$work/rep.log"; fail "the bad replica count was not named"; }
 
+# The file alone need not be valid: gradient_groups 2 under ZB-H1 needs 2
+# replicas, which --replicas gives (the file was checked before the flags,
+# and refused). An error after the flags still names the file.
+python3 - "$work/rep.json" "$work/zb2.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["pipeline"] = {"stages": 2, "microBatches": 4, "gradientGroups": 2,
+                    "schedule": "ZERO_BUBBLE_H1"}
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+"$gpipectl" train "$work/zb2.json" --replicas 2 --steps 2 --out "$work/zb2-r2" \
+  >"$work/zb2.log" 2>&1 || { cat "$work/zb2.log"; fail "--replicas 2 did not make gradient_groups 2 runnable"; }
+"$gpipectl" train "$work/zb2.json" --stages 1 --schedule gpipe --steps 2 \
+  --out "$work/zb2-ref" >"$work/zb2.log" 2>&1 ||
+  { cat "$work/zb2.log"; fail "--schedule gpipe did not make gradient_groups 2 on one replica runnable"; }
+same_tensors "$work/zb2-ref/model.safetensors" "$work/zb2-r2/model.safetensors" ||
+  fail "gradient_groups 2: 2 replicas under ZB-H1 differ from the reference"
+if "$gpipectl" train "$work/zb2.json" --steps 1 >"$work/zb2.log" 2>&1; then
+  fail "gradient_groups 2 under ZB-H1 on one replica was taken"
+fi
+grep -q "zb2.json: pipeline.gradient_groups: 2 groups on 1 replica" "$work/zb2.log" ||
+  { cat "$work/zb2.log"; fail "the refusal does not name the file and the field"; }
+
 # Flags out of range are refused before anything runs, naming the flag and
 # the value (a thread count no machine has crashed libgomp; negative counts
 # were read as the default), and so is an --out that cannot be a directory,

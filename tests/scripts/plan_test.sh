@@ -108,5 +108,18 @@ if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --workers -2 >"$work/
   fail "a negative worker count was taken"
 fi
 grep -q -- '--workers: must be' "$work/negw" || { cat "$work/negw"; fail "the bad worker count was not named"; }
+# The plan picks the stages, schedule and replicas: a spec whose own choice
+# of them is not runnable (gradient_groups 2 under ZB-H1 on one replica)
+# is still planned, and only with the replicas its groups allow.
+python3 - "$src/examples/fashion_mnist_deep_mlp.json" "$work/g2.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["pipeline"]["gradientGroups"] = 2
+spec["pipeline"]["schedule"] = "ZERO_BUBBLE_H1"
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+"$gpipectl" plan "$work/g2.json" "${flops[@]}" --workers 4 --stages-range 2 \
+  >"$work/g2" 2>&1 || { cat "$work/g2"; fail "plan of a spec with gradient_groups 2 under ZB-H1"; }
+grep -q '^best: K=2 R=[12] ' "$work/g2" || { cat "$work/g2"; fail "no plan for gradient_groups 2"; }
 echo "ok: replicas ($(grep '^best:' "$work/r" | cut -c1-40))"
 echo "5 passed, 0 failed"
