@@ -77,7 +77,8 @@ ABSL_FLAG(int64_t, trace_jobs, 32,
 // services/security/tls_flags.h.
 ABSL_FLAG(std::string, api_token_file, "",
           "bearer tokens (one per line, # comments) that the job API "
-          "(submit, status, list, watch, cancel, workers, trace) requires");
+          "(submit, status, list, watch, cancel, resume, delete, workers, "
+          "trace, fetch) requires");
 ABSL_FLAG(std::string, worker_token_file, "",
           "bearer tokens (one per line, # comments) that workers must "
           "present to attach");

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
@@ -19,9 +20,18 @@
 namespace gpipe {
 namespace {
 
-// The same error, its message prefixed with where in the spec it arose.
+// The same error, its message prefixed with where in the spec it arose. A
+// message that names a field of that part ("path: ...") continues its
+// name: "data.csv.path: ...", as the spec's own checks write fields.
 absl::Status InField(const std::string& field, const absl::Status& s) {
-  return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
+  const absl::string_view message = s.message();
+  const size_t colon = message.find(": ");
+  const bool names_field =
+      colon != absl::string_view::npos && colon > 0 &&
+      std::all_of(message.begin(), message.begin() + colon,
+                  [](char c) { return absl::ascii_islower(c) || c == '_'; });
+  return absl::Status(s.code(),
+                      absl::StrCat(field, names_field ? "." : ": ", message));
 }
 
 template <typename T>

@@ -206,7 +206,9 @@ TEST_F(CsvTest, BadFilesAndSpecs) {
   EXPECT_THAT(Error(spec), HasSubstr("target: no column \"label\""));
   spec.clear_delimiter();
   spec.set_test_fraction(-0.5);
-  EXPECT_THAT(Error(spec), HasSubstr("test_fraction: must be in [0, 1) (0 means the default 0.1)"));
+  EXPECT_THAT(
+      Error(spec),
+      HasSubstr("test_fraction: must be in [0, 1) (0 means the default 0.1)"));
   spec.set_test_fraction(0);
   spec.clear_target();
   EXPECT_THAT(Error(spec), HasSubstr("target: required"));
@@ -217,6 +219,20 @@ TEST_F(CsvTest, BadFilesAndSpecs) {
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
   EXPECT_THAT(missing.status().message(), HasSubstr("path: "));
   EXPECT_THAT(missing.status().message(), HasSubstr("missing.csv"));
+}
+
+// Through the job's data spec an error names the field as the spec's own
+// checks do ("data.csv.path: FILE:5: ..."), not "data.csv: path: ...".
+TEST_F(CsvTest, ErrorsNameTheSpecField) {
+  gpipe::v1::DataSpec spec;
+  *spec.mutable_csv() = Spec("a,b,label\n1,2,0\n1,2,0\n1,2,0\n1,abc,0\n");
+  const std::string path = (dir_ / "t.csv").string();
+  auto d = OpenDataset(spec, Shape{2}, 1);
+  EXPECT_THAT(d.status().message(),
+              HasSubstr("data.csv.path: " + path + ":5: column \"b\""));
+  spec.mutable_csv()->set_path((dir_ / "missing.csv").string());
+  d = OpenDataset(spec, Shape{2}, 1);
+  EXPECT_THAT(d.status().message(), HasSubstr("data.csv.path: "));
 }
 
 // A model input the feature columns do not fill is refused when the data
