@@ -125,11 +125,31 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
           ? spec.data().csv().delimiter()[0]
           : ',';
   const auto& names = spec.data().csv().feature_columns();
+  // A table trained without a header names its features by their column
+  // numbers (from 0): rows laid out as that table was are read by them.
+  const bool trained_with_header = !spec.data().has_csv() ||
+                                   !spec.data().csv().has_header() ||
+                                   spec.data().csv().header();
+  std::vector<int64_t> by_number;
+  if (!trained_with_header) {
+    for (const std::string& name : names) {
+      int64_t c = 0;
+      if (!absl::SimpleAtoi(name, &c) || c < 0) {
+        by_number.clear();
+        break;
+      }
+      by_number.push_back(c);
+    }
+  }
   std::vector<int64_t> pick;        // column of each feature, by the header
   std::vector<std::string> header;  // its names, when the table has one
   const auto number_of = [](absl::string_view cell, float* v) {
     return absl::SimpleAtof(absl::StripAsciiWhitespace(cell), v) &&
            std::isfinite(*v);
+  };
+  const auto delimiter_name = [](char d) {
+    return d == '\t' ? std::string("tab")
+                     : absl::StrCat("'", std::string(1, d), "'");
   };
   Samples s;
   for (int64_t number = 1; number <= static_cast<int64_t>(lines.size());
@@ -148,16 +168,42 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
       const bool numbers = std::all_of(
           cells.begin(), cells.end(),
           [&](absl::string_view cell) { return number_of(cell, &v); });
-      if (!numbers) {
+      std::vector<std::string> first;
+      for (absl::string_view c : cells)
+        first.emplace_back(absl::StripAsciiWhitespace(c));
+      // Names that are numbers (years, ids) make a header of numbers: the
+      // first row is one when every feature the model takes is among its
+      // cells (read as a row, its columns would be matched by position).
+      const bool names_every_feature =
+          trained_with_header && !names.empty() &&
+          std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+            return std::find(first.begin(), first.end(), n) != first.end();
+          });
+      if (!numbers && !trained_with_header) {
+        return error(absl::StrCat(
+            "the model was trained on a table without a header (its "
+            "features are columns ",
+            absl::StrJoin(names, ", "),
+            ", counted from 0): give rows of numbers, laid out as that "
+            "table's or of its ",
+            names.size(), " features alone"));
+      }
+      if (!numbers || names_every_feature) {
         // A header: find the model's features by name when it knows them.
-        for (absl::string_view c : cells)
-          header.emplace_back(absl::StripAsciiWhitespace(c));
+        header = std::move(first);
         for (const std::string& name : names) {
           const auto at = std::find(header.begin(), header.end(), name);
           if (at == header.end()) {
-            return error(
-                absl::StrCat("no column ", storage::QuoteForMessage(name),
-                             "; the model takes ", absl::StrJoin(names, ", ")));
+            std::string hint;
+            if (header.size() == 1 && names.size() > 1) {
+              hint = absl::StrCat(
+                  " (the model reads tables whose cells are "
+                  "separated by ",
+                  delimiter_name(delimiter), ", as its training data's were)");
+            }
+            return error(absl::StrCat(
+                "no column ", storage::QuoteForMessage(name),
+                "; the model takes ", absl::StrJoin(names, ", "), hint));
           }
           pick.push_back(at - header.begin());
         }
@@ -183,13 +229,30 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
       return v;
     };
     if (pick.empty()) {
-      if (static_cast<int64_t>(cells.size()) != sample) {
-        return error(absl::StrCat(cells.size(), " cells, the model takes ",
-                                  sample, " features"));
+      // The features alone, or a row of the header-less training table.
+      const int64_t widest =
+          by_number.empty()
+              ? -1
+              : *std::max_element(by_number.begin(), by_number.end());
+      if (static_cast<int64_t>(cells.size()) != sample &&
+          !(widest >= 0 && static_cast<int64_t>(cells.size()) > widest)) {
+        return error(absl::StrCat(
+            cells.size(), " cells, the model takes ", sample, " features",
+            widest >= 0 ? absl::StrCat(" (or rows of its training table, "
+                                       "whose columns ",
+                                       absl::StrJoin(names, ", "), " they are)")
+                        : ""));
       }
-      for (size_t c = 0; c < cells.size(); ++c) {
-        ASSIGN_OR_RETURN(const float v, value(c));
-        s.values.push_back(v);
+      if (static_cast<int64_t>(cells.size()) == sample) {
+        for (size_t c = 0; c < cells.size(); ++c) {
+          ASSIGN_OR_RETURN(const float v, value(c));
+          s.values.push_back(v);
+        }
+      } else {
+        for (int64_t c : by_number) {
+          ASSIGN_OR_RETURN(const float v, value(static_cast<size_t>(c)));
+          s.values.push_back(v);
+        }
       }
     } else {
       if (cells.size() != header.size()) {

@@ -209,6 +209,61 @@ set -e
 [[ "$out" == *'bad_cell.csv:2: column "x": "abc" is not a finite number'* ]] || fail "a bad cell: $out"
 ok "predict reads a CSV as training does: byte order mark, blank lines, cells named by column"
 
+# Column names that are numbers (years) make a header of numbers: it is
+# still the header, and the columns are found by name (it was read as a
+# sample, and the rows' columns taken by position). A table trained
+# without a header is read by its column numbers, laid out as it was or as
+# the features alone; and a table split by another delimiter is named.
+python3 - "$work" <<'PY'
+import random, sys
+out = sys.argv[1]
+random.seed(3)
+with open(out + "/years.csv", "w") as f, open(out + "/nohdr.csv", "w") as g, \
+     open(out + "/semi.csv", "w") as h:
+    f.write("2001,label,2002\n")
+    h.write("x;label;y\n")
+    for i in range(400):
+        c = i % 2
+        x, y = c * 3 + random.gauss(0, 1), 100 * c + random.gauss(0, 30)
+        f.write("%.4f,%d,%.4f\n" % (x, c, y))
+        g.write("%.4f,%d,%.4f\n" % (x, c, y))
+        h.write("%.4f;%d;%.4f\n" % (x, c, y))
+PY
+python3 - "$work/csv.json" "$work" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["data"]["csv"]["path"] = "years.csv"
+json.dump(spec, open(sys.argv[2] + "/years.json", "w"))
+spec["data"]["csv"] = {"path": "nohdr.csv", "header": False, "target": "1",
+                       "standardize": True}
+json.dump(spec, open(sys.argv[2] + "/nohdr.json", "w"))
+spec["data"]["csv"] = {"path": "semi.csv", "delimiter": ";", "target": "label",
+                       "standardize": True}
+json.dump(spec, open(sys.argv[2] + "/semi.json", "w"))
+PY
+for m in years nohdr semi; do
+  (cd "$work" && g train $m.json --out $m >$m.txt 2>&1) || fail "$m train: $(tail -n 3 "$work/$m.txt")"
+done
+classes_of() { g predict "$work/$1/model.safetensors" "$work/$2" --json |
+  python3 -c 'import json,sys; print(" ".join(str(p["class"]) for p in json.load(sys.stdin)["predictions"]))'; }
+printf '2002,2001\n100,3\n0,0\n' >"$work/ask_years.csv"
+[[ "$(classes_of years ask_years.csv)" == "1 0" ]] ||
+  fail "a header of numbers: predicted '$(classes_of years ask_years.csv)' for (2001=3, 2002=100) and (0, 0)"
+printf '3,7,100\n0,7,0\n' >"$work/ask_table.csv"
+printf '3,100\n0,0\n' >"$work/ask_features.csv"
+[[ "$(classes_of nohdr ask_table.csv)" == "1 0" ]] || fail "rows laid out as the header-less training table"
+[[ "$(classes_of nohdr ask_features.csv)" == "1 0" ]] || fail "the features of a header-less model alone"
+set +e
+out=$(g predict "$work/nohdr/model.safetensors" "$work/ask.csv" 2>&1)
+set -e
+[[ "$out" == *"trained on a table without a header (its features are columns 0, 2"* ]] ||
+  fail "a header for a header-less model: $out"
+set +e
+out=$(g predict "$work/semi/model.safetensors" "$work/ask.csv" 2>&1)
+set -e
+[[ "$out" == *"no column"*"separated by ';'"* ]] || fail "a table split by another delimiter: $out"
+ok "predict: a header of numbers, a table trained without a header, another delimiter named"
+
 set +e
 out=$(g predict "$work/csv/model.safetensors" "$work/img0.pgm" 2>&1)
 set -e
