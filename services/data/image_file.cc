@@ -57,34 +57,125 @@ Image FromInterleaved(const uint8_t* pixels, int64_t width, int64_t height,
   return image;
 }
 
+// libpng's own reading, not its simplified API: that one manages colour
+// (a 16-bit file is taken as linear light and an 8-bit one is re-encoded
+// by its gAMA chunk, so a pixel of 3 reached the model as 33; colour became
+// grey in linear light), where a model takes the values the file holds,
+// as the PGM and JPEG readers give them. Errors longjmp back to the
+// setjmp in ReadPng with their message; warnings (an odd colour profile,
+// which real files often carry) change no pixel and are ignored.
+struct PngDecode {
+  png_structp png = nullptr;
+  png_infop info = nullptr;
+  std::string_view bytes;
+  size_t read = 0;
+  std::jmp_buf jump;
+  std::string message;
+  std::vector<uint8_t> pixels;  // rows of `stride` samples, 8 or 16 bits
+  std::vector<png_bytep> rows;
+  int64_t width = 0, height = 0, samples = 0;  // samples a pixel: 1 or 3
+  int bits = 8;
+  bool stopped = false;  // at the header: the caller checks the size
+  ~PngDecode() {
+    if (png != nullptr) png_destroy_read_struct(&png, &info, nullptr);
+  }
+};
+
+void PngFail(png_structp png, png_const_charp message) {
+  auto* d = static_cast<PngDecode*>(png_get_error_ptr(png));
+  d->message = message;
+  std::longjmp(d->jump, 1);
+}
+void PngQuiet(png_structp, png_const_charp) {}
+
+void PngRead(png_structp png, png_bytep out, size_t size) {
+  auto* d = static_cast<PngDecode*>(png_get_io_ptr(png));
+  if (d->bytes.size() - d->read < size) png_error(png, "the file is cut short");
+  std::memcpy(out, d->bytes.data() + d->read, size);
+  d->read += size;
+}
+
+// False with d->message set when libpng failed. Nothing in this frame
+// needs destroying when an error jumps back to the setjmp.
+bool ReadPng(PngDecode* d, int channels, int64_t expected) {
+  d->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, d, PngFail, PngQuiet);
+  if (d->png == nullptr) {
+    d->message = "libpng could not start";
+    return false;
+  }
+  d->info = png_create_info_struct(d->png);
+  if (d->info == nullptr) {
+    d->message = "libpng could not start";
+    return false;
+  }
+  if (setjmp(d->jump)) return false;
+  png_set_read_fn(d->png, d, PngRead);
+  png_read_info(d->png, d->info);
+  d->width = png_get_image_width(d->png, d->info);
+  d->height = png_get_image_height(d->png, d->info);
+  if (!CheckSize("", d->width, d->height, channels, expected).ok()) {
+    d->stopped = true;
+    return true;
+  }
+  const int type = png_get_color_type(d->png, d->info);
+  d->bits = png_get_bit_depth(d->png, d->info) == 16 ? 16 : 8;
+  if (type == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(d->png);
+  if (type == PNG_COLOR_TYPE_GRAY && d->bits == 8)
+    png_set_expand_gray_1_2_4_to_8(d->png);
+  // Alpha is dropped, not blended: a transparent pixel keeps its colour.
+  png_set_strip_alpha(d->png);
+  png_set_interlace_handling(d->png);
+  png_read_update_info(d->png, d->info);
+  d->samples = png_get_channels(d->png, d->info);
+  const size_t stride = png_get_rowbytes(d->png, d->info);
+  d->pixels.resize(stride * static_cast<size_t>(d->height));
+  d->rows.resize(static_cast<size_t>(d->height));
+  for (int64_t y = 0; y < d->height; ++y)
+    d->rows[y] = d->pixels.data() + stride * static_cast<size_t>(y);
+  png_read_image(d->png, d->rows.data());
+  png_read_end(d->png, nullptr);
+  return true;
+}
+
 absl::StatusOr<Image> DecodePng(std::string_view bytes, std::string_view what,
                                 int channels, int64_t expected) {
-  // libpng's simplified API: any bit depth, palette or alpha to 8-bit grey
-  // or RGB; errors come back as a message, never as a longjmp out of here.
-  png_image png;
-  std::memset(&png, 0, sizeof png);
-  png.version = PNG_IMAGE_VERSION;
-  if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(what), ": not a readable PNG (", png.message, ")"));
+  auto d = std::make_unique<PngDecode>();
+  d->bytes = bytes;
+  if (!ReadPng(d.get(), channels, expected)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        AsAbsl(what),
+        d->width > 0 ? ": a damaged PNG (" : ": not a readable PNG (",
+        d->message, ")"));
   }
-  const int64_t width = png.width, height = png.height;
-  if (absl::Status s = CheckSize(what, width, height, channels, expected);
-      !s.ok()) {
-    png_image_free(&png);
-    return s;
+  if (d->stopped) {
+    return CheckSize(what, d->width, d->height, channels, expected);
   }
-  // Read with an alpha channel and drop it: without one, libpng would
-  // blend transparent pixels onto the buffer's zeros (black).
-  png.format = channels == 1 ? PNG_FORMAT_GA : PNG_FORMAT_RGBA;
-  std::vector<uint8_t> pixels(PNG_IMAGE_SIZE(png));
-  if (!png_image_finish_read(&png, nullptr, pixels.data(), 0, nullptr)) {
-    const std::string message = png.message;
-    png_image_free(&png);
-    return absl::InvalidArgumentError(
-        absl::StrCat(AsAbsl(what), ": a damaged PNG (", message, ")"));
+  // Each sample / its largest value (255 or 65535): a 16-bit file of v *
+  // 257 gives the 8-bit file's v / 255 exactly.
+  const float top = d->bits == 16 ? 65535.0f : 255.0f;
+  const int64_t plane = d->width * d->height, samples = d->samples;
+  const auto sample = [&](int64_t i, int64_t c) {
+    const uint8_t* at = d->pixels.data() + (i * samples + c) * (d->bits / 8);
+    return (d->bits == 16 ? (at[0] << 8 | at[1]) : at[0]) / top;
+  };
+  Image image;
+  image.width = d->width;
+  image.height = d->height;
+  image.channels = channels;
+  image.values.resize(static_cast<size_t>(plane * channels));
+  for (int64_t i = 0; i < plane; ++i) {
+    if (samples == channels) {
+      for (int64_t c = 0; c < channels; ++c)
+        image.values[c * plane + i] = sample(i, c);
+    } else if (samples == 1) {  // grey for a colour model: three planes
+      for (int64_t c = 0; c < channels; ++c)
+        image.values[c * plane + i] = sample(i, 0);
+    } else {  // colour for a grey model: ITU-R BT.601 luma, as libjpeg's
+      image.values[i] =
+          0.299f * sample(i, 0) + 0.587f * sample(i, 1) + 0.114f * sample(i, 2);
+    }
   }
-  return FromInterleaved(pixels.data(), width, height, channels, channels + 1);
+  return image;
 }
 
 // libjpeg reports errors through error_exit, which must not return: it

@@ -30,7 +30,9 @@ inline constexpr int64_t kMaxImageSide = 16384;
 inline constexpr int64_t kMaxImagePixels = int64_t{1} << 24;
 
 // Decodes a PNG, JPEG or PGM file's bytes into `channels` (1 or 3):
-// colour becomes grey by its luminance, grey is repeated for RGB, an
+// the file's values over their largest (no gamma or colour profile
+// applied), colour becoming grey by ITU-R BT.601 luma (0.299 R + 0.587 G +
+// 0.114 B), grey repeated for RGB, an
 // alpha channel is dropped. `what` names the bytes in errors
 // (InvalidArgument: another format, a damaged or truncated file, a side
 // over kMaxImageSide, a colour space the codec cannot convert). With

@@ -126,10 +126,12 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
   InitWeights weights;
   weights.path = path;
   for (const std::string& file : files) {
-    absl::StatusOr<SafetensorsFile> read = ReadSafetensors(file);
+    absl::StatusOr<SafetensorsFile> read =
+        ReadSafetensors(file, storage::OtherDTypes::kSkip);
     if (!read.ok()) {
-      return InitError(read.status().code(),
-                       std::string(read.status().message()));
+      return InitError(
+          read.status().code(),
+          absl::StrCat(read.status().message(), OtherWeightsFormatHint(file)));
     }
     if (absl::Status v = CheckModelFormatVersion(file, read->metadata);
         !v.ok()) {
@@ -145,6 +147,8 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
       }
       weights.step = step;
     }
+    for (const auto& [name, dtype] : read->other_dtypes)
+      weights.other_dtypes[name] = dtype;
     for (auto& [name, tensor] : read->tensors) {
       // A NaN or an infinity in a weight poisons every step after it, and
       // the job would write it back out: refused here, as non-finite data
@@ -184,6 +188,17 @@ absl::StatusOr<InitReport> LoadInitWeights(
     known.insert(t.name);
     auto it = weights.tensors.find(t.name);
     if (it == weights.tensors.end()) {
+      if (auto other = weights.other_dtypes.find(t.name);
+          other != weights.other_dtypes.end()) {
+        mismatched.push_back(absl::StrCat(
+            t.name, " is ", other->second, " in the file, ",
+            AsAbsl(DTypeName(t.tensor->dtype())), " ",
+            t.tensor->shape().ToString(), " in the model (convert it: ",
+            t.tensor->dtype() == DType::kF32 ? "float32, .float()"
+                                             : "int32, .int()",
+            " in PyTorch)"));
+        return;
+      }
       if (required_here) report.missing.push_back(t.name);
       return;
     }
@@ -220,15 +235,27 @@ absl::StatusOr<InitReport> LoadInitWeights(
     }
     return false;
   };
-  for (const auto& [name, tensor] : weights.tensors) {
+  // Names of no layer of the model (a PyTorch state_dict's "0.weight")
+  // every loader can tell apart; the last one reports them, the others
+  // name them in their errors only, so a stage's refusal shows what the
+  // file holds instead (the hint a missing "layers." prefix needs).
+  std::vector<std::string> foreign;
+  const auto judge = [&](const std::string& name) {
     const int64_t layer = LayerOf(name);
+    const bool no_layer = layer < 0 || layer >= range.model_layers;
     const bool ours = (layer >= range.begin && layer < range.end) ||
-                      (range.end == range.model_layers &&
-                       (layer < 0 || layer >= range.model_layers));
-    if (!ours || known.count(name) > 0) continue;
-    if (!spec.optimizer_state() && state_of_ours(name)) continue;
-    report.ignored.push_back(name);
-  }
+                      (range.end == range.model_layers && no_layer);
+    if (known.count(name) > 0) return;
+    if (!spec.optimizer_state() && state_of_ours(name)) return;
+    if (ours) {
+      report.ignored.push_back(name);
+    } else if (no_layer) {
+      foreign.push_back(name);
+    }
+  };
+  for (const auto& [name, tensor] : weights.tensors) judge(name);
+  for (const auto& [name, dtype] : weights.other_dtypes) judge(name);
+  std::sort(report.ignored.begin(), report.ignored.end());
   const std::string where = weights.path;
   if (!mismatched.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -245,13 +272,34 @@ absl::StatusOr<InitReport> LoadInitWeights(
   if (strict && (!report.missing.empty() || !report.ignored.empty())) {
     std::string message =
         absl::StrCat("init_from: ", where, " does not match the model");
+    const bool whole = range.begin == 0 && range.end == range.model_layers;
     if (!report.missing.empty()) {
-      absl::StrAppend(&message, "; missing ", report.missing.size(), ": ",
-                      NameList(report.missing));
+      absl::StrAppend(&message, "; missing ", report.missing.size());
+      if (!whole) {
+        absl::StrAppend(&message, " of layers ", range.begin, "-",
+                        range.end - 1, " (this stage's)");
+      }
+      absl::StrAppend(&message, ": ", NameList(report.missing));
     }
-    if (!report.ignored.empty()) {
-      absl::StrAppend(&message, "; not in the model ", report.ignored.size(),
-                      ": ", NameList(report.ignored));
+    std::vector<std::string> extra = report.ignored;
+    extra.insert(extra.end(), foreign.begin(), foreign.end());
+    if (!extra.empty()) {
+      absl::StrAppend(&message, "; not in the model ", extra.size(), ": ",
+                      NameList(extra));
+    }
+    // A PyTorch nn.Sequential's names are ours without "layers.".
+    const bool unprefixed =
+        std::any_of(extra.begin(), extra.end(), [&](const std::string& n) {
+          return std::any_of(report.missing.begin(), report.missing.end(),
+                             [&](const std::string& m) {
+                               return m == absl::StrCat("layers.", n);
+                             });
+        });
+    if (unprefixed) {
+      absl::StrAppend(&message,
+                      "; the file's names lack the \"layers.\" prefix of "
+                      "the model's, as a PyTorch nn.Sequential's state_dict "
+                      "does: add it (gpipe.from_torch does)");
     }
     absl::StrAppend(&message,
                     " (set init_from.strict false to load what matches)");

@@ -23,6 +23,9 @@ namespace gpipe {
 struct InitWeights {
   std::string path;
   std::map<std::string, Tensor> tensors;  // every file's, on the host
+  // Tensors of a dtype no model holds (F16, BF16, I64), name to dtype: an
+  // error where the model has the name, else extras like any other.
+  std::map<std::string, std::string> other_dtypes;
   // The step the weights were saved after ("step" of a checkpoint file,
   // "gpipe.step" of a model file); none when the file does not say.
   std::optional<int64_t> step;

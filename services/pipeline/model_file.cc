@@ -13,6 +13,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/storage/checkpoint_layout.h"
 #include "services/storage/file_io.h"
+#include "services/storage/safetensors.h"
 #include "services/storage/safetensors_header.h"
 
 namespace gpipe {
@@ -85,7 +86,8 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
                    storage::OpenForRead(path, &size));
   const auto not_model = [&](const absl::Status& s) {
     return absl::InvalidArgumentError(
-        absl::StrCat("not a safetensors model file: ", s.message()));
+        absl::StrCat("not a safetensors model file: ", s.message(),
+                     OtherWeightsFormatHint(path)));
   };
   const absl::StatusOr<std::string> json =
       storage::ReadHeaderJson(fd, path, size);

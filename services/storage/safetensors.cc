@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <optional>
 
 #include "absl/functional/function_ref.h"
@@ -56,23 +57,52 @@ absl::Status WriteSafetensors(
   return writer.Commit();
 }
 
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path) {
+absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
+                                                storage::OtherDTypes other) {
   uint64_t file_size = 0;
   ASSIGN_OR_RETURN(storage::ScopedFd fd,
                    storage::OpenForRead(path, &file_size));
   ASSIGN_OR_RETURN(const std::string json,
                    storage::ReadHeaderJson(fd, path, file_size));
   const uint64_t data_start = storage::kHeaderLengthBytes + json.size();
-  ASSIGN_OR_RETURN(
-      SafetensorsHeader header,
-      storage::ParseSafetensorsHeader(json, file_size - data_start, path));
+  ASSIGN_OR_RETURN(SafetensorsHeader header,
+                   storage::ParseSafetensorsHeader(json, file_size - data_start,
+                                                   path, other));
+  std::map<std::string, std::string> other_dtypes =
+      std::move(header.other_dtypes);
   // Reading each tensor straight into its buffer keeps peak memory at one
   // copy of the weights, not two.
-  return Materialize(std::move(header),
-                     [&](const SafetensorsEntry& e, void* dst) {
-                       return storage::ReadAt(fd, path, data_start + e.begin,
-                                              dst, e.end - e.begin);
-                     });
+  ASSIGN_OR_RETURN(
+      SafetensorsFile file,
+      Materialize(std::move(header), [&](const SafetensorsEntry& e, void* dst) {
+        return storage::ReadAt(fd, path, data_start + e.begin, dst,
+                               e.end - e.begin);
+      }));
+  file.other_dtypes = std::move(other_dtypes);
+  return file;
+}
+
+std::string OtherWeightsFormatHint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char head[4] = {};
+  if (!in.read(head, sizeof head)) return "";
+  const std::string_view start(head, sizeof head);
+  constexpr const char* kConvert =
+      "save the tensors with safetensors.torch.save_file(model.state_dict(), "
+      "PATH), or gpipe.from_torch(model, PATH) for a model whose layers "
+      "match";
+  if (start == std::string_view("PK\x03\x04", 4)) {
+    return absl::StrCat(
+        " (it is a zip archive, as torch.save and numpy's .npz write: ",
+        kConvert, ")");
+  }
+  if (head[0] == '\x80') {
+    return absl::StrCat(
+        " (it is a Python pickle, as an old torch.save "
+        "writes: ",
+        kConvert, ")");
+  }
+  return "";
 }
 
 absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes,

@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/storage/safetensors_header.h"
 #include "services/tensor/tensor.h"
 
 namespace gpipe {
@@ -31,12 +32,22 @@ absl::Status WriteSafetensors(
 struct SafetensorsFile {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, std::string> metadata;
+  // Tensors of another dtype, name to dtype (OtherDTypes::kSkip only).
+  std::map<std::string, std::string> other_dtypes;
 };
 
 // Reads a whole file. A malformed or truncated file is DataLoss, a valid one
-// with a dtype other than F32 or I32 Unimplemented; messages name `path`
-// and what is wrong.
-absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path);
+// with a dtype other than F32 or I32 Unimplemented (or, with
+// OtherDTypes::kSkip, read without those tensors, which it lists); messages
+// name `path` and what is wrong.
+absl::StatusOr<SafetensorsFile> ReadSafetensors(
+    const std::string& path,
+    storage::OtherDTypes other = storage::OtherDTypes::kRefuse);
+
+// For a file that is not safetensors but a format users have weights in:
+// " (it is a zip archive: torch.save's or numpy's .npz ...)" naming how to
+// make safetensors of it; empty for any other file.
+std::string OtherWeightsFormatHint(const std::string& path);
 
 // The same from the file's bytes in memory; `what` names them in errors.
 absl::StatusOr<SafetensorsFile> ParseSafetensors(std::string_view bytes,

@@ -59,8 +59,8 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 // file's name; ParseSafetensorsHeader maps them to what callers see.
 class HeaderParser {
  public:
-  HeaderParser(std::string_view json, uint64_t data_size)
-      : reader_(json), data_size_(data_size) {}
+  HeaderParser(std::string_view json, uint64_t data_size, OtherDTypes other)
+      : reader_(json), data_size_(data_size), other_(other) {}
 
   absl::StatusOr<SafetensorsHeader> Parse() {
     SafetensorsHeader header;
@@ -91,6 +91,22 @@ class HeaderParser {
     }
     RETURN_IF_ERROR(reader_.Finish());
     RETURN_IF_ERROR(CheckLayout(&header.entries));
+    if (!unsupported_.empty()) {
+      // Only once the whole header checks out, so a corrupt file is
+      // DataLoss whatever its dtypes.
+      if (other_ == OtherDTypes::kRefuse) {
+        return absl::UnimplementedError(
+            absl::StrCat("tensor ", QuoteForMessage(unsupported_[0].first),
+                         ": dtype ", unsupported_[0].second,
+                         " is not supported (only F32, and I32 for integers)"));
+      }
+      for (const auto& [name, dtype] : unsupported_) {
+        header.other_dtypes[name] = dtype;
+      }
+      std::erase_if(header.entries, [&](const SafetensorsEntry& e) {
+        return header.other_dtypes.count(e.name) > 0;
+      });
+    }
     return header;
   }
 
@@ -228,9 +244,7 @@ class HeaderParser {
     } else if (dtype == "I32") {
       entry->dtype = DType::kI32;
     } else {
-      // Reported only once the whole header checks out, so a corrupt file
-      // is DataLoss whatever its dtypes.
-      unsupported_.push_back({entry->name, dtype});
+      unsupported_.push_back({entry->name, dtype});  // judged in Parse
     }
     return absl::OkStatus();
   }
@@ -274,16 +288,12 @@ class HeaderParser {
                                     " bytes but the tensors cover only ",
                                     covered));
     }
-    if (!unsupported_.empty()) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor ", QuoteForMessage(unsupported_[0].first), ": dtype ",
-          unsupported_[0].second, " is not supported (only F32 and I32)"));
-    }
     return absl::OkStatus();
   }
 
   JsonHeaderReader reader_;
   const uint64_t data_size_;
+  const OtherDTypes other_;
   std::vector<std::pair<std::string, std::string>> unsupported_;  // name, dtype
 };
 
@@ -319,10 +329,12 @@ absl::StatusOr<uint64_t> DecodeHeaderLength(std::string_view prefix,
   return n;
 }
 
-absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
-    std::string_view json, uint64_t data_size, std::string_view what) {
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json,
+                                                         uint64_t data_size,
+                                                         std::string_view what,
+                                                         OtherDTypes other) {
   absl::StatusOr<SafetensorsHeader> header =
-      HeaderParser(json, data_size).Parse();
+      HeaderParser(json, data_size, other).Parse();
   if (header.ok()) return header;
   const std::string message =
       absl::StrCat(AsAbsl(what), ": ", header.status().message());

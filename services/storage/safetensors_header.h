@@ -36,7 +36,15 @@ struct SafetensorsEntry {
 struct SafetensorsHeader {
   std::vector<SafetensorsEntry> entries;  // ascending offsets once parsed
   std::map<std::string, std::string> metadata;
+  // With OtherDTypes::kSkip: the tensors of a dtype we do not hold (F16,
+  // BF16, I64, ...), name to dtype, left out of `entries`.
+  std::map<std::string, std::string> other_dtypes;
 };
+
+// What parsing does with a valid tensor of a dtype other than F32 and I32:
+// refuses the file (Unimplemented), or skips the tensor and lists it
+// (init_from: a PyTorch BatchNorm's I64 num_batches_tracked is no weight).
+enum class OtherDTypes { kRefuse, kSkip };
 
 // "F32" for kF32, "I32" for kI32.
 std::string_view SafetensorsDTypeName(DType dtype);
@@ -61,9 +69,9 @@ absl::StatusOr<std::string> ReadHeaderJson(const ScopedFd& fd,
 // size, and the ranges tiling the buffer without gaps or overlap. Errors are
 // DataLoss, except Unimplemented for a valid safetensors dtype we do not
 // hold (e.g. BF16); every message starts with `what`.
-absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(std::string_view json,
-                                                         uint64_t data_size,
-                                                         std::string_view what);
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
+    std::string_view json, uint64_t data_size, std::string_view what,
+    OtherDTypes other = OtherDTypes::kRefuse);
 
 // The length prefix and JSON for `header`, whose entries' offsets the caller
 // has set, padded with spaces so the data buffer starts 8-byte aligned.

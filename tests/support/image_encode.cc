@@ -36,6 +36,28 @@ std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height,
   return out;
 }
 
+std::string EncodePng16(const std::vector<uint16_t>& grey, int width,
+                        int height) {
+  png_image png;
+  std::memset(&png, 0, sizeof png);
+  png.version = PNG_IMAGE_VERSION;
+  png.width = width;
+  png.height = height;
+  png.format = PNG_FORMAT_LINEAR_Y;
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(&png, nullptr, &size, 0, grey.data(), 0,
+                                 nullptr)) {
+    std::abort();
+  }
+  std::string out(size, '\0');
+  if (!png_image_write_to_memory(&png, out.data(), &size, 0, grey.data(), 0,
+                                 nullptr)) {
+    std::abort();
+  }
+  out.resize(size);
+  return out;
+}
+
 std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int width,
                        int height, int channels, int quality) {
   jpeg_compress_struct info;

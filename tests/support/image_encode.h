@@ -13,6 +13,10 @@ namespace gpipe::testing_images {
 // and alpha), 3 or 4 (RGBA).
 std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height,
                       int channels);
+// 16-bit grey, as libpng's simplified writer makes it: the samples as
+// given, marked as linear light (a gAMA chunk of 1).
+std::string EncodePng16(const std::vector<uint16_t>& grey, int width,
+                        int height);
 // Channels 1 or 3; quality 1-100.
 std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int width,
                        int height, int channels, int quality);

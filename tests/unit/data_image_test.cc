@@ -18,6 +18,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing_images::EncodeJpeg;
 using testing_images::EncodePng;
+using testing_images::EncodePng16;
 
 // A 5 x 3 test card: value (7 * i + 13 * c) % 256 at pixel i, channel c.
 std::vector<uint8_t> Card(int channels) {
@@ -55,13 +56,20 @@ TEST(DataImageTest, RgbPngIsPlanarAndBecomesGreyByLuminance) {
   for (int c = 0; c < 3; ++c)
     for (int i = 0; i < 15; ++i)
       EXPECT_EQ(image->values[c * 15 + i], rgb[i * 3 + c] / 255.0f);
-  // Pure colours become greys of their luminance: green brightest, blue
-  // darkest.
+  // Colours become greys by BT.601 luma on the file's values, as libjpeg
+  // and PIL make them (libpng's simplified reading mixed them in linear
+  // light: pure red was 126 / 255, not 76).
   const std::vector<uint8_t> colours = {255, 0, 0, 0, 255, 0, 0, 0, 255};
   image = DecodeImage(EncodePng(colours, 3, 1, 3), "rgb.png", 1);
   ASSERT_TRUE(image.ok()) << image.status();
-  EXPECT_GT(image->values[1], image->values[0]);
-  EXPECT_GT(image->values[0], image->values[2]);
+  EXPECT_EQ(image->values, (std::vector<float>{0.299f, 0.587f, 0.114f}));
+  image = DecodeImage(EncodePng(rgb, 5, 3, 3), "card.png", 1);
+  ASSERT_TRUE(image.ok()) << image.status();
+  for (int i = 0; i < 15; ++i) {
+    EXPECT_EQ(image->values[i], 0.299f * (rgb[i * 3] / 255.0f) +
+                                    0.587f * (rgb[i * 3 + 1] / 255.0f) +
+                                    0.114f * (rgb[i * 3 + 2] / 255.0f));
+  }
   // An alpha channel is dropped: transparent pixels keep their colour
   // (not blended onto black).
   std::vector<uint8_t> rgba = Card(4);
@@ -77,6 +85,18 @@ TEST(DataImageTest, RgbPngIsPlanarAndBecomesGreyByLuminance) {
   image = DecodeImage(EncodePng(ga, 5, 3, 2), "ga.png", 1);
   ASSERT_TRUE(image.ok()) << image.status();
   for (int i = 0; i < 15; ++i) EXPECT_EQ(image->values[i], ga[i * 2] / 255.0f);
+}
+
+TEST(DataImageTest, SixteenBitPngIsItsValuesOver65535) {
+  // libpng's simplified reading took 16-bit samples as linear light (the
+  // file's gAMA of 1) and re-encoded them: v * 257 was not v / 255.
+  std::vector<uint16_t> deep(15);
+  for (int i = 0; i < 15; ++i) deep[i] = static_cast<uint16_t>(i * 17 * 257);
+  absl::StatusOr<Image> image =
+      DecodeImage(EncodePng16(deep, 5, 3), "deep.png", 1);
+  ASSERT_TRUE(image.ok()) << image.status();
+  for (int i = 0; i < 15; ++i)
+    EXPECT_EQ(image->values[i], static_cast<float>(i * 17) / 255.0f) << i;
 }
 
 TEST(DataImageTest, JpegDecodesCloseToItsPixels) {

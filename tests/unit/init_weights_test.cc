@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/data_resolution.h"
@@ -215,6 +216,94 @@ TEST_F(InitWeightsTest, StrictNamesWhatIsMissingAndExtraNonStrictLoadsTheRest) {
   auto pipeline = InProcessPipeline::Create(spec, OptionsFromSpec(spec));
   ASSERT_TRUE(pipeline.ok()) << pipeline.status();
   EXPECT_EQ((*pipeline)->init_summary(), (*loose)->init_summary());
+}
+
+// A safetensors file of any dtypes, written by hand: WriteSafetensors
+// holds F32 and I32 only. Each tensor is (name, dtype, shape, bytes).
+struct RawTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+void WriteRawSafetensors(const std::string& path,
+                         const std::vector<RawTensor>& tensors) {
+  std::string json = "{", data;
+  for (const RawTensor& t : tensors) {
+    if (json.size() > 1) json += ",";
+    absl::StrAppend(&json, "\"", t.name, "\":{\"dtype\":\"", t.dtype,
+                    "\",\"shape\":[", absl::StrJoin(t.shape, ","),
+                    "],\"data_offsets\":[", data.size(), ",",
+                    data.size() + t.bytes.size(), "]}");
+    data += t.bytes;
+  }
+  json += "}";
+  std::string length(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    length[i] = static_cast<char>((json.size() >> (8 * i)) & 0xff);
+  std::ofstream(path, std::ios::binary) << length << json << data;
+}
+
+RawTensor RawOf(const std::string& name, const Tensor& t) {
+  const Tensor host = t.To(Device::kCpu);
+  return {name, "F32", host.shape().dims(),
+          std::string(reinterpret_cast<const char*>(host.f32()),
+                      host.numel() * sizeof(float))};
+}
+
+// What a PyTorch user brings: a state_dict's names (no "layers."), a
+// BatchNorm's I64 num_batches_tracked, half-precision weights, a file
+// torch.save wrote. Each refusal says what to do.
+TEST_F(InitWeightsTest, PyTorchsFilesAreJudgedByNameAndDtypeWithAFix) {
+  auto source = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(source.ok());
+  std::vector<RawTensor> ours, unprefixed;
+  for (const NamedTensor& n : (*source)->model().StateTensors()) {
+    ours.push_back(RawOf(n.name, *n.tensor));
+    unprefixed.push_back(
+        RawOf(n.name.substr(std::string("layers.").size()), *n.tensor));
+  }
+  const auto init = [&](const std::string& name,
+                        const std::vector<RawTensor>& tensors, bool strict) {
+    const std::string path = (dir_ / name).string();
+    WriteRawSafetensors(path, tensors);
+    gpipe::v1::JobSpec spec = spec_;
+    spec.mutable_init_from()->set_path(path);
+    spec.mutable_init_from()->set_strict(strict);
+    return InProcessPipeline::Create(spec, OptionsFromSpec(spec)).status();
+  };
+  // Stage 0 refuses first: it names the file's foreign names too, and the
+  // missing prefix (it named only its own two missing tensors).
+  absl::Status s = init("names.safetensors", unprefixed, true);
+  EXPECT_THAT(s.message(), HasSubstr("missing 2 of layers 0-1 (this stage's): "
+                                     "layers.0.weight, layers.0.bias"));
+  EXPECT_THAT(s.message(), HasSubstr("not in the model 6: 0.bias, 0.weight"));
+  EXPECT_THAT(s.message(), HasSubstr("lack the \"layers.\" prefix"));
+  // An I64 counter is an extra like any other (the file was refused for
+  // its dtype, strict or not).
+  std::vector<RawTensor> counted = ours;
+  counted.push_back(
+      {"layers.1.num_batches_tracked", "I64", {}, std::string(8, '\0')});
+  EXPECT_TRUE(init("counted.safetensors", counted, false).ok());
+  EXPECT_THAT(init("counted.safetensors", counted, true).message(),
+              HasSubstr("not in the model 1: layers.1.num_batches_tracked"));
+  // A weight in half precision names the conversion.
+  std::vector<RawTensor> half = ours;
+  for (RawTensor& t : half) {
+    if (t.name == "layers.0.weight") {
+      t.dtype = "F16";
+      t.bytes.resize(t.bytes.size() / 2);
+    }
+  }
+  EXPECT_THAT(init("half.safetensors", half, true).message(),
+              HasSubstr("layers.0.weight is F16 in the file, float32 [16, 8] "
+                        "in the model (convert it: float32, .float()"));
+  // torch.save's zip archive.
+  const std::string pt = (dir_ / "model.pt").string();
+  std::ofstream(pt, std::ios::binary) << "PK\x03\x04" << std::string(64, 'x');
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_init_from()->set_path(pt);
+  EXPECT_THAT(ReferenceTrainer::Create(spec).status().message(),
+              HasSubstr("it is a zip archive, as torch.save"));
 }
 
 TEST_F(InitWeightsTest, AnotherShapeIsAnErrorEvenWhenNotStrict) {
