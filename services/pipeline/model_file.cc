@@ -13,6 +13,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/storage/checkpoint_layout.h"
 #include "services/storage/file_io.h"
+#include "services/storage/manifest.h"
 #include "services/storage/safetensors.h"
 #include "services/storage/safetensors_header.h"
 
@@ -137,6 +138,28 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
                                                const std::string& job_path) {
   const std::string model = ModelFilePath(path);
   std::error_code ec;
+  const bool checkpoint =
+      std::filesystem::is_directory(model, ec) &&
+      std::filesystem::exists(
+          std::filesystem::path(model) / storage::kManifestName, ec);
+  if (checkpoint) {
+    // A checkpoint (`fetch JOB --step N`): its stages' files and manifest
+    // record no model spec, so the job's spec says what the model is.
+    if (job_path.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": a checkpoint (its stages' files and MANIFEST.json), which "
+          "records no model spec: give the job's spec after it (gpipectl "
+          "eval ",
+          path, " JOB.json)"));
+    }
+    ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec, LoadJobSpecFile(job_path));
+    gpipe::v1::InitFrom& init = *spec.mutable_init_from();
+    init.Clear();
+    init.set_path(model);  // the manifest checks every file's digest
+    init.set_strict(true);
+    return spec;
+  }
   if (std::filesystem::is_directory(model, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path,

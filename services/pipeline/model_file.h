@@ -54,7 +54,8 @@ std::string ModelFilePath(const std::string& path);
 // ModelFilePath takes it) set up to serve the model: its parameters
 // loaded strictly from `model` (init_from, no optimizer state), and with
 // JOB.json's data and eval settings instead of its own when `job_path` is
-// not empty.
+// not empty. A checkpoint directory (with MANIFEST.json) records no model:
+// JOB.json's whole spec serves it, and without one it is refused.
 absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
                                                const std::string& job_path);
 

@@ -62,6 +62,14 @@ for f in "$kept_dir"/*; do
 done
 ((n >= 3)) || fail "step $kept had only $n files"
 ok "the checkpoint of step $kept: $n files (manifest and stages), byte-identical"
+# A checkpoint folder evaluates with the job's spec beside it (it records
+# no model spec); without one it is refused naming what to give.
+"$bin/gpipectl" eval "$work/step" "$work/job.json" --json >"$work/ckeval.json" 2>&1 ||
+  fail "eval of the checkpoint of step $kept: $(cat "$work/ckeval.json")"
+grep -q '"loss"' "$work/ckeval.json" || fail "eval of a checkpoint printed no loss: $(cat "$work/ckeval.json")"
+refused "a checkpoint (its stages' files and MANIFEST.json), which records no model spec: give the job's spec" \
+  "$bin/gpipectl" eval "$work/step"
+ok "eval of a checkpoint folder with the job's spec"
 
 refused "has no checkpoint of step 7; it keeps the checkpoints of steps" ctl fetch "$job" --step 7 -o "$work/none"
 refused "job-nope" ctl fetch job-nope -o "$work/none"
