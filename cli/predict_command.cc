@@ -289,6 +289,20 @@ absl::StatusOr<Samples> ReadSamples(const std::string& path,
     // ReadImage refuses another size than `sample`, at the header.
     ASSIGN_OR_RETURN(Image image,
                      ReadImage(path, static_cast<int>(channels), sample));
+    // Pixels come as values / 255; a model whose normalization centres
+    // its inputs far past 1 was trained on another scale (raw bytes in an
+    // .npy), and would read the image as near-black.
+    const auto& means = spec.data().normalize().mean();
+    const auto far = std::find_if(means.begin(), means.end(),
+                                  [](float m) { return std::fabs(m) > 2.0f; });
+    if (!spec.data().has_fashion_mnist() && far != means.end()) {
+      std::fprintf(stderr,
+                   "gpipectl predict: warning: %s is read as pixel values / "
+                   "255, but the model's normalization has a mean of %g: it "
+                   "was trained on values of another scale (raw bytes?); "
+                   "give its input as an .npy of that scale instead\n",
+                   path.c_str(), *far);
+    }
     return Samples{std::move(image.values), {}, 1};
   }
   return absl::InvalidArgumentError(

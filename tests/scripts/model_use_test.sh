@@ -268,6 +268,12 @@ set +e
 out=$(g predict "$work/csv/model.safetensors" "$work/img0.pgm" 2>&1)
 set -e
 [[ "$out" == *"a 28 x 28 image is not the model's input of 2 values"* ]] || fail "wrong-size input: $out"
+# A model normalized for inputs far from 0-1 (the table's y, around 50)
+# would read pixels / 255 as near-black: predict says so.
+printf 'P5\n2 1\n255\n\x00\xff' >"$work/two.pgm"
+out=$(g predict "$work/csv/model.safetensors" "$work/two.pgm" 2>&1)
+[[ "$out" == *"warning: "*"two.pgm is read as pixel values / 255, but the model's normalization has a mean of"* ]] ||
+  fail "no warning for an image given to a model of another scale: $out"
 set +e
 out=$(g eval "$work/mlp.json" 2>&1)
 set -e
