@@ -120,26 +120,40 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
 
 // Columns [0, cols) of src's rows 0..depth-1 dealt out to slivers kWidth
 // columns wide: sliver w's row p at out + (w * depth + p) * kWidth, the
-// last sliver's columns past `cols` zero. Each of src's rows is read once
-// along its length (sliver by sliver, a row's line was fetched again for
-// every sliver it feeds, from a stride that can map the rows onto a few of
-// L1's sets), and each copy's size is known at compile time: a few vector
-// moves, where a call to memcpy cost as much as the copy (a 6-float row of
-// the AVX2 tile's A).
+// last sliver's columns past `cols` zero. src's rows are read along their
+// length, a few at a time (sliver by sliver, a row's line was fetched again
+// for every sliver it feeds, from a stride that can map the rows onto a
+// few of L1's sets), and each sliver gets those rows as one contiguous
+// run of whole lines: row by row, every store went to another sliver, a
+// sliver's stride apart (3 KiB for an attention head's 128 positions),
+// so each line was written in pieces while the next dozen slivers' lines
+// competed for the same few sets. Each copy's size is known at compile
+// time: a few vector moves, where a call to memcpy cost as much as the
+// copy (a 6-float row of the AVX2 tile's A).
 template <int64_t kWidth>
 void DealRows(const float* src, int64_t ld, int64_t cols, int64_t depth,
               float* out) {
+  // Rows dealt at once: 8 rows of a 6-wide sliver are 3 whole lines.
+  constexpr int64_t kRows = 8;
   const int64_t whole = cols / kWidth, rest = cols - whole * kWidth;
   const int64_t sliver = kWidth * depth;
-  for (int64_t p = 0; p < depth; ++p) {
-    const float* const s = src + p * ld;
-    float* const o = out + p * kWidth;
-    for (int64_t w = 0; w < whole; ++w)
-      std::memcpy(o + w * sliver, s + w * kWidth, kWidth * sizeof(float));
+  for (int64_t p0 = 0; p0 < depth; p0 += kRows) {
+    const int64_t rows = std::min(kRows, depth - p0);
+    const float* const s0 = src + p0 * ld;
+    float* const o0 = out + p0 * kWidth;
+    for (int64_t w = 0; w < whole; ++w) {
+      const float* s = s0 + w * kWidth;
+      float* o = o0 + w * sliver;
+      for (int64_t r = 0; r < rows; ++r, s += ld, o += kWidth)
+        std::memcpy(o, s, kWidth * sizeof(float));
+    }
     if (rest > 0) {
-      float* const t = o + whole * sliver;
-      std::memcpy(t, s + whole * kWidth, rest * sizeof(float));
-      std::fill(t + rest, t + kWidth, 0.0f);
+      const float* s = s0 + whole * kWidth;
+      float* o = o0 + whole * sliver;
+      for (int64_t r = 0; r < rows; ++r, s += ld, o += kWidth) {
+        std::memcpy(o, s, rest * sizeof(float));
+        std::fill(o + rest, o + kWidth, 0.0f);
+      }
     }
   }
 }
