@@ -550,23 +550,37 @@ ControllerClient MakeControllerClient() { return MakeClient(); }
 
 namespace {
 
-absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
+// `given` collects the flags that changed the spec, as typed
+// ("--stages 50 --micro-batches 8").
+absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance,
+                            std::string* given) {
+  const auto note = [&](absl::string_view flag, const auto& value) {
+    absl::StrAppend(given, given->empty() ? "" : " ", "--", flag, " ", value);
+  };
   gpipe::v1::PipelineSpec& p = *spec.mutable_pipeline();
   const int64_t chunks_before = ChunkCount(spec);
   if (absl::GetFlag(FLAGS_stages) > 0) {
     p.set_stages(absl::GetFlag(FLAGS_stages));
+    note("stages", absl::GetFlag(FLAGS_stages));
     // `train` runs no elastic cluster: a floor for shrinking one is moot,
     // and above the K asked for it would refuse the reference run.
     if (measured_balance && p.min_stages() > p.stages())
       p.set_min_stages(p.stages());
   }
-  if (absl::GetFlag(FLAGS_micro_batches) > 0)
+  if (absl::GetFlag(FLAGS_micro_batches) > 0) {
     p.set_micro_batches(absl::GetFlag(FLAGS_micro_batches));
-  if (absl::GetFlag(FLAGS_replicas) > 0)
+    note("micro-batches", absl::GetFlag(FLAGS_micro_batches));
+  }
+  if (absl::GetFlag(FLAGS_replicas) > 0) {
     p.set_replicas(absl::GetFlag(FLAGS_replicas));
+    note("replicas", absl::GetFlag(FLAGS_replicas));
+  }
   absl::StatusOr<int64_t> steps = StepCountFlag();
   if (!steps.ok()) return steps.status();
-  if (*steps > 0) spec.set_steps(*steps);
+  if (*steps > 0) {
+    spec.set_steps(*steps);
+    note("steps", *steps);
+  }
   if (!absl::GetFlag(FLAGS_schedule).empty()) {
     absl::StatusOr<ScheduleKind> s =
         ParseScheduleName(absl::GetFlag(FLAGS_schedule));
@@ -574,6 +588,7 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", s.status().message()));
     p.set_schedule(ScheduleToSpec(*s));
+    note("schedule", absl::GetFlag(FLAGS_schedule));
     // A schedule of one chunk per worker has no virtual stages to keep.
     if (!Interleaves(*s)) p.clear_virtual_stages();
   }
@@ -584,6 +599,7 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
           "several chunks per worker (--schedule interleaved or zb-v)");
     }
     p.set_virtual_stages(absl::GetFlag(FLAGS_virtual_stages));
+    note("virtual-stages", absl::GetFlag(FLAGS_virtual_stages));
   } else if (!absl::GetFlag(FLAGS_schedule).empty() &&
              Interleaves(ScheduleFromSpec(p.schedule())) &&
              p.virtual_stages() == 0) {
@@ -595,6 +611,7 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", r.status().message()));
     p.set_remat(RematToSpec(*r));
+    note("remat", absl::GetFlag(FLAGS_remat));
   }
   const std::string balance = absl::GetFlag(FLAGS_balance);
   if (balance == "measured" && !measured_balance) {
@@ -611,6 +628,7 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance) {
   }
   if (!balance.empty() && balance != "measured") {
     p.clear_balance();
+    note("balance", balance);
     for (absl::string_view part : absl::StrSplit(balance, ',')) {
       int64_t n = 0;
       if (!absl::SimpleAtoi(part, &n)) {
@@ -632,9 +650,14 @@ absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(const std::string& path,
   if (!spec.ok()) return spec.status();
   std::error_code cwd_error;
   ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
-  RETURN_IF_ERROR(ApplySpecFlags(*spec, measured_balance));
-  if (absl::Status s = CheckJobSpec(&*spec); !s.ok())
-    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  std::string flags;  // as given, for errors a flag may have caused
+  RETURN_IF_ERROR(ApplySpecFlags(*spec, measured_balance, &flags));
+  AdoptInitFromPreprocessing(&*spec);
+  if (absl::Status s = CheckJobSpec(&*spec); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat(path, flags.empty() ? "" : " with ", flags, ": ",
+                               s.message()));
+  }
   return spec;
 }
 

@@ -291,7 +291,10 @@ int RunPlan(const std::vector<std::string>& args) {
   // spec's own choice of them need not be valid (gradient_groups 2 under
   // ZB-H1 needs 2 replicas, which the plan may pick), so they are checked
   // at their defaults. The micro-batches and gradient groups stay: the plan
-  // starts from the one and keeps to the other.
+  // starts from the one and keeps to the other. Where the spec's own choice
+  // is not runnable, the plan says why instead of showing its row, and
+  // plans from the defaults.
+  std::string own_refused;
   {
     gpipe::v1::JobSpec checked = *spec;
     gpipe::v1::PipelineSpec& p = *checked.mutable_pipeline();
@@ -309,7 +312,12 @@ int RunPlan(const std::vector<std::string>& args) {
           absl::Status(s.code(), absl::StrCat(args[0], ": ", s.message())));
     }
     *spec = std::move(checked);  // with the sizes the data filled
+    gpipe::v1::PipelineSpec defaults = spec->pipeline();
     *spec->mutable_pipeline() = own;
+    if (absl::Status s = ValidateJobSpec(*spec); !s.ok()) {
+      own_refused = absl::StrCat(args[0], ": ", s.message());
+      *spec->mutable_pipeline() = std::move(defaults);
+    }
   }
   absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec->model());
   if (!shapes.ok()) return Fail(shapes.status());
@@ -729,7 +737,7 @@ int RunPlan(const std::vector<std::string>& args) {
   // The spec's own configuration, simulated the same way, whether or not
   // the flags' ranges include it.
   std::optional<Option> spec_option;
-  {
+  if (own_refused.empty()) {
     const int64_t k = StageCount(*spec), m = MicroBatchCount(*spec);
     absl::StatusOr<std::vector<Option>> own =
         plan(k, k, {m}, {ScheduleFromSpec(spec->pipeline().schedule())},
@@ -798,6 +806,10 @@ int RunPlan(const std::vector<std::string>& args) {
                 Row(*spec_option, Fits(*spec_option, *budget) ? "=" : "!",
                     with_replicas)
                     .c_str());
+  }
+  if (!own_refused.empty()) {
+    std::printf("the job spec's own configuration does not run: %s\n",
+                own_refused.c_str());
   }
   std::printf("\n%zu configurations simulated in %.1f ms (%s; = the spec's)\n",
               options.size(), simulate_ms,

@@ -36,6 +36,10 @@
 #include "services/storage/safetensors_header.h"
 
 ABSL_FLAG(int64_t, top, 3, "predict: the most likely classes shown per sample");
+ABSL_FLAG(std::string, csv_header, "auto",
+          "predict: whether a CSV's first row is its header: auto (a row "
+          "of numbers is data, unless its cells are the model's feature "
+          "names, as years or pandas' 0, 1, ... are), yes or no");
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(int64_t, stages);
 
@@ -171,15 +175,31 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
       std::vector<std::string> first;
       for (absl::string_view c : cells)
         first.emplace_back(absl::StripAsciiWhitespace(c));
-      // Names that are numbers (years, ids) make a header of numbers: the
-      // first row is one when every feature the model takes is among its
-      // cells (read as a row, its columns would be matched by position).
-      const bool names_every_feature =
+      // Names that are numbers (years, ids, pandas' 0, 1, ...) make a
+      // header of numbers: a first row whose cells are the feature names
+      // (with the target's, as the training file's header) is one, and
+      // said so, since a row of data could read the same.
+      const std::string mode = absl::GetFlag(FLAGS_csv_header);
+      std::vector<std::string> want(names.begin(), names.end());
+      std::vector<std::string> cells_sorted = first;
+      std::sort(want.begin(), want.end());
+      std::sort(cells_sorted.begin(), cells_sorted.end());
+      std::vector<std::string> with_target = want;
+      with_target.push_back(spec.data().csv().target());
+      std::sort(with_target.begin(), with_target.end());
+      const bool names_the_features =
           trained_with_header && !names.empty() &&
-          std::all_of(names.begin(), names.end(), [&](const std::string& n) {
-            return std::find(first.begin(), first.end(), n) != first.end();
-          });
-      if (!numbers && !trained_with_header) {
+          (cells_sorted == want || cells_sorted == with_target);
+      const bool is_header =
+          mode == "yes" || (mode == "auto" && (!numbers || names_the_features));
+      if (mode == "auto" && numbers && names_the_features) {
+        std::fprintf(stderr,
+                     "gpipectl predict: %s: the first row's numbers are the "
+                     "model's feature names: read as the header "
+                     "(--csv-header no reads it as data)\n",
+                     path.c_str());
+      }
+      if (is_header && !trained_with_header) {
         return error(absl::StrCat(
             "the model was trained on a table without a header (its "
             "features are columns ",
@@ -188,7 +208,7 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
             "table's or of its ",
             names.size(), " features alone"));
       }
-      if (!numbers || names_every_feature) {
+      if (is_header) {
         // A header: find the model's features by name when it knows them.
         header = std::move(first);
         for (const std::string& name : names) {
@@ -340,8 +360,14 @@ int RunPredict(const std::vector<std::string>& args) {
   if (args.size() != 2) {
     std::fprintf(stderr,
                  "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
-                 ".png|.jpg|.pgm [--top K] [--stages K] [--json]\n");
+                 ".png|.jpg|.pgm [--top K] [--stages K] [--json] "
+                 "[--csv-header auto|yes|no]\n");
     return 2;
+  }
+  if (const std::string h = absl::GetFlag(FLAGS_csv_header);
+      h != "auto" && h != "yes" && h != "no") {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--csv-header: '", h, "' is not auto, yes or no")));
   }
   absl::StatusOr<v1::JobSpec> spec = SpecToServe(args[0], "");
   if (!spec.ok()) return Fail(spec.status());

@@ -1,12 +1,12 @@
 // OpenDataset: from a job's DataSpec to a Dataset, checking each field and
 // prefixing errors with the field they concern.
-#include <algorithm>
 #include <string>
 
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
 #include "services/core/status.h"
 #include "services/data/csv.h"
 #include "services/data/dataset.h"
@@ -21,15 +21,21 @@ namespace gpipe {
 namespace {
 
 // The same error, its message prefixed with where in the spec it arose. A
-// message that names a field of that part ("path: ...") continues its
-// name: "data.csv.path: ...", as the spec's own checks write fields.
+// message that starts with a field of that part of the spec ("path: ...",
+// a field of CsvFile for "data.csv") continues its name: "data.csv.path:
+// ...", as the spec's own checks write fields. Only a real field: a file
+// named like one ("data.text.path: shouting: ...") stays apart.
 absl::Status InField(const std::string& field, const absl::Status& s) {
   const absl::string_view message = s.message();
   const size_t colon = message.find(": ");
-  const bool names_field =
-      colon != absl::string_view::npos && colon > 0 &&
-      std::all_of(message.begin(), message.begin() + colon,
-                  [](char c) { return absl::ascii_islower(c) || c == '_'; });
+  bool names_field = false;
+  if (colon != absl::string_view::npos && absl::StartsWith(field, "data.")) {
+    const google::protobuf::FieldDescriptor* part =
+        gpipe::v1::DataSpec::descriptor()->FindFieldByName(field.substr(5));
+    names_field = part != nullptr && part->message_type() != nullptr &&
+                  part->message_type()->FindFieldByName(
+                      std::string(message.substr(0, colon))) != nullptr;
+  }
   return absl::Status(s.code(),
                       absl::StrCat(field, names_field ? "." : ": ", message));
 }

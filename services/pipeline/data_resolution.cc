@@ -78,31 +78,15 @@ bool NeedsStandardization(const v1::DataSpec& data) {
   return data.has_csv() && data.csv().standardize() && !data.has_normalize();
 }
 
-// The field naming a model file's preprocessing a job may take on: not
-// filled by itself, it makes the data resolved where the file is.
-constexpr char kInitPreprocessing[] = "init_from's preprocessing";
+}  // namespace
 
-// Whether the spec leaves preprocessing that an init_from model file may
-// record (a file whose metadata holds no job is left alone).
-bool MayTakeInitPreprocessing(const v1::JobSpec& spec) {
-  if (!spec.has_init_from() || spec.init_from().path().empty()) return false;
-  const v1::DataSpec& data = spec.data();
-  return !data.has_normalize() ||
-         (data.has_text() && data.text().vocabulary().empty()) ||
-         (data.has_csv() && data.csv().feature_columns().empty());
-}
-
-// A job that starts from a model file reads its data as that model was
-// trained to read it: the file's text vocabulary, table feature columns
-// and normalization, where the spec gives none of its own. Numbered afresh
-// from other data, a text's ids shifted under the trained embedding (a
-// loss of 7.39 for a model at 0.60) and a table's reordered columns met
-// the wrong weights, silently. Then a byte outside the vocabulary, or a
-// table of other columns, is refused when the data is read.
-void TakeInitPreprocessing(v1::JobSpec* spec) {
+void AdoptInitFromPreprocessing(v1::JobSpec* spec) {
+  if (!spec->has_init_from() || spec->init_from().path().empty()) return;
   std::error_code ec;
   const std::string path = ModelFilePath(spec->init_from().path());
   if (!std::filesystem::is_regular_file(path, ec)) return;
+  // The stored spec as it ran: ReadModelFileInfo resolves nothing of it,
+  // so a file naming itself (a model trained on in place) reads once.
   absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path);
   if (!info.ok()) return;  // weights alone, or a checkpoint's stage file
   const v1::DataSpec& trained = info->spec.data();
@@ -121,8 +105,6 @@ void TakeInitPreprocessing(v1::JobSpec* spec) {
     if (data.has_csv()) data.mutable_csv()->set_standardize(false);
   }
 }
-
-}  // namespace
 
 std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
   std::vector<DataDependentField> fields;
@@ -145,8 +127,6 @@ std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
     fields.push_back({"data.csv.feature_columns", false});
   }
   if (NeedsInitStep(spec)) fields.push_back({"init_from.step", true});
-  if (MayTakeInitPreprocessing(spec))
-    fields.push_back({kInitPreprocessing, false});
   return fields;
 }
 
@@ -175,11 +155,7 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
     }
     spec->mutable_init_from()->set_step(*weights.step);
   }
-  if (MayTakeInitPreprocessing(*spec)) TakeInitPreprocessing(spec);
-  std::vector<DataDependentField> fields = DataDependentFields(*spec);
-  std::erase_if(fields, [](const DataDependentField& f) {
-    return f.field == kInitPreprocessing;
-  });
+  const std::vector<DataDependentField> fields = DataDependentFields(*spec);
   if (fields.empty()) return absl::OkStatus();
   // The source as it is on disk: statistics are of the raw features.
   v1::DataSpec raw = spec->data();

@@ -39,6 +39,18 @@ std::vector<DataDependentField> DataDependentFields(
 absl::Status ResolveDataDependentFields(gpipe::v1::JobSpec* spec,
                                         std::string* filled = nullptr);
 
+// A job that starts from a model file (init_from) reads its data as that
+// model was trained to read it: the file's text vocabulary, table feature
+// columns and normalization go into the spec where it gives none of its
+// own. Numbered afresh from other data, a text's ids shifted under the
+// trained embedding (a first loss of 7.39 for a model at 0.60) and a
+// table's reordered columns met the wrong weights, silently; now a byte
+// outside the vocabulary, or a table of other columns, is refused when the
+// data is read. Done where a job is made (gpipectl's train, local and
+// submit, the controller's submit), where the file can be read; a file
+// that is no model file (weights alone, a checkpoint) changes nothing.
+void AdoptInitFromPreprocessing(gpipe::v1::JobSpec* spec);
+
 // Makes the spec's paths (SpecPaths) absolute against `base` (the
 // submitter's directory): a worker elsewhere would resolve a relative path
 // against its own. Absolute paths stay as they are.

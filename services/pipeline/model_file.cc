@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
+#include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/checkpoint_layout.h"
 #include "services/storage/file_io.h"
@@ -117,11 +118,23 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": gpipe.step is \"", *step, "\""));
   }
-  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(*job);
-  if (!spec.ok()) {
+  // The spec as it ran: checked, and its data read only for a size an old
+  // file left at 0, never with its init_from, which may have changed since
+  // or be this very file.
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      ParseJobSpecJson(*job, SpecCheck::kJsonOnly);
+  absl::Status checked = spec.status();
+  if (spec.ok()) {
+    const bool had_init = spec->has_init_from();
+    const gpipe::v1::InitFrom init = spec->init_from();
+    spec->clear_init_from();
+    checked = CheckJobSpec(&*spec);
+    if (had_init) *spec->mutable_init_from() = init;
+  }
+  if (!checked.ok()) {
     return absl::Status(
-        spec.status().code(),
-        absl::StrCat(path, ": its gpipe.job: ", spec.status().message()));
+        checked.code(),
+        absl::StrCat(path, ": its gpipe.job: ", checked.message()));
   }
   info.spec = std::move(*spec);
   return info;
@@ -149,15 +162,24 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
       return absl::InvalidArgumentError(absl::StrCat(
           path,
           ": a checkpoint (its stages' files and MANIFEST.json), which "
-          "records no model spec: give the job's spec after it (gpipectl "
-          "eval ",
-          path, " JOB.json)"));
+          "records no model spec: eval takes it with the job's spec after "
+          "it (gpipectl eval ",
+          path,
+          " JOB.json); predict and generate take a model file (gpipectl "
+          "fetch JOB, without --step, once the job has succeeded)"));
     }
-    ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec, LoadJobSpecFile(job_path));
+    // The job's own init_from is no part of serving the checkpoint, but a
+    // model file it started from says how the job read its data.
+    ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
+                     LoadJobSpecFile(job_path, SpecCheck::kJsonOnly));
+    AdoptInitFromPreprocessing(&spec);
     gpipe::v1::InitFrom& init = *spec.mutable_init_from();
     init.Clear();
     init.set_path(model);  // the manifest checks every file's digest
     init.set_strict(true);
+    if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(job_path, ": ", s.message()));
+    }
     return spec;
   }
   if (std::filesystem::is_directory(model, ec)) {

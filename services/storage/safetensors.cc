@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 
@@ -83,10 +84,18 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
 }
 
 std::string OtherWeightsFormatHint(const std::string& path) {
+  std::error_code ec;
+  const uintmax_t size = std::filesystem::file_size(path, ec);
   std::ifstream in(path, std::ios::binary);
-  char head[4] = {};
-  if (!in.read(head, sizeof head)) return "";
-  const std::string_view start(head, sizeof head);
+  char head[8] = {};
+  if (ec || !in.read(head, sizeof head)) return "";
+  // A safetensors file, even a damaged one, starts with its header's
+  // length: only a file whose first 8 bytes cannot be one is another format.
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i)
+    header = header << 8 | static_cast<unsigned char>(head[i]);
+  if (header <= size - std::min<uintmax_t>(size, 8)) return "";
+  const std::string_view start(head, 4);
   constexpr const char* kConvert =
       "save the tensors with safetensors.torch.save_file(model.state_dict(), "
       "PATH), or gpipe.from_torch(model, PATH) for a model whose layers "

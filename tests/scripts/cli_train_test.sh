@@ -229,8 +229,14 @@ same_tensors "$work/zb2-ref/model.safetensors" "$work/zb2-r2/model.safetensors" 
 if "$gpipectl" train "$work/zb2.json" --steps 1 >"$work/zb2.log" 2>&1; then
   fail "gradient_groups 2 under ZB-H1 on one replica was taken"
 fi
-grep -q "zb2.json: pipeline.gradient_groups: 2 groups on 1 replica" "$work/zb2.log" ||
+grep -q "zb2.json with --steps 1: pipeline.gradient_groups: 2 groups on 1 replica" "$work/zb2.log" ||
   { cat "$work/zb2.log"; fail "the refusal does not name the file and the field"; }
+# One the flags caused names them beside the file.
+if "$gpipectl" train "$work/zb2.json" --stages 50 --steps 1 >"$work/zb2.log" 2>&1; then
+  fail "--stages 50 on a small model was taken"
+fi
+grep -q "zb2.json with --stages 50 --steps 1: pipeline.stages" "$work/zb2.log" ||
+  { cat "$work/zb2.log"; fail "a refusal the flags caused does not name them"; }
 
 # Flags out of range are refused before anything runs, naming the flag and
 # the value (a thread count no machine has crashed libgomp; negative counts

@@ -67,7 +67,7 @@ ok "the checkpoint of step $kept: $n files (manifest and stages), byte-identical
 "$bin/gpipectl" eval "$work/step" "$work/job.json" --json >"$work/ckeval.json" 2>&1 ||
   fail "eval of the checkpoint of step $kept: $(cat "$work/ckeval.json")"
 grep -q '"loss"' "$work/ckeval.json" || fail "eval of a checkpoint printed no loss: $(cat "$work/ckeval.json")"
-refused "a checkpoint (its stages' files and MANIFEST.json), which records no model spec: give the job's spec" \
+refused "a checkpoint (its stages' files and MANIFEST.json), which records no model spec: eval takes it with the job's spec" \
   "$bin/gpipectl" eval "$work/step"
 ok "eval of a checkpoint folder with the job's spec"
 

@@ -121,5 +121,17 @@ PY
 "$gpipectl" plan "$work/g2.json" "${flops[@]}" --workers 4 --stages-range 2 \
   >"$work/g2" 2>&1 || { cat "$work/g2"; fail "plan of a spec with gradient_groups 2 under ZB-H1"; }
 grep -q '^best: K=2 R=[12] ' "$work/g2" || { cat "$work/g2"; fail "no plan for gradient_groups 2"; }
+# A spec's own choice out of range is named, not shown as a row.
+python3 - "$src/examples/fashion_mnist_mlp.json" "$work/rep9.json" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["pipeline"]["replicas"] = 1000000000
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+"$gpipectl" plan "$work/rep9.json" "${flops[@]}" --stages-range 1..2 >"$work/rep9" 2>&1 ||
+  { cat "$work/rep9"; fail "plan of a spec whose own replicas do not run"; }
+grep -q "own configuration does not run: .*rep9.json: pipeline.replicas: must be in" "$work/rep9" ||
+  { cat "$work/rep9"; fail "the spec's own replicas out of range were not named"; }
+if grep -q "(the job spec's own)" "$work/rep9"; then fail "a row for a spec that does not run"; fi
 echo "ok: replicas ($(grep '^best:' "$work/r" | cut -c1-40))"
 echo "5 passed, 0 failed"

@@ -1,11 +1,10 @@
 // The stage figures on gpipectl's progress bar: the schedule's theory on
 // equal stages, and each worker's bubble the cost model predicts for the
 // cut it runs.
-#include "cli/stage_figures.h"
-
 #include <string>
 #include <vector>
 
+#include "cli/stage_figures.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/simulator.h"
 
@@ -47,21 +46,20 @@ TEST(StageFigures, TheoryAlone) {
 }
 
 TEST(StageFigures, TheoryAndTheCut) {
-  EXPECT_EQ(BubbleTheoryText(ScheduleKind::kZeroBubbleH1, 2, 8, 1,
-                             {0.164, 0.057}),
-            " (zb-h1 theory 4%, this cut 16% 6%)");
+  EXPECT_EQ(
+      BubbleTheoryText(ScheduleKind::kZeroBubbleH1, 2, 8, 1, {0.164, 0.057}),
+      " (zb-h1 theory 4%, this cut 16% 6%)");
   EXPECT_EQ(StageFiguresLine({{0.82, 0.18}, {0.95, 0.05}},
-                             BubbleTheoryText(ScheduleKind::kZeroBubbleH1, 2,
-                                              8, 1, {0.164, 0.057})),
+                             BubbleTheoryText(ScheduleKind::kZeroBubbleH1, 2, 8,
+                                              1, {0.164, 0.057})),
             "util 82% 95%  bubble 18% 5% (zb-h1 theory 4%, this cut 16% 6%)");
 }
 
 TEST(StageFigures, TheCutsBubbleIsTheCostModelsSimulation) {
   const gpipe::v1::JobSpec spec = DeepMlp();
   const std::vector<int64_t> balance = {4, 5};
-  const std::vector<double> cut =
-      CutBubbles(spec, ScheduleKind::kZeroBubbleH1, RematMode::kNever,
-                 balance, 8, 1, 128);
+  const std::vector<double> cut = CutBubbles(
+      spec, ScheduleKind::kZeroBubbleH1, RematMode::kNever, balance, 8, 1, 128);
   ASSERT_EQ(cut.size(), 2u);
   auto shapes = InferModelShapes(spec.model());
   ASSERT_TRUE(shapes.ok());
@@ -76,9 +74,9 @@ TEST(StageFigures, TheCutsBubbleIsTheCostModelsSimulation) {
   EXPECT_GT(cut[0], TheoreticalBubble(ScheduleKind::kZeroBubbleH1, 2, 8));
 
   // ZB-V: one figure per worker, not per chunk.
-  const std::vector<double> v = CutBubbles(
-      spec, ScheduleKind::kZeroBubbleV, RematMode::kNever, {2, 2, 2, 3}, 8,
-      2, 128);
+  const std::vector<double> v =
+      CutBubbles(spec, ScheduleKind::kZeroBubbleV, RematMode::kNever,
+                 {2, 2, 2, 3}, 8, 2, 128);
   EXPECT_EQ(v.size(), 2u);
 }
 
@@ -88,8 +86,8 @@ TEST(StageFigures, NoFiguresForACutThatDoesNotFit) {
   EXPECT_TRUE(CutBubbles(spec, ScheduleKind::kGPipe, RematMode::kNever, {4, 4},
                          4, 1, 128)
                   .empty());
-  EXPECT_TRUE(CutBubbles(spec, ScheduleKind::kGPipe, RematMode::kNever,
-                         {9, 0}, 4, 1, 128)
+  EXPECT_TRUE(CutBubbles(spec, ScheduleKind::kGPipe, RematMode::kNever, {9, 0},
+                         4, 1, 128)
                   .empty());
   EXPECT_TRUE(CutBubbles(spec, ScheduleKind::kInterleaved1F1B,
                          RematMode::kNever, {3, 3, 3}, 4, 2, 128)

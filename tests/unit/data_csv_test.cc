@@ -233,6 +233,18 @@ TEST_F(CsvTest, ErrorsNameTheSpecField) {
   spec.mutable_csv()->set_path((dir_ / "missing.csv").string());
   d = OpenDataset(spec, Shape{2}, 1);
   EXPECT_THAT(d.status().message(), HasSubstr("data.csv.path: "));
+  // A file named like a field is a file: "data.text.path: shouting: ...",
+  // not "data.text.path.shouting: ...".
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir_);
+  std::ofstream("shouting") << "abcabcabcabcT";
+  gpipe::v1::DataSpec text;
+  text.mutable_text()->set_path("shouting");
+  text.mutable_text()->set_seq_len(4);
+  text.mutable_text()->set_vocabulary("abc");
+  d = OpenDataset(text, Shape{4}, 1, DType::kI32);
+  std::filesystem::current_path(cwd);
+  EXPECT_THAT(d.status().message(), HasSubstr("data.text.path: shouting: "));
 }
 
 // A model input the feature columns do not fill is refused when the data

@@ -301,7 +301,9 @@ TEST_F(TensorFilesTest, SplitsMustHoldSamples) {
   EXPECT_THAT(Error(spec), HasSubstr("5 samples are too few to split with "
                                      "test_fraction 0.1"));
   spec.set_test_fraction(1.5);
-  EXPECT_THAT(Error(spec), HasSubstr("test_fraction: must be in [0, 1) (0 means the default 0.1)"));
+  EXPECT_THAT(
+      Error(spec),
+      HasSubstr("test_fraction: must be in [0, 1) (0 means the default 0.1)"));
   spec.set_test_fraction(0);
   spec.set_test_inputs(Write("tx.npy", Npy("<f4", "(0, 1)", "")));
   spec.set_test_targets(Write("ty.npy", Npy("|u1", "(0,)", "")));

@@ -304,6 +304,15 @@ TEST_F(InitWeightsTest, PyTorchsFilesAreJudgedByNameAndDtypeWithAFix) {
   spec.mutable_init_from()->set_path(pt);
   EXPECT_THAT(ReferenceTrainer::Create(spec).status().message(),
               HasSubstr("it is a zip archive, as torch.save"));
+  // A damaged safetensors file whose header length starts with 0x80 is not
+  // called a pickle: its length fits the file.
+  const std::string damaged = (dir_ / "damaged.safetensors").string();
+  std::ofstream(damaged, std::ios::binary)
+      << std::string("\x80\0\0\0\0\0\0\0", 8) << std::string(200, 'x');
+  spec.mutable_init_from()->set_path(damaged);
+  const absl::Status damaged_status = ReferenceTrainer::Create(spec).status();
+  EXPECT_FALSE(damaged_status.ok());
+  EXPECT_THAT(damaged_status.message(), ::testing::Not(HasSubstr("pickle")));
 }
 
 TEST_F(InitWeightsTest, AnotherShapeIsAnErrorEvenWhenNotStrict) {
