@@ -243,8 +243,30 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     Changed();
     submitted = job.job;
   }
-  // Acknowledged only once stored, off the lock.
-  if (store_writer_ != nullptr) store_writer_->WaitWritten(ticket);
+  // Acknowledged only once stored, off the lock. A job the store could not
+  // record (a full disk) is refused and ended: acknowledged, a restart of
+  // the controller would have lost it without a word.
+  if (store_writer_ != nullptr) {
+    absl::Status stored = store_writer_->WaitStored(ticket, submitted.id());
+    if (!stored.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (JobRecord* job = jobs_.Find(submitted.id()); job != nullptr) {
+          if (!IsTerminal(job->status().state())) {
+            EndJob(*job, v1::FAILED, kFailed, "NotStored",
+                   "the job store could not record the job", nullptr, Now());
+          }
+          RemoveJob(job->id());
+          Reschedule(Now());
+          Changed();
+        }
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the controller's job store could not record the job, so it was "
+          "not started: ",
+          stored.message()));
+    }
+  }
   return submitted;
 }
 

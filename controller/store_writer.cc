@@ -44,6 +44,14 @@ void StoreWriter::WaitWritten(uint64_t ticket) {
   mu_.Await(absl::Condition(&done));
 }
 
+absl::Status StoreWriter::WaitStored(uint64_t ticket, const std::string& id) {
+  WaitWritten(ticket);
+  absl::MutexLock lock(&mu_);
+  auto it = failed_.find(id);
+  if (it == failed_.end() || it->second.first < ticket) return absl::OkStatus();
+  return it->second.second;
+}
+
 void StoreWriter::Loop() {
   for (;;) {
     std::map<std::string, Queued> batch;
@@ -57,19 +65,31 @@ void StoreWriter::Loop() {
       batch.swap(queued_);
     }
     uint64_t newest = 0;
+    std::map<std::string, std::pair<uint64_t, absl::Status>> outcomes;
     for (auto& [id, q] : batch) {
       // The job goes on in memory: a store that fails now only loses what
-      // a restart would replay (logged for the operator).
+      // a restart would replay (logged for the operator; WaitStored tells
+      // a caller waiting on it).
+      absl::Status s;
       if (q.deleted) {
-        if (absl::Status s = store_->Delete(id); !s.ok()) {
+        s = store_->Delete(id);
+        if (!s.ok())
           LogError("cannot delete job %s from the store: %s", id, s.ToString());
-        }
-      } else if (absl::Status s = store_->Put(q.seq, q.job); !s.ok()) {
-        LogError("cannot store job %s: %s", id, s.ToString());
+      } else {
+        s = store_->Put(q.seq, q.job);
+        if (!s.ok()) LogError("cannot store job %s: %s", id, s.ToString());
       }
+      outcomes[id] = {q.ticket, s};
       newest = std::max(newest, q.ticket);
     }
     absl::MutexLock lock(&mu_);
+    for (auto& [id, outcome] : outcomes) {
+      if (outcome.second.ok()) {
+        failed_.erase(id);
+      } else {
+        failed_[id] = std::move(outcome);
+      }
+    }
     // Every ticket up to `newest` was queued before this batch was taken:
     // it is in the batch, replaced by a newer one in it, or written before.
     written_ = std::max(written_, newest);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "controller/job_store.h"
 #include "gpipe/v1/controller.pb.h"
@@ -31,6 +32,12 @@ class StoreWriter {
   // Queues the removal of job `id` (replacing a Put still queued).
   uint64_t Delete(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
   void WaitWritten(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same, and whether job `id`'s state as of `ticket` (or a newer one)
+  // reached the store: the store's error where its last write of `id`
+  // failed (a full disk), so a caller need not acknowledge what a restart
+  // would lose.
+  absl::Status WaitStored(uint64_t ticket, const std::string& id)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Queued {
@@ -43,6 +50,9 @@ class StoreWriter {
 
   JobStore* const store_;
   absl::Mutex mu_;
+  // Jobs whose last write failed: the ticket written and the store's error.
+  std::map<std::string, std::pair<uint64_t, absl::Status>> failed_
+      ABSL_GUARDED_BY(mu_);
   std::map<std::string, Queued> queued_ ABSL_GUARDED_BY(mu_);  // by job id
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // Every ticket up to this one is on disk (or failed, logged).

@@ -150,6 +150,29 @@ absl::StatusOr<StageFileStore::Stored> ControllerFileStore::Upload(
 
 absl::StatusOr<int64_t> ControllerFileStore::Restore(const v1::Assignment& a,
                                                      Stage& stage) {
+  // The controller that assigned the restore is up, but this channel may
+  // still be waiting out its reconnect backoff from an upload the
+  // controller's restart cut: UNAVAILABLE then means "not yet", and each
+  // such failure spent one of the job's restarts.
+  absl::Status last;
+  for (int attempt = 0; attempt < kUploadAttempts; ++attempt) {
+    if (attempt > 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(500 << attempt));
+    absl::StatusOr<int64_t> restored = RestoreOnce(a, stage);
+    if (restored.ok() || !absl::IsUnavailable(restored.status()))
+      return restored;
+    last = restored.status();
+    LogWarning(
+        "fetching the checkpoint of step %d of %s failed (attempt %d "
+        "of %d): %s",
+        static_cast<int>(a.restore_step()), a.job_id(), attempt + 1,
+        kUploadAttempts, last.ToString());
+  }
+  return last;
+}
+
+absl::StatusOr<int64_t> ControllerFileStore::RestoreOnce(
+    const v1::Assignment& a, Stage& stage) {
   const std::string what =
       absl::StrCat("checkpoint of step ", a.restore_step(), " of ", a.job_id());
   v1::FetchCheckpointRequest request;

@@ -40,6 +40,8 @@ class ControllerFileStore final : public StageFileStore {
  private:
   absl::StatusOr<Stored> Upload(const gpipe::v1::Assignment& a, Stage& stage,
                                 int64_t step, bool final);
+  absl::StatusOr<int64_t> RestoreOnce(const gpipe::v1::Assignment& a,
+                                      Stage& stage);
 
   std::unique_ptr<gpipe::v1::Controller::Stub> stub_;
   const security::ClientSecurity security_;

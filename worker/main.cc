@@ -332,6 +332,9 @@ int main(int argc, char** argv) {
     // heartbeats.
     grpc::ChannelArguments args;
     security->attach.ApplyTo(args);
+    // A restarted controller is reached within 2 s, not after gRPC's
+    // default backoff of up to two minutes: the restore it assigns waits.
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
     executor.set_controller_file_store(
         std::make_unique<gpipe::ControllerFileStore>(
             grpc::CreateCustomChannel(absl::GetFlag(FLAGS_controller),

@@ -2,16 +2,20 @@
 // rows that do not parse are reported and skipped, and a file that is not a
 // database is a clear error.
 #include <sqlite3.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "controller/controller.h"
 #include "controller/job_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/controller_fixtures.h"
 
 namespace gpipe::controller {
 namespace {
@@ -148,6 +152,36 @@ TEST_F(JobStoreTest, ASecondControllerOnTheStoreIsRefused) {
   first->reset();
   auto again = JobStore::Open(path_, absl::ZeroDuration());
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// A job the store cannot record (a full disk; here a file size limit) is
+// refused at submit and not kept: acknowledged, a restart of the
+// controller would have lost it without a word.
+TEST_F(JobStoreTest, ASubmitTheStoreCannotRecordIsRefused) {
+  ControllerOptions o;
+  o.store_path = path_;
+  o.checkpoint_dir = (dir_ / "ckpt").string();
+  auto controller = std::make_unique<Controller>(o);
+  ASSERT_TRUE(controller->Recover().ok());
+  struct rlimit before;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = before;
+  small.rlim_cur = 512;  // no journal or log of a write fits
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  absl::StatusOr<v1::Job> job =
+      controller->SubmitJob(test_support::RecoverableSpec(1, 2));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &before), 0);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_TRUE(absl::IsResourceExhausted(job.status())) << job.status();
+  EXPECT_THAT(job.status().message(),
+              HasSubstr("job store could not record the job"));
+  absl::StatusOr<v1::ListJobsResponse> jobs =
+      controller->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_EQ(jobs->jobs_size(), 0);
+  // With room again, a submit is stored as before.
+  EXPECT_TRUE(controller->SubmitJob(test_support::RecoverableSpec(1, 2)).ok());
 }
 
 }  // namespace
