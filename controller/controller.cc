@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -1380,6 +1381,14 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
 
 void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
                           absl::Time now) {
+  // The stage fails before it reports the step: gpipe_loss never showed
+  // the NaN, and the GpipeLossNotFinite alert could not fire. The job's
+  // loss says it instead, until the job is deleted.
+  if (f.reason() == "LossNotFinite" && options_.metrics != nullptr &&
+      jobs_.Find(f.job_id()) != nullptr) {
+    options_.metrics->ObserveLoss(f.job_id(),
+                                  std::numeric_limits<double>::quiet_NaN());
+  }
   // A permanent failure (a loss that is not finite, bad data) of the epoch
   // the job just left: its neighbour's lost link, reported first, restarted
   // the job, and the replay is bitwise the same run, so it would fail the

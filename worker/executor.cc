@@ -548,6 +548,11 @@ void Executor::Execute(std::shared_ptr<Run> run) {
        parked_->layer_end != a.layer_end() || xs.size() > 1)) {
     SetParked(nullptr);
   }
+  if (metrics_ != nullptr && !xs.empty()) {
+    std::vector<std::pair<int64_t, int64_t>> kept;
+    for (const auto& c : xs) kept.emplace_back(c->a.stage(), c->a.replica());
+    metrics_->KeepOnly(xs.front()->a.job_id(), kept);
+  }
   for (const auto& c : xs) {
     LogInfo("running stage %d/%d of %s (epoch %d): layers [%d, %d), M=%d%s",
             c->a.stage(), c->a.stages(), c->a.job_id(), c->a.epoch(),
@@ -556,10 +561,13 @@ void Executor::Execute(std::shared_ptr<Run> run) {
                                          xs.size(), " on this worker")
                           : std::string());
     if (metrics_ != nullptr) {
+      // Each of R replicas runs M / R of the step's micro-batches: its
+      // bubble in theory is that pipeline's (it read M's: 20% for K=2,
+      // M=4, R=2, against the 33% the progress line says).
       c->metrics = metrics_->ForStage(
           c->a.job_id(), c->a.stage(), c->a.replica(), c->a.stages(),
-          c->a.micro_batches(), c->last, ScheduleFromSpec(c->a.schedule()),
-          static_cast<int64_t>(xs.size()));
+          c->a.micro_batches() / std::max<int64_t>(1, c->a.replicas()), c->last,
+          ScheduleFromSpec(c->a.schedule()), static_cast<int64_t>(xs.size()));
     }
   }
   const auto run_stage = [&]() -> absl::Status {

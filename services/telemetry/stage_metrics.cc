@@ -239,6 +239,33 @@ void PipelineMetrics::Finish(const std::string& job, int64_t stage,
   }
 }
 
+void PipelineMetrics::KeepOnly(
+    const std::string& job,
+    const std::vector<std::pair<int64_t, int64_t>>& kept) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto other = [&](const StageMetrics& m) {
+    return m.job() == job &&
+           std::find(kept.begin(), kept.end(),
+                     std::make_pair(m.stage(), m.replica())) == kept.end();
+  };
+  for (auto it = live_.begin(); it != live_.end();) {
+    if (other(*it->second)) {
+      RemoveLocked(it->second);
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (auto it = finished_.begin(); it != finished_.end();) {
+    if (other(*it->metrics)) {
+      RemoveLocked(it->metrics);
+      it = finished_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void PipelineMetrics::Prune(Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mu_);
   while (!finished_.empty() && now - finished_.front().at >= linger_) {

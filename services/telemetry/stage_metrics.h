@@ -124,6 +124,14 @@ class PipelineMetrics : public prometheus::Collectable {
   // `keep_finished` newer ones have ended, then go.
   void Finish(const std::string& job, int64_t stage, int64_t replica = 0);
 
+  // A new assignment of `job` runs `kept` (stage, replica) pairs on this
+  // worker: the series of the job's other pairs go at once, live or
+  // lingering. A re-partition that moved a stage to another worker left
+  // its old series here, frozen, beside the new worker's: two series for
+  // one stage, which broke `on(job, stage, replica)` matches.
+  void KeepOnly(const std::string& job,
+                const std::vector<std::pair<int64_t, int64_t>>& kept);
+
   // Removes the label sets that lingered long enough (as of `now`).
   void Prune(Clock::time_point now = Clock::now());
   // Label sets exported now (for tests of the bound).

@@ -151,7 +151,12 @@ while True:
     grid = set(re.findall(r'^gpipe_job_step\{job="[^"]+",replica="(\d+)",stage="(\d+)"\}', text, re.M))
     moved = {m[0]: float(m[1]) for m in re.findall(r'^gpipe_stage_allreduce_bytes_total\{job="[^"]+",(replica="\d+",stage="\d+")\} (\S+)', text, re.M)}
     loss = re.search(r'^gpipe_job_loss\{job="[^"]+"\} \d', text, re.M)
+    # Each replica runs M/R = 2 of the step's micro-batches: its theory is
+    # that pipeline's, (K-1)/(M/R+K-1) = 1/3, not M's 1/5.
+    theory = [float(v) for v in re.findall(r'^gpipe_pipeline_bubble_theoretical_ratio\{[^}]*\} (\S+)', text, re.M)]
     problems = []
+    if len(theory) != 4 or any(abs(t - 1 / 3) > 1e-6 for t in theory):
+        problems.append(f"gpipe_pipeline_bubble_theoretical_ratio {theory}, want 1/3 on each of 4")
     want = {(r, s) for r in "01" for s in "01"}
     if grid != want:
         problems.append(f"gpipe_job_step series for (replica, stage) {sorted(grid)}, want {sorted(want)}")

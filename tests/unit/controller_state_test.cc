@@ -4,6 +4,7 @@
 // commits and restore-point checks run off the lock (FlushIo waits for
 // them): nothing here sleeps to see that nothing happened.
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -139,6 +140,37 @@ class ControllerStateTest : public ::testing::Test {
   std::atomic<int> disconnects_{0};
   std::unique_ptr<Controller> controller_;
 };
+
+// A stage that fails on a loss that is not finite never reports that
+// step: the controller's gpipe_job_loss turns NaN, so the
+// GpipeLossNotFinite alert sees it.
+TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
+  ControllerMetrics metrics;
+  ControllerOptions o;
+  o.checkpoint_dir = dir_.string();
+  o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
+  o.clock = [this] { return clock_.Now(); };
+  o.metrics = &metrics;
+  controller_ = std::make_unique<Controller>(o);
+  OneStageJob j = StartOneStageJob();
+  ASSERT_TRUE(j.a.has_value());
+  v1::WorkerMessage failed;
+  v1::StageFailed& f = *failed.mutable_failed();
+  f.set_job_id(j.id);
+  f.set_epoch(j.a->epoch());
+  f.set_stage(0);
+  f.set_permanent(true);
+  f.set_reason("LossNotFinite");
+  f.set_message("the loss is not finite (nan) at step 3");
+  controller_->HandleMessage(*j.w1, failed);
+  EXPECT_EQ(State(j.id), v1::FAILED);
+  bool nan = false;
+  for (const auto& family : metrics.Collect()) {
+    if (family.name != "gpipe_job_loss") continue;
+    for (const auto& m : family.metric) nan = nan || std::isnan(m.gauge.value);
+  }
+  EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN";
+}
 
 TEST_F(ControllerStateTest, ALeaseExpiresExactlyAtTheHeartbeatTimeout) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);

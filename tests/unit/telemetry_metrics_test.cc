@@ -267,6 +267,23 @@ TEST(StageMetrics, LabelSetsOfEndedJobsStayBounded) {
             2u);
 }
 
+TEST(StageMetrics, AStageMovedAwayLeavesNoSeriesBehind) {
+  // A re-partition moved stage 0 of job j off this worker, which now runs
+  // stage 1: stage 0's series go at once (they stayed, frozen, beside the
+  // new worker's, until the job ended); another job's are untouched.
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  metrics.ForStage("j", 0, /*replica=*/0, 2, 4, false)
+      ->ObserveStep(Step(10, {}), {});
+  metrics.ForStage("other", 0, /*replica=*/0, 2, 4, false);
+  metrics.KeepOnly("j", {{1, 0}});
+  metrics.ForStage("j", 1, /*replica=*/0, 2, 4, true);
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_job_step", "j", "0"), nullptr);
+  EXPECT_NE(Find(registry.Collect(), "gpipe_job_step", "j", "1"), nullptr);
+  EXPECT_NE(Find(registry.Collect(), "gpipe_job_step", "other", "0"), nullptr);
+  EXPECT_EQ(metrics.exported(), 2u);
+}
+
 TEST(MeteredLink, CountsTensorBytesBothWays) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
