@@ -32,6 +32,7 @@
 #include "services/pipeline/step_plan.h"
 #include "services/security/stream_key.h"
 #include "services/storage/checkpoint_layout.h"
+#include "services/storage/file_io.h"
 #include "services/storage/manifest.h"
 #include "services/storage/sha256.h"
 
@@ -1925,6 +1926,12 @@ void Controller::MergeIo(const std::string& id) {
                  .status();
   }
   if (merged.ok()) merged = MergeStageParameters(paths, out_path, metadata);
+  if (merged.ok()) {
+    absl::StatusOr<std::string> sha = storage::Sha256File(out_path);
+    merged = sha.ok() ? storage::WriteFileAtomically(
+                            storage::ModelDigestPath(out_path), *sha + "\n")
+                      : sha.status();
+  }
   {
     const absl::Time now = Now();
     absl::MutexLock lock(&mu_);

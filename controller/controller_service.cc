@@ -7,9 +7,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "grpc/grpc_security_constants.h"
 #include "services/core/host_port.h"
 #include "services/core/log.h"
+#include "services/storage/checkpoint_layout.h"
+#include "services/storage/file_io.h"
 #include "services/storage/manifest.h"
 
 namespace gpipe::controller {
@@ -170,7 +173,15 @@ grpc::Status ControllerService::FetchModel(
   if (!path.ok()) return ToGrpcStatus(path.status());
   std::vector<StageFileTransfers::FileToSend> files;
   if (request->step() == 0) {
-    files.push_back({*path, "model.safetensors", ""});
+    // Checked against the digest written with it (none for a model of an
+    // older controller): a file damaged on this disk was sent as it was.
+    std::string sha256;
+    if (absl::StatusOr<std::string> recorded =
+            storage::ReadWholeFile(storage::ModelDigestPath(*path));
+        recorded.ok()) {
+      sha256 = std::string(absl::StripAsciiWhitespace(*recorded));
+    }
+    files.push_back({*path, "model.safetensors", sha256});
   } else {
     // Off the controller's lock: the manifest and the files it names.
     absl::StatusOr<v1::CheckpointManifest> manifest =

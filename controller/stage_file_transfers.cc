@@ -259,8 +259,9 @@ absl::Status StageFileTransfers::SendFiles(
                          },
                          gone));
     if (!file.sha256.empty() && sha != file.sha256) {
-      return absl::DataLossError(
-          absl::StrCat(file.path, " no longer matches its manifest's sha256"));
+      return absl::DataLossError(absl::StrCat(
+          file.path,
+          " no longer matches the sha256 recorded when it was written"));
     }
     out.set_sha256(sha);
     if (!write(out)) return gone();

@@ -51,6 +51,10 @@ std::string MergedModelPath(absl::string_view job_dir) {
   return Join(job_dir, "model.safetensors");
 }
 
+std::string ModelDigestPath(absl::string_view model_path) {
+  return absl::StrCat(model_path, ".sha256");
+}
+
 std::string StageFileName(int64_t epoch, int64_t stage) {
   return absl::StrCat("e", epoch, kStageInfix, stage, kStageSuffix);
 }

@@ -30,6 +30,10 @@ std::string FinalParametersDir(absl::string_view job_dir);
 
 // <job_dir>/model.safetensors: the stages' final parameters in one file.
 std::string MergedModelPath(absl::string_view job_dir);
+// The sha256 of the model file as the controller wrote it (hex, one line):
+// a fetch checks the file against it, so a file damaged on the
+// controller's disk is refused, not delivered.
+std::string ModelDigestPath(absl::string_view model_path);
 
 // "e<epoch>-stage-<stage>.safetensors".
 std::string StageFileName(int64_t epoch, int64_t stage);

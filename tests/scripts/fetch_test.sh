@@ -45,6 +45,14 @@ cmp "$work/got/model.safetensors" "$work/ckpt/$job/model.safetensors" ||
 grep -q "model.safetensors" "$work/fetch.txt" || fail "fetch did not say what it wrote: $(cat "$work/fetch.txt")"
 ls "$work/got" | grep -q '\.part$' && fail "a .part file was left"
 ok "the final model, byte-identical ($(cut -c1-120 "$work/fetch.txt"))"
+# A model damaged on the controller's disk is refused against the digest
+# written with it, not delivered (it arrived with a new sha256 and rc 0).
+cp "$work/ckpt/$job/model.safetensors" "$work/model.good"
+truncate -s 5000 "$work/ckpt/$job/model.safetensors"
+refused "no longer matches the sha256 recorded when it was written" ctl fetch "$job" -o "$work/damaged"
+[[ ! -e "$work/damaged/model.safetensors" ]] || fail "a damaged model was delivered"
+cp "$work/model.good" "$work/ckpt/$job/model.safetensors"
+ok "a model damaged on the controller's disk is refused"
 
 # The final parameters are the model, not a checkpoint: the last kept is
 # step 30 of 40, and step 40 is refused naming what is kept.
