@@ -14,13 +14,15 @@
 namespace gpipe::cli {
 namespace {
 
-// A watch may sit quiet for long (a job pending for workers). gRPC servers by
-// default strike a client that pings more often than every 5 minutes while
-// they send nothing, and close its connection after two strikes
-// (GOAWAY "too_many_pings"); pinging a little less often than that still
-// finds a dead connection on a long watch without being struck.
-constexpr int kKeepaliveTimeMs = 330 * 1000;
-constexpr int kKeepaliveTimeoutMs = 20 * 1000;
+// A watch may sit quiet for long (a job pending for workers), and a frozen
+// controller (a stopped process, a partitioned node) closes nothing: only
+// pings find it. Our controller takes a ping every 5 s while it sends
+// nothing (controller_server.cc) where gRPC's default strikes a client that
+// pings more often than every 5 minutes; every 10 s, with 10 s to answer,
+// finds a frozen one within 20 s (at 330 s, a watch or a fetch mid-file
+// hung for minutes).
+constexpr int kKeepaliveTimeMs = 10 * 1000;
+constexpr int kKeepaliveTimeoutMs = 10 * 1000;
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
 constexpr int kMaxReceiveBytes = 256 << 20;
 

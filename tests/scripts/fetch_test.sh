@@ -121,4 +121,25 @@ set -e
 grep -q "stopped watching" "$work/watch.txt" && fail "the watch gave up at the restart: $(tail -3 "$work/watch.txt")"
 grep -q "CANCELLED" "$work/watch.txt" || fail "the watch did not follow the job to its end: $(tail -3 "$work/watch.txt")"
 ok "a watch followed its job across the controller's graceful restart"
+
+# A frozen controller closes nothing: the watch's pings find it (every
+# 10 s, 10 s to answer), then it gives up after 30 s without it (it hung
+# for good, pinging every 5.5 minutes).
+long3=$(submit "$work/long.json")
+ctl watch "$long3" >"$work/frozen.txt" 2>&1 &
+watcher=$!
+sleep 1
+kill -STOP "$controller_pid"
+for _ in $(seq 1 900); do
+  kill -0 "$watcher" 2>/dev/null || break
+  sleep 0.1
+done
+kill -CONT "$controller_pid"
+if kill -0 "$watcher" 2>/dev/null; then
+  kill "$watcher"
+  fail "the watch still waits on a controller frozen for 90 s"
+fi
+grep -q "lost the controller" "$work/frozen.txt" || fail "the watch of a frozen controller: $(tail -3 "$work/frozen.txt")"
+ctl cancel "$long3" >/dev/null
+ok "a watch of a frozen controller gives up"
 echo "$passed passed, 0 failed"
