@@ -1,6 +1,7 @@
 #include "controller/controller.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -1783,8 +1784,24 @@ void Controller::LeaseLoop() {
       if (job->not_before > before)
         wait = std::min(wait, job->not_before - before);
     }
+    const auto slept_from = std::chrono::steady_clock::now();
     changed_.WaitWithTimeout(&mu_, wait);
     if (stopping_ || shutting_down_) continue;
+    // A controller that did not run (a stopped process, a paused VM) cannot
+    // tell the workers' silence from its own: leases start again from now,
+    // so no worker is detached for the controller's pause (a pause of 90 s
+    // detached every worker, and the job spent a restart).
+    const absl::Duration slept =
+        absl::FromChrono(std::chrono::steady_clock::now() - slept_from);
+    if (slept > wait + options_.heartbeat_timeout / 2) {
+      const absl::Time now = Now();
+      LogWarning(
+          "the controller did not run for %s: the workers' leases "
+          "start again from now",
+          ShortDuration(slept - wait));
+      for (const std::shared_ptr<WorkerRecord>& w : workers_.All())
+        w->last_heartbeat = std::max(w->last_heartbeat, now);
+    }
     if (TickLocked(Now())) Changed();
   }
 }

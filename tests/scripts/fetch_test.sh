@@ -142,4 +142,5 @@ fi
 grep -q "lost the controller" "$work/frozen.txt" || fail "the watch of a frozen controller: $(tail -3 "$work/frozen.txt")"
 ctl cancel "$long3" >/dev/null
 ok "a watch of a frozen controller gives up"
+
 echo "$passed passed, 0 failed"
