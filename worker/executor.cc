@@ -1222,9 +1222,13 @@ absl::Status Executor::Finish(
       const Execution& x = *xs[c];
       auto* f = finished[c].mutable_finished();
       ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(x.a));
-      ASSIGN_OR_RETURN(StageFileStore::Stored stored,
-                       files->SaveFinal(x.a, *x.stage));
-      f->set_parameters_path(stored.path);
+      // Marked as a checkpoint's failure: a full store is waited out
+      // without spending restarts, as for any checkpoint (it failed the job
+      // as a lost link, "LinkFailed", after every restart).
+      absl::StatusOr<StageFileStore::Stored> stored =
+          files->SaveFinal(x.a, *x.stage);
+      if (!stored.ok()) return CheckpointError(stored.status());
+      f->set_parameters_path(stored->path);
       if (x.last && eval.counted > 0) {
         *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);
       }
