@@ -36,6 +36,25 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
                       absl::StrCat(what, ": ", s.error_message()));
 }
 
+// `attempt` until it succeeds or fails otherwise than UNAVAILABLE, at most
+// kUploadAttempts times, 1, 2, 4 ... s apart: only an unreachable
+// controller is retried (it may be restarting, or this channel still
+// waiting out the reconnect backoff a cut upload left).
+template <typename T, typename Attempt>
+absl::StatusOr<T> RetryWhileUnavailable(absl::string_view what,
+                                        Attempt attempt) {
+  absl::Status last;
+  for (int i = 0; i < kUploadAttempts; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 << i));
+    absl::StatusOr<T> result = attempt();
+    if (result.ok() || !absl::IsUnavailable(result.status())) return result;
+    last = result.status();
+    LogWarning("%s failed (attempt %d of %d): %s", what, i + 1, kUploadAttempts,
+               last.ToString());
+  }
+  return last;
+}
+
 }  // namespace
 
 v1::StageFileHeader UploadHeader(const v1::Assignment& a, int64_t step,
@@ -78,12 +97,7 @@ absl::StatusOr<StageFileStore::Stored> ControllerFileStore::Upload(
       final ? absl::StrCat("uploading stage ", a.stage(), "'s final parameters")
             : absl::StrCat("uploading stage ", a.stage(),
                            "'s checkpoint of step ", step);
-  absl::Status last;
-  for (int attempt = 0; attempt < kUploadAttempts; ++attempt) {
-    if (attempt > 0) {
-      // Only an unreachable controller is retried: it may be restarting.
-      std::this_thread::sleep_for(std::chrono::milliseconds(500 << attempt));
-    }
+  return RetryWhileUnavailable<Stored>(what, [&]() -> absl::StatusOr<Stored> {
     grpc::ClientContext context;
     security_.ApplyTo(&context);
     context.set_deadline(TransferDeadline(encoder.size()));
@@ -140,12 +154,8 @@ absl::StatusOr<StageFileStore::Stored> ControllerFileStore::Upload(
       stored.bytes = response.bytes();
       return stored;
     }
-    last = FromGrpc(finished, what);
-    if (finished.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    LogWarning("%s failed (attempt %d of %d): %s", what, attempt + 1,
-               kUploadAttempts, last.ToString());
-  }
-  return last;
+    return FromGrpc(finished, what);
+  });
 }
 
 absl::StatusOr<int64_t> ControllerFileStore::Restore(const v1::Assignment& a,
@@ -154,21 +164,10 @@ absl::StatusOr<int64_t> ControllerFileStore::Restore(const v1::Assignment& a,
   // still be waiting out its reconnect backoff from an upload the
   // controller's restart cut: UNAVAILABLE then means "not yet", and each
   // such failure spent one of the job's restarts.
-  absl::Status last;
-  for (int attempt = 0; attempt < kUploadAttempts; ++attempt) {
-    if (attempt > 0)
-      std::this_thread::sleep_for(std::chrono::milliseconds(500 << attempt));
-    absl::StatusOr<int64_t> restored = RestoreOnce(a, stage);
-    if (restored.ok() || !absl::IsUnavailable(restored.status()))
-      return restored;
-    last = restored.status();
-    LogWarning(
-        "fetching the checkpoint of step %d of %s failed (attempt %d "
-        "of %d): %s",
-        static_cast<int>(a.restore_step()), a.job_id(), attempt + 1,
-        kUploadAttempts, last.ToString());
-  }
-  return last;
+  return RetryWhileUnavailable<int64_t>(
+      absl::StrCat("fetching the checkpoint of step ", a.restore_step(), " of ",
+                   a.job_id()),
+      [&] { return RestoreOnce(a, stage); });
 }
 
 absl::StatusOr<int64_t> ControllerFileStore::RestoreOnce(

@@ -248,22 +248,15 @@ void PipelineMetrics::KeepOnly(
            std::find(kept.begin(), kept.end(),
                      std::make_pair(m.stage(), m.replica())) == kept.end();
   };
-  for (auto it = live_.begin(); it != live_.end();) {
-    if (other(*it->second)) {
-      RemoveLocked(it->second);
-      it = live_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (auto it = finished_.begin(); it != finished_.end();) {
-    if (other(*it->metrics)) {
-      RemoveLocked(it->metrics);
-      it = finished_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  // Each series set that goes leaves the registry as it leaves its list.
+  const auto gone = [&](const std::shared_ptr<StageMetrics>& m) {
+    if (!other(*m)) return false;
+    RemoveLocked(m);
+    return true;
+  };
+  std::erase_if(live_, [&](const auto& entry) { return gone(entry.second); });
+  std::erase_if(finished_,
+                [&](const auto& entry) { return gone(entry.metrics); });
 }
 
 void PipelineMetrics::Prune(Clock::time_point now) {

@@ -11,24 +11,22 @@
 
 namespace gpipe::testing_images {
 
-std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height,
-                      int channels) {
+namespace {
+
+// libpng's simplified writer: the size first, then the file.
+std::string WritePng(int width, int height, png_uint_32 format,
+                     const void* pixels) {
   png_image png;
   std::memset(&png, 0, sizeof png);
   png.version = PNG_IMAGE_VERSION;
   png.width = width;
   png.height = height;
-  png.format = channels == 1   ? PNG_FORMAT_GRAY
-               : channels == 2 ? PNG_FORMAT_GA
-               : channels == 3 ? PNG_FORMAT_RGB
-                               : PNG_FORMAT_RGBA;
+  png.format = format;
   png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(&png, nullptr, &size, 0, pixels.data(), 0,
-                                 nullptr)) {
+  if (!png_image_write_to_memory(&png, nullptr, &size, 0, pixels, 0, nullptr))
     std::abort();
-  }
   std::string out(size, '\0');
-  if (!png_image_write_to_memory(&png, out.data(), &size, 0, pixels.data(), 0,
+  if (!png_image_write_to_memory(&png, out.data(), &size, 0, pixels, 0,
                                  nullptr)) {
     std::abort();
   }
@@ -36,26 +34,21 @@ std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height,
   return out;
 }
 
+}  // namespace
+
+std::string EncodePng(const std::vector<uint8_t>& pixels, int width, int height,
+                      int channels) {
+  return WritePng(width, height,
+                  channels == 1   ? PNG_FORMAT_GRAY
+                  : channels == 2 ? PNG_FORMAT_GA
+                  : channels == 3 ? PNG_FORMAT_RGB
+                                  : PNG_FORMAT_RGBA,
+                  pixels.data());
+}
+
 std::string EncodePng16(const std::vector<uint16_t>& grey, int width,
                         int height) {
-  png_image png;
-  std::memset(&png, 0, sizeof png);
-  png.version = PNG_IMAGE_VERSION;
-  png.width = width;
-  png.height = height;
-  png.format = PNG_FORMAT_LINEAR_Y;
-  png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(&png, nullptr, &size, 0, grey.data(), 0,
-                                 nullptr)) {
-    std::abort();
-  }
-  std::string out(size, '\0');
-  if (!png_image_write_to_memory(&png, out.data(), &size, 0, grey.data(), 0,
-                                 nullptr)) {
-    std::abort();
-  }
-  out.resize(size);
-  return out;
+  return WritePng(width, height, PNG_FORMAT_LINEAR_Y, grey.data());
 }
 
 std::string EncodeJpeg(const std::vector<uint8_t>& pixels, int width,

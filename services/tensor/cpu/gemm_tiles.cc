@@ -1,5 +1,6 @@
 #include "services/tensor/cpu/gemm_tiles.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -114,23 +115,11 @@ void Avx2Tile(int64_t depth, const float* ap, const float* bp, float* c,
 void Avx2RowsTile(int64_t rows, int64_t depth, const float* ap, const float* bp,
                   float* c, int64_t ldc, bool accumulate, float scale,
                   const float* bias, const float* pf, int64_t pf_step) {
-  switch (rows) {
-    case 1:
-      return Avx2TileOf<1>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
-                           pf_step);
-    case 2:
-      return Avx2TileOf<2>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
-                           pf_step);
-    case 3:
-      return Avx2TileOf<3>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
-                           pf_step);
-    case 4:
-      return Avx2TileOf<4>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
-                           pf_step);
-    default:
-      return Avx2TileOf<5>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
-                           pf_step);
-  }
+  static constexpr decltype(&Avx2TileOf<1>) kByRows[] = {
+      Avx2TileOf<1>, Avx2TileOf<2>, Avx2TileOf<3>, Avx2TileOf<4>,
+      Avx2TileOf<5>};
+  kByRows[std::clamp<int64_t>(rows, 1, 5) - 1](
+      depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
 }
 
 // The 12 x 32 tile's steps over the depth with kLines prefetches a step
