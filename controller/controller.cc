@@ -166,8 +166,10 @@ absl::Status Controller::Recover() {
       continue;
     }
     ++resumed;
+    if (options_.metrics != nullptr) options_.metrics->OnJob(job.id());
     const bool ran = status.epoch() > 0;
     status.set_state(ran ? v1::RESTARTING : v1::PENDING);
+    if (ran) job.recovery_began = now;
     status.clear_stages();
     status.clear_replica_stages();
     status.set_running_stages(0);
@@ -236,6 +238,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
       RETURN_IF_ERROR(CheckFitsCluster(*plan, WorkerMemory(workers_.All())));
     }
     JobRecord& job = jobs_.Add(std::move(spec), k, now);
+    if (options_.metrics != nullptr) options_.metrics->OnJob(job.id());
     const std::string waiting =
         WaitingMessage(k, ReplicaCount(job.job.spec()),
                        static_cast<int64_t>(workers_.Free(now).size()));
@@ -778,8 +781,10 @@ void Controller::Reschedule(absl::Time now) {
   }
   GrowReplicas(now);
   std::vector<JobRecord*> recovering;
+  std::vector<std::pair<JobRecord*, int64_t>> epochs;
   for (JobRecord* job : jobs_.Waiting()) {
     if (job->status().state() == v1::RESTARTING) recovering.push_back(job);
+    epochs.emplace_back(job, job->status().epoch());
   }
   ScheduleJobs(jobs_, workers_, options_.checkpoint_dir,
                options_.checkpoint_transport, now,
@@ -794,6 +799,19 @@ void Controller::Reschedule(absl::Time now) {
                      },
                      IoTask::kUrgent);
                });
+  // A started job's files of its earlier epochs can never commit: a
+  // failed checkpoint's (or a killed write's) go now, ahead of this
+  // epoch's first checkpoint.
+  for (const auto& [job, before] : epochs) {
+    if (before == 0 || job->status().epoch() == before) continue;
+    EnqueueIo([dir = options_.checkpoint_dir, id = job->id(),
+               epoch = job->status().epoch()] {
+      if (const int64_t n = RemoveStaleStageFiles(dir, id, epoch); n > 0) {
+        LogInfo("job %s: removed %d stale checkpoint files of epochs before %d",
+                id, n, epoch);
+      }
+    });
+  }
   if (options_.metrics == nullptr) return;
   for (JobRecord* job : recovering) {
     if (job->status().state() != v1::RUNNING ||
@@ -905,9 +923,12 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   ReleaseStages(job, message, except);
   if (counted) {
     status.set_restarts(status.restarts() + 1);
-    if (options_.metrics != nullptr) options_.metrics->OnRestart();
+    if (options_.metrics != nullptr) options_.metrics->OnRestart(job.id());
   }
-  if (status.state() != v1::RESTARTING) job.recovery_began = now;
+  const bool planned = reason == "Rebalance" || reason == "Resize";
+  if (!planned && job.recovery_began == absl::InfinitePast()) {
+    job.recovery_began = now;
+  }
   status.set_state(v1::RESTARTING);
   status.clear_stages();
   status.clear_replica_stages();
@@ -939,6 +960,24 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
               : absl::StrCat(message, "; resuming from ", from);
   SetCondition(&status, kRunning, false, reason, restarting, now);
   jobs_.Publish(job, restarting, now);
+}
+
+void Controller::MakeRoomForCheckpoint(JobRecord& job, absl::Time now) {
+  const int64_t before = job.status().checkpoints_size();
+  std::optional<DroppedCheckpoint> dropped =
+      DropOldestCheckpoint(&job.status());
+  if (!dropped) return;  // the one left is the restore point
+  job.keep_limit = before - 1;
+  const std::string message = absl::StrCat(
+      "the checkpoint store is full: dropped the checkpoint of step ",
+      dropped->step, " and keeping ", job.keep_limit, " (the spec keeps ",
+      job.job.spec().checkpoint().keep() > 0
+          ? job.job.spec().checkpoint().keep()
+          : 3,
+      ")");
+  LogWarning("job %s: %s", job.id(), message);
+  jobs_.Publish(job, message, now);
+  EnqueueIo([dir = std::move(dropped->dir)] { RemoveCheckpointDirs({dir}); });
 }
 
 void Controller::RestartReplicas(JobRecord& job, std::string_view reason,
@@ -1446,6 +1485,13 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
       }
     }
   }
+  if (reason == kCheckpointStoreFull || reason == "CheckpointFailed") {
+    if (options_.metrics != nullptr) {
+      options_.metrics->OnCheckpointFailure(
+          job->id(), reason == kCheckpointStoreFull ? "store_full" : "write");
+    }
+  }
+  if (reason == kCheckpointStoreFull) MakeRoomForCheckpoint(*job, now);
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
   } else if (ReplicaCount(job->job.spec()) > 1 && reason != "ResumeFailed") {
@@ -1590,6 +1636,9 @@ void Controller::CommitCheckpointIo(
       // The job goes on: the previous checkpoint stays the restore point.
       LogError("job %s: cannot commit the checkpoint of step %d: %s", job_id,
                step, ref.status().ToString());
+      if (options_.metrics != nullptr) {
+        options_.metrics->OnCheckpointFailure(job_id, "commit");
+      }
       return;
     }
     JobRecord* job = jobs_.Find(job_id);
@@ -1605,7 +1654,9 @@ void Controller::CommitCheckpointIo(
     const absl::Time now = Now();
     job->restarts_without_progress = 0;  // progress that survives a restart
     dropped = KeepCheckpoints(&job->status(), *ref,
-                              job->job.spec().checkpoint().keep());
+                              job->keep_limit > 0
+                                  ? job->keep_limit
+                                  : job->job.spec().checkpoint().keep());
     if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();
     jobs_.Publish(*job,
                   absl::StrCat("checkpoint of step ", step, " committed (",

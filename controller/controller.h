@@ -236,6 +236,12 @@ class Controller {
                      const std::string& message, const WorkerRecord* except,
                      bool counted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On a full checkpoint store: drops the job's oldest committed checkpoint
+  // where another is left, and keeps one fewer from then on (recovery.h,
+  // DropOldestCheckpoint), so a store with room for exactly `keep` of
+  // them goes on.
+  void MakeRoomForCheckpoint(JobRecord& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RestartOrFail for a job of several replicas: its workers keep their
   // stages' states (StageParked), and once they have said what they kept
   // (FinishParking) the next start resumes from memory where it can

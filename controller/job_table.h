@@ -86,8 +86,13 @@ struct JobRecord {
   // restarted from): the restart backoff doubles with each.
   int64_t restarts_without_progress = 0;
   // When the running job last lost a stage: gpipe_recovery_duration_seconds
-  // measures from here to RUNNING again.
+  // measures from here to RUNNING again (a planned restart, a re-partition
+  // or a resize, is no recovery).
   absl::Time recovery_began = absl::InfinitePast();
+  // How many committed checkpoints the job keeps, where a full checkpoint
+  // store made it fewer than its spec's keep (0: the spec's). Not stored:
+  // a restarted controller learns it again from the next full write.
+  int64_t keep_limit = 0;
   // The checkpoint the next start restores, checked off the controller's
   // lock (recovery.h, CheckRestorePoint) before the job may start: kNeeded
   // until a check is asked for, kChecking while it runs. Each start uses

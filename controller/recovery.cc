@@ -210,6 +210,72 @@ void RemoveCheckpointDirs(const std::vector<std::string>& dirs) {
   }
 }
 
+std::optional<DroppedCheckpoint> DropOldestCheckpoint(v1::JobStatus* status) {
+  auto* list = status->mutable_checkpoints();
+  if (list->size() < 2) return std::nullopt;
+  DroppedCheckpoint dropped{
+      list->Get(0).step(),
+      std::filesystem::path(list->Get(0).manifest_path()).parent_path()};
+  list->DeleteSubrange(0, 1);
+  return dropped;
+}
+
+namespace {
+
+// The epoch of a stage file's name, or of its write's temporary file
+// ("<name>.tmp.<pid>", storage/file_io.h); nullopt for any other name.
+std::optional<int64_t> StageFileEpoch(absl::string_view name) {
+  if (const size_t tmp = name.rfind(".tmp."); tmp != absl::string_view::npos) {
+    name = name.substr(0, tmp);
+  }
+  std::optional<storage::StageFileId> id = storage::ParseStageFileName(name);
+  if (!id) return std::nullopt;
+  return id->epoch;
+}
+
+int64_t RemoveStaleFilesIn(const std::filesystem::path& dir, int64_t epoch) {
+  std::error_code error;
+  if (std::filesystem::exists(dir / storage::kManifestName, error)) return 0;
+  int64_t removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::optional<int64_t> of =
+        StageFileEpoch(entry.path().filename().native());
+    if (!of || *of >= epoch || !entry.is_regular_file(error)) continue;
+    if (std::filesystem::remove(entry.path(), error)) ++removed;
+  }
+  if (error) {
+    LogWarning("cannot clear stale files of %s: %s", dir.native(),
+               error.message());
+  }
+  // Only an empty directory goes; a file of this epoch keeps it.
+  if (std::filesystem::is_empty(dir, error)) {
+    std::filesystem::remove(dir, error);
+  }
+  return removed;
+}
+
+}  // namespace
+
+int64_t RemoveStaleStageFiles(const std::string& checkpoint_dir,
+                              const std::string& job_id, int64_t epoch) {
+  const std::filesystem::path job_dir =
+      storage::JobCheckpointDir(checkpoint_dir, job_id);
+  const std::filesystem::path final_dir =
+      storage::FinalParametersDir(job_dir.native());
+  std::error_code error;
+  int64_t removed = 0;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(job_dir, error)) {
+    const std::filesystem::path& path = entry.path();
+    if (!entry.is_directory(error)) continue;
+    if (path == final_dir ||
+        storage::ParseCheckpointStepDirName(path.filename().native())) {
+      removed += RemoveStaleFilesIn(path, epoch);
+    }
+  }
+  return removed;
+}
+
 RestorePoint CheckRestorePoint(
     const std::vector<v1::CheckpointRef>& committed) {
   RestorePoint point;

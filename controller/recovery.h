@@ -75,6 +75,27 @@ std::vector<std::string> KeepCheckpoints(gpipe::v1::JobStatus* status,
                                          int64_t keep);
 void RemoveCheckpointDirs(const std::vector<std::string>& dirs);
 
+// When the checkpoint store is full: drops the oldest of `status`'s
+// committed checkpoints where more than one is left (the newest stays the
+// restore point), and returns its step and directory for
+// RemoveCheckpointDirs. A store with room for exactly `keep` checkpoints
+// failed every new one: the oldest went only after the new one committed.
+struct DroppedCheckpoint {
+  int64_t step = 0;
+  std::string dir;
+};
+std::optional<DroppedCheckpoint> DropOldestCheckpoint(
+    gpipe::v1::JobStatus* status);
+
+// Removes the stage files of epochs before `epoch` (and the temporary files
+// of their writes) from the job's uncommitted step directories and final
+// directory, and those directories once empty. Nothing of `epoch` or later
+// is touched, nor any directory with a manifest. A restart left a failed
+// checkpoint's files behind for good (on a full store, the space the next
+// try needed). Returns how many files it removed. File I/O: off the lock.
+int64_t RemoveStaleStageFiles(const std::string& checkpoint_dir,
+                              const std::string& job_id, int64_t epoch);
+
 // Which committed checkpoint a restarting job restores: the newest whose
 // manifest and files are intact. Each newer one that is not is DataLoss,
 // listed in `unusable` (newest first). nullopt: start from the beginning.

@@ -31,9 +31,18 @@ void ControllerMetrics::SetCounts(std::function<ClusterCounts()> counts) {
 ControllerMetrics::ControllerMetrics() {
   restarts_ = &prometheus::BuildCounter()
                    .Name("gpipe_job_restarts_total")
-                   .Help("Times a job went RESTARTING after losing a stage")
-                   .Register(registry_)
-                   .Add({});
+                   .Help(
+                       "Times a job went RESTARTING after losing a stage, "
+                       "counted against its max_restarts")
+                   .Register(registry_);
+  checkpoint_failures_ =
+      &prometheus::BuildCounter()
+           .Name("gpipe_checkpoint_failures_total")
+           .Help(
+               "Checkpoints not taken: reason store_full (no space; the job "
+               "waits), write (a stage's file) or commit (verifying the "
+               "files or writing the manifest)")
+           .Register(registry_);
   checkpoints_ = &prometheus::BuildCounter()
                       .Name("gpipe_checkpoints_total")
                       .Help("Checkpoints committed (manifest written)")
@@ -104,12 +113,41 @@ void ControllerMetrics::ObserveLoss(const std::string& job, double loss) {
   loss_->Add({{"job", job}}).Set(loss);
 }
 
+namespace {
+constexpr const char* kCheckpointFailureReasons[] = {"store_full", "write",
+                                                     "commit"};
+}  // namespace
+
+void ControllerMetrics::OnJob(const std::string& job) {
+  restarts_->Add({{"job", job}});
+  for (const char* reason : kCheckpointFailureReasons) {
+    checkpoint_failures_->Add({{"job", job}, {"reason", reason}});
+  }
+}
+
+void ControllerMetrics::OnRestart(const std::string& job) {
+  restarts_->Add({{"job", job}}).Increment();
+}
+
+void ControllerMetrics::OnCheckpointFailure(const std::string& job,
+                                            const std::string& reason) {
+  checkpoint_failures_->Add({{"job", job}, {"reason", reason}}).Increment();
+}
+
 void ControllerMetrics::ForgetJob(const std::string& job) {
   const std::map<std::string, std::string> labels = {{"job", job}};
   for (prometheus::Family<prometheus::Gauge>* family :
        {eval_loss_, eval_accuracy_, step_seconds_, predicted_step_seconds_,
         loss_}) {
     if (family->Has(labels)) family->Remove(&family->Add(labels));
+  }
+  if (restarts_->Has(labels)) restarts_->Remove(&restarts_->Add(labels));
+  for (const char* reason : kCheckpointFailureReasons) {
+    const std::map<std::string, std::string> with = {{"job", job},
+                                                     {"reason", reason}};
+    if (checkpoint_failures_->Has(with)) {
+      checkpoint_failures_->Remove(&checkpoint_failures_->Add(with));
+    }
   }
 }
 

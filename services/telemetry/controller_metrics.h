@@ -35,8 +35,16 @@ class ControllerMetrics : public prometheus::Collectable {
   // is replaced; before it is set the state gauges are empty.
   void SetCounts(std::function<ClusterCounts()> counts);
 
-  void OnRestart() { restarts_->Increment(); }
+  // Starts `job`'s counters at 0, so that the first restart or failed
+  // checkpoint is an increase Prometheus sees (a series born at 1 is not).
+  void OnJob(const std::string& job);
+  void OnRestart(const std::string& job);
   void OnCheckpoint() { checkpoints_->Increment(); }
+  // A checkpoint of `job` that was not written or committed: reason
+  // store_full (no space: the job waits it out), write (a stage could not
+  // write or upload its file) or commit (the controller could not verify
+  // the files or write the manifest).
+  void OnCheckpointFailure(const std::string& job, const std::string& reason);
   void OnCorruptCheckpoints(int64_t n) { corrupt_->Increment(n); }
   void ObserveRecovery(double seconds) { recovery_->Observe(seconds); }
   // The newest evaluation of `job` on the test split.
@@ -60,7 +68,8 @@ class ControllerMetrics : public prometheus::Collectable {
   mutable std::mutex mu_;
   std::function<ClusterCounts()> counts_;  // guarded by mu_
   prometheus::Registry registry_;
-  prometheus::Counter* restarts_;
+  prometheus::Family<prometheus::Counter>* restarts_;
+  prometheus::Family<prometheus::Counter>* checkpoint_failures_;
   prometheus::Counter* checkpoints_;
   prometheus::Counter* corrupt_;
   prometheus::Histogram* recovery_;

@@ -164,6 +164,55 @@ TEST_F(RecoveryTest, KeepsTheNewestNAndHandsBackTheRestForRemoval) {
   EXPECT_EQ(status.checkpoints(0).step(), 6);
 }
 
+// A full store gives up the oldest checkpoint, never the last one: the
+// newest stays the restore point.
+TEST_F(RecoveryTest, AFullStoreDropsTheOldestButNeverTheLast) {
+  v1::JobStatus status;
+  for (int64_t step : {2, 4}) KeepCheckpoints(&status, Commit(step), 3);
+  std::optional<DroppedCheckpoint> dropped = DropOldestCheckpoint(&status);
+  ASSERT_TRUE(dropped.has_value());
+  EXPECT_EQ(dropped->step, 2);
+  EXPECT_EQ(dropped->dir,
+            storage::CheckpointStepDir(
+                storage::JobCheckpointDir(root_.string(), "j"), 2));
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).step(), 4);
+  EXPECT_FALSE(DropOldestCheckpoint(&status).has_value());
+  EXPECT_EQ(status.checkpoints_size(), 1);
+}
+
+// What a failed or killed write of an earlier epoch left goes; this
+// epoch's files, anything committed and anything not ours stay.
+TEST_F(RecoveryTest, StaleStageFilesOfEarlierEpochsAreRemoved) {
+  Commit(2);  // e1 files, committed: stay
+  const std::string job_dir = storage::JobCheckpointDir(root_.string(), "j");
+  const std::filesystem::path step4 = storage::CheckpointStepDir(job_dir, 4);
+  const std::filesystem::path step6 = storage::CheckpointStepDir(job_dir, 6);
+  const std::filesystem::path final_dir = storage::FinalParametersDir(job_dir);
+  for (const auto& dir : {step4, step6, final_dir}) {
+    std::filesystem::create_directories(dir);
+  }
+  auto touch = [](const std::filesystem::path& p) { std::ofstream(p) << "x"; };
+  touch(step4 / "e1-stage-0.safetensors");           // a failed checkpoint
+  touch(step4 / "e2-stage-1.safetensors.tmp.4242");  // a killed write
+  touch(step6 / "e3-stage-0.safetensors");           // this epoch's
+  touch(step6 / "e1-stage-1.safetensors.tmp.77");    // a killed write
+  touch(step6 / "notes.txt");                        // not ours
+  touch(final_dir / "e2-stage-0.safetensors");       // a failed finish
+  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "j", 3), 4);
+  EXPECT_FALSE(std::filesystem::exists(step4));  // emptied, so gone
+  EXPECT_FALSE(std::filesystem::exists(final_dir));
+  EXPECT_TRUE(std::filesystem::exists(step6 / "e3-stage-0.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(step6 / "notes.txt"));
+  EXPECT_FALSE(
+      std::filesystem::exists(step6 / "e1-stage-1.safetensors.tmp.77"));
+  const std::filesystem::path step2 = storage::CheckpointStepDir(job_dir, 2);
+  EXPECT_TRUE(std::filesystem::exists(step2 / "e1-stage-0.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(step2 / storage::kManifestName));
+  // A job with no directory yet has nothing to remove.
+  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "other", 3), 0);
+}
+
 // A job stored by a controller that listed its final parameters as a
 // checkpoint loses that entry, and only that one, when restored.
 TEST_F(RecoveryTest, FinalParametersAreNoCheckpoint) {

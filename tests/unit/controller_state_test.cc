@@ -172,6 +172,126 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
   EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN";
 }
 
+// A store with room for exactly the checkpoints a job keeps failed every
+// new one for good (the oldest went only after the new one committed): a
+// full store now drops the oldest and the job keeps one fewer. The failed
+// write's file of the old epoch goes at the restart, and the failure is
+// counted by reason.
+TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
+  ControllerMetrics metrics;
+  ControllerOptions o;
+  o.checkpoint_dir = dir_.string();
+  o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
+  o.clock = [this] { return clock_.Now(); };
+  o.metrics = &metrics;
+  controller_ = std::make_unique<Controller>(o);
+  OneStageJob j = StartOneStageJob();
+  ASSERT_TRUE(j.a.has_value());
+  const v1::Assignment a = *j.a;
+  for (int64_t step : {2, 4}) {
+    controller_->HandleMessage(*j.w1, test_support::Progressed(a, step));
+    controller_->HandleMessage(*j.w1, test_support::Checkpointed(a, step));
+    controller_->FlushIo();
+  }
+  controller_->HandleMessage(*j.w1, test_support::Progressed(a, 6));
+  // Step 6's write filled the store: its file stays behind, partial.
+  const std::string step2 = storage::CheckpointStepDir(a.checkpoint_dir(), 2);
+  const std::string step6 = storage::CheckpointStepDir(a.checkpoint_dir(), 6);
+  const std::string partial = storage::StageFilePath(step6, a.epoch(), 0);
+  std::filesystem::create_directories(step6);
+  std::ofstream(partial) << "half a checkpoint";
+  v1::WorkerMessage failed;
+  v1::StageFailed& f = *failed.mutable_failed();
+  f.set_job_id(j.id);
+  f.set_epoch(a.epoch());
+  f.set_stage(0);
+  f.set_reason("CheckpointStoreFull");
+  f.set_message("checkpoint: No space left on device");
+  controller_->HandleMessage(*j.w1, failed);
+  controller_->FlushIo();
+  absl::StatusOr<v1::Job> job = controller_->GetJob(j.id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->status().state(), v1::RESTARTING);
+  EXPECT_EQ(job->status().restarts(), 0);
+  ASSERT_EQ(job->status().checkpoints_size(), 1);
+  EXPECT_EQ(job->status().checkpoints(0).step(), 4);
+  EXPECT_FALSE(std::filesystem::exists(step2));
+
+  clock_.Advance(absl::Seconds(1));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  std::optional<v1::Assignment> b = Assignment(*j.w1);
+  std::shared_ptr<WorkerRecord> on = j.w1;
+  if (!b) b = Assignment(*j.w2), on = j.w2;
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->start_step(), 4);
+  EXPECT_EQ(State(j.id), v1::RUNNING);
+  EXPECT_FALSE(std::filesystem::exists(partial));  // epoch 1's, failed
+  // Step 6 commits, and the job keeps one checkpoint now: step 4 goes.
+  controller_->HandleMessage(*on, test_support::Progressed(*b, 6));
+  controller_->HandleMessage(*on, test_support::Checkpointed(*b, 6));
+  controller_->FlushIo();
+  job = controller_->GetJob(j.id);
+  ASSERT_EQ(job->status().checkpoints_size(), 1);
+  EXPECT_EQ(job->status().checkpoints(0).step(), 6);
+  EXPECT_FALSE(std::filesystem::exists(
+      storage::CheckpointStepDir(a.checkpoint_dir(), 4)));
+
+  double store_full = -1, recoveries = -1;
+  for (const auto& family : metrics.Collect()) {
+    for (const auto& m : family.metric) {
+      if (family.name == "gpipe_checkpoint_failures_total" &&
+          m.label.size() == 2 && m.label[1].value == "store_full") {
+        store_full = m.counter.value;
+      }
+      if (family.name == "gpipe_recovery_duration_seconds") {
+        recoveries = static_cast<double>(m.histogram.sample_count);
+      }
+    }
+  }
+  EXPECT_EQ(store_full, 1);
+  EXPECT_EQ(recoveries, 1);
+}
+
+// A controller's restart is a recovery like a lost worker: its jobs'
+// return to RUNNING is observed in gpipe_recovery_duration_seconds.
+TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
+  ControllerOptions o;
+  o.checkpoint_dir = dir_.string();
+  o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
+  o.clock = [this] { return clock_.Now(); };
+  o.store_path = (dir_ / "jobs.db").string();
+  std::filesystem::create_directories(dir_);
+  controller_ = std::make_unique<Controller>(o);
+  ASSERT_TRUE(controller_->Recover().ok());
+  OneStageJob j = StartOneStageJob();
+  ASSERT_TRUE(j.a.has_value());
+  controller_->HandleMessage(*j.w1, test_support::Progressed(*j.a, 1));
+  controller_->FlushIo();
+  controller_.reset();
+
+  ControllerMetrics metrics;
+  o.metrics = &metrics;
+  controller_ = std::make_unique<Controller>(o);
+  ASSERT_TRUE(controller_->Recover().ok());
+  EXPECT_EQ(State(j.id), v1::RESTARTING);
+  std::shared_ptr<WorkerRecord> w = Attach(3);
+  clock_.Advance(absl::Seconds(1));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  ASSERT_TRUE(Assignment(*w).has_value());
+  EXPECT_EQ(State(j.id), v1::RUNNING);
+  uint64_t recoveries = 0;
+  for (const auto& family : metrics.Collect()) {
+    if (family.name != "gpipe_recovery_duration_seconds") continue;
+    recoveries = family.metric.at(0).histogram.sample_count;
+  }
+  EXPECT_EQ(recoveries, 1u);
+}
+
 TEST_F(ControllerStateTest, ALeaseExpiresExactlyAtTheHeartbeatTimeout) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(1, 0));

@@ -320,15 +320,20 @@ TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
   EXPECT_THAT(
       names(),
       ::testing::IsSupersetOf(
-          {"gpipe_jobs", "gpipe_workers", "gpipe_job_restarts_total",
-           "gpipe_checkpoints_total", "gpipe_recovery_duration_seconds"}));
+          {"gpipe_jobs", "gpipe_workers", "gpipe_checkpoints_total",
+           "gpipe_recovery_duration_seconds"}));
+  // A job's counters from its submit on, at 0.
+  metrics.OnJob("j");
+  EXPECT_THAT(names(), ::testing::IsSupersetOf(
+                           {"gpipe_job_restarts_total",
+                            "gpipe_checkpoint_failures_total"}));
   metrics.SetCounts([] {
     ClusterCounts c;
     c.jobs = {{"RUNNING", 2}, {"FAILED", 0}};
     c.workers = {{"IDLE", 1}, {"BUSY", 4}};
     return c;
   });
-  metrics.OnRestart();
+  metrics.OnRestart("j");
   metrics.ObserveRecovery(3.5);
   for (const auto& f : metrics.Collect()) {
     if (f.name == "gpipe_jobs") {
@@ -338,7 +343,14 @@ TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
     } else if (f.name == "gpipe_workers") {
       ASSERT_EQ(f.metric.size(), 2u);
     } else if (f.name == "gpipe_job_restarts_total") {
+      ASSERT_EQ(f.metric.size(), 1u);
+      EXPECT_EQ(f.metric[0].label[0].value, "j");
       EXPECT_EQ(f.metric[0].counter.value, 1);
+    } else if (f.name == "gpipe_checkpoint_failures_total") {
+      // Every reason from the job's start, at 0: Prometheus' increase()
+      // misses the first failure of a series born at 1.
+      ASSERT_EQ(f.metric.size(), 3u);
+      for (const auto& m : f.metric) EXPECT_EQ(m.counter.value, 0);
     } else if (f.name == "gpipe_recovery_duration_seconds") {
       EXPECT_EQ(f.metric[0].histogram.sample_count, 1u);
     }
@@ -349,6 +361,9 @@ TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
 TEST(ControllerMetrics, AForgottenJobsSeriesAreDropped) {
   ControllerMetrics metrics;
   for (const std::string job : {"job-a", "job-b"}) {
+    metrics.OnJob(job);
+    metrics.OnRestart(job);
+    metrics.OnCheckpointFailure(job, "store_full");
     metrics.ObserveLoss(job, 0.5);
     metrics.ObserveEvaluation(job, 0.4, 0.9);
     metrics.ObserveStepTime(job, 0.1, 0.2);
@@ -365,7 +380,9 @@ TEST(ControllerMetrics, AForgottenJobsSeriesAreDropped) {
       }
     }
   }
-  EXPECT_EQ(series, 5);  // loss, eval loss and accuracy, both step times
+  // Loss, eval loss and accuracy, both step times, restarts and the three
+  // reasons of failed checkpoints.
+  EXPECT_EQ(series, 9);
 }
 
 // Sends `request` to 127.0.0.1:port with a plain socket; the whole reply.
