@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "controller/balancer.h"
 #include "controller/job_status.h"
@@ -834,6 +835,7 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
   const v1::WorkerInfo& info = worker->info;
   LogInfo("worker %s at %s detached: %s", info.worker_id(), info.address(),
           why);
+  BlameLostWorker(*worker, std::string(why), now);
   // A job waiting for what its workers kept will hear nothing from this one.
   for (JobRecord* waiting : jobs_.Waiting()) {
     if (waiting->parking_epoch > 0 &&
@@ -1110,6 +1112,12 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
   job.checkpointing.clear();
   MarkTerminal(&job.status(), state, type, reason, message, now);
   jobs_.Publish(job, message, now);
+  // What the job wrote and never committed goes with it: a cancelled job
+  // kept a failed checkpoint's files until it was deleted.
+  EnqueueIo([dir = options_.checkpoint_dir, id = job.id(),
+             epoch = job.status().epoch() + 1] {
+    RemoveStaleStageFiles(dir, id, epoch);
+  });
 }
 
 JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
@@ -1492,6 +1500,10 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
     }
   }
   if (reason == kCheckpointStoreFull) MakeRoomForCheckpoint(*job, now);
+  std::set<std::string> others;
+  for (const v1::StageStatus* s : job->AllStages()) {
+    if (s->worker_id() != worker.id()) others.insert(s->worker_id());
+  }
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
   } else if (ReplicaCount(job->job.spec()) > 1 && reason != "ResumeFailed") {
@@ -1505,7 +1517,36 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
     RestartOrFail(*job, reason, message, &worker,
                   /*counted=*/reason != kCheckpointStoreFull, now);
   }
+  if (reason == "LinkFailed" && job->status().state() == v1::RESTARTING) {
+    job->link_blame = JobRecord::LinkBlame{now, std::move(others), message};
+  }
   Reschedule(now);
+}
+
+void Controller::BlameLostWorker(const WorkerRecord& worker,
+                                 const std::string& why, absl::Time now) {
+  for (JobRecord* job : jobs_.Waiting()) {
+    if (!job->link_blame || job->status().state() != v1::RESTARTING) continue;
+    JobRecord::LinkBlame& blame = *job->link_blame;
+    // A stopped worker is lost when its lease expires, up to a heartbeat
+    // timeout after its neighbour's link broke.
+    if (now - blame.at > options_.heartbeat_timeout + absl::Seconds(2)) {
+      job->link_blame.reset();
+      continue;
+    }
+    if (!blame.workers.contains(worker.id())) continue;
+    const std::string cause =
+        absl::StrCat("worker ", worker.id(), " at ", worker.info.address(),
+                     " was lost: ", why, " (", blame.message, ")");
+    const v1::Condition* running = FindCondition(job->status(), kRunning);
+    const std::string text =
+        running == nullptr
+            ? cause
+            : absl::StrReplaceAll(running->message(), {{blame.message, cause}});
+    SetCondition(&job->status(), kRunning, false, "WorkerLost", text, now);
+    jobs_.Publish(*job, text, now);
+    job->link_blame.reset();
+  }
 }
 
 void Controller::OnEvaluated(WorkerRecord& worker, const v1::StageEvaluated& r,

@@ -236,6 +236,11 @@ class Controller {
                      const std::string& message, const WorkerRecord* except,
                      bool counted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A worker lost within a heartbeat timeout of a neighbour's LinkFailed
+  // report that restarted its job: the job's Running condition names the
+  // lost worker as the cause, not the neighbour whose link it broke.
+  void BlameLostWorker(const WorkerRecord& worker, const std::string& why,
+                       absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // On a full checkpoint store: drops the job's oldest committed checkpoint
   // where another is left, and keeps one fewer from then on (recovery.h,
   // DropOldestCheckpoint), so a store with room for exactly `keep` of

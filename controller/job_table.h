@@ -93,6 +93,16 @@ struct JobRecord {
   // store made it fewer than its spec's keep (0: the spec's). Not stored:
   // a restarted controller learns it again from the next full write.
   int64_t keep_limit = 0;
+  // A restart blamed on a stage's broken link (LinkFailed), for a few
+  // seconds: a neighbour that died broke it, and that neighbour's own
+  // detach often arrives after the report. When one of `workers` is lost
+  // meanwhile, the restart is said to be its.
+  struct LinkBlame {
+    absl::Time at;
+    std::set<std::string> workers;  // the epoch's workers but the reporter
+    std::string message;            // the cause as the restart gave it
+  };
+  std::optional<LinkBlame> link_blame;
   // The checkpoint the next start restores, checked off the controller's
   // lock (recovery.h, CheckRestorePoint) before the job may start: kNeeded
   // until a check is asked for, kChecking while it runs. Each start uses

@@ -24,6 +24,7 @@
 #include "services/security/tls.h"
 #include "services/security/tls_flags.h"
 #include "services/security/token_file.h"
+#include "services/storage/file_io.h"
 #include "services/telemetry/controller_metrics.h"
 #include "services/telemetry/metrics_server.h"
 #include "services/telemetry/port_file.h"
@@ -210,6 +211,14 @@ int main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_transfers);
   options.controller.check_data_paths = absl::GetFlag(FLAGS_check_data_paths);
 
+  // Stages' files and the manifests land here however they travel.
+  if (absl::Status writable = gpipe::storage::CheckWritableDirectory(
+          options.controller.checkpoint_dir);
+      !writable.ok()) {
+    gpipe::LogError("gpipe-controller: --checkpoint_dir: %s",
+                    std::string(writable.message()));
+    return 1;
+  }
   auto server = gpipe::controller::ControllerServer::Start(options);
   if (!server.ok()) {
     gpipe::LogError("gpipe-controller: %s", server.status().ToString());

@@ -166,4 +166,22 @@ absl::Status WriteFileAtomically(const std::string& path,
   return writer.Commit();
 }
 
+absl::Status CheckWritableDirectory(const std::string& dir) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create the directory ", dir, ": ", error.message()));
+  }
+  const std::string probe =
+      (std::filesystem::path(dir) / ".gpipe-write-probe").string();
+  absl::Status written = WriteFileAtomically(probe, "probe");
+  std::filesystem::remove(probe, error);
+  if (!written.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " is not writable: ", written.message()));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace gpipe::storage

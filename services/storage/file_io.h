@@ -82,6 +82,12 @@ class AtomicFileWriter {
   bool done_ = false;  // committed, or moved from: nothing to clean up
 };
 
+// Creates `dir` where missing and writes, syncs and removes a file in it:
+// a directory a service cannot write (read-only, not its owner's) is found
+// when it starts, not after a job has trained up to its first checkpoint.
+// The error names the directory and errno's reason.
+absl::Status CheckWritableDirectory(const std::string& dir);
+
 // `data` as the whole of `path`, through an AtomicFileWriter.
 absl::Status WriteFileAtomically(const std::string& path,
                                  std::string_view data);

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/controller.h"
+#include "controller/job_status.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/remat.h"
@@ -238,6 +239,15 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   EXPECT_EQ(job->status().checkpoints(0).step(), 6);
   EXPECT_FALSE(std::filesystem::exists(
       storage::CheckpointStepDir(a.checkpoint_dir(), 4)));
+  // A cancel takes what the job never committed with it, and only that.
+  const std::string step8 = storage::CheckpointStepDir(a.checkpoint_dir(), 8);
+  std::filesystem::create_directories(step8);
+  std::ofstream(storage::StageFilePath(step8, b->epoch(), 0)) << "half";
+  ASSERT_TRUE(controller_->CancelJob(j.id).ok());
+  controller_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(step8));
+  EXPECT_TRUE(std::filesystem::exists(
+      storage::CheckpointStepDir(a.checkpoint_dir(), 6)));
 
   double store_full = -1, recoveries = -1;
   for (const auto& family : metrics.Collect()) {
@@ -290,6 +300,43 @@ TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
     recoveries = family.metric.at(0).histogram.sample_count;
   }
   EXPECT_EQ(recoveries, 1u);
+}
+
+// A killed worker's neighbour often reports its broken link before the
+// killed worker's own detach arrives: the job's restart is then said to be
+// the lost worker's, not the healthy neighbour's.
+TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a1 = Assignment(*w1);
+  ASSERT_TRUE(a1.has_value());
+  ASSERT_TRUE(Assignment(*w2).has_value());
+  v1::WorkerMessage failed;
+  v1::StageFailed& f = *failed.mutable_failed();
+  f.set_job_id(job->id());
+  f.set_epoch(a1->epoch());
+  f.set_stage(a1->stage());
+  f.set_reason("LinkFailed");
+  f.set_message("the neighbouring stage closed the link");
+  controller_->HandleMessage(*w1, failed);
+  auto running = [&] {
+    absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+    const v1::Condition* c = FindCondition(got->status(), kRunning);
+    return c == nullptr ? v1::Condition() : *c;
+  };
+  EXPECT_EQ(running().reason(), "LinkFailed");
+  clock_.Advance(absl::Milliseconds(300));
+  controller_->DetachWorker(*w2, absl::UnavailableError("stream ended"),
+                            "the Attach stream ended");
+  EXPECT_EQ(running().reason(), "WorkerLost");
+  EXPECT_NE(running().message().find("worker w2 at 127.0.0.1:9002 was lost"),
+            std::string::npos)
+      << running().message();
+  EXPECT_NE(running().message().find("restart 1 of 5"), std::string::npos)
+      << running().message();
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().restarts(), 1);  // one restart, not two
 }
 
 TEST_F(ControllerStateTest, ALeaseExpiresExactlyAtTheHeartbeatTimeout) {

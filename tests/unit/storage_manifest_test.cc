@@ -3,6 +3,7 @@
 // kind of damage to a manifest or a checkpoint file detected as DataLoss.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/storage/file_io.h"
 #include "services/storage/manifest.h"
 #include "services/storage/safetensors_header.h"
 #include "services/storage/sha256.h"
@@ -19,6 +21,35 @@ namespace {
 
 namespace v1 = gpipe::v1;
 using ::testing::HasSubstr;
+
+// A directory a service cannot write is refused at its start, naming the
+// directory and the reason; a writable one is left as it was.
+TEST(CheckWritableDirectory, NamesWhatCannotBeWritten) {
+  const std::filesystem::path root = std::filesystem::temp_directory_path() /
+                                     absl::StrCat("writable_test-", getpid());
+  std::filesystem::remove_all(root);
+  const std::filesystem::path made = root / "a" / "b";
+  ASSERT_TRUE(CheckWritableDirectory(made.string()).ok());
+  EXPECT_TRUE(std::filesystem::is_empty(made));  // the probe went
+  std::ofstream(root / "file") << "x";
+  absl::Status under_file =
+      CheckWritableDirectory((root / "file" / "d").string());
+  EXPECT_TRUE(absl::IsFailedPrecondition(under_file)) << under_file;
+  EXPECT_THAT(under_file.message(), HasSubstr((root / "file" / "d").string()));
+  // Read-only even for root: a read-only mount where one can be made.
+  const std::filesystem::path ro = root / "ro";
+  std::filesystem::create_directories(ro);
+  if (geteuid() == 0 &&
+      std::system(absl::StrCat("mount -t tmpfs -o size=64k,ro none ",
+                               ro.string(), " 2>/dev/null")
+                      .c_str()) == 0) {
+    absl::Status refused = CheckWritableDirectory(ro.string());
+    std::system(absl::StrCat("umount ", ro.string()).c_str());
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+    EXPECT_THAT(refused.message(), HasSubstr("Read-only file system"));
+  }
+  std::filesystem::remove_all(root);
+}
 
 TEST(Sha256, MatchesPublishedVectors) {
   // FIPS 180-2 examples.
