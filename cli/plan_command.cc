@@ -86,6 +86,8 @@ ABSL_DECLARE_FLAG(std::string, remat);
 // gradient_groups the spec pins), their gradients summed over the links
 // after each stage's last backward.
 ABSL_DECLARE_FLAG(int64_t, workers);
+ABSL_DECLARE_FLAG(int64_t, replicas);
+ABSL_DECLARE_FLAG(int64_t, virtual_stages);
 
 namespace gpipe::cli {
 
@@ -94,6 +96,8 @@ int RunPlan(const std::vector<std::string>& args);
 namespace {
 
 constexpr int kMeasureReps = 5;
+// How long the default range keeps doubling K while the best sits at its end.
+constexpr auto kGrowthBudget = std::chrono::seconds(20);
 constexpr int64_t kMaxPlannedMicroBatches = 256;
 constexpr double kMiB = 1024.0 * 1024.0;
 // A kernel launch or a parallel region plus dispatch: the order of what a
@@ -281,7 +285,7 @@ int RunPlan(const std::vector<std::string>& args) {
                  "[--remat R] [--measure] [--memory-budget BYTES] "
                  "[--flops F] [--layer-overhead-us U] [--link-gbps G] "
                  "[--link-latency-us L] [--message-us U] [--blocking-sends=B] "
-                 "[--workers N]\n");
+                 "[--workers N] [--replicas R] [--virtual-stages V]\n");
     return 2;
   }
   absl::StatusOr<gpipe::v1::JobSpec> spec =
@@ -343,9 +347,24 @@ int RunPlan(const std::vector<std::string>& args) {
         "--stages-range: no K in ", absl::GetFlag(FLAGS_stages_range),
         " is within the model's ", layers, " layers")));
   }
+  if (const int64_t w = absl::GetFlag(FLAGS_workers); w > 0 && k_lo > w) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--workers: ", w, " workers cannot hold K=", k_lo,
+                     " stages (a stage is a worker)")));
+  }
+  if (const int64_t w = absl::GetFlag(FLAGS_workers); w > 0)
+    k_hi = std::min(k_hi, w);
 
+  // Batch norm normalizes each micro-batch by its own statistics: another
+  // M trains another model (a CNN's test loss after 10 steps was 0.99 at
+  // M=1 and 1.56 at M=4), so the plan keeps the spec's M unless asked.
+  bool batch_norm = false;
+  for (const gpipe::v1::LayerSpec& layer : spec->model().layers())
+    batch_norm = batch_norm || layer.has_batch_norm();
   std::vector<int64_t> micro_batches;
-  if (const int64_t m = absl::GetFlag(FLAGS_micro_batches); m != 0) {
+  if (batch_norm && absl::GetFlag(FLAGS_micro_batches) == 0) {
+    micro_batches.push_back(std::min(MicroBatchCount(*spec), batch));
+  } else if (const int64_t m = absl::GetFlag(FLAGS_micro_batches); m != 0) {
     if (m < 1 || m > batch) {
       return Fail(absl::InvalidArgumentError(
           absl::StrCat("--micro-batches: ", m, " is not within 1..", batch,
@@ -406,22 +425,42 @@ int RunPlan(const std::vector<std::string>& args) {
         "--workers: must be in [0, 1048576] (0: one pipeline), got ",
         workers)));
   }
-  const bool with_replicas = workers > 0;
+  const int64_t pinned_replicas = absl::GetFlag(FLAGS_replicas);
+  if (pinned_replicas < 0 || pinned_replicas > kMaxReplicas) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--replicas: must be in [0, ", kMaxReplicas,
+                     "] (0: the plan tries them), got ", pinned_replicas)));
+  }
+  const bool with_replicas = workers > 0 || pinned_replicas > 0;
   const int64_t pinned_groups = spec->pipeline().gradient_groups();
-  // The replica counts to try for (K, M, schedule): powers of two that fit
-  // the workers and whose groups the spec's rules allow (ValidateReplicas).
+  // Whether R replicas of (K, M, schedule) run: R divides M and the batch,
+  // K x R fits the workers, and the spec's pinned gradient groups allow it
+  // (ValidateReplicas: M a multiple of G, G a multiple of R, and no more
+  // groups than replicas where the backward splits). R = 1 too: the plan
+  // recommended ZB-H1 rows that gradient_groups 4 makes refuse to run.
+  const auto replicas_run = [&](int64_t k, int64_t m, int64_t r,
+                                ScheduleKind schedule) {
+    if (m % r != 0 || batch % r != 0) return false;
+    if (workers > 0 && k * r > workers) return false;
+    if (r > 1 && Interleaves(schedule)) return false;  // one replica so far
+    if (pinned_groups > 0 &&
+        (pinned_groups % r != 0 || m % pinned_groups != 0 ||
+         (SplitsBackward(schedule) && pinned_groups > r))) {
+      return false;
+    }
+    return true;
+  };
+  // The replica counts to try: --replicas alone, or powers of two.
   const auto replica_choices = [&](int64_t k, int64_t m,
                                    ScheduleKind schedule) {
-    std::vector<int64_t> out = {1};
-    if (!with_replicas || Interleaves(schedule)) return out;
-    for (int64_t r = 2;
-         r <= kMaxReplicas && k * r <= workers && m % r == 0 && batch % r == 0;
-         r *= 2) {
-      if (pinned_groups > 0 &&
-          (pinned_groups % r != 0 || m % pinned_groups != 0))
-        continue;
-      if (SplitsBackward(schedule) && pinned_groups > r) continue;
-      out.push_back(r);
+    std::vector<int64_t> out;
+    if (pinned_replicas > 0) {
+      if (replicas_run(k, m, pinned_replicas, schedule))
+        out.push_back(pinned_replicas);
+      return out;
+    }
+    for (int64_t r = 1; r <= (workers > 0 ? kMaxReplicas : 1); r *= 2) {
+      if (replicas_run(k, m, r, schedule)) out.push_back(r);
     }
     return out;
   };
@@ -538,8 +577,15 @@ int RunPlan(const std::vector<std::string>& args) {
   // The spec's balance is for its own K (and v); other K are balanced by
   // the same costs the simulation uses, so a measured plan is balanced by
   // measurement.
+  const int64_t v_flag = absl::GetFlag(FLAGS_virtual_stages);
+  if (v_flag != 0 && (v_flag < 2 || v_flag > layers)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--virtual-stages: the interleaved schedule needs 2 to ", layers,
+        " chunks a stage (the model's layers), got ", v_flag)));
+  }
   const int64_t spec_v =
-      Interleaves(ScheduleFromSpec(spec->pipeline().schedule()))
+      v_flag > 0 ? v_flag
+      : Interleaves(ScheduleFromSpec(spec->pipeline().schedule()))
           ? VirtualStageCount(*spec)
           : 2;
   // `own_replicas` > 0: only that R (the spec's own row).
@@ -550,6 +596,9 @@ int RunPlan(const std::vector<std::string>& args) {
                             0) -> absl::StatusOr<std::vector<Option>> {
     std::vector<Option> out;
     for (int64_t k = lo; k <= hi; ++k) {
+      // A pipeline of K stages takes K of the workers (the spec's own row
+      // is shown whatever it takes).
+      if (own_replicas == 0 && workers > 0 && k > workers) break;
       // Each remat mode (and chunk count, and ZB-V's M) has its own cut:
       // stages that re-materialize do more for the same layers
       // (RematStageWeights).
@@ -645,8 +694,13 @@ int RunPlan(const std::vector<std::string>& args) {
               config.remat = remat;
               // The order a run builds: for the cost model's phase times,
               // also when the costs here were measured (--measure).
-              if (schedule == ScheduleKind::kZeroBubbleV)
+              // ZB-V's order is built once, for the simulation and the
+              // memory model alike.
+              if (schedule == ScheduleKind::kZeroBubbleV) {
                 config.order_ticks = CostModelTicks(*shapes, o.balance, remat);
+                config.ops = MakeWorkerSchedules(schedule, k, m / r, v,
+                                                 config.order_ticks);
+              }
               config.link_bytes_per_second = link_gbps * 1e9 / 8;
               config.link_latency_seconds = link_latency_us * 1e-6;
               config.message_seconds = message_us * 1e-6;
@@ -680,8 +734,9 @@ int RunPlan(const std::vector<std::string>& args) {
                 if (spec->eval().batch_size() == 0)
                   for_r.mutable_eval()->set_batch_size(batch);
               }
-              o.memory = EstimatePipelineMemory(for_r, *shapes, o.balance,
-                                                m / r, schedule, remat, v);
+              o.memory = EstimatePipelineMemory(
+                  for_r, *shapes, o.balance, m / r, schedule, remat, v,
+                  config.ops.empty() ? nullptr : &config.ops);
               // A worker holds its v chunks: their estimates add up.
               for (int64_t w = 0; w < k; ++w) {
                 std::vector<StageMemory> chunks;
@@ -712,17 +767,27 @@ int RunPlan(const std::vector<std::string>& args) {
     }
   };
   int64_t grown_from = 0;
-  for (;;) {
+  bool growth_stopped = false;
+  // Each growth simulates only the Ks it adds.
+  for (int64_t from = k_lo;;) {
     absl::StatusOr<std::vector<Option>> planned =
-        plan(k_lo, k_hi, micro_batches, schedules, remats);
+        plan(from, k_hi, micro_batches, schedules, remats);
     if (!planned.ok()) return Fail(planned.status());
-    options = *std::move(planned);
+    options.insert(options.end(), std::make_move_iterator(planned->begin()),
+                   std::make_move_iterator(planned->end()));
     pick_best();
     if (!default_range || best == nullptr || best->k != k_hi ||
-        k_hi >= layers) {
+        k_hi >= layers || (workers > 0 && k_hi >= workers)) {
+      break;
+    }
+    // Each doubling costs more than all before it (a 257-layer model went
+    // to K=256 in five minutes): past the budget, the user picks the range.
+    if (std::chrono::steady_clock::now() - started > kGrowthBudget) {
+      growth_stopped = true;
       break;
     }
     if (grown_from == 0) grown_from = k_hi;
+    from = k_hi + 1;
     k_hi = std::min(layers, 2 * k_hi);
   }
   const double simulate_ms = std::chrono::duration<double, std::milli>(
@@ -748,16 +813,23 @@ int RunPlan(const std::vector<std::string>& args) {
   std::printf("plan for %s: %lld layers, batch %lld\n",
               spec->name().empty() ? args[0].c_str() : spec->name().c_str(),
               static_cast<long long>(layers), static_cast<long long>(batch));
+  if (batch_norm && absl::GetFlag(FLAGS_micro_batches) == 0) {
+    std::printf(
+        "M stays at the spec's %lld: batch norm normalizes each "
+        "micro-batch by its own statistics, so another M trains another "
+        "model (--micro-batches M plans one)\n",
+        static_cast<long long>(micro_batches.front()));
+  }
   std::printf(
       "costs: %s; links %.3g Gb/s, %.6g us, %.6g us a message, sends %s\n",
       cost_source.c_str(), link_gbps, link_latency_us, message_us,
       blocking_sends ? "wait for the link" : "return at once");
   if (with_replicas) {
     std::printf(
-        "workers: %lld; R data-parallel replicas of K stages each run M/R "
+        "workers: %s; R data-parallel replicas of K stages each run M/R "
         "micro-batches, and the step adds the slowest stage's gradient sum "
         "over the links\n",
-        static_cast<long long>(workers));
+        workers > 0 ? std::to_string(workers).c_str() : "as many as K x R");
   }
   std::printf(
       "memory: the largest stage's peak (parameters, gradients, optimizer "
@@ -822,6 +894,14 @@ int RunPlan(const std::vector<std::string>& args) {
         "range 1..%lld\n",
         static_cast<long long>(grown_from), static_cast<long long>(k_hi),
         static_cast<long long>(grown_from));
+  }
+  if (growth_stopped) {
+    std::printf(
+        "K stopped at %lld after %.0f s with the best K at the end; "
+        "--stages-range %lld..%lld simulates further\n",
+        static_cast<long long>(k_hi), simulate_ms / 1e3,
+        static_cast<long long>(k_hi),
+        static_cast<long long>(std::min(layers, 2 * k_hi)));
   }
   if (best == nullptr) {
     const Option* smallest = &options[0];

@@ -303,9 +303,12 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // list hold.
   const int64_t v = std::max<int64_t>(1, p.virtual_stages);
   const int64_t workers = std::max<int64_t>(1, p.stages / v);
-  const std::vector<Op> ops = MakeWorkerSchedule(
-      p.schedule, workers, p.micro_batches, v,
-      WorkerOfStage(p.schedule, workers, p.stage), p.order_ticks);
+  const std::vector<Op> ops =
+      p.worker_ops != nullptr
+          ? *p.worker_ops
+          : MakeWorkerSchedule(p.schedule, workers, p.micro_batches, v,
+                               WorkerOfStage(p.schedule, workers, p.stage),
+                               p.order_ticks);
   const int64_t chunk = ChunkOfStage(p.schedule, workers, p.stage);
   const int64_t in_bytes = Mul(BoundaryBytes(shapes, b, e), mb);
   const int64_t out_bytes = Mul(BoundaryBytes(shapes, e, e), mb);
@@ -491,23 +494,36 @@ std::vector<StageMemory> EstimatePipelineMemory(
 std::vector<StageMemory> EstimatePipelineMemory(
     const v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance, int64_t micro_batches,
-    ScheduleKind schedule, RematMode remat, int64_t virtual_stages) {
+    ScheduleKind schedule, RematMode remat, int64_t virtual_stages,
+    const std::vector<std::vector<Op>>* worker_ops) {
   std::vector<StageMemory> out;
   const std::vector<PhaseTicks> ticks =
-      schedule == ScheduleKind::kZeroBubbleV
+      schedule == ScheduleKind::kZeroBubbleV && worker_ops == nullptr
           ? CostModelTicks(shapes, balance, remat)
           : std::vector<PhaseTicks>();
+  const int64_t v =
+      Interleaves(schedule) ? std::max<int64_t>(1, virtual_stages) : 1;
+  const int64_t workers =
+      std::max<int64_t>(1, static_cast<int64_t>(balance.size()) / v);
+  const std::vector<std::vector<Op>> built =
+      worker_ops != nullptr
+          ? std::vector<std::vector<Op>>()
+          : MakeWorkerSchedules(schedule, workers, micro_batches, v, ticks);
+  const std::vector<std::vector<Op>>& ops =
+      worker_ops != nullptr ? *worker_ops : built;
   int64_t begin = 0;
   for (size_t s = 0; s < balance.size(); ++s) {
     StageMemoryPlacement p;
     p.order_ticks = ticks;
+    p.worker_ops =
+        &ops[WorkerOfStage(schedule, workers, static_cast<int64_t>(s))];
     p.stage = static_cast<int64_t>(s);
     p.stages = static_cast<int64_t>(balance.size());
     p.layer_begin = begin;
     p.layer_end = begin + balance[s];
     p.micro_batches = micro_batches;
     p.schedule = schedule;
-    p.virtual_stages = Interleaves(schedule) ? virtual_stages : 1;
+    p.virtual_stages = v;
     p.remat = remat;
     out.push_back(EstimateStageMemory(spec, shapes, p));
     begin = p.layer_end;

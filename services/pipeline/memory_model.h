@@ -100,6 +100,10 @@ struct StageMemoryPlacement {
   // ZB-V's phase times, which its order follows (the assignment's, or
   // CostModelTicks of the partition); empty: equal times.
   std::vector<PhaseTicks> order_ticks;
+  // The stage's worker's ops, when the caller has them (every worker's
+  // come from one ZB-V order: EstimatePipelineMemory builds it once, not
+  // once a stage, which took minutes at K=128, M=1024); null: built here.
+  const std::vector<Op>* worker_ops = nullptr;
 };
 
 // Bytes that a training forward of layers [begin, end) keeps for the
@@ -120,10 +124,14 @@ StageMemory EstimateStageMemory(const gpipe::v1::JobSpec& spec,
 // Every stage of `spec` cut by `balance`, with M micro-batches, `schedule`
 // and `remat` (the planner tries others than the spec's); under an
 // interleaved schedule `balance` has K x v chunks, one estimate each.
+// `worker_ops`: every worker's ops where the caller has built them already
+// (MakeWorkerSchedules of these K, M, v and the cost model's ticks), as the
+// planner has for its simulation; null: built here.
 std::vector<StageMemory> EstimatePipelineMemory(
     const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,
     const std::vector<int64_t>& balance, int64_t micro_batches,
-    ScheduleKind schedule, RematMode remat, int64_t virtual_stages = 1);
+    ScheduleKind schedule, RematMode remat, int64_t virtual_stages = 1,
+    const std::vector<std::vector<Op>>* worker_ops = nullptr);
 // The same with the spec's M, schedule and re-materialization.
 std::vector<StageMemory> EstimatePipelineMemory(
     const gpipe::v1::JobSpec& spec, const ModelShapes& shapes,

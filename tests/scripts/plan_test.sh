@@ -133,5 +133,35 @@ PY
 grep -q "own configuration does not run: .*rep9.json: pipeline.replicas: must be in" "$work/rep9" ||
   { cat "$work/rep9"; fail "the spec's own replicas out of range were not named"; }
 if grep -q "(the job spec's own)" "$work/rep9"; then fail "a row for a spec that does not run"; fi
+# G=2 under a split backward needs 2 replicas: no ZB row on one replica
+# (the plan recommended rows that train refuses).
+if grep -Eq '^[ *!=] +[0-9]+ +1 +[0-9]+  zb-' "$work/g2"; then
+  cat "$work/g2"; fail "a zb row on one replica with gradient_groups 2"
+fi
 echo "ok: replicas ($(grep '^best:' "$work/r" | cut -c1-40))"
-echo "5 passed, 0 failed"
+
+# A stage is a worker: --workers 2 plans no K past 2. --replicas R and
+# --virtual-stages V are the rows' own. A model with batch norm keeps the
+# spec's M (another M trains another model) and says so.
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  --workers 2 >"$work/w2" 2>&1 || { cat "$work/w2"; fail "plan --workers 2"; }
+grep -q '^best: K=[12] ' "$work/w2" || { cat "$work/w2"; fail "--workers 2 planned more stages than workers"; }
+if grep -Eq '^[ *!] +([3-9]|[1-9][0-9]) +[0-9]+ ' "$work/w2"; then
+  cat "$work/w2"; fail "a row of more stages than the 2 workers"
+fi
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  --replicas 2 --stages-range 1..2 >"$work/r2" 2>&1 || { cat "$work/r2"; fail "plan --replicas 2"; }
+rows=$(grep -Ec '^[ *!] +[0-9]+ +[0-9]+ +[0-9]+  ' "$work/r2")
+r2=$(grep -Ec '^[ *!] +[0-9]+ +2 +[0-9]+  ' "$work/r2")
+((rows > 0 && rows == r2)) || { cat "$work/r2"; fail "--replicas 2: $r2 of $rows rows have R=2"; }
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  --schedule interleaved --virtual-stages 3 --stages 2 >"$work/v3" 2>&1 ||
+  { cat "$work/v3"; fail "plan --virtual-stages 3"; }
+grep -q 'interleaved/3' "$work/v3" || { cat "$work/v3"; fail "--virtual-stages 3 was not planned"; }
+if grep -q 'interleaved/2' "$work/v3"; then cat "$work/v3"; fail "--virtual-stages 3 planned v=2"; fi
+grep -q "M stays at the spec's 4: batch norm" "$work/bn" || { cat "$work/bn"; fail "the batch norm note is missing"; }
+if grep -Eq '^[ *!] +[0-9]+ +[0-9]+ +([0-35-9]|[0-9]{2,}) ' "$work/bn"; then
+  cat "$work/bn"; fail "a batch norm model was planned at another M"
+fi
+echo "ok: workers, --replicas, --virtual-stages, batch norm's M"
+echo "6 passed, 0 failed"
