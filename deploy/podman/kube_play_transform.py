@@ -15,6 +15,13 @@ what podman lacks, each change for a stated reason:
     a Pod named after the Service, so clients dial the name they would dial
     in a cluster (gpipe-controller:7070, which its certificate lists).
   - A Job becomes a Pod of its name (restartPolicy Never).
+  - Every other Deployment becomes its replicas as Pods named as podman
+    names them (NAME-pod-0, NAME-pod-1, ...), and an emptyDir volume is
+    renamed after its pod: podman 4.3 makes an emptyDir a volume named
+    after the volume alone (medium Memory too), so one Deployment's
+    replicas, and every pod with a `tmp` emptyDir, would share one /tmp,
+    where the cluster gives each pod its own and workers share no
+    filesystem.
   - No downward API status.podIP: a variable from it takes the pod's name
     (metadata.name, which podman fills and its DNS resolves) instead, and an
     argument --FLAG=$(VAR)[:PORT] using it (podman does not expand $(VAR))
@@ -68,7 +75,10 @@ def secret_values(secrets, name):
 def rewrite_pod_spec(spec, pod_name, secrets, state):
     user = (spec.get("securityContext") or {}).get("runAsUser", 0)
     group = (spec.get("securityContext") or {}).get("runAsGroup", user)
+    renamed = {}
     for volume in spec.get("volumes") or []:
+        if "emptyDir" in volume:
+            renamed[volume["name"]] = volume["name"] = pod_name + "-" + volume["name"]
         secret = volume.pop("secret", None)
         if secret is None:
             continue
@@ -87,6 +97,9 @@ def rewrite_pod_spec(spec, pod_name, secrets, state):
             os.chown(path, user, group)
         os.chmod(directory, 0o755)
         volume["hostPath"] = {"path": os.path.abspath(directory), "type": "Directory"}
+    for container in (spec.get("initContainers") or []) + (spec.get("containers") or []):
+        for mount in container.get("volumeMounts") or []:
+            mount["name"] = renamed.get(mount["name"], mount["name"])
     for container in spec.get("containers") or []:
         container.pop("ports", None)
         downward = set()
@@ -117,6 +130,13 @@ def rewrite_pod_spec(spec, pod_name, secrets, state):
             container["args"] = args
 
 
+def pod_of(name, template):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name,
+                         "labels": (template.get("metadata") or {}).get("labels") or {}},
+            "spec": copy.deepcopy(template["spec"])}
+
+
 def transform(docs, secrets, state, replicas):
     for doc in docs:
         if doc["kind"] == "Deployment" and doc["metadata"]["name"] in replicas:
@@ -135,20 +155,17 @@ def transform(docs, secrets, state, replicas):
                      if s["spec"].get("clusterIP") != "None"
                      and selects(s["spec"].get("selector"), labels)]
             if front and doc["spec"].get("replicas", 1) == 1:
-                pod = {"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": front[0]["metadata"]["name"],
-                                    "labels": labels},
-                       "spec": copy.deepcopy(template["spec"])}
-                rewrite_pod_spec(pod["spec"], pod["metadata"]["name"], secrets, state)
+                names = [front[0]["metadata"]["name"]]
+            else:
+                names = ["%s-pod-%d" % (doc["metadata"]["name"], i)
+                         for i in range(doc["spec"].get("replicas", 1))]
+            for name in names:
+                pod = pod_of(name, template)
+                rewrite_pod_spec(pod["spec"], name, secrets, state)
                 out.append(pod)
-                continue
-            rewrite_pod_spec(template["spec"], doc["metadata"]["name"], secrets, state)
+            continue
         elif kind == "Job":
-            template = doc["spec"]["template"]
-            pod = {"apiVersion": "v1", "kind": "Pod",
-                   "metadata": {"name": doc["metadata"]["name"],
-                                "labels": (template.get("metadata") or {}).get("labels") or {}},
-                   "spec": copy.deepcopy(template["spec"])}
+            pod = pod_of(doc["metadata"]["name"], doc["spec"]["template"])
             pod["spec"]["restartPolicy"] = "Never"
             rewrite_pod_spec(pod["spec"], pod["metadata"]["name"], secrets, state)
             doc = pod
@@ -156,9 +173,9 @@ def transform(docs, secrets, state, replicas):
             fail("kind %s: podman kube play would not run it" % kind)
         out.append(doc)
     for doc in out:
-        if doc["kind"] not in ("Deployment", "Pod"):
+        if doc["kind"] != "Pod":
             continue
-        spec = doc["spec"]["template"]["spec"] if doc["kind"] == "Deployment" else doc["spec"]
+        spec = doc["spec"]
         for c in spec.get("containers") or []:
             for e in c.get("envFrom") or []:
                 if "configMapRef" in e:

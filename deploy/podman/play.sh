@@ -40,9 +40,23 @@ render() {  # render KUSTOMIZATION OUT: rendered and transformed manifests
 case "${1:-}" in
   build)
     "$src/deploy/docker/base-image.sh"
-    podman build -f "$src/deploy/docker/Dockerfile" -t "$image" \
-      --build-arg DEBIAN_BUILD_IMAGE=localhost/gpipe-base/debian:12 \
-      --build-arg DEBIAN_RUNTIME_IMAGE=localhost/gpipe-base/debian:12-slim "$src"
+    # The build stage gets a name of its own, $image-build: unnamed, each
+    # build left one behind (936 MB as podman counts it), yet it is the
+    # cache that lets an unchanged source rebuild in seconds. The images
+    # these two names held before, once nothing names them, are ours to
+    # remove (podman rmi then drops their unnamed cache parents too, and
+    # refuses an image a container still runs).
+    builder=$image-build
+    old=$(for name in "$builder" "$image"; do podman image inspect --format '{{.Id}}' "$name" 2>/dev/null; done || true)
+    args=(-f "$src/deploy/docker/Dockerfile"
+      --build-arg DEBIAN_BUILD_IMAGE=localhost/gpipe-base/debian:12
+      --build-arg DEBIAN_RUNTIME_IMAGE=localhost/gpipe-base/debian:12-slim)
+    podman build "${args[@]}" --target build -t "$builder" "$src"
+    podman build "${args[@]}" -t "$image" "$src"
+    for id in $old; do
+      [[ -z "$(podman image inspect --format '{{.RepoTags}}' "$id" 2>/dev/null | tr -d '[]')" ]] &&
+        podman rmi "$id" >/dev/null 2>&1 || true
+    done
     echo "play.sh: $image, $(podman image inspect "$image" --format '{{.Size}}' |
       awk '{printf "%.0f MB", $1 / 1e6}')"
     ;;
@@ -64,7 +78,9 @@ case "${1:-}" in
     if [[ "$image" != localhost/gpipe:dev ]]; then
       sed -i "s|image: gpipe:dev|image: $image|" "$state/submit.yaml"
     fi
-    podman kube play --network "$network" "$state/submit.yaml" >/dev/null
+    # --replace: a second submit replaces the first one's pod (its job
+    # goes on in the controller) instead of failing on the pod's name.
+    podman kube play --replace --network "$network" "$state/submit.yaml" >/dev/null
     pod=$(python3 -c 'import sys, yaml; print([d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Pod"][0]["metadata"]["name"])' "$state/submit.yaml")
     echo "play.sh: submitted from pod $pod; follow it with: podman logs -f $pod-gpipectl"
     ;;
@@ -72,7 +88,15 @@ case "${1:-}" in
     for f in submit cluster; do
       [[ -f "$state/$f.yaml" ]] && podman kube down "$state/$f.yaml" >/dev/null 2>&1 || true
     done
-    for v in gpipe-checkpoints gpipe-controller-store; do
+    # The per-pod emptyDir volumes (kube_play_transform.py) go with their
+    # pods; any that a failed play left behind go here.
+    emptydirs=$(python3 -c 'import os, sys, yaml
+for f in sys.argv[1:]:
+    for d in yaml.safe_load_all(open(f)) if os.path.exists(f) else []:
+        if d and d["kind"] == "Pod":
+            print(*[v["name"] for v in d["spec"].get("volumes") or [] if "emptyDir" in v])' \
+      "$state/submit.yaml" "$state/cluster.yaml" || true)
+    for v in gpipe-checkpoints gpipe-controller-store $emptydirs; do
       podman volume rm -f "$v" >/dev/null 2>&1 || true
     done
     podman network exists "$network" && podman network rm -f "$network" >/dev/null 2>&1 || true

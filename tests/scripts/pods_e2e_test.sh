@@ -2,7 +2,8 @@
 # The images built and the manifests run as real pods (podman kube play,
 # deploy/podman/play.sh): the CPU image from the local Debian base
 # (cached: a second run takes seconds), the cpu overlay with TLS and tokens,
-# the example job submitted from the submit Job's pod and its model bitwise
+# no volume shared between pods, the image's own command on its exposed
+# ports, the example job submitted from the submit Job's pod and its model bitwise
 # that of `gpipectl train`; a worker container killed mid-job, restarted by
 # its restart policy, the job recovered and bitwise again; workers in
 # separate pods on the gRPC data plane; the probes' health ports; Prometheus
@@ -28,6 +29,7 @@ export GPIPE_PODMAN_STATE=$work/state
 export GPIPE_PODMAN_NETWORK=gpipe-e2e
 play="$src/deploy/podman/play.sh"
 prometheus=gpipe-e2e-prometheus
+plain=gpipe-e2e-plain
 mkdir -p "$GPIPE_PODMAN_STATE"
 printf '[containers]\ndefault_ulimits = []\n[engine]\nruntime = "runc"\n' >"$work/containers.conf"
 export CONTAINERS_CONF=$work/containers.conf
@@ -39,7 +41,7 @@ cleanup() {
       podman logs --tail 15 "$c" >&2 2>&1 || true
     done
   fi
-  podman rm -f "$prometheus" >/dev/null 2>&1 || true
+  podman rm -f "$prometheus" "$plain" >/dev/null 2>&1 || true
   "$play" down >/dev/null 2>&1 || true
   rm -rf "$work"
   exit $rc
@@ -47,7 +49,7 @@ cleanup() {
 trap cleanup EXIT
 # Pods of an earlier run that did not end (the names are the manifests').
 podman pod rm -f $(podman pod ps -q --filter label=app.kubernetes.io/part-of=gpipe) >/dev/null 2>&1 || true
-podman rm -f "$prometheus" >/dev/null 2>&1 || true
+podman rm -f "$prometheus" "$plain" >/dev/null 2>&1 || true
 passed=0
 
 # Deadline for a wait: seconds from now.
@@ -93,6 +95,46 @@ for w in $workers; do
   probe "$(ip_of "$w-worker"):7072" "" 60
 done
 echo "ok: controller and $(wc -w <<<"$workers") workers up, health ports answer"
+passed=$((passed + 1))
+
+# No filesystem shared between pods, as in a cluster: podman 4.3 made one
+# volume of every pod's emptyDir `tmp` (kube_play_transform.py renames
+# them per pod), which would let a worker read what another or the
+# controller left in /tmp.
+for p in $workers gpipe-controller; do podman ps -aq --filter "pod=$p"; done |
+  xargs podman inspect --format json | python3 -c '
+import collections, json, sys
+owners = collections.defaultdict(set)
+for c in json.load(sys.stdin):
+    for m in c.get("Mounts") or []:
+        owners[m.get("Name") or m["Source"]].add(c["Pod"])
+shared = sorted(k for k, v in owners.items() if len(v) > 1)
+sys.exit("mounted by more than one pod: %s" % shared if shared else 0)' || fail "pods share a volume"
+first=$(sed -n 1p <<<"$workers")-worker
+podman exec "$first" sh -c 'echo private >/tmp/gpipe-e2e-private' || fail "cannot write $first's /tmp"
+for c in $(sed 1d <<<"$workers" | sed 's/$/-worker/') gpipe-controller-controller; do
+  rc=0
+  podman exec "$c" test -e /tmp/gpipe-e2e-private || rc=$?
+  ((rc == 1)) || fail "$c sees the file $first wrote in its /tmp (or cannot be asked: exit $rc)"
+done
+podman exec "$first" rm -f /tmp/gpipe-e2e-private
+echo "ok: no volume shared between pods, each /tmp its own"
+passed=$((passed + 1))
+
+# The image's own command (a plain `podman run IMAGE`): a controller on
+# the ports the image exposes, its jobs in a store and its checkpoints in
+# the directories the image makes.
+podman run -d --name "$plain" --network "$GPIPE_PODMAN_NETWORK" "$image" >/dev/null
+probe "$(ip_of "$plain"):7072" "" 60
+python3 -c 'import sys, urllib.request
+sys.exit(0 if b"gpipe_" in urllib.request.urlopen(sys.argv[1], timeout=5).read() else 1)' \
+  "http://$(ip_of "$plain"):9464/metrics" || fail "the image's default command serves no metrics on 9464"
+podman logs "$plain" >"$work/plain.log" 2>&1
+grep -q "checkpoints in /var/lib/gpipe/checkpoints" "$work/plain.log" ||
+  fail "the image's default command does not checkpoint to /var/lib/gpipe/checkpoints: $(tail -3 "$work/plain.log")"
+podman exec "$plain" test -s /var/lib/gpipe/store/jobs.db || fail "the image's default command keeps no job store"
+podman rm -f "$plain" >/dev/null
+echo "ok: the image's default command answers on 7072 and 9464, store and checkpoints in /var/lib/gpipe"
 passed=$((passed + 1))
 
 # ---- Prometheus as the ServiceMonitors say ----
