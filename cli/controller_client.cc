@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 #include <utility>
@@ -325,6 +326,18 @@ absl::Status ControllerClient::WatchJob(
     gpipe::v1::JobEvent event;
     bool terminal = false;
     while (!terminal && reader->Read(&event)) {
+      if (lost_since != absl::InfiniteFuture()) {
+        // Said, so that a step that goes back (a restarted controller
+        // resumes from the last checkpoint) is not a silent surprise.
+        std::fprintf(stderr,
+                     "gpipectl: the watch of %s resumed after %s without the "
+                     "controller at %s\n",
+                     job_id.c_str(),
+                     absl::FormatDuration(absl::Trunc(absl::Now() - lost_since,
+                                                      absl::Seconds(1)))
+                         .c_str(),
+                     address_.c_str());
+      }
       ever_connected = true;
       lost_since = absl::InfiniteFuture();
       on_event(event);

@@ -59,7 +59,8 @@ ABSL_FLAG(int64_t, replicas, 0,
           "K threads; local and submit: on K x R workers; 0: the job spec's "
           "pipeline.replicas); with "
           "pipeline.gradient_groups set in the spec the result is the same "
-          "for every R up to it (unset, the groups are R)");
+          "for every R up to it (unset, the groups are R; under zb-h1 and "
+          "zb-v, R must be the groups)");
 ABSL_FLAG(int64_t, virtual_stages, 0,
           "chunks of the model per stage under --schedule interleaved (v >= "
           "2; 0: the job spec's)");

@@ -61,8 +61,50 @@ def _read(path):
         return f.read()
 
 
+_INT64_TYPES = None
+
+
+def _ints(descriptor, value):
+    """The protobuf JSON form's 64-bit integers (strings there, as JSON
+    numbers lose precision past 2**53) as Python ints, which have none to
+    lose: status["step"] == 30, not "30"."""
+    global _INT64_TYPES
+    if _INT64_TYPES is None:
+        from google.protobuf.descriptor import FieldDescriptor as F
+        _INT64_TYPES = {F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64,
+                        F.TYPE_FIXED64, F.TYPE_SFIXED64}
+    for field in descriptor.fields:
+        key = field.json_name
+        if key not in value:
+            continue
+        if field.message_type is not None:
+            entry = field.message_type
+            if entry.GetOptions().map_entry:
+                inner = entry.fields_by_name["value"]
+                if inner.message_type is not None:
+                    for v in value[key].values():
+                        _ints(inner.message_type, v)
+                elif inner.type in _INT64_TYPES:
+                    value[key] = {k: int(v) for k, v in value[key].items()}
+            elif field.label == field.LABEL_REPEATED:
+                for v in value[key]:
+                    _ints(entry, v)
+            else:
+                _ints(entry, value[key])
+        elif field.type in _INT64_TYPES:
+            if field.label == field.LABEL_REPEATED:
+                value[key] = [int(v) for v in value[key]]
+            else:
+                value[key] = int(value[key])
+    return value
+
+
 def _to_dict(message):
-    return json_format.MessageToDict(message)
+    """The message as protobuf's JSON form with every field present (0 and
+    empty ones too: stage 0 had no "stage" key) and 64-bit integers as
+    ints."""
+    return _ints(message.DESCRIPTOR, json_format.MessageToDict(
+        message, including_default_value_fields=True))
 
 
 class Client:

@@ -120,6 +120,10 @@ set -e
 ((rc == 1)) || fail "watch of a cancelled job exited $rc: $(tail -3 "$work/watch.txt")"
 grep -q "stopped watching" "$work/watch.txt" && fail "the watch gave up at the restart: $(tail -3 "$work/watch.txt")"
 grep -q "CANCELLED" "$work/watch.txt" || fail "the watch did not follow the job to its end: $(tail -3 "$work/watch.txt")"
+# And it says so: the restarted controller resumes from a checkpoint, so
+# the step a watch shows may go back.
+grep -q "the watch of $long2 resumed after .* without the controller" "$work/watch.txt" ||
+  fail "the watch did not say it lost the controller: $(tail -5 "$work/watch.txt")"
 ok "a watch followed its job across the controller's graceful restart"
 
 # A frozen controller closes nothing: the watch's pings find it (every

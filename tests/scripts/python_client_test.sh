@@ -41,7 +41,10 @@ with Client(address) as c:
     states = [e["job"]["status"].get("state") for e in c.watch(job)]
     assert states[-1] == "SUCCEEDED", states
     status = c.status(job)
-    assert status["step"] == "30", status
+    # 64-bit integers as ints, and fields at 0 present.
+    assert status["step"] == 30, status
+    assert status["restarts"] == 0, status
+    assert all("stage" in w for w in c.workers()), c.workers()
     files = c.fetch(job, out)
     assert files == [os.path.join(out, "model.safetensors")], files
     assert any(j["id"] == job for j in c.jobs())
