@@ -433,21 +433,19 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   const bool with_replicas = workers > 0 || pinned_replicas > 0;
   const int64_t pinned_groups = spec->pipeline().gradient_groups();
-  // Whether R replicas of (K, M, schedule) run: R divides M and the batch,
-  // K x R fits the workers, and the spec's pinned gradient groups allow it
-  // (ValidateReplicas: M a multiple of G, G a multiple of R, and no more
-  // groups than replicas where the backward splits). R = 1 too: the plan
-  // recommended ZB-H1 rows that gradient_groups 4 makes refuse to run.
+  // Whether R replicas of (K, M, schedule) run, by the spec's own rules
+  // (ValidateReplicas): G groups (the spec's, or R) divide M, each replica
+  // runs whole groups (R <= G), one replica under an interleaved schedule,
+  // and no more groups than replicas where the backward splits; and K x R
+  // fits the workers. R = 1 too: the plan recommended ZB-H1 rows that
+  // gradient_groups 4 makes refuse to run.
   const auto replicas_run = [&](int64_t k, int64_t m, int64_t r,
                                 ScheduleKind schedule) {
-    if (m % r != 0 || batch % r != 0) return false;
+    const int64_t g = pinned_groups > 0 ? pinned_groups : r;
+    if (m % g != 0 || r > g) return false;
     if (workers > 0 && k * r > workers) return false;
-    if (r > 1 && Interleaves(schedule)) return false;  // one replica so far
-    if (pinned_groups > 0 &&
-        (pinned_groups % r != 0 || m % pinned_groups != 0 ||
-         (SplitsBackward(schedule) && pinned_groups > r))) {
-      return false;
-    }
+    if (r > 1 && Interleaves(schedule)) return false;
+    if (g > r && SplitsBackward(schedule)) return false;
     return true;
   };
   // The replica counts to try: --replicas alone, or powers of two.
@@ -663,9 +661,12 @@ int RunPlan(const std::vector<std::string>& args) {
           return costs;
         };
         for (ScheduleKind schedule : kinds) {
+          // The spec's own row is simulated as the spec runs, whatever
+          // --virtual-stages asks of the others.
           const int64_t v = schedule == ScheduleKind::kZeroBubbleV ? 2
-                            : Interleaves(schedule)                ? spec_v
-                                                                   : 1;
+                            : !Interleaves(schedule)               ? 1
+                            : own_replicas > 0 ? VirtualStageCount(*spec)
+                                               : spec_v;
           // Interleaving needs M a multiple of K and K x v layers at least.
           if (!ScheduleShapeError(schedule, k, m, v).empty() ||
               k * v > layers) {
@@ -688,7 +689,9 @@ int RunPlan(const std::vector<std::string>& args) {
               SimulationConfig config;
               config.stages = o.costs;
               // Each replica runs its M / R micro-batches of the same size.
-              config.micro_batches = m / r;
+              // (Uneven groups: the replica with the most sets the pace.)
+              const int64_t m_r = (m + r - 1) / r;
+              config.micro_batches = m_r;
               config.schedule = schedule;
               config.virtual_stages = v;
               config.remat = remat;
@@ -698,7 +701,7 @@ int RunPlan(const std::vector<std::string>& args) {
               // memory model alike.
               if (schedule == ScheduleKind::kZeroBubbleV) {
                 config.order_ticks = CostModelTicks(*shapes, o.balance, remat);
-                config.ops = MakeWorkerSchedules(schedule, k, m / r, v,
+                config.ops = MakeWorkerSchedules(schedule, k, m_r, v,
                                                  config.order_ticks);
               }
               config.link_bytes_per_second = link_gbps * 1e9 / 8;
@@ -730,12 +733,12 @@ int RunPlan(const std::vector<std::string>& args) {
               gpipe::v1::JobSpec for_r = *spec;
               for_r.mutable_pipeline()->set_replicas(r);
               if (r > 1) {
-                for_r.set_batch_size(batch / r);
+                for_r.set_batch_size((batch + r - 1) / r);
                 if (spec->eval().batch_size() == 0)
                   for_r.mutable_eval()->set_batch_size(batch);
               }
               o.memory = EstimatePipelineMemory(
-                  for_r, *shapes, o.balance, m / r, schedule, remat, v,
+                  for_r, *shapes, o.balance, m_r, schedule, remat, v,
                   config.ops.empty() ? nullptr : &config.ops);
               // A worker holds its v chunks: their estimates add up.
               for (int64_t w = 0; w < k; ++w) {
@@ -789,6 +792,7 @@ int RunPlan(const std::vector<std::string>& args) {
     if (grown_from == 0) grown_from = k_hi;
     from = k_hi + 1;
     k_hi = std::min(layers, 2 * k_hi);
+    if (workers > 0) k_hi = std::min(k_hi, workers);
   }
   const double simulate_ms = std::chrono::duration<double, std::milli>(
                                  std::chrono::steady_clock::now() - started)

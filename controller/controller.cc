@@ -411,6 +411,9 @@ absl::StatusOr<v1::Job> Controller::ResumeJob(
   job->restarts_without_progress = 0;
   job->restore_check = JobRecord::RestoreCheck::kNeeded;
   job->restore_point.reset();
+  job->recovery_began = absl::InfinitePast();
+  // Its counters from 0 again where a restored controller had none.
+  if (options_.metrics != nullptr) options_.metrics->OnJob(job->id());
   const std::string message =
       absl::StrCat("resumed by the user from ",
                    from == 0 ? std::string("the beginning")
@@ -804,10 +807,20 @@ void Controller::Reschedule(absl::Time now) {
   // failed checkpoint's (or a killed write's) go now, ahead of this
   // epoch's first checkpoint.
   for (const auto& [job, before] : epochs) {
-    if (before == 0 || job->status().epoch() == before) continue;
+    if (job->status().epoch() == before) continue;
+    job->link_blame.reset();  // of the epoch before
+    if (job->make_room) {
+      // A start that checked no checkpoint (a resume from the replicas'
+      // memory) makes the room here.
+      MakeRoomForCheckpoint(*job, now);
+      job->make_room = false;
+    }
+    if (before == 0) continue;
     EnqueueIo([dir = options_.checkpoint_dir, id = job->id(),
                epoch = job->status().epoch()] {
-      if (const int64_t n = RemoveStaleStageFiles(dir, id, epoch); n > 0) {
+      if (const int64_t n = RemoveStaleStageFiles(dir, id, epoch,
+                                                  /*remove_empty_dirs=*/false);
+          n > 0) {
         LogInfo("job %s: removed %d stale checkpoint files of epochs before %d",
                 id, n, epoch);
       }
@@ -1112,11 +1125,15 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
   job.checkpointing.clear();
   MarkTerminal(&job.status(), state, type, reason, message, now);
   jobs_.Publish(job, message, now);
+  job.recovery_began = absl::InfinitePast();  // no recovery to measure
+  job.link_blame.reset();
+  job.make_room = false;
+  if (options_.metrics != nullptr) options_.metrics->OnJobEnded(job.id());
   // What the job wrote and never committed goes with it: a cancelled job
   // kept a failed checkpoint's files until it was deleted.
   EnqueueIo([dir = options_.checkpoint_dir, id = job.id(),
              epoch = job.status().epoch() + 1] {
-    RemoveStaleStageFiles(dir, id, epoch);
+    RemoveStaleStageFiles(dir, id, epoch, /*remove_empty_dirs=*/true);
   });
 }
 
@@ -1499,7 +1516,10 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
           job->id(), reason == kCheckpointStoreFull ? "store_full" : "write");
     }
   }
-  if (reason == kCheckpointStoreFull) MakeRoomForCheckpoint(*job, now);
+  // Room is made once the restart has checked which checkpoint it restores
+  // (CheckRestorePointIo): dropped now, the oldest might have been the only
+  // intact one.
+  if (reason == kCheckpointStoreFull) job->make_room = true;
   std::set<std::string> others;
   for (const v1::StageStatus* s : job->AllStages()) {
     if (s->worker_id() != worker.id()) others.insert(s->worker_id());
@@ -1677,7 +1697,7 @@ void Controller::CommitCheckpointIo(
       // The job goes on: the previous checkpoint stays the restore point.
       LogError("job %s: cannot commit the checkpoint of step %d: %s", job_id,
                step, ref.status().ToString());
-      if (options_.metrics != nullptr) {
+      if (options_.metrics != nullptr && jobs_.Find(job_id) != nullptr) {
         options_.metrics->OnCheckpointFailure(job_id, "commit");
       }
       return;
@@ -1690,6 +1710,19 @@ void Controller::CommitCheckpointIo(
         job->status().state() != v1::RUNNING || job->merging) {
       LogInfo("job %s: the checkpoint of step %d of epoch %d is superseded",
               job_id, step, epoch);
+      // Its manifest, listed nowhere, would keep its files from every
+      // cleanup (RemoveStaleStageFiles passes over committed directories).
+      // Tasks run one at a time in order, so no later commit of this step
+      // has written its own yet.
+      bool listed = job == nullptr;  // a deleted job's folder goes whole
+      if (job != nullptr) {
+        for (const v1::CheckpointRef& c : job->status().checkpoints())
+          listed = listed || c.manifest_path() == ref->manifest_path();
+      }
+      if (!listed) {
+        std::error_code error;
+        std::filesystem::remove(ref->manifest_path(), error);
+      }
       return;
     }
     const absl::Time now = Now();
@@ -1807,6 +1840,11 @@ void Controller::CheckRestorePointIo(
     SetCondition(&job->status(), kRestored, point.chosen.has_value(),
                  "CorruptCheckpoints", message, now);
     jobs_.Publish(*job, message, now);
+  }
+  if (job->make_room) {
+    // DropUnusable took the corrupt ones: the newest left is the chosen.
+    MakeRoomForCheckpoint(*job, now);
+    job->make_room = false;
   }
   job->restore_point = point.chosen;
   job->restore_check = JobRecord::RestoreCheck::kChecked;

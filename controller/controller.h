@@ -241,10 +241,10 @@ class Controller {
   // lost worker as the cause, not the neighbour whose link it broke.
   void BlameLostWorker(const WorkerRecord& worker, const std::string& why,
                        absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // On a full checkpoint store: drops the job's oldest committed checkpoint
-  // where another is left, and keeps one fewer from then on (recovery.h,
-  // DropOldestCheckpoint), so a store with room for exactly `keep` of
-  // them goes on.
+  // After a full checkpoint store, at the restart's restore check: drops
+  // the job's oldest committed checkpoint where another is left, and keeps
+  // one fewer from then on (recovery.h, DropOldestCheckpoint), so a store
+  // with room for exactly `keep` of them goes on.
   void MakeRoomForCheckpoint(JobRecord& job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RestartOrFail for a job of several replicas: its workers keep their

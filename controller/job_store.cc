@@ -58,7 +58,7 @@ absl::StatusOr<storage::ScopedFd> LockStore(const std::string& path,
       return fd;
     }
     if (absl::Now() >= deadline) {
-      char holder[32] = {};
+      char holder[320] = {};
       const ssize_t n = ::pread(fd.get(), holder, sizeof(holder) - 1, 0);
       const std::string pid = n > 0 ? std::string(holder, n) : "?";
       return absl::FailedPreconditionError(absl::StrCat(
@@ -69,8 +69,12 @@ absl::StatusOr<storage::ScopedFd> LockStore(const std::string& path,
     absl::SleepFor(absl::Milliseconds(50));
   }
   // Only a second controller's message reads it: a failed write costs no
-  // more than its pid.
-  const std::string pid = absl::StrCat(::getpid(), "\n");
+  // more than its pid. The host too: in a container the pid is often 1,
+  // which named the refused controller itself.
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  const std::string pid = absl::StrCat(
+      ::getpid(), host[0] != '\0' ? absl::StrCat(" on ", host) : "", "\n");
   (void)!::ftruncate(fd.get(), 0);
   (void)!::pwrite(fd.get(), pid.data(), pid.size(), 0);
   return fd;

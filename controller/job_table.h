@@ -93,6 +93,9 @@ struct JobRecord {
   // store made it fewer than its spec's keep (0: the spec's). Not stored:
   // a restarted controller learns it again from the next full write.
   int64_t keep_limit = 0;
+  // A stage found the checkpoint store full: the next start drops the
+  // oldest checkpoint once it knows which one it restores.
+  bool make_room = false;
   // A restart blamed on a stage's broken link (LinkFailed), for a few
   // seconds: a neighbour that died broke it, and that neighbour's own
   // detach often arrives after the report. When one of `workers` is lost

@@ -212,9 +212,14 @@ int main(int argc, char** argv) {
   options.controller.check_data_paths = absl::GetFlag(FLAGS_check_data_paths);
 
   // Stages' files and the manifests land here however they travel.
+  // A full one is not refused: the jobs on it wait for room, and a
+  // controller that cannot start cannot delete one to make it.
   if (absl::Status writable = gpipe::storage::CheckWritableDirectory(
           options.controller.checkpoint_dir);
-      !writable.ok()) {
+      absl::IsResourceExhausted(writable)) {
+    gpipe::LogWarning("gpipe-controller: --checkpoint_dir: %s",
+                      std::string(writable.message()));
+  } else if (!writable.ok()) {
     gpipe::LogError("gpipe-controller: --checkpoint_dir: %s",
                     std::string(writable.message()));
     return 1;

@@ -233,22 +233,31 @@ std::optional<int64_t> StageFileEpoch(absl::string_view name) {
   return id->epoch;
 }
 
-int64_t RemoveStaleFilesIn(const std::filesystem::path& dir, int64_t epoch) {
+int64_t RemoveStaleFilesIn(const std::filesystem::path& dir, int64_t epoch,
+                           bool remove_empty) {
   std::error_code error;
-  if (std::filesystem::exists(dir / storage::kManifestName, error)) return 0;
+  // A manifest, or a directory that cannot be read (an unanswered stat on a
+  // shared volume is no proof of a missing manifest), is left alone.
+  const bool committed =
+      std::filesystem::exists(dir / storage::kManifestName, error);
+  if (committed || error) return 0;
   int64_t removed = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+  std::filesystem::directory_iterator it(dir, error), end;
+  for (; !error && it != end; it.increment(error)) {
     const std::optional<int64_t> of =
-        StageFileEpoch(entry.path().filename().native());
-    if (!of || *of >= epoch || !entry.is_regular_file(error)) continue;
-    if (std::filesystem::remove(entry.path(), error)) ++removed;
+        StageFileEpoch(it->path().filename().native());
+    std::error_code kind;
+    if (!of || *of >= epoch || !it->is_regular_file(kind)) continue;
+    std::error_code gone;
+    if (std::filesystem::remove(it->path(), gone)) ++removed;
   }
   if (error) {
     LogWarning("cannot clear stale files of %s: %s", dir.native(),
                error.message());
   }
-  // Only an empty directory goes; a file of this epoch keeps it.
-  if (std::filesystem::is_empty(dir, error)) {
+  // Only an empty directory goes, and only when the job has ended: at an
+  // epoch's start a stage of the new epoch may have just made it.
+  if (remove_empty && std::filesystem::is_empty(dir, error)) {
     std::filesystem::remove(dir, error);
   }
   return removed;
@@ -257,20 +266,22 @@ int64_t RemoveStaleFilesIn(const std::filesystem::path& dir, int64_t epoch) {
 }  // namespace
 
 int64_t RemoveStaleStageFiles(const std::string& checkpoint_dir,
-                              const std::string& job_id, int64_t epoch) {
+                              const std::string& job_id, int64_t epoch,
+                              bool remove_empty_dirs) {
   const std::filesystem::path job_dir =
       storage::JobCheckpointDir(checkpoint_dir, job_id);
   const std::filesystem::path final_dir =
       storage::FinalParametersDir(job_dir.native());
   std::error_code error;
   int64_t removed = 0;
-  for (const auto& entry :
-       std::filesystem::directory_iterator(job_dir, error)) {
-    const std::filesystem::path& path = entry.path();
-    if (!entry.is_directory(error)) continue;
+  std::filesystem::directory_iterator it(job_dir, error), end;
+  for (; !error && it != end; it.increment(error)) {
+    const std::filesystem::path& path = it->path();
+    std::error_code kind;
+    if (!it->is_directory(kind)) continue;
     if (path == final_dir ||
         storage::ParseCheckpointStepDirName(path.filename().native())) {
-      removed += RemoveStaleFilesIn(path, epoch);
+      removed += RemoveStaleFilesIn(path, epoch, remove_empty_dirs);
     }
   }
   return removed;

@@ -89,12 +89,15 @@ std::optional<DroppedCheckpoint> DropOldestCheckpoint(
 
 // Removes the stage files of epochs before `epoch` (and the temporary files
 // of their writes) from the job's uncommitted step directories and final
-// directory, and those directories once empty. Nothing of `epoch` or later
-// is touched, nor any directory with a manifest. A restart left a failed
-// checkpoint's files behind for good (on a full store, the space the next
-// try needed). Returns how many files it removed. File I/O: off the lock.
+// directory, and with `remove_empty_dirs` (the job has ended) those
+// directories once empty. Nothing of `epoch` or later is touched, nor any
+// directory with a manifest or whose manifest cannot be looked for. A
+// restart left a failed checkpoint's files behind for good (on a full
+// store, the space the next try needed). Returns how many files it
+// removed. File I/O: off the lock.
 int64_t RemoveStaleStageFiles(const std::string& checkpoint_dir,
-                              const std::string& job_id, int64_t epoch);
+                              const std::string& job_id, int64_t epoch,
+                              bool remove_empty_dirs);
 
 // Which committed checkpoint a restarting job restores: the newest whose
 // manifest and files are intact. Each newer one that is not is DataLoss,

@@ -73,6 +73,9 @@ def _ints(descriptor, value):
         from google.protobuf.descriptor import FieldDescriptor as F
         _INT64_TYPES = {F.TYPE_INT64, F.TYPE_UINT64, F.TYPE_SINT64,
                         F.TYPE_FIXED64, F.TYPE_SFIXED64}
+    if not isinstance(value, dict) or \
+            descriptor.full_name.startswith("google.protobuf."):
+        return value  # a well-known type's own JSON form (a Timestamp's text)
     for field in descriptor.fields:
         key = field.json_name
         if key not in value:
@@ -100,11 +103,16 @@ def _ints(descriptor, value):
 
 
 def _to_dict(message):
-    """The message as protobuf's JSON form with every field present (0 and
-    empty ones too: stage 0 had no "stage" key) and 64-bit integers as
-    ints."""
-    return _ints(message.DESCRIPTOR, json_format.MessageToDict(
-        message, including_default_value_fields=True))
+    """The message as protobuf's JSON form with its numbers, strings, enums
+    and lists present at their defaults too (stage 0 had no "stage" key;
+    an unset message field stays out), and 64-bit integers as ints."""
+    try:
+        d = json_format.MessageToDict(message,
+                                      including_default_value_fields=True)
+    except TypeError:  # protobuf 26 and later renamed it
+        d = json_format.MessageToDict(
+            message, always_print_fields_with_no_presence=True)
+    return _ints(message.DESCRIPTOR, d)
 
 
 class Client:

@@ -177,6 +177,10 @@ absl::Status CheckWritableDirectory(const std::string& dir) {
       (std::filesystem::path(dir) / ".gpipe-write-probe").string();
   absl::Status written = WriteFileAtomically(probe, "probe");
   std::filesystem::remove(probe, error);
+  if (absl::IsResourceExhausted(written)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(dir, " is full: ", written.message()));
+  }
   if (!written.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat(dir, " is not writable: ", written.message()));

@@ -85,7 +85,8 @@ class AtomicFileWriter {
 // Creates `dir` where missing and writes, syncs and removes a file in it:
 // a directory a service cannot write (read-only, not its owner's) is found
 // when it starts, not after a job has trained up to its first checkpoint.
-// The error names the directory and errno's reason.
+// The error names the directory and errno's reason: ResourceExhausted for a
+// full one (no space, or quota), FailedPrecondition otherwise.
 absl::Status CheckWritableDirectory(const std::string& dir);
 
 // `data` as the whole of `path`, through an AtomicFileWriter.

@@ -134,6 +134,14 @@ void ControllerMetrics::OnCheckpointFailure(const std::string& job,
   checkpoint_failures_->Add({{"job", job}, {"reason", reason}}).Increment();
 }
 
+void ControllerMetrics::OnJobEnded(const std::string& job) {
+  const std::map<std::string, std::string> labels = {{"job", job}};
+  for (prometheus::Family<prometheus::Gauge>* family :
+       {step_seconds_, predicted_step_seconds_}) {
+    if (family->Has(labels)) family->Remove(&family->Add(labels));
+  }
+}
+
 void ControllerMetrics::ForgetJob(const std::string& job) {
   const std::map<std::string, std::string> labels = {{"job", job}};
   for (prometheus::Family<prometheus::Gauge>* family :

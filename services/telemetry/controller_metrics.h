@@ -58,6 +58,10 @@ class ControllerMetrics : public prometheus::Collectable {
   // The job's training loss of its newest step, assembled from every
   // replica's micro-batches (what `gpipectl status` shows).
   void ObserveLoss(const std::string& job, double loss);
+  // Drops the series that describe a running job (its step times): a
+  // finished job's last step time stayed on the dashboards as if it ran.
+  // Its loss, evaluation and counters stay until ForgetJob.
+  void OnJobEnded(const std::string& job);
   // Drops every series of `job` (deleted, or past its retention): a deleted
   // job's loss stayed on the dashboards until the controller restarted.
   void ForgetJob(const std::string& job);

@@ -146,9 +146,12 @@ TEST_F(JobStoreTest, ASecondControllerOnTheStoreIsRefused) {
   ASSERT_TRUE(first.ok()) << first.status();
   auto second = JobStore::Open(path_, absl::Milliseconds(100));
   ASSERT_TRUE(absl::IsFailedPrecondition(second.status())) << second.status();
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof(host) - 1), 0);
   EXPECT_THAT(second.status().message(),
               HasSubstr(absl::StrCat("in use by another gpipe-controller (pid ",
-                                     getpid(), " holds ", path_, ".lock)")));
+                                     getpid(), " on ", host, " holds ", path_,
+                                     ".lock)")));
   first->reset();
   auto again = JobStore::Open(path_, absl::ZeroDuration());
   EXPECT_TRUE(again.ok()) << again.status();

@@ -199,7 +199,15 @@ TEST_F(RecoveryTest, StaleStageFilesOfEarlierEpochsAreRemoved) {
   touch(step6 / "e1-stage-1.safetensors.tmp.77");    // a killed write
   touch(step6 / "notes.txt");                        // not ours
   touch(final_dir / "e2-stage-0.safetensors");       // a failed finish
-  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "j", 3), 4);
+  // At an epoch's start the files go and their directories stay (a stage of
+  // the new epoch may have just made one); at the job's end those go too.
+  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "j", 3,
+                                  /*remove_empty_dirs=*/false),
+            4);
+  EXPECT_TRUE(std::filesystem::is_empty(step4));
+  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "j", 3,
+                                  /*remove_empty_dirs=*/true),
+            0);
   EXPECT_FALSE(std::filesystem::exists(step4));  // emptied, so gone
   EXPECT_FALSE(std::filesystem::exists(final_dir));
   EXPECT_TRUE(std::filesystem::exists(step6 / "e3-stage-0.safetensors"));
@@ -210,7 +218,7 @@ TEST_F(RecoveryTest, StaleStageFilesOfEarlierEpochsAreRemoved) {
   EXPECT_TRUE(std::filesystem::exists(step2 / "e1-stage-0.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(step2 / storage::kManifestName));
   // A job with no directory yet has nothing to remove.
-  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "other", 3), 0);
+  EXPECT_EQ(RemoveStaleStageFiles(root_.string(), "other", 3, true), 0);
 }
 
 // A job stored by a controller that listed its final parameters as a

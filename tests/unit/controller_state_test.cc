@@ -214,9 +214,8 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->status().state(), v1::RESTARTING);
   EXPECT_EQ(job->status().restarts(), 0);
-  ASSERT_EQ(job->status().checkpoints_size(), 1);
-  EXPECT_EQ(job->status().checkpoints(0).step(), 4);
-  EXPECT_FALSE(std::filesystem::exists(step2));
+  // Nothing is dropped before the restart has checked what it restores.
+  EXPECT_EQ(job->status().checkpoints_size(), 2);
 
   clock_.Advance(absl::Seconds(1));
   controller_->Tick(clock_.Now());
@@ -229,6 +228,10 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   ASSERT_TRUE(b.has_value());
   EXPECT_EQ(b->start_step(), 4);
   EXPECT_EQ(State(j.id), v1::RUNNING);
+  job = controller_->GetJob(j.id);
+  ASSERT_EQ(job->status().checkpoints_size(), 1);
+  EXPECT_EQ(job->status().checkpoints(0).step(), 4);
+  EXPECT_FALSE(std::filesystem::exists(step2));
   EXPECT_FALSE(std::filesystem::exists(partial));  // epoch 1's, failed
   // Step 6 commits, and the job keeps one checkpoint now: step 4 goes.
   controller_->HandleMessage(*on, test_support::Progressed(*b, 6));
@@ -263,6 +266,47 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   }
   EXPECT_EQ(store_full, 1);
   EXPECT_EQ(recoveries, 1);
+}
+
+// A full store drops the oldest checkpoint only once the restart knows the
+// newest is intact: with the newest corrupt, the oldest is what it
+// restores, and it stays.
+TEST_F(ControllerStateTest, AFullStoreKeepsTheOnlyIntactCheckpoint) {
+  OneStageJob j = StartOneStageJob();
+  ASSERT_TRUE(j.a.has_value());
+  const v1::Assignment a = *j.a;
+  for (int64_t step : {2, 4}) {
+    controller_->HandleMessage(*j.w1, test_support::Progressed(a, step));
+    controller_->HandleMessage(*j.w1, test_support::Checkpointed(a, step));
+    controller_->FlushIo();
+  }
+  std::ofstream(
+      storage::StageFilePath(storage::CheckpointStepDir(a.checkpoint_dir(), 4),
+                             a.epoch(), 0),
+      std::ios::binary)
+      << "step 4, damaged";
+  v1::WorkerMessage failed;
+  v1::StageFailed& f = *failed.mutable_failed();
+  f.set_job_id(j.id);
+  f.set_epoch(a.epoch());
+  f.set_stage(0);
+  f.set_reason("CheckpointStoreFull");
+  f.set_message("checkpoint: No space left on device");
+  controller_->HandleMessage(*j.w1, failed);
+  clock_.Advance(absl::Seconds(1));
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  controller_->Tick(clock_.Now());
+  controller_->FlushIo();
+  std::optional<v1::Assignment> b = Assignment(*j.w1);
+  if (!b) b = Assignment(*j.w2);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->start_step(), 2);
+  absl::StatusOr<v1::Job> job = controller_->GetJob(j.id);
+  ASSERT_EQ(job->status().checkpoints_size(), 1);
+  EXPECT_EQ(job->status().checkpoints(0).step(), 2);
+  EXPECT_TRUE(std::filesystem::exists(
+      storage::CheckpointStepDir(a.checkpoint_dir(), 2)));
 }
 
 // A controller's restart is a recovery like a lost worker: its jobs'

@@ -317,16 +317,15 @@ TEST(ControllerMetrics, StatesAndCountersAreAlwaysExported) {
     for (const auto& f : metrics.Collect()) n.push_back(f.name);
     return n;
   };
-  EXPECT_THAT(
-      names(),
-      ::testing::IsSupersetOf(
-          {"gpipe_jobs", "gpipe_workers", "gpipe_checkpoints_total",
-           "gpipe_recovery_duration_seconds"}));
+  EXPECT_THAT(names(),
+              ::testing::IsSupersetOf({"gpipe_jobs", "gpipe_workers",
+                                       "gpipe_checkpoints_total",
+                                       "gpipe_recovery_duration_seconds"}));
   // A job's counters from its submit on, at 0.
   metrics.OnJob("j");
-  EXPECT_THAT(names(), ::testing::IsSupersetOf(
-                           {"gpipe_job_restarts_total",
-                            "gpipe_checkpoint_failures_total"}));
+  EXPECT_THAT(names(),
+              ::testing::IsSupersetOf({"gpipe_job_restarts_total",
+                                       "gpipe_checkpoint_failures_total"}));
   metrics.SetCounts([] {
     ClusterCounts c;
     c.jobs = {{"RUNNING", 2}, {"FAILED", 0}};
@@ -383,6 +382,25 @@ TEST(ControllerMetrics, AForgottenJobsSeriesAreDropped) {
   // Loss, eval loss and accuracy, both step times, restarts and the three
   // reasons of failed checkpoints.
   EXPECT_EQ(series, 9);
+}
+
+// A finished job's step times go; its loss and evaluation stay.
+TEST(ControllerMetrics, AnEndedJobKeepsItsLossButNotItsStepTimes) {
+  ControllerMetrics metrics;
+  metrics.ObserveLoss("j", 0.5);
+  metrics.ObserveEvaluation("j", 0.4, 0.9);
+  metrics.ObserveStepTime("j", 0.1, 0.2);
+  metrics.OnJobEnded("j");
+  std::vector<std::string> left;
+  for (const auto& f : metrics.Collect()) {
+    for (const auto& m : f.metric) {
+      for (const auto& l : m.label)
+        if (l.name == "job") left.push_back(f.name);
+    }
+  }
+  EXPECT_THAT(
+      left, ::testing::UnorderedElementsAre("gpipe_job_loss", "gpipe_eval_loss",
+                                            "gpipe_eval_accuracy"));
 }
 
 // Sends `request` to 127.0.0.1:port with a plain socket; the whole reply.
