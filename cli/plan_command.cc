@@ -403,9 +403,11 @@ int RunPlan(const std::vector<std::string>& args) {
       ParseBytes(absl::GetFlag(FLAGS_memory_budget), "--memory-budget");
   if (!budget.ok()) return Fail(budget.status());
   const double link_gbps = absl::GetFlag(FLAGS_link_gbps);
-  if (!(link_gbps > 0)) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--link-gbps: must be > 0, got ", link_gbps)));
+  // Finite, as --flops must be: an infinite link is no link the simulator
+  // can time (0 s for every transfer reads as a measurement).
+  if (!(link_gbps > 0) || !std::isfinite(link_gbps) || link_gbps > 1e7) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--link-gbps: must be in (0, 1e7] Gb/s, got ", link_gbps)));
   }
   const bool blocking_sends = absl::GetFlag(FLAGS_blocking_sends);
   const double message_us = absl::GetFlag(FLAGS_message_us);

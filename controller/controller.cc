@@ -808,7 +808,6 @@ void Controller::Reschedule(absl::Time now) {
   // epoch's first checkpoint.
   for (const auto& [job, before] : epochs) {
     if (job->status().epoch() == before) continue;
-    job->link_blame.reset();  // of the epoch before
     if (job->make_room) {
       // A start that checked no checkpoint (a resume from the replicas'
       // memory) makes the room here.
@@ -1447,6 +1446,10 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
 
 void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
                           absl::Time now) {
+  // A stage that could not write its checkpoint closes its links, and its
+  // neighbour's LinkFailed often arrives first: the restart it made
+  // counted against max_restarts, which a full store must not.
+  if (BlameFullStore(f, now)) return;
   // The stage fails before it reports the step: gpipe_loss never showed
   // the NaN, and the GpipeLossNotFinite alert could not fire. The job's
   // loss says it instead, until the job is deleted.
@@ -1538,15 +1541,50 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
                   /*counted=*/reason != kCheckpointStoreFull, now);
   }
   if (reason == "LinkFailed" && job->status().state() == v1::RESTARTING) {
-    job->link_blame = JobRecord::LinkBlame{now, std::move(others), message};
+    job->link_blame =
+        JobRecord::LinkBlame{now, f.epoch(), std::move(others), message};
   }
   Reschedule(now);
+}
+
+bool Controller::BlameFullStore(const v1::StageFailed& f, absl::Time now) {
+  JobRecord* job = jobs_.Find(f.job_id());
+  if (job == nullptr || f.reason() != kCheckpointStoreFull ||
+      !job->link_blame || job->link_blame->epoch != f.epoch() ||
+      IsTerminal(job->status().state())) {
+    return false;
+  }
+  v1::JobStatus& status = job->status();
+  if (status.restarts() > 0) status.set_restarts(status.restarts() - 1);
+  job->make_room = true;
+  const std::string cause = absl::StrCat(
+      "stage ", f.stage(), " could not write its checkpoint: ", f.message(),
+      " (", job->link_blame->message, ")");
+  if (options_.metrics != nullptr) {
+    options_.metrics->OnCheckpointFailure(job->id(), "store_full");
+  }
+  const v1::Condition* running = FindCondition(status, kRunning);
+  if (status.state() == v1::RESTARTING && running != nullptr) {
+    const std::string text = absl::StrReplaceAll(
+        running->message(),
+        {{job->link_blame->message, cause},
+         {absl::StrCat("restart ", status.restarts() + 1, " of ",
+                       MaxRestarts(job->job.spec()), ": "),
+          ""}});
+    SetCondition(&status, kRunning, false, kCheckpointStoreFull, text, now);
+  }
+  jobs_.Publish(*job, absl::StrCat(cause, "; the restart is not counted"), now);
+  job->link_blame.reset();
+  return true;
 }
 
 void Controller::BlameLostWorker(const WorkerRecord& worker,
                                  const std::string& why, absl::Time now) {
   for (JobRecord* job : jobs_.Waiting()) {
-    if (!job->link_blame || job->status().state() != v1::RESTARTING) continue;
+    if (!job->link_blame || job->status().state() != v1::RESTARTING ||
+        job->link_blame->epoch != job->status().epoch()) {
+      continue;
+    }
     JobRecord::LinkBlame& blame = *job->link_blame;
     // A stopped worker is lost when its lease expires, up to a heartbeat
     // timeout after its neighbour's link broke.

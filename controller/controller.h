@@ -241,6 +241,12 @@ class Controller {
   // lost worker as the cause, not the neighbour whose link it broke.
   void BlameLostWorker(const WorkerRecord& worker, const std::string& why,
                        absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stage's CheckpointStoreFull that arrives after its neighbour's
+  // LinkFailed of the same epoch restarted the job: that restart is the
+  // full store's, so it is not counted and the job makes room. True when
+  // the report was taken so.
+  bool BlameFullStore(const gpipe::v1::StageFailed& f, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After a full checkpoint store, at the restart's restore check: drops
   // the job's oldest committed checkpoint where another is left, and keeps
   // one fewer from then on (recovery.h, DropOldestCheckpoint), so a store

@@ -102,6 +102,7 @@ struct JobRecord {
   // meanwhile, the restart is said to be its.
   struct LinkBlame {
     absl::Time at;
+    int64_t epoch = 0;              // the epoch whose link broke
     std::set<std::string> workers;  // the epoch's workers but the reporter
     std::string message;            // the cause as the restart gave it
   };

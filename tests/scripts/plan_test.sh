@@ -88,6 +88,10 @@ if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --link-latency-us -1 
   fail "a negative latency was taken"
 fi
 grep -q -- '--link-latency-us: must be in' "$work/neg" || { cat "$work/neg"; fail "the bad latency was not named"; }
+if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --link-gbps inf >"$work/inf" 2>&1; then
+  fail "an infinite link was taken"
+fi
+grep -q -- '--link-gbps: must be in' "$work/inf" || { cat "$work/inf"; fail "the infinite link was not named"; }
 echo "ok: link latency ($a ms a step at 0 us, $b ms at 1000 us)"
 # --workers N: each K also with R replicas (K x R <= N); fast links make
 # replicas worth it, a link of 1 Mb/s does not (the gradient sum costs

@@ -309,6 +309,44 @@ TEST_F(ControllerStateTest, AFullStoreKeepsTheOnlyIntactCheckpoint) {
       storage::CheckpointStepDir(a.checkpoint_dir(), 2)));
 }
 
+// A stage that cannot write its checkpoint closes its link, and its
+// neighbour's LinkFailed may arrive first (CI saw it): the restart that
+// made is the full store's, not counted, and the job makes room.
+TEST_F(ControllerStateTest,
+       AFullStoreAfterItsNeighboursLinkFailureIsNotCounted) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a1 = Assignment(*w1), a2 = Assignment(*w2);
+  ASSERT_TRUE(a1.has_value() && a2.has_value());
+  v1::WorkerMessage link;
+  link.mutable_failed()->set_job_id(job->id());
+  link.mutable_failed()->set_epoch(a2->epoch());
+  link.mutable_failed()->set_stage(a2->stage());
+  link.mutable_failed()->set_reason("LinkFailed");
+  link.mutable_failed()->set_message("the neighbouring stage closed the link");
+  controller_->HandleMessage(*w2, link);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_EQ(got->status().restarts(), 1);
+  v1::WorkerMessage full;
+  full.mutable_failed()->set_job_id(job->id());
+  full.mutable_failed()->set_epoch(a1->epoch());
+  full.mutable_failed()->set_stage(a1->stage());
+  full.mutable_failed()->set_reason("CheckpointStoreFull");
+  full.mutable_failed()->set_message("checkpoint: No space left on device");
+  controller_->HandleMessage(*w1, full);
+  got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().restarts(), 0);
+  const v1::Condition* running = FindCondition(got->status(), kRunning);
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->reason(), "CheckpointStoreFull");
+  EXPECT_NE(running->message().find("could not write its checkpoint"),
+            std::string::npos)
+      << running->message();
+  EXPECT_EQ(running->message().find("restart 1 of"), std::string::npos)
+      << running->message();
+}
+
 // A controller's restart is a recovery like a lost worker: its jobs'
 // return to RUNNING is observed in gpipe_recovery_duration_seconds.
 TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
