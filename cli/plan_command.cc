@@ -347,13 +347,19 @@ int RunPlan(const std::vector<std::string>& args) {
         "--stages-range: no K in ", absl::GetFlag(FLAGS_stages_range),
         " is within the model's ", layers, " layers")));
   }
-  if (const int64_t w = absl::GetFlag(FLAGS_workers); w > 0 && k_lo > w) {
+  const int64_t workers = absl::GetFlag(FLAGS_workers);
+  if (workers < 0 || workers > 1 << 20) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--workers: must be in [0, 1048576] (0: one pipeline), got ",
+        workers)));
+  }
+  // A stage is a worker: no K past them (the spec's own row aside).
+  if (workers > 0 && k_lo > workers) {
     return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--workers: ", w, " workers cannot hold K=", k_lo,
+        absl::StrCat("--workers: ", workers, " workers cannot hold K=", k_lo,
                      " stages (a stage is a worker)")));
   }
-  if (const int64_t w = absl::GetFlag(FLAGS_workers); w > 0)
-    k_hi = std::min(k_hi, w);
+  if (workers > 0) k_hi = std::min(k_hi, workers);
 
   // Batch norm normalizes each micro-batch by its own statistics: another
   // M trains another model (a CNN's test loss after 10 steps was 0.99 at
@@ -421,12 +427,6 @@ int RunPlan(const std::vector<std::string>& args) {
         "--link-latency-us: must be in [0, 1e7], got ", link_latency_us)));
   }
 
-  const int64_t workers = absl::GetFlag(FLAGS_workers);
-  if (workers < 0 || workers > 1 << 20) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat(
-        "--workers: must be in [0, 1048576] (0: one pipeline), got ",
-        workers)));
-  }
   const int64_t pinned_replicas = absl::GetFlag(FLAGS_replicas);
   if (pinned_replicas < 0 || pinned_replicas > kMaxReplicas) {
     return Fail(absl::InvalidArgumentError(
@@ -596,9 +596,6 @@ int RunPlan(const std::vector<std::string>& args) {
                             0) -> absl::StatusOr<std::vector<Option>> {
     std::vector<Option> out;
     for (int64_t k = lo; k <= hi; ++k) {
-      // A pipeline of K stages takes K of the workers (the spec's own row
-      // is shown whatever it takes).
-      if (own_replicas == 0 && workers > 0 && k > workers) break;
       // Each remat mode (and chunk count, and ZB-V's M) has its own cut:
       // stages that re-materialize do more for the same layers
       // (RematStageWeights).

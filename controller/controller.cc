@@ -808,22 +808,10 @@ void Controller::Reschedule(absl::Time now) {
   // epoch's first checkpoint.
   for (const auto& [job, before] : epochs) {
     if (job->status().epoch() == before) continue;
-    if (job->make_room) {
-      // A start that checked no checkpoint (a resume from the replicas'
-      // memory) makes the room here.
-      MakeRoomForCheckpoint(*job, now);
-      job->make_room = false;
-    }
-    if (before == 0) continue;
-    EnqueueIo([dir = options_.checkpoint_dir, id = job->id(),
-               epoch = job->status().epoch()] {
-      if (const int64_t n = RemoveStaleStageFiles(dir, id, epoch,
-                                                  /*remove_empty_dirs=*/false);
-          n > 0) {
-        LogInfo("job %s: removed %d stale checkpoint files of epochs before %d",
-                id, n, epoch);
-      }
-    });
+    // A start that checked no checkpoint (a resume from the replicas'
+    // memory) makes the room here.
+    MakeRoomForCheckpoint(*job, now);
+    if (before > 0) RemoveStaleFiles(*job, /*ended=*/false);
   }
   if (options_.metrics == nullptr) return;
   for (JobRecord* job : recovering) {
@@ -976,7 +964,20 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   jobs_.Publish(job, restarting, now);
 }
 
+void Controller::RemoveStaleFiles(const JobRecord& job, bool ended) {
+  // Files of the epoch now running (or, ended, of the last) are all that
+  // may still commit.
+  EnqueueIo([dir = options_.checkpoint_dir, id = job.id(),
+             epoch = job.status().epoch() + (ended ? 1 : 0), ended] {
+    if (const int64_t n = RemoveStaleStageFiles(dir, id, epoch, ended); n > 0) {
+      LogInfo("job %s: removed %d stale checkpoint files of epochs before %d",
+              id, n, epoch);
+    }
+  });
+}
+
 void Controller::MakeRoomForCheckpoint(JobRecord& job, absl::Time now) {
+  if (!std::exchange(job.make_room, false)) return;
   const int64_t before = job.status().checkpoints_size();
   std::optional<DroppedCheckpoint> dropped =
       DropOldestCheckpoint(&job.status());
@@ -1130,10 +1131,7 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
   if (options_.metrics != nullptr) options_.metrics->OnJobEnded(job.id());
   // What the job wrote and never committed goes with it: a cancelled job
   // kept a failed checkpoint's files until it was deleted.
-  EnqueueIo([dir = options_.checkpoint_dir, id = job.id(),
-             epoch = job.status().epoch() + 1] {
-    RemoveStaleStageFiles(dir, id, epoch, /*remove_empty_dirs=*/true);
-  });
+  RemoveStaleFiles(job, /*ended=*/true);
 }
 
 JobRecord* Controller::ReportedJob(const WorkerRecord& worker,
@@ -1523,9 +1521,13 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   // (CheckRestorePointIo): dropped now, the oldest might have been the only
   // intact one.
   if (reason == kCheckpointStoreFull) job->make_room = true;
+  // Who else ran the epoch, for a link failure's blame (the restart below
+  // clears the stages).
   std::set<std::string> others;
-  for (const v1::StageStatus* s : job->AllStages()) {
-    if (s->worker_id() != worker.id()) others.insert(s->worker_id());
+  if (reason == "LinkFailed") {
+    for (const v1::StageStatus* s : job->AllStages()) {
+      if (s->worker_id() != worker.id()) others.insert(s->worker_id());
+    }
   }
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
@@ -1563,19 +1565,31 @@ bool Controller::BlameFullStore(const v1::StageFailed& f, absl::Time now) {
   if (options_.metrics != nullptr) {
     options_.metrics->OnCheckpointFailure(job->id(), "store_full");
   }
-  const v1::Condition* running = FindCondition(status, kRunning);
-  if (status.state() == v1::RESTARTING && running != nullptr) {
-    const std::string text = absl::StrReplaceAll(
-        running->message(),
-        {{job->link_blame->message, cause},
-         {absl::StrCat("restart ", status.restarts() + 1, " of ",
-                       MaxRestarts(job->job.spec()), ": "),
-          ""}});
-    SetCondition(&status, kRunning, false, kCheckpointStoreFull, text, now);
-  }
+  Reattribute(*job, kCheckpointStoreFull, cause, /*uncounted=*/true, now);
   jobs_.Publish(*job, absl::StrCat(cause, "; the restart is not counted"), now);
-  job->link_blame.reset();
   return true;
+}
+
+std::string Controller::Reattribute(JobRecord& job, std::string_view reason,
+                                    const std::string& cause, bool uncounted,
+                                    absl::Time now) {
+  v1::JobStatus& status = job.status();
+  std::string text = cause;
+  if (const v1::Condition* running = FindCondition(status, kRunning)) {
+    std::vector<std::pair<std::string, std::string>> edits = {
+        {job.link_blame->message, cause}};
+    if (uncounted) {
+      edits.emplace_back(absl::StrCat("restart ", status.restarts() + 1, " of ",
+                                      MaxRestarts(job.job.spec()), ": "),
+                         "");
+    }
+    text = absl::StrReplaceAll(running->message(), edits);
+  }
+  if (status.state() == v1::RESTARTING) {
+    SetCondition(&status, kRunning, false, reason, text, now);
+  }
+  job.link_blame.reset();
+  return text;
 }
 
 void Controller::BlameLostWorker(const WorkerRecord& worker,
@@ -1596,14 +1610,9 @@ void Controller::BlameLostWorker(const WorkerRecord& worker,
     const std::string cause =
         absl::StrCat("worker ", worker.id(), " at ", worker.info.address(),
                      " was lost: ", why, " (", blame.message, ")");
-    const v1::Condition* running = FindCondition(job->status(), kRunning);
-    const std::string text =
-        running == nullptr
-            ? cause
-            : absl::StrReplaceAll(running->message(), {{blame.message, cause}});
-    SetCondition(&job->status(), kRunning, false, "WorkerLost", text, now);
-    jobs_.Publish(*job, text, now);
-    job->link_blame.reset();
+    jobs_.Publish(
+        *job, Reattribute(*job, "WorkerLost", cause, /*uncounted=*/false, now),
+        now);
   }
 }
 
@@ -1879,11 +1888,8 @@ void Controller::CheckRestorePointIo(
                  "CorruptCheckpoints", message, now);
     jobs_.Publish(*job, message, now);
   }
-  if (job->make_room) {
-    // DropUnusable took the corrupt ones: the newest left is the chosen.
-    MakeRoomForCheckpoint(*job, now);
-    job->make_room = false;
-  }
+  // DropUnusable took the corrupt ones: the newest left is the chosen.
+  MakeRoomForCheckpoint(*job, now);
   job->restore_point = point.chosen;
   job->restore_check = JobRecord::RestoreCheck::kChecked;
   Reschedule(now);

@@ -247,10 +247,23 @@ class Controller {
   // the report was taken so.
   bool BlameFullStore(const gpipe::v1::StageFailed& f, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // After a full checkpoint store, at the restart's restore check: drops
-  // the job's oldest committed checkpoint where another is left, and keeps
-  // one fewer from then on (recovery.h, DropOldestCheckpoint), so a store
-  // with room for exactly `keep` of them goes on.
+  // The restart blamed on job.link_blame's broken link was `cause`'s: the
+  // Running condition (while the job waits) names it with `reason`, and
+  // with `uncounted` no longer says "restart N of M". The blame is used
+  // up. Returns the condition's text.
+  std::string Reattribute(JobRecord& job, std::string_view reason,
+                          const std::string& cause, bool uncounted,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes, off the lock, the job's stage files that can no longer commit:
+  // those of epochs before the running one, and once `ended` every
+  // uncommitted one and its emptied folder (RemoveStaleStageFiles).
+  void RemoveStaleFiles(const JobRecord& job, bool ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a full checkpoint store (job.make_room), at the restart's restore
+  // check or, where none runs, the start: drops the job's oldest committed
+  // checkpoint where another is left, and keeps one fewer from then on
+  // (recovery.h, DropOldestCheckpoint), so a store with room for exactly
+  // `keep` of them goes on. Nothing when the store was not full.
   void MakeRoomForCheckpoint(JobRecord& job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RestartOrFail for a job of several replicas: its workers keep their

@@ -134,28 +134,31 @@ void ControllerMetrics::OnCheckpointFailure(const std::string& job,
   checkpoint_failures_->Add({{"job", job}, {"reason", reason}}).Increment();
 }
 
+namespace {
+// Removes the series of `labels` from `family` where it has one.
+template <typename T>
+void DropSeries(prometheus::Family<T>* family,
+                const std::map<std::string, std::string>& labels) {
+  if (family->Has(labels)) family->Remove(&family->Add(labels));
+}
+}  // namespace
+
 void ControllerMetrics::OnJobEnded(const std::string& job) {
-  const std::map<std::string, std::string> labels = {{"job", job}};
   for (prometheus::Family<prometheus::Gauge>* family :
        {step_seconds_, predicted_step_seconds_}) {
-    if (family->Has(labels)) family->Remove(&family->Add(labels));
+    DropSeries(family, {{"job", job}});
   }
 }
 
 void ControllerMetrics::ForgetJob(const std::string& job) {
-  const std::map<std::string, std::string> labels = {{"job", job}};
+  OnJobEnded(job);
   for (prometheus::Family<prometheus::Gauge>* family :
-       {eval_loss_, eval_accuracy_, step_seconds_, predicted_step_seconds_,
-        loss_}) {
-    if (family->Has(labels)) family->Remove(&family->Add(labels));
+       {eval_loss_, eval_accuracy_, loss_}) {
+    DropSeries(family, {{"job", job}});
   }
-  if (restarts_->Has(labels)) restarts_->Remove(&restarts_->Add(labels));
+  DropSeries(restarts_, {{"job", job}});
   for (const char* reason : kCheckpointFailureReasons) {
-    const std::map<std::string, std::string> with = {{"job", job},
-                                                     {"reason", reason}};
-    if (checkpoint_failures_->Has(with)) {
-      checkpoint_failures_->Remove(&checkpoint_failures_->Add(with));
-    }
+    DropSeries(checkpoint_failures_, {{"job", job}, {"reason", reason}});
   }
 }
 

@@ -22,15 +22,9 @@ if ! mount -t tmpfs -o size=64m gpipe-store-full "$work/ckpt" 2>/dev/null; then
   echo "SKIP: cannot mount a tmpfs here (needs root)"; echo "0 passed, 0 failed"; exit 0
 fi
 source "$src/tests/scripts/recovery_lib.sh"
-unmount() { umount "$work/ckpt" 2>/dev/null || true; }
-trap 'cleanup_all' EXIT
-cleanup_all() {
-  local pid
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  unmount
-  cleanup
-}
+# Detached at once (lazily, while the controller may still hold a file), so
+# that recovery_lib's cleanup removes an ordinary folder.
+trap 'umount -l "$work/ckpt" 2>/dev/null || true; cleanup' EXIT
 
 # Wide enough that a checkpoint (parameters and momentum) is a few hundred
 # KB, far more than the filesystem's pages and the manifest.

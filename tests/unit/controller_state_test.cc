@@ -42,6 +42,9 @@ class FakeClock {
   absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
 };
 
+// What a stage that cannot write its checkpoint says.
+constexpr char kNoSpace[] = "checkpoint: No space left on device";
+
 class ControllerStateTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -50,6 +53,9 @@ class ControllerStateTest : public ::testing::Test {
                "controller_state_test-", getpid(), "-",
                ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::remove_all(dir_);
+    controller_ = std::make_unique<Controller>(Options());
+  }
+  ControllerOptions Options() {
     ControllerOptions o;
     o.checkpoint_dir = dir_.string();
     // The fake stages below write their files where shared-path stages do
@@ -57,7 +63,45 @@ class ControllerStateTest : public ::testing::Test {
     o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
     o.heartbeat_timeout = absl::Seconds(10);
     o.clock = [this] { return clock_.Now(); };
+    return o;
+  }
+  // A fresh controller that counts into `metrics`.
+  void UseMetrics(ControllerMetrics* metrics) {
+    ControllerOptions o = Options();
+    o.metrics = metrics;
     controller_ = std::make_unique<Controller>(o);
+  }
+  // What a stage sends when it fails.
+  static v1::WorkerMessage Failure(const std::string& job, int64_t epoch,
+                                   int64_t stage, const std::string& reason,
+                                   const std::string& message,
+                                   bool permanent = false) {
+    v1::WorkerMessage m;
+    v1::StageFailed& f = *m.mutable_failed();
+    f.set_job_id(job);
+    f.set_epoch(epoch);
+    f.set_stage(stage);
+    f.set_reason(reason);
+    f.set_message(message);
+    f.set_permanent(permanent);
+    return m;
+  }
+  // A second passes: the restart's settle time, its restore point's check
+  // off the lock, and the scheduling that follows.
+  void Settle() {
+    clock_.Advance(absl::Seconds(1));
+    controller_->Tick(clock_.Now());
+    controller_->FlushIo();
+    controller_->Tick(clock_.Now());
+  }
+  // `a`'s stage reports and commits a checkpoint of each step.
+  void CommitSteps(WorkerRecord& w, const v1::Assignment& a,
+                   std::initializer_list<int64_t> steps) {
+    for (int64_t step : steps) {
+      controller_->HandleMessage(w, test_support::Progressed(a, step));
+      controller_->HandleMessage(w, test_support::Checkpointed(a, step));
+      controller_->FlushIo();
+    }
   }
   void TearDown() override {
     controller_.reset();
@@ -129,10 +173,7 @@ class ControllerStateTest : public ::testing::Test {
   std::optional<v1::Assignment> RestartOn(WorkerRecord& lost,
                                           WorkerRecord& next) {
     controller_->DetachWorker(lost, absl::UnavailableError("gone"), "test");
-    clock_.Advance(absl::Seconds(1));
-    controller_->Tick(clock_.Now());
-    controller_->FlushIo();
-    controller_->Tick(clock_.Now());
+    Settle();
     return Assignment(next);
   }
 
@@ -147,23 +188,13 @@ class ControllerStateTest : public ::testing::Test {
 // GpipeLossNotFinite alert sees it.
 TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
   ControllerMetrics metrics;
-  ControllerOptions o;
-  o.checkpoint_dir = dir_.string();
-  o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
-  o.clock = [this] { return clock_.Now(); };
-  o.metrics = &metrics;
-  controller_ = std::make_unique<Controller>(o);
+  UseMetrics(&metrics);
   OneStageJob j = StartOneStageJob();
   ASSERT_TRUE(j.a.has_value());
-  v1::WorkerMessage failed;
-  v1::StageFailed& f = *failed.mutable_failed();
-  f.set_job_id(j.id);
-  f.set_epoch(j.a->epoch());
-  f.set_stage(0);
-  f.set_permanent(true);
-  f.set_reason("LossNotFinite");
-  f.set_message("the loss is not finite (nan) at step 3");
-  controller_->HandleMessage(*j.w1, failed);
+  controller_->HandleMessage(*j.w1,
+                             Failure(j.id, j.a->epoch(), 0, "LossNotFinite",
+                                     "the loss is not finite (nan) at step 3",
+                                     /*permanent=*/true));
   EXPECT_EQ(State(j.id), v1::FAILED);
   bool nan = false;
   for (const auto& family : metrics.Collect()) {
@@ -180,20 +211,11 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
 // counted by reason.
 TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   ControllerMetrics metrics;
-  ControllerOptions o;
-  o.checkpoint_dir = dir_.string();
-  o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
-  o.clock = [this] { return clock_.Now(); };
-  o.metrics = &metrics;
-  controller_ = std::make_unique<Controller>(o);
+  UseMetrics(&metrics);
   OneStageJob j = StartOneStageJob();
   ASSERT_TRUE(j.a.has_value());
   const v1::Assignment a = *j.a;
-  for (int64_t step : {2, 4}) {
-    controller_->HandleMessage(*j.w1, test_support::Progressed(a, step));
-    controller_->HandleMessage(*j.w1, test_support::Checkpointed(a, step));
-    controller_->FlushIo();
-  }
+  CommitSteps(*j.w1, a, {2, 4});
   controller_->HandleMessage(*j.w1, test_support::Progressed(a, 6));
   // Step 6's write filled the store: its file stays behind, partial.
   const std::string step2 = storage::CheckpointStepDir(a.checkpoint_dir(), 2);
@@ -201,14 +223,8 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   const std::string partial = storage::StageFilePath(step6, a.epoch(), 0);
   std::filesystem::create_directories(step6);
   std::ofstream(partial) << "half a checkpoint";
-  v1::WorkerMessage failed;
-  v1::StageFailed& f = *failed.mutable_failed();
-  f.set_job_id(j.id);
-  f.set_epoch(a.epoch());
-  f.set_stage(0);
-  f.set_reason("CheckpointStoreFull");
-  f.set_message("checkpoint: No space left on device");
-  controller_->HandleMessage(*j.w1, failed);
+  controller_->HandleMessage(
+      *j.w1, Failure(j.id, a.epoch(), 0, "CheckpointStoreFull", kNoSpace));
   controller_->FlushIo();
   absl::StatusOr<v1::Job> job = controller_->GetJob(j.id);
   ASSERT_TRUE(job.ok());
@@ -217,10 +233,7 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   // Nothing is dropped before the restart has checked what it restores.
   EXPECT_EQ(job->status().checkpoints_size(), 2);
 
-  clock_.Advance(absl::Seconds(1));
-  controller_->Tick(clock_.Now());
-  controller_->FlushIo();
-  controller_->Tick(clock_.Now());
+  Settle();
   controller_->FlushIo();
   std::optional<v1::Assignment> b = Assignment(*j.w1);
   std::shared_ptr<WorkerRecord> on = j.w1;
@@ -275,28 +288,15 @@ TEST_F(ControllerStateTest, AFullStoreKeepsTheOnlyIntactCheckpoint) {
   OneStageJob j = StartOneStageJob();
   ASSERT_TRUE(j.a.has_value());
   const v1::Assignment a = *j.a;
-  for (int64_t step : {2, 4}) {
-    controller_->HandleMessage(*j.w1, test_support::Progressed(a, step));
-    controller_->HandleMessage(*j.w1, test_support::Checkpointed(a, step));
-    controller_->FlushIo();
-  }
+  CommitSteps(*j.w1, a, {2, 4});
   std::ofstream(
       storage::StageFilePath(storage::CheckpointStepDir(a.checkpoint_dir(), 4),
                              a.epoch(), 0),
       std::ios::binary)
       << "step 4, damaged";
-  v1::WorkerMessage failed;
-  v1::StageFailed& f = *failed.mutable_failed();
-  f.set_job_id(j.id);
-  f.set_epoch(a.epoch());
-  f.set_stage(0);
-  f.set_reason("CheckpointStoreFull");
-  f.set_message("checkpoint: No space left on device");
-  controller_->HandleMessage(*j.w1, failed);
-  clock_.Advance(absl::Seconds(1));
-  controller_->Tick(clock_.Now());
-  controller_->FlushIo();
-  controller_->Tick(clock_.Now());
+  controller_->HandleMessage(
+      *j.w1, Failure(j.id, a.epoch(), 0, "CheckpointStoreFull", kNoSpace));
+  Settle();
   controller_->FlushIo();
   std::optional<v1::Assignment> b = Assignment(*j.w1);
   if (!b) b = Assignment(*j.w2);
@@ -319,22 +319,13 @@ TEST_F(ControllerStateTest,
   ASSERT_TRUE(job.ok()) << job.status();
   std::optional<v1::Assignment> a1 = Assignment(*w1), a2 = Assignment(*w2);
   ASSERT_TRUE(a1.has_value() && a2.has_value());
-  v1::WorkerMessage link;
-  link.mutable_failed()->set_job_id(job->id());
-  link.mutable_failed()->set_epoch(a2->epoch());
-  link.mutable_failed()->set_stage(a2->stage());
-  link.mutable_failed()->set_reason("LinkFailed");
-  link.mutable_failed()->set_message("the neighbouring stage closed the link");
-  controller_->HandleMessage(*w2, link);
+  controller_->HandleMessage(
+      *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
+                   "the neighbouring stage closed the link"));
   absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
   ASSERT_EQ(got->status().restarts(), 1);
-  v1::WorkerMessage full;
-  full.mutable_failed()->set_job_id(job->id());
-  full.mutable_failed()->set_epoch(a1->epoch());
-  full.mutable_failed()->set_stage(a1->stage());
-  full.mutable_failed()->set_reason("CheckpointStoreFull");
-  full.mutable_failed()->set_message("checkpoint: No space left on device");
-  controller_->HandleMessage(*w1, full);
+  controller_->HandleMessage(*w1, Failure(job->id(), a1->epoch(), a1->stage(),
+                                          "CheckpointStoreFull", kNoSpace));
   got = controller_->GetJob(job->id());
   EXPECT_EQ(got->status().restarts(), 0);
   const v1::Condition* running = FindCondition(got->status(), kRunning);
@@ -350,10 +341,7 @@ TEST_F(ControllerStateTest,
 // A controller's restart is a recovery like a lost worker: its jobs'
 // return to RUNNING is observed in gpipe_recovery_duration_seconds.
 TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
-  ControllerOptions o;
-  o.checkpoint_dir = dir_.string();
-  o.checkpoint_transport = v1::CHECKPOINT_TRANSPORT_SHARED_PATH;
-  o.clock = [this] { return clock_.Now(); };
+  ControllerOptions o = Options();
   o.store_path = (dir_ / "jobs.db").string();
   std::filesystem::create_directories(dir_);
   controller_ = std::make_unique<Controller>(o);
@@ -370,10 +358,7 @@ TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
   ASSERT_TRUE(controller_->Recover().ok());
   EXPECT_EQ(State(j.id), v1::RESTARTING);
   std::shared_ptr<WorkerRecord> w = Attach(3);
-  clock_.Advance(absl::Seconds(1));
-  controller_->Tick(clock_.Now());
-  controller_->FlushIo();
-  controller_->Tick(clock_.Now());
+  Settle();
   ASSERT_TRUE(Assignment(*w).has_value());
   EXPECT_EQ(State(j.id), v1::RUNNING);
   uint64_t recoveries = 0;
@@ -394,14 +379,9 @@ TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
   std::optional<v1::Assignment> a1 = Assignment(*w1);
   ASSERT_TRUE(a1.has_value());
   ASSERT_TRUE(Assignment(*w2).has_value());
-  v1::WorkerMessage failed;
-  v1::StageFailed& f = *failed.mutable_failed();
-  f.set_job_id(job->id());
-  f.set_epoch(a1->epoch());
-  f.set_stage(a1->stage());
-  f.set_reason("LinkFailed");
-  f.set_message("the neighbouring stage closed the link");
-  controller_->HandleMessage(*w1, failed);
+  controller_->HandleMessage(
+      *w1, Failure(job->id(), a1->epoch(), a1->stage(), "LinkFailed",
+                   "the neighbouring stage closed the link"));
   auto running = [&] {
     absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
     const v1::Condition* c = FindCondition(got->status(), kRunning);
