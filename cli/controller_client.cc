@@ -1,5 +1,6 @@
 #include "cli/controller_client.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -193,13 +194,18 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
   request.set_job_id(job_id);
   request.set_step(step);
   absl::Status last;
+  // Reconnecting waits at most the client's timeout from the first cut
+  // (the stream itself has no deadline).
+  absl::Time give_up = absl::InfiniteFuture();
   for (int attempt = 0; attempt < attempts; ++attempt) {
     if (attempt > 0) {
+      const absl::Time now = absl::Now();
+      if (give_up == absl::InfiniteFuture()) give_up = now + timeout_;
+      if (now >= give_up) break;
       // The channel backs off its reconnects; wait (bounded) until it is
       // connected again rather than fail fast in its backoff.
-      absl::SleepFor(absl::Seconds(attempt));
-      channel_->WaitForConnected(std::chrono::system_clock::now() +
-                                 std::chrono::seconds(10));
+      absl::SleepFor(std::min(absl::Seconds(attempt), give_up - now));
+      channel_->WaitForConnected(absl::ToChronoTime(give_up));
     }
     // No deadline for the whole stream: a model may take minutes; a dead
     // connection ends it as UNAVAILABLE.

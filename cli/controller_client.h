@@ -43,7 +43,8 @@ class ControllerClient {
   absl::StatusOr<gpipe::v1::ListWorkersResponse> ListWorkers();
   // FetchModel into `dir` (cli/model_download.h): the final model (step 0)
   // or a committed checkpoint's manifest and files. A stream cut by the
-  // network (UNAVAILABLE) is fetched again, up to `attempts` times in all;
+  // network (UNAVAILABLE) is fetched again, up to `attempts` times in all
+  // and for at most the client's timeout after the first cut;
   // any other failure is returned, leaving no file of this fetch behind.
   absl::StatusOr<std::vector<DownloadedFile>> FetchModel(
       const std::string& job_id, int64_t step, const std::string& dir,

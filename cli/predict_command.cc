@@ -107,6 +107,18 @@ absl::StatusOr<Samples> ReadNpySamples(const std::string& path,
   // dataset scales them.
   if (spec.data().has_fashion_mnist() && array.type == ElementType::kU8) {
     for (float& v : s.values) v = v / 255.0f;
+  } else if (spec.data().has_fashion_mnist() && !s.values.empty()) {
+    // Pixels of another type are taken as they are: 0-255 as floats read
+    // 255 times too bright, and every answer came out certain.
+    const float largest = *std::max_element(s.values.begin(), s.values.end());
+    if (largest > 1.5f) {
+      std::fprintf(stderr,
+                   "gpipectl predict: warning: %s holds values up to %g, but "
+                   "the model was trained on Fashion-MNIST pixels scaled to "
+                   "[0, 1]: divide them by 255, or give the bytes as a uint8 "
+                   "array (scaled for you)\n",
+                   path.c_str(), largest);
+    }
   }
   return s;
 }

@@ -24,9 +24,11 @@
 #include "controller/recovery.h"
 #include "controller/replica_resume.h"
 #include "controller/scheduler.h"
+#include "services/core/bytes.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/pipeline/content_check.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
@@ -54,6 +56,7 @@ constexpr absl::Duration kRestartSettle = absl::Milliseconds(250);
 constexpr absl::Duration kParkingWait = absl::Seconds(3);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 constexpr std::string_view kCheckpointStoreFull = "CheckpointStoreFull";
+
 constexpr int64_t kDefaultPageSize = 100;
 constexpr int64_t kMaxPageSize = 1000;
 // The stall watchdog (pipeline.stall_timeout_ms) and its quarantine, which
@@ -218,6 +221,17 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
   } else {
     RETURN_IF_ERROR(ValidateJobSpec(spec));
   }
+  // The data and starting weights, value by value, off the lock once the
+  // job is stored; it waits unscheduled meanwhile. Larger files than the
+  // controller may hold are left to the stages.
+  std::optional<int64_t> content_bytes;
+  if (options_.check_data_paths && options_.content_check_bytes > 0) {
+    absl::StatusOr<std::optional<int64_t>> bytes = ContentCheckBytes(spec);
+    if (bytes.ok() && bytes->has_value() &&
+        **bytes <= options_.content_check_bytes) {
+      content_bytes = *bytes;
+    }
+  }
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.
@@ -245,6 +259,15 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
                        static_cast<int64_t>(workers_.Free(now).size()));
     SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
                  now);
+    if (content_bytes.has_value()) {
+      job.not_before = absl::InfiniteFuture();  // CheckContentsIo ends it
+      SetCondition(&job.status(), kScheduled, false, "CheckingData",
+                   absl::StrCat("reading its data and starting weights (",
+                                FormatBytes(*content_bytes),
+                                ") before it is "
+                                "scheduled"),
+                   now);
+    }
     ticket = jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
     Reschedule(now);
     Changed();
@@ -274,7 +297,41 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
           stored.message()));
     }
   }
+  if (content_bytes.has_value()) {
+    absl::MutexLock lock(&mu_);
+    EnqueueIo([this, id = submitted.id(), spec = submitted.spec()] {
+      CheckContentsIo(id, spec);
+    });
+  }
   return submitted;
+}
+
+void Controller::CheckContentsIo(const std::string& job_id,
+                                 const v1::JobSpec& spec) {
+  const absl::Status contents = CheckJobContents(spec);
+  absl::MutexLock lock(&mu_);
+  JobRecord* job = jobs_.Find(job_id);
+  if (job == nullptr || job->status().state() != v1::PENDING) return;
+  const absl::Time now = Now();
+  if (!contents.ok()) {
+    EndJob(*job, v1::FAILED, kFailed, "InvalidData",
+           absl::StrCat("its data or starting weights cannot be used: ",
+                        contents.message()),
+           nullptr, now);
+  } else {
+    job->not_before = absl::InfinitePast();
+    const std::string waiting =
+        WaitingMessage(job->stages, ReplicaCount(job->job.spec()),
+                       static_cast<int64_t>(workers_.Free(now).size()));
+    SetCondition(&job->status(), kScheduled, false, "WaitingForWorkers",
+                 waiting, now);
+    jobs_.Publish(
+        *job,
+        absl::StrCat("its data and starting weights read well; ", waiting),
+        now);
+  }
+  Reschedule(now);
+  Changed();
 }
 
 absl::StatusOr<v1::Job> Controller::GetJob(std::string_view id) {
@@ -910,6 +967,7 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
                                const std::string& message,
                                const WorkerRecord* except, bool counted,
                                absl::Time now) {
+  job.held_link_failure.reset();  // this restart, or the end, is the cause
   v1::JobStatus& status = job.status();
   const int64_t max = MaxRestarts(job.job.spec());
   if (counted && status.restarts() >= max) {
@@ -982,10 +1040,10 @@ void Controller::MakeRoomForCheckpoint(JobRecord& job, absl::Time now) {
   std::optional<DroppedCheckpoint> dropped =
       DropOldestCheckpoint(&job.status());
   if (!dropped) return;  // the one left is the restore point
-  job.keep_limit = before - 1;
+  job.status().set_checkpoint_keep(before - 1);
   const std::string message = absl::StrCat(
       "the checkpoint store is full: dropped the checkpoint of step ",
-      dropped->step, " and keeping ", job.keep_limit, " (the spec keeps ",
+      dropped->step, " and keeping ", before - 1, " (the spec keeps ",
       job.job.spec().checkpoint().keep() > 0
           ? job.job.spec().checkpoint().keep()
           : 3,
@@ -1127,6 +1185,7 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
   jobs_.Publish(job, message, now);
   job.recovery_began = absl::InfinitePast();  // no recovery to measure
   job.link_blame.reset();
+  job.held_link_failure.reset();
   job.make_room = false;
   if (options_.metrics != nullptr) options_.metrics->OnJobEnded(job.id());
   // What the job wrote and never committed goes with it: a cancelled job
@@ -1488,6 +1547,14 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
       job->replicas > 1 ? absl::StrCat(" of replica ", f.replica()) : "",
       " (worker ", worker.id(), ") failed: ", f.message());
   const std::string reason = !f.reason().empty() ? f.reason() : "StageFailed";
+  // The other end of a held broken link reports the same break: the
+  // restart to come reported it already (before the hold, the job was
+  // restarting by then and such reports were fenced off).
+  if (reason == "LinkFailed" && job->held_link_failure) {
+    LogInfo("job %s: %s (the link failure is held already)", job->id(),
+            message);
+    return;
+  }
   // A broken link may be the neighbour's fault (a stopped process keeps its
   // lease for a while): neither neighbour gets a stage again before it
   // proves alive with a message.
@@ -1521,13 +1588,19 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   // (CheckRestorePointIo): dropped now, the oldest might have been the only
   // intact one.
   if (reason == kCheckpointStoreFull) job->make_room = true;
-  // Who else ran the epoch, for a link failure's blame (the restart below
-  // clears the stages).
-  std::set<std::string> others;
-  if (reason == "LinkFailed") {
+  if (reason == "LinkFailed" && !f.permanent()) {
+    // Its cause may be on its way (HeldLinkFailure); the lease thread's
+    // tick restarts the job for the link if nothing else does first. Who
+    // else ran the epoch, for the blame after that restart (which clears
+    // the stages).
+    std::set<std::string> others;
     for (const v1::StageStatus* s : job->AllStages()) {
       if (s->worker_id() != worker.id()) others.insert(s->worker_id());
     }
+    job->held_link_failure =
+        JobRecord::HeldLinkFailure{now + kLinkFailureHold, f.epoch(),
+                                   worker.id(), std::move(others), message};
+    return;
   }
   if (f.permanent()) {
     EndJob(*job, v1::FAILED, kFailed, reason, message, &worker, now);
@@ -1542,11 +1615,31 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
     RestartOrFail(*job, reason, message, &worker,
                   /*counted=*/reason != kCheckpointStoreFull, now);
   }
-  if (reason == "LinkFailed" && job->status().state() == v1::RESTARTING) {
-    job->link_blame =
-        JobRecord::LinkBlame{now, f.epoch(), std::move(others), message};
-  }
   Reschedule(now);
+}
+
+bool Controller::RestartForHeldLinkFailure(JobRecord& job, absl::Time now) {
+  if (!job.held_link_failure || now < job.held_link_failure->until) {
+    return false;
+  }
+  JobRecord::HeldLinkFailure held = *std::exchange(job.held_link_failure, {});
+  if (held.epoch != job.status().epoch() ||
+      job.status().state() != v1::RUNNING || job.merging) {
+    return false;
+  }
+  const std::shared_ptr<WorkerRecord> reporter = workers_.Find(held.worker_id);
+  if (ReplicaCount(job.job.spec()) > 1) {
+    RestartReplicas(job, "LinkFailed", held.message, reporter.get(),
+                    /*counted=*/true, now);
+  } else {
+    RestartOrFail(job, "LinkFailed", held.message, reporter.get(),
+                  /*counted=*/true, now);
+  }
+  if (job.status().state() == v1::RESTARTING) {
+    job.link_blame = JobRecord::LinkBlame{
+        now, held.epoch, std::move(held.workers), std::move(held.message)};
+  }
+  return true;
 }
 
 bool Controller::BlameFullStore(const v1::StageFailed& f, absl::Time now) {
@@ -1775,8 +1868,8 @@ void Controller::CommitCheckpointIo(
     const absl::Time now = Now();
     job->restarts_without_progress = 0;  // progress that survives a restart
     dropped = KeepCheckpoints(&job->status(), *ref,
-                              job->keep_limit > 0
-                                  ? job->keep_limit
+                              job->status().checkpoint_keep() > 0
+                                  ? job->status().checkpoint_keep()
                                   : job->job.spec().checkpoint().keep());
     if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();
     jobs_.Publish(*job,
@@ -2054,7 +2147,9 @@ bool Controller::TickLocked(absl::Time now) {
     changed = true;
   }
   for (JobRecord* job : jobs_.Running()) {
-    if (CheckStalled(*job, now)) changed = true;
+    if (RestartForHeldLinkFailure(*job, now) || CheckStalled(*job, now)) {
+      changed = true;
+    }
   }
   // Retention: ended jobs go some time after they ended.
   if (options_.job_retention > absl::ZeroDuration()) {

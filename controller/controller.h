@@ -50,6 +50,12 @@
 
 namespace gpipe::controller {
 
+// How long a LinkFailed report waits for its cause (JobRecord's
+// HeldLinkFailure): the neighbour's own report follows its closed link
+// within milliseconds, a killed process's closed Attach stream within a
+// poll.
+inline constexpr absl::Duration kLinkFailureHold = absl::Seconds(1);
+
 struct ControllerOptions {
   // Final models go to <checkpoint_dir>/<job id>/model.safetensors; the
   // stages write theirs under <checkpoint_dir>/<job id>/final.
@@ -67,6 +73,12 @@ struct ControllerOptions {
   // says (a 0 vocab_size, standardization) is filled in here. Off where the
   // controller mounts no data.
   bool check_data_paths = true;
+  // With check_data_paths, a submitted job's data files and init_from
+  // weights are read value by value (a NaN feature, a label past the
+  // head's classes, a weight of another shape) before it is scheduled,
+  // when they come to no more than this many bytes (the model's state
+  // included); larger ones are left to the stages. 0: never.
+  int64_t content_check_bytes = int64_t{256} << 20;
   // A worker silent for longer is lost; workers are told to send a
   // heartbeat every heartbeat_interval.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
@@ -236,6 +248,10 @@ class Controller {
                      const std::string& message, const WorkerRecord* except,
                      bool counted, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restarts `job` for its held LinkFailed report (HeldLinkFailure) once the
+  // hold is over and nothing else restarted or ended it. True when it did.
+  bool RestartForHeldLinkFailure(JobRecord& job, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A worker lost within a heartbeat timeout of a neighbour's LinkFailed
   // report that restarted its job: the job's Running condition names the
   // lost worker as the cause, not the neighbour whose link it broke.
@@ -359,6 +375,11 @@ class Controller {
       const std::string& job_id,
       const std::vector<gpipe::v1::CheckpointRef>& committed)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Reads a submitted job's data and starting weights (CheckJobContents):
+  // the job is scheduled once they read well, and fails naming what does
+  // not.
+  void CheckContentsIo(const std::string& job_id,
+                       const gpipe::v1::JobSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
   // Commits the final parameters and merges them into one model file.
   void MergeIo(const std::string& job_id) ABSL_LOCKS_EXCLUDED(mu_);
 

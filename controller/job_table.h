@@ -89,10 +89,6 @@ struct JobRecord {
   // measures from here to RUNNING again (a planned restart, a re-partition
   // or a resize, is no recovery).
   absl::Time recovery_began = absl::InfinitePast();
-  // How many committed checkpoints the job keeps, where a full checkpoint
-  // store made it fewer than its spec's keep (0: the spec's). Not stored:
-  // a restarted controller learns it again from the next full write.
-  int64_t keep_limit = 0;
   // A stage found the checkpoint store full: the next start drops the
   // oldest checkpoint once it knows which one it restores.
   bool make_room = false;
@@ -107,6 +103,20 @@ struct JobRecord {
     std::string message;            // the cause as the restart gave it
   };
   std::optional<LinkBlame> link_blame;
+  // A stage's broken link (LinkFailed) is a symptom: its cause (the
+  // neighbour's full checkpoint store, its permanent failure, its lost
+  // worker) usually reports a few milliseconds later. The report is held
+  // for kLinkFailureHold; whatever of the same epoch comes meanwhile
+  // restarts or ends the job as its own, and the hold lapses. Otherwise the
+  // lease thread's tick restarts the job for the link (counted).
+  struct HeldLinkFailure {
+    absl::Time until;
+    int64_t epoch = 0;
+    std::string worker_id;          // the reporter
+    std::set<std::string> workers;  // the epoch's workers but the reporter
+    std::string message;
+  };
+  std::optional<HeldLinkFailure> held_link_failure;
   // The checkpoint the next start restores, checked off the controller's
   // lock (recovery.h, CheckRestorePoint) before the job may start: kNeeded
   // until a check is asked for, kChecking while it runs. Each start uses

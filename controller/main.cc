@@ -48,6 +48,11 @@ ABSL_FLAG(bool, check_data_paths, true,
           "refuse a job whose data or init_from path does not exist here, "
           "and fill in what only the data says (a 0 vocab_size, CSV "
           "standardization); false where the controller mounts no data");
+ABSL_FLAG(int64_t, check_contents_max_bytes, int64_t{256} << 20,
+          "with --check_data_paths, read a submitted job's data and "
+          "init_from weights value by value before it is scheduled when "
+          "they (and the model's state) come to at most this many bytes; "
+          "larger ones are checked by the stages; 0: never");
 ABSL_FLAG(std::string, store, "",
           "SQLite job store (WAL): jobs survive a restart of the controller; "
           "empty: in memory only");
@@ -160,6 +165,12 @@ int main(int argc, char** argv) {
                  "gpipe-controller: --max_transfers must be at least 1\n");
     return 2;
   }
+  if (absl::GetFlag(FLAGS_check_contents_max_bytes) < 0) {
+    std::fprintf(stderr,
+                 "gpipe-controller: --check_contents_max_bytes must not be "
+                 "negative (0: never)\n");
+    return 2;
+  }
   const std::string metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   if (!metrics_listen.empty()) {
     if (absl::Status s =
@@ -210,6 +221,8 @@ int main(int argc, char** argv) {
   options.controller.transfers.max_concurrent =
       absl::GetFlag(FLAGS_max_transfers);
   options.controller.check_data_paths = absl::GetFlag(FLAGS_check_data_paths);
+  options.controller.content_check_bytes =
+      absl::GetFlag(FLAGS_check_contents_max_bytes);
 
   // Stages' files and the manifests land here however they travel.
   // A full one is not refused: the jobs on it wait for room, and a

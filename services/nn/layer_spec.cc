@@ -570,4 +570,80 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& model) {
   return shapes;
 }
 
+absl::StatusOr<std::vector<StateShape>> ModelStateShapes(
+    const v1::ModelSpec& model) {
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(model));
+  std::vector<StateShape> out;
+  for (int i = 0; i < model.layers_size(); ++i) {
+    const v1::LayerSpec& layer = model.layers(i);
+    const std::string at = absl::StrCat("layers.", i, ".");
+    const auto add = [&](const std::string& name, Shape shape,
+                         bool parameter = true) {
+      out.push_back({at + name, std::move(shape), parameter});
+    };
+    // As layer_factory.cc builds them (the defaults too).
+    const auto linear = [&](const std::string& p, int64_t in, int64_t n,
+                            bool bias) {
+      add(p + "weight", {n, in});
+      if (bias) add(p + "bias", {n});
+    };
+    const auto norm = [&](const std::string& p, int64_t features) {
+      add(p + "weight", {features});
+      add(p + "bias", {features});
+    };
+    switch (layer.kind_case()) {
+      case v1::LayerSpec::kLinear: {
+        const v1::Linear& l = layer.linear();
+        linear("", l.in_features(), l.out_features(),
+               !l.has_bias() || l.bias());
+        break;
+      }
+      case v1::LayerSpec::kLayerNorm:
+        norm("", layer.layer_norm().features());
+        break;
+      case v1::LayerSpec::kEmbedding: {
+        const v1::Embedding& e = layer.embedding();
+        add("token_weight", {e.vocab_size(), e.dim()});
+        add("position_weight", {e.max_positions(), e.dim()});
+        break;
+      }
+      case v1::LayerSpec::kSelfAttention: {
+        const int64_t dim = layer.self_attention().dim();
+        linear("qkv.", dim, 3 * dim, true);
+        linear("proj.", dim, dim, true);
+        break;
+      }
+      case v1::LayerSpec::kTransformerBlock: {
+        const v1::TransformerBlock& b = layer.transformer_block();
+        const int64_t dim = b.dim();
+        const int64_t hidden = b.mlp_hidden() > 0 ? b.mlp_hidden() : 4 * dim;
+        norm("ln1.", dim);
+        linear("attn.qkv.", dim, 3 * dim, true);
+        linear("attn.proj.", dim, dim, true);
+        norm("ln2.", dim);
+        linear("mlp.fc1.", dim, hidden, true);
+        linear("mlp.fc2.", hidden, dim, true);
+        break;
+      }
+      case v1::LayerSpec::kConv2D: {
+        const v1::Conv2d& c = layer.conv2d();
+        add("weight", {c.out_channels(), shapes.inputs[i].dims()[0],
+                       c.kernel_size(), c.kernel_size()});
+        if (!c.has_bias() || c.bias()) add("bias", {c.out_channels()});
+        break;
+      }
+      case v1::LayerSpec::kBatchNorm: {
+        const int64_t channels = shapes.inputs[i].dims()[0];
+        norm("", channels);
+        add("running_mean", {channels}, /*parameter=*/false);
+        add("running_var", {channels}, /*parameter=*/false);
+        break;
+      }
+      default:
+        break;  // no state
+    }
+  }
+  return out;
+}
+
 }  // namespace gpipe

@@ -4,6 +4,7 @@
 #ifndef GPIPE_SERVICES_NN_LAYER_SPEC_H_
 #define GPIPE_SERVICES_NN_LAYER_SPEC_H_
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -50,6 +51,21 @@ struct ModelShapes {
 // Checks the whole model: its input header, each layer in turn, and that the
 // loss fits the final output ([C] classes or [T, V] per token).
 absl::StatusOr<ModelShapes> InferModelShapes(const gpipe::v1::ModelSpec& model);
+
+// One tensor of a model's state, by the name Model::StateTensors gives it
+// ("layers.3.weight"), with its shape (every one is float32). Parameters
+// carry optimizer state; buffers (batch norm's running statistics) do not.
+struct StateShape {
+  std::string name;
+  Shape shape;
+  bool parameter = true;
+};
+
+// The state a model built from `model` holds, in Model::StateTensors'
+// order, without making a layer: what the controller, which links no
+// kernels, checks a job's starting weights against.
+absl::StatusOr<std::vector<StateShape>> ModelStateShapes(
+    const gpipe::v1::ModelSpec& model);
 
 }  // namespace gpipe
 

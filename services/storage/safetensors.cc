@@ -2,8 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <optional>
 
 #include "absl/functional/function_ref.h"
@@ -84,11 +82,16 @@ absl::StatusOr<SafetensorsFile> ReadSafetensors(const std::string& path,
 }
 
 std::string OtherWeightsFormatHint(const std::string& path) {
-  std::error_code ec;
-  const uintmax_t size = std::filesystem::file_size(path, ec);
-  std::ifstream in(path, std::ios::binary);
+  // Opened as the reader opens it: a FIFO named like weights blocked a
+  // stream's open here until someone wrote to it (the worker and the
+  // controller's submit hung with it).
+  uint64_t size = 0;
+  absl::StatusOr<storage::ScopedFd> fd = storage::OpenForRead(path, &size);
   char head[8] = {};
-  if (ec || !in.read(head, sizeof head)) return "";
+  if (!fd.ok() || size < sizeof head ||
+      !storage::ReadAt(*fd, path, 0, head, sizeof head).ok()) {
+    return "";
+  }
   // A safetensors file, even a damaged one, starts with its header's
   // length: only a file whose first 8 bytes cannot be one is another format.
   uint64_t header = 0;

@@ -91,6 +91,11 @@ ok "a step not kept, an unknown job and a destination that is a file are refused
 # Down, then back: the fetch retries (1 s, then 2 s later).
 kill "$controller_pid"
 wait "$controller_pid" 2>/dev/null || true
+# Down for good: the retries give up within --timeout (they took 23 s).
+began=$SECONDS
+refused "cannot reach the controller" ctl fetch "$job" --timeout 2s -o "$work/down"
+((SECONDS - began <= 6)) || fail "a fetch with --timeout 2s gave up after $((SECONDS - began)) s"
+ok "a fetch with the controller down gives up within its --timeout"
 ctl fetch "$job" -o "$work/retried" >"$work/retry.txt" 2>&1 &
 fetcher=$!
 sleep 0.3

@@ -3,7 +3,8 @@
 # from a fetched checkpoint (relative path, optimizer state carried) ends
 # with parameters bitwise equal to one uninterrupted run, on the cluster and
 # in process; a model file of another model fails the job naming the
-# tensors; a path the controller cannot see is refused at submit.
+# tensors before it is scheduled; a path the controller cannot see is
+# refused at submit.
 #   init_from_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -77,7 +78,11 @@ done
 why=$(ctl status "$narrow" 2>&1)
 grep -q "layers.0.weight is float32 \[32, 8\] in the file, float32 \[16, 8\] in the model" <<<"$why" ||
   fail "the failure does not name the tensor: $(grep -i init_from <<<"$why" | head -3)"
-ok "init_from of another model's file fails the job, naming the tensors"
+# The controller read the file before it scheduled the job: no worker ran it.
+[[ "$(job_field "$narrow" "s.get('epoch', '0')")" == 0 ]] ||
+  fail "the job was scheduled before its weights were checked: $why"
+grep -q "InvalidData" <<<"$why" || fail "the failure is not InvalidData: $why"
+ok "init_from of another model's file fails the job at submit, naming the tensors"
 
 python3 - "$work/whole.json" "$work/missing.json" <<'PY'
 import json, sys

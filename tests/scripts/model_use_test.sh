@@ -110,6 +110,21 @@ done
 ((right >= 6)) || fail "only $right of 8 test images were classified right"
 g predict "$work/mlp/model.safetensors" "$work/img0.pgm" | grep -q "img0.pgm\[0\]: class [0-9] (" ||
   fail "predict's text output: $(g predict "$work/mlp/model.safetensors" "$work/img0.pgm")"
+# The same bytes as float32 are taken as they are, 255 times too bright:
+# predict says so instead of answering with certainty in silence.
+python3 - "$work/imgs.npy" "$work/imgs_f32.npy" <<'PY'
+import struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = (len(raw) - 128) // 784
+header = "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, 784), }" % n
+header += " " * (63 - (10 + len(header)) % 64) + "\n"
+with open(sys.argv[2], "wb") as f:
+    f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+    f.write(struct.pack("<%df" % (n * 784), *raw[128:]))
+PY
+warned=$(g predict "$work/mlp/model.safetensors" "$work/imgs_f32.npy" 2>&1 >/dev/null)
+grep -q "holds values up to 255, .*divide them by 255" <<<"$warned" ||
+  fail "no warning for pixels of 0-255 as floats: $warned"
 g predict "$work/mlp/model.safetensors" "$work/imgs.npy" --json --stages 2 >"$work/npy2.json"
 python3 - "$work/npy.json" "$work/npy2.json" <<'PY'
 import json, sys

@@ -20,6 +20,7 @@
 #include "services/pipeline/simulator.h"
 #include "services/storage/checkpoint_layout.h"
 #include "tests/support/controller_fixtures.h"
+#include "tests/support/npy_file.h"
 
 namespace gpipe::controller {
 namespace {
@@ -255,6 +256,8 @@ TEST_F(ControllerStateTest, AFullStoreMakesRoomByKeepingFewerCheckpoints) {
   EXPECT_EQ(job->status().checkpoints(0).step(), 6);
   EXPECT_FALSE(std::filesystem::exists(
       storage::CheckpointStepDir(a.checkpoint_dir(), 4)));
+  // Stored with the job, so a restarted controller keeps one too.
+  EXPECT_EQ(job->status().checkpoint_keep(), 1);
   // A cancel takes what the job never committed with it, and only that.
   const std::string step8 = storage::CheckpointStepDir(a.checkpoint_dir(), 8);
   std::filesystem::create_directories(step8);
@@ -310,10 +313,77 @@ TEST_F(ControllerStateTest, AFullStoreKeepsTheOnlyIntactCheckpoint) {
 }
 
 // A stage that cannot write its checkpoint closes its link, and its
-// neighbour's LinkFailed may arrive first (CI saw it): the restart that
-// made is the full store's, not counted, and the job makes room.
-TEST_F(ControllerStateTest,
-       AFullStoreAfterItsNeighboursLinkFailureIsNotCounted) {
+// neighbour's LinkFailed often arrives first (CI saw it). The link failure
+// waits for its cause: the full store's report restarts the job, not
+// counted, so even a job that allows no restarts goes on, and
+// gpipe_job_restarts_total stays 0.
+TEST_F(ControllerStateTest, AFullStoreReportedAfterItsNeighboursLinkFailure) {
+  ControllerMetrics metrics;
+  UseMetrics(&metrics);
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a1 = Assignment(*w1), a2 = Assignment(*w2);
+  ASSERT_TRUE(a1.has_value() && a2.has_value());
+  controller_->HandleMessage(
+      *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
+                   "the neighbouring stage closed the link"));
+  EXPECT_EQ(State(job->id()), v1::RUNNING);  // held for its cause
+  clock_.Advance(kLinkFailureHold / 2);
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  controller_->HandleMessage(*w1, Failure(job->id(), a1->epoch(), a1->stage(),
+                                          "CheckpointStoreFull", kNoSpace));
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().state(), v1::RESTARTING);
+  EXPECT_EQ(got->status().restarts(), 0);
+  const v1::Condition* running = FindCondition(got->status(), kRunning);
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->reason(), "CheckpointStoreFull");
+  // The hold is used up: its end restarts nothing more.
+  clock_.Advance(kLinkFailureHold);
+  controller_->Tick(clock_.Now());
+  got = controller_->GetJob(job->id());
+  EXPECT_NE(got->status().state(), v1::FAILED);
+  EXPECT_EQ(got->status().restarts(), 0);
+  double restarts = -1;
+  for (const auto& family : metrics.Collect()) {
+    if (family.name == "gpipe_job_restarts_total") {
+      restarts = family.metric.at(0).counter.value;
+    }
+  }
+  EXPECT_EQ(restarts, 0);
+}
+
+// A LinkFailed with nothing after it restarts the job once its hold is
+// over, counted.
+TEST_F(ControllerStateTest, ALinkFailureAloneRestartsTheJobAfterItsHold) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a2 = Assignment(*w2);
+  ASSERT_TRUE(Assignment(*w1).has_value() && a2.has_value());
+  controller_->HandleMessage(
+      *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
+                   "the neighbouring stage closed the link"));
+  clock_.Advance(kLinkFailureHold - absl::Milliseconds(1));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  clock_.Advance(absl::Milliseconds(1));
+  controller_->Tick(clock_.Now());
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().state(), v1::RESTARTING);
+  EXPECT_EQ(got->status().restarts(), 1);
+  const v1::Condition* running = FindCondition(got->status(), kRunning);
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->reason(), "LinkFailed");
+  EXPECT_NE(running->message().find("restart 1 of 5"), std::string::npos)
+      << running->message();
+}
+
+// A full store reported after the hold ran out (a slow disk's error): the
+// restart the link failure made is taken as the full store's, not counted.
+TEST_F(ControllerStateTest, AFullStoreReportedAfterTheHoldIsNotCounted) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
   ASSERT_TRUE(job.ok()) << job.status();
@@ -322,6 +392,8 @@ TEST_F(ControllerStateTest,
   controller_->HandleMessage(
       *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
                    "the neighbouring stage closed the link"));
+  clock_.Advance(kLinkFailureHold);
+  controller_->Tick(clock_.Now());
   absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
   ASSERT_EQ(got->status().restarts(), 1);
   controller_->HandleMessage(*w1, Failure(job->id(), a1->epoch(), a1->stage(),
@@ -387,6 +459,9 @@ TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
     const v1::Condition* c = FindCondition(got->status(), kRunning);
     return c == nullptr ? v1::Condition() : *c;
   };
+  // A stopped worker's lease runs out seconds after the hold.
+  clock_.Advance(kLinkFailureHold);
+  controller_->Tick(clock_.Now());
   EXPECT_EQ(running().reason(), "LinkFailed");
   clock_.Advance(absl::Milliseconds(300));
   controller_->DetachWorker(*w2, absl::UnavailableError("stream ended"),
@@ -399,6 +474,92 @@ TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
       << running().message();
   absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
   EXPECT_EQ(got->status().restarts(), 1);  // one restart, not two
+}
+
+// A killed worker's closed stream arrives within the hold of its
+// neighbour's LinkFailed: the restart is the lost worker's from the start.
+TEST_F(ControllerStateTest, AWorkerLostWithinALinkFailuresHoldIsTheCause) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a1 = Assignment(*w1);
+  ASSERT_TRUE(a1.has_value());
+  ASSERT_TRUE(Assignment(*w2).has_value());
+  controller_->HandleMessage(
+      *w1, Failure(job->id(), a1->epoch(), a1->stage(), "LinkFailed",
+                   "the neighbouring stage closed the link"));
+  clock_.Advance(absl::Milliseconds(20));
+  controller_->DetachWorker(*w2, absl::UnavailableError("stream ended"),
+                            "the Attach stream ended");
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  const v1::Condition* running = FindCondition(got->status(), kRunning);
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->reason(), "WorkerLost");
+  EXPECT_NE(running->message().find("worker w2 at 127.0.0.1:9002 was lost"),
+            std::string::npos)
+      << running->message();
+  clock_.Advance(kLinkFailureHold);
+  controller_->Tick(clock_.Now());
+  got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().restarts(), 1);  // one restart, not two
+}
+
+// A job whose data holds a NaN is failed at submit, before any worker
+// gets a stage: off the lock, once the job is stored, its files are read
+// as a stage would read them. A job whose data reads well then runs.
+TEST_F(ControllerStateTest, DataThatAStageWouldRefuseFailsTheJobAtSubmit) {
+  std::filesystem::create_directories(dir_);
+  const auto spec = [&](bool poison) {
+    std::vector<float> x(40 * 4, 0.5f);
+    if (poison) x[7 * 4 + 2] = std::nanf("");
+    std::vector<int64_t> y(40);
+    for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<int64_t>(i % 3);
+    const std::string name = poison ? "bad" : "good";
+    std::ofstream(dir_ / (name + "_x.npy"), std::ios::binary)
+        << test_support::NpyFile(
+               "<f4", "(40, 4)",
+               std::string(reinterpret_cast<const char*>(x.data()),
+                           x.size() * sizeof(float)));
+    std::ofstream(dir_ / (name + "_y.npy"), std::ios::binary)
+        << test_support::NpyFile(
+               "<i8", "(40,)",
+               std::string(reinterpret_cast<const char*>(y.data()),
+                           y.size() * sizeof(int64_t)));
+    absl::StatusOr<v1::JobSpec> parsed = ParseJobSpecJson(absl::StrCat(
+        R"({"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [4]}},
+             "layers": [{"linear": {"in_features": 4, "out_features": 3}}],
+             "loss": {"softmax_cross_entropy": {}}},
+            "optimizer": {"lr": 0.1, "sgd": {}},
+            "data": {"tensors": {"inputs": ")",
+        (dir_ / (name + "_x.npy")).string(), R"(", "targets": ")",
+        (dir_ / (name + "_y.npy")).string(), R"("}},
+            "batch_size": 8, "steps": 4})"));
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    return *parsed;
+  };
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  absl::StatusOr<v1::Job> bad = controller_->SubmitJob(spec(true));
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  const v1::Condition* checking = FindCondition(bad->status(), kScheduled);
+  ASSERT_NE(checking, nullptr);
+  EXPECT_EQ(checking->reason(), "CheckingData");
+  EXPECT_FALSE(Assignment(*w1).has_value());  // not before the check
+  controller_->FlushIo();
+  absl::StatusOr<v1::Job> got = controller_->GetJob(bad->id());
+  EXPECT_EQ(got->status().state(), v1::FAILED);
+  const v1::Condition* failed = FindCondition(got->status(), kFailed);
+  ASSERT_NE(failed, nullptr);
+  EXPECT_EQ(failed->reason(), "InvalidData");
+  EXPECT_NE(failed->message().find("value nan is not finite"),
+            std::string::npos)
+      << failed->message();
+  EXPECT_FALSE(Assignment(*w1).has_value());
+
+  absl::StatusOr<v1::Job> good = controller_->SubmitJob(spec(false));
+  ASSERT_TRUE(good.ok()) << good.status();
+  controller_->FlushIo();
+  EXPECT_TRUE(Assignment(*w1).has_value());
+  EXPECT_EQ(State(good->id()), v1::RUNNING);
 }
 
 TEST_F(ControllerStateTest, ALeaseExpiresExactlyAtTheHeartbeatTimeout) {
@@ -1032,7 +1193,7 @@ TEST_F(RestartPolicyTest, DefaultRestartsWithAGrowingBackoff) {
     v1::WorkerMessage failed;
     failed.mutable_failed()->set_job_id(id_);
     failed.mutable_failed()->set_epoch(assignment_.epoch());
-    failed.mutable_failed()->set_reason("LinkFailed");
+    failed.mutable_failed()->set_reason("CheckpointFailed");
     controller_->HandleMessage(*busy_, failed);
     EXPECT_EQ(Status().state(), v1::RESTARTING);
     EXPECT_EQ(Status().restarts(), i + 1);
@@ -1167,6 +1328,9 @@ TEST_F(RestartPolicyTest, APermanentFailureOfTheEpochJustLeftEndsTheJob) {
       link.mutable_failed()->set_epoch(Status().epoch());
       link.mutable_failed()->set_stage(assignment_.stage());
       controller_->HandleMessage(*busy_, link);
+      // Held for its cause, then restarted (waiting out the backoff).
+      EXPECT_EQ(Status().state(), v1::RUNNING);
+      BeatFor(*controller_, clock_, workers_, kLinkFailureHold);
       EXPECT_EQ(Status().state(), v1::RESTARTING);
       if (r + 1 < restarts || restart_last) {
         // Past the backoff, with every worker alive (the neighbours of a

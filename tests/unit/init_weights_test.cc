@@ -5,6 +5,7 @@
 // every mismatch named.
 #include "services/pipeline/init_weights.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -345,6 +346,21 @@ TEST_F(InitWeightsTest, ANonFiniteWeightIsRefused) {
   EXPECT_THAT(t.status().message(),
               HasSubstr("tensor layers.0.weight holds nan at element 5 "
                         "(weights must be finite)"));
+}
+
+// A FIFO where the weights should be is refused at once: the hint about
+// other formats opened it with a blocking open, which hung the worker and
+// the controller's submit until someone wrote to it.
+TEST_F(InitWeightsTest, AFifoIsRefusedWithoutWaitingForAWriter) {
+  const std::string fifo = (dir_ / "weights.safetensors").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  absl::StatusOr<InitWeights> file = ReadInitWeights(fifo);
+  ASSERT_FALSE(file.ok());
+  EXPECT_THAT(file.status().message(), HasSubstr("not a regular file"));
+  // A checkpoint folder whose stage file is a FIFO likewise.
+  absl::StatusOr<InitWeights> folder = ReadInitWeights(dir_.string());
+  ASSERT_FALSE(folder.ok());
+  EXPECT_THAT(folder.status().message(), HasSubstr("not a regular file"));
 }
 
 TEST_F(InitWeightsTest, ADirectoryOfStageFilesIsOneCheckpoint) {

@@ -1,0 +1,41 @@
+// A submitted job's data and starting weights read value by value, as its
+// stages would read them when it starts: a feature that is NaN, a label past
+// the head's classes, a weight of another shape. Found at submit, the
+// mistake fails the job before it waits for workers; found by a stage, it
+// failed only once the job was scheduled, on a busy cluster hours later.
+#ifndef GPIPE_SERVICES_PIPELINE_CONTENT_CHECK_H_
+#define GPIPE_SERVICES_PIPELINE_CONTENT_CHECK_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "gpipe/v1/job.pb.h"
+
+namespace gpipe {
+
+// The bytes a content check of `spec` reads and holds: its data files and
+// init_from's (a folder's .safetensors files), plus the model and optimizer
+// state that judging init_from builds (a FIFO or a device counts 0: the
+// check refuses it without reading). None when the spec names no file of
+// its own: synthetic data, or the built-in Fashion-MNIST files, checked as
+// they are opened.
+absl::StatusOr<std::optional<int64_t>> ContentCheckBytes(
+    const gpipe::v1::JobSpec& spec);
+
+// Opens the job's data for its model (OpenJobDataset: every value checked)
+// and loads init_from into a model built from the spec, as the stages will.
+// The spec's paths and data-dependent fields are resolved already. Errors
+// are the stages' own, naming the field, the file and the value.
+absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec);
+
+// The optimizer's state of one parameter by the names its State() gives
+// them ("layers.0.weight.exp_avg"), each of the parameter's shape.
+std::vector<std::string> OptimizerStateNames(
+    const gpipe::v1::OptimizerSpec& optimizer, const std::string& parameter);
+
+}  // namespace gpipe
+
+#endif  // GPIPE_SERVICES_PIPELINE_CONTENT_CHECK_H_
