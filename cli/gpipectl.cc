@@ -31,6 +31,7 @@ void AcceptDashedFlags(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
+  gpipe::ExplainOutOfMemory();
   AcceptDashedFlags(argc, argv);
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());

@@ -170,6 +170,7 @@ std::string NewWorkerId() {
 
 int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
+  gpipe::ExplainOutOfMemory();
   for (int i = 1; i < argc; ++i) {  // accept --link-wait-ms as well
     if (argv[i][0] == '-' && argv[i][1] == '-')
       for (char* p = argv[i] + 2; *p && *p != '='; ++p)

@@ -1,11 +1,18 @@
 #include "services/core/memory.h"
 
+#include <fcntl.h>
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
 #include <fstream>
 #include <limits>
+#include <new>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -86,8 +93,69 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
           slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
     }
   }
+  // An address-space limit (ulimit -v) bounds the heap as well: what is
+  // left of it past the mappings the process holds without touching them
+  // (code, thread stacks). Unseen, a model it could not hold ended in
+  // std::bad_alloc instead of the check's message.
+  rlimit address_space{};
+  if (::getrlimit(RLIMIT_AS, &address_space) == 0 &&
+      address_space.rlim_cur != RLIM_INFINITY) {
+    std::ifstream in("/proc/self/statm");
+    int64_t size = 0, resident = 0;
+    if (in >> size >> resident) {
+      const int64_t untouched = (size - resident) * sysconf(_SC_PAGE_SIZE);
+      const int64_t cap = static_cast<int64_t>(std::min<rlim_t>(
+          address_space.rlim_cur, static_cast<rlim_t>(kUnlimited)));
+      limit = std::min(limit, std::max<int64_t>(0, cap - untouched));
+    }
+  }
   return limit;
 }
+
+namespace {
+
+// Resident bytes read without allocating (the heap is what ran out).
+int64_t ResidentBytesNoAlloc() {
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  char text[128] = {};
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  long long size = 0, resident = 0;
+  if (std::sscanf(text, "%lld %lld", &size, &resident) != 2) return 0;
+  return resident * sysconf(_SC_PAGE_SIZE);
+}
+
+[[noreturn]] void OnTerminate() {
+  bool out_of_memory = false;
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+    } catch (...) {
+    }
+  }
+  if (!out_of_memory) std::abort();
+  char message[320];
+  const int n = std::snprintf(
+      message, sizeof message,
+      "%s: out of memory: an allocation failed with %.2f GiB resident "
+      "(physical memory, the cgroup's limit or ulimit -v); give the process "
+      "more memory or make the job smaller (batch, micro-batch size, "
+      "model)\n",
+      program_invocation_short_name,
+      static_cast<double>(ResidentBytesNoAlloc()) / (1 << 30));
+  if (n > 0) {
+    (void)!::write(2, message, std::min<size_t>(n, sizeof message - 1));
+  }
+  ::_exit(3);
+}
+
+}  // namespace
+
+void ExplainOutOfMemory() { std::set_terminate(OnTerminate); }
 
 int64_t ResidentBytes() {
   std::ifstream in("/proc/self/statm");

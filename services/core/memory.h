@@ -24,9 +24,17 @@ void ReleaseFreedMemory();
 // The memory this process may use: the smallest of the machine's physical
 // memory and the limits of the cgroups it runs in (cgroup v2 memory.max up
 // the hierarchy, or v1 memory.limit_in_bytes), as a container runtime or
-// Kubernetes sets them. `cgroup_root` is where the cgroup file system is
-// mounted (a test passes a directory of its own).
+// Kubernetes sets them, and an address-space limit (ulimit -v) less the
+// mappings the process holds untouched. `cgroup_root` is where the cgroup
+// file system is mounted (a test passes a directory of its own).
 int64_t SystemMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// An allocation that fails throws std::bad_alloc, which nothing catches:
+// the process ended with "terminate called ..." and a core dump. After this
+// it says that it ran out of memory, with the memory it may use
+// (SystemMemoryLimit), and exits with status 3; anything else that
+// terminates still aborts. Call at the top of main.
+void ExplainOutOfMemory();
 
 // This process's resident memory (/proc/self/statm), 0 when unknown.
 int64_t ResidentBytes();

@@ -158,10 +158,17 @@ absl::Status CheckSampleFillsInput(const gpipe::v1::DataSpec& spec,
         "layer's inputs must be ",
         sample.numel(), ")"));
   }
+  // A sequence's length is the spec's own field: name it.
+  const std::string field = spec.has_text()     ? "data.text.seq_len"
+                            : spec.has_tokens() ? "data.tokens.seq_len"
+                                                : "data";
   return absl::InvalidArgumentError(
-      absl::StrCat("data: a sample is ", sample.ToString(), " (",
+      absl::StrCat(field, ": a sample is ", sample.ToString(), " (",
                    sample.numel(), " values), but the model input ",
-                   model_input.ToString(), " takes ", model_input.numel()));
+                   model_input.ToString(), " takes ", model_input.numel(),
+                   field == "data" ? ""
+                                   : " (model.input.shape and the embedding's "
+                                     "max_positions must cover seq_len)"));
 }
 
 }  // namespace

@@ -177,6 +177,16 @@ absl::StatusOr<std::unique_ptr<TensorFilesDataset>> TensorFilesDataset::Open(
   Source targets{"targets", spec.targets(), target_key};
   Source test_inputs{"test_inputs", spec.test_inputs(), input_key};
   Source test_targets{"test_targets", spec.test_targets(), target_key};
+  for (const Source* s : {&inputs, &targets, &test_inputs, &test_targets}) {
+    if (absl::EndsWithIgnoreCase(s->path, ".npz")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          s->field, ": ", s->path,
+          ": an .npz archive is not read; save each array with np.save "
+          "(inputs.npy, targets.npy), or both in one file with "
+          "safetensors.numpy.save_file({\"inputs\": x, \"targets\": y}, "
+          "PATH)"));
+    }
+  }
   if (spec.targets().empty()) {
     // Both come from one safetensors file, under two keys.
     if (!inputs.safetensors()) {

@@ -281,4 +281,25 @@ else
   echo "skip: this machine has room for the 51 GB model"
 fi
 
+# Activations past `ulimit -v` (the parameters fit): a clear message and
+# status 3, not "terminate called after throwing std::bad_alloc" and a core.
+cat >"$work/oom.json" <<'JSON'
+{"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [256]}},
+  "layers": [{"linear": {"inFeatures": 256, "outFeatures": 4096}}, {"relu": {}},
+             {"linear": {"inFeatures": 4096, "outFeatures": 4096}}, {"relu": {}},
+             {"linear": {"inFeatures": 4096, "outFeatures": 10}}],
+  "loss": {"softmaxCrossEntropy": {}}},
+ "optimizer": {"lr": 0.01, "sgd": {}},
+ "data": {"synthetic": {"task": "CLASSES", "features": 256, "classes": 10,
+                        "trainSamples": 65536, "testSamples": 64}},
+ "batchSize": 65536, "steps": 1}
+JSON
+set +e
+(ulimit -c 0 -v 3000000; exec "$gpipectl" train "$work/oom.json" --threads 1) >"$work/oom.log" 2>&1
+code=$?
+set -e
+[[ $code == 3 ]] || { cat "$work/oom.log"; fail "out of memory exited $code, not 3"; }
+grep -q "gpipectl: out of memory: an allocation failed" "$work/oom.log" ||
+  { cat "$work/oom.log"; fail "no out-of-memory message"; }
+
 echo "1 passed, 0 failed"

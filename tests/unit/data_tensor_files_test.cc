@@ -286,6 +286,14 @@ TEST_F(TensorFilesTest, BadInputsAreRefusedNamingTheFile) {
   EXPECT_THAT(Error(spec), HasSubstr("inputs: " + spec.inputs() +
                                      ": not a .npy or .safetensors file"));
 
+  // numpy's archive, with or without targets: named for what it is.
+  spec.set_inputs(Write("data.npz", "PK\x03\x04"));
+  EXPECT_THAT(Error(spec), HasSubstr("inputs: " + spec.inputs() +
+                                     ": an .npz archive is not read"));
+  spec.clear_targets();
+  EXPECT_THAT(Error(spec), HasSubstr("an .npz archive is not read"));
+  spec.set_targets(dir_.string() + "/y.npy");
+
   spec.set_inputs((dir_ / "missing.npy").string());
   auto missing = TensorFilesDataset::Open(spec, Shape{}, DType::kF32);
   EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();

@@ -147,6 +147,14 @@ TEST_F(TextTest, OpenDatasetNamesTheField) {
   d = OpenDataset(spec, Shape(), 0);
   EXPECT_THAT(d.status().message(), HasSubstr("data.text.test_fraction:"));
 
+  // Windows longer than the model's input: the length is seq_len's.
+  spec.mutable_text()->clear_test_fraction();
+  spec.mutable_text()->set_path(Write("long.txt", std::string(400, 'a')));
+  spec.mutable_text()->set_seq_len(32);
+  d = OpenDataset(spec, Shape{16}, 0, DType::kI32);
+  EXPECT_THAT(d.status().message(),
+              HasSubstr("data.text.seq_len: a sample is [32]"));
+
   spec.mutable_text()->clear_path();
   d = OpenDataset(spec, Shape(), 0);
   EXPECT_THAT(d.status().message(), HasSubstr("data.text.path: required"));

@@ -1,8 +1,10 @@
 // A worker's memory for stages: its limit (the flag, or the system's: the
 // machine's memory and the limits of its cgroups) less its own use and a
 // reserve, refused when nothing is left.
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -42,6 +44,22 @@ TEST(MemoryBudget, RefusesWhatLeavesNothingAndWhatDoesNotParse) {
   EXPECT_FALSE(ComputeMemoryBudget("lots", 64 * kGiB, 0).ok());
   EXPECT_FALSE(ComputeMemoryBudget("0", 64 * kGiB, 0).ok());
   EXPECT_FALSE(ComputeMemoryBudget("-1GiB", 64 * kGiB, 0).ok());
+}
+
+// `ulimit -v` limits the heap too: a model past it was refused by no
+// check and ended in std::bad_alloc.
+TEST(SystemMemoryLimit, AnAddressSpaceLimitBoundsIt) {
+  rlimit before{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &before), 0);
+  const int64_t unlimited = SystemMemoryLimit();
+  rlimit lower = before;
+  lower.rlim_cur = std::min<rlim_t>(before.rlim_max, rlim_t{16} << 30);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &lower), 0);
+  const int64_t limited = SystemMemoryLimit();
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &before), 0);
+  EXPECT_LE(limited, int64_t{16} << 30);
+  EXPECT_GT(limited, 0);
+  EXPECT_LE(limited, unlimited);
 }
 
 // The cgroup file system as a container runtime leaves it: the smallest
