@@ -826,8 +826,10 @@ int RunWorkers(const std::vector<std::string>& args) {
     const bool busy = !w.job_id().empty();
     rows.push_back(
         {w.worker_id(), w.address().empty() ? "-" : w.address(),
-         WorkerStateName(w.state()), busy ? w.job_id() : "-",
-         busy ? absl::StrCat(w.stage()) : "-",
+         w.held_back().empty()
+             ? std::string(WorkerStateName(w.state()))
+             : absl::StrCat(WorkerStateName(w.state()), " (held back)"),
+         busy ? w.job_id() : "-", busy ? absl::StrCat(w.stage()) : "-",
          w.resources().cpus() > 0 ? absl::StrCat(w.resources().cpus()) : "-",
          w.resources().memory_bytes() > 0
              ? FormatBytes(w.resources().memory_bytes())
@@ -837,6 +839,12 @@ int RunWorkers(const std::vector<std::string>& args) {
              : "-"});
   }
   PrintTable(rows);
+  for (const gpipe::v1::WorkerInfo& w : list->workers()) {
+    if (!w.held_back().empty()) {
+      std::printf("%s is held back: %s\n", w.worker_id().c_str(),
+                  w.held_back().c_str());
+    }
+  }
   return 0;
 }
 

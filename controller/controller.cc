@@ -677,7 +677,21 @@ absl::StatusOr<std::string> Controller::ModelToFetch(
 std::vector<v1::WorkerInfo> Controller::ListWorkers() {
   absl::MutexLock lock(&mu_);
   std::vector<v1::WorkerInfo> workers;
-  for (const auto& worker : workers_.All()) workers.push_back(worker->info);
+  const absl::Time now = Now();
+  for (const auto& worker : workers_.All()) {
+    v1::WorkerInfo& info = workers.emplace_back(worker->info);
+    if (info.state() != v1::IDLE) continue;
+    if (now < worker->quarantined_until) {
+      info.set_held_back(absl::StrCat(
+          "quarantined for ", ShortDuration(worker->quarantined_until - now),
+          ": it stalled a job (", worker->quarantines, " time",
+          worker->quarantines > 1 ? "s" : "", ")"));
+    } else if (worker->last_heartbeat <= worker->suspect_since) {
+      info.set_held_back(absl::StrCat(
+          "silent for ", ShortDuration(now - worker->last_heartbeat),
+          " since a neighbour's link to it broke: no stage until it beats"));
+    }
+  }
   return workers;
 }
 

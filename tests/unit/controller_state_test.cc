@@ -379,6 +379,21 @@ TEST_F(ControllerStateTest, ALinkFailureAloneRestartsTheJobAfterItsHold) {
   EXPECT_EQ(running->reason(), "LinkFailed");
   EXPECT_NE(running->message().find("restart 1 of 5"), std::string::npos)
       << running->message();
+  // The reporter's neighbour is held back until it beats, and says so.
+  const auto held_back = [&](const std::string& id) {
+    for (const v1::WorkerInfo& w : controller_->ListWorkers())
+      if (w.worker_id() == id) return w.held_back();
+    return std::string("not listed");
+  };
+  EXPECT_NE(held_back(w1->id()).find("since a neighbour's link to it broke"),
+            std::string::npos)
+      << held_back(w1->id());
+  EXPECT_EQ(held_back(w2->id()), "");
+  clock_.Advance(absl::Milliseconds(10));
+  v1::WorkerMessage beat;
+  beat.mutable_heartbeat();
+  controller_->HandleMessage(*w1, beat);
+  EXPECT_EQ(held_back(w1->id()), "");
 }
 
 // A full store reported after the hold ran out (a slow disk's error): the
