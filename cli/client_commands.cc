@@ -211,10 +211,26 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
                               s.restarts() == 1 ? " restart)" : " restarts)")});
   rows.push_back({"step:", StepText(s)});
   rows.push_back({"loss:", LossText(s)});
-  rows.push_back(
-      {"samples/s:", s.samples_per_second() > 0
-                         ? absl::StrFormat("%.0f", s.samples_per_second())
-                         : "-"});
+  // The status's rate is the last step's; an ended job's own figure is
+  // its average from start to end (time lost to restarts included).
+  std::string rate =
+      s.samples_per_second() > 0
+          ? absl::StrFormat("%.0f (last step)", s.samples_per_second())
+          : "-";
+  if (IsTerminal(s.state()) && IsSet(s.started()) && IsSet(s.finished()) &&
+      s.step() > 0) {
+    const double seconds =
+        absl::ToDoubleSeconds(ToTime(s.finished()) - ToTime(s.started()));
+    if (seconds > 0) {
+      rate = absl::StrFormat(
+          "%.0f on average over %.1fs%s",
+          static_cast<double>(s.step()) * spec.batch_size() / seconds, seconds,
+          s.samples_per_second() > 0
+              ? absl::StrFormat(" (last step %.0f)", s.samples_per_second())
+              : "");
+    }
+  }
+  rows.push_back({"samples/s:", rate});
   rows.push_back(
       {"pipeline:",
        absl::StrCat("K=", StageCount(spec),

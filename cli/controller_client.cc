@@ -194,13 +194,18 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
   request.set_job_id(job_id);
   request.set_step(step);
   absl::Status last;
-  // Reconnecting waits at most the client's timeout from the first cut
-  // (the stream itself has no deadline).
+  // Reconnecting waits at most the client's timeout after a cut, counted
+  // afresh after an attempt that received something (the stream itself
+  // has no deadline).
   absl::Time give_up = absl::InfiniteFuture();
+  bool received = false;
   for (int attempt = 0; attempt < attempts; ++attempt) {
     if (attempt > 0) {
       const absl::Time now = absl::Now();
-      if (give_up == absl::InfiniteFuture()) give_up = now + timeout_;
+      if (give_up == absl::InfiniteFuture() || received) {
+        give_up = now + timeout_;
+      }
+      received = false;
       if (now >= give_up) break;
       // The channel backs off its reconnects; wait (bounded) until it is
       // connected again rather than fail fast in its backoff.
@@ -216,6 +221,7 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
     absl::StatusOr<ReceivedFiles> files = ReceiveModelFiles(
         [&](gpipe::v1::FetchModelResponse* m) {
           ended = !stream->Read(m);
+          received = received || !ended;
           return !ended;
         },
         dir);

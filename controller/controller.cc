@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <new>
 #include <optional>
 #include <set>
 #include <system_error>
@@ -97,7 +98,8 @@ Controller::Controller(ControllerOptions options)
     : options_(std::move(options)),
       traces_(options_.trace_steps, options_.trace_jobs) {
   lease_thread_ = std::thread([this] { LeaseLoop(); });
-  io_thread_ = std::thread([this] { IoLoop(); });
+  io_thread_ = std::thread([this] { IoLoop(&io_tasks_); });
+  check_thread_ = std::thread([this] { IoLoop(&long_io_tasks_); });
 }
 
 Controller::~Controller() {
@@ -109,6 +111,7 @@ Controller::~Controller() {
   }
   lease_thread_.join();
   io_thread_.join();
+  check_thread_.join();
 }
 
 void Controller::Shutdown() {
@@ -179,6 +182,19 @@ absl::Status Controller::Recover() {
     status.set_running_stages(0);
     job.waiting_since = now;
     RecoverRebalanceState(job);
+    // A content check the stopped controller did not finish runs again.
+    if (const v1::Condition* scheduled = FindCondition(status, kScheduled);
+        !ran && scheduled != nullptr && scheduled->reason() == "CheckingData") {
+      absl::StatusOr<std::optional<int64_t>> bytes =
+          ContentCheckBytes(job.job.spec());
+      if (options_.check_data_paths && bytes.ok() && bytes->has_value() &&
+          **bytes <= options_.content_check_bytes) {
+        CheckContentsFirst(job, **bytes, now);
+      } else {
+        SetCondition(&status, kScheduled, false, "WaitingForWorkers",
+                     "waiting for workers", now);
+      }
+    }
     std::string message = "the controller restarted";
     if (ran) {
       absl::StrAppend(
@@ -260,13 +276,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     SetCondition(&job.status(), kScheduled, false, "WaitingForWorkers", waiting,
                  now);
     if (content_bytes.has_value()) {
-      job.not_before = absl::InfiniteFuture();  // CheckContentsIo ends it
-      SetCondition(&job.status(), kScheduled, false, "CheckingData",
-                   absl::StrCat("reading its data and starting weights (",
-                                FormatBytes(*content_bytes),
-                                ") before it is "
-                                "scheduled"),
-                   now);
+      CheckContentsFirst(job, *content_bytes, now);
     }
     ticket = jobs_.Publish(job, absl::StrCat("submitted: ", waiting), now);
     Reschedule(now);
@@ -297,22 +307,51 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
           stored.message()));
     }
   }
-  if (content_bytes.has_value()) {
-    absl::MutexLock lock(&mu_);
-    EnqueueIo([this, id = submitted.id(), spec = submitted.spec()] {
-      CheckContentsIo(id, spec);
-    });
-  }
   return submitted;
+}
+
+void Controller::CheckContentsFirst(JobRecord& job, int64_t bytes,
+                                    absl::Time now) {
+  job.not_before = absl::InfiniteFuture();  // CheckContentsIo ends it
+  SetCondition(&job.status(), kScheduled, false, "CheckingData",
+               absl::StrCat("reading its data and starting weights (",
+                            FormatBytes(bytes), ") before it is scheduled"),
+               now);
+  EnqueueIo([this, id = job.id(),
+             spec = job.job.spec()] { CheckContentsIo(id, spec); },
+            IoTask::kLong);
 }
 
 void Controller::CheckContentsIo(const std::string& job_id,
                                  const v1::JobSpec& spec) {
-  const absl::Status contents = CheckJobContents(spec);
+  absl::Status contents;
+  try {
+    contents = CheckJobContents(spec);
+  } catch (const std::bad_alloc&) {
+    // The controller's own limit, not the job's: the stages judge it.
+    contents = absl::ResourceExhaustedError(
+        "the controller ran out of memory reading them");
+  }
   absl::MutexLock lock(&mu_);
   JobRecord* job = jobs_.Find(job_id);
-  if (job == nullptr || job->status().state() != v1::PENDING) return;
+  if (job == nullptr || job->status().state() != v1::PENDING ||
+      job->not_before != absl::InfiniteFuture()) {
+    return;
+  }
   const absl::Time now = Now();
+  // What the data says is the job's fault; a file the controller may not
+  // read (another user than the workers'), or memory it lacks, is not.
+  const absl::StatusCode code = contents.code();
+  if (!contents.ok() && code != absl::StatusCode::kInvalidArgument &&
+      code != absl::StatusCode::kDataLoss &&
+      code != absl::StatusCode::kNotFound &&
+      code != absl::StatusCode::kFailedPrecondition) {
+    LogWarning(
+        "job %s: its data was not checked here (%s); its stages check it as "
+        "they open it",
+        job_id, contents.ToString());
+    contents = absl::OkStatus();
+  }
   if (!contents.ok()) {
     EndJob(*job, v1::FAILED, kFailed, "InvalidData",
            absl::StrCat("its data or starting weights cannot be used: ",
@@ -327,7 +366,7 @@ void Controller::CheckContentsIo(const std::string& job_id,
                  waiting, now);
     jobs_.Publish(
         *job,
-        absl::StrCat("its data and starting weights read well; ", waiting),
+        absl::StrCat("its data and starting weights were read; ", waiting),
         now);
   }
   Reschedule(now);
@@ -1091,17 +1130,38 @@ void Controller::RestartReplicas(JobRecord& job, std::string_view reason,
   job.parking_epoch = epoch;
   job.parking_until = now + kParkingWait;
   job.parking_expected = std::move(expected);
-  job.parked.clear();
   job.parking_cut = std::move(cut);
   job.memory_resume.reset();
   // A resize is no failure: it waits for nothing.
   job.parking_backoff = counted ? job.not_before : absl::InfinitePast();
   job.not_before = job.parking_until;  // the start waits for the plan
+  // Parks that came while a LinkFailed was held (OnParked) count now.
+  std::map<std::string, v1::StageParked> early = std::move(job.parked);
+  job.parked.clear();
+  for (auto& [id, p] : early) {
+    if (p.epoch() == epoch && job.parking_expected.erase(id) > 0) {
+      job.parked[id] = std::move(p);
+    }
+  }
+  if (!job.parked.empty() && job.parking_expected.empty()) {
+    FinishParking(job, now);
+  }
 }
 
 void Controller::OnParked(WorkerRecord& worker, const v1::StageParked& p,
                           absl::Time now) {
   JobRecord* job = jobs_.Find(p.job_id());
+  // A stage parks right after its failure report: while a LinkFailed is
+  // held the job has not restarted yet, and the restart (RestartReplicas)
+  // takes the parks kept here.
+  if (job != nullptr && job->held_link_failure &&
+      ReplicaCount(job->job.spec()) > 1 &&
+      job->held_link_failure->epoch == p.epoch() &&
+      job->status().epoch() == p.epoch() &&
+      job->status().state() == v1::RUNNING) {
+    job->parked[worker.id()] = p;
+    return;
+  }
   if (job == nullptr || IsTerminal(job->status().state()) ||
       job->parking_epoch == 0 || p.epoch() != job->parking_epoch ||
       job->parking_expected.erase(worker.id()) == 0) {
@@ -1159,8 +1219,9 @@ void Controller::GrowReplicas(absl::Time now) {
   if (free == 0) return;
   for (JobRecord* job : jobs_.Running()) {
     const v1::JobSpec& spec = job->job.spec();
-    // Not while the epoch still starts: its workers would keep nothing.
-    if (job->replicas >= ReplicaCount(spec) ||
+    // Not while the epoch still starts: its workers would keep nothing;
+    // nor while a broken link's restart is held.
+    if (job->held_link_failure || job->replicas >= ReplicaCount(spec) ||
         job->status().step() <= job->start_step) {
       continue;
     }
@@ -1200,8 +1261,15 @@ void Controller::EndJob(JobRecord& job, v1::JobState state,
   job.recovery_began = absl::InfinitePast();  // no recovery to measure
   job.link_blame.reset();
   job.held_link_failure.reset();
+  job.parked.clear();
   job.make_room = false;
-  if (options_.metrics != nullptr) options_.metrics->OnJobEnded(job.id());
+  if (options_.metrics != nullptr) {
+    options_.metrics->OnJobEnded(job.id());
+    // A submit the store could not record is refused, not failed.
+    if (state == v1::FAILED && reason != "NotStored") {
+      options_.metrics->OnJobFailed();
+    }
+  }
   // What the job wrote and never committed goes with it: a cancelled job
   // kept a failed checkpoint's files until it was deleted.
   RemoveStaleFiles(job, /*ended=*/true);
@@ -1564,7 +1632,8 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   // The other end of a held broken link reports the same break: the
   // restart to come reported it already (before the hold, the job was
   // restarting by then and such reports were fenced off).
-  if (reason == "LinkFailed" && job->held_link_failure) {
+  if (reason == "LinkFailed" && job->held_link_failure &&
+      job->held_link_failure->epoch == f.epoch()) {
     LogInfo("job %s: %s (the link failure is held already)", job->id(),
             message);
     return;
@@ -1896,8 +1965,10 @@ void Controller::CommitCheckpointIo(
     const int64_t v = VirtualStageCount(job->job.spec());
     const int64_t workers = static_cast<int64_t>(running) / v;
     const int64_t missing = job->stages - workers;
-    if (missing > 0 &&
-        static_cast<int64_t>(workers_.Free(now).size()) >= missing) {
+    if (job->held_link_failure) {
+      // Broken: the held restart comes first, and counts.
+    } else if (missing > 0 &&
+               static_cast<int64_t>(workers_.Free(now).size()) >= missing) {
       RestartOrFail(
           *job, "Resize",
           absl::StrCat(
@@ -2006,7 +2077,9 @@ void Controller::CheckRestorePointIo(
 void Controller::EnqueueIo(std::function<void()> task, IoTask kind) {
   const uint64_t seq = ++io_queued_;
   io_pending_.insert(seq);
-  if (kind == IoTask::kUrgent) {
+  if (kind == IoTask::kLong) {
+    long_io_tasks_.push_back({std::move(task), kind, seq});
+  } else if (kind == IoTask::kUrgent) {
     io_tasks_.push_front({std::move(task), kind, seq});
   } else {
     io_tasks_.push_back({std::move(task), kind, seq});
@@ -2023,25 +2096,25 @@ void Controller::FlushIo() {
   mu_.Await(absl::Condition(&done));
 }
 
-void Controller::IoLoop() {
+void Controller::IoLoop(std::deque<QueuedIo>* tasks) {
   for (;;) {
     QueuedIo task;
     {
       absl::MutexLock lock(&mu_);
-      while (io_tasks_.empty() && !stopping_) changed_.Wait(&mu_);
+      while (tasks->empty() && !stopping_) changed_.Wait(&mu_);
       if (stopping_) {
         // Checkpoints the stages reported are committed before the
-        // controller stops (a restart then resumes from them); merges and
-        // restore checks run again after the restart.
-        while (!io_tasks_.empty() &&
-               io_tasks_.front().kind != IoTask::kFinishOnStop) {
-          io_pending_.erase(io_tasks_.front().seq);
-          io_tasks_.pop_front();
+        // controller stops (a restart then resumes from them); merges,
+        // restore and content checks run again after the restart.
+        while (!tasks->empty() &&
+               tasks->front().kind != IoTask::kFinishOnStop) {
+          io_pending_.erase(tasks->front().seq);
+          tasks->pop_front();
         }
-        if (io_tasks_.empty()) return;
+        if (tasks->empty()) return;
       }
-      task = std::move(io_tasks_.front());
-      io_tasks_.pop_front();
+      task = std::move(tasks->front());
+      tasks->pop_front();
     }
     task.run();
     absl::MutexLock lock(&mu_);

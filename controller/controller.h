@@ -76,9 +76,9 @@ struct ControllerOptions {
   // With check_data_paths, a submitted job's data files and init_from
   // weights are read value by value (a NaN feature, a label past the
   // head's classes, a weight of another shape) before it is scheduled,
-  // when they come to no more than this many bytes (the model's state
-  // included); larger ones are left to the stages. 0: never.
-  int64_t content_check_bytes = int64_t{256} << 20;
+  // when the check would hold no more than this many bytes
+  // (ContentCheckBytes); larger ones are left to the stages. 0: never.
+  int64_t content_check_bytes = int64_t{1} << 30;
   // A worker silent for longer is lost; workers are told to send a
   // heartbeat every heartbeat_interval.
   absl::Duration heartbeat_timeout = absl::Seconds(10);
@@ -355,11 +355,18 @@ class Controller {
   // result under it again. Heartbeats, Attach and the API never wait for a
   // disk.
   // kUrgent goes to the front of the queue (a restart waits for it);
-  // kFinishOnStop still runs when the controller stops.
-  enum class IoTask { kNormal, kUrgent, kFinishOnStop };
+  // kFinishOnStop still runs when the controller stops; kLong (a submitted
+  // job's content check, seconds of reading) runs on a thread of its own,
+  // check_thread_, so that commits and restore checks never wait behind it.
+  enum class IoTask { kNormal, kUrgent, kFinishOnStop, kLong };
+  struct QueuedIo {
+    std::function<void()> run;
+    IoTask kind = IoTask::kNormal;
+    uint64_t seq = 0;  // in the order queued
+  };
   void EnqueueIo(std::function<void()> task, IoTask kind = IoTask::kNormal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void IoLoop();
+  void IoLoop(std::deque<QueuedIo>* tasks);
   // At the committed checkpoint of `step`: re-partitions the job when the
   // balancer says it pays (rebalance.h), as a restart from that checkpoint.
   void Rebalance(JobRecord& job, int64_t step, absl::Time now)
@@ -375,9 +382,15 @@ class Controller {
       const std::string& job_id,
       const std::vector<gpipe::v1::CheckpointRef>& committed)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Holds a job that never ran back from scheduling while
+  // CheckContentsIo reads its data and starting weights (`bytes` of them,
+  // as ContentCheckBytes counts).
+  void CheckContentsFirst(JobRecord& job, int64_t bytes, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reads a submitted job's data and starting weights (CheckJobContents):
   // the job is scheduled once they read well, and fails naming what does
-  // not.
+  // not. What the controller cannot judge (a file it may not read, memory
+  // it lacks) is left to the stages.
   void CheckContentsIo(const std::string& job_id,
                        const gpipe::v1::JobSpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
   // Commits the final parameters and merges them into one model file.
@@ -393,12 +406,8 @@ class Controller {
   absl::CondVar changed_;
   JobTable jobs_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  struct QueuedIo {
-    std::function<void()> run;
-    IoTask kind = IoTask::kNormal;
-    uint64_t seq = 0;  // in the order queued
-  };
   std::deque<QueuedIo> io_tasks_ ABSL_GUARDED_BY(mu_);
+  std::deque<QueuedIo> long_io_tasks_ ABSL_GUARDED_BY(mu_);  // kLong
   uint64_t io_queued_ ABSL_GUARDED_BY(mu_) = 0;         // the last seq given
   std::set<uint64_t> io_pending_ ABSL_GUARDED_BY(mu_);  // queued or running
   TraceStore traces_ ABSL_GUARDED_BY(mu_);
@@ -410,6 +419,7 @@ class Controller {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread lease_thread_;
   std::thread io_thread_;
+  std::thread check_thread_;  // runs long_io_tasks_
 };
 
 }  // namespace gpipe::controller

@@ -48,11 +48,12 @@ ABSL_FLAG(bool, check_data_paths, true,
           "refuse a job whose data or init_from path does not exist here, "
           "and fill in what only the data says (a 0 vocab_size, CSV "
           "standardization); false where the controller mounts no data");
-ABSL_FLAG(int64_t, check_contents_max_bytes, int64_t{256} << 20,
+ABSL_FLAG(int64_t, check_contents_max_bytes, int64_t{1} << 30,
           "with --check_data_paths, read a submitted job's data and "
           "init_from weights value by value before it is scheduled when "
-          "they (and the model's state) come to at most this many bytes; "
-          "larger ones are checked by the stages; 0: never");
+          "that holds at most this many bytes of memory (data files count "
+          "5 times: read and converted; the model's state 3 times); larger "
+          "ones are checked by the stages; 0: never");
 ABSL_FLAG(std::string, store, "",
           "SQLite job store (WAL): jobs survive a restart of the controller; "
           "empty: in memory only");

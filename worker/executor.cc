@@ -676,7 +676,8 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   // The stages and their metered links are gone: nothing observes any more.
   for (const auto& c : xs) {
     if (c->metrics != nullptr)
-      metrics_->Finish(c->a.job_id(), c->a.stage(), c->a.replica());
+      metrics_->Finish(c->a.job_id(), c->a.stage(), c->a.replica(),
+                       /*completed=*/status.ok());
   }
   if (x.reduced_steps > 0) {
     LogInfo(

@@ -127,17 +127,31 @@ int64_t ResidentBytesNoAlloc() {
   return resident * sysconf(_SC_PAGE_SIZE);
 }
 
+// The handler before ours (libstdc++'s verbose one), for every other end.
+std::terminate_handler DefaultTerminate() {
+  static const std::terminate_handler previous = std::get_terminate();
+  return previous;
+}
+
 [[noreturn]] void OnTerminate() {
   bool out_of_memory = false;
   if (std::exception_ptr e = std::current_exception()) {
     try {
       std::rethrow_exception(e);
+    } catch (const std::bad_array_new_length&) {
+      // A size computed wrong, not memory run out.
     } catch (const std::bad_alloc&) {
       out_of_memory = true;
     } catch (...) {
     }
   }
-  if (!out_of_memory) std::abort();
+  if (!out_of_memory) {
+    if (std::terminate_handler previous = DefaultTerminate();
+        previous != nullptr && previous != OnTerminate) {
+      previous();
+    }
+    std::abort();
+  }
   char message[320];
   const int n = std::snprintf(
       message, sizeof message,
@@ -155,7 +169,10 @@ int64_t ResidentBytesNoAlloc() {
 
 }  // namespace
 
-void ExplainOutOfMemory() { std::set_terminate(OnTerminate); }
+void ExplainOutOfMemory() {
+  DefaultTerminate();  // taken before ours replaces it
+  std::set_terminate(OnTerminate);
+}
 
 int64_t ResidentBytes() {
   std::ifstream in("/proc/self/statm");

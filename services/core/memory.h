@@ -31,9 +31,10 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
 
 // An allocation that fails throws std::bad_alloc, which nothing catches:
 // the process ended with "terminate called ..." and a core dump. After this
-// it says that it ran out of memory, with the memory it may use
-// (SystemMemoryLimit), and exits with status 3; anything else that
-// terminates still aborts. Call at the top of main.
+// it says that it ran out of memory, with its resident size, and exits
+// with status 3; anything else that terminates goes to the handler before
+// (libstdc++'s, which names the exception) and aborts. Call at the top of
+// main.
 void ExplainOutOfMemory();
 
 // This process's resident memory (/proc/self/statm), 0 when unknown.

@@ -166,9 +166,10 @@ absl::Status CheckSampleFillsInput(const gpipe::v1::DataSpec& spec,
       absl::StrCat(field, ": a sample is ", sample.ToString(), " (",
                    sample.numel(), " values), but the model input ",
                    model_input.ToString(), " takes ", model_input.numel(),
-                   field == "data" ? ""
-                                   : " (model.input.shape and the embedding's "
-                                     "max_positions must cover seq_len)"));
+                   field == "data" || sample.numel() < model_input.numel()
+                       ? ""
+                       : " (model.input.shape and the embedding's "
+                         "max_positions must cover seq_len)"));
 }
 
 }  // namespace

@@ -16,17 +16,18 @@
 
 namespace gpipe {
 
-// The bytes a content check of `spec` reads and holds: its data files and
-// init_from's (a folder's .safetensors files), plus the model and optimizer
-// state that judging init_from builds (a FIFO or a device counts 0: the
-// check refuses it without reading). None when the spec names no file of
-// its own: synthetic data, or the built-in Fashion-MNIST files, checked as
-// they are opened.
+// The memory a content check of `spec` holds, estimated: its data files as
+// read and as converted (5 times their size), init_from's files (a
+// folder's .safetensors files), and the model and optimizer state judging
+// init_from fills (a FIFO or a device counts 0: the check refuses it
+// without reading). None when the spec names no file of its own: synthetic
+// data or the built-in Fashion-MNIST files, and no init_from.
 absl::StatusOr<std::optional<int64_t>> ContentCheckBytes(
     const gpipe::v1::JobSpec& spec);
 
 // Opens the job's data for its model (OpenJobDataset: every value checked)
-// and loads init_from into a model built from the spec, as the stages will.
+// when it comes from files of its own, and loads init_from into tensors of
+// the model's and the optimizer's state, as the stages will.
 // The spec's paths and data-dependent fields are resolved already. Errors
 // are the stages' own, naming the field, the file and the value.
 absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec);

@@ -48,6 +48,14 @@ ControllerMetrics::ControllerMetrics() {
                       .Help("Checkpoints committed (manifest written)")
                       .Register(registry_)
                       .Add({});
+  failed_ = &prometheus::BuildCounter()
+                 .Name("gpipe_jobs_failed_total")
+                 .Help(
+                     "Jobs that ended FAILED (restarts used up, a loss that "
+                     "is not finite, data or weights that cannot be used, "
+                     "...): gpipectl status JOB says why")
+                 .Register(registry_)
+                 .Add({});
   corrupt_ = &prometheus::BuildCounter()
                   .Name("gpipe_checkpoints_corrupt_total")
                   .Help(

@@ -40,6 +40,8 @@ class ControllerMetrics : public prometheus::Collectable {
   void OnJob(const std::string& job);
   void OnRestart(const std::string& job);
   void OnCheckpoint() { checkpoints_->Increment(); }
+  // A job ended FAILED (its reason is on the job: gpipectl status).
+  void OnJobFailed() { failed_->Increment(); }
   // A checkpoint of `job` that was not written or committed: reason
   // store_full (no space: the job waits it out), write (a stage could not
   // write or upload its file) or commit (the controller could not verify
@@ -75,6 +77,7 @@ class ControllerMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>* restarts_;
   prometheus::Family<prometheus::Counter>* checkpoint_failures_;
   prometheus::Counter* checkpoints_;
+  prometheus::Counter* failed_;
   prometheus::Counter* corrupt_;
   prometheus::Histogram* recovery_;
   prometheus::Family<prometheus::Gauge>* eval_loss_;

@@ -8,13 +8,19 @@ namespace gpipe {
 namespace {
 
 // Micro-batch ops run from sub-millisecond (small layers on a CPU) to
-// seconds (large ones); sends are usually far quicker.
+// seconds (large ones); sends are usually far quicker. Steps and ops
+// step by about 1.5x where they usually fall, so that a quantile read off
+// the buckets lands near the truth: with 0.05 and 0.1 next to each other a
+// 49 ms mean step showed an 89 ms p90.
 prometheus::Histogram::BucketBoundaries MicroBatchBuckets() {
-  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-          0.1,    0.25,  0.5,    1,     2.5,  5,     10};
+  return {0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005,
+          0.0075,  0.01,   0.015,   0.02,  0.03,   0.05,  0.075, 0.1,
+          0.15,    0.2,    0.3,     0.5,   1,      2.5,   5,     10};
 }
 prometheus::Histogram::BucketBoundaries StepBuckets() {
-  return {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120};
+  return {0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1,
+          0.15,  0.2,    0.3,  0.5,   0.75, 1,    1.5,  2,     3,
+          5,     7.5,    10,   15,    20,   30,   60,   120};
 }
 prometheus::Histogram::BucketBoundaries SendBuckets() {
   return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005,
@@ -227,10 +233,15 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
 }
 
 void PipelineMetrics::Finish(const std::string& job, int64_t stage,
-                             int64_t replica) {
+                             int64_t replica, bool completed) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = live_.find(Key(job, stage, replica));
   if (it == live_.end()) return;
+  if (!completed) {
+    RemoveLocked(it->second);
+    live_.erase(it);
+    return;
+  }
   finished_.push_back({it->second, Clock::now()});
   live_.erase(it);
   while (finished_.size() > keep_) {

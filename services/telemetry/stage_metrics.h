@@ -121,8 +121,13 @@ class PipelineMetrics : public prometheus::Collectable {
       ScheduleKind schedule = ScheduleKind::kGPipe, int64_t virtual_stages = 1);
   // The assignment of (job, stage, replica) ended and will not use its
   // StageMetrics again: its series stay for the linger time or until
-  // `keep_finished` newer ones have ended, then go.
-  void Finish(const std::string& job, int64_t stage, int64_t replica = 0);
+  // `keep_finished` newer ones have ended, then go. A stage that failed or
+  // was cancelled (`completed` false) runs again elsewhere, or its job
+  // ended: its series go at once, since frozen beside the new worker's they
+  // made two series of one stage, which broke `on(job, stage, replica)`
+  // matches (and a stopped worker that woke exported a finished job's).
+  void Finish(const std::string& job, int64_t stage, int64_t replica = 0,
+              bool completed = true);
 
   // A new assignment of `job` runs `kept` (stage, replica) pairs on this
   // worker: the series of the job's other pairs go at once, live or

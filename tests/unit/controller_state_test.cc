@@ -1029,6 +1029,56 @@ TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
   EXPECT_FALSE(first->resume_roll_forward());
 }
 
+// A stage of a replica whose link broke reports it and parks at once, as
+// its neighbours do: the parks that come while the LinkFailed is held are
+// what the restart resumes from (they were dropped, and the job waited its
+// parking time, then replayed from the checkpoint).
+TEST_F(ControllerStateTest, ParksDuringALinkFailuresHoldResumeFromMemory) {
+  std::vector<std::shared_ptr<WorkerRecord>> w;
+  for (int i = 1; i <= 4; ++i) w.push_back(Attach(i));
+  v1::JobSpec spec = Spec(2, 5);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.mutable_pipeline()->set_replicas(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<v1::Assignment> a;
+  for (auto& worker : w) a.push_back(*Assignment(*worker));
+  controller_->HandleMessage(
+      *w[1], Failure(job->id(), a[1].epoch(), a[1].stage(), "LinkFailed",
+                     "the neighbouring stage closed the link"));
+  clock_.Advance(absl::Milliseconds(5));
+  for (size_t i = 0; i < w.size(); ++i) {
+    v1::WorkerMessage m;
+    v1::StageParked& p = *m.mutable_parked();
+    p.set_job_id(a[i].job_id());
+    p.set_epoch(a[i].epoch());
+    p.set_stage(a[i].stage());
+    p.set_replica(a[i].replica());
+    p.set_step(5);
+    p.set_layer_begin(a[i].layer_begin());
+    p.set_layer_end(a[i].layer_end());
+    p.set_last_update_step(4);
+    controller_->HandleMessage(*w[i], m);
+  }
+  EXPECT_EQ(State(job->id()), v1::RUNNING);  // still held
+  clock_.Advance(kLinkFailureHold);
+  controller_->Tick(clock_.Now());
+  // No parking wait: every stage had parked.
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().restarts(), 1);
+  EXPECT_GT(got->status().epoch(), a[0].epoch());
+  int in_memory = 0;
+  for (auto& worker : w) {
+    std::optional<v1::Assignment> next = Assignment(*worker);
+    if (!next) continue;
+    EXPECT_TRUE(next->resume_in_memory());
+    EXPECT_EQ(next->start_step(), 5);
+    ++in_memory;
+  }
+  EXPECT_GT(in_memory, 0);
+}
+
 TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   v1::JobSpec spec = Spec(2, 0);

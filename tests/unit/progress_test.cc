@@ -38,12 +38,36 @@ TEST(ProgressTest, AReplayAfterARestartNeverShowsANegativeRate) {
     progress.Update(200, 0.5, 200 * 32);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     progress.Update(220, 0.4, 220 * 32);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
     progress.Update(400, 0.3, 400 * 32);
   }
   const std::string out = Printed(f);
   std::fclose(f);
   EXPECT_THAT(out, HasSubstr("step 400/400"));
   EXPECT_THAT(out, Not(HasSubstr("  -")));  // "-982 samples/s" before
+  EXPECT_THAT(out, HasSubstr("samples/s"));
+}
+
+// A watch that joins a running job: the status it starts from may be
+// older than the first report, and a few milliseconds between reports are
+// no rate. It starts counting at the first report and says it is measuring
+// until a quarter second has passed.
+TEST(ProgressTest, AWatchMidRunShowsNoRateBeforeItCanMeasureOne) {
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  {
+    Progress progress(1000, f, /*start_step=*/300);
+    progress.Update(389, 0.5, 389 * 128);  // made before the watch began
+    progress.Update(400, 0.5, 400 * 128);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    progress.Update(1000, 0.4, 1000 * 128);
+  }
+  const std::string out = Printed(f);
+  std::fclose(f);
+  EXPECT_THAT(out,
+              HasSubstr("step 389/1000  loss 0.5000  (measuring the rate)"));
+  EXPECT_THAT(out, HasSubstr("step 1000/1000"));
+  // 611 steps of 128 in about 0.3 s: far below the 389 steps' burst.
   EXPECT_THAT(out, HasSubstr("samples/s"));
 }
 
