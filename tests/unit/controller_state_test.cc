@@ -203,6 +203,14 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
     for (const auto& m : family.metric) nan = nan || std::isnan(m.gauge.value);
   }
   EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN";
+  // Every failed job counts, whatever its reason (GpipeJobFailed).
+  double failed = -1;
+  for (const auto& family : metrics.Collect()) {
+    if (family.name == "gpipe_jobs_failed_total") {
+      failed = family.metric.at(0).counter.value;
+    }
+  }
+  EXPECT_EQ(failed, 1);
 }
 
 // A store with room for exactly the checkpoints a job keeps failed every

@@ -284,6 +284,24 @@ TEST(StageMetrics, AStageMovedAwayLeavesNoSeriesBehind) {
   EXPECT_EQ(metrics.exported(), 2u);
 }
 
+TEST(StageMetrics, AFailedOrCancelledStageLeavesNoSeriesBehind) {
+  // The stage runs again on another worker (or its job ended): frozen
+  // here beside the new worker's series, it made two series of one stage
+  // for a minute. A completed stage keeps its final values a while.
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  metrics.ForStage("j", 1, /*replica=*/0, 2, 4, true)
+      ->ObserveStep(Step(10, {}), StepOutcome{1, 8, 0, 0.5});
+  metrics.ForStage("done", 0, /*replica=*/0, 2, 4, false)
+      ->ObserveStep(Step(10, {}), {});
+  metrics.Finish("j", 1, /*replica=*/0, /*completed=*/false);
+  metrics.Finish("done", 0, /*replica=*/0, /*completed=*/true);
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_job_step", "j", "1"), nullptr);
+  EXPECT_EQ(Find(registry.Collect(), "gpipe_loss", "j", "1"), nullptr);
+  EXPECT_NE(Find(registry.Collect(), "gpipe_job_step", "done", "0"), nullptr);
+  EXPECT_EQ(metrics.exported(), 1u);
+}
+
 TEST(MeteredLink, CountsTensorBytesBothWays) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
