@@ -1641,6 +1641,10 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
   // A broken link may be the neighbour's fault (a stopped process keeps its
   // lease for a while): neither neighbour gets a stage again before it
   // proves alive with a message.
+  // Who is at the link's other end, for the message: the reporter's stage
+  // did not fail, its link did (a stopped neighbour's restart named the
+  // healthy reporter as the stage that "failed").
+  std::vector<std::string> neighbours;
   if (reason == "LinkFailed") {
     // The worker's stages: one, or an interleaved schedule's chunks (any of
     // which may have lost the link).
@@ -1659,6 +1663,10 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
       if (std::shared_ptr<WorkerRecord> n = workers_.Find(s->worker_id())) {
         n->suspect_since = now;
       }
+      neighbours.push_back(absl::StrCat(
+          "stage ", s->stage(),
+          job->replicas > 1 ? absl::StrCat(" of replica ", s->replica()) : "",
+          " (worker ", s->worker_id(), ")"));
     }
   }
   if (reason == kCheckpointStoreFull || reason == "CheckpointFailed") {
@@ -1680,9 +1688,19 @@ void Controller::OnFailed(WorkerRecord& worker, const v1::StageFailed& f,
     for (const v1::StageStatus* s : job->AllStages()) {
       if (s->worker_id() != worker.id()) others.insert(s->worker_id());
     }
+    const std::string lost =
+        neighbours.empty()
+            ? message
+            : absl::StrCat("stage ", f.stage(),
+                           job->replicas > 1
+                               ? absl::StrCat(" of replica ", f.replica())
+                               : "",
+                           " (worker ", worker.id(), ") lost its link to ",
+                           absl::StrJoin(neighbours, " or "),
+                           f.message().empty() ? "" : ": ", f.message());
     job->held_link_failure =
         JobRecord::HeldLinkFailure{now + kLinkFailureHold, f.epoch(),
-                                   worker.id(), std::move(others), message};
+                                   worker.id(), std::move(others), lost};
     return;
   }
   if (f.permanent()) {
