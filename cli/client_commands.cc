@@ -211,6 +211,15 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
                               s.restarts() == 1 ? " restart)" : " restarts)")});
   rows.push_back({"step:", StepText(s)});
   rows.push_back({"loss:", LossText(s)});
+  // What `gpipectl fetch --step N` and `resume` can start from.
+  if (!s.checkpoints().empty()) {
+    std::vector<std::string> steps;
+    for (const gpipe::v1::CheckpointRef& c : s.checkpoints()) {
+      steps.push_back(absl::StrCat(c.step()));
+    }
+    rows.push_back(
+        {"checkpoints:", absl::StrCat("steps ", absl::StrJoin(steps, ", "))});
+  }
   // The status's rate is the last step's; an ended job's own figure is
   // its average from start to end (time lost to restarts included).
   std::string rate =
@@ -233,11 +242,21 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   rows.push_back({"samples/s:", rate});
   rows.push_back(
       {"pipeline:",
-       absl::StrCat("K=", StageCount(spec),
-                    " stages, M=", MicroBatchCount(spec), " micro-batches, ",
-                    ScheduleText(spec), ", remat ",
-                    AsAbsl(RematName(RematFromSpec(spec.pipeline().remat()))),
-                    ", batch ", spec.batch_size())});
+       absl::StrCat(
+           "K=", StageCount(spec), " stages, ",
+           ReplicaCount(spec) > 1
+               ? absl::StrCat(
+                     "R=", ReplicaCount(spec), " replicas",
+                     s.running_replicas() > 0 &&
+                             s.running_replicas() < ReplicaCount(spec)
+                         ? absl::StrCat(" (", s.running_replicas(), " running)")
+                         : "",
+                     ", ")
+               : "",
+           "M=", MicroBatchCount(spec), " micro-batches, ", ScheduleText(spec),
+           ", remat ",
+           AsAbsl(RematName(RematFromSpec(spec.pipeline().remat()))),
+           ", batch ", spec.batch_size())});
   rows.push_back({"created:", IsSet(s.created())
                                   ? absl::StrCat(Age(s.created()), " ago")
                                   : "-"});
@@ -489,7 +508,8 @@ class JobFollower {
       }
     }
     if (s.restarts() > 0)
-      absl::StrAppend(&line, ", ", s.restarts(), " restarts");
+      absl::StrAppend(&line, ", ", s.restarts(),
+                      s.restarts() == 1 ? " restart" : " restarts");
     const std::string why =
         s.state() == gpipe::v1::FAILED      ? ConditionMessage(s, "Failed")
         : s.state() == gpipe::v1::CANCELLED ? ConditionMessage(s, "Cancelled")
@@ -845,7 +865,12 @@ int RunWorkers(const std::vector<std::string>& args) {
          w.held_back().empty()
              ? std::string(WorkerStateName(w.state()))
              : absl::StrCat(WorkerStateName(w.state()), " (held back)"),
-         busy ? w.job_id() : "-", busy ? absl::StrCat(w.stage()) : "-",
+         busy ? w.job_id() : "-",
+         busy ? absl::StrCat(w.stage(),
+                             w.replica() > 0
+                                 ? absl::StrCat(" (replica ", w.replica(), ")")
+                                 : "")
+              : "-",
          w.resources().cpus() > 0 ? absl::StrCat(w.resources().cpus()) : "-",
          w.resources().memory_bytes() > 0
              ? FormatBytes(w.resources().memory_bytes())

@@ -1211,17 +1211,18 @@ void Controller::FinishParking(JobRecord& job, absl::Time now) {
   jobs_.Publish(job, message, now);
 }
 
-void Controller::GrowReplicas(absl::Time now) {
+bool Controller::GrowReplicas(absl::Time now) {
   // Waiting jobs come first (FIFO).
-  if (!jobs_.Waiting().empty()) return;
+  if (!jobs_.Waiting().empty()) return false;
   const std::vector<std::shared_ptr<WorkerRecord>> idle = workers_.Free(now);
   const int64_t free = static_cast<int64_t>(idle.size());
-  if (free == 0) return;
+  if (free == 0) return false;
   for (JobRecord* job : jobs_.Running()) {
     const v1::JobSpec& spec = job->job.spec();
     // Not while the epoch still starts: its workers would keep nothing;
     // nor while a broken link's restart is held.
-    if (job->held_link_failure || job->replicas >= ReplicaCount(spec) ||
+    if (job->held_link_failure || job->merging ||
+        job->replicas >= ReplicaCount(spec) ||
         job->status().step() <= job->start_step) {
       continue;
     }
@@ -1243,8 +1244,9 @@ void Controller::GrowReplicas(absl::Time now) {
                     absl::StrCat("growing from ", job->replicas, " to ", r,
                                  " replicas: free workers joined"),
                     nullptr, /*counted=*/false, now);
-    return;  // the free workers are spoken for
+    return true;  // the free workers are spoken for
   }
+  return false;
 }
 
 void Controller::EndJob(JobRecord& job, v1::JobState state,
@@ -2255,6 +2257,10 @@ bool Controller::TickLocked(absl::Time now) {
     if (RestartForHeldLinkFailure(*job, now) || CheckStalled(*job, now)) {
       changed = true;
     }
+  }
+  if (GrowReplicas(now)) {
+    Reschedule(now);
+    changed = true;
   }
   // Retention: ended jobs go some time after they ended.
   if (options_.job_retention > absl::ZeroDuration()) {

@@ -296,8 +296,11 @@ class Controller {
   void FinishParking(JobRecord& job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A running job of fewer replicas than its spec's grows back when free
-  // workers allow more (at the step its workers hold).
-  void GrowReplicas(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // workers allow more (at the step its workers hold). True when one did.
+  // Reschedule and the lease thread's tick both try: workers that became
+  // free while the epoch was starting (or a held-back one that beats
+  // again) bring no event of their own.
+  bool GrowReplicas(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends `job` in a terminal `state`: cancels its other stages (all but
   // `except`), frees its workers, records the condition and the event.
   // The caller reschedules.

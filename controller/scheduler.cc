@@ -208,12 +208,16 @@ bool Start(JobTable& jobs, JobRecord& job,
   if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
   SetCondition(&status, kScheduled, true, "StagesAssigned", placed, now);
   std::string running = absl::StrCat(
-      k, " stages",
+      k, k == 1 ? " stage" : " stages",
       replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "",
       ", epoch ", epoch, ": ", placed);
   if (k / v != job.stages) {
     absl::StrAppend(&running, " (elastic: ", k / v, " of ", job.stages,
                     v > 1 ? " workers" : "", ")");
+  }
+  if (const int64_t r = ReplicaCount(job.job.spec()); replicas < r) {
+    absl::StrAppend(&running, " (elastic: ", replicas, " of ", r,
+                    " replicas; more as workers join)");
   }
   if (restore) {
     absl::StrAppend(&running, "; restored the checkpoint of step ", start_step);
@@ -386,10 +390,15 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     const int64_t free = static_cast<int64_t>(pool.size());
     int64_t k = job->stages;
     // Replicas take K x R workers, all or none (a gang); a job that ran
-    // before may go on with fewer (pipeline.min_replicas), its bits the
-    // same.
+    // before, or one that sets pipeline.min_replicas and has been short of
+    // workers for longer than its grace period, goes on with fewer (down to
+    // min_replicas) and grows back as workers join, its bits the same.
     int64_t replicas = ReplicaCount(job->job.spec());
-    if (replicas > 1 && job->status().epoch() > 0) {
+    if (replicas > 1 &&
+        (job->status().epoch() > 0 ||
+         (blocked_by == nullptr &&
+          job->job.spec().pipeline().min_replicas() > 0 &&
+          now - job->waiting_since >= ElasticGrace(job->job.spec())))) {
       const int64_t fit = ElasticReplicas(job->job.spec(), k, free);
       if (fit > 0) replicas = fit;
     }

@@ -176,7 +176,11 @@ class Client:
         INVALID_ARGUMENT naming the field."""
         if isinstance(spec, (str, os.PathLike)):
             with open(spec) as f:
-                spec = json.load(f)
+                try:
+                    spec = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise GpipeError("INVALID_ARGUMENT",
+                                     "%s: job spec: %s" % (spec, e)) from None
         else:
             spec = json.loads(json.dumps(spec))  # ours to change
         try:
@@ -208,16 +212,49 @@ class Client:
             if not token:
                 return out
 
-    def watch(self, job_id):
+    def watch(self, job_id, reconnect_for=30.0):
         """Yields the job's events as they happen ({"time", "job",
-        "message"}), and ends after its terminal state."""
-        try:
-            for event in self._stub.WatchJob(
-                    controller_pb2.WatchJobRequest(job_id=job_id),
-                    metadata=self._metadata):
-                yield _to_dict(event)
-        except grpc.RpcError as e:
-            raise GpipeError(e.code().name, e.details()) from None
+        "message"}), and ends after its terminal state.
+
+        A controller that restarts (it keeps its jobs in its store) ends the
+        stream UNAVAILABLE or CANCELLED: the watch connects again, once a
+        second for up to `reconnect_for` seconds, as `gpipectl watch` does,
+        and goes on from the job's state then (its step may go back to a
+        checkpoint). Anything else raises GpipeError."""
+        connected = False
+        lost_since = None
+        while True:
+            terminal = False
+            try:
+                for event in self._stub.WatchJob(
+                        controller_pb2.WatchJobRequest(job_id=job_id),
+                        metadata=self._metadata):
+                    connected = True
+                    lost_since = None
+                    event = _to_dict(event)
+                    yield event
+                    state = event.get("job", {}).get("status", {}).get("state")
+                    if state in ("SUCCEEDED", "FAILED", "CANCELLED"):
+                        terminal = True
+                        break
+                if terminal:
+                    return
+                code, details = "UNAVAILABLE", (
+                    "the controller ended the watch before the job finished")
+            except grpc.RpcError as e:
+                code, details = e.code().name, e.details()
+            if not connected or code not in ("UNAVAILABLE", "CANCELLED"):
+                raise GpipeError(code, details)
+            now = time.monotonic()
+            if lost_since is None:
+                lost_since = now
+            if now - lost_since > reconnect_for:
+                raise GpipeError(
+                    "UNAVAILABLE",
+                    "lost the controller at %s for more than %g s while "
+                    "watching %s (%s)" % (self.address, reconnect_for,
+                                          job_id, details))
+            time.sleep(1.0)
 
     def wait(self, job_id):
         """Follows the job to its end and returns its final status."""

@@ -161,7 +161,9 @@ absl::Status CudaIpcDataPlane::ReceiveTensor(Message& m) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - copied)
             .count();
     if (!WriteRelease(chunk.sequence())) {
-      return absl::UnavailableError("the neighbouring stage closed the link");
+      return absl::UnavailableError(
+          "the neighbouring stage closed the link or stopped "
+          "answering");
     }
   }
   m.tensor = std::move(out);

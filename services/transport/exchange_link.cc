@@ -180,8 +180,9 @@ void ExchangeLink::ReadLoop(bool cancel_on_reject) {
   // Whatever the peer posted in the segment before it finished comes
   // before the end of the link; a peer that failed or was killed leaves
   // nothing worth reading.
-  const absl::Status peer_closed =
-      absl::UnavailableError("the neighbouring stage closed the link");
+  const absl::Status peer_closed = absl::UnavailableError(
+      "the neighbouring stage closed the link or stopped "
+      "answering");
   negotiator_.Stop(status.ok() ? peer_closed : status,
                    /*drain=*/status.ok());
   {

@@ -63,7 +63,9 @@ void OrderedReleaser::Run() {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
             .count();
     if (s.ok() && !release_(sequence)) {
-      s = absl::UnavailableError("the neighbouring stage closed the link");
+      s = absl::UnavailableError(
+          "the neighbouring stage closed the link or stopped "
+          "answering");
     }
     absl::MutexLock lock(&mu_);
     await_seconds_ += waited;

@@ -2,8 +2,9 @@
 # The Python package against a real controller and workers on loopback:
 # Client.submit (a spec dict with a relative data path), watch to
 # SUCCEEDED, fetch (sha256-checked) gives parameters bitwise equal to
-# `gpipectl train`; a bad spec raises GpipeError naming the field; then the
-# package's own unit tests (no C++ needed) run.
+# `gpipectl train`; a bad spec raises GpipeError naming the field; a watch
+# rides through the controller's restart; then the package's own unit
+# tests (no C++ needed) run.
 #   python_client_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$(cd "$1" && pwd)/bin"
@@ -76,6 +77,33 @@ PY
 "$py" "$src/tests/scripts/same_tensors.py" "$work/ref/model.safetensors" \
   "$work/got/model.safetensors" || fail "the fetched model differs from gpipectl train's"
 ok "submit, watch, fetch from Python: bitwise the reference run; errors raise GpipeError"
+
+# A watch outlives a controller killed and restarted (its store keeps the
+# job), as gpipectl watch does: it raised UNAVAILABLE at once.
+write_spec "$work/long.json" pywatch 100000 2 2 "$ADAMW"
+long=$(submit "$work/long.json")
+wait_step "$long" 3
+cat >"$work/watch.py" <<'PY'
+import sys
+from gpipe import Client
+with Client(sys.argv[1]) as c:
+    last = None
+    for event in c.watch(sys.argv[2]):
+        last = event["job"]["status"].get("state")
+    print("final", last)
+PY
+"$py" "$work/watch.py" "127.0.0.1:$cport" "$long" >"$work/pywatch.txt" 2>&1 &
+watcher=$!
+sleep 0.5
+kill -9 "$controller_pid"
+wait "$controller_pid" 2>/dev/null || true
+start_controller
+sleep 1.5
+"$bin/gpipectl" --controller "127.0.0.1:$cport" cancel "$long" >/dev/null
+wait "$watcher" || fail "the Python watch failed across the restart: $(tail -3 "$work/pywatch.txt")"
+grep -q "final CANCELLED" "$work/pywatch.txt" ||
+  fail "the Python watch did not follow the job to its end: $(tail -3 "$work/pywatch.txt")"
+ok "a Python watch followed its job across the controller's kill -9 and restart"
 
 (cd "$src/python" && "$py" -m unittest discover -s tests 2>&1) >"$work/unit.txt" ||
   fail "the package's unit tests: $(tail -n 20 "$work/unit.txt")"

@@ -1087,6 +1087,56 @@ TEST_F(ControllerStateTest, ParksDuringALinkFailuresHoldResumeFromMemory) {
   EXPECT_GT(in_memory, 0);
 }
 
+// Replicas short of workers at the start wait the grace period for all
+// of them, then, where the spec sets min_replicas, start with the replicas
+// there are workers for; workers
+// that come free while the new epoch still starts (no event of their own
+// once it has) are taken on the lease thread's tick.
+TEST_F(ControllerStateTest, ReplicasStartFewerAfterTheGraceAndGrowOnATick) {
+  std::vector<std::shared_ptr<WorkerRecord>> w;
+  for (int i = 1; i <= 3; ++i) w.push_back(Attach(i));
+  v1::JobSpec spec = Spec(2, 5);
+  spec.mutable_pipeline()->set_micro_batches(2);
+  spec.mutable_pipeline()->set_replicas(2);
+  spec.mutable_pipeline()->set_min_replicas(1);  // a gang without it
+  spec.mutable_pipeline()->set_elastic_grace_ms(2000);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  clock_.Advance(absl::Milliseconds(1999));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::PENDING);
+  clock_.Advance(absl::Milliseconds(1));
+  controller_->Tick(clock_.Now());
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().running_replicas(), 1);
+  std::vector<v1::Assignment> a;
+  for (int i : {0, 1}) {
+    std::optional<v1::Assignment> next = Assignment(*w[i]);
+    ASSERT_TRUE(next.has_value());
+    a.push_back(*next);
+  }
+  // A fourth worker joins before the epoch's first step: nothing to grow
+  // from yet.
+  w.push_back(Attach(4));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  for (int i : {0, 1}) {
+    v1::WorkerMessage m;
+    v1::StepProgress& p = *m.mutable_progress();
+    p.set_job_id(a[i].job_id());
+    p.set_epoch(a[i].epoch());
+    p.set_stage(a[i].stage());
+    p.set_step(3);
+    controller_->HandleMessage(*w[i], m);
+  }
+  clock_.Advance(absl::Milliseconds(100));
+  controller_->Tick(clock_.Now());
+  EXPECT_EQ(State(job->id()), v1::RESTARTING);  // growing: parking first
+  got = controller_->GetJob(job->id());
+  EXPECT_EQ(got->status().restarts(), 0);  // a resize is no restart
+}
+
 TEST_F(ControllerStateTest, AShortJobRunsSmallerOnlyAfterItsGracePeriod) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1);
   v1::JobSpec spec = Spec(2, 0);
