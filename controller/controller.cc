@@ -917,6 +917,11 @@ void Controller::Reschedule(absl::Time now) {
   // failed checkpoint's (or a killed write's) go now, ahead of this
   // epoch's first checkpoint.
   for (const auto& [job, before] : epochs) {
+    // The scheduler fails a job it cannot cut or key (PartitionFailed,
+    // StreamKeyFailed) itself, past EndJob's count.
+    if (job->status().state() == v1::FAILED && options_.metrics != nullptr) {
+      options_.metrics->OnJobFailed();
+    }
     if (job->status().epoch() == before) continue;
     // A start that checked no checkpoint (a resume from the replicas'
     // memory) makes the room here.
@@ -1221,25 +1226,35 @@ bool Controller::GrowReplicas(absl::Time now) {
     const v1::JobSpec& spec = job->job.spec();
     // Not while the epoch still starts: its workers would keep nothing;
     // nor while a broken link's restart is held.
+    // Nor once a stage has finished: it keeps nothing to resume from, and
+    // the job would replay from its checkpoint.
     if (job->held_link_failure || job->merging ||
         job->replicas >= ReplicaCount(spec) ||
-        job->status().step() <= job->start_step) {
+        job->status().step() <= job->start_step ||
+        job->status().step() >= job->status().total_steps() ||
+        std::find(job->finished.begin(), job->finished.end(), true) !=
+            job->finished.end()) {
       continue;
     }
     const int64_t k = job->running_stages();
-    const int64_t r = ElasticReplicas(spec, k, k * job->replicas + free);
-    if (r <= job->replicas) continue;
-    // The new replicas' stages must fit the free workers' memory.
+    const int64_t most = ElasticReplicas(spec, k, k * job->replicas + free);
+    if (most <= job->replicas) continue;
+    // The new replicas' stages must fit the free workers' memory: the most
+    // that do (only counts the replica rules allow).
     std::vector<int64_t> balance;
     for (const v1::StageStatus& s : job->status().stages())
       balance.push_back(s.layer_end() - s.layer_begin());
     absl::StatusOr<StagePlan> stages = PlanStages(spec, k, balance);
     if (!stages.ok()) continue;
-    std::string why;
-    if (!PlaceStages(RepeatPlan(*stages, r - job->replicas), WorkerMemory(idle),
-                     &why)) {
-      continue;
+    int64_t r = most;
+    for (std::string why; r > job->replicas; --r) {
+      if (ElasticReplicas(spec, k, k * r) == r &&
+          PlaceStages(RepeatPlan(*stages, r - job->replicas),
+                      WorkerMemory(idle), &why)) {
+        break;
+      }
     }
+    if (r <= job->replicas) continue;
     RestartReplicas(*job, "Resize",
                     absl::StrCat("growing from ", job->replicas, " to ", r,
                                  " replicas: free workers joined"),
@@ -2343,6 +2358,7 @@ void Controller::MergeIo(const std::string& id) {
       MarkTerminal(&job->status(), v1::FAILED, kFailed, "MergeFailed", message,
                    now);
       jobs_.Publish(*job, message, now);
+      if (options_.metrics != nullptr) options_.metrics->OnJobFailed();
     } else {
       job->status().set_model_path(out_path);
       const v1::Evaluation& e = job->status().evaluation();

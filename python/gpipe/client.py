@@ -178,7 +178,7 @@ class Client:
             with open(spec) as f:
                 try:
                     spec = json.load(f)
-                except json.JSONDecodeError as e:
+                except ValueError as e:  # not JSON, or not UTF-8
                     raise GpipeError("INVALID_ARGUMENT",
                                      "%s: job spec: %s" % (spec, e)) from None
         else:
@@ -225,10 +225,11 @@ class Client:
         lost_since = None
         while True:
             terminal = False
+            call = self._stub.WatchJob(
+                controller_pb2.WatchJobRequest(job_id=job_id),
+                metadata=self._metadata)
             try:
-                for event in self._stub.WatchJob(
-                        controller_pb2.WatchJobRequest(job_id=job_id),
-                        metadata=self._metadata):
+                for event in call:
                     connected = True
                     lost_since = None
                     event = _to_dict(event)
@@ -243,6 +244,8 @@ class Client:
                     "the controller ended the watch before the job finished")
             except grpc.RpcError as e:
                 code, details = e.code().name, e.details()
+            finally:
+                call.cancel()  # a consumer that stops early ends the call
             if not connected or code not in ("UNAVAILABLE", "CANCELLED"):
                 raise GpipeError(code, details)
             now = time.monotonic()

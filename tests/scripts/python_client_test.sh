@@ -89,12 +89,19 @@ from gpipe import Client
 with Client(sys.argv[1]) as c:
     last = None
     for event in c.watch(sys.argv[2]):
+        if last is None:
+            print("watching", flush=True)
         last = event["job"]["status"].get("state")
     print("final", last)
 PY
-"$py" "$work/watch.py" "127.0.0.1:$cport" "$long" >"$work/pywatch.txt" 2>&1 &
+timeout 120 "$py" "$work/watch.py" "127.0.0.1:$cport" "$long" >"$work/pywatch.txt" 2>&1 &
 watcher=$!
-sleep 0.5
+# Killed only once the watch has its stream (else it rightly fails at once).
+for _ in $(seq 300); do
+  grep -q watching "$work/pywatch.txt" && break
+  sleep 0.1
+done
+grep -q watching "$work/pywatch.txt" || fail "the Python watch never started: $(cat "$work/pywatch.txt")"
 kill -9 "$controller_pid"
 wait "$controller_pid" 2>/dev/null || true
 start_controller
