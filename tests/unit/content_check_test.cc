@@ -209,25 +209,22 @@ TEST_F(ContentCheckFilesTest, WhatTheStagesWouldRefuseIsRefused) {
   gpipe::v1::JobSpec spec = Spec(false, 1);
   Tensor w0 = Tensor::Zeros(Shape{5, 4}), b0 = Tensor::Zeros(Shape{5});
   Tensor w2 = Tensor::Zeros(Shape{3, 5}), b2 = Tensor::Zeros(Shape{3});
-  const std::string good = (dir_ / "good.safetensors").string();
-  ASSERT_TRUE(WriteSafetensors(good,
-                               {{"layers.0.weight", &w0},
-                                {"layers.0.bias", &b0},
-                                {"layers.2.weight", &w2},
-                                {"layers.2.bias", &b2}},
-                               {})
-                  .ok());
-  spec.mutable_init_from()->set_path(good);
-  EXPECT_TRUE(CheckJobContents(spec).ok()) << CheckJobContents(spec);
   Tensor wide = Tensor::Zeros(Shape{3, 6});
-  const std::string bad = (dir_ / "bad.safetensors").string();
-  ASSERT_TRUE(WriteSafetensors(bad,
-                               {{"layers.0.weight", &w0},
-                                {"layers.0.bias", &b0},
-                                {"layers.2.weight", &wide},
-                                {"layers.2.bias", &b2}},
-                               {})
-                  .ok());
+  // The model's four tensors, layer 2's weight as given.
+  const auto weights = [&](const std::string& name, const Tensor* weight) {
+    const std::string path = (dir_ / name).string();
+    EXPECT_TRUE(WriteSafetensors(path,
+                                 {{"layers.0.weight", &w0},
+                                  {"layers.0.bias", &b0},
+                                  {"layers.2.weight", weight},
+                                  {"layers.2.bias", &b2}},
+                                 {})
+                    .ok());
+    return path;
+  };
+  spec.mutable_init_from()->set_path(weights("good.safetensors", &w2));
+  EXPECT_TRUE(CheckJobContents(spec).ok()) << CheckJobContents(spec);
+  const std::string bad = weights("bad.safetensors", &wide);
   spec.mutable_init_from()->set_path(bad);
   absl::Status shape = CheckJobContents(spec);
   EXPECT_THAT(shape.message(), HasSubstr("layers.2.weight"));

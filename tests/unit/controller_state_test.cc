@@ -43,6 +43,15 @@ class FakeClock {
   absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
 };
 
+// The value of the first series of counter family `name`; -1 when the
+// family is missing.
+double FirstCounter(ControllerMetrics& metrics, std::string_view name) {
+  for (const auto& family : metrics.Collect()) {
+    if (family.name == name) return family.metric.at(0).counter.value;
+  }
+  return -1;
+}
+
 // What a stage that cannot write its checkpoint says.
 constexpr char kNoSpace[] = "checkpoint: No space left on device";
 
@@ -204,13 +213,7 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
   }
   EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN";
   // Every failed job counts, whatever its reason (GpipeJobFailed).
-  double failed = -1;
-  for (const auto& family : metrics.Collect()) {
-    if (family.name == "gpipe_jobs_failed_total") {
-      failed = family.metric.at(0).counter.value;
-    }
-  }
-  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(FirstCounter(metrics, "gpipe_jobs_failed_total"), 1);
 }
 
 // A store with room for exactly the checkpoints a job keeps failed every
@@ -354,13 +357,7 @@ TEST_F(ControllerStateTest, AFullStoreReportedAfterItsNeighboursLinkFailure) {
   got = controller_->GetJob(job->id());
   EXPECT_NE(got->status().state(), v1::FAILED);
   EXPECT_EQ(got->status().restarts(), 0);
-  double restarts = -1;
-  for (const auto& family : metrics.Collect()) {
-    if (family.name == "gpipe_job_restarts_total") {
-      restarts = family.metric.at(0).counter.value;
-    }
-  }
-  EXPECT_EQ(restarts, 0);
+  EXPECT_EQ(FirstCounter(metrics, "gpipe_job_restarts_total"), 0);
 }
 
 // A LinkFailed with nothing after it restarts the job once its hold is
