@@ -177,6 +177,54 @@ class ControllerStateTest : public ::testing::Test {
     j.a = Assignment(*j.w1);
     return j;
   }
+  // Workers w1 and w2 running stages 0 and 1 of a job that allows
+  // `max_restarts`.
+  struct TwoStageJob {
+    std::shared_ptr<WorkerRecord> w1, w2;
+    std::string id;
+    v1::Assignment a1, a2;
+  };
+  TwoStageJob StartTwoStageJob(int64_t max_restarts) {
+    TwoStageJob j;
+    j.w1 = Attach(1);
+    j.w2 = Attach(2);
+    absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, max_restarts));
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (job.ok()) j.id = job->id();
+    std::optional<v1::Assignment> a1 = Assignment(*j.w1);
+    std::optional<v1::Assignment> a2 = Assignment(*j.w2);
+    EXPECT_TRUE(a1.has_value() && a2.has_value());
+    if (a1) j.a1 = *a1;
+    if (a2) j.a2 = *a2;
+    return j;
+  }
+  // 2 stages x 2 replicas, 2 micro-batches, 5 restarts.
+  v1::JobSpec ReplicatedSpec() {
+    v1::JobSpec spec = Spec(2, 5);
+    spec.mutable_pipeline()->set_micro_batches(2);
+    spec.mutable_pipeline()->set_replicas(2);
+    return spec;
+  }
+  // `w`'s stage of `a` kept its state in memory after `step`.
+  void Park(WorkerRecord& w, const v1::Assignment& a, int64_t step) {
+    v1::WorkerMessage m;
+    v1::StageParked& p = *m.mutable_parked();
+    p.set_job_id(a.job_id());
+    p.set_epoch(a.epoch());
+    p.set_stage(a.stage());
+    p.set_replica(a.replica());
+    p.set_step(step);
+    p.set_layer_begin(a.layer_begin());
+    p.set_layer_end(a.layer_end());
+    p.set_last_update_step(step - 1);
+    controller_->HandleMessage(w, m);
+  }
+  // `w`'s stage of `a` reports that its link to a neighbour broke.
+  void BreakLink(WorkerRecord& w, const v1::Assignment& a) {
+    controller_->HandleMessage(
+        w, Failure(a.job_id(), a.epoch(), a.stage(), "LinkFailed",
+                   "the neighbouring stage closed the link"));
+  }
 
   // Loses `lost`; once the settle time and the restore point's check are
   // done, the job's next assignment, on `next`.
@@ -331,21 +379,15 @@ TEST_F(ControllerStateTest, AFullStoreKeepsTheOnlyIntactCheckpoint) {
 TEST_F(ControllerStateTest, AFullStoreReportedAfterItsNeighboursLinkFailure) {
   ControllerMetrics metrics;
   UseMetrics(&metrics);
-  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 0));
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::optional<v1::Assignment> a1 = Assignment(*w1), a2 = Assignment(*w2);
-  ASSERT_TRUE(a1.has_value() && a2.has_value());
-  controller_->HandleMessage(
-      *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
-                   "the neighbouring stage closed the link"));
-  EXPECT_EQ(State(job->id()), v1::RUNNING);  // held for its cause
+  TwoStageJob j = StartTwoStageJob(/*max_restarts=*/0);
+  BreakLink(*j.w2, j.a2);
+  EXPECT_EQ(State(j.id), v1::RUNNING);  // held for its cause
   clock_.Advance(kLinkFailureHold / 2);
   controller_->Tick(clock_.Now());
-  EXPECT_EQ(State(job->id()), v1::RUNNING);
-  controller_->HandleMessage(*w1, Failure(job->id(), a1->epoch(), a1->stage(),
-                                          "CheckpointStoreFull", kNoSpace));
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(State(j.id), v1::RUNNING);
+  controller_->HandleMessage(*j.w1, Failure(j.id, j.a1.epoch(), j.a1.stage(),
+                                            "CheckpointStoreFull", kNoSpace));
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   EXPECT_EQ(got->status().state(), v1::RESTARTING);
   EXPECT_EQ(got->status().restarts(), 0);
   const v1::Condition* running = FindCondition(got->status(), kRunning);
@@ -354,7 +396,7 @@ TEST_F(ControllerStateTest, AFullStoreReportedAfterItsNeighboursLinkFailure) {
   // The hold is used up: its end restarts nothing more.
   clock_.Advance(kLinkFailureHold);
   controller_->Tick(clock_.Now());
-  got = controller_->GetJob(job->id());
+  got = controller_->GetJob(j.id);
   EXPECT_NE(got->status().state(), v1::FAILED);
   EXPECT_EQ(got->status().restarts(), 0);
   EXPECT_EQ(FirstCounter(metrics, "gpipe_job_restarts_total"), 0);
@@ -363,20 +405,14 @@ TEST_F(ControllerStateTest, AFullStoreReportedAfterItsNeighboursLinkFailure) {
 // A LinkFailed with nothing after it restarts the job once its hold is
 // over, counted.
 TEST_F(ControllerStateTest, ALinkFailureAloneRestartsTheJobAfterItsHold) {
-  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::optional<v1::Assignment> a2 = Assignment(*w2);
-  ASSERT_TRUE(Assignment(*w1).has_value() && a2.has_value());
-  controller_->HandleMessage(
-      *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
-                   "the neighbouring stage closed the link"));
+  TwoStageJob j = StartTwoStageJob(5);
+  BreakLink(*j.w2, j.a2);
   clock_.Advance(kLinkFailureHold - absl::Milliseconds(1));
   controller_->Tick(clock_.Now());
-  EXPECT_EQ(State(job->id()), v1::RUNNING);
+  EXPECT_EQ(State(j.id), v1::RUNNING);
   clock_.Advance(absl::Milliseconds(1));
   controller_->Tick(clock_.Now());
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   EXPECT_EQ(got->status().state(), v1::RESTARTING);
   EXPECT_EQ(got->status().restarts(), 1);
   const v1::Condition* running = FindCondition(got->status(), kRunning);
@@ -390,35 +426,29 @@ TEST_F(ControllerStateTest, ALinkFailureAloneRestartsTheJobAfterItsHold) {
       if (w.worker_id() == id) return w.held_back();
     return std::string("not listed");
   };
-  EXPECT_NE(held_back(w1->id()).find("since a neighbour's link to it broke"),
+  EXPECT_NE(held_back(j.w1->id()).find("since a neighbour's link to it broke"),
             std::string::npos)
-      << held_back(w1->id());
-  EXPECT_EQ(held_back(w2->id()), "");
+      << held_back(j.w1->id());
+  EXPECT_EQ(held_back(j.w2->id()), "");
   clock_.Advance(absl::Milliseconds(10));
   v1::WorkerMessage beat;
   beat.mutable_heartbeat();
-  controller_->HandleMessage(*w1, beat);
-  EXPECT_EQ(held_back(w1->id()), "");
+  controller_->HandleMessage(*j.w1, beat);
+  EXPECT_EQ(held_back(j.w1->id()), "");
 }
 
 // A full store reported after the hold ran out (a slow disk's error): the
 // restart the link failure made is taken as the full store's, not counted.
 TEST_F(ControllerStateTest, AFullStoreReportedAfterTheHoldIsNotCounted) {
-  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::optional<v1::Assignment> a1 = Assignment(*w1), a2 = Assignment(*w2);
-  ASSERT_TRUE(a1.has_value() && a2.has_value());
-  controller_->HandleMessage(
-      *w2, Failure(job->id(), a2->epoch(), a2->stage(), "LinkFailed",
-                   "the neighbouring stage closed the link"));
+  TwoStageJob j = StartTwoStageJob(5);
+  BreakLink(*j.w2, j.a2);
   clock_.Advance(kLinkFailureHold);
   controller_->Tick(clock_.Now());
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   ASSERT_EQ(got->status().restarts(), 1);
-  controller_->HandleMessage(*w1, Failure(job->id(), a1->epoch(), a1->stage(),
-                                          "CheckpointStoreFull", kNoSpace));
-  got = controller_->GetJob(job->id());
+  controller_->HandleMessage(*j.w1, Failure(j.id, j.a1.epoch(), j.a1.stage(),
+                                            "CheckpointStoreFull", kNoSpace));
+  got = controller_->GetJob(j.id);
   EXPECT_EQ(got->status().restarts(), 0);
   const v1::Condition* running = FindCondition(got->status(), kRunning);
   ASSERT_NE(running, nullptr);
@@ -465,17 +495,10 @@ TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
 // killed worker's own detach arrives: the job's restart is then said to be
 // the lost worker's, not the healthy neighbour's.
 TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
-  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::optional<v1::Assignment> a1 = Assignment(*w1);
-  ASSERT_TRUE(a1.has_value());
-  ASSERT_TRUE(Assignment(*w2).has_value());
-  controller_->HandleMessage(
-      *w1, Failure(job->id(), a1->epoch(), a1->stage(), "LinkFailed",
-                   "the neighbouring stage closed the link"));
+  TwoStageJob j = StartTwoStageJob(5);
+  BreakLink(*j.w1, j.a1);
   auto running = [&] {
-    absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+    absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
     const v1::Condition* c = FindCondition(got->status(), kRunning);
     return c == nullptr ? v1::Condition() : *c;
   };
@@ -484,7 +507,7 @@ TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
   controller_->Tick(clock_.Now());
   EXPECT_EQ(running().reason(), "LinkFailed");
   clock_.Advance(absl::Milliseconds(300));
-  controller_->DetachWorker(*w2, absl::UnavailableError("stream ended"),
+  controller_->DetachWorker(*j.w2, absl::UnavailableError("stream ended"),
                             "the Attach stream ended");
   EXPECT_EQ(running().reason(), "WorkerLost");
   EXPECT_NE(running().message().find("worker w2 at 127.0.0.1:9002 was lost"),
@@ -492,26 +515,19 @@ TEST_F(ControllerStateTest, ALinkFailureIsBlamedOnTheNeighbourLostAfterIt) {
       << running().message();
   EXPECT_NE(running().message().find("restart 1 of 5"), std::string::npos)
       << running().message();
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   EXPECT_EQ(got->status().restarts(), 1);  // one restart, not two
 }
 
 // A killed worker's closed stream arrives within the hold of its
 // neighbour's LinkFailed: the restart is the lost worker's from the start.
 TEST_F(ControllerStateTest, AWorkerLostWithinALinkFailuresHoldIsTheCause) {
-  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(2, 5));
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::optional<v1::Assignment> a1 = Assignment(*w1);
-  ASSERT_TRUE(a1.has_value());
-  ASSERT_TRUE(Assignment(*w2).has_value());
-  controller_->HandleMessage(
-      *w1, Failure(job->id(), a1->epoch(), a1->stage(), "LinkFailed",
-                   "the neighbouring stage closed the link"));
+  TwoStageJob j = StartTwoStageJob(5);
+  BreakLink(*j.w1, j.a1);
   clock_.Advance(absl::Milliseconds(20));
-  controller_->DetachWorker(*w2, absl::UnavailableError("stream ended"),
+  controller_->DetachWorker(*j.w2, absl::UnavailableError("stream ended"),
                             "the Attach stream ended");
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   const v1::Condition* running = FindCondition(got->status(), kRunning);
   ASSERT_NE(running, nullptr);
   EXPECT_EQ(running->reason(), "WorkerLost");
@@ -520,7 +536,7 @@ TEST_F(ControllerStateTest, AWorkerLostWithinALinkFailuresHoldIsTheCause) {
       << running->message();
   clock_.Advance(kLinkFailureHold);
   controller_->Tick(clock_.Now());
-  got = controller_->GetJob(job->id());
+  got = controller_->GetJob(j.id);
   EXPECT_EQ(got->status().restarts(), 1);  // one restart, not two
 }
 
@@ -960,27 +976,13 @@ TEST_F(ControllerStateTest, ReplicasAreScheduledAsAGang) {
 TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
   std::vector<std::shared_ptr<WorkerRecord>> w;
   for (int i = 1; i <= 4; ++i) w.push_back(Attach(i));
-  v1::JobSpec spec = Spec(2, 5);
-  spec.mutable_pipeline()->set_micro_batches(2);
-  spec.mutable_pipeline()->set_replicas(2);
+  v1::JobSpec spec = ReplicatedSpec();
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   std::vector<v1::Assignment> a;
   for (auto& worker : w) a.push_back(*Assignment(*worker));
   const auto parked = [&](WorkerRecord& worker, const v1::Assignment& of,
-                          int64_t step) {
-    v1::WorkerMessage m;
-    v1::StageParked& p = *m.mutable_parked();
-    p.set_job_id(of.job_id());
-    p.set_epoch(of.epoch());
-    p.set_stage(of.stage());
-    p.set_replica(of.replica());
-    p.set_step(step);
-    p.set_layer_begin(of.layer_begin());
-    p.set_layer_end(of.layer_end());
-    p.set_last_update_step(step - 1);
-    controller_->HandleMessage(worker, m);
-  };
+                          int64_t step) { Park(worker, of, step); };
   controller_->DetachWorker(*w[3], absl::UnavailableError("gone"), "test");
   EXPECT_EQ(State(job->id()), v1::RESTARTING);
   parked(*w[0], a[0], 5);
@@ -1041,30 +1043,14 @@ TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
 TEST_F(ControllerStateTest, ParksDuringALinkFailuresHoldResumeFromMemory) {
   std::vector<std::shared_ptr<WorkerRecord>> w;
   for (int i = 1; i <= 4; ++i) w.push_back(Attach(i));
-  v1::JobSpec spec = Spec(2, 5);
-  spec.mutable_pipeline()->set_micro_batches(2);
-  spec.mutable_pipeline()->set_replicas(2);
+  v1::JobSpec spec = ReplicatedSpec();
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   std::vector<v1::Assignment> a;
   for (auto& worker : w) a.push_back(*Assignment(*worker));
-  controller_->HandleMessage(
-      *w[1], Failure(job->id(), a[1].epoch(), a[1].stage(), "LinkFailed",
-                     "the neighbouring stage closed the link"));
+  BreakLink(*w[1], a[1]);
   clock_.Advance(absl::Milliseconds(5));
-  for (size_t i = 0; i < w.size(); ++i) {
-    v1::WorkerMessage m;
-    v1::StageParked& p = *m.mutable_parked();
-    p.set_job_id(a[i].job_id());
-    p.set_epoch(a[i].epoch());
-    p.set_stage(a[i].stage());
-    p.set_replica(a[i].replica());
-    p.set_step(5);
-    p.set_layer_begin(a[i].layer_begin());
-    p.set_layer_end(a[i].layer_end());
-    p.set_last_update_step(4);
-    controller_->HandleMessage(*w[i], m);
-  }
+  for (size_t i = 0; i < w.size(); ++i) Park(*w[i], a[i], 5);
   EXPECT_EQ(State(job->id()), v1::RUNNING);  // still held
   clock_.Advance(kLinkFailureHold);
   controller_->Tick(clock_.Now());
@@ -1092,9 +1078,7 @@ TEST_F(ControllerStateTest, ParksDuringALinkFailuresHoldResumeFromMemory) {
 TEST_F(ControllerStateTest, ReplicasStartFewerAfterTheGraceAndGrowOnATick) {
   std::vector<std::shared_ptr<WorkerRecord>> w;
   for (int i = 1; i <= 3; ++i) w.push_back(Attach(i));
-  v1::JobSpec spec = Spec(2, 5);
-  spec.mutable_pipeline()->set_micro_batches(2);
-  spec.mutable_pipeline()->set_replicas(2);
+  v1::JobSpec spec = ReplicatedSpec();
   spec.mutable_pipeline()->set_min_replicas(1);  // a gang without it
   spec.mutable_pipeline()->set_elastic_grace_ms(2000);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
