@@ -75,7 +75,7 @@ for config in "${configs[@]}"; do
       fail "$name: the $run trace does not show every replica's stages"
   done
   if ((r > 1)); then
-    grep -q "$k stages x $r replicas" "$work/log" ||
+    grep -qE "$k stages? x $r replicas" "$work/log" ||
       { tail -30 "$work/log"; fail "$name: the job's events do not name the grid"; }
   fi
   same "$work/$name-cluster/model.safetensors" "$work/reference/model.safetensors" \
