@@ -199,6 +199,21 @@ std::string ScheduleText(const gpipe::v1::JobSpec& spec) {
       ScheduleName(ScheduleFromSpec(spec.pipeline().schedule())));
 }
 
+// From a job's start to its end, in seconds; 0 while it has not ended.
+double RunSeconds(const gpipe::v1::JobStatus& s) {
+  if (!IsSet(s.started()) || !IsSet(s.finished())) return 0;
+  return absl::ToDoubleSeconds(ToTime(s.finished()) - ToTime(s.started()));
+}
+
+// Samples a second over the whole run (time lost to restarts included);
+// 0 without a finished run or a step.
+double RunAverageRate(const gpipe::v1::Job& job) {
+  const double seconds = RunSeconds(job.status());
+  if (seconds <= 0 || job.status().step() <= 0) return 0;
+  return static_cast<double>(job.status().step()) * job.spec().batch_size() /
+         seconds;
+}
+
 void PrintJobDetail(const gpipe::v1::Job& job) {
   const gpipe::v1::JobStatus& s = job.status();
   const gpipe::v1::JobSpec& spec = job.spec();
@@ -226,18 +241,13 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
       s.samples_per_second() > 0
           ? absl::StrFormat("%.0f (last step)", s.samples_per_second())
           : "-";
-  if (IsTerminal(s.state()) && IsSet(s.started()) && IsSet(s.finished()) &&
-      s.step() > 0) {
-    const double seconds =
-        absl::ToDoubleSeconds(ToTime(s.finished()) - ToTime(s.started()));
-    if (seconds > 0) {
-      rate = absl::StrFormat(
-          "%.0f on average over %.1fs%s",
-          static_cast<double>(s.step()) * spec.batch_size() / seconds, seconds,
-          s.samples_per_second() > 0
-              ? absl::StrFormat(" (last step %.0f)", s.samples_per_second())
-              : "");
-    }
+  if (const double average = RunAverageRate(job);
+      IsTerminal(s.state()) && average > 0) {
+    rate = absl::StrFormat(
+        "%.0f on average over %.1fs%s", average, RunSeconds(s),
+        s.samples_per_second() > 0
+            ? absl::StrFormat(" (last step %.0f)", s.samples_per_second())
+            : "");
   }
   rows.push_back({"samples/s:", rate});
   rows.push_back(
@@ -495,16 +505,11 @@ class JobFollower {
     std::string line = absl::StrCat(job_.id(), " ", StateName(s.state()), ": ",
                                     StepText(s), " steps");
     if (IsSet(s.started()) && IsSet(s.finished())) {
-      const double seconds =
-          absl::ToDoubleSeconds(ToTime(s.finished()) - ToTime(s.started()));
-      absl::StrAppend(&line, " in ", absl::StrFormat("%.1fs", seconds));
+      absl::StrAppend(&line, " in ", absl::StrFormat("%.1fs", RunSeconds(s)));
       // The average over that time, as the line reads (the status's rate
       // is the last step's alone).
-      if (seconds > 0 && s.step() > 0) {
-        absl::StrAppend(
-            &line, absl::StrFormat(" (%.0f samples/s)",
-                                   static_cast<double>(s.step()) *
-                                       job_.spec().batch_size() / seconds));
+      if (const double average = RunAverageRate(job_); average > 0) {
+        absl::StrAppend(&line, absl::StrFormat(" (%.0f samples/s)", average));
       }
     }
     if (s.restarts() > 0)

@@ -185,11 +185,9 @@ absl::Status Controller::Recover() {
     // A content check the stopped controller did not finish runs again.
     if (const v1::Condition* scheduled = FindCondition(status, kScheduled);
         !ran && scheduled != nullptr && scheduled->reason() == "CheckingData") {
-      absl::StatusOr<std::optional<int64_t>> bytes =
-          ContentCheckBytes(job.job.spec());
-      if (options_.check_data_paths && bytes.ok() && bytes->has_value() &&
-          **bytes <= options_.content_check_bytes) {
-        CheckContentsFirst(job, **bytes, now);
+      if (const std::optional<int64_t> bytes =
+              ContentCheckToRun(job.job.spec())) {
+        CheckContentsFirst(job, *bytes, now);
       } else {
         SetCondition(&status, kScheduled, false, "WaitingForWorkers",
                      "waiting for workers", now);
@@ -240,14 +238,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
   // The data and starting weights, value by value, off the lock once the
   // job is stored; it waits unscheduled meanwhile. Larger files than the
   // controller may hold are left to the stages.
-  std::optional<int64_t> content_bytes;
-  if (options_.check_data_paths && options_.content_check_bytes > 0) {
-    absl::StatusOr<std::optional<int64_t>> bytes = ContentCheckBytes(spec);
-    if (bytes.ok() && bytes->has_value() &&
-        **bytes <= options_.content_check_bytes) {
-      content_bytes = *bytes;
-    }
-  }
+  const std::optional<int64_t> content_bytes = ContentCheckToRun(spec);
   const int64_t k = StageCount(spec);
   // A spec the partitioner refuses fails when scheduled (PartitionFailed),
   // as it always did; one it cuts is checked against the workers' memory.
@@ -308,6 +299,19 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     }
   }
   return submitted;
+}
+
+std::optional<int64_t> Controller::ContentCheckToRun(
+    const v1::JobSpec& spec) const {
+  if (!options_.check_data_paths || options_.content_check_bytes <= 0) {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::optional<int64_t>> bytes = ContentCheckBytes(spec);
+  if (!bytes.ok() || !bytes->has_value() ||
+      **bytes > options_.content_check_bytes) {
+    return std::nullopt;
+  }
+  return *bytes;
 }
 
 void Controller::CheckContentsFirst(JobRecord& job, int64_t bytes,

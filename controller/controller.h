@@ -385,6 +385,11 @@ class Controller {
       const std::string& job_id,
       const std::vector<gpipe::v1::CheckpointRef>& committed)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The bytes a content check of `spec` would hold (ContentCheckBytes)
+  // where this controller checks contents and they are within its limit;
+  // none otherwise.
+  std::optional<int64_t> ContentCheckToRun(
+      const gpipe::v1::JobSpec& spec) const;
   // Holds a job that never ran back from scheduling while
   // CheckContentsIo reads its data and starting weights (`bytes` of them,
   // as ContentCheckBytes counts).

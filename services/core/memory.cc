@@ -39,6 +39,27 @@ namespace {
 
 constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();
 
+// This process's mapped and resident bytes (/proc/self/statm; 0 when
+// unknown), read without allocating: the out-of-memory handler reads them
+// when the heap is what ran out.
+struct Statm {
+  int64_t mapped = 0;
+  int64_t resident = 0;
+};
+Statm ReadStatm() {
+  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  char text[128] = {};
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  long long size = 0, resident = 0;
+  if (n <= 0 || std::sscanf(text, "%lld %lld", &size, &resident) != 2) {
+    return {};
+  }
+  const int64_t page = sysconf(_SC_PAGE_SIZE);
+  return {size * page, resident * page};
+}
+
 // A limit file's value: a number of bytes, or "max" (v2) / a huge number
 // (v1's "no limit" is 2^63 rounded down to pages): unlimited.
 int64_t ReadLimit(const std::string& path) {
@@ -100,10 +121,8 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
   rlimit address_space{};
   if (::getrlimit(RLIMIT_AS, &address_space) == 0 &&
       address_space.rlim_cur != RLIM_INFINITY) {
-    std::ifstream in("/proc/self/statm");
-    int64_t size = 0, resident = 0;
-    if (in >> size >> resident) {
-      const int64_t untouched = (size - resident) * sysconf(_SC_PAGE_SIZE);
+    if (const Statm now = ReadStatm(); now.mapped > 0) {
+      const int64_t untouched = now.mapped - now.resident;
       const int64_t cap = static_cast<int64_t>(std::min<rlim_t>(
           address_space.rlim_cur, static_cast<rlim_t>(kUnlimited)));
       limit = std::min(limit, std::max<int64_t>(0, cap - untouched));
@@ -113,19 +132,6 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
 }
 
 namespace {
-
-// Resident bytes read without allocating (the heap is what ran out).
-int64_t ResidentBytesNoAlloc() {
-  const int fd = ::open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
-  char text[128] = {};
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return 0;
-  long long size = 0, resident = 0;
-  if (std::sscanf(text, "%lld %lld", &size, &resident) != 2) return 0;
-  return resident * sysconf(_SC_PAGE_SIZE);
-}
 
 // The handler before ours (libstdc++'s verbose one), for every other end.
 std::terminate_handler DefaultTerminate() {
@@ -160,7 +166,7 @@ std::terminate_handler DefaultTerminate() {
       "more memory or make the job smaller (batch, micro-batch size, "
       "model)\n",
       program_invocation_short_name,
-      static_cast<double>(ResidentBytesNoAlloc()) / (1 << 30));
+      static_cast<double>(ReadStatm().resident) / (1 << 30));
   if (n > 0) {
     (void)!::write(2, message, std::min<size_t>(n, sizeof message - 1));
   }
@@ -174,11 +180,6 @@ void ExplainOutOfMemory() {
   std::set_terminate(OnTerminate);
 }
 
-int64_t ResidentBytes() {
-  std::ifstream in("/proc/self/statm");
-  int64_t size = 0, resident = 0;
-  if (!(in >> size >> resident)) return 0;
-  return resident * sysconf(_SC_PAGE_SIZE);
-}
+int64_t ResidentBytes() { return ReadStatm().resident; }
 
 }  // namespace gpipe

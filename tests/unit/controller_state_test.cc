@@ -205,6 +205,26 @@ class ControllerStateTest : public ::testing::Test {
     spec.mutable_pipeline()->set_replicas(2);
     return spec;
   }
+  // Workers w1..w4 running ReplicatedSpec(): stage i of replica r on
+  // w[r * 2 + i].
+  struct ReplicatedJob {
+    std::vector<std::shared_ptr<WorkerRecord>> w;
+    std::string id;
+    std::vector<v1::Assignment> a;  // w's, in order
+  };
+  ReplicatedJob StartReplicatedJob() {
+    ReplicatedJob j;
+    for (int i = 1; i <= 4; ++i) j.w.push_back(Attach(i));
+    absl::StatusOr<v1::Job> job = controller_->SubmitJob(ReplicatedSpec());
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (job.ok()) j.id = job->id();
+    for (auto& worker : j.w) {
+      std::optional<v1::Assignment> next = Assignment(*worker);
+      EXPECT_TRUE(next.has_value());
+      j.a.push_back(next.value_or(v1::Assignment()));
+    }
+    return j;
+  }
   // `w`'s stage of `a` kept its state in memory after `step`.
   void Park(WorkerRecord& w, const v1::Assignment& a, int64_t step) {
     v1::WorkerMessage m;
@@ -974,23 +994,17 @@ TEST_F(ControllerStateTest, ReplicasAreScheduledAsAGang) {
 // memory with one replica (the holders), no checkpoint; two workers joining
 // grow it back to two, replica 0 on the holders of the step they kept.
 TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
-  std::vector<std::shared_ptr<WorkerRecord>> w;
-  for (int i = 1; i <= 4; ++i) w.push_back(Attach(i));
-  v1::JobSpec spec = ReplicatedSpec();
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::vector<v1::Assignment> a;
-  for (auto& worker : w) a.push_back(*Assignment(*worker));
-  const auto parked = [&](WorkerRecord& worker, const v1::Assignment& of,
-                          int64_t step) { Park(worker, of, step); };
+  ReplicatedJob j = StartReplicatedJob();
+  std::vector<std::shared_ptr<WorkerRecord>>& w = j.w;
+  std::vector<v1::Assignment>& a = j.a;
   controller_->DetachWorker(*w[3], absl::UnavailableError("gone"), "test");
-  EXPECT_EQ(State(job->id()), v1::RESTARTING);
-  parked(*w[0], a[0], 5);
-  parked(*w[1], a[1], 5);
-  EXPECT_EQ(State(job->id()), v1::RESTARTING);  // w3 has not said yet
-  parked(*w[2], a[2], 5);
-  ASSERT_EQ(State(job->id()), v1::RUNNING);
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  EXPECT_EQ(State(j.id), v1::RESTARTING);
+  Park(*w[0], a[0], 5);
+  Park(*w[1], a[1], 5);
+  EXPECT_EQ(State(j.id), v1::RESTARTING);  // w3 has not said yet
+  Park(*w[2], a[2], 5);
+  ASSERT_EQ(State(j.id), v1::RUNNING);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->status().running_replicas(), 1);
   EXPECT_TRUE(got->status().replica_stages().empty());
@@ -1008,22 +1022,16 @@ TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
   // Two workers join once the epoch has made a step: back to two replicas
   // from what replica 0 kept.
   for (int i : {0, 1}) {
-    v1::WorkerMessage m;
-    v1::StepProgress& p = *m.mutable_progress();
-    p.set_job_id(a[i].job_id());
-    p.set_epoch(a[i].epoch());
-    p.set_stage(a[i].stage());
-    p.set_step(6);
-    controller_->HandleMessage(*w[i], m);
+    controller_->HandleMessage(*w[i], test_support::Progressed(a[i], 6));
   }
   w.push_back(Attach(5));
   w.push_back(Attach(6));
   controller_->Tick(clock_.Now());
-  EXPECT_EQ(State(job->id()), v1::RESTARTING);
-  parked(*w[0], a[0], 9);
-  parked(*w[1], a[1], 9);
-  ASSERT_EQ(State(job->id()), v1::RUNNING);
-  got = controller_->GetJob(job->id());
+  EXPECT_EQ(State(j.id), v1::RESTARTING);
+  Park(*w[0], a[0], 9);
+  Park(*w[1], a[1], 9);
+  ASSERT_EQ(State(j.id), v1::RUNNING);
+  got = controller_->GetJob(j.id);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->status().running_replicas(), 2);
   EXPECT_EQ(got->status().stages(0).worker_id(), w[0]->id());
@@ -1041,22 +1049,18 @@ TEST_F(ControllerStateTest, ReplicasShrinkAndGrowBackFromMemory) {
 // what the restart resumes from (they were dropped, and the job waited its
 // parking time, then replayed from the checkpoint).
 TEST_F(ControllerStateTest, ParksDuringALinkFailuresHoldResumeFromMemory) {
-  std::vector<std::shared_ptr<WorkerRecord>> w;
-  for (int i = 1; i <= 4; ++i) w.push_back(Attach(i));
-  v1::JobSpec spec = ReplicatedSpec();
-  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
-  ASSERT_TRUE(job.ok()) << job.status();
-  std::vector<v1::Assignment> a;
-  for (auto& worker : w) a.push_back(*Assignment(*worker));
+  ReplicatedJob j = StartReplicatedJob();
+  std::vector<std::shared_ptr<WorkerRecord>>& w = j.w;
+  std::vector<v1::Assignment>& a = j.a;
   BreakLink(*w[1], a[1]);
   clock_.Advance(absl::Milliseconds(5));
   for (size_t i = 0; i < w.size(); ++i) Park(*w[i], a[i], 5);
-  EXPECT_EQ(State(job->id()), v1::RUNNING);  // still held
+  EXPECT_EQ(State(j.id), v1::RUNNING);  // still held
   clock_.Advance(kLinkFailureHold);
   controller_->Tick(clock_.Now());
   // No parking wait: every stage had parked.
-  ASSERT_EQ(State(job->id()), v1::RUNNING);
-  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_EQ(State(j.id), v1::RUNNING);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(j.id);
   EXPECT_EQ(got->status().restarts(), 1);
   EXPECT_GT(got->status().epoch(), a[0].epoch());
   int in_memory = 0;
@@ -1103,13 +1107,7 @@ TEST_F(ControllerStateTest, ReplicasStartFewerAfterTheGraceAndGrowOnATick) {
   controller_->Tick(clock_.Now());
   EXPECT_EQ(State(job->id()), v1::RUNNING);
   for (int i : {0, 1}) {
-    v1::WorkerMessage m;
-    v1::StepProgress& p = *m.mutable_progress();
-    p.set_job_id(a[i].job_id());
-    p.set_epoch(a[i].epoch());
-    p.set_stage(a[i].stage());
-    p.set_step(3);
-    controller_->HandleMessage(*w[i], m);
+    controller_->HandleMessage(*w[i], test_support::Progressed(a[i], 3));
   }
   clock_.Advance(absl::Milliseconds(100));
   controller_->Tick(clock_.Now());
