@@ -199,9 +199,11 @@ class LocalCluster {
     threads_each_ = threads_each;
     // The workers share this machine: each may use its share of the
     // memory (or of this process's cgroup limit), so that together they
-    // advertise no more than there is.
+    // advertise no more than there is. An address-space limit (ulimit -v)
+    // is each worker's whole, not a share: they inherit it.
     // A share too small to run anything is left to the workers' default.
-    memory_each_ = SystemMemoryLimit() / std::max<int64_t>(count, 1);
+    memory_each_ = std::min(SharedMemoryLimit() / std::max<int64_t>(count, 1),
+                            AddressSpaceRoom());
     if (memory_each_ < (int64_t{256} << 20)) memory_each_ = 0;
     for (int64_t i = 0; i < count; ++i) {
       RETURN_IF_ERROR(StartWorker(absl::StrCat(i)));

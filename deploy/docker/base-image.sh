@@ -13,7 +13,7 @@
 #   localhost/gpipe-base/cuda:13-runtime  only the shared libraries the
 #                                         workers load (CUDA_RUNTIME_IMAGE)
 # Then build with, for example:
-#   podman build -f deploy/docker/Dockerfile -t gpipe:dev \
+#   podman build --format docker -f deploy/docker/Dockerfile -t gpipe:dev \
 #     --build-arg DEBIAN_BUILD_IMAGE=localhost/gpipe-base/debian:12 \
 #     --build-arg DEBIAN_RUNTIME_IMAGE=localhost/gpipe-base/debian:12-slim .
 # With a registry at hand none of this is needed: the Dockerfiles' defaults

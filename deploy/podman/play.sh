@@ -48,7 +48,10 @@ case "${1:-}" in
     # refuses an image a container still runs).
     builder=$image-build
     old=$(for name in "$builder" "$image"; do podman image inspect --format '{{.Id}}' "$name" 2>/dev/null; done || true)
-    args=(-f "$src/deploy/docker/Dockerfile"
+    # Docker's image format: podman's default (OCI) has no SHELL, so it
+    # would drop the Dockerfile's `SHELL [... -o pipefail ...]` with a
+    # warning and run every RUN line under plain sh.
+    args=(-f "$src/deploy/docker/Dockerfile" --format docker
       --build-arg DEBIAN_BUILD_IMAGE=localhost/gpipe-base/debian:12
       --build-arg DEBIAN_RUNTIME_IMAGE=localhost/gpipe-base/debian:12-slim)
     podman build "${args[@]}" --target build -t "$builder" "$src"

@@ -90,7 +90,7 @@ std::vector<std::pair<std::string, std::string>> OwnCgroups() {
 
 }  // namespace
 
-int64_t SystemMemoryLimit(const std::string& cgroup_root) {
+int64_t SharedMemoryLimit(const std::string& cgroup_root) {
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
   int64_t limit = pages > 0 && page > 0 ? int64_t{pages} * page : kUnlimited;
@@ -114,6 +114,10 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
           slash == 0 || slash == std::string::npos ? "/" : dir.substr(0, slash);
     }
   }
+  return limit;
+}
+
+int64_t AddressSpaceRoom() {
   // An address-space limit (ulimit -v) bounds the heap as well: what is
   // left of it past the mappings the process holds without touching them
   // (code, thread stacks). Unseen, a model it could not hold ended in
@@ -125,10 +129,14 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root) {
       const int64_t untouched = now.mapped - now.resident;
       const int64_t cap = static_cast<int64_t>(std::min<rlim_t>(
           address_space.rlim_cur, static_cast<rlim_t>(kUnlimited)));
-      limit = std::min(limit, std::max<int64_t>(0, cap - untouched));
+      return std::max<int64_t>(0, cap - untouched);
     }
   }
-  return limit;
+  return kUnlimited;
+}
+
+int64_t SystemMemoryLimit(const std::string& cgroup_root) {
+  return std::min(SharedMemoryLimit(cgroup_root), AddressSpaceRoom());
 }
 
 namespace {

@@ -29,6 +29,13 @@ void ReleaseFreedMemory();
 // file system is mounted (a test passes a directory of its own).
 int64_t SystemMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
 
+// SystemMemoryLimit's two halves. Memory that processes share (physical and
+// the cgroups'), which workers on one machine divide among themselves...
+int64_t SharedMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
+// ...and the address-space limit, which each process has whole (its
+// children inherit it): unlimited when there is none.
+int64_t AddressSpaceRoom();
+
 // An allocation that fails throws std::bad_alloc, which nothing catches:
 // the process ended with "terminate called ..." and a core dump. After this
 // it says that it ran out of memory, with its resident size, and exits

@@ -65,7 +65,15 @@ TEST(SystemMemoryLimit, AnAddressSpaceLimitBoundsIt) {
   lower.rlim_cur = std::min<rlim_t>(before.rlim_max, size * page + room);
   ASSERT_EQ(setrlimit(RLIMIT_AS, &lower), 0);
   const int64_t limited = SystemMemoryLimit();
+  const int64_t room_now = AddressSpaceRoom();
+  const int64_t shared = SharedMemoryLimit();
   ASSERT_EQ(setrlimit(RLIMIT_AS, &before), 0);
+  // `gpipectl local` divides only the shared half among its workers: each
+  // inherits the address-space limit whole.
+  EXPECT_EQ(shared, unlimited);
+  // The room, read twice, differs by what the process touched in between.
+  EXPECT_NEAR(static_cast<double>(limited), static_cast<double>(room_now),
+              double{1 << 20});
   // The room and what is resident already, give or take what the process
   // mapped meanwhile.
   EXPECT_GT(limited, room / 2);
