@@ -2,7 +2,8 @@
 # Installs every Debian package the project builds, tests and runs with.
 # Quick when all is present: it asks apt only for what is missing.
 #   scripts/setup.sh           build, test and run
-#   scripts/setup.sh --bench   also PyTorch (CPU) for the side-by-side benchmarks
+#   scripts/setup.sh --bench   the same (PyTorch, which the benchmarks run
+#                              beside ours, is among the test packages)
 #   scripts/setup.sh --image   what an image build needs (deploy/docker): not
 #                              the offline Kubernetes checks' tools
 set -euo pipefail
@@ -25,6 +26,10 @@ packages=(
   # The Python package (python/): Debian's interpreter with gRPC, protobuf
   # and numpy; grpc_python_plugin comes with protobuf-compiler-grpc.
   python3-grpcio python3-protobuf python3-numpy
+  # PyTorch (CPU): the parity test against torch.optim
+  # (tests/scripts/torch_parity_test.sh), the torch bridge's tests and the
+  # side-by-side benchmarks.
+  python3-torch
   # The libFuzzer targets (tests/fuzz, scripts/build-fuzz.sh): clang, its
   # runtime (libFuzzer, ASan, UBSan) and its OpenMP.
   clang libclang-rt-dev libomp-dev
@@ -45,9 +50,6 @@ else
   if ! command -v kubectl >/dev/null 2>&1; then
     packages+=(kubernetes-client)
   fi
-fi
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch)
 fi
 
 missing=()

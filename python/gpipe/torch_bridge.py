@@ -246,14 +246,16 @@ def _numpy(t):
                     dtype=np.float32, order="C", copy=True)
 
 
-def _ones_if_none(param, n):
-    return (_numpy(param) if param is not None
-            else np.ones(n, dtype=np.float32))
-
-
-def _zeros_if_none(param, n):
-    return (_numpy(param) if param is not None
-            else np.zeros(n, dtype=np.float32))
+def _learned_scale_and_shift(module, what, flag):
+    """A norm's weight and bias. gpipe's norms always learn both: a module
+    without them would start from ones and zeros and then train them, where
+    PyTorch's stay fixed, so it is refused."""
+    if module.weight is None or module.bias is None:
+        raise ValueError(f"{what}: {type(module).__name__} without a learned "
+                         f"weight or bias ({flag}) is not supported: gpipe's "
+                         "norms learn both, so training would move what "
+                         "PyTorch keeps fixed")
+    return {"weight": _numpy(module.weight), "bias": _numpy(module.bias)}
 
 
 def _is_pool_then_flatten(a, b):
@@ -316,8 +318,8 @@ def _layer_of(module, in_shape, what):
                              "normalizes the last dimension only")
         f = module.normalized_shape[0]
         return ({"layerNorm": {"features": f, "eps": float(module.eps)}},
-                {"weight": _ones_if_none(module.weight, f),
-                 "bias": _zeros_if_none(module.bias, f)})
+                _learned_scale_and_shift(module, what,
+                                         "elementwise_affine=False"))
     if isinstance(module, (nn.BatchNorm1d, nn.BatchNorm2d)):
         rank = 1 if isinstance(module, nn.BatchNorm1d) else 3
         if len(in_shape) != rank:
@@ -333,8 +335,7 @@ def _layer_of(module, in_shape, what):
         c = module.num_features
         return ({"batchNorm": {"features": c, "eps": float(module.eps),
                                "momentum": float(module.momentum)}},
-                {"weight": _ones_if_none(module.weight, c),
-                 "bias": _zeros_if_none(module.bias, c),
+                {**_learned_scale_and_shift(module, what, "affine=False"),
                  "running_mean": _numpy(module.running_mean),
                  "running_var": _numpy(module.running_var)})
     if isinstance(module, nn.Conv2d):

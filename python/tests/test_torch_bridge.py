@@ -141,6 +141,21 @@ class TorchBridgeTest(unittest.TestCase):
             torch_bridge.from_torch(seq, torch.randn(2, 4), self.weights)
         self.assertFalse(os.path.exists(self.weights))
 
+    def test_norms_without_learned_parameters_are_refused(self):
+        # gpipe's norms learn a weight and a bias: written as ones and zeros,
+        # they trained where PyTorch's stay fixed.
+        nn = torch.nn
+        for seq, flag in [
+                (nn.Sequential(nn.Linear(4, 4),
+                               nn.LayerNorm(4, elementwise_affine=False)),
+                 "elementwise_affine=False"),
+                (nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, affine=False)),
+                 "affine=False")]:
+            with self.assertRaisesRegex(ValueError,
+                                        r"module 1 .*" + flag + ".*not supported"):
+                torch_bridge.from_torch(seq, torch.randn(2, 4), self.weights)
+        self.assertFalse(os.path.exists(self.weights))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -15,12 +15,13 @@ Tensor ZerosLike(const Tensor& t) {
   return Tensor::Zeros(t.shape(), DType::kF32, t.device());
 }
 
-// PyTorch's SGD: g += wd * p; buf = mu * buf + g; p -= lr * (nesterov ? g +
-// mu * buf : buf).
+// PyTorch's SGD (decaying the parameters `weight_decay_on` names): g += wd * p;
+// buf = mu * buf + g; p -= lr * (nesterov ? g + mu * buf : buf).
 class Sgd final : public Optimizer {
  public:
-  Sgd(const gpipe::v1::Sgd& spec, std::vector<NamedParameter> params)
-      : spec_(spec), params_(std::move(params)) {
+  Sgd(const gpipe::v1::Sgd& spec, bool decay_all,
+      std::vector<NamedParameter> params)
+      : spec_(spec), decay_all_(decay_all), params_(std::move(params)) {
     if (spec_.momentum() > 0)
       for (const NamedParameter& p : params_)
         momentum_.push_back(ZerosLike(p.param->value));
@@ -34,7 +35,7 @@ class Sgd final : public Optimizer {
       float* w = p.value.f32();
       const float* g = p.grad.f32();
       const int64_t n = p.value.numel();
-      const float decay = p.decay ? wd : 0.0f;
+      const float decay = p.decay || decay_all_ ? wd : 0.0f;
       ops::SgdStep(p.value.device(), n, lr, decay, mu, spec_.nesterov(),
                    step == 1, g, w, mu == 0.0f ? nullptr : momentum_[i].f32());
       if (updated) updated(i);
@@ -50,6 +51,7 @@ class Sgd final : public Optimizer {
 
  private:
   gpipe::v1::Sgd spec_;
+  bool decay_all_;
   std::vector<NamedParameter> params_;
   std::vector<Tensor> momentum_;
 };
@@ -57,8 +59,10 @@ class Sgd final : public Optimizer {
 // PyTorch's AdamW: p *= 1 - lr*wd; m, v moments with bias correction.
 class AdamW final : public Optimizer {
  public:
-  AdamW(const gpipe::v1::AdamW& spec, std::vector<NamedParameter> params)
+  AdamW(const gpipe::v1::AdamW& spec, bool decay_all,
+        std::vector<NamedParameter> params)
       : params_(std::move(params)),
+        decay_all_(decay_all),
         beta1_(spec.has_beta1() ? spec.beta1() : 0.9f),
         beta2_(spec.has_beta2() ? spec.beta2() : 0.999f),
         eps_(spec.has_eps() ? spec.eps() : 1e-8f),
@@ -82,7 +86,7 @@ class AdamW final : public Optimizer {
       float* m = m_[i].f32();
       float* v = v_[i].f32();
       const int64_t n = p.value.numel();
-      const float decay = p.decay ? 1.0f - lr * wd_ : 1.0f;
+      const float decay = p.decay || decay_all_ ? 1.0f - lr * wd_ : 1.0f;
       ops::AdamWStep(p.value.device(), n, decay, beta1_, beta2_, step_size,
                      c2_sqrt, eps_, g, w, m, v);
       if (updated) updated(i);
@@ -100,6 +104,7 @@ class AdamW final : public Optimizer {
 
  private:
   std::vector<NamedParameter> params_;
+  bool decay_all_;
   float beta1_, beta2_, eps_, wd_;
   std::vector<Tensor> m_, v_;
 };
@@ -108,11 +113,14 @@ class AdamW final : public Optimizer {
 
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(
     const gpipe::v1::OptimizerSpec& spec, std::vector<NamedParameter> params) {
+  const bool decay_all =
+      spec.weight_decay_on() == gpipe::v1::WEIGHT_DECAY_ON_ALL;
   switch (spec.kind_case()) {
     case gpipe::v1::OptimizerSpec::kSgd:
-      return std::make_unique<Sgd>(spec.sgd(), std::move(params));
+      return std::make_unique<Sgd>(spec.sgd(), decay_all, std::move(params));
     case gpipe::v1::OptimizerSpec::kAdamw:
-      return std::make_unique<AdamW>(spec.adamw(), std::move(params));
+      return std::make_unique<AdamW>(spec.adamw(), decay_all,
+                                     std::move(params));
     case gpipe::v1::OptimizerSpec::KIND_NOT_SET:
       break;
   }

@@ -106,6 +106,10 @@ absl::Status ValidateOptimizer(const v1::OptimizerSpec& o) {
     return FieldError("optimizer.decay", "unknown value ",
                       static_cast<int>(o.decay()));
   }
+  if (!v1::WeightDecayOn_IsValid(o.weight_decay_on())) {
+    return FieldError("optimizer.weight_decay_on", "unknown value ",
+                      static_cast<int>(o.weight_decay_on()));
+  }
   RETURN_IF_ERROR(CheckNonNegative("optimizer.min_lr", o.min_lr()));
   // The decay goes from lr down to min_lr: above lr it would climb, which
   // is a typo (a min_lr of 10 for an lr of 0.01 trained to a loss of 69).
