@@ -40,6 +40,10 @@ ABSL_FLAG(std::string, csv_header, "auto",
           "predict: whether a CSV's first row is its header: auto (a row "
           "of numbers is data, unless its cells are the model's feature "
           "names, as years or pandas' 0, 1, ... are), yes or no");
+ABSL_FLAG(std::string, logits, "",
+          "predict: also write every sample's scores, the model's outputs "
+          "before the softmax, bit for bit to this file as a float32 .npy "
+          "of [samples, classes]");
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(int64_t, stages);
 
@@ -373,7 +377,7 @@ int RunPredict(const std::vector<std::string>& args) {
   if (args.size() != 2) {
     std::fprintf(stderr,
                  "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
-                 ".png|.jpg|.pgm [--top K] [--stages K] [--json] "
+                 ".png|.jpg|.pgm [--top K] [--stages K] [--json] [--logits F.npy] "
                  "[--csv-header auto|yes|no]\n");
     return 2;
   }
@@ -416,6 +420,15 @@ int RunPredict(const std::vector<std::string>& args) {
                                       ? ForwardOnPipeline(*spec, x, classes)
                                       : Forward(*spec, x);
   if (!logits.ok()) return Fail(logits.status());
+  // The printed probabilities carry 6 digits; a comparison with another
+  // framework, or a further model, needs the scores themselves.
+  if (const std::string path = absl::GetFlag(FLAGS_logits); !path.empty()) {
+    if (absl::Status s = storage::WriteFileAtomically(
+            path, EncodeNpyF32({samples->count, classes}, logits->f32()));
+        !s.ok()) {
+      return Fail(s);
+    }
+  }
 
   const int64_t top = std::clamp<int64_t>(absl::GetFlag(FLAGS_top), 1, classes);
   const bool json = absl::GetFlag(FLAGS_json);

@@ -329,4 +329,32 @@ absl::StatusOr<NumericArray> ReadNpy(const std::string& path) {
   return array;
 }
 
+std::string EncodeNpyF32(const std::vector<int64_t>& shape,
+                         const float* values) {
+  int64_t count = 1;
+  std::string dims;
+  for (int64_t d : shape) {
+    count *= d;
+    absl::StrAppend(&dims, d, ", ");
+  }
+  // Python's tuple: "(3,)" for one dimension, "(2, 3)" for two.
+  if (shape.size() == 1) dims.pop_back();
+  if (shape.size() > 1) dims.resize(dims.size() - 2);
+  std::string dict = absl::StrCat("{'descr': '<f4', 'fortran_order': False, "
+                                  "'shape': (",
+                                  dims, "), }");
+  // Padded with spaces so that the data starts on a multiple of 64 bytes,
+  // the header ending in a newline.
+  while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';
+  dict += '\n';
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out += static_cast<char>(dict.size() & 0xff);
+  out += static_cast<char>(dict.size() >> 8);
+  out += dict;
+  static_assert(std::numeric_limits<float>::is_iec559);
+  out.append(reinterpret_cast<const char*>(values),
+             static_cast<size_t>(count) * sizeof(float));
+  return out;
+}
+
 }  // namespace gpipe

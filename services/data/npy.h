@@ -34,6 +34,11 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(std::string_view bytes);
 // `path`.
 absl::StatusOr<NumericArray> ReadNpy(const std::string& path);
 
+// A float32 array of `shape` (C order, `values` holding its elements) as
+// the bytes of a version 1.0 .npy file, as np.save writes it.
+std::string EncodeNpyF32(const std::vector<int64_t>& shape,
+                         const float* values);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_DATA_NPY_H_

@@ -133,6 +133,27 @@ assert [p["class"] for p in one] == [p["class"] for p in two], (one, two)
 assert all(abs(a["probability"] - b["probability"]) < 1e-4 for a, b in zip(one, two))
 PY
 ok "predict: PGM images, grey and RGB PNGs and a uint8 .npy give the same classes, $right of 8 right; so do 2 stages"
+# --logits: the scores themselves, the same bits through 2 stages, and the
+# printed probabilities their softmax.
+g predict "$work/mlp/model.safetensors" "$work/imgs.npy" --json --logits "$work/logits1.npy" >"$work/l1.json"
+g predict "$work/mlp/model.safetensors" "$work/imgs.npy" --json --stages 2 --logits "$work/logits2.npy" >/dev/null
+/usr/bin/python3 - "$work/logits1.npy" "$work/logits2.npy" "$work/l1.json" <<'PY'
+import json, sys
+import numpy as np
+one, two = np.load(sys.argv[1]), np.load(sys.argv[2])
+printed = json.load(open(sys.argv[3]))["predictions"]
+assert one.dtype == np.float32 and one.shape == (len(printed), 10), (one.dtype, one.shape)
+assert one.tobytes() == two.tobytes(), np.abs(one - two).max()
+p = np.exp(one - one.max(axis=1, keepdims=True))
+p /= p.sum(axis=1, keepdims=True)
+for row, want in zip(p, printed):
+    assert row.argmax() == want["class"], (row, want)
+    assert abs(row[want["class"]] - want["probability"]) < 1e-5, (row, want)
+PY
+out=$(g predict "$work/mlp/model.safetensors" "$work/imgs.npy" --logits "$work/no/such/dir/l.npy" 2>&1) &&
+  fail "predict --logits into a missing folder exited 0"
+grep -q "no/such/dir" <<<"$out" || fail "predict --logits' error does not name the path: $out"
+ok "predict --logits: float32 scores, bitwise the same through 2 stages, whose softmax is the printed probability"
 # Samples of another size are refused, not regrouped: 8 rows of 392 bytes
 # hold as many values as 4 images and were read as 4.
 python3 -c 'import sys; sys.stdout.buffer.write(bytes(8 * 392))' |
