@@ -25,6 +25,7 @@ ABSL_DECLARE_FLAG(int64_t, tokens);
 ABSL_DECLARE_FLAG(double, temperature);
 ABSL_DECLARE_FLAG(double, flops);
 ABSL_DECLARE_FLAG(double, layer_overhead_us);
+ABSL_DECLARE_FLAG(double, memory_gbps);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
 
 namespace gpipe::cli {
@@ -94,6 +95,11 @@ absl::Status CheckNumericFlags(const std::string& command) {
   if (const double f = absl::GetFlag(FLAGS_flops); !std::isfinite(f) || f < 0) {
     return Refuse("--flops", "a finite number >= 0 (0: measure here)",
                   absl::StrCat(f));
+  }
+  if (const double g = absl::GetFlag(FLAGS_memory_gbps);
+      !std::isfinite(g) || g < 0) {
+    return Refuse("--memory-gbps", "a finite number >= 0 (0: measure here)",
+                  absl::StrCat(g));
   }
   if (const double us = absl::GetFlag(FLAGS_layer_overhead_us);
       !std::isfinite(us) || (us < 0 && us != -1)) {

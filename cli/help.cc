@@ -45,9 +45,15 @@ const std::vector<Command>& Commands() {
        "JOB.json",
        "predict throughput, bubble and memory for each K and M",
        "Predicts throughput, bubble and memory for each K, M, schedule and\n"
-       "remat mode, and marks the best that fits.",
-       {"stages_range", "workers", "micro_batches", "schedule", "remat",
-        "measure", "memory_budget", "flops", "layer_overhead_us", "link_gbps",
+       "remat mode, and marks the best that fits. Each stage (and replica)\n"
+       "is assumed a core or machine of its own at this machine's\n"
+       "one-thread speed: by the cost model (FLOPs at the measured sgemm\n"
+       "rate, each product at least its weight's read at the measured\n"
+       "triad rate), or with --measure by timing every layer here, which\n"
+       "convolutions and small layers need.",
+       {"stages_range", "stages", "workers", "replicas", "micro_batches",
+        "schedule", "virtual_stages", "remat", "measure", "memory_budget",
+        "flops", "memory_gbps", "layer_overhead_us", "link_gbps",
         "link_latency_us", "message_us", "blocking_sends"}},
       {"local",
        "JOB.json",

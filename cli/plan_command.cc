@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "services/core/bytes.h"
+#include "services/core/cores.h"
 #include "services/core/status.h"
 #include "services/nn/layer.h"
 #include "services/nn/layer_spec.h"
@@ -55,6 +57,10 @@ ABSL_FLAG(std::string, memory_budget, "0",
 ABSL_FLAG(double, flops, 0,
           "plan: FLOP/s of one stage for the cost model (0: measure a "
           "single-threaded sgemm here)");
+ABSL_FLAG(double, memory_gbps, 0,
+          "plan: GB/s one stage moves through memory for the cost model: a "
+          "product takes at least its weight's read, an update its "
+          "parameters' traffic (0: measure a single-threaded triad here)");
 ABSL_FLAG(double, layer_overhead_us, -1,
           "plan: fixed microseconds per layer per forward or backward op, on "
           "top of the per-sample cost (-1: fitted from --measure, else 5)");
@@ -82,8 +88,8 @@ ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
 // --workers N (defined by `gpipectl local`, the workers it starts): here the
 // cluster's workers; with N, each K is also tried with R data-parallel
-// replicas (K x R <= N, R a power of two dividing M and any
-// gradient_groups the spec pins), their gradients summed over the links
+// replicas (K x R <= N, R dividing M and any gradient_groups the spec
+// pins), their gradients summed over the links
 // after each stage's last backward.
 ABSL_DECLARE_FLAG(int64_t, workers);
 ABSL_DECLARE_FLAG(int64_t, replicas);
@@ -129,40 +135,51 @@ absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
   return std::make_pair(lo, hi);
 }
 
+// The best of repetitions of `run` until at least kMeasureFor has passed
+// (and 5 of them): on a shared machine a repetition that lost its core reads
+// 2-3 times slower, and three 3 ms repetitions could all lose it (one plan
+// measured 37 GFLOP/s where the next seven measured 83-86).
+template <typename Run>
+double BestSeconds(Run run) {
+  constexpr auto kMeasureFor = std::chrono::milliseconds(200);
+  const auto began = std::chrono::steady_clock::now();
+  double best = 1e30;
+  for (int rep = 0;
+       rep < 5 || std::chrono::steady_clock::now() - began < kMeasureFor;
+       ++rep) {
+    const auto start = std::chrono::steady_clock::now();
+    run(rep);
+    best = std::min(best, std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start)
+                              .count());
+  }
+  return std::max(best, 1e-9);
+}
+
 // FLOP/s of one single-threaded 512^3 sgemm on this machine: the speed the
 // cost model assumes for every stage when --flops is not given.
 double MeasureSgemmFlops() {
   constexpr int64_t n = 512;
   std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n, 0.0f);
   cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data());
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data());
-    best = std::min(best, std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - start)
-                              .count());
-  }
-  return 2.0 * n * n * n / std::max(best, 1e-9);
+  return 2.0 * n * n * n / BestSeconds([&](int) {
+           cpu::Gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f,
+                     c.data());
+         });
 }
 
 // Bytes/s one thread moves through memory on this machine (reading two
 // arrays and writing a third, a STREAM triad on 32 MiB, past the caches):
-// the speed of the once-a-step passes over parameters the cost model
-// assumes when nothing was measured.
+// the speed of the once-a-step passes over parameters, and of a product's
+// read of its weight, that the cost model assumes when nothing was
+// measured.
 double MeasureTriadBytesPerSecond() {
   constexpr int64_t n = 8 << 20;
   std::vector<float> a(n, 0.5f), b(n, 0.25f), c(n, 0.0f);
-  double best = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < n; ++i) c[i] = a[i] + 0.5f * b[i];
-    best = std::min(best, std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - start)
-                              .count());
-    a[rep] = c[n - 1 - rep];  // keep the loop's result live
-  }
-  return 3.0 * 4 * n / std::max(best, 1e-9);
+  return 3.0 * 4 * n / BestSeconds([&](int rep) {
+           for (int64_t i = 0; i < n; ++i) c[i] = a[i] + 0.5f * b[i];
+           a[rep % n] = c[n - 1 - rep % n];  // keep the loop's result live
+         });
 }
 
 // Bytes each parameter's squares pass moves, in units of the parameter's
@@ -450,7 +467,8 @@ int RunPlan(const std::vector<std::string>& args) {
     if (g > r && SplitsBackward(schedule)) return false;
     return true;
   };
-  // The replica counts to try: --replicas alone, or powers of two.
+  // The replica counts to try: --replicas alone, or every R that runs (6
+  // workers run K=2 with 3 replicas where M allows it).
   const auto replica_choices = [&](int64_t k, int64_t m,
                                    ScheduleKind schedule) {
     std::vector<int64_t> out;
@@ -459,7 +477,7 @@ int RunPlan(const std::vector<std::string>& args) {
         out.push_back(pinned_replicas);
       return out;
     }
-    for (int64_t r = 1; r <= (workers > 0 ? kMaxReplicas : 1); r *= 2) {
+    for (int64_t r = 1; r <= (workers > 0 ? kMaxReplicas : 1); ++r) {
       if (replicas_run(k, m, r, schedule)) out.push_back(r);
     }
     return out;
@@ -482,6 +500,13 @@ int RunPlan(const std::vector<std::string>& args) {
   // Once a step per layer: the gradient squares and the update
   // (StageCost::norm_seconds, update_seconds).
   std::vector<double> norm(layers, 0), update(layers, 0);
+  // The cost model's (empty when measured): the seconds a layer's product
+  // takes to read its weight from memory once. A product is the longer of
+  // that and its arithmetic, so a micro-batch of a few samples costs what
+  // its weights' traffic costs, however few its FLOPs: a plan by FLOPs
+  // alone put the deep MLP's 128 micro-batches of one sample at 42 ms a
+  // step against 242 ms measured, and ranked the most micro-batches best.
+  std::vector<double> weight_read;
   std::string cost_source;
   const double overhead_flag = absl::GetFlag(FLAGS_layer_overhead_us) * 1e-6;
   const bool measured = absl::GetFlag(FLAGS_measure);
@@ -542,9 +567,16 @@ int RunPlan(const std::vector<std::string>& args) {
     }
     const std::vector<double> model_costs = CostModelLayerCosts(*shapes);
     // The once-a-step passes are memory-bound: bytes over the triad's rate.
-    const double bandwidth = MeasureTriadBytesPerSecond();
+    double bandwidth = absl::GetFlag(FLAGS_memory_gbps) * 1e9;
+    std::string bandwidth_how = "given";
+    if (bandwidth <= 0) {
+      bandwidth = MeasureTriadBytesPerSecond();
+      bandwidth_how = "triad, 1 thread";
+    }
+    weight_read.assign(layers, 0);
     for (int64_t l = 0; l < layers; ++l) {
       const LayerCost& cost = shapes->costs[l];
+      weight_read[l] = cost.param_bytes / bandwidth;
       // The input and the weight gradient are each a product as large as
       // the forward.
       forward_per_sample[l] = cost.forward_flops / flops;
@@ -561,9 +593,9 @@ int RunPlan(const std::vector<std::string>& args) {
                   bandwidth;
     }
     cost_source = absl::StrFormat(
-        "cost model at %.1f GFLOP/s per stage (%s), updates at %.1f GB/s "
-        "(triad, 1 thread)",
-        flops / 1e9, how, bandwidth / 1e9);
+        "cost model at %.1f GFLOP/s per stage (%s), each product at least "
+        "its weight's read and updates at %.1f GB/s (%s)",
+        flops / 1e9, how, bandwidth / 1e9, bandwidth_how);
   }
   double mean_overhead = 0, once_seconds = 0;
   for (int64_t l = 0; l < layers; ++l)
@@ -583,11 +615,22 @@ int RunPlan(const std::vector<std::string>& args) {
         "--virtual-stages: the interleaved schedule needs 2 to ", layers,
         " chunks a stage (the model's layers), got ", v_flag)));
   }
+  // As `gpipectl train` refuses it: the plan planned 2 in silence.
+  if (v_flag != 0 && v_flag != 2 && schedules.size() == 1 &&
+      schedules[0] == ScheduleKind::kZeroBubbleV) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--virtual-stages: the zb-v schedule places exactly 2 virtual "
+        "stages (chunks) per worker, got ",
+        v_flag)));
+  }
   const int64_t spec_v =
       v_flag > 0 ? v_flag
       : Interleaves(ScheduleFromSpec(spec->pipeline().schedule()))
           ? VirtualStageCount(*spec)
           : 2;
+  // Why configurations the ranges hold were not simulated: the error when
+  // none was.
+  std::set<std::string> skipped;
   // `own_replicas` > 0: only that R (the spec's own row).
   const auto plan = [&](int64_t lo, int64_t hi, const std::vector<int64_t>& ms,
                         const std::vector<ScheduleKind>& kinds,
@@ -625,32 +668,62 @@ int RunPlan(const std::vector<std::string>& args) {
       for (int64_t m : ms) {
         const int64_t mb = (batch + m - 1) / m;
         std::vector<double> forward(layers);
-        for (int64_t l = 0; l < layers; ++l)
+        for (int64_t l = 0; l < layers; ++l) {
           forward[l] = forward_per_sample[l] * mb;
+          if (!weight_read.empty())
+            forward[l] = std::max(forward[l], weight_read[l]);
+        }
+        // The cost model's backward of layer l: the input half reads the
+        // weight, the weight half reads and writes its gradient.
+        const auto modelled_backward = [&](int64_t l, double& backward,
+                                           double& weight_half) {
+          const LayerCost& cost = shapes->costs[l];
+          const double product = forward_per_sample[l] * mb;
+          weight_half = 0;
+          if (weight_read[l] == 0) {
+            backward = backward_per_sample[l] * mb;
+            return;
+          }
+          weight_half = std::max(
+              cost.forward_flops > 0
+                  ? product *
+                        std::min(1.0, cost.weight_flops / cost.forward_flops)
+                  : product,
+              2 * weight_read[l]);
+          backward = std::max(product, 2 * weight_read[l]) +
+                     (InputGradUsed(l) ? std::max(product, weight_read[l]) : 0);
+        };
         const auto stage_costs = [&](const std::vector<int64_t>& balance) {
           std::vector<StageCost> costs =
               StageCostsFromLayers(*shapes, forward, balance, mb);
           const std::vector<int64_t> begins = StageBegins(balance);
           for (size_t s = 0; s < balance.size(); ++s) {
             costs[s].backward_seconds = 0;
-            // Measured weight halves replace StageCostsFromLayers' estimate.
-            if (!weight_per_sample.empty()) costs[s].weight_seconds = 0;
+            // Measured weight halves, and the cost model's with its
+            // weights' traffic, replace StageCostsFromLayers' estimate.
+            costs[s].weight_seconds = 0;
             for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
               costs[s].norm_seconds += norm[l];
               costs[s].update_seconds += update[l];
               costs[s].forward_seconds += forward_fixed[l];
+              if (!weight_read.empty()) {  // the cost model
+                double backward = 0, weight_half = 0;
+                modelled_backward(l, backward, weight_half);
+                costs[s].backward_seconds += backward_fixed[l] + backward;
+                // A split backward does the same work in two ops: the
+                // fixed part of a layer's backward is mostly memory
+                // traffic, which splits with it rather than doubling.
+                if (shapes->costs[l].deferred_bytes > 0) {
+                  costs[s].weight_seconds +=
+                      weight_half + backward_fixed[l] / 2;
+                }
+                continue;
+              }
+              // Measured.
               costs[s].backward_seconds +=
                   backward_fixed[l] + backward_per_sample[l] * mb;
-              if (!weight_per_sample.empty()) {  // measured
-                costs[s].weight_seconds +=
-                    weight_fixed[l] + weight_per_sample[l] * mb;
-              } else if (shapes->costs[l].deferred_bytes > 0) {
-                // A split backward does the same work in two ops: the fixed
-                // part of a layer's backward is mostly memory traffic (the
-                // input half reads the weight, the weight half adds into
-                // its gradient), which splits with it rather than doubling.
-                costs[s].weight_seconds += backward_fixed[l] / 2;
-              }
+              costs[s].weight_seconds +=
+                  weight_fixed[l] + weight_per_sample[l] * mb;
             }
             // The weight half is the forward's product (StageCostsFromLayers)
             // and never more than the backward it is part of.
@@ -667,13 +740,32 @@ int RunPlan(const std::vector<std::string>& args) {
                             : own_replicas > 0 ? VirtualStageCount(*spec)
                                                : spec_v;
           // Interleaving needs M a multiple of K and K x v layers at least.
-          if (!ScheduleShapeError(schedule, k, m, v).empty() ||
-              k * v > layers) {
+          if (const std::string error = ScheduleShapeError(schedule, k, m, v);
+              !error.empty()) {
+            skipped.insert(error);
+            continue;
+          }
+          if (k * v > layers) {
+            skipped.insert(
+                absl::StrCat(std::string(ScheduleName(schedule)), " needs ",
+                             k * v, " chunks of at least one layer for K=", k,
+                             " (", v, " a stage); the model has ", layers));
             continue;
           }
           std::vector<int64_t> rs = own_replicas > 0
                                         ? std::vector<int64_t>{own_replicas}
                                         : replica_choices(k, m, schedule);
+          if (rs.empty()) {
+            skipped.insert(absl::StrCat(
+                pinned_replicas > 0
+                    ? absl::StrCat("--replicas ", pinned_replicas,
+                                   " does not fit")
+                    : std::string("no replica count fits"),
+                ": R must divide M (the plan tries powers of two; "
+                "--micro-batches gives one) and the spec's gradientGroups, "
+                "K x R fit the workers, and the schedule be gpipe, 1f1b "
+                "or zb-h1"));
+          }
           for (RematMode remat : modes) {
             for (int64_t r : rs) {
               Option o;
@@ -772,8 +864,10 @@ int RunPlan(const std::vector<std::string>& args) {
   bool growth_stopped = false;
   // Each growth simulates only the Ks it adds.
   for (int64_t from = k_lo;;) {
+    const auto round_began = std::chrono::steady_clock::now();
     absl::StatusOr<std::vector<Option>> planned =
         plan(from, k_hi, micro_batches, schedules, remats);
+    const auto round = std::chrono::steady_clock::now() - round_began;
     if (!planned.ok()) return Fail(planned.status());
     options.insert(options.end(), std::make_move_iterator(planned->begin()),
                    std::make_move_iterator(planned->end()));
@@ -783,8 +877,11 @@ int RunPlan(const std::vector<std::string>& args) {
       break;
     }
     // Each doubling costs more than all before it (a 257-layer model went
-    // to K=256 in five minutes): past the budget, the user picks the range.
-    if (std::chrono::steady_clock::now() - started > kGrowthBudget) {
+    // to K=256 in five minutes): the user picks the range past the budget,
+    // and before a doubling that would overrun it (about 4 times the last
+    // one: the budget was checked only after it, and a plan took 60 s).
+    if (std::chrono::steady_clock::now() - started + 4 * round >
+        kGrowthBudget) {
       growth_stopped = true;
       break;
     }
@@ -797,9 +894,15 @@ int RunPlan(const std::vector<std::string>& args) {
                                  std::chrono::steady_clock::now() - started)
                                  .count();
   if (options.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        "no configuration to simulate: the interleaved schedule needs "
-        "micro-batches that are a multiple of K and K x v layers"));
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "no configuration to simulate: ",
+        absl::StrJoin(
+            skipped.begin(),
+            std::next(skipped.begin(), std::min<size_t>(3, skipped.size())),
+            "; "),
+        skipped.size() > 3
+            ? absl::StrCat("; and ", skipped.size() - 3, " more such reasons")
+            : "")));
   }
 
   // The spec's own configuration, simulated the same way, whether or not
@@ -934,6 +1037,18 @@ int RunPlan(const std::vector<std::string>& args) {
                         .c_str()
                   : "");
   if (single) PrintStageDetails(*best);
+  // The figures are per stage at this machine's one-thread speed, as if
+  // each had a core (or a machine) of its own: on a laptop that runs the
+  // job itself, the stages would share its cores.
+  if (const int cores = AvailableCores(); best->k * best->r > cores) {
+    std::printf(
+        "note: the figures give each of the %lld workers (K x R) a core of "
+        "its own; "
+        "this machine has %d, so `gpipectl train` or `local` here would run "
+        "them %.1fx slower or worse (--workers %d plans for this machine)\n",
+        static_cast<long long>(best->k * best->r), cores,
+        static_cast<double>(best->k * best->r) / cores, cores);
+  }
   return 0;
 }
 

@@ -375,10 +375,11 @@ absl::StatusOr<Tensor> ForwardOnPipeline(const v1::JobSpec& spec,
 
 int RunPredict(const std::vector<std::string>& args) {
   if (args.size() != 2) {
-    std::fprintf(stderr,
-                 "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
-                 ".png|.jpg|.pgm [--top K] [--stages K] [--json] [--logits F.npy] "
-                 "[--csv-header auto|yes|no]\n");
+    std::fprintf(
+        stderr,
+        "usage: gpipectl predict MODEL.safetensors INPUT.npy|.csv|"
+        ".png|.jpg|.pgm [--top K] [--stages K] [--json] [--logits F.npy] "
+        "[--csv-header auto|yes|no]\n");
     return 2;
   }
   if (const std::string h = absl::GetFlag(FLAGS_csv_header);

@@ -340,9 +340,10 @@ std::string EncodeNpyF32(const std::vector<int64_t>& shape,
   // Python's tuple: "(3,)" for one dimension, "(2, 3)" for two.
   if (shape.size() == 1) dims.pop_back();
   if (shape.size() > 1) dims.resize(dims.size() - 2);
-  std::string dict = absl::StrCat("{'descr': '<f4', 'fortran_order': False, "
-                                  "'shape': (",
-                                  dims, "), }");
+  std::string dict = absl::StrCat(
+      "{'descr': '<f4', 'fortran_order': False, "
+      "'shape': (",
+      dims, "), }");
   // Padded with spaces so that the data starts on a multiple of 64 bytes,
   // the header ending in a newline.
   while ((10 + dict.size() + 1) % 64 != 0) dict += ' ';

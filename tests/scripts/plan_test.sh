@@ -12,7 +12,7 @@ gpipectl="$build/bin/gpipectl"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-flops=(--flops 1e11)  # the same costs on any machine
+flops=(--flops 1e11 --memory-gbps 25)  # the same costs on any machine
 
 # One K and M: a row per schedule, then the spec's own (K=4, M=8, zb-h1,
 # remat never).
@@ -168,4 +168,46 @@ if grep -Eq '^[ *!] +[0-9]+ +[0-9]+ +([0-35-9]|[0-9]{2,}) ' "$work/bn"; then
   cat "$work/bn"; fail "a batch norm model was planned at another M"
 fi
 echo "ok: workers, --replicas, --virtual-stages, batch norm's M"
-echo "6 passed, 0 failed"
+
+# Micro-batches of one sample cost what reading the weights costs: the deep
+# MLP's 128 micro-batches were planned at 1.3x the step of 8, and measured
+# at 6-7x (gpipectl train --stages 1 --threads 1: 31 ms against 182-242 ms).
+step_ms() {
+  "$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}"     --stages 1 --micro-batches "$1" --schedule gpipe --remat never 2>&1 |
+    sed -n 's/^best: .* \([0-9.]*\) ms a step.*/\1/p'
+}
+m8=$(step_ms 8) m128=$(step_ms 128)
+[[ -n "$m8" && -n "$m128" ]] || fail "no step in plan's best line"
+awk -v a="$m8" -v b="$m128" 'BEGIN { exit !(b > 4 * a) }' ||
+  fail "128 micro-batches of one sample planned at $m128 ms a step against $m8 ms for 8 of 16"
+echo "ok: the weights' reads (M=8: $m8 ms a step, M=128: $m128 ms)"
+
+# What plan refuses, it refuses as train does and names the reason.
+refused() {  # WANT ARGS...
+  local want=$1
+  shift
+  if "$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" "$@" >"$work/refused" 2>&1; then
+    cat "$work/refused"; fail "plan $* exited 0"
+  fi
+  grep -q -- "$want" "$work/refused" || { cat "$work/refused"; fail "plan $*: no '$want'"; }
+}
+refused "zb-v needs 10 chunks of at least one layer for K=5 (2 a stage); the model has 9" \
+  --schedule zb-v --stages-range 5
+refused "--replicas 3 does not fit: R must divide M" --replicas 3 --workers 6 --stages 2
+refused "the zb-v schedule places exactly 2 virtual stages (chunks) per worker, got 3" \
+  --schedule zb-v --virtual-stages 3 --stages-range 2
+# Every replica count, not only powers of two: 6 workers run K=2 with 3.
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  --workers 6 --stages 2 --micro-batches 6 >"$work/r3" 2>&1 || { cat "$work/r3"; fail "plan --workers 6"; }
+grep -Eq '^[ *] +2 +3 +6  ' "$work/r3" || { cat "$work/r3"; fail "no K=2 R=3 row with 6 workers"; }
+# The best needs K x R cores: on fewer, the plan says so.
+cores=$(nproc)
+workers=$(sed -n 's/^best: K=\([0-9]*\) R=\([0-9]*\) .*/\1 * \2/p' "$work/r3")
+if (($workers > cores)); then
+  grep -q "^note: the figures give each of the $(($workers)) workers (K x R) a core of its own; this machine has $cores" "$work/r3" ||
+    { cat "$work/r3"; fail "no note that $(($workers)) workers share $cores cores"; }
+elif grep -q "^note: the figures give" "$work/r3"; then
+  cat "$work/r3"; fail "a note about cores with $cores of them for $(($workers)) workers"
+fi
+echo "ok: refusals name their reason; R=3; the cores the best needs"
+echo "8 passed, 0 failed"
