@@ -614,8 +614,14 @@ absl::Status ValidateSizes(const v1::JobSpec& spec, const ModelShapes& shapes) {
                         " times the batch of ", batch, " is more than ",
                         kMaxBatchValues, " values");
     }
-    parameters = std::min(parameters + shapes.costs[i].param_bytes / 4,
-                          std::numeric_limits<int64_t>::max() / 2);
+    const int64_t own = shapes.costs[i].param_bytes / 4;
+    if (own > kMaxLayerParameters) {
+      return FieldError(layer, "has ", own, " parameters, more than ",
+                        kMaxLayerParameters,
+                        " (a layer is held whole by one worker)");
+    }
+    parameters =
+        std::min(parameters + own, std::numeric_limits<int64_t>::max() / 2);
     if (parameters > kMaxModelParameters) {
       return FieldError(layer, "brings the model to more than ",
                         kMaxModelParameters, " parameters");

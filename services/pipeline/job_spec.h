@@ -21,9 +21,13 @@ namespace gpipe {
 // machine has: such a spec is rejected here, naming the field, instead of a
 // worker running out of memory (or a size overflowing) later.
 inline constexpr int64_t kMaxBatchSize = int64_t{1} << 24;
-// Parameters of the whole model (16 GiB of fp32, before gradients and
-// optimizer state).
-inline constexpr int64_t kMaxModelParameters = int64_t{1} << 32;
+// Parameters of one layer, which one worker holds whole (16 GiB of fp32,
+// before gradients and optimizer state).
+inline constexpr int64_t kMaxLayerParameters = int64_t{1} << 32;
+// Parameters of the whole model, which a pipeline spreads over its stages
+// (GPipe's 6-billion-parameter Transformer is a few of these workers'
+// worth): a guard against a typo's size, not a machine's.
+inline constexpr int64_t kMaxModelParameters = int64_t{1} << 40;
 // One layer's output for one sample (1 GiB of fp32).
 inline constexpr int64_t kMaxSampleValues = int64_t{1} << 28;
 // One layer's output for a whole training or evaluation batch (16 GiB).

@@ -474,10 +474,13 @@ StageMemory Combined(const std::vector<StageMemory>& stages) {
                             {&w.working, c.working},
                             {&w.in_flight, c.in_flight},
                             {&w.evaluation, c.evaluation},
-                            {&w.data, c.data},
                             {&w.batch, c.batch}}) {
       *to = Add(*to, from);
     }
+    // The worker opens the data set once for all its chunks (ZB-V's worker
+    // 0 holds the first and the last stage); each chunk's sampler adds its
+    // permutations, a few bytes a sample, which the reserve covers.
+    w.data = std::max(w.data, c.data);
   }
   return w;
 }

@@ -80,9 +80,10 @@ struct StageMemory {
 // What several stages on one worker (a schedule's chunks) need
 // together, part by part: their trainings and their evaluations add up, and
 // the worker holds the larger of the two sums (StageMemory::total), not the
-// sum of each stage's larger one. Data counts once per stage: an upper
-// bound where they share a data set (ZB-V's worker 0 holds the first and
-// the last stage, each with its own sampler but one data set).
+// sum of each stage's larger one. Data counts once: the worker opens one
+// data set for all its chunks (ZB-V's worker 0 holds the first and the last
+// stage); a plan by the sum refused jobs that fit by 54 MiB of
+// Fashion-MNIST.
 StageMemory Combined(const std::vector<StageMemory>& stages);
 
 // Where the stage sits and how the pipeline runs.

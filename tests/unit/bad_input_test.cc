@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
@@ -85,8 +86,21 @@ std::vector<HostileSpec> HostileSpecs() {
                {"linear": {"in_features": 100000, "out_features": 100000}},
                {"linear": {"in_features": 100000, "out_features": 3}})",
             "1"),
-       "model.layers[1].linear: brings the model to more than 4294967296 "
-       "parameters"},
+       "model.layers[1].linear: has 10000100000 parameters, more than "
+       "4294967296 (a layer is held whole by one worker)"},
+      // 310 layers of 3.6e9 parameters each: each fits a worker, the
+      // model is past any pipeline.
+      {"ModelOfTooManyParametersInAll",
+       Spec(
+           absl::StrCat(
+               R"({"linear": {"in_features": 8, "out_features": 60000}})",
+               absl::StrJoin(
+                   std::vector<std::string>(
+                       310,
+                       R"(, {"linear": {"in_features": 60000, "out_features": 60000}})"),
+                   "")),
+           "1"),
+       "brings the model to more than 1099511627776 parameters"},
       {"HugeInputDims",
        Spec(R"({"flatten": {}},
                {"linear": {"in_features": 8, "out_features": 3}})",

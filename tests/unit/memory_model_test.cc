@@ -296,6 +296,23 @@ TEST(MemoryModel, ParametersGradientsAndOptimizerState) {
   EXPECT_EQ(c[0].data, 3 * 8 * 64 + 12 * 4 * 4);
 }
 
+// ZB-V's worker 0 holds the first and the last stage, whose data set the
+// worker opens once: a plan by the sum put the deep MLP's worker 0 at 160
+// MiB against 94 for ZB-H1, 54 MiB of it a second Fashion-MNIST.
+TEST(MemoryModel, AWorkersChunksShareItsDataSet) {
+  const v1::JobSpec spec = Transformer(R"({"stages": 2})");
+  auto shapes = InferModelShapes(spec.model());
+  ASSERT_TRUE(shapes.ok());
+  const std::vector<StageMemory> m =
+      EstimatePipelineMemory(spec, *shapes, {2, 4});
+  ASSERT_GT(m[0].data, 0);
+  ASSERT_EQ(m[1].data, m[0].data);
+  const StageMemory both = Combined({m[0], m[1]});
+  EXPECT_EQ(both.data, m[0].data);
+  EXPECT_EQ(both.parameters, m[0].parameters + m[1].parameters);
+  EXPECT_EQ(both.batch, m[0].batch + m[1].batch);
+}
+
 TEST(MemoryModel, ReadsAsPeopleWriteIt) {
   StageMemory m;
   m.parameters = int64_t{3} << 30;
