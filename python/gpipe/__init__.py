@@ -24,6 +24,9 @@ def __getattr__(name):
     if name == "NumpyModel":
         from gpipe.numpy_model import NumpyModel
         return NumpyModel
+    if name in ("batch_indices", "epoch_order", "micro_batch_ranges"):
+        from gpipe import sampler
+        return getattr(sampler, name)
     if name in ("to_torch", "from_torch"):
         from gpipe import torch_bridge
         return getattr(torch_bridge, name)

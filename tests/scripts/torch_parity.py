@@ -1,9 +1,10 @@
 """gpipe's optimizers, learning-rate schedule and clipping against PyTorch's.
 
 Trains one small model (Linear, GELU, LayerNorm, Linear) from the same
-weights (gpipe.from_torch) on the same batch (the whole dataset, so the
-sampler's order does not matter) with `gpipectl train` and with a
-torch.optim loop written from docs/training.md, then compares the weights.
+weights (gpipe.from_torch) on the same batches (gpipe.batch_indices, the
+sampler's order: 16 of 40 samples a step, across epochs) with `gpipectl
+train` and with a torch.optim loop written from docs/training.md, then
+compares the weights.
 Each optimizer runs under both weight-decay rules, and each rule is also
 compared with the other rule's PyTorch loop, which must differ: a parity
 check that could not tell the rules apart would prove nothing.
@@ -52,6 +53,9 @@ def learning_rate(o, step, total):
     return lr
 
 
+SAMPLES, BATCH, SEED = 40, 16, 3
+
+
 def train_torch(o, x, y, decay_all):
     m = model()
     params = list(m.named_parameters())
@@ -76,7 +80,8 @@ def train_torch(o, x, y, decay_all):
                                 eps=a.get("eps", 1e-8))
     for step in range(STEPS):
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(m(x), y).backward()
+        rows = torch.tensor(gpipe.batch_indices(SEED, SAMPLES, BATCH, step))
+        torch.nn.functional.cross_entropy(m(x[rows]), y[rows]).backward()
         if o.get("clipNorm", 0) > 0:
             torch.nn.utils.clip_grad_norm_(m.parameters(), o["clipNorm"])
         for g in opt.param_groups:
@@ -106,8 +111,8 @@ def largest_difference(a, b):
 
 def main():
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((32, 6)).astype(np.float32)
-    y = rng.integers(0, 4, 32).astype(np.int64)
+    x = rng.standard_normal((SAMPLES, 6)).astype(np.float32)
+    y = rng.integers(0, 4, SAMPLES).astype(np.int64)
     np.save(os.path.join(WORK, "x.npy"), x)
     np.save(os.path.join(WORK, "y.npy"), y)
     init = os.path.join(WORK, "init.safetensors")
@@ -134,7 +139,7 @@ def main():
                                      "testTargets": os.path.join(WORK, "y.npy")}},
                 "initFrom": {"path": init},
                 "optimizer": dict(o, weightDecayOn=rule),
-                "batchSize": 32, "steps": STEPS, "seed": 3,
+                "batchSize": BATCH, "steps": STEPS, "seed": SEED,
             }
             decay_all = rule == "WEIGHT_DECAY_ON_ALL"
             torch_same = train_torch(o, torch.from_numpy(x),
