@@ -243,14 +243,23 @@ std::string ScheduleText(const Option& o) {
   return o.v > 1 ? absl::StrCat(name, "/", o.v) : name;
 }
 
+// Samples a second with a tenth's digit, and three significant digits
+// below 10: a 10B-parameter model's 0.015 read 0.0.
+std::string RateText(double samples_per_second) {
+  return samples_per_second >= 10
+             ? absl::StrFormat("%.1f", samples_per_second)
+             : absl::StrFormat("%.3g", samples_per_second);
+}
+
 // With replicas (--workers) a column R after K, and the step includes
 // the gradient sum.
 std::string Row(const Option& o, const char* mark, bool replicas) {
   return absl::StrFormat(
-      "%s %4d%s %5d  %-13s %-11s %10.3f %11.1f %5.1f%% %5.1f%% %10.2f  %s",
+      "%s %4d%s %5d  %-13s %-11s %10.3f %11s %5.1f%% %5.1f%% %10.2f  %s",
       mark, o.k, replicas ? absl::StrFormat(" %3d", o.r) : "", o.m,
       ScheduleText(o), std::string(RematName(o.remat)),
-      (o.sim.step_seconds + o.reduce_seconds) * 1e3, o.samples_per_second,
+      (o.sim.step_seconds + o.reduce_seconds) * 1e3,
+      RateText(o.samples_per_second),
       o.min_bubble * 100, o.max_bubble * 100, o.peak_bytes / kMiB,
       BalanceText(o.balance));
 }
@@ -1023,13 +1032,14 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   std::printf(
       "best: K=%lld%s M=%lld schedule %s remat %s balance [%s]: "
-      "%.1f samples/s, %.3f ms a step, bubble %.1f%% (idlest stage "
+      "%s samples/s, %.3f ms a step, bubble %.1f%% (idlest stage "
       "%.1f%%), peak %.2f MiB a stage%s\n",
       static_cast<long long>(best->k),
       with_replicas ? absl::StrCat(" R=", best->r).c_str() : "",
       static_cast<long long>(best->m), ScheduleText(*best).c_str(),
       std::string(RematName(best->remat)).c_str(),
-      absl::StrJoin(best->balance, ",").c_str(), best->samples_per_second,
+      absl::StrJoin(best->balance, ",").c_str(),
+      RateText(best->samples_per_second).c_str(),
       (best->sim.step_seconds + best->reduce_seconds) * 1e3,
       best->min_bubble * 100, best->max_bubble * 100, best->peak_bytes / kMiB,
       best->r > 1 ? absl::StrFormat(" (gradient sum %.3f ms)",
