@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
@@ -247,6 +248,10 @@ absl::StatusOr<InitReport> LoadInitWeights(
                       (range.end == range.model_layers && no_layer);
     if (known.count(name) > 0) return;
     if (!spec.optimizer_state() && state_of_ours(name)) return;
+    // PyTorch's BatchNorm counts its steps only for momentum=None, which we
+    // do not have: a state_dict's counter is no mismatch, where `strict
+    // false` to get past it would hide real ones.
+    if (ours && absl::EndsWith(name, ".num_batches_tracked")) return;
     if (ours) {
       report.ignored.push_back(name);
     } else if (no_layer) {
