@@ -56,11 +56,13 @@ ABSL_FLAG(std::string, memory_budget, "0",
           "or with a unit (512MiB, 2GiB); 0: no limit");
 ABSL_FLAG(double, flops, 0,
           "plan: FLOP/s of one stage for the cost model (0: measure a "
-          "single-threaded sgemm here)");
+          "single-threaded sgemm here; --measure times the layers "
+          "instead)");
 ABSL_FLAG(double, memory_gbps, 0,
-          "plan: GB/s one stage moves through memory for the cost model: a "
-          "product takes at least its weight's read, an update its "
-          "parameters' traffic (0: measure a single-threaded triad here)");
+          "plan: gigabytes a second one stage moves through memory, for the "
+          "cost model: a product takes at least its weight's read, an "
+          "update its parameters' traffic (0: measure a single-threaded "
+          "triad here; --measure times the layers instead)");
 ABSL_FLAG(double, layer_overhead_us, -1,
           "plan: fixed microseconds per layer per forward or backward op, on "
           "top of the per-sample cost (-1: fitted from --measure, else 5)");
@@ -88,8 +90,8 @@ ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
 // --workers N (defined by `gpipectl local`, the workers it starts): here the
 // cluster's workers; with N, each K is also tried with R data-parallel
-// replicas (K x R <= N, R dividing M and any gradient_groups the spec
-// pins), their gradients summed over the links
+// replicas (K x R <= N; G groups, the spec's gradient_groups or else R,
+// dividing M, and R <= G), their gradients summed over the links
 // after each stage's last backward.
 ABSL_DECLARE_FLAG(int64_t, workers);
 ABSL_DECLARE_FLAG(int64_t, replicas);
@@ -246,22 +248,20 @@ std::string ScheduleText(const Option& o) {
 // Samples a second with a tenth's digit, and three significant digits
 // below 10: a 10B-parameter model's 0.015 read 0.0.
 std::string RateText(double samples_per_second) {
-  return samples_per_second >= 10
-             ? absl::StrFormat("%.1f", samples_per_second)
-             : absl::StrFormat("%.3g", samples_per_second);
+  return samples_per_second >= 10 ? absl::StrFormat("%.1f", samples_per_second)
+                                  : absl::StrFormat("%.3g", samples_per_second);
 }
 
 // With replicas (--workers) a column R after K, and the step includes
 // the gradient sum.
 std::string Row(const Option& o, const char* mark, bool replicas) {
   return absl::StrFormat(
-      "%s %4d%s %5d  %-13s %-11s %10.3f %11s %5.1f%% %5.1f%% %10.2f  %s",
-      mark, o.k, replicas ? absl::StrFormat(" %3d", o.r) : "", o.m,
-      ScheduleText(o), std::string(RematName(o.remat)),
+      "%s %4d%s %5d  %-13s %-11s %10.3f %11s %5.1f%% %5.1f%% %10.2f  %s", mark,
+      o.k, replicas ? absl::StrFormat(" %3d", o.r) : "", o.m, ScheduleText(o),
+      std::string(RematName(o.remat)),
       (o.sim.step_seconds + o.reduce_seconds) * 1e3,
-      RateText(o.samples_per_second),
-      o.min_bubble * 100, o.max_bubble * 100, o.peak_bytes / kMiB,
-      BalanceText(o.balance));
+      RateText(o.samples_per_second), o.min_bubble * 100, o.max_bubble * 100,
+      o.peak_bytes / kMiB, BalanceText(o.balance));
 }
 
 void PrintHeader(bool replicas) {
@@ -309,7 +309,8 @@ int RunPlan(const std::vector<std::string>& args) {
                  "usage: gpipectl plan JOB.json [--stages-range LO..HI] "
                  "[--stages K] [--micro-batches M] [--schedule S] "
                  "[--remat R] [--measure] [--memory-budget BYTES] "
-                 "[--flops F] [--layer-overhead-us U] [--link-gbps G] "
+                 "[--flops F] [--memory-gbps B] [--layer-overhead-us U] "
+                 "[--link-gbps G] "
                  "[--link-latency-us L] [--message-us U] [--blocking-sends=B] "
                  "[--workers N] [--replicas R] [--virtual-stages V]\n");
     return 2;
@@ -585,7 +586,11 @@ int RunPlan(const std::vector<std::string>& args) {
     weight_read.assign(layers, 0);
     for (int64_t l = 0; l < layers; ++l) {
       const LayerCost& cost = shapes->costs[l];
-      weight_read[l] = cost.param_bytes / bandwidth;
+      // An embedding gathers its batch's rows and scatters their
+      // gradients: it reads no whole table.
+      weight_read[l] = spec->model().layers(static_cast<int>(l)).has_embedding()
+                           ? 0
+                           : cost.param_bytes / bandwidth;
       // The input and the weight gradient are each a product as large as
       // the forward.
       forward_per_sample[l] = cost.forward_flops / flops;
@@ -770,10 +775,10 @@ int RunPlan(const std::vector<std::string>& args) {
                     ? absl::StrCat("--replicas ", pinned_replicas,
                                    " does not fit")
                     : std::string("no replica count fits"),
-                ": R must divide M (the plan tries powers of two; "
-                "--micro-batches gives one) and the spec's gradientGroups, "
-                "K x R fit the workers, and the schedule be gpipe, 1f1b "
-                "or zb-h1"));
+                ": the gradient groups G (the spec's gradientGroups, else "
+                "R) must divide M (the plan tries powers of two; "
+                "--micro-batches gives one), R be at most G, K x R fit the "
+                "workers, and the schedule be gpipe, 1f1b or zb-h1"));
           }
           for (RematMode remat : modes) {
             for (int64_t r : rs) {
@@ -788,9 +793,11 @@ int RunPlan(const std::vector<std::string>& args) {
               o.costs = stage_costs(o.balance);
               SimulationConfig config;
               config.stages = o.costs;
-              // Each replica runs its M / R micro-batches of the same size.
-              // (Uneven groups: the replica with the most sets the pace.)
-              const int64_t m_r = (m + r - 1) / r;
+              // Each replica runs whole groups of M / G micro-batches of the
+              // same size; with G groups over R replicas unevenly (G = 4,
+              // R = 3: 2, 1, 1) the replica with the most sets the pace.
+              const int64_t groups = pinned_groups > 0 ? pinned_groups : r;
+              const int64_t m_r = (groups + r - 1) / r * (m / groups);
               config.micro_batches = m_r;
               config.schedule = schedule;
               config.virtual_stages = v;
@@ -833,7 +840,7 @@ int RunPlan(const std::vector<std::string>& args) {
               gpipe::v1::JobSpec for_r = *spec;
               for_r.mutable_pipeline()->set_replicas(r);
               if (r > 1) {
-                for_r.set_batch_size((batch + r - 1) / r);
+                for_r.set_batch_size((batch * m_r + m - 1) / m);
                 if (spec->eval().batch_size() == 0)
                   for_r.mutable_eval()->set_batch_size(batch);
               }

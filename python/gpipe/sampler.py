@@ -8,6 +8,8 @@ each epoch is a Fisher-Yates shuffle of the training split drawn from
 contiguous micro-batches (micro_batch_ranges).
 """
 
+import functools
+
 _MASK = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
 
@@ -47,12 +49,19 @@ class _Rng:
 
 def epoch_order(seed, dataset_size, epoch):
     """The training split's indices in the order epoch `epoch` visits them."""
+    return list(_epoch_order(seed, dataset_size, epoch))
+
+
+# Steps walk forward through epochs: the last two shuffles serve nearly
+# every call (a shuffle of 60000 samples takes 0.1 s in Python).
+@functools.lru_cache(maxsize=2)
+def _epoch_order(seed, dataset_size, epoch):
     order = list(range(dataset_size))
     rng = _Rng(_mix_key(seed, epoch))
     for i in range(dataset_size - 1, 0, -1):
         j = rng.below(i + 1)
         order[i], order[j] = order[j], order[i]
-    return order
+    return tuple(order)
 
 
 def batch_indices(seed, dataset_size, batch_size, step):
@@ -66,7 +75,7 @@ def batch_indices(seed, dataset_size, batch_size, step):
     for g in range(step * batch_size, (step + 1) * batch_size):
         if g // dataset_size != epoch:
             epoch = g // dataset_size
-            order = epoch_order(seed, dataset_size, epoch)
+            order = _epoch_order(seed, dataset_size, epoch)
         out.append(order[g % dataset_size])
     return out
 

@@ -251,6 +251,8 @@ def _learned_scale_and_shift(module, what, flag):
     without them would start from ones and zeros and then train them, where
     PyTorch's stay fixed, so it is refused."""
     if module.weight is None or module.bias is None:
+        if module.weight is not None:
+            flag = "bias=False"  # LayerNorm's, in PyTorch 2.1 and later
         raise ValueError(f"{what}: {type(module).__name__} without a learned "
                          f"weight or bias ({flag}) is not supported: gpipe's "
                          "norms learn both, so training would move what "

@@ -1,7 +1,7 @@
-"""gpipe.sampler's contract beside the C++ sampler's: a micro-batch split as
-SplitMicroBatches makes it, and epochs that are permutations. That the
-batches are the stages' own is tests/scripts/torch_parity_test.sh's to
-show: its PyTorch loop takes them from batch_indices and ends at gpipectl's
+"""gpipe.sampler against the C++ sampler: batches pinned on both sides, a
+micro-batch split as SplitMicroBatches makes it, epochs that are
+permutations. tests/scripts/torch_parity_test.sh shows it end to end: its
+PyTorch loop takes its batches from batch_indices and ends at gpipectl's
 weights."""
 
 import os
@@ -15,6 +15,14 @@ from gpipe import sampler  # noqa: E402
 
 
 class SamplerTest(unittest.TestCase):
+    def test_batches_are_the_cpp_samplers(self):
+        # tests/unit/data_sampler_test.cc (BatchesArePinned) pins the same.
+        self.assertEqual([sampler.batch_indices(3, 10, 4, s) for s in range(4)],
+                         [[5, 4, 0, 7], [1, 2, 8, 3], [6, 9, 9, 6],
+                          [7, 0, 3, 8]])
+        self.assertEqual(sampler.batch_indices(2**64 - 1, 7, 5, 3),
+                         [3, 6, 4, 0, 5])
+
     def test_micro_batches_are_contiguous_larger_first(self):
         self.assertEqual(sampler.micro_batch_ranges(10, 4),
                          [(0, 3), (3, 6), (6, 8), (8, 10)])

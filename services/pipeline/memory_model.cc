@@ -457,7 +457,8 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   out.batch = Mul(per_sample, Add(batch, std::max(batch, eval_batch)));
 
   if (first || last) {
-    out.data = Add(DatasetBytes(spec.data()),
+    out.data_set = DatasetBytes(spec.data());
+    out.data = Add(out.data_set,
                    Mul(Mul(TrainSamples(spec.data()), 8), kPermutations));
   }
   return out;
@@ -479,9 +480,11 @@ StageMemory Combined(const std::vector<StageMemory>& stages) {
     }
     // The worker opens the data set once for all its chunks (ZB-V's worker
     // 0 holds the first and the last stage); each chunk's sampler adds its
-    // permutations, a few bytes a sample, which the reserve covers.
-    w.data = std::max(w.data, c.data);
+    // permutations.
+    w.data = Add(w.data, c.data - c.data_set);
+    w.data_set = std::max(w.data_set, c.data_set);
   }
+  w.data = Add(w.data, w.data_set);
   return w;
 }
 

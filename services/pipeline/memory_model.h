@@ -57,6 +57,9 @@ struct StageMemory {
   // no activations are kept.
   int64_t evaluation = 0;
   int64_t data = 0;  // the data set and the sampler's permutations
+  // The data set's part of `data`, which a worker's chunks share (each has
+  // its own sampler).
+  int64_t data_set = 0;
   // The step's or an evaluation batch's inputs (first stage) and targets
   // (last stage), whichever is larger: host memory beside the stage's own.
   int64_t batch = 0;
@@ -80,10 +83,10 @@ struct StageMemory {
 // What several stages on one worker (a schedule's chunks) need
 // together, part by part: their trainings and their evaluations add up, and
 // the worker holds the larger of the two sums (StageMemory::total), not the
-// sum of each stage's larger one. Data counts once: the worker opens one
-// data set for all its chunks (ZB-V's worker 0 holds the first and the last
-// stage); a plan by the sum refused jobs that fit by 54 MiB of
-// Fashion-MNIST.
+// sum of each stage's larger one. The data set counts once: the worker
+// opens one for all its chunks (ZB-V's worker 0 holds the first and the
+// last stage; a plan by the sum refused jobs that fit by 54 MiB of
+// Fashion-MNIST), and each chunk's sampler adds its permutations.
 StageMemory Combined(const std::vector<StageMemory>& stages);
 
 // Where the stage sits and how the pipeline runs.

@@ -22,6 +22,19 @@ std::vector<int64_t> Stream(const Sampler& s, int64_t steps) {
   return out;
 }
 
+// The batches in figures: python/gpipe/sampler.py ports this sampler, and
+// python/tests/test_sampler.py pins the same ones, so neither side can
+// drift alone (a PyTorch loop fed by the port would train on other data).
+TEST(Sampler, BatchesArePinned) {
+  const Sampler sampler(3, 10, 4);
+  EXPECT_THAT(sampler.Indices(0), ::testing::ElementsAre(5, 4, 0, 7));
+  EXPECT_THAT(sampler.Indices(1), ::testing::ElementsAre(1, 2, 8, 3));
+  EXPECT_THAT(sampler.Indices(2), ::testing::ElementsAre(6, 9, 9, 6));
+  EXPECT_THAT(sampler.Indices(3), ::testing::ElementsAre(7, 0, 3, 8));
+  EXPECT_THAT(Sampler(~uint64_t{0}, 7, 5).Indices(3),
+              ::testing::ElementsAre(3, 6, 4, 0, 5));
+}
+
 TEST(Sampler, SameSeedSameIndices) {
   Sampler a(42, 100, 8), b(42, 100, 8);
   for (int64_t step : {0, 1, 12, 13, 500, 7}) {

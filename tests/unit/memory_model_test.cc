@@ -305,10 +305,18 @@ TEST(MemoryModel, AWorkersChunksShareItsDataSet) {
   ASSERT_TRUE(shapes.ok());
   const std::vector<StageMemory> m =
       EstimatePipelineMemory(spec, *shapes, {2, 4});
+  // Synthetic data: the sampler's permutations only, one set a chunk.
   ASSERT_GT(m[0].data, 0);
-  ASSERT_EQ(m[1].data, m[0].data);
-  const StageMemory both = Combined({m[0], m[1]});
-  EXPECT_EQ(both.data, m[0].data);
+  ASSERT_EQ(m[0].data_set, 0);
+  EXPECT_EQ(Combined({m[0], m[1]}).data, m[0].data + m[1].data);
+  // Fashion-MNIST: the images once, the permutations twice.
+  StageMemory first = m[0], last = m[1];
+  first.data_set = last.data_set = int64_t{50} << 20;
+  first.data += first.data_set;
+  last.data += last.data_set;
+  const StageMemory both = Combined({first, last});
+  EXPECT_EQ(both.data, first.data + m[1].data);
+  EXPECT_EQ(both.data_set, first.data_set);
   EXPECT_EQ(both.parameters, m[0].parameters + m[1].parameters);
   EXPECT_EQ(both.batch, m[0].batch + m[1].batch);
 }

@@ -52,6 +52,7 @@ TEST(SystemMemoryLimit, AnAddressSpaceLimitBoundsIt) {
   rlimit before{};
   ASSERT_EQ(getrlimit(RLIMIT_AS, &before), 0);
   const int64_t unlimited = SystemMemoryLimit();
+  const int64_t shared_before = SharedMemoryLimit();
   std::ifstream statm("/proc/self/statm");
   int64_t size = 0, resident = 0;
   ASSERT_TRUE(statm >> size >> resident);
@@ -70,7 +71,7 @@ TEST(SystemMemoryLimit, AnAddressSpaceLimitBoundsIt) {
   ASSERT_EQ(setrlimit(RLIMIT_AS, &before), 0);
   // `gpipectl local` divides only the shared half among its workers: each
   // inherits the address-space limit whole.
-  EXPECT_EQ(shared, unlimited);
+  EXPECT_EQ(shared, shared_before);
   // The room, read twice, differs by what the process touched in between.
   EXPECT_NEAR(static_cast<double>(limited), static_cast<double>(room_now),
               double{1 << 20});
@@ -81,7 +82,8 @@ TEST(SystemMemoryLimit, AnAddressSpaceLimitBoundsIt) {
 }
 
 // The cgroup file system as a container runtime leaves it: the smallest
-// limit on the process's path wins, "max" is none.
+// limit on the process's path wins, "max" is none. (The shared half alone:
+// under a `ulimit -v` the whole would read the address space's room.)
 TEST(SystemMemoryLimit, ReadsTheCgroupHierarchy) {
   std::ifstream in("/proc/self/cgroup");
   std::string line, path;
@@ -98,15 +100,15 @@ TEST(SystemMemoryLimit, ReadsTheCgroupHierarchy) {
   const auto write = [](const std::filesystem::path& p, const char* text) {
     std::ofstream(p) << text;
   };
-  const int64_t physical = SystemMemoryLimit(root.string() + "/none");
+  const int64_t physical = SharedMemoryLimit(root.string() + "/none");
   EXPECT_GT(physical, 0);
   write(own / "memory.max", "max\n");
-  EXPECT_EQ(SystemMemoryLimit(root.string()), physical);
+  EXPECT_EQ(SharedMemoryLimit(root.string()), physical);
   write(own / "memory.max", "536870912\n");
-  EXPECT_EQ(SystemMemoryLimit(root.string()), 512 * kMiB);
+  EXPECT_EQ(SharedMemoryLimit(root.string()), 512 * kMiB);
   if (own != root) {
     write(root / "memory.max", "268435456\n");  // a smaller parent wins
-    EXPECT_EQ(SystemMemoryLimit(root.string()), 256 * kMiB);
+    EXPECT_EQ(SharedMemoryLimit(root.string()), 256 * kMiB);
   }
   std::filesystem::remove_all(root);
 }
