@@ -93,6 +93,40 @@ int Usage(const char* usage) {
   return 2;
 }
 
+std::string JsonOf(const google::protobuf::Message& message,
+                   bool with_defaults) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = with_defaults;
+  std::string json;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
+}
+
+// ListJobs' summaries, as PrintJson prints messages (fields at 0 included),
+// but each spec with only the fields the summary keeps: filled in at 0,
+// the rest read as a seed of 0 for a job of seed 1.
+void PrintListJson(const gpipe::v1::ListJobsResponse& list) {
+  std::vector<std::string> jobs;
+  for (const gpipe::v1::Job& job : list.jobs()) {
+    gpipe::v1::Job rest = job;
+    rest.clear_spec();
+    const std::string others = JsonOf(rest, /*with_defaults=*/true);
+    jobs.push_back(
+        absl::StrCat("{\"spec\":", JsonOf(job.spec(), /*with_defaults=*/false),
+                     others.size() > 2 ? "," : "", others.substr(1)));
+  }
+  gpipe::v1::ListJobsResponse page;
+  page.set_next_page_token(list.next_page_token());
+  std::string json = JsonOf(page, /*with_defaults=*/true);
+  const std::string empty = "\"jobs\":[]";
+  if (const size_t at = json.find(empty); at != std::string::npos) {
+    json.replace(at, empty.size(),
+                 absl::StrCat("\"jobs\":[", absl::StrJoin(jobs, ","), "]"));
+  }
+  std::printf("%s\n", json.c_str());
+  std::fflush(stdout);
+}
+
 void PrintJson(const google::protobuf::Message& message, bool pretty) {
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = pretty;
@@ -745,7 +779,7 @@ int RunList(const std::vector<std::string>& args) {
   absl::StatusOr<gpipe::v1::ListJobsResponse> list = client.ListJobs();
   if (!list.ok()) return Fail("list", list.status());
   if (absl::GetFlag(FLAGS_json))
-    PrintJson(*list, /*pretty=*/true);
+    PrintListJson(*list);
   else
     PrintJobTable(*list);
   return 0;

@@ -80,7 +80,7 @@ const std::vector<Command>& Commands() {
        "and normalized as the model's training data was; --stages K runs\n"
        "it through K pipeline stages (each holding only its layers).\n"
        "MODEL.safetensors may be the folder --out or fetch wrote it into.",
-       {"top", "stages", "json", "logits"}},
+       {"top", "stages", "json", "logits", "csv_header"}},
       {"generate",
        "MODEL.safetensors --prompt TEXT",
        "continue a text with a language model",

@@ -629,6 +629,14 @@ int RunPlan(const std::vector<std::string>& args) {
         "--virtual-stages: the interleaved schedule needs 2 to ", layers,
         " chunks a stage (the model's layers), got ", v_flag)));
   }
+  // Replicas run one chunk a worker: --virtual-stages was dropped in
+  // silence beside them.
+  if (v_flag != 0 && pinned_replicas > 1) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat(
+        "--virtual-stages ", v_flag, " with --replicas ", pinned_replicas,
+        ": replicas run gpipe, 1f1b and zb-h1, one chunk a worker; the "
+        "interleaved schedule and zb-v run one pipeline")));
+  }
   // As `gpipectl train` refuses it: the plan planned 2 in silence.
   if (v_flag != 0 && v_flag != 2 && schedules.size() == 1 &&
       schedules[0] == ScheduleKind::kZeroBubbleV) {

@@ -41,6 +41,10 @@ _PATH_FIELDS = {
 }
 
 
+# What ListJobs keeps of a spec (controller.proto's ListJobsRequest).
+_SUMMARY_SPEC_FIELDS = ("name", "steps", "batchSize", "pipeline")
+
+
 def _resolve_paths(message, base):
     def absolute(path):
         return path if not path or os.path.isabs(path) else os.path.normpath(
@@ -202,12 +206,20 @@ class Client:
         return self.job(job_id).get("status", {})
 
     def jobs(self):
-        """Every job the controller keeps, newest first, as summaries."""
+        """Every job the controller keeps, newest first, as summaries: the
+        spec's name, steps, batchSize and pipeline only (job(id) has the
+        whole spec), and the status without its evaluations."""
         out, token = [], ""
         while True:
             page = self._call(self._stub.ListJobs, controller_pb2.ListJobsRequest(
                 page_size=1000, page_token=token))
-            out.extend(_to_dict(j) for j in page.jobs)
+            for j in page.jobs:
+                job = _to_dict(j)
+                # The summary leaves the rest of the spec out; filled in at
+                # 0 it read as a seed of 0 for a job of seed 1.
+                job["spec"] = {k: v for k, v in job.get("spec", {}).items()
+                               if k in _SUMMARY_SPEC_FIELDS}
+                out.append(job)
             token = page.next_page_token
             if not token:
                 return out

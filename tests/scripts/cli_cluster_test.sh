@@ -205,6 +205,12 @@ job=$(tail -n 1 <<<"$out")
 [[ -n "$job" && "$job" != *" "* ]] || fail "submit did not print a job id: $out"
 run "$gpipectl" --controller "$addr" list
 grep -q "^$job .*cli-cluster-test" <<<"$out" || fail "list does not show $job: $out"
+# A summary's spec holds what ListJobs keeps, no seed of 0 beside it.
+run "$gpipectl" --controller "$addr" list --json
+python3 -c 'import json, sys
+jobs = json.loads(sys.stdin.read())["jobs"]
+assert jobs and all("seed" not in j["spec"] and j["spec"]["steps"] and "status" in j for j in jobs), jobs' <<<"$out" ||
+  fail "list --json: $out"
 run "$gpipectl" --controller "$addr" status "$job"
 [[ $rc -eq 0 ]] || fail "status $job exited $rc: $out"
 grep -q "PENDING" <<<"$out" || fail "a job without workers is not PENDING: $out"

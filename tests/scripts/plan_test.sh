@@ -197,6 +197,8 @@ refused "--replicas 3 does not fit: the gradient groups G (the spec's gradientGr
   --replicas 3 --workers 6 --stages 2
 refused "the zb-v schedule places exactly 2 virtual stages (chunks) per worker, got 3" \
   --schedule zb-v --virtual-stages 3 --stages-range 2
+refused "--virtual-stages 2 with --replicas 2: replicas run gpipe, 1f1b and zb-h1" \
+  --replicas 2 --virtual-stages 2 --stages-range 2
 # Every replica count, not only powers of two: 6 workers run K=2 with 3.
 "$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
   --workers 6 --stages 2 --micro-batches 6 >"$work/r3" 2>&1 || { cat "$work/r3"; fail "plan --workers 6"; }

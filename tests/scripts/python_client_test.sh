@@ -48,7 +48,11 @@ with Client(address) as c:
     assert all("stage" in w for w in c.workers()), c.workers()
     files = c.fetch(job, out)
     assert files == [os.path.join(out, "model.safetensors")], files
-    assert any(j["id"] == job for j in c.jobs())
+    listed = [j for j in c.jobs() if j["id"] == job]
+    assert len(listed) == 1, c.jobs()
+    # A summary's spec is the fields ListJobs keeps: no seed read as 0.
+    assert set(listed[0]["spec"]) <= {"name", "steps", "batchSize", "pipeline"}, listed
+    assert listed[0]["spec"]["steps"] == 30, listed
     try:
         c.fetch(job, out, step=7)
         raise AssertionError("a step not kept was fetched")
