@@ -261,12 +261,19 @@ TEST(MemoryModel, GradientGroupsStayWithinTheEstimate) {
   }
 }
 
+// The two-stage Transformer's estimates, cut 2 | 4.
+std::vector<StageMemory> TwoStageTransformer(const v1::JobSpec& spec) {
+  auto shapes = InferModelShapes(spec.model());
+  EXPECT_TRUE(shapes.ok()) << shapes.status();
+  return shapes.ok() ? EstimatePipelineMemory(spec, *shapes, {2, 4})
+                     : std::vector<StageMemory>(2);
+}
+
 TEST(MemoryModel, ParametersGradientsAndOptimizerState) {
   const v1::JobSpec spec = Transformer(R"({"stages": 2})");
   auto shapes = InferModelShapes(spec.model());
   ASSERT_TRUE(shapes.ok());
-  const std::vector<StageMemory> m =
-      EstimatePipelineMemory(spec, *shapes, {2, 4});
+  const std::vector<StageMemory> m = TwoStageTransformer(spec);
   auto first = Model::Build(spec.model(), spec.seed(), 0, 2);
   ASSERT_TRUE(first.ok());
   int64_t bytes = 0;
@@ -301,10 +308,7 @@ TEST(MemoryModel, ParametersGradientsAndOptimizerState) {
 // MiB against 94 for ZB-H1, 54 MiB of it a second Fashion-MNIST.
 TEST(MemoryModel, AWorkersChunksShareItsDataSet) {
   const v1::JobSpec spec = Transformer(R"({"stages": 2})");
-  auto shapes = InferModelShapes(spec.model());
-  ASSERT_TRUE(shapes.ok());
-  const std::vector<StageMemory> m =
-      EstimatePipelineMemory(spec, *shapes, {2, 4});
+  const std::vector<StageMemory> m = TwoStageTransformer(spec);
   // Synthetic data: the sampler's permutations only, one set a chunk.
   ASSERT_GT(m[0].data, 0);
   ASSERT_EQ(m[0].data_set, 0);
