@@ -27,6 +27,7 @@
 #include "cli/security_flags.h"
 #include "cli/stage_figures.h"
 #include "google/protobuf/util/json_util.h"
+#include "google/protobuf/wrappers.pb.h"
 #include "services/core/bytes.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
@@ -102,18 +103,27 @@ std::string JsonOf(const google::protobuf::Message& message,
   return json;
 }
 
-// ListJobs' summaries, as PrintJson prints messages (fields at 0 included),
-// but each spec with only the fields the summary keeps: filled in at 0,
-// the rest read as a seed of 0 for a job of seed 1.
+// ListJobs' summaries, as PrintJson prints messages (fields at 0
+// included), but each spec with only the fields the summary keeps: filled in
+// at 0, the rest read as a seed of 0 for a job of seed 1.
 void PrintListJson(const gpipe::v1::ListJobsResponse& list) {
   std::vector<std::string> jobs;
   for (const gpipe::v1::Job& job : list.jobs()) {
+    const gpipe::v1::JobSpec& spec = job.spec();
+    google::protobuf::StringValue name;
+    name.set_value(spec.name());
+    const std::string summary =
+        absl::StrCat("{\"name\":", JsonOf(name, true), ",\"steps\":\"",
+                     spec.steps(), "\",\"batchSize\":\"", spec.batch_size(),
+                     "\",\"pipeline\":", JsonOf(spec.pipeline(), true), "}");
     gpipe::v1::Job rest = job;
     rest.clear_spec();
     const std::string others = JsonOf(rest, /*with_defaults=*/true);
-    jobs.push_back(
-        absl::StrCat("{\"spec\":", JsonOf(job.spec(), /*with_defaults=*/false),
-                     others.size() > 2 ? "," : "", others.substr(1)));
+    // "{...}" with its fields after the summary's spec; "{}" (or nothing,
+    // had printing failed) adds none.
+    jobs.push_back(absl::StrCat(
+        "{\"spec\":", summary,
+        others.size() > 2 ? absl::StrCat(",", others.substr(1)) : "}"));
   }
   gpipe::v1::ListJobsResponse page;
   page.set_next_page_token(list.next_page_token());
@@ -122,6 +132,8 @@ void PrintListJson(const gpipe::v1::ListJobsResponse& list) {
   if (const size_t at = json.find(empty); at != std::string::npos) {
     json.replace(at, empty.size(),
                  absl::StrCat("\"jobs\":[", absl::StrJoin(jobs, ","), "]"));
+  } else {
+    json = absl::StrCat("{\"jobs\":[", absl::StrJoin(jobs, ","), "]}");
   }
   std::printf("%s\n", json.c_str());
   std::fflush(stdout);

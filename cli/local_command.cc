@@ -201,11 +201,11 @@ class LocalCluster {
     // memory (or of this process's cgroup limit), so that together they
     // advertise no more than there is. An address-space limit (ulimit -v)
     // is each worker's whole, not a share (they inherit it): where it is
-    // the tighter, each worker measures its own room (its mappings are not
-    // this process's), as without --memory_limit.
+    // no looser than the share, each worker measures its own room past its
+    // own mappings (not this process's), as without --memory_limit.
     // A share too small to run anything is left to the workers' default.
     memory_each_ = SharedMemoryLimit() / std::max<int64_t>(count, 1);
-    if (AddressSpaceRoom() < memory_each_) memory_each_ = 0;
+    if (AddressSpaceLimit() <= memory_each_) memory_each_ = 0;
     if (memory_each_ < (int64_t{256} << 20)) memory_each_ = 0;
     for (int64_t i = 0; i < count; ++i) {
       RETURN_IF_ERROR(StartWorker(absl::StrCat(i)));

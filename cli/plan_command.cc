@@ -192,7 +192,7 @@ constexpr double kNormTraffic = 1;
 struct Option {
   int64_t k = 0;
   int64_t m = 0;
-  int64_t r = 1;  // data-parallel replicas, each running M / R micro-batches
+  int64_t r = 1;  // data-parallel replicas, each running whole groups
   int64_t v = 1;  // chunks per stage (interleaved)
   ScheduleKind schedule = ScheduleKind::kGPipe;
   RematMode remat = RematMode::kNever;
@@ -701,17 +701,19 @@ int RunPlan(const std::vector<std::string>& args) {
                                            double& weight_half) {
           const LayerCost& cost = shapes->costs[l];
           const double product = forward_per_sample[l] * mb;
-          weight_half = 0;
-          if (weight_read[l] == 0) {
-            backward = backward_per_sample[l] * mb;
-            return;
-          }
-          weight_half = std::max(
+          const double weight_product =
               cost.forward_flops > 0
                   ? product *
                         std::min(1.0, cost.weight_flops / cost.forward_flops)
-                  : product,
-              2 * weight_read[l]);
+                  : product;
+          // No whole weight read (an embedding's scatter is its whole
+          // backward, and its weight half), or no weight at all.
+          if (weight_read[l] == 0) {
+            backward = backward_per_sample[l] * mb;
+            weight_half = cost.deferred_bytes > 0 ? weight_product : 0;
+            return;
+          }
+          weight_half = std::max(weight_product, 2 * weight_read[l]);
           backward = std::max(product, 2 * weight_read[l]) +
                      (InputGradUsed(l) ? std::max(product, weight_read[l]) : 0);
         };
@@ -803,7 +805,7 @@ int RunPlan(const std::vector<std::string>& args) {
               config.stages = o.costs;
               // Each replica runs whole groups of M / G micro-batches of the
               // same size; with G groups over R replicas unevenly (G = 4,
-              // R = 3: 2, 1, 1) the replica with the most sets the pace.
+              // R = 3: 1, 1, 2) the replica with the most sets the pace.
               const int64_t groups = pinned_groups > 0 ? pinned_groups : r;
               const int64_t m_r = (groups + r - 1) / r * (m / groups);
               config.micro_batches = m_r;
@@ -840,7 +842,7 @@ int RunPlan(const std::vector<std::string>& args) {
                 o.min_bubble = std::min(o.min_bubble, st.bubble_fraction);
                 o.max_bubble = std::max(o.max_bubble, st.bubble_fraction);
               }
-              // A replica's stages: M / R micro-batches of the same size
+              // A replica's stages: its m_r micro-batches of the same size
               // (a replica's share of the batch: the batch term then counts
               // that share, where a replica's first stage gathers the whole
               // batch, a little less), and the replicas' sum. Evaluation

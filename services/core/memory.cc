@@ -117,22 +117,26 @@ int64_t SharedMemoryLimit(const std::string& cgroup_root) {
   return limit;
 }
 
+int64_t AddressSpaceLimit() {
+  rlimit address_space{};
+  if (::getrlimit(RLIMIT_AS, &address_space) != 0 ||
+      address_space.rlim_cur == RLIM_INFINITY) {
+    return kUnlimited;
+  }
+  return static_cast<int64_t>(std::min<rlim_t>(
+      address_space.rlim_cur, static_cast<rlim_t>(kUnlimited)));
+}
+
 int64_t AddressSpaceRoom() {
   // An address-space limit (ulimit -v) bounds the heap as well: what is
   // left of it past the mappings the process holds without touching them
   // (code, thread stacks). Unseen, a model it could not hold ended in
   // std::bad_alloc instead of the check's message.
-  rlimit address_space{};
-  if (::getrlimit(RLIMIT_AS, &address_space) == 0 &&
-      address_space.rlim_cur != RLIM_INFINITY) {
-    if (const Statm now = ReadStatm(); now.mapped > 0) {
-      const int64_t untouched = now.mapped - now.resident;
-      const int64_t cap = static_cast<int64_t>(std::min<rlim_t>(
-          address_space.rlim_cur, static_cast<rlim_t>(kUnlimited)));
-      return std::max<int64_t>(0, cap - untouched);
-    }
-  }
-  return kUnlimited;
+  const int64_t cap = AddressSpaceLimit();
+  if (cap == kUnlimited) return kUnlimited;
+  const Statm now = ReadStatm();
+  if (now.mapped <= 0) return kUnlimited;
+  return std::max<int64_t>(0, cap - (now.mapped - now.resident));
 }
 
 int64_t SystemMemoryLimit(const std::string& cgroup_root) {

@@ -33,7 +33,9 @@ int64_t SystemMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
 // the cgroups'), which workers on one machine divide among themselves...
 int64_t SharedMemoryLimit(const std::string& cgroup_root = "/sys/fs/cgroup");
 // ...and the address-space limit, which each process has whole (its
-// children inherit it): unlimited when there is none.
+// children inherit it): unlimited when there is none. The room is what is
+// left of it past this process's untouched mappings.
+int64_t AddressSpaceLimit();
 int64_t AddressSpaceRoom();
 
 // An allocation that fails throws std::bad_alloc, which nothing catches:

@@ -209,7 +209,8 @@ grep -q "^$job .*cli-cluster-test" <<<"$out" || fail "list does not show $job: $
 run "$gpipectl" --controller "$addr" list --json
 python3 -c 'import json, sys
 jobs = json.loads(sys.stdin.read())["jobs"]
-assert jobs and all("seed" not in j["spec"] and j["spec"]["steps"] and "status" in j for j in jobs), jobs' <<<"$out" ||
+assert jobs and all(set(j["spec"]) == {"name", "steps", "batchSize", "pipeline"} and
+                   "schedule" in j["spec"]["pipeline"] and "status" in j for j in jobs), jobs' <<<"$out" ||
   fail "list --json: $out"
 run "$gpipectl" --controller "$addr" status "$job"
 [[ $rc -eq 0 ]] || fail "status $job exited $rc: $out"

@@ -227,7 +227,7 @@ json.dump(spec, open(sys.argv[2], "w"))
 PY
 stage0() {  # R: plan's first stage line for R replicas
   "$gpipectl" plan "$work/g4.json" "${flops[@]}" --workers 6 --stages 2 --micro-batches 8 \
-    --schedule gpipe --remat never --replicas "$1" 2>&1 | grep -E '^      0  \['
+    --schedule gpipe --remat never --replicas "$1" 2>&1 | grep -E '^      0  \[' || true
 }
 s2=$(stage0 2) s3=$(stage0 3)
 b2=$(grep -o 'batch [0-9.]* [KMG]*i*B' <<<"$s2") b3=$(grep -o 'batch [0-9.]* [KMG]*i*B' <<<"$s3")
