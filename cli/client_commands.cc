@@ -296,6 +296,20 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
             : "");
   }
   rows.push_back({"samples/s:", rate});
+  // The simulator's step for the running cut from the stages' own layer
+  // times: far below the measured one, the pipeline waits on something
+  // other than its stages' work (links, a busy machine).
+  if (s.predicted_step_seconds() > 0) {
+    std::string step =
+        s.samples_per_second() > 0 && spec.batch_size() > 0
+            ? absl::StrFormat("%.1f ms (last step), ",
+                              1e3 * spec.batch_size() / s.samples_per_second())
+            : "";
+    absl::StrAppend(&step, absl::StrFormat("%.1f ms predicted from the stages' "
+                                           "layer times",
+                                           1e3 * s.predicted_step_seconds()));
+    rows.push_back({"step time:", step});
+  }
   rows.push_back(
       {"pipeline:",
        absl::StrCat(

@@ -1426,13 +1426,15 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   }
   // The step time gauges: measured with every step of the last stage, the
   // simulator's every kPredictEvery (it re-estimates the costs).
-  if (options_.metrics != nullptr && job->step_seconds > 0 && last_stage &&
-      p.replica() == 0) {
+  if (job->step_seconds > 0 && last_stage && p.replica() == 0) {
     constexpr int64_t kPredictEvery = 20;
-    options_.metrics->ObserveStepTime(job->id(), job->step_seconds,
-                                      job->step_reports % kPredictEvery == 0
-                                          ? PredictedStepSeconds(*job)
-                                          : 0);
+    const double predicted =
+        job->step_reports % kPredictEvery == 0 ? PredictedStepSeconds(*job) : 0;
+    if (predicted > 0) status.set_predicted_step_seconds(predicted);
+    if (options_.metrics != nullptr) {
+      options_.metrics->ObserveStepTime(job->id(), job->step_seconds,
+                                        predicted);
+    }
   }
   if (std::optional<std::string> measured = MeasureRepartition(*job)) {
     LogInfo("job %s: %s", job->id(), *measured);

@@ -58,6 +58,11 @@ ok "a model damaged on the controller's disk is refused"
 # step 30 of 40, and step 40 is refused naming what is kept.
 kept_steps=$(job_field "$job" "' '.join(c['step'] for c in s['checkpoints'])")
 [[ "$kept_steps" == "10 20 30" ]] || fail "kept checkpoints: $kept_steps, not 10 20 30"
+# status shows the simulator's step from the stages' layer times beside
+# the measured one.
+ctl status "$job" >"$work/status.txt"
+grep -Eq '^step time: +[0-9.]+ ms \(last step\), [0-9.]+ ms predicted from the stages. layer times' "$work/status.txt" ||
+  fail "status has no predicted step: $(cat "$work/status.txt")"
 refused "has no checkpoint of step 40; it keeps the checkpoints of steps 10, 20, 30" ctl fetch "$job" --step 40 -o "$work/none"
 kept=$(job_field "$job" "s['checkpoints'][-1]['step']")
 kept_dir=$(dirname "$(job_field "$job" "s['checkpoints'][-1]['manifestPath']")")

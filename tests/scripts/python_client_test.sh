@@ -45,6 +45,8 @@ with Client(address) as c:
     # 64-bit integers as ints, and fields at 0 present.
     assert status["step"] == 30, status
     assert status["restarts"] == 0, status
+    # The simulator's step from the stages' layer times, every 20 steps.
+    assert 0 < status["predictedStepSeconds"] < 10, status
     assert all("stage" in w for w in c.workers()), c.workers()
     files = c.fetch(job, out)
     assert files == [os.path.join(out, "model.safetensors")], files
