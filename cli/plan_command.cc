@@ -33,6 +33,7 @@
 #include "services/core/status.h"
 #include "services/nn/layer.h"
 #include "services/nn/layer_spec.h"
+#include "services/pipeline/gradient_tree.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
 #include "services/pipeline/memory_model.h"
@@ -689,65 +690,57 @@ int RunPlan(const std::vector<std::string>& args) {
       };
       for (int64_t m : ms) {
         const int64_t mb = (batch + m - 1) / m;
-        std::vector<double> forward(layers);
+        // Each layer's ops at this micro-batch size, once for every cut and
+        // schedule: the forward's product (StageCostsFromLayers adds the
+        // rest), the whole backward and its weight half (a split backward
+        // does the same work in two ops).
+        std::vector<double> forward(layers), backward(layers), weight(layers);
         for (int64_t l = 0; l < layers; ++l) {
-          forward[l] = forward_per_sample[l] * mb;
-          if (!weight_read.empty())
-            forward[l] = std::max(forward[l], weight_read[l]);
-        }
-        // The cost model's backward of layer l: the input half reads the
-        // weight, the weight half reads and writes its gradient.
-        const auto modelled_backward = [&](int64_t l, double& backward,
-                                           double& weight_half) {
           const LayerCost& cost = shapes->costs[l];
           const double product = forward_per_sample[l] * mb;
+          forward[l] = product;
+          backward[l] = backward_fixed[l] + backward_per_sample[l] * mb;
+          if (measured) {
+            weight[l] = weight_fixed[l] + weight_per_sample[l] * mb;
+            continue;
+          }
+          // The cost model: the forward and the input half read the
+          // weight, the weight half reads and writes its gradient (an
+          // embedding's scatter reads no whole table: weight_read 0).
           const double weight_product =
               cost.forward_flops > 0
                   ? product *
                         std::min(1.0, cost.weight_flops / cost.forward_flops)
                   : product;
-          // No whole weight read (an embedding's scatter is its whole
-          // backward, and its weight half), or no weight at all.
-          if (weight_read[l] == 0) {
-            backward = backward_per_sample[l] * mb;
-            weight_half = cost.deferred_bytes > 0 ? weight_product : 0;
-            return;
+          weight[l] = 0;
+          if (weight_read[l] > 0) {
+            forward[l] = std::max(product, weight_read[l]);
+            backward[l] =
+                backward_fixed[l] + std::max(product, 2 * weight_read[l]) +
+                (InputGradUsed(l) ? std::max(product, weight_read[l]) : 0);
           }
-          weight_half = std::max(weight_product, 2 * weight_read[l]);
-          backward = std::max(product, 2 * weight_read[l]) +
-                     (InputGradUsed(l) ? std::max(product, weight_read[l]) : 0);
-        };
+          // The fixed part of a layer's backward is mostly memory
+          // traffic, which splits with it rather than doubling.
+          if (cost.deferred_bytes > 0) {
+            weight[l] = std::max(weight_product, 2 * weight_read[l]) +
+                        backward_fixed[l] / 2;
+          }
+        }
         const auto stage_costs = [&](const std::vector<int64_t>& balance) {
           std::vector<StageCost> costs =
               StageCostsFromLayers(*shapes, forward, balance, mb);
           const std::vector<int64_t> begins = StageBegins(balance);
           for (size_t s = 0; s < balance.size(); ++s) {
+            // The backwards and weight halves above replace
+            // StageCostsFromLayers' estimates from the forward.
             costs[s].backward_seconds = 0;
-            // Measured weight halves, and the cost model's with its
-            // weights' traffic, replace StageCostsFromLayers' estimate.
             costs[s].weight_seconds = 0;
             for (int64_t l = begins[s]; l < begins[s] + balance[s]; ++l) {
               costs[s].norm_seconds += norm[l];
               costs[s].update_seconds += update[l];
               costs[s].forward_seconds += forward_fixed[l];
-              if (!weight_read.empty()) {  // the cost model
-                double backward = 0, weight_half = 0;
-                modelled_backward(l, backward, weight_half);
-                costs[s].backward_seconds += backward_fixed[l] + backward;
-                // A split backward does the same work in two ops: the
-                // fixed part of a layer's backward is mostly memory
-                // traffic, which splits with it rather than doubling.
-                if (shapes->costs[l].deferred_bytes > 0) {
-                  costs[s].weight_seconds +=
-                      weight_half + backward_fixed[l] / 2;
-                }
-                continue;
-              }
-              // Measured.
-              costs[s].backward_seconds +=
-                  backward_fixed[l] + backward_per_sample[l] * mb;
-              costs[s].weight_seconds +=
-                  weight_fixed[l] + weight_per_sample[l] * mb;
+              costs[s].backward_seconds += backward[l];
+              costs[s].weight_seconds += weight[l];
             }
             // The weight half is the forward's product (StageCostsFromLayers)
             // and never more than the backward it is part of.
@@ -807,7 +800,12 @@ int RunPlan(const std::vector<std::string>& args) {
               // same size; with G groups over R replicas unevenly (G = 4,
               // R = 3: 1, 1, 2) the replica with the most sets the pace.
               const int64_t groups = pinned_groups > 0 ? pinned_groups : r;
-              const int64_t m_r = (groups + r - 1) / r * (m / groups);
+              int64_t m_r = 0;
+              for (int64_t replica = 0; replica < r; ++replica) {
+                const RowRange mine =
+                    ReplicaMicroBatches(m, groups, r, replica);
+                m_r = std::max(m_r, mine.end - mine.begin);
+              }
               config.micro_batches = m_r;
               config.schedule = schedule;
               config.virtual_stages = v;
