@@ -122,14 +122,15 @@ void Avx2RowsTile(int64_t rows, int64_t depth, const float* ap, const float* bp,
       depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
 }
 
-// The 12 x 32 tile's steps over the depth with kLines prefetches a step
-// (none, the line at pf, or it and the next), a loop apiece: a test of the
-// prefetch's stride inside the loop cost the compute-bound products ~1%.
-template <int kLines>
+// The 12 x 32 tile's steps over the depth for its first kRows rows, with
+// kLines prefetches a step (none, the line at pf, or it and the next), a
+// loop apiece: a test of the prefetch's stride inside the loop cost the
+// compute-bound products ~1%.
+template <int kRows, int kLines>
 __attribute__((target("avx512f"), always_inline)) inline void Avx512Steps(
     int64_t depth, const float* ap, const float* bp, const float* pf,
-    int64_t pf_step, __m512 (&acc0)[12], __m512 (&acc1)[12]) {
-  constexpr int kMr = 12;
+    int64_t pf_step, __m512 (&acc0)[kRows], __m512 (&acc1)[kRows]) {
+  constexpr int kMr = 12;  // the packed sliver's rows, whatever kRows
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 32, pf += pf_step) {
     if constexpr (kLines > 0)
@@ -139,7 +140,7 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Steps(
     const __m512 b0 = _mm512_loadu_ps(bp);
     const __m512 b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 12
-    for (int i = 0; i < kMr; ++i) {
+    for (int i = 0; i < kRows; ++i) {
       const __m512 a = _mm512_set1_ps(ap[i]);
       acc0[i] = _mm512_fmadd_ps(a, b0, acc0[i]);
       acc1[i] = _mm512_fmadd_ps(a, b1, acc1[i]);
@@ -148,12 +149,14 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Steps(
 }
 
 // 12 x 32: twenty-four accumulators and two rows of B in the 32 zmm
-// registers, A broadcast from memory into each FMA.
-__attribute__((target("avx512f"))) void Avx512Tile(
+// registers, A broadcast from memory into each FMA. kRows < 12 is the tile
+// for C's last rows (Avx512RowsTile).
+template <int kRows>
+__attribute__((target("avx512f"))) void Avx512TileOf(
     int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
     bool accumulate, float scale, const float* bias, const float* pf,
     int64_t pf_step) {
-  constexpr int kMr = 12;
+  constexpr int kMr = kRows;
   __m512 acc0[kMr], acc1[kMr];
 #pragma GCC unroll 12
   for (int i = 0; i < kMr; ++i) {
@@ -162,11 +165,11 @@ __attribute__((target("avx512f"))) void Avx512Tile(
         accumulate ? _mm512_loadu_ps(c + i * ldc + 16) : _mm512_setzero_ps();
   }
   if (pf_step == 0) {
-    Avx512Steps<0>(depth, ap, bp, pf, 0, acc0, acc1);
+    Avx512Steps<kRows, 0>(depth, ap, bp, pf, 0, acc0, acc1);
   } else if (pf_step > 16) {
-    Avx512Steps<2>(depth, ap, bp, pf, pf_step, acc0, acc1);
+    Avx512Steps<kRows, 2>(depth, ap, bp, pf, pf_step, acc0, acc1);
   } else {
-    Avx512Steps<1>(depth, ap, bp, pf, pf_step, acc0, acc1);
+    Avx512Steps<kRows, 1>(depth, ap, bp, pf, pf_step, acc0, acc1);
   }
   // Without this GCC keeps the tile's row addresses from the loads above
   // alive through the loop, in vector registers it then lacks for B.
@@ -187,12 +190,33 @@ __attribute__((target("avx512f"))) void Avx512Tile(
   }
 }
 
-// The 12 x 16 tile's steps over the depth, with or without a prefetch a
-// step.
-template <bool kPrefetch>
+void Avx512Tile(int64_t depth, const float* ap, const float* bp, float* c,
+                int64_t ldc, bool accumulate, float scale, const float* bias,
+                const float* pf, int64_t pf_step) {
+  Avx512TileOf<12>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
+}
+
+// C's last 1-11 rows on C itself, as Avx2RowsTile: a micro-batch of 32
+// samples is 2 tiles and 8 rows, and the whole tile on a copy computed a
+// ninth of such a product's multiply-adds for nothing.
+void Avx512RowsTile(int64_t rows, int64_t depth, const float* ap,
+                    const float* bp, float* c, int64_t ldc, bool accumulate,
+                    float scale, const float* bias, const float* pf,
+                    int64_t pf_step) {
+  static constexpr decltype(&Avx512TileOf<1>) kByRows[] = {
+      Avx512TileOf<1>, Avx512TileOf<2>,  Avx512TileOf<3>, Avx512TileOf<4>,
+      Avx512TileOf<5>, Avx512TileOf<6>,  Avx512TileOf<7>, Avx512TileOf<8>,
+      Avx512TileOf<9>, Avx512TileOf<10>, Avx512TileOf<11>};
+  kByRows[std::clamp<int64_t>(rows, 1, 11) - 1](
+      depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
+}
+
+// The 12 x 16 tile's steps over the depth for its first kRows rows, with or
+// without a prefetch a step.
+template <int kRows, bool kPrefetch>
 __attribute__((target("avx512f"), always_inline)) inline void Avx512NarrowSteps(
     int64_t depth, const float* ap, const float* bp, const float* pf,
-    int64_t pf_step, __m512 (&acc)[12]) {
+    int64_t pf_step, __m512 (&acc)[kRows]) {
   constexpr int kMr = 12;
 #pragma GCC unroll 4
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16, pf += pf_step) {
@@ -200,7 +224,7 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512NarrowSteps(
       _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
     const __m512 b = _mm512_loadu_ps(bp);
 #pragma GCC unroll 12
-    for (int i = 0; i < kMr; ++i)
+    for (int i = 0; i < kRows; ++i)
       acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(ap[i]), b, acc[i]);
   }
 }
@@ -208,20 +232,21 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512NarrowSteps(
 // 12 x 16, for products at most 16 columns wide (a classifier's head, the
 // first convolution's weight gradient): the 12 x 32 tile would compute as
 // many padded columns as real ones. Twelve accumulators, one row of B, the
-// same chains.
-__attribute__((target("avx512f"))) void Avx512NarrowTile(
+// same chains; kRows < 12 for C's last rows.
+template <int kRows>
+__attribute__((target("avx512f"))) void Avx512NarrowTileOf(
     int64_t depth, const float* ap, const float* bp, float* c, int64_t ldc,
     bool accumulate, float scale, const float* bias, const float* pf,
     int64_t pf_step) {
-  constexpr int kMr = 12;
+  constexpr int kMr = kRows;
   __m512 acc[kMr];
 #pragma GCC unroll 12
   for (int i = 0; i < kMr; ++i)
     acc[i] = accumulate ? _mm512_loadu_ps(c + i * ldc) : _mm512_setzero_ps();
   if (pf_step > 0) {
-    Avx512NarrowSteps<true>(depth, ap, bp, pf, pf_step, acc);
+    Avx512NarrowSteps<kRows, true>(depth, ap, bp, pf, pf_step, acc);
   } else {
-    Avx512NarrowSteps<false>(depth, ap, bp, pf, 0, acc);
+    Avx512NarrowSteps<kRows, false>(depth, ap, bp, pf, 0, acc);
   }
   asm("" : "+r"(ldc));
   const __m512 s = _mm512_set1_ps(scale);
@@ -233,14 +258,35 @@ __attribute__((target("avx512f"))) void Avx512NarrowTile(
   }
 }
 
+void Avx512NarrowTile(int64_t depth, const float* ap, const float* bp, float* c,
+                      int64_t ldc, bool accumulate, float scale,
+                      const float* bias, const float* pf, int64_t pf_step) {
+  Avx512NarrowTileOf<12>(depth, ap, bp, c, ldc, accumulate, scale, bias, pf,
+                         pf_step);
+}
+
+void Avx512NarrowRowsTile(int64_t rows, int64_t depth, const float* ap,
+                          const float* bp, float* c, int64_t ldc,
+                          bool accumulate, float scale, const float* bias,
+                          const float* pf, int64_t pf_step) {
+  static constexpr decltype(&Avx512NarrowTileOf<1>) kByRows[] = {
+      Avx512NarrowTileOf<1>,  Avx512NarrowTileOf<2>, Avx512NarrowTileOf<3>,
+      Avx512NarrowTileOf<4>,  Avx512NarrowTileOf<5>, Avx512NarrowTileOf<6>,
+      Avx512NarrowTileOf<7>,  Avx512NarrowTileOf<8>, Avx512NarrowTileOf<9>,
+      Avx512NarrowTileOf<10>, Avx512NarrowTileOf<11>};
+  kByRows[std::clamp<int64_t>(rows, 1, 11) - 1](
+      depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
+}
+
 // kc and mc were swept over square and `gemm_bench --suite sizes` shapes on
 // one core (bench/README.md, "Our own GEMM"): a deeper pass stores and
 // reloads C less often, and at 384 the kc x nr sliver of B is about L1's
 // size (48 KiB for AVX-512) while mc x kc of A stays well inside L2.
 constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile, Avx2RowsTile};
-constexpr GemmTile kAvx512{"avx512", 12, 32, 144, 384, Avx512Tile, nullptr};
-constexpr GemmTile kAvx512Narrow{"avx512-narrow",  12,     16, 144, 384,
-                                 Avx512NarrowTile, nullptr};
+constexpr GemmTile kAvx512{"avx512",      12, 32, 144, 384, Avx512Tile,
+                           Avx512RowsTile};
+constexpr GemmTile kAvx512Narrow{
+    "avx512-narrow", 12, 16, 144, 384, Avx512NarrowTile, Avx512NarrowRowsTile};
 static_assert(kAvx2.mr * kAvx2.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512.mr * kAvx512.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512Narrow.mr * kAvx512Narrow.nr <= kMaxGemmTileFloats);
