@@ -128,6 +128,59 @@ TEST(VectorClonesTest, CrossEntropyGivesTheScalarBits) {
   }
 }
 
+// The largest logit and its first column, as a scan from the first with
+// `>` finds them (a NaN is never larger; a NaN first one stays).
+LaneTop ScanTop(int64_t n, const float* x) {
+  LaneTop top{x[0], 0};
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > top.value) top = {x[i], i};
+  return top;
+}
+
+TEST(VectorClonesTest, ArgMaxIsTheScansFirstLargest) {
+  const float nan = std::nanf("");
+  for (int64_t n : {1, 3, 8, 31, 32, 33, 63, 64, 65, 100, 1031, 4099}) {
+    for (int pattern = 0; pattern < 7; ++pattern) {
+      std::vector<float> z = Random(n, 40 + pattern, 5.0f);
+      const int64_t a = n / 3, b = n - 1;
+      switch (pattern) {
+        case 1:  // the largest twice, in different blocks or the tail
+          z[a] = z[b] = 9.0f;
+          break;
+        case 2:  // twice in one vector
+          z[a] = 9.0f;
+          if (a + 1 < n) z[a + 1] = 9.0f;
+          break;
+        case 3:  // a NaN first: it is the answer
+          z[0] = nan;
+          break;
+        case 4:  // NaNs later are skipped
+          z[a] = nan;
+          z[b] = nan;
+          break;
+        case 5:  // the largest is zero, of both signs
+          for (float& x : z) x = -std::fabs(x) - 1.0f;
+          z[a] = -0.0f;
+          z[b] = 0.0f;
+          break;
+        case 6:  // all equal
+          for (float& x : z) x = 2.0f;
+          break;
+      }
+      const LaneTop want = ScanTop(n, z.data());
+      const LaneTop got = LaneArgMax(n, z.data());
+      EXPECT_EQ(got.index, want.index) << n << " pattern " << pattern;
+      EXPECT_EQ(std::memcmp(&got.value, &want.value, sizeof(float)), 0)
+          << n << " pattern " << pattern;
+      // The kernel's clone for this CPU counts the same answer.
+      const int32_t t = static_cast<int32_t>(want.index);
+      const CrossEntropyResult r =
+          SoftmaxCrossEntropy(1, n, z.data(), &t, 1.0, nullptr);
+      EXPECT_EQ(r.correct, 1) << n << " pattern " << pattern;
+    }
+  }
+}
+
 SCALAR void AdamWRef(int64_t n, const float* g, float* w, float* m, float* v) {
   for (int64_t j = 0; j < n; ++j) {
     w[j] *= 0.999f;

@@ -4,6 +4,7 @@
 #define GPIPE_SERVICES_TENSOR_CPU_VECTOR_CLONES_H_
 
 #include <cstdint>
+#include <cstring>
 
 // GPIPE_VECTOR_CLONES before a kernel compiles it three times, for x86-64-v4
 // (AVX-512: 16 floats a vector), x86-64-v3 (AVX2 and FMA: 8) and the
@@ -100,33 +101,54 @@ struct LaneTop {
 
 // The largest of x[0..n) (n >= 1) and the first index holding it, as a
 // scalar scan from x[0] with `>` finds them: a NaN is never larger (so a
-// NaN x[0] is the answer, at 0). Each lane keeps its first largest, and
-// ties between lanes go to the lower index, so the answer is the scan's
-// whatever the vector width.
+// NaN x[0] is the answer, at 0). Two passes: the largest value, then the
+// first element equal to it. The answer is the scan's whatever the vector
+// width: the largest value is one number (the two zeros compare equal, and
+// the value returned is the element's own), and its first index is where
+// the scan kept it, since a later equal element is not larger.
+// The first pass keeps 32 running maxima in four 8-float vectors (GCC's
+// vector extension: two registers each in the baseline clone): a loop of
+// per-lane selects over an array kept its lanes on the stack, a store and
+// a reload each step, and took 1.7 ms for a 32000-class loss over 4096
+// rows (`elementwise_bench`'s cross-entropy) against 0.74 now.
 [[gnu::always_inline]] inline LaneTop LaneArgMax(int64_t n, const float* x) {
-  float value[kLanes];
-  int64_t index[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) value[l] = x[0], index[l] = 0;
+  typedef float Floats8 __attribute__((vector_size(32)));
+  typedef int32_t Ints8 __attribute__((vector_size(32)));
+  constexpr int64_t kGroups = 4, kStep = 8 * kGroups;
+  Floats8 best[kGroups];
+  for (Floats8& b : best) b = Floats8{} + x[0];
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float v = x[i + l];
-      const bool larger = v > value[l];
-      value[l] = larger ? v : value[l];
-      index[l] = larger ? i + l : index[l];
+  for (; i + kStep <= n; i += kStep) {
+    for (int64_t g = 0; g < kGroups; ++g) {
+      Floats8 v;
+      std::memcpy(&v, x + i + 8 * g, sizeof v);
+      const Ints8 larger = v > best[g];
+      best[g] = reinterpret_cast<Floats8>(
+          (reinterpret_cast<Ints8>(v) & larger) |
+          (reinterpret_cast<Ints8>(best[g]) & ~larger));
     }
   }
-  for (int64_t l = 0; i < n; ++i, ++l) {
-    if (x[i] > value[l]) value[l] = x[i], index[l] = i;
-  }
-  LaneTop top{value[0], index[0]};
-  for (int64_t l = 1; l < kLanes; ++l) {
-    if (value[l] > top.value ||
-        (value[l] == top.value && index[l] < top.index)) {
-      top = {value[l], index[l]};
+  float m = x[0];
+  for (const Floats8& b : best)
+    for (int l = 0; l < 8; ++l) m = b[l] > m ? b[l] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  if (m != m) return {x[0], 0};  // x[0] is NaN: nothing was larger
+  // The first block of kStep that holds m, then the element in it.
+  int64_t start = 0;
+  for (; start + kStep <= n; start += kStep) {
+    Ints8 hit = {};
+    for (int64_t g = 0; g < kGroups; ++g) {
+      Floats8 v;
+      std::memcpy(&v, x + start + 8 * g, sizeof v);
+      hit |= v == m;
     }
+    bool any = false;
+    for (int l = 0; l < 8; ++l) any |= hit[l] != 0;
+    if (any) break;
   }
-  return top;
+  for (int64_t j = start; j < n; ++j)
+    if (x[j] == m) return {x[j], j};
+  return {x[0], 0};  // not reached: m is one of x
 }
 
 }  // namespace gpipe::cpu
