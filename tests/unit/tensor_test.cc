@@ -12,6 +12,7 @@
 #include "services/tensor/allocator.h"
 #include "services/tensor/cpu/conv.h"
 #include "services/tensor/cpu/dropout_avx2.h"
+#include "services/tensor/cpu/dropout_avx512.h"
 #include "services/tensor/cpu/elementwise.h"
 #include "services/tensor/cpu/gemm.h"
 #include "services/tensor/cpu/layer_norm.h"
@@ -304,23 +305,30 @@ TEST(Dropout, KeepsExactlyTheElementsUniformAtKeeps) {
   const std::vector<float> x = Random(n, 11);
   for (const float p : {0.1f, 0.5f}) {
     const uint64_t key = MixKey({42, static_cast<uint64_t>(p * 10)});
-    std::vector<float> y(n), avx2(n, -1.0f);
+    std::vector<float> y(n), avx2(n, -1.0f), avx512(n, -1.0f);
     cpu::DropoutForward(n, p, key, x.data(), y.data());
-    // The AVX2 kernel wherever this CPU can run it, whichever DropoutForward
-    // picks, in two ranges whose boundary is not a vector's.
+    // The AVX2 and AVX-512 kernels wherever this CPU can run them,
+    // whichever DropoutForward picks, in two ranges whose boundary is not a
+    // vector's.
     const bool has_avx2 =
         cpu::DropoutRangeAvx2(0, 4099, p, key, x.data(), avx2.data()) &&
         cpu::DropoutRangeAvx2(4099, n, p, key, x.data(), avx2.data());
+    const bool has_avx512 =
+        cpu::DropoutRangeAvx512(0, 4099, p, key, x.data(), avx512.data()) &&
+        cpu::DropoutRangeAvx512(4099, n, p, key, x.data(), avx512.data());
     const float scale = 1.0f / (1.0f - p);
-    int64_t kept = 0, wrong = 0, wrong_avx2 = 0;
+    int64_t kept = 0, wrong = 0, wrong_avx2 = 0, wrong_avx512 = 0;
     for (int64_t i = 0; i < n; ++i) {
       const float want = UniformAt(key, i) >= p ? x[i] * scale : 0.0f;
       wrong += std::memcmp(&want, &y[i], sizeof(float)) != 0;
       wrong_avx2 += has_avx2 && std::memcmp(&want, &avx2[i], sizeof(float));
+      wrong_avx512 +=
+          has_avx512 && std::memcmp(&want, &avx512[i], sizeof(float));
       kept += y[i] != 0.0f;
     }
     EXPECT_EQ(wrong, 0) << "p " << p;
     EXPECT_EQ(wrong_avx2, 0) << "p " << p;
+    EXPECT_EQ(wrong_avx512, 0) << "p " << p;
     EXPECT_NEAR(static_cast<double>(kept) / n, 1.0 - p, 0.01) << "p " << p;
   }
 }

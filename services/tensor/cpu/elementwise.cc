@@ -5,6 +5,7 @@
 
 #include "services/core/rng.h"
 #include "services/tensor/cpu/dropout_avx2.h"
+#include "services/tensor/cpu/dropout_avx512.h"
 #include "services/tensor/cpu/normal.h"
 #include "services/tensor/cpu/tanh.h"
 #include "services/tensor/cpu/vector_clones.h"
@@ -131,13 +132,21 @@ void DropoutVectorized(int64_t n, float p, uint64_t key, const float* x,
 
 void DropoutForward(int64_t n, float p, uint64_t key, const float* x,
                     float* y) {
-  if (!DropoutPrefersAvx2()) return DropoutVectorized(n, p, key, x, y);
+  const bool avx512 = DropoutHasAvx512();
+  if (!avx512 && !DropoutPrefersAvx2())
+    return DropoutVectorized(n, p, key, x, y);
   // Blocks a thread, each the same bits as the whole.
   constexpr int64_t kBlock = int64_t{1} << 14;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
 #pragma omp parallel for if (n > kParallelMin / 4)
-  for (int64_t b = 0; b < blocks; ++b)
-    DropoutRangeAvx2(b * kBlock, std::min(n, (b + 1) * kBlock), p, key, x, y);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, (b + 1) * kBlock);
+    if (avx512) {
+      DropoutRangeAvx512(begin, end, p, key, x, y);
+    } else {
+      DropoutRangeAvx2(begin, end, p, key, x, y);
+    }
+  }
 }
 
 void DropoutBackward(int64_t n, float p, uint64_t key, const float* dy,
