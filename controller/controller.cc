@@ -1938,22 +1938,22 @@ void Controller::OnCheckpointed(WorkerRecord& worker,
                            job->checkpointing.upper_bound(c.step()));
   EnqueueIo(
       [this, id = job->id(), epoch = job->status().epoch(),
-       all = std::move(all)]() mutable {
-        CommitCheckpointIo(id, epoch, std::move(all));
+       all = std::move(all), spec = job->job.spec()]() mutable {
+        CommitCheckpointIo(id, epoch, std::move(all), spec);
       },
       IoTask::kFinishOnStop);
 }
 
-void Controller::CommitCheckpointIo(
-    const std::string& job_id, int64_t epoch,
-    std::vector<v1::StageCheckpointed> reports) {
+void Controller::CommitCheckpointIo(const std::string& job_id, int64_t epoch,
+                                    std::vector<v1::StageCheckpointed> reports,
+                                    const v1::JobSpec& spec) {
   const int64_t step = reports.front().step();
   const size_t running = reports.size();
   absl::Status verified = VerifyCheckpointReports(reports);
   absl::StatusOr<v1::CheckpointRef> ref =
-      verified.ok()
-          ? CommitCheckpoint(options_.checkpoint_dir, job_id, epoch, reports)
-          : verified;
+      verified.ok() ? CommitCheckpoint(options_.checkpoint_dir, job_id, epoch,
+                                       reports, spec)
+                    : verified;
   std::vector<std::string> dropped;
   {
     absl::MutexLock lock(&mu_);
@@ -2311,6 +2311,7 @@ void Controller::MergeIo(const std::string& id) {
   std::map<std::string, std::string> metadata;
   int64_t step = 0;
   std::vector<v1::StageCheckpointed> stages;
+  v1::JobSpec spec;
   {
     absl::MutexLock lock(&mu_);
     JobRecord* job = jobs_.Find(id);
@@ -2321,6 +2322,7 @@ void Controller::MergeIo(const std::string& id) {
         storage::JobCheckpointDir(options_.checkpoint_dir, id));
     step = job->status().step();
     metadata = ModelFileMetadata(job->job.spec(), step);
+    spec = job->job.spec();
     for (const v1::StageStatus& stage : job->status().stages()) {
       if (stage.stage() < 0 ||
           stage.stage() >= static_cast<int64_t>(paths.size())) {
@@ -2340,7 +2342,7 @@ void Controller::MergeIo(const std::string& id) {
   absl::Status merged = absl::OkStatus();
   if (!paths.empty()) {
     merged = CommitFinalParameters(options_.checkpoint_dir, id, epoch, step,
-                                   std::move(stages))
+                                   std::move(stages), spec)
                  .status();
   }
   if (merged.ok()) merged = MergeStageParameters(paths, out_path, metadata);

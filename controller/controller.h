@@ -374,10 +374,12 @@ class Controller {
   // balancer says it pays (rebalance.h), as a restart from that checkpoint.
   void Rebalance(JobRecord& job, int64_t step, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Verifies the stages' files of a checkpoint, writes its manifest, then
-  // records it (grows an elastic job back, or re-partitions it).
+  // Verifies the stages' files of a checkpoint, writes its manifest (with
+  // the job's `spec`), then records it (grows an elastic job back, or
+  // re-partitions it).
   void CommitCheckpointIo(const std::string& job_id, int64_t epoch,
-                          std::vector<gpipe::v1::StageCheckpointed> reports)
+                          std::vector<gpipe::v1::StageCheckpointed> reports,
+                          const gpipe::v1::JobSpec& spec)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Finds the newest intact checkpoint of `committed` for the job's next
   // start, drops the corrupt ones, and schedules again.

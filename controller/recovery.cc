@@ -98,9 +98,11 @@ v1::CheckpointFile ManifestEntry(const v1::StageCheckpointed& r) {
 // Writes the manifest of `reports` (their files in `dir`) into `dir`.
 absl::StatusOr<v1::CheckpointRef> WriteCommit(
     const std::string& dir, const std::string& job_id, int64_t epoch,
-    int64_t step, const std::vector<v1::StageCheckpointed>& reports) {
+    int64_t step, const std::vector<v1::StageCheckpointed>& reports,
+    const v1::JobSpec& spec) {
   v1::CheckpointManifest manifest;
   manifest.set_job_id(job_id);
+  *manifest.mutable_spec() = spec;
   manifest.set_step(step);
   manifest.set_epoch(epoch);
   for (const v1::StageCheckpointed& r : reports) {
@@ -118,18 +120,20 @@ absl::StatusOr<v1::CheckpointRef> WriteCommit(
 
 absl::StatusOr<v1::CheckpointRef> CommitCheckpoint(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
-    const std::vector<v1::StageCheckpointed>& reports) {
+    const std::vector<v1::StageCheckpointed>& reports,
+    const v1::JobSpec& spec) {
   if (reports.empty()) {
     return absl::InvalidArgumentError("a checkpoint needs at least one stage");
   }
   const int64_t step = reports.front().step();
   return WriteCommit(StepDirOf(checkpoint_dir, job_id, step), job_id, epoch,
-                     step, reports);
+                     step, reports, spec);
 }
 
 absl::StatusOr<v1::CheckpointRef> CommitFinalParameters(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
-    int64_t step, std::vector<v1::StageCheckpointed> stages) {
+    int64_t step, std::vector<v1::StageCheckpointed> stages,
+    const v1::JobSpec& spec) {
   if (stages.empty()) {
     return absl::InvalidArgumentError("final parameters need a stage");
   }
@@ -146,7 +150,7 @@ absl::StatusOr<v1::CheckpointRef> CommitFinalParameters(
   }
   return WriteCommit(storage::FinalParametersDir(
                          storage::JobCheckpointDir(checkpoint_dir, job_id)),
-                     job_id, epoch, step, stages);
+                     job_id, epoch, step, stages, spec);
 }
 
 bool RemoveFinalParametersRefs(const std::string& checkpoint_dir,

@@ -41,10 +41,13 @@ absl::Status CheckFinishedReport(const std::string& checkpoint_dir,
                                  const gpipe::v1::StageFinished& report);
 
 // Writes the manifest of `reports` (one per stage, all of one step) in that
-// step's directory, atomically, and returns its reference.
+// step's directory, atomically, and returns its reference. The manifest
+// records `spec`, the job's as it runs, so a fetched checkpoint says what
+// its ids and columns mean (CheckpointManifest.spec).
 absl::StatusOr<gpipe::v1::CheckpointRef> CommitCheckpoint(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
-    const std::vector<gpipe::v1::StageCheckpointed>& reports);
+    const std::vector<gpipe::v1::StageCheckpointed>& reports,
+    const gpipe::v1::JobSpec& spec = {});
 
 // Commits the final parameters: hashes each stage's final file (`stages`:
 // path, stage and layer range) and writes their manifest in the job's
@@ -53,7 +56,8 @@ absl::StatusOr<gpipe::v1::CheckpointRef> CommitCheckpoint(
 // call it off the controller's lock.
 absl::StatusOr<gpipe::v1::CheckpointRef> CommitFinalParameters(
     const std::string& checkpoint_dir, const std::string& job_id, int64_t epoch,
-    int64_t step, std::vector<gpipe::v1::StageCheckpointed> stages);
+    int64_t step, std::vector<gpipe::v1::StageCheckpointed> stages,
+    const gpipe::v1::JobSpec& spec = {});
 
 // Drops from `status`'s checkpoints any ref to the job's final parameters
 // (which a controller before this one listed); true when one was dropped.

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -82,14 +83,14 @@ bool NeedsStandardization(const v1::DataSpec& data) {
 
 void AdoptInitFromPreprocessing(v1::JobSpec* spec) {
   if (!spec->has_init_from() || spec->init_from().path().empty()) return;
-  std::error_code ec;
-  const std::string path = ModelFilePath(spec->init_from().path());
-  if (!std::filesystem::is_regular_file(path, ec)) return;
-  // The stored spec as it ran: ReadModelFileInfo resolves nothing of it,
-  // so a file naming itself (a model trained on in place) reads once.
-  absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(path);
-  if (!info.ok()) return;  // weights alone, or a checkpoint's stage file
-  const v1::DataSpec& trained = info->spec.data();
+  // The stored spec as it ran (a model file's, or a fetched checkpoint's
+  // manifest's): RecordedJobSpec resolves nothing of it, so a file naming
+  // itself (a model trained on in place) reads once. A checkpoint's ids
+  // shifted under its embedding when it recorded none.
+  const std::optional<v1::JobSpec> recorded =
+      RecordedJobSpec(spec->init_from().path());
+  if (!recorded.has_value()) return;  // weights alone, a stage file
+  const v1::DataSpec& trained = recorded->data();
   v1::DataSpec& data = *spec->mutable_data();
   if (data.has_text() && data.text().vocabulary().empty() &&
       trained.has_text() && !trained.text().vocabulary().empty()) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -140,6 +141,43 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   return info;
 }
 
+absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
+    const std::string& dir) {
+  const std::string manifest_path =
+      (std::filesystem::path(dir) / storage::kManifestName).string();
+  ASSIGN_OR_RETURN(const gpipe::v1::CheckpointManifest manifest,
+                   storage::ReadManifest(manifest_path));
+  if (!manifest.has_spec()) return std::nullopt;
+  // Checked as a model file's gpipe.job is, its init_from aside.
+  gpipe::v1::JobSpec spec = manifest.spec();
+  const bool had_init = spec.has_init_from();
+  const gpipe::v1::InitFrom init = spec.init_from();
+  spec.clear_init_from();
+  if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat(manifest_path, ": its spec: ", s.message()));
+  }
+  if (had_init) *spec.mutable_init_from() = init;
+  return spec;
+}
+
+std::optional<gpipe::v1::JobSpec> RecordedJobSpec(const std::string& path) {
+  std::error_code ec;
+  const std::string model = ModelFilePath(path);
+  if (std::filesystem::is_regular_file(model, ec)) {
+    absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(model);
+    if (!info.ok()) return std::nullopt;  // weights alone, a stage file
+    return std::move(info->spec);
+  }
+  if (!std::filesystem::exists(
+          std::filesystem::path(model) / storage::kManifestName, ec)) {
+    return std::nullopt;
+  }
+  absl::StatusOr<std::optional<gpipe::v1::JobSpec>> spec =
+      CheckpointJobSpec(model);
+  return spec.ok() ? *std::move(spec) : std::nullopt;
+}
+
 std::string ModelFilePath(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_directory(path, ec)) return path;
@@ -147,49 +185,14 @@ std::string ModelFilePath(const std::string& path) {
   return std::filesystem::is_regular_file(inside, ec) ? inside : path;
 }
 
-absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
-                                               const std::string& job_path) {
-  const std::string model = ModelFilePath(path);
-  std::error_code ec;
-  const bool checkpoint =
-      std::filesystem::is_directory(model, ec) &&
-      std::filesystem::exists(
-          std::filesystem::path(model) / storage::kManifestName, ec);
-  if (checkpoint) {
-    // A checkpoint (`fetch JOB --step N`): its stages' files and manifest
-    // record no model spec, so the job's spec says what the model is.
-    if (job_path.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path,
-          ": a checkpoint (its stages' files and MANIFEST.json), which "
-          "records no model spec: eval takes it with the job's spec after "
-          "it (gpipectl eval ",
-          path,
-          " JOB.json); predict and generate take a model file (gpipectl "
-          "fetch JOB, without --step, once the job has succeeded)"));
-    }
-    // The job's own init_from is no part of serving the checkpoint, but a
-    // model file it started from says how the job read its data.
-    ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
-                     LoadJobSpecFile(job_path, SpecCheck::kJsonOnly));
-    AdoptInitFromPreprocessing(&spec);
-    gpipe::v1::InitFrom& init = *spec.mutable_init_from();
-    init.Clear();
-    init.set_path(model);  // the manifest checks every file's digest
-    init.set_strict(true);
-    if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(job_path, ": ", s.message()));
-    }
-    return spec;
-  }
-  if (std::filesystem::is_directory(model, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path,
-        ": a directory with no model.safetensors in it (name the model "
-        "file, or the folder train --out or fetch wrote it into)"));
-  }
-  ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
-  gpipe::v1::JobSpec spec = std::move(info.spec);
+namespace {
+
+// `trained` (the spec a model file or checkpoint recorded) set up to serve
+// the parameters at `model`: JOB.json's data and eval instead of its own
+// when `job_path` is set, read with the model's own preprocessing.
+absl::StatusOr<gpipe::v1::JobSpec> ServeTrained(gpipe::v1::JobSpec spec,
+                                                const std::string& model,
+                                                const std::string& job_path) {
   if (!job_path.empty()) {
     ASSIGN_OR_RETURN(const gpipe::v1::JobSpec job, LoadJobSpecFile(job_path));
     const gpipe::v1::DataSpec trained = spec.data();
@@ -218,9 +221,63 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
   }
   gpipe::v1::InitFrom& init = *spec.mutable_init_from();
   init.Clear();
-  init.set_path(model);
+  init.set_path(model);  // a checkpoint's manifest checks every file's digest
   init.set_strict(true);
   return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
+                                               const std::string& job_path) {
+  const std::string model = ModelFilePath(path);
+  std::error_code ec;
+  const bool checkpoint =
+      std::filesystem::is_directory(model, ec) &&
+      std::filesystem::exists(
+          std::filesystem::path(model) / storage::kManifestName, ec);
+  if (checkpoint) {
+    // A checkpoint (`fetch JOB --step N`) records its job's spec in its
+    // manifest, and serves as a model file does.
+    ASSIGN_OR_RETURN(std::optional<gpipe::v1::JobSpec> recorded,
+                     CheckpointJobSpec(model));
+    if (recorded.has_value()) {
+      return ServeTrained(*std::move(recorded), model, job_path);
+    }
+    // One written before manifests recorded it: the job's spec says what
+    // the model is.
+    if (job_path.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": a checkpoint whose MANIFEST.json records no job spec (written "
+          "by an earlier gpipe): eval takes it with the job's spec after "
+          "it (gpipectl eval ",
+          path,
+          " JOB.json); predict and generate take a model file (gpipectl "
+          "fetch JOB, without --step, once the job has succeeded)"));
+    }
+    // The job's own init_from is no part of serving the checkpoint, but a
+    // model file it started from says how the job read its data.
+    ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
+                     LoadJobSpecFile(job_path, SpecCheck::kJsonOnly));
+    AdoptInitFromPreprocessing(&spec);
+    gpipe::v1::InitFrom& init = *spec.mutable_init_from();
+    init.Clear();
+    init.set_path(model);  // the manifest checks every file's digest
+    init.set_strict(true);
+    if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(job_path, ": ", s.message()));
+    }
+    return spec;
+  }
+  if (std::filesystem::is_directory(model, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ": a directory with no model.safetensors in it (name the model "
+        "file, or the folder train --out or fetch wrote it into)"));
+  }
+  ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
+  return ServeTrained(std::move(info.spec), model, job_path);
 }
 
 }  // namespace gpipe

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -45,6 +46,19 @@ absl::Status CheckModelFormatVersion(
 // Errors name the path and what is missing or wrong.
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path);
 
+// The spec recorded in the MANIFEST.json of checkpoint directory `dir`
+// (CheckpointManifest.spec, checked as ReadModelFileInfo checks a model
+// file's); nullopt for a manifest written before it was recorded. Errors:
+// ReadManifest's, or the spec's naming the manifest.
+absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
+    const std::string& dir);
+
+// The spec that trained what `path` holds, as it ran: a model file's
+// gpipe.job (a directory holding one too), or a checkpoint directory's
+// manifest's; nullopt where none is recorded or readable (weights alone, a
+// stage file, an older checkpoint).
+std::optional<gpipe::v1::JobSpec> RecordedJobSpec(const std::string& path);
+
 // The model file `path` names: `path` itself, or DIR/model.safetensors
 // where `path` is a directory that holds one (what `train --out`, `local
 // --out` and `fetch` write), so the folder a user was given is enough.
@@ -54,8 +68,9 @@ std::string ModelFilePath(const std::string& path);
 // ModelFilePath takes it) set up to serve the model: its parameters
 // loaded strictly from `model` (init_from, no optimizer state), and with
 // JOB.json's data and eval settings instead of its own when `job_path` is
-// not empty. A checkpoint directory (with MANIFEST.json) records no model:
-// JOB.json's whole spec serves it, and without one it is refused.
+// not empty. A checkpoint directory (with MANIFEST.json) serves the same
+// way from the spec its manifest records; one from before manifests
+// recorded it is served by JOB.json's whole spec, and refused without one.
 absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
                                                const std::string& job_path);
 

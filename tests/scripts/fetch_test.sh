@@ -75,14 +75,27 @@ for f in "$kept_dir"/*; do
 done
 ((n >= 3)) || fail "step $kept had only $n files"
 ok "the checkpoint of step $kept: $n files (manifest and stages), byte-identical"
-# A checkpoint folder evaluates with the job's spec beside it (it records
-# no model spec); without one it is refused naming what to give.
+# A checkpoint folder's manifest records its job's spec: it evaluates on
+# its own as with the job's spec beside it. One from before manifests
+# recorded it is refused without the spec, naming what to give.
 "$bin/gpipectl" eval "$work/step" "$work/job.json" --json >"$work/ckeval.json" 2>&1 ||
   fail "eval of the checkpoint of step $kept: $(cat "$work/ckeval.json")"
 grep -q '"loss"' "$work/ckeval.json" || fail "eval of a checkpoint printed no loss: $(cat "$work/ckeval.json")"
-refused "a checkpoint (its stages' files and MANIFEST.json), which records no model spec: eval takes it with the job's spec" \
-  "$bin/gpipectl" eval "$work/step"
-ok "eval of a checkpoint folder with the job's spec"
+"$bin/gpipectl" eval "$work/step" --json >"$work/ckeval_alone.json" 2>&1 ||
+  fail "eval of the checkpoint of step $kept without the job's spec: $(cat "$work/ckeval_alone.json")"
+cmp -s "$work/ckeval.json" "$work/ckeval_alone.json" ||
+  fail "the checkpoint evaluated differently on its own: $(cat "$work/ckeval_alone.json") against $(cat "$work/ckeval.json")"
+cp -r "$work/step" "$work/older"
+python3 - "$work/older/MANIFEST.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert "spec" in m, "the manifest records no spec"
+del m["spec"]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+refused "a checkpoint whose MANIFEST.json records no job spec (written by an earlier gpipe): eval takes it with the job's spec" \
+  "$bin/gpipectl" eval "$work/older"
+ok "eval of a checkpoint folder on its own, and with the job's spec"
 
 refused "has no checkpoint of step 7; it keeps the checkpoints of steps" ctl fetch "$job" --step 7 -o "$work/none"
 refused "job-nope" ctl fetch job-nope -o "$work/none"

@@ -16,6 +16,7 @@
 #include "services/data/dataset.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/model_file.h"
+#include "services/storage/manifest.h"
 
 namespace gpipe {
 namespace {
@@ -75,6 +76,53 @@ TEST_F(DataResolutionTest, AZeroVocabularyIsTheFilesAndIsRecorded) {
   EXPECT_EQ(metadata.at("gpipe.vocabulary"), "[10, 97, 98, 99]");
   EXPECT_EQ(metadata.count("gpipe.preprocessing"), 0u);
   EXPECT_THAT(metadata.at("gpipe.job"), HasSubstr("\"vocabSize\":\"4\""));
+}
+
+// A checkpoint fetched with `fetch JOB --step N` records its job's spec in
+// its manifest: a job started from it reads its text with the trained
+// vocabulary, not the new file's own (whose ids shifted under the trained
+// embedding: a first loss of 5.79 where the model file gave 2.86). One
+// written before manifests recorded it adopts nothing.
+TEST_F(DataResolutionTest, AFetchedCheckpointsVocabularyIsAdopted) {
+  const std::string trained_text =
+      Write("trained.txt", std::string(200, 'a') + "zyx bc\n");
+  auto trained = ParseJobSpecJson(CharModel(trained_text, 0, 0));
+  ASSERT_TRUE(trained.ok()) << trained.status();
+  ASSERT_EQ(trained->data().text().vocabulary(), "\n abcxyz");
+  const auto checkpoint = [&](const std::string& name, bool with_spec) {
+    const std::filesystem::path folder = dir_ / name;
+    std::filesystem::create_directories(folder);
+    v1::CheckpointManifest manifest;
+    manifest.set_job_id("job-1");
+    manifest.set_step(20);
+    v1::CheckpointFile& file = *manifest.add_files();
+    file.set_path("e1-stage-0.safetensors");
+    file.set_sha256(std::string(64, '0'));
+    file.set_layer_end(3);
+    if (with_spec) *manifest.mutable_spec() = *trained;
+    EXPECT_TRUE(storage::WriteManifest(
+                    (folder / storage::kManifestName).string(), manifest)
+                    .ok());
+    return folder.string();
+  };
+  const std::string recorded = checkpoint("step20", true);
+  const std::string older = checkpoint("older", false);
+  ASSERT_TRUE(RecordedJobSpec(recorded).has_value());
+  EXPECT_EQ(RecordedJobSpec(recorded)->data().text().vocabulary(), "\n abcxyz");
+  EXPECT_FALSE(RecordedJobSpec(older).has_value());
+
+  // Fine-tuning text of fewer bytes: numbered afresh, 'a' would be id 1.
+  const std::string tuning =
+      Write("tuning.txt", std::string(200, 'b') + "abc a\n");
+  for (const std::string& from : {recorded, older}) {
+    auto spec = ParseJobSpecJson(CharModel(tuning, 7, 7), SpecCheck::kJsonOnly);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec->mutable_init_from()->set_path(from);
+    AdoptInitFromPreprocessing(&*spec);
+    EXPECT_EQ(spec->data().text().vocabulary(),
+              from == recorded ? "\n abcxyz" : "")
+        << from;
+  }
 }
 
 // A size filled from the data that the model cannot take names where it
