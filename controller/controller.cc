@@ -174,7 +174,9 @@ absl::Status Controller::Recover() {
     }
     ++resumed;
     if (options_.metrics != nullptr) options_.metrics->OnJob(job.id());
-    const bool ran = status.epoch() > 0;
+    // A job that was running restarts; one that was queued (a resumed one
+    // too, with an epoch behind it) stays queued, behind those that ran.
+    const bool ran = status.epoch() > 0 && status.state() != v1::PENDING;
     status.set_state(ran ? v1::RESTARTING : v1::PENDING);
     if (ran) job.recovery_began = now;
     status.clear_stages();

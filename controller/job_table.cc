@@ -89,9 +89,15 @@ std::vector<JobRecord*> JobTable::Waiting() {
       pending.push_back(job.get());
     }
   }
-  std::sort(
-      pending.begin(), pending.end(),
-      [](const JobRecord* a, const JobRecord* b) { return a->seq < b->seq; });
+  // A job that was running goes back onto workers before the queue: a
+  // queued job took a restarting job's workers after a controller restart,
+  // and the job that had been running waited for it to end.
+  std::sort(pending.begin(), pending.end(),
+            [](const JobRecord* a, const JobRecord* b) {
+              const bool a_ran = a->status().state() == v1::RESTARTING;
+              const bool b_ran = b->status().state() == v1::RESTARTING;
+              return a_ran != b_ran ? a_ran : a->seq < b->seq;
+            });
   return pending;
 }
 

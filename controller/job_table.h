@@ -214,7 +214,9 @@ class JobTable {
   // store; the store's ticket (0 without one).
   uint64_t Remove(std::string_view id);
 
-  // Jobs waiting for workers (PENDING or RESTARTING), oldest first.
+  // Jobs waiting for workers: RESTARTING ones (they were running), then
+  // PENDING ones, each oldest first (by submission: a resumed job keeps
+  // its place).
   std::vector<JobRecord*> Waiting();
   // Jobs whose stages run (RUNNING, not merging), oldest first.
   std::vector<JobRecord*> Running();

@@ -344,11 +344,20 @@ int64_t MinStages(const v1::JobSpec& spec) {
   return min > 0 ? std::min(min, k) : k;
 }
 
+int64_t LeastWorkers(const v1::JobSpec& spec) {
+  const int64_t replicas = ReplicaCount(spec);
+  const int64_t min_replicas = spec.pipeline().min_replicas();
+  return MinStages(spec) * (replicas > 1 && min_replicas > 0
+                                ? std::min(min_replicas, replicas)
+                                : replicas);
+}
+
 void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
                   const std::string& checkpoint_dir,
                   v1::CheckpointTransport transport, absl::Time now,
                   const std::function<void(JobRecord&)>& check_restore_point) {
   std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Free(now);
+  const int64_t attached = static_cast<int64_t>(workers.All().size());
   const JobRecord* blocked_by = nullptr;
   for (JobRecord* job : jobs.Waiting()) {
     if (now < job->not_before) {
@@ -487,6 +496,16 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     }
     if (blocked_by != nullptr) {
       absl::StrAppend(&message, "; queued behind ", blocked_by->id());
+    } else if (const int64_t least = LeastWorkers(job->job.spec());
+               least > attached) {
+      // Strict FIFO holds the queue for a job waiting on workers that are
+      // busy; one that needs more than are attached waits for more to
+      // join, and holding the queue for it left every worker idle and every
+      // job behind it waiting, for good. It still goes first once enough
+      // have joined.
+      absl::StrAppend(&message, " (", attached,
+                      attached == 1 ? " is attached" : " are attached",
+                      ": jobs behind it that fit go first)");
     } else {
       blocked_by = job;
     }

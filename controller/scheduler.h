@@ -39,6 +39,10 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
 // 10 s) and its minimum stage count (pipeline.min_stages, default K).
 absl::Duration ElasticGrace(const gpipe::v1::JobSpec& spec);
 int64_t MinStages(const gpipe::v1::JobSpec& spec);
+// The fewest workers `spec` can start on: MinStages times its replicas
+// (pipeline.min_replicas where set). A waiting job that needs more than
+// are attached holds no job behind it back.
+int64_t LeastWorkers(const gpipe::v1::JobSpec& spec);
 
 // "needs 2 workers, 1 free"; with replicas "needs 4 workers, 1 free (2
 // stages x 2 replicas)".

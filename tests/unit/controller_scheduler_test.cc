@@ -1,7 +1,8 @@
 // The scheduler over a job table and a worker registry, with time passed in
 // by the test (no threads, no sleeping): FIFO order, a big job holding back
-// the small ones behind it, the elastic grace period, the settle time of a
-// restarting job, the restore point checked before a start and used up by
+// the small ones behind it (unless it needs more workers than are attached),
+// restarting jobs before queued ones, the elastic grace period, the settle time
+// of a restarting job, the restore point checked before a start and used up by
 // it, and the assignments a start sends.
 #include <memory>
 #include <string>
@@ -91,22 +92,73 @@ TEST_F(SchedulerTest, StartsAJobOnTheFirstFreeWorkersWithItsAssignments) {
   EXPECT_EQ(a0[0].stream_key(), a1[0].stream_key());
 }
 
+// Strict FIFO where the head waits for busy workers: a job behind it that
+// would fit the free ones waits too, so the big job is not starved.
 TEST_F(SchedulerTest, ABigJobHoldsBackTheSmallOnesBehindIt) {
-  auto w1 = Attach(1);
+  auto w1 = Attach(1), w2 = Attach(2), w3 = Attach(3);
+  JobRecord& first = Submit(Spec(2));
   JobRecord& big = Submit(Spec(2));
   JobRecord& small = Submit(Spec(1));
   Schedule();
+  EXPECT_EQ(first.status().state(), v1::RUNNING);
   EXPECT_EQ(big.status().state(), v1::PENDING);
   EXPECT_EQ(small.status().state(), v1::PENDING);
+  EXPECT_TRUE(w3->idle());
   const v1::Condition* waiting = FindCondition(small.status(), kScheduled);
   ASSERT_NE(waiting, nullptr);
   EXPECT_NE(waiting->message().find("queued behind " + big.id()),
             std::string::npos)
       << waiting->message();
-  auto w2 = Attach(2);
+  auto w4 = Attach(4);
   Schedule();
   EXPECT_EQ(big.status().state(), v1::RUNNING);
   EXPECT_EQ(small.status().state(), v1::PENDING);
+}
+
+// A job that needs more workers than are attached waits for more to join
+// without holding the queue: with 3 attached, a 4-stage job stalled every
+// job behind it, the workers idle, until it was cancelled. It still goes
+// first once enough have joined.
+TEST_F(SchedulerTest, AJobNeedingMoreWorkersThanAttachedHoldsNoOneBack) {
+  auto w1 = Attach(1), w2 = Attach(2), w3 = Attach(3);
+  JobRecord& huge = Submit(Spec(4));
+  JobRecord& small = Submit(Spec(2));
+  Schedule();
+  EXPECT_EQ(huge.status().state(), v1::PENDING);
+  EXPECT_EQ(small.status().state(), v1::RUNNING);
+  const v1::Condition* waiting = FindCondition(huge.status(), kScheduled);
+  ASSERT_NE(waiting, nullptr);
+  EXPECT_EQ(waiting->message(),
+            "needs 4 workers, 3 free (3 are attached: jobs behind it that fit "
+            "go first)");
+  // A fourth joins while two are busy: now it could run on the attached
+  // workers, so it holds the queue, and a 1-stage job waits behind it.
+  auto w4 = Attach(4);
+  JobRecord& later = Submit(Spec(1));
+  Schedule();
+  EXPECT_EQ(huge.status().state(), v1::PENDING);
+  EXPECT_EQ(later.status().state(), v1::PENDING);
+  waiting = FindCondition(later.status(), kScheduled);
+  ASSERT_NE(waiting, nullptr);
+  EXPECT_NE(waiting->message().find("queued behind " + huge.id()),
+            std::string::npos)
+      << waiting->message();
+}
+
+// A job that was running (RESTARTING, as every running job is after a
+// controller restart) goes back onto workers before queued jobs, an older
+// resumed one included: that one took the running job's workers.
+TEST_F(SchedulerTest, ARestartingJobGoesBeforeTheQueue) {
+  auto w1 = Attach(1), w2 = Attach(2);
+  JobRecord& queued = Submit(Spec(2));
+  JobRecord& running = Submit(Spec(2));
+  queued.status().set_epoch(1);  // resumed: it ran before
+  running.status().set_epoch(1);
+  running.status().set_state(v1::RESTARTING);
+  ASSERT_EQ(jobs_.Waiting().front(), &running);
+  Schedule();
+  EXPECT_EQ(running.status().state(), v1::RUNNING);
+  EXPECT_EQ(queued.status().state(), v1::PENDING);
 }
 
 // What each stage of `spec` cut into its K stages needs (the memory model).
