@@ -289,7 +289,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
             EndJob(*job, v1::FAILED, kFailed, "NotStored",
                    "the job store could not record the job", nullptr, Now());
           }
-          RemoveJob(job->id());
+          RemoveJob(job->id(), "as the store could not record it");
           Reschedule(Now());
           Changed();
         }
@@ -420,7 +420,7 @@ absl::StatusOr<v1::ListJobsResponse> Controller::ListJobs(
 }
 
 absl::Status Controller::DeleteJob(std::string_view id) {
-  uint64_t ticket = 0;
+  uint64_t ticket = 0, io = 0;
   {
     absl::MutexLock lock(&mu_);
     JobRecord* job = jobs_.Find(id);
@@ -430,19 +430,29 @@ absl::Status Controller::DeleteJob(std::string_view id) {
           "job ", job->id(), " is ", v1::JobState_Name(job->status().state()),
           "; cancel it before deleting it"));
     }
-    ticket = RemoveJob(job->id());
+    ticket = RemoveJob(job->id(), "by the user", &io);
     Changed();
   }
   if (store_writer_ != nullptr && ticket != 0)
     store_writer_->WaitWritten(ticket);
+  // Answered once its files are gone: a script that looked right after
+  // found them all still there.
+  WaitIo(io);
   return absl::OkStatus();
 }
 
-uint64_t Controller::RemoveJob(const std::string& id) {
-  const std::string dir =
-      storage::JobCheckpointDir(options_.checkpoint_dir, id);
-  LogInfo("job %s deleted, with %s", id, dir);
-  EnqueueIo([dir] { RemoveCheckpointDirs({dir}); });
+uint64_t Controller::RemoveJob(const std::string& id, std::string_view why,
+                               uint64_t* io) {
+  const JobRecord* job = jobs_.Find(id);
+  const std::vector<std::string> dirs =
+      JobFileDirs(options_.checkpoint_dir, id,
+                  job != nullptr ? job->status() : v1::JobStatus());
+  LogInfo("job %s deleted %s, with %s", id, why, absl::StrJoin(dirs, " and "));
+  const uint64_t seq =
+      EnqueueIo([dirs = std::vector<std::string>(dirs.begin(), dirs.end())] {
+        RemoveCheckpointDirs(dirs);
+      });
+  if (io != nullptr) *io = seq;
   if (options_.metrics != nullptr) options_.metrics->ForgetJob(id);
   return jobs_.Remove(id);
 }
@@ -2117,7 +2127,7 @@ void Controller::CheckRestorePointIo(
   Changed();
 }
 
-void Controller::EnqueueIo(std::function<void()> task, IoTask kind) {
+uint64_t Controller::EnqueueIo(std::function<void()> task, IoTask kind) {
   const uint64_t seq = ++io_queued_;
   io_pending_.insert(seq);
   if (kind == IoTask::kLong) {
@@ -2128,6 +2138,15 @@ void Controller::EnqueueIo(std::function<void()> task, IoTask kind) {
     io_tasks_.push_back({std::move(task), kind, seq});
   }
   Changed();
+  return seq;
+}
+
+void Controller::WaitIo(uint64_t seq) {
+  absl::MutexLock lock(&mu_);
+  const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !io_pending_.contains(seq) || stopping_;
+  };
+  mu_.Await(absl::Condition(&done));
 }
 
 void Controller::FlushIo() {
@@ -2295,7 +2314,11 @@ bool Controller::TickLocked(absl::Time now) {
         expired.push_back(job->id());
       }
     }
-    for (const std::string& id : expired) RemoveJob(id);
+    for (const std::string& id : expired) {
+      RemoveJob(id, absl::StrCat("as it ended more than --job_retention ",
+                                 absl::FormatDuration(options_.job_retention),
+                                 " ago"));
+    }
     if (!expired.empty()) changed = true;
   }
   // The elastic grace period of a waiting job runs out without any event.

@@ -344,9 +344,14 @@ class Controller {
   // timeout, quarantining the silent stages' workers; whether it did.
   bool CheckStalled(JobRecord& job, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes an ended job and queues the removal of its files; the store's
-  // ticket.
-  uint64_t RemoveJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes an ended job and queues the removal of its files, wherever its
+  // checkpoints and model lie (under an earlier --checkpoint_dir too),
+  // logging `why`; the store's ticket, and the removal's queued I/O in
+  // `io` (for WaitIo) when it is set.
+  uint64_t RemoveJob(const std::string& id, std::string_view why,
+                     uint64_t* io = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until the queued I/O task `seq` (EnqueueIo's) has run.
+  void WaitIo(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
 
   void LeaseLoop();  // calls Tick
   // Tick with mu_ held; true when anything changed.
@@ -367,7 +372,8 @@ class Controller {
     IoTask kind = IoTask::kNormal;
     uint64_t seq = 0;  // in the order queued
   };
-  void EnqueueIo(std::function<void()> task, IoTask kind = IoTask::kNormal)
+  // Returns the task's number in the queue (WaitIo).
+  uint64_t EnqueueIo(std::function<void()> task, IoTask kind = IoTask::kNormal)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void IoLoop(std::deque<QueuedIo>* tasks);
   // At the committed checkpoint of `step`: re-partitions the job when the

@@ -1,6 +1,7 @@
 #include "controller/recovery.h"
 
 #include <filesystem>
+#include <set>
 #include <system_error>
 #include <utility>
 
@@ -212,6 +213,26 @@ void RemoveCheckpointDirs(const std::vector<std::string>& dirs) {
       LogWarning("cannot remove old checkpoint %s: %s", dir, error.message());
     }
   }
+}
+
+std::vector<std::string> JobFileDirs(const std::string& checkpoint_dir,
+                                     const std::string& id,
+                                     const v1::JobStatus& status) {
+  std::set<std::string> dirs = {storage::JobCheckpointDir(checkpoint_dir, id)};
+  std::vector<std::string> written = {status.model_path()};
+  for (const v1::CheckpointRef& c : status.checkpoints())
+    written.push_back(c.manifest_path());
+  for (const std::string& path : written) {
+    // The folder named after the job above the file, and nothing else.
+    for (std::filesystem::path p = std::filesystem::path(path).parent_path();
+         p.has_relative_path(); p = p.parent_path()) {
+      if (p.filename() == id) {
+        dirs.insert(p.string());
+        break;
+      }
+    }
+  }
+  return {dirs.begin(), dirs.end()};
 }
 
 std::optional<DroppedCheckpoint> DropOldestCheckpoint(v1::JobStatus* status) {

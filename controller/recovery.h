@@ -79,6 +79,15 @@ std::vector<std::string> KeepCheckpoints(gpipe::v1::JobStatus* status,
                                          int64_t keep);
 void RemoveCheckpointDirs(const std::vector<std::string>& dirs);
 
+// The folders of job `id`'s files: its folder under `checkpoint_dir`, and
+// the folder named after the job above its model and each checkpoint
+// `status` lists, wherever they were written (under an earlier
+// --checkpoint_dir: delete removed an empty folder there and left the
+// files). Sorted, each once.
+std::vector<std::string> JobFileDirs(const std::string& checkpoint_dir,
+                                     const std::string& id,
+                                     const gpipe::v1::JobStatus& status);
+
 // When the checkpoint store is full: drops the oldest of `status`'s
 // committed checkpoints where more than one is left (the newest stays the
 // restore point), and returns its step and directory for

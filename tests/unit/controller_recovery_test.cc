@@ -271,5 +271,35 @@ TEST_F(RecoveryTest, FinalParametersAreCommittedWithAManifest) {
   EXPECT_FALSE(CommitFinalParameters(root_.string(), "j", 5, 10, stages).ok());
 }
 
+// A job's files are where they were written: its folder under an earlier
+// --checkpoint_dir as well as under this one (a delete removed only this
+// one, empty, and left 7 MB there), never a folder not named after it.
+TEST_F(RecoveryTest, AJobsFilesAreFoundUnderEveryCheckpointDirItUsed) {
+  const std::string old_root = (root_ / "old").string();
+  const std::string new_root = (root_ / "new").string();
+  v1::JobStatus status;
+  status.set_model_path(
+      storage::MergedModelPath(storage::JobCheckpointDir(old_root, "job-1")));
+  status.add_checkpoints()->set_manifest_path(
+      (std::filesystem::path(storage::CheckpointStepDir(
+           storage::JobCheckpointDir(old_root, "job-1"), 10)) /
+       storage::kManifestName)
+          .string());
+  status.add_checkpoints()->set_manifest_path(
+      (std::filesystem::path(storage::CheckpointStepDir(
+           storage::JobCheckpointDir(new_root, "job-1"), 20)) /
+       storage::kManifestName)
+          .string());
+  status.add_checkpoints()->set_manifest_path(
+      "/elsewhere/step-30/MANIFEST.json");
+  EXPECT_EQ(
+      JobFileDirs(new_root, "job-1", status),
+      (std::vector<std::string>{storage::JobCheckpointDir(new_root, "job-1"),
+                                storage::JobCheckpointDir(old_root, "job-1")}));
+  EXPECT_EQ(
+      JobFileDirs(new_root, "job-1", v1::JobStatus()),
+      std::vector<std::string>{storage::JobCheckpointDir(new_root, "job-1")});
+}
+
 }  // namespace
 }  // namespace gpipe::controller
