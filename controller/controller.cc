@@ -170,6 +170,7 @@ absl::Status Controller::Recover() {
     }
     if (IsTerminal(status.state())) {
       jobs_.Publish(job, "restored from the job store", now);
+      ExportEndedJob(job);
       continue;
     }
     ++resumed;
@@ -439,6 +440,25 @@ absl::Status Controller::DeleteJob(std::string_view id) {
   // found them all still there.
   WaitIo(io);
   return absl::OkStatus();
+}
+
+void Controller::ExportEndedJob(const JobRecord& job) {
+  if (options_.metrics == nullptr) return;
+  const v1::JobStatus& status = job.status();
+  options_.metrics->OnJob(job.id());
+  const v1::Condition* failed = FindCondition(status, kFailed);
+  if (failed != nullptr && failed->status() &&
+      failed->reason() == "LossNotFinite") {
+    options_.metrics->ObserveLoss(job.id(),
+                                  std::numeric_limits<double>::quiet_NaN());
+  } else if (status.step() > 0) {
+    options_.metrics->ObserveLoss(job.id(), status.loss());
+  }
+  if (status.has_latest_evaluation()) {
+    options_.metrics->ObserveEvaluation(job.id(),
+                                        status.latest_evaluation().loss(),
+                                        status.latest_evaluation().accuracy());
+  }
 }
 
 uint64_t Controller::RemoveJob(const std::string& id, std::string_view why,

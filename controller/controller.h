@@ -350,6 +350,11 @@ class Controller {
   // `io` (for WaitIo) when it is set.
   uint64_t RemoveJob(const std::string& id, std::string_view why,
                      uint64_t* io = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An ended job restored from the store exports its loss (NaN for a loss
+  // that was not finite) and newest evaluation again, as before the
+  // restart: a routine restart cleared GpipeLossNotFinite until the job
+  // was deleted. Its counters start again at 0.
+  void ExportEndedJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until the queued I/O task `seq` (EnqueueIo's) has run.
   void WaitIo(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
 

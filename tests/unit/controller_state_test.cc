@@ -265,8 +265,13 @@ class ControllerStateTest : public ::testing::Test {
 // step: the controller's gpipe_job_loss turns NaN, so the
 // GpipeLossNotFinite alert sees it.
 TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
+  ControllerOptions o = Options();
+  o.store_path = (dir_ / "jobs.db").string();
+  std::filesystem::create_directories(dir_);
   ControllerMetrics metrics;
-  UseMetrics(&metrics);
+  o.metrics = &metrics;
+  controller_ = std::make_unique<Controller>(o);
+  ASSERT_TRUE(controller_->Recover().ok());
   OneStageJob j = StartOneStageJob();
   ASSERT_TRUE(j.a.has_value());
   controller_->HandleMessage(*j.w1,
@@ -282,6 +287,21 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
   EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN";
   // Every failed job counts, whatever its reason (GpipeJobFailed).
   EXPECT_EQ(FirstCounter(metrics, "gpipe_jobs_failed_total"), 1);
+  // A restarted controller exports it again until the job is deleted: a
+  // routine restart cleared the alert.
+  controller_->FlushIo();
+  controller_.reset();
+  ControllerMetrics after;
+  o.metrics = &after;
+  controller_ = std::make_unique<Controller>(o);
+  ASSERT_TRUE(controller_->Recover().ok());
+  EXPECT_EQ(State(j.id), v1::FAILED);
+  nan = false;
+  for (const auto& family : after.Collect()) {
+    if (family.name != "gpipe_job_loss") continue;
+    for (const auto& m : family.metric) nan = nan || std::isnan(m.gauge.value);
+  }
+  EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN after a controller restart";
 }
 
 // A store with room for exactly the checkpoints a job keeps failed every
