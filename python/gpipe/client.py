@@ -302,14 +302,16 @@ class Client:
 
     # ---- Files -------------------------------------------------------------
 
-    def fetch(self, job_id, out_dir=".", step=0, attempts=3):
+    def fetch(self, job_id, out_dir=".", step=0, reconnect_for=30.0):
         """Downloads the job's model.safetensors (or, with `step`, the files
         of that kept checkpoint) into `out_dir` and returns their paths.
         Each file is written as NAME.part and checked against its length
         and sha256; once the whole stream has ended well, all are renamed
-        into place. An interrupted download is tried again (up to
-        `attempts` times, 1 s then 2 s apart); a failed one leaves neither a
-        file nor a folder it made."""
+        into place. A download the controller's absence interrupts
+        (UNAVAILABLE: it restarts) is tried again once a second for up to
+        `reconnect_for` seconds, as `watch` rides it out (three tries
+        gave up 3 s into a restart); a failed one leaves neither a file nor
+        a folder it made."""
         made = []  # the folders made for out_dir, deepest first
         path = os.path.abspath(out_dir)
         while not os.path.exists(path):
@@ -317,14 +319,15 @@ class Client:
             path = os.path.dirname(path)
         os.makedirs(out_dir, exist_ok=True)
         try:
-            for attempt in range(attempts):
+            lost_since = time.monotonic()
+            while True:
                 try:
                     return self._fetch_once(job_id, out_dir, step)
                 except GpipeError as e:
-                    if e.code != "UNAVAILABLE" or attempt + 1 == attempts:
+                    if (e.code != "UNAVAILABLE" or
+                            time.monotonic() - lost_since > reconnect_for):
                         raise
-                    time.sleep(2 ** attempt)
-            return []
+                    time.sleep(1.0)
         except BaseException:
             for folder in made:
                 try:

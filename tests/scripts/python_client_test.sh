@@ -76,8 +76,10 @@ with Client(address) as c:
     assert json.loads(meta["gpipe.job"])["name"] == "python"
     print("job %s: %d events, %d tensors" % (job, len(states), len(tensors)))
 PY
-"$py" "$work/client.py" "127.0.0.1:$cport" "$work/job.json" "$work/got" ||
-  fail "the Python client run failed"
+"$py" "$work/client.py" "127.0.0.1:$cport" "$work/job.json" "$work/got" >"$work/client.txt" ||
+  fail "the Python client run failed: $(tail -n 5 "$work/client.txt")"
+succeeded=$(awk '/^job /{print $2; exit}' "$work/client.txt" | tr -d ':')
+[[ -n "$succeeded" ]] || fail "the Python client printed no job: $(cat "$work/client.txt")"
 "$bin/gpipectl" train "$work/job.json" --stages 1 --micro-batches 4 --threads 1 \
   --out "$work/ref" >"$work/ref.txt" 2>&1 || fail "reference: $(tail -n 3 "$work/ref.txt")"
 "$py" "$src/tests/scripts/same_tensors.py" "$work/ref/model.safetensors" \
@@ -110,13 +112,27 @@ done
 grep -q watching "$work/pywatch.txt" || fail "the Python watch never started: $(cat "$work/pywatch.txt")"
 kill -9 "$controller_pid"
 wait "$controller_pid" 2>/dev/null || true
+# A fetch asked while the controller is down waits for it, as the watch
+# does (three tries gave up 3 s into a restart).
+cat >"$work/fetch.py" <<'PY'
+import sys
+from gpipe import Client
+with Client(sys.argv[1]) as c:
+    print(c.fetch(sys.argv[2], sys.argv[3]))
+PY
+timeout 60 "$py" "$work/fetch.py" "127.0.0.1:$cport" "$succeeded" "$work/refetched" >"$work/pyfetch.txt" 2>&1 &
+fetcher=$!
+sleep 4
 start_controller
+wait "$fetcher" || fail "the Python fetch gave up while the controller restarted: $(tail -3 "$work/pyfetch.txt")"
+cmp -s "$work/refetched/model.safetensors" "$work/got/model.safetensors" ||
+  fail "the Python fetch across the restart wrote another model"
 sleep 1.5
 "$bin/gpipectl" --controller "127.0.0.1:$cport" cancel "$long" >/dev/null
 wait "$watcher" || fail "the Python watch failed across the restart: $(tail -3 "$work/pywatch.txt")"
 grep -q "final CANCELLED" "$work/pywatch.txt" ||
   fail "the Python watch did not follow the job to its end: $(tail -3 "$work/pywatch.txt")"
-ok "a Python watch followed its job across the controller's kill -9 and restart"
+ok "a Python watch followed its job, and a fetch waited for the controller, across its kill -9 and restart"
 
 (cd "$src/python" && "$py" -m unittest discover -s tests 2>&1) >"$work/unit.txt" ||
   fail "the package's unit tests: $(tail -n 20 "$work/unit.txt")"
