@@ -93,6 +93,12 @@ void MarkTerminal(v1::JobStatus* status, v1::JobState state,
   if (FindCondition(*status, kRunning) != nullptr) {
     SetCondition(status, kRunning, false, reason, message, now);
   }
+  // A job that ends while it waits (its data checked, workers awaited)
+  // says so there too: a FAILED job still read "CheckingData".
+  if (const v1::Condition* scheduled = FindCondition(*status, kScheduled);
+      scheduled != nullptr && !scheduled->status()) {
+    SetCondition(status, kScheduled, false, reason, message, now);
+  }
   SetCondition(status, type, true, reason, message, now);
 }
 

@@ -894,10 +894,21 @@ std::string DataSourceName(const v1::DataSpec& data) {
   switch (data.source_case()) {
     case v1::DataSpec::kText:
       return absl::StrCat("data.text.path ", data.text().path());
+    // Both files of a split pair: the largest id may be in either, and
+    // naming the train file for one in the test file sent users to the
+    // wrong one.
     case v1::DataSpec::kTokens:
-      return absl::StrCat("data.tokens.path ", data.tokens().path());
+      return data.tokens().test_path().empty()
+                 ? absl::StrCat("data.tokens.path ", data.tokens().path())
+                 : absl::StrCat("data.tokens.path ", data.tokens().path(),
+                                " and data.tokens.test_path ",
+                                data.tokens().test_path());
     case v1::DataSpec::kTensors:
-      return absl::StrCat("data.tensors.inputs ", data.tensors().inputs());
+      return data.tensors().test_inputs().empty()
+                 ? absl::StrCat("data.tensors.inputs ", data.tensors().inputs())
+                 : absl::StrCat("data.tensors.inputs ", data.tensors().inputs(),
+                                " and data.tensors.test_inputs ",
+                                data.tensors().test_inputs());
     case v1::DataSpec::kCsv:
       return absl::StrCat("data.csv.path ", data.csv().path());
     case v1::DataSpec::kFashionMnist:

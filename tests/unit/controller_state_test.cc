@@ -629,6 +629,10 @@ TEST_F(ControllerStateTest, DataThatAStageWouldRefuseFailsTheJobAtSubmit) {
   EXPECT_NE(failed->message().find("value nan is not finite"),
             std::string::npos)
       << failed->message();
+  // Its Scheduled condition says it ended, not that it is still checking.
+  checking = FindCondition(got->status(), kScheduled);
+  ASSERT_NE(checking, nullptr);
+  EXPECT_EQ(checking->reason(), "InvalidData");
   EXPECT_FALSE(Assignment(*w1).has_value());
 
   absl::StatusOr<v1::Job> good = controller_->SubmitJob(spec(false));

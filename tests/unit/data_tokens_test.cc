@@ -150,6 +150,18 @@ TEST_F(TokensTest, TheVocabularyMustHoldTheLargestId) {
   EXPECT_THAT(refused.status().message(),
               HasSubstr("model.layers[0].embedding.vocab_size: 10 is smaller "
                         "than the 13 tokens of data.tokens.path"));
+  // The largest id in a test file of its own: both files are named (the
+  // train file alone was, for an id it does not hold).
+  std::vector<uint32_t> low;
+  for (int i = 0; i < 400; ++i) low.push_back(i % 5);
+  auto split = ParseJobSpecJson(TokenSpec(Write("low.bin", low), 10));
+  ASSERT_TRUE(split.ok()) << split.status();
+  split->mutable_data()->mutable_tokens()->set_test_path(path);
+  refused = OpenJobDataset(*split);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("is smaller than the 13 tokens of data.tokens.path "));
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(" and data.tokens.test_path " + path));
 }
 
 TEST_F(TokensTest, ATransformerLearnsASequenceFromAFile) {
