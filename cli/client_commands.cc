@@ -245,19 +245,21 @@ std::string ScheduleText(const gpipe::v1::JobSpec& spec) {
       ScheduleName(ScheduleFromSpec(spec.pipeline().schedule())));
 }
 
-// From a job's start to its end, in seconds; 0 while it has not ended.
+// From a run's start to its end, in seconds (a resumed job's last run);
+// 0 while it has not ended.
 double RunSeconds(const gpipe::v1::JobStatus& s) {
   if (!IsSet(s.started()) || !IsSet(s.finished())) return 0;
   return absl::ToDoubleSeconds(ToTime(s.finished()) - ToTime(s.started()));
 }
 
-// Samples a second over the whole run (time lost to restarts included);
-// 0 without a finished run or a step.
+// Samples a second over the whole run (time lost to restarts included;
+// a resumed job's steps from where it resumed); 0 without a finished run or
+// a step.
 double RunAverageRate(const gpipe::v1::Job& job) {
   const double seconds = RunSeconds(job.status());
-  if (seconds <= 0 || job.status().step() <= 0) return 0;
-  return static_cast<double>(job.status().step()) * job.spec().batch_size() /
-         seconds;
+  const int64_t steps = job.status().step() - job.status().run_from_step();
+  if (seconds <= 0 || steps <= 0) return 0;
+  return static_cast<double>(steps) * job.spec().batch_size() / seconds;
 }
 
 void PrintJobDetail(const gpipe::v1::Job& job) {
@@ -566,6 +568,9 @@ class JobFollower {
                                     StepText(s), " steps");
     if (IsSet(s.started()) && IsSet(s.finished())) {
       absl::StrAppend(&line, " in ", absl::StrFormat("%.1fs", RunSeconds(s)));
+      if (s.run_from_step() > 0) {
+        absl::StrAppend(&line, " from step ", s.run_from_step());
+      }
       // The average over that time, as the line reads (the status's rate
       // is the last step's alone).
       if (const double average = RunAverageRate(job_); average > 0) {

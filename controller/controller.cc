@@ -536,6 +536,11 @@ absl::StatusOr<v1::Job> Controller::ResumeJob(
   status.clear_replica_stages();
   status.set_restarts(0);
   status.set_step(from);
+  // This run's time starts when it is scheduled again (ScheduleJobs): the
+  // time it sat cancelled was counted, 42.7 s for 20 steps where the run
+  // took 5.
+  status.clear_started();
+  status.set_run_from_step(from);
   RemoveCondition(&status, kFailed);
   RemoveCondition(&status, kCancelled);
   job->waiting_since = now;

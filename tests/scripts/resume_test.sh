@@ -35,10 +35,20 @@ ctl cancel "$job" >/dev/null
 from=$(job_field "$job" "s['checkpoints'][-1]['step']")
 refused "is not past the newest checkpoint" ctl resume "$job" --steps "$from"
 refused "--steps: '0' is not a number of training steps" ctl resume "$job" --steps 0
+cancelled_at=$SECONDS
+sleep 2  # the time it sits cancelled is no part of its run
 out=$(ctl resume "$job")
 [[ "$out" == *"resumed by the user from the checkpoint of step $from"* ]] || fail "resume said: $out"
 wait_done "$job"
 same_as_reference "$job" "$work/job.json" 4
+# Its run is the resumed one: it starts at the resume, from that step (it
+# counted the steps before it and the time it sat cancelled).
+[[ "$(job_field "$job" "s.get('runFromStep')")" == "$from" ]] || fail "runFromStep is not $from"
+run=$(job_field "$job" "(__import__('datetime').datetime.fromisoformat(s['finished'].replace('Z', '+00:00')) - __import__('datetime').datetime.fromisoformat(s['started'].replace('Z', '+00:00'))).total_seconds()")
+since_cancel=$((SECONDS - cancelled_at))
+python3 -c "import sys; sys.exit(0 if float('$run') <= $since_cancel - 1 else 1)" ||
+  fail "the resumed run took ${run}s of the ${since_cancel}s since the cancel: it counted the time it sat cancelled"
+
 ok "cancelled mid-way, resumed from step $from: bitwise the reference ($out)"
 refused "is SUCCEEDED: only a cancelled or failed job resumes" ctl resume "$job"
 
