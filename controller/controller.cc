@@ -2421,7 +2421,7 @@ void Controller::MergeIo(const std::string& id) {
       job->status().set_model_path(out_path);
       const v1::Evaluation& e = job->status().evaluation();
       const std::string message = absl::StrFormat(
-          "model at %s; test loss %.4f, accuracy %.4f over %d samples",
+          "model at %s; test loss %.4f, accuracy %.4f over %d targets",
           out_path, e.loss(), e.accuracy(), e.counted());
       MarkTerminal(&job->status(), v1::SUCCEEDED, kComplete,
                    "AllStagesFinished", message, now);
