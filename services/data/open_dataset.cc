@@ -84,9 +84,22 @@ absl::StatusOr<std::unique_ptr<Dataset>> OpenSource(
                          "means the default 0.1), got ",
                          text.test_fraction()));
       }
+      // The vocabulary is the spec's, not the file's: its error named
+      // data.text.path.
+      const std::string& vocabulary = text.vocabulary();
+      for (size_t i = 1; i < vocabulary.size(); ++i) {
+        const int byte = static_cast<uint8_t>(vocabulary[i]);
+        const int before = static_cast<uint8_t>(vocabulary[i - 1]);
+        if (byte <= before) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "data.text.vocabulary: must hold distinct bytes in ascending "
+              "order; byte ",
+              byte, " follows ", before));
+        }
+      }
       return Upcast("data.text.path",
                     TextDataset::Open(text.path(), text.seq_len(),
-                                      text.test_fraction(), text.vocabulary()));
+                                      text.test_fraction(), vocabulary));
     }
     case gpipe::v1::DataSpec::kTokens: {
       const gpipe::v1::TokenFile& t = spec.tokens();

@@ -10,8 +10,11 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
@@ -768,13 +771,20 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ValidateLimits(spec));
   for (const DataDependentField& f : DataDependentFields(spec)) {
     if (!f.required) continue;
+    // A missing file leads: "give the value" alone sent a user whose
+    // path was wrong on to "cannot open" it.
     const absl::Status readable = CheckSpecPathsExist(spec);
+    if (!readable.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          readable.message(), " here, and ", f.field,
+          " is filled from the data where the job is submitted: fix the "
+          "path, or, where only the cluster's machines have the file, give "
+          "the value in the spec"));
+    }
     return FieldError(
         f.field,
         "is filled from the data where the job is submitted, but the data "
-        "could not be read there",
-        readable.ok() ? "" : absl::StrCat(" (", readable.message(), ")"),
-        "; give the value in the spec");
+        "could not be read there; give the value in the spec");
   }
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   RETURN_IF_ERROR(CheckPositive("batch_size", spec.batch_size()));
@@ -840,8 +850,22 @@ absl::Status ResolveAndValidateJobSpec(v1::JobSpec* spec) {
   RETURN_IF_ERROR(ResolveDataDependentFields(spec, &filled));
   absl::Status valid = ValidateJobSpec(*spec);
   if (valid.ok() || filled.empty()) return valid;
-  return absl::Status(valid.code(),
-                      absl::StrCat(valid.message(), " (", filled, ")"));
+  // Each note says what was filled in a layer ("model.layers[6].linear.
+  // out_features 86 was filled from the data: ..."): it explains an error
+  // about that layer only. Every error carried every note, a negative lr
+  // or a bad --balance included.
+  std::vector<std::string> relevant;
+  for (absl::string_view note : absl::StrSplit(filled, "; ")) {
+    const size_t layer_end = note.find("].");
+    if (layer_end != absl::string_view::npos &&
+        absl::StrContains(valid.message(), note.substr(0, layer_end + 1))) {
+      relevant.emplace_back(note);
+    }
+  }
+  if (relevant.empty()) return valid;
+  return absl::Status(
+      valid.code(),
+      absl::StrCat(valid.message(), " (", absl::StrJoin(relevant, "; "), ")"));
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path,

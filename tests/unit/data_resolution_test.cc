@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class DataResolutionTest : public ::testing::Test {
  protected:
@@ -151,6 +152,17 @@ TEST_F(DataResolutionTest, AFilledSizeTooLargeNamesTheDataThatSetIt) {
               HasSubstr("(model.layers[0].linear.out_features 300000001 was "
                         "filled from the data: its largest class id is "
                         "300000000)"));
+  // An error about another field carries no note: every error did, a
+  // negative lr's too.
+  const std::string ab = Write("ab.txt", std::string(200, 'a') + "b\n");
+  std::string bad = CharModel(ab, 0, 0);
+  const std::string lr = "\"lr\": 0.01";
+  bad.replace(bad.find(lr), lr.size(), "\"lr\": -1.0");
+  auto refused = ParseJobSpecJson(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("optimizer.lr"));
+  EXPECT_THAT(refused.status().message(),
+              Not(HasSubstr("was filled from the data")));
 }
 
 TEST_F(DataResolutionTest, ARecordedVocabularyIsEnforced) {
@@ -165,15 +177,22 @@ TEST_F(DataResolutionTest, ARecordedVocabularyIsEnforced) {
               HasSubstr("data.text.path: " + path +
                         ": byte 122 at offset 203 "
                         "is not in the vocabulary (4 bytes)"));
+  // A vocabulary out of order is the spec's field's fault, not the file's.
+  spec->mutable_data()->mutable_text()->set_vocabulary("ba");
+  EXPECT_THAT(OpenJobDataset(*spec).status().message(),
+              HasSubstr("data.text.vocabulary: must hold distinct bytes in "
+                        "ascending order; byte 97 follows 98"));
 }
 
 TEST_F(DataResolutionTest, UnreadableDataLeavesARequiredFieldNamed) {
   auto spec = ParseJobSpecJson(CharModel((dir_ / "gone.txt").string(), 0, 5));
   ASSERT_FALSE(spec.ok());
+  // The missing file first: giving the value alone led on to "cannot open".
   EXPECT_THAT(spec.status().message(),
-              HasSubstr("model.layers[0].embedding.vocab_size: is filled from "
-                        "the data where the job is submitted"));
-  EXPECT_THAT(spec.status().message(), HasSubstr("gone.txt does not exist"));
+              HasSubstr("data.text.path: " + (dir_ / "gone.txt").string() +
+                        " does not exist here, and "
+                        "model.layers[0].embedding.vocab_size is filled from "
+                        "the data where the job is submitted: fix the path"));
   // A recorded-only field (the vocabulary) does not stop a submit.
   auto given = ParseJobSpecJson(CharModel((dir_ / "gone.txt").string(), 5, 5));
   EXPECT_TRUE(given.ok()) << given.status();
