@@ -51,18 +51,26 @@ int Fail(const absl::Status& status) {
   return 1;
 }
 
-// Token ids written as text: "12 7 300" or "12,7,300".
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+// Token ids written as text: "12 7 300" or "12,7,300", each one of the
+// model's `vocab` ids. Checked before anything is printed: a prompt past
+// the vocabulary was echoed, then refused.
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text,
+                                              int64_t vocab) {
   std::vector<int32_t> ids;
   for (absl::string_view part :
        absl::StrSplit(text, absl::ByAnyChar(", \t\n"), absl::SkipEmpty())) {
-    int32_t id = 0;
+    int64_t id = 0;
     if (!absl::SimpleAtoi(part, &id)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--prompt: \"", part,
           "\" is not a token id (this model reads token ids, not text)"));
     }
-    ids.push_back(id);
+    if (id < 0 || id >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--prompt: token id ", part, " is not one of the model's ", vocab,
+          " ids (0 to ", vocab - 1, ")"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
   }
   return ids;
 }
@@ -153,7 +161,12 @@ int RunGenerate(const std::vector<std::string>& args) {
       ids.push_back(id);
     }
   } else {
-    absl::StatusOr<std::vector<int32_t>> parsed = ParseIds(prompt);
+    const gpipe::v1::ModelSpec& model = spec->model();
+    const int64_t vocab =
+        model.layers_size() > 0 && model.layers(0).has_embedding()
+            ? model.layers(0).embedding().vocab_size()
+            : 0;
+    absl::StatusOr<std::vector<int32_t>> parsed = ParseIds(prompt, vocab);
     if (!parsed.ok()) return Fail(parsed.status());
     ids = std::move(*parsed);
   }
@@ -186,10 +199,12 @@ int RunGenerate(const std::vector<std::string>& args) {
         "--tokens and --temperature must not be negative"));
   }
   const bool text = data.has_text();
+  // Ids are echoed as they are generated: space-separated, whatever
+  // separated the prompt's.
   if (text)
     std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   else
-    std::printf("%s", prompt.c_str());
+    std::printf("%s", absl::StrJoin(ids, " ").c_str());
   std::fflush(stdout);
   absl::StatusOr<std::vector<int32_t>> out =
       (*generator)->Generate(ids, options, [&](int32_t id) {

@@ -394,6 +394,43 @@ set -e
 [[ "$out" == *"generation needs a language model"* ]] || fail "generate on a classifier: $out"
 ok "generate: a char model continues its sentence past its 16 positions; seeds repeat, in 3 stages and on the fake GPU too"
 
+# A token-id model: the prompt's ids are checked against its vocabulary
+# before anything is printed (one past it was echoed, then refused, and an
+# id past int32 was "not a token id"), and echoed space-separated.
+python3 -c "
+import array
+array.array('H', [(i * 7) % 13 for i in range(4000)]).tofile(open('$work/ids.bin', 'wb'))"
+cat >"$work/ids.json" <<'JSON'
+{
+  "model": {
+    "input": {"dtype": "INT32", "shape": {"dims": [8]}},
+    "layers": [
+      {"embedding": {"vocabSize": 13, "dim": 16, "maxPositions": 8}},
+      {"transformerBlock": {"dim": 16, "heads": 2}},
+      {"linear": {"inFeatures": 16, "outFeatures": 13}}
+    ],
+    "loss": {"softmaxCrossEntropy": {}}
+  },
+  "optimizer": {"lr": 0.01, "adamw": {}},
+  "data": {"tokens": {"path": "ids.bin", "seqLen": 8}},
+  "batchSize": 8,
+  "steps": 5
+}
+JSON
+(cd "$work" && g train ids.json --threads 1 --out ids >ids.log 2>&1) ||
+  fail "the token model did not train: $(tail -n 3 "$work/ids.log")"
+for prompt in "5 13" "5 99999999999" "-1"; do
+  set +e
+  out=$(g generate "$work/ids/model.safetensors" --prompt "$prompt" --tokens 2 2>/dev/null)
+  err=$(g generate "$work/ids/model.safetensors" --prompt "$prompt" --tokens 2 2>&1 >/dev/null)
+  set -e
+  [[ -z "$out" ]] || fail "generate printed \"$out\" for a prompt it refused ($prompt)"
+  [[ "$err" == *"is not one of the model's 13 ids (0 to 12)"* ]] || fail "prompt $prompt: $err"
+done
+out=$(g generate "$work/ids/model.safetensors" --prompt "5,12,3" --tokens 2)
+[[ "$out" =~ ^"5 12 3 "[0-9]+" "[0-9]+$ ]] || fail "a comma-separated prompt echoed as: $out"
+ok "generate on token ids: ids past the vocabulary refused before any output, echoed space-separated"
+
 # eval on another job's text reads it with the model's ids: words of the
 # sentence in another order score 1.46 (numbered afresh, its bytes were read
 # as other tokens: 7.93), and a byte the model never saw is refused.
