@@ -302,4 +302,35 @@ set -e
 grep -q "gpipectl: out of memory: an allocation failed" "$work/oom.log" ||
   { cat "$work/oom.log"; fail "no out-of-memory message"; }
 
+# Ctrl-C stops after the step under way and writes the model of the step
+# reached (a run asking for checkpoints lost everything, in silence).
+python3 - "$work/job.json" "$work/long.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["steps"] = 1000000
+s["checkpoint"] = {"every": 50}
+s.pop("eval", None)
+json.dump(s, open(sys.argv[2], "w"))
+PY
+"$gpipectl" train "$work/long.json" --stages 1 --threads 1 --out "$work/stopped" >"$work/int.log" 2>&1 &
+trainer=$!
+for _ in $(seq 100); do
+  grep -q "note: checkpoint.every 50 is for jobs on a cluster" "$work/int.log" && break
+  sleep 0.1
+done
+sleep 1
+kill -INT "$trainer"
+code=0
+wait "$trainer" || code=$?
+[[ $code == 130 ]] || { cat "$work/int.log"; fail "Ctrl-C exited $code, not 130"; }
+step=$(sed -n 's/^interrupted at step \([0-9]*\) of 1000000; wrote the model of step \1 to .*$/\1/p' "$work/int.log")
+[[ -n "$step" ]] || { cat "$work/int.log"; fail "no interrupted line with the model written"; }
+python3 - "$work/stopped/model.safetensors" "$step" <<'PY' || fail "the interrupted model's step is not $step"
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+meta = json.loads(data[8:8 + n])["__metadata__"]
+assert meta["gpipe.step"] == sys.argv[2], meta["gpipe.step"]
+PY
+
 echo "1 passed, 0 failed"
