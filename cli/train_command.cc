@@ -1,5 +1,6 @@
 // gpipectl train JOB.json: the single-process reference trainer, with a
 // progress bar, a final evaluation and optional safetensors output.
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -96,27 +97,33 @@ void PrintEval(const char* when, const EvalResult& e, bool classification) {
 
 // Set by the first Ctrl-C (SIGINT) while `train` runs: the loop stops
 // after the step under way and writes what it has. A signal handler can
-// only reach a flag of static storage; nothing else reads it.
-volatile std::sig_atomic_t interrupted = 0;
+// only reach a flag of static storage, lock-free so that it is safe on
+// whichever thread the signal lands; nothing else reads it.
+std::atomic<bool> interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 extern "C" void OnInterrupt(int) {
-  interrupted = 1;
+  interrupted.store(true, std::memory_order_relaxed);
   // A second Ctrl-C ends the process at once, as it would have.
   std::signal(SIGINT, SIG_DFL);
 }
 
-// Catches SIGINT for its lifetime, restoring what was there.
+// Catches SIGINT for its lifetime, restoring what was there. An ignored
+// SIGINT stays ignored (a job started in the background of a script), as
+// shells leave it.
 class InterruptCatcher {
  public:
-  InterruptCatcher() : previous_(std::signal(SIGINT, OnInterrupt)) {
-    interrupted = 0;
+  InterruptCatcher() {
+    interrupted = false;
+    previous_ = std::signal(SIGINT, OnInterrupt);
+    if (previous_ == SIG_IGN) std::signal(SIGINT, SIG_IGN);
   }
   ~InterruptCatcher() { std::signal(SIGINT, previous_); }
   InterruptCatcher(const InterruptCatcher&) = delete;
   InterruptCatcher& operator=(const InterruptCatcher&) = delete;
 
  private:
-  void (*previous_)(int);
+  void (*previous_)(int) = SIG_DFL;
 };
 
 absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
@@ -439,7 +446,7 @@ int RunTrain(const std::vector<std::string>& args) {
       if (pipeline != nullptr)
         progress.SetSuffix(PipelineFigures(*pipeline, cut));
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
-      if (interrupted) break;
+      if (interrupted && t.step() < spec->steps()) break;
       if (plan.EvaluatesAfter(t.step())) {
         progress.Finish();
         absl::StatusOr<EvalResult> e =
@@ -449,7 +456,7 @@ int RunTrain(const std::vector<std::string>& args) {
       }
     }
   }
-  if (interrupted) {
+  if (interrupted && t.step() < spec->steps()) {
     // What the run reached is kept: the model file records its step, so
     // eval, predict and an init_from (without optimizer state) take it.
     const std::string out = absl::GetFlag(FLAGS_out);

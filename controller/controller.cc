@@ -436,9 +436,11 @@ absl::Status Controller::DeleteJob(std::string_view id) {
   }
   if (store_writer_ != nullptr && ticket != 0)
     store_writer_->WaitWritten(ticket);
-  // Answered once its files are gone: a script that looked right after
-  // found them all still there.
-  WaitIo(io);
+  // Answered once its files are gone (a script that looked right after
+  // found them all still there), or after a few seconds behind other
+  // jobs' file work: the caller's deadline is not to run out on a delete
+  // that was made.
+  WaitIo(io, absl::Seconds(5));
   return absl::OkStatus();
 }
 
@@ -2023,6 +2025,10 @@ void Controller::CommitCheckpointIo(const std::string& job_id, int64_t epoch,
       if (!listed) {
         std::error_code error;
         std::filesystem::remove(ref->manifest_path(), error);
+        std::filesystem::remove(
+            std::filesystem::path(ref->manifest_path()).parent_path() /
+                storage::kJobSpecName,
+            error);
       }
       return;
     }
@@ -2166,12 +2172,12 @@ uint64_t Controller::EnqueueIo(std::function<void()> task, IoTask kind) {
   return seq;
 }
 
-void Controller::WaitIo(uint64_t seq) {
+void Controller::WaitIo(uint64_t seq, absl::Duration most) {
   absl::MutexLock lock(&mu_);
   const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !io_pending_.contains(seq) || stopping_;
   };
-  mu_.Await(absl::Condition(&done));
+  mu_.AwaitWithTimeout(absl::Condition(&done), most);
 }
 
 void Controller::FlushIo() {

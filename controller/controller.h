@@ -355,8 +355,9 @@ class Controller {
   // restart: a routine restart cleared GpipeLossNotFinite until the job
   // was deleted. Its counters start again at 0.
   void ExportEndedJob(const JobRecord& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until the queued I/O task `seq` (EnqueueIo's) has run.
-  void WaitIo(uint64_t seq) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits until the queued I/O task `seq` (EnqueueIo's) has run, the
+  // controller stops, or `most` has passed.
+  void WaitIo(uint64_t seq, absl::Duration most) ABSL_LOCKS_EXCLUDED(mu_);
 
   void LeaseLoop();  // calls Tick
   // Tick with mu_ held; true when anything changed.

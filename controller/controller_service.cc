@@ -188,6 +188,13 @@ grpc::Status ControllerService::FetchModel(
         storage::ReadManifest(*path);
     if (!manifest.ok()) return ToGrpcStatus(manifest.status());
     files.push_back({*path, storage::kManifestName, ""});
+    // The job's spec beside it, where the commit wrote one.
+    const std::filesystem::path spec =
+        std::filesystem::path(*path).parent_path() / storage::kJobSpecName;
+    std::error_code error;
+    if (std::filesystem::is_regular_file(spec, error)) {
+      files.push_back({spec.string(), storage::kJobSpecName, ""});
+    }
     for (const v1::CheckpointFile& f : manifest->files()) {
       files.push_back({storage::ManifestFilePath(*path, f),
                        std::filesystem::path(f.path()).filename().string(),

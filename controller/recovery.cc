@@ -6,9 +6,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/storage/checkpoint_layout.h"
+#include "services/storage/file_io.h"
 #include "services/storage/manifest.h"
 #include "services/storage/sha256.h"
 
@@ -103,7 +105,6 @@ absl::StatusOr<v1::CheckpointRef> WriteCommit(
     const v1::JobSpec& spec) {
   v1::CheckpointManifest manifest;
   manifest.set_job_id(job_id);
-  *manifest.mutable_spec() = spec;
   manifest.set_step(step);
   manifest.set_epoch(epoch);
   for (const v1::StageCheckpointed& r : reports) {
@@ -114,6 +115,17 @@ absl::StatusOr<v1::CheckpointRef> WriteCommit(
   ref.set_manifest_path(
       (std::filesystem::path(dir) / storage::kManifestName).string());
   RETURN_IF_ERROR(storage::WriteManifest(ref.manifest_path(), manifest));
+  // The spec beside it; the checkpoint stands without it (a job started
+  // from it then reads its data afresh), so a failure is only logged.
+  std::string json;
+  if (spec.ByteSizeLong() > 0 &&
+      google::protobuf::util::MessageToJsonString(spec, &json).ok()) {
+    const std::string path =
+        (std::filesystem::path(dir) / storage::kJobSpecName).string();
+    if (absl::Status s = storage::WriteFileAtomically(path, json); !s.ok()) {
+      LogWarning("cannot write %s: %s", path, s.ToString());
+    }
+  }
   return ref;
 }
 
@@ -267,6 +279,10 @@ int64_t RemoveStaleFilesIn(const std::filesystem::path& dir, int64_t epoch,
       std::filesystem::exists(dir / storage::kManifestName, error);
   if (committed || error) return 0;
   int64_t removed = 0;
+  // The spec of a commit whose manifest was removed (superseded): it
+  // would keep the folder.
+  std::error_code spec_error;
+  std::filesystem::remove(dir / storage::kJobSpecName, spec_error);
   std::filesystem::directory_iterator it(dir, error), end;
   for (; !error && it != end; it.increment(error)) {
     const std::optional<int64_t> of =

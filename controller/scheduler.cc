@@ -344,6 +344,20 @@ int64_t MinStages(const v1::JobSpec& spec) {
   return min > 0 ? std::min(min, k) : k;
 }
 
+namespace {
+
+// The attached workers, busy or not, that could run a job of v chunks a
+// stage (those that say they run chunks, and ZB-V's, where it has them).
+int64_t AttachedFor(const std::vector<std::shared_ptr<WorkerRecord>>& all,
+                    int64_t v, bool v_shape) {
+  if (v <= 1) return static_cast<int64_t>(all.size());
+  return std::count_if(all.begin(), all.end(), [&](const auto& w) {
+    return w->runs_chunks && (!v_shape || w->runs_zero_bubble_v);
+  });
+}
+
+}  // namespace
+
 int64_t LeastWorkers(const v1::JobSpec& spec) {
   const int64_t replicas = ReplicaCount(spec);
   const int64_t min_replicas = spec.pipeline().min_replicas();
@@ -357,7 +371,7 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
                   v1::CheckpointTransport transport, absl::Time now,
                   const std::function<void(JobRecord&)>& check_restore_point) {
   std::vector<std::shared_ptr<WorkerRecord>> idle = workers.Free(now);
-  const int64_t attached = static_cast<int64_t>(workers.All().size());
+  const std::vector<std::shared_ptr<WorkerRecord>> all = workers.All();
   const JobRecord* blocked_by = nullptr;
   for (JobRecord* job : jobs.Waiting()) {
     if (now < job->not_before) {
@@ -496,13 +510,17 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
     }
     if (blocked_by != nullptr) {
       absl::StrAppend(&message, "; queued behind ", blocked_by->id());
-    } else if (const int64_t least = LeastWorkers(job->job.spec());
-               least > attached) {
+    } else if (const int64_t attached = AttachedFor(all, v, v_shape);
+               job->status().state() == v1::PENDING &&
+               LeastWorkers(job->job.spec()) > attached) {
       // Strict FIFO holds the queue for a job waiting on workers that are
-      // busy; one that needs more than are attached waits for more to
-      // join, and holding the queue for it left every worker idle and every
-      // job behind it waiting, for good. It still goes first once enough
-      // have joined.
+      // busy; a queued one that needs more than are attached (that could
+      // run it) waits for more to join, and holding the queue for it left
+      // every worker idle and every job behind it waiting, for good. It
+      // still goes first once enough have joined. A job that was running
+      // (RESTARTING) always holds it: its workers come back one by one
+      // after a controller restart, and a lost one's replacement joins
+      // later.
       absl::StrAppend(&message, " (", attached,
                       attached == 1 ? " is attached" : " are attached",
                       ": jobs behind it that fit go first)");

@@ -302,16 +302,18 @@ class Client:
 
     # ---- Files -------------------------------------------------------------
 
-    def fetch(self, job_id, out_dir=".", step=0, reconnect_for=30.0):
+    def fetch(self, job_id, out_dir=".", step=0, reconnect_for=30.0,
+              attempts=None):
         """Downloads the job's model.safetensors (or, with `step`, the files
         of that kept checkpoint) into `out_dir` and returns their paths.
         Each file is written as NAME.part and checked against its length
         and sha256; once the whole stream has ended well, all are renamed
         into place. A download the controller's absence interrupts
         (UNAVAILABLE: it restarts) is tried again once a second for up to
-        `reconnect_for` seconds, as `watch` rides it out (three tries
-        gave up 3 s into a restart); a failed one leaves neither a file nor
-        a folder it made."""
+        `reconnect_for` seconds from the first failure, as `watch` rides it
+        out (three tries gave up 3 s into a restart); a failed one leaves
+        neither a file nor a folder it made. `attempts` (the old limit) is
+        accepted and ignored."""
         made = []  # the folders made for out_dir, deepest first
         path = os.path.abspath(out_dir)
         while not os.path.exists(path):
@@ -319,13 +321,16 @@ class Client:
             path = os.path.dirname(path)
         os.makedirs(out_dir, exist_ok=True)
         try:
-            lost_since = time.monotonic()
+            lost_since = None  # the first failure of this outage
             while True:
                 try:
                     return self._fetch_once(job_id, out_dir, step)
                 except GpipeError as e:
+                    now = time.monotonic()
+                    if lost_since is None:
+                        lost_since = now
                     if (e.code != "UNAVAILABLE" or
-                            time.monotonic() - lost_since > reconnect_for):
+                            now - lost_since > reconnect_for):
                         raise
                     time.sleep(1.0)
         except BaseException:

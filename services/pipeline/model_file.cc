@@ -143,22 +143,27 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
 
 absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
     const std::string& dir) {
-  const std::string manifest_path =
-      (std::filesystem::path(dir) / storage::kManifestName).string();
-  ASSIGN_OR_RETURN(const gpipe::v1::CheckpointManifest manifest,
-                   storage::ReadManifest(manifest_path));
-  if (!manifest.has_spec()) return std::nullopt;
+  const std::string path =
+      (std::filesystem::path(dir) / storage::kJobSpecName).string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  ASSIGN_OR_RETURN(const std::string json, storage::ReadWholeFile(path));
   // Checked as a model file's gpipe.job is, its init_from aside.
-  gpipe::v1::JobSpec spec = manifest.spec();
-  const bool had_init = spec.has_init_from();
-  const gpipe::v1::InitFrom init = spec.init_from();
-  spec.clear_init_from();
-  if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat(manifest_path, ": its spec: ", s.message()));
+  absl::StatusOr<gpipe::v1::JobSpec> spec =
+      ParseJobSpecJson(json, SpecCheck::kJsonOnly);
+  absl::Status checked = spec.status();
+  if (spec.ok()) {
+    const bool had_init = spec->has_init_from();
+    const gpipe::v1::InitFrom init = spec->init_from();
+    spec->clear_init_from();
+    checked = CheckJobSpec(&*spec);
+    if (had_init) *spec->mutable_init_from() = init;
   }
-  if (had_init) *spec.mutable_init_from() = init;
-  return spec;
+  if (!checked.ok()) {
+    return absl::Status(checked.code(),
+                        absl::StrCat(path, ": ", checked.message()));
+  }
+  return *std::move(spec);
 }
 
 std::optional<gpipe::v1::JobSpec> RecordedJobSpec(const std::string& path) {
@@ -237,7 +242,7 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
       std::filesystem::exists(
           std::filesystem::path(model) / storage::kManifestName, ec);
   if (checkpoint) {
-    // A checkpoint (`fetch JOB --step N`) records its job's spec in its
+    // A checkpoint (`fetch JOB --step N`) has its job's spec beside its
     // manifest, and serves as a model file does.
     ASSIGN_OR_RETURN(std::optional<gpipe::v1::JobSpec> recorded,
                      CheckpointJobSpec(model));
@@ -249,8 +254,8 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
     if (job_path.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           path,
-          ": a checkpoint whose MANIFEST.json records no job spec (written "
-          "by an earlier gpipe): eval takes it with the job's spec after "
+          ": a checkpoint without its job's spec beside it (JOB.json: one "
+          "an earlier gpipe wrote): eval takes it with the job's spec after "
           "it (gpipectl eval ",
           path,
           " JOB.json); predict and generate take a model file (gpipectl "

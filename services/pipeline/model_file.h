@@ -46,10 +46,10 @@ absl::Status CheckModelFormatVersion(
 // Errors name the path and what is missing or wrong.
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path);
 
-// The spec recorded in the MANIFEST.json of checkpoint directory `dir`
-// (CheckpointManifest.spec, checked as ReadModelFileInfo checks a model
-// file's); nullopt for a manifest written before it was recorded. Errors:
-// ReadManifest's, or the spec's naming the manifest.
+// The spec of checkpoint directory `dir` (its JOB.json beside the
+// manifest, storage::kJobSpecName, checked as ReadModelFileInfo checks a
+// model file's); nullopt where there is none (a checkpoint an earlier gpipe
+// wrote). Errors name the file.
 absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
     const std::string& dir);
 
@@ -69,8 +69,8 @@ std::string ModelFilePath(const std::string& path);
 // loaded strictly from `model` (init_from, no optimizer state), and with
 // JOB.json's data and eval settings instead of its own when `job_path` is
 // not empty. A checkpoint directory (with MANIFEST.json) serves the same
-// way from the spec its manifest records; one from before manifests
-// recorded it is served by JOB.json's whole spec, and refused without one.
+// way from the spec beside its manifest; one without it (an earlier
+// gpipe's) is served by JOB.json's whole spec, and refused without one.
 absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
                                                const std::string& job_path);
 

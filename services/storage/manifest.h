@@ -16,6 +16,13 @@
 namespace gpipe::storage {
 
 inline constexpr char kManifestName[] = "MANIFEST.json";
+// Beside a committed manifest: the job's spec as it ran, with what its data
+// filled in at submit (protobuf JSON), so a checkpoint says what its ids,
+// columns and inputs mean as a model file's gpipe.job does. A file of its
+// own, not a manifest field: a gpipe that reads manifests strictly (every
+// release before it) still reads these checkpoints. Written after the
+// manifest; a checkpoint without one is read as before.
+inline constexpr char kJobSpecName[] = "JOB.json";
 
 // Writes `manifest` as JSON to `path`: temporary file, fsync, rename, fsync
 // of the directory. A crash leaves the old manifest or the new one.

@@ -478,7 +478,9 @@ TEST_F(ControllerTest, TwoStageJobRunsToSuccess) {
   ASSERT_NE(scheduled, nullptr);
   EXPECT_FALSE(scheduled->status());
   EXPECT_EQ(scheduled->reason(), "WaitingForWorkers");
-  EXPECT_EQ(scheduled->message(), "needs 2 workers, 1 free");
+  EXPECT_EQ(scheduled->message(),
+            "needs 2 workers, 1 free (1 is attached: jobs behind it that fit "
+            "go first)");
   const std::string id = submitted.id();
 
   Watcher watcher(*stub_, id);

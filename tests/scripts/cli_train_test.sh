@@ -312,14 +312,28 @@ s["checkpoint"] = {"every": 50}
 s.pop("eval", None)
 json.dump(s, open(sys.argv[2], "w"))
 PY
-"$gpipectl" train "$work/long.json" --stages 1 --threads 1 --out "$work/stopped" >"$work/int.log" 2>&1 &
+# A background job of a script inherits SIGINT ignored (and train leaves
+# an ignored SIGINT ignored), so it starts with the default restored, as at
+# a terminal.
+python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+  "$gpipectl" train "$work/long.json" --stages 1 --threads 1 --out "$work/stopped" >"$work/int.log" 2>&1 &
 trainer=$!
-for _ in $(seq 100); do
+for _ in $(seq 300); do
   grep -q "note: checkpoint.every 50 is for jobs on a cluster" "$work/int.log" && break
   sleep 0.1
 done
+grep -q "note: checkpoint.every 50 is for jobs on a cluster" "$work/int.log" ||
+  { kill -9 "$trainer"; cat "$work/int.log"; fail "train did not say that it keeps no checkpoints"; }
 sleep 1
 kill -INT "$trainer"
+for _ in $(seq 600); do
+  kill -0 "$trainer" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$trainer" 2>/dev/null; then
+  kill -9 "$trainer"
+  fail "train went on for 60 s after Ctrl-C"
+fi
 code=0
 wait "$trainer" || code=$?
 [[ $code == 130 ]] || { cat "$work/int.log"; fail "Ctrl-C exited $code, not 130"; }

@@ -11,6 +11,7 @@
 #include "controller/recovery.h"
 #include "gtest/gtest.h"
 #include "services/storage/checkpoint_layout.h"
+#include "services/storage/file_io.h"
 #include "services/storage/manifest.h"
 #include "services/storage/sha256.h"
 
@@ -269,6 +270,30 @@ TEST_F(RecoveryTest, FinalParametersAreCommittedWithAManifest) {
   EXPECT_EQ(m->files(1).path(), "e5-stage-1.safetensors");
   std::filesystem::remove(stages[1].path());
   EXPECT_FALSE(CommitFinalParameters(root_.string(), "j", 5, 10, stages).ok());
+}
+
+// A commit writes the job's spec beside its manifest (JOB.json), which a
+// manifest reader of any release ignores: a fetched checkpoint says what
+// its ids mean. Without a spec there is none.
+TEST_F(RecoveryTest, ACommitWritesTheJobsSpecBesideItsManifest) {
+  const v1::CheckpointRef plain = Commit(4);
+  EXPECT_FALSE(std::filesystem::exists(
+      std::filesystem::path(plain.manifest_path()).parent_path() /
+      storage::kJobSpecName));
+  std::vector<v1::StageCheckpointed> reports = {Write(8, 1, 0), Write(8, 1, 1)};
+  v1::JobSpec spec;
+  spec.set_name("with-spec");
+  spec.set_steps(20);
+  absl::StatusOr<v1::CheckpointRef> ref =
+      CommitCheckpoint(root_.string(), "j", 1, reports, spec);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  absl::StatusOr<std::string> json = storage::ReadWholeFile(
+      (std::filesystem::path(ref->manifest_path()).parent_path() /
+       storage::kJobSpecName)
+          .string());
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_NE(json->find("\"name\":\"with-spec\""), std::string::npos) << *json;
+  EXPECT_TRUE(storage::ReadVerifiedManifest(ref->manifest_path()).ok());
 }
 
 // A job's files are where they were written: its folder under an earlier

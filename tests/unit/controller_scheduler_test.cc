@@ -145,6 +145,24 @@ TEST_F(SchedulerTest, AJobNeedingMoreWorkersThanAttachedHoldsNoOneBack) {
       << waiting->message();
 }
 
+// After a controller restart the workers attach one at a time: a job
+// that was running holds the queue even while fewer are attached than it
+// needs (a queued job took the first worker to come back).
+TEST_F(SchedulerTest, ARestartingJobHoldsTheQueueWhileItsWorkersReturn) {
+  JobRecord& running = Submit(Spec(2));
+  JobRecord& queued = Submit(Spec(1));
+  running.status().set_epoch(1);
+  running.status().set_state(v1::RESTARTING);
+  auto w1 = Attach(1);
+  Schedule();
+  EXPECT_EQ(queued.status().state(), v1::PENDING);
+  EXPECT_TRUE(w1->idle());
+  auto w2 = Attach(2);
+  Schedule();
+  EXPECT_EQ(running.status().state(), v1::RUNNING);
+  EXPECT_EQ(queued.status().state(), v1::PENDING);
+}
+
 // A job that was running (RESTARTING, as every running job is after a
 // controller restart) goes back onto workers before queued jobs, an older
 // resumed one included: that one took the running job's workers.

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "services/data/dataset.h"
 #include "services/pipeline/job_spec.h"
@@ -79,11 +80,11 @@ TEST_F(DataResolutionTest, AZeroVocabularyIsTheFilesAndIsRecorded) {
   EXPECT_THAT(metadata.at("gpipe.job"), HasSubstr("\"vocabSize\":\"4\""));
 }
 
-// A checkpoint fetched with `fetch JOB --step N` records its job's spec in
-// its manifest: a job started from it reads its text with the trained
-// vocabulary, not the new file's own (whose ids shifted under the trained
-// embedding: a first loss of 5.79 where the model file gave 2.86). One
-// written before manifests recorded it adopts nothing.
+// A checkpoint fetched with `fetch JOB --step N` has its job's spec beside
+// its manifest (JOB.json): a job started from it reads its text with the
+// trained vocabulary, not the new file's own (whose ids shifted under the
+// trained embedding: a first loss of 5.79 where the model file gave 2.86). One
+// an earlier gpipe wrote, without it, adopts nothing.
 TEST_F(DataResolutionTest, AFetchedCheckpointsVocabularyIsAdopted) {
   const std::string trained_text =
       Write("trained.txt", std::string(200, 'a') + "zyx bc\n");
@@ -100,10 +101,15 @@ TEST_F(DataResolutionTest, AFetchedCheckpointsVocabularyIsAdopted) {
     file.set_path("e1-stage-0.safetensors");
     file.set_sha256(std::string(64, '0'));
     file.set_layer_end(3);
-    if (with_spec) *manifest.mutable_spec() = *trained;
     EXPECT_TRUE(storage::WriteManifest(
                     (folder / storage::kManifestName).string(), manifest)
                     .ok());
+    if (with_spec) {
+      std::string json;
+      EXPECT_TRUE(
+          google::protobuf::util::MessageToJsonString(*trained, &json).ok());
+      std::ofstream(folder / storage::kJobSpecName) << json;
+    }
     return folder.string();
   };
   const std::string recorded = checkpoint("step20", true);
