@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,21 @@ std::string FloatList(const google::protobuf::RepeatedField<float>& values) {
                                       out->append(buf);
                                     }),
                       "]");
+}
+
+// A spec recorded with trained parameters (a model file's gpipe.job, a
+// checkpoint's JOB.json), as it ran: checked, and its data read only for a
+// size an old file left at 0, never with its init_from, which may have
+// changed since or be this very file.
+absl::StatusOr<gpipe::v1::JobSpec> ParseRecordedSpec(std::string_view json) {
+  ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
+                   ParseJobSpecJson(json, SpecCheck::kJsonOnly));
+  const bool had_init = spec.has_init_from();
+  const gpipe::v1::InitFrom init = spec.init_from();
+  spec.clear_init_from();
+  RETURN_IF_ERROR(CheckJobSpec(&spec));
+  if (had_init) *spec.mutable_init_from() = init;
+  return spec;
 }
 
 }  // namespace
@@ -119,25 +135,13 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": gpipe.step is \"", *step, "\""));
   }
-  // The spec as it ran: checked, and its data read only for a size an old
-  // file left at 0, never with its init_from, which may have changed since
-  // or be this very file.
-  absl::StatusOr<gpipe::v1::JobSpec> spec =
-      ParseJobSpecJson(*job, SpecCheck::kJsonOnly);
-  absl::Status checked = spec.status();
-  if (spec.ok()) {
-    const bool had_init = spec->has_init_from();
-    const gpipe::v1::InitFrom init = spec->init_from();
-    spec->clear_init_from();
-    checked = CheckJobSpec(&*spec);
-    if (had_init) *spec->mutable_init_from() = init;
-  }
-  if (!checked.ok()) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseRecordedSpec(*job);
+  if (!spec.ok()) {
     return absl::Status(
-        checked.code(),
-        absl::StrCat(path, ": its gpipe.job: ", checked.message()));
+        spec.status().code(),
+        absl::StrCat(path, ": its gpipe.job: ", spec.status().message()));
   }
-  info.spec = std::move(*spec);
+  info.spec = *std::move(spec);
   return info;
 }
 
@@ -148,20 +152,10 @@ absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return std::nullopt;
   ASSIGN_OR_RETURN(const std::string json, storage::ReadWholeFile(path));
-  // Checked as a model file's gpipe.job is, its init_from aside.
-  absl::StatusOr<gpipe::v1::JobSpec> spec =
-      ParseJobSpecJson(json, SpecCheck::kJsonOnly);
-  absl::Status checked = spec.status();
-  if (spec.ok()) {
-    const bool had_init = spec->has_init_from();
-    const gpipe::v1::InitFrom init = spec->init_from();
-    spec->clear_init_from();
-    checked = CheckJobSpec(&*spec);
-    if (had_init) *spec->mutable_init_from() = init;
-  }
-  if (!checked.ok()) {
-    return absl::Status(checked.code(),
-                        absl::StrCat(path, ": ", checked.message()));
+  absl::StatusOr<gpipe::v1::JobSpec> spec = ParseRecordedSpec(json);
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(),
+                        absl::StrCat(path, ": ", spec.status().message()));
   }
   return *std::move(spec);
 }
