@@ -132,7 +132,7 @@ std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
 }
 
 absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
-                                        std::string* filled) {
+                                        std::vector<FilledSize>* filled) {
   if (NeedsInitStep(*spec)) {
     ASSIGN_OR_RETURN(const InitWeights weights,
                      ReadInitWeights(spec->init_from().path()));
@@ -171,24 +171,24 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
                   input.dtype() == v1::INT32 ? DType::kI32 : DType::kF32));
   const int64_t classes = data->num_classes();
   v1::ModelSpec& model = *spec->mutable_model();
-  const auto note = [&](std::string what) {
-    if (filled != nullptr)
-      absl::StrAppend(filled, filled->empty() ? "" : "; ", what);
+  const auto note = [&](int64_t layer, const std::string& what) {
+    if (filled == nullptr) return;
+    const std::string name = absl::StrCat("model.layers[", layer, "]");
+    filled->push_back({name, absl::StrCat(name, what)});
   };
   if (HasEmbeddingToSize(model)) {
     model.mutable_layers(0)->mutable_embedding()->set_vocab_size(
         data->num_input_ids());
-    note(absl::StrCat("model.layers[0].embedding.vocab_size ",
-                      data->num_input_ids(),
-                      " was filled from the data: its largest token id is ",
-                      data->num_input_ids() - 1));
+    note(0, absl::StrCat(".embedding.vocab_size ", data->num_input_ids(),
+                         " was filled from the data: its largest token id is ",
+                         data->num_input_ids() - 1));
   }
   if (HasHeadToSize(model)) {
     model.mutable_layers(model.layers_size() - 1)
         ->mutable_linear()
         ->set_out_features(classes);
-    note(absl::StrCat("model.layers[", model.layers_size() - 1,
-                      "].linear.out_features ", classes,
+    note(model.layers_size() - 1,
+         absl::StrCat(".linear.out_features ", classes,
                       " was filled from the data: its largest class id is ",
                       classes - 1));
   }

@@ -33,11 +33,15 @@ std::vector<DataDependentField> DataDependentFields(
 // train split's per-feature mean and standard deviation into
 // data.normalize. A spec with nothing to fill is left untouched and no file
 // is read. Errors are the data's (naming field and file). `filled`, when
-// given, says which sizes came from which ids ("model.layers[2].linear.
-// out_features 300000001: the data's largest class id is 300000000"), for
-// a later error about such a size to name its cause.
-absl::Status ResolveDataDependentFields(gpipe::v1::JobSpec* spec,
-                                        std::string* filled = nullptr);
+// given, gets which sizes came from which ids, for a later error about such
+// a layer to name its cause.
+struct FilledSize {
+  std::string layer;  // "model.layers[2]"
+  std::string note;   // "model.layers[2].linear.out_features 300000001 was
+                      // filled from the data: its largest class id is ..."
+};
+absl::Status ResolveDataDependentFields(
+    gpipe::v1::JobSpec* spec, std::vector<FilledSize>* filled = nullptr);
 
 // A job that starts from a model file (init_from) reads its data as that
 // model was trained to read it: the file's text vocabulary, table feature

@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
@@ -846,21 +845,15 @@ absl::Status CheckJobSpec(v1::JobSpec* spec) {
 }
 
 absl::Status ResolveAndValidateJobSpec(v1::JobSpec* spec) {
-  std::string filled;
+  std::vector<FilledSize> filled;
   RETURN_IF_ERROR(ResolveDataDependentFields(spec, &filled));
   absl::Status valid = ValidateJobSpec(*spec);
-  if (valid.ok() || filled.empty()) return valid;
-  // Each note says what was filled in a layer ("model.layers[6].linear.
-  // out_features 86 was filled from the data: ..."): it explains an error
-  // about that layer only. Every error carried every note, a negative lr
-  // or a bad --balance included.
+  if (valid.ok()) return valid;
+  // A note explains an error about its layer only. Every error carried
+  // every note, a negative lr or a bad --balance included.
   std::vector<std::string> relevant;
-  for (absl::string_view note : absl::StrSplit(filled, "; ")) {
-    const size_t layer_end = note.find("].");
-    if (layer_end != absl::string_view::npos &&
-        absl::StrContains(valid.message(), note.substr(0, layer_end + 1))) {
-      relevant.emplace_back(note);
-    }
+  for (const FilledSize& f : filled) {
+    if (absl::StrContains(valid.message(), f.layer)) relevant.push_back(f.note);
   }
   if (relevant.empty()) return valid;
   return absl::Status(

@@ -75,6 +75,19 @@ class ControllerStateTest : public ::testing::Test {
     o.clock = [this] { return clock_.Now(); };
     return o;
   }
+  // A fresh controller on a job store in dir_, counting into `metrics`
+  // (may be null), after the one before (its file work done) stops: a
+  // restart of the controller process.
+  void RestartOnStore(ControllerMetrics* metrics) {
+    if (controller_ != nullptr) controller_->FlushIo();
+    controller_.reset();
+    ControllerOptions o = Options();
+    o.store_path = (dir_ / "jobs.db").string();
+    o.metrics = metrics;
+    std::filesystem::create_directories(dir_);
+    controller_ = std::make_unique<Controller>(o);
+    ASSERT_TRUE(controller_->Recover().ok());
+  }
   // A fresh controller that counts into `metrics`.
   void UseMetrics(ControllerMetrics* metrics) {
     ControllerOptions o = Options();
@@ -265,13 +278,8 @@ class ControllerStateTest : public ::testing::Test {
 // step: the controller's gpipe_job_loss turns NaN, so the
 // GpipeLossNotFinite alert sees it.
 TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
-  ControllerOptions o = Options();
-  o.store_path = (dir_ / "jobs.db").string();
-  std::filesystem::create_directories(dir_);
   ControllerMetrics metrics;
-  o.metrics = &metrics;
-  controller_ = std::make_unique<Controller>(o);
-  ASSERT_TRUE(controller_->Recover().ok());
+  RestartOnStore(&metrics);
   OneStageJob j = StartOneStageJob();
   ASSERT_TRUE(j.a.has_value());
   controller_->HandleMessage(*j.w1,
@@ -279,29 +287,25 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
                                      "the loss is not finite (nan) at step 3",
                                      /*permanent=*/true));
   EXPECT_EQ(State(j.id), v1::FAILED);
-  bool nan = false;
-  for (const auto& family : metrics.Collect()) {
-    if (family.name != "gpipe_job_loss") continue;
-    for (const auto& m : family.metric) nan = nan || std::isnan(m.gauge.value);
-  }
-  EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN";
+  const auto loss_is_nan = [](ControllerMetrics& m) {
+    bool nan = false;
+    for (const auto& family : m.Collect()) {
+      if (family.name != "gpipe_job_loss") continue;
+      for (const auto& s : family.metric)
+        nan = nan || std::isnan(s.gauge.value);
+    }
+    return nan;
+  };
+  EXPECT_TRUE(loss_is_nan(metrics)) << "gpipe_job_loss is not NaN";
   // Every failed job counts, whatever its reason (GpipeJobFailed).
   EXPECT_EQ(FirstCounter(metrics, "gpipe_jobs_failed_total"), 1);
   // A restarted controller exports it again until the job is deleted: a
   // routine restart cleared the alert.
-  controller_->FlushIo();
-  controller_.reset();
   ControllerMetrics after;
-  o.metrics = &after;
-  controller_ = std::make_unique<Controller>(o);
-  ASSERT_TRUE(controller_->Recover().ok());
+  RestartOnStore(&after);
   EXPECT_EQ(State(j.id), v1::FAILED);
-  nan = false;
-  for (const auto& family : after.Collect()) {
-    if (family.name != "gpipe_job_loss") continue;
-    for (const auto& m : family.metric) nan = nan || std::isnan(m.gauge.value);
-  }
-  EXPECT_TRUE(nan) << "gpipe_job_loss is not NaN after a controller restart";
+  EXPECT_TRUE(loss_is_nan(after))
+      << "gpipe_job_loss is not NaN after a controller restart";
 }
 
 // A store with room for exactly the checkpoints a job keeps failed every
@@ -503,21 +507,13 @@ TEST_F(ControllerStateTest, AFullStoreReportedAfterTheHoldIsNotCounted) {
 // A controller's restart is a recovery like a lost worker: its jobs'
 // return to RUNNING is observed in gpipe_recovery_duration_seconds.
 TEST_F(ControllerStateTest, AControllerRestartIsObservedAsARecovery) {
-  ControllerOptions o = Options();
-  o.store_path = (dir_ / "jobs.db").string();
-  std::filesystem::create_directories(dir_);
-  controller_ = std::make_unique<Controller>(o);
-  ASSERT_TRUE(controller_->Recover().ok());
+  RestartOnStore(nullptr);
   OneStageJob j = StartOneStageJob();
   ASSERT_TRUE(j.a.has_value());
   controller_->HandleMessage(*j.w1, test_support::Progressed(*j.a, 1));
-  controller_->FlushIo();
-  controller_.reset();
 
   ControllerMetrics metrics;
-  o.metrics = &metrics;
-  controller_ = std::make_unique<Controller>(o);
-  ASSERT_TRUE(controller_->Recover().ok());
+  RestartOnStore(&metrics);
   EXPECT_EQ(State(j.id), v1::RESTARTING);
   std::shared_ptr<WorkerRecord> w = Attach(3);
   Settle();
