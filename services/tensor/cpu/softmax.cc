@@ -26,23 +26,42 @@ void SoftmaxRowsBackward(int64_t rows, int64_t cols, const float* y,
 
 namespace {
 
-// LaneSum of exp(z[c] - m) over the row, with no row to write the exps to
-// (an evaluation): they go through a block on the stack, and each lane
-// goes on from block to block, so the sum has the same bits.
-[[gnu::always_inline]] inline float SumOfShiftedExps(int64_t n, const float* z,
-                                                     float m) {
-  constexpr int64_t kBlock = 1024;  // a multiple of kLanes
-  float block[kBlock];
+// exp(z[c] - m) into e[c] (e null: an evaluation, which keeps none) and
+// their LaneSum, in blocks of 256 that stay in L1: a block's dependent
+// adds then run beside the next block's exps, where a pass of exps and
+// then one of adds waited on an add's latency every 8 elements (1.51 ->
+// 1.40 ms in `elementwise_bench`'s loss). Each lane goes on from block to
+// block, so the sum has LaneSum's bits.
+template <bool kKeep>
+[[gnu::always_inline]] inline float ShiftedExpsAndSum(int64_t n, const float* z,
+                                                      float m, float* e,
+                                                      const float* next_z) {
+  constexpr int64_t kBlock = 256;  // a multiple of kLanes
+  float scratch[2][kBlock];
   float lane[kLanes] = {};
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int64_t len = std::min(kBlock, n - start);
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i) block[i] = ExpOfShifted(z[start + i] - m);
+  // The adds of the block before the one just computed: adds straight
+  // after the stores of their block waited on them.
+  const auto add_block = [&lane](const float* block, int64_t len) {
     int64_t i = 0;
     for (; i + kLanes <= len; i += kLanes)
       for (int64_t l = 0; l < kLanes; ++l) lane[l] += block[i + l];
     for (int64_t l = 0; i < len; ++i, ++l) lane[l] += block[i];
+  };
+  const float* pending = nullptr;
+  int64_t pending_len = 0;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t len = std::min(kBlock, n - start);
+    float* block = kKeep ? e + start : scratch[(start / kBlock) % 2];
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i) block[i] = ExpOfShifted(z[start + i] - m);
+    if (next_z != nullptr)
+      for (int64_t i = 0; i < len; i += 16)
+        __builtin_prefetch(next_z + start + i, 0, 2);
+    if (pending != nullptr) add_block(pending, pending_len);
+    pending = block;
+    pending_len = len;
   }
+  add_block(pending, pending_len);
   return AddLanes(lane);
 }
 
@@ -66,15 +85,11 @@ CrossEntropyResult SoftmaxCrossEntropy(int64_t rows, int64_t classes,
     const bool valid = t >= 0 && t < classes;
     const LaneTop top = LaneArgMax(classes, z);
     const float m = top.value;
-    float s;
     float* d = dlogits != nullptr ? dlogits + r * classes : nullptr;
-    if (d != nullptr) {
-#pragma omp simd
-      for (int64_t c = 0; c < classes; ++c) d[c] = ExpOfShifted(z[c] - m);
-      s = LaneSum(classes, d);
-    } else {
-      s = SumOfShiftedExps(classes, z, m);
-    }
+    const float* next_z = r + 1 < rows ? z + classes : nullptr;
+    const float s = d != nullptr
+                        ? ShiftedExpsAndSum<true>(classes, z, m, d, next_z)
+                        : ShiftedExpsAndSum<false>(classes, z, m, d, next_z);
     const float log_s = std::log(s);
     if (valid) {
       row_loss[r] = static_cast<double>(log_s - (z[t] - m));

@@ -107,27 +107,37 @@ struct LaneTop {
 // the value returned is the element's own), and its first index is where
 // the scan kept it, since a later equal element is not larger.
 // The first pass keeps 32 running maxima in four 8-float vectors (GCC's
-// vector extension: two registers each in the baseline clone): a loop of
-// per-lane selects over an array kept its lanes on the stack, a store and
-// a reload each step, and took 1.7 ms for a 32000-class loss over 4096
-// rows (`elementwise_bench`'s cross-entropy) against 0.74 now.
+// vector extension: two registers each in the baseline clone), each a
+// variable of its own: a loop over an array of them kept the array on the
+// stack, a store and a reload each step, in both GCC's per-lane selects and
+// its vector-extension loop.
 [[gnu::always_inline]] inline LaneTop LaneArgMax(int64_t n, const float* x) {
   typedef float Floats8 __attribute__((vector_size(32)));
   typedef int32_t Ints8 __attribute__((vector_size(32)));
-  constexpr int64_t kGroups = 4, kStep = 8 * kGroups;
-  Floats8 best[kGroups];
-  for (Floats8& b : best) b = Floats8{} + x[0];
+  constexpr int64_t kStep = 32;
+  // By reference: a vector passed or returned by value changes the
+  // baseline clone's ABI (-Wpsabi), though all of it is inlined.
+  const auto keep_larger = [](Floats8& best, const float* p) {
+    Floats8 v;
+    std::memcpy(&v, p, sizeof v);
+    const Ints8 larger = v > best;
+    best = reinterpret_cast<Floats8>((reinterpret_cast<Ints8>(v) & larger) |
+                                     (reinterpret_cast<Ints8>(best) & ~larger));
+  };
+  const auto mark_equal = [](Ints8& hit, const float* p, const Floats8& m) {
+    Floats8 v;
+    std::memcpy(&v, p, sizeof v);
+    hit |= v == m;
+  };
+  Floats8 b0 = Floats8{} + x[0], b1 = b0, b2 = b0, b3 = b0;
   int64_t i = 0;
   for (; i + kStep <= n; i += kStep) {
-    for (int64_t g = 0; g < kGroups; ++g) {
-      Floats8 v;
-      std::memcpy(&v, x + i + 8 * g, sizeof v);
-      const Ints8 larger = v > best[g];
-      best[g] = reinterpret_cast<Floats8>(
-          (reinterpret_cast<Ints8>(v) & larger) |
-          (reinterpret_cast<Ints8>(best[g]) & ~larger));
-    }
+    keep_larger(b0, x + i);
+    keep_larger(b1, x + i + 8);
+    keep_larger(b2, x + i + 16);
+    keep_larger(b3, x + i + 24);
   }
+  const Floats8 best[] = {b0, b1, b2, b3};
   float m = x[0];
   for (const Floats8& b : best)
     for (int l = 0; l < 8; ++l) m = b[l] > m ? b[l] : m;
@@ -135,16 +145,13 @@ struct LaneTop {
   if (m != m) return {x[0], 0};  // x[0] is NaN: nothing was larger
   // The first block of kStep that holds m, then the element in it.
   int64_t start = 0;
+  const Floats8 mv = Floats8{} + m;
   for (; start + kStep <= n; start += kStep) {
     Ints8 hit = {};
-    for (int64_t g = 0; g < kGroups; ++g) {
-      Floats8 v;
-      std::memcpy(&v, x + start + 8 * g, sizeof v);
-      hit |= v == m;
-    }
-    bool any = false;
-    for (int l = 0; l < 8; ++l) any |= hit[l] != 0;
-    if (any) break;
+    for (int64_t g = 0; g < kStep; g += 8) mark_equal(hit, x + start + g, mv);
+    uint64_t words[4];
+    std::memcpy(words, &hit, sizeof words);
+    if ((words[0] | words[1]) | (words[2] | words[3])) break;
   }
   for (int64_t j = start; j < n; ++j)
     if (x[j] == m) return {x[j], j};
