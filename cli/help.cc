@@ -62,7 +62,7 @@ const std::vector<Command>& Commands() {
        "to its end, then stops them.",
        {"workers", "stages", "replicas", "micro_batches", "schedule",
         "virtual_stages", "remat", "balance", "steps", "threads", "device",
-        "data_plane", "out", "trace", "keep", "metrics_targets",
+        "data_plane", "out", "trace", "keep", "metrics_targets", "ports",
         "replace_workers"}},
       {"eval",
        "MODEL.safetensors [JOB.json]",

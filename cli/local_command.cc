@@ -63,6 +63,11 @@ ABSL_FLAG(std::string, metrics_targets, "",
           "local: where to write the Prometheus file_sd targets of the local "
           "cluster's /metrics endpoints (default: OUT/prometheus-targets.json "
           "with --out, else in the run directory)");
+ABSL_FLAG(std::string, ports, "",
+          "local: FIRST-LAST, loopback ports to listen on, two a process in "
+          "this order: the controller's API and /metrics, then each "
+          "worker's; a replacement worker takes the ports of the one it "
+          "replaces (default: any free ports the system gives)");
 ABSL_FLAG(std::string, data_plane, "",
           "local: the workers' --data_plane (auto, grpc, shm or cuda_ipc; "
           "default: "
@@ -141,7 +146,33 @@ struct LocalClusterOptions {
   std::string data_plane;       // the workers' --data_plane ("": theirs)
   std::string device = "cpu";   // the workers' --device
   bool replace_workers = true;  // --replace_workers
+  int first_port = 0;           // --ports' first, 0: any free port
 };
+
+// The ports `local` listens on, from --ports FIRST-LAST: a user whose
+// firewall or neighbours leave only some ports free picks them. Two a
+// process; an error names the range and what it needs.
+absl::StatusOr<int> FirstPort(const std::string& range, int64_t workers) {
+  if (range.empty()) return 0;
+  const std::vector<std::string> ends = absl::StrSplit(range, '-');
+  int first = 0, last = 0;
+  if (ends.size() != 2 || !absl::SimpleAtoi(ends[0], &first) ||
+      !absl::SimpleAtoi(ends[1], &last) || first < 1 || last > 65535 ||
+      first > last) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ports: expected FIRST-LAST with 1 <= FIRST <= LAST <= 65535, got \"",
+        range, "\""));
+  }
+  const int64_t needed = 2 * (1 + workers);
+  if (last - first + 1 < needed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ports ", range, " holds ", last - first + 1,
+                     " ports; the controller and ", workers, " worker",
+                     workers == 1 ? "" : "s", " need ", needed,
+                     " (two each: the API and /metrics)"));
+  }
+  return first;
+}
 
 // Replacement workers one run may start: a worker that dies at once, again
 // and again, is a problem to report, not to hide.
@@ -164,10 +195,10 @@ class LocalCluster {
     const std::string metrics_port_file = run_dir_ + "/controller.metrics.port";
     const std::vector<std::string> argv = {
         binary,
-        "--listen=127.0.0.1:0",
+        "--listen=" + Loopback(0),
         "--port_file=" + port_file,
         "--checkpoint_dir=" + checkpoints,
-        "--metrics_listen=127.0.0.1:0",
+        "--metrics_listen=" + Loopback(1),
         "--metrics_port_file=" + metrics_port_file};
     metrics_port_files_.emplace_back("controller", metrics_port_file);
     ASSIGN_OR_RETURN(controller_,
@@ -208,7 +239,7 @@ class LocalCluster {
     if (AddressSpaceLimit() <= memory_each_) memory_each_ = 0;
     if (memory_each_ < (int64_t{256} << 20)) memory_each_ = 0;
     for (int64_t i = 0; i < count; ++i) {
-      RETURN_IF_ERROR(StartWorker(absl::StrCat(i)));
+      RETURN_IF_ERROR(StartWorker(absl::StrCat(i), i));
     }
     return absl::OkStatus();
   }
@@ -218,11 +249,11 @@ class LocalCluster {
   // watch's guard thread. False once kMaxReplacements are used up (or a
   // replacement cannot start): the dead worker then ends the run.
   bool ReplaceEndedWorkers() {
-    std::vector<std::string> ended;
+    std::vector<std::pair<std::string, int64_t>> ended;  // name, slot
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = workers_.begin(); it != workers_.end();) {
-        if ((*it)->Running()) {
+        if (it->process->Running()) {
           ++it;
           continue;
         }
@@ -231,14 +262,16 @@ class LocalCluster {
         std::fprintf(stderr,
                      "gpipectl local: %s %s; starting a replacement (%d of "
                      "%d), as a Deployment would\n",
-                     (*it)->name().c_str(), (*it)->HowItEnded().c_str(),
-                     replacements_, kMaxReplacements);
+                     it->process->name().c_str(),
+                     it->process->HowItEnded().c_str(), replacements_,
+                     kMaxReplacements);
+        ended.emplace_back(absl::StrCat("r", replacements_), it->slot);
         it = workers_.erase(it);  // reaped: it has ended
-        ended.push_back(absl::StrCat("r", replacements_));
       }
     }
-    for (const std::string& name : ended) {
-      if (absl::Status s = StartWorker(name, /*replacement=*/true); !s.ok()) {
+    for (const auto& [name, slot] : ended) {
+      if (absl::Status s = StartWorker(name, slot, /*replacement=*/true);
+          !s.ok()) {
         std::fprintf(stderr, "gpipectl local: %s\n", s.ToString().c_str());
         return false;
       }
@@ -248,18 +281,20 @@ class LocalCluster {
 
   bool replace_workers() const { return options_.replace_workers; }
 
-  // One worker process, named `name` in its log and port files; a
-  // replacement's metrics endpoint is not in the targets file, which was
-  // written before it started.
-  absl::Status StartWorker(const std::string& name, bool replacement = false) {
+  // One worker process, named `name` in its log and port files, on the
+  // ports of `slot` with --ports; a replacement's metrics endpoint is in the
+  // targets file only when it takes its predecessor's port (--ports): the
+  // file was written before it started.
+  absl::Status StartWorker(const std::string& name, int64_t slot,
+                           bool replacement = false) {
     const std::string metrics_port_file =
         absl::StrCat(run_dir_, "/worker-", name, ".metrics.port");
     std::vector<std::string> args = {
         worker_binary_,
         "--controller=" + address_,
-        "--listen=127.0.0.1:0",
+        "--listen=" + Loopback(2 + 2 * slot),
         absl::StrCat("--threads=", threads_each_),
-        "--metrics_listen=127.0.0.1:0",
+        "--metrics_listen=" + Loopback(3 + 2 * slot),
         "--metrics_port_file=" + metrics_port_file};
     if (memory_each_ > 0) {
       args.push_back(absl::StrCat("--memory_limit=", memory_each_));
@@ -278,7 +313,7 @@ class LocalCluster {
         ChildProcess::Start(absl::StrCat("gpipe-worker ", name), args,
                             absl::StrCat(run_dir_, "/worker-", name, ".log")));
     std::lock_guard<std::mutex> lock(mu_);
-    workers_.push_back(std::move(worker));
+    workers_.push_back({std::move(worker), slot});
     return absl::OkStatus();
   }
 
@@ -319,7 +354,7 @@ class LocalCluster {
     if (controller_ != nullptr && !controller_->Running())
       return controller_.get();
     for (auto& w : workers_)
-      if (!w->Running()) return w.get();
+      if (!w.process->Running()) return w.process.get();
     return nullptr;
   }
 
@@ -335,10 +370,10 @@ class LocalCluster {
   // still there after a grace period.
   void Stop() {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& w : workers_) w->Signal(SIGTERM);
+    for (auto& w : workers_) w.process->Signal(SIGTERM);
     absl::Time deadline = absl::Now() + kStopGrace;
     for (auto& w : workers_) {
-      if (!w->WaitUntil(deadline)) w->Signal(SIGKILL);
+      if (!w.process->WaitUntil(deadline)) w.process->Signal(SIGKILL);
     }
     workers_.clear();  // reaps
     if (controller_ != nullptr) {
@@ -350,6 +385,18 @@ class LocalCluster {
   }
 
  private:
+  struct Worker {
+    std::unique_ptr<ChildProcess> process;
+    int64_t slot;  // its ports' place in --ports
+  };
+
+  // 127.0.0.1 and the `offset`th port of --ports, or any free port.
+  std::string Loopback(int64_t offset) const {
+    return absl::StrCat("127.0.0.1:", options_.first_port > 0
+                                          ? options_.first_port + offset
+                                          : 0);
+  }
+
   // The port file holds the port, or host:port; it may be half-written.
   static bool ReadPort(const std::string& path, int* port) {
     std::ifstream in(path);
@@ -368,7 +415,7 @@ class LocalCluster {
   std::vector<std::pair<std::string, std::string>> metrics_port_files_;
   std::mutex mu_;
   std::unique_ptr<ChildProcess> controller_;
-  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<Worker> workers_;
   std::string worker_binary_;
   int threads_each_ = 1;
   int64_t memory_each_ = 0;  // --memory_limit of each worker
@@ -598,6 +645,10 @@ int RunLocal(const std::vector<std::string>& args) {
   // Only children read it; our own OpenMP runtime has started already.
   setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
 
+  const absl::StatusOr<int> first_port =
+      FirstPort(absl::GetFlag(FLAGS_ports), workers);
+  if (!first_port.ok()) return Fail(first_port.status());
+
   absl::StatusOr<std::string> controller_bin = FindBinary("gpipe-controller");
   if (!controller_bin.ok()) return Fail(controller_bin.status());
   absl::StatusOr<std::string> worker_bin = FindBinary("gpipe-worker");
@@ -628,6 +679,7 @@ int RunLocal(const std::vector<std::string>& args) {
     cluster_options.data_plane = absl::GetFlag(FLAGS_data_plane);
     cluster_options.device = absl::GetFlag(FLAGS_device);
     cluster_options.replace_workers = absl::GetFlag(FLAGS_replace_workers);
+    cluster_options.first_port = *first_port;
     LocalCluster cluster(std::move(cluster_options));
     absl::Status s = cluster.StartController(*controller_bin);
     if (s.ok()) s = cluster.StartWorkers(*worker_bin, workers, threads_each);

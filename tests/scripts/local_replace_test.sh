@@ -3,6 +3,8 @@
 # replaced by a new process, the controller recovers the job onto it, and
 # the run ends SUCCEEDED bitwise equal to `gpipectl train`; with
 # --noreplace_workers the same kill ends the run, naming the dead worker.
+# The first run listens on the ports --ports gives, the replacement on the
+# ports of the worker it replaces.
 #   local_replace_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 bin="$1/bin"
@@ -76,7 +78,43 @@ run() {
   local_pid=""
 }
 
-run replace
+# Six free ports in a row (the controller and two workers, two each),
+# checked by binding them; another process may take one before the run, so
+# a few ranges are tried.
+free_ports() {
+  python3 - <<'PY'
+import random, socket
+for _ in range(50):
+    first = random.randrange(20000, 60000)
+    socks = []
+    try:
+        for p in range(first, first + 6):
+            s = socket.socket()
+            s.bind(("127.0.0.1", p))
+            socks.append(s)
+        print(first)
+        break
+    except OSError:
+        pass
+    finally:
+        for s in socks:
+            s.close()
+PY
+}
+
+# A range too small for the cluster is refused before anything starts.
+set +e
+small=$("$bin/gpipectl" local "$work/job.json" --ports 40000-40003 2>&1)
+small_rc=$?
+set -e
+((small_rc != 0)) || fail "--ports with 4 ports for 3 processes was accepted"
+[[ $small == *"holds 4 ports; the controller and 2 workers need 6"* ]] ||
+  fail "the small --ports range's error: $small"
+echo "ports: a range too small is refused: $small"
+
+first=$(free_ports)
+[[ -n "$first" ]] || fail "found no six free ports in a row"
+run replace --ports "$first-$((first + 5))"
 ((rc == 0)) || fail "gpipectl local exited $rc after a worker was killed: $(tail -n 5 "$work/replace.log")"
 grep -q "starting a replacement" "$work/replace.log" || fail "no replacement was started"
 "$bin/gpipectl" train "$work/job.json" --stages 1 --micro-batches 4 --threads 1 \
@@ -84,6 +122,24 @@ grep -q "starting a replacement" "$work/replace.log" || fail "no replacement was
 python3 "$src/tests/scripts/same_tensors.py" "$work/ref/model.safetensors" \
   "$work/replace-out/model.safetensors" || fail "the recovered run differs from gpipectl train"
 echo "replace: the killed worker was replaced and the job ended bitwise the reference"
+# Ports: the controller's and the workers' from the range, the
+# replacement's those of the worker it replaced.
+controller_port=$(tr -d '[:space:]' <"$work/replace/controller.port")
+[[ ${controller_port##*:} == "$first" ]] ||
+  fail "the controller did not listen on $first: $(cat "$work/replace/controller.port")"
+serving() { grep -ho 'serving stages on 127.0.0.1:[0-9]*' "$1" | head -n 1 | sed 's/.*://'; }
+metrics() { grep -ho 'metrics on http://127.0.0.1:[0-9]*' "$1" | head -n 1 | sed 's/.*://'; }
+w0=$(serving "$work/replace/worker-0.log")
+w1=$(serving "$work/replace/worker-1.log")
+r1=$(serving "$work/replace/worker-r1.log")
+m0=$(metrics "$work/replace/worker-0.log")
+m1=$(metrics "$work/replace/worker-1.log")
+mr=$(metrics "$work/replace/worker-r1.log")
+[[ "$w0 $m0 $w1 $m1" == "$((first + 2)) $((first + 3)) $((first + 4)) $((first + 5))" ]] ||
+  fail "the workers' ports $w0 $m0 $w1 $m1 are not $((first + 2))-$((first + 5))"
+[[ "$r1 $mr" == "$w0 $m0" || "$r1 $mr" == "$w1 $m1" ]] ||
+  fail "the replacement listened on $r1 and $mr, not on the ports of the worker it replaced"
+echo "replace: ports $first-$((first + 5)) as --ports gave them; the replacement took $r1 and $mr"
 # The workers share the machine's memory: each is started with its share.
 for log in "$work"/replace/worker-*.log; do
   grep -q "from --memory_limit" "$log" || fail "$(basename "$log") was not given its share of memory: $(grep memory: "$log")"
