@@ -50,7 +50,9 @@ const std::vector<Command>& Commands() {
        "one-thread speed: by the cost model (FLOPs at the measured sgemm\n"
        "rate, each product at least its weight's read at the measured\n"
        "triad rate), or with --measure by timing every layer here, which\n"
-       "convolutions and small layers need.",
+       "convolutions and small layers need. Exits 3 when the spec's own\n"
+       "configuration would be refused (the plan is printed all the same),\n"
+       "1 when no configuration fits the memory budget.",
        {"stages_range", "stages", "workers", "replicas", "micro_batches",
         "schedule", "virtual_stages", "remat", "measure", "memory_budget",
         "flops", "memory_gbps", "layer_overhead_us", "link_gbps",

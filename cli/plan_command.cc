@@ -109,6 +109,9 @@ constexpr int kMeasureReps = 5;
 constexpr auto kGrowthBudget = std::chrono::seconds(20);
 constexpr int64_t kMaxPlannedMicroBatches = 256;
 constexpr double kMiB = 1024.0 * 1024.0;
+// Exit status when the spec's own configuration would be refused (1: no
+// configuration fits the memory budget, or an error; 2: a usage error).
+constexpr int kOwnRefusedExit = 3;
 // A kernel launch or a parallel region plus dispatch: the order of what a
 // layer op costs beyond its arithmetic on CPUs and GPUs alike.
 constexpr double kDefaultLayerOverhead = 5e-6;
@@ -1074,7 +1077,9 @@ int RunPlan(const std::vector<std::string>& args) {
         static_cast<long long>(best->k * best->r), cores,
         static_cast<double>(best->k * best->r) / cores, cores);
   }
-  return 0;
+  // The plan is printed either way; a script that plans before it submits
+  // learns from the status that the spec as written would be refused.
+  return own_refused.empty() ? 0 : kOwnRefusedExit;
 }
 
 }  // namespace gpipe::cli
