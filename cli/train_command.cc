@@ -118,12 +118,20 @@ class InterruptCatcher {
     previous_ = std::signal(SIGINT, OnInterrupt);
     if (previous_ == SIG_IGN) std::signal(SIGINT, SIG_IGN);
   }
-  ~InterruptCatcher() { std::signal(SIGINT, previous_); }
+  ~InterruptCatcher() { Release(); }
+  // Hands SIGINT back to what was there: a Ctrl-C from now on does what it
+  // did before `train` caught it.
+  void Release() {
+    if (released_) return;
+    released_ = true;
+    std::signal(SIGINT, previous_);
+  }
   InterruptCatcher(const InterruptCatcher&) = delete;
   InterruptCatcher& operator=(const InterruptCatcher&) = delete;
 
  private:
   void (*previous_)(int) = SIG_DFL;
+  bool released_ = false;
 };
 
 absl::Status WriteModel(Trainer& trainer, const gpipe::v1::JobSpec& spec,
@@ -421,7 +429,7 @@ int RunTrain(const std::vector<std::string>& args) {
   std::fflush(stdout);
 
   const absl::Time start = absl::Now();
-  const InterruptCatcher catcher;
+  InterruptCatcher catcher;
   // A run continued from a checkpoint's step counts only its own steps
   // (it printed the checkpoint's 6200 steps as trained in 0.0 s).
   const int64_t first_step = t.step();
@@ -477,10 +485,10 @@ int RunTrain(const std::vector<std::string>& args) {
   std::printf("trained %lld steps in %.1fs (%.0f samples/s)\n",
               static_cast<long long>(ran), seconds,
               seconds > 0 ? ran * spec->batch_size() / seconds : 0.0);
-  absl::StatusOr<EvalResult> e =
-      t.Evaluate(Split::kTest, spec->eval().max_samples());
-  if (!e.ok()) return Fail(e.status());
-  PrintEval("final", *e, classification);
+  // The model and the trace first, the final evaluation last: a Ctrl-C
+  // while they are written is held until they are whole, and one during
+  // the evaluation ends it at once with nothing lost (it was swallowed,
+  // and the evaluation and the write went on).
   const std::string out = absl::GetFlag(FLAGS_out);
   if (!out.empty()) {
     absl::Status s = WriteModel(t, *spec, out);
@@ -493,6 +501,16 @@ int RunTrain(const std::vector<std::string>& args) {
     std::printf("wrote %s/trace.json and %s/timeline.svg\n", trace_dir.c_str(),
                 trace_dir.c_str());
   }
+  if (interrupted) {
+    std::printf("interrupted: the final evaluation was skipped\n");
+    return 130;
+  }
+  std::fflush(stdout);
+  catcher.Release();
+  absl::StatusOr<EvalResult> e =
+      t.Evaluate(Split::kTest, spec->eval().max_samples());
+  if (!e.ok()) return Fail(e.status());
+  PrintEval("final", *e, classification);
   return 0;
 }
 

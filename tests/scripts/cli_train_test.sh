@@ -347,4 +347,56 @@ meta = json.loads(data[8:8 + n])["__metadata__"]
 assert meta["gpipe.step"] == sys.argv[2], meta["gpipe.step"]
 PY
 
+# A Ctrl-C during the final evaluation ends it at once, the model already
+# written (it was swallowed: the evaluation and the write went on).
+python3 - "$work/job.json" "$work/evalslow.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["steps"] = 3
+s["data"] = {"synthetic": {"task": "CLASSES", "features": 64, "classes": 10,
+                           "trainSamples": 256, "testSamples": 400000}}
+s["model"] = {"input": {"dtype": "FLOAT32", "shape": {"dims": [64]}},
+              "layers": [{"linear": {"inFeatures": 64, "outFeatures": 1024}},
+                         {"relu": {}},
+                         {"linear": {"inFeatures": 1024, "outFeatures": 1024}},
+                         {"relu": {}},
+                         {"linear": {"inFeatures": 1024, "outFeatures": 10}}],
+              "loss": {"softmaxCrossEntropy": {}}}
+s.pop("eval", None)
+s.pop("checkpoint", None)
+json.dump(s, open(sys.argv[2], "w"))
+PY
+python3 -c 'import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])' \
+  "$gpipectl" train "$work/evalslow.json" --stages 1 --threads 1 --out "$work/evalslow" >"$work/evalint.log" 2>&1 &
+trainer=$!
+for _ in $(seq 600); do
+  grep -q "^wrote .*evalslow/model.safetensors" "$work/evalint.log" && break
+  kill -0 "$trainer" 2>/dev/null || break
+  sleep 0.05
+done
+grep -q "^wrote .*evalslow/model.safetensors" "$work/evalint.log" ||
+  { kill -9 "$trainer" 2>/dev/null; cat "$work/evalint.log"; fail "train wrote no model before its final evaluation"; }
+kill -INT "$trainer"
+for _ in $(seq 100); do
+  kill -0 "$trainer" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$trainer" 2>/dev/null; then
+  kill -9 "$trainer"
+  fail "train's final evaluation went on for 10 s after Ctrl-C"
+fi
+code=0
+wait "$trainer" || code=$?
+[[ $code == 130 ]] || { cat "$work/evalint.log"; fail "Ctrl-C in the final evaluation exited $code, not 130"; }
+if grep -q "^final:" "$work/evalint.log"; then
+  cat "$work/evalint.log"; fail "the final evaluation finished after Ctrl-C"
+fi
+python3 - "$work/evalslow/model.safetensors" <<'PY' || fail "the model written before the final evaluation is not step 3"
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+meta = json.loads(data[8:8 + n])["__metadata__"]
+assert meta["gpipe.step"] == "3", meta["gpipe.step"]
+PY
+
 echo "1 passed, 0 failed"
