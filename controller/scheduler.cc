@@ -205,7 +205,13 @@ bool Start(JobTable& jobs, JobRecord& job,
     WorkerRegistry::MarkBusy(*workers[w], job.id(), static_cast<int64_t>(w));
   }
   status.set_state(v1::RUNNING);
-  if (!status.has_started()) *status.mutable_started() = ToTimestamp(now);
+  // The run's first start: its time and rate count from here, and from the
+  // step it starts at (a fresh job continuing an init_from checkpoint's
+  // step counted the steps before it as its own).
+  if (!status.has_started()) {
+    *status.mutable_started() = ToTimestamp(now);
+    status.set_run_from_step(start_step);
+  }
   SetCondition(&status, kScheduled, true, "StagesAssigned", placed, now);
   std::string running = absl::StrCat(
       k, k == 1 ? " stage" : " stages",

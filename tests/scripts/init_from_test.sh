@@ -39,6 +39,9 @@ PY
 cont=$(cd "$work" && submit cont.json)
 [[ "$(job_field "$cont" "s.get('totalSteps')")" == 40 ]] || fail "the continued job lost its step count"
 wait_done "$cont"
+# Its run began at step 20: its time and rate count the 20 steps it ran.
+[[ "$(job_field "$cont" "s.get('runFromStep')")" == 20 ]] ||
+  fail "the continued job's run_from_step is $(job_field "$cont" "s.get('runFromStep')"), not 20"
 python3 "$src/tests/scripts/same_tensors.py" "$work/ckpt/$whole/model.safetensors" \
   "$work/ckpt/$cont/model.safetensors" ||
   fail "steps 21-40 continued from step 20 differ from the uninterrupted run"
