@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -241,6 +242,24 @@ void MetricsServer::Answer(int connection, const std::string& request) {
       Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body));
 }
 
+namespace {
+
+// prometheus-cpp writes a NaN sample as "Nan". Prometheus reads that (Go's
+// float parser ignores case) but the exposition format and OpenMetrics
+// spell it "NaN", and stricter parsers refuse the scrape, losing every
+// series with it (a failed job's NaN loss is what GpipeLossNotFinite
+// reads). A sample line ends with its value; no label value can end a line.
+std::string SpellNaN(std::string text) {
+  static constexpr char kWrong[] = " Nan\n";
+  for (size_t at = text.find(kWrong); at != std::string::npos;
+       at = text.find(kWrong, at + 1)) {
+    text[at + 3] = 'N';  // " NaN\n"
+  }
+  return text;
+}
+
+}  // namespace
+
 std::string MetricsServer::Exposition() {
   std::vector<prometheus::MetricFamily> families;
   for (const auto& weak : sources_) {
@@ -250,7 +269,7 @@ std::string MetricsServer::Exposition() {
                       std::make_move_iterator(more.end()));
     }
   }
-  return prometheus::TextSerializer().Serialize(families);
+  return SpellNaN(prometheus::TextSerializer().Serialize(families));
 }
 
 }  // namespace gpipe

@@ -8,10 +8,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "prometheus/gauge.h"
 #include "prometheus/registry.h"
 #include "services/telemetry/controller_metrics.h"
 #include "services/telemetry/metered_link.h"
@@ -24,6 +26,7 @@ namespace gpipe {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 OpRecord Op(Phase phase, int64_t m, int64_t start_ms, int64_t end_ms) {
   return OpRecord{phase, m, start_ms * 1000000, end_ms * 1000000};
@@ -518,6 +521,27 @@ TEST(MetricsServer, ServesOnAFreeLoopbackPort) {
   // The port is taken now: a clear Unavailable, no exception.
   auto again = MetricsServer::Start((*server)->address(), {metrics});
   EXPECT_TRUE(absl::IsUnavailable(again.status())) << again.status();
+}
+
+// The exposition format spells a NaN sample "NaN" (prometheus-cpp wrote
+// "Nan", which stricter parsers than Prometheus's refuse); a label value
+// that reads Nan is left as it is.
+TEST(MetricsServer, WritesNaNAsTheFormatSpellsIt) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& family = prometheus::BuildGauge()
+                     .Name("gpipe_test_value")
+                     .Help("a test gauge")
+                     .Register(*registry);
+  family.Add({{"job", "Nan"}}).Set(std::nan(""));
+  family.Add({{"job", "inf"}}).Set(std::numeric_limits<double>::infinity());
+  family.Add({{"job", "one"}}).Set(1.5);
+  auto server = MetricsServer::Start("127.0.0.1:0", {registry});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string text = Scrape((*server)->port());
+  EXPECT_THAT(text, HasSubstr("gpipe_test_value{job=\"Nan\"} NaN\n"));
+  EXPECT_THAT(text, HasSubstr("gpipe_test_value{job=\"inf\"} +Inf\n"));
+  EXPECT_THAT(text, HasSubstr("gpipe_test_value{job=\"one\"} 1.5\n"));
+  EXPECT_THAT(text, Not(HasSubstr(" Nan\n")));
 }
 
 TEST(MetricsServer, RejectsMalformedAddresses) {
