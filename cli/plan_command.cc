@@ -214,14 +214,16 @@ struct Option {
 };
 
 // Seconds for R replicas of a stage to sum `bytes` of gradients over links
-// of `bytes_per_second` and `latency`: each replica sends (R-1)/R of them
-// in the reduce-scatter and again in the all-gather, one message per peer
-// each time (LinkReduction).
+// of `bytes_per_second` and `latency`, each message costing `message`
+// more (--message-us, as between stages): each replica sends (R-1)/R of
+// them in the reduce-scatter and again in the all-gather, one message per
+// peer each time (LinkReduction).
 double ReduceSeconds(int64_t r, int64_t bytes, double bytes_per_second,
-                     double latency) {
+                     double latency, double message) {
   if (r <= 1) return 0;
   const double share = static_cast<double>(r - 1) / r;
-  return 2 * share * bytes / bytes_per_second + 2 * (r - 1) * latency;
+  return 2 * share * bytes / bytes_per_second +
+         2 * (r - 1) * (latency + message);
 }
 
 bool Fits(const Option& o, int64_t budget) {
@@ -835,7 +837,8 @@ int RunPlan(const std::vector<std::string>& args) {
                 o.reduce_seconds = std::max(
                     o.reduce_seconds,
                     ReduceSeconds(r, bytes, config.link_bytes_per_second,
-                                  config.link_latency_seconds));
+                                  config.link_latency_seconds,
+                                  config.message_seconds));
               }
               const double step = o.sim.step_seconds + o.reduce_seconds;
               o.samples_per_second = step > 0 ? batch / step : 0;

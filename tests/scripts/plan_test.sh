@@ -105,6 +105,17 @@ grep -q '^best: K=[0-9]* R=[248] ' "$work/r" || { cat "$work/r"; fail "replicas 
   --workers 8 --stages-range 1..4 --link-gbps 0.001 >"$work/slow" 2>&1 ||
   { cat "$work/slow"; fail "plan --workers 8 --link-gbps 0.001"; }
 grep -q '^best: K=[0-9]* R=1 ' "$work/slow" || { cat "$work/slow"; fail "replicas win over 1 Mb/s links"; }
+# Each of the gradient sum's 2 (R-1) messages costs --message-us too, as a
+# message between stages does (the sum ignored it, and favoured replicas).
+sum_ms() {
+  "$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+    --workers 4 --stages 1 --replicas 4 --micro-batches 4 --message-us "$1" 2>&1 |
+    sed -n 's/.*(gradient sum \([0-9.]*\) ms).*/\1/p'
+}
+sum0=$(sum_ms 0)
+sum1000=$(sum_ms 1000)
+python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(b - a - 6.0) > 1e-3)" "$sum0" "$sum1000" ||
+  fail "the gradient sum of 4 replicas went from $sum0 ms to $sum1000 ms with --message-us 1000, not 6 ms more"
 "$gpipectl" plan "$src/examples/fashion_mnist_cnn.json" "${flops[@]}" \
   --workers 8 --stages-range 1..2 >"$work/bn" 2>&1 || { cat "$work/bn"; fail "plan --workers 8 on the CNN"; }
 grep -Eq '^[ *!=]    [0-9]   [2-9] ' "$work/bn" || { cat "$work/bn"; fail "no replicas planned with batch norm"; }
