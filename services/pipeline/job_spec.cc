@@ -951,6 +951,42 @@ std::string DataTargetsName(const v1::DataSpec& data) {
   return DataSourceName(data);
 }
 
+// Whether a target of `split` is a class at or past `head` (targets of -1
+// are ignored ones). Read only on the way to an error, in chunks.
+bool SplitHasClassAtLeast(const Dataset& data, Split split, int64_t head) {
+  constexpr int64_t kChunk = 1 << 14;
+  std::vector<int64_t> indices;
+  for (int64_t start = 0; start < data.size(split); start += kChunk) {
+    indices.clear();
+    for (int64_t i = start; i < std::min(data.size(split), start + kChunk); ++i)
+      indices.push_back(i);
+    const Tensor targets = data.GatherTargets(split, indices);
+    if (targets.dtype() != DType::kI32) return false;
+    const int32_t* t = targets.i32();
+    for (int64_t i = 0; i < targets.numel(); ++i)
+      if (t[i] >= head) return true;
+  }
+  return false;
+}
+
+// DataTargetsName, or the test split's file where the class past `head`
+// is only there: a label past the head in a CSV's test_path or a tensors
+// source's test_targets was blamed on the training file.
+std::string TargetsPastHeadName(const v1::DataSpec& spec, const Dataset& data,
+                                int64_t head) {
+  const bool test_file =
+      (spec.has_csv() && !spec.csv().test_path().empty()) ||
+      (spec.has_tensors() && !spec.tensors().test_targets().empty());
+  if (!test_file || SplitHasClassAtLeast(data, Split::kTrain, head))
+    return DataTargetsName(spec);
+  if (spec.has_csv()) {
+    return absl::StrCat("data.csv.test_path ", spec.csv().test_path(),
+                        " (column ", spec.csv().target(), ")");
+  }
+  return absl::StrCat("data.tensors.test_targets ",
+                      spec.tensors().test_targets());
+}
+
 }  // namespace
 
 absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
@@ -989,7 +1025,8 @@ absl::Status CheckDataFitsModel(const v1::JobSpec& spec, const Dataset& data) {
     return FieldError(
         absl::StrCat("model.layers[", model.layers_size() - 1, "]"), head,
         " outputs are fewer than the ", classes, " classes of ",
-        DataTargetsName(spec.data()), " (its targets would index past them)");
+        TargetsPastHeadName(spec.data(), data, head),
+        " (its targets would index past them)");
   }
   return absl::OkStatus();
 }

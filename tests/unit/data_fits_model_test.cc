@@ -192,5 +192,71 @@ TEST(DataTensorsForClassesTest, TargetsMustBeOneIdASampleAndSomeClasses) {
   std::filesystem::remove(y);
 }
 
+// A class past the head that only the test split's file holds is named
+// with that file (it was blamed on the training file, whose classes fit).
+TEST(DataTensorsForClassesTest, AClassPastTheHeadIsNamedWithItsSplitsFile) {
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  const std::string base = absl::StrCat(dir, "/data_fits_split-", getpid());
+  const auto npy = [](const std::string& path, const std::string& descr,
+                      const std::string& shape, const void* data,
+                      size_t bytes) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        << test_support::NpyFile(
+               descr, shape,
+               std::string(static_cast<const char*>(data), bytes));
+  };
+  std::vector<float> xs(20 * 4, 0.5f);
+  std::vector<int64_t> train_ids(20), test_ids(20);
+  for (int i = 0; i < 20; ++i) train_ids[i] = test_ids[i] = i % 3;
+  test_ids[11] = 5;
+  npy(base + "-x.npy", "<f4", "(20, 4)", xs.data(), xs.size() * 4);
+  npy(base + "-tx.npy", "<f4", "(20, 4)", xs.data(), xs.size() * 4);
+  npy(base + "-y.npy", "<i8", "(20,)", train_ids.data(), 20 * 8);
+  npy(base + "-ty.npy", "<i8", "(20,)", test_ids.data(), 20 * 8);
+  std::ofstream(base + "-train.csv", std::ios::trunc)
+      << "a,b,c,d,label\n0,1,2,3,0\n1,2,3,4,1\n2,3,4,5,2\n";
+  std::ofstream(base + "-test.csv", std::ios::trunc)
+      << "a,b,c,d,label\n0,1,2,3,0\n1,2,3,4,5\n";
+  const auto open = [](const std::string& data) {
+    absl::StatusOr<gpipe::v1::JobSpec> spec = ParseJobSpecJson(absl::StrCat(
+        R"({"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [4]}},
+              "layers": [{"linear": {"in_features": 4, "out_features": 3}}],
+              "loss": {"softmax_cross_entropy": {}}},
+            "optimizer": {"lr": 0.01, "sgd": {}},
+            "data": )",
+        data, R"(, "batch_size": 2, "steps": 2})"));
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return OpenJobDataset(*spec).status();
+  };
+  EXPECT_THAT(open(absl::StrCat(R"({"tensors": {"inputs": ")", base, R"(-x.npy",
+          "targets": ")",
+                                base, R"(-y.npy", "test_inputs": ")", base,
+                                R"(-tx.npy", "test_targets": ")", base,
+                                R"(-ty.npy"}})"))
+                  .message(),
+              HasSubstr("3 outputs are fewer than the 6 classes of "
+                        "data.tensors.test_targets " +
+                        base + "-ty.npy"));
+  EXPECT_THAT(open(absl::StrCat(R"({"csv": {"path": ")", base,
+                                R"(-train.csv", "test_path": ")", base,
+                                R"(-test.csv", "target": "label"}})"))
+                  .message(),
+              HasSubstr("3 outputs are fewer than the 6 classes of "
+                        "data.csv.test_path " +
+                        base + "-test.csv (column label)"));
+  // Where the training file holds one, it is the one named.
+  npy(base + "-y.npy", "<i8", "(20,)", test_ids.data(), 20 * 8);
+  EXPECT_THAT(open(absl::StrCat(R"({"tensors": {"inputs": ")", base, R"(-x.npy",
+          "targets": ")",
+                                base, R"(-y.npy", "test_inputs": ")", base,
+                                R"(-tx.npy", "test_targets": ")", base,
+                                R"(-ty.npy"}})"))
+                  .message(),
+              HasSubstr("classes of data.tensors.targets " + base + "-y.npy"));
+  for (const char* suffix :
+       {"-x.npy", "-tx.npy", "-y.npy", "-ty.npy", "-train.csv", "-test.csv"})
+    std::filesystem::remove(base + suffix);
+}
+
 }  // namespace
 }  // namespace gpipe
