@@ -93,9 +93,8 @@ std::vector<std::string> OptimizerStateNames(
   return {};
 }
 
-absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec) {
-  if (DataHasOwnFiles(spec)) RETURN_IF_ERROR(OpenJobDataset(spec).status());
-  if (!spec.has_init_from()) return absl::OkStatus();
+absl::Status CheckInitWeights(const gpipe::v1::JobSpec& spec,
+                              const InitWeights& weights) {
   // Tensors of the model's and the optimizer's shapes to load into, as a
   // stage would (the controller builds no layers: ModelStateShapes).
   ASSIGN_OR_RETURN(const std::vector<StateShape> shapes,
@@ -110,7 +109,18 @@ absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec) {
           {std::move(name), &tensors.emplace_back(Tensor::Zeros(s.shape))});
     }
   }
-  return InitWholeModel(spec, model, optimizer).status();
+  const int64_t layers = spec.model().layers_size();
+  return LoadInitWeights(weights, spec.init_from(), model, optimizer,
+                         LayerRange{0, layers, layers})
+      .status();
+}
+
+absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec) {
+  if (DataHasOwnFiles(spec)) RETURN_IF_ERROR(OpenJobDataset(spec).status());
+  if (!spec.has_init_from()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const InitWeights weights,
+                   ReadInitWeights(spec.init_from().path()));
+  return CheckInitWeights(spec, weights);
 }
 
 }  // namespace gpipe

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "gpipe/v1/job.pb.h"
+#include "services/pipeline/init_weights.h"
 
 namespace gpipe {
 
@@ -31,6 +32,13 @@ absl::StatusOr<std::optional<int64_t>> ContentCheckBytes(
 // The spec's paths and data-dependent fields are resolved already. Errors
 // are the stages' own, naming the field, the file and the value.
 absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec);
+
+// init_from's `weights` loaded into tensors of the whole model's and
+// optimizer's state, as CheckJobContents does: the error a stage's own load
+// gives names its layers' tensors only, this one every tensor that does not
+// fit.
+absl::Status CheckInitWeights(const gpipe::v1::JobSpec& spec,
+                              const InitWeights& weights);
 
 // The optimizer's state of one parameter by the names its State() gives
 // them ("layers.0.weight.exp_avg"), each of the parameter's shape.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
+#include "services/pipeline/content_check.h"
 #include "services/pipeline/in_process_reduction.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
@@ -224,12 +225,17 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
     for (const auto& stage : p->stages_) {
       const StagePlacement& at = stage->placement();
       const bool counted = at.replica == 0;
-      ASSIGN_OR_RETURN(
-          const InitReport report,
-          LoadInitWeights(weights, spec.init_from(),
-                          stage->model().StateTensors(),
-                          stage->optimizer().State(),
-                          LayerRange{at.layer_begin, at.layer_end, layers}));
+      absl::StatusOr<InitReport> loaded = LoadInitWeights(
+          weights, spec.init_from(), stage->model().StateTensors(),
+          stage->optimizer().State(),
+          LayerRange{at.layer_begin, at.layer_end, layers});
+      if (!loaded.ok()) {
+        // A stage's load names its own layers' tensors: the whole model's
+        // check names every one that does not fit, as one process does.
+        const absl::Status whole = CheckInitWeights(spec, weights);
+        return whole.ok() ? loaded.status() : whole;
+      }
+      const InitReport& report = *loaded;
       if (!counted) continue;  // the same load again
       all.loaded += report.loaded;
       all.missing.insert(all.missing.end(), report.missing.begin(),

@@ -272,11 +272,12 @@ TEST_F(InitWeightsTest, PyTorchsFilesAreJudgedByNameAndDtypeWithAFix) {
     spec.mutable_init_from()->set_strict(strict);
     return InProcessPipeline::Create(spec, OptionsFromSpec(spec)).status();
   };
-  // Stage 0 refuses first: it names the file's foreign names too, and the
-  // missing prefix (it named only its own two missing tensors).
+  // Stage 0 refuses first, and the error is the whole model's: every
+  // missing tensor, the file's foreign names, and the missing prefix (it
+  // named only the stage's own two missing tensors once).
   absl::Status s = init("names.safetensors", unprefixed, true);
-  EXPECT_THAT(s.message(), HasSubstr("missing 2 of layers 0-1 (this stage's): "
-                                     "layers.0.weight, layers.0.bias"));
+  EXPECT_THAT(s.message(), HasSubstr("missing 6: layers.0.weight, "
+                                     "layers.0.bias"));
   EXPECT_THAT(s.message(), HasSubstr("not in the model 6: 0.bias, 0.weight"));
   EXPECT_THAT(s.message(), HasSubstr("lack the \"layers.\" prefix"));
   // BatchNorm's I64 step counter is no mismatch, strict or not (the file
@@ -332,6 +333,49 @@ TEST_F(InitWeightsTest, AnotherShapeIsAnErrorEvenWhenNotStrict) {
   EXPECT_THAT(t.status().message(),
               HasSubstr("layers.0.weight is float32 [16, 7] in the file, "
                         "float32 [16, 8] in the model"));
+}
+
+// A stage judges its own layers; the pipeline's error names every tensor
+// of the model that does not fit, or is missing, as one process does (the
+// first stage's error named its own tensors only).
+TEST_F(InitWeightsTest, APipelinesErrorNamesTheWholeModelsTensors) {
+  const Tensor w0 = Tensor::Zeros(Shape{16, 7}, DType::kF32);
+  const Tensor w4 = Tensor::Zeros(Shape{3, 15}, DType::kF32);
+  const std::string wrong = (dir_ / "wrong_both.safetensors").string();
+  ASSERT_TRUE(
+      WriteSafetensors(wrong,
+                       {{"layers.0.weight", &w0}, {"layers.4.weight", &w4}}, {})
+          .ok());
+  gpipe::v1::JobSpec spec = spec_;
+  spec.mutable_init_from()->set_path(wrong);
+  spec.mutable_init_from()->set_strict(false);
+  auto whole = ReferenceTrainer::Create(spec);
+  ASSERT_FALSE(whole.ok());
+  auto pipeline = InProcessPipeline::Create(spec, OptionsFromSpec(spec));
+  ASSERT_FALSE(pipeline.ok());
+  EXPECT_EQ(pipeline.status().message(), whole.status().message());
+  EXPECT_THAT(pipeline.status().message(),
+              HasSubstr("2 tensors do not fit the model"));
+  EXPECT_THAT(pipeline.status().message(), HasSubstr("layers.4.weight"));
+
+  // Missing tensors of both stages, strict.
+  auto source = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(source.ok());
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const NamedTensor& n : (*source)->model().StateTensors()) {
+    if (n.name != "layers.0.bias" && n.name != "layers.4.bias")
+      tensors.emplace_back(n.name, n.tensor);
+  }
+  const std::string partial = (dir_ / "partial_both.safetensors").string();
+  ASSERT_TRUE(WriteSafetensors(partial, tensors, {}).ok());
+  spec.mutable_init_from()->set_path(partial);
+  spec.mutable_init_from()->set_strict(true);
+  pipeline = InProcessPipeline::Create(spec, OptionsFromSpec(spec));
+  ASSERT_FALSE(pipeline.ok());
+  EXPECT_THAT(pipeline.status().message(),
+              HasSubstr("missing 2: layers.0.bias, layers.4.bias"));
+  EXPECT_THAT(pipeline.status().message(),
+              ::testing::Not(HasSubstr("this stage's")));
 }
 
 // A weight that is not a number would poison every step and be written
