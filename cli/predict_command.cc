@@ -216,6 +216,15 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
                      "(--csv-header no reads it as data)\n",
                      path.c_str());
       }
+      // One cell where the model takes several: most likely the row's
+      // cells are separated by another delimiter than the training data's.
+      std::string hint;
+      if (cells.size() == 1 && names.size() > 1) {
+        hint = absl::StrCat(
+            " (the model reads tables whose cells are "
+            "separated by ",
+            delimiter_name(delimiter), ", as its training data's were)");
+      }
       if (is_header && !trained_with_header) {
         return error(absl::StrCat(
             "the model was trained on a table without a header (its "
@@ -223,7 +232,7 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
             absl::StrJoin(names, ", "),
             ", counted from 0): give rows of numbers, laid out as that "
             "table's or of its ",
-            names.size(), " features alone"));
+            names.size(), " features alone", hint));
       }
       if (is_header) {
         // A header: find the model's features by name when it knows them.
@@ -231,13 +240,6 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
         for (const std::string& name : names) {
           const auto at = std::find(header.begin(), header.end(), name);
           if (at == header.end()) {
-            std::string hint;
-            if (header.size() == 1 && names.size() > 1) {
-              hint = absl::StrCat(
-                  " (the model reads tables whose cells are "
-                  "separated by ",
-                  delimiter_name(delimiter), ", as its training data's were)");
-            }
             return error(absl::StrCat(
                 "no column ", storage::QuoteForMessage(name),
                 "; the model takes ", absl::StrJoin(names, ", "), hint));

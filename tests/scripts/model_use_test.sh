@@ -255,7 +255,7 @@ import random, sys
 out = sys.argv[1]
 random.seed(3)
 with open(out + "/years.csv", "w") as f, open(out + "/nohdr.csv", "w") as g, \
-     open(out + "/semi.csv", "w") as h:
+     open(out + "/semi.csv", "w") as h, open(out + "/nohdr_semi.csv", "w") as k:
     f.write("2001,label,2002\n")
     h.write("x;label;y\n")
     for i in range(400):
@@ -264,6 +264,7 @@ with open(out + "/years.csv", "w") as f, open(out + "/nohdr.csv", "w") as g, \
         f.write("%.4f,%d,%.4f\n" % (x, c, y))
         g.write("%.4f,%d,%.4f\n" % (x, c, y))
         h.write("%.4f;%d;%.4f\n" % (x, c, y))
+        k.write("%.4f;%d;%.4f\n" % (x, c, y))
 PY
 python3 - "$work/csv.json" "$work" <<'PY'
 import json, sys
@@ -276,8 +277,11 @@ json.dump(spec, open(sys.argv[2] + "/nohdr.json", "w"))
 spec["data"]["csv"] = {"path": "semi.csv", "delimiter": ";", "target": "label",
                        "standardize": True}
 json.dump(spec, open(sys.argv[2] + "/semi.json", "w"))
+spec["data"]["csv"] = {"path": "nohdr_semi.csv", "header": False,
+                       "delimiter": ";", "target": "1", "standardize": True}
+json.dump(spec, open(sys.argv[2] + "/nohdr_semi.json", "w"))
 PY
-for m in years nohdr semi; do
+for m in years nohdr semi nohdr_semi; do
   (cd "$work" && g train $m.json --out $m >$m.txt 2>&1) || fail "$m train: $(tail -n 3 "$work/$m.txt")"
 done
 classes_of() { g predict "$work/$1/model.safetensors" "$work/$2" --json |
@@ -305,6 +309,13 @@ set +e
 out=$(g predict "$work/semi/model.safetensors" "$work/ask.csv" 2>&1)
 set -e
 [[ "$out" == *"no column"*"separated by ';'"* ]] || fail "a table split by another delimiter: $out"
+# The same for a model trained on a header-less table: a row of the right
+# numbers split by commas names the delimiter too.
+set +e
+out=$(g predict "$work/nohdr_semi/model.safetensors" "$work/ask_features.csv" 2>&1)
+set -e
+[[ "$out" == *"trained on a table without a header"*"separated by ';'"* ]] ||
+  fail "a comma row for a header-less ';' model: $out"
 ok "predict: a header of numbers, a table trained without a header, another delimiter named"
 
 set +e
