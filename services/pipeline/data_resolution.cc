@@ -119,7 +119,8 @@ std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {
                       true});
   }
   if (NeedsStandardization(spec.data())) {
-    fields.push_back({"data.csv.standardize", true});
+    fields.push_back({"data.csv.standardize", true,
+                      "data.normalize (each feature's mean and std)"});
   }
   if (spec.data().has_text() && spec.data().text().vocabulary().empty()) {
     fields.push_back({"data.text.vocabulary", false});

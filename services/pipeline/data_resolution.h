@@ -23,6 +23,10 @@ namespace gpipe {
 struct DataDependentField {
   std::string field;
   bool required = false;
+  // What a spec gives instead, where the data cannot be read: the value
+  // itself, or another field (a CSV's standardization is data.normalize's
+  // mean and std: a boolean has no value to give).
+  std::string give = "the value";
 };
 std::vector<DataDependentField> DataDependentFields(
     const gpipe::v1::JobSpec& spec);

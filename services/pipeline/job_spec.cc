@@ -777,13 +777,14 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
       return absl::InvalidArgumentError(absl::StrCat(
           readable.message(), " here, and ", f.field,
           " is filled from the data where the job is submitted: fix the "
-          "path, or, where only the cluster's machines have the file, give "
-          "the value in the spec"));
+          "path, or, where only the cluster's machines have the file, give ",
+          f.give, " in the spec"));
     }
     return FieldError(
         f.field,
         "is filled from the data where the job is submitted, but the data "
-        "could not be read there; give the value in the spec");
+        "could not be read there; give ",
+        f.give, " in the spec");
   }
   ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
   RETURN_IF_ERROR(CheckPositive("batch_size", spec.batch_size()));

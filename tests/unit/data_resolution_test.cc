@@ -204,6 +204,28 @@ TEST_F(DataResolutionTest, UnreadableDataLeavesARequiredFieldNamed) {
   EXPECT_TRUE(given.ok()) << given.status();
 }
 
+// A CSV's standardization where its file cannot be read names what to give
+// instead: data.normalize's statistics (a boolean has no value to give).
+TEST_F(DataResolutionTest, UnreadableStandardizationNamesNormalize) {
+  const std::string gone = (dir_ / "gone.csv").string();
+  auto spec = ParseJobSpecJson(absl::StrCat(R"({
+    "model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
+              "layers": [{"linear": {"in_features": 2, "out_features": 2}}],
+              "loss": {"softmax_cross_entropy": {}}},
+    "optimizer": {"lr": 0.01, "sgd": {}},
+    "data": {"csv": {"path": ")",
+                                            gone, R"(", "target": "label",
+                     "feature_columns": ["a", "b"], "standardize": true}},
+    "batch_size": 4, "steps": 2})"));
+  ASSERT_FALSE(spec.ok());
+  EXPECT_THAT(spec.status().message(),
+              HasSubstr("data.csv.standardize is filled from the data where "
+                        "the job is submitted: fix the path, or, where only "
+                        "the cluster's machines have the file, give "
+                        "data.normalize (each feature's mean and std) in the "
+                        "spec"));
+}
+
 TEST_F(DataResolutionTest, PathsResolveAgainstTheSubmitterAndAreChecked) {
   gpipe::v1::JobSpec spec;
   spec.mutable_data()->mutable_csv()->set_path("data/train.csv");
