@@ -82,6 +82,11 @@ absl::StatusOr<int64_t> CountOf(const NumericArray& array, int64_t sample,
   if (array.shape.size() >= 2 && per == sample && array.shape[0] > 0) {
     return array.shape[0];
   }
+  if (numel == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": an array of ", ShapeToString(array.shape),
+                     " holds no samples: nothing to predict"));
+  }
   return absl::InvalidArgumentError(absl::StrCat(
       path, ": an array of ", ShapeToString(array.shape),
       " is neither one sample nor [N, ...] samples of the model's input of ",

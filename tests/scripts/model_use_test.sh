@@ -163,7 +163,14 @@ out=$(g predict "$work/mlp/model.safetensors" "$work/halves.npy" 2>&1)
 set -e
 [[ "$out" == *"an array of [8, 392] is neither one sample nor [N, ...] samples of the model's input of 784 values"* ]] ||
   fail "samples of another size: $out"
-ok "predict refuses an array whose samples are not the model's input"
+# An array of no samples says so.
+python3 -c 'import sys' | write_npy "$work/none.npy" '|u1' '(0, 784)'
+set +e
+out=$(g predict "$work/mlp/model.safetensors" "$work/none.npy" 2>&1)
+set -e
+[[ "$out" == *"an array of [0, 784] holds no samples: nothing to predict"* ]] ||
+  fail "an array of no samples: $out"
+ok "predict refuses an array whose samples are not the model's input, or that holds none"
 python3 -c '
 import struct, sys
 values = [0.0] * (2 * 784)
