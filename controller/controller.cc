@@ -1631,6 +1631,10 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
   // Every stage is done: free the workers now and merge off the lock.
   job->merging = true;
   job->status().set_step(job->status().total_steps());
+  // Its steps are over: their times go, as a failed or cancelled job's do
+  // (EndJob), and as a restarted controller shows it (a succeeded job kept
+  // them until the controller restarted).
+  if (options_.metrics != nullptr) options_.metrics->OnJobEnded(job->id());
   for (const v1::StageStatus* stage : job->AllStages()) {
     std::shared_ptr<WorkerRecord> w = workers_.Find(stage->worker_id());
     if (w != nullptr && w->info.job_id() == job->id()) {

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "controller/controller.h"
 #include "controller/job_status.h"
+#include "controller/recovery.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/remat.h"
@@ -306,6 +307,49 @@ TEST_F(ControllerStateTest, ALossThatIsNotFiniteShowsAsTheJobsLoss) {
   EXPECT_EQ(State(j.id), v1::FAILED);
   EXPECT_TRUE(loss_is_nan(after))
       << "gpipe_job_loss is not NaN after a controller restart";
+}
+
+// Series of `family` in `metrics` for job `id`.
+int SeriesOf(ControllerMetrics& metrics, const std::string& family,
+             const std::string& id) {
+  int n = 0;
+  for (const auto& f : metrics.Collect()) {
+    if (f.name != family) continue;
+    for (const auto& m : f.metric)
+      for (const auto& l : m.label) n += l.name == "job" && l.value == id;
+  }
+  return n;
+}
+
+// A job whose stages all finished keeps its loss but not its step times, as
+// a failed or cancelled one, and as a restarted controller shows it (a
+// succeeded job kept them until the controller restarted).
+TEST_F(ControllerStateTest, AJobsStepTimesGoWhenItsStagesFinish) {
+  ControllerMetrics metrics;
+  UseMetrics(&metrics);
+  OneStageJob j = StartOneStageJob();
+  ASSERT_TRUE(j.a.has_value());
+  // The step time is measured after the first few steps' reports.
+  for (int64_t step = 1; step <= 4; ++step) {
+    v1::WorkerMessage p = test_support::Progressed(*j.a, step);
+    p.mutable_progress()->set_loss(0.5);
+    p.mutable_progress()->set_step_seconds(0.25);
+    controller_->HandleMessage(*j.w1, p);
+  }
+  ASSERT_EQ(SeriesOf(metrics, "gpipe_job_step_seconds", j.id), 1);
+  v1::WorkerMessage done;
+  v1::StageFinished& f = *done.mutable_finished();
+  f.set_job_id(j.id);
+  f.set_epoch(j.a->epoch());
+  f.set_stage(0);
+  f.set_parameters_path(FinalFilePath(dir_.string(), j.id, j.a->epoch(), 0));
+  controller_->HandleMessage(*j.w1, done);
+  EXPECT_EQ(State(j.id), v1::RUNNING);  // merging its stages' files
+  EXPECT_EQ(SeriesOf(metrics, "gpipe_job_step_seconds", j.id), 0);
+  EXPECT_EQ(SeriesOf(metrics, "gpipe_job_loss", j.id), 1);
+  // The merge (of no file here) ends before `metrics` goes.
+  controller_->FlushIo();
+  controller_.reset();
 }
 
 // A store with room for exactly the checkpoints a job keeps failed every
