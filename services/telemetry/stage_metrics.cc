@@ -37,10 +37,20 @@ void StageMetrics::ObserveStep(const StepTimeline& step,
                                const StepOutcome& report) {
   StepFigures f = ComputeStepFigures(step);
   if (report.other_stages_busy_seconds > 0) {
+    // The ratios are its worker's too, so that each series' utilization
+    // and bubble add up to 1 and a job's mean utilization is its workers':
+    // the chunk's own share read 0.25 beside a bubble of 0.24 on a ZB-V
+    // worker 76% busy. Its own busy time is in the busy counters.
     f.bubble_seconds =
         std::max(0.0, f.bubble_seconds - report.other_stages_busy_seconds);
     f.bubble_ratio =
         f.wall_seconds > 0 ? f.bubble_seconds / f.wall_seconds : 0.0;
+    f.utilization_ratio =
+        f.wall_seconds > 0
+            ? std::min(1.0,
+                       (f.busy_seconds + report.other_stages_busy_seconds) /
+                           f.wall_seconds)
+            : 0.0;
   }
   for (Phase phase : kPhases) {
     const int i = static_cast<int>(phase);
@@ -105,7 +115,9 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                   .Register(registry)),
       utilization_(prometheus::BuildGauge()
                        .Name("gpipe_stage_utilization_ratio")
-                       .Help("Busy share of the stage's last step")
+                       .Help("Busy share of the stage's last step (with "
+                             "several stages on one worker, the worker's: "
+                             "all their busy time)")
                        .Register(registry)),
       bubble_ratio_(prometheus::BuildGauge()
                         .Name("gpipe_stage_bubble_ratio")

@@ -42,7 +42,7 @@ struct StepOutcome {
   // A worker that runs several stages on one thread (an interleaved
   // schedule's chunks): the others' busy time in this step. The stage is
   // not idle while its thread computes for them, so that time is not its
-  // bubble: its bubble is its worker's.
+  // bubble: its bubble, and so its utilization, are its worker's.
   double other_stages_busy_seconds = 0;
 };
 

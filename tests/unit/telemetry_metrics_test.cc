@@ -160,8 +160,10 @@ TEST(StageMetrics, AStepLandsInEveryFamily) {
 }
 
 // A chunk of an interleaved schedule shares its worker's thread: the time
-// that thread computes its other chunks is not the chunk's bubble, and the
-// theory is interleaved 1F1B's over the K workers, not 1F1B's over K x v.
+// that thread computes its other chunks is not the chunk's bubble, its
+// utilization is its worker's too (the two add up to 1, and a job's mean
+// utilization is its workers'), and the theory is interleaved 1F1B's over
+// the K workers, not 1F1B's over K x v.
 TEST(StageMetrics, AChunksBubbleIsItsWorkersAndItsTheoryInterleaved) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
@@ -180,7 +182,7 @@ TEST(StageMetrics, AChunksBubbleIsItsWorkersAndItsTheoryInterleaved) {
     EXPECT_NE(m, nullptr) << name;
     return m;
   };
-  EXPECT_NEAR(value("gpipe_stage_utilization_ratio")->gauge.value, 0.5, 1e-9);
+  EXPECT_NEAR(value("gpipe_stage_utilization_ratio")->gauge.value, 0.9, 1e-9);
   EXPECT_NEAR(value("gpipe_stage_bubble_ratio")->gauge.value, 0.1, 1e-9);
   EXPECT_NEAR(value("gpipe_stage_bubble_seconds_total")->counter.value, 0.010,
               1e-9);
