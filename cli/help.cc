@@ -52,7 +52,7 @@ const std::vector<Command>& Commands() {
        "triad rate), or with --measure by timing every layer here, which\n"
        "convolutions and small layers need. Exits 3 when the spec's own\n"
        "configuration would be refused (the plan is printed all the same),\n"
-       "1 when no configuration fits the memory budget.",
+       "1 when no configuration fits the memory budget or on an error.",
        {"stages_range", "stages", "workers", "replicas", "micro_batches",
         "schedule", "virtual_stages", "remat", "measure", "memory_budget",
         "flops", "memory_gbps", "layer_overhead_us", "link_gbps",

@@ -608,6 +608,7 @@ int RunLocal(const std::vector<std::string>& args) {
                  "[--remat always|except_last|never] [--steps N] [--out DIR] "
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
                  "[--trace DIR] [--data_plane auto|grpc|shm|cuda_ipc] "
+                 "[--ports FIRST-LAST] "
                  "[--device cpu|cuda|auto] [--noreplace_workers]\n");
     return 2;
   }

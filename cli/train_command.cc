@@ -507,6 +507,11 @@ int RunTrain(const std::vector<std::string>& args) {
   }
   std::fflush(stdout);
   catcher.Release();
+  // A Ctrl-C between the check above and the release only set the flag.
+  if (interrupted) {
+    std::printf("interrupted: the final evaluation was skipped\n");
+    return 130;
+  }
   absl::StatusOr<EvalResult> e =
       t.Evaluate(Split::kTest, spec->eval().max_samples());
   if (!e.ok()) return Fail(e.status());

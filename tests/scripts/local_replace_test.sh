@@ -79,13 +79,14 @@ run() {
 }
 
 # Six free ports in a row (the controller and two workers, two each),
-# checked by binding them; another process may take one before the run, so
-# a few ranges are tried.
+# checked by binding them, below the kernel's range for outgoing
+# connections' ports (32768 and up: a connection could take one between
+# the check and the bind).
 free_ports() {
   python3 - <<'PY'
 import random, socket
 for _ in range(50):
-    first = random.randrange(20000, 60000)
+    first = random.randrange(20000, 32000)
     socks = []
     try:
         for p in range(first, first + 6):

@@ -20,6 +20,7 @@
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/simulator.h"
 #include "services/storage/checkpoint_layout.h"
+#include "services/storage/safetensors.h"
 #include "tests/support/controller_fixtures.h"
 #include "tests/support/npy_file.h"
 
@@ -342,14 +343,23 @@ TEST_F(ControllerStateTest, AJobsStepTimesGoWhenItsStagesFinish) {
   f.set_job_id(j.id);
   f.set_epoch(j.a->epoch());
   f.set_stage(0);
-  f.set_parameters_path(FinalFilePath(dir_.string(), j.id, j.a->epoch(), 0));
+  // The stage's final file, so that the merge succeeds: the path to
+  // SUCCEEDED is the one that kept the series (a failed merge ends the job
+  // through EndJob, which dropped them already).
+  const std::string final_path =
+      FinalFilePath(dir_.string(), j.id, j.a->epoch(), 0);
+  std::filesystem::create_directories(
+      std::filesystem::path(final_path).parent_path());
+  const Tensor weight = Tensor::Zeros(Shape{2, 2}, DType::kF32);
+  ASSERT_TRUE(
+      WriteSafetensors(final_path, {{"layers.0.weight", &weight}}, {}).ok());
+  f.set_parameters_path(final_path);
   controller_->HandleMessage(*j.w1, done);
-  EXPECT_EQ(State(j.id), v1::RUNNING);  // merging its stages' files
+  controller_->FlushIo();
+  EXPECT_EQ(State(j.id), v1::SUCCEEDED);
   EXPECT_EQ(SeriesOf(metrics, "gpipe_job_step_seconds", j.id), 0);
   EXPECT_EQ(SeriesOf(metrics, "gpipe_job_loss", j.id), 1);
-  // The merge (of no file here) ends before `metrics` goes.
-  controller_->FlushIo();
-  controller_.reset();
+  controller_.reset();  // before `metrics` goes
 }
 
 // A store with room for exactly the checkpoints a job keeps failed every
