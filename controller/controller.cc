@@ -137,8 +137,37 @@ int64_t Controller::corrupt_checkpoints() {
   return corrupt_checkpoints_;
 }
 
+namespace {
+
+// Job folders under the checkpoint folder that no job owns are logged once
+// at the start, with what to do: nothing else would ever delete them.
+void WarnOfUnknownJobDirs(const std::string& checkpoint_dir,
+                          const std::set<std::string>& known, bool stored) {
+  const std::vector<std::string> unknown =
+      UnknownJobDirs(checkpoint_dir, known);
+  if (unknown.empty()) return;
+  std::vector<std::string> shown(
+      unknown.begin(), unknown.begin() + std::min<size_t>(3, unknown.size()));
+  LogWarning(
+      "%d job folder%s in %s belong%s to no job this controller knows (%s%s): "
+      "the files of jobs %s; copy what you need (a job's model.safetensors, "
+      "its checkpoints) and remove the rest",
+      unknown.size(), unknown.size() == 1 ? "" : "s", checkpoint_dir,
+      unknown.size() == 1 ? "s" : "", absl::StrJoin(shown, ", "),
+      unknown.size() > shown.size() ? ", ..." : "",
+      stored ? "its job store does not hold (another store's, or deleted "
+               "while it was down)"
+             : "an earlier controller ran (without --store, a restart "
+               "forgets its jobs: run with --store to keep them)");
+}
+
+}  // namespace
+
 absl::Status Controller::Recover() {
-  if (options_.store_path.empty()) return absl::OkStatus();
+  if (options_.store_path.empty()) {
+    WarnOfUnknownJobDirs(options_.checkpoint_dir, {}, /*stored=*/false);
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::unique_ptr<JobStore>> store =
       JobStore::Open(options_.store_path);
   if (!store.ok()) return store.status();
@@ -212,6 +241,9 @@ absl::Status Controller::Recover() {
   }
   LogInfo("job store %s: %d jobs, %d to resume", options_.store_path,
           loaded->jobs.size(), resumed);
+  std::set<std::string> known;
+  for (const JobRecord* job : jobs_.NewestFirst()) known.insert(job->id());
+  WarnOfUnknownJobDirs(options_.checkpoint_dir, known, /*stored=*/true);
   Reschedule(now);
   Changed();
   return absl::OkStatus();

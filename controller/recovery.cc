@@ -1,10 +1,12 @@
 #include "controller/recovery.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/log.h"
@@ -245,6 +247,24 @@ std::vector<std::string> JobFileDirs(const std::string& checkpoint_dir,
     }
   }
   return {dirs.begin(), dirs.end()};
+}
+
+std::vector<std::string> UnknownJobDirs(const std::string& checkpoint_dir,
+                                        const std::set<std::string>& known) {
+  std::vector<std::string> unknown;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(checkpoint_dir, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_error;
+    if (!absl::StartsWith(name, "job-") || !it->is_directory(type_error) ||
+        known.count(name) > 0) {
+      continue;
+    }
+    unknown.push_back(it->path().string());
+  }
+  std::sort(unknown.begin(), unknown.end());
+  return unknown;
 }
 
 std::optional<DroppedCheckpoint> DropOldestCheckpoint(v1::JobStatus* status) {

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,13 @@ void RemoveCheckpointDirs(const std::vector<std::string>& dirs);
 std::vector<std::string> JobFileDirs(const std::string& checkpoint_dir,
                                      const std::string& id,
                                      const gpipe::v1::JobStatus& status);
+
+// Folders directly under `checkpoint_dir` named as job folders are
+// ("job-" and the id) that no job in `known` owns, sorted: the files of
+// jobs a controller without --store forgot at its restart (or of another
+// store's), which nothing would ever delete.
+std::vector<std::string> UnknownJobDirs(const std::string& checkpoint_dir,
+                                        const std::set<std::string>& known);
 
 // When the checkpoint store is full: drops the oldest of `status`'s
 // committed checkpoints where more than one is left (the newest stays the

@@ -67,6 +67,24 @@ class RecoveryTest : public ::testing::Test {
   std::filesystem::path root_;
 };
 
+// Job folders no known job owns are found (a controller without --store
+// forgot their jobs at its restart); other folders and files are not job
+// folders, and a missing checkpoint folder has none.
+TEST_F(RecoveryTest, JobFoldersOfNoKnownJobAreFound) {
+  EXPECT_TRUE(UnknownJobDirs(root_.string(), {}).empty());
+  for (const char* dir :
+       {"job-0000000a", "job-0000000b", "job-0000000c", "other", "final"}) {
+    std::filesystem::create_directories(root_ / dir);
+  }
+  std::ofstream(root_ / "job-0000000d") << "a file, not a folder";
+  EXPECT_EQ(UnknownJobDirs(root_.string(), {"job-0000000b"}),
+            (std::vector<std::string>{(root_ / "job-0000000a").string(),
+                                      (root_ / "job-0000000c").string()}));
+  EXPECT_TRUE(UnknownJobDirs(root_.string(),
+                             {"job-0000000a", "job-0000000b", "job-0000000c"})
+                  .empty());
+}
+
 TEST_F(RecoveryTest, ReportsMustNameTheirPlaceOnACheckpointStep) {
   const StepPlan plan(/*steps=*/10, /*checkpoint_every=*/2, /*eval_every=*/0);
   v1::StageCheckpointed r = Write(4, 1, 0);
