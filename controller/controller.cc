@@ -21,6 +21,7 @@
 #include "controller/job_status.h"
 #include "controller/merge.h"
 #include "controller/placement.h"
+#include "controller/private_paths.h"
 #include "controller/rebalance.h"
 #include "controller/recovery.h"
 #include "controller/replica_resume.h"
@@ -252,6 +253,7 @@ absl::Status Controller::Recover() {
 // ---- Jobs -----------------------------------------------------------------
 
 absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
+  RETURN_IF_ERROR(CheckNoPrivatePaths(spec, options_.private_files));
   if (options_.check_data_paths) {
     if (absl::Status seen = CheckSpecPathsExist(spec); !seen.ok()) {
       return absl::Status(

@@ -73,6 +73,11 @@ struct ControllerOptions {
   // says (a 0 vocab_size, standardization) is filled in here. Off where the
   // controller mounts no data.
   bool check_data_paths = true;
+  // The controller's own secrets (its token files, TLS key, job store): a
+  // job's data and init_from paths may not name them, since the submit-time
+  // checks quote what they read (a job API user read the worker token from
+  // "no column" errors and attached a worker with it).
+  std::vector<std::string> private_files;
   // With check_data_paths, a submitted job's data files and init_from
   // weights are read value by value (a NaN feature, a label past the
   // head's classes, a weight of another shape) before it is scheduled,

@@ -222,6 +222,15 @@ int main(int argc, char** argv) {
   options.controller.transfers.max_concurrent =
       absl::GetFlag(FLAGS_max_transfers);
   options.controller.check_data_paths = absl::GetFlag(FLAGS_check_data_paths);
+  options.controller.private_files = {
+      absl::GetFlag(FLAGS_api_token_file),
+      absl::GetFlag(FLAGS_worker_token_file),
+      gpipe::security::TlsFlagsFromCommandLine().key};
+  // The store holds every user's jobs; SQLite keeps some beside it.
+  if (const std::string store = absl::GetFlag(FLAGS_store); !store.empty()) {
+    for (const char* suffix : {"", "-wal", "-shm", "-journal", ".lock"})
+      options.controller.private_files.push_back(store + suffix);
+  }
   options.controller.content_check_bytes =
       absl::GetFlag(FLAGS_check_contents_max_bytes);
 
