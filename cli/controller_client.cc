@@ -26,6 +26,7 @@ namespace {
 constexpr int kKeepaliveTimeMs = 10 * 1000;
 constexpr int kKeepaliveTimeoutMs = 10 * 1000;
 constexpr absl::Duration kPoll = absl::Milliseconds(100);
+constexpr int kReconnectMs = 1000;
 constexpr int kMaxReceiveBytes = 256 << 20;
 
 absl::StatusCode ToAbsl(grpc::StatusCode code) {
@@ -41,6 +42,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(
   // Keepalive pings on a stream that only receives must not be held back
   // waiting for the client to send data.
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A controller that restarts is back within seconds: try to connect
+  // once a second, as watch and fetch retry. gRPC's backoff grew to tens
+  // of seconds, and a watch resumed 17 s after a 3 s restart.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kReconnectMs);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kReconnectMs);
   // GetTrace of a long pipeline is large (16 kept steps x K stages x
   // 3M+1 ops: K=8, M=1024 is about 15 MB), beyond gRPC's 4 MB default.
   args.SetMaxReceiveMessageSize(kMaxReceiveBytes);
