@@ -325,18 +325,23 @@ done
 grep -q "note: checkpoint.every 50 is for jobs on a cluster" "$work/int.log" ||
   { kill -9 "$trainer"; cat "$work/int.log"; fail "train did not say that it keeps no checkpoints"; }
 sleep 1
-kill -INT "$trainer"
-for _ in $(seq 600); do
-  kill -0 "$trainer" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$trainer" 2>/dev/null; then
-  kill -9 "$trainer"
-  fail "train went on for 60 s after Ctrl-C"
-fi
-code=0
-wait "$trainer" || code=$?
-[[ $code == 130 ]] || { cat "$work/int.log"; fail "Ctrl-C exited $code, not 130"; }
+# interrupt PID SECONDS LOG WHAT: Ctrl-C to PID, which must exit 130 within
+# SECONDS.
+interrupt() {
+  local pid=$1 tenths=$(($2 * 10)) log=$3 what=$4 code=0
+  kill -INT "$pid"
+  for _ in $(seq "$tenths"); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -9 "$pid"
+    fail "$what went on for $2 s after Ctrl-C"
+  fi
+  wait "$pid" || code=$?
+  [[ $code == 130 ]] || { cat "$log"; fail "Ctrl-C in $what exited $code, not 130"; }
+}
+interrupt "$trainer" 60 "$work/int.log" "train"
 step=$(sed -n 's/^interrupted at step \([0-9]*\) of 1000000; wrote the model of step \1 to .*$/\1/p' "$work/int.log")
 [[ -n "$step" ]] || { cat "$work/int.log"; fail "no interrupted line with the model written"; }
 python3 - "$work/stopped/model.safetensors" "$step" <<'PY' || fail "the interrupted model's step is not $step"
@@ -376,18 +381,7 @@ for _ in $(seq 600); do
 done
 grep -q "^wrote .*evalslow/model.safetensors" "$work/evalint.log" ||
   { kill -9 "$trainer" 2>/dev/null; cat "$work/evalint.log"; fail "train wrote no model before its final evaluation"; }
-kill -INT "$trainer"
-for _ in $(seq 100); do
-  kill -0 "$trainer" 2>/dev/null || break
-  sleep 0.1
-done
-if kill -0 "$trainer" 2>/dev/null; then
-  kill -9 "$trainer"
-  fail "train's final evaluation went on for 10 s after Ctrl-C"
-fi
-code=0
-wait "$trainer" || code=$?
-[[ $code == 130 ]] || { cat "$work/evalint.log"; fail "Ctrl-C in the final evaluation exited $code, not 130"; }
+interrupt "$trainer" 10 "$work/evalint.log" "train's final evaluation"
 if grep -q "^final:" "$work/evalint.log"; then
   cat "$work/evalint.log"; fail "the final evaluation finished after Ctrl-C"
 fi

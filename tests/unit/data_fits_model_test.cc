@@ -228,12 +228,11 @@ TEST(DataTensorsForClassesTest, AClassPastTheHeadIsNamedWithItsSplitsFile) {
     EXPECT_TRUE(spec.ok()) << spec.status();
     return OpenJobDataset(*spec).status();
   };
-  EXPECT_THAT(open(absl::StrCat(R"({"tensors": {"inputs": ")", base, R"(-x.npy",
-          "targets": ")",
-                                base, R"(-y.npy", "test_inputs": ")", base,
-                                R"(-tx.npy", "test_targets": ")", base,
-                                R"(-ty.npy"}})"))
-                  .message(),
+  const std::string tensors = absl::StrCat(
+      R"({"tensors": {"inputs": ")", base, R"(-x.npy", "targets": ")", base,
+      R"(-y.npy", "test_inputs": ")", base, R"(-tx.npy", "test_targets": ")",
+      base, R"(-ty.npy"}})");
+  EXPECT_THAT(open(tensors).message(),
               HasSubstr("3 outputs are fewer than the 6 classes of "
                         "data.tensors.test_targets " +
                         base + "-ty.npy"));
@@ -246,12 +245,7 @@ TEST(DataTensorsForClassesTest, AClassPastTheHeadIsNamedWithItsSplitsFile) {
                         base + "-test.csv (column label)"));
   // Where the training file holds one, it is the one named.
   npy(base + "-y.npy", "<i8", "(20,)", test_ids.data(), 20 * 8);
-  EXPECT_THAT(open(absl::StrCat(R"({"tensors": {"inputs": ")", base, R"(-x.npy",
-          "targets": ")",
-                                base, R"(-y.npy", "test_inputs": ")", base,
-                                R"(-tx.npy", "test_targets": ")", base,
-                                R"(-ty.npy"}})"))
-                  .message(),
+  EXPECT_THAT(open(tensors).message(),
               HasSubstr("classes of data.tensors.targets " + base + "-y.npy"));
   for (const char* suffix :
        {"-x.npy", "-tx.npy", "-y.npy", "-ty.npy", "-train.csv", "-test.csv"})
