@@ -501,13 +501,9 @@ int RunTrain(const std::vector<std::string>& args) {
     std::printf("wrote %s/trace.json and %s/timeline.svg\n", trace_dir.c_str(),
                 trace_dir.c_str());
   }
-  if (interrupted) {
-    std::printf("interrupted: the final evaluation was skipped\n");
-    return 130;
-  }
   std::fflush(stdout);
+  // A Ctrl-C from here on ends the process; one before only set the flag.
   catcher.Release();
-  // A Ctrl-C between the check above and the release only set the flag.
   if (interrupted) {
     std::printf("interrupted: the final evaluation was skipped\n");
     return 130;

@@ -109,10 +109,7 @@ absl::Status CheckInitWeights(const gpipe::v1::JobSpec& spec,
           {std::move(name), &tensors.emplace_back(Tensor::Zeros(s.shape))});
     }
   }
-  const int64_t layers = spec.model().layers_size();
-  return LoadInitWeights(weights, spec.init_from(), model, optimizer,
-                         LayerRange{0, layers, layers})
-      .status();
+  return LoadWholeModel(weights, spec, model, optimizer).status();
 }
 
 absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec) {

@@ -315,14 +315,21 @@ absl::StatusOr<InitReport> LoadInitWeights(
   return report;
 }
 
+absl::StatusOr<InitReport> LoadWholeModel(
+    const InitWeights& weights, const gpipe::v1::JobSpec& spec,
+    const std::vector<NamedTensor>& model,
+    const std::vector<NamedTensor>& optimizer) {
+  const int64_t layers = spec.model().layers_size();
+  return LoadInitWeights(weights, spec.init_from(), model, optimizer,
+                         LayerRange{0, layers, layers});
+}
+
 absl::StatusOr<InitReport> InitWholeModel(
     const gpipe::v1::JobSpec& spec, const std::vector<NamedTensor>& model,
     const std::vector<NamedTensor>& optimizer) {
   ASSIGN_OR_RETURN(const InitWeights weights,
                    ReadInitWeights(spec.init_from().path()));
-  const int64_t layers = spec.model().layers_size();
-  return LoadInitWeights(weights, spec.init_from(), model, optimizer,
-                         LayerRange{0, layers, layers});
+  return LoadWholeModel(weights, spec, model, optimizer);
 }
 
 }  // namespace gpipe

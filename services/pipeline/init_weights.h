@@ -61,6 +61,13 @@ absl::StatusOr<InitReport> LoadInitWeights(
     const std::vector<NamedTensor>& model,
     const std::vector<NamedTensor>& optimizer, const LayerRange& range);
 
+// `weights` loaded into a whole model of `spec` (LoadInitWeights over all
+// its layers).
+absl::StatusOr<InitReport> LoadWholeModel(
+    const InitWeights& weights, const gpipe::v1::JobSpec& spec,
+    const std::vector<NamedTensor>& model,
+    const std::vector<NamedTensor>& optimizer);
+
 // ReadInitWeights(spec.init_from().path()) loaded into a whole model (its
 // state and, when the spec asks, its optimizer's; `optimizer` may be empty
 // for a model that only serves).

@@ -45,12 +45,7 @@ void StageMetrics::ObserveStep(const StepTimeline& step,
         std::max(0.0, f.bubble_seconds - report.other_stages_busy_seconds);
     f.bubble_ratio =
         f.wall_seconds > 0 ? f.bubble_seconds / f.wall_seconds : 0.0;
-    f.utilization_ratio =
-        f.wall_seconds > 0
-            ? std::min(1.0,
-                       (f.busy_seconds + report.other_stages_busy_seconds) /
-                           f.wall_seconds)
-            : 0.0;
+    f.utilization_ratio = f.wall_seconds > 0 ? 1.0 - f.bubble_ratio : 0.0;
   }
   for (Phase phase : kPhases) {
     const int i = static_cast<int>(phase);
