@@ -68,6 +68,17 @@ case "${1:-}" in
     podman image exists "$image" || { echo "play.sh: no image $image: run play.sh build" >&2; exit 2; }
     [[ -f "$state/pki/ca.key" ]] || "$src/deploy/k8s/make-secrets.sh" "$state/pki" --yaml "$state/secrets.yaml" >/dev/null
     [[ -f "$state/secrets.yaml" ]] || "$src/deploy/k8s/make-secrets.sh" "$state/pki" --yaml "$state/secrets.yaml" >/dev/null
+    # The manifests name their pods and volumes: a second cluster on this
+    # machine would meet the first one's (podman said only "volume already
+    # exists").
+    up=$(podman pod ps --filter "label=app.kubernetes.io/part-of=gpipe" --format '{{.Name}}' | tr '\n' ' ')
+    [[ -z "$up" ]] || { echo "play.sh: a gpipe cluster is already up on this machine (pods: ${up% }); play.sh down removes it" >&2; exit 2; }
+    for v in gpipe-checkpoints gpipe-controller-store; do
+      if podman volume exists "$v"; then
+        echo "play.sh: the volume $v of an earlier cluster is still here; play.sh down removes it (and the jobs and checkpoints it holds)" >&2
+        exit 2
+      fi
+    done
     render "$src/deploy/k8s/overlays/$overlay" "$state/cluster.yaml"
     if [[ "$image" != localhost/gpipe:dev ]]; then
       sed -i "s|image: gpipe:dev|image: $image|" "$state/cluster.yaml"

@@ -24,6 +24,16 @@ for b in gpipectl grpc_health_probe; do
 done
 command -v podman >/dev/null || skip "podman is not installed (scripts/setup.sh installs it)"
 
+# The manifests name their pods and volumes, so two runs on one machine
+# (a developer's and CI's) would take each other's: the second one's
+# `play.sh up` met the first one's store volume, and its cleanup would have
+# removed the first one's cluster. One run at a time, the next one waits.
+lock=/var/tmp/gpipe-pods-e2e.lock
+exec 9>>"$lock"
+if ! flock -n 9; then
+  echo "waiting for the pods_e2e_test already running on this machine ($lock)"
+  flock -w 1500 9 || fail "another pods_e2e_test held $lock for 1500 s"
+fi
 work=$(mktemp -d /var/tmp/gpipe-pods-e2e.XXXXXX)
 export GPIPE_PODMAN_STATE=$work/state
 export GPIPE_PODMAN_NETWORK=gpipe-e2e
