@@ -6,6 +6,7 @@
 #define GPIPE_SERVICES_NN_LAYER_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -173,6 +174,13 @@ struct DecodeState {
   Tensor qkv;            // [B, capacity, 3 * dim], rows < the position
 };
 
+// One micro-batch's weight half (Layer::BackwardWeight's arguments).
+struct WeightHalf {
+  const Saved* saved = nullptr;
+  const Saved* deferred = nullptr;
+  LayerContext ctx;
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -208,6 +216,23 @@ class Layer {
   }
   virtual void BackwardWeight(const Saved& saved, const Saved& deferred,
                               const LayerContext& ctx) {}
+  // The weight halves of several micro-batches, in the order their
+  // gradients add up: what BackwardWeight adds for each in turn, bit for
+  // bit. Worth it where GroupsWeightHalves says so.
+  virtual void BackwardWeights(std::span<const WeightHalf> halves) {
+    for (const WeightHalf& h : halves)
+      BackwardWeight(*h.saved, *h.deferred, h.ctx);
+  }
+  // Whether BackwardWeights does several micro-batches' weight halves for
+  // less than their BackwardWeight calls: a small micro-batch's product
+  // onto a weight gradient reads and writes the whole gradient for a few
+  // rows' multiply-adds, where one product over the group's rows does it
+  // once. Layers that say so have their weight halves grouped by the
+  // trainers (Model::BackwardGrouping); the rest run whole backwards.
+  virtual bool GroupsWeightHalves() const { return false; }
+  // The rows of a micro-batch's product onto the weight gradient, from
+  // what its forward saved (for a layer that groups its weight halves).
+  virtual int64_t WeightRows(const Saved& saved) const { return 0; }
 
   // Incremental decoding: `x` [B, n, ...] holds positions [position,
   // position + n) of each sequence, the positions before them having gone

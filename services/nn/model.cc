@@ -110,6 +110,58 @@ void Model::BackwardWeight(const std::vector<Saved>& saved,
   });
 }
 
+Tensor Model::BackwardGrouping(const Tensor& dy, std::vector<Saved>* saved,
+                               LayerContext ctx, std::vector<Saved>* deferred) {
+  deferred->assign(layers_.size(), Saved());
+  Tensor g = dy;
+  EachLayerBackward(ctx, [&](size_t i, const LayerContext& c) {
+    Layer& layer = *layers_[i];
+    if (layer.GroupsWeightHalves()) {
+      g = layer.BackwardInput(g, (*saved)[i], c, &(*deferred)[i]);
+    } else {
+      g = layer.Backward(g, (*saved)[i], c);
+      (*saved)[i].Clear();
+    }
+  });
+  return g;
+}
+
+void Model::BackwardWeights(std::span<const DeferredWeights> micro_batches,
+                            const std::function<void(int64_t)>& after_layer) {
+  if (micro_batches.empty()) return;
+  std::vector<WeightHalf> halves(micro_batches.size());
+  EachLayerBackward(micro_batches[0].ctx, [&](size_t i, const LayerContext& c) {
+    if (layers_[i]->GroupsWeightHalves()) {
+      for (size_t j = 0; j < micro_batches.size(); ++j) {
+        const DeferredWeights& mb = micro_batches[j];
+        halves[j].saved = &(*mb.saved)[i];
+        halves[j].deferred = &(*mb.deferred)[i];
+        halves[j].ctx = mb.ctx;
+        halves[j].ctx.layer_index = c.layer_index;
+        halves[j].ctx.input_grad = c.input_grad;
+      }
+      layers_[i]->BackwardWeights(halves);
+    }
+    if (after_layer) after_layer(static_cast<int64_t>(i));
+  });
+}
+
+bool Model::GroupsWeightHalves() const {
+  for (const auto& layer : layers_)
+    if (layer->GroupsWeightHalves()) return true;
+  return false;
+}
+
+int64_t Model::WeightGroupSize(const std::vector<Saved>& saved) const {
+  int64_t rows = 0;
+  for (size_t i = 0; i < layers_.size() && i < saved.size(); ++i) {
+    if (!layers_[i]->GroupsWeightHalves()) continue;
+    const int64_t r = layers_[i]->WeightRows(saved[i]);
+    if (r > 0) rows = rows == 0 ? r : std::min(rows, r);
+  }
+  return rows == 0 ? 1 : (kWeightGroupRows + rows - 1) / rows;
+}
+
 std::vector<NamedTensor> Model::StateTensors() {
   std::vector<NamedTensor> out;
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,40 @@ class Model {
       const std::vector<Saved>& saved, const std::vector<Saved>& deferred,
       LayerContext ctx,
       const std::function<void(int64_t)>& after_layer = nullptr);
+
+  // Backward with the weight halves of the layers that group them
+  // (Layer::GroupsWeightHalves) left in `deferred` (resized to size()) for
+  // BackwardWeights, and every other layer's parameter gradients added
+  // now, as Backward adds them. Returns the input gradient.
+  Tensor BackwardGrouping(const Tensor& dy, std::vector<Saved>* saved,
+                          LayerContext ctx, std::vector<Saved>* deferred);
+  // What BackwardGrouping left of each of several micro-batches, in the
+  // order their gradients add up.
+  struct DeferredWeights {
+    const std::vector<Saved>* saved = nullptr;
+    const std::vector<Saved>* deferred = nullptr;
+    LayerContext ctx;
+  };
+  // Their weight halves, a group per layer (Layer::BackwardWeights): the
+  // parameter gradients of the micro-batches' Backward calls, bit for bit.
+  // `after_layer(i)` runs once layer i's gradients are all in, for every
+  // layer, last to first (the other layers' went in before).
+  void BackwardWeights(
+      std::span<const DeferredWeights> micro_batches,
+      const std::function<void(int64_t)>& after_layer = nullptr);
+  // Whether any layer groups its weight halves: BackwardGrouping is
+  // Backward otherwise.
+  bool GroupsWeightHalves() const;
+  // How many micro-batches like the one whose forward saved `saved` the
+  // trainers group the weight halves of: enough for kWeightGroupRows rows
+  // in the products of each grouping layer (1: none groups). A product
+  // onto a weight gradient over k rows does k / 4 FLOP for each byte of
+  // the gradient it reads and writes: 64 at 256 rows, where a 32-row
+  // micro-batch's 8 is what one core of 200 GFLOP/s needs from 25 GB/s of
+  // memory, with nothing else on the bus. What a group holds meanwhile,
+  // the grouped layers' inputs and output gradients, is that many rows'.
+  static constexpr int64_t kWeightGroupRows = 256;
+  int64_t WeightGroupSize(const std::vector<Saved>& saved) const;
 
   const std::vector<NamedParameter>& Parameters() const { return params_; }
   // Parameters and buffers by global name: what a checkpoint holds.

@@ -71,24 +71,47 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
   LossResult total;
   const std::vector<RowRange> ranges =
       SplitMicroBatches(batch.inputs.dim(0), micro_batches_);
-  std::vector<Saved> saved;
   // The gradients of each group of micro-batches apart, summed in the
   // tree's order at the end (GradientTree): what replicas reproduce.
   GradientTree tree;
   const int64_t per_group = micro_batches_ / groups_;
+  // Small micro-batches' weight halves go in groups (Model::WeightGroupSize,
+  // known once the first forward saved its inputs), never across a
+  // gradient group: the same bits, each gradient read and written once a
+  // group instead of once a micro-batch.
+  int64_t weight_group = model_->GroupsWeightHalves() ? per_group : 1;
+  std::vector<std::vector<Saved>> saved(weight_group), deferred(weight_group);
+  std::vector<Model::DeferredWeights> waiting;
   for (int64_t m = 0; m < static_cast<int64_t>(ranges.size()); ++m) {
     ctx.micro_batch = m;
     const Tensor x =
         batch.inputs.Rows(ranges[m].begin, ranges[m].end).To(device_);
     const Tensor targets = batch.targets.Rows(ranges[m].begin, ranges[m].end);
-    const Tensor logits = model_->Forward(x, ctx, &saved);
+    const size_t slot = waiting.size();
+    const Tensor logits = model_->Forward(x, ctx, &saved[slot]);
     Tensor dlogits;
     const LossResult r =
         SoftmaxCrossEntropyLoss(logits, targets, normalizer, &dlogits);
     RETURN_IF_ERROR(CheckTargetsInRange(r, logits.dim(-1)));
     total += r;
-    model_->Backward(dlogits, saved, ctx);
-    saved.clear();
+    if (m == 0 && weight_group > 1)
+      weight_group = std::min(weight_group, model_->WeightGroupSize(saved[0]));
+    if (weight_group == 1) {
+      model_->Backward(dlogits, saved[0], ctx);
+      saved[0].clear();
+    } else {
+      model_->BackwardGrouping(dlogits, &saved[slot], ctx, &deferred[slot]);
+      waiting.push_back({&saved[slot], &deferred[slot], ctx});
+      if (static_cast<int64_t>(waiting.size()) == weight_group ||
+          (m + 1) % per_group == 0) {
+        model_->BackwardWeights(waiting);
+        waiting.clear();
+        for (size_t j = 0; j <= slot; ++j) {
+          saved[j].clear();
+          deferred[j].clear();
+        }
+      }
+    }
     if (groups_ > 1 && (m + 1) % per_group == 0)
       RETURN_IF_ERROR(tree.Push(m / per_group, model_->Parameters()));
   }

@@ -1,5 +1,6 @@
 #include "services/nn/layers/linear.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -142,6 +143,28 @@ Tensor Linear::BackwardInput(const Tensor& dy, Saved& saved,
 void Linear::BackwardWeight(const Saved& saved, const Saved& deferred,
                             const LayerContext&) {
   WeightGrad(saved.Get("x"), deferred.Get("dy"));
+}
+
+void Linear::BackwardWeights(std::span<const WeightHalf> halves) {
+  if (halves.size() < 2 || !GroupsWeightHalves()) {
+    Layer::BackwardWeights(halves);
+    return;
+  }
+  int64_t rows = 0;
+  for (const WeightHalf& h : halves) rows += h.saved->Get("x").numel() / in_;
+  Tensor x = Tensor::Empty(Shape({rows, in_}), DType::kF32, Device::kCpu);
+  Tensor dy = Tensor::Empty(Shape({rows, out_}), DType::kF32, Device::kCpu);
+  float* xs = x.f32();
+  float* dys = dy.f32();
+  for (const WeightHalf& h : halves) {
+    const Tensor& hx = h.saved->Get("x");
+    const Tensor& hdy = h.deferred->Get("dy");
+    std::copy_n(hx.f32(), hx.numel(), xs);
+    std::copy_n(hdy.f32(), hdy.numel(), dys);
+    xs += hx.numel();
+    dys += hdy.numel();
+  }
+  WeightGrad(x, dy);
 }
 
 }  // namespace gpipe

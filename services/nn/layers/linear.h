@@ -26,6 +26,16 @@ class Linear final : public Layer {
                        Saved* deferred) override;
   void BackwardWeight(const Saved& saved, const Saved& deferred,
                       const LayerContext& ctx) override;
+  // On the CPU one product over the group's rows, gathered: every element
+  // of a product is one chain of multiply-adds over its rows in order
+  // (cpu/gemm.h), so it is the micro-batches' products in turn, bit for bit.
+  void BackwardWeights(std::span<const WeightHalf> halves) override;
+  bool GroupsWeightHalves() const override {
+    return weight_.value.device() == Device::kCpu;
+  }
+  int64_t WeightRows(const Saved& saved) const override {
+    return saved.Get("x").numel() / in_;
+  }
   std::vector<Parameter*> Parameters() override;
   void PackWeights(bool input_grad) override;
   void Initialize(uint64_t key) override;
