@@ -6,10 +6,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "services/core/rng.h"
+#include "services/data/dataset.h"
 #include "services/nn/layers/activations.h"
 #include "services/nn/layers/attention.h"
 #include "services/nn/layers/conv2d.h"
@@ -164,17 +166,33 @@ TEST(SplitBackward, TheInputHalfDropsWhatTheWeightHalfDoesNotRead) {
   EXPECT_EQ(nothing.bytes(), 0);
 }
 
-// Whole models of every example: Model::BackwardInput then BackwardWeight
-// against Model::Backward, two micro-batches each.
-void ExpectModelSplitMatchesWhole(const std::string& example, int64_t batch) {
+// An example's data and two models of it, built alike.
+struct Example {
+  std::unique_ptr<Dataset> dataset;
+  std::unique_ptr<Model> a, b;
+};
+void LoadExample(const std::string& example, Example* out) {
   auto spec =
       LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + example);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto dataset = OpenJobDataset(*spec);
   ASSERT_TRUE(dataset.ok()) << dataset.status();
-  auto whole = Model::Build(spec->model(), spec->seed());
-  auto split = Model::Build(spec->model(), spec->seed());
-  ASSERT_TRUE(whole.ok() && split.ok());
+  auto a = Model::Build(spec->model(), spec->seed());
+  auto b = Model::Build(spec->model(), spec->seed());
+  ASSERT_TRUE(a.ok() && b.ok());
+  out->dataset = std::move(*dataset);
+  out->a = std::move(*a);
+  out->b = std::move(*b);
+}
+
+// Whole models of every example: Model::BackwardInput then BackwardWeight
+// against Model::Backward, two micro-batches each.
+void ExpectModelSplitMatchesWhole(const std::string& example, int64_t batch) {
+  Example e;
+  ASSERT_NO_FATAL_FAILURE(LoadExample(example, &e));
+  auto* dataset = &e.dataset;
+  auto* whole = &e.a;
+  auto* split = &e.b;
   std::vector<int64_t> first(batch), second(batch);
   for (int64_t i = 0; i < batch; ++i) {
     first[i] = i;
@@ -224,14 +242,11 @@ void ExpectGroupsMatchWhole(const std::string& example,
                             const std::vector<int64_t>& rows,
                             const std::vector<int64_t>& groups) {
   SCOPED_TRACE(example);
-  auto spec =
-      LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) + "/examples/" + example);
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  auto dataset = OpenJobDataset(*spec);
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
-  auto whole = Model::Build(spec->model(), spec->seed());
-  auto grouped = Model::Build(spec->model(), spec->seed());
-  ASSERT_TRUE(whole.ok() && grouped.ok());
+  Example e;
+  ASSERT_NO_FATAL_FAILURE(LoadExample(example, &e));
+  auto* dataset = &e.dataset;
+  auto* whole = &e.a;
+  auto* grouped = &e.b;
   ASSERT_TRUE((*grouped)->GroupsWeightHalves());
   const int64_t n = static_cast<int64_t>(rows.size());
   std::vector<std::vector<Saved>> s1(n), s2(n), deferred(n);
