@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "services/core/rng.h"
+#include "services/nn/weight_groups.h"
 #include "services/tensor/tensor.h"
 
 namespace gpipe {
@@ -146,6 +147,12 @@ struct LayerCost {
   // record, per sample: the output gradients of the layer's GEMMs
   // (Layer::BackwardInput's `deferred`).
   int64_t deferred_bytes = 0;
+  // A layer whose weight halves a CPU trainer groups over micro-batches
+  // (Layer::GroupsWeightHalves, weight_groups.h): its product's rows per
+  // sample, and what a micro-batch holds for the group per sample (the
+  // product's operands); 0 for the others.
+  int64_t weight_group_rows = 0;
+  int64_t weight_group_held_bytes = 0;
   // What of the Saved record the input half leaves for the weight half:
   // the input (a GEMM's operand), and fresh tensors per sample (a composite
   // layer's inner GEMMs' inputs).
@@ -230,9 +237,9 @@ class Layer {
   // once. Layers that say so have their weight halves grouped by the
   // trainers (Model::BackwardGrouping); the rest run whole backwards.
   virtual bool GroupsWeightHalves() const { return false; }
-  // The rows of a micro-batch's product onto the weight gradient, from
-  // what its forward saved (for a layer that groups its weight halves).
-  virtual int64_t WeightRows(const Saved& saved) const { return 0; }
+  // What a micro-batch brings to a group of weight halves, from what its
+  // forward saved (for a layer that groups them).
+  virtual WeightGroupCost GroupCost(const Saved& saved) const { return {}; }
 
   // Incremental decoding: `x` [B, n, ...] holds positions [position,
   // position + n) of each sequence, the positions before them having gone

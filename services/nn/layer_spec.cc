@@ -339,6 +339,8 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
       deferred = n_out;
       cost.weight_keeps_input = true;
       cost.defers_output_grad = true;
+      cost.weight_group_rows = static_cast<int64_t>(rows);
+      cost.weight_group_held_bytes = ParamBytes(n_in + n_out);
       break;
     }
     case K::kRelu:

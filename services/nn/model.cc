@@ -8,6 +8,7 @@
 #include "services/core/strings.h"
 #include "services/nn/layer_factory.h"
 #include "services/nn/layer_spec.h"
+#include "services/nn/weight_groups.h"
 #include "services/tensor/device.h"
 
 namespace gpipe {
@@ -127,11 +128,12 @@ Tensor Model::BackwardGrouping(const Tensor& dy, std::vector<Saved>* saved,
 }
 
 void Model::BackwardWeights(std::span<const DeferredWeights> micro_batches,
+                            bool every_layer,
                             const std::function<void(int64_t)>& after_layer) {
   if (micro_batches.empty()) return;
   std::vector<WeightHalf> halves(micro_batches.size());
   EachLayerBackward(micro_batches[0].ctx, [&](size_t i, const LayerContext& c) {
-    if (layers_[i]->GroupsWeightHalves()) {
+    if (every_layer || layers_[i]->GroupsWeightHalves()) {
       for (size_t j = 0; j < micro_batches.size(); ++j) {
         const DeferredWeights& mb = micro_batches[j];
         halves[j].saved = &(*mb.saved)[i];
@@ -153,13 +155,12 @@ bool Model::GroupsWeightHalves() const {
 }
 
 int64_t Model::WeightGroupSize(const std::vector<Saved>& saved) const {
-  int64_t rows = 0;
+  std::vector<WeightGroupCost> costs;
   for (size_t i = 0; i < layers_.size() && i < saved.size(); ++i) {
-    if (!layers_[i]->GroupsWeightHalves()) continue;
-    const int64_t r = layers_[i]->WeightRows(saved[i]);
-    if (r > 0) rows = rows == 0 ? r : std::min(rows, r);
+    if (layers_[i]->GroupsWeightHalves())
+      costs.push_back(layers_[i]->GroupCost(saved[i]));
   }
-  return rows == 0 ? 1 : (kWeightGroupRows + rows - 1) / rows;
+  return gpipe::WeightGroupSize(costs);
 }
 
 std::vector<NamedTensor> Model::StateTensors() {

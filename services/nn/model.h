@@ -88,23 +88,19 @@ class Model {
   };
   // Their weight halves, a group per layer (Layer::BackwardWeights): the
   // parameter gradients of the micro-batches' Backward calls, bit for bit.
-  // `after_layer(i)` runs once layer i's gradients are all in, for every
-  // layer, last to first (the other layers' went in before).
+  // `every_layer`: what BackwardInput left (every layer's weight half);
+  // else what BackwardGrouping left (the grouping layers'). `after_layer(i)`
+  // runs once layer i's gradients are all in, for every layer, last to
+  // first.
   void BackwardWeights(
-      std::span<const DeferredWeights> micro_batches,
+      std::span<const DeferredWeights> micro_batches, bool every_layer,
       const std::function<void(int64_t)>& after_layer = nullptr);
   // Whether any layer groups its weight halves: BackwardGrouping is
   // Backward otherwise.
   bool GroupsWeightHalves() const;
   // How many micro-batches like the one whose forward saved `saved` the
-  // trainers group the weight halves of: enough for kWeightGroupRows rows
-  // in the products of each grouping layer (1: none groups). A product
-  // onto a weight gradient over k rows does k / 4 FLOP for each byte of
-  // the gradient it reads and writes: 64 at 256 rows, where a 32-row
-  // micro-batch's 8 is what one core of 200 GFLOP/s needs from 25 GB/s of
-  // memory, with nothing else on the bus. What a group holds meanwhile,
-  // the grouped layers' inputs and output gradients, is that many rows'.
-  static constexpr int64_t kWeightGroupRows = 256;
+  // trainers group the weight halves of (gpipe::WeightGroupSize over the
+  // grouping layers' Layer::GroupCost).
   int64_t WeightGroupSize(const std::vector<Saved>& saved) const;
 
   const std::vector<NamedParameter>& Parameters() const { return params_; }

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/bytes.h"
+#include "services/nn/weight_groups.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/simulator.h"
 
@@ -254,6 +255,41 @@ int64_t WeightHalfPeak(const ModelShapes& shapes, int64_t begin, int64_t end,
   return most;
 }
 
+// What a CPU stage's grouped weight halves hold (Stage::WeightGroupSize,
+// weight_groups.h) with micro-batches of `samples`: the micro-batches a
+// group takes, what each holds until its group runs (its grouping layers'
+// operands), and the largest layer's operands gathered for one micro-batch
+// (a group's product holds them gathered, `size` times that).
+struct WeightGrouping {
+  int64_t size = 1;
+  int64_t held = 0;
+  int64_t gathered = 0;
+};
+
+WeightGrouping GroupedWeights(const ModelShapes& shapes, int64_t begin,
+                              int64_t end, int64_t samples, int64_t per_group) {
+  WeightGrouping out;
+  std::vector<WeightGroupCost> costs;
+  for (int64_t l = begin; l < end; ++l) {
+    const LayerCost& c = shapes.costs[l];
+    if (c.weight_group_rows <= 0) continue;
+    costs.push_back({Mul(c.weight_group_rows, samples),
+                     Mul(c.weight_group_held_bytes, samples), c.param_bytes});
+    out.held = Add(out.held, Mul(c.weight_group_held_bytes, samples));
+    out.gathered =
+        std::max(out.gathered, Mul(c.weight_group_held_bytes, samples));
+  }
+  out.size = std::min(std::max<int64_t>(1, per_group), WeightGroupSize(costs));
+  return out;
+}
+
+// Whether micro-batch m's weight half ends a group: the group is full, or
+// m ends a gradient group or the step.
+bool EndsWeightGroup(int64_t members, int64_t m, int64_t size,
+                     int64_t per_group, int64_t micro_batches) {
+  return members >= size || (m + 1) % per_group == 0 || m + 1 == micro_batches;
+}
+
 }  // namespace
 
 std::string StageMemory::ToString() const {
@@ -358,13 +394,49 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
   // the re-materialized record.
   const int64_t own_grad = last && !remat ? out_bytes : 0;
   int64_t train = 0;
-  if (!SplitsBackward(p.schedule)) {
+  const int64_t per_group =
+      std::max<int64_t>(1, m / std::max<int64_t>(1, GradientGroupCount(spec)));
+  const WeightGrouping grouping = GroupedWeights(shapes, b, e, mb, per_group);
+  // Whole backwards group their weight halves only without
+  // re-materialization (Stage::WeightGroupSize).
+  if (!SplitsBackward(p.schedule) && (grouping.size == 1 || remat)) {
     const int64_t live = MaxLiveMicroBatches(ops, chunk);
     out.activations = Mul(per_micro_batch, live);
     const int64_t others = Mul(per_micro_batch, std::max<int64_t>(0, live - 1));
     train = std::max({Add(out.activations, forward_op),
                       Add(out.activations, recompute),
                       Less(Add(Add(others, record), backward_op), own_grad)});
+  } else if (!SplitsBackward(p.schedule)) {
+    // Whole backwards whose grouping layers' weight halves wait for their
+    // group's last (Stage::RunWeightGroup): walk the ops, each moment the
+    // stage holding its live micro-batches' records and the waiting ones'
+    // operands beside the running op's own.
+    int64_t live = 0, waiting = 0;
+    const auto held = [&](int64_t records) {
+      return Add(Mul(per_micro_batch, records), Mul(grouping.held, waiting));
+    };
+    for (const Op& op : ops) {
+      if (op.chunk != chunk) continue;
+      if (op.kind == OpKind::kForward) {
+        ++live;
+        out.activations = std::max(out.activations, held(live));
+        train = std::max(train, Add(held(live), forward_op));
+      } else if (op.kind == OpKind::kBackward) {
+        train = std::max(train, Add(held(live), recompute));
+        train = std::max(
+            train,
+            Less(Add(Add(held(live - 1), record), backward_op), own_grad));
+        --live;
+        ++waiting;
+        if (EndsWeightGroup(waiting, op.micro_batch, grouping.size, per_group,
+                            m)) {
+          train =
+              std::max(train, Add(held(live), Mul(grouping.gathered, waiting)));
+          waiting = 0;
+        }
+        out.activations = std::max(out.activations, held(live));
+      }
+    }
   } else {
     // A micro-batch between its halves keeps what the weight half reads
     // and its GEMMs' output gradients; while its input half runs, its
@@ -385,7 +457,8 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
     const auto held = [&] {
       return Add(Mul(per_micro_batch, waiting), Mul(per_deferred, deferred));
     };
-    for (const Op& op : ops) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const Op& op = ops[i];
       if (op.chunk != chunk) continue;
       if (op.kind == OpKind::kForward) {
         ++waiting;
@@ -398,8 +471,22 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
         ++deferred;
         out.activations = std::max(out.activations, held());
       } else if (op.kind == OpKind::kBackwardWeight) {
-        train = std::max(train, Add(held(), weight_half));
-        --deferred;
+        // The next micro-batches' weight halves right after it run with it
+        // as one group (Stage::RunOps), their operands gathered.
+        int64_t members = 1;
+        while (!EndsWeightGroup(members, op.micro_batch + members - 1,
+                                grouping.size, per_group, m) &&
+               i + 1 < ops.size() &&
+               ops[i + 1].kind == OpKind::kBackwardWeight &&
+               ops[i + 1].chunk == chunk &&
+               ops[i + 1].micro_batch == op.micro_batch + members) {
+          ++members;
+          ++i;
+        }
+        const int64_t gathered =
+            members > 1 ? Mul(grouping.gathered, members) : 0;
+        train = std::max(train, Add(held(), std::max(weight_half, gathered)));
+        deferred -= members;
       }
     }
   }

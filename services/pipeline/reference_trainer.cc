@@ -104,7 +104,7 @@ absl::StatusOr<StepReport> ReferenceTrainer::Step() {
       waiting.push_back({&saved[slot], &deferred[slot], ctx});
       if (static_cast<int64_t>(waiting.size()) == weight_group ||
           (m + 1) % per_group == 0) {
-        model_->BackwardWeights(waiting);
+        model_->BackwardWeights(waiting, /*every_layer=*/false);
         waiting.clear();
         for (size_t j = 0; j <= slot; ++j) {
           saved[j].clear();

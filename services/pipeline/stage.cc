@@ -337,6 +337,8 @@ absl::Status Stage::Send(int64_t step, int64_t m, OpKind kind,
                        start, timeline_.Now());
   if (!activation && std::exchange(f.weights_due, false))
     return WeightGradientDone(m);
+  if (!activation && !f.weight_group_due.empty())
+    return RunWeightGroup(*current_, std::exchange(f.weight_group_due, {}));
   return absl::OkStatus();
 }
 
@@ -372,6 +374,12 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
                      m, " without its forward (before it, or twice)"));
   }
   RETURN_IF_ERROR(CheckTransfersAround(/*forward=*/false, m, f));
+  StepState& st = *current_;
+  const bool split = kind == OpKind::kBackwardInput;
+  // A group's gradients add in the order its backwards ran: one out of
+  // turn (a hand-made schedule) ends the group waiting.
+  if (!split && !st.weight_group.empty() && m != st.weight_group.back() + 1)
+    RETURN_IF_ERROR(RunWeightGroup(st, std::exchange(st.weight_group, {})));
   Tensor dy;
   int64_t received = 0;
   if (placement_.last()) {
@@ -389,37 +397,108 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     model_->Forward(f.input, again, &f.saved);
     f.input = Tensor();
   }
-  const bool split = kind == OpKind::kBackwardInput;
-  OpTimer timer(timeline_, split ? Phase::kBackwardInput : Phase::kBackward, m);
-  timer.record().bytes_received = received;
-  Tensor dx;
-  if (split) {
-    // Keeps what the weight half reads; the rest of the micro-batch's
-    // activations go now.
-    dx = model_->BackwardInput(dy, &f.saved, ctx, &f.deferred);
-    f.input = Tensor();
-    f.dlogits = Tensor();
-  } else {
-    StepState& st = *current_;
-    dx = model_->Backward(dy, f.saved, ctx, Bucketer(st));
-    RETURN_IF_ERROR(st.bucket_status);
-    ++st.weights_done;
-    f.Release();
+  bool grouping = false;
+  {
+    OpTimer timer(timeline_, split ? Phase::kBackwardInput : Phase::kBackward,
+                  m);
+    timer.record().bytes_received = received;
+    Tensor dx;
+    if (split) {
+      // Keeps what the weight half reads; the rest of the micro-batch's
+      // activations go now.
+      dx = model_->BackwardInput(dy, &f.saved, ctx, &f.deferred);
+      f.input = Tensor();
+      f.dlogits = Tensor();
+    } else if (WeightGroupSize(st, f, /*whole=*/true) > 1) {
+      // The grouping layers' weight halves wait for the group's last
+      // backward (RunWeightGroup); the other layers' gradients go in now.
+      dx = model_->BackwardGrouping(dy, &f.saved, ctx, &f.deferred);
+      f.input = Tensor();
+      f.dlogits = Tensor();
+      f.weight_waits = true;
+      st.weight_group.push_back(m);
+      grouping = true;
+    } else {
+      dx = model_->Backward(dy, f.saved, ctx, Bucketer(st));
+      RETURN_IF_ERROR(st.bucket_status);
+      ++st.weights_done;
+      f.Release();
+    }
+    if (!placement_.first()) {
+      timer.record().bytes_sent = dx.nbytes();
+      f.gradient_out = ForLink(upstream_, std::move(dx));
+      f.gradient_phase = split ? Phase::kBackwardInput : Phase::kBackward;
+      f.weights_due = !split && !grouping;
+    }
+  }
+  if (grouping) {
+    const bool ends =
+        static_cast<int64_t>(st.weight_group.size()) >= st.weight_group_size ||
+        (m + 1) % placement_.group_size() == 0 ||
+        m + 1 == placement_.local_end();
+    if (!ends) return absl::OkStatus();
+    // Once the input gradient is sent: the stage upstream waits for it,
+    // not for the group.
+    if (!placement_.first()) {
+      f.weight_group_due = std::exchange(st.weight_group, {});
+      return absl::OkStatus();
+    }
+    return RunWeightGroup(st, std::exchange(st.weight_group, {}));
   }
   if (placement_.first())
     return split ? absl::OkStatus() : WeightGradientDone(m);
-  timer.record().bytes_sent = dx.nbytes();
-  f.gradient_out = ForLink(upstream_, std::move(dx));
-  f.gradient_phase = split ? Phase::kBackwardInput : Phase::kBackward;
-  f.weights_due = !split;
   return absl::OkStatus();
 }
 
-std::function<void(int64_t)> Stage::Bucketer(StepState& st) {
+int64_t Stage::WeightGroupSize(StepState& st, const InFlight& f, bool whole) {
+  if (whole && remat_) return 1;
+  if (st.weight_group_size == 0) {
+    st.weight_group_size = device_ != nullptr
+                               ? 1
+                               : std::min(placement_.group_size(),
+                                          model_->WeightGroupSize(f.saved));
+  }
+  return st.weight_group_size;
+}
+
+absl::Status Stage::RunWeights(StepState& st, std::span<const int64_t> members,
+                               bool every_layer) {
+  std::vector<Model::DeferredWeights> group;
+  for (const int64_t m : members) {
+    const InFlight& f = st.flight[m];
+    group.push_back({&f.saved, &f.deferred, Context(st.step, m)});
+  }
+  const int64_t start = timeline_.Now();
+  model_->BackwardWeights(group, every_layer,
+                          Bucketer(st, static_cast<int64_t>(members.size())));
+  const int64_t end = timeline_.Now();
+  // The group's time shared out: each micro-batch's weight half shows in
+  // the trace and the phase times as its own op.
+  const int64_t n = static_cast<int64_t>(members.size());
+  for (int64_t i = 0; i < n; ++i) {
+    timeline_.Record({Phase::kBackwardWeight, members[i],
+                      start + (end - start) * i / n,
+                      start + (end - start) * (i + 1) / n});
+  }
+  RETURN_IF_ERROR(st.bucket_status);
+  st.weights_done += n;
+  for (const int64_t m : members) st.flight[m].Release();
+  return absl::OkStatus();
+}
+
+absl::Status Stage::RunWeightGroup(StepState& st,
+                                   std::vector<int64_t> members) {
+  if (members.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(RunWeights(st, members, /*every_layer=*/false));
+  for (const int64_t m : members) RETURN_IF_ERROR(WeightGradientDone(m));
+  return absl::OkStatus();
+}
+
+std::function<void(int64_t)> Stage::Bucketer(StepState& st, int64_t count) {
   const bool last = placement_.reducer != nullptr &&
                     placement_.reducer->SupportsBuckets() &&
                     local_groups() == 1 &&
-                    st.weights_done == placement_.local_micro_batches() - 1;
+                    st.weights_done + count == placement_.local_micro_batches();
   if (!last) return nullptr;
   return [this, &st](int64_t layer) { BucketLayer(st, layer); };
 }
@@ -566,7 +645,7 @@ void Stage::ReturnToDevice(StepState& st) {
 absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
                                    std::vector<InFlight>& flight) {
   InFlight& f = flight[m];
-  if (f.deferred.empty()) {
+  if (f.deferred.empty() || f.weight_waits) {
     return absl::FailedPreconditionError(
         absl::StrCat("stage ", placement_.index, ": the schedule runs W", m,
                      " (the weight half of micro-batch ", m,
@@ -599,6 +678,9 @@ absl::Status Stage::SendGradSquares() {
   StepState& st = *current_;
   OnStage on_stage(*this);
   RETURN_IF_ERROR(CheckTransfersDone());
+  // Whole backwards whose group never closed (a schedule that never ran a
+  // later one, which the loop below names) add their gradients now.
+  RETURN_IF_ERROR(RunWeightGroup(st, std::exchange(st.weight_group, {})));
   // A backward or a weight half that never ran would leave its gradient
   // out.
   for (size_t m = 0; m < st.flight.size(); ++m) {
@@ -831,13 +913,53 @@ absl::Status Stage::RunOp(const Op& op) {
   return absl::InternalError("unknown op kind");
 }
 
+absl::StatusOr<size_t> Stage::RunOps(std::span<const Op> ops) {
+  if (ops.empty()) return 0;
+  const Op& first = ops[0];
+  const int64_t m0 = first.micro_batch;
+  if (first.kind != OpKind::kBackwardWeight || !current_ ||
+      m0 < placement_.micro_batch_begin || m0 >= placement_.local_end() ||
+      current_->flight[m0].deferred.empty() ||
+      current_->flight[m0].weight_waits) {
+    RETURN_IF_ERROR(RunOp(first));
+    return 1;
+  }
+  StepState& st = *current_;
+  const int64_t most = WeightGroupSize(st, st.flight[m0], /*whole=*/false);
+  // The next micro-batches' weight halves, each waiting for it, within the
+  // gradient group (whose sum is pushed after its last).
+  std::vector<int64_t> members = {m0};
+  for (size_t i = 1; i < ops.size(); ++i) {
+    const int64_t m = m0 + static_cast<int64_t>(i);
+    const Op& op = ops[i];
+    if (static_cast<int64_t>(members.size()) >= most ||
+        op.kind != OpKind::kBackwardWeight || op.chunk != first.chunk ||
+        op.micro_batch != m || m >= placement_.local_end() ||
+        m % placement_.group_size() == 0 || st.flight[m].deferred.empty() ||
+        st.flight[m].weight_waits) {
+      break;
+    }
+    members.push_back(m);
+  }
+  if (members.size() == 1) {
+    RETURN_IF_ERROR(RunOp(first));
+    return 1;
+  }
+  OnStage on_stage(*this);
+  RETURN_IF_ERROR(RunWeights(st, members, /*every_layer=*/true));
+  for (const int64_t m : members) RETURN_IF_ERROR(WeightGradientDone(m));
+  return members.size();
+}
+
 absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
   RETURN_IF_ERROR(BeginStep(step));
   // On an error the step's records go with it, not into the next step.
   absl::Cleanup forget = [this] { current_.reset(); };
-  for (const Op& op : schedule_) {
-    if (op.kind != OpKind::kOptimizerStep) {
-      RETURN_IF_ERROR(RunOp(op));
+  const std::span<const Op> ops(schedule_);
+  for (size_t i = 0; i < ops.size();) {
+    if (ops[i].kind != OpKind::kOptimizerStep) {
+      ASSIGN_OR_RETURN(const size_t ran, RunOps(ops.subspan(i)));
+      i += ran;
       continue;
     }
     RETURN_IF_ERROR(SendGradSquares());

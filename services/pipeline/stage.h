@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,11 @@ class Stage {
   // reached. RunStep is these calls in its schedule's order.
   absl::Status BeginStep(int64_t step);
   absl::Status RunOp(const Op& op);
+  // RunOp of ops[0] and, when it is a weight half, of the weight halves of
+  // the next micro-batches of the same chunk that follow it at once, as one
+  // group (Model::BackwardWeights; the same bits, each gradient read and
+  // written once); returns how many ops it ran.
+  absl::StatusOr<size_t> RunOps(std::span<const Op> ops);
   absl::Status SendGradSquares();
   absl::StatusOr<StageStepResult> FinishStep();
   // A forward-only pass over a split in batches of the evaluation batch
@@ -194,6 +200,11 @@ class Stage {
     // input gradient is sent: the stage upstream waits for that, not for
     // the group's sum.
     bool weights_due = false;
+    // A whole backward whose weight half waits for its group
+    // (Model::BackwardGrouping); and on a group's last, the group, which
+    // its send runs once the input gradient is out.
+    bool weight_waits = false;
+    std::vector<int64_t> weight_group_due;
 
     // The backward's record goes; the transfers' slots stay.
     void Release() {
@@ -201,6 +212,7 @@ class Stage {
       saved.clear();
       dlogits = Tensor();
       deferred.clear();
+      weight_waits = false;
     }
   };
 
@@ -276,6 +288,11 @@ class Stage {
     double squares = 0;        // the clipping chain's sum so far
     GradientTree groups;       // with several gradient groups per stage
     int64_t next_weight = -1;  // the micro-batch whose weights are due
+    // Whole backwards whose weight halves wait to run as one group
+    // (Model::BackwardGrouping), in the order they ran; and how many
+    // micro-batches a group takes (WeightGroupSize; 0 until known).
+    std::vector<int64_t> weight_group;
+    int64_t weight_group_size = 0;
     int64_t weights_done = 0;  // micro-batches whose weight gradients ran
     // Overlap: the reducer summing this step's buckets (null when none
     // runs), the bucket being gathered (parameters [bucket_begin,
@@ -312,7 +329,24 @@ class Stage {
   // parameters' gradients to the reducer in buckets as their layers finish
   // them (replicas over a reducer that takes buckets, one gradient group
   // per replica); null otherwise.
-  std::function<void(int64_t)> Bucketer(StepState& st);
+  // `count`: the micro-batches whose weight gradients are about to run.
+  std::function<void(int64_t)> Bucketer(StepState& st, int64_t count = 1);
+  // How many micro-batches' weight halves this stage groups (Model::
+  // WeightGroupSize of micro-batch `f`'s record, within a gradient group),
+  // decided once a step; 1 on a GPU. After `whole` backwards, also 1 under
+  // re-materialization: the group would hold again the activations the
+  // stage gives up time not to hold (the weight halves of split backwards
+  // hold theirs anyway).
+  int64_t WeightGroupSize(StepState& st, const InFlight& f, bool whole);
+  // The weight halves of `members` as one group (Model::BackwardWeights):
+  // after their input halves (`every_layer`) or their whole backwards
+  // grouping. Records one kBackwardWeight op each, the group's time shared
+  // out, and lets go of their records; the caller runs WeightGradientDone.
+  absl::Status RunWeights(StepState& st, std::span<const int64_t> members,
+                          bool every_layer);
+  // A group of whole backwards' weight halves (`members`, taken from
+  // StepState::weight_group), each member's WeightGradientDone after it.
+  absl::Status RunWeightGroup(StepState& st, std::vector<int64_t> members);
   // After layer `layer` (local) of the last backward: adds its parameters
   // to the bucket and hands the bucket in once it is large enough or the
   // layers are done.

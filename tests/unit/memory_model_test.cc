@@ -17,6 +17,7 @@
 #include "services/pipeline/partitioner.h"
 #include "services/tensor/allocator.h"
 #include "services/tensor/threads.h"
+#include "tests/support/wide_mlp.h"
 
 namespace gpipe {
 namespace {
@@ -419,6 +420,26 @@ TEST(MemoryModel, OneLayerStagesStayWithinFifteenPercent) {
     lm.mutable_pipeline()->set_schedule(v1::ONE_F_ONE_B);
     lm.mutable_pipeline()->set_remat(remat);
     ExpectWithinFifteenPercent(lm, {2, 1, 1, 1});
+  }
+}
+
+// Stages that group their micro-batches' weight halves hold the group's
+// operands (after whole backwards) and gather them (split ones too).
+TEST(MemoryModel, GroupedWeightHalvesStayWithinFifteenPercent) {
+  for (const v1::Schedule schedule :
+       {v1::GPIPE, v1::ONE_F_ONE_B, v1::ZERO_BUBBLE_H1, v1::ZERO_BUBBLE_V}) {
+    for (const v1::Remat remat : {v1::ALWAYS, v1::NEVER}) {
+      for (const int64_t m : {4, 8}) {
+        v1::JobSpec spec = test_support::WideMlp();
+        spec.mutable_pipeline()->set_stages(2);
+        spec.mutable_pipeline()->set_micro_batches(m);
+        spec.mutable_pipeline()->set_schedule(schedule);
+        spec.mutable_pipeline()->set_remat(remat);
+        auto balance = PartitionJob(spec, ChunkCount(spec));
+        ASSERT_TRUE(balance.ok());
+        ExpectWithinFifteenPercent(spec, *balance);
+      }
+    }
   }
 }
 

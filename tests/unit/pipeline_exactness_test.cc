@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "services/core/status.h"
@@ -13,6 +14,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/link_reduction.h"
 #include "services/pipeline/reference_trainer.h"
+#include "tests/support/wide_mlp.h"
 
 namespace gpipe {
 namespace {
@@ -87,12 +89,15 @@ void ExpectSame(const std::map<std::string, Tensor>& want,
 // interleaved schedule and ZB-V with v = 2 chunks per worker wherever they
 // apply (interleaving: M a multiple of K; K x 2 stages no more than the
 // layers).
-void CheckAllCombinations(const std::string& example, int64_t batch) {
-  const gpipe::v1::JobSpec spec = LoadExample(example, batch);
+// Returns how many combinations ran with 2 chunks per worker.
+int CheckSpecCombinations(const gpipe::v1::JobSpec& spec,
+                          const std::string& example,
+                          const std::vector<int64_t>& micro_batches) {
   std::shared_ptr<const Dataset> data = Open(spec);
-  ASSERT_NE(data, nullptr);
+  EXPECT_NE(data, nullptr);
+  if (data == nullptr) return 0;
   int interleaved = 0;  // combinations run with 2 chunks per worker
-  for (int64_t m : {1, 2, 4, 8}) {
+  for (int64_t m : micro_batches) {
     const std::map<std::string, Tensor> want = RunReference(spec, m, data);
     for (int64_t k = 1; k <= 4; ++k) {
       for (ScheduleKind schedule : kSchedules) {
@@ -116,16 +121,24 @@ void CheckAllCombinations(const std::string& example, int64_t batch) {
                                    std::string(ScheduleName(schedule)) +
                                    " remat=" + std::string(RematName(remat));
           auto p = InProcessPipeline::Create(spec, o);
-          ASSERT_TRUE(p.ok()) << what << ": " << p.status();
+          EXPECT_TRUE(p.ok()) << what << ": " << p.status();
+          if (!p.ok()) return interleaved;
           for (int s = 0; s < kSteps; ++s) {
             auto r = (*p)->Step();
-            ASSERT_TRUE(r.ok()) << what << ": " << r.status();
+            EXPECT_TRUE(r.ok()) << what << ": " << r.status();
+            if (!r.ok()) return interleaved;
           }
           ExpectSame(want, Snapshot(**p), what);
         }
       }
     }
   }
+  return interleaved;
+}
+
+void CheckAllCombinations(const std::string& example, int64_t batch) {
+  const int interleaved =
+      CheckSpecCombinations(LoadExample(example, batch), example, {1, 2, 4, 8});
   // K = 1 and 2 fit every example's layers twice over.
   EXPECT_GE(interleaved, 3 * 4) << example;
 }
@@ -140,6 +153,36 @@ TEST(PipelineExactness, CnnWithBatchNormAndDropoutAllCombinations) {
 
 TEST(PipelineExactness, TransformerWithClippingAllCombinations) {
   CheckAllCombinations("char_transformer.json", 16);
+}
+
+// Stages that group their micro-batches' weight halves: after whole
+// backwards without re-materialization, and consecutive weight halves of
+// split ones.
+TEST(PipelineExactness, GroupedWeightHalvesAllCombinations) {
+  CheckSpecCombinations(test_support::WideMlp(), "wide-mlp", {2, 8});
+}
+
+// The grouping happens: a 1F1B stage without re-materialization records
+// its whole backwards' weight halves as weight-half ops, one a micro-batch,
+// each after its backward.
+TEST(PipelineExactness, WholeBackwardsGroupTheirWeightHalves) {
+  for (const RematMode remat : {RematMode::kNever, RematMode::kAlways}) {
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 8;
+    o.schedule = ScheduleKind::kOneFOneB;
+    o.remat = remat;
+    auto p = InProcessPipeline::Create(test_support::WideMlp(), o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_TRUE((*p)->Step().ok());
+    for (int64_t s = 0; s < 2; ++s) {
+      int64_t weights = 0;
+      for (const OpRecord& op : (*p)->stage(s).timeline().LastStep().ops)
+        weights += op.phase == Phase::kBackwardWeight;
+      EXPECT_EQ(weights, remat == RematMode::kNever ? 8 : 0)
+          << "stage " << s << " remat " << RematName(remat);
+    }
+  }
 }
 
 TEST(PipelineExactness, UnevenMicroBatchesAndUnevenStages) {
@@ -528,6 +571,40 @@ TEST(ReplicaExactness, MlpOverLinks) {
 
 TEST(ReplicaExactness, TransformerOverLinks) {
   CheckReplicas(LoadExample("char_transformer.json", 16), false, true);
+}
+
+// Grouped weight halves, with the last group's gradients handed to the
+// links in buckets as its layers finish them.
+TEST(ReplicaExactness, GroupedWeightHalvesOverLinks) {
+  gpipe::v1::JobSpec spec = test_support::WideMlp();
+  spec.mutable_pipeline()->set_micro_batches(8);
+  spec.mutable_pipeline()->set_gradient_groups(4);
+  std::shared_ptr<const Dataset> data = Open(spec);
+  ASSERT_NE(data, nullptr);
+  const std::map<std::string, Tensor> want = RunReference(spec, 8, data);
+  for (ScheduleKind schedule :
+       {ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+    const std::string what = std::string(ScheduleName(schedule));
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 8;
+    o.replicas = 4;
+    o.schedule = schedule;
+    o.remat = RematMode::kNever;
+    o.dataset = data;
+    o.reduce_over_links = true;
+    auto p = InProcessPipeline::Create(spec, o);
+    ASSERT_TRUE(p.ok()) << what << ": " << p.status();
+    for (int s = 0; s < kSteps; ++s) {
+      auto r = (*p)->Step();
+      ASSERT_TRUE(r.ok()) << what << ": " << r.status();
+    }
+    ExpectSame(want, Snapshot(**p), what);
+    const auto* links = dynamic_cast<const LinkReduction*>(
+        (*p)->stage(0, 0).placement().reducer);
+    ASSERT_NE(links, nullptr) << what;
+    EXPECT_GT(links->buckets_summed(), 0) << what;
+  }
 }
 
 TEST(ReplicaExactness, MlpWithDropout) {

@@ -261,6 +261,10 @@ void ExpectGroupsMatchWhole(const std::string& example,
     (*grouped)->Forward(b.inputs, Training(m), &s2[m]);
     dys.push_back(RandomTensor(y.shape(), 300 + m));
   }
+  // As at a step's start: the first product onto each gradient writes it
+  // (Parameter::grad_unwritten).
+  (*whole)->ZeroGrad();
+  (*grouped)->ZeroGrad();
   std::vector<Tensor> dx_whole, dx_grouped;
   for (int64_t m = 0; m < n; ++m)
     dx_whole.push_back((*whole)->Backward(dys[m], s1[m], Training(m)));
@@ -274,7 +278,8 @@ void ExpectGroupsMatchWhole(const std::string& example,
     }
     std::vector<int64_t> layers_done;
     (*grouped)->BackwardWeights(
-        group, [&](int64_t layer) { layers_done.push_back(layer); });
+        group, /*every_layer=*/false,
+        [&](int64_t layer) { layers_done.push_back(layer); });
     std::vector<int64_t> last_to_first;
     for (int64_t i = (*grouped)->size(); i-- > 0;) last_to_first.push_back(i);
     EXPECT_EQ(layers_done, last_to_first);
@@ -300,6 +305,9 @@ TEST(WeightGroups, AreTheWholeBackwardsInTurnBitForBit) {
   // product onto an unwritten gradient.
   ExpectGroupsMatchWhole("fashion_mnist_mlp.json", {5, 4, 4, 3, 7, 1},
                          {3, 1, 2});
+  // Products deep enough for the GEMM's threads and for its depth in
+  // passes (k > 512 rows).
+  ExpectGroupsMatchWhole("fashion_mnist_mlp.json", {200, 150, 250, 40}, {3, 1});
   // Convolutions run whole; only the head's linear layers group.
   ExpectGroupsMatchWhole("fashion_mnist_cnn.json", {3, 2, 3}, {2, 1});
   ExpectGroupsMatchWhole("char_transformer.json", {2, 1, 2}, {3});
@@ -321,7 +329,10 @@ TEST(WeightGroups, ALinearGroupIsItsWeightHalvesInTurn) {
     halves.push_back({&sb[m], &db[m], Training(m)});
   }
   for (int64_t m = 0; m < 3; ++m) a.BackwardWeight(sa[m], da[m], Training(m));
-  EXPECT_EQ(b.WeightRows(sb[2]), 4);
+  const WeightGroupCost cost = b.GroupCost(sb[2]);
+  EXPECT_EQ(cost.rows, 4);
+  EXPECT_EQ(cost.held_bytes, 4 * (6 + 5) * 4);  // x and dy
+  EXPECT_EQ(cost.gradient_bytes, (6 * 5 + 5) * 4);
   b.BackwardWeights(halves);
   for (size_t i = 0; i < a.Parameters().size(); ++i) {
     EXPECT_TRUE(BitwiseEqual(a.Parameters()[i]->grad, b.Parameters()[i]->grad))
@@ -329,23 +340,51 @@ TEST(WeightGroups, ALinearGroupIsItsWeightHalvesInTurn) {
   }
 }
 
-TEST(WeightGroups, GroupEnoughRowsForTheSmallestProduct) {
-  auto spec = LoadJobSpecFile(std::string(GPIPE_SOURCE_DIR) +
-                              "/examples/fashion_mnist_mlp.json");
+TEST(WeightGroups, EnoughRowsForTheSmallestProductWithinTheHeldShare) {
+  const auto size = [](std::vector<WeightGroupCost> costs) {
+    return WeightGroupSize(costs);
+  };
+  // A 1024-wide layer on 32 rows: 8 micro-batches make 256 rows, and hold
+  // 8 x 256 KiB of operands, half its 4 MiB gradient.
+  const WeightGroupCost wide{32, 32 * 2048 * 4, 1024 * 1024 * 4};
+  EXPECT_EQ(size({wide}), 8);
+  // The smallest product's rows decide (16 rows: 16 micro-batches), within
+  // half the two gradients (10 hold 3.75 MiB); past 256 rows, none.
+  EXPECT_EQ(size({wide, {16, 16 * 2048 * 4, 1024 * 1024 * 4}}), 10);
+  EXPECT_EQ(size({{64, 64 * 2048 * 4, 1024 * 1024 * 4}}), 4);
+  EXPECT_EQ(size({{256, 256 * 2048 * 4, 1024 * 1024 * 4}}), 1);
+  // Operands that outweigh half the gradient.
+  EXPECT_EQ(size({{32, 1 << 20, 4 << 20}}), 2);
+  EXPECT_EQ(size({{32, 3 << 20, 4 << 20}}), 1);
+  // Gradients that stay in the caches.
+  EXPECT_EQ(size({{32, 32 * 2048 * 4, (4 << 20) - 4}}), 1);
+  EXPECT_EQ(size({}), 1);
+}
+
+TEST(WeightGroups, AModelAsksItsGroupingLayers) {
+  auto spec = ParseJobSpecJson(R"({
+    "model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [1024]}},
+              "layers": [{"linear": {"inFeatures": 1024, "outFeatures": 1024}},
+                         {"relu": {}},
+                         {"linear": {"inFeatures": 1024, "outFeatures": 16}}],
+              "loss": {"softmaxCrossEntropy": {}}},
+    "optimizer": {"lr": 0.01, "sgd": {}},
+    "data": {"synthetic": {"task": "CLASSES", "features": 1024, "classes": 16,
+                           "trainSamples": 64, "testSamples": 8}},
+    "batchSize": 64, "steps": 1, "seed": 1})");
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto model = Model::Build(spec->model(), spec->seed());
   ASSERT_TRUE(model.ok());
-  auto dataset = OpenJobDataset(*spec);
-  ASSERT_TRUE(dataset.ok()) << dataset.status();
-  for (const int64_t rows : {32, 100, 256, 300}) {
-    std::vector<int64_t> indices(rows);
-    for (int64_t i = 0; i < rows; ++i) indices[i] = i;
+  for (const int64_t rows : {8, 32, 64}) {
     std::vector<Saved> saved;
-    (*model)->Forward((*dataset)->Gather(Split::kTrain, indices).inputs,
-                      Training(0), &saved);
-    EXPECT_EQ((*model)->WeightGroupSize(saved),
-              (Model::kWeightGroupRows + rows - 1) / rows)
+    (*model)->Forward(RandomTensor(Shape({rows, 1024}), 7), Training(0),
+                      &saved);
+    std::vector<WeightGroupCost> costs;
+    for (const auto& [in, out] : {std::pair{1024, 1024}, std::pair{1024, 16}})
+      costs.push_back({rows, rows * (in + out) * 4, (in * out + out) * 4});
+    EXPECT_EQ((*model)->WeightGroupSize(saved), WeightGroupSize(costs))
         << rows << " rows";
+    EXPECT_GT((*model)->WeightGroupSize(saved), 1) << rows << " rows";
   }
   EXPECT_EQ((*model)->WeightGroupSize({}), 1);
 }

@@ -145,6 +145,16 @@ void Linear::BackwardWeight(const Saved& saved, const Saved& deferred,
   WeightGrad(saved.Get("x"), deferred.Get("dy"));
 }
 
+WeightGroupCost Linear::GroupCost(const Saved& saved) const {
+  const int64_t rows = saved.Get("x").numel() / in_;
+  WeightGroupCost c;
+  c.rows = rows;
+  c.held_bytes = rows * (in_ + out_) * 4;
+  c.gradient_bytes =
+      weight_.value.nbytes() + (has_bias_ ? bias_.value.nbytes() : 0);
+  return c;
+}
+
 void Linear::BackwardWeights(std::span<const WeightHalf> halves) {
   if (halves.size() < 2 || !GroupsWeightHalves()) {
     Layer::BackwardWeights(halves);

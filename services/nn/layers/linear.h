@@ -33,9 +33,7 @@ class Linear final : public Layer {
   bool GroupsWeightHalves() const override {
     return weight_.value.device() == Device::kCpu;
   }
-  int64_t WeightRows(const Saved& saved) const override {
-    return saved.Get("x").numel() / in_;
-  }
+  WeightGroupCost GroupCost(const Saved& saved) const override;
   std::vector<Parameter*> Parameters() override;
   void PackWeights(bool input_grad) override;
   void Initialize(uint64_t key) override;
