@@ -154,11 +154,17 @@ bool Model::GroupsWeightHalves() const {
   return false;
 }
 
-int64_t Model::WeightGroupSize(const std::vector<Saved>& saved) const {
+int64_t Model::WeightGroupSize(const std::vector<Saved>& saved, int64_t samples,
+                               int64_t as_samples) const {
   std::vector<WeightGroupCost> costs;
   for (size_t i = 0; i < layers_.size() && i < saved.size(); ++i) {
-    if (layers_[i]->GroupsWeightHalves())
-      costs.push_back(layers_[i]->GroupCost(saved[i]));
+    if (!layers_[i]->GroupsWeightHalves()) continue;
+    WeightGroupCost c = layers_[i]->GroupCost(saved[i]);
+    if (samples > 0 && as_samples > 0) {
+      c.rows = c.rows * as_samples / samples;
+      c.held_bytes = c.held_bytes * as_samples / samples;
+    }
+    costs.push_back(c);
   }
   return gpipe::WeightGroupSize(costs);
 }

@@ -101,7 +101,10 @@ class Model {
   // How many micro-batches like the one whose forward saved `saved` the
   // trainers group the weight halves of (gpipe::WeightGroupSize over the
   // grouping layers' Layer::GroupCost).
-  int64_t WeightGroupSize(const std::vector<Saved>& saved) const;
+  // With `samples` and `as_samples`, for micro-batches of `as_samples`
+  // samples where `saved` holds `samples`.
+  int64_t WeightGroupSize(const std::vector<Saved>& saved, int64_t samples = 0,
+                          int64_t as_samples = 0) const;
 
   const std::vector<NamedParameter>& Parameters() const { return params_; }
   // Parameters and buffers by global name: what a checkpoint holds.

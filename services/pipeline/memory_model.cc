@@ -430,8 +430,10 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
         ++waiting;
         if (EndsWeightGroup(waiting, op.micro_batch, grouping.size, per_group,
                             m)) {
-          train =
-              std::max(train, Add(held(live), Mul(grouping.gathered, waiting)));
+          // One alone is not gathered (Linear::BackwardWeights).
+          train = std::max(
+              train, Add(held(live),
+                         waiting > 1 ? Mul(grouping.gathered, waiting) : 0));
           waiting = 0;
         }
         out.activations = std::max(out.activations, held(live));

@@ -335,10 +335,7 @@ absl::Status Stage::Send(int64_t step, int64_t m, OpKind kind,
   // before sends were actions of their own.
   timeline_.RecordSend(activation ? Phase::kForward : f.gradient_phase, m,
                        start, timeline_.Now());
-  if (!activation && std::exchange(f.weights_due, false))
-    return WeightGradientDone(m);
-  if (!activation && !f.weight_group_due.empty())
-    return RunWeightGroup(*current_, std::exchange(f.weight_group_due, {}));
+  if (!activation) return SettleWeights(*current_, m, /*open=*/false);
   return absl::OkStatus();
 }
 
@@ -376,10 +373,14 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
   RETURN_IF_ERROR(CheckTransfersAround(/*forward=*/false, m, f));
   StepState& st = *current_;
   const bool split = kind == OpKind::kBackwardInput;
-  // A group's gradients add in the order its backwards ran: one out of
-  // turn (a hand-made schedule) ends the group waiting.
-  if (!split && !st.weight_group.empty() && m != st.weight_group.back() + 1)
-    RETURN_IF_ERROR(RunWeightGroup(st, std::exchange(st.weight_group, {})));
+  // Gradients add in the order the backwards ran, and a gradient group's
+  // sum is pushed before the next group's gradients come: what earlier
+  // backwards left for their sends runs first (a hand-made schedule that
+  // runs this backward before an earlier one's send), and the open group
+  // too unless this whole backward joins it.
+  RETURN_IF_ERROR(SettleWeights(st, m - 1,
+                                /*open=*/split || st.weight_group.empty() ||
+                                    m != st.weight_group.back() + 1));
   Tensor dy;
   int64_t received = 0;
   if (placement_.last()) {
@@ -409,7 +410,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
       dx = model_->BackwardInput(dy, &f.saved, ctx, &f.deferred);
       f.input = Tensor();
       f.dlogits = Tensor();
-    } else if (WeightGroupSize(st, f, /*whole=*/true) > 1) {
+    } else if (WeightGroupSize(st, m, /*whole=*/true) > 1) {
       // The grouping layers' weight halves wait for the group's last
       // backward (RunWeightGroup); the other layers' gradients go in now.
       dx = model_->BackwardGrouping(dy, &f.saved, ctx, &f.deferred);
@@ -450,13 +451,20 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
   return absl::OkStatus();
 }
 
-int64_t Stage::WeightGroupSize(StepState& st, const InFlight& f, bool whole) {
+int64_t Stage::WeightGroupSize(StepState& st, int64_t m, bool whole) {
   if (whole && remat_) return 1;
   if (st.weight_group_size == 0) {
-    st.weight_group_size = device_ != nullptr
-                               ? 1
-                               : std::min(placement_.group_size(),
-                                          model_->WeightGroupSize(f.saved));
+    // Sized for the step's largest micro-batch (the first), as the memory
+    // model sizes it, whichever this stage's first is.
+    const auto samples = [&](int64_t i) {
+      return micro_batch_rows_[i].end - micro_batch_rows_[i].begin;
+    };
+    st.weight_group_size =
+        device_ != nullptr
+            ? 1
+            : std::min(placement_.group_size(),
+                       model_->WeightGroupSize(st.flight[m].saved, samples(m),
+                                               samples(0)));
   }
   return st.weight_group_size;
 }
@@ -492,6 +500,22 @@ absl::Status Stage::RunWeightGroup(StepState& st,
   RETURN_IF_ERROR(RunWeights(st, members, /*every_layer=*/false));
   for (const int64_t m : members) RETURN_IF_ERROR(WeightGradientDone(m));
   return absl::OkStatus();
+}
+
+absl::Status Stage::SettleWeights(StepState& st, int64_t through, bool open) {
+  const int64_t end =
+      std::min<int64_t>(through + 1, static_cast<int64_t>(st.flight.size()));
+  for (int64_t m = 0; m < end; ++m) {
+    InFlight& f = st.flight[m];
+    if (std::exchange(f.weights_due, false))
+      RETURN_IF_ERROR(WeightGradientDone(m));
+    if (!f.weight_group_due.empty()) {
+      RETURN_IF_ERROR(
+          RunWeightGroup(st, std::exchange(f.weight_group_due, {})));
+    }
+  }
+  if (!open) return absl::OkStatus();
+  return RunWeightGroup(st, std::exchange(st.weight_group, {}));
 }
 
 std::function<void(int64_t)> Stage::Bucketer(StepState& st, int64_t count) {
@@ -652,8 +676,9 @@ absl::Status Stage::BackwardWeight(int64_t step, int64_t m,
                      ") without its input half "
                      "waiting for it"));
   }
-  OpTimer timer(timeline_, Phase::kBackwardWeight, m);
   StepState& st = *current_;
+  RETURN_IF_ERROR(SettleWeights(st, m - 1, /*open=*/true));
+  OpTimer timer(timeline_, Phase::kBackwardWeight, m);
   model_->BackwardWeight(f.saved, f.deferred, Context(step, m), Bucketer(st));
   RETURN_IF_ERROR(st.bucket_status);
   ++st.weights_done;
@@ -680,7 +705,8 @@ absl::Status Stage::SendGradSquares() {
   RETURN_IF_ERROR(CheckTransfersDone());
   // Whole backwards whose group never closed (a schedule that never ran a
   // later one, which the loop below names) add their gradients now.
-  RETURN_IF_ERROR(RunWeightGroup(st, std::exchange(st.weight_group, {})));
+  RETURN_IF_ERROR(SettleWeights(st, static_cast<int64_t>(st.flight.size()),
+                                /*open=*/true));
   // A backward or a weight half that never ran would leave its gradient
   // out.
   for (size_t m = 0; m < st.flight.size(); ++m) {
@@ -925,7 +951,7 @@ absl::StatusOr<size_t> Stage::RunOps(std::span<const Op> ops) {
     return 1;
   }
   StepState& st = *current_;
-  const int64_t most = WeightGroupSize(st, st.flight[m0], /*whole=*/false);
+  const int64_t most = WeightGroupSize(st, m0, /*whole=*/false);
   // The next micro-batches' weight halves, each waiting for it, within the
   // gradient group (whose sum is pushed after its last).
   std::vector<int64_t> members = {m0};
@@ -946,6 +972,7 @@ absl::StatusOr<size_t> Stage::RunOps(std::span<const Op> ops) {
     return 1;
   }
   OnStage on_stage(*this);
+  RETURN_IF_ERROR(SettleWeights(st, m0 - 1, /*open=*/true));
   RETURN_IF_ERROR(RunWeights(st, members, /*every_layer=*/true));
   for (const int64_t m : members) RETURN_IF_ERROR(WeightGradientDone(m));
   return members.size();

@@ -332,12 +332,12 @@ class Stage {
   // `count`: the micro-batches whose weight gradients are about to run.
   std::function<void(int64_t)> Bucketer(StepState& st, int64_t count = 1);
   // How many micro-batches' weight halves this stage groups (Model::
-  // WeightGroupSize of micro-batch `f`'s record, within a gradient group),
+  // WeightGroupSize of micro-batch m's record, within a gradient group),
   // decided once a step; 1 on a GPU. After `whole` backwards, also 1 under
   // re-materialization: the group would hold again the activations the
   // stage gives up time not to hold (the weight halves of split backwards
   // hold theirs anyway).
-  int64_t WeightGroupSize(StepState& st, const InFlight& f, bool whole);
+  int64_t WeightGroupSize(StepState& st, int64_t m, bool whole);
   // The weight halves of `members` as one group (Model::BackwardWeights):
   // after their input halves (`every_layer`) or their whole backwards
   // grouping. Records one kBackwardWeight op each, the group's time shared
@@ -347,6 +347,11 @@ class Stage {
   // A group of whole backwards' weight halves (`members`, taken from
   // StepState::weight_group), each member's WeightGradientDone after it.
   absl::Status RunWeightGroup(StepState& st, std::vector<int64_t> members);
+  // What whole backwards of micro-batches up to `through` left for their
+  // sends (WeightGradientDone, a closed group), in micro-batch order, and
+  // with `open` the group still open: before anything that adds gradients
+  // later micro-batches' must follow.
+  absl::Status SettleWeights(StepState& st, int64_t through, bool open);
   // After layer `layer` (local) of the last backward: adds its parameters
   // to the bucket and hands the bucket in once it is large enough or the
   // layers are done.

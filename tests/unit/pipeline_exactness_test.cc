@@ -404,6 +404,45 @@ TEST(PipelineExactness, ScheduleTransfersAreCheckedActions) {
   fails_with(no_link, "with no upstream stage");
 }
 
+// Grouped weight halves keep the backwards' order whatever a hand-made
+// schedule does around them: sends after all the backwards (the group
+// waits for a send that comes late), and whole backwards mixed with split
+// ones on the stage that groups.
+TEST(PipelineExactness, GroupedWeightHalvesKeepTheOrderOfHandMadeSchedules) {
+  const gpipe::v1::JobSpec spec = test_support::WideMlp();
+  std::shared_ptr<const Dataset> data = Open(spec);
+  const auto want = RunReference(spec, 4, data);
+  std::vector<std::vector<Op>> intact;
+  for (int64_t s = 0; s < 2; ++s) {
+    intact.push_back(WithTransfers(MakeSchedule(ScheduleKind::kGPipe, 2, 4, s),
+                                   ScheduleKind::kGPipe, 2, 1, s));
+  }
+  ASSERT_TRUE(RunHandMade(spec, data, want, ScheduleKind::kGPipe, intact).ok());
+  // Stage 1 (which groups: the last stage does not re-materialize) sends
+  // its input gradients only after its last backward.
+  std::vector<std::vector<Op>> late = intact;
+  std::vector<Op>& ops = late[1];
+  ops.erase(std::remove_if(
+                ops.begin(), ops.end(),
+                [](const Op& op) { return op.kind == OpKind::kSendGradient; }),
+            ops.end());
+  auto step = std::find(ops.begin(), ops.end(), Op{OpKind::kOptimizerStep, -1});
+  ASSERT_TRUE(step != ops.end());
+  for (int64_t m = 0; m < 4; ++m)
+    step = ops.insert(step, Op{OpKind::kSendGradient, m}) + 1;
+  absl::Status st = RunHandMade(spec, data, want, ScheduleKind::kGPipe, late);
+  EXPECT_TRUE(st.ok()) << st;
+  // Micro-batch 1's backward split in two halves between whole ones.
+  std::vector<std::vector<Op>> mixed = intact;
+  auto b1 =
+      std::find(mixed[1].begin(), mixed[1].end(), Op{OpKind::kBackward, 1});
+  ASSERT_TRUE(b1 != mixed[1].end());
+  *b1 = Op{OpKind::kBackwardInput, 1};
+  mixed[1].insert(b1 + 1, Op{OpKind::kBackwardWeight, 1});
+  st = RunHandMade(spec, data, want, ScheduleKind::kGPipe, mixed);
+  EXPECT_TRUE(st.ok()) << st;
+}
+
 // With several gradient groups on a stage, a weight gradient out of
 // micro-batch order would land in the wrong group: refused, not summed.
 TEST(PipelineExactness, WeightGradientsOutOfOrderAcrossGroupsAreRefused) {
