@@ -156,6 +156,11 @@ Tensor GaussianClasses::GatherTargets(
   return targets;
 }
 
+int64_t SyntheticTestSamples(const gpipe::v1::Synthetic& spec) {
+  if (spec.test_samples() != 0) return spec.test_samples();
+  return std::max<int64_t>(1, spec.train_samples() / 10);
+}
+
 absl::StatusOr<std::unique_ptr<Dataset>> MakeSynthetic(
     const gpipe::v1::Synthetic& spec, uint64_t seed) {
   // Keep generation cheap and tensors addressable with int32 ids.
@@ -165,7 +170,8 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeSynthetic(
       !s.ok()) {
     return s;
   }
-  if (auto s = CheckPositive("test_samples", spec.test_samples(), kMaxSamples);
+  const int64_t test_samples = SyntheticTestSamples(spec);
+  if (auto s = CheckPositive("test_samples", test_samples, kMaxSamples);
       !s.ok()) {
     return s;
   }
@@ -187,7 +193,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeSynthetic(
                             : SequenceTask::Kind::kReverse;
       return std::make_unique<SequenceTask>(kind, spec.vocab_size(),
                                             spec.length(), spec.train_samples(),
-                                            spec.test_samples(), seed);
+                                            test_samples, seed);
     }
     case gpipe::v1::CLASSES: {
       if (auto s = CheckPositive("features", spec.features()); !s.ok()) {
@@ -201,7 +207,7 @@ absl::StatusOr<std::unique_ptr<Dataset>> MakeSynthetic(
       }
       return std::make_unique<GaussianClasses>(spec.features(), spec.classes(),
                                                spec.train_samples(),
-                                               spec.test_samples(), seed);
+                                               test_samples, seed);
     }
     default:
       return absl::InvalidArgumentError(

@@ -94,6 +94,11 @@ class GaussianClasses final : public Dataset {
   mutable Drawn drawn_[2];
 };
 
+// The test split's size: test_samples, or where it is 0 (protobuf cannot
+// tell it from a field left out) a tenth of the training samples, at least
+// one, as a file source's test fraction defaults to 0.1.
+int64_t SyntheticTestSamples(const gpipe::v1::Synthetic& spec);
+
 // Checks `spec` and builds its task; errors name the offending field
 // relative to the Synthetic message ("vocab_size: must be positive").
 absl::StatusOr<std::unique_ptr<Dataset>> MakeSynthetic(

@@ -18,6 +18,7 @@
 #include "services/core/status.h"
 #include "services/core/strings.h"
 #include "services/data/normalize.h"
+#include "services/data/synthetic.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/schedule.h"
@@ -243,7 +244,7 @@ absl::Status ValidateSynthetic(const v1::Synthetic& s,
   const int64_t per_sample = std::max<int64_t>(m.input.numel(), 1) + targets;
   for (auto [field, n] :
        {std::pair{"data.synthetic.train_samples", s.train_samples()},
-        std::pair{"data.synthetic.test_samples", s.test_samples()}}) {
+        std::pair{"data.synthetic.test_samples", SyntheticTestSamples(s)}}) {
     if (SaturatingProduct(n, per_sample) > kMaxDatasetValues) {
       return FieldError(field, n, " samples of ", per_sample,
                         " values each are too many (at most ",

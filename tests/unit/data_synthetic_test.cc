@@ -219,6 +219,21 @@ TEST(SyntheticClasses, DrawingOnceGivesTheSameSamples) {
   }
 }
 
+// A test split left out (0) is a tenth of the training samples, at least
+// one, as job validation lets it through: workers used to refuse it.
+TEST(SyntheticSpec, TestSamplesLeftOutDefaultToATenth) {
+  for (const auto& [train, test] :
+       {std::pair<int64_t, int64_t>{1000, 100}, {95, 9}, {3, 1}}) {
+    auto spec = SequenceSpec(gpipe::v1::COPY, 4, 4);
+    spec.mutable_synthetic()->set_train_samples(train);
+    spec.mutable_synthetic()->clear_test_samples();
+    auto d = OpenDataset(spec, Shape(), 0);
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ((*d)->size(Split::kTrain), train);
+    EXPECT_EQ((*d)->size(Split::kTest), test);
+  }
+}
+
 TEST(SyntheticSpec, ErrorsNameTheField) {
   ExpectSpecError(gpipe::v1::DataSpec(), "data: no source set");
   auto spec = SequenceSpec(gpipe::v1::COPY, 0, 5);
@@ -231,7 +246,7 @@ TEST(SyntheticSpec, ErrorsNameTheField) {
   spec.mutable_synthetic()->set_train_samples(0);
   ExpectSpecError(spec, "data.synthetic.train_samples:");
   spec = SequenceSpec(gpipe::v1::COPY, 4, 4);
-  spec.mutable_synthetic()->clear_test_samples();
+  spec.mutable_synthetic()->set_test_samples(-1);
   ExpectSpecError(spec, "data.synthetic.test_samples:");
   spec = SequenceSpec(gpipe::v1::CLASSES, 0, 0);
   ExpectSpecError(spec, "data.synthetic.features:");
