@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -53,6 +54,60 @@ std::shared_ptr<grpc::Channel> MakeChannel(
   security.ApplyTo(args);
   return grpc::CreateCustomChannel(address, security.Credentials(), args);
 }
+
+// Watches a stream call from a second thread (Read() blocks): cancels it
+// when `stop` says so, or when the controller's first message has not come
+// within `first_answer`. Both streams' servers answer at once (the job's
+// state, the first file's header), so a controller that accepted the call
+// and says nothing is frozen or stuck, and --timeout is what the user gave
+// it; keepalive pings would only find it after 20 s.
+class StreamGuard {
+ public:
+  StreamGuard(grpc::ClientContext* context, absl::Duration first_answer,
+              std::function<bool()> stop)
+      : context_(context),
+        answer_by_(absl::Now() + first_answer),
+        stop_(std::move(stop)),
+        thread_([this] { Run(); }) {}
+  StreamGuard(const StreamGuard&) = delete;
+  StreamGuard& operator=(const StreamGuard&) = delete;
+  ~StreamGuard() { Finish(); }
+
+  void Answered() { answered_ = true; }
+  // Ends the watching; call after the stream's Finish().
+  void Finish() {
+    finished_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  bool stopped() const { return stopped_; }
+  bool unanswered() const { return unanswered_; }
+
+ private:
+  void Run() {
+    while (!finished_.load()) {
+      if (stop_ && stop_()) {
+        stopped_ = true;
+        context_->TryCancel();
+        return;
+      }
+      if (!answered_.load() && absl::Now() >= answer_by_) {
+        unanswered_ = true;
+        context_->TryCancel();
+        return;
+      }
+      absl::SleepFor(kPoll);
+    }
+  }
+
+  grpc::ClientContext* context_;
+  const absl::Time answer_by_;
+  const std::function<bool()> stop_;
+  std::atomic<bool> finished_{false};
+  std::atomic<bool> answered_{false};
+  std::atomic<bool> stopped_{false};
+  std::atomic<bool> unanswered_{false};
+  std::thread thread_;  // last: starts once the members it reads exist
+};
 
 }  // namespace
 
@@ -111,6 +166,12 @@ std::optional<absl::Status> ControllerClient::TlsProblem(
   return std::nullopt;
 }
 
+absl::Status ControllerClient::NoAnswer() const {
+  return absl::DeadlineExceededError(
+      absl::StrCat("the controller at ", address_, " did not answer within ",
+                   absl::FormatDuration(timeout_)));
+}
+
 absl::Status ControllerClient::UserStatus(const grpc::Status& status,
                                           const char* rpc) const {
   const absl::StatusCode code = ToAbsl(status.error_code());
@@ -123,9 +184,7 @@ absl::Status ControllerClient::UserStatus(const grpc::Status& status,
           absl::StrCat("cannot reach the controller at ", address_,
                        " (is gpipe-controller running?)"));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the controller at ", address_, " did not answer within ",
-          absl::FormatDuration(timeout_)));
+      return NoAnswer();
     case grpc::StatusCode::CANCELLED:
       return absl::CancelledError("interrupted");
     case grpc::StatusCode::UNIMPLEMENTED:
@@ -222,11 +281,13 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
     // connection ends it as UNAVAILABLE.
     grpc::ClientContext context;
     security_.ApplyTo(&context);
+    StreamGuard guard(&context, timeout_, nullptr);
     auto stream = stub_->FetchModel(&context, request);
     bool ended = false;
     absl::StatusOr<ReceivedFiles> files = ReceiveModelFiles(
         [&](gpipe::v1::FetchModelResponse* m) {
           ended = !stream->Read(m);
+          if (!ended) guard.Answered();
           received = received || !ended;
           return !ended;
         },
@@ -242,7 +303,9 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
       return files.status();
     }
     const grpc::Status status = stream->Finish();
+    guard.Finish();
     if (status.ok() && files.ok()) return files->Commit();
+    if (guard.unanswered()) return NoAnswer();
     last = !status.ok() ? UserStatus(status, "FetchModel") : files.status();
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return last;
   }
@@ -326,19 +389,7 @@ absl::Status ControllerClient::WatchJob(
     gpipe::v1::WatchJobRequest request;
     request.set_job_id(job_id);
 
-    // Read() blocks; a second thread polls `stop` and cancels the call.
-    std::atomic<bool> finished{false};
-    std::atomic<bool> stopped{false};
-    std::thread guard([&] {
-      while (!finished.load()) {
-        if (stop()) {
-          stopped = true;
-          context.TryCancel();
-          return;
-        }
-        absl::SleepFor(kPoll);
-      }
-    });
+    StreamGuard guard(&context, timeout_, stop);
     std::unique_ptr<grpc::ClientReader<gpipe::v1::JobEvent>> reader =
         stub_->WatchJob(&context, request);
     gpipe::v1::JobEvent event;
@@ -356,6 +407,7 @@ absl::Status ControllerClient::WatchJob(
                          .c_str(),
                      address_.c_str());
       }
+      guard.Answered();
       ever_connected = true;
       lost_since = absl::InfiniteFuture();
       on_event(event);
@@ -363,19 +415,20 @@ absl::Status ControllerClient::WatchJob(
     }
     if (terminal) context.TryCancel();  // do not wait for the server's close
     grpc::Status status = reader->Finish();
-    finished = true;
-    guard.join();
+    guard.Finish();
     if (terminal) return absl::OkStatus();
-    if (stopped.load()) return absl::CancelledError("interrupted");
+    if (guard.stopped()) return absl::CancelledError("interrupted");
+    // Silent from the start: frozen, or not a controller that answers.
+    if (guard.unanswered() && !ever_connected) return NoAnswer();
 
     // The stream ended early. A controller that restarts (it keeps its jobs
     // in its store) is worth waiting for; anything else is the answer. Its
     // graceful shutdown ends the stream CANCELLED: not ours (that is
     // `stopped`), so no interrupt either.
-    const bool retry =
-        ever_connected &&
-        (status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         status.error_code() == grpc::StatusCode::CANCELLED);
+    const bool retry = ever_connected &&
+                       (status.ok() || guard.unanswered() ||
+                        status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                        status.error_code() == grpc::StatusCode::CANCELLED);
     if (!retry) {
       if (status.ok()) {
         return absl::UnavailableError(

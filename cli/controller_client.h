@@ -67,6 +67,8 @@ class ControllerClient {
   // The user-facing form of a failed call's status; `rpc` names the call.
   // A refused token or a failed TLS handshake says which flag to look at.
   absl::Status UserStatus(const grpc::Status& status, const char* rpc) const;
+  // A call the controller accepted and did not answer within timeout_.
+  absl::Status NoAnswer() const;
 
  private:
   // The deadline and the token.

@@ -152,6 +152,16 @@ ctl watch "$long3" >"$work/frozen.txt" 2>&1 &
 watcher=$!
 sleep 1
 kill -STOP "$controller_pid"
+# New calls to the frozen controller: no first answer within --timeout is
+# the answer (the pings alone took 20 s, whatever --timeout said).
+for call in "fetch $job -o $work/frozen-fetch" "watch $job"; do
+  began=$SECONDS
+  # shellcheck disable=SC2086  # the call's words
+  refused "did not answer within 2s" ctl $call --timeout 2s
+  ((SECONDS - began <= 6)) || fail "$call with --timeout 2s on a frozen controller took $((SECONDS - began)) s"
+done
+[[ ! -e "$work/frozen-fetch" ]] || fail "a fetch that had no answer made its folder"
+ok "fetch and watch of a frozen controller give up after their --timeout"
 for _ in $(seq 1 900); do
   kill -0 "$watcher" 2>/dev/null || break
   sleep 0.1
