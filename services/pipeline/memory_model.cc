@@ -398,8 +398,10 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
       std::max<int64_t>(1, m / std::max<int64_t>(1, GradientGroupCount(spec)));
   const WeightGrouping grouping = GroupedWeights(shapes, b, e, mb, per_group);
   // Whole backwards group their weight halves only without
-  // re-materialization (Stage::WeightGroupSize).
-  if (!SplitsBackward(p.schedule) && (grouping.size == 1 || remat)) {
+  // re-materialization, and only all of a gradient group's
+  // (Stage::WeightGroupSize).
+  const int64_t whole_size = WholeBackwardsGroupSize(grouping.size, per_group);
+  if (!SplitsBackward(p.schedule) && (whole_size == 1 || remat)) {
     const int64_t live = MaxLiveMicroBatches(ops, chunk);
     out.activations = Mul(per_micro_batch, live);
     const int64_t others = Mul(per_micro_batch, std::max<int64_t>(0, live - 1));
@@ -428,7 +430,7 @@ StageMemory EstimateStageMemory(const v1::JobSpec& spec,
             Less(Add(Add(held(live - 1), record), backward_op), own_grad));
         --live;
         ++waiting;
-        if (EndsWeightGroup(waiting, op.micro_batch, grouping.size, per_group,
+        if (EndsWeightGroup(waiting, op.micro_batch, whole_size, per_group,
                             m)) {
           // One alone is not gathered (Linear::BackwardWeights).
           train = std::max(

@@ -408,14 +408,12 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
       // Keeps what the weight half reads; the rest of the micro-batch's
       // activations go now.
       dx = model_->BackwardInput(dy, &f.saved, ctx, &f.deferred);
-      f.input = Tensor();
-      f.dlogits = Tensor();
+      f.KeepWeightOperands();
     } else if (WeightGroupSize(st, m, /*whole=*/true) > 1) {
       // The grouping layers' weight halves wait for the group's last
       // backward (RunWeightGroup); the other layers' gradients go in now.
       dx = model_->BackwardGrouping(dy, &f.saved, ctx, &f.deferred);
-      f.input = Tensor();
-      f.dlogits = Tensor();
+      f.KeepWeightOperands();
       f.weight_waits = true;
       st.weight_group.push_back(m);
       grouping = true;
@@ -430,6 +428,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
       f.gradient_out = ForLink(upstream_, std::move(dx));
       f.gradient_phase = split ? Phase::kBackwardInput : Phase::kBackward;
       f.weights_due = !split && !grouping;
+      if (f.weights_due) st.settled_below = std::min(st.settled_below, m);
     }
   }
   if (grouping) {
@@ -442,6 +441,7 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     // not for the group.
     if (!placement_.first()) {
       f.weight_group_due = std::exchange(st.weight_group, {});
+      st.settled_below = std::min(st.settled_below, m);
       return absl::OkStatus();
     }
     return RunWeightGroup(st, std::exchange(st.weight_group, {}));
@@ -466,7 +466,9 @@ int64_t Stage::WeightGroupSize(StepState& st, int64_t m, bool whole) {
                        model_->WeightGroupSize(st.flight[m].saved, samples(m),
                                                samples(0)));
   }
-  return st.weight_group_size;
+  return whole ? WholeBackwardsGroupSize(st.weight_group_size,
+                                         placement_.group_size())
+               : st.weight_group_size;
 }
 
 absl::Status Stage::RunWeights(StepState& st, std::span<const int64_t> members,
@@ -505,7 +507,7 @@ absl::Status Stage::RunWeightGroup(StepState& st,
 absl::Status Stage::SettleWeights(StepState& st, int64_t through, bool open) {
   const int64_t end =
       std::min<int64_t>(through + 1, static_cast<int64_t>(st.flight.size()));
-  for (int64_t m = 0; m < end; ++m) {
+  for (int64_t m = st.settled_below; m < end; ++m) {
     InFlight& f = st.flight[m];
     if (std::exchange(f.weights_due, false))
       RETURN_IF_ERROR(WeightGradientDone(m));
@@ -514,6 +516,7 @@ absl::Status Stage::SettleWeights(StepState& st, int64_t through, bool open) {
           RunWeightGroup(st, std::exchange(f.weight_group_due, {})));
     }
   }
+  st.settled_below = std::max(st.settled_below, end);
   if (!open) return absl::OkStatus();
   return RunWeightGroup(st, std::exchange(st.weight_group, {}));
 }

@@ -206,6 +206,12 @@ class Stage {
     bool weight_waits = false;
     std::vector<int64_t> weight_group_due;
 
+    // After an input half, or a whole backward whose weight half waits:
+    // only what the weight half reads stays (saved, deferred).
+    void KeepWeightOperands() {
+      input = Tensor();
+      dlogits = Tensor();
+    }
     // The backward's record goes; the transfers' slots stay.
     void Release() {
       input = Tensor();
@@ -294,6 +300,9 @@ class Stage {
     std::vector<int64_t> weight_group;
     int64_t weight_group_size = 0;
     int64_t weights_done = 0;  // micro-batches whose weight gradients ran
+    // No micro-batch below this one has a push or a group due at its send
+    // (SettleWeights starts here: every send and backward settles).
+    int64_t settled_below = 0;
     // Overlap: the reducer summing this step's buckets (null when none
     // runs), the bucket being gathered (parameters [bucket_begin,
     // bucket_end), bucket_bytes of gradients), buckets handed in, and the
@@ -336,7 +345,8 @@ class Stage {
   // decided once a step; 1 on a GPU. After `whole` backwards, also 1 under
   // re-materialization: the group would hold again the activations the
   // stage gives up time not to hold (the weight halves of split backwards
-  // hold theirs anyway).
+  // hold theirs anyway), and unless one group takes a gradient group
+  // (WholeBackwardsGroupSize).
   int64_t WeightGroupSize(StepState& st, int64_t m, bool whole);
   // The weight halves of `members` as one group (Model::BackwardWeights):
   // after their input halves (`every_layer`) or their whole backwards

@@ -424,13 +424,16 @@ TEST(MemoryModel, OneLayerStagesStayWithinFifteenPercent) {
 }
 
 // Stages that group their micro-batches' weight halves hold the group's
-// operands (after whole backwards) and gather them (split ones too).
+// operands (after whole backwards) and gather them (split ones too). At
+// batch 512 a group takes fewer than the step's micro-batches: split
+// backwards group, whole ones do not (WholeBackwardsGroupSize).
 TEST(MemoryModel, GroupedWeightHalvesStayWithinFifteenPercent) {
   for (const v1::Schedule schedule :
        {v1::GPIPE, v1::ONE_F_ONE_B, v1::ZERO_BUBBLE_H1, v1::ZERO_BUBBLE_V}) {
     for (const v1::Remat remat : {v1::ALWAYS, v1::NEVER}) {
-      for (const int64_t m : {4, 8}) {
-        v1::JobSpec spec = test_support::WideMlp();
+      for (const auto& [batch, m] :
+           {std::pair<int64_t, int64_t>{32, 4}, {32, 8}, {512, 8}}) {
+        v1::JobSpec spec = test_support::WideMlp(batch);
         spec.mutable_pipeline()->set_stages(2);
         spec.mutable_pipeline()->set_micro_batches(m);
         spec.mutable_pipeline()->set_schedule(schedule);

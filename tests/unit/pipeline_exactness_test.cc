@@ -165,22 +165,31 @@ TEST(PipelineExactness, GroupedWeightHalvesAllCombinations) {
 // The grouping happens: a 1F1B stage without re-materialization records
 // its whole backwards' weight halves as weight-half ops, one a micro-batch,
 // each after its backward.
+// Only a group of the whole step's micro-batches: at batch 512 a group
+// takes 4 of the 8, and groups ending mid-step made the stages wait on
+// each other's products (WholeBackwardsGroupSize).
 TEST(PipelineExactness, WholeBackwardsGroupTheirWeightHalves) {
-  for (const RematMode remat : {RematMode::kNever, RematMode::kAlways}) {
-    PipelineOptions o;
-    o.stages = 2;
-    o.micro_batches = 8;
-    o.schedule = ScheduleKind::kOneFOneB;
-    o.remat = remat;
-    auto p = InProcessPipeline::Create(test_support::WideMlp(), o);
-    ASSERT_TRUE(p.ok()) << p.status();
-    ASSERT_TRUE((*p)->Step().ok());
-    for (int64_t s = 0; s < 2; ++s) {
-      int64_t weights = 0;
-      for (const OpRecord& op : (*p)->stage(s).timeline().LastStep().ops)
-        weights += op.phase == Phase::kBackwardWeight;
-      EXPECT_EQ(weights, remat == RematMode::kNever ? 8 : 0)
-          << "stage " << s << " remat " << RematName(remat);
+  for (const ScheduleKind schedule :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+    for (const RematMode remat : {RematMode::kNever, RematMode::kAlways}) {
+      for (const int64_t batch : {32, 512}) {
+        PipelineOptions o;
+        o.stages = 2;
+        o.micro_batches = 8;
+        o.schedule = schedule;
+        o.remat = remat;
+        auto p = InProcessPipeline::Create(test_support::WideMlp(batch), o);
+        ASSERT_TRUE(p.ok()) << p.status();
+        ASSERT_TRUE((*p)->Step().ok());
+        for (int64_t s = 0; s < 2; ++s) {
+          int64_t weights = 0;
+          for (const OpRecord& op : (*p)->stage(s).timeline().LastStep().ops)
+            weights += op.phase == Phase::kBackwardWeight;
+          EXPECT_EQ(weights, remat == RematMode::kNever && batch == 32 ? 8 : 0)
+              << ScheduleName(schedule) << " stage " << s << " remat "
+              << RematName(remat) << " batch " << batch;
+        }
+      }
     }
   }
 }
