@@ -63,6 +63,51 @@ TEST(CrossEntropyTest, IsCloseToTheDoublePrecisionLoss) {
   }
 }
 
+// The kernel reads a row once, its exps against the largest logit so far
+// (softmax.cc's OnlineExps): rows whose largest comes late (every block
+// rescales what came before), whose first blocks hold only -inf or far
+// smaller logits (exp of their shift underflows), and ties between blocks.
+TEST(CrossEntropyTest, RowsReadOnceMatchTheDoubleLossWhereverTheirLargestIs) {
+  const int64_t classes = 1500;  // 5 full blocks of 256 and a partial one
+  std::vector<std::vector<float>> rows;
+  std::vector<float> rising(classes);
+  for (int64_t c = 0; c < classes; ++c) rising[c] = 0.01f * c - 5.0f;
+  rows.push_back(rising);
+  std::vector<float> late_inf = Logits(classes, 9);
+  for (int64_t c = 0; c < 600; ++c)
+    late_inf[c] = -std::numeric_limits<float>::infinity();
+  rows.push_back(late_inf);
+  std::vector<float> far = Logits(classes, 10);
+  for (int64_t c = 0; c < 512; ++c) far[c] -= 200.0f;
+  far[1400] = 60.0f;
+  rows.push_back(far);
+  std::vector<float> ties = Logits(classes, 11);
+  ties[300] = ties[700] = ties[1499] = 9.0f;
+  rows.push_back(ties);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SCOPED_TRACE(i);
+    const std::vector<float>& z = rows[i];
+    double m = -std::numeric_limits<double>::infinity();
+    int64_t arg = 0;
+    for (int64_t c = 0; c < classes; ++c)
+      if (z[c] > m) m = z[c], arg = c;
+    double s = 0;
+    for (int64_t c = 0; c < classes; ++c) s += std::exp(z[c] - m);
+    for (const int32_t t : {static_cast<int32_t>(arg), int32_t{700}}) {
+      std::vector<float> d(classes);
+      const CrossEntropyResult got =
+          SoftmaxCrossEntropy(1, classes, z.data(), &t, 2.0, d.data());
+      EXPECT_NEAR(got.loss_sum, std::log(s) - (z[t] - m), 2e-6);
+      EXPECT_EQ(got.correct, t == arg ? 1 : 0) << "target " << t;
+      for (int64_t c = 0; c < classes; ++c) {
+        double want = std::exp(z[c] - m) / s / 2.0;
+        if (c == t) want -= 0.5;
+        ASSERT_NEAR(d[c], want, 2e-7 + 2e-6 * std::fabs(want)) << c;
+      }
+    }
+  }
+}
+
 TEST(CrossEntropyTest, TiesGoToTheFirstColumnAndNonFiniteLogitsShow) {
   const int64_t classes = 37;
   std::vector<float> z(3 * classes, 0.0f);

@@ -12,11 +12,13 @@ namespace gpipe::cpu {
 // exp(a) for a <= 0.5 (a score minus its row's largest): normal.h's
 // ExpOfSmall, which vectorizes where libm's expf is a call per element; 0
 // below -87 (exp(-87) is near the smallest normal float, and anything
-// smaller is flushed to 0 anyway); NaN stays NaN.
+// smaller is flushed to 0 anyway); NaN stays NaN: it is not below -87, so
+// it goes through ExpOfSmall's arithmetic, which keeps it (its exponent
+// bits are only integer arithmetic). Two selects where testing for NaN
+// took five vector operations of the loss's 29 an element group.
 [[gnu::always_inline]] inline float ExpOfShifted(float a) {
-  const bool in_range = a >= -87.0f;
-  const float e = ExpOfSmall(in_range ? a : -87.0f);
-  return in_range ? e : (a < -87.0f ? 0.0f : a);
+  const float e = ExpOfSmall(-87.0f > a ? -87.0f : a);
+  return a < -87.0f ? 0.0f : e;
 }
 
 // y = softmax(x[0..n)), n >= 1; y may be x. Its largest entry, its exps and
