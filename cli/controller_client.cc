@@ -12,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace gpipe::cli {
@@ -56,16 +57,19 @@ std::shared_ptr<grpc::Channel> MakeChannel(
 }
 
 // Watches a stream call from a second thread (Read() blocks): cancels it
-// when `stop` says so, or when the controller's first message has not come
-// within `first_answer`. Both streams' servers answer at once (the job's
-// state, the first file's header), so a controller that accepted the call
-// and says nothing is frozen or stuck, and --timeout is what the user gave
-// it; keepalive pings would only find it after 20 s.
+// when `stop` says so, or when `first_answer` has passed without the
+// controller's first message and without a connection to it. A frozen
+// controller's kernel accepts the connection, but its gRPC never answers
+// the handshake, so --timeout is the answer there (keepalive pings found it
+// only after 20 s, whatever --timeout said). A connected controller may be
+// slow to answer for good reasons (a fetch waits for one of its transfer
+// slots), and the pings find it if it freezes.
 class StreamGuard {
  public:
-  StreamGuard(grpc::ClientContext* context, absl::Duration first_answer,
-              std::function<bool()> stop)
+  StreamGuard(grpc::ClientContext* context, grpc::Channel* channel,
+              absl::Duration first_answer, std::function<bool()> stop)
       : context_(context),
+        channel_(channel),
         answer_by_(absl::Now() + first_answer),
         stop_(std::move(stop)),
         thread_([this] { Run(); }) {}
@@ -76,7 +80,7 @@ class StreamGuard {
   void Answered() { answered_ = true; }
   // Ends the watching; call after the stream's Finish().
   void Finish() {
-    finished_ = true;
+    if (!finished_.HasBeenNotified()) finished_.Notify();
     if (thread_.joinable()) thread_.join();
   }
   bool stopped() const { return stopped_; }
@@ -84,25 +88,26 @@ class StreamGuard {
 
  private:
   void Run() {
-    while (!finished_.load()) {
+    while (!finished_.WaitForNotificationWithTimeout(kPoll)) {
       if (stop_ && stop_()) {
         stopped_ = true;
         context_->TryCancel();
         return;
       }
-      if (!answered_.load() && absl::Now() >= answer_by_) {
+      if (!answered_.load() && absl::Now() >= answer_by_ &&
+          channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
         unanswered_ = true;
         context_->TryCancel();
         return;
       }
-      absl::SleepFor(kPoll);
     }
   }
 
   grpc::ClientContext* context_;
+  grpc::Channel* channel_;
   const absl::Time answer_by_;
   const std::function<bool()> stop_;
-  std::atomic<bool> finished_{false};
+  absl::Notification finished_;
   std::atomic<bool> answered_{false};
   std::atomic<bool> stopped_{false};
   std::atomic<bool> unanswered_{false};
@@ -281,7 +286,7 @@ absl::StatusOr<std::vector<DownloadedFile>> ControllerClient::FetchModel(
     // connection ends it as UNAVAILABLE.
     grpc::ClientContext context;
     security_.ApplyTo(&context);
-    StreamGuard guard(&context, timeout_, nullptr);
+    StreamGuard guard(&context, channel_.get(), timeout_, nullptr);
     auto stream = stub_->FetchModel(&context, request);
     bool ended = false;
     absl::StatusOr<ReceivedFiles> files = ReceiveModelFiles(
@@ -389,7 +394,7 @@ absl::Status ControllerClient::WatchJob(
     gpipe::v1::WatchJobRequest request;
     request.set_job_id(job_id);
 
-    StreamGuard guard(&context, timeout_, stop);
+    StreamGuard guard(&context, channel_.get(), timeout_, stop);
     std::unique_ptr<grpc::ClientReader<gpipe::v1::JobEvent>> reader =
         stub_->WatchJob(&context, request);
     gpipe::v1::JobEvent event;

@@ -60,13 +60,15 @@ inline int64_t WeightGroupSize(std::span<const WeightGroupCost> layers) {
 // A pipeline stage running whole backwards (GPipe, 1F1B, interleaved)
 // holds a group's weight halves until its last backward: a group that
 // ends before the gradient group does puts its products on the path the
-// other stages wait on (the next backward's gradient comes after them),
-// and only a group of all of a gradient group's `per_group` micro-batches
-// runs in the drain, where the stages wait anyway. With `size` from
+// other stages wait on (the next backward's gradient comes after them).
+// A group of all of a gradient group's `per_group` micro-batches ends with
+// it: with one gradient group a stage (no more groups than replicas) in the
+// drain, where the stages wait anyway; with several, at each group's end,
+// where its sum is pushed (not measured). With `size` from
 // WeightGroupSize, the group such a stage makes. (Measured on the
 // width-1024 MLP at K=2: groups of 7 and 1 of 8 micro-batches made GPipe's
 // and 1F1B's steps 4-11% longer, the bubble 13-15% -> 22-26%; one group
-// of 4 made them 4-9% shorter.)
+// of 4, 2-9% shorter by the medians of two noisy runs.)
 inline int64_t WholeBackwardsGroupSize(int64_t size, int64_t per_group) {
   return size >= per_group ? per_group : 1;
 }

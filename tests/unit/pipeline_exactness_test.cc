@@ -165,9 +165,10 @@ TEST(PipelineExactness, GroupedWeightHalvesAllCombinations) {
 // The grouping happens: a 1F1B stage without re-materialization records
 // its whole backwards' weight halves as weight-half ops, one a micro-batch,
 // each after its backward.
-// Only a group of the whole step's micro-batches: at batch 512 a group
-// takes 4 of the 8, and groups ending mid-step made the stages wait on
-// each other's products (WholeBackwardsGroupSize).
+// Only a group of all of a gradient group's micro-batches (here the
+// step's): at batch 512 a group takes 4 of the 8, and groups ending
+// mid-step made the stages wait on each other's products
+// (WholeBackwardsGroupSize).
 TEST(PipelineExactness, WholeBackwardsGroupTheirWeightHalves) {
   for (const ScheduleKind schedule :
        {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {

@@ -36,7 +36,7 @@ constexpr int64_t kBlock = 256;  // floats a block: in L1
 // the sum so far down to it first. The row's largest logit was a pass over
 // the row of its own, from memory.
 struct RowExps {
-  float sum = 0;    // of exp(z - max) over the row
+  float sum = 0;    // of exp(z - shift) over the row
   float max = 0;    // the largest logit (-inf for none but NaNs and -inf)
   float shift = 0;  // the last block's running maximum (at least -FLT_MAX)
 };
@@ -186,7 +186,7 @@ template <bool kKeep>
     for (int64_t i = start; i < end; ++i)
       if (z[i] == max) return i;
   }
-  return 0;  // nothing but NaNs after z[0] = -inf ... or -inf throughout
+  return 0;  // not reached: z[0] is NaN, or some block's largest is max
 }
 
 }  // namespace
