@@ -432,10 +432,10 @@ absl::Status Stage::Backward(int64_t step, int64_t m, OpKind kind,
     }
   }
   if (grouping) {
-    const bool ends =
-        static_cast<int64_t>(st.weight_group.size()) >= st.weight_group_size ||
-        (m + 1) % placement_.group_size() == 0 ||
-        m + 1 == placement_.local_end();
+    // A whole backward's group is its gradient group's micro-batches
+    // (WholeBackwardsGroupSize): it ends with that group or the step.
+    const bool ends = (m + 1) % placement_.group_size() == 0 ||
+                      m + 1 == placement_.local_end();
     if (!ends) return absl::OkStatus();
     // Once the input gradient is sent: the stage upstream waits for it,
     // not for the group.
