@@ -23,7 +23,9 @@ struct LossBlockKernels {
   // gives for a largest zero depends on the order: callers add +0.
   float (*largest)(int64_t n, const float* x);
   // For j in [0, n): e = TableExp(x[j] - shift) added to lanes[j % 32] and,
-  // where `out` is not null, written to out[j]. x[0] is lane 0's.
+  // where `out` is not null, written to out[j]. x[0] is lane 0's. No lane
+  // may hold -0 (the vector kernels add +0 to the lanes past n, which
+  // leaves every other value as it is); a sum of exps from +0 never does.
   void (*exps)(int64_t n, const float* x, float shift, float* out,
                float* lanes);
 };

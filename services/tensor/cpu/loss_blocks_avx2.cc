@@ -25,6 +25,23 @@ GPIPE_AVX2 inline __m256i Valid(int64_t left) {
       _mm256_set1_epi32(static_cast<int>(left < 8 ? left : 8)), lane);
 }
 
+// x[0..min(left, 8)) and `fill` past them. Through a copy on the stack:
+// whether a masked load may fault on the masked-out lanes' memory is the
+// implementation's choice on AMD's CPUs, and a tail ends at the row's end.
+GPIPE_AVX2 inline __m256 LoadTail(const float* x, int64_t left, __m256 fill) {
+  float buffer[8];
+  _mm256_storeu_ps(buffer, fill);
+  std::memcpy(buffer, x, (left < 8 ? left : 8) * sizeof(float));
+  return _mm256_loadu_ps(buffer);
+}
+
+// v's first min(left, 8) lanes to y.
+GPIPE_AVX2 inline void StoreTail(float* y, int64_t left, __m256 v) {
+  float buffer[8];
+  _mm256_storeu_ps(buffer, v);
+  std::memcpy(y, buffer, (left < 8 ? left : 8) * sizeof(float));
+}
+
 struct Table {
   __m256 low, high;  // entries 0-7 and 8-15
 };
@@ -75,18 +92,14 @@ GPIPE_AVX2 float Largest(int64_t n, const float* x) {
     b2 = _mm256_max_ps(_mm256_loadu_ps(x + j + 16), b2);
     b3 = _mm256_max_ps(_mm256_loadu_ps(x + j + 24), b3);
   }
-  for (; j < n; j += 8) {
-    const __m256i valid = Valid(n - j);
-    const __m256 v = _mm256_blendv_ps(none, _mm256_maskload_ps(x + j, valid),
-                                      _mm256_castsi256_ps(valid));
-    b0 = _mm256_max_ps(v, b0);
-  }
+  for (; j < n; j += 8) b0 = _mm256_max_ps(LoadTail(x + j, n - j, none), b0);
   b0 = _mm256_max_ps(_mm256_max_ps(b0, b1), _mm256_max_ps(b2, b3));
-  float lane[8];
-  _mm256_storeu_ps(lane, b0);
-  float m = lane[0];
-  for (int l = 1; l < 8; ++l) m = lane[l] > m ? lane[l] : m;
-  return m;
+  // Halves, then pairs, then neighbours: the order does not matter.
+  __m128 h =
+      _mm_max_ps(_mm256_castps256_ps128(b0), _mm256_extractf128_ps(b0, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  return _mm_cvtss_f32(h);
 }
 
 GPIPE_AVX2 void Exps(int64_t n, const float* x, float shift, float* out,
@@ -123,9 +136,10 @@ GPIPE_AVX2 void Exps(int64_t n, const float* x, float shift, float* out,
   // lane (a lane is never -0: it starts at +0 and adds exps).
   for (; j < n; j += 8) {
     const __m256i valid = Valid(n - j);
-    const __m256 e = TableExps(
-        _mm256_sub_ps(_mm256_maskload_ps(x + j, valid), s), valid, table);
-    if (out != nullptr) _mm256_maskstore_ps(out + j, valid, e);
+    const __m256 e =
+        TableExps(_mm256_sub_ps(LoadTail(x + j, n - j, _mm256_setzero_ps()), s),
+                  valid, table);
+    if (out != nullptr) StoreTail(out + j, n - j, e);
     __m256& lane = j % 32 == 0 ? l0 : j % 32 == 8 ? l1 : j % 32 == 16 ? l2 : l3;
     lane = _mm256_add_ps(lane, e);
   }

@@ -50,8 +50,8 @@ inline constexpr float kTableExpFloor = -87.0f;
   uint32_t m;  // 16 k + i, in two's complement
   std::memcpy(&m, &j, sizeof m);
   m -= kRoundBits;
-  // 2^k joins the entry's exponent: t stays normal, as k >= -126 and i >= 8
-  // at k = -126.
+  // 2^k joins the entry's exponent: t stays normal, as the entries are in
+  // [1, 2) and k >= -126.
   const uint32_t t_bits =
       kExp2SixteenthsBits[m & 15] + ((m << 19) & 0xff800000u);
   float t;
