@@ -91,8 +91,11 @@ absl::Status CheckModelFormatVersion(
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": ", kModelFormatVersionKey, " is \"", it->second, "\""));
   }
+  // InvalidArgument, as for any file the job cannot use: a stage that reads
+  // it then fails the job for good (worker/executor.cc's Failure), where
+  // FailedPrecondition read as a lost link, retried ten times.
   if (version > 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return absl::InvalidArgumentError(absl::StrCat(
         path, ": model format version ", version,
         " is newer than this gpipe reads (", kModelFormatVersion, ")"));
   }

@@ -35,8 +35,8 @@ struct ModelFileInfo {
 };
 
 // InvalidArgument for a gpipe.format_version in `metadata` that is not a
-// version, FailedPrecondition for a later one than this gpipe reads; none
-// is fine (a checkpoint's stage file, another tool's weights).
+// version or is later than this gpipe reads; none is fine (a checkpoint's
+// stage file, another tool's weights).
 absl::Status CheckModelFormatVersion(
     const std::string& path,
     const std::map<std::string, std::string>& metadata);

@@ -363,6 +363,39 @@ TEST_F(ExecutorTest, AStageLargerThanTheMemoryBudgetFailsAsOutOfMemory) {
       << f.message();
 }
 
+// Starting weights of a later model format than this gpipe reads are the
+// job's fault, as every other unusable file is: the stage fails for good
+// (InvalidData). It failed as a lost link, and the job went round ten
+// restarts where the stages, not the controller, read the file.
+TEST_F(ExecutorTest, StartingWeightsOfALaterFormatFailTheJobForGood) {
+  auto ref = ReferenceTrainer::Create(spec_, kMicroBatches);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  std::vector<std::pair<std::string, const Tensor*>> tensors;
+  for (const NamedTensor& t : (*ref)->StateTensors())
+    tensors.emplace_back(t.name, t.tensor);
+  std::filesystem::create_directories(dir_);
+  const std::string path = (dir_ / "later.safetensors").string();
+  ASSERT_TRUE(
+      WriteSafetensors(path, tensors,
+                       {{"gpipe.format_version", "99"}, {"gpipe.step", "0"}})
+          .ok());
+  spec_.mutable_init_from()->set_path(path);
+  StartAll(1);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  int refused = 0;
+  for (const auto& m : reports_.All()) {
+    ASSERT_TRUE(m.has_failed());
+    if (m.failed().reason() != "InvalidData") continue;
+    ++refused;
+    EXPECT_TRUE(m.failed().permanent());
+    EXPECT_NE(m.failed().message().find(
+                  "model format version 99 is newer than this gpipe reads"),
+              std::string::npos)
+        << m.failed().message();
+  }
+  EXPECT_GE(refused, 1);
+}
+
 TEST_F(ExecutorTest, AnAllocationPastTheBudgetFailsTheStageNotTheWorker) {
   // The estimate fits 64 MiB, but this process already holds more tensor
   // memory than that (as another tenant would): the stage's first
