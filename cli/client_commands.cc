@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
+#include "cli/flag_checks.h"
 #include "cli/progress.h"
 #include "cli/security_flags.h"
 #include "cli/stage_figures.h"
@@ -86,7 +87,7 @@ ControllerClient MakeClient() {
 int Fail(const char* command, const absl::Status& status) {
   std::fprintf(stderr, "gpipectl %s: %s\n", command,
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 int Usage(const char* usage) {

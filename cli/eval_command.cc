@@ -11,6 +11,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "services/core/cores.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
@@ -31,7 +32,7 @@ namespace {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl eval: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 }  // namespace

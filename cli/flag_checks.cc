@@ -9,6 +9,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 
@@ -127,6 +128,11 @@ absl::Status MakeOutputDir(const std::string& flag, const std::string& dir) {
         absl::StrCat(flag, ": cannot write in ", dir));
   }
   return absl::OkStatus();
+}
+
+int ExitCodeFor(const absl::Status& status) {
+  if (status.ok()) return 0;
+  return absl::StartsWith(status.message(), "--") ? 2 : 1;
 }
 
 }  // namespace gpipe::cli

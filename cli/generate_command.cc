@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "services/core/cores.h"
 #include "services/core/status.h"
 #include "services/nn/generator.h"
@@ -48,7 +49,7 @@ namespace {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl generate: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 // Token ids written as text: "12 7 300" or "12,7,300", each one of the

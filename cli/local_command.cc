@@ -95,7 +95,7 @@ constexpr absl::Duration kMetricsPortWait = absl::Seconds(10);
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl local: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 // The last `n` lines of a log file, each indented for quoting; no newline at

@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "services/core/status.h"
 #include "services/data/array_dataset.h"
 #include "services/data/image_file.h"
@@ -55,7 +56,7 @@ namespace v1 = ::gpipe::v1;
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl predict: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 constexpr const char* kFashionClasses[] = {

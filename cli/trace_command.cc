@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "cli/commands.h"
 #include "cli/controller_client.h"
+#include "cli/flag_checks.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/telemetry/step_trace.h"
 #include "services/telemetry/trace_files.h"
@@ -41,7 +42,7 @@ constexpr char kUsage[] =
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl trace: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 absl::StatusOr<int64_t> ParseStep(absl::string_view text,

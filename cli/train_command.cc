@@ -82,7 +82,7 @@ namespace {
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl train: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 void PrintEval(const char* when, const EvalResult& e, bool classification) {

@@ -259,8 +259,16 @@ expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
   train "$work/job.json" --steps 1 --micro-batches -1
 expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
 expect_refused 2 "--flops: must be a finite number >= 0" plan "$work/job.json" --flops nan
-expect_refused 1 "--out: cannot make $work/job.json a directory" \
+expect_refused 2 "--out: cannot make $work/job.json a directory" \
   train "$work/job.json" --steps 1 --out "$work/job.json"
+# Every flag's bad value is a usage error (2), as the cli README says;
+# these were 1 where a command, not gpipectl's first check, found them.
+expect_refused 2 "--steps: '0' is not a number of training steps" \
+  train "$work/job.json" --steps 0
+expect_refused 2 "--schedule: 'zbh1' is not one of" \
+  train "$work/job.json" --steps 1 --schedule zbh1
+expect_refused 2 "--stages-range: expected LO..HI" \
+  plan "$work/job.json" --stages-range 0..3
 # A model whose state alone outgrows the machine is refused before it is
 # built (it was killed partway, at 24 GB, with no word). 3.2e9 parameters,
 # their gradients, momentum and packed copies: 51 GB.

@@ -171,7 +171,7 @@ python3 "$check" "$work/zb-train/trace.json" "$work/zb-train/timeline.svg" \
   fail "train zb-h1 --trace's files do not check"
 
 run "$gpipectl" train "$work/job.json" --stages 1 --trace "$work/ref-trace"
-[[ $rc -eq 1 ]] || fail "train --stages 1 --trace exited $rc, want 1: $out"
+[[ $rc -eq 2 ]] || fail "train --stages 1 --trace exited $rc, want 2 (a flag's usage): $out"
 grep -q "give --stages 2 or more" <<<"$out" || fail "train --stages 1 --trace: $out"
 
 echo "1 passed, 0 failed"
