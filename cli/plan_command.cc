@@ -28,6 +28,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "cli/flag_checks.h"
 #include "services/core/bytes.h"
 #include "services/core/cores.h"
 #include "services/core/status.h"
@@ -119,7 +120,7 @@ constexpr double kDefaultLayerOverhead = 5e-6;
 int Fail(const absl::Status& status) {
   std::fprintf(stderr, "gpipectl plan: %s\n",
                std::string(status.message()).c_str());
-  return 1;
+  return ExitCodeFor(status);
 }
 
 absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
@@ -761,6 +762,15 @@ int RunPlan(const std::vector<std::string>& args) {
                             : !Interleaves(schedule)               ? 1
                             : own_replicas > 0 ? VirtualStageCount(*spec)
                                                : spec_v;
+          // One stage trains in one process (`train --stages 1` runs the
+          // reference trainer): no chunks to interleave, and the row was
+          // a step that never runs.
+          if (k == 1 && Interleaves(schedule)) {
+            skipped.insert(absl::StrCat(
+                std::string(ScheduleName(schedule)),
+                " needs 2 or more stages: K=1 trains in one process"));
+            continue;
+          }
           // Interleaving needs M a multiple of K and K x v layers at least.
           if (const std::string error = ScheduleShapeError(schedule, k, m, v);
               !error.empty()) {
@@ -1010,10 +1020,15 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   if (spec_option.has_value()) {
     // What the spec asks for, for comparison with the best.
+    const bool fits = Fits(*spec_option, *budget);
     std::printf("%s  (the job spec's own)\n",
-                Row(*spec_option, Fits(*spec_option, *budget) ? "=" : "!",
-                    with_replicas)
-                    .c_str());
+                Row(*spec_option, fits ? "=" : "!", with_replicas).c_str());
+    // Workers of that memory would refuse it at submit: said, and exit 3.
+    if (!fits) {
+      own_refused = absl::StrFormat(
+          "its largest stage needs %.2f MiB, over the %.2f MiB budget",
+          spec_option->peak_bytes / kMiB, *budget / kMiB);
+    }
   }
   if (!own_refused.empty()) {
     std::printf("the job spec's own configuration does not run: %s\n",

@@ -70,6 +70,39 @@ grep -q 'no configuration fits the memory budget; the smallest needs' "$work/bud
   { cat "$work/budget"; fail "no message for the budget"; }
 echo "ok: a budget nothing fits"
 
+# A budget the spec's own configuration is over, while others fit: the
+# plan is printed, and the status is 3, as workers of that memory would
+# refuse the spec at submit (it was 0).
+"$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+  >"$work/own" 2>&1 || { cat "$work/own"; fail "plan of the deep MLP"; }
+# The rows' peak (MiB) is the column before the balance.
+read -r own_mib between < <(python3 - "$work/own" <<'PY'
+import re, sys
+own, least = None, None
+for line in open(sys.argv[1]):
+    m = re.match(r"^([ *!=]) +\d+ +\d+ .* ([0-9.]+) +[0-9,]+(  \(the job spec's own\))?$", line.rstrip("\n"))
+    if not m:
+        continue
+    peak = float(m.group(2))
+    if m.group(3):
+        own = m.group(2)
+    least = peak if least is None else min(least, peak)
+print(own or "", f"{(float(own) + least) / 2:.2f}MiB" if own and least < float(own) else "")
+PY
+)
+[[ -n "$own_mib" ]] || { cat "$work/own"; fail "no own row"; }
+if [[ -n "$between" ]]; then
+  set +e
+  "$gpipectl" plan "$src/examples/fashion_mnist_deep_mlp.json" "${flops[@]}" \
+    --memory-budget "$between" >"$work/over" 2>&1
+  over_rc=$?
+  set -e
+  ((over_rc == 3)) || { cat "$work/over"; fail "the spec's own over a $between budget: exit $over_rc, not 3"; }
+  grep -q "the job spec's own configuration does not run: its largest stage needs $own_mib MiB, over" "$work/over" ||
+    { cat "$work/over"; fail "the over-budget spec is not said"; }
+  echo "ok: the spec's own configuration over a $between budget exits 3"
+fi
+
 # Link latency: every message pays it, so the spec's step grows by at least
 # the latency of the messages on its critical path; a negative one is
 # refused by name.
