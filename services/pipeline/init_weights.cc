@@ -125,6 +125,8 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
                      absl::StrCat(path, ": no such file or directory"));
   }
   InitWeights weights;
+  // Each tensor's file, to name both where a tensor is in two.
+  std::map<std::string, std::string> first_file;
   weights.path = path;
   for (const std::string& file : files) {
     absl::StatusOr<SafetensorsFile> read =
@@ -165,12 +167,14 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
           }
         }
       }
-      if (!weights.tensors.emplace(name, std::move(tensor)).second) {
+      const auto [where, added] = first_file.emplace(name, file);
+      if (!added) {
         return InitError(
             absl::StatusCode::kInvalidArgument,
-            absl::StrCat(path, ": tensor ", name, " is in two files (", file,
-                         " and another)"));
+            absl::StrCat(path, ": tensor ", name, " is in two files (",
+                         where->second, " and ", file, ")"));
       }
+      weights.tensors.emplace(name, std::move(tensor));
     }
   }
   return weights;

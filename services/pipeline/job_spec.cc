@@ -511,8 +511,11 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                       static_cast<int>(p.remat()));
   }
   if (p.virtual_stages() < 0 || p.virtual_stages() > layers) {
-    return FieldError("pipeline.virtual_stages", "must be in [0, ", layers,
-                      "] (0 means 1), got ", p.virtual_stages());
+    return FieldError(
+        "pipeline.virtual_stages", "must be in [0, ", layers,
+        "] (0 means 2 under the interleaved and zb-v schedules, 1 "
+        "under the others), got ",
+        p.virtual_stages());
   }
   const ScheduleKind schedule = ScheduleFromSpec(p.schedule());
   if (const std::string shape = ScheduleShapeError(
@@ -539,18 +542,22 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                                     : "");
     }
     int64_t sum = 0;
+    bool past_int64 = false;
     for (int i = 0; i < p.balance_size(); ++i) {
       const int64_t b = p.balance(i);
       RETURN_IF_ERROR(
           CheckPositive(absl::StrCat("pipeline.balance[", i, "]"), b));
-      // Capped so that the sum cannot overflow; any cap > layers is a mismatch.
-      sum += std::min(b, layers + 1);
+      past_int64 = past_int64 || __builtin_add_overflow(sum, b, &sum);
     }
-    if (sum != layers) {
-      return FieldError("pipeline.balance", "sums to ",
-                        sum > layers ? "more than " : "",
-                        sum > layers ? layers : sum, " but the model has ",
-                        layers, " layers");
+    if (past_int64 || sum != layers) {
+      // The sum itself (it said "more than" the layers): a user sees by
+      // how much.
+      return FieldError(
+          "pipeline.balance", "sums to ",
+          past_int64
+              ? absl::StrCat("more than ", std::numeric_limits<int64_t>::max())
+              : absl::StrCat(sum),
+          " but the model has ", layers, " layers");
     }
   }
   if (p.min_stages() < 0) {

@@ -319,6 +319,9 @@ int64_t ChunkOfStage(ScheduleKind /*kind*/, int64_t k, int64_t stage) {
 
 int64_t ChunksPerWorker(ScheduleKind kind, int64_t virtual_stages) {
   if (kind == ScheduleKind::kZeroBubbleV && virtual_stages <= 1) return 2;
+  // Left out, 2, as `--schedule interleaved` takes it; an explicit 1 stays
+  // 1, for ScheduleShapeError to refuse.
+  if (kind == ScheduleKind::kInterleaved1F1B && virtual_stages == 0) return 2;
   return std::max<int64_t>(1, virtual_stages);
 }
 

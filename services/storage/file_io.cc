@@ -104,7 +104,9 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(
   // name, and in a container our pid is often the same on the next run.
   ScopedFd fd(::open(temp_path.c_str(),
                      O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return ErrnoError(errno, "create", temp_path);
+  // Named by the file asked for: the temporary name told a user of `-o
+  // missing/t.json` of a t.json.tmp.PID they never asked for.
+  if (fd.get() < 0) return ErrnoError(errno, "create", path);
   return AtomicFileWriter(path, std::move(temp_path), std::move(fd));
 }
 

@@ -439,6 +439,16 @@ TEST_F(InitWeightsTest, ADirectoryOfStageFilesIsOneCheckpoint) {
   auto twice = ReadInitWeights(ckpt.string());
   ASSERT_FALSE(twice.ok());
   EXPECT_THAT(twice.status().message(), HasSubstr("init_from.path: "));
+  // Of one step: the tensor and both its files are named.
+  ASSERT_TRUE(WriteSafetensors((ckpt / "stage-2.safetensors").string(), b,
+                               {{"step", "1"}})
+                  .ok());
+  auto same_step = ReadInitWeights(ckpt.string());
+  ASSERT_FALSE(same_step.ok());
+  EXPECT_THAT(same_step.status().message(),
+              HasSubstr(absl::StrCat(
+                  "is in two files (", (ckpt / "stage-1.safetensors").string(),
+                  " and ", (ckpt / "stage-2.safetensors").string(), ")")));
   EXPECT_THAT(ReadInitWeights((dir_ / "none").string()).status().message(),
               HasSubstr("no such file or directory"));
 }

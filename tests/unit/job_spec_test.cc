@@ -408,7 +408,8 @@ std::vector<BadSpec> BadSpecs() {
       {"BalanceHuge",
        With(kMlp, R"("balance": [3, 3])",
             R"("balance": [9223372036854775807, 3])"),
-       "pipeline.balance: sums to more than 6 but the model has 6 layers"},
+       "pipeline.balance: sums to more than 9223372036854775807 but the "
+       "model has 6 layers"},
       {"BalanceWrongLength",
        With(kCopy, R"("balance": [2, 2, 3])", R"("balance": [4, 3])"),
        "pipeline.balance: length 2 does not match pipeline.stages 3"},
@@ -425,9 +426,10 @@ std::vector<BadSpec> BadSpecs() {
        "interleaved schedule"},
       {"InterleavedWithOneChunk",
        With(kMlp, R"("stages": 2)",
-            R"("stages": 2, "schedule": "INTERLEAVED_1F1B")"),
+            R"("stages": 2, "schedule": "INTERLEAVED_1F1B", )"
+            R"("virtual_stages": 1)"),
        "pipeline.virtual_stages: the interleaved schedule needs 2 or more "
-       "virtual stages"},
+       "virtual stages (chunks per worker), got 1"},
       {"InterleavedMicroBatchesNotAMultiple",
        With(kCopy, R"("stages": 3)",
             R"("stages": 3, "schedule": "INTERLEAVED_1F1B", )"
@@ -517,6 +519,16 @@ TEST(JobSpecTest, ReplicasTakeBatchNorm) {
       With(kCnn, R"("min_stages": 2)", R"("min_stages": 2, "replicas": 2)"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->pipeline().replicas(), 2);
+}
+
+// An interleaved spec without virtual_stages holds 2 chunks a worker, as
+// `--schedule interleaved` does; it was refused as if it had said 1.
+TEST(JobSpecTest, InterleavedWithoutVirtualStagesHoldsTwoChunks) {
+  absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(
+      With(kMlp, R"("micro_batches": 4, "balance": [3, 3])",
+           R"("micro_batches": 4, "schedule": "INTERLEAVED_1F1B")"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(VirtualStageCount(*spec), 2);
 }
 
 TEST(JobSpecTest, RebalanceIsOnWithoutABalanceAndWithCheckpoints) {

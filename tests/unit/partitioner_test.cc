@@ -330,7 +330,7 @@ TEST(PartitionJobTest, ExplicitBalanceWins) {
 
   spec.mutable_pipeline()->set_balance(1, 3);  // sums to 6
   EXPECT_THAT(PartitionJob(spec, 2).status().message(),
-              HasSubstr("pipeline.balance: sums to more than 5"));
+              HasSubstr("pipeline.balance: sums to 6 but the model has 5"));
   spec.mutable_pipeline()->set_balance(1, 1);  // sums to 4
   EXPECT_THAT(PartitionJob(spec, 2).status().message(),
               HasSubstr("pipeline.balance: sums to 4"));

@@ -21,6 +21,7 @@ namespace {
 
 namespace v1 = gpipe::v1;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // A directory a service cannot write is refused at its start, naming the
 // directory and the reason; a writable one is left as it was.
@@ -49,6 +50,19 @@ TEST(CheckWritableDirectory, NamesWhatCannotBeWritten) {
     EXPECT_THAT(refused.message(), HasSubstr("Read-only file system"));
   }
   std::filesystem::remove_all(root);
+}
+
+// A file that cannot be made is named as asked for, not by the temporary
+// name it is first written under.
+TEST(WriteFileAtomically, NamesTheFileAskedFor) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            absl::StrCat("no-such-dir-", getpid()) / "t.json")
+                               .string();
+  absl::Status s = WriteFileAtomically(path, "{}");
+  EXPECT_TRUE(absl::IsNotFound(s)) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("cannot create ", path, ":")));
+  EXPECT_THAT(s.message(), Not(HasSubstr(".tmp.")));
 }
 
 TEST(Sha256, MatchesPublishedVectors) {
