@@ -24,6 +24,7 @@
 #include "cli/flag_checks.h"
 #include "services/core/status.h"
 #include "services/data/array_dataset.h"
+#include "services/data/csv_cells.h"
 #include "services/data/image_file.h"
 #include "services/data/normalize.h"
 #include "services/data/npy.h"
@@ -178,6 +179,7 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
     return d == '\t' ? std::string("tab")
                      : absl::StrCat("'", std::string(1, d), "'");
   };
+  CsvLineSplitter splitter(delimiter);
   Samples s;
   for (int64_t number = 1; number <= static_cast<int64_t>(lines.size());
        ++number) {
@@ -188,8 +190,15 @@ absl::StatusOr<Samples> ReadCsvSamples(const std::string& path,
           absl::StrCat(path, ":", number, ": ", what));
     };
     if (absl::StripAsciiWhitespace(line).empty()) return error("empty line");
-    const std::vector<absl::string_view> cells =
-        absl::StrSplit(line, delimiter);
+    // Quoted cells as training reads them (services/data/csv_cells.h).
+    std::vector<std::string_view> split;
+    if (absl::Status cut =
+            splitter.Split(std::string_view(line.data(), line.size()), &split);
+        !cut.ok()) {
+      return error(cut.message());
+    }
+    std::vector<absl::string_view> cells;
+    for (std::string_view c : split) cells.emplace_back(c.data(), c.size());
     if (number == 1) {
       float v = 0;
       const bool numbers = std::all_of(

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
+#include "services/data/csv_cells.h"
 #include "services/storage/file_io.h"
 #include "services/storage/safetensors_header.h"
 #include "services/tensor/allocator.h"
@@ -105,7 +106,7 @@ class CsvReader {
     size_t first_row = 0;
     std::vector<std::string_view> cells;
     if (header_) {
-      Split(lines[0], &cells);
+      RETURN_IF_ERROR(Split(1, lines[0], &cells));
       first_row = 1;
       if (train != nullptr) {
         std::vector<std::string> names(cells.begin(), cells.end());
@@ -119,7 +120,7 @@ class CsvReader {
         RETURN_IF_ERROR(LayoutFromHeader(cells, layout));
       }
     } else if (train == nullptr) {
-      Split(lines[0], &cells);
+      RETURN_IF_ERROR(Split(1, lines[0], &cells));
       RETURN_IF_ERROR(LayoutFromCount(cells.size(), layout));
     }
     const Layout& columns = train != nullptr ? *train : *layout;
@@ -140,7 +141,7 @@ class CsvReader {
       if (Trim(lines[i]).empty()) {
         return LineError(line_no, "empty line");
       }
-      Split(lines[i], &cells);
+      RETURN_IF_ERROR(Split(line_no, lines[i], &cells));
       if (cells.size() != columns.names.size()) {
         return LineError(line_no,
                          absl::StrCat(cells.size(), " cells, ", want_cells));
@@ -159,11 +160,13 @@ class CsvReader {
   }
 
  private:
-  void Split(std::string_view line, std::vector<std::string_view>* cells) {
-    cells->clear();
-    for (std::string_view cell : SplitOn(line, delimiter_)) {
-      cells->push_back(Trim(cell));
-    }
+  // Line `line_no`'s cells (CsvLineSplitter: quoted ones too).
+  absl::Status Split(int64_t line_no, std::string_view line,
+                     std::vector<std::string_view>* cells) {
+    absl::Status s = splitter_.Split(line, cells);
+    return s.ok() ? s
+                  : LineError(line_no, std::string_view(s.message().data(),
+                                                        s.message().size()));
   }
 
   absl::Status LayoutFromHeader(const std::vector<std::string_view>& cells,
@@ -287,6 +290,7 @@ class CsvReader {
 
   const gpipe::v1::CsvFile& spec_;
   const char delimiter_;
+  CsvLineSplitter splitter_{delimiter_};
   const bool header_;
   std::string field_, path_;
   const Layout* columns_ = nullptr;  // of the file being read

@@ -124,6 +124,26 @@ TEST_F(CsvTest, NoHeaderDelimiterWhitespaceAndLineEndings) {
   EXPECT_THAT(Error(spec), HasSubstr("target: column 3 is not among the 3"));
 }
 
+// A table as R's write.csv writes it: the names quoted (and a first,
+// unnamed column of row names, here numbers), the numbers not; a name
+// holding the delimiter, quoted.
+TEST_F(CsvTest, QuotedNamesAndCells) {
+  gpipe::v1::CsvFile spec = Spec(
+      "\"\",\"a,1\",\"label\",\"b\"\n"
+      "\"1\",0.5,\"2\",3\n"
+      "\"2\",-1,0,\"4e1\"\n");
+  spec.set_test_fraction(0.5);
+  auto d = CsvDataset::Open(spec);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT((*d)->feature_names(), ElementsAre("", "a,1", "b"));
+  const Batch b = (*d)->Gather(Split::kTrain, {0});
+  EXPECT_THAT(b.inputs.ToVector(), ElementsAre(1, 0.5, 3));
+  EXPECT_EQ(b.targets.i32()[0], 2);
+  // A quote the line does not close is refused naming the line.
+  EXPECT_THAT(Error(Spec("a,label\n1,\"2\n")),
+              HasSubstr("t.csv:2: cell 2 opens a quote"));
+}
+
 TEST_F(CsvTest, TestFileWithTheSameHeader) {
   gpipe::v1::CsvFile spec = Spec(TenRows());
   spec.set_test_path(Write("test.csv", "a,label,b\n1,5,2\n"));
