@@ -132,7 +132,8 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
         path,
         ": no gpipe.job or gpipe.step in its metadata: not a model file "
         "gpipe wrote (a checkpoint's stage file? use the job's "
-        "model.safetensors)"));
+        "model.safetensors; another tool's weights? gpipectl eval takes "
+        "them with a job's spec after them: eval FILE JOB.json)"));
   }
   if (!absl::SimpleAtoi(*step, &info.step) || info.step < 0) {
     return absl::InvalidArgumentError(
@@ -192,6 +193,26 @@ namespace {
 // `trained` (the spec a model file or checkpoint recorded) set up to serve
 // the parameters at `model`: JOB.json's data and eval instead of its own
 // when `job_path` is set, read with the model's own preprocessing.
+// JOB.json's whole spec serving the parameters at `model` (loaded
+// strictly, as init_from): for parameters that record no job, a
+// checkpoint's of an earlier gpipe or another tool's weights.
+absl::StatusOr<gpipe::v1::JobSpec> ServeWithJobSpec(
+    const std::string& model, const std::string& job_path) {
+  // The job's own init_from is no part of serving the parameters, but a
+  // model file it started from says how the job read its data.
+  ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
+                   LoadJobSpecFile(job_path, SpecCheck::kJsonOnly));
+  AdoptInitFromPreprocessing(&spec);
+  gpipe::v1::InitFrom& init = *spec.mutable_init_from();
+  init.Clear();
+  init.set_path(model);  // a checkpoint's manifest checks every digest
+  init.set_strict(true);
+  if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(job_path, ": ", s.message()));
+  }
+  return spec;
+}
+
 absl::StatusOr<gpipe::v1::JobSpec> ServeTrained(gpipe::v1::JobSpec spec,
                                                 const std::string& model,
                                                 const std::string& job_path) {
@@ -258,25 +279,20 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
           " JOB.json); predict and generate take a model file (gpipectl "
           "fetch JOB, without --step, once the job has succeeded)"));
     }
-    // The job's own init_from is no part of serving the checkpoint, but a
-    // model file it started from says how the job read its data.
-    ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
-                     LoadJobSpecFile(job_path, SpecCheck::kJsonOnly));
-    AdoptInitFromPreprocessing(&spec);
-    gpipe::v1::InitFrom& init = *spec.mutable_init_from();
-    init.Clear();
-    init.set_path(model);  // the manifest checks every file's digest
-    init.set_strict(true);
-    if (absl::Status s = CheckJobSpec(&spec); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(job_path, ": ", s.message()));
-    }
-    return spec;
+    return ServeWithJobSpec(model, job_path);
   }
   if (std::filesystem::is_directory(model, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path,
         ": a directory with no model.safetensors in it (name the model "
         "file, or the folder train --out or fetch wrote it into)"));
+  }
+  // Weights another tool wrote (gpipe.from_torch's, say) record no job:
+  // with JOB.json they are served as that job would start from them, so
+  // they can be evaluated before any training.
+  if (!job_path.empty() && std::filesystem::is_regular_file(model, ec) &&
+      !RecordedJobSpec(model).has_value()) {
+    return ServeWithJobSpec(model, job_path);
   }
   ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
   return ServeTrained(std::move(info.spec), model, job_path);

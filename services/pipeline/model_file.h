@@ -70,7 +70,10 @@ std::string ModelFilePath(const std::string& path);
 // JOB.json's data and eval settings instead of its own when `job_path` is
 // not empty. A checkpoint directory (with MANIFEST.json) serves the same
 // way from the spec beside its manifest; one without it (an earlier
-// gpipe's) is served by JOB.json's whole spec, and refused without one.
+// gpipe's) is served by JOB.json's whole spec, and refused without one;
+// so is a file of weights that records no job (another tool's, such as
+// gpipe.from_torch's), which JOB.json then serves as it would start from
+// them.
 absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
                                                const std::string& job_path);
 

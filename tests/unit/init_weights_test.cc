@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gmock/gmock.h"
+#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/in_process_pipeline.h"
@@ -588,6 +589,26 @@ TEST_F(InitWeightsTest, AModelFileServedEvaluatesAsItsRunDid) {
   const std::string stage_file = TrainAndSave(1, "stage.safetensors", true);
   EXPECT_THAT(ReadModelFileInfo(stage_file).status().message(),
               HasSubstr("not a model file gpipe wrote"));
+  // Weights that record no job (another tool's, gpipe.from_torch's) are
+  // served by a job's spec given with them, as it would start from them:
+  // evaluated before any training. Its parameters are the stage file's.
+  const std::string job_json = (dir_ / "job.json").string();
+  std::string json;
+  ASSERT_TRUE(google::protobuf::util::MessageToJsonString(spec_, &json).ok());
+  std::ofstream(job_json) << json;
+  auto foreign = SpecToServe(stage_file, job_json);
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  EXPECT_EQ(foreign->init_from().path(), stage_file);
+  EXPECT_TRUE(foreign->init_from().strict());
+  auto serving = ReferenceTrainer::Create(*foreign);
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  auto trained = ReferenceTrainer::Create(spec_);
+  ASSERT_TRUE(trained.ok());
+  ASSERT_TRUE((*trained)->Step().ok());  // the stage file's one step
+  auto want = (*trained)->Evaluate(Split::kTest, 0);
+  auto got = (*serving)->Evaluate(Split::kTest, 0);
+  ASSERT_TRUE(want.ok() && got.ok());
+  EXPECT_EQ(got->loss, want->loss);
 }
 
 }  // namespace
