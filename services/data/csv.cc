@@ -356,6 +356,33 @@ absl::StatusOr<std::unique_ptr<CsvDataset>> CsvDataset::Open(
       d->feature_names_.push_back(layout.names[c]);
     }
   }
+  // The recorded columns (a model's, data.csv.feature_columns) in another
+  // order, as a re-export or a spreadsheet writes them, are read in the
+  // recorded order: found by name, as gpipectl predict finds them. Other
+  // columns are left for the caller to refuse.
+  if (const auto& want = spec.feature_columns();
+      !want.empty() &&
+      static_cast<size_t>(want.size()) == d->feature_names_.size()) {
+    std::vector<size_t> from;
+    for (const std::string& name : want) {
+      const auto at =
+          std::find(d->feature_names_.begin(), d->feature_names_.end(), name);
+      if (at == d->feature_names_.end()) break;
+      from.push_back(static_cast<size_t>(at - d->feature_names_.begin()));
+    }
+    if (from.size() == d->feature_names_.size()) {
+      const size_t features = from.size();
+      for (Table* t : {&train, &test}) {
+        std::vector<float> row(features);
+        for (size_t r = 0; r < t->targets.size(); ++r) {
+          float* x = t->features.data() + r * features;
+          for (size_t c = 0; c < features; ++c) row[c] = x[from[c]];
+          std::copy(row.begin(), row.end(), x);
+        }
+      }
+      d->feature_names_.assign(want.begin(), want.end());
+    }
+  }
   int32_t max_target = 0;
   for (const Table* t : {&train, &test}) {
     for (int32_t id : t->targets) max_target = std::max(max_target, id);

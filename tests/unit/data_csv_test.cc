@@ -144,6 +144,26 @@ TEST_F(CsvTest, QuotedNamesAndCells) {
               HasSubstr("t.csv:2: cell 2 opens a quote"));
 }
 
+// A table of the recorded feature columns in another order (a model's
+// data.csv.feature_columns, read later from a re-exported file) is read in
+// the recorded order, found by name; other columns are not reordered.
+TEST_F(CsvTest, RecordedColumnsInAnotherOrderAreFoundByName) {
+  gpipe::v1::CsvFile spec = Spec(TenRows());  // a, label, b
+  spec.add_feature_columns("b");
+  spec.add_feature_columns("a");
+  auto d = CsvDataset::Open(spec);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT((*d)->feature_names(), ElementsAre("b", "a"));
+  EXPECT_THAT((*d)->Gather(Split::kTrain, {7}).inputs.ToVector(),
+              ElementsAre(70, 7));
+  EXPECT_THAT((*d)->Gather(Split::kTest, {0}).inputs.ToVector(),
+              ElementsAre(90, 9));
+  spec.set_feature_columns(1, "c");  // not the file's: left as the file has
+  d = CsvDataset::Open(spec);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT((*d)->feature_names(), ElementsAre("a", "b"));
+}
+
 TEST_F(CsvTest, TestFileWithTheSameHeader) {
   gpipe::v1::CsvFile spec = Spec(TenRows());
   spec.set_test_path(Write("test.csv", "a,label,b\n1,5,2\n"));
