@@ -487,23 +487,37 @@ out=$(cd "$work" && g train ft_caps.json --steps 1 2>&1)
 set -e
 [[ "$out" == *"caps.txt: byte 79 at offset 0 is not in the vocabulary"* ]] ||
   fail "fine-tuning on bytes the model never saw: $out"
-# So is a table: its feature columns are the model's, so one of other
-# columns is refused (its weights met the wrong features, silently).
+# So is a table: its feature columns are the model's. The same columns in
+# another order are found by name (the first loss is the original
+# order's); one of other columns is refused (its weights would meet the
+# wrong features, silently).
 python3 - "$work" <<'PY'
 import csv, json, sys
 w = sys.argv[1]
 rows = list(csv.reader(open(w + "/t.csv")))
 with open(w + "/swapped.csv", "w") as f:
     csv.writer(f).writerows([[r[2], r[1], r[0]] for r in rows])
+renamed = [list(r) for r in rows]
+renamed[0][0] = "z"
+with open(w + "/renamed.csv", "w") as f:
+    csv.writer(f).writerows(renamed)
 spec = json.load(open(w + "/csv.json"))
-spec["data"]["csv"]["path"] = "swapped.csv"
 spec["initFrom"] = {"path": w + "/csv/model.safetensors"}
-json.dump(spec, open(w + "/ft_swapped.json", "w"))
+for name in ("t", "swapped", "renamed"):
+    spec["data"]["csv"]["path"] = name + ".csv"
+    json.dump(spec, open(w + "/ft_" + name + ".json", "w"))
 PY
+loss_of() { grep -o 'loss [0-9.]*' "$1" | head -n 1; }
+(cd "$work" && g train ft_t.json --steps 1 >ft_t.log 2>&1) ||
+  fail "fine-tuning on the table: $(tail -n 3 "$work/ft_t.log")"
+(cd "$work" && g train ft_swapped.json --steps 1 >ft_swapped.log 2>&1) ||
+  fail "fine-tuning on the table's columns in another order: $(tail -n 3 "$work/ft_swapped.log")"
+[[ -n "$(loss_of "$work/ft_t.log")" && "$(loss_of "$work/ft_t.log")" == "$(loss_of "$work/ft_swapped.log")" ]] ||
+  fail "reordered columns: $(loss_of "$work/ft_swapped.log"), the table's $(loss_of "$work/ft_t.log")"
 set +e
-out=$(cd "$work" && g train ft_swapped.json --steps 1 2>&1)
+out=$(cd "$work" && g train ft_renamed.json --steps 1 2>&1)
 set -e
-[[ "$out" == *"feature columns (y, x) are not those recorded"* ]] ||
+[[ "$out" == *"feature columns (z, y) are not those recorded"* ]] ||
   fail "fine-tuning on a table of other columns: $out"
 # A model trained on in place names itself as its init_from: reading it
 # (eval, predict, another run from it) reads that once, never recursing
