@@ -132,7 +132,13 @@ absl::Status MakeOutputDir(const std::string& flag, const std::string& dir) {
 
 int ExitCodeFor(const absl::Status& status) {
   if (status.ok()) return 0;
-  return absl::StartsWith(status.message(), "--") ? 2 : 1;
+  // InvalidArgument: a value the flag does not take. A failure that names
+  // its flag otherwise (--device cuda on a machine without a GPU, --out
+  // once training ended) is not the command line's fault.
+  return absl::IsInvalidArgument(status) &&
+                 absl::StartsWith(status.message(), "--")
+             ? 2
+             : 1;
 }
 
 }  // namespace gpipe::cli

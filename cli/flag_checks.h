@@ -22,9 +22,9 @@ inline constexpr int64_t kMaxLocalWorkers = 256;
 // 1024, got 100000".
 absl::Status CheckNumericFlags(const std::string& command);
 
-// A command's exit status for `status`: 2 (usage) where it is about a
-// flag's value, whose message starts with the flag ("--steps: ..."), as
-// CheckNumericFlags' refusals are, else 1 (failure).
+// A command's exit status for `status`: 2 (usage) for a flag's value the
+// flag does not take (InvalidArgument, its message starting with the flag:
+// "--steps: ..."), as CheckNumericFlags' refusals are, else 1 (failure).
 int ExitCodeFor(const absl::Status& status);
 
 // `dir` (the value of `flag`, e.g. "--out") made a directory now, before

@@ -428,14 +428,20 @@ int RunPlan(const std::vector<std::string>& args) {
       ScheduleKind::kZeroBubbleV};
   if (const std::string name = absl::GetFlag(FLAGS_schedule); !name.empty()) {
     absl::StatusOr<ScheduleKind> kind = ParseScheduleName(name);
-    if (!kind.ok()) return Fail(kind.status());
+    if (!kind.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--", kind.status().message())));
+    }
     schedules = {*kind};
   }
   std::vector<RematMode> remats = {RematMode::kNever, RematMode::kExceptLast,
                                    RematMode::kAlways};
   if (const std::string name = absl::GetFlag(FLAGS_remat); !name.empty()) {
     absl::StatusOr<RematMode> mode = ParseRematName(name);
-    if (!mode.ok()) return Fail(mode.status());
+    if (!mode.ok()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--", mode.status().message())));
+    }
     remats = {*mode};
   }
 
@@ -762,15 +768,6 @@ int RunPlan(const std::vector<std::string>& args) {
                             : !Interleaves(schedule)               ? 1
                             : own_replicas > 0 ? VirtualStageCount(*spec)
                                                : spec_v;
-          // One stage trains in one process (`train --stages 1` runs the
-          // reference trainer): no chunks to interleave, and the row was
-          // a step that never runs.
-          if (k == 1 && Interleaves(schedule)) {
-            skipped.insert(absl::StrCat(
-                std::string(ScheduleName(schedule)),
-                " needs 2 or more stages: K=1 trains in one process"));
-            continue;
-          }
           // Interleaving needs M a multiple of K and K x v layers at least.
           if (const std::string error = ScheduleShapeError(schedule, k, m, v);
               !error.empty()) {

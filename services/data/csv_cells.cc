@@ -45,7 +45,11 @@ absl::Status CsvLineSplitter::Split(std::string_view line,
           p = quote + 2;
           continue;
         }
-        std::string_view inside = line.substr(open + 1, quote - open - 1);
+        // Trimmed as an unquoted cell is: training parses numbers without
+        // spaces and predict strips them, so " 1.5" and "label " would
+        // read differently in the two.
+        std::string_view inside =
+            Trim(line.substr(open + 1, quote - open - 1), delimiter_);
         if (escaped) {
           std::string& text = unescaped_.emplace_back();
           for (size_t i = 0; i < inside.size(); ++i) {

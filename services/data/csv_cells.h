@@ -16,8 +16,9 @@ namespace gpipe {
 
 // Cells as RFC 4180 writes them: a cell in double quotes may hold the
 // delimiter, and "" inside it stands for one ". Spaces and tabs around a
-// cell are not part of it; inside quotes they are. A quote inside an
-// unquoted cell is kept as it is. A line break inside quotes is not read:
+// cell's text are not part of it, inside quotes or out (a table of numbers
+// and names has no use for them). A quote inside an unquoted cell is kept
+// as it is. A line break inside quotes is not read:
 // lines are cut first, and such a cell is refused as not closed.
 class CsvLineSplitter {
  public:

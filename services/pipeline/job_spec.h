@@ -94,8 +94,9 @@ absl::Status ResolveAndValidateJobSpec(gpipe::v1::JobSpec* spec);
 
 // K and M with their defaults applied (0 means 1).
 int64_t StageCount(const gpipe::v1::JobSpec& spec);
-// v, the chunks per worker of an interleaved schedule (0 means 1), and the
-// stages the model is cut into, K x v.
+// v, the chunks per worker (ChunksPerWorker: 2 for an interleaved schedule
+// left without one, 1 for the schedules that do not interleave); the model
+// is cut into K x v stages.
 int64_t VirtualStageCount(const gpipe::v1::JobSpec& spec);
 int64_t ChunkCount(const gpipe::v1::JobSpec& spec);
 

@@ -102,7 +102,12 @@ absl::Status CheckModelFormatVersion(
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
+namespace {
+
+// The metadata of the safetensors file at `path`, read from its header
+// alone; InvalidArgument for a file that is not one.
+absl::StatusOr<std::map<std::string, std::string>> ReadMetadata(
+    const std::string& path) {
   uint64_t size = 0;
   ASSIGN_OR_RETURN(const storage::ScopedFd fd,
                    storage::OpenForRead(path, &size));
@@ -118,8 +123,14 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
       storage::ParseSafetensorsHeader(
           *json, size - storage::kHeaderLengthBytes - json->size(), path);
   if (!header.ok()) return not_model(header.status());
+  return std::move(header->metadata);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   ModelFileInfo info;
-  info.metadata = std::move(header->metadata);
+  ASSIGN_OR_RETURN(info.metadata, ReadMetadata(path));
   const auto get = [&](const char* key) -> const std::string* {
     auto it = info.metadata.find(key);
     return it == info.metadata.end() ? nullptr : &it->second;
@@ -190,19 +201,20 @@ std::string ModelFilePath(const std::string& path) {
 
 namespace {
 
-// `trained` (the spec a model file or checkpoint recorded) set up to serve
-// the parameters at `model`: JOB.json's data and eval instead of its own
-// when `job_path` is set, read with the model's own preprocessing.
 // JOB.json's whole spec serving the parameters at `model` (loaded
 // strictly, as init_from): for parameters that record no job, a
-// checkpoint's of an earlier gpipe or another tool's weights.
-absl::StatusOr<gpipe::v1::JobSpec> ServeWithJobSpec(
-    const std::string& model, const std::string& job_path) {
-  // The job's own init_from is no part of serving the parameters, but a
-  // model file it started from says how the job read its data.
+// checkpoint's of an earlier gpipe (`trained_by_job`: the job that spec
+// describes trained them) or another tool's weights.
+absl::StatusOr<gpipe::v1::JobSpec> ServeWithJobSpec(const std::string& model,
+                                                    const std::string& job_path,
+                                                    bool trained_by_job) {
   ASSIGN_OR_RETURN(gpipe::v1::JobSpec spec,
                    LoadJobSpecFile(job_path, SpecCheck::kJsonOnly));
-  AdoptInitFromPreprocessing(&spec);
+  // The job's own init_from is no part of serving the parameters, but a
+  // model file it started from says how the job read its data, and so how
+  // the parameters it trained read it. Another tool's weights owe that
+  // file nothing: the job's data is read as the job's spec says.
+  if (trained_by_job) AdoptInitFromPreprocessing(&spec);
   gpipe::v1::InitFrom& init = *spec.mutable_init_from();
   init.Clear();
   init.set_path(model);  // a checkpoint's manifest checks every digest
@@ -213,6 +225,9 @@ absl::StatusOr<gpipe::v1::JobSpec> ServeWithJobSpec(
   return spec;
 }
 
+// `trained` (the spec a model file or checkpoint recorded) set up to serve
+// the parameters at `model`: JOB.json's data and eval instead of its own
+// when `job_path` is set, read with the model's own preprocessing.
 absl::StatusOr<gpipe::v1::JobSpec> ServeTrained(gpipe::v1::JobSpec spec,
                                                 const std::string& model,
                                                 const std::string& job_path) {
@@ -279,7 +294,7 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
           " JOB.json); predict and generate take a model file (gpipectl "
           "fetch JOB, without --step, once the job has succeeded)"));
     }
-    return ServeWithJobSpec(model, job_path);
+    return ServeWithJobSpec(model, job_path, /*trained_by_job=*/true);
   }
   if (std::filesystem::is_directory(model, ec)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -290,9 +305,16 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
   // Weights another tool wrote (gpipe.from_torch's, say) record no job:
   // with JOB.json they are served as that job would start from them, so
   // they can be evaluated before any training.
-  if (!job_path.empty() && std::filesystem::is_regular_file(model, ec) &&
-      !RecordedJobSpec(model).has_value()) {
-    return ServeWithJobSpec(model, job_path);
+  // Only a file that is one and records no job at all: a model file whose
+  // record cannot be read is refused for that, not served as another's.
+  if (!job_path.empty() && std::filesystem::is_regular_file(model, ec)) {
+    const absl::StatusOr<std::map<std::string, std::string>> metadata =
+        ReadMetadata(model);
+    if (metadata.ok() && !metadata->contains("gpipe.job") &&
+        !metadata->contains("gpipe.step")) {
+      RETURN_IF_ERROR(CheckModelFormatVersion(model, *metadata));
+      return ServeWithJobSpec(model, job_path, /*trained_by_job=*/false);
+    }
   }
   ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
   return ServeTrained(std::move(info.spec), model, job_path);

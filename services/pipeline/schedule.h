@@ -153,9 +153,9 @@ int64_t StageOfChunk(ScheduleKind kind, int64_t k, int64_t worker,
                      int64_t chunk);
 int64_t WorkerOfStage(ScheduleKind kind, int64_t k, int64_t stage);
 int64_t ChunkOfStage(ScheduleKind kind, int64_t k, int64_t stage);
-// How many chunks a worker holds when the spec says `virtual_stages` (0 or
-// 1 meaning none): ZB-V always holds 2, the interleaved schedule what it is
-// told, the others 1.
+// How many chunks a worker holds when the spec says `virtual_stages`: ZB-V
+// always 2; the interleaved schedule what it is told, 2 when told nothing
+// (0); the others 1.
 int64_t ChunksPerWorker(ScheduleKind kind, int64_t virtual_stages);
 // What a worker process that runs several chunks of an interleaved schedule
 // (Assignment.chunks) says in its hello (WorkerHello.capabilities).

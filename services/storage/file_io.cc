@@ -105,8 +105,13 @@ absl::StatusOr<AtomicFileWriter> AtomicFileWriter::Create(
   ScopedFd fd(::open(temp_path.c_str(),
                      O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   // Named by the file asked for: the temporary name told a user of `-o
-  // missing/t.json` of a t.json.tmp.PID they never asked for.
-  if (fd.get() < 0) return ErrnoError(errno, "create", path);
+  // missing/t.json` of a t.json.tmp.PID they never asked for. But where
+  // only the temporary's longer name is too long, that is the one to name.
+  if (fd.get() < 0) {
+    const int error = errno;
+    return ErrnoError(error, "create",
+                      error == ENAMETOOLONG ? temp_path : path);
+  }
   return AtomicFileWriter(path, std::move(temp_path), std::move(fd));
 }
 

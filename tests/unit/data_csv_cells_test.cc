@@ -1,14 +1,13 @@
 // A table's line cut into cells (services/data/csv_cells.h): quoted cells
 // as R, spreadsheets and RFC 4180 write them, and the quoting mistakes a
 // line can hold, named by their cell.
-#include "services/data/csv_cells.h"
-
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/data/csv_cells.h"
 
 namespace gpipe {
 namespace {
@@ -42,9 +41,10 @@ TEST(CsvLineSplitter, PlainCellsAreTrimmed) {
 TEST(CsvLineSplitter, QuotedCellsLoseTheirQuotes) {
   // R's write.csv: every name quoted, numbers not.
   EXPECT_THAT(Cells(R"("","label","x 1")"), ElementsAre("", "label", "x 1"));
-  // A delimiter and spaces inside quotes are the cell's; "" is one quote.
-  EXPECT_THAT(Cells(R"( "a,b" , " c ","say ""hi""",3)"),
-              ElementsAre("a,b", " c ", R"(say "hi")", "3"));
+  // A delimiter inside quotes is the cell's, spaces around its text are
+  // not; "" is one quote.
+  EXPECT_THAT(Cells(R"( "a,b" , " c ","say ""hi""",3, " 1.5 ")"),
+              ElementsAre("a,b", "c", R"(say "hi")", "3", "1.5"));
   // Each of several escaped cells keeps its own text.
   EXPECT_THAT(Cells(R"("a""","""b","""")"),
               ElementsAre(R"(a")", R"("b)", R"(")"));

@@ -609,6 +609,13 @@ TEST_F(InitWeightsTest, AModelFileServedEvaluatesAsItsRunDid) {
   auto got = (*serving)->Evaluate(Split::kTest, 0);
   ASSERT_TRUE(want.ok() && got.ok());
   EXPECT_EQ(got->loss, want->loss);
+  // A model file whose record cannot be read is refused for that, not
+  // served as another tool's weights with JOB.json's preprocessing.
+  const std::string unreadable =
+      TrainAndSave(1, "unreadable.safetensors", false,
+                   {{"gpipe.job", "{not json"}, {"gpipe.step", "1"}});
+  EXPECT_THAT(SpecToServe(unreadable, job_json).status().message(),
+              HasSubstr("its gpipe.job"));
 }
 
 }  // namespace
