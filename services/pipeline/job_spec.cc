@@ -541,23 +541,13 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
                                                    VirtualStageCount(spec))
                                     : "");
     }
-    int64_t sum = 0;
-    bool past_int64 = false;
     for (int i = 0; i < p.balance_size(); ++i) {
-      const int64_t b = p.balance(i);
-      RETURN_IF_ERROR(
-          CheckPositive(absl::StrCat("pipeline.balance[", i, "]"), b));
-      past_int64 = past_int64 || __builtin_add_overflow(sum, b, &sum);
+      RETURN_IF_ERROR(CheckPositive(absl::StrCat("pipeline.balance[", i, "]"),
+                                    p.balance(i)));
     }
-    if (past_int64 || sum != layers) {
-      // The sum itself (it said "more than" the layers): a user sees by
-      // how much.
-      return FieldError(
-          "pipeline.balance", "sums to ",
-          past_int64
-              ? absl::StrCat("more than ", std::numeric_limits<int64_t>::max())
-              : absl::StrCat(sum),
-          " but the model has ", layers, " layers");
+    if (const std::string sum = BalanceSumError(p.balance(), layers);
+        !sum.empty()) {
+      return FieldError("pipeline.balance", sum);
     }
   }
   if (p.min_stages() < 0) {
@@ -644,6 +634,23 @@ absl::Status ValidateSizes(const v1::JobSpec& spec, const ModelShapes& shapes) {
 
 int64_t StageCount(const v1::JobSpec& spec) {
   return spec.pipeline().stages() == 0 ? 1 : spec.pipeline().stages();
+}
+
+std::string BalanceSumError(
+    const google::protobuf::RepeatedField<int64_t>& balance, int64_t layers) {
+  int64_t sum = 0;
+  for (const int64_t b : balance) {
+    if (__builtin_add_overflow(sum, b, &sum)) {
+      return absl::StrCat("sums to more than ",
+                          std::numeric_limits<int64_t>::max(),
+                          " but the model has ", layers, " layers");
+    }
+  }
+  // The sum itself (it said "more than" the layers): a user sees by how
+  // much.
+  if (sum == layers) return "";
+  return absl::StrCat("sums to ", sum, " but the model has ", layers,
+                      " layers");
 }
 
 int64_t VirtualStageCount(const v1::JobSpec& spec) {

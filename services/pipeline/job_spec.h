@@ -98,6 +98,12 @@ int64_t StageCount(const gpipe::v1::JobSpec& spec);
 // left without one, 1 for the schedules that do not interleave); the model
 // is cut into K x v stages.
 int64_t VirtualStageCount(const gpipe::v1::JobSpec& spec);
+
+// Empty when `balance` (positive entries) sums to `layers`, else what is
+// wrong with pipeline.balance: "sums to 8 but the model has 5 layers" (the
+// sum itself, or "more than" the largest int64 where it overflows).
+std::string BalanceSumError(
+    const google::protobuf::RepeatedField<int64_t>& balance, int64_t layers);
 int64_t ChunkCount(const gpipe::v1::JobSpec& spec);
 
 // The dataset of a job, laid out for its model's input shape, and checked

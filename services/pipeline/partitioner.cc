@@ -271,22 +271,16 @@ absl::StatusOr<std::vector<int64_t>> PartitionJob(
           absl::StrCat("pipeline.balance: has ", balance.size(),
                        " entries but there are ", stages, " stages"));
     }
-    int64_t sum = 0;
-    bool past_int64 = false;
     for (int i = 0; i < balance.size(); ++i) {
       if (balance[i] <= 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "pipeline.balance[", i, "]: must be > 0, got ", balance[i]));
       }
-      past_int64 = past_int64 || __builtin_add_overflow(sum, balance[i], &sum);
     }
-    if (past_int64 || sum != layers) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline.balance: sums to ",
-          past_int64
-              ? absl::StrCat("more than ", std::numeric_limits<int64_t>::max())
-              : absl::StrCat(sum),
-          " but the model has ", layers, " layers"));
+    if (const std::string sum = BalanceSumError(balance, layers);
+        !sum.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline.balance: ", sum));
     }
     return std::vector<int64_t>(balance.begin(), balance.end());
   }
