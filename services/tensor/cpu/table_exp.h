@@ -35,7 +35,7 @@ inline constexpr float kTableExpFloor = -87.0f;
 // below 1e-8; the result is t + t q in one rounding, t the table's entry
 // times 2^k, so its error is the entry's half ulp and that rounding's
 // (1.07 ulp at worst over every float of [-87, 0.5] against double exp;
-// tensor_loss_blocks_test samples it). ExpOfSmall's degree 7 takes ten
+// tensor_loss_blocks_test samples it). ExpOfSmall's degree 6 takes nine
 // multiply-adds and a multiply a vector, this six, a multiply and a lookup.
 // The vector kernels in loss_blocks_*.cc do these operations in this order
 // in each lane, so every one gives these bits.
