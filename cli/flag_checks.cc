@@ -26,6 +26,7 @@ ABSL_DECLARE_FLAG(int64_t, tokens);
 ABSL_DECLARE_FLAG(double, temperature);
 ABSL_DECLARE_FLAG(double, flops);
 ABSL_DECLARE_FLAG(double, layer_overhead_us);
+ABSL_DECLARE_FLAG(double, measure_under);
 ABSL_DECLARE_FLAG(double, memory_gbps);
 ABSL_DECLARE_FLAG(absl::Duration, timeout);
 
@@ -107,6 +108,11 @@ absl::Status CheckNumericFlags(const std::string& command) {
     return Refuse("--layer-overhead-us",
                   "a finite number >= 0, or -1 (fitted or the default)",
                   absl::StrCat(us));
+  }
+  if (const double s = absl::GetFlag(FLAGS_measure_under);
+      !std::isfinite(s) || s < 0) {
+    return Refuse("--measure-under", "a finite number of seconds >= 0",
+                  absl::StrCat(s));
   }
   if (const absl::Duration d = absl::GetFlag(FLAGS_timeout);
       d <= absl::ZeroDuration()) {

@@ -50,13 +50,15 @@ const std::vector<Command>& Commands() {
        "one-thread speed: by the cost model (FLOPs at the measured sgemm\n"
        "rate, each product at least its weight's read at the measured\n"
        "triad rate), or with --measure by timing every layer here, which\n"
-       "convolutions and small layers need. Exits 3 when the spec's own\n"
+       "convolutions and small layers need (done without --measure where\n"
+       "the cost model puts the timing under --measure-under seconds and\n"
+       "no rate is given). Exits 3 when the spec's own\n"
        "configuration would be refused (the plan is printed all the same),\n"
        "1 when no configuration fits the memory budget or on an error.",
        {"stages_range", "stages", "workers", "replicas", "micro_batches",
-        "schedule", "virtual_stages", "remat", "measure", "memory_budget",
-        "flops", "memory_gbps", "layer_overhead_us", "link_gbps",
-        "link_latency_us", "message_us", "blocking_sends"}},
+        "schedule", "virtual_stages", "remat", "measure", "measure_under",
+        "memory_budget", "flops", "memory_gbps", "layer_overhead_us",
+        "link_gbps", "link_latency_us", "message_us", "blocking_sends"}},
       {"local",
        "JOB.json",
        "run the job on a controller and workers on this machine",

@@ -259,6 +259,8 @@ expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
   train "$work/job.json" --steps 1 --micro-batches -1
 expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
 expect_refused 2 "--flops: must be a finite number >= 0" plan "$work/job.json" --flops nan
+expect_refused 2 "--measure-under: must be a finite number of seconds >= 0" \
+  plan "$work/job.json" --measure-under -1
 expect_refused 2 "--out: cannot make $work/job.json a directory" \
   train "$work/job.json" --steps 1 --out "$work/job.json"
 # Every flag's bad value is a usage error (2), as the cli README says;

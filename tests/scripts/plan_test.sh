@@ -289,4 +289,20 @@ b2=$(grep -o 'batch [0-9.]* [KMG]*i*B' <<<"$s2") b3=$(grep -o 'batch [0-9.]* [KM
 [[ -n "$b2" && "$b3" == "$b2" ]] ||
   fail "R=3 over 4 groups holds '$b3' of the batch, R=2 '$b2': the largest replica's share is 2 groups either way"
 echo "ok: refusals name their reason; R=3; the cores the best needs; uneven groups"
-echo "8 passed, 0 failed"
+
+# A small model is timed without --measure (the cost model is optimistic
+# for small layers), unless a rate is given or --measure-under is 0; a
+# model too large to time quickly says how long --measure would take.
+costs() { "$gpipectl" plan "$@" --stages 2 --micro-batches 2 --remat never 2>&1 | grep '^costs: '; }
+costs "$src/examples/fashion_mnist_mlp.json" |
+  grep -q '^costs: measured per layer .*timed as the cost model puts that at' ||
+  fail "the small MLP was not timed: $(costs "$src/examples/fashion_mnist_mlp.json")"
+costs "$src/examples/fashion_mnist_mlp.json" --measure-under 0 | grep -q '^costs: cost model at' ||
+  fail "--measure-under 0 timed the layers"
+costs "$src/examples/fashion_mnist_mlp.json" "${flops[@]}" | grep -q '^costs: cost model at 100.0 GFLOP/s' ||
+  fail "given rates did not keep the cost model"
+costs "$src/examples/fashion_mnist_mlp.json" --measure-under 1e-9 |
+  grep -q 'timing the layers would take about .* s: --measure does' ||
+  fail "no word of what timing the layers would take"
+echo "ok: small models timed by default"
+echo "9 passed, 0 failed"
