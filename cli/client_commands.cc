@@ -85,9 +85,7 @@ ControllerClient MakeClient() {
 }
 
 int Fail(const char* command, const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl %s: %s\n", command,
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
+  return FailCommand(command, status);
 }
 
 int Usage(const char* usage) {

@@ -29,11 +29,7 @@ ABSL_DECLARE_FLAG(int, threads);
 namespace gpipe::cli {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl eval: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("eval", status); }
 
 }  // namespace
 

@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <string>
 #include <system_error>
 
 #include "absl/flags/declare.h"
@@ -145,6 +147,12 @@ int ExitCodeFor(const absl::Status& status) {
                  absl::StartsWith(status.message(), "--")
              ? 2
              : 1;
+}
+
+int FailCommand(const char* command, const absl::Status& status) {
+  std::fprintf(stderr, "gpipectl %s: %s\n", command,
+               std::string(status.message()).c_str());
+  return ExitCodeFor(status);
 }
 
 }  // namespace gpipe::cli

@@ -27,6 +27,9 @@ absl::Status CheckNumericFlags(const std::string& command);
 // "--steps: ..."), as CheckNumericFlags' refusals are, else 1 (failure).
 int ExitCodeFor(const absl::Status& status);
 
+// Prints "gpipectl COMMAND: message" on stderr and returns ExitCodeFor.
+int FailCommand(const char* command, const absl::Status& status);
+
 // `dir` (the value of `flag`, e.g. "--out") made a directory now, before
 // any work whose result goes there; an error says why it cannot be.
 absl::Status MakeOutputDir(const std::string& flag, const std::string& dir);

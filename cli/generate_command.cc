@@ -46,11 +46,7 @@ ABSL_DECLARE_FLAG(std::string, device);
 namespace gpipe::cli {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl generate: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("generate", status); }
 
 // Token ids written as text: "12 7 300" or "12,7,300", each one of the
 // model's `vocab` ids. Checked before anything is printed: a prompt past

@@ -92,11 +92,7 @@ constexpr absl::Duration kPoll = absl::Milliseconds(50);
 constexpr int kLogTailLines = 20;
 constexpr absl::Duration kMetricsPortWait = absl::Seconds(10);
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl local: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("local", status); }
 
 // The last `n` lines of a log file, each indented for quoting; no newline at
 // the end.

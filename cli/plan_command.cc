@@ -122,11 +122,7 @@ constexpr int kOwnRefusedExit = 3;
 // layer op costs beyond its arithmetic on CPUs and GPUs alike.
 constexpr double kDefaultLayerOverhead = 5e-6;
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl plan: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("plan", status); }
 
 absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
     absl::string_view text) {

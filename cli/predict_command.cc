@@ -54,11 +54,7 @@ namespace {
 
 namespace v1 = ::gpipe::v1;
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl predict: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("predict", status); }
 
 constexpr const char* kFashionClasses[] = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",

@@ -39,11 +39,7 @@ constexpr char kUsage[] =
     "usage: gpipectl trace JOB [--steps A..B] [-o trace.json,timeline.svg | "
     "-o DIR]\n";
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl trace: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("trace", status); }
 
 absl::StatusOr<int64_t> ParseStep(absl::string_view text,
                                   const std::string& flag) {

@@ -79,11 +79,7 @@ ABSL_FLAG(std::string, remat, "",
 namespace gpipe::cli {
 namespace {
 
-int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "gpipectl train: %s\n",
-               std::string(status.message()).c_str());
-  return ExitCodeFor(status);
-}
+int Fail(const absl::Status& status) { return FailCommand("train", status); }
 
 void PrintEval(const char* when, const EvalResult& e, bool classification) {
   std::printf("%s: test loss %.4f", when, e.loss);
