@@ -31,6 +31,7 @@
 #include "cli/flag_checks.h"
 #include "services/core/bytes.h"
 #include "services/core/cores.h"
+#include "services/core/memory.h"
 #include "services/core/status.h"
 #include "services/nn/layer.h"
 #include "services/nn/layer_spec.h"
@@ -194,6 +195,8 @@ double MeasureTriadBytesPerSecond() {
 // training passes at micro-batches of `mb` samples and 12 of one sample
 // (MeasureLayerPasses at both sizes, 2 x 6 passes each, and
 // MeasureLayerStepSeconds, 6 x 2), each op at least the default overhead.
+// Each of its three models is built and initialized first (about 5 ns a
+// parameter).
 double MeasuringSeconds(const ModelShapes& shapes, int64_t mb, double flops) {
   const auto pass = [&](int64_t samples) {
     double seconds = 0;
@@ -202,7 +205,10 @@ double MeasuringSeconds(const ModelShapes& shapes, int64_t mb, double flops) {
           3 * (cost.forward_flops * samples / flops + kDefaultLayerOverhead);
     return seconds;
   };
-  return 24 * pass(mb) + 12 * pass(1);
+  double parameters = 0;
+  for (const LayerCost& cost : shapes.costs)
+    parameters += static_cast<double>(cost.param_bytes) / sizeof(float);
+  return 24 * pass(mb) + 12 * pass(1) + 3 * parameters * 5e-9;
 }
 
 // Bytes each parameter's squares pass moves, in units of the parameter's
@@ -567,7 +573,19 @@ int RunPlan(const std::vector<std::string>& args) {
     flops = MeasureSgemmFlops();
     flops_how = "sgemm 512^3, 1 thread";
     const double estimate = MeasuringSeconds(*shapes, spec_mb, flops);
-    if (estimate < measure_under) {
+    // The timing holds the whole model and one micro-batch's activations,
+    // as one stage under 1F1B does: a model that needs more than a quarter
+    // of this machine's memory is left to --measure (a large embedding
+    // table has few FLOPs).
+    const std::vector<int64_t> whole = {layers};
+    const int64_t needs =
+        EstimatePipelineMemory(*spec, *shapes, whole, MicroBatchCount(*spec),
+                               ScheduleKind::kOneFOneB, RematMode::kNever)[0]
+            .total();
+    if (needs > SystemMemoryLimit() / 4) {
+      model_why = absl::StrCat("; timing the layers needs about ",
+                               FormatBytes(needs), ": --measure does");
+    } else if (estimate < measure_under) {
       measured = true;
       timed_why = absl::StrFormat(
           "; timed as the cost model puts that at %.1f s, under "

@@ -304,5 +304,23 @@ costs "$src/examples/fashion_mnist_mlp.json" "${flops[@]}" | grep -q '^costs: co
 costs "$src/examples/fashion_mnist_mlp.json" --measure-under 1e-9 |
   grep -q 'timing the layers would take about .* s: --measure does' ||
   fail "no word of what timing the layers would take"
+# More memory than a quarter of any machine this runs on (six Linear layers
+# of 60000 x 60000 and their gradients, 161 GiB): the cost model, not a
+# timing that would allocate them, whatever the FLOPs.
+layers=""
+for i in $(seq 1 6); do
+  layers+="${layers:+,}{\"linear\": {\"inFeatures\": 60000, \"outFeatures\": 60000}}"
+done
+cat >"$work/huge.json" <<JSON
+{"model": {"input": {"dtype": "FLOAT32", "shape": {"dims": [60000]}},
+           "layers": [$layers],
+           "loss": {"softmaxCrossEntropy": {}}},
+ "optimizer": {"lr": 0.01, "sgd": {}},
+ "data": {"synthetic": {"task": "CLASSES", "features": 60000, "classes": 60000,
+                        "trainSamples": 16, "testSamples": 4}},
+ "batchSize": 4, "steps": 1}
+JSON
+costs "$work/huge.json" --measure-under 1e9 | grep -q 'timing the layers needs about .*: --measure does' ||
+  fail "a model of 161 GiB was timed: $(costs "$work/huge.json" --measure-under 1e9)"
 echo "ok: small models timed by default"
 echo "9 passed, 0 failed"
