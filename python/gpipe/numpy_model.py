@@ -257,13 +257,23 @@ class NumpyModel:
 
     @property
     def vocabulary(self):
-        """A text model's byte for each token id, or None."""
+        """A text model's byte for each token id, or None. The file records
+        it twice (gpipe.job and gpipe.vocabulary); two records that
+        disagree are refused, as gpipectl refuses them, rather than mapping
+        text to ids one way here and another there."""
+        recorded = js.bytes_field(
+            js.field(js.field(self.spec, "data"), "text"), "vocabulary",
+            "data.text")
         text = self.metadata.get("gpipe.vocabulary")
         if text:
-            return bytes(json.loads(text))
-        vocab = js.bytes_field(js.field(js.field(self.spec, "data"), "text"),
-                               "vocabulary", "data.text")
-        return vocab or None
+            listed = bytes(json.loads(text))
+            if recorded and recorded != listed:
+                raise ValueError(
+                    f"{self.path}: gpipe.vocabulary ({len(listed)} bytes) "
+                    f"and gpipe.job's data.text.vocabulary ({len(recorded)} "
+                    "bytes) disagree: the metadata was edited")
+            return listed
+        return recorded or None
 
     def preprocess(self, x):
         """The inputs the first layer sees: `x` ([B, ...] raw samples, e.g.

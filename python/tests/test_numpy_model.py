@@ -391,6 +391,28 @@ class PreprocessTest(unittest.TestCase):
                                    [[1, 0.25]])
 
 
+class VocabularyTest(unittest.TestCase):
+    def test_the_two_records_must_agree(self):
+        spec = spec_of("INT32", [2], [{"relu": {}}])
+        spec["data"] = {"text": {"path": "t.txt", "seqLen": 2,
+                                 "vocabulary": "CiBh"}}  # b"\n a"
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.safetensors")
+            metadata = {"gpipe.job": json.dumps(spec),
+                        "gpipe.vocabulary": "[10, 32, 97]"}
+            save_safetensors(path, {}, metadata)
+            self.assertEqual(NumpyModel.load(path).vocabulary, b"\n a")
+            metadata["gpipe.vocabulary"] = "[10, 32, 98]"
+            save_safetensors(path, {}, metadata)
+            with self.assertRaisesRegex(ValueError, "disagree"):
+                NumpyModel.load(path).vocabulary
+            # The list alone serves a job that recorded none.
+            del spec["data"]["text"]["vocabulary"]
+            metadata["gpipe.job"] = json.dumps(spec)
+            save_safetensors(path, {}, metadata)
+            self.assertEqual(NumpyModel.load(path).vocabulary, b"\n b")
+
+
 class LossTest(unittest.TestCase):
     def test_by_hand(self):
         logits = np.array([[0, math.log(3)], [5, 1], [0, 0]], F32)

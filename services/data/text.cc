@@ -89,9 +89,24 @@ absl::StatusOr<std::unique_ptr<TextDataset>> TextDataset::Open(
   for (size_t i = 0; i < bytes.size(); ++i) {
     const int32_t id = token_of[bytes[i]];
     if (id < 0) {
+      // The byte as the user would see it in the file, and where a given
+      // vocabulary came from: the spec's field is base64 in JSON (a plain
+      // "abc" decodes to two other bytes), or the model a job starts from
+      // recorded it.
+      const int b = bytes[i];
+      const std::string shown =
+          b >= 0x20 && b < 0x7f ? absl::StrCat(" ('", std::string(1, b), "')")
+                                : "";
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": byte ", int{bytes[i]}, " at offset ", i,
-          " is not in the vocabulary (", vocabulary.size(), " bytes)"));
+          path, ": byte ", b, shown, " at offset ", i,
+          given_vocabulary.empty()
+              ? absl::StrCat(" is not in the vocabulary (", vocabulary.size(),
+                             " bytes)")
+              : absl::StrCat(
+                    " is not in the vocabulary of ", vocabulary.size(),
+                    " bytes the job was given (data.text.vocabulary, base64 "
+                    "in a spec's JSON, or the one the model it starts from "
+                    "was trained with)")));
     }
     bytes[i] = static_cast<uint8_t>(id);
   }

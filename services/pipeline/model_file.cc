@@ -7,9 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/pipeline/data_resolution.h"
@@ -128,6 +131,47 @@ absl::StatusOr<std::map<std::string, std::string>> ReadMetadata(
 
 }  // namespace
 
+namespace {
+
+// gpipe.vocabulary's JSON list of bytes ("[10, 32, 33]") as the bytes, each
+// a whole number 0-255, in ascending order (as data.text.vocabulary must
+// be); an error names the entry.
+absl::StatusOr<std::string> ParseVocabularyList(const std::string& path,
+                                                absl::string_view list) {
+  const auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": gpipe.vocabulary: ", why,
+                     " (a JSON list of distinct bytes 0-255 in ascending "
+                     "order, as gpipe writes it)"));
+  };
+  list = absl::StripAsciiWhitespace(list);
+  if (list.size() < 2 || list.front() != '[' || list.back() != ']') {
+    return bad("not a list");
+  }
+  list = absl::StripAsciiWhitespace(list.substr(1, list.size() - 2));
+  std::string bytes;
+  if (list.empty()) return bytes;
+  int previous = -1;
+  for (absl::string_view entry : absl::StrSplit(list, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    int value = 0;
+    if (!absl::SimpleAtoi(entry, &value) || value < 0 || value > 255) {
+      return bad(absl::StrCat("entry ", bytes.size(), " is \"", entry,
+                              "\", not a byte"));
+    }
+    if (value <= previous) {
+      return bad(absl::StrCat("entry ", bytes.size(), " (", value,
+                              ") is not above the one before it (", previous,
+                              ")"));
+    }
+    previous = value;
+    bytes.push_back(static_cast<char>(value));
+  }
+  return bytes;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   ModelFileInfo info;
   ASSIGN_OR_RETURN(info.metadata, ReadMetadata(path));
@@ -157,6 +201,39 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
         absl::StrCat(path, ": its gpipe.job: ", spec.status().message()));
   }
   info.spec = *std::move(spec);
+  // The vocabulary is written twice, in gpipe.job and as gpipe.vocabulary
+  // (which readers without a protobuf parser use, the Python package
+  // first). Every reader must map bytes to the same ids: a file whose two
+  // records disagree was edited, and is refused rather than decoded one
+  // way here and another there. One without the job's record takes the
+  // list's.
+  if (const std::string* list = get("gpipe.vocabulary"); list != nullptr) {
+    ASSIGN_OR_RETURN(const std::string bytes, ParseVocabularyList(path, *list));
+    gpipe::v1::DataSpec& data = *info.spec.mutable_data();
+    if (!data.has_text()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": gpipe.vocabulary is set, but its gpipe.job reads no text: a "
+          "text model's vocabulary on another model (the metadata was "
+          "edited)"));
+    }
+    const std::string& recorded = data.text().vocabulary();
+    if (recorded.empty()) {
+      data.mutable_text()->set_vocabulary(bytes);
+    } else if (recorded != bytes) {
+      size_t i = 0;
+      while (i < recorded.size() && i < bytes.size() &&
+             recorded[i] == bytes[i]) {
+        ++i;
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": gpipe.vocabulary (", bytes.size(),
+          " bytes) and gpipe.job's data.text.vocabulary (", recorded.size(),
+          " bytes) disagree from token id ", i,
+          ": the metadata was edited, and readers would map text to ids "
+          "differently"));
+    }
+  }
   return info;
 }
 

@@ -181,8 +181,9 @@ TEST_F(DataResolutionTest, ARecordedVocabularyIsEnforced) {
   ASSERT_FALSE(data.ok());
   EXPECT_THAT(data.status().message(),
               HasSubstr("data.text.path: " + path +
-                        ": byte 122 at offset 203 "
-                        "is not in the vocabulary (4 bytes)"));
+                        ": byte 122 ('z') at offset 203 is not in the "
+                        "vocabulary of 4 bytes the job was given "
+                        "(data.text.vocabulary, base64 in a spec's JSON"));
   // A vocabulary out of order is the spec's field's fault, not the file's.
   spec->mutable_data()->mutable_text()->set_vocabulary("ba");
   EXPECT_THAT(OpenJobDataset(*spec).status().message(),

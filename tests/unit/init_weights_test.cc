@@ -618,5 +618,55 @@ TEST_F(InitWeightsTest, AModelFileServedEvaluatesAsItsRunDid) {
               HasSubstr("its gpipe.job"));
 }
 
+// A model file records its vocabulary twice, in gpipe.job and as
+// gpipe.vocabulary (the Python package reads that first): records that
+// disagree are refused, and the list serves a job that recorded none.
+TEST_F(InitWeightsTest, TheTwoVocabularyRecordsMustAgree) {
+  gpipe::v1::JobSpec text;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(
+                  R"({"model": {"input": {"dtype": "INT32",
+                                          "shape": {"dims": [8]}},
+                                "layers": [{"embedding": {"vocabSize": 3,
+                                                          "dim": 4,
+                                                          "maxPositions": 8}},
+                                           {"linear": {"inFeatures": 4,
+                                                       "outFeatures": 3}}],
+                                "loss": {"softmaxCrossEntropy": {}}},
+                      "optimizer": {"lr": 0.1, "sgd": {}},
+                      "data": {"text": {"path": "corpus.txt", "seqLen": 8,
+                                        "vocabulary": "CiBh"}},
+                      "batchSize": 2, "steps": 1})",
+                  &text)
+                  .ok());
+  const auto write = [&](const gpipe::v1::JobSpec& spec,
+                         const std::string& list) {
+    std::string json;
+    EXPECT_TRUE(google::protobuf::util::MessageToJsonString(spec, &json).ok());
+    const std::string path = (dir_ / "vocabulary.safetensors").string();
+    EXPECT_TRUE(WriteSafetensors(path, {},
+                                 {{"gpipe.job", json},
+                                  {"gpipe.step", "1"},
+                                  {"gpipe.vocabulary", list}})
+                    .ok());
+    return ReadModelFileInfo(path);
+  };
+  auto agree = write(text, "[10, 32, 97]");
+  ASSERT_TRUE(agree.ok()) << agree.status();
+  EXPECT_EQ(agree->spec.data().text().vocabulary(), std::string("\n a", 3));
+  EXPECT_THAT(write(text, "[10, 32, 98]").status().message(),
+              HasSubstr("disagree from token id 2"));
+  EXPECT_THAT(write(text, "[10, 97, 32]").status().message(),
+              HasSubstr("entry 2 (32) is not above the one before it (97)"));
+  EXPECT_THAT(write(text, "[10, 300]").status().message(),
+              HasSubstr("entry 1 is \"300\", not a byte"));
+  EXPECT_THAT(write(spec_, "[10]").status().message(),
+              HasSubstr("its gpipe.job reads no text"));
+  gpipe::v1::JobSpec unrecorded = text;
+  unrecorded.mutable_data()->mutable_text()->clear_vocabulary();
+  auto filled = write(unrecorded, "[10, 32, 98]");
+  ASSERT_TRUE(filled.ok()) << filled.status();
+  EXPECT_EQ(filled->spec.data().text().vocabulary(), std::string("\n b", 3));
+}
+
 }  // namespace
 }  // namespace gpipe
