@@ -41,7 +41,9 @@
 #include "services/core/cores.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
+#include "services/pipeline/content_check.h"
 #include "services/pipeline/data_resolution.h"
+#include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
 #include "services/transport/data_plane.h"
@@ -611,6 +613,23 @@ int RunLocal(const std::vector<std::string>& args) {
   // The workers may run elsewhere (--keep directories): paths mean here.
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadSpecWithFlags(args[0]);
   if (!spec.ok()) return Fail(spec.status());
+  // The starting weights checked before any process starts, as the data is
+  // (LoadSpecWithFlags): a text file named as initFrom, or weights of other
+  // shapes, failed the job only once the cluster had started and the
+  // controller read them. The same check the controller makes
+  // (CheckJobContents), and the memory it took given back before the
+  // workers start.
+  if (spec->has_init_from()) {
+    absl::Status weights_fit;
+    {
+      absl::StatusOr<InitWeights> weights =
+          ReadInitWeights(spec->init_from().path());
+      weights_fit =
+          weights.ok() ? CheckInitWeights(*spec, *weights) : weights.status();
+    }
+    ReleaseFreedMemory();
+    if (!weights_fit.ok()) return Fail(weights_fit);
+  }
   // The workers' own parser: what they accept is what is accepted here.
   if (const std::string plane = absl::GetFlag(FLAGS_data_plane);
       !plane.empty()) {

@@ -132,6 +132,15 @@ absl::StatusOr<InitWeights> ReadInitWeights(const std::string& path) {
     absl::StatusOr<SafetensorsFile> read =
         ReadSafetensors(file, storage::OtherDTypes::kSkip);
     if (!read.ok()) {
+      // A file that is no safetensors file at all (a text file named by
+      // mistake) is called that, as gpipectl eval calls it; its header
+      // length read from text said nothing a user could act on.
+      const absl::StatusOr<std::map<std::string, std::string>> header =
+          ReadMetadata(file);
+      if (!header.ok()) {
+        return InitError(header.status().code(),
+                         std::string(header.status().message()));
+      }
       return InitError(
           read.status().code(),
           absl::StrCat(read.status().message(), OtherWeightsFormatHint(file)));

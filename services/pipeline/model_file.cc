@@ -105,10 +105,6 @@ absl::Status CheckModelFormatVersion(
   return absl::OkStatus();
 }
 
-namespace {
-
-// The metadata of the safetensors file at `path`, read from its header
-// alone; InvalidArgument for a file that is not one.
 absl::StatusOr<std::map<std::string, std::string>> ReadMetadata(
     const std::string& path) {
   uint64_t size = 0;
@@ -128,8 +124,6 @@ absl::StatusOr<std::map<std::string, std::string>> ReadMetadata(
   if (!header.ok()) return not_model(header.status());
   return std::move(header->metadata);
 }
-
-}  // namespace
 
 namespace {
 

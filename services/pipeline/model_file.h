@@ -41,6 +41,13 @@ absl::Status CheckModelFormatVersion(
     const std::string& path,
     const std::map<std::string, std::string>& metadata);
 
+// The metadata of the safetensors file at `path`, read from its header
+// alone; InvalidArgument "not a safetensors model file: ..." for a file
+// that is not one (another format's hint added), the open's own error for
+// one that cannot be read.
+absl::StatusOr<std::map<std::string, std::string>> ReadMetadata(
+    const std::string& path);
+
 // Reads and checks `path`'s header: a safetensors file this product wrote
 // (gpipe.job and gpipe.step present), of a format version it knows.
 // Errors name the path and what is missing or wrong.

@@ -258,6 +258,19 @@ expect_refused 2 "--threads: must be between 0 (the usable cores) and 1024, got 
 expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
   train "$work/job.json" --steps 1 --micro-batches -1
 expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
+# Starting weights that are no model file (a text file named by mistake)
+# are refused before the local cluster starts, as data is, and named as
+# what they are not (a header length read from text was all it said).
+echo "not weights" >"$work/notes.txt"
+python3 - "$work/job.json" "$work/text_init.json" "$work/notes.txt" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["initFrom"] = {"path": sys.argv[3]}
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+expect_refused 1 "init_from.path: not a safetensors model file: $work/notes.txt" \
+  local "$work/text_init.json" --ports 46900-46999
+! grep -q "controller" "$work/flag.log" || fail "local started a cluster for weights it could check"
 expect_refused 2 "--flops: must be a finite number >= 0" plan "$work/job.json" --flops nan
 expect_refused 2 "--measure-under: must be a finite number of seconds >= 0" \
   plan "$work/job.json" --measure-under -1

@@ -311,6 +311,14 @@ TEST_F(InitWeightsTest, PyTorchsFilesAreJudgedByNameAndDtypeWithAFix) {
   spec.mutable_init_from()->set_path(pt);
   EXPECT_THAT(ReferenceTrainer::Create(spec).status().message(),
               HasSubstr("it is a zip archive, as torch.save"));
+  // A text file named by mistake is called what it is not: its first
+  // eight bytes read as a header length said nothing a user could act on.
+  const std::string text = (dir_ / "notes.txt").string();
+  std::ofstream(text) << "These are my notes, not weights.\n";
+  spec.mutable_init_from()->set_path(text);
+  EXPECT_THAT(ReferenceTrainer::Create(spec).status().message(),
+              HasSubstr("init_from.path: not a safetensors model file: " +
+                        text + ": header length"));
   // A damaged safetensors file whose header length starts with 0x80 is not
   // called a pickle: its length fits the file.
   const std::string damaged = (dir_ / "damaged.safetensors").string();
