@@ -6,13 +6,18 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <system_error>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 ABSL_DECLARE_FLAG(int, threads);
@@ -147,6 +152,65 @@ int ExitCodeFor(const absl::Status& status) {
                  absl::StartsWith(status.message(), "--")
              ? 2
              : 1;
+}
+
+namespace {
+
+// What `flag` takes, for a refusal: "a whole number >= 0", or absl's own
+// words for a type not named here.
+std::string KindOfValue(const absl::CommandLineFlag& flag,
+                        const std::string& absl_error) {
+  if (flag.IsOfType<bool>()) return "true or false";
+  if (flag.IsOfType<int>() || flag.IsOfType<int64_t>()) return "a whole number";
+  if (flag.IsOfType<uint32_t>() || flag.IsOfType<uint64_t>())
+    return "a whole number >= 0";
+  if (flag.IsOfType<double>() || flag.IsOfType<float>()) return "a number";
+  if (flag.IsOfType<absl::Duration>()) return "a duration (30s, 5m, 1h30m)";
+  return absl::StrCat("a value it takes (", absl_error, ")");
+}
+
+}  // namespace
+
+absl::Status CheckFlagSyntax(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (!absl::StartsWith(arg, "--")) continue;
+    if (arg == "--") break;  // the flags end here
+    absl::string_view name = arg.substr(2);
+    std::optional<absl::string_view> value;
+    if (const size_t eq = name.find('='); eq != absl::string_view::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    const std::string typed = absl::StrReplaceAll(name, {{"_", "-"}});
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && !value) {
+      // --nofoo: a boolean flag set false.
+      absl::CommandLineFlag* positive =
+          absl::FindCommandLineFlag(name.substr(2));
+      if (positive != nullptr && positive->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", typed,
+                       ": no such flag (gpipectl COMMAND --help lists a "
+                       "command's flags)"));
+    }
+    if (!value) {
+      if (flag->IsOfType<bool>()) continue;
+      if (i + 1 >= argc) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", typed, ": missing its value"));
+      }
+      value = argv[++i];
+    }
+    std::string error;
+    if (!flag->ParseFrom(*value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", typed, ": '", *value, "' is not ", KindOfValue(*flag, error)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 int FailCommand(const char* command, const absl::Status& status) {

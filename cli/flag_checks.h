@@ -22,6 +22,14 @@ inline constexpr int64_t kMaxLocalWorkers = 256;
 // 1024, got 100000".
 absl::Status CheckNumericFlags(const std::string& command);
 
+// Every "--name[=value]" of the command line (underscored, as absl spells
+// flags) names a flag and gives it a value it takes, checked before absl's
+// parser sees them: that parser ends the process with status 1 and
+// "ERROR: Illegal value ...", where a usage error is status 2 here. Errors
+// name the flag as typed: "--seed: '-1' is not a value it takes (...)",
+// "--bogus: no such flag (gpipectl COMMAND --help lists a command's)".
+absl::Status CheckFlagSyntax(int argc, char** argv);
+
 // A command's exit status for `status`: 2 (usage) for a flag's value the
 // flag does not take (InvalidArgument, its message starting with the flag:
 // "--steps: ..."), as CheckNumericFlags' refusals are, else 1 (failure).

@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());
   // Our own help: a command's flags, not absl's list by source file.
   if (gpipe::cli::PrintHelpIfAsked(argc, argv)) return 0;
+  if (absl::Status s = gpipe::cli::CheckFlagSyntax(argc, argv); !s.ok()) {
+    std::fprintf(stderr, "gpipectl: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
   std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
   std::vector<std::string> args(rest.begin() + 1, rest.end());
   if (args.empty()) {

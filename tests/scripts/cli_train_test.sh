@@ -258,6 +258,14 @@ expect_refused 2 "--threads: must be between 0 (the usable cores) and 1024, got 
 expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
   train "$work/job.json" --steps 1 --micro-batches -1
 expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
+# A value of the wrong type and a flag that does not exist are usage errors
+# too, named as typed (absl's parser exited 1 with "ERROR: Illegal value").
+expect_refused 2 "--seed: '-1' is not a whole number >= 0" \
+  generate "$work/job.json" --prompt a --seed -1
+expect_refused 2 "--micro-batches: 'four' is not a whole number" \
+  train "$work/job.json" --micro-batches=four
+expect_refused 2 "--bogus: no such flag" train "$work/job.json" --bogus 3
+expect_refused 2 "--steps: missing its value" train "$work/job.json" --steps
 # Starting weights that are no model file (a text file named by mistake)
 # are refused before the local cluster starts, as data is, and named as
 # what they are not (a header length read from text was all it said).
