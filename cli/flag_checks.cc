@@ -19,6 +19,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "services/core/cores.h"
 
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(int64_t, stages);
@@ -211,6 +212,17 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
     }
   }
   return absl::OkStatus();
+}
+
+void WarnAboutThreads(const std::string& command) {
+  const int threads = absl::GetFlag(FLAGS_threads);
+  const int cores = AvailableCores();
+  if (threads <= cores) return;
+  std::fprintf(stderr,
+               "gpipectl %s: warning: --threads %d is more than the %d "
+               "core%s this process may use; threads past them share cores "
+               "and run slower, not faster\n",
+               command.c_str(), threads, cores, cores == 1 ? "" : "s");
 }
 
 int FailCommand(const char* command, const absl::Status& status) {

@@ -30,6 +30,12 @@ absl::Status CheckNumericFlags(const std::string& command);
 // "--bogus: no such flag (gpipectl COMMAND --help lists a command's)".
 absl::Status CheckFlagSyntax(int argc, char** argv);
 
+// A warning on stderr when --threads asks for more than the cores this
+// process may use: allowed (a container's quota can read lower than what
+// it gets), but threads past the cores share them and run slower, not
+// faster (a typo of 1000 trained at a fiftieth of the speed).
+void WarnAboutThreads(const std::string& command);
+
 // A command's exit status for `status`: 2 (usage) for a flag's value the
 // flag does not take (InvalidArgument, its message starting with the flag:
 // "--steps: ..."), as CheckNumericFlags' refusals are, else 1 (failure).

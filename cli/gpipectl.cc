@@ -65,6 +65,7 @@ int main(int argc, char** argv) {
                  std::string(s.message()).c_str());
     return 2;
   }
+  gpipe::cli::WarnAboutThreads(command);
   if (command == "train") return gpipe::cli::RunTrain(args);
   if (command == "plan") return gpipe::cli::RunPlan(args);
   if (command == "eval") return gpipe::cli::RunEval(args);

@@ -321,8 +321,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
     SetComputeThreads(threads);
     *description = absl::StrCat(
         "reference trainer, ", options.micro_batches, " micro-batches, ",
-        *device == Device::kCpu ? absl::StrCat(threads, " threads")
-                                : absl::StrCat("on ", CudaDescription()));
+        *device == Device::kCpu
+            ? absl::StrCat(threads, threads == 1 ? " thread" : " threads")
+            : absl::StrCat("on ", CudaDescription()));
     auto t =
         ReferenceTrainer::Create(run, options.micro_batches, nullptr, *device);
     if (!t.ok()) return t.status();
@@ -345,7 +346,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
       ", M=", options.micro_batches, ", ",
       std::string(ScheduleName(options.schedule)), ", remat ",
       std::string(RematName(options.remat)), ", ", options.threads_per_stage,
-      " threads per stage", *device == Device::kCpu ? "" : ", on the GPU");
+      options.threads_per_stage == 1 ? " thread" : " threads", " per stage",
+      // At least one each: --threads 1 over 2 stages runs 2.
+      options.threads_per_stage * options.stages * options.replicas > threads
+          ? absl::StrCat(
+                " (at least one each: ",
+                options.threads_per_stage * options.stages * options.replicas,
+                " for --threads ", threads, ")")
+          : "",
+      *device == Device::kCpu ? "" : ", on the GPU");
   return std::unique_ptr<Trainer>(std::move(*p));
 }
 
