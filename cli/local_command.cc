@@ -617,9 +617,14 @@ int RunLocal(const std::vector<std::string>& args) {
   // (LoadSpecWithFlags): a text file named as initFrom, or weights of other
   // shapes, failed the job only once the cluster had started and the
   // controller read them. The same check the controller makes
-  // (CheckJobContents), and the memory it took given back before the
-  // workers start.
-  if (spec->has_init_from()) {
+  // (CheckJobContents), within the memory its check may take by default
+  // (larger weights are the stages' to check, each its own share), and
+  // that memory given back before the workers start.
+  constexpr int64_t kCheckMaxBytes = int64_t{1} << 30;
+  const absl::StatusOr<std::optional<int64_t>> check_bytes =
+      ContentCheckBytes(*spec);
+  if (spec->has_init_from() && check_bytes.ok() &&
+      check_bytes->value_or(0) <= kCheckMaxBytes) {
     absl::Status weights_fit;
     {
       absl::StatusOr<InitWeights> weights =
