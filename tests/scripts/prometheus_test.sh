@@ -58,6 +58,33 @@ promtool check rules "$src/deploy/prometheus/gpipe-rules.yml" ||
   fail "promtool check rules"
 promtool check config "$src/deploy/prometheus/prometheus.yml" ||
   fail "promtool check config"
+# GpipeLossNotFinite fires while the job's steps move and stops 15 minutes
+# after its last one: a failed job's NaN loss stays exported until the job
+# is deleted (a week by default), and paged critical all that time.
+cat >"$work/rule_test.yml" <<YAML
+rule_files: [$src/deploy/prometheus/gpipe-rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'gpipe_job_loss{job="job-1"}'
+        values: '2.3 $(printf 'NaN %.0s' {1..40})'
+      - series: 'gpipe_job_step{job="job-1"}'
+        values: '2 3 3x40'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: GpipeLossNotFinite
+        exp_alerts:
+          - exp_labels: {job: job-1, severity: critical}
+            exp_annotations:
+              summary: the loss of job-1 is not finite
+              description: "$(python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')=='GpipeLossNotFinite'][0]['annotations']['description'])" "$src/deploy/prometheus/gpipe-rules.yml")"
+              signal: gpipe_job_loss
+      - eval_time: 30m
+        alertname: GpipeLossNotFinite
+        exp_alerts: []
+YAML
+promtool test rules "$work/rule_test.yml" || fail "promtool test rules: GpipeLossNotFinite"
 
 # --- a local cluster with metrics: a job long enough to scrape ------------
 cat >"$work/job.json" <<'JSON'
