@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -190,6 +191,15 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
       absl::CommandLineFlag* positive =
           absl::FindCommandLineFlag(name.substr(2));
       if (positive != nullptr && positive->IsOfType<bool>()) continue;
+    }
+    // absl's usage flags are handled by its parser, not registered as flags.
+    constexpr absl::string_view kUsageFlags[] = {
+        "help",    "helpfull",        "helpshort", "helppackage",
+        "version", "only_check_args", "helpon",    "helpmatch"};
+    if (flag == nullptr &&
+        std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) !=
+            std::end(kUsageFlags)) {
+      continue;
     }
     if (flag == nullptr) {
       return absl::InvalidArgumentError(

@@ -350,6 +350,11 @@ int main(int argc, char** argv) {
                        .Name("gpipe_stage_rejected_streams_total")
                        .Help("Exchange streams this worker refused, by reason")
                        .Register(registry);
+  // Each reason's series from the start, at 0: a family with no series is
+  // absent from /metrics, so a rate() or an alert on it had no data until
+  // the first refusal.
+  for (const char* reason : {"stream_key", "fenced", "other"})
+    rejected.Add({{"reason", reason}});
   service.set_on_rejected([&rejected](const absl::Status& s) {
     const char* reason =
         absl::IsPermissionDenied(s) ? "stream_key"

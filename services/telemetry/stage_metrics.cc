@@ -121,10 +121,12 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
       theoretical_(prometheus::BuildGauge()
                        .Name("gpipe_pipeline_bubble_theoretical_ratio")
                        .Help("Bubble share of a balanced pipeline with the "
-                             "job's K, M and schedule: (K-1)/(M+K-1) for "
-                             "GPipe and 1F1B, (K-1)/(3M+K-1) for ZB-H1, "
-                             "(K-1)/(vM+K-1) for interleaved 1F1B over K "
-                             "workers")
+                             "job's K, M and schedule, M being each "
+                             "replica's micro-batches (M/R of R replicas): "
+                             "(K-1)/(M+K-1) for GPipe and 1F1B, "
+                             "(K-1)/(3M+K-1) for ZB-H1, (K-1)/(vM+K-1) for "
+                             "interleaved 1F1B over K workers, about "
+                             "(K-1)/(6M+K-1) for ZB-V")
                        .Register(registry)),
       micro_batch_(prometheus::BuildHistogram()
                        .Name("gpipe_microbatch_duration_seconds")
@@ -179,8 +181,9 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                            .Register(registry)),
       data_plane_(prometheus::BuildGauge()
                       .Name("gpipe_transport_data_plane")
-                      .Help("1 for the data plane (grpc or shm) that carries "
-                            "tensors from this stage to the next")
+                      .Help("1 for the data plane (grpc, shm, cuda_ipc, or "
+                            "in_process between chunks of one worker) that "
+                            "carries tensors from this stage to the next")
                       .Register(registry)) {}
 
 std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(

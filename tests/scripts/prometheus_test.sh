@@ -166,6 +166,14 @@ for e in $endpoints; do
   done
   [[ $ok == 1 ]] || { show_logs; fail "$e exported no gpipe series within 20 s"; }
   promtool check metrics <"$work/scrape.txt" || fail "promtool check metrics on $e"
+  # A worker's refused streams are series from the start, at 0: absent,
+  # a rate() or an alert on them had no data until the first refusal.
+  if grep -q '^gpipe_stage_' "$work/scrape.txt"; then
+    for reason in stream_key fenced other; do
+      grep -q "^gpipe_stage_rejected_streams_total{reason=\"$reason\"} 0" "$work/scrape.txt" ||
+        fail "$e has no gpipe_stage_rejected_streams_total{reason=\"$reason\"} 0"
+    done
+  fi
 done
 # Every stage of both replicas on its own series, each replica's stage
 # summing gradients with the other (bytes moved), and the job's loss.
