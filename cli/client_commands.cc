@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/controller_client.h"
 #include "cli/flag_checks.h"
+#include "cli/job_text.h"
 #include "cli/progress.h"
 #include "cli/security_flags.h"
 #include "cli/stage_figures.h"
@@ -166,19 +167,6 @@ std::string Age(const google::protobuf::Timestamp& t) {
   if (s < 120 * 60) return absl::StrCat(s / 60, "m");
   if (s < 48 * 3600) return absl::StrCat(s / 3600, "h");
   return absl::StrCat(s / 86400, "d");
-}
-
-std::string StateName(gpipe::v1::JobState state) {
-  if (state == gpipe::v1::JOB_STATE_UNSPECIFIED) return "UNKNOWN";
-  return gpipe::v1::JobState_Name(state);
-}
-
-std::string StepText(const gpipe::v1::JobStatus& s) {
-  return absl::StrCat(s.step(), "/", s.total_steps());
-}
-
-std::string LossText(const gpipe::v1::JobStatus& s) {
-  return s.step() > 0 ? absl::StrFormat("%.4f", s.loss()) : "-";
 }
 
 // As `gpipectl train` prints it: "test loss 0.1234, test accuracy 0.9567
