@@ -568,6 +568,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
           c->a.job_id(), c->a.stage(), c->a.replica(), c->a.stages(),
           c->a.micro_batches() / std::max<int64_t>(1, c->a.replicas()), c->last,
           ScheduleFromSpec(c->a.schedule()), static_cast<int64_t>(xs.size()));
+      c->metrics->StartAt(a.start_step());
     }
   }
   const auto run_stage = [&]() -> absl::Status {

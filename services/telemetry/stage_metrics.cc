@@ -69,6 +69,10 @@ void StageMetrics::ObserveStep(const StepTimeline& step,
   activation_->Set(static_cast<double>(peak_bytes_));
 }
 
+void StageMetrics::StartAt(int64_t step) {
+  step_->Set(static_cast<double>(step));
+}
+
 void StageMetrics::ObserveSend(int64_t bytes, double seconds) {
   sent_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
   send_duration_->Observe(std::max(0.0, seconds));

@@ -54,6 +54,10 @@ class StageMetrics {
   // Adds one step: busy time by phase, bubble, the last-step ratios, each
   // micro-batch op's duration, step duration, samples, loss, step counter.
   void ObserveStep(const StepTimeline& step, const StepOutcome& report);
+  // The step the stage starts from (a restored checkpoint's, or 0): the
+  // step gauge says it before the first step completes, where it read 0
+  // while a restarted job restored step 250.
+  void StartAt(int64_t step);
   // One message sent to a neighbour (tensor bytes, time Send took) or
   // received from one.
   void ObserveSend(int64_t bytes, double seconds);

@@ -164,6 +164,21 @@ TEST(StageMetrics, AStepLandsInEveryFamily) {
 // utilization is its worker's too (the two add up to 1, and a job's mean
 // utilization is its workers'), and the theory is interleaved 1F1B's over
 // the K workers, not 1F1B's over K x v.
+// A stage that restores step 250 says so before its first step completes:
+// its step gauge read 0 until then, and the Step panel dipped to 0 at every
+// restart.
+TEST(StageMetrics, TheStepGaugeStartsAtTheRestoredStep) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  auto stage = metrics.ForStage("job-1", 1, /*replica=*/0, 2, 4, true);
+  stage->StartAt(250);
+  const auto families = registry.Collect();
+  const prometheus::ClientMetric* step =
+      Find(families, "gpipe_job_step", "job-1", "1", "");
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->gauge.value, 250.0);
+}
+
 TEST(StageMetrics, AChunksBubbleIsItsWorkersAndItsTheoryInterleaved) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
