@@ -58,9 +58,14 @@ promtool check rules "$src/deploy/prometheus/gpipe-rules.yml" ||
   fail "promtool check rules"
 promtool check config "$src/deploy/prometheus/prometheus.yml" ||
   fail "promtool check config"
-# GpipeLossNotFinite fires while the job's steps move and stops 15 minutes
-# after its last one: a failed job's NaN loss stays exported until the job
-# is deleted (a week by default), and paged critical all that time.
+# GpipeLossNotFinite fires for 15 minutes after the loss turns NaN, or
+# after a job's loss series appears as NaN (it failed at its first report),
+# whatever its step counter does (a resumed job fails before it reports a
+# step; a step can take longer than 15 minutes), and then stops: a failed
+# job's NaN loss stays exported until the job is deleted (a week by
+# default), and paged critical all that time.
+description="$(python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')=='GpipeLossNotFinite'][0]['annotations']['description'])" "$src/deploy/prometheus/gpipe-rules.yml")"
+nans="$(printf 'NaN %.0s' {1..40})"
 cat >"$work/rule_test.yml" <<YAML
 rule_files: [$src/deploy/prometheus/gpipe-rules.yml]
 evaluation_interval: 1m
@@ -68,9 +73,11 @@ tests:
   - interval: 1m
     input_series:
       - series: 'gpipe_job_loss{job="job-1"}'
-        values: '2.3 $(printf 'NaN %.0s' {1..40})'
+        values: '2.3 $nans'
       - series: 'gpipe_job_step{job="job-1"}'
-        values: '2 3 3x40'
+        values: '250 250x40'
+      - series: 'gpipe_job_loss{job="job-2"}'
+        values: '$nans'
     alert_rule_test:
       - eval_time: 5m
         alertname: GpipeLossNotFinite
@@ -78,7 +85,12 @@ tests:
           - exp_labels: {job: job-1, severity: critical}
             exp_annotations:
               summary: the loss of job-1 is not finite
-              description: "$(python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')=='GpipeLossNotFinite'][0]['annotations']['description'])" "$src/deploy/prometheus/gpipe-rules.yml")"
+              description: "$description"
+              signal: gpipe_job_loss
+          - exp_labels: {job: job-2, severity: critical}
+            exp_annotations:
+              summary: the loss of job-2 is not finite
+              description: "$description"
               signal: gpipe_job_loss
       - eval_time: 30m
         alertname: GpipeLossNotFinite
