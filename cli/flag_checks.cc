@@ -15,6 +15,7 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -163,28 +164,57 @@ namespace {
 std::string KindOfValue(const absl::CommandLineFlag& flag,
                         const std::string& absl_error) {
   if (flag.IsOfType<bool>()) return "true or false";
-  if (flag.IsOfType<int>() || flag.IsOfType<int64_t>()) return "a whole number";
-  if (flag.IsOfType<uint32_t>() || flag.IsOfType<uint64_t>())
-    return "a whole number >= 0";
+  if (flag.IsOfType<int>())
+    return "a whole number from -2147483648 to 2147483647";
+  if (flag.IsOfType<int64_t>()) return "a whole number";
+  if (flag.IsOfType<uint32_t>()) return "a whole number from 0 to 4294967295";
+  if (flag.IsOfType<uint64_t>()) return "a whole number >= 0";
   if (flag.IsOfType<double>() || flag.IsOfType<float>()) return "a number";
   if (flag.IsOfType<absl::Duration>()) return "a duration (30s, 5m, 1h30m)";
   return absl::StrCat("a value it takes (", absl_error, ")");
 }
 
+// "--name..." or "-name..." (absl takes one dash too); not "-", "-1", "--".
+bool IsFlag(absl::string_view arg) {
+  if (absl::StartsWith(arg, "--")) return arg.size() > 2;
+  return arg.size() > 1 && arg[0] == '-' && absl::ascii_isalpha(arg[1]);
+}
+
+absl::string_view FlagName(absl::string_view arg) {
+  arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
+  return arg.substr(0, arg.find('='));
+}
+
 }  // namespace
 
 absl::Status CheckFlagSyntax(int argc, char** argv) {
+  // Flags that bring flags from elsewhere or excuse unknown ones
+  // (--flagfile, --fromenv, --tryfromenv, --undefok): absl's parser alone
+  // knows what they make of the rest, so it checks all of it.
+  for (int i = 1; i < argc && absl::string_view(argv[i]) != "--"; ++i) {
+    if (!IsFlag(argv[i])) continue;
+    const absl::string_view name = FlagName(argv[i]);
+    if (name == "flagfile" || name == "fromenv" || name == "tryfromenv" ||
+        name == "undefok") {
+      return absl::OkStatus();
+    }
+  }
+  // absl's usage flags are handled by its parser, not registered as flags.
+  constexpr absl::string_view kUsageFlags[] = {
+      "help",    "helpfull",        "helpshort", "helppackage",
+      "version", "only_check_args", "helpon",    "helpmatch"};
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
-    if (!absl::StartsWith(arg, "--")) continue;
     if (arg == "--") break;  // the flags end here
-    absl::string_view name = arg.substr(2);
+    if (!IsFlag(arg)) continue;
+    const absl::string_view dashes = absl::StartsWith(arg, "--") ? "--" : "-";
+    const absl::string_view name = FlagName(arg);
     std::optional<absl::string_view> value;
-    if (const size_t eq = name.find('='); eq != absl::string_view::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
+    if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
+      value = arg.substr(eq + 1);
     }
-    const std::string typed = absl::StrReplaceAll(name, {{"_", "-"}});
+    const std::string typed =
+        absl::StrCat(dashes, absl::StrReplaceAll(name, {{"_", "-"}}));
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no") && !value) {
       // --nofoo: a boolean flag set false.
@@ -192,10 +222,6 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
           absl::FindCommandLineFlag(name.substr(2));
       if (positive != nullptr && positive->IsOfType<bool>()) continue;
     }
-    // absl's usage flags are handled by its parser, not registered as flags.
-    constexpr absl::string_view kUsageFlags[] = {
-        "help",    "helpfull",        "helpshort", "helppackage",
-        "version", "only_check_args", "helpon",    "helpmatch"};
     if (flag == nullptr &&
         std::find(std::begin(kUsageFlags), std::end(kUsageFlags), name) !=
             std::end(kUsageFlags)) {
@@ -203,7 +229,7 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
     }
     if (flag == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--", typed,
+          absl::StrCat(typed,
                        ": no such flag (gpipectl COMMAND --help lists a "
                        "command's flags)"));
     }
@@ -211,14 +237,16 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
       if (flag->IsOfType<bool>()) continue;
       if (i + 1 >= argc) {
         return absl::InvalidArgumentError(
-            absl::StrCat("--", typed, ": missing its value"));
+            absl::StrCat(typed, ": missing its value"));
       }
       value = argv[++i];
     }
+    // Parsed into the flag itself, as absl's parser then does again with
+    // the same value.
     std::string error;
     if (!flag->ParseFrom(*value, &error)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--", typed, ": '", *value, "' is not ", KindOfValue(*flag, error)));
+          typed, ": '", *value, "' is not ", KindOfValue(*flag, error)));
     }
   }
   return absl::OkStatus();

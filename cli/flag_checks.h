@@ -22,12 +22,14 @@ inline constexpr int64_t kMaxLocalWorkers = 256;
 // 1024, got 100000".
 absl::Status CheckNumericFlags(const std::string& command);
 
-// Every "--name[=value]" of the command line (underscored, as absl spells
-// flags) names a flag and gives it a value it takes, checked before absl's
-// parser sees them: that parser ends the process with status 1 and
-// "ERROR: Illegal value ...", where a usage error is status 2 here. Errors
-// name the flag as typed: "--seed: '-1' is not a value it takes (...)",
-// "--bogus: no such flag (gpipectl COMMAND --help lists a command's)".
+// Every "--name[=value]" or "-name[=value]" of the command line
+// (underscored, as absl spells flags) names a flag and gives it a value it
+// takes, checked before absl's parser sees them: that parser ends the
+// process with status 1 and "ERROR: Illegal value ...", where a usage
+// error is status 2 here. Errors name the flag as typed: "--seed: '-1' is
+// not a whole number >= 0", "--bogus: no such flag (gpipectl COMMAND --help
+// lists a command's flags)". A command line with --flagfile, --fromenv,
+// --tryfromenv or --undefok is left to absl's parser whole.
 absl::Status CheckFlagSyntax(int argc, char** argv);
 
 // A warning on stderr when --threads asks for more than the cores this

@@ -112,6 +112,9 @@ int RunPlan(const std::vector<std::string>& args);
 namespace {
 
 constexpr int kMeasureReps = 5;
+// The most memory a plan times the layers in without --measure: a default
+// plan was a second's work, and should not take a large host's quarter.
+constexpr int64_t kMeasureMemoryCap = int64_t{4} << 30;
 // How long the default range keeps doubling K while the best sits at its end.
 constexpr auto kGrowthBudget = std::chrono::seconds(20);
 constexpr int64_t kMaxPlannedMicroBatches = 256;
@@ -575,14 +578,14 @@ int RunPlan(const std::vector<std::string>& args) {
     const double estimate = MeasuringSeconds(*shapes, spec_mb, flops);
     // The timing holds the whole model and one micro-batch's activations,
     // as one stage under 1F1B does: a model that needs more than a quarter
-    // of this machine's memory is left to --measure (a large embedding
-    // table has few FLOPs).
+    // of this machine's memory, or 4 GiB, is left to --measure (a large
+    // embedding table has few FLOPs).
     const std::vector<int64_t> whole = {layers};
     const int64_t needs =
         EstimatePipelineMemory(*spec, *shapes, whole, MicroBatchCount(*spec),
                                ScheduleKind::kOneFOneB, RematMode::kNever)[0]
             .total();
-    if (needs > SystemMemoryLimit() / 4) {
+    if (needs > std::min(SystemMemoryLimit() / 4, kMeasureMemoryCap)) {
       model_why = absl::StrCat("; timing the layers needs about ",
                                FormatBytes(needs), ": --measure does");
     } else if (estimate < measure_under) {

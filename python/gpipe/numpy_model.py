@@ -266,7 +266,18 @@ class NumpyModel:
             "data.text")
         text = self.metadata.get("gpipe.vocabulary")
         if text:
-            listed = bytes(json.loads(text))
+            # As gpipectl reads it: distinct bytes 0-255 in ascending order.
+            entries = json.loads(text)
+            if (not isinstance(entries, list) or
+                    any(not isinstance(b, int) or isinstance(b, bool) or
+                        not 0 <= b <= 255 for b in entries) or
+                    any(b <= a for a, b in zip(entries, entries[1:]))):
+                raise ValueError(
+                    f"{self.path}: gpipe.vocabulary: {text!r} is not a list "
+                    "of distinct bytes 0-255 in ascending order")
+            listed = bytes(entries)
+            if not listed:
+                return recorded or None
             if recorded and recorded != listed:
                 raise ValueError(
                     f"{self.path}: gpipe.vocabulary ({len(listed)} bytes) "

@@ -411,6 +411,14 @@ class VocabularyTest(unittest.TestCase):
             metadata["gpipe.job"] = json.dumps(spec)
             save_safetensors(path, {}, metadata)
             self.assertEqual(NumpyModel.load(path).vocabulary, b"\n b")
+            # Read as gpipectl reads it: ascending bytes, or refused.
+            metadata["gpipe.vocabulary"] = "[98, 97]"
+            save_safetensors(path, {}, metadata)
+            with self.assertRaisesRegex(ValueError, "ascending order"):
+                NumpyModel.load(path).vocabulary
+            metadata["gpipe.vocabulary"] = "[]"
+            save_safetensors(path, {}, metadata)
+            self.assertIsNone(NumpyModel.load(path).vocabulary)
 
 
 class LossTest(unittest.TestCase):

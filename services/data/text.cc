@@ -105,8 +105,9 @@ absl::StatusOr<std::unique_ptr<TextDataset>> TextDataset::Open(
               : absl::StrCat(
                     " is not in the vocabulary of ", vocabulary.size(),
                     " bytes the job was given (data.text.vocabulary, base64 "
-                    "in a spec's JSON, or the one the model it starts from "
-                    "was trained with)")));
+                    "in a spec's JSON; the one the model it starts from "
+                    "was trained with; or the file's own, recorded when the "
+                    "job was submitted, if the file changed since)")));
     }
     bytes[i] = static_cast<uint8_t>(id);
   }

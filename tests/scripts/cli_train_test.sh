@@ -268,9 +268,9 @@ expect_refused 2 "--bogus: no such flag" train "$work/job.json" --bogus 3
 expect_refused 2 "--steps: missing its value" train "$work/job.json" --steps
 # More threads than cores: allowed, but said (a typo of 1000 trained at a
 # fiftieth of the speed without a word).
-"$gpipectl" train "$work/job.json" --steps 1 --threads $(( $(nproc) + 1 )) >"$work/over.log" 2>&1 ||
+"$gpipectl" train "$work/job.json" --steps 1 --threads $(( $(nproc --all) + 1 )) >"$work/over.log" 2>&1 ||
   { cat "$work/over.log"; fail "train with more threads than cores"; }
-grep -q "warning: --threads $(( $(nproc) + 1 )) is more than the" "$work/over.log" ||
+grep -q "warning: --threads $(( $(nproc --all) + 1 )) is more than the" "$work/over.log" ||
   { cat "$work/over.log"; fail "no warning for more threads than cores"; }
 # Starting weights that are no model file (a text file named by mistake)
 # are refused before the local cluster starts, as data is, and named as

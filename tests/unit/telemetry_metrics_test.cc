@@ -159,11 +159,6 @@ TEST(StageMetrics, AStepLandsInEveryFamily) {
                     ::testing::AnyOf("job", "stage", "replica", "phase"));
 }
 
-// A chunk of an interleaved schedule shares its worker's thread: the time
-// that thread computes its other chunks is not the chunk's bubble, its
-// utilization is its worker's too (the two add up to 1, and a job's mean
-// utilization is its workers'), and the theory is interleaved 1F1B's over
-// the K workers, not 1F1B's over K x v.
 // A stage that restores step 250 says so before its first step completes:
 // its step gauge read 0 until then, and the Step panel dipped to 0 at every
 // restart.
@@ -179,6 +174,11 @@ TEST(StageMetrics, TheStepGaugeStartsAtTheRestoredStep) {
   EXPECT_EQ(step->gauge.value, 250.0);
 }
 
+// A chunk of an interleaved schedule shares its worker's thread: the time
+// that thread computes its other chunks is not the chunk's bubble, its
+// utilization is its worker's too (the two add up to 1, and a job's mean
+// utilization is its workers'), and the theory is interleaved 1F1B's over
+// the K workers, not 1F1B's over K x v.
 TEST(StageMetrics, AChunksBubbleIsItsWorkersAndItsTheoryInterleaved) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);

@@ -75,8 +75,8 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
                     int64_t depth, float* out) {
   int64_t p = 0, whole = 0, paired = 0;
 #if defined(__SSE2__)
-  // 4 x 4 blocks through registers. Four rows of src are read a whole
-  // line (16 floats of the depth) at a time, four blocks, before the next
+  // 4 x 4 blocks through registers. Four rows of src are read a line's
+  // worth (16 floats of the depth) at a time, four blocks, before the next
   // four rows: each line is used up while it is in L1. Four depth steps of
   // all the sliver's rows at a time, as before, kept a line of each of the
   // 32 rows waiting for its next use, and rows 4 KiB apart (a width-1024
@@ -96,10 +96,15 @@ void PackTransposed(const float* src, int64_t ld, int64_t valid, int64_t width,
   for (int64_t p0 = 0; p0 < depth4; p0 += kLine) {
     const int64_t p_end = std::min(depth4, p0 + kLine);
     for (int64_t j = 0; j < whole; j += 4) {
-      for (int64_t r = 0; r < 4; ++r)
-        _mm_prefetch(
-            reinterpret_cast<const char*>(src + (j + r) * ld + p0 + kAhead),
-            _MM_HINT_T0);
+      // The address may lie past the source's end (its last lines): a
+      // prefetch does not fault, and the address is made as an integer,
+      // not by pointer arithmetic past the array.
+      for (int64_t r = 0; r < 4; ++r) {
+        const uintptr_t ahead =
+            reinterpret_cast<uintptr_t>(src + (j + r) * ld + p0) +
+            kAhead * sizeof(float);
+        _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+      }
       for (p = p0; p < p_end; p += 4) {
         const float* s0 = src + j * ld + p;
         float* o = out + p * width;

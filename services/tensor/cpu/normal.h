@@ -33,7 +33,7 @@ inline constexpr float kLn2Lo = 1.42860677e-06f;
 // and ExpOfSum's b), times 2^k from the exponent bits. A polynomial of
 // degree 6 with its first two coefficients 1, fitted (relative, minimax,
 // each coefficient refitted after the ones above it were rounded to float)
-// to 3.6e-9, where the Taylor series needed degree 7 for 5e-9: a multiply-
+// to 3.6e-9, where the Taylor series needed degree 7 for 7e-9: a multiply-
 // add less for every exp of the GELU, the softmaxes and tanh.
 [[gnu::always_inline]] inline float ExpReduced(float r, int32_t k) {
   float p = 0.0013814539f;
