@@ -43,7 +43,6 @@
 #include "services/core/status.h"
 #include "services/pipeline/content_check.h"
 #include "services/pipeline/data_resolution.h"
-#include "services/pipeline/init_weights.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
 #include "services/transport/data_plane.h"
@@ -625,13 +624,7 @@ int RunLocal(const std::vector<std::string>& args) {
       ContentCheckBytes(*spec);
   if (spec->has_init_from() && check_bytes.ok() &&
       check_bytes->value_or(0) <= kCheckMaxBytes) {
-    absl::Status weights_fit;
-    {
-      absl::StatusOr<InitWeights> weights =
-          ReadInitWeights(spec->init_from().path());
-      weights_fit =
-          weights.ok() ? CheckInitWeights(*spec, *weights) : weights.status();
-    }
+    const absl::Status weights_fit = CheckStartingWeights(*spec);
     ReleaseFreedMemory();
     if (!weights_fit.ok()) return Fail(weights_fit);
   }

@@ -112,12 +112,16 @@ absl::Status CheckInitWeights(const gpipe::v1::JobSpec& spec,
   return LoadWholeModel(weights, spec, model, optimizer).status();
 }
 
-absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec) {
-  if (DataHasOwnFiles(spec)) RETURN_IF_ERROR(OpenJobDataset(spec).status());
+absl::Status CheckStartingWeights(const gpipe::v1::JobSpec& spec) {
   if (!spec.has_init_from()) return absl::OkStatus();
   ASSIGN_OR_RETURN(const InitWeights weights,
                    ReadInitWeights(spec.init_from().path()));
   return CheckInitWeights(spec, weights);
+}
+
+absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec) {
+  if (DataHasOwnFiles(spec)) RETURN_IF_ERROR(OpenJobDataset(spec).status());
+  return CheckStartingWeights(spec);
 }
 
 }  // namespace gpipe

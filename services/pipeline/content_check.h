@@ -33,6 +33,11 @@ absl::StatusOr<std::optional<int64_t>> ContentCheckBytes(
 // are the stages' own, naming the field, the file and the value.
 absl::Status CheckJobContents(const gpipe::v1::JobSpec& spec);
 
+// CheckJobContents' part for the starting weights alone: init_from read and
+// loaded into the whole model's and optimizer's state (OK without
+// init_from). gpipectl local runs it before it starts a cluster.
+absl::Status CheckStartingWeights(const gpipe::v1::JobSpec& spec);
+
 // init_from's `weights` loaded into tensors of the whole model's and
 // optimizer's state, as CheckJobContents does: the error a stage's own load
 // gives names its layers' tensors only, this one every tensor that does not
