@@ -10,18 +10,19 @@ void PackedWeight::Multiply(bool trans, int64_t m, int64_t n, int64_t k,
   std::lock_guard<std::mutex> lock(mu_);
   SeeLocked(trans, n, k, w);
   ++uses_;
+  rows_ = m;
   if (!pays_) {
     cpu::GemmAddBias(trans, m, n, k, a, k, w.f32(), trans ? k : n, bias, c, n);
     return;
   }
-  PackLocked(trans, n, k, w);
+  PackLocked(trans, n, k, w, m);
   cpu::GemmPackedBAddBias(m, a, k, packed_, bias, c, n);
 }
 
 void PackedWeight::Prepare(bool trans, int64_t n, int64_t k, const Tensor& w) {
   std::lock_guard<std::mutex> lock(mu_);
   SeeLocked(trans, n, k, w);
-  if (pays_) PackLocked(trans, n, k, w);
+  if (pays_) PackLocked(trans, n, k, w, rows_);
 }
 
 void PackedWeight::SeeLocked(bool trans, int64_t n, int64_t k,
@@ -44,10 +45,10 @@ void PackedWeight::SeeLocked(bool trans, int64_t n, int64_t k,
   if (!pays_) packed_.Clear();  // the memory is better left unheld
 }
 
-void PackedWeight::PackLocked(bool trans, int64_t n, int64_t k,
-                              const Tensor& w) {
+void PackedWeight::PackLocked(bool trans, int64_t n, int64_t k, const Tensor& w,
+                              int64_t rows) {
   if (current_ && &packed_.tile() == &cpu::BestGemmTile()) return;
-  packed_.Pack(trans, k, n, w.f32(), trans ? k : n);
+  packed_.Pack(trans, k, n, w.f32(), trans ? k : n, rows);
   current_ = true;
   ++packs_;
 }
@@ -69,6 +70,11 @@ int64_t PackedWeight::bytes() const {
 int64_t PackedWeight::packs() const {
   std::lock_guard<std::mutex> lock(mu_);
   return packs_;
+}
+
+int64_t PackedWeight::depth_block() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return packed_.depth_block();
 }
 
 }  // namespace gpipe

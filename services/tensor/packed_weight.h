@@ -49,14 +49,20 @@ class PackedWeight {
 
   // Bytes of the packed copy now held.
   int64_t bytes() const;
-  // How many times the weight was packed, for tests.
+  // How many times the weight was packed, and the depth of the products'
+  // passes on the copy (cpu::PackedB::depth_block; 0 with none), for tests.
   int64_t packs() const;
+  int64_t depth_block() const;
 
  private:
   // Notes a new version of the weight, deciding whether to keep a copy of
   // it from how many products the last one served.
   void SeeLocked(bool trans, int64_t n, int64_t k, const Tensor& w);
-  void PackLocked(bool trans, int64_t n, int64_t k, const Tensor& w);
+  // Packs for products of `rows` rows (0: any) unless the copy is current.
+  // A copy packed for other rows serves as well, the same bits a little
+  // slower, until the next version.
+  void PackLocked(bool trans, int64_t n, int64_t k, const Tensor& w,
+                  int64_t rows);
 
   // A layer's products run on its stage's thread one at a time; the lock
   // keeps a repack from pulling the floats from under a product anyway.
@@ -66,7 +72,10 @@ class PackedWeight {
   uint64_t source_writes_ = 0;
   bool trans_ = false;
   int64_t n_ = 0, k_ = 0;
-  int64_t uses_ = 0;      // products on this version
+  int64_t uses_ = 0;  // products on this version
+  // Rows of the last product: a copy is packed for products of as many
+  // (cpu::PackedB::Pack's `rows`), since a step's micro-batches are alike.
+  int64_t rows_ = 0;
   bool pays_ = true;      // the last version served two or more
   bool current_ = false;  // packed_ holds this version
   cpu::PackedB packed_;

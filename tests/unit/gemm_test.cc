@@ -262,6 +262,43 @@ TEST(Gemm, BPackedAheadGivesTheFusedChainOnEveryTile) {
   }
 }
 
+// B packed for products of few rows takes deeper passes on the tiles that
+// have them (GemmTile::kc_few_rows): the bits are the chain's whatever the
+// rows of the products that use it, few or many, and with or without a bias.
+TEST(Gemm, BPackedForFewRowsGivesTheFusedChainForAnyRows) {
+  for (const cpu::GemmTile* tile : cpu::SupportedGemmTiles()) {
+    for (const int64_t k : {1, 385, 1100, 1500, 3000}) {
+      const int64_t n = 70;
+      cpu::PackedB few, any;
+      const std::vector<float> b = Random(n * k, 20);
+      few.PackOn(*tile, true, k, n, b.data(), k, /*rows=*/32);
+      any.PackOn(*tile, true, k, n, b.data(), k);
+      if (tile->kc_few_rows > 0 && k > tile->kc + tile->kc / 3) {
+        EXPECT_GT(few.depth_block(), any.depth_block()) << tile->name << k;
+      } else {
+        EXPECT_EQ(few.depth_block(), any.depth_block()) << tile->name << k;
+      }
+      for (const int64_t m : {1, 12, 32, 48, 49, 100}) {
+        const Shape s{false, true, m, n, k};
+        const std::vector<float> a = Random(m * k, 21);
+        std::vector<float> want(m * n, 0.0f);
+        ChainReference(s, 1.0f, a.data(), k, b.data(), k, 0.0f, want.data(), n);
+        std::vector<float> got(m * n, 7.0f), got_any(m * n, 7.0f);
+        cpu::GemmPackedB(m, 1.0f, a.data(), k, few, 0.0f, got.data(), n);
+        cpu::GemmPackedB(m, 1.0f, a.data(), k, any, 0.0f, got_any.data(), n);
+        ASSERT_EQ(got, want) << "few " << Describe(*tile, s, 1.0f, 0.0f);
+        ASSERT_EQ(got_any, want) << "any " << Describe(*tile, s, 1.0f, 0.0f);
+        const std::vector<float> bias = Random(n, 22);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) want[i * n + j] += bias[j];
+        cpu::GemmPackedBAddBias(m, a.data(), k, few, bias.data(), got.data(),
+                                n);
+        ASSERT_EQ(got, want) << "bias " << Describe(*tile, s, 1.0f, 0.0f);
+      }
+    }
+  }
+}
+
 TEST(Gemm, BPackedAheadAgreesWithGemmOnTwoThreads) {
   const int64_t n = 1024, k = 784;
   const std::vector<float> w = Random(n * k, 13);

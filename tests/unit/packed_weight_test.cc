@@ -166,6 +166,35 @@ TEST(PackedWeight, PreparedAheadTheProductsDoNotPackAgain) {
   EXPECT_EQ(pack.packs(), 2);
 }
 
+// A copy is packed for products of the rows the last one had (deeper
+// passes for a micro-batch's few rows where the tile has them), and serves
+// products of other rows with the same bits.
+TEST(PackedWeight, PacksForTheRowsOfTheLastProduct) {
+  const int64_t in = 1500, out = 40;
+  Tensor w = Random({out, in}, 14);
+  const Tensor few = Random({32, in}, 15), many = Random({200, in}, 16);
+  cpu::PackedB for_few, for_many;
+  for_few.Pack(true, in, out, w.f32(), in, 32);
+  for_many.Pack(true, in, out, w.f32(), in, 200);
+  PackedWeight pack;
+  ASSERT_EQ(Packed(pack, few, w), Direct(few, w));
+  ASSERT_EQ(Packed(pack, few, w), Direct(few, w));
+  EXPECT_EQ(pack.depth_block(), for_few.depth_block());
+  w.f32()[5] += 0.25f;  // the update; then the step packs ahead
+  pack.Prepare(true, out, in, w);
+  EXPECT_EQ(pack.depth_block(), for_few.depth_block());
+  EXPECT_EQ(Packed(pack, many, w), Direct(many, w));  // packed for 32 rows
+  EXPECT_EQ(Packed(pack, many, w), Direct(many, w));
+  w.f32()[6] -= 0.25f;
+  pack.Prepare(true, out, in, w);
+  EXPECT_EQ(pack.depth_block(), for_many.depth_block());
+  EXPECT_EQ(Packed(pack, few, w), Direct(few, w));
+  EXPECT_EQ(pack.packs(), 3);
+  if (cpu::BestGemmTile().kc_few_rows > 0) {
+    EXPECT_GT(for_few.depth_block(), for_many.depth_block());
+  }
+}
+
 TEST(PackedWeight, ALinearPacksAheadTheSameBitsAndOnlyWhatItUses) {
   Linear ahead(48, 64, /*bias=*/true), lazy(48, 64, /*bias=*/true);
   ahead.Initialize(21);

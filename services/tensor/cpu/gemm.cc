@@ -315,11 +315,17 @@ PackedOperands& ThisThreadsPackedOperands() {
 }
 
 // Columns of op(B) per block and depth per pass: functions of the shape
-// and the tile alone, so B packed ahead (PackedB) fits every product.
-int64_t DepthBlock(const GemmTile& tile, int64_t k) {
+// and the tile, and for B packed ahead, of the rows it was packed for
+// (`rows`; 0 for any, and for B packed by the product itself). Every depth
+// gives the same bits: a pass picks each chain up where the last stored it.
+int64_t DepthBlock(const GemmTile& tile, int64_t k, int64_t rows = 0) {
+  const int64_t kc =
+      tile.kc_few_rows > 0 && rows > 0 && rows <= kFewRowSlivers * tile.mr
+          ? tile.kc_few_rows
+          : tile.kc;
   // A depth up to a third past kc runs in one pass: its B sliver outgrows L1
   // a little, but C is loaded and stored once, not twice.
-  return k <= tile.kc + tile.kc / 3 ? k : EvenBlock(k, tile.kc, 1);
+  return k <= kc + kc / 3 ? k : EvenBlock(k, kc, 1);
 }
 int64_t ColumnBlock(const GemmTile& tile, int64_t n) {
   return EvenBlock(n, kColumnBlock, tile.nr);
@@ -356,18 +362,19 @@ TileDepths DepthsOfTile(GemmTriangle triangle, const GemmTile& tile,
 
 // C = scale * op(A) op(B), or C += op(A) op(B) chained from C (accumulate,
 // scale 1), plus bias[j] on every row when `bias` is set (the last pass
-// adds it as it stores C). With `packed_b_whole`, op(B) is read from there
-// (PackedB's layout) and not packed again.
+// adds it as it stores C). With `packed_b`, op(B) is read from there in its
+// passes and not packed again.
 void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
              int64_t m, int64_t n, int64_t k, float scale, bool accumulate,
-             float* c, int64_t ldc, const float* packed_b_whole,
+             float* c, int64_t ldc, const PackedB* packed_b_whole,
              GemmTriangle triangle = GemmTriangle::kFull,
              const float* bias = nullptr) {
   const int64_t mr = tile.mr, nr = tile.nr;
   const int threads = !omp_in_parallel() && m * n * k >= kParallelWork
                           ? omp_get_max_threads()
                           : 1;
-  const int64_t kc = DepthBlock(tile, k);
+  const int64_t kc = packed_b_whole != nullptr ? packed_b_whole->depth_block()
+                                               : DepthBlock(tile, k);
   // At least one block of rows per thread where m allows it (the blocking
   // changes no bit), and where it does not, the columns split too. A few
   // row slivers that do not share out evenly (m = 32 on two threads with
@@ -418,7 +425,7 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
           last_pass && bias != nullptr ? bias + jc : nullptr;
       const float* bp;
       if (packed_b_whole != nullptr) {
-        bp = packed_b_whole + PackedBlockOffset(tile, n, k, jc, pc);
+        bp = packed_b_whole->data() + PackedBlockOffset(tile, n, k, jc, pc);
       } else {
         float* const into = packed_b.data();
 #pragma omp for schedule(static)
@@ -440,7 +447,7 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
             packed_a.resize(row_slivers * mr * depth);
           float* const ap = packed_a.data();
           PackABlock(a, ic, rows, mr, pc, depth, ap);
-          // The next sliver of B into L2 (the packed slivers lie one after
+          // The next sliver of B into cache (the packed slivers lie one after
           // the other): in a training step B, a layer's packed weight, comes
           // from memory. A micro-batch's few rows reuse each sliver only a
           // few times, and a tile that asks for all of the next one waits
@@ -501,7 +508,7 @@ void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
 // beta = 0 only (C written, not read).
 void Scaled(const GemmTile& tile, const Operand& op_a, const Operand& op_b,
             int64_t m, int64_t n, int64_t k, float alpha, float beta, float* c,
-            int64_t ldc, const float* packed_b_whole,
+            int64_t ldc, const PackedB* packed_b_whole,
             GemmTriangle triangle = GemmTriangle::kFull,
             const float* bias = nullptr) {
   assert(beta == 0.0f || (triangle == GemmTriangle::kFull && bias == nullptr));
@@ -541,12 +548,13 @@ void GemmStridedOn(const GemmTile& tile, bool trans_a, bool trans_b, int64_t m,
 }
 
 void PackedB::PackOn(const GemmTile& tile, bool trans_b, int64_t k, int64_t n,
-                     const float* b, int64_t ldb) {
+                     const float* b, int64_t ldb, int64_t rows) {
   tile_ = &tile;
   k_ = k;
   n_ = n;
+  kc_ = DepthBlock(tile, k, rows);
   const Operand op_b{trans_b, b, ldb};
-  const int64_t kc = DepthBlock(tile, k), nc = ColumnBlock(tile, n);
+  const int64_t kc = kc_, nc = ColumnBlock(tile, n);
   // The size: where a block past the last column block would start.
   data_.resize(n == 0 ? 0
                       : PackedBlockOffset(tile, n, k, (n - 1) / nc * nc, k));
@@ -568,8 +576,8 @@ void PackedB::PackOn(const GemmTile& tile, bool trans_b, int64_t k, int64_t n,
 }
 
 void PackedB::Pack(bool trans_b, int64_t k, int64_t n, const float* b,
-                   int64_t ldb) {
-  PackOn(BestGemmTile(), trans_b, k, n, b, ldb);
+                   int64_t ldb, int64_t rows) {
+  PackOn(BestGemmTile(), trans_b, k, n, b, ldb, rows);
 }
 
 void GemmTriangularOn(const GemmTile& tile, GemmTriangle triangle, bool trans_a,
@@ -600,7 +608,7 @@ void GemmPackedBAddBias(int64_t m, const float* a, int64_t lda,
                         int64_t ldc) {
   assert(b.packed());
   Scaled(b.tile(), Operand{false, a, lda}, Operand{false, nullptr, 0}, m, b.n(),
-         b.k(), 1.0f, 0.0f, c, ldc, b.data(), GemmTriangle::kFull, bias);
+         b.k(), 1.0f, 0.0f, c, ldc, &b, GemmTriangle::kFull, bias);
 }
 
 void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
@@ -608,7 +616,7 @@ void GemmPackedB(int64_t m, float alpha, const float* a, int64_t lda,
   assert(b.packed());
   // op(B) is never read: every pass takes its block from `b`.
   Scaled(b.tile(), Operand{false, a, lda}, Operand{false, nullptr, 0}, m, b.n(),
-         b.k(), alpha, beta, c, ldc, b.data());
+         b.k(), alpha, beta, c, ldc, &b);
 }
 
 void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -69,10 +69,13 @@ void GemmTriangularOn(const GemmTile& tile, GemmTriangle triangle, bool trans_a,
 class PackedB {
  public:
   // op(B) is k x n: B itself, or B^T with trans_b (B then n x k), rows
-  // `ldb` floats apart.
-  void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb);
+  // `ldb` floats apart. `rows`, where known, is how many rows of A the
+  // products on it will have: the depth of their passes follows from it
+  // (a few rows take deeper ones), and the bits from none of it.
+  void Pack(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
+            int64_t rows = 0);
   void PackOn(const GemmTile& tile, bool trans_b, int64_t k, int64_t n,
-              const float* b, int64_t ldb);
+              const float* b, int64_t ldb, int64_t rows = 0);
   // Drops the packed floats (and their memory).
   void Clear() { *this = PackedB(); }
 
@@ -80,6 +83,8 @@ class PackedB {
   const GemmTile& tile() const { return *tile_; }
   int64_t k() const { return k_; }
   int64_t n() const { return n_; }
+  // The depth of the products' passes over it.
+  int64_t depth_block() const { return kc_; }
   const float* data() const { return data_.data(); }
   int64_t bytes() const {
     return static_cast<int64_t>(data_.size() * sizeof(float));
@@ -87,7 +92,7 @@ class PackedB {
 
  private:
   const GemmTile* tile_ = nullptr;
-  int64_t k_ = 0, n_ = 0;
+  int64_t k_ = 0, n_ = 0, kc_ = 0;
   std::vector<float> data_;
 };
 

@@ -34,7 +34,7 @@ void PortableTile(int64_t depth, const float* ap, const float* bp, float* c,
     }
 }
 
-constexpr GemmTile kPortable{"portable",         4,      8, 64, 256,
+constexpr GemmTile kPortable{"portable",         4,      8, 64, 256, 0,
                              PortableTile<4, 8>, nullptr};
 static_assert(kPortable.mr * kPortable.nr <= kMaxGemmTileFloats);
 static_assert(kPortable.nr <= kMaxGemmTileColumns);
@@ -122,6 +122,16 @@ void Avx2RowsTile(int64_t rows, int64_t depth, const float* ap, const float* bp,
       depth, ap, bp, c, ldc, accumulate, scale, bias, pf, pf_step);
 }
 
+// The AVX-512 tiles' prefetch hint. T1 (L2 only) is what the next sliver
+// wants, but on AMD's Zen 4 and 5 a T1 prefetch is at times dropped, and
+// the first tile on the sliver then waits on memory as if none was made: a
+// 32-row product on a weight in memory ran at 133-152 GFLOP/s with T1 in
+// some runs and 165-170 in others, where T0 held 150-175 in every one, and
+// steps of the width-1024 MLP at 8 micro-batches ran 2-3% faster
+// (bench/README.md). T0 also fills L1, which a sliver ahead outgrows: the
+// lines fall back to L2 before they are read.
+constexpr auto kAvx512PrefetchHint = _MM_HINT_T0;
+
 // The 12 x 32 tile's steps over the depth for its first kRows rows, with
 // kLines prefetches a step (none, the line at pf, or it and the next), a
 // loop apiece: a test of the prefetch's stride inside the loop cost the
@@ -134,9 +144,9 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512Steps(
 #pragma GCC unroll 2
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 32, pf += pf_step) {
     if constexpr (kLines > 0)
-      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(pf), kAvx512PrefetchHint);
     if constexpr (kLines > 1)
-      _mm_prefetch(reinterpret_cast<const char*>(pf + 16), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(pf + 16), kAvx512PrefetchHint);
     const __m512 b0 = _mm512_loadu_ps(bp);
     const __m512 b1 = _mm512_loadu_ps(bp + 16);
 #pragma GCC unroll 12
@@ -221,7 +231,7 @@ __attribute__((target("avx512f"), always_inline)) inline void Avx512NarrowSteps(
 #pragma GCC unroll 4
   for (int64_t p = 0; p < depth; ++p, ap += kMr, bp += 16, pf += pf_step) {
     if constexpr (kPrefetch)
-      _mm_prefetch(reinterpret_cast<const char*>(pf), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(pf), kAvx512PrefetchHint);
     const __m512 b = _mm512_loadu_ps(bp);
 #pragma GCC unroll 12
     for (int i = 0; i < kRows; ++i)
@@ -282,11 +292,18 @@ void Avx512NarrowRowsTile(int64_t rows, int64_t depth, const float* ap,
 // one core (bench/README.md, "Our own GEMM"): a deeper pass stores and
 // reloads C less often, and at 384 the kc x nr sliver of B is about L1's
 // size (48 KiB for AVX-512) while mc x kc of A stays well inside L2.
-constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, Avx2Tile, Avx2RowsTile};
-constexpr GemmTile kAvx512{"avx512",      12, 32, 144, 384, Avx512Tile,
-                           Avx512RowsTile};
+// A product of 12-48 rows on a weight packed ahead in memory ran 7-15%
+// faster with passes 1024 deep on a Zen 5 core (64 rows 2-3%, 96 and more
+// not at all; bench/README.md): with three or four tiles on a sliver its B
+// comes from L2 whatever the depth, and each pass reloads and stores every
+// tile's C and starts the next pass's first sliver cold. kc_few_rows stays
+// 0 on the tiles whose CPUs were not measured.
+constexpr GemmTile kAvx2{"avx2", 6, 16, 240, 384, 0, Avx2Tile, Avx2RowsTile};
+constexpr GemmTile kAvx512{"avx512", 12,   32,         144,
+                           384,      1024, Avx512Tile, Avx512RowsTile};
 constexpr GemmTile kAvx512Narrow{
-    "avx512-narrow", 12, 16, 144, 384, Avx512NarrowTile, Avx512NarrowRowsTile};
+    "avx512-narrow",     12, 16, 144, 384, 0, Avx512NarrowTile,
+    Avx512NarrowRowsTile};
 static_assert(kAvx2.mr * kAvx2.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512.mr * kAvx512.nr <= kMaxGemmTileFloats);
 static_assert(kAvx512Narrow.mr * kAvx512Narrow.nr <= kMaxGemmTileFloats);

@@ -17,7 +17,7 @@ namespace gpipe::cpu {
 // set: the same two roundings as a separate pass over C would make. A fused
 // multiply-add rounds once whatever the vector width, so every tile computes
 // the same bits: the width only decides how many elements run side by side.
-// While it works, a tile pulls memory the next tiles will read into L2:
+// While it works, a tile pulls memory the next tiles will read into cache:
 // at step p of its depth the line at prefetch + p * prefetch_step (and, for
 // a step of 32 floats, the line after it); none when prefetch_step is 0.
 // That is what lets stages on CPUs of different generations agree bitwise while
@@ -28,12 +28,19 @@ inline constexpr int64_t kMaxGemmTileFloats = 12 * 32;
 // columns to a multiple of the tile's nr, at most this many.
 inline constexpr int64_t kMaxGemmTileColumns = 32;
 
+// How many slivers of rows make a product of few rows (GemmTile::kc_few_rows).
+inline constexpr int64_t kFewRowSlivers = 4;
+
 struct GemmTile {
   const char* name;  // "avx512", "avx2", "portable"
   int64_t mr;        // rows of C per tile
   int64_t nr;        // columns of C per tile
   int64_t mc;        // rows of op(A) packed at once: mr * mc * 4 B fit L2
   int64_t kc;        // depth per pass: a kc x nr sliver of B fits L1
+  // Depth per pass of op(B) packed ahead for products of at most
+  // kFewRowSlivers slivers of rows (a micro-batch of 32 samples); 0 where
+  // not measured, and kc serves them too (gemm.cc's DepthBlock).
+  int64_t kc_few_rows;
   void (*run)(int64_t depth, const float* ap, const float* bp, float* c,
               int64_t ldc, bool accumulate, float scale, const float* bias,
               const float* prefetch, int64_t prefetch_step);
