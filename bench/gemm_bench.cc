@@ -138,7 +138,8 @@ struct CaseResult {
   double plain_median_s = 0.0;  // one cblas_sgemm on `threads` threads
   double plain_gflops = 0.0;
   // Ours with op(B) packed ahead (cpu::PackedB, as a Linear layer keeps its
-  // weight across a step's micro-batches); 0 where A is transposed (dW).
+  // weight across a step's micro-batches, packed for their rows); 0 where A
+  // is transposed (dW).
   double packed_gflops = 0.0;
   // The same, each call on another of copies of B that together outgrow
   // the caches (`cold_bytes`), as a training step's layers take their
@@ -178,7 +179,7 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds,
   };
   cpu::PackedB packed;
   if (!g.trans_a && g.triangle == cpu::GemmTriangle::kFull) {
-    packed.Pack(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n);
+    packed.Pack(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n, g.m);
   }
   auto ours_packed = [&] {
     cpu::GemmPackedB(g.m, 1.0f, a.data(), g.k, packed, g.beta, c.data(), g.n);
@@ -189,7 +190,7 @@ CaseResult TimeCase(const GemmCase& g, int threads, double min_seconds,
         std::max<int64_t>(2, cold_bytes / std::max<int64_t>(1, 4 * g.k * g.n));
     cold.resize(copies);
     for (cpu::PackedB& p : cold)
-      p.Pack(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n);
+      p.Pack(g.trans_b, g.k, g.n, b.data(), g.trans_b ? g.k : g.n, g.m);
   }
   size_t next_cold = 0;
   auto ours_cold = [&] {

@@ -362,8 +362,8 @@ TileDepths DepthsOfTile(GemmTriangle triangle, const GemmTile& tile,
 
 // C = scale * op(A) op(B), or C += op(A) op(B) chained from C (accumulate,
 // scale 1), plus bias[j] on every row when `bias` is set (the last pass
-// adds it as it stores C). With `packed_b`, op(B) is read from there in its
-// passes and not packed again.
+// adds it as it stores C). With `packed_b_whole`, op(B) is read from there in
+// its passes and not packed again.
 void Blocked(const GemmTile& tile, const Operand& a, const Operand& b,
              int64_t m, int64_t n, int64_t k, float scale, bool accumulate,
              float* c, int64_t ldc, const PackedB* packed_b_whole,
