@@ -35,6 +35,12 @@ void KeepFreedMemory() {
 
 void ReleaseFreedMemory() { ::malloc_trim(0); }
 
+int64_t MinorPageFaults() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_minflt;
+}
+
 namespace {
 
 constexpr int64_t kUnlimited = std::numeric_limits<int64_t>::max();

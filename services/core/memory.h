@@ -16,6 +16,10 @@ namespace gpipe {
 // the top of main, before threads start.
 void KeepFreedMemory();
 
+// This process's minor page faults so far (getrusage): first touches of
+// memory, which a measurement in steady state should not time.
+int64_t MinorPageFaults();
+
 // Hands the heap's free memory back to the kernel (malloc_trim): after a
 // stage ends or is cancelled, so a worker's resident memory falls back to
 // what it holds between assignments.

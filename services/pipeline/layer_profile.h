@@ -31,6 +31,10 @@ struct LayerPasses {
   std::vector<double> forward;
   std::vector<double> backward;
   std::vector<double> weight;
+  // Page faults during the timed runs: 0 once warm-up runs have left the
+  // heap as a training step in steady state finds it (a process that
+  // keeps freed memory: core/memory.h).
+  int64_t timed_page_faults = 0;
 };
 absl::StatusOr<LayerPasses> MeasureLayerPasses(const gpipe::v1::JobSpec& spec,
                                                int64_t micro_batch_size,
