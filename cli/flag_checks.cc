@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/declare.h"
@@ -21,6 +22,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "cli/help.h"
 #include "services/core/cores.h"
 
 ABSL_DECLARE_FLAG(int, threads);
@@ -248,6 +250,47 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat(
           typed, ": '", *value, "' is not ", KindOfValue(*flag, error)));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCommandTakesFlags(const std::string& command, int argc,
+                                    char** argv) {
+  const std::vector<const char*>* takes = CommandFlags(command);
+  if (takes == nullptr) return absl::OkStatus();
+  for (int i = 1; i < argc && absl::string_view(argv[i]) != "--"; ++i) {
+    if (!IsFlag(argv[i])) continue;
+    const absl::string_view name = FlagName(argv[i]);
+    if (name == "flagfile" || name == "fromenv" || name == "tryfromenv" ||
+        name == "undefok") {
+      return absl::OkStatus();
+    }
+  }
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!IsFlag(arg)) continue;
+    absl::string_view name = FlagName(arg);
+    const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no")) {
+      name.remove_prefix(2);  // --nofoo: a boolean flag set false
+      flag = absl::FindCommandLineFlag(name);
+    }
+    if (flag == nullptr) continue;  // absl's usage flags
+    // A value given apart is the next argument, not a flag.
+    if (!flag->IsOfType<bool>() && arg.find('=') == absl::string_view::npos)
+      ++i;
+    if (!SomeCommandTakes(name) ||
+        std::find_if(takes->begin(), takes->end(), [&](const char* f) {
+          return name == f;
+        }) != takes->end()) {
+      continue;
+    }
+    const absl::string_view dashes = absl::StartsWith(arg, "--") ? "--" : "-";
+    return absl::InvalidArgumentError(
+        absl::StrCat(dashes, absl::StrReplaceAll(FlagName(arg), {{"_", "-"}}),
+                     ": ", command, " does not take this flag (gpipectl ",
+                     command, " --help lists its flags)"));
   }
   return absl::OkStatus();
 }

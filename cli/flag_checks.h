@@ -32,6 +32,16 @@ absl::Status CheckNumericFlags(const std::string& command);
 // --tryfromenv or --undefok is left to absl's parser whole.
 absl::Status CheckFlagSyntax(int argc, char** argv);
 
+// Every flag of the command line that some gpipectl command takes is one
+// `command` takes (cli/help.cc lists them): plan took --balance, --out,
+// --keep, --threads and --device without a word and printed its plan as if
+// they had never been given. Errors name the flag as typed: "--balance:
+// plan does not take this flag (gpipectl plan --help lists its flags)".
+// Flags no command lists, and a command line with --flagfile, --fromenv,
+// --tryfromenv or --undefok, are left as they were.
+absl::Status CheckCommandTakesFlags(const std::string& command, int argc,
+                                    char** argv);
+
 // A warning on stderr when --threads asks for more than the cores this
 // process may use: allowed (a container's quota can read lower than what
 // it gets), but threads past the cores share them and run slower, not

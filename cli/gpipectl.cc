@@ -60,6 +60,12 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (absl::Status s = gpipe::cli::CheckCommandTakesFlags(command, argc, argv);
+      !s.ok()) {
+    std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
+                 std::string(s.message()).c_str());
+    return 2;
+  }
   if (absl::Status s = gpipe::cli::CheckNumericFlags(command); !s.ok()) {
     std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
                  std::string(s.message()).c_str());

@@ -64,10 +64,11 @@ const std::vector<Command>& Commands() {
        "run the job on a controller and workers on this machine",
        "Runs the job on a controller and workers started on this machine,\n"
        "to its end, then stops them.",
-       {"workers", "stages", "replicas", "micro_batches", "schedule",
-        "virtual_stages", "remat", "balance", "steps", "threads", "device",
-        "data_plane", "out", "trace", "keep", "metrics_targets", "ports",
-        "replace_workers"}},
+       {"workers",  "stages",          "replicas", "micro_batches",
+        "schedule", "virtual_stages",  "remat",    "balance",
+        "steps",    "threads",         "device",   "data_plane",
+        "out",      "trace",           "keep",     "metrics_targets",
+        "ports",    "replace_workers", "json",     "timeout"}},
       {"eval",
        "MODEL.safetensors [JOB.json]",
        "loss and accuracy of a trained model",
@@ -127,7 +128,7 @@ const std::vector<Command>& Commands() {
       {"trace", "JOB", "the stage timelines of a job's last steps",
        "The stage timelines of the job's last steps: a summary, or files\n"
        "(-o trace.json for Perfetto, -o timeline.svg).",
-       With({"o", "steps"}, kClient)},
+       With({"o", "steps", "json"}, kClient)},
   };
   return *commands;
 }
@@ -150,6 +151,19 @@ std::string FlagLines(const std::vector<const char*>& names) {
 }
 
 }  // namespace
+
+const std::vector<const char*>* CommandFlags(const std::string& command) {
+  for (const Command& c : Commands())
+    if (command == c.name) return &c.flags;
+  return nullptr;
+}
+
+bool SomeCommandTakes(absl::string_view name) {
+  for (const Command& c : Commands())
+    for (const char* flag : c.flags)
+      if (name == flag) return true;
+  return false;
+}
 
 std::string OverviewHelp() {
   std::string out =

@@ -5,6 +5,9 @@
 #define GPIPE_CLI_HELP_H_
 
 #include <string>
+#include <vector>
+
+#include "absl/strings/string_view.h"
 
 namespace gpipe::cli {
 
@@ -13,6 +16,13 @@ std::string OverviewHelp();
 
 // COMMAND's usage, summary and flags; empty for an unknown command.
 std::string CommandHelp(const std::string& command);
+
+// The flags `command` takes (as absl spells them, underscored), or null
+// for a command gpipectl does not have.
+const std::vector<const char*>* CommandFlags(const std::string& command);
+
+// Whether any command takes the flag `name`.
+bool SomeCommandTakes(absl::string_view name);
 
 // Prints the help argv asks for (--help, -h or --helpshort anywhere; the
 // first argument that is not a flag names the command) to stdout and

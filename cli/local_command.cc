@@ -38,6 +38,7 @@
 #include "cli/commands.h"
 #include "cli/controller_client.h"
 #include "cli/flag_checks.h"
+#include "services/core/bytes.h"
 #include "services/core/cores.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
@@ -175,6 +176,22 @@ absl::StatusOr<int> FirstPort(const std::string& range, int64_t workers) {
 // and again, is a problem to report, not to hide.
 constexpr int kMaxReplacements = 10;
 
+// Below this a worker's share of the machine is refused: a worker holds
+// about 90 MiB of its own before any stage. Such shares were left to the
+// workers' default, and 100 workers each advertised the whole machine.
+constexpr int64_t kLeastWorkerMemory = int64_t{128} << 20;
+
+// Why `workers` workers cannot share this machine's memory, or OK.
+absl::Status WorkerShareError(int64_t workers) {
+  const int64_t shared = SharedMemoryLimit();
+  const int64_t each = shared / std::max<int64_t>(workers, 1);
+  if (each >= kLeastWorkerMemory) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--workers: ", workers, " workers would have ", FormatBytes(each),
+      " each of this machine's ", FormatBytes(shared), ", under the ",
+      FormatBytes(kLeastWorkerMemory), " a worker needs; start fewer"));
+}
+
 // The controller and workers of one local run, stopped in order (workers
 // first, so they detach from a live controller) when this object goes.
 class LocalCluster {
@@ -231,10 +248,10 @@ class LocalCluster {
     // is each worker's whole, not a share (they inherit it): where it is
     // no looser than the share, each worker measures its own room past its
     // own mappings (not this process's), as without --memory_limit.
-    // A share too small to run anything is left to the workers' default.
+    // (A share too small for a worker is refused before anything starts:
+    // WorkerShareError.)
     memory_each_ = SharedMemoryLimit() / std::max<int64_t>(count, 1);
     if (AddressSpaceLimit() <= memory_each_) memory_each_ = 0;
-    if (memory_each_ < (int64_t{256} << 20)) memory_each_ = 0;
     for (int64_t i = 0; i < count; ++i) {
       RETURN_IF_ERROR(StartWorker(absl::StrCat(i), i));
     }
@@ -648,6 +665,7 @@ int RunLocal(const std::vector<std::string>& args) {
                            ReplicaCount(*spec), " replicas)")
             : " stages")));
   }
+  if (absl::Status s = WorkerShareError(workers); !s.ok()) return Fail(s);
   const int threads = absl::GetFlag(FLAGS_threads) > 0
                           ? absl::GetFlag(FLAGS_threads)
                           : gpipe::AvailableCores();

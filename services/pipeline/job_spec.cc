@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
@@ -823,6 +824,34 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// protobuf's words for a name an enum field does not have end "invalid
+// value \"ZB_H2\" for type type.googleapis.com/gpipe.v1.Schedule": the
+// names it has are added, as a user cannot guess them from the type.
+std::string WithEnumNames(absl::string_view message) {
+  constexpr absl::string_view kType = "for type type.googleapis.com/";
+  const size_t at = message.rfind(kType);
+  if (at == absl::string_view::npos ||
+      !absl::StrContains(message, "invalid value")) {
+    return std::string(message);
+  }
+  const std::string type(message.substr(at + kType.size()));
+  const google::protobuf::EnumDescriptor* e =
+      google::protobuf::DescriptorPool::generated_pool()->FindEnumTypeByName(
+          type);
+  if (e == nullptr) return std::string(message);
+  std::vector<std::string> names;
+  for (int i = 0; i < e->value_count(); ++i) {
+    const std::string& name = e->value(i)->name();
+    if (!absl::EndsWith(name, "UNSPECIFIED")) names.push_back(name);
+  }
+  return absl::StrCat(message.substr(0, at), "(one of ",
+                      absl::StrJoin(names, ", "), ")");
+}
+
+}  // namespace
+
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json,
                                              SpecCheck check) {
   RETURN_IF_ERROR(CheckSpecJsonStructure(json));
@@ -836,9 +865,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json,
     // A NUL quoted back from the input would end the message where it is
     // printed as a C string ("job spec: mod").
     return absl::InvalidArgumentError(absl::StrCat(
-        "job spec: ",
-        absl::StrReplaceAll(absl::string_view(message.data(), message.size()),
-                            {{absl::string_view("\0", 1), "\\0"}})));
+        "job spec: ", WithEnumNames(absl::StrReplaceAll(
+                          absl::string_view(message.data(), message.size()),
+                          {{absl::string_view("\0", 1), "\\0"}}))));
   }
   if (check == SpecCheck::kWhole) RETURN_IF_ERROR(CheckJobSpec(&spec));
   return spec;

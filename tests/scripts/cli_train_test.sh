@@ -258,6 +258,11 @@ expect_refused 2 "--threads: must be between 0 (the usable cores) and 1024, got 
 expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
   train "$work/job.json" --steps 1 --micro-batches -1
 expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
+# More workers than the machine's memory gives 128 MiB each: refused before
+# any starts (each was left to advertise the whole machine).
+if (( $(awk '/^MemTotal:/ {print $2}' /proc/meminfo) * 1024 / 256 < 128 * 1024 * 1024 )); then
+  expect_refused 2 "--workers: 256 workers would have" local "$work/job.json" --workers 256
+fi
 # A value of the wrong type and a flag that does not exist are usage errors
 # too, named as typed (absl's parser exited 1 with "ERROR: Illegal value").
 expect_refused 2 "--seed: '-1' is not a whole number >= 0" \
@@ -266,6 +271,12 @@ expect_refused 2 "--micro-batches: 'four' is not a whole number" \
   train "$work/job.json" --micro-batches=four
 expect_refused 2 "--bogus: no such flag" train "$work/job.json" --bogus 3
 expect_refused 2 "--steps: missing its value" train "$work/job.json" --steps
+# Another command's flag: plan printed its own cut under --balance (and
+# ignored --out, --threads) without a word.
+expect_refused 2 "--balance: plan does not take this flag" \
+  plan "$work/job.json" --stages 2 --balance 2,3
+expect_refused 2 "--memory-budget: train does not take this flag" \
+  train "$work/job.json" --steps 1 --memory-budget 1GiB
 # More threads than cores: allowed, but said (a typo of 1000 trained at a
 # fiftieth of the speed without a word).
 "$gpipectl" train "$work/job.json" --steps 1 --threads $(( $(nproc --all) + 1 )) >"$work/over.log" 2>&1 ||

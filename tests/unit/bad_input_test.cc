@@ -194,6 +194,11 @@ std::vector<HostileSpec> HostileSpecs() {
       {"NegativeElasticGrace",
        Spec(kLayers, "32", R"(, "pipeline": {"elastic_grace_ms": -5})"),
        "pipeline.elastic_grace_ms: must be in [0, 86400000]"},
+      // protobuf named the enum's type, not the names it takes.
+      {"UnknownScheduleName",
+       Spec(kLayers, "32", R"(, "pipeline": {"schedule": "zb-h1"})"),
+       "(pipeline.schedule): invalid value \"zb-h1\" (one of GPIPE, "
+       "ONE_F_ONE_B, "},
   };
 }
 
