@@ -187,20 +187,26 @@ absl::string_view FlagName(absl::string_view arg) {
   return arg.substr(0, arg.find('='));
 }
 
-}  // namespace
-
-absl::Status CheckFlagSyntax(int argc, char** argv) {
-  // Flags that bring flags from elsewhere or excuse unknown ones
-  // (--flagfile, --fromenv, --tryfromenv, --undefok): absl's parser alone
-  // knows what they make of the rest, so it checks all of it.
+// Whether the command line has a flag that brings flags from elsewhere or
+// excuses unknown ones (--flagfile, --fromenv, --tryfromenv, --undefok):
+// absl's parser alone knows what they make of the rest, so it checks all
+// of it.
+bool LeftToAbsl(int argc, char** argv) {
   for (int i = 1; i < argc && absl::string_view(argv[i]) != "--"; ++i) {
     if (!IsFlag(argv[i])) continue;
     const absl::string_view name = FlagName(argv[i]);
     if (name == "flagfile" || name == "fromenv" || name == "tryfromenv" ||
         name == "undefok") {
-      return absl::OkStatus();
+      return true;
     }
   }
+  return false;
+}
+
+}  // namespace
+
+absl::Status CheckFlagSyntax(int argc, char** argv) {
+  if (LeftToAbsl(argc, argv)) return absl::OkStatus();
   // absl's usage flags are handled by its parser, not registered as flags.
   constexpr absl::string_view kUsageFlags[] = {
       "help",    "helpfull",        "helpshort", "helppackage",
@@ -258,14 +264,7 @@ absl::Status CheckCommandTakesFlags(const std::string& command, int argc,
                                     char** argv) {
   const std::vector<const char*>* takes = CommandFlags(command);
   if (takes == nullptr) return absl::OkStatus();
-  for (int i = 1; i < argc && absl::string_view(argv[i]) != "--"; ++i) {
-    if (!IsFlag(argv[i])) continue;
-    const absl::string_view name = FlagName(argv[i]);
-    if (name == "flagfile" || name == "fromenv" || name == "tryfromenv" ||
-        name == "undefok") {
-      return absl::OkStatus();
-    }
-  }
+  if (LeftToAbsl(argc, argv)) return absl::OkStatus();
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--") break;
