@@ -152,6 +152,16 @@ python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(
 "$gpipectl" plan "$src/examples/fashion_mnist_cnn.json" "${flops[@]}" \
   --workers 8 --stages-range 1..2 >"$work/bn" 2>&1 || { cat "$work/bn"; fail "plan --workers 8 on the CNN"; }
 grep -Eq '^[ *!=]    [0-9]   [2-9] ' "$work/bn" || { cat "$work/bn"; fail "no replicas planned with batch norm"; }
+# The spec's own row is cut as train, local and submit cut it, not by the
+# costs plan measured (it showed 1,2,1,9 and 191 MiB for this spec, which
+# runs 1,1,2,9 and 167 MiB, and exited 3 under a budget the run fits).
+run_cut=$("$gpipectl" train "$src/examples/fashion_mnist_cnn.json" --steps 1 2>&1 |
+  sed -n 's/.*(layers \([0-9+]*\)).*/\1/p' | head -1 | tr + ,)
+[[ -n "$run_cut" ]] || fail "train printed no cut for the CNN"
+"$gpipectl" plan "$src/examples/fashion_mnist_cnn.json" --stages-range 4..4 >"$work/own" 2>&1 ||
+  { cat "$work/own"; fail "plan of the CNN at K=4"; }
+grep -Eq "^=.* $run_cut  \(the job spec.s own\)" "$work/own" ||
+  { cat "$work/own"; fail "the spec's own row is not cut as train cuts it ($run_cut)"; }
 if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --workers -2 >"$work/negw" 2>&1; then
   fail "a negative worker count was taken"
 fi
