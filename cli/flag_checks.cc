@@ -187,6 +187,12 @@ absl::string_view FlagName(absl::string_view arg) {
   return arg.substr(0, arg.find('='));
 }
 
+// The flag as the user typed it, dashed, for errors: "--micro-batches".
+std::string TypedName(absl::string_view arg) {
+  return absl::StrCat(absl::StartsWith(arg, "--") ? "--" : "-",
+                      absl::StrReplaceAll(FlagName(arg), {{"_", "-"}}));
+}
+
 // Whether the command line has a flag that brings flags from elsewhere or
 // excuses unknown ones (--flagfile, --fromenv, --tryfromenv, --undefok):
 // absl's parser alone knows what they make of the rest, so it checks all
@@ -215,14 +221,12 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
     const absl::string_view arg = argv[i];
     if (arg == "--") break;  // the flags end here
     if (!IsFlag(arg)) continue;
-    const absl::string_view dashes = absl::StartsWith(arg, "--") ? "--" : "-";
     const absl::string_view name = FlagName(arg);
     std::optional<absl::string_view> value;
     if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
       value = arg.substr(eq + 1);
     }
-    const std::string typed =
-        absl::StrCat(dashes, absl::StrReplaceAll(name, {{"_", "-"}}));
+    const std::string typed = TypedName(arg);
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no") && !value) {
       // --nofoo: a boolean flag set false.
@@ -285,11 +289,9 @@ absl::Status CheckCommandTakesFlags(const std::string& command, int argc,
         }) != takes->end()) {
       continue;
     }
-    const absl::string_view dashes = absl::StartsWith(arg, "--") ? "--" : "-";
-    return absl::InvalidArgumentError(
-        absl::StrCat(dashes, absl::StrReplaceAll(FlagName(arg), {{"_", "-"}}),
-                     ": ", command, " does not take this flag (gpipectl ",
-                     command, " --help lists its flags)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        TypedName(arg), ": ", command, " does not take this flag (gpipectl ",
+        command, " --help lists its flags)"));
   }
   return absl::OkStatus();
 }

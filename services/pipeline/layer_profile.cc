@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -111,30 +112,27 @@ void WarmUp(Run run) {
   }
 }
 
-// Calls run(r, keep) for r = 1, 2, ... until `reps` runs were kept, and
-// returns the page faults of the kept ones. A run that faults is dropped
-// and made again while there are runs to spare (at most 3 x reps in all):
-// glibc's heap, even kept whole, now and then places a block on fresh
-// pages, and a first touch is no part of a pass. With one warm-up run and
-// every run kept, the CNN example's first ReLU found its 1.6 MiB gradient
-// on fresh pages in three of five runs; at about 14 us a page fault on
-// this VM its 0.1 ms backward measured 5 ms (`plan --measure`).
-template <typename Run>
-int64_t FaultFreeRuns(int reps, Run run) {
+// Calls run(r) for r = 1, 2, ... and record(its result) for each kept run
+// until `reps` runs were kept, and returns the page faults of the kept
+// ones. A run that faults is dropped and made again while there are runs
+// to spare (at most 3 x reps in all): glibc's heap, even kept whole, now
+// and then places a block on fresh pages, and a first touch is no part of
+// a pass. With one warm-up run and every run kept, the CNN example's first
+// ReLU found its 1.6 MiB gradient on fresh pages in three of five runs; at
+// about 14 us a page fault on this VM its 0.1 ms backward measured 5 ms
+// (`plan --measure`).
+template <typename Run, typename Record>
+int64_t FaultFreeRuns(int reps, Run run, Record record) {
   const int most = 3 * reps;
   int64_t kept_faults = 0;
   for (int r = 1, kept = 0; kept < reps; ++r) {
     const int64_t before = MinorPageFaults();
-    bool keep = false;
-    // `run` times into scratch and copies out only when told to keep.
-    const auto decide = [&] {
-      const int64_t faults = MinorPageFaults() - before;
-      keep = faults == 0 || most - r < reps - kept;
-      if (keep) kept_faults += faults;
-      return keep;
-    };
-    run(r, decide);
-    if (keep) ++kept;
+    auto result = run(r);
+    const int64_t faults = MinorPageFaults() - before;
+    if (faults > 0 && most - r >= reps - kept) continue;  // made again
+    kept_faults += faults;
+    record(result);
+    ++kept;
   }
   return kept_faults;
 }
@@ -212,45 +210,38 @@ absl::StatusOr<LayerPasses> MeasurePasses(const gpipe::v1::JobSpec& spec,
   LayerContext ctx;
   ctx.training = true;
   ctx.seed = spec.seed();
-  const auto run = [&](int r, std::vector<double>& f, std::vector<double>& b) {
+  // One run's seconds by layer: forward and backward, or weight halves.
+  using Seconds = std::pair<std::vector<double>, std::vector<double>>;
+  const auto run = [&](int r) {
     ctx.step = r;
+    Seconds s(std::vector<double>(n, 0), std::vector<double>(n, 0));
     ForwardBackward(model, probe.input, probe.output_grad, ctx,
-                    first_input_grad, f, b);
+                    first_input_grad, s.first, s.second);
     model.ZeroGrad();
+    return s;
   };
-  WarmUp([&] {
-    std::vector<double> f(n, 0), b(n, 0);
-    run(0, f, b);
-  });
+  WarmUp([&] { run(0); });
   LayerPasses out;
-  out.timed_page_faults = FaultFreeRuns(reps, [&](int r, auto keep) {
-    std::vector<double> f(n, 0), b(n, 0);
-    run(r, f, b);
-    if (!keep()) return;
+  out.timed_page_faults = FaultFreeRuns(reps, run, [&](const Seconds& s) {
     for (int64_t l = 0; l < n; ++l) {
-      forward[l].push_back(f[l]);
-      backward[l].push_back(b[l]);
+      forward[l].push_back(s.first[l]);
+      backward[l].push_back(s.second[l]);
     }
   });
   std::vector<std::vector<double>> weight(n);
-  const auto run_split = [&](int r, std::vector<double>& w) {
-    ctx.step = reps + 1 + r;
-    ForwardSplitBackward(model, probe.input, probe.output_grad, ctx, w);
-    model.ZeroGrad();
-  };
   if (split) {
-    WarmUp([&] {
+    const auto run_split = [&](int r) {
+      ctx.step = reps + 1 + r;
       std::vector<double> w(n, 0);
-      run_split(0, w);
-    });
-  }
-  if (split) {
-    out.timed_page_faults += FaultFreeRuns(reps, [&](int r, auto keep) {
-      std::vector<double> w(n, 0);
-      run_split(r, w);
-      if (!keep()) return;
-      for (int64_t l = 0; l < n; ++l) weight[l].push_back(w[l]);
-    });
+      ForwardSplitBackward(model, probe.input, probe.output_grad, ctx, w);
+      model.ZeroGrad();
+      return w;
+    };
+    WarmUp([&] { run_split(0); });
+    out.timed_page_faults +=
+        FaultFreeRuns(reps, run_split, [&](const std::vector<double>& w) {
+          for (int64_t l = 0; l < n; ++l) weight[l].push_back(w[l]);
+        });
   }
   for (int64_t l = 0; l < n; ++l) {
     out.forward.push_back(Median(forward[l]));
