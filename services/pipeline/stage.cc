@@ -1002,6 +1002,18 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
           : ""));
 }
 
+absl::Status Stage::AwaitEvalTaken(int64_t b) {
+  ASSIGN_OR_RETURN(Message in, downstream_->Receive());
+  if (in.kind != MessageKind::kEvalTaken || in.step != kEvalStep ||
+      in.micro_batch != b) {
+    return absl::InternalError(
+        absl::StrCat("stage ", placement_.index,
+                     ": expected the receipt of evaluation batch ", b,
+                     ", received ", Describe(in)));
+  }
+  return absl::OkStatus();
+}
+
 // Evaluation streams batches down the pipe until the first stage sends the
 // end marker, so middle stages need neither the dataset nor its size.
 absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
@@ -1015,6 +1027,7 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
   if (max_samples > 0) n = std::min(n, max_samples);
   LossResult total;
   std::vector<int64_t> indices;
+  int64_t sent = 0;
   for (int64_t b = 0;; ++b) {
     Tensor x;
     if (placement_.first()) {
@@ -1031,6 +1044,13 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
       RETURN_IF_ERROR(CheckArrived(in.tensor, /*activation=*/true, b,
                                    /*rows=*/0, batch_size));
       x = std::move(in.tensor);
+      // Taken off the queue: the stage before may send the next batch, so
+      // at most one waits here while this one runs.
+      Message taken;
+      taken.kind = MessageKind::kEvalTaken;
+      taken.step = kEvalStep;
+      taken.micro_batch = b;
+      RETURN_IF_ERROR(upstream_->Send(std::move(taken)));
     }
     Batch batch;
     if (placement_.first() || placement_.last()) {
@@ -1060,14 +1080,21 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
       total += r;
       continue;
     }
+    x = Tensor();
+    // The batch before must have left the next stage's queue: a slower
+    // stage downstream would otherwise gather every batch of the split.
+    if (b > 0) RETURN_IF_ERROR(AwaitEvalTaken(b - 1));
     Message out;
     out.kind = MessageKind::kActivation;
     out.step = kEvalStep;
     out.micro_batch = b;
     out.tensor = ForLink(downstream_, std::move(y));
     RETURN_IF_ERROR(downstream_->Send(std::move(out)));
+    ++sent;
   }
   if (!placement_.last()) {
+    // Nothing of the evaluation may be left on the link for the next step.
+    if (sent > 0) RETURN_IF_ERROR(AwaitEvalTaken(sent - 1));
     Message end;
     end.kind = MessageKind::kEvalEnd;
     end.step = kEvalStep;

@@ -180,6 +180,9 @@ class Stage {
   Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
         Timeline::Clock::time_point origin);
 
+  // Waits for the next stage's receipt of evaluation batch b (RunEval).
+  absl::Status AwaitEvalTaken(int64_t b);
+
   // Per micro-batch state between its forward and its backward (with a
   // split backward: until its weight half).
   struct InFlight {

@@ -19,6 +19,8 @@ gpipe::v1::FrameKind ToFrameKind(MessageKind k) {
       return gpipe::v1::GRAD_SQUARES;
     case MessageKind::kEvalEnd:
       return gpipe::v1::EVAL_END;
+    case MessageKind::kEvalTaken:
+      return gpipe::v1::EVAL_TAKEN;
     case MessageKind::kReduceSlice:
       return gpipe::v1::REDUCE_SLICE;
   }
@@ -35,6 +37,8 @@ absl::StatusOr<MessageKind> FromFrameKind(gpipe::v1::FrameKind k) {
       return MessageKind::kGradSquares;
     case gpipe::v1::EVAL_END:
       return MessageKind::kEvalEnd;
+    case gpipe::v1::EVAL_TAKEN:
+      return MessageKind::kEvalTaken;
     case gpipe::v1::REDUCE_SLICE:
       return MessageKind::kReduceSlice;
     default:

@@ -6,6 +6,9 @@ namespace gpipe {
 
 std::string Describe(const Message& m) {
   if (m.kind == MessageKind::kEvalEnd) return "end of evaluation";
+  if (m.kind == MessageKind::kEvalTaken) {
+    return absl::StrCat("receipt of evaluation batch ", m.micro_batch);
+  }
   if (m.kind == MessageKind::kReduceSlice) {
     return absl::StrCat(m.micro_batch == 0 ? "gradient slice"
                         : m.micro_batch == kReduceRowsPhase

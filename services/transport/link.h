@@ -21,6 +21,8 @@ enum class MessageKind : uint8_t {
   kGradSquares,  // running sum of squared gradients (downstream), then the
                  // total (upstream), for global-norm clipping
   kEvalEnd,      // no more evaluation batches follow
+  kEvalTaken,    // upstream: evaluation batch micro_batch was taken off the
+                 // receiver's queue (the credit for the next one)
   kReduceSlice,  // between replicas of a stage (GradientReducer): a slice
                  // of the sender's gradient nodes (micro_batch 0) or of
                  // the total (micro_batch 1), or the sender's micro-batches'

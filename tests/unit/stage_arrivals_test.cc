@@ -2,7 +2,11 @@
 // (activations) or output (gradients) shape per sample, with the
 // micro-batch's rows. A neighbour's tensor of another shape or dtype is
 // refused naming both shapes (a worker read one of [16, 999] past its end
-// and died of the corrupted heap); the right one is taken.
+// and died of the corrupted heap); the right one is taken. In an
+// evaluation a stage sends the next batch only once the stage after it took
+// the one before off its queue.
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -33,6 +37,7 @@ constexpr char kSpec[] = R"({
   "data": {"synthetic": {"task": "CLASSES", "features": 8, "classes": 3,
                          "trainSamples": 64, "testSamples": 16}},
   "pipeline": {"microBatches": 1},
+  "eval": {"batchSize": 2},
   "batchSize": 8, "steps": 10, "seed": 5
 })";
 
@@ -48,8 +53,9 @@ class StageArrivalsTest : public ::testing::Test {
     down_ = std::move(links.first);  // the first stage's end
     up_ = std::move(links.second);   // the last stage's end
   }
-  // Stage 0 holds layers [0, 2), stage 1 layer 2.
-  std::unique_ptr<Stage> Make(int index) {
+  // Stage 0 holds layers [0, 2), stage 1 layer 2. Stage 0 sends through
+  // `sending` when given (a wrapper of down_).
+  std::unique_ptr<Stage> Make(int index, Link* sending = nullptr) {
     StagePlacement p;
     p.count = 2;
     p.index = index;
@@ -58,7 +64,7 @@ class StageArrivalsTest : public ::testing::Test {
     p.micro_batches = 1;
     auto stage =
         Stage::Create(spec_, p, dataset_, index == 0 ? nullptr : up_.get(),
-                      index == 0 ? down_.get() : nullptr);
+                      index == 0 ? (sending ? sending : down_.get()) : nullptr);
     EXPECT_TRUE(stage.ok()) << stage.status();
     return stage.ok() ? std::move(*stage) : nullptr;
   }
@@ -114,6 +120,97 @@ TEST_F(StageArrivalsTest, TheRightShapesAreTaken) {
   t.join();
   EXPECT_TRUE(a.ok()) << a.status();
   EXPECT_TRUE(b.ok()) << b.status();
+}
+
+// Counts what the first stage sends through it.
+class CountingLink : public Link {
+ public:
+  explicit CountingLink(Link* inner) : inner_(inner) {}
+  absl::Status Send(Message m) override {
+    ++sent_;
+    return inner_->Send(std::move(m));
+  }
+  absl::StatusOr<Message> Receive() override { return inner_->Receive(); }
+  void Close() override { inner_->Close(); }
+  int64_t bytes_sent() const override { return inner_->bytes_sent(); }
+  int64_t bytes_received() const override { return inner_->bytes_received(); }
+  int sent() const { return sent_; }
+
+ private:
+  Link* inner_;
+  std::atomic<int> sent_{0};
+};
+
+Message Receipt(int64_t batch) {
+  Message m;
+  m.kind = MessageKind::kEvalTaken;
+  m.step = kEvalStep;
+  m.micro_batch = batch;
+  return m;
+}
+
+// A slow stage downstream held every evaluation batch the stage before sent
+// (a worker's RSS reached twice its memory limit, and a job failed out of
+// memory in its final evaluation): now one at most waits for it.
+TEST_F(StageArrivalsTest, AnEvaluationBatchWaitsForTheReceiptOfTheOneBefore) {
+  CountingLink counting(down_.get());
+  std::unique_ptr<Stage> first = Make(0, &counting);
+  absl::StatusOr<LossResult> r = absl::UnknownError("");
+  std::thread t([&] { r = first->RunEval(Split::kTest, 0); });
+  // 16 test samples in batches of 2.
+  for (int64_t b = 0; b < 8; ++b) {
+    absl::StatusOr<Message> m = up_->Receive();
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->kind, MessageKind::kActivation);
+    EXPECT_EQ(m->micro_batch, b);
+    if (b == 0) {
+      // Time enough to send all eight were it not waiting.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      EXPECT_EQ(counting.sent(), 1);
+    }
+    ASSERT_TRUE(up_->Send(Receipt(b)).ok());
+  }
+  absl::StatusOr<Message> end = up_->Receive();
+  t.join();
+  ASSERT_TRUE(end.ok()) << end.status();
+  EXPECT_EQ(end->kind, MessageKind::kEvalEnd);
+  EXPECT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(counting.sent(), 9);
+}
+
+TEST_F(StageArrivalsTest, AnythingButTheReceiptIsRefused) {
+  std::unique_ptr<Stage> first = Make(0);
+  absl::StatusOr<LossResult> r = absl::UnknownError("");
+  std::thread t([&] { r = first->RunEval(Split::kTest, 0); });
+  ASSERT_TRUE(up_->Receive().ok());
+  ASSERT_TRUE(up_->Send(Receipt(3)).ok());
+  t.join();
+  EXPECT_TRUE(absl::IsInternal(r.status())) << r.status();
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("expected the receipt of evaluation batch 0, received "
+                        "receipt of evaluation batch 3"));
+}
+
+// The receipts leave nothing on the link: a training step follows.
+TEST_F(StageArrivalsTest, AnEvaluationLeavesTheLinkClearForTheNextStep) {
+  std::unique_ptr<Stage> first = Make(0), last = Make(1);
+  absl::StatusOr<LossResult> a = absl::UnknownError("");
+  std::thread t([&] { a = first->RunEval(Split::kTest, 0); });
+  const absl::StatusOr<LossResult> b = last->RunEval(Split::kTest, 0);
+  t.join();
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->counted, 16);
+  absl::StatusOr<StageStepResult> sa = absl::UnknownError("");
+  std::thread u([&] {
+    sa = first->RunStep(0);
+    // A failed first stage would leave the last waiting.
+    if (!sa.ok()) down_->Close();
+  });
+  const absl::StatusOr<StageStepResult> sb = last->RunStep(0);
+  u.join();
+  EXPECT_TRUE(sa.ok()) << sa.status();
+  EXPECT_TRUE(sb.ok()) << sb.status();
 }
 
 }  // namespace
