@@ -14,7 +14,7 @@ image_packages=(
   build-essential cmake ccache pkg-config
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc libgrpc-dev
   libabsl-dev libopenblas-pthread-dev libsqlite3-dev libssl-dev zlib1g-dev
-  libpng-dev libjpeg62-turbo-dev prometheus-cpp-dev
+  libpng-dev libjpeg62-turbo-dev prometheus-cpp-dev libjemalloc-dev
 )
 packages=(
   "${image_packages[@]}" git python3

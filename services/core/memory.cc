@@ -21,19 +21,61 @@
 
 namespace gpipe {
 
-// The largest threshold mallopt takes (an int): a language model's logits
-// and their gradient are 512 MiB each at 4096 tokens of a 32000-token
-// vocabulary, and under a 256 MiB threshold each was mmapped afresh every
-// step, 257,000 page faults and 28% of the step (bench/README). Trimming is
-// off for the same reason: a step that frees them would hand the heap's top
-// back. ReleaseFreedMemory still trims when a stage ends.
+// jemalloc's control interface, present when the binary links jemalloc
+// (the servers, gpipectl and the benchmarks: GPIPE_HEAP in CMake); null
+// under glibc's malloc, in the tests.
+extern "C" int mallctl(const char* name, void* old_value, size_t* old_size,
+                       void* new_value, size_t new_size) __attribute__((weak));
+
+namespace {
+
+// Never purge freed pages (-1): a purged page faults again when the next
+// step takes it. The default 10 s decay cost 20-38 page faults a step on
+// the width-1024 MLP (step_bench).
+void NeverDecay() {
+  ssize_t never = -1;
+  for (const char* name : {"arenas.dirty_decay_ms", "arenas.muzzy_decay_ms"})
+    mallctl(name, nullptr, nullptr, &never, sizeof never);
+  // The arenas made before the defaults changed (the main thread's).
+  unsigned arenas = 0;
+  size_t size = sizeof arenas;
+  if (mallctl("arenas.narenas", &arenas, &size, nullptr, 0) != 0) return;
+  for (unsigned i = 0; i < arenas; ++i) {
+    for (const char* decay : {"dirty_decay_ms", "muzzy_decay_ms"}) {
+      char name[64];
+      std::snprintf(name, sizeof name, "arena.%u.%s", i, decay);
+      // Arenas not yet in use refuse it; they take the new defaults.
+      mallctl(name, nullptr, nullptr, &never, sizeof never);
+    }
+  }
+}
+
+}  // namespace
+
+// Under glibc: the largest threshold mallopt takes (an int): a language
+// model's logits and their gradient are 512 MiB each at 4096 tokens of a
+// 32000-token vocabulary, and under a 256 MiB threshold each was mmapped
+// afresh every step, 257,000 page faults and 28% of the step (bench/README).
+// Trimming is off for the same reason: a step that frees them would hand the
+// heap's top back. ReleaseFreedMemory still trims when a stage ends.
 void KeepFreedMemory() {
+  if (mallctl != nullptr) {
+    NeverDecay();
+    return;
+  }
   ::mallopt(M_MMAP_THRESHOLD, std::numeric_limits<int>::max());
   ::mallopt(M_TRIM_THRESHOLD, -1);
   ::mallopt(M_ARENA_MAX, 1);
 }
 
-void ReleaseFreedMemory() { ::malloc_trim(0); }
+void ReleaseFreedMemory() {
+  if (mallctl != nullptr) {
+    // MALLCTL_ARENAS_ALL: every arena's free pages.
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);
+    return;
+  }
+  ::malloc_trim(0);
+}
 
 int64_t MinorPageFaults() {
   rusage usage{};

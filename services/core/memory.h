@@ -7,20 +7,25 @@
 
 namespace gpipe {
 
-// Keeps freed memory in the heap instead of handing it back to the kernel:
-// no mmap per block below 2 GiB, no trimming, one arena (another arena cannot
-// hold a 64 MiB block and would mmap it). With glibc's defaults every tensor
-// and gRPC buffer of 128 KiB or more comes from fresh pages, each a page fault
-// on first touch: tensor streaming ran 10-25x slower (bench/stream_bench).
-// The price: the process keeps its peak heap instead of shrinking. Call at
-// the top of main, before threads start.
+// Keeps freed memory in the heap instead of handing it back to the kernel.
+// With glibc's defaults every tensor and gRPC buffer of 128 KiB or more came
+// from fresh pages, each a page fault on first touch: tensor streaming ran
+// 10-25x slower (bench/stream_bench). The binaries link jemalloc, whose
+// freed pages then never decay: it keeps large blocks apart from small
+// objects, where glibc's one heap let small objects settle between freed
+// evaluation batches and grew to twice a worker's live memory (bench/README,
+// "A heap that does not fragment"). Without jemalloc (the tests): glibc with
+// no mmap per block below 2 GiB, no trimming and one arena. The price
+// either way: the process keeps its peak heap. Call at the top of main,
+// before threads start.
 void KeepFreedMemory();
 
 // This process's minor page faults so far (getrusage): first touches of
 // memory, which a measurement in steady state should not time.
 int64_t MinorPageFaults();
 
-// Hands the heap's free memory back to the kernel (malloc_trim): after a
+// Hands the heap's free memory back to the kernel (jemalloc's purge, or
+// malloc_trim): after a
 // stage ends or is cancelled, so a worker's resident memory falls back to
 // what it holds between assignments.
 void ReleaseFreedMemory();
