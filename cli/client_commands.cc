@@ -734,19 +734,43 @@ absl::Status ApplySpecFlags(gpipe::v1::JobSpec& spec, bool measured_balance,
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(const std::string& path,
-                                                     bool measured_balance) {
+// The file's spec with its data paths made absolute, not yet checked.
+absl::StatusOr<gpipe::v1::JobSpec> LoadResolved(const std::string& path) {
   absl::StatusOr<gpipe::v1::JobSpec> spec =
       LoadJobSpecFile(path, SpecCheck::kJsonOnly);
   if (!spec.ok()) return spec.status();
   std::error_code cwd_error;
   ResolveDataPaths(std::filesystem::current_path(cwd_error).string(), &*spec);
+  return spec;
+}
+
+// The file as it is, without the flags, checked as LoadSpecWithFlags
+// checks it.
+bool ChecksWithoutFlags(const std::string& path) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadResolved(path);
+  if (!spec.ok()) return false;
+  AdoptInitFromPreprocessing(&*spec);
+  return CheckJobSpec(&*spec).ok();
+}
+
+}  // namespace
+
+absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(const std::string& path,
+                                                     bool measured_balance) {
+  absl::StatusOr<gpipe::v1::JobSpec> spec = LoadResolved(path);
+  if (!spec.ok()) return spec.status();
   std::string flags;  // as given, for errors a flag may have caused
   RETURN_IF_ERROR(ApplySpecFlags(*spec, measured_balance, &flags));
   AdoptInitFromPreprocessing(&*spec);
   if (absl::Status s = CheckJobSpec(&*spec); !s.ok()) {
+    // A file that checks without the flags was made invalid by them: a
+    // usage error (exit 2), as the flags' own range checks are; it read as
+    // a failure (exit 1) when found this deep.
+    if (!flags.empty() && absl::IsInvalidArgument(s) &&
+        ChecksWithoutFlags(path)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flags, ": ", s.message(), " (", path, " is valid without them)"));
+    }
     return absl::Status(
         s.code(), absl::StrCat(path, flags.empty() ? "" : " with ", flags, ": ",
                                s.message()));

@@ -400,6 +400,14 @@ int RunPlan(const std::vector<std::string>& args) {
           absl::StrCat("--stages: ", k, " is not within 1..", layers,
                        " (the model's layers; every stage needs one)")));
     }
+    // Both: which one was meant is not ours to guess (K=3 was planned for
+    // --stages 3 --stages-range 1..2 without a word).
+    if (!absl::GetFlag(FLAGS_stages_range).empty()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--stages: ", k, " and --stages-range ",
+                       absl::GetFlag(FLAGS_stages_range),
+                       " both say which K to plan; give one")));
+    }
     k_lo = k_hi = k;
   }
   if (k_lo > k_hi) {
@@ -1048,8 +1056,7 @@ int RunPlan(const std::vector<std::string>& args) {
   std::printf(
       "memory: the largest stage's peak (parameters, gradients, optimizer "
       "state, activations, working memory, data); budget %s\n\n",
-      *budget > 0 ? absl::StrFormat("%.2f MiB", *budget / kMiB).c_str()
-                  : "none");
+      *budget > 0 ? FormatBytes(*budget).c_str() : "none");
 
   const bool single = k_lo == k_hi && micro_batches.size() == 1;
   PrintHeader(with_replicas);
@@ -1094,8 +1101,8 @@ int RunPlan(const std::vector<std::string>& args) {
     // Workers of that memory would refuse it at submit: said, and exit 3.
     if (!fits) {
       own_refused = absl::StrFormat(
-          "its largest stage needs %.2f MiB, over the %.2f MiB budget",
-          spec_option->peak_bytes / kMiB, *budget / kMiB);
+          "its largest stage needs %.2f MiB, over the %s budget",
+          spec_option->peak_bytes / kMiB, FormatBytes(*budget));
     }
   }
   if (!own_refused.empty()) {
@@ -1107,6 +1114,11 @@ int RunPlan(const std::vector<std::string>& args) {
               single ? "* best, ! over budget"
                      : "best schedule/remat per K and M; * best overall, ! "
                        "over budget");
+  // The two columns were not said (a planning walkthrough).
+  std::printf(
+      "bubble: the share of the step the busiest stage idles (the "
+      "pipeline's own); max: the idlest stage's share (the cut's "
+      "imbalance)\n");
   if (grown_from > 0) {
     std::printf(
         "K went past %lld to %lld: the best K was at the end of the default "

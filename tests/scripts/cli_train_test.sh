@@ -139,8 +139,9 @@ set +e
 msg=$("$gpipectl" train "$work/job.json" --stages 2 --balance 1,1 2>&1)
 rc=$?
 set -e
-[[ $rc -eq 1 ]] || fail "bad balance exited $rc, want 1"
-grep -q "balance: sums to 2 but the model has 4 layers" <<<"$msg" || fail "bad balance message: $msg"
+# The flags made the spec invalid: a usage error (it exited 1).
+[[ $rc -eq 2 ]] || fail "bad balance exited $rc, want 2"
+grep -q "^gpipectl train: --stages 2 --balance 1,1: pipeline.balance: sums to 2 but the model has 4 layers" <<<"$msg" || fail "bad balance message: $msg"
 
 # --help lists each binary's own flags (absl alone would say "No flags
 # matched": it looks for a file named after the binary), not absl's.
@@ -257,6 +258,11 @@ expect_refused 2 "--threads: must be between 0 (the usable cores) and 1024, got 
   train "$work/job.json" --steps 1 --threads 100000
 expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \
   train "$work/job.json" --steps 1 --micro-batches -1
+# Flags in range that make the spec invalid are usage errors too (found by
+# the spec's checks, they exited 1); the file names itself valid.
+expect_refused 2 "--micro-batches 200 --steps 1: pipeline.micro_batches: 200 is larger than batch_size 32" \
+  train "$work/job.json" --steps 1 --micro-batches 200
+expect_refused 2 "is valid without them" local "$work/job.json" --replicas 65
 expect_refused 2 "--workers: must be at most 256" local "$work/job.json" --workers 100000
 # More workers than the machine's memory gives 128 MiB each: refused before
 # any starts (each was left to advertise the whole machine).

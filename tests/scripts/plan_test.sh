@@ -68,6 +68,10 @@ if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --memory-budget 1KiB 
 fi
 grep -q 'no configuration fits the memory budget; the smallest needs' "$work/budget" ||
   { cat "$work/budget"; fail "no message for the budget"; }
+# In its own unit (it read "budget 0.00 MiB").
+grep -q 'budget 1.00 KiB$' "$work/budget" || { cat "$work/budget"; fail "the 1 KiB budget is not shown as such"; }
+grep -q '^bubble: the share of the step the busiest stage idles' "$work/budget" ||
+  { cat "$work/budget"; fail "the bubble and max columns are not explained"; }
 echo "ok: a budget nothing fits"
 
 # A budget the spec's own configuration is over, while others fit: the
@@ -166,6 +170,15 @@ if "$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --workers -2 >"$work/
   fail "a negative worker count was taken"
 fi
 grep -q -- '--workers: must be' "$work/negw" || { cat "$work/negw"; fail "the bad worker count was not named"; }
+# --stages and --stages-range together: a usage error (K=3 was planned for
+# --stages 3 --stages-range 1..2 in silence).
+set +e
+"$gpipectl" plan "$src/examples/fashion_mnist_mlp.json" --stages 3 --stages-range 1..2 >"$work/both" 2>&1
+both_rc=$?
+set -e
+((both_rc == 2)) || { cat "$work/both"; fail "--stages with --stages-range: exit $both_rc, not 2"; }
+grep -q -- '--stages: 3 and --stages-range 1..2 both say which K to plan' "$work/both" ||
+  { cat "$work/both"; fail "--stages with --stages-range: no message"; }
 # The plan picks the stages, schedule and replicas: a spec whose own choice
 # of them is not runnable (gradient_groups 2 under ZB-H1 on one replica)
 # is still planned, and only with the replicas its groups allow.
