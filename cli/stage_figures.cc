@@ -10,32 +10,6 @@
 
 namespace gpipe::cli {
 
-std::vector<double> CutBubbles(const gpipe::v1::JobSpec& spec,
-                               ScheduleKind kind, RematMode remat,
-                               const std::vector<int64_t>& balance, int64_t m,
-                               int64_t v, int64_t batch) {
-  const absl::StatusOr<ModelShapes> shapes = InferModelShapes(spec.model());
-  int64_t layers = 0;
-  for (int64_t n : balance) {
-    if (n < 1) return {};
-    layers += n;
-  }
-  if (!shapes.ok() || balance.empty() || m < 1 || v < 1 ||
-      layers != static_cast<int64_t>(shapes->costs.size()) ||
-      balance.size() % v != 0 ||
-      !ScheduleShapeError(kind, balance.size() / v, m, v).empty()) {
-    return {};
-  }
-  const SimulationResult r =
-      CostModelSimulation(*shapes, balance, m, kind, v, remat, batch,
-                          UpdateTraffic(spec.optimizer()));
-  if (!r.complete) return {};
-  std::vector<double> bubbles;
-  for (const StageSimulation& w : r.stages)
-    bubbles.push_back(w.bubble_fraction);
-  return bubbles;
-}
-
 std::string BubbleTheoryText(ScheduleKind kind, int64_t k, int64_t m, int64_t v,
                              const std::vector<double>& cut) {
   if (k < 2 || m < 1 || v < 1) return "";

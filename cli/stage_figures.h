@@ -20,17 +20,6 @@ struct WorkerFigures {
   double bubble = 0;
 };
 
-// Each worker's bubble (stage 0's worker first) that the cost model
-// predicts for this cut of `spec`'s model (`balance`: layers per stage, K x
-// v of them, in model order) under `kind` and `remat` with M micro-batches
-// of a batch of `batch` (CostModelSimulation): a cut's unequal stages leave
-// the lighter ones idle beyond the schedule's theory. Empty where the model
-// or the cut cannot be simulated.
-std::vector<double> CutBubbles(const gpipe::v1::JobSpec& spec,
-                               ScheduleKind kind, RematMode remat,
-                               const std::vector<int64_t>& balance, int64_t m,
-                               int64_t v, int64_t batch);
-
 // " (zb-h1 theory 4%, this cut 16% 6%)": the bubble `kind` has in theory on
 // K equal workers of v chunks each with M micro-batches (TheoreticalBubble)
 // and, when given, each worker's for the cut it runs (CutBubbles): what the

@@ -29,6 +29,7 @@
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/pipeline/schedule.h"
+#include "services/pipeline/simulator.h"
 #include "services/pipeline/step_plan.h"
 #include "services/storage/safetensors.h"
 #include "services/telemetry/step_trace.h"

@@ -76,6 +76,17 @@ bool Start(JobTable& jobs, JobRecord& job,
                              RematFromSpec(spec.pipeline().remat()));
     }
   }
+  // Each worker's bubble for this cut, by the cost model: its metrics
+  // read their measure against it (a cut of unequal stages idles the
+  // lighter ones by design, which the alert on the theory alone took for
+  // a fault).
+  const std::vector<double> predicted = CutBubbles(
+      spec, schedule, RematFromSpec(spec.pipeline().remat()), balance,
+      MicroBatchCount(spec) / replicas, v, spec.batch_size() / replicas);
+  const auto set_predicted = [&](v1::Assignment& a, int64_t w) {
+    if (w < static_cast<int64_t>(predicted.size()))
+      a.set_predicted_bubble(predicted[w]);
+  };
   v1::JobStatus& status = job.status();
   const int64_t epoch = status.epoch() + 1;
   // Checked off the lock before this start (ScheduleJobs); used up now.
@@ -173,6 +184,7 @@ bool Start(JobTable& jobs, JobRecord& job,
       }
     }
     a.set_stream_key(*stream_key);
+    if (v == 1) set_predicted(a, i);
     absl::StrAppend(&placed, slot > 0 ? ", " : "", "stage ", i,
                     replicas > 1 ? absl::StrCat(" of replica ", r) : "",
                     " (layers ", stage->layer_begin(), "..",
@@ -196,6 +208,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   for (size_t w = 0; w < chunked.size(); ++w) {
     v1::Assignment& a = *chunked[w].mutable_assignment();
     a.mutable_chunks(0)->clear_spec();
+    set_predicted(a, static_cast<int64_t>(w));
     for (const PhaseTicks& t : ticks) {
       a.add_phase_ticks(t.forward);
       a.add_phase_ticks(t.input);

@@ -569,6 +569,10 @@ void Executor::Execute(std::shared_ptr<Run> run) {
           c->a.micro_batches() / std::max<int64_t>(1, c->a.replicas()), c->last,
           ScheduleFromSpec(c->a.schedule()), static_cast<int64_t>(xs.size()));
       c->metrics->StartAt(a.start_step());
+      // A worker's chunks share its predicted bubble, as their measured
+      // one is the worker's.
+      if (a.has_predicted_bubble())
+        c->metrics->SetPredictedBubble(a.predicted_bubble());
     }
   }
   const auto run_stage = [&]() -> absl::Status {

@@ -157,6 +157,19 @@ SimulationResult CostModelSimulation(const ModelShapes& shapes,
                                      ScheduleKind schedule,
                                      int64_t virtual_stages, RematMode remat,
                                      int64_t batch_size, double update_traffic);
+// Each worker's bubble (stage 0's worker first) that the cost model
+// predicts for this cut of `spec`'s model (`balance`: layers per stage, K x
+// v of them, in model order) under `kind` and `remat` with M micro-batches
+// of a batch of `batch` (CostModelSimulation): a cut's unequal stages leave
+// the lighter ones idle beyond the schedule's theory. gpipectl's progress
+// line shows it, and the controller hands each worker its own (the
+// gpipe_stage_bubble_predicted_ratio metric). Empty where the model or the
+// cut cannot be simulated.
+std::vector<double> CutBubbles(const gpipe::v1::JobSpec& spec,
+                               ScheduleKind kind, RematMode remat,
+                               const std::vector<int64_t>& balance, int64_t m,
+                               int64_t v, int64_t batch);
+
 // CostModelSimulation's step; infinite where the schedule does not
 // complete. What chooses between cuts that balance differently
 // (PartitionForSchedule's ZB-V cut).

@@ -97,6 +97,17 @@ void StageMetrics::SetDataPlane(const std::string& plane) {
   data_plane_->Set(1);
 }
 
+void StageMetrics::SetPredictedBubble(double ratio) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (predicted_ == nullptr) {
+    predicted_ =
+        &predicted_family_->Add({{"job", job_},
+                                 {"stage", std::to_string(stage_)},
+                                 {"replica", std::to_string(replica_)}});
+  }
+  predicted_->Set(ratio);
+}
+
 PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                                  size_t keep_finished, Clock::duration linger)
     : registry_(registry),
@@ -132,6 +143,13 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                              "interleaved 1F1B over K workers, about "
                              "(K-1)/(6M+K-1) for ZB-V")
                        .Register(registry)),
+      predicted_(prometheus::BuildGauge()
+                     .Name("gpipe_stage_bubble_predicted_ratio")
+                     .Help("Bubble share the cost model predicts for the "
+                           "stage's worker on the cut the job runs: beyond "
+                           "the theory where the cut's stages are unequal "
+                           "(absent where the cut cannot be simulated)")
+                     .Register(registry)),
       micro_batch_(prometheus::BuildHistogram()
                        .Name("gpipe_microbatch_duration_seconds")
                        .Help("Duration of one micro-batch op, by phase")
@@ -216,6 +234,7 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
   }
   auto m = std::shared_ptr<StageMetrics>(new StageMetrics(job, stage, replica));
   m->data_plane_family_ = &data_plane_;
+  m->predicted_family_ = &predicted_;
   const prometheus::Labels labels = {{"job", job},
                                      {"stage", absl::StrCat(stage)},
                                      {"replica", absl::StrCat(replica)}};
@@ -322,6 +341,8 @@ void PipelineMetrics::RemoveLocked(const std::shared_ptr<StageMetrics>& m) {
     std::lock_guard<std::mutex> lock(m->mu_);
     if (m->data_plane_ != nullptr) data_plane_.Remove(m->data_plane_);
     m->data_plane_ = nullptr;
+    if (m->predicted_ != nullptr) predicted_.Remove(m->predicted_);
+    m->predicted_ = nullptr;
   }
 }
 

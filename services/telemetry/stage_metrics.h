@@ -68,6 +68,11 @@ class StageMetrics {
   // The data plane (services/transport/data_plane.h: "grpc", "shm", "cuda_ipc")
   // of the link to the next stage: gpipe_transport_data_plane{plane} is 1.
   void SetDataPlane(const std::string& plane);
+  // The bubble share the cost model predicts for this stage's worker on
+  // the job's cut (Assignment.predicted_bubble):
+  // gpipe_stage_bubble_predicted_ratio, which the bubble alert reads beside
+  // the schedule's theory.
+  void SetPredictedBubble(double ratio);
 
   const std::string& job() const { return job_; }
   int64_t stage() const { return stage_; }
@@ -99,6 +104,8 @@ class StageMetrics {
   prometheus::Counter* allreduce_bytes_ = nullptr;
   prometheus::Family<prometheus::Gauge>* data_plane_family_ = nullptr;
   prometheus::Gauge* data_plane_ = nullptr;  // under mu_
+  prometheus::Family<prometheus::Gauge>* predicted_family_ = nullptr;
+  prometheus::Gauge* predicted_ = nullptr;  // under mu_
   std::mutex mu_;
   int64_t peak_bytes_ = 0;
 };
@@ -165,6 +172,7 @@ class PipelineMetrics : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>& utilization_;
   prometheus::Family<prometheus::Gauge>& bubble_ratio_;
   prometheus::Family<prometheus::Gauge>& theoretical_;
+  prometheus::Family<prometheus::Gauge>& predicted_;
   prometheus::Family<prometheus::Histogram>& micro_batch_;
   prometheus::Family<prometheus::Counter>& sent_;
   prometheus::Family<prometheus::Counter>& received_;

@@ -204,6 +204,10 @@ while True:
     problems = []
     if len(theory) != 4 or any(abs(t - 1 / 3) > 1e-6 for t in theory):
         problems.append(f"gpipe_pipeline_bubble_theoretical_ratio {theory}, want 1/3 on each of 4")
+    # The cost model's bubble for the cut that runs, from the controller.
+    predicted = [float(v) for v in re.findall(r'^gpipe_stage_bubble_predicted_ratio\{[^}]*\} (\S+)', text, re.M)]
+    if len(predicted) != 4 or not all(0 < p < 1 for p in predicted):
+        problems.append(f"gpipe_stage_bubble_predicted_ratio {predicted}, want a share on each of 4")
     want = {(r, s) for r in "01" for s in "01"}
     if grid != want:
         problems.append(f"gpipe_job_step series for (replica, stage) {sorted(grid)}, want {sorted(want)}")

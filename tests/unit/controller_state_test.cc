@@ -3,6 +3,7 @@
 // waits its settle time, an elastic job its grace period, and checkpoint
 // commits and restore-point checks run off the lock (FlushIo waits for
 // them): nothing here sleeps to see that nothing happened.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "services/pipeline/simulator.h"
 #include "services/storage/checkpoint_layout.h"
 #include "services/storage/safetensors.h"
+#include "services/telemetry/step_figures.h"
 #include "tests/support/controller_fixtures.h"
 #include "tests/support/npy_file.h"
 
@@ -849,6 +851,37 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
 // robin is passed over. Losing a worker, the job goes on with 2 past the
 // grace period though 2 does not divide its M = 5 (only interleaving needs
 // that).
+// Each stage's worker is told the bubble the cost model predicts for the
+// cut it runs: with one stage holding a single layer of the model's, the
+// lighter stage idles beyond the schedule's theory by design.
+TEST_F(ControllerStateTest, EachWorkerIsToldItsBubbleForTheCut) {
+  std::shared_ptr<WorkerRecord> w[2] = {Attach(0), Attach(1)};
+  v1::JobSpec spec = Spec(2, 2);
+  const int64_t layers = spec.model().layers_size();
+  ASSERT_GE(layers, 3);
+  spec.mutable_pipeline()->clear_balance();
+  spec.mutable_pipeline()->add_balance(1);
+  spec.mutable_pipeline()->add_balance(layers - 1);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(State(job->id()), v1::RUNNING);
+  const std::vector<double> want =
+      CutBubbles(spec, ScheduleFromSpec(spec.pipeline().schedule()),
+                 RematFromSpec(spec.pipeline().remat()), {1, layers - 1},
+                 MicroBatchCount(spec), 1, spec.batch_size());
+  ASSERT_EQ(want.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    std::optional<v1::Assignment> a = Assignment(*w[i]);
+    ASSERT_TRUE(a.has_value()) << i;
+    ASSERT_TRUE(a->has_predicted_bubble()) << i;
+    EXPECT_EQ(a->predicted_bubble(), want[a->stage()]) << i;
+  }
+  EXPECT_GT(
+      std::max(want[0], want[1]),
+      TheoreticalBubbleRatio(2, MicroBatchCount(spec),
+                             ScheduleFromSpec(spec.pipeline().schedule()), 1));
+}
+
 TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
   std::shared_ptr<WorkerRecord> old =
       Attach(9, /*runs_chunks=*/true, /*runs_zb_v=*/false);
@@ -866,9 +899,11 @@ TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
     return absl::StrCat("127.0.0.1:", 9000 + i);
   };
   std::vector<int64_t> first_ticks, balance(6, 0);
+  std::vector<double> predicted(3, -1);
   for (int i = 0; i < 3; ++i) {
     std::optional<v1::Assignment> a = Assignment(*w[i]);
     ASSERT_TRUE(a.has_value()) << i;
+    if (a->has_predicted_bubble()) predicted[i] = a->predicted_bubble();
     EXPECT_EQ(a->stage(), i);
     EXPECT_EQ(a->stages(), 6);
     ASSERT_EQ(a->chunks_size(), 2);
@@ -904,6 +939,10 @@ TEST_F(ControllerStateTest, ZeroBubbleVPlacesChunksInAVAndShrinksToAnyCount) {
     expected.insert(expected.end(), {t.forward, t.input, t.weight});
   }
   EXPECT_EQ(first_ticks, expected);
+  // Each worker's bubble for the cut, by the cost model, for its metrics.
+  EXPECT_EQ(predicted, CutBubbles(spec, ScheduleKind::kZeroBubbleV,
+                                  RematFromSpec(spec.pipeline().remat()),
+                                  balance, 5, 2, 10));
   controller_->DetachWorker(*w[2], absl::UnavailableError("gone"), "test");
   clock_.Advance(absl::Milliseconds(1500));
   controller_->Tick(clock_.Now());

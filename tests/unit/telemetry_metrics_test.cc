@@ -241,6 +241,28 @@ TEST(StageMetrics, ReplicasOfAStageAreSeparateSeriesWithTheirReduction) {
   EXPECT_EQ(metrics.ForStage("j", 1, /*replica=*/0, 2, 4, true), r0);
 }
 
+// The cost model's bubble for the cut a worker runs: absent until the
+// assignment gives one, then a series of its own that goes with the stage.
+TEST(StageMetrics, ThePredictedBubbleIsExportedOnceGivenAndGoesWithTheStage) {
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  auto m = metrics.ForStage("j", 1, /*replica=*/0, 2, 4, /*last=*/true);
+  EXPECT_EQ(
+      Find(registry.Collect(), "gpipe_stage_bubble_predicted_ratio", "j", "1"),
+      nullptr);
+  m->SetPredictedBubble(0.4);
+  m->SetPredictedBubble(0.35);
+  const auto f = registry.Collect();
+  const prometheus::ClientMetric* p =
+      Find(f, "gpipe_stage_bubble_predicted_ratio", "j", "1");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->gauge.value, 0.35);
+  metrics.Finish("j", 1, /*replica=*/0, /*completed=*/false);
+  EXPECT_EQ(
+      Find(registry.Collect(), "gpipe_stage_bubble_predicted_ratio", "j", "1"),
+      nullptr);
+}
+
 TEST(StageMetrics, OnlyTheLastStageExportsTheLoss) {
   prometheus::Registry registry;
   PipelineMetrics metrics(registry);
