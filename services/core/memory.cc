@@ -22,8 +22,8 @@
 namespace gpipe {
 
 // jemalloc's control interface, present when the binary links jemalloc
-// (the servers, gpipectl and the benchmarks: GPIPE_HEAP in CMake); null
-// under glibc's malloc, in the tests.
+// (gpipe-worker and gpipectl: gpipe_link_heap in CMake); null under
+// glibc's malloc, in the tests and the benchmarks.
 extern "C" int mallctl(const char* name, void* old_value, size_t* old_size,
                        void* new_value, size_t new_size) __attribute__((weak));
 

@@ -87,24 +87,24 @@ void StageMetrics::ObserveReduction(double seconds, int64_t bytes) {
   allreduce_bytes_->Increment(static_cast<double>(std::max<int64_t>(0, bytes)));
 }
 
+prometheus::Labels StageMetrics::Labels() const {
+  return {{"job", job_},
+          {"stage", std::to_string(stage_)},
+          {"replica", std::to_string(replica_)}};
+}
+
 void StageMetrics::SetDataPlane(const std::string& plane) {
   std::lock_guard<std::mutex> lock(mu_);
   if (data_plane_ != nullptr) data_plane_family_->Remove(data_plane_);
-  data_plane_ = &data_plane_family_->Add({{"job", job_},
-                                          {"stage", std::to_string(stage_)},
-                                          {"replica", std::to_string(replica_)},
-                                          {"plane", plane}});
+  prometheus::Labels labels = Labels();
+  labels["plane"] = plane;
+  data_plane_ = &data_plane_family_->Add(labels);
   data_plane_->Set(1);
 }
 
 void StageMetrics::SetPredictedBubble(double ratio) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (predicted_ == nullptr) {
-    predicted_ =
-        &predicted_family_->Add({{"job", job_},
-                                 {"stage", std::to_string(stage_)},
-                                 {"replica", std::to_string(replica_)}});
-  }
+  if (predicted_ == nullptr) predicted_ = &predicted_family_->Add(Labels());
   predicted_->Set(ratio);
 }
 
@@ -235,9 +235,7 @@ std::shared_ptr<StageMetrics> PipelineMetrics::ForStage(
   auto m = std::shared_ptr<StageMetrics>(new StageMetrics(job, stage, replica));
   m->data_plane_family_ = &data_plane_;
   m->predicted_family_ = &predicted_;
-  const prometheus::Labels labels = {{"job", job},
-                                     {"stage", absl::StrCat(stage)},
-                                     {"replica", absl::StrCat(replica)}};
+  const prometheus::Labels labels = m->Labels();
   for (Phase phase : kPhases) {
     prometheus::Labels with_phase = labels;
     with_phase["phase"] = std::string(PhaseName(phase));

@@ -82,6 +82,8 @@ class StageMetrics {
   friend class PipelineMetrics;
   StageMetrics(std::string job, int64_t stage, int64_t replica)
       : job_(std::move(job)), stage_(stage), replica_(replica) {}
+  // Every series' job, stage and replica labels.
+  prometheus::Labels Labels() const;
 
   std::string job_;
   int64_t stage_;
