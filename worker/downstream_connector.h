@@ -20,15 +20,19 @@ class DownstreamConnector {
 
   // Opens the link to stage a.stage() + 1 of `a`, retrying while the peer
   // is not up yet; CANCELLED as soon as `cancelled()` says so.
+  // `segment_room`: the host memory the link's data plane may map (its
+  // shared-memory segment), what the worker's memory for stages leaves for
+  // it; INT64_MAX where nothing bounds it.
   virtual absl::StatusOr<std::unique_ptr<Link>> Connect(
-      const gpipe::v1::Assignment& a,
+      const gpipe::v1::Assignment& a, int64_t segment_room,
       const std::function<bool()>& cancelled) = 0;
 
   // Opens a gradient reduction link to the worker that runs stage
   // a.stage() in replica `replica` (a.replica_addresses(replica)), as
-  // replica a.replica() of it; retries and cancels as Connect does.
+  // replica a.replica() of it; retries, cancels and fits its segment in
+  // `segment_room` as Connect does.
   virtual absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
-      const gpipe::v1::Assignment& a, int64_t replica,
+      const gpipe::v1::Assignment& a, int64_t replica, int64_t segment_room,
       const std::function<bool()>& cancelled) = 0;
 
   // Waits until the data plane of `link` (as Connect returned it) is agreed

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <map>
+#include <optional>
 #include <system_error>
 
 #include "absl/strings/match.h"
@@ -27,6 +29,7 @@
 #include "services/telemetry/step_trace.h"
 #include "services/tensor/threads.h"
 #include "services/transport/in_process_link.h"
+#include "services/transport/shm_segment.h"
 #include "worker/grpc_downstream_connector.h"
 
 namespace gpipe {
@@ -50,6 +53,14 @@ struct Executor::Run {
   // (for Cancel).
   std::map<int64_t, std::shared_ptr<Link>> replica_links;
   std::vector<Link*> dialed_replicas;
+  // The host memory each link this worker dials may map (the shared
+  // segment it creates): what the worker's memory for stages leaves once
+  // its stages have what the memory model says they need, shared evenly.
+  // The segment is charged to its creator, which pre-faults it (the kernel
+  // charges a shared page to the cgroup that touches it first): a link
+  // accepted from upstream costs this worker none. -1 before the run has
+  // checked its memory.
+  int64_t segment_room = -1;
 };
 
 namespace {
@@ -578,7 +589,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   const auto run_stage = [&]() -> absl::Status {
     RETURN_IF_ERROR(run->chunks_status);
     RETURN_IF_ERROR(CheckReplicaAssignment(a));
-    RETURN_IF_ERROR(CheckMemory(xs));
+    ASSIGN_OR_RETURN(const int64_t need, CheckMemory(xs));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      run->segment_room = SegmentRoom(xs, need);
+    }
+    cv_.notify_all();
     std::shared_ptr<const Dataset> dataset;
     for (const auto& c : xs) {
       if (!c->first && !c->last) continue;
@@ -597,6 +613,17 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     for (const auto& c : xs)
       if (!c->first) RETURN_IF_ERROR(AwaitUpstream(*c));
     RETURN_IF_ERROR(ConnectReplicas(x));
+    // The segments it created hold memory beside its tensors.
+    std::optional<TensorMemoryLimit> beside_segments;
+    if (const int64_t mapped = MappedBytes(xs);
+        mapped > 0 && memory_budget_ > 0 && device_ == Device::kCpu) {
+      LogInfo(
+          "stage %d of %s: the segments its links created hold %s of "
+          "shared memory; its tensors may hold %s",
+          a.stage(), a.job_id(), FormatBytes(mapped),
+          FormatBytes(memory_budget_ - mapped));
+      beside_segments.emplace(memory_budget_ - mapped);
+    }
     for (const auto& c : xs) RETURN_IF_ERROR(BuildStage(*c));
     for (const auto& c : xs) RETURN_IF_ERROR(Restore(*c));
     for (const auto& c : xs) c->done_steps = a.start_step();
@@ -698,9 +725,9 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   cv_.notify_all();  // the reaper waits for no assignment to run
 }
 
-absl::Status Executor::CheckMemory(
+absl::StatusOr<int64_t> Executor::CheckMemory(
     const std::vector<std::unique_ptr<Execution>>& xs) const {
-  if (memory_budget_ <= 0 || device_ != Device::kCpu) return absl::OkStatus();
+  if (memory_budget_ <= 0 || device_ != Device::kCpu) return 0;
   ASSIGN_OR_RETURN(const ModelShapes shapes,
                    InferModelShapes(xs.front()->spec.model()));
   std::vector<StageMemory> needs;
@@ -731,7 +758,8 @@ absl::Status Executor::CheckMemory(
   // A state kept for this assignment's resume from memory is a copy beside
   // the stage's own until the resume has loaded it.
   const int64_t parked = parked_ != nullptr ? ParkedBytes(*parked_) : 0;
-  if (SaturatingSum({total, parked}) <= memory_budget_) return absl::OkStatus();
+  const int64_t need = SaturatingSum({total, parked});
+  if (need <= memory_budget_) return need;
   return MemoryError(absl::StrCat(
       said,
       xs.size() > 1 ? absl::StrCat(" (", FormatBytes(total), " together)")
@@ -741,6 +769,35 @@ absl::Status Executor::CheckMemory(
                  : std::string(),
       ", more than this worker's memory for stages, ",
       FormatBytes(memory_budget_), " (gpipe-worker --memory_limit)"));
+}
+
+int64_t Executor::SegmentRoom(const std::vector<std::unique_ptr<Execution>>& xs,
+                              int64_t need) const {
+  constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
+  if (memory_budget_ <= 0 || device_ != Device::kCpu) return kUnbounded;
+  const auto runs = [&](int64_t stage) {
+    return std::any_of(xs.begin(), xs.end(),
+                       [&](const auto& c) { return c->a.stage() == stage; });
+  };
+  // The links this worker dials: to the next stage where another worker
+  // runs it (the next chunk of its own talks in process), and to the
+  // replicas above its own.
+  const Execution& x = *xs.front();
+  int64_t links = x.replicas - 1 - x.a.replica();
+  for (const auto& c : xs)
+    if (!c->last && !runs(c->a.stage() + 1)) ++links;
+  if (links <= 0) return kUnbounded;
+  return std::max<int64_t>(0, memory_budget_ - need) / links;
+}
+
+int64_t Executor::MappedBytes(
+    const std::vector<std::unique_ptr<Execution>>& xs) const {
+  int64_t mapped = 0;
+  for (const auto& c : xs) {
+    if (c->downstream != nullptr) mapped += c->downstream->mapped_bytes();
+    for (const auto& link : c->dialed_replicas) mapped += link->mapped_bytes();
+  }
+  return mapped;
 }
 
 absl::Status Executor::LinkOwnChunks(
@@ -767,7 +824,8 @@ absl::Status Executor::LinkOwnChunks(
 
 absl::Status Executor::ConnectDownstream(Execution& x) {
   auto is_cancelled = [&] { return cancelled(*x.run); };
-  ASSIGN_OR_RETURN(x.downstream, connector_->Connect(x.a, is_cancelled));
+  ASSIGN_OR_RETURN(x.downstream,
+                   connector_->Connect(x.a, x.run->segment_room, is_cancelled));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (x.run->cancelled) return absl::CancelledError("cancelled");
@@ -799,8 +857,9 @@ absl::Status Executor::ConnectReplicas(Execution& x) {
   auto is_cancelled = [&] { return cancelled(*x.run); };
   std::vector<Link*> peers(x.replicas, nullptr);
   for (int64_t q = me + 1; q < x.replicas; ++q) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Link> link,
-                     connector_->ConnectReplica(x.a, q, is_cancelled));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Link> link,
+        connector_->ConnectReplica(x.a, q, x.run->segment_room, is_cancelled));
     peers[q] = link.get();
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -111,8 +111,17 @@ class Executor {
   struct Execution;  // what the assignment's thread builds as it goes
   void Execute(std::shared_ptr<Run> run);
   // The steps of Execute, in order.
-  absl::Status CheckMemory(
+  // The bytes the run's stages need (the memory model's, with a parked
+  // state it resumes from), or OutOfMemory when more than the budget; 0
+  // where no budget applies.
+  absl::StatusOr<int64_t> CheckMemory(
       const std::vector<std::unique_ptr<Execution>>& xs) const;
+  // Run::segment_room for stages that `need` that much.
+  int64_t SegmentRoom(const std::vector<std::unique_ptr<Execution>>& xs,
+                      int64_t need) const;
+  // The shared memory of the segments the run's links created: what its
+  // tensors must leave room for.
+  int64_t MappedBytes(const std::vector<std::unique_ptr<Execution>>& xs) const;
   // Two of the run's chunks next to each other in the pipeline (ZB-V's turn,
   // every chunk of a one-worker pipeline) talk over an in-process link: no
   // port to dial, nothing serialized.

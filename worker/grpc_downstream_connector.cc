@@ -8,9 +8,11 @@
 #include "absl/time/time.h"
 #include "services/core/bytes.h"
 #include "services/core/log.h"
+#include "services/core/status.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/transport/resolve.h"
+#include "services/transport/shm_segment.h"
 
 namespace gpipe {
 namespace {
@@ -34,6 +36,42 @@ DataPlaneOptions WithRing(DataPlaneOptions options, int64_t ring_bytes) {
   options.ring_bytes = ring_bytes;
   options.chunk_bytes = std::min(options.chunk_bytes, ring_bytes / 2);
   return options;
+}
+
+// `options` with rings of `ring` bytes, or as large as fit in
+// `segment_room` (what the worker's memory for stages leaves for the
+// segment this link creates). Where not even the smallest segment fits,
+// the link runs on frames, or fails when shared memory is forced.
+absl::StatusOr<DataPlaneOptions> FitRings(const gpipe::v1::Assignment& a,
+                                          const std::string& peer,
+                                          int64_t ring, int64_t segment_room,
+                                          DataPlaneOptions options) {
+  const bool offers_shm = options.mode == DataPlaneMode::kShm ||
+                          options.mode == DataPlaneMode::kAuto;
+  if (!offers_shm || ShmSegmentBytes(ring) <= segment_room)
+    return WithRing(options, ring);
+  const int64_t fitting = ShmRingFitting(segment_room, ring);
+  if (fitting > 0) {
+    LogInfo(
+        "stage %d of %s: rings of %s to %s, not %s: what this worker's memory "
+        "for stages leaves for the link, %s",
+        a.stage(), a.job_id(), FormatBytes(fitting), peer, FormatBytes(ring),
+        FormatBytes(segment_room));
+    return WithRing(options, fitting);
+  }
+  const std::string why = absl::StrCat(
+      "this worker's memory for stages leaves ", FormatBytes(segment_room),
+      " for the link to ", peer, ", less than the smallest shared segment, ",
+      FormatBytes(ShmSegmentBytes(kMinShmRingBytes)));
+  if (options.mode == DataPlaneMode::kShm) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--data_plane shm: ", why,
+        " (give the worker more memory, or run --data_plane auto)"));
+  }
+  LogInfo("stage %d of %s: no shared memory offered: %s", a.stage(),
+          a.job_id(), why);
+  options.mode = DataPlaneMode::kGrpc;
+  return WithRing(options, ring);
 }
 
 }  // namespace
@@ -71,14 +109,17 @@ int64_t ReductionRingBytesFor(const gpipe::v1::Assignment& a, int64_t most) {
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
-    const gpipe::v1::Assignment& a, const std::function<bool()>& cancelled) {
-  return Dial(a, a.downstream_address(), absl::StrCat("stage ", a.stage() + 1),
-              WithRing(data_plane_, ShmRingBytesFor(a, data_plane_.ring_bytes)),
-              cancelled);
+    const gpipe::v1::Assignment& a, int64_t segment_room,
+    const std::function<bool()>& cancelled) {
+  const std::string peer = absl::StrCat("stage ", a.stage() + 1);
+  ASSIGN_OR_RETURN(DataPlaneOptions plane,
+                   FitRings(a, peer, ShmRingBytesFor(a, data_plane_.ring_bytes),
+                            segment_room, data_plane_));
+  return Dial(a, a.downstream_address(), peer, plane, cancelled);
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
-    const gpipe::v1::Assignment& a, int64_t replica,
+    const gpipe::v1::Assignment& a, int64_t replica, int64_t segment_room,
     const std::function<bool()>& cancelled) {
   if (replica < 0 || replica >= a.replica_addresses_size()) {
     return absl::InvalidArgumentError(
@@ -87,17 +128,19 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
   }
   // The worker's data planes, shared memory on one host: the sum sends
   // while it receives (LinkReduction), so a bounded ring cannot block it.
-  DataPlaneOptions plane =
-      WithRing(data_plane_, ReductionRingBytesFor(a, data_plane_.ring_bytes));
+  DataPlaneOptions plane = data_plane_;
   // Forcing a plane (--data_plane shm) is about the pipeline's neighbours;
   // a stage's replicas may sit on other hosts: the best that works.
   if (plane.mode != DataPlaneMode::kGrpc) plane.mode = DataPlaneMode::kAuto;
   // The sum adds host tensors (a GPU stage's go through the host): never
   // offer the CUDA IPC plane, whose links deliver device tensors.
   plane.on_gpu = false;
-  return Dial(a, a.replica_addresses(replica),
-              absl::StrCat("replica ", replica, " of stage ", a.stage()), plane,
-              cancelled);
+  const std::string peer =
+      absl::StrCat("replica ", replica, " of stage ", a.stage());
+  ASSIGN_OR_RETURN(plane,
+                   FitRings(a, peer, ReductionRingBytesFor(a, plane.ring_bytes),
+                            segment_room, plane));
+  return Dial(a, a.replica_addresses(replica), peer, plane, cancelled);
 }
 
 absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Dial(
@@ -166,8 +209,8 @@ absl::StatusOr<std::string> GrpcDownstreamConnector::AwaitDataPlane(
           a.stage(), a.job_id(), a.stage() + 1, DataPlaneName(*plane),
           DataPlaneModeName(data_plane_.mode),
           *plane == DataPlaneKind::kShm
-              ? absl::StrCat(", rings of ", FormatBytes(ShmRingBytesFor(
-                                                a, data_plane_.ring_bytes)))
+              ? absl::StrCat(", a segment of ",
+                             FormatBytes(exchange.mapped_bytes()))
               : std::string(),
           refusal.empty() ? std::string()
                           : absl::StrCat(": ", refusal.ToString()));

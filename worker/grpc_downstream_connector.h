@@ -20,12 +20,12 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
   // restarted: the peer may be dead) is noticed at once. Each attempt
   // resolves the neighbour's name anew (resolve.h) and dials its IP.
   absl::StatusOr<std::unique_ptr<Link>> Connect(
-      const gpipe::v1::Assignment& a,
+      const gpipe::v1::Assignment& a, int64_t segment_room,
       const std::function<bool()>& cancelled) override;
   // Frames only (gRPC): the reduction sends to every peer before it
   // receives, which a bounded shared-memory ring could deadlock.
   absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
-      const gpipe::v1::Assignment& a, int64_t replica,
+      const gpipe::v1::Assignment& a, int64_t replica, int64_t segment_room,
       const std::function<bool()>& cancelled) override;
   // The next stage's answer to the offer, in short waits so that a cancel
   // is noticed; logged with why a faster plane was refused.

@@ -51,6 +51,7 @@ class ExchangeLink final : public Link {
   bool CarriesDeviceTensors() override {
     return negotiator_.CarriesDeviceTensors();
   }
+  int64_t mapped_bytes() const override { return negotiator_.mapped_bytes(); }
   // The stage is done with this link (normally or not): the server's
   // handler may return once this is called.
   void Release() override ABSL_LOCKS_EXCLUDED(mu_);
@@ -124,6 +125,7 @@ class ExchangeClientLink final : public Link {
   int64_t bytes_sent() const override { return link_->bytes_sent(); }
   int64_t bytes_received() const override { return link_->bytes_received(); }
   bool CarriesDeviceTensors() override { return link_->CarriesDeviceTensors(); }
+  int64_t mapped_bytes() const override { return link_->mapped_bytes(); }
   ExchangeLink& link() { return *link_; }
 
  private:

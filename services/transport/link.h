@@ -72,6 +72,10 @@ class Link {
   // device tensors (the CUDA IPC plane): a GPU stage then skips its copies
   // through the host. May wait until the link's data plane is agreed on.
   virtual bool CarriesDeviceTensors() { return false; }
+  // Host memory this end maps for the link beside its messages (the
+  // shared-memory plane's segment, once agreed): the worker counts it
+  // against its memory for stages.
+  virtual int64_t mapped_bytes() const { return 0; }
 };
 
 }  // namespace gpipe

@@ -64,6 +64,10 @@ class DataPlane {
   // hold device tensors.
   virtual bool CarriesDeviceTensors() const { return false; }
 
+  // Host memory the plane maps beside the link's messages (a shared-memory
+  // segment), which the worker's memory for stages must leave room for.
+  virtual int64_t mapped_bytes() const { return 0; }
+
   // Wakes and fails every blocked and later call with `why`; returns at
   // once (any thread).
   virtual void Close(const absl::Status& why) {}

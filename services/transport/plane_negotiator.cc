@@ -390,6 +390,11 @@ DataPlane* PlaneNegotiator::agreed() const {
   return plane_.get();
 }
 
+int64_t PlaneNegotiator::mapped_bytes() const {
+  const DataPlane* plane = agreed();
+  return plane != nullptr ? plane->mapped_bytes() : 0;
+}
+
 bool PlaneNegotiator::CarriesDeviceTensors() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(this, &PlaneNegotiator::answered));

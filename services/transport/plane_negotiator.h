@@ -71,6 +71,8 @@ class PlaneNegotiator {
   // After the answer, whether the plane carries device tensors.
   bool CarriesDeviceTensors() ABSL_LOCKS_EXCLUDED(mu_);
   PlaneRefusal refusal() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The agreed plane's DataPlane::mapped_bytes (0 before an agreement).
+  int64_t mapped_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // No answer will come: wakes every waiter and closes the agreed plane
   // with `why`. `read_failure`: why the stream's reading failed (OK for a

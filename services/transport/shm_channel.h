@@ -31,6 +31,10 @@ class ShmChannel {
              int64_t chunk_bytes);
 
   int64_t chunk_bytes() const { return chunk_bytes_; }
+  // The segment's size, both rings and the header: memory this end maps.
+  int64_t segment_bytes() const {
+    return ShmSegmentBytes(segment_->ring_bytes());
+  }
 
   // Writing, one thread at a time. A chunk of `length` bytes, waiting
   // while the ring is full; fails once closed, or (INVALID_ARGUMENT) when

@@ -26,6 +26,7 @@ class ShmDataPlane final : public DataPlane {
   // Every message frame is refused: messages travel in the segment.
   absl::StatusOr<std::optional<Message>> OnFrame(
       const ReceivedFrame& frame) override;
+  int64_t mapped_bytes() const override { return channel_->segment_bytes(); }
   void Close(const absl::Status& why) override;
   void Stop(const absl::Status& why, bool drain) override;
 

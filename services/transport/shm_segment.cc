@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "services/transport/data_plane.h"
 
 namespace gpipe {
 namespace {
@@ -40,6 +41,14 @@ std::string Errno(const char* what) {
 }
 
 }  // namespace
+
+int64_t ShmRingFitting(int64_t room, int64_t most) {
+  if (room < ShmSegmentBytes(kMinShmRingBytes) || most < kMinShmRingBytes)
+    return 0;
+  int64_t ring = kMinShmRingBytes;
+  while (ring * 2 <= most && ShmSegmentBytes(ring * 2) <= room) ring *= 2;
+  return ring;
+}
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(
     int64_t ring_bytes, uint64_t nonce) {

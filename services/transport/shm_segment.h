@@ -52,6 +52,10 @@ inline int64_t ShmSegmentBytes(int64_t ring_bytes) {
   return kShmHeaderBytes + 2 * ring_bytes;
 }
 
+// The largest ring, a power of two from kMinShmRingBytes up to `most`, whose
+// segment fits in `room` bytes; 0 when not even the smallest does.
+int64_t ShmRingFitting(int64_t room, int64_t most);
+
 class ShmSegment {
  public:
   // Which ring a side writes: the creator (upstream stage) writes

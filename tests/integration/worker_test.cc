@@ -17,9 +17,11 @@
 #include "gtest/gtest.h"
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/memory_model.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
 #include "services/storage/safetensors.h"
+#include "services/transport/shm_segment.h"
 #include "tests/support/worker_reports.h"
 #include "worker/executor.h"
 #include "worker/grpc_downstream_connector.h"
@@ -575,6 +577,62 @@ TEST_F(WorkerTest, ShmRingsAreSizedToTheStageBoundary) {
   // Layers the model does not have: the flag (the stage itself refuses).
   a.set_layer_end(99);
   EXPECT_EQ(ShmRingBytesFor(a, kMost), kMost);
+}
+
+// The bytes the memory model says stage `stage` of `spec` cut in two needs
+// under Assign's pipeline: what the worker checks against its budget.
+int64_t ModelNeed(const gpipe::v1::JobSpec& spec, int64_t stage) {
+  const ModelShapes shapes = *InferModelShapes(spec.model());
+  return EstimatePipelineMemory(spec, shapes, *PartitionJob(spec, 2), 4,
+                                ScheduleKind::kOneFOneB, RematMode::kAlways)
+      .at(stage)
+      .total();
+}
+
+// The data plane stage 0 reported.
+std::string Stage0Plane(Reports& reports) {
+  for (const auto& m : reports.All()) {
+    if (m.has_progress() && m.progress().stage() == 0)
+      return m.progress().data_plane();
+  }
+  return "";
+}
+
+// A worker creates (and pre-faults) the shared segment of the link it
+// dials, so the segment is its memory: it fits one in what its memory for
+// stages leaves beside what its stage needs, else the link runs on frames;
+// bitwise the same either way.
+TEST_F(WorkerTest, TheDialersSegmentFitsItsMemoryOrTheLinkRunsOnFrames) {
+  DataPlaneOptions planes;
+  planes.mode = DataPlaneMode::kAuto;
+  a_->executor.set_data_plane(planes);
+  b_->executor.set_data_plane(planes);
+  const int64_t need = ModelNeed(spec_, 0);
+  ASSERT_GT(need, 0);
+  a_->executor.set_memory_budget(need + ShmSegmentBytes(kMinShmRingBytes));
+  RunAndCompare("job-segment-fits", 1);
+  EXPECT_EQ(Stage0Plane(reports_), "shm");
+  a_->executor.set_memory_budget(need + ShmSegmentBytes(kMinShmRingBytes) - 1);
+  RunAndCompare("job-segment-does-not-fit", 1);
+  EXPECT_EQ(Stage0Plane(reports_), "grpc");
+}
+
+TEST_F(WorkerTest, ForcedShmWithoutRoomForASegmentFailsNamingTheMemory) {
+  DataPlaneOptions planes;
+  planes.mode = DataPlaneMode::kShm;
+  a_->executor.set_data_plane(planes);
+  b_->executor.set_data_plane(planes);
+  a_->executor.set_memory_budget(ModelNeed(spec_, 0) + kMinShmRingBytes);
+  reports_.Clear();
+  b_->executor.Start(Assign(1, 1, "job-forced-shm"));
+  a_->executor.Start(Assign(0, 1, "job-forced-shm"));
+  std::string failure;
+  EXPECT_FALSE(reports_.WaitFinished(2, &failure));
+  EXPECT_NE(failure.find("--data_plane shm: this worker's memory for stages "
+                         "leaves 1.00 MiB for the link to stage 1, less than "
+                         "the smallest shared segment"),
+            std::string::npos)
+      << failure;
 }
 
 // A replica's worker whose epoch is cancelled keeps its stage's state for a

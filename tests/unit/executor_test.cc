@@ -64,7 +64,7 @@ class InProcessConnector final : public DownstreamConnector {
       std::function<Executor*(const gpipe::v1::Assignment&)> next)
       : next_(std::move(next)) {}
   absl::StatusOr<std::unique_ptr<Link>> Connect(
-      const gpipe::v1::Assignment& a,
+      const gpipe::v1::Assignment& a, int64_t,
       const std::function<bool()>& cancelled) override {
     auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
     RETURN_IF_ERROR(next_(a)->AcceptUpstream(
@@ -74,7 +74,7 @@ class InProcessConnector final : public DownstreamConnector {
   }
   // These executors form one replica; worker_test runs replicas over gRPC.
   absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
-      const gpipe::v1::Assignment&, int64_t,
+      const gpipe::v1::Assignment&, int64_t, int64_t,
       const std::function<bool()>&) override {
     return absl::UnimplementedError("one replica in this test");
   }

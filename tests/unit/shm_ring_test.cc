@@ -41,6 +41,23 @@ ShmChunk Chunk(int64_t offset, int64_t length, int64_t sequence,
   return c;
 }
 
+// A worker fits the segment it creates in what its memory leaves: the
+// largest power-of-two ring, within the rule's, whose segment fits.
+TEST(ShmRingTest, TheFittingRingIsTheLargestWhoseSegmentFits) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  EXPECT_EQ(ShmRingFitting(ShmSegmentBytes(8 * kMiB), 32 * kMiB), 8 * kMiB);
+  EXPECT_EQ(ShmRingFitting(ShmSegmentBytes(8 * kMiB) - 1, 32 * kMiB), 4 * kMiB);
+  // Never past the rule's ring, however much room there is.
+  EXPECT_EQ(ShmRingFitting(int64_t{1} << 40, 2 * kMiB), 2 * kMiB);
+  EXPECT_EQ(ShmRingFitting(ShmSegmentBytes(kMinShmRingBytes), 32 * kMiB),
+            kMinShmRingBytes);
+  // Not even the smallest segment: none.
+  EXPECT_EQ(ShmRingFitting(ShmSegmentBytes(kMinShmRingBytes) - 1, 32 * kMiB),
+            0);
+  EXPECT_EQ(ShmRingFitting(0, 32 * kMiB), 0);
+  EXPECT_EQ(ShmRingFitting(int64_t{1} << 40, kMinShmRingBytes - 1), 0);
+}
+
 TEST(ShmRingTest, PlacesFirstFitAlignedAndFreesInAnyOrder) {
   ShmRingWriter w(1024, 8);
   std::optional<ShmChunk> a = w.TryReserve(100), b = w.TryReserve(300),
