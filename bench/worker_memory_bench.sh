@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Each worker's peak resident memory against its --memory_limit, on a real
+# controller and workers on loopback: the CNN example (STEPS steps, default
+# 200, and its final evaluation) on 4 workers, every worker's VmRSS sampled
+# every 50 ms, once for each limit in LIMITS (default "292MiB 4GiB"),
+# alternating ROUNDS times (default 2). Prints one line a run: the limit,
+# the job's outcome, the wall time from submission to its end, each
+# worker's peak RSS in MB, and the shared segments the workers created
+# (from their logs).
+#
+#   bench/worker_memory_bench.sh            # after scripts/build.sh
+#   LIMITS="292MiB" STEPS=20 bench/worker_memory_bench.sh
+set -euo pipefail
+src=$(cd "$(dirname "$0")/.." && pwd)
+bin=$src/build/bin
+STEPS=${STEPS:-200}
+LIMITS=${LIMITS:-"292MiB 4GiB"}
+ROUNDS=${ROUNDS:-2}
+
+run_once() {
+  local limit=$1 work
+  work=$(mktemp -d)
+  (
+    source "$src/tests/scripts/recovery_lib.sh"
+    trap cleanup EXIT
+    python3 - "$src/examples/fashion_mnist_cnn.json" "$work/cnn.json" "$STEPS" <<'PY'
+import json, sys
+spec = json.load(open(sys.argv[1]))
+spec["steps"] = int(sys.argv[3])
+json.dump(spec, open(sys.argv[2], "w"))
+PY
+    cport=$(free_port)
+    start_controller
+    worker_args=(--memory_limit "$limit")
+    for _ in 1 2 3 4; do start_worker; done
+    wait_workers 4
+    # Bounded: the sampler stops with the job or after 20 minutes.
+    (
+      end=$((SECONDS + 1200))
+      while ((SECONDS < end)); do
+        for w in w0 w1 w2 w3; do echo "$w $(rss_mb "${worker_pid[$w]}" 2>/dev/null || echo 0)"; done
+        sleep 0.05
+      done
+    ) >"$work/rss.txt" &
+    sampler=$!
+    pids+=("$sampler")
+    start=$(date +%s.%N)
+    job=$(submit "$work/cnn.json")
+    outcome=FAILED
+    DONE_TIMEOUT=1200 wait_done "$job" && outcome=SUCCEEDED
+    wall=$(echo "$(date +%s.%N) - $start" | bc)
+    kill "$sampler" 2>/dev/null || true
+    peaks=""
+    for w in w0 w1 w2 w3; do
+      peaks+="$(awk -v w="$w" '$1 == w && $2 > m {m = $2} END {print m + 0}' "$work/rss.txt") "
+    done
+    segments=$(grep -ho "a segment of [0-9.]* [KMG]iB" "$work"/w*.log | awk '{print $4 $5}' | tr '\n' ' ')
+    printf '%s: %s in %.1f s; peak RSS %sMB; segments created %s\n' \
+      "$limit" "$outcome" "$wall" "$peaks" "${segments:-none}"
+  )
+}
+
+for ((round = 1; round <= ROUNDS; ++round)); do
+  for limit in $LIMITS; do run_once "$limit"; done
+done
