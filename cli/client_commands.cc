@@ -327,6 +327,9 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
                                    : "-"});
   if (s.evaluation().counted() > 0) {
     rows.push_back({"evaluation:", EvaluationText(job, s.evaluation())});
+  } else if (!s.evaluation_error().empty()) {
+    rows.push_back({"evaluation:", absl::StrCat("the final evaluation failed: ",
+                                                s.evaluation_error())});
   } else if (s.latest_evaluation().counted() > 0) {
     rows.push_back({"evaluation:",
                     absl::StrCat(EvaluationText(job, s.latest_evaluation()),
@@ -579,6 +582,10 @@ class JobFollower {
     std::printf("%s\n", line.c_str());
     if (s.evaluation().counted() > 0)
       std::printf("final: %s\n", EvaluationText(job_, s.evaluation()).c_str());
+    if (!s.evaluation_error().empty()) {
+      std::printf("final: no evaluation: it failed after the training: %s\n",
+                  s.evaluation_error().c_str());
+    }
     if (show_model_path_ && !s.model_path().empty())
       std::printf("model: %s\n", s.model_path().c_str());
     std::fflush(stdout);

@@ -1636,6 +1636,13 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
   const int64_t running = static_cast<int64_t>(job->finished.size());
   job->finished[slot] = true;
   if (f.replica() == 0) job->finished_paths[f.stage()] = f.parameters_path();
+  if (!f.evaluation_error().empty() &&
+      (job->evaluation_error.empty() ||
+       (f.evaluation_failed_here() && !job->evaluation_error_here))) {
+    // A worker's words: bounded, as they are stored and shown.
+    job->evaluation_error = f.evaluation_error().substr(0, 1024);
+    job->evaluation_error_here = f.evaluation_failed_here();
+  }
   job->stage_steps[slot] = job->status().total_steps();
   if (f.replica() == 0 && f.stage() == job->running_stages() - 1 &&
       f.evaluation().counted() > 0) {
@@ -2464,11 +2471,22 @@ void Controller::MergeIo(const std::string& id) {
     } else {
       job->status().set_model_path(out_path);
       const v1::Evaluation& e = job->status().evaluation();
-      const std::string message = absl::StrFormat(
+      std::string message = absl::StrFormat(
           "model at %s; test loss %.4f, accuracy %.4f over %d targets",
           out_path, e.loss(), e.accuracy(), e.counted());
-      MarkTerminal(&job->status(), v1::SUCCEEDED, kComplete,
-                   "AllStagesFinished", message, now);
+      std::string reason = "AllStagesFinished";
+      if (!job->evaluation_error.empty()) {
+        // The training is done and its model written: the job succeeded,
+        // without the evaluation it could not finish.
+        job->status().clear_evaluation();
+        job->status().set_evaluation_error(job->evaluation_error);
+        message = absl::StrCat(
+            "model at ", out_path,
+            "; the final evaluation failed: ", job->evaluation_error);
+        reason = "FinalEvaluationFailed";
+      }
+      MarkTerminal(&job->status(), v1::SUCCEEDED, kComplete, reason, message,
+                   now);
       jobs_.Publish(*job, message, now);
     }
     Changed();

@@ -42,6 +42,10 @@ struct JobRecord {
   std::vector<bool> finished;              // StageFinished came
   // Per stage: replica 0's final parameters ("" until it finished).
   std::vector<std::string> finished_paths;
+  // Why the final evaluation failed, as the finished stages said it (the
+  // stage whose own part failed preferred); "" when it did not.
+  std::string evaluation_error;
+  bool evaluation_error_here = false;
   // With replicas: each step's micro-batch losses from the replicas' last
   // stages until all M came (then the step's loss is their sum in order),
   // and the batch's normalizer.

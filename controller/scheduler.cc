@@ -112,6 +112,8 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.stage_reported.assign(k * replicas, now);
   job.finished.assign(k * replicas, false);
   job.finished_paths.assign(k, "");
+  job.evaluation_error.clear();
+  job.evaluation_error_here = false;
   job.micro_batch_losses.clear();
   job.step_figures.clear();
   job.timed_reports.assign(k, 0);

@@ -614,16 +614,15 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       if (!c->first) RETURN_IF_ERROR(AwaitUpstream(*c));
     RETURN_IF_ERROR(ConnectReplicas(x));
     // The segments it created hold memory beside its tensors.
-    std::optional<TensorMemoryLimit> beside_segments;
-    if (const int64_t mapped = MappedBytes(xs);
-        mapped > 0 && memory_budget_ > 0 && device_ == Device::kCpu) {
+    const int64_t tensor_limit = TensorLimit(xs);
+    if (tensor_limit > 0 && tensor_limit < memory_budget_) {
       LogInfo(
           "stage %d of %s: the segments its links created hold %s of "
           "shared memory; its tensors may hold %s",
-          a.stage(), a.job_id(), FormatBytes(mapped),
-          FormatBytes(memory_budget_ - mapped));
-      beside_segments.emplace(memory_budget_ - mapped);
+          a.stage(), a.job_id(), FormatBytes(memory_budget_ - tensor_limit),
+          FormatBytes(tensor_limit));
     }
+    TensorMemoryLimit beside_segments(tensor_limit);
     for (const auto& c : xs) RETURN_IF_ERROR(BuildStage(*c));
     for (const auto& c : xs) RETURN_IF_ERROR(Restore(*c));
     for (const auto& c : xs) c->done_steps = a.start_step();
@@ -788,6 +787,12 @@ int64_t Executor::SegmentRoom(const std::vector<std::unique_ptr<Execution>>& xs,
     if (!c->last && !runs(c->a.stage() + 1)) ++links;
   if (links <= 0) return kUnbounded;
   return std::max<int64_t>(0, memory_budget_ - need) / links;
+}
+
+int64_t Executor::TensorLimit(
+    const std::vector<std::unique_ptr<Execution>>& xs) const {
+  if (memory_budget_ <= 0 || device_ != Device::kCpu) return 0;
+  return std::max<int64_t>(1, memory_budget_ - MappedBytes(xs));
 }
 
 int64_t Executor::MappedBytes(
@@ -1075,16 +1080,20 @@ absl::StatusOr<LossResult> Executor::Evaluate(
       xs.size(), absl::UnknownError("not run"));
   const auto evaluate = [&](size_t c) {
     SetComputeThreads(threads_);
-    TensorMemoryLimit limit(device_ == Device::kCpu ? memory_budget_ : 0);
+    TensorMemoryLimit limit(TensorLimit(xs));
     AllocationsCancelledBy stop(&run->stop);
     try {
       results[c] = xs[c]->stage->RunEval(Split::kTest, max_samples);
     } catch (const std::bad_alloc& e) {
-      results[c] = MemoryError(e.what());
+      results[c] = MarkEvalFailedHere(MemoryError(e.what()));
     } catch (const AllocationCancelled&) {
       results[c] = absl::CancelledError("cancelled while computing");
     }
-    if (!results[c].ok()) ClosePipelineLinks(xs);
+    // A failed part told its neighbours, this worker's other chunks among
+    // them; anything else (a lost link) leaves them waiting.
+    const absl::Status& s = results[c].status();
+    if (!s.ok() && !EvalFailedHere(s) && !EvalEndedElsewhere(s))
+      ClosePipelineLinks(xs);
   };
   std::vector<std::thread> threads;
   try {
@@ -1105,6 +1114,9 @@ absl::StatusOr<LossResult> Executor::Evaluate(
     statuses.push_back(results[c].status());
     if (results[c].ok() && xs[c]->last) last = *results[c];
   }
+  // The part that failed says why, not the chunks it ended.
+  for (const absl::Status& s : statuses)
+    if (EvalFailedHere(s)) return s;
   RETURN_IF_ERROR(FirstCause(statuses));
   return last;
 }
@@ -1282,10 +1294,9 @@ absl::Status Executor::Finish(
     f->set_replica(x->a.replica());
   }
   if (xs.front()->writes) {
-    ASSIGN_OR_RETURN(LossResult eval, Evaluate(xs));
+    // The trained parameters first: an evaluation that fails keeps them.
     for (size_t c = 0; c < xs.size(); ++c) {
       const Execution& x = *xs[c];
-      auto* f = finished[c].mutable_finished();
       ASSIGN_OR_RETURN(StageFileStore * files, FilesFor(x.a));
       // Marked as a checkpoint's failure: a full store is waited out
       // without spending restarts, as for any checkpoint (it failed the job
@@ -1293,10 +1304,37 @@ absl::Status Executor::Finish(
       absl::StatusOr<StageFileStore::Stored> stored =
           files->SaveFinal(x.a, *x.stage);
       if (!stored.ok()) return CheckpointError(stored.status());
-      f->set_parameters_path(stored->path);
-      if (x.last && eval.counted > 0) {
-        *f->mutable_evaluation() = ToEvaluation(x.spec.steps(), eval);
+      finished[c].mutable_finished()->set_parameters_path(stored->path);
+    }
+    absl::StatusOr<LossResult> eval = absl::UnknownError("not run");
+    try {
+      eval = Evaluate(xs);
+    } catch (const std::bad_alloc& e) {
+      eval = MarkEvalFailedHere(MemoryError(e.what()));  // RunEval told them
+    }
+    if (eval.ok()) {
+      for (size_t c = 0; c < xs.size(); ++c) {
+        if (xs[c]->last && eval->counted > 0) {
+          *finished[c].mutable_finished()->mutable_evaluation() =
+              ToEvaluation(xs[c]->spec.steps(), *eval);
+        }
       }
+    } else if (EvalFailedHere(eval.status()) ||
+               EvalEndedElsewhere(eval.status())) {
+      // Every stage ended its part and the training is done: the job keeps
+      // its model and says why it has no final evaluation. A lost link
+      // (below) restarts the job instead, which evaluates again.
+      LogWarning("stage %d of %s: the final evaluation failed: %s",
+                 xs.front()->a.stage(), xs.front()->a.job_id(),
+                 std::string(eval.status().message()));
+      for (gpipe::v1::WorkerMessage& m : finished) {
+        m.mutable_finished()->set_evaluation_error(
+            std::string(eval.status().message()));
+        m.mutable_finished()->set_evaluation_failed_here(
+            EvalFailedHere(eval.status()));
+      }
+    } else {
+      return eval.status();
     }
   }
   for (const gpipe::v1::WorkerMessage& m : finished) report_(m);

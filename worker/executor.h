@@ -122,6 +122,9 @@ class Executor {
   // The shared memory of the segments the run's links created: what its
   // tensors must leave room for.
   int64_t MappedBytes(const std::vector<std::unique_ptr<Execution>>& xs) const;
+  // What the run's host tensors may hold (TensorMemoryLimit; 0: no limit):
+  // the budget less those segments.
+  int64_t TensorLimit(const std::vector<std::unique_ptr<Execution>>& xs) const;
   // Two of the run's chunks next to each other in the pipeline (ZB-V's turn,
   // every chunk of a one-worker pipeline) talk over an in-process link: no
   // port to dial, nothing serialized.

@@ -7,11 +7,13 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
+#include "services/tensor/allocator.h"
 #include "services/tensor/device.h"
 
 namespace gpipe {
@@ -1002,8 +1004,73 @@ absl::StatusOr<StageStepResult> Stage::RunStep(int64_t step) {
           : ""));
 }
 
+namespace {
+
+constexpr char kEvalFailurePayload[] = "gpipe.dev/evaluation-failure";
+
+// A link that failed under an evaluation: not this stage's part, and not
+// one its neighbours can be told of.
+absl::Status LinkFailure(absl::Status s) {
+  s.SetPayload(kEvalFailurePayload, absl::Cord("link"));
+  return s;
+}
+
+bool HasEvalFailure(const absl::Status& s, absl::string_view what) {
+  const auto p = s.GetPayload(kEvalFailurePayload);
+  return p.has_value() && *p == what;
+}
+
+}  // namespace
+
+absl::Status MarkEvalFailedHere(absl::Status s) {
+  s.SetPayload(kEvalFailurePayload, absl::Cord("here"));
+  return s;
+}
+
+bool EvalFailedHere(const absl::Status& s) { return HasEvalFailure(s, "here"); }
+
+bool EvalEndedElsewhere(const absl::Status& s) {
+  return HasEvalFailure(s, "elsewhere");
+}
+
+void Stage::TellEvalFailed(int64_t origin, const Link* except) {
+  for (Link* link : {upstream_, downstream_}) {
+    if (link == nullptr || link == except) continue;
+    Message m;
+    m.kind = MessageKind::kEvalFailed;
+    m.step = kEvalStep;
+    m.micro_batch = origin;
+    // A neighbour already gone has nothing left to end.
+    link->Send(std::move(m)).IgnoreError();
+  }
+}
+
+absl::Status Stage::EndedElsewhere(const Message& in, const Link* from) {
+  TellEvalFailed(in.micro_batch, from);
+  absl::Status s = absl::AbortedError(absl::StrCat(
+      "stage ", placement_.index, ": the evaluation ended: ", Describe(in)));
+  s.SetPayload(kEvalFailurePayload, absl::Cord("elsewhere"));
+  return s;
+}
+
+absl::Status Stage::AfterFailedSend(Link* link, absl::Status failed) {
+  // A neighbour that ended its evaluation on another stage's failure told
+  // this one before it let go of the link: what it left queued says so (a
+  // batch at most may come first).
+  for (int i = 0; i < 4; ++i) {
+    absl::StatusOr<Message> m = link->Receive();
+    if (!m.ok()) break;
+    if (m->kind == MessageKind::kEvalFailed) return EndedElsewhere(*m, link);
+  }
+  return LinkFailure(std::move(failed));
+}
+
 absl::Status Stage::AwaitEvalTaken(int64_t b) {
-  ASSIGN_OR_RETURN(Message in, downstream_->Receive());
+  absl::StatusOr<Message> received = downstream_->Receive();
+  if (!received.ok()) return LinkFailure(received.status());
+  Message& in = *received;
+  if (in.kind == MessageKind::kEvalFailed)
+    return EndedElsewhere(in, downstream_);
   if (in.kind != MessageKind::kEvalTaken || in.step != kEvalStep ||
       in.micro_batch != b) {
     return absl::InternalError(
@@ -1018,6 +1085,27 @@ absl::Status Stage::AwaitEvalTaken(int64_t b) {
 // end marker, so middle stages need neither the dataset nor its size.
 absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
                                           std::vector<Tensor>* outputs) {
+  absl::StatusOr<LossResult> r;
+  try {
+    r = RunEvalBatches(split, max_samples, outputs);
+  } catch (const AllocationCancelled&) {
+    throw;
+  } catch (...) {
+    // Out of memory, most likely: the neighbours end theirs, then the
+    // caller learns why.
+    TellEvalFailed(placement_.index, nullptr);
+    throw;
+  }
+  if (r.ok() || EvalEndedElsewhere(r.status())) return r;
+  if (HasEvalFailure(r.status(), "link") || absl::IsCancelled(r.status()))
+    return r;
+  TellEvalFailed(placement_.index, nullptr);
+  return MarkEvalFailedHere(r.status());
+}
+
+absl::StatusOr<LossResult> Stage::RunEvalBatches(Split split,
+                                                 int64_t max_samples,
+                                                 std::vector<Tensor>* outputs) {
   OnStage on_stage(*this);
   Counted().ResetPeak();
   const int64_t batch_size = spec_.eval().batch_size() > 0
@@ -1033,8 +1121,12 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
     if (placement_.first()) {
       if (b * batch_size >= n) break;
     } else {
-      ASSIGN_OR_RETURN(Message in, upstream_->Receive());
+      absl::StatusOr<Message> received = upstream_->Receive();
+      if (!received.ok()) return LinkFailure(received.status());
+      Message& in = *received;
       if (in.kind == MessageKind::kEvalEnd) break;
+      if (in.kind == MessageKind::kEvalFailed)
+        return EndedElsewhere(in, upstream_);
       if (in.kind != MessageKind::kActivation || in.step != kEvalStep ||
           in.micro_batch != b) {
         return absl::InternalError(absl::StrCat(
@@ -1050,7 +1142,8 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
       taken.kind = MessageKind::kEvalTaken;
       taken.step = kEvalStep;
       taken.micro_batch = b;
-      RETURN_IF_ERROR(upstream_->Send(std::move(taken)));
+      if (absl::Status sent = upstream_->Send(std::move(taken)); !sent.ok())
+        return AfterFailedSend(upstream_, sent);
     }
     Batch batch;
     if (placement_.first() || placement_.last()) {
@@ -1089,7 +1182,8 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
     out.step = kEvalStep;
     out.micro_batch = b;
     out.tensor = ForLink(downstream_, std::move(y));
-    RETURN_IF_ERROR(downstream_->Send(std::move(out)));
+    if (absl::Status s = downstream_->Send(std::move(out)); !s.ok())
+      return AfterFailedSend(downstream_, s);
     ++sent;
   }
   if (!placement_.last()) {
@@ -1098,7 +1192,8 @@ absl::StatusOr<LossResult> Stage::RunEval(Split split, int64_t max_samples,
     Message end;
     end.kind = MessageKind::kEvalEnd;
     end.step = kEvalStep;
-    RETURN_IF_ERROR(downstream_->Send(std::move(end)));
+    if (absl::Status s = downstream_->Send(std::move(end)); !s.ok())
+      return AfterFailedSend(downstream_, s);
   }
   last_eval_peak_bytes_ = Counted().peak_bytes();
   return total;

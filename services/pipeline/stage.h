@@ -80,6 +80,14 @@ struct StagePlacement {
   int64_t group_size() const { return micro_batches / gradient_groups; }
 };
 
+// How Stage::RunEval failed, where every stage ended its evaluation alike
+// (each told its neighbours), as against a lost link: this stage's own
+// part failed, or another stage's did. Mark: what a caller that turns an
+// exception RunEval threw into a status adds (RunEval told the neighbours).
+bool EvalFailedHere(const absl::Status& s);
+bool EvalEndedElsewhere(const absl::Status& s);
+absl::Status MarkEvalFailedHere(absl::Status s);
+
 // What a stage reports after a step. Loss figures are the last stage's.
 struct StageStepResult {
   int64_t step = 0;
@@ -155,6 +163,11 @@ class Stage {
   // size; the last stage returns the loss and accuracy, others zeros.
   // With `outputs` (the last stage's), the model's output of each batch is
   // appended there as a host tensor, in order: what predict returns.
+  // When this stage's own part fails (its compute, its data, a batch it
+  // cannot take; not a link), it tells both neighbours, which end theirs
+  // and pass it on, so every stage returns at once with its links still
+  // up: EvalFailedHere here (an exception, such as running out of memory,
+  // is thrown on after telling them), EvalEndedElsewhere on the others.
   absl::StatusOr<LossResult> RunEval(Split split, int64_t max_samples,
                                      std::vector<Tensor>* outputs = nullptr);
 
@@ -180,8 +193,19 @@ class Stage {
   Stage(const gpipe::v1::JobSpec& spec, const StagePlacement& placement,
         Timeline::Clock::time_point origin);
 
+  absl::StatusOr<LossResult> RunEvalBatches(Split split, int64_t max_samples,
+                                            std::vector<Tensor>* outputs);
   // Waits for the next stage's receipt of evaluation batch b (RunEval).
   absl::Status AwaitEvalTaken(int64_t b);
+  // Tells the neighbours (but `except`) that stage `origin`'s part of the
+  // evaluation failed; a neighbour already gone is skipped.
+  void TellEvalFailed(int64_t origin, const Link* except);
+  // `in` (kEvalFailed, from `from`) passed on to the other neighbour; the
+  // status RunEval returns for it.
+  absl::Status EndedElsewhere(const Message& in, const Link* from);
+  // A send to `link` failed: EndedElsewhere when the neighbour had told this
+  // stage of a failure before it let go, else `failed` as a lost link's.
+  absl::Status AfterFailedSend(Link* link, absl::Status failed);
 
   // Per micro-batch state between its forward and its backward (with a
   // split backward: until its weight half).

@@ -21,6 +21,8 @@ gpipe::v1::FrameKind ToFrameKind(MessageKind k) {
       return gpipe::v1::EVAL_END;
     case MessageKind::kEvalTaken:
       return gpipe::v1::EVAL_TAKEN;
+    case MessageKind::kEvalFailed:
+      return gpipe::v1::EVAL_FAILED;
     case MessageKind::kReduceSlice:
       return gpipe::v1::REDUCE_SLICE;
   }
@@ -39,6 +41,8 @@ absl::StatusOr<MessageKind> FromFrameKind(gpipe::v1::FrameKind k) {
       return MessageKind::kEvalEnd;
     case gpipe::v1::EVAL_TAKEN:
       return MessageKind::kEvalTaken;
+    case gpipe::v1::EVAL_FAILED:
+      return MessageKind::kEvalFailed;
     case gpipe::v1::REDUCE_SLICE:
       return MessageKind::kReduceSlice;
     default:

@@ -6,6 +6,10 @@ namespace gpipe {
 
 std::string Describe(const Message& m) {
   if (m.kind == MessageKind::kEvalEnd) return "end of evaluation";
+  if (m.kind == MessageKind::kEvalFailed) {
+    return absl::StrCat("failure of stage ", m.micro_batch,
+                        "'s part of the evaluation");
+  }
   if (m.kind == MessageKind::kEvalTaken) {
     return absl::StrCat("receipt of evaluation batch ", m.micro_batch);
   }

@@ -23,6 +23,8 @@ enum class MessageKind : uint8_t {
   kEvalEnd,      // no more evaluation batches follow
   kEvalTaken,    // upstream: evaluation batch micro_batch was taken off the
                  // receiver's queue (the credit for the next one)
+  kEvalFailed,   // either way: stage micro_batch failed its part of the
+                 // evaluation; the receiver ends its own and passes it on
   kReduceSlice,  // between replicas of a stage (GradientReducer): a slice
                  // of the sender's gradient nodes (micro_batch 0) or of
                  // the total (micro_batch 1), or the sender's micro-batches'

@@ -184,6 +184,24 @@ class ControllerStateTest : public ::testing::Test {
     std::string id;
     std::optional<v1::Assignment> a;  // w1's
   };
+  // The one stage of `j` finished, its final parameters written where the
+  // controller expects them.
+  v1::WorkerMessage FinishedWithParameters(const OneStageJob& j) {
+    v1::WorkerMessage done;
+    v1::StageFinished& f = *done.mutable_finished();
+    f.set_job_id(j.id);
+    f.set_epoch(j.a->epoch());
+    f.set_stage(0);
+    const std::string final_path =
+        FinalFilePath(dir_.string(), j.id, j.a->epoch(), 0);
+    std::filesystem::create_directories(
+        std::filesystem::path(final_path).parent_path());
+    const Tensor weight = Tensor::Zeros(Shape{2, 2}, DType::kF32);
+    EXPECT_TRUE(
+        WriteSafetensors(final_path, {{"layers.0.weight", &weight}}, {}).ok());
+    f.set_parameters_path(final_path);
+    return done;
+  }
   OneStageJob StartOneStageJob() {
     OneStageJob j;
     j.w1 = Attach(1);
@@ -324,6 +342,36 @@ int SeriesOf(ControllerMetrics& metrics, const std::string& family,
   return n;
 }
 
+// A job whose final evaluation failed after its training keeps its model:
+// it succeeds, saying why it has no evaluation (the stage whose own part
+// failed says it, not the stages it ended).
+TEST_F(ControllerStateTest, AFailedFinalEvaluationKeepsTheModel) {
+  OneStageJob j = StartOneStageJob();
+  ASSERT_TRUE(j.a.has_value());
+  v1::WorkerMessage done = FinishedWithParameters(j);
+  done.mutable_finished()->set_evaluation_error(
+      "out of memory: a tensor of 12.0 MiB with 239 MiB of tensors in use "
+      "would exceed this worker's memory for stages, 205 MiB");
+  done.mutable_finished()->set_evaluation_failed_here(true);
+  controller_->HandleMessage(*j.w1, done);
+  controller_->FlushIo();
+  absl::StatusOr<v1::Job> job = controller_->GetJob(j.id);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->status().state(), v1::SUCCEEDED);
+  EXPECT_FALSE(job->status().model_path().empty());
+  EXPECT_EQ(job->status().evaluation().counted(), 0);
+  EXPECT_EQ(job->status().evaluation_error(),
+            done.finished().evaluation_error());
+  bool said = false;
+  for (const v1::Condition& c : job->status().conditions()) {
+    if (c.type() != "Complete") continue;
+    said = c.status() && c.reason() == "FinalEvaluationFailed" &&
+           c.message().find("; the final evaluation failed: out of memory") !=
+               std::string::npos;
+  }
+  EXPECT_TRUE(said) << job->status().DebugString();
+}
+
 // A job whose stages all finished keeps its loss but not its step times, as
 // a failed or cancelled one, and as a restarted controller shows it (a
 // succeeded job kept them until the controller restarted).
@@ -340,23 +388,10 @@ TEST_F(ControllerStateTest, AJobsStepTimesGoWhenItsStagesFinish) {
     controller_->HandleMessage(*j.w1, p);
   }
   ASSERT_EQ(SeriesOf(metrics, "gpipe_job_step_seconds", j.id), 1);
-  v1::WorkerMessage done;
-  v1::StageFinished& f = *done.mutable_finished();
-  f.set_job_id(j.id);
-  f.set_epoch(j.a->epoch());
-  f.set_stage(0);
   // The stage's final file, so that the merge succeeds: the path to
   // SUCCEEDED is the one that kept the series (a failed merge ends the job
   // through EndJob, which dropped them already).
-  const std::string final_path =
-      FinalFilePath(dir_.string(), j.id, j.a->epoch(), 0);
-  std::filesystem::create_directories(
-      std::filesystem::path(final_path).parent_path());
-  const Tensor weight = Tensor::Zeros(Shape{2, 2}, DType::kF32);
-  ASSERT_TRUE(
-      WriteSafetensors(final_path, {{"layers.0.weight", &weight}}, {}).ok());
-  f.set_parameters_path(final_path);
-  controller_->HandleMessage(*j.w1, done);
+  controller_->HandleMessage(*j.w1, FinishedWithParameters(j));
   controller_->FlushIo();
   EXPECT_EQ(State(j.id), v1::SUCCEEDED);
   EXPECT_EQ(SeriesOf(metrics, "gpipe_job_step_seconds", j.id), 0);

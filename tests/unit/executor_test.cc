@@ -56,20 +56,50 @@ constexpr char kSpec[] = R"json({
 
 using Reports = test_support::WorkerReports;
 
+// The receiving end of a link whose first evaluation batch arrives with
+// a tensor of the wrong shape, as a faulty neighbour would send it.
+class BadFirstEvalBatch final : public Link {
+ public:
+  explicit BadFirstEvalBatch(std::shared_ptr<Link> inner)
+      : inner_(std::move(inner)) {}
+  absl::Status Send(Message m) override { return inner_->Send(std::move(m)); }
+  absl::StatusOr<Message> Receive() override {
+    absl::StatusOr<Message> m = inner_->Receive();
+    if (m.ok() && m->kind == MessageKind::kActivation && m->step == kEvalStep &&
+        m->micro_batch == 0) {
+      m->tensor = Tensor::Zeros(Shape({1, 1}), DType::kF32);
+    }
+    return m;
+  }
+  void Close() override { inner_->Close(); }
+  void Release() override { inner_->Release(); }
+  int64_t bytes_sent() const override { return inner_->bytes_sent(); }
+  int64_t bytes_received() const override { return inner_->bytes_received(); }
+
+ private:
+  std::shared_ptr<Link> inner_;
+};
+
 // Hands the far end of a fresh in-process link pair to the executor that
-// runs the assignment's next stage (`next`), as its Exchange handler would.
+// runs the assignment's next stage (`next`), as its Exchange handler would;
+// into stage `bad_eval_into`, through BadFirstEvalBatch.
 class InProcessConnector final : public DownstreamConnector {
  public:
   explicit InProcessConnector(
-      std::function<Executor*(const gpipe::v1::Assignment&)> next)
-      : next_(std::move(next)) {}
+      std::function<Executor*(const gpipe::v1::Assignment&)> next,
+      const int64_t* bad_eval_into = nullptr)
+      : next_(std::move(next)), bad_eval_into_(bad_eval_into) {}
   absl::StatusOr<std::unique_ptr<Link>> Connect(
       const gpipe::v1::Assignment& a, int64_t,
       const std::function<bool()>& cancelled) override {
     auto [mine, theirs] = MakeInProcessLinkPair(a.micro_batches() + 4);
-    RETURN_IF_ERROR(next_(a)->AcceptUpstream(
-        a.job_id(), a.epoch(), a.stage(), a.replica(),
-        std::shared_ptr<Link>(std::move(theirs)), /*wait_ms=*/5000));
+    std::shared_ptr<Link> into = std::move(theirs);
+    if (bad_eval_into_ != nullptr && *bad_eval_into_ == a.stage() + 1) {
+      into = std::make_shared<BadFirstEvalBatch>(std::move(into));
+    }
+    RETURN_IF_ERROR(next_(a)->AcceptUpstream(a.job_id(), a.epoch(), a.stage(),
+                                             a.replica(), std::move(into),
+                                             /*wait_ms=*/5000));
     return std::move(mine);
   }
   // These executors form one replica; worker_test runs replicas over gRPC.
@@ -86,6 +116,7 @@ class InProcessConnector final : public DownstreamConnector {
 
  private:
   std::function<Executor*(const gpipe::v1::Assignment&)> next_;
+  const int64_t* const bad_eval_into_;
 };
 
 class ExecutorTest : public ::testing::Test {
@@ -107,7 +138,8 @@ class ExecutorTest : public ::testing::Test {
           std::make_unique<InProcessConnector>(
               [next = &next_[i]](const gpipe::v1::Assignment&) {
                 return *next;
-              }));
+              },
+              &bad_eval_into_));
     }
   }
   void TearDown() override {
@@ -175,6 +207,48 @@ class ExecutorTest : public ::testing::Test {
     EXPECT_EQ(compared, static_cast<int>(got.size()));
   }
 
+  // Stage `stage` of spec_ cut into 4 chunks for 2 workers (interleaved
+  // 1F1B, 2 virtual stages), without its spec.
+  gpipe::v1::Assignment InterleavedChunk(int64_t stage) {
+    const std::vector<int64_t> balance = *PartitionJob(spec_, 4);
+    const std::vector<int64_t> begins = StageBegins(balance);
+    gpipe::v1::Assignment a = Assign(0, /*epoch=*/1);
+    a.clear_spec();
+    a.set_stage(stage);
+    a.set_stages(4);
+    a.set_layer_begin(begins[stage]);
+    a.set_layer_end(begins[stage] + balance[stage]);
+    a.set_schedule(gpipe::v1::INTERLEAVED_1F1B);
+    return a;
+  }
+  // Two workers running spec_'s 4 chunks interleaved, worker w stages w
+  // and w + 2 (stage s + 1 on worker (s + 1) % 2: the last worker's links
+  // go back to the first), started.
+  std::vector<std::unique_ptr<Executor>> StartInterleaved() {
+    spec_.mutable_pipeline()->set_schedule(gpipe::v1::INTERLEAVED_1F1B);
+    spec_.mutable_pipeline()->set_virtual_stages(2);
+    auto workers = std::make_shared<std::vector<Executor*>>(2);
+    std::vector<std::unique_ptr<Executor>> owned;
+    for (int w = 0; w < 2; ++w) {
+      owned.push_back(std::make_unique<Executor>(
+          1, [this](const gpipe::v1::WorkerMessage& m) { reports_.Add(m); }));
+      (*workers)[w] = owned.back().get();
+      owned.back()->set_downstream_connector(
+          std::make_unique<InProcessConnector>(
+              [workers](const gpipe::v1::Assignment& a) {
+                return (*workers)[(a.stage() + 1) % 2];
+              },
+              &bad_eval_into_));
+    }
+    for (int w = 1; w >= 0; --w) {
+      gpipe::v1::Assignment a = InterleavedChunk(w);
+      *a.mutable_spec() = spec_;
+      for (int c = 0; c < 2; ++c) *a.add_chunks() = InterleavedChunk(w + c * 2);
+      owned[w]->Start(a);
+    }
+    return owned;
+  }
+
   void ExpectNoFailure() {
     for (const auto& m : reports_.All()) {
       EXPECT_FALSE(m.has_failed()) << m.failed().message();
@@ -186,6 +260,7 @@ class ExecutorTest : public ::testing::Test {
   Reports reports_;
   std::unique_ptr<Executor> executors_[kStages];
   Executor* next_[kStages] = {};
+  int64_t bad_eval_into_ = -1;  // BadFirstEvalBatch into this stage
 };
 
 TEST_F(ExecutorTest, StagesOverInProcessLinksMatchTheReferenceBitwise) {
@@ -242,6 +317,39 @@ TEST_F(ExecutorTest, StagesOverInProcessLinksMatchTheReferenceBitwise) {
 
 // The spec's gradient groups are part of its numerics: stages on workers
 // sum them in the reference trainer's tree.
+// A stage whose part of the final evaluation fails (here a batch it cannot
+// take) tells its neighbours, which pass it on: every stage ends its
+// evaluation, the trained parameters are written and reported, and each
+// finished report says why there is no evaluation (a job that trained to
+// the end lost its model to its last step).
+TEST_F(ExecutorTest, AFailedFinalEvaluationKeepsTheTrainedParameters) {
+  spec_.mutable_eval()->set_every(0);  // the final evaluation only
+  bad_eval_into_ = 2;
+  StartAll(/*epoch=*/1);
+  ASSERT_EQ(reports_.WaitEnded(kStages), kStages);
+  ExpectNoFailure();
+  ExpectReferenceParameters();
+  std::set<int64_t> stages;
+  for (const auto& m : reports_.All()) {
+    if (!m.has_finished()) continue;
+    const gpipe::v1::StageFinished& f = m.finished();
+    stages.insert(f.stage());
+    EXPECT_FALSE(f.parameters_path().empty());
+    EXPECT_EQ(f.evaluation().counted(), 0);
+    EXPECT_EQ(f.evaluation_failed_here(), f.stage() == 2) << f.stage();
+    if (f.stage() == 2) {
+      EXPECT_NE(f.evaluation_error().find("[1, 1]"), std::string::npos)
+          << f.evaluation_error();
+    } else {
+      EXPECT_NE(f.evaluation_error().find("the evaluation ended: failure of "
+                                          "stage 2's part of the evaluation"),
+                std::string::npos)
+          << f.evaluation_error();
+    }
+  }
+  EXPECT_EQ(stages, (std::set<int64_t>{0, 1, 2}));
+}
+
 TEST_F(ExecutorTest, GradientGroupsSumAsTheReferenceDoes) {
   spec_.mutable_pipeline()->set_micro_batches(kMicroBatches);
   spec_.mutable_pipeline()->set_gradient_groups(kMicroBatches);
@@ -433,37 +541,7 @@ TEST_F(ExecutorTest, AnAllocationPastTheBudgetFailsTheStageNotTheWorker) {
 // last stage's chunk evaluates, and the result is the reference's bits.
 TEST_F(ExecutorTest, InterleavedChunksOnTwoWorkersMatchTheReferenceBitwise) {
   constexpr int kWorkers = 2, kChunks = 2;
-  spec_.mutable_pipeline()->set_schedule(gpipe::v1::INTERLEAVED_1F1B);
-  spec_.mutable_pipeline()->set_virtual_stages(kChunks);
-  const std::vector<int64_t> balance = *PartitionJob(spec_, kWorkers * kChunks);
-  const std::vector<int64_t> begins = StageBegins(balance);
-  std::unique_ptr<Executor> workers[kWorkers];
-  for (auto& w : workers) {
-    w = std::make_unique<Executor>(
-        1, [this](const gpipe::v1::WorkerMessage& m) { reports_.Add(m); });
-    // Stage s + 1 runs on worker (s + 1) % W: the last worker's links go
-    // back to the first.
-    w->set_downstream_connector(std::make_unique<InProcessConnector>(
-        [&workers](const gpipe::v1::Assignment& a) {
-          return workers[(a.stage() + 1) % kWorkers].get();
-        }));
-  }
-  const auto chunk = [&](int64_t stage) {
-    gpipe::v1::Assignment a = Assign(0, /*epoch=*/1);
-    a.clear_spec();
-    a.set_stage(stage);
-    a.set_stages(kWorkers * kChunks);
-    a.set_layer_begin(begins[stage]);
-    a.set_layer_end(begins[stage] + balance[stage]);
-    a.set_schedule(gpipe::v1::INTERLEAVED_1F1B);
-    return a;
-  };
-  for (int w = kWorkers - 1; w >= 0; --w) {
-    gpipe::v1::Assignment a = chunk(w);
-    *a.mutable_spec() = spec_;
-    for (int c = 0; c < kChunks; ++c) *a.add_chunks() = chunk(w + c * kWorkers);
-    workers[w]->Start(a);
-  }
+  std::vector<std::unique_ptr<Executor>> workers = StartInterleaved();
   ASSERT_EQ(reports_.WaitEnded(kWorkers * kChunks), kWorkers * kChunks);
   ExpectNoFailure();
   ExpectReferenceParameters();
@@ -480,12 +558,12 @@ TEST_F(ExecutorTest, InterleavedChunksOnTwoWorkersMatchTheReferenceBitwise) {
   EXPECT_EQ(evaluated_by, (std::set<int64_t>{3}));
   // A link for a stage this worker does not run names those it does.
   for (int w = kWorkers - 1; w >= 0; --w) {
-    gpipe::v1::Assignment a = chunk(w);
+    gpipe::v1::Assignment a = InterleavedChunk(w);
     a.set_epoch(2);
     *a.mutable_spec() = spec_;
     a.mutable_spec()->set_steps(100000);
     for (int c = 0; c < kChunks; ++c) {
-      *a.add_chunks() = chunk(w + c * kWorkers);
+      *a.add_chunks() = InterleavedChunk(w + c * kWorkers);
       a.mutable_chunks(c)->set_epoch(2);
     }
     workers[w]->Start(a);
@@ -496,6 +574,28 @@ TEST_F(ExecutorTest, InterleavedChunksOnTwoWorkersMatchTheReferenceBitwise) {
   EXPECT_TRUE(absl::IsFailedPrecondition(wrong)) << wrong;
   EXPECT_NE(wrong.message().find("runs stages 0, 2"), std::string_view::npos)
       << wrong;
+  for (auto& w : workers) w->CancelAll();
+}
+
+// The same when each worker evaluates its chunks at once: the last chunk's
+// failure ends both workers' evaluations, and each keeps its parameters.
+TEST_F(ExecutorTest, AFailedFinalEvaluationOfInterleavedChunksKeepsThem) {
+  spec_.mutable_eval()->set_every(0);
+  bad_eval_into_ = 3;
+  std::vector<std::unique_ptr<Executor>> workers = StartInterleaved();
+  ASSERT_EQ(reports_.WaitEnded(4), 4);
+  ExpectNoFailure();
+  ExpectReferenceParameters();
+  std::map<int64_t, bool> here;  // stage -> its own part failed
+  for (const auto& m : reports_.All()) {
+    if (!m.has_finished()) continue;
+    EXPECT_FALSE(m.finished().parameters_path().empty());
+    EXPECT_FALSE(m.finished().evaluation_error().empty());
+    here[m.finished().stage()] = m.finished().evaluation_failed_here();
+  }
+  // Worker 1 runs stages 1 and 3; its report says stage 3's failure.
+  EXPECT_EQ(here, (std::map<int64_t, bool>{
+                      {0, false}, {1, true}, {2, false}, {3, true}}));
   for (auto& w : workers) w->CancelAll();
 }
 

@@ -7,6 +7,7 @@
 // the one before off its queue.
 #include <atomic>
 #include <chrono>
+#include <initializer_list>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/stage.h"
+#include "services/tensor/allocator.h"
 #include "services/transport/in_process_link.h"
 
 namespace gpipe {
@@ -211,6 +213,88 @@ TEST_F(StageArrivalsTest, AnEvaluationLeavesTheLinkClearForTheNextStep) {
   u.join();
   EXPECT_TRUE(sa.ok()) << sa.status();
   EXPECT_TRUE(sb.ok()) << sb.status();
+}
+
+// Waits up to 20 s for `done`; then closes `links` so that a stage still
+// waiting returns, and says it had to.
+bool JoinedInTime(std::thread& t, const std::atomic<bool>& done,
+                  std::initializer_list<Link*> links) {
+  for (int i = 0; i < 400 && !done.load(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const bool in_time = done.load();
+  if (!in_time)
+    for (Link* l : links) l->Close();
+  t.join();
+  return in_time;
+}
+
+// A stage that runs out of memory in an evaluation tells the next one,
+// which ends its own at once (it waited for a batch that never came, and
+// the job lost its trained model to its last step).
+TEST_F(StageArrivalsTest, AStageOutOfMemoryInAnEvaluationEndsTheNext) {
+  std::unique_ptr<Stage> first = Make(0), last = Make(1);
+  absl::StatusOr<LossResult> b = absl::UnknownError("");
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    b = last->RunEval(Split::kTest, 0);
+    done = true;
+  });
+  {
+    TensorMemoryLimit limit(1);
+    EXPECT_THROW(first->RunEval(Split::kTest, 0), TensorMemoryExhausted);
+  }
+  ASSERT_TRUE(JoinedInTime(t, done, {down_.get(), up_.get()}));
+  EXPECT_TRUE(EvalEndedElsewhere(b.status())) << b.status();
+  EXPECT_FALSE(EvalFailedHere(b.status()));
+  EXPECT_THAT(b.status().message(),
+              HasSubstr("stage 1: the evaluation ended: failure of stage 0's "
+                        "part of the evaluation"));
+}
+
+// Three stages, the last failing: the middle one passes it on upstream.
+TEST_F(StageArrivalsTest, AFailedEvaluationIsPassedOnThroughTheMiddleStage) {
+  auto [d0, u1] = MakeInProcessLinkPair(8);
+  auto [d1, u2] = MakeInProcessLinkPair(8);
+  const auto make = [&](int index, Link* up, Link* down) {
+    StagePlacement p;
+    p.count = 3;
+    p.index = index;
+    p.layer_begin = index;
+    p.layer_end = index + 1;
+    p.micro_batches = 1;
+    auto stage = Stage::Create(spec_, p, dataset_, up, down);
+    EXPECT_TRUE(stage.ok()) << stage.status();
+    return stage.ok() ? std::move(*stage) : nullptr;
+  };
+  std::unique_ptr<Stage> s0 = make(0, nullptr, d0.get());
+  std::unique_ptr<Stage> s1 = make(1, u1.get(), d1.get());
+  std::unique_ptr<Stage> s2 = make(2, u2.get(), nullptr);
+  ASSERT_TRUE(s0 && s1 && s2);
+  absl::StatusOr<LossResult> r0 = absl::UnknownError("");
+  absl::StatusOr<LossResult> r1 = absl::UnknownError("");
+  std::atomic<int> ended{0};
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    std::thread t0([&] {
+      r0 = s0->RunEval(Split::kTest, 0);
+      ++ended;
+    });
+    r1 = s1->RunEval(Split::kTest, 0);
+    ++ended;
+    t0.join();
+    done = true;
+  });
+  {
+    TensorMemoryLimit limit(1);
+    EXPECT_THROW(s2->RunEval(Split::kTest, 0), TensorMemoryExhausted);
+  }
+  ASSERT_TRUE(JoinedInTime(t, done, {d0.get(), u1.get(), d1.get(), u2.get()}))
+      << ended.load() << " of 2 stages ended";
+  for (const auto* r : {&r0, &r1}) {
+    EXPECT_TRUE(EvalEndedElsewhere(r->status())) << r->status();
+    EXPECT_THAT(r->status().message(),
+                HasSubstr("failure of stage 2's part of the evaluation"));
+  }
 }
 
 }  // namespace
