@@ -171,6 +171,27 @@ TEST(FrameWireTest, TheZeroCopyDecoderReadsProtobufsOwnFrames) {
   EXPECT_FALSE(m->tensor.defined());
 }
 
+// The evaluation's control messages carry their batch (or, for a failure,
+// the stage whose part failed) in micro_batch, and no tensor, under both
+// codecs.
+TEST(FrameWireTest, TheEvaluationsControlMessagesRoundTrip) {
+  for (MessageKind kind : {MessageKind::kEvalEnd, MessageKind::kEvalTaken,
+                           MessageKind::kEvalFailed}) {
+    Message sent;
+    sent.kind = kind;
+    sent.step = kEvalStep;
+    sent.micro_batch = 5;
+    for (FrameCodec codec : {FrameCodec::kZeroCopy, FrameCodec::kCopying}) {
+      absl::StatusOr<Message> m = Assemble(Encode(sent, codec), codec);
+      ASSERT_TRUE(m.ok()) << Describe(sent) << ": " << m.status();
+      EXPECT_EQ(m->kind, kind) << Describe(sent);
+      EXPECT_EQ(m->step, kEvalStep);
+      EXPECT_EQ(m->micro_batch, 5) << Describe(sent);
+      EXPECT_FALSE(m->tensor.defined());
+    }
+  }
+}
+
 TEST(FrameWireTest, TheSenderOwnsItsTensorAgainWhenWriteFramesReturns) {
   CpuAllocator host;
   CountingAllocator counting(&host);
