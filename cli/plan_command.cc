@@ -1175,6 +1175,22 @@ int RunPlan(const std::vector<std::string>& args) {
         static_cast<long long>(best->k * best->r), cores,
         static_cast<double>(best->k * best->r) / cores, cores);
   }
+  // Without a budget nothing was ruled out: a best that this machine could
+  // not hold under `local` is worth a word before a user tries it here.
+  if (*budget <= 0) {
+    const int64_t workers = best->k * best->r;
+    const int64_t share = SharedMemoryLimit() / std::max<int64_t>(1, workers);
+    if (best->peak_bytes > share) {
+      std::printf(
+          "note: no --memory-budget, so no configuration was ruled out; the "
+          "best needs %s a stage, more than the %s each of its %lld workers "
+          "would have of this machine's memory under `gpipectl local` "
+          "(--memory-budget plans for a worker's memory for stages, as "
+          "`gpipectl workers` shows it)\n",
+          FormatBytes(best->peak_bytes).c_str(), FormatBytes(share).c_str(),
+          static_cast<long long>(workers));
+    }
+  }
   // The plan is printed either way; a script that plans before it submits
   // learns from the status that the spec as written would be refused.
   return own_refused.empty() ? 0 : kOwnRefusedExit;

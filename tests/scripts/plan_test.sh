@@ -346,4 +346,19 @@ JSON
 costs "$work/huge.json" --measure-under 1e9 | grep -q 'timing the layers needs about .*: --measure does' ||
   fail "a model of 161 GiB was timed: $(costs "$work/huge.json" --measure-under 1e9)"
 echo "ok: small models timed by default"
-echo "9 passed, 0 failed"
+
+# Without --memory-budget nothing is ruled out, but a best that this
+# machine could not hold under `gpipectl local` is said (the huge model's
+# stages need about 170 GiB each); a budget that holds it says nothing.
+mem_kib=$(awk '/^MemTotal/ {print $2}' /proc/meminfo)
+if ((mem_kib < 256 * 1024 * 1024)); then
+  "$gpipectl" plan "$work/huge.json" --stages 2 --micro-batches 4 "${flops[@]}" \
+    >"$work/no_budget" 2>&1 || { cat "$work/no_budget"; fail "plan huge.json"; }
+  grep -q "^note: no --memory-budget, so no configuration was ruled out; the best needs .* a stage, more than the .* each of its 2 workers would have of this machine's memory" "$work/no_budget" ||
+    { cat "$work/no_budget"; fail "no word that the best does not fit this machine"; }
+  "$gpipectl" plan "$work/huge.json" --stages 2 --micro-batches 4 "${flops[@]}" \
+    --memory-budget 1TiB >"$work/big_budget" 2>&1 || { cat "$work/big_budget"; fail "plan --memory-budget 1TiB"; }
+  ! grep -q "no --memory-budget" "$work/big_budget" || fail "the note came with a budget"
+fi
+echo "ok: a best this machine cannot hold is said without a budget"
+echo "10 passed, 0 failed"
