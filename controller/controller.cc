@@ -1640,7 +1640,7 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
       (job->evaluation_error.empty() ||
        (f.evaluation_failed_here() && !job->evaluation_error_here))) {
     // A worker's words: bounded, as they are stored and shown.
-    job->evaluation_error = f.evaluation_error().substr(0, 1024);
+    job->evaluation_error = std::string(Utf8Prefix(f.evaluation_error(), 1024));
     job->evaluation_error_here = f.evaluation_failed_here();
   }
   job->stage_steps[slot] = job->status().total_steps();

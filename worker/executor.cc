@@ -31,6 +31,7 @@
 #include "services/transport/in_process_link.h"
 #include "services/transport/shm_segment.h"
 #include "worker/grpc_downstream_connector.h"
+#include "worker/memory_budget.h"
 
 namespace gpipe {
 
@@ -445,14 +446,6 @@ constexpr absl::string_view kCheckpointErrorPrefix = "checkpoint: ";
 // No replica of the stage held the state to resume from: the controller
 // falls back to the checkpoint.
 constexpr absl::string_view kResumeErrorPrefix = "resume: ";
-// A stage that does not fit this worker's memory: the job's size, not the
-// worker's fault, and no other worker of the same size would do better.
-constexpr absl::string_view kMemoryErrorPrefix = "out of memory: ";
-
-absl::Status MemoryError(absl::string_view what) {
-  return absl::ResourceExhaustedError(absl::StrCat(kMemoryErrorPrefix, what));
-}
-
 gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
                                  const absl::Status& status) {
   gpipe::v1::WorkerMessage m;
@@ -470,7 +463,7 @@ gpipe::v1::WorkerMessage Failure(const gpipe::v1::Assignment& a,
   const bool loss = absl::StrContains(status.message(), "loss is not finite");
   const bool checkpoint =
       absl::StartsWith(status.message(), kCheckpointErrorPrefix);
-  const bool memory = absl::StartsWith(status.message(), kMemoryErrorPrefix);
+  const bool memory = IsMemoryError(status);
   const bool resume = absl::StartsWith(status.message(), kResumeErrorPrefix);
   const bool data = !checkpoint && !memory && !resume &&
                     (absl::IsInvalidArgument(status) ||
@@ -1115,8 +1108,6 @@ absl::StatusOr<LossResult> Executor::Evaluate(
     if (results[c].ok() && xs[c]->last) last = *results[c];
   }
   // The part that failed says why, not the chunks it ended.
-  for (const absl::Status& s : statuses)
-    if (EvalFailedHere(s)) return s;
   RETURN_IF_ERROR(FirstCause(statuses));
   return last;
 }

@@ -13,6 +13,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/transport/resolve.h"
 #include "services/transport/shm_segment.h"
+#include "worker/memory_budget.h"
 
 namespace gpipe {
 namespace {
@@ -43,8 +44,8 @@ DataPlaneOptions WithRing(DataPlaneOptions options, int64_t ring_bytes) {
 // segment this link creates). Where not even the smallest segment fits,
 // the link runs on frames, or fails when shared memory is forced.
 absl::StatusOr<DataPlaneOptions> FitRings(const gpipe::v1::Assignment& a,
-                                          const std::string& peer,
-                                          int64_t ring, int64_t segment_room,
+                                          const std::string& peer, int64_t ring,
+                                          int64_t segment_room,
                                           DataPlaneOptions options) {
   const bool offers_shm = options.mode == DataPlaneMode::kShm ||
                           options.mode == DataPlaneMode::kAuto;
@@ -64,12 +65,12 @@ absl::StatusOr<DataPlaneOptions> FitRings(const gpipe::v1::Assignment& a,
       " for the link to ", peer, ", less than the smallest shared segment, ",
       FormatBytes(ShmSegmentBytes(kMinShmRingBytes)));
   if (options.mode == DataPlaneMode::kShm) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    return MemoryError(absl::StrCat(
         "--data_plane shm: ", why,
         " (give the worker more memory, or run --data_plane auto)"));
   }
-  LogInfo("stage %d of %s: no shared memory offered: %s", a.stage(),
-          a.job_id(), why);
+  LogInfo("stage %d of %s: no shared memory offered: %s", a.stage(), a.job_id(),
+          why);
   options.mode = DataPlaneMode::kGrpc;
   return WithRing(options, ring);
 }

@@ -22,8 +22,9 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
   absl::StatusOr<std::unique_ptr<Link>> Connect(
       const gpipe::v1::Assignment& a, int64_t segment_room,
       const std::function<bool()>& cancelled) override;
-  // Frames only (gRPC): the reduction sends to every peer before it
-  // receives, which a bounded shared-memory ring could deadlock.
+  // The worker's planes but CUDA IPC (the sum adds host tensors), shared
+  // memory where the replica shares this host: the sum sends while it
+  // receives (LinkReduction), so a bounded ring cannot block it.
   absl::StatusOr<std::unique_ptr<Link>> ConnectReplica(
       const gpipe::v1::Assignment& a, int64_t replica, int64_t segment_room,
       const std::function<bool()>& cancelled) override;

@@ -1,5 +1,6 @@
 #include "worker/memory_budget.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "services/core/bytes.h"
 
@@ -10,6 +11,7 @@ namespace {
 // are not counted: keep 64 MiB and 1/32 of the limit for them.
 constexpr int64_t kMinReserve = int64_t{64} << 20;
 constexpr int64_t kReserveFraction = 32;
+constexpr absl::string_view kMemoryErrorPrefix = "out of memory: ";
 }  // namespace
 
 absl::StatusOr<MemoryBudget> ComputeMemoryBudget(absl::string_view flag,
@@ -40,6 +42,14 @@ absl::StatusOr<MemoryBudget> ComputeMemoryBudget(absl::string_view flag,
                      FormatBytes(b.reserve), " for buffers"));
   }
   return b;
+}
+
+absl::Status MemoryError(absl::string_view what) {
+  return absl::ResourceExhaustedError(absl::StrCat(kMemoryErrorPrefix, what));
+}
+
+bool IsMemoryError(const absl::Status& s) {
+  return absl::StartsWith(s.message(), kMemoryErrorPrefix);
 }
 
 }  // namespace gpipe

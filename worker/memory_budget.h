@@ -28,6 +28,12 @@ absl::StatusOr<MemoryBudget> ComputeMemoryBudget(absl::string_view flag,
                                                  int64_t system_limit,
                                                  int64_t resident);
 
+// A stage (or a link's segment) that does not fit this worker's memory:
+// the job's size, not the worker's fault, and no other worker of the same
+// size would do better (the job fails as OutOfMemory, not retried).
+absl::Status MemoryError(absl::string_view what);
+bool IsMemoryError(const absl::Status& s);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_WORKER_MEMORY_BUDGET_H_

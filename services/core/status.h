@@ -6,18 +6,35 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 
 namespace gpipe {
 
+inline constexpr char kConsequencePayload[] = "gpipe.dev/consequence";
+
+// An error that another part's failure caused, and says so (a stage told
+// that its neighbour's evaluation failed): FirstCause ranks it after the
+// part's own.
+inline absl::Status MarkConsequence(absl::Status s) {
+  s.SetPayload(kConsequencePayload, absl::Cord("1"));
+  return s;
+}
+inline bool IsConsequence(const absl::Status& s) {
+  return s.GetPayload(kConsequencePayload).has_value();
+}
+
 // Of parts that ran together, the error that caused the others' (which
-// fail CANCELLED once the first failure closes what they wait on): the
+// fail CANCELLED once the first failure closes what they wait on, or with
+// an error marked as a consequence): the first that is neither, else the
 // first that is not CANCELLED, else the first. OK when every part is.
 inline absl::Status FirstCause(const std::vector<absl::Status>& parts) {
+  const auto rank = [](const absl::Status& s) {
+    return absl::IsCancelled(s) ? 2 : IsConsequence(s) ? 1 : 0;
+  };
   absl::Status first = absl::OkStatus();
   for (const absl::Status& s : parts) {
     if (s.ok()) continue;
-    if (first.ok() || (absl::IsCancelled(first) && !absl::IsCancelled(s)))
-      first = s;
+    if (first.ok() || rank(s) < rank(first)) first = s;
   }
   return first;
 }

@@ -403,10 +403,7 @@ std::string QuoteForMessage(std::string_view s) {
     AppendJsonString(s, &out);
     return out;
   }
-  size_t cut = kMaxBytes;
-  // Back up to a character boundary so the message stays valid UTF-8.
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  AppendJsonString(s.substr(0, cut), &out);
+  AppendJsonString(Utf8Prefix(s, kMaxBytes), &out);
   out += "...";
   return out;
 }

@@ -75,8 +75,8 @@ class Link {
   // through the host. May wait until the link's data plane is agreed on.
   virtual bool CarriesDeviceTensors() { return false; }
   // Host memory this end maps for the link beside its messages (the
-  // shared-memory plane's segment, once agreed): the worker counts it
-  // against its memory for stages.
+  // shared-memory segment it offered, or the agreed plane's): the worker
+  // counts it against its memory for stages.
   virtual int64_t mapped_bytes() const { return 0; }
 };
 

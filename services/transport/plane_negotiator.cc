@@ -391,8 +391,10 @@ DataPlane* PlaneNegotiator::agreed() const {
 }
 
 int64_t PlaneNegotiator::mapped_bytes() const {
-  const DataPlane* plane = agreed();
-  return plane != nullptr ? plane->mapped_bytes() : 0;
+  absl::MutexLock lock(&mu_);
+  // An offered segment is mapped (and pre-faulted) until the answer.
+  if (offered_shm_ != nullptr) return offered_shm_->bytes();
+  return plane_ != nullptr ? plane_->mapped_bytes() : 0;
 }
 
 bool PlaneNegotiator::CarriesDeviceTensors() {

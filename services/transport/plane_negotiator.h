@@ -71,7 +71,8 @@ class PlaneNegotiator {
   // After the answer, whether the plane carries device tensors.
   bool CarriesDeviceTensors() ABSL_LOCKS_EXCLUDED(mu_);
   PlaneRefusal refusal() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The agreed plane's DataPlane::mapped_bytes (0 before an agreement).
+  // The agreed plane's DataPlane::mapped_bytes; before the answer, the
+  // segment this end offered (0 for none).
   int64_t mapped_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // No answer will come: wakes every waiter and closes the agreed plane

@@ -79,6 +79,7 @@ class ShmSegment {
   // Drops the descriptor once the peer has mapped (or refused) the segment.
   void CloseFd();
   int64_t ring_bytes() const { return ring_bytes_; }
+  int64_t bytes() const { return bytes_; }  // both rings and the header
   char* ring(Ring r) const { return base_ + kShmHeaderBytes + r * ring_bytes_; }
   // The notification queues of the ring `r` (written by that ring's writer).
   ShmQueues* queues(Ring r) const;

@@ -633,6 +633,13 @@ TEST_F(WorkerTest, ForcedShmWithoutRoomForASegmentFailsNamingTheMemory) {
                          "the smallest shared segment"),
             std::string::npos)
       << failure;
+  // The job's size, not a lost link: not retried, no worker blamed.
+  for (const auto& m : reports_.All()) {
+    if (m.has_failed() && m.failed().stage() == 0) {
+      EXPECT_EQ(m.failed().reason(), "OutOfMemory");
+      EXPECT_TRUE(m.failed().permanent());
+    }
+  }
 }
 
 // A replica's worker whose epoch is cancelled keeps its stage's state for a
