@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Each worker's peak resident memory against its --memory_limit, on a real
 # controller and workers on loopback: the CNN example (STEPS steps, default
-# 200, and its final evaluation) on 4 workers, every worker's VmRSS sampled
-# every 50 ms, once for each limit in LIMITS (default "292MiB 4GiB"),
+# 200, and its final evaluation) on 4 workers, every worker's VmRSS and its
+# anonymous part (RssAnon: the heap; VmRSS adds the binary's pages and the
+# shared segments the worker maps, its own and its upstream's) sampled
+# every 50 ms, once for each limit in LIMITS (default "256MiB 4GiB"),
 # alternating ROUNDS times (default 2). Prints one line a run: the limit,
 # the job's outcome, the wall time from submission to its end, each
-# worker's peak RSS in MB, and the shared segments the workers created
-# (from their logs).
+# worker's peak VmRSS and RssAnon in MiB, and the shared segments the
+# workers created (from their logs).
 #
 #   bench/worker_memory_bench.sh            # after scripts/build.sh
-#   LIMITS="292MiB" STEPS=20 bench/worker_memory_bench.sh
+#   LIMITS="292MiB" STEPS=20 ROUNDS=1 bench/worker_memory_bench.sh
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 bin=$src/build/bin
 STEPS=${STEPS:-200}
-LIMITS=${LIMITS:-"292MiB 4GiB"}
+LIMITS=${LIMITS:-"256MiB 4GiB"}
 ROUNDS=${ROUNDS:-2}
 
 run_once() {
@@ -38,7 +40,11 @@ PY
     (
       end=$((SECONDS + 1200))
       while ((SECONDS < end)); do
-        for w in w0 w1 w2 w3; do echo "$w $(rss_mb "${worker_pid[$w]}" 2>/dev/null || echo 0)"; done
+        for w in w0 w1 w2 w3; do
+          # VmRSS, and its anonymous part (the heap), in MiB.
+          echo "$w $(awk '/^(VmRSS|RssAnon):/ {printf "%d ", $2 / 1024}' \
+            "/proc/${worker_pid[$w]}/status" 2>/dev/null || echo "0 0")"
+        done
         sleep 0.05
       done
     ) >"$work/rss.txt" &
@@ -49,18 +55,19 @@ PY
     outcome=FAILED
     DONE_TIMEOUT=1200 wait_done "$job" && outcome=SUCCEEDED
     # A job whose final evaluation failed keeps its model and succeeds.
-    if [[ $outcome == SUCCEEDED ]] && ctl get "$job" 2>/dev/null | grep -q "final evaluation failed"; then
+    if [[ $outcome == SUCCEEDED ]] && ctl status "$job" 2>/dev/null | grep -q "final evaluation failed"; then
       outcome="SUCCEEDED without its final evaluation"
     fi
     wall=$(echo "$(date +%s.%N) - $start" | bc)
     kill "$sampler" 2>/dev/null || true
-    peaks=""
+    peaks="" anon=""
     for w in w0 w1 w2 w3; do
       peaks+="$(awk -v w="$w" '$1 == w && $2 > m {m = $2} END {print m + 0}' "$work/rss.txt") "
+      anon+="$(awk -v w="$w" '$1 == w && $3 > m {m = $3} END {print m + 0}' "$work/rss.txt") "
     done
     segments=$(grep -ho "a segment of [0-9.]* [KMG]iB" "$work"/w*.log | awk '{print $4 $5}' | tr '\n' ' ')
-    printf '%s: %s in %.1f s; peak RSS %sMB; segments created %s\n' \
-      "$limit" "$outcome" "$wall" "$peaks" "${segments:-none}"
+    printf '%s: %s in %.1f s; peak VmRSS %sMiB, peak RssAnon %sMiB; segments created %s\n' \
+      "$limit" "$outcome" "$wall" "$peaks" "$anon" "${segments:-none}"
   )
 }
 

@@ -356,7 +356,11 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
           absl::StrCat(st.stage()),
           st.worker_id().empty() ? "-" : st.worker_id(),
           st.address().empty() ? "-" : st.address(), layers,
-          st.data_plane().empty() ? "-" : st.data_plane()};
+          st.data_plane().empty() ? "-"
+          : st.segment_bytes() > 0
+              ? absl::StrCat(st.data_plane(), " (",
+                             FormatBytes(st.segment_bytes()), ")")
+              : st.data_plane()};
       if (replicas) row.insert(row.begin(), absl::StrCat(st.replica()));
       t.push_back(std::move(row));
     };

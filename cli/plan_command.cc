@@ -55,8 +55,9 @@ ABSL_FLAG(bool, measure, false,
           "of the FLOP cost model");
 ABSL_FLAG(std::string, memory_budget, "0",
           "plan: memory per stage (parameters, gradients, optimizer state, "
-          "activations, working memory and data, as workers check it), bytes "
-          "or with a unit (512MiB, 2GiB); 0: no limit");
+          "activations and working memory or an evaluation batch, whichever "
+          "is larger, and data, as workers check it), bytes or with a unit "
+          "(512MiB, 2GiB); 0: no limit");
 ABSL_FLAG(double, flops, 0,
           "plan: FLOP/s of one stage for the cost model (0: measure a "
           "single-threaded sgemm here; --measure times the layers "
@@ -127,6 +128,17 @@ constexpr int kOwnRefusedExit = 3;
 constexpr double kDefaultLayerOverhead = 5e-6;
 
 int Fail(const absl::Status& status) { return FailCommand("plan", status); }
+
+// What timing the layers holds: the whole model and one micro-batch's
+// activations, as one stage under 1F1B does.
+int64_t MeasuringBytes(const gpipe::v1::JobSpec& spec,
+                       const ModelShapes& shapes) {
+  const std::vector<int64_t> whole = {
+      static_cast<int64_t>(shapes.costs.size())};
+  return EstimatePipelineMemory(spec, shapes, whole, MicroBatchCount(spec),
+                                ScheduleKind::kOneFOneB, RematMode::kNever)[0]
+      .total();
+}
 
 absl::StatusOr<std::pair<int64_t, int64_t>> ParseStagesRange(
     absl::string_view text) {
@@ -588,14 +600,11 @@ int RunPlan(const std::vector<std::string>& args) {
     // as one stage under 1F1B does: a model that needs more than a quarter
     // of this machine's memory, or 4 GiB, is left to --measure (a large
     // embedding table has few FLOPs).
-    const std::vector<int64_t> whole = {layers};
-    const int64_t needs =
-        EstimatePipelineMemory(*spec, *shapes, whole, MicroBatchCount(*spec),
-                               ScheduleKind::kOneFOneB, RematMode::kNever)[0]
-            .total();
+    const int64_t needs = MeasuringBytes(*spec, *shapes);
     if (needs > std::min(SystemMemoryLimit() / 4, kMeasureMemoryCap)) {
-      model_why = absl::StrCat("; timing the layers needs about ",
-                               FormatBytes(needs), ": --measure does");
+      model_why = absl::StrCat(
+          "; timing the layers would hold about ", FormatBytes(needs),
+          ", more than is left to a plan here (--measure times them anyway)");
     } else if (estimate < measure_under) {
       measured = true;
       timed_why = absl::StrFormat(
@@ -612,14 +621,26 @@ int RunPlan(const std::vector<std::string>& args) {
     // Forward and backward apart, as a stage runs them (the first layer's
     // backward without the input gradient): backward is not 2x forward
     // everywhere.
-    absl::StatusOr<LayerPasses> at_spec =
-        MeasureLayerPasses(*spec, spec_mb, kMeasureReps);
+    // Out of memory is this command's failure (exit 1), not the process's
+    // last words (exit 3 reads as "the spec's configuration is refused").
+    const auto measure = [&](int64_t mb) -> absl::StatusOr<LayerPasses> {
+      try {
+        return MeasureLayerPasses(*spec, mb, kMeasureReps);
+      } catch (const std::bad_alloc&) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "--measure: out of memory timing the layers at ", mb,
+            " samples a micro-batch (about ",
+            FormatBytes(MeasuringBytes(*spec, *shapes)),
+            " for the whole model): plan with the cost model, without "
+            "--measure"));
+      }
+    };
+    absl::StatusOr<LayerPasses> at_spec = measure(spec_mb);
     if (!at_spec.ok()) return Fail(at_spec.status());
     // A second size separates the fixed from the per-sample part.
     LayerPasses at_one = *at_spec;
     if (spec_mb > 1) {
-      absl::StatusOr<LayerPasses> one =
-          MeasureLayerPasses(*spec, 1, kMeasureReps);
+      absl::StatusOr<LayerPasses> one = measure(1);
       if (!one.ok()) return Fail(one.status());
       at_one = *std::move(one);
     }

@@ -1524,6 +1524,7 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     st.set_bubble_seconds(p.bubble_seconds());
     st.set_peak_activation_bytes(p.peak_activation_bytes());
     st.set_data_plane(p.data_plane());
+    st.set_segment_bytes(p.segment_bytes());
   }
   const int64_t step =
       *std::min_element(job->stage_steps.begin(), job->stage_steps.end());

@@ -145,12 +145,19 @@ absl::Status CheckFitsCluster(const StagePlan& plan,
     largest = std::max(largest, m);
   }
   const size_t s = LargestStage(plan);
-  if (Holds(largest, plan.memory[s])) return absl::OkStatus();
+  const StageMemory& m = plan.memory[s];
+  if (Holds(largest, m)) return absl::OkStatus();
+  // An evaluation batch larger than a training step's peak is what a cut
+  // cannot shrink: more stages left such a job over the budget.
+  const std::string advice =
+      m.evaluation > m.training()
+          ? absl::StrCat("its evaluation batch, ", FormatBytes(m.evaluation),
+                         ", is more than its training step holds: a smaller "
+                         "eval.batchSize needs less")
+          : "more stages, micro-batches or re-materialization need less";
   return absl::FailedPreconditionError(absl::StrCat(
-      "stage ", s, " needs ", plan.memory[s].ToString(),
-      ", the largest worker has ", FormatBytes(largest),
-      " for stages (more stages, micro-batches or re-materialization "
-      "need less: see gpipectl plan)"));
+      "stage ", s, " needs ", m.ToString(), ", the largest worker has ",
+      FormatBytes(largest), " for stages (", advice, ": see gpipectl plan)"));
 }
 
 }  // namespace gpipe::controller

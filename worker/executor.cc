@@ -62,6 +62,7 @@ struct Executor::Run {
   // accepted from upstream costs this worker none. -1 before the run has
   // checked its memory.
   int64_t segment_room = -1;
+  int64_t need = 0;  // CheckMemory's, set with segment_room
 };
 
 namespace {
@@ -582,12 +583,9 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   const auto run_stage = [&]() -> absl::Status {
     RETURN_IF_ERROR(run->chunks_status);
     RETURN_IF_ERROR(CheckReplicaAssignment(a));
-    ASSIGN_OR_RETURN(const int64_t need, CheckMemory(xs));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      run->segment_room = SegmentRoom(xs, need);
-    }
-    cv_.notify_all();
+    ASSIGN_OR_RETURN(run->need, CheckMemory(xs));
+    // Read by this thread only (ConnectDownstream, ConnectReplicas).
+    run->segment_room = SegmentRoom(xs, run->need);
     std::shared_ptr<const Dataset> dataset;
     for (const auto& c : xs) {
       if (!c->first && !c->last) continue;
@@ -785,7 +783,10 @@ int64_t Executor::SegmentRoom(const std::vector<std::unique_ptr<Execution>>& xs,
 int64_t Executor::TensorLimit(
     const std::vector<std::unique_ptr<Execution>>& xs) const {
   if (memory_budget_ <= 0 || device_ != Device::kCpu) return 0;
-  return std::max<int64_t>(1, memory_budget_ - MappedBytes(xs));
+  // Never below what the stages need: the smallest segment may exceed the
+  // room it was given (FitRings), and that comes from the reserve.
+  return std::max(
+      {int64_t{1}, xs.front()->run->need, memory_budget_ - MappedBytes(xs)});
 }
 
 int64_t Executor::MappedBytes(
@@ -1231,6 +1232,8 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   p->set_bubble_seconds(std::max(0.0, t.bubble_seconds() - others));
   p->set_peak_activation_bytes(r.peak_activation_bytes);
   p->set_data_plane(x.data_plane);
+  if (x.downstream != nullptr)
+    p->set_segment_bytes(x.downstream->mapped_bytes());
   if (const LayerTiming* timing = x.stage->layer_timing()) {
     for (double f : timing->forward_seconds()) p->add_layer_forward_seconds(f);
     for (double b : timing->backward_seconds())

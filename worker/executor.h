@@ -123,7 +123,7 @@ class Executor {
   // tensors must leave room for.
   int64_t MappedBytes(const std::vector<std::unique_ptr<Execution>>& xs) const;
   // What the run's host tensors may hold (TensorMemoryLimit; 0: no limit):
-  // the budget less those segments.
+  // the budget less those segments, but at least what the stages need.
   int64_t TensorLimit(const std::vector<std::unique_ptr<Execution>>& xs) const;
   // Two of the run's chunks next to each other in the pipeline (ZB-V's turn,
   // every chunk of a one-worker pipeline) talk over an in-process link: no

@@ -13,7 +13,6 @@
 #include "services/pipeline/job_spec.h"
 #include "services/transport/resolve.h"
 #include "services/transport/shm_segment.h"
-#include "worker/memory_budget.h"
 
 namespace gpipe {
 namespace {
@@ -41,38 +40,29 @@ DataPlaneOptions WithRing(DataPlaneOptions options, int64_t ring_bytes) {
 
 // `options` with rings of `ring` bytes, or as large as fit in
 // `segment_room` (what the worker's memory for stages leaves for the
-// segment this link creates). Where not even the smallest segment fits,
-// the link runs on frames, or fails when shared memory is forced.
-absl::StatusOr<DataPlaneOptions> FitRings(const gpipe::v1::Assignment& a,
-                                          const std::string& peer, int64_t ring,
-                                          int64_t segment_room,
-                                          DataPlaneOptions options) {
+// segment this link creates), but never smaller than the smallest: frames,
+// the alternative, copy each message more than once on both ends, which
+// took more than a small segment would (a 256 MiB worker receiving over
+// frames peaked 50 MiB higher than over shared memory). The smallest
+// segment's excess over the room comes from the worker's reserve.
+DataPlaneOptions FitRings(const gpipe::v1::Assignment& a,
+                          const std::string& peer, int64_t ring,
+                          int64_t segment_room, DataPlaneOptions options) {
   const bool offers_shm = options.mode == DataPlaneMode::kShm ||
                           options.mode == DataPlaneMode::kAuto;
   if (!offers_shm || ShmSegmentBytes(ring) <= segment_room)
     return WithRing(options, ring);
-  const int64_t fitting = ShmRingFitting(segment_room, ring);
-  if (fitting > 0) {
-    LogInfo(
-        "stage %d of %s: rings of %s to %s, not %s: what this worker's memory "
-        "for stages leaves for the link, %s",
-        a.stage(), a.job_id(), FormatBytes(fitting), peer, FormatBytes(ring),
-        FormatBytes(segment_room));
-    return WithRing(options, fitting);
-  }
-  const std::string why = absl::StrCat(
-      "this worker's memory for stages leaves ", FormatBytes(segment_room),
-      " for the link to ", peer, ", less than the smallest shared segment, ",
-      FormatBytes(ShmSegmentBytes(kMinShmRingBytes)));
-  if (options.mode == DataPlaneMode::kShm) {
-    return MemoryError(absl::StrCat(
-        "--data_plane shm: ", why,
-        " (give the worker more memory, or run --data_plane auto)"));
-  }
-  LogInfo("stage %d of %s: no shared memory offered: %s", a.stage(), a.job_id(),
-          why);
-  options.mode = DataPlaneMode::kGrpc;
-  return WithRing(options, ring);
+  const int64_t fitting = std::max(ShmRingFitting(segment_room, ring),
+                                   std::min(ring, kMinShmRingBytes));
+  LogInfo(
+      "stage %d of %s: rings of %s to %s, not %s: what this worker's memory "
+      "for stages leaves for the link, %s%s",
+      a.stage(), a.job_id(), FormatBytes(fitting), peer, FormatBytes(ring),
+      FormatBytes(segment_room),
+      ShmSegmentBytes(fitting) > segment_room
+          ? " (the smallest rings; the rest from its reserve)"
+          : "");
+  return WithRing(options, fitting);
 }
 
 }  // namespace
@@ -113,9 +103,9 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Connect(
     const gpipe::v1::Assignment& a, int64_t segment_room,
     const std::function<bool()>& cancelled) {
   const std::string peer = absl::StrCat("stage ", a.stage() + 1);
-  ASSIGN_OR_RETURN(DataPlaneOptions plane,
-                   FitRings(a, peer, ShmRingBytesFor(a, data_plane_.ring_bytes),
-                            segment_room, data_plane_));
+  const DataPlaneOptions plane =
+      FitRings(a, peer, ShmRingBytesFor(a, data_plane_.ring_bytes),
+               segment_room, data_plane_);
   return Dial(a, a.downstream_address(), peer, plane, cancelled);
 }
 
@@ -138,9 +128,8 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::ConnectReplica(
   plane.on_gpu = false;
   const std::string peer =
       absl::StrCat("replica ", replica, " of stage ", a.stage());
-  ASSIGN_OR_RETURN(plane,
-                   FitRings(a, peer, ReductionRingBytesFor(a, plane.ring_bytes),
-                            segment_room, plane));
+  plane = FitRings(a, peer, ReductionRingBytesFor(a, plane.ring_bytes),
+                   segment_room, plane);
   return Dial(a, a.replica_addresses(replica), peer, plane, cancelled);
 }
 

@@ -65,6 +65,20 @@ TEST(PlacementTest, ACheckAtSubmissionAgainstTheLargestWorker) {
   EXPECT_NE(refused.message().find("the largest worker has 40 B for stages"),
             std::string::npos)
       << refused;
+  EXPECT_NE(refused.message().find("more stages, micro-batches or "
+                                   "re-materialization need less"),
+            std::string::npos)
+      << refused;
+  // A stage whose evaluation batch outweighs its training step: the
+  // evaluation's batch size is what to lower.
+  StagePlan evaluating = Plan({10, 20});
+  evaluating.memory[1].evaluation = 45;
+  const absl::Status eval_refused = CheckFitsCluster(evaluating, {40, 20});
+  EXPECT_NE(eval_refused.message().find(
+                "its evaluation batch, 45 B, is more than its training step "
+                "holds: a smaller eval.batchSize needs less"),
+            std::string::npos)
+      << eval_refused;
 }
 
 TEST(PlacementTest, PlansTheSpecsCutWithTheMemoryModel) {
