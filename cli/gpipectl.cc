@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());
   // Our own help: a command's flags, not absl's list by source file.
-  if (gpipe::cli::PrintHelpIfAsked(argc, argv)) return 0;
+  if (const std::optional<int> helped =
+          gpipe::cli::PrintHelpIfAsked(argc, argv))
+    return *helped;
   if (absl::Status s = gpipe::cli::CheckFlagSyntax(argc, argv); !s.ok()) {
     std::fprintf(stderr, "gpipectl: %s\n", std::string(s.message()).c_str());
     return 2;

@@ -196,7 +196,7 @@ std::string CommandHelp(const std::string& command) {
   return "";
 }
 
-bool PrintHelpIfAsked(int argc, char** argv) {
+std::optional<int> PrintHelpIfAsked(int argc, char** argv) {
   bool asked = false;
   std::string command;
   for (int i = 1; i < argc; ++i) {
@@ -204,20 +204,30 @@ bool PrintHelpIfAsked(int argc, char** argv) {
     if (a == "--") break;
     if (a == "--help" || a == "-h" || a == "--helpshort" || a == "help") {
       asked = true;
+    } else if (a.size() > 1 && a[0] == '-' &&
+               a.find('=') == std::string::npos) {
+      // "--controller HOST:PORT status --help": a flag that takes a value
+      // takes the next argument, which is no command.
+      const std::string name = a.substr(a[1] == '-' ? 2 : 1);
+      const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+      if (flag != nullptr && !flag->IsOfType<bool>()) ++i;
     } else if (command.empty() && !a.empty() && a[0] != '-') {
       command = a;
     }
   }
-  if (!asked) return false;
-  std::string text = command.empty() || command == "help"
-                         ? OverviewHelp()
-                         : CommandHelp(command);
+  if (!asked) return std::nullopt;
+  if (command.empty() || command == "help") {
+    std::fputs(OverviewHelp().c_str(), stdout);
+    return 0;
+  }
+  const std::string text = CommandHelp(command);
   if (text.empty()) {
-    text = absl::StrCat("gpipectl: unknown command '", command, "'\n\n",
-                        OverviewHelp());
+    std::fprintf(stderr, "gpipectl: unknown command '%s'\n\n%s",
+                 command.c_str(), OverviewHelp().c_str());
+    return 2;
   }
   std::fputs(text.c_str(), stdout);
-  return true;
+  return 0;
 }
 
 }  // namespace gpipe::cli

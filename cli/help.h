@@ -4,6 +4,7 @@
 #ifndef GPIPE_CLI_HELP_H_
 #define GPIPE_CLI_HELP_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,9 +26,10 @@ const std::vector<const char*>* CommandFlags(const std::string& command);
 bool SomeCommandTakes(absl::string_view name);
 
 // Prints the help argv asks for (--help, -h or --helpshort anywhere; the
-// first argument that is not a flag names the command) to stdout and
-// returns true, or returns false when it asks for none.
-bool PrintHelpIfAsked(int argc, char** argv);
+// first argument that is neither a flag nor a flag's value names the
+// command) and returns the exit status (0; 2 for a command there is none
+// of), or nullopt when it asks for none.
+std::optional<int> PrintHelpIfAsked(int argc, char** argv);
 
 }  // namespace gpipe::cli
 

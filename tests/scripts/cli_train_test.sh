@@ -172,6 +172,15 @@ grep -q -- "usage: gpipectl train JOB.json" <<<"$help" || fail "gpipectl train -
 ! grep -q -- "--controller" <<<"$help" || fail "gpipectl train --help lists a client flag"
 help=$("$gpipectl" help fetch)
 grep -q -- "--step" <<<"$help" || fail "gpipectl help fetch lacks --step: $help"
+# A flag's value before the command is no command ("unknown command
+# '127.0.0.1:1'", exit 0); a command there is none of exits 2.
+help=$("$gpipectl" --controller 127.0.0.1:1 status --help) ||
+  fail "gpipectl --controller ADDR status --help exited $?"
+grep -q -- "usage: gpipectl status" <<<"$help" || fail "gpipectl --controller ADDR status --help: $help"
+rc=0
+"$gpipectl" nosuch --help >/dev/null 2>"$work/nosuch" || rc=$?
+((rc == 2)) || fail "gpipectl nosuch --help exited $rc"
+grep -q "unknown command 'nosuch'" "$work/nosuch" || fail "gpipectl nosuch --help: $(cat "$work/nosuch")"
 ! grep -qE -- "\.cc|\.h\b|/work/" <<<"$("$gpipectl" eval --help; "$gpipectl" --help)" ||
   fail "gpipectl help names source files"
 
