@@ -624,7 +624,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   try {
     // Host tensors past the budget throw (TensorMemoryExhausted): the stage
     // unwinds and fails instead of the kernel killing the worker.
-    TensorMemoryLimit limit(device_ == Device::kCpu ? memory_budget_ : 0);
+    TensorMemoryLimit limit(HostBudget());
     AllocationsCancelledBy stop(&run->stop);
     status = run_stage();
   } catch (const std::bad_alloc& e) {
@@ -717,7 +717,7 @@ void Executor::Execute(std::shared_ptr<Run> run) {
 
 absl::StatusOr<int64_t> Executor::CheckMemory(
     const std::vector<std::unique_ptr<Execution>>& xs) const {
-  if (memory_budget_ <= 0 || device_ != Device::kCpu) return 0;
+  if (HostBudget() <= 0) return 0;
   ASSIGN_OR_RETURN(const ModelShapes shapes,
                    InferModelShapes(xs.front()->spec.model()));
   std::vector<StageMemory> needs;
@@ -764,7 +764,7 @@ absl::StatusOr<int64_t> Executor::CheckMemory(
 int64_t Executor::SegmentRoom(const std::vector<std::unique_ptr<Execution>>& xs,
                               int64_t need) const {
   constexpr int64_t kUnbounded = std::numeric_limits<int64_t>::max();
-  if (memory_budget_ <= 0 || device_ != Device::kCpu) return kUnbounded;
+  if (HostBudget() <= 0) return kUnbounded;
   const auto runs = [&](int64_t stage) {
     return std::any_of(xs.begin(), xs.end(),
                        [&](const auto& c) { return c->a.stage() == stage; });
@@ -782,7 +782,7 @@ int64_t Executor::SegmentRoom(const std::vector<std::unique_ptr<Execution>>& xs,
 
 int64_t Executor::TensorLimit(
     const std::vector<std::unique_ptr<Execution>>& xs) const {
-  if (memory_budget_ <= 0 || device_ != Device::kCpu) return 0;
+  if (HostBudget() <= 0) return 0;
   // Never below what the stages need: the smallest segment may exceed the
   // room it was given (FitRings), and that comes from the reserve.
   return std::max(

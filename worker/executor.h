@@ -7,6 +7,7 @@
 #ifndef GPIPE_WORKER_EXECUTOR_H_
 #define GPIPE_WORKER_EXECUTOR_H_
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -169,6 +170,11 @@ class Executor {
   // The store of the assignment's checkpoint transport.
   absl::StatusOr<StageFileStore*> FilesFor(const gpipe::v1::Assignment& a);
   bool cancelled(const Run& run) const;
+  // The budget that host tensors are held to: none (0) on a GPU worker, whose
+  // stages' tensors are the device's.
+  int64_t HostBudget() const {
+    return device_ == Device::kCpu ? std::max<int64_t>(0, memory_budget_) : 0;
+  }
   // AcceptUpstream's part for a reduction link of the current assignment.
   absl::Status AcceptReplicaLocked(int64_t from_replica,
                                    std::shared_ptr<Link> link);

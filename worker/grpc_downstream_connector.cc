@@ -8,7 +8,6 @@
 #include "absl/time/time.h"
 #include "services/core/bytes.h"
 #include "services/core/log.h"
-#include "services/core/status.h"
 #include "services/nn/layer_spec.h"
 #include "services/pipeline/job_spec.h"
 #include "services/transport/resolve.h"
