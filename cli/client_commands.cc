@@ -408,8 +408,9 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
 
 // The bubble the job's schedule has in theory, and each worker's for the
 // cut it runs, for the K stages and the micro-batches each replica runs now
-// (an elastic job may run fewer stages or replicas than its spec). The
-// cut's figures are simulated once per cut: `cut` keeps the last.
+// (an elastic job may run fewer stages or replicas than its spec): the
+// controller's from the stages' measured times once it has them, before
+// that the cost model's, simulated once per cut (`cut` keeps the last).
 struct CutFigures {
   std::vector<int64_t> balance;
   int64_t micro_batches = 0;
@@ -431,6 +432,13 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
   std::vector<int64_t> balance;
   for (const gpipe::v1::StageStatus& st : s.stages())
     balance.push_back(st.layer_end() - st.layer_begin());
+  // The controller's figures from the stages' measured times, once it has
+  // them; the cost model's on its nominal machine before.
+  const int64_t k = s.stages_size() / v;
+  if (s.cut_bubbles_size() == k && k > 0) {
+    return BubbleTheoryText(kind, k, m, v,
+                            {s.cut_bubbles().begin(), s.cut_bubbles().end()});
+  }
   if (balance != cut.balance || m != cut.micro_batches ||
       replicas != cut.replicas) {
     cut.balance = balance;
@@ -439,7 +447,7 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
     cut.bubbles = CutBubbles(spec, kind, RematFromSpec(spec.pipeline().remat()),
                              balance, m, v, spec.batch_size() / replicas);
   }
-  return BubbleTheoryText(kind, s.stages_size() / v, m, v, cut.bubbles);
+  return BubbleTheoryText(kind, k, m, v, cut.bubbles);
 }
 
 // Per-worker utilization and bubble of the last step, for the progress bar

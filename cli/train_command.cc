@@ -24,6 +24,7 @@
 #include "services/pipeline/in_process_pipeline.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/layer_profile.h"
+#include "services/pipeline/measured_cut.h"
 #include "services/pipeline/memory_model.h"
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/partitioner.h"
@@ -186,11 +187,39 @@ int64_t ReplicaMicroBatches(InProcessPipeline& pipeline) {
          std::max<int64_t>(1, pipeline.replica_count());
 }
 
+// The bubble each worker's stages explain: the schedule simulated on the
+// times they measured over the steps their timelines keep (the cost
+// model's nominal machine misprices some layers by several times). Empty
+// until every stage has kept kMeasuredSteps steps.
+std::vector<double> MeasuredCutBubbles(InProcessPipeline& pipeline,
+                                       const std::vector<PhaseTicks>& ticks) {
+  // The first step places the activations in the heap; the median of
+  // three steps no longer reads it.
+  constexpr size_t kMeasuredSteps = 3;
+  const int64_t g_count =
+      pipeline.worker_count() * pipeline.chunks_per_worker();
+  const int64_t m = ReplicaMicroBatches(pipeline);
+  std::vector<StageCost> stages;
+  for (int64_t g = 0; g < g_count; ++g) {
+    const std::vector<StepTimeline> steps =
+        pipeline.stage(g).timeline().Steps();
+    if (steps.size() < kMeasuredSteps) return {};
+    std::optional<StageCost> cost = MeasuredStageCost(steps, m);
+    if (!cost) return {};
+    stages.push_back(*cost);
+  }
+  return SimulatedBubbles(stages, pipeline.schedule(), m,
+                          pipeline.chunks_per_worker(), ticks);
+}
+
 // Each worker's utilization and bubble in the pipeline's last step (replica
 // 0's; a worker of several chunks is busy for their busy time together)
-// and the schedule's theory, as `gpipectl local` shows a cluster's.
+// and the schedule's theory, as `gpipectl local` shows a cluster's, with
+// the cut's bubble from the stages' measured times (the cost model's,
+// `cut`, until they have them).
 std::string PipelineFigures(InProcessPipeline& pipeline,
-                            const std::vector<double>& cut) {
+                            const std::vector<double>& cut,
+                            const std::vector<PhaseTicks>& ticks) {
   const int64_t k = pipeline.worker_count();
   const int64_t v = pipeline.chunks_per_worker();
   if (k < 2) return "";
@@ -210,8 +239,10 @@ std::string PipelineFigures(InProcessPipeline& pipeline,
     workers.push_back({u, 1.0 - u});
   }
   const int64_t m = ReplicaMicroBatches(pipeline);
+  const std::vector<double> measured = MeasuredCutBubbles(pipeline, ticks);
   return StageFiguresLine(workers,
-                          BubbleTheoryText(pipeline.schedule(), k, m, v, cut));
+                          BubbleTheoryText(pipeline.schedule(), k, m, v,
+                                           measured.empty() ? cut : measured));
 }
 
 }  // namespace
@@ -443,13 +474,23 @@ int RunTrain(const std::vector<std::string>& args) {
     Progress progress(spec->steps(), stderr, first_step);
     const StepPlan plan = StepPlan::FromSpec(*spec);
     // The bubble the cost model predicts for the pipeline's cut, beside
-    // the schedule's theory: once, the cut does not change.
+    // the schedule's theory, until the stages have measured theirs: once,
+    // the cut does not change. ZB-V's order is the cost model's.
     std::vector<double> cut;
+    std::vector<PhaseTicks> ticks;
     if (pipeline != nullptr && pipeline->worker_count() > 1) {
       cut = CutBubbles(
           *spec, pipeline->schedule(), pipeline->remat(), pipeline->balance(),
           ReplicaMicroBatches(*pipeline), pipeline->chunks_per_worker(),
           spec->batch_size() / std::max<int64_t>(1, pipeline->replica_count()));
+      if (pipeline->schedule() == ScheduleKind::kZeroBubbleV) {
+        if (absl::StatusOr<ModelShapes> shapes =
+                InferModelShapes(spec->model());
+            shapes.ok()) {
+          ticks =
+              CostModelTicks(*shapes, pipeline->balance(), pipeline->remat());
+        }
+      }
     }
     while (t.step() < spec->steps()) {
       absl::StatusOr<StepReport> r = t.Step();
@@ -458,7 +499,7 @@ int RunTrain(const std::vector<std::string>& args) {
         return Fail(r.status());
       }
       if (pipeline != nullptr)
-        progress.SetSuffix(PipelineFigures(*pipeline, cut));
+        progress.SetSuffix(PipelineFigures(*pipeline, cut, ticks));
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
       if (interrupted && t.step() < spec->steps()) break;
       if (plan.EvaluatesAfter(t.step())) {

@@ -223,6 +223,12 @@ std::vector<int64_t> LayerClasses(const gpipe::v1::ModelSpec& model,
 double PredictStepSeconds(const RebalanceInput& in,
                           const std::vector<int64_t>& balance,
                           const std::vector<std::string>& workers) {
+  return SimulateCut(in, balance, workers).step_seconds;
+}
+
+SimulationResult SimulateCut(const RebalanceInput& in,
+                             const std::vector<int64_t>& balance,
+                             const std::vector<std::string>& workers) {
   const std::vector<double> no_seconds(in.costs.layers.size(), 0.0);
   SimulationConfig config;
   config.stages = StageCostsFromLayers(*in.shapes, no_seconds, balance,
@@ -261,7 +267,7 @@ double PredictStepSeconds(const RebalanceInput& in,
   // them the cost model's phase times).
   if (in.schedule == ScheduleKind::kZeroBubbleV)
     config.order_ticks = CostModelTicks(*in.shapes, balance, in.remat);
-  return Simulate(config).step_seconds;
+  return Simulate(config);
 }
 
 std::string CutKey(const std::vector<int64_t>& balance,

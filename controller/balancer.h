@@ -138,8 +138,12 @@ struct RebalanceProposal {
   std::string reason;                // layer_costs | worker_speeds
 };
 
-// The simulator's step time of `balance` with stage s on workers[s], its
-// layers' updates at the step's end included.
+// The simulation of `balance` with stage s on workers[s] at the measured
+// layer costs, its layers' updates at the step's end included.
+SimulationResult SimulateCut(const RebalanceInput& in,
+                             const std::vector<int64_t>& balance,
+                             const std::vector<std::string>& workers);
+// SimulateCut's step time.
 double PredictStepSeconds(const RebalanceInput& in,
                           const std::vector<int64_t>& balance,
                           const std::vector<std::string>& workers);

@@ -59,6 +59,9 @@ constexpr absl::Duration kParkingWait = absl::Seconds(3);
 constexpr absl::Duration kMaxRestartBackoff = absl::Seconds(30);
 constexpr std::string_view kCheckpointStoreFull = "CheckpointStoreFull";
 
+// A change of the cut's bubble that is news to the workers' gauges: the
+// measured layer times move a little every estimate.
+constexpr double kCutBubbleMoves = 0.01;
 constexpr int64_t kDefaultPageSize = 100;
 constexpr int64_t kMaxPageSize = 1000;
 // The stall watchdog (pipeline.stall_timeout_ms) and its quarantine, which
@@ -1079,6 +1082,31 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
   Reschedule(now);
 }
 
+void Controller::SendCutBubbles(JobRecord& job,
+                                const std::vector<double>& bubbles) {
+  v1::JobStatus& status = job.status();
+  const bool changed = !std::equal(
+      bubbles.begin(), bubbles.end(), status.cut_bubbles().begin(),
+      status.cut_bubbles().end(),
+      [](double a, double b) { return std::abs(a - b) < kCutBubbleMoves; });
+  if (!changed) return;
+  status.mutable_cut_bubbles()->Assign(bubbles.begin(), bubbles.end());
+  // A worker's chunks share its bubble: the message goes to the worker of
+  // each chunk 0, stage w of the K workers (all schedules place it there).
+  const int64_t workers = static_cast<int64_t>(bubbles.size());
+  for (const v1::StageStatus* stage : job.AllStages()) {
+    const int64_t w = stage->stage();
+    if (w >= workers) continue;
+    std::shared_ptr<WorkerRecord> worker = workers_.Find(stage->worker_id());
+    if (worker == nullptr || worker->info.job_id() != job.id()) continue;
+    v1::ControllerMessage m;
+    m.mutable_cut_bubble()->set_job_id(job.id());
+    m.mutable_cut_bubble()->set_epoch(status.epoch());
+    m.mutable_cut_bubble()->set_predicted_bubble(bubbles[w]);
+    WorkerRegistry::Send(*worker, std::move(m));
+  }
+}
+
 void Controller::ReleaseStages(JobRecord& job, const std::string& why,
                                const WorkerRecord* except) {
   for (const v1::StageStatus* stage : job.AllStages()) {
@@ -1127,6 +1155,7 @@ void Controller::RestartOrFail(JobRecord& job, std::string_view reason,
   status.set_state(v1::RESTARTING);
   status.clear_stages();
   status.clear_replica_stages();
+  status.clear_cut_bubbles();
   job.merging = false;
   job.checkpointing.clear();
   job.waiting_since = now;
@@ -1501,9 +1530,12 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
   // simulator's every kPredictEvery (it re-estimates the costs).
   if (job->step_seconds > 0 && last_stage && p.replica() == 0) {
     constexpr int64_t kPredictEvery = 20;
-    const double predicted =
-        job->step_reports % kPredictEvery == 0 ? PredictedStepSeconds(*job) : 0;
+    CutPrediction prediction;
+    if (job->step_reports % kPredictEvery == 0)
+      prediction = PredictRunningCut(*job);
+    const double predicted = prediction.step_seconds;
     if (predicted > 0) status.set_predicted_step_seconds(predicted);
+    if (!prediction.bubbles.empty()) SendCutBubbles(*job, prediction.bubbles);
     if (options_.metrics != nullptr) {
       options_.metrics->ObserveStepTime(job->id(), job->step_seconds,
                                         predicted);

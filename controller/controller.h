@@ -241,6 +241,11 @@ class Controller {
   void LoseWorker(const std::shared_ptr<WorkerRecord>& worker, absl::Status end,
                   std::string_view why, bool disconnect, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the running cut's bubbles by the stages' measured times
+  // (JobStatus.cut_bubbles) and hands each worker its own, when one moved
+  // by kCutBubbleMoves or more since the last.
+  void SendCutBubbles(JobRecord& job, const std::vector<double>& bubbles)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Cancels the stages of `job` (all but `except`, which is gone or failed)
   // and frees their workers.
   void ReleaseStages(JobRecord& job, const std::string& why,

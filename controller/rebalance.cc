@@ -367,11 +367,12 @@ void RecoverRebalanceState(JobRecord& job) {
   job.revert_pending = SlowerThanBefore(r);
 }
 
-double PredictedStepSeconds(const JobRecord& job) {
-  if (job.model_shapes == nullptr) return 0;
+CutPrediction PredictRunningCut(const JobRecord& job) {
+  if (job.model_shapes == nullptr) return {};
   const RebalanceInput in = Input(job);
-  if (!in.costs.complete || in.balance.empty()) return 0;
-  return PredictStepSeconds(in, in.balance, in.workers);
+  if (!in.costs.complete || in.balance.empty()) return {};
+  const SimulationResult r = SimulateCut(in, in.balance, in.workers);
+  return {r.step_seconds, WorkerBubbles(r)};
 }
 
 }  // namespace gpipe::controller

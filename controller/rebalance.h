@@ -11,6 +11,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "controller/job_table.h"
@@ -52,9 +53,16 @@ std::optional<std::string> MeasureRepartition(JobRecord& job);
 // read from status.repartitions, which the job store keeps).
 void RecoverRebalanceState(JobRecord& job);
 
-// The simulator's step time of the running cut from what the job measured
-// (0 while a stage lacks measurements): the gauge next to the measured one.
-double PredictedStepSeconds(const JobRecord& job);
+// The simulator's figures for the running cut from what the job measured:
+// its step time (the gauge next to the measured one) and each worker's
+// bubble (the cut's bubble the alert allows, by the stages' own times
+// rather than the cost model's nominal machine). Zero and empty while a
+// stage lacks measurements.
+struct CutPrediction {
+  double step_seconds = 0;
+  std::vector<double> bubbles;  // stage 0's worker first
+};
+CutPrediction PredictRunningCut(const JobRecord& job);
 
 }  // namespace gpipe::controller
 

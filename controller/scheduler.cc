@@ -106,6 +106,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   status.set_running_replicas(replicas);
   status.clear_stages();
   status.clear_replica_stages();
+  status.clear_cut_bubbles();
   job.replicas = replicas;
   job.start_step = start_step;
   job.stage_steps.assign(k * replicas, start_step);

@@ -117,6 +117,10 @@ void Agent::Session(Executor* executor) {
         executor->Start(in.assignment());
       } else if (in.has_cancel()) {
         executor->Cancel(in.cancel().job_id(), in.cancel().epoch());
+      } else if (in.has_cut_bubble()) {
+        executor->SetCutBubble(in.cut_bubble().job_id(),
+                               in.cut_bubble().epoch(),
+                               in.cut_bubble().predicted_bubble());
       }
     }
   }

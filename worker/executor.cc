@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <optional>
@@ -63,6 +64,10 @@ struct Executor::Run {
   // checked its memory.
   int64_t segment_room = -1;
   int64_t need = 0;  // CheckMemory's, set with segment_room
+  // The stages' metrics once made (null without a metrics server), for
+  // SetCutBubble; and the last bubble it gave, for metrics made after it.
+  std::vector<std::shared_ptr<StageMetrics>> metrics;
+  std::optional<double> cut_bubble;
 };
 
 namespace {
@@ -357,6 +362,18 @@ void Executor::Cancel(const std::string& job_id, int64_t epoch) {
   StopLocked(lock);
 }
 
+void Executor::SetCutBubble(const std::string& job_id, int64_t epoch,
+                            double bubble) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (current_ == nullptr || current_->assignment.job_id() != job_id ||
+      current_->assignment.epoch() != epoch || !std::isfinite(bubble)) {
+    return;
+  }
+  current_->cut_bubble = std::clamp(bubble, 0.0, 1.0);
+  for (const std::shared_ptr<StageMetrics>& m : current_->metrics)
+    m->SetPredictedBubble(*current_->cut_bubble);
+}
+
 void Executor::CancelAll() {
   std::unique_lock<std::mutex> lock(mu_);
   StopLocked(lock);
@@ -576,8 +593,13 @@ void Executor::Execute(std::shared_ptr<Run> run) {
       c->metrics->StartAt(a.start_step());
       // A worker's chunks share its predicted bubble, as their measured
       // one is the worker's.
-      if (a.has_predicted_bubble())
+      std::lock_guard<std::mutex> lock(mu_);
+      if (run->cut_bubble) {
+        c->metrics->SetPredictedBubble(*run->cut_bubble);
+      } else if (a.has_predicted_bubble()) {
         c->metrics->SetPredictedBubble(a.predicted_bubble());
+      }
+      run->metrics.push_back(c->metrics);
     }
   }
   const auto run_stage = [&]() -> absl::Status {

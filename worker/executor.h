@@ -49,6 +49,11 @@ class Executor {
   // Cancels the assignment of (job, epoch) if it is the current one.
   void Cancel(const std::string& job_id, int64_t epoch);
   void CancelAll();
+  // The bubble the controller computed for this worker from the running
+  // cut's measured stage times (CutBubble), for the assignment of (job,
+  // epoch) if it is the current one: the predicted-bubble gauge's value
+  // from now on.
+  void SetCutBubble(const std::string& job_id, int64_t epoch, double bubble);
 
   // The Exchange handler offers the server end of an upstream link (from
   // stage - 1 of this worker's replica, for each stage it runs: one, or the

@@ -488,6 +488,10 @@ std::vector<double> CutBubbles(const gpipe::v1::JobSpec& spec,
   const SimulationResult r =
       CostModelSimulation(*shapes, balance, m, kind, v, remat, batch,
                           UpdateTraffic(spec.optimizer()));
+  return WorkerBubbles(r);
+}
+
+std::vector<double> WorkerBubbles(const SimulationResult& r) {
   if (!r.complete) return {};
   std::vector<double> bubbles;
   for (const StageSimulation& w : r.stages)

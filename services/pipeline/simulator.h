@@ -112,6 +112,8 @@ struct SimulationResult {
 // Requires at least one stage and micro_batches >= 1, non-negative costs
 // and a positive bandwidth (the planner's inputs; not user-facing).
 SimulationResult Simulate(const SimulationConfig& config);
+// A simulation's bubble of each worker; empty when it did not complete.
+std::vector<double> WorkerBubbles(const SimulationResult& r);
 
 // The bubble fraction of `schedule` on K equal workers with M micro-batches
 // (a worker's forward 1, backward 2, split into input and weight halves of

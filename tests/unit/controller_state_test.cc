@@ -1701,6 +1701,55 @@ class RebalanceTest : public ControllerStateTest {
   }
 };
 
+// Once every stage has sent its layer times, the controller simulates the
+// running cut on them: each worker is told the bubble its stage's measured
+// times explain (replacing the cost model's), and the status shows them.
+TEST_F(RebalanceTest, TheCutsBubbleComesFromTheStagesMeasuredTimes) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
+  v1::JobSpec spec = RebalancingSpec();
+  spec.mutable_pipeline()->mutable_rebalance()->set_after_steps(1000);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::optional<v1::Assignment> a0 = Assignment(*w1), a1 = Assignment(*w2);
+  ASSERT_TRUE(a0 && a1);
+  const auto cut_bubble = [&](WorkerRecord& w) -> std::optional<double> {
+    std::optional<double> last;
+    for (;;) {
+      Outgoing out = controller_->NextMessage(w, absl::ZeroDuration());
+      if (!out.message.has_value()) return last;
+      if (out.message->has_cut_bubble()) {
+        EXPECT_EQ(out.message->cut_bubble().job_id(), job->id());
+        EXPECT_EQ(out.message->cut_bubble().epoch(), a0->epoch());
+        last = out.message->cut_bubble().predicted_bubble();
+      }
+    }
+  };
+  // Too few reports: the cost model's bubble stands.
+  Run(*a0, *a1, *w1, *w2, 0, 10, 6.0);
+  EXPECT_EQ(Status(job->id()).cut_bubbles_size(), 0);
+  EXPECT_FALSE(cut_bubble(*w1).has_value());
+  // Stage 1's layers cost 6x stage 0's: stage 0's worker idles most of
+  // the step, by the times measured.
+  Run(*a0, *a1, *w1, *w2, 10, 20, 6.0);
+  const v1::JobStatus s = Status(job->id());
+  ASSERT_EQ(s.cut_bubbles_size(), 2);
+  EXPECT_GT(s.cut_bubbles(0), 0.5);
+  EXPECT_LT(s.cut_bubbles(1), s.cut_bubbles(0));
+  const std::optional<double> b1 = cut_bubble(*w1), b2 = cut_bubble(*w2);
+  ASSERT_TRUE(b1 && b2);
+  EXPECT_EQ(*b1, s.cut_bubbles(0));
+  EXPECT_EQ(*b2, s.cut_bubbles(1));
+  // The same times again: nothing new to tell the workers.
+  Run(*a0, *a1, *w1, *w2, 20, 40, 6.0);
+  EXPECT_FALSE(cut_bubble(*w1).has_value());
+  // A restart drops them: the next epoch starts from the cost model's.
+  controller_->HandleMessage(
+      *w2, Failure(job->id(), a1->epoch(), 1, "Internal", "boom"));
+  const v1::JobStatus again = Status(job->id());
+  EXPECT_EQ(again.state(), v1::RESTARTING);
+  EXPECT_EQ(again.cut_bubbles_size(), 0);
+}
+
 TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(RebalancingSpec());

@@ -7,16 +7,19 @@
 #include "worker/executor.h"
 
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "controller/recovery.h"
 #include "gtest/gtest.h"
+#include "prometheus/registry.h"
 #include "services/core/status.h"
 #include "services/pipeline/job_spec.h"
 #include "services/pipeline/partitioner.h"
@@ -24,6 +27,7 @@
 #include "services/pipeline/step_plan.h"
 #include "services/storage/checkpoint_layout.h"
 #include "services/storage/safetensors.h"
+#include "services/telemetry/stage_metrics.h"
 #include "services/transport/in_process_link.h"
 #include "tests/support/worker_reports.h"
 
@@ -655,6 +659,60 @@ TEST_F(ExecutorTest, ZeroBubbleVPhaseTimesThatAreNotASetPerStageAreRefused) {
               std::string::npos)
         << all[0].failed().message();
   }
+}
+
+// The bubble gauge a worker exports for its cut: the assignment's (the
+// cost model's) until the controller sends the one the stages' measured
+// times explain, which replaces it for that assignment only.
+TEST(ExecutorCutBubbleTest, TheControllersMeasuredBubbleReplacesTheCostModels) {
+  auto spec = ParseJobSpecJson(kSpec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->set_steps(100000);
+  prometheus::Registry registry;
+  PipelineMetrics metrics(registry);
+  Reports reports;
+  Executor executor(
+      1, [&](const gpipe::v1::WorkerMessage& m) { reports.Add(m); }, &metrics);
+  gpipe::v1::Assignment a;
+  a.set_job_id("long");
+  a.set_epoch(3);
+  *a.mutable_spec() = *spec;
+  a.set_stage(0);
+  a.set_stages(1);
+  a.set_layer_begin(0);
+  a.set_layer_end(spec->model().layers_size());
+  a.set_micro_batches(1);
+  a.set_checkpoint_transport(gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH);
+  a.set_predicted_bubble(0.4);
+  executor.Start(a);
+  const auto gauge = [&]() -> std::optional<double> {
+    for (const prometheus::MetricFamily& f : registry.Collect()) {
+      if (f.name != "gpipe_stage_bubble_predicted_ratio") continue;
+      for (const prometheus::ClientMetric& m : f.metric) {
+        for (const prometheus::ClientMetric::Label& l : m.label) {
+          if (l.name == "job" && l.value == "long") return m.gauge.value;
+        }
+      }
+    }
+    return std::nullopt;
+  };
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  bool progressed = false;
+  while (!progressed && std::chrono::steady_clock::now() < deadline) {
+    for (const auto& m : reports.All()) progressed |= m.has_progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(progressed);
+  EXPECT_EQ(gauge(), std::optional<double>(0.4));
+  executor.SetCutBubble("long", 2, 0.1);   // an older epoch's
+  executor.SetCutBubble("other", 3, 0.1);  // another job's
+  executor.SetCutBubble("long", 3, std::nan(""));
+  EXPECT_EQ(gauge(), std::optional<double>(0.4));
+  executor.SetCutBubble("long", 3, 0.25);
+  EXPECT_EQ(gauge(), std::optional<double>(0.25));
+  executor.Cancel("long", 3);
+  for (const auto& m : reports.All()) EXPECT_FALSE(m.has_failed());
 }
 
 TEST(ExecutorCancelTest, ACancelStopsComputeWithinALayerOp) {
