@@ -7,8 +7,9 @@
 # every 50 ms, once for each limit in LIMITS (default "256MiB 4GiB"),
 # alternating ROUNDS times (default 2). Prints one line a run: the limit,
 # the job's outcome, the wall time from submission to its end, each
-# worker's peak VmRSS and RssAnon in MiB, and the shared segments the
-# workers created (from their logs).
+# worker's peak VmRSS and RssAnon in MiB, the shared segments the workers
+# created and how often each worker's heap handed its free memory back
+# near the limit (both from their logs).
 #
 #   bench/worker_memory_bench.sh            # after scripts/build.sh
 #   LIMITS="292MiB" STEPS=20 ROUNDS=1 bench/worker_memory_bench.sh
@@ -66,8 +67,14 @@ PY
       anon+="$(awk -v w="$w" '$1 == w && $3 > m {m = $3} END {print m + 0}' "$work/rss.txt") "
     done
     segments=$(grep -ho "a segment of [0-9.]* [KMG]iB" "$work"/w*.log | awk '{print $4 $5}' | tr '\n' ' ')
-    printf '%s: %s in %.1f s; peak VmRSS %sMiB, peak RssAnon %sMiB; segments created %s\n' \
-      "$limit" "$outcome" "$wall" "$peaks" "$anon" "${segments:-none}"
+    # How often each worker's heap handed its free memory back before it
+    # would have grown past the limit (BeforeFirstTouch).
+    releases=""
+    for w in w0 w1 w2 w3; do
+      releases+="$({ grep -ho "handed its free memory back [0-9]* times" "$work/$w.log" || true; } | awk '{s += $6} END {print s + 0}') "
+    done
+    printf '%s: %s in %.1f s; peak VmRSS %sMiB, peak RssAnon %sMiB; segments created %s; heap handed back %stimes\n' \
+      "$limit" "$outcome" "$wall" "$peaks" "$anon" "${segments:-none}" "$releases"
   )
 }
 

@@ -140,7 +140,8 @@ std::string FlagLines(const std::vector<const char*>& names) {
     if (flag == nullptr) continue;
     std::string dashed = name;
     for (char& c : dashed) c = c == '_' ? '-' : c;
-    absl::StrAppend(&out, "  --", dashed);
+    // A one-letter flag is written as one: "-o DIR".
+    absl::StrAppend(&out, dashed.size() == 1 ? "  -" : "  --", dashed);
     const std::string def = flag->DefaultValue();
     if (!def.empty() && def != "false" && def != "0" && def != "\"\"") {
       absl::StrAppend(&out, " (default ", def, ")");

@@ -553,6 +553,7 @@ bool Executor::cancelled(const Run& run) const {
 
 void Executor::Execute(std::shared_ptr<Run> run) {
   SetComputeThreads(threads_);
+  const int64_t heap_releases = HeapReleases();
   // One execution per stage the assignment runs (its chunks); the first
   // speaks for the assignment (failures, replicas, a parked state).
   std::vector<std::unique_ptr<Execution>> xs;
@@ -722,6 +723,14 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     if (c->metrics != nullptr)
       metrics_->Finish(c->a.job_id(), c->a.stage(), c->a.replica(),
                        /*completed=*/status.ok());
+  }
+  if (const int64_t n = HeapReleases() - heap_releases; n > 0) {
+    LogInfo(
+        "stage %d of %s: the heap handed its free memory back %d times "
+        "before it would have grown past this worker's memory limit (its "
+        "blocks faulted in again each time: a limit with room to spare "
+        "avoids it)",
+        a.stage(), a.job_id(), n);
   }
   if (x.reduced_steps > 0) {
     LogInfo(

@@ -292,6 +292,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   executor.set_memory_budget(memory->stages);
+  // The heap keeps freed memory (KeepFreedMemory), and with it what it
+  // cannot reuse: near the limit it hands that back before it grows.
+  gpipe::SetResidentCeiling(memory->limit);
   if (absl::GetFlag(FLAGS_parked_state_seconds) < 1) {
     std::fprintf(stderr,
                  "gpipe-worker: --parked_state_seconds must be 1 or more\n");

@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <malloc.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -14,6 +17,7 @@
 #include <limits>
 #include <new>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -241,5 +245,46 @@ void ExplainOutOfMemory() {
 }
 
 int64_t ResidentBytes() { return ReadStatm().resident; }
+
+namespace {
+// Process-wide, as the heap it guards is: set once at start.
+std::atomic<int64_t> resident_ceiling{0};
+std::atomic<int64_t> heap_releases{0};
+}  // namespace
+
+void SetResidentCeiling(int64_t bytes) {
+  resident_ceiling.store(std::max<int64_t>(0, bytes));
+}
+
+int64_t HeapReleases() { return heap_releases.load(); }
+
+int64_t NonResidentBytes(const void* p, int64_t bytes) {
+  if (p == nullptr || bytes <= 0) return 0;
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGE_SIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(p) & ~(page - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) +
+                         static_cast<uintptr_t>(bytes) + page - 1) &
+                        ~(page - 1);
+  std::vector<unsigned char> resident((end - begin) / page);
+  if (::mincore(reinterpret_cast<void*>(begin), end - begin, resident.data()) !=
+      0) {
+    return 0;
+  }
+  int64_t fresh = 0;
+  for (unsigned char r : resident)
+    if ((r & 1) == 0) ++fresh;
+  return std::min<int64_t>(bytes, fresh * static_cast<int64_t>(page));
+}
+
+void BeforeFirstTouch(void* p, int64_t bytes) {
+  const int64_t ceiling = resident_ceiling.load(std::memory_order_relaxed);
+  if (ceiling <= 0 || bytes < kWatchedBlockBytes) return;
+  const int64_t fresh = NonResidentBytes(p, bytes);
+  if (fresh == 0) return;
+  const int64_t resident = ReadStatm().resident;
+  if (resident == 0 || resident + fresh <= ceiling) return;
+  ReleaseFreedMemory();
+  heap_releases.fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace gpipe

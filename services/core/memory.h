@@ -20,6 +20,36 @@ namespace gpipe {
 // before threads start.
 void KeepFreedMemory();
 
+// A ceiling on this process's resident memory for a heap that keeps its
+// freed memory (KeepFreedMemory): a heap that keeps freed pages also keeps
+// what it cannot reuse. jemalloc splits a freed 48 MiB block to serve a
+// 12 MiB one and maps afresh for the next 48 MiB: a worker whose tensors
+// peaked at 167 MiB (its memory model's figure) held 218 MiB of heap for
+// them in one run of two, and went 24 MiB past its --memory_limit.
+// With a ceiling, a large block whose pages are not yet resident, and would
+// take the process past it, first has the heap hand its free memory back
+// (BeforeFirstTouch). 0: none. Set once, at the top of main.
+void SetResidentCeiling(int64_t bytes);
+
+// Blocks of this size or more are watched against the ceiling; smaller
+// ones are the reserve's to cover.
+inline constexpr int64_t kWatchedBlockBytes = int64_t{4} << 20;
+
+// For a block the heap has just handed out (`bytes` at `p`, not yet
+// written): when its pages not yet resident would take this process's
+// resident memory past the ceiling, hands the heap's free memory back to
+// the kernel first (ReleaseFreedMemory; the block itself is in use and
+// stays). Pages the heap reuses are resident already, so a heap that keeps
+// reusing its blocks in steady state is never purged.
+void BeforeFirstTouch(void* p, int64_t bytes);
+
+// How often BeforeFirstTouch handed the heap back, since the process began.
+int64_t HeapReleases();
+
+// The bytes of [p, p + bytes) whose pages are not resident (mincore); 0
+// when unknown.
+int64_t NonResidentBytes(const void* p, int64_t bytes);
+
 // This process's minor page faults so far (getrusage): first touches of
 // memory, which a measurement in steady state should not time.
 int64_t MinorPageFaults();

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/core/bytes.h"
+#include "services/core/memory.h"
 #include "services/tensor/device.h"
 
 namespace gpipe {
@@ -23,6 +24,8 @@ void* CpuAllocator::Allocate(size_t bytes) {
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (p == nullptr) throw std::bad_alloc();
+  if (rounded >= static_cast<size_t>(kWatchedBlockBytes))
+    BeforeFirstTouch(p, static_cast<int64_t>(rounded));
   return p;
 }
 

@@ -172,6 +172,9 @@ grep -q -- "usage: gpipectl train JOB.json" <<<"$help" || fail "gpipectl train -
 ! grep -q -- "--controller" <<<"$help" || fail "gpipectl train --help lists a client flag"
 help=$("$gpipectl" help fetch)
 grep -q -- "--step" <<<"$help" || fail "gpipectl help fetch lacks --step: $help"
+# A one-letter flag is shown as it is written, "-o DIR", not "--o".
+grep -qE -- "^  -o$" <<<"$help" || fail "gpipectl help fetch lacks -o: $help"
+! grep -q -- "--o$" <<<"$help" || fail "gpipectl help fetch shows --o: $help"
 # A flag's value before the command is no command ("unknown command
 # '127.0.0.1:1'", exit 0); a command there is none of exits 2.
 help=$("$gpipectl" --controller 127.0.0.1:1 status --help) ||
