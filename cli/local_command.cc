@@ -181,9 +181,9 @@ constexpr int kMaxReplacements = 10;
 // workers' default, and 100 workers each advertised the whole machine.
 constexpr int64_t kLeastWorkerMemory = int64_t{128} << 20;
 
-// Why `workers` workers cannot share this machine's memory, or OK.
-absl::Status WorkerShareError(int64_t workers) {
-  const int64_t shared = SharedMemoryLimit();
+// Why `workers` workers cannot share `shared` bytes (this machine's
+// memory, or this process's cgroup limit: SharedMemoryLimit), or OK.
+absl::Status WorkerShareError(int64_t workers, int64_t shared) {
   const int64_t each = shared / std::max<int64_t>(workers, 1);
   if (each >= kLeastWorkerMemory) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
@@ -239,7 +239,7 @@ class LocalCluster {
   }
 
   absl::Status StartWorkers(const std::string& binary, int64_t count,
-                            int threads_each) {
+                            int threads_each, int64_t shared_memory) {
     worker_binary_ = binary;
     threads_each_ = threads_each;
     // The workers share this machine: each may use its share of the
@@ -250,7 +250,7 @@ class LocalCluster {
     // own mappings (not this process's), as without --memory_limit.
     // (A share too small for a worker is refused before anything starts:
     // WorkerShareError.)
-    memory_each_ = SharedMemoryLimit() / std::max<int64_t>(count, 1);
+    memory_each_ = shared_memory / std::max<int64_t>(count, 1);
     if (AddressSpaceLimit() <= memory_each_) memory_each_ = 0;
     for (int64_t i = 0; i < count; ++i) {
       RETURN_IF_ERROR(StartWorker(absl::StrCat(i), i));
@@ -665,7 +665,10 @@ int RunLocal(const std::vector<std::string>& args) {
                            ReplicaCount(*spec), " replicas)")
             : " stages")));
   }
-  if (absl::Status s = WorkerShareError(workers); !s.ok()) return Fail(s);
+  // Read once: the check and the workers' shares agree.
+  const int64_t shared_memory = SharedMemoryLimit();
+  if (absl::Status s = WorkerShareError(workers, shared_memory); !s.ok())
+    return Fail(s);
   const int threads = absl::GetFlag(FLAGS_threads) > 0
                           ? absl::GetFlag(FLAGS_threads)
                           : gpipe::AvailableCores();
@@ -714,7 +717,10 @@ int RunLocal(const std::vector<std::string>& args) {
     cluster_options.first_port = *first_port;
     LocalCluster cluster(std::move(cluster_options));
     absl::Status s = cluster.StartController(*controller_bin);
-    if (s.ok()) s = cluster.StartWorkers(*worker_bin, workers, threads_each);
+    if (s.ok()) {
+      s = cluster.StartWorkers(*worker_bin, workers, threads_each,
+                               shared_memory);
+    }
     if (!s.ok()) {
       if (!absl::IsCancelled(s)) Fail(s);
       keep_logs = !absl::IsCancelled(s);

@@ -22,8 +22,9 @@ struct WorkerFigures {
 
 // " (zb-h1 theory 4%, this cut 16% 6%)": the bubble `kind` has in theory on
 // K equal workers of v chunks each with M micro-batches (TheoreticalBubble)
-// and, when given, each worker's for the cut it runs (CutBubbles): what the
-// measured bubbles are read against. Empty for fewer than two workers.
+// and, when given, each worker's for the cut it runs (from the stages'
+// measured times, SimulatedBubbles, or the cost model's, CutBubbles): what
+// the measured bubbles are read against. Empty for fewer than two workers.
 std::string BubbleTheoryText(ScheduleKind kind, int64_t k, int64_t m, int64_t v,
                              const std::vector<double>& cut = {});
 

@@ -215,6 +215,7 @@ absl::Status Controller::Recover() {
     if (ran) job.recovery_began = now;
     status.clear_stages();
     status.clear_replica_stages();
+    status.clear_cut_bubbles();
     status.set_running_stages(0);
     job.waiting_since = now;
     RecoverRebalanceState(job);
@@ -573,6 +574,7 @@ absl::StatusOr<v1::Job> Controller::ResumeJob(
   status.clear_finished();
   status.clear_stages();
   status.clear_replica_stages();
+  status.clear_cut_bubbles();
   status.set_restarts(0);
   status.set_step(from);
   // This run's time starts when it is scheduled again (ScheduleJobs): the
@@ -1556,6 +1558,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     st.set_bubble_seconds(p.bubble_seconds());
     st.set_peak_activation_bytes(p.peak_activation_bytes());
     st.set_data_plane(p.data_plane());
+    st.set_data_plane_refused(
+        std::string(Utf8Prefix(p.data_plane_refused(), 512)));
     st.set_segment_bytes(p.segment_bytes());
   }
   const int64_t step =

@@ -66,13 +66,21 @@ void RunningCut(const v1::JobStatus& status, std::vector<int64_t>* balance,
   }
 }
 
+// The micro-batches each replica's pipeline runs a step.
+int64_t ReplicaMicroBatches(const JobRecord& job) {
+  return std::max<int64_t>(
+      1, MicroBatchCount(job.job.spec()) / std::max<int64_t>(1, job.replicas));
+}
+
 RebalanceInput Input(const JobRecord& job) {
   const v1::JobSpec& spec = job.job.spec();
   RebalanceInput in;
   in.shapes = job.model_shapes.get();
-  in.micro_batches = MicroBatchCount(spec);
-  in.micro_batch_size =
-      (spec.batch_size() + in.micro_batches - 1) / in.micro_batches;
+  // Each replica's pipeline runs its share: R = 2 of M = 4 is the bubble
+  // of two micro-batches, not four.
+  in.micro_batches = ReplicaMicroBatches(job);
+  const int64_t m = MicroBatchCount(spec);
+  in.micro_batch_size = (spec.batch_size() + m - 1) / m;
   in.schedule = ScheduleFromSpec(spec.pipeline().schedule());
   in.virtual_stages = VirtualStageCount(spec);
   in.remat = RematFromSpec(spec.pipeline().remat());
@@ -154,7 +162,7 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
     const v1::JobSpec& spec = job.job.spec();
     // The update is once a step, not per micro-batch: split apart.
     seconds = LayerSecondsFromBusy(
-        std::max(0.0, p.busy_seconds() - update), MicroBatchCount(spec),
+        std::max(0.0, p.busy_seconds() - update), ReplicaMicroBatches(job),
         StageRematerializes(RematFromSpec(spec.pipeline().remat()), p.stage(),
                             status.stages_size()),
         mine);

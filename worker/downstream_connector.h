@@ -14,6 +14,14 @@
 
 namespace gpipe {
 
+// A link's data plane as agreed with the peer: its name ("cuda_ipc", "shm",
+// "grpc", "in_process"), and why a faster one was not taken ("no shared
+// memory: the peer is on another host"; empty when none was refused).
+struct AgreedPlane {
+  std::string name;
+  std::string refused;
+};
+
 class DownstreamConnector {
  public:
   virtual ~DownstreamConnector() = default;
@@ -36,8 +44,8 @@ class DownstreamConnector {
       const std::function<bool()>& cancelled) = 0;
 
   // Waits until the data plane of `link` (as Connect returned it) is agreed
-  // with the peer; returns its name for progress reports and metrics.
-  virtual absl::StatusOr<std::string> AwaitDataPlane(
+  // with the peer, for progress reports and metrics.
+  virtual absl::StatusOr<AgreedPlane> AwaitDataPlane(
       Link& link, const gpipe::v1::Assignment& a,
       const std::function<bool()>& cancelled) = 0;
 };

@@ -224,7 +224,8 @@ struct Executor::Execution {
   std::unique_ptr<Link> downstream;
   std::shared_ptr<Link> upstream;
   std::unique_ptr<MeteredLink> metered_up, metered_down;
-  std::string data_plane;  // of the link downstream, for progress
+  std::string data_plane;          // of the link downstream, for progress
+  std::string data_plane_refused;  // why not a faster one (AgreedPlane)
   // Replicas: the reduction links, dialled (to replicas above) and accepted
   // (from below), and the reduction over them.
   std::vector<std::unique_ptr<Link>> dialed_replicas;
@@ -718,7 +719,12 @@ void Executor::Execute(std::shared_ptr<Run> run) {
     if (c->upstream) c->upstream->Release();
   // Half-closes and waits for the next stage.
   for (const auto& c : xs) c->downstream.reset();
-  // The stages and their metered links are gone: nothing observes any more.
+  // The stages and their metered links are gone: nothing observes any more,
+  // and a CutBubble from now on must not bring a finished series back.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    run->metrics.clear();
+  }
   for (const auto& c : xs) {
     if (c->metrics != nullptr)
       metrics_->Finish(c->a.job_id(), c->a.stage(), c->a.replica(),
@@ -861,8 +867,10 @@ absl::Status Executor::ConnectDownstream(Execution& x) {
     if (x.run->cancelled) return absl::CancelledError("cancelled");
     x.run->downstreams.push_back(x.downstream.get());
   }
-  ASSIGN_OR_RETURN(x.data_plane, connector_->AwaitDataPlane(*x.downstream, x.a,
-                                                            is_cancelled));
+  ASSIGN_OR_RETURN(AgreedPlane plane, connector_->AwaitDataPlane(
+                                          *x.downstream, x.a, is_cancelled));
+  x.data_plane = std::move(plane.name);
+  x.data_plane_refused = std::move(plane.refused);
   if (x.metrics != nullptr) x.metrics->SetDataPlane(x.data_plane);
   return absl::OkStatus();
 }
@@ -1263,6 +1271,7 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   p->set_bubble_seconds(std::max(0.0, t.bubble_seconds() - others));
   p->set_peak_activation_bytes(r.peak_activation_bytes);
   p->set_data_plane(x.data_plane);
+  p->set_data_plane_refused(x.data_plane_refused);
   if (x.downstream != nullptr)
     p->set_segment_bytes(x.downstream->mapped_bytes());
   if (const LayerTiming* timing = x.stage->layer_timing()) {

@@ -184,7 +184,7 @@ absl::StatusOr<std::unique_ptr<Link>> GrpcDownstreamConnector::Dial(
   return connected;
 }
 
-absl::StatusOr<std::string> GrpcDownstreamConnector::AwaitDataPlane(
+absl::StatusOr<AgreedPlane> GrpcDownstreamConnector::AwaitDataPlane(
     Link& link, const gpipe::v1::Assignment& a,
     const std::function<bool()>& cancelled) {
   ExchangeLink& exchange = static_cast<ExchangeClientLink&>(link).link();
@@ -203,7 +203,14 @@ absl::StatusOr<std::string> GrpcDownstreamConnector::AwaitDataPlane(
               : std::string(),
           refusal.empty() ? std::string()
                           : absl::StrCat(": ", refusal.ToString()));
-      return std::string(DataPlaneName(*plane));
+      AgreedPlane agreed{std::string(DataPlaneName(*plane)),
+                         refusal.ToString()};
+      // Not offered at all: this worker's own flag said so.
+      if (agreed.refused.empty() && *plane == DataPlaneKind::kGrpc &&
+          data_plane_.mode == DataPlaneMode::kGrpc) {
+        agreed.refused = "this worker runs --data_plane grpc";
+      }
+      return agreed;
     }
     if (!absl::IsDeadlineExceeded(plane.status())) return plane.status();
     if (cancelled()) return absl::CancelledError("cancelled");

@@ -30,7 +30,7 @@ class GrpcDownstreamConnector final : public DownstreamConnector {
       const std::function<bool()>& cancelled) override;
   // The next stage's answer to the offer, in short waits so that a cancel
   // is noticed; logged with why a faster plane was refused.
-  absl::StatusOr<std::string> AwaitDataPlane(
+  absl::StatusOr<AgreedPlane> AwaitDataPlane(
       Link& link, const gpipe::v1::Assignment& a,
       const std::function<bool()>& cancelled) override;
 

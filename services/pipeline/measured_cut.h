@@ -18,7 +18,8 @@
 namespace gpipe {
 
 // A stage's costs per micro-batch (`micro_batches` M a step) from the
-// steps its timeline kept: each phase's median over the steps. The
+// steps its timeline kept: each phase's median over the steps (the lower
+// one of an even count: a disturbed step is only ever slower). The
 // recompute counts with the backward, so the simulation that takes these
 // costs re-materializes nothing (RematMode::kNever): the times already
 // hold it. Nothing when no step has both a forward and a backward.

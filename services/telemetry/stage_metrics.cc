@@ -145,10 +145,12 @@ PipelineMetrics::PipelineMetrics(prometheus::Registry& registry,
                        .Register(registry)),
       predicted_(prometheus::BuildGauge()
                      .Name("gpipe_stage_bubble_predicted_ratio")
-                     .Help("Bubble share the cost model predicts for the "
-                           "stage's worker on the cut the job runs: beyond "
-                           "the theory where the cut's stages are unequal "
-                           "(absent where the cut cannot be simulated)")
+                     .Help("Bubble share the cut the job runs explains for "
+                           "the stage's worker: the schedule simulated on "
+                           "the stages' measured layer times (the cost "
+                           "model's until they are in), beyond the theory "
+                           "where the cut's stages are unequal (absent "
+                           "where the cut cannot be simulated)")
                      .Register(registry)),
       micro_batch_(prometheus::BuildHistogram()
                        .Name("gpipe_microbatch_duration_seconds")

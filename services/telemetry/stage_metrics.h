@@ -68,10 +68,10 @@ class StageMetrics {
   // The data plane (services/transport/data_plane.h: "grpc", "shm", "cuda_ipc")
   // of the link to the next stage: gpipe_transport_data_plane{plane} is 1.
   void SetDataPlane(const std::string& plane);
-  // The bubble share the cost model predicts for this stage's worker on
-  // the job's cut (Assignment.predicted_bubble):
-  // gpipe_stage_bubble_predicted_ratio, which the bubble alert reads beside
-  // the schedule's theory.
+  // The bubble share the job's cut explains for this stage's worker
+  // (Assignment.predicted_bubble, the cost model's, then the controller's
+  // from the measured times, CutBubble): gpipe_stage_bubble_predicted_ratio,
+  // which the bubble alert reads beside the schedule's theory.
   void SetPredictedBubble(double ratio);
 
   const std::string& job() const { return job_; }

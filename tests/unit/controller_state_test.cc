@@ -1750,6 +1750,42 @@ TEST_F(RebalanceTest, TheCutsBubbleComesFromTheStagesMeasuredTimes) {
   EXPECT_EQ(again.cut_bubbles_size(), 0);
 }
 
+// Each of R replicas runs M / R of the step's micro-batches: the cut's
+// bubble by the measured times is that pipeline's, larger than the same
+// cut's with all M (it read M's: 20% for K=2, M=4, R=2, not 33%).
+TEST_F(RebalanceTest, AReplicasCutBubbleIsForItsShareOfTheMicroBatches) {
+  std::shared_ptr<WorkerRecord> w[4] = {Attach(1), Attach(2), Attach(3),
+                                        Attach(4)};
+  const auto bubbles = [&](int64_t replicas) {
+    v1::JobSpec spec = RebalancingSpec();
+    spec.mutable_pipeline()->mutable_rebalance()->set_after_steps(1000);
+    spec.mutable_pipeline()->set_replicas(replicas);
+    absl::StatusOr<v1::Job> job = controller_->SubmitJob(spec);
+    EXPECT_TRUE(job.ok()) << job.status();
+    if (!job.ok()) return std::vector<double>();
+    // Replica 0's stages and their workers.
+    std::optional<v1::Assignment> a[2];
+    WorkerRecord* on[2] = {nullptr, nullptr};
+    for (auto& worker : w) {
+      std::optional<v1::Assignment> got = Assignment(*worker);
+      if (got && got->replica() == 0) {
+        on[got->stage()] = worker.get();
+        a[got->stage()] = got;
+      }
+    }
+    EXPECT_TRUE(a[0] && a[1]);
+    if (!a[0] || !a[1]) return std::vector<double>();
+    Run(*a[0], *a[1], *on[0], *on[1], 0, 20, 1.0);
+    const v1::JobStatus s = Status(job->id());
+    EXPECT_TRUE(controller_->CancelJob(job->id()).ok());
+    return std::vector<double>(s.cut_bubbles().begin(), s.cut_bubbles().end());
+  };
+  const std::vector<double> one = bubbles(1), two = bubbles(2);
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(two.size(), 2u);
+  for (int i = 0; i < 2; ++i) EXPECT_GT(two[i], one[i] + 0.05) << i;
+}
+
 TEST_F(RebalanceTest, ASlowWorkerGivesUpLayersAtACheckpointAndTheJobSettles) {
   std::shared_ptr<WorkerRecord> w1 = Attach(1), w2 = Attach(2);
   absl::StatusOr<v1::Job> job = controller_->SubmitJob(RebalancingSpec());

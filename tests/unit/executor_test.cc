@@ -112,10 +112,10 @@ class InProcessConnector final : public DownstreamConnector {
       const std::function<bool()>&) override {
     return absl::UnimplementedError("one replica in this test");
   }
-  absl::StatusOr<std::string> AwaitDataPlane(
+  absl::StatusOr<AgreedPlane> AwaitDataPlane(
       Link&, const gpipe::v1::Assignment&,
       const std::function<bool()>&) override {
-    return std::string("in_process");
+    return AgreedPlane{"in_process", ""};
   }
 
  private:
