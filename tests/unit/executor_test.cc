@@ -661,6 +661,35 @@ TEST_F(ExecutorTest, ZeroBubbleVPhaseTimesThatAreNotASetPerStageAreRefused) {
   }
 }
 
+// The whole of `spec`'s model as one stage of job `job` in `epoch`.
+gpipe::v1::Assignment OneStage(const gpipe::v1::JobSpec& spec,
+                               const std::string& job, int64_t epoch) {
+  gpipe::v1::Assignment a;
+  a.set_job_id(job);
+  a.set_epoch(epoch);
+  *a.mutable_spec() = spec;
+  a.set_stage(0);
+  a.set_stages(1);
+  a.set_layer_begin(0);
+  a.set_layer_end(spec.model().layers_size());
+  a.set_micro_batches(1);
+  a.set_checkpoint_transport(gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH);
+  return a;
+}
+
+// Until the first step's report (the second step has just begun), 60 s at
+// most.
+bool AwaitProgress(Reports& reports) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (std::chrono::steady_clock::now() < deadline) {
+    for (const auto& m : reports.All())
+      if (m.has_progress()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 // The bubble gauge a worker exports for its cut: the assignment's (the
 // cost model's) until the controller sends the one the stages' measured
 // times explain, which replaces it for that assignment only.
@@ -673,16 +702,7 @@ TEST(ExecutorCutBubbleTest, TheControllersMeasuredBubbleReplacesTheCostModels) {
   Reports reports;
   Executor executor(
       1, [&](const gpipe::v1::WorkerMessage& m) { reports.Add(m); }, &metrics);
-  gpipe::v1::Assignment a;
-  a.set_job_id("long");
-  a.set_epoch(3);
-  *a.mutable_spec() = *spec;
-  a.set_stage(0);
-  a.set_stages(1);
-  a.set_layer_begin(0);
-  a.set_layer_end(spec->model().layers_size());
-  a.set_micro_batches(1);
-  a.set_checkpoint_transport(gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH);
+  gpipe::v1::Assignment a = OneStage(*spec, "long", 3);
   a.set_predicted_bubble(0.4);
   executor.Start(a);
   const auto gauge = [&]() -> std::optional<double> {
@@ -696,14 +716,7 @@ TEST(ExecutorCutBubbleTest, TheControllersMeasuredBubbleReplacesTheCostModels) {
     }
     return std::nullopt;
   };
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  bool progressed = false;
-  while (!progressed && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& m : reports.All()) progressed |= m.has_progress();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(progressed);
+  ASSERT_TRUE(AwaitProgress(reports));
   EXPECT_EQ(gauge(), std::optional<double>(0.4));
   executor.SetCutBubble("long", 2, 0.1);   // an older epoch's
   executor.SetCutBubble("other", 3, 0.1);  // another job's
@@ -736,26 +749,8 @@ TEST(ExecutorCancelTest, ACancelStopsComputeWithinALayerOp) {
   Reports reports;
   Executor executor(1,
                     [&](const gpipe::v1::WorkerMessage& m) { reports.Add(m); });
-  gpipe::v1::Assignment a;
-  a.set_job_id("long");
-  a.set_epoch(1);
-  *a.mutable_spec() = *spec;
-  a.set_stage(0);
-  a.set_stages(1);
-  a.set_layer_begin(0);
-  a.set_layer_end(spec->model().layers_size());
-  a.set_micro_batches(1);
-  a.set_checkpoint_transport(gpipe::v1::CHECKPOINT_TRANSPORT_SHARED_PATH);
-  executor.Start(a);
-  // The first step's report: the second step has just begun.
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  bool progressed = false;
-  while (!progressed && std::chrono::steady_clock::now() < deadline) {
-    for (const auto& m : reports.All()) progressed |= m.has_progress();
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ASSERT_TRUE(progressed);
+  executor.Start(OneStage(*spec, "long", 1));
+  ASSERT_TRUE(AwaitProgress(reports));
   const auto start = std::chrono::steady_clock::now();
   executor.Cancel("long", 1);  // returns once the stage's thread has ended
   const double seconds =
