@@ -1099,12 +1099,25 @@ void Executor::ClosePipelineLinks(
   }
 }
 
+namespace {
+
+// A stage's part of an evaluation: running out of memory is that part's
+// own failure (RunEval told its neighbours), which a final evaluation
+// survives with the trained model.
+absl::StatusOr<LossResult> EvalPart(Stage& stage, int64_t max_samples) {
+  try {
+    return stage.RunEval(Split::kTest, max_samples);
+  } catch (const std::bad_alloc& e) {
+    return MarkEvalFailedHere(MemoryError(e.what()));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<LossResult> Executor::Evaluate(
     const std::vector<std::unique_ptr<Execution>>& xs) {
   const int64_t max_samples = xs.front()->spec.eval().max_samples();
-  if (xs.size() == 1) {
-    return xs.front()->stage->RunEval(Split::kTest, max_samples);
-  }
+  if (xs.size() == 1) return EvalPart(*xs.front()->stage, max_samples);
   // Each chunk on a thread of its own: a chunk's batches come from a
   // chunk of the worker before, which waits for this worker's other chunks
   // in turn. A failed chunk closes every link, so none waits for it.
@@ -1116,9 +1129,7 @@ absl::StatusOr<LossResult> Executor::Evaluate(
     TensorMemoryLimit limit(TensorLimit(xs));
     AllocationsCancelledBy stop(&run->stop);
     try {
-      results[c] = xs[c]->stage->RunEval(Split::kTest, max_samples);
-    } catch (const std::bad_alloc& e) {
-      results[c] = MarkEvalFailedHere(MemoryError(e.what()));
+      results[c] = EvalPart(*xs[c]->stage, max_samples);
     } catch (const AllocationCancelled&) {
       results[c] = absl::CancelledError("cancelled while computing");
     }
@@ -1340,12 +1351,7 @@ absl::Status Executor::Finish(
       if (!stored.ok()) return CheckpointError(stored.status());
       finished[c].mutable_finished()->set_parameters_path(stored->path);
     }
-    absl::StatusOr<LossResult> eval = absl::UnknownError("not run");
-    try {
-      eval = Evaluate(xs);
-    } catch (const std::bad_alloc& e) {
-      eval = MarkEvalFailedHere(MemoryError(e.what()));  // RunEval told them
-    }
+    const absl::StatusOr<LossResult> eval = Evaluate(xs);
     if (eval.ok()) {
       for (size_t c = 0; c < xs.size(); ++c) {
         if (xs[c]->last && eval->counted > 0) {
