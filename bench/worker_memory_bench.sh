@@ -71,7 +71,8 @@ PY
     # would have grown past the limit (BeforeFirstTouch).
     releases=""
     for w in w0 w1 w2 w3; do
-      releases+="$({ grep -ho "handed its free memory back [0-9]* times" "$work/$w.log" || true; } | awk '{s += $6} END {print s + 0}') "
+      releases+="$({ grep -hoE "handed its free memory back (once|[0-9]+ times)" "$work/$w.log" || true; } |
+        awk '{s += ($6 == "once" ? 1 : $6)} END {print s + 0}') "
     done
     printf '%s: %s in %.1f s; peak VmRSS %sMiB, peak RssAnon %sMiB; segments created %s; heap handed back %stimes\n' \
       "$limit" "$outcome" "$wall" "$peaks" "$anon" "${segments:-none}" "$releases"

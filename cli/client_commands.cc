@@ -370,13 +370,13 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
     // Why a link runs on a slower plane than it could: its worker's log
     // said so, and only there.
     const auto refused = [&](const gpipe::v1::StageStatus& st) {
-      if (st.data_plane_refused().empty()) return;
+      if (st.data_plane_reason().empty()) return;
       std::printf(
           "  stage %lld%s to %lld on %s: %s\n",
           static_cast<long long>(st.stage()),
           replicas ? absl::StrCat(" (replica ", st.replica(), ")").c_str() : "",
           static_cast<long long>(st.stage() + 1), st.data_plane().c_str(),
-          st.data_plane_refused().c_str());
+          st.data_plane_reason().c_str());
     };
     for (const gpipe::v1::StageStatus& st : s.stages()) refused(st);
     for (const gpipe::v1::StageStatus& st : s.replica_stages()) refused(st);

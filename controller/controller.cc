@@ -1558,8 +1558,8 @@ void Controller::OnProgress(WorkerRecord& worker, const v1::StepProgress& p,
     st.set_bubble_seconds(p.bubble_seconds());
     st.set_peak_activation_bytes(p.peak_activation_bytes());
     st.set_data_plane(p.data_plane());
-    st.set_data_plane_refused(
-        std::string(Utf8Prefix(p.data_plane_refused(), 512)));
+    st.set_data_plane_reason(
+        std::string(Utf8Prefix(p.data_plane_reason(), 512)));
     st.set_segment_bytes(p.segment_bytes());
   }
   const int64_t step =

@@ -13,6 +13,7 @@
 #include "controller/job_status.h"
 #include "controller/placement.h"
 #include "services/pipeline/job_spec.h"
+#include "services/pipeline/measured_cut.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
@@ -109,6 +110,54 @@ bool SlowerThanBefore(const v1::Repartition& r) {
          r.old_workers_size() == r.old_balance_size();
 }
 
+// Folds one report's times of stage `index` (`seconds`: its layers', per
+// micro-batch; `update`: once a step) into the stage's running cost.
+void RecordStageCost(JobRecord& job, int64_t index,
+                     const v1::StageStatus& stage,
+                     const std::vector<LayerSeconds>& seconds, double update) {
+  if (index < 0 || index >= static_cast<int64_t>(job.stage_costs.size()))
+    return;
+  const v1::JobSpec& spec = job.job.spec();
+  const ModelShapes* shapes = job.model_shapes.get();
+  StageCost c;
+  for (size_t i = 0; i < seconds.size(); ++i) {
+    c.forward_seconds += seconds[i].forward;
+    c.backward_seconds += seconds[i].backward;
+    // A split backward's weight half, as SimulateCut counts it.
+    const int64_t l = stage.layer_begin() + static_cast<int64_t>(i);
+    if (shapes == nullptr || l >= static_cast<int64_t>(shapes->costs.size()))
+      continue;
+    const LayerCost& cost = shapes->costs[l];
+    if (cost.deferred_bytes > 0) {
+      const double share =
+          cost.forward_flops > 0
+              ? std::min(1.0, cost.weight_flops / cost.forward_flops)
+              : 1.0;
+      c.weight_seconds +=
+          std::min(seconds[i].forward * share, seconds[i].backward);
+    }
+  }
+  // The bubble's simulation re-materializes nothing: the recompute goes
+  // into the backward here.
+  if (StageRematerializes(RematFromSpec(spec.pipeline().remat()), index,
+                          static_cast<int64_t>(job.stage_costs.size()))) {
+    c.backward_seconds += c.forward_seconds;
+  }
+  c.update_seconds = update;
+  std::optional<StageCost>& running = job.stage_costs[index];
+  if (!running) {
+    running = c;
+    return;
+  }
+  const auto fold = [](double& old, double now) {
+    old += kNewest * (now - old);
+  };
+  fold(running->forward_seconds, c.forward_seconds);
+  fold(running->backward_seconds, c.backward_seconds);
+  fold(running->weight_seconds, c.weight_seconds);
+  fold(running->update_seconds, c.update_seconds);
+}
+
 std::string Millis(double seconds) {
   return absl::StrFormat("%.1f ms", seconds * 1e3);
 }
@@ -169,6 +218,7 @@ bool RecordStageTimes(JobRecord& job, const std::string& worker,
   } else {
     return false;
   }
+  RecordStageCost(job, p.stage(), *stage, seconds, update);
   if (shapes != nullptr &&
       stage->layer_end() <= static_cast<int64_t>(shapes->costs.size())) {
     std::vector<int64_t> param_bytes;
@@ -379,8 +429,23 @@ CutPrediction PredictRunningCut(const JobRecord& job) {
   if (job.model_shapes == nullptr) return {};
   const RebalanceInput in = Input(job);
   if (!in.costs.complete || in.balance.empty()) return {};
-  const SimulationResult r = SimulateCut(in, in.balance, in.workers);
-  return {r.step_seconds, WorkerBubbles(r)};
+  CutPrediction out;
+  out.step_seconds = PredictStepSeconds(in, in.balance, in.workers);
+  // The bubble from each stage's own times, as the stages ran them.
+  std::vector<StageCost> stages;
+  for (const std::optional<StageCost>& c : job.stage_costs) {
+    if (!c) return out;
+    stages.push_back(*c);
+  }
+  if (stages.size() != in.balance.size()) return out;
+  const int64_t v =
+      std::max<int64_t>(1, ChunksPerWorker(in.schedule, in.virtual_stages));
+  out.bubbles =
+      SimulatedBubbles(stages, in.schedule, in.micro_batches, v,
+                       in.schedule == ScheduleKind::kZeroBubbleV
+                           ? CostModelTicks(*in.shapes, in.balance, in.remat)
+                           : std::vector<PhaseTicks>());
+  return out;
 }
 
 }  // namespace gpipe::controller

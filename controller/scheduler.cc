@@ -118,6 +118,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   job.micro_batch_losses.clear();
   job.step_figures.clear();
   job.timed_reports.assign(k, 0);
+  job.stage_costs.assign(k, std::nullopt);
   job.proposed_balance.clear();
   job.proposed_workers.clear();
   job.proposed_reason.clear();

@@ -15,11 +15,11 @@
 namespace gpipe {
 
 // A link's data plane as agreed with the peer: its name ("cuda_ipc", "shm",
-// "grpc", "in_process"), and why a faster one was not taken ("no shared
-// memory: the peer is on another host"; empty when none was refused).
+// "grpc", "in_process"), and why not a faster one ("no shared memory: the
+// offer is from another host"; empty when nothing faster was possible).
 struct AgreedPlane {
   std::string name;
-  std::string refused;
+  std::string reason;
 };
 
 class DownstreamConnector {

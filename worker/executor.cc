@@ -224,8 +224,8 @@ struct Executor::Execution {
   std::unique_ptr<Link> downstream;
   std::shared_ptr<Link> upstream;
   std::unique_ptr<MeteredLink> metered_up, metered_down;
-  std::string data_plane;          // of the link downstream, for progress
-  std::string data_plane_refused;  // why not a faster one (AgreedPlane)
+  std::string data_plane;         // of the link downstream, for progress
+  std::string data_plane_reason;  // why not a faster one (AgreedPlane)
   // Replicas: the reduction links, dialled (to replicas above) and accepted
   // (from below), and the reduction over them.
   std::vector<std::unique_ptr<Link>> dialed_replicas;
@@ -732,11 +732,11 @@ void Executor::Execute(std::shared_ptr<Run> run) {
   }
   if (const int64_t n = HeapReleases() - heap_releases; n > 0) {
     LogInfo(
-        "stage %d of %s: the heap handed its free memory back %d times "
-        "before it would have grown past this worker's memory limit (its "
-        "blocks faulted in again each time: a limit with room to spare "
-        "avoids it)",
-        a.stage(), a.job_id(), n);
+        "stage %d of %s: the heap handed its free memory back %s before it "
+        "would have grown past this worker's memory limit (its blocks "
+        "faulted in again each time: a limit with room to spare avoids it)",
+        a.stage(), a.job_id(),
+        n == 1 ? std::string("once") : absl::StrCat(n, " times"));
   }
   if (x.reduced_steps > 0) {
     LogInfo(
@@ -870,7 +870,7 @@ absl::Status Executor::ConnectDownstream(Execution& x) {
   ASSIGN_OR_RETURN(AgreedPlane plane, connector_->AwaitDataPlane(
                                           *x.downstream, x.a, is_cancelled));
   x.data_plane = std::move(plane.name);
-  x.data_plane_refused = std::move(plane.refused);
+  x.data_plane_reason = std::move(plane.reason);
   if (x.metrics != nullptr) x.metrics->SetDataPlane(x.data_plane);
   return absl::OkStatus();
 }
@@ -1282,7 +1282,7 @@ void Executor::ReportStep(Execution& x, int64_t step, const StageStepResult& r,
   p->set_bubble_seconds(std::max(0.0, t.bubble_seconds() - others));
   p->set_peak_activation_bytes(r.peak_activation_bytes);
   p->set_data_plane(x.data_plane);
-  p->set_data_plane_refused(x.data_plane_refused);
+  p->set_data_plane_reason(x.data_plane_reason);
   if (x.downstream != nullptr)
     p->set_segment_bytes(x.downstream->mapped_bytes());
   if (const LayerTiming* timing = x.stage->layer_timing()) {

@@ -206,9 +206,9 @@ absl::StatusOr<AgreedPlane> GrpcDownstreamConnector::AwaitDataPlane(
       AgreedPlane agreed{std::string(DataPlaneName(*plane)),
                          refusal.ToString()};
       // Not offered at all: this worker's own flag said so.
-      if (agreed.refused.empty() && *plane == DataPlaneKind::kGrpc &&
+      if (agreed.reason.empty() && *plane == DataPlaneKind::kGrpc &&
           data_plane_.mode == DataPlaneMode::kGrpc) {
-        agreed.refused = "this worker runs --data_plane grpc";
+        agreed.reason = "the sending worker runs --data_plane grpc";
       }
       return agreed;
     }

@@ -182,10 +182,12 @@ absl::Status PlaneNegotiator::HandleOffer(const Frame& f) {
   PlaneRefusal refusal;
   if (f.has_cuda_ipc_offer()) refusal.cuda_ipc = cuda_refusal;
   const gpipe::v1::ShmOffer& o = f.shm_offer();
+  // Read by the upstream stage too (the answer carries it): the worker
+  // named is this one, the receiving end.
   refusal.shm = options.mode == DataPlaneMode::kGrpc
-                    ? "this worker runs --data_plane grpc"
+                    ? "the receiving worker runs --data_plane grpc"
                 : options.mode == DataPlaneMode::kCudaIpc
-                    ? "not allowed by --data_plane cuda_ipc"
+                    ? "the receiving worker runs --data_plane cuda_ipc"
                 : f.has_shm_offer() ? OfferMismatch(o, ThisHost())
                                     : std::string("no segment was offered");
   std::unique_ptr<ShmSegment> segment;
@@ -244,10 +246,10 @@ std::string PlaneNegotiator::TakeCudaIpcOffer(const Frame& f,
                                               Frame* answer) {
   if (options.mode != DataPlaneMode::kAuto &&
       options.mode != DataPlaneMode::kCudaIpc) {
-    return "not allowed by --data_plane";
+    return "the receiving worker's --data_plane does not allow it";
   }
   if (!f.has_cuda_ipc_offer()) return "no device buffer was offered";
-  if (!options.on_gpu) return "this stage does not compute on a GPU";
+  if (!options.on_gpu) return "the receiving stage does not compute on a GPU";
   const gpipe::v1::CudaIpcOffer& o = f.cuda_ipc_offer();
   if (std::string why = CudaIpcOfferMismatch(o, ThisHost(), CurrentGpuUuid());
       !why.empty()) {

@@ -43,7 +43,7 @@ for run in "fashion_mnist_mlp 2 4" "char_transformer 3 3"; do
   grep -q '"dataPlane":"shm"' "$work/$example-shm.log" ||
     fail "$example: no job status shows a stage with dataPlane shm"
   # ...and why a link runs on frames when it could have shared memory.
-  grep -q '"dataPlaneRefused":"this worker runs --data_plane grpc"' "$work/$example-grpc.log" ||
+  grep -q '"dataPlaneReason":"the sending worker runs --data_plane grpc"' "$work/$example-grpc.log" ||
     fail "$example: no job status says why a stage runs on grpc"
   echo "ok: $example, $stages stages: shm bitwise equal to grpc frames"
   passed=$((passed + 1))

@@ -359,9 +359,9 @@ TEST(PlaneNegotiatorTest, APeerOnGrpcLeavesFramesWithATypedReason) {
   EXPECT_EQ(*kind, DataPlaneKind::kGrpc);
   const PlaneRefusal r = n.up->negotiator.refusal();
   EXPECT_EQ(r.cuda_ipc, "");  // a CPU stage never considers it
-  EXPECT_EQ(r.shm, "this worker runs --data_plane grpc");
+  EXPECT_EQ(r.shm, "the receiving worker runs --data_plane grpc");
   EXPECT_EQ(r.ToString(),
-            "no shared memory: this worker runs --data_plane grpc");
+            "no shared memory: the receiving worker runs --data_plane grpc");
   EXPECT_EQ(n.up->negotiator.agreed(), nullptr);
   absl::StatusOr<DataPlane*> plane = n.up->negotiator.AwaitPlane();
   ASSERT_TRUE(plane.ok());
@@ -391,7 +391,7 @@ TEST(PlaneNegotiatorTest, ForcedSharedMemoryThatThePeerRefusesFailsSend) {
   EXPECT_TRUE(absl::IsFailedPrecondition(kind.status())) << kind.status();
   EXPECT_THAT(kind.status().message(),
               HasSubstr("--data_plane shm: the next stage cannot share memory "
-                        "with this one: this worker runs --data_plane grpc"));
+                        "with this one: the receiving worker runs --data_plane grpc"));
   EXPECT_TRUE(
       absl::IsFailedPrecondition(n.up->negotiator.AwaitPlane().status()));
 }
