@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -507,13 +509,14 @@ std::string WorkerStateName(gpipe::v1::WorkerState state) {
 // its state changes or something happens to it, a summary at the end.
 class JobFollower {
  public:
-  JobFollower(bool json, bool show_model_path)
-      : json_(json), show_model_path_(show_model_path) {}
+  JobFollower(bool json, std::optional<std::string> model_path)
+      : json_(json), model_path_(std::move(model_path)) {}
 
   void OnEvent(const gpipe::v1::JobEvent& event) {
     job_ = event.job();
     if (json_) {
-      PrintJson(event, /*pretty=*/false);
+      PrintJson(model_path_ ? WithModelPath(event, *model_path_) : event,
+                /*pretty=*/false);
       return;
     }
     const gpipe::v1::JobStatus& s = job_.status();
@@ -611,7 +614,7 @@ class JobFollower {
       std::printf("final: no evaluation: it failed after the training: %s\n",
                   s.evaluation_error().c_str());
     }
-    if (show_model_path_ && !s.model_path().empty())
+    if (!model_path_ && !s.model_path().empty())
       std::printf("model: %s\n", s.model_path().c_str());
     std::fflush(stdout);
   }
@@ -619,8 +622,27 @@ class JobFollower {
   const gpipe::v1::Job& job() const { return job_; }
 
  private:
+  // `event` naming `path` for the controller's model path (its field, and
+  // wherever its message and conditions say it); "" when the model is gone.
+  static gpipe::v1::JobEvent WithModelPath(const gpipe::v1::JobEvent& event,
+                                           const std::string& path) {
+    const std::string from = event.job().status().model_path();
+    if (from.empty()) return event;
+    const std::string to =
+        path.empty() ? "the local cluster's run directory, removed with it "
+                       "(--out DIR keeps the model)"
+                     : path;
+    gpipe::v1::JobEvent shown = event;
+    gpipe::v1::JobStatus& s = *shown.mutable_job()->mutable_status();
+    s.set_model_path(path);
+    shown.set_message(absl::StrReplaceAll(event.message(), {{from, to}}));
+    for (gpipe::v1::Condition& c : *s.mutable_conditions())
+      c.set_message(absl::StrReplaceAll(c.message(), {{from, to}}));
+    return shown;
+  }
+
   bool json_;
-  bool show_model_path_;
+  std::optional<std::string> model_path_;
   gpipe::v1::Job job_;
   bool seen_ = false;
   gpipe::v1::JobState state_ = gpipe::v1::JOB_STATE_UNSPECIFIED;
@@ -810,11 +832,10 @@ absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(const std::string& path,
   return spec;
 }
 
-absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
-                                         const std::string& job_id, bool json,
-                                         const std::function<bool()>& stop,
-                                         bool show_model_path) {
-  JobFollower follower(json, show_model_path);
+absl::StatusOr<gpipe::v1::Job> FollowJob(
+    ControllerClient& client, const std::string& job_id, bool json,
+    const std::function<bool()>& stop, std::optional<std::string> model_path) {
+  JobFollower follower(json, std::move(model_path));
   absl::Status s = client.WatchJob(
       job_id,
       [&](const gpipe::v1::JobEvent& event) { follower.OnEvent(event); }, stop);

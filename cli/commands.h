@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,12 +64,15 @@ int RunLocal(const std::vector<std::string>& args);
 // with a progress bar (plain lines when not on a terminal) and a line per
 // state change, then prints the final state, evaluation and model path
 // (with `json`: each event as one line of protobuf JSON instead). Stops early
-// when `stop` returns true. Returns the job as last seen. `show_model_path`
-// false: the controller's model path is not printed (`local` removes it).
-absl::StatusOr<gpipe::v1::Job> FollowJob(ControllerClient& client,
-                                         const std::string& job_id, bool json,
-                                         const std::function<bool()>& stop,
-                                         bool show_model_path = true);
+// when `stop` returns true. Returns the job as last seen. `model_path`: where
+// the user finds the model when that is not the controller's path (`local`
+// removes its run directory: its --out's file, or "" when the model goes
+// with the cluster): the summary does not print the controller's, and the
+// JSON events name this one instead.
+absl::StatusOr<gpipe::v1::Job> FollowJob(
+    ControllerClient& client, const std::string& job_id, bool json,
+    const std::function<bool()>& stop,
+    std::optional<std::string> model_path = std::nullopt);
 
 // The spec in `path` with --stages, --micro-batches, --replicas,
 // --schedule, --virtual-stages, --remat, --balance and --steps applied,

@@ -563,10 +563,15 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
     return cluster.ControllerEnded() != nullptr ||
            !cluster.ReplaceEndedWorkers();
   };
-  // The controller's model path outlives this command only under --keep.
+  // The controller's model path outlives this command only under --keep;
+  // else the model is where --out copies it, or nowhere.
+  std::optional<std::string> model_path;
+  if (absl::GetFlag(FLAGS_keep).empty()) {
+    const std::string out = absl::GetFlag(FLAGS_out);
+    model_path = out.empty() ? "" : out + "/model.safetensors";
+  }
   absl::StatusOr<gpipe::v1::Job> job =
-      FollowJob(client, id, json, stopped,
-                /*show_model_path=*/!absl::GetFlag(FLAGS_keep).empty());
+      FollowJob(client, id, json, stopped, std::move(model_path));
   if (!job.ok()) {
     if (ChildProcess* c = cluster.Ended(); c != nullptr) {
       Fail(LocalCluster::Died(*c));

@@ -3,8 +3,10 @@
 # host): a 2-worker and a 3-stage cluster with --data_plane shm end with
 # parameters bitwise equal to the same cluster on gRPC frames, the workers
 # say in their logs and metrics that shared memory carried the tensors (and
-# the job status says so per stage), a peer killed with -9 is noticed, and
-# nothing is left in /dev/shm. GPIPE_SHM_STEPS changes the step count.
+# the job status says so per stage, and why a link is on frames), a peer
+# killed with -9 is noticed, and nothing is left in /dev/shm. Also: local
+# --json names the model where it is once the command has ended.
+# GPIPE_SHM_STEPS changes the step count.
 #   shm_cluster_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1
@@ -49,9 +51,27 @@ for run in "fashion_mnist_mlp 2 4" "char_transformer 3 3"; do
   passed=$((passed + 1))
 done
 
+# --json without --keep: an event names the model where it is once the
+# command has ended (its --out), or nowhere (it went with the cluster),
+# not in the run directory the command removes.
+spec="$src/examples/fashion_mnist_mlp.json"
+"$bin/gpipectl" local "$spec" --workers 2 --stages 2 --steps "$steps" --json \
+  --out "$work/json-out" >"$work/json-out.log" 2>&1 ||
+  { tail -5 "$work/json-out.log"; fail "local --json --out"; }
+grep -q "\"modelPath\":\"$work/json-out/model.safetensors\"" "$work/json-out.log" ||
+  fail "local --json --out names another model path: $(grep -o '"modelPath":"[^"]*"' "$work/json-out.log" | tail -1)"
+[[ -f "$work/json-out/model.safetensors" ]] || fail "local --out wrote no model"
+"$bin/gpipectl" local "$spec" --workers 2 --stages 2 --steps "$steps" --json \
+  >"$work/json-gone.log" 2>&1 || { tail -5 "$work/json-gone.log"; fail "local --json"; }
+! grep -qE '"modelPath":"[^"]+"' "$work/json-gone.log" ||
+  fail "local --json names a model path it removes: $(grep -o '"modelPath":"[^"]*"' "$work/json-gone.log" | tail -1)"
+grep -q "removed with it (--out DIR keeps the model)" "$work/json-gone.log" ||
+  fail "local --json does not say where the model went"
+echo "ok: local --json names the model where it is after the command"
+passed=$((passed + 1))
+
 # The gauge, read from a live worker: a longer shm run, scraped while it
 # trains.
-spec="$src/examples/fashion_mnist_mlp.json"
 "$bin/gpipectl" local "$spec" --workers 2 --stages 2 --micro-batches 4 \
   --steps 100000 --threads 2 --data_plane shm --keep "$work/gauge" \
   >"$work/gauge.log" 2>&1 &
