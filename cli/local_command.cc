@@ -46,6 +46,7 @@
 #include "services/pipeline/data_resolution.h"
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
+#include "services/telemetry/trace_files.h"
 #include "services/transport/data_plane.h"
 
 ABSL_FLAG(int64_t, workers, 0,
@@ -593,8 +594,7 @@ int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
                    std::string(s.message()).c_str());
       if (job->status().state() == gpipe::v1::SUCCEEDED) return 1;
     } else if (!json) {
-      std::printf("wrote %s/trace.json and %s/timeline.svg\n", dir.c_str(),
-                  dir.c_str());
+      std::printf("wrote %s\n", TraceDirFiles(dir).c_str());
     }
   }
   if (job->status().state() != gpipe::v1::SUCCEEDED) {

@@ -230,8 +230,7 @@ int RunTrace(const std::vector<std::string>& args) {
         dir ? WriteTraceDir(*trace, path) : WriteTraceFile(*trace, path);
     if (!s.ok()) return Fail(s);
     if (dir) {
-      std::printf("wrote %s/trace.json and %s/timeline.svg\n", path.c_str(),
-                  path.c_str());
+      std::printf("wrote %s\n", TraceDirFiles(path).c_str());
     } else {
       std::printf("wrote %s\n", path.c_str());
     }

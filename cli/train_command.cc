@@ -545,8 +545,7 @@ int RunTrain(const std::vector<std::string>& args) {
   if (!trace_dir.empty()) {
     absl::Status s = WritePipelineTrace(*pipeline, *spec, trace_dir);
     if (!s.ok()) return Fail(s);
-    std::printf("wrote %s/trace.json and %s/timeline.svg\n", trace_dir.c_str(),
-                trace_dir.c_str());
+    std::printf("wrote %s\n", TraceDirFiles(trace_dir).c_str());
   }
   std::fflush(stdout);
   // A Ctrl-C from here on ends the process; one before only set the flag.

@@ -36,6 +36,15 @@ absl::Status WriteTraceFile(const gpipe::v1::GetTraceResponse& trace,
                    "trace, for Perfetto) or .svg (timeline picture)"));
 }
 
+namespace {
+std::string TraceFile(const std::string& dir) {
+  return (std::filesystem::path(dir) / "trace.json").string();
+}
+std::string TimelineFile(const std::string& dir) {
+  return (std::filesystem::path(dir) / "timeline.svg").string();
+}
+}  // namespace
+
 absl::Status WriteTraceDir(const gpipe::v1::GetTraceResponse& trace,
                            const std::string& dir) {
   std::error_code ec;
@@ -44,8 +53,12 @@ absl::Status WriteTraceDir(const gpipe::v1::GetTraceResponse& trace,
     return absl::UnavailableError(
         absl::StrCat("cannot create ", dir, ": ", ec.message()));
   }
-  RETURN_IF_ERROR(WriteTraceFile(trace, dir + "/trace.json"));
-  return WriteTraceFile(trace, dir + "/timeline.svg");
+  RETURN_IF_ERROR(WriteTraceFile(trace, TraceFile(dir)));
+  return WriteTraceFile(trace, TimelineFile(dir));
+}
+
+std::string TraceDirFiles(const std::string& dir) {
+  return absl::StrCat(TraceFile(dir), " and ", TimelineFile(dir));
 }
 
 }  // namespace gpipe

@@ -19,6 +19,9 @@ absl::Status WriteTraceFile(const gpipe::v1::GetTraceResponse& trace,
 // DIR/trace.json and DIR/timeline.svg (DIR created when missing).
 absl::Status WriteTraceDir(const gpipe::v1::GetTraceResponse& trace,
                            const std::string& dir);
+// "DIR/trace.json and DIR/timeline.svg", the files WriteTraceDir writes,
+// joined as paths ("t3/" gave "t3//trace.json").
+std::string TraceDirFiles(const std::string& dir);
 
 }  // namespace gpipe
 

@@ -117,6 +117,9 @@ python3 "$check" "$work/t.json" "$work/t.svg" --stages 3 --micro-batches 4 \
 # A range: two steps.
 run "$gpipectl" --controller "$addr" trace "$job" --steps 9..10 -o "$work/range/"
 [[ $rc -eq 0 ]] || fail "trace --steps 9..10 -o DIR/ exited $rc: $out"
+# It names the files as paths ("DIR//trace.json" before).
+grep -qF "wrote $work/range/trace.json and $work/range/timeline.svg" <<<"$out" ||
+  fail "trace -o DIR/ names its files: $out"
 python3 "$check" "$work/range/trace.json" "$work/range/timeline.svg" \
   --stages 3 --micro-batches 4 --steps 2 || fail "the trace of steps 9..10 does not check"
 
