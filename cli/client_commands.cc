@@ -443,10 +443,6 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
   for (const gpipe::v1::StageStatus& st : s.replica_stages())
     replicas = std::max(replicas, st.replica() + 1);
   const int64_t m = MicroBatchCount(spec) / replicas;
-  // The status lists the stages in model order.
-  std::vector<int64_t> balance;
-  for (const gpipe::v1::StageStatus& st : s.stages())
-    balance.push_back(st.layer_end() - st.layer_begin());
   // The controller's figures from the stages' measured times, once it has
   // them; the cost model's on its nominal machine before.
   const int64_t k = s.stages_size() / v;
@@ -454,6 +450,10 @@ std::string TheoryText(const gpipe::v1::JobSpec& spec,
     return BubbleTheoryText(kind, k, m, v,
                             {s.cut_bubbles().begin(), s.cut_bubbles().end()});
   }
+  // The status lists the stages in model order.
+  std::vector<int64_t> balance;
+  for (const gpipe::v1::StageStatus& st : s.stages())
+    balance.push_back(st.layer_end() - st.layer_begin());
   if (balance != cut.balance || m != cut.micro_batches ||
       replicas != cut.replicas) {
     cut.balance = balance;

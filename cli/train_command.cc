@@ -191,8 +191,7 @@ int64_t ReplicaMicroBatches(InProcessPipeline& pipeline) {
 // times they measured over the steps their timelines keep (the cost
 // model's nominal machine misprices some layers by several times). Empty
 // until every stage has kept kMeasuredSteps steps.
-std::vector<double> MeasuredCutBubbles(InProcessPipeline& pipeline,
-                                       const std::vector<PhaseTicks>& ticks) {
+std::vector<double> MeasuredCutBubbles(InProcessPipeline& pipeline) {
   // The first step places the activations in the heap; the median of
   // three steps no longer reads it.
   constexpr size_t kMeasuredSteps = 3;
@@ -209,7 +208,7 @@ std::vector<double> MeasuredCutBubbles(InProcessPipeline& pipeline,
     stages.push_back(*cost);
   }
   return SimulatedBubbles(stages, pipeline.schedule(), m,
-                          pipeline.chunks_per_worker(), ticks);
+                          pipeline.chunks_per_worker(), pipeline.order_ticks());
 }
 
 // Each worker's utilization and bubble in the pipeline's last step (replica
@@ -218,8 +217,7 @@ std::vector<double> MeasuredCutBubbles(InProcessPipeline& pipeline,
 // the cut's bubble from the stages' measured times (the cost model's,
 // `cut`, until they have them).
 std::string PipelineFigures(InProcessPipeline& pipeline,
-                            const std::vector<double>& cut,
-                            const std::vector<PhaseTicks>& ticks) {
+                            const std::vector<double>& cut) {
   const int64_t k = pipeline.worker_count();
   const int64_t v = pipeline.chunks_per_worker();
   if (k < 2) return "";
@@ -239,7 +237,7 @@ std::string PipelineFigures(InProcessPipeline& pipeline,
     workers.push_back({u, 1.0 - u});
   }
   const int64_t m = ReplicaMicroBatches(pipeline);
-  const std::vector<double> measured = MeasuredCutBubbles(pipeline, ticks);
+  const std::vector<double> measured = MeasuredCutBubbles(pipeline);
   return StageFiguresLine(workers,
                           BubbleTheoryText(pipeline.schedule(), k, m, v,
                                            measured.empty() ? cut : measured));
@@ -475,22 +473,13 @@ int RunTrain(const std::vector<std::string>& args) {
     const StepPlan plan = StepPlan::FromSpec(*spec);
     // The bubble the cost model predicts for the pipeline's cut, beside
     // the schedule's theory, until the stages have measured theirs: once,
-    // the cut does not change. ZB-V's order is the cost model's.
+    // the cut does not change.
     std::vector<double> cut;
-    std::vector<PhaseTicks> ticks;
     if (pipeline != nullptr && pipeline->worker_count() > 1) {
       cut = CutBubbles(
           *spec, pipeline->schedule(), pipeline->remat(), pipeline->balance(),
           ReplicaMicroBatches(*pipeline), pipeline->chunks_per_worker(),
           spec->batch_size() / std::max<int64_t>(1, pipeline->replica_count()));
-      if (pipeline->schedule() == ScheduleKind::kZeroBubbleV) {
-        if (absl::StatusOr<ModelShapes> shapes =
-                InferModelShapes(spec->model());
-            shapes.ok()) {
-          ticks =
-              CostModelTicks(*shapes, pipeline->balance(), pipeline->remat());
-        }
-      }
     }
     while (t.step() < spec->steps()) {
       absl::StatusOr<StepReport> r = t.Step();
@@ -499,7 +488,7 @@ int RunTrain(const std::vector<std::string>& args) {
         return Fail(r.status());
       }
       if (pipeline != nullptr)
-        progress.SetSuffix(PipelineFigures(*pipeline, cut, ticks));
+        progress.SetSuffix(PipelineFigures(*pipeline, cut));
       progress.Update(t.step(), r->loss, t.step() * spec->batch_size());
       if (interrupted && t.step() < spec->steps()) break;
       if (plan.EvaluatesAfter(t.step())) {

@@ -220,6 +220,16 @@ std::vector<int64_t> LayerClasses(const gpipe::v1::ModelSpec& model,
   return classes;
 }
 
+double WeightHalfSeconds(const LayerCost& cost, double forward,
+                         double backward) {
+  if (cost.deferred_bytes <= 0) return 0;
+  const double share =
+      cost.forward_flops > 0
+          ? std::min(1.0, cost.weight_flops / cost.forward_flops)
+          : 1.0;
+  return std::min(forward * share, backward);
+}
+
 double PredictStepSeconds(const RebalanceInput& in,
                           const std::vector<int64_t>& balance,
                           const std::vector<std::string>& workers) {
@@ -242,20 +252,10 @@ SimulationResult SimulateCut(const RebalanceInput& in,
       stage.forward_seconds += in.costs.layers[l].forward / speed;
       stage.backward_seconds += in.costs.layers[l].backward / speed;
       stage.update_seconds += in.costs.layers[l].update / speed;
-      // A split backward's weight half: the parameters' products (as
-      // large as the forward's, less attention's products of activations:
-      // LayerCost::weight_flops), for the layers that defer one, within the
-      // backward measured.
-      const LayerCost& cost = in.shapes->costs[l];
-      if (cost.deferred_bytes > 0) {
-        const double share =
-            cost.forward_flops > 0
-                ? std::min(1.0, cost.weight_flops / cost.forward_flops)
-                : 1.0;
-        stage.weight_seconds += std::min(in.costs.layers[l].forward * share,
-                                         in.costs.layers[l].backward) /
-                                speed;
-      }
+      stage.weight_seconds +=
+          WeightHalfSeconds(in.shapes->costs[l], in.costs.layers[l].forward,
+                            in.costs.layers[l].backward) /
+          speed;
     }
     begin += balance[s];
   }

@@ -138,6 +138,13 @@ struct RebalanceProposal {
   std::string reason;                // layer_costs | worker_speeds
 };
 
+// A split backward's weight half of a layer measured at `forward` and
+// `backward` seconds: the parameters' products (as large as the forward's,
+// less attention's products of activations: LayerCost::weight_flops), for
+// a layer that defers one, within the backward measured; 0 for others.
+double WeightHalfSeconds(const LayerCost& cost, double forward,
+                         double backward);
+
 // The simulation of `balance` with stage s on workers[s] at the measured
 // layer costs, its layers' updates at the step's end included.
 SimulationResult SimulateCut(const RebalanceInput& in,

@@ -123,18 +123,10 @@ void RecordStageCost(JobRecord& job, int64_t index,
   for (size_t i = 0; i < seconds.size(); ++i) {
     c.forward_seconds += seconds[i].forward;
     c.backward_seconds += seconds[i].backward;
-    // A split backward's weight half, as SimulateCut counts it.
     const int64_t l = stage.layer_begin() + static_cast<int64_t>(i);
-    if (shapes == nullptr || l >= static_cast<int64_t>(shapes->costs.size()))
-      continue;
-    const LayerCost& cost = shapes->costs[l];
-    if (cost.deferred_bytes > 0) {
-      const double share =
-          cost.forward_flops > 0
-              ? std::min(1.0, cost.weight_flops / cost.forward_flops)
-              : 1.0;
-      c.weight_seconds +=
-          std::min(seconds[i].forward * share, seconds[i].backward);
+    if (shapes != nullptr && l < static_cast<int64_t>(shapes->costs.size())) {
+      c.weight_seconds += WeightHalfSeconds(
+          shapes->costs[l], seconds[i].forward, seconds[i].backward);
     }
   }
   // The bubble's simulation re-materializes nothing: the recompute goes

@@ -205,14 +205,13 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
   if (v > 1) {
     // ZB-V orders its ops for the cost model's phase times, as the
     // controller has a cluster's workers do.
-    std::vector<PhaseTicks> ticks;
     if (options.schedule == ScheduleKind::kZeroBubbleV) {
       ASSIGN_OR_RETURN(const ModelShapes shapes,
                        InferModelShapes(spec.model()));
-      ticks = CostModelTicks(shapes, p->balance_, options.remat);
+      p->order_ticks_ = CostModelTicks(shapes, p->balance_, options.remat);
     }
     std::vector<std::vector<Op>> all =
-        MakeWorkerSchedules(options.schedule, workers, m, v, ticks);
+        MakeWorkerSchedules(options.schedule, workers, m, v, p->order_ticks_);
     for (int64_t w = 0; w < workers; ++w) {
       p->worker_ops_.push_back(
           WithTransfers(all[w], options.schedule, workers, v, w));

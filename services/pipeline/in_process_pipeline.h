@@ -77,6 +77,9 @@ class InProcessPipeline final : public Trainer {
     return *stages_[replica * chunks_ + i];
   }
   const std::vector<int64_t>& balance() const { return balance_; }
+  // The phase times ZB-V's order was built for (the cost model's); empty
+  // under the other schedules.
+  const std::vector<PhaseTicks>& order_ticks() const { return order_ticks_; }
   const Dataset& dataset() const { return *dataset_; }
 
  private:
@@ -112,6 +115,7 @@ class InProcessPipeline final : public Trainer {
   ScheduleKind schedule_ = ScheduleKind::kGPipe;
   RematMode remat_ = RematMode::kExceptLast;
   std::vector<std::vector<Op>> worker_ops_;  // interleaved: per worker
+  std::vector<PhaseTicks> order_ticks_;      // ZB-V's (order_ticks())
   std::vector<std::unique_ptr<StageThread>> threads_;
   int64_t step_ = 0;
   bool broken_ = false;
