@@ -209,7 +209,33 @@ bool LeftToAbsl(int argc, char** argv) {
   return false;
 }
 
+// The flag `name` names, or for "nofoo" the boolean flag foo; null for
+// none.
+const absl::CommandLineFlag* FindFlag(absl::string_view name) {
+  if (const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name))
+    return flag;
+  if (!absl::StartsWith(name, "no")) return nullptr;
+  const absl::CommandLineFlag* positive =
+      absl::FindCommandLineFlag(name.substr(2));
+  return positive != nullptr && positive->IsOfType<bool>() ? positive : nullptr;
+}
+
 }  // namespace
+
+void SpellFlagsForAbsl(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    char* arg = argv[i];
+    if (absl::string_view(arg) == "--") break;
+    if (!IsFlag(arg)) continue;
+    char* name = arg + (arg[1] == '-' ? 2 : 1);
+    char* p = name;
+    for (; *p != '\0' && *p != '='; ++p)
+      if (*p == '-') *p = '_';
+    if (*p == '=') continue;
+    const absl::CommandLineFlag* flag = FindFlag(absl::string_view(name));
+    if (flag != nullptr && !flag->IsOfType<bool>()) ++i;  // its value
+  }
+}
 
 absl::Status CheckFlagSyntax(int argc, char** argv) {
   if (LeftToAbsl(argc, argv)) return absl::OkStatus();

@@ -14,25 +14,10 @@
 #include "services/core/flags_help.h"
 #include "services/core/memory.h"
 
-namespace {
-
-// absl flags are spelled with underscores; users type --micro-batches too.
-void AcceptDashedFlags(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    char* a = argv[i];
-    if (a[0] != '-' || a[1] != '-') continue;
-    if (a[2] == '\0') break;  // "--" ends the flags
-    for (char* p = a + 2; *p != '\0' && *p != '='; ++p)
-      if (*p == '-') *p = '_';
-  }
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   gpipe::ExplainOutOfMemory();
-  AcceptDashedFlags(argc, argv);
+  gpipe::cli::SpellFlagsForAbsl(argc, argv);
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());
   // Our own help: a command's flags, not absl's list by source file.

@@ -2121,14 +2121,15 @@ void Controller::CommitCheckpointIo(const std::string& job_id, int64_t epoch,
                                   ? job->status().checkpoint_keep()
                                   : job->job.spec().checkpoint().keep());
     if (options_.metrics != nullptr) options_.metrics->OnCheckpoint();
-    jobs_.Publish(*job,
-                  absl::StrCat("checkpoint of step ", step, " committed (",
-                               running, " stages)"),
-                  now);
-    // Elastic: a job running short grows back at a checkpoint boundary
-    // once the workers it lacks are free.
     // (In workers: an interleaved schedule's run v stages each.)
     const int64_t v = VirtualStageCount(job->job.spec());
+    jobs_.Publish(
+        *job,
+        absl::StrCat("checkpoint of step ", step, " committed (",
+                     StagesText(static_cast<int64_t>(running), v), ")"),
+        now);
+    // Elastic: a job running short grows back at a checkpoint boundary
+    // once the workers it lacks are free.
     const int64_t workers = static_cast<int64_t>(running) / v;
     const int64_t missing = job->stages - workers;
     if (job->held_link_failure) {

@@ -231,7 +231,7 @@ bool Start(JobTable& jobs, JobRecord& job,
   }
   SetCondition(&status, kScheduled, true, "StagesAssigned", placed, now);
   std::string running = absl::StrCat(
-      k, k == 1 ? " stage" : " stages",
+      StagesText(k, v),
       replicas > 1 ? absl::StrCat(" x ", replicas, " replicas") : "",
       ", epoch ", epoch, ": ", placed);
   if (k / v != job.stages) {
@@ -346,6 +346,14 @@ bool StartFromMemory(JobTable& jobs, JobRecord& job,
 }
 
 }  // namespace
+
+std::string StagesText(int64_t k, int64_t v) {
+  if (v > 1 && k % v == 0) {
+    return absl::StrCat(k / v, k / v == 1 ? " stage" : " stages", " x ", v,
+                        " chunks");
+  }
+  return absl::StrCat(k, k == 1 ? " stage" : " stages");
+}
 
 std::string WaitingMessage(int64_t stages, int64_t replicas, int64_t free) {
   const int64_t needed = stages * replicas;

@@ -44,6 +44,11 @@ int64_t MinStages(const gpipe::v1::JobSpec& spec);
 // are attached holds no job behind it back.
 int64_t LeastWorkers(const gpipe::v1::JobSpec& spec);
 
+// How a job's running stages read in its messages: "1 stage", "4 stages",
+// and for an interleaved schedule's k stages as v chunks on each of k / v
+// workers "2 stages x 2 chunks", as the spec counts its stages.
+std::string StagesText(int64_t k, int64_t v);
+
 // "needs 2 workers, 1 free"; with replicas "needs 4 workers, 1 free (2
 // stages x 2 replicas)".
 std::string WaitingMessage(int64_t stages, int64_t replicas, int64_t free);

@@ -180,6 +180,10 @@ grep -qE -- "^  -o$" <<<"$help" || fail "gpipectl help fetch lacks -o: $help"
 help=$("$gpipectl" --controller 127.0.0.1:1 status --help) ||
   fail "gpipectl --controller ADDR status --help exited $?"
 grep -q -- "usage: gpipectl status" <<<"$help" || fail "gpipectl --controller ADDR status --help: $help"
+# The same for a flag spelt with one dash and dashes, as absl takes it.
+help=$("$gpipectl" -memory-budget 1G plan --help) ||
+  fail "gpipectl -memory-budget 1G plan --help exited $?"
+grep -q -- "usage: gpipectl plan" <<<"$help" || fail "gpipectl -memory-budget 1G plan --help: $help"
 rc=0
 "$gpipectl" nosuch --help >/dev/null 2>"$work/nosuch" || rc=$?
 ((rc == 2)) || fail "gpipectl nosuch --help exited $rc"
@@ -266,6 +270,11 @@ expect_refused() {  # EXPECTED_CODE MESSAGE ARGS...
   grep -qF -- "$message" "$work/flag.log" || { cat "$work/flag.log"; fail "$*: no '$message'"; }
   ! grep -q "^training " "$work/flag.log" || fail "$*: trained first"
 }
+# A value given apart keeps its dashes, and a one-dash flag is spelt as
+# absl takes it.
+expect_refused 2 "--seed: '--a-b' is not" train "$work/job.json" --seed --a-b
+expect_refused 2 "-micro-batches: 'x' is not a whole number" \
+  train "$work/job.json" -micro-batches x
 expect_refused 2 "--threads: must be between 0 (the usable cores) and 1024, got 100000" \
   train "$work/job.json" --steps 1 --threads 100000
 expect_refused 2 "--micro-batches: must be >= 0 (0: the default), got -1" \

@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "controller/controller.h"
 #include "controller/job_status.h"
@@ -790,6 +791,14 @@ TEST_F(ControllerStateTest, TheInterleavedScheduleRunsChunksOnAGangOfWorkers) {
   ASSERT_EQ(State(job->id()), v1::RUNNING);
   std::optional<v1::Assignment> a[2] = {Assignment(*w1), Assignment(*w2)};
   ASSERT_TRUE(a[0].has_value() && a[1].has_value());
+  // The message counts the spec's stages and their chunks, not 4 stages.
+  {
+    absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+    const v1::Condition* running = FindCondition(got->status(), kRunning);
+    ASSERT_NE(running, nullptr);
+    EXPECT_TRUE(absl::StartsWith(running->message(), "2 stages x 2 chunks,"))
+        << running->message();
+  }
   int64_t next_layer = 0;
   std::map<int64_t, v1::Assignment> by_stage;
   for (int w = 0; w < 2; ++w) {
