@@ -47,7 +47,7 @@ ABSL_FLAG(std::string, controller, "",
 ABSL_FLAG(bool, json, false,
           "print the responses as protobuf JSON (one event per line for "
           "watch) instead of tables, for scripts");
-ABSL_FLAG(bool, watch, false, "submit: then watch the job to its end");
+ABSL_FLAG(bool, watch, false, "submit, resume: then watch the job to its end");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(10),
           "how long to wait for the controller's answer to each request");
 // Defined with `gpipectl train`; submit and local apply them to the spec.

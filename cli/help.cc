@@ -8,6 +8,8 @@
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace gpipe::cli {
 namespace {
@@ -133,7 +135,51 @@ const std::vector<Command>& Commands() {
   return *commands;
 }
 
-std::string FlagLines(const std::vector<const char*>& names) {
+bool IsCommand(absl::string_view name) {
+  for (const Command& c : Commands())
+    if (name == c.name) return true;
+  return false;
+}
+
+// The commands a part of a flag's help starts with ("train, submit: "), or
+// none where it starts otherwise.
+std::vector<absl::string_view> PartCommands(absl::string_view text) {
+  const size_t colon = text.find(": ");
+  if (colon == absl::string_view::npos) return {};
+  std::vector<absl::string_view> names =
+      absl::StrSplit(text.substr(0, colon), ", ");
+  for (absl::string_view name : names)
+    if (!IsCommand(name)) return {};
+  return names;
+}
+
+// A flag that several commands read says what it does for each in parts,
+// "train, local: ...; trace: ...". A command's help shows its own part,
+// without the names; the whole text where no part names the command.
+std::string HelpFor(absl::string_view command, absl::string_view help) {
+  std::vector<size_t> starts = {0};
+  for (size_t i = 1; i + 2 < help.size(); ++i) {
+    if ((help[i - 1] == ';' || help[i - 1] == '.') && help[i] == ' ' &&
+        !PartCommands(help.substr(i + 1)).empty()) {
+      starts.push_back(i + 1);
+    }
+  }
+  starts.push_back(help.size() + 1);
+  for (size_t p = 0; p + 1 < starts.size(); ++p) {
+    absl::string_view part =
+        help.substr(starts[p], starts[p + 1] - 1 - starts[p]);
+    const std::vector<absl::string_view> names = PartCommands(part);
+    if (std::find(names.begin(), names.end(), command) == names.end()) continue;
+    part.remove_prefix(part.find(": ") + 2);
+    while (!part.empty() && (part.back() == ';' || part.back() == ' '))
+      part.remove_suffix(1);
+    return std::string(part);
+  }
+  return std::string(help);
+}
+
+std::string FlagLines(absl::string_view command,
+                      const std::vector<const char*>& names) {
   std::string out;
   for (const char* name : names) {
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
@@ -146,7 +192,7 @@ std::string FlagLines(const std::vector<const char*>& names) {
     if (!def.empty() && def != "false" && def != "0" && def != "\"\"") {
       absl::StrAppend(&out, " (default ", def, ")");
     }
-    absl::StrAppend(&out, "\n      ", flag->Help(), "\n");
+    absl::StrAppend(&out, "\n      ", HelpFor(command, flag->Help()), "\n");
   }
   return out;
 }
@@ -192,7 +238,7 @@ std::string CommandHelp(const std::string& command) {
     if (command != c.name) continue;
     return absl::StrCat("usage: gpipectl ", c.name, *c.usage ? " " : "",
                         c.usage, " [flags]\n\n", c.summary, "\n\nflags:\n",
-                        FlagLines(c.flags));
+                        FlagLines(c.name, c.flags));
   }
   return "";
 }

@@ -42,6 +42,8 @@ ABSL_FLAG(int64_t, micro_batches, 0,
           "micro-batches per mini-batch (0: the job spec's)");
 ABSL_FLAG(std::string, steps, "",
           "train, submit, local: training steps (default: the job spec's); "
+          "resume: the job's steps in all, past its newest checkpoint "
+          "(default: as before); "
           "trace: the steps to show, A..B (0-based, both included), A.., ..B "
           "or N (default: all the controller keeps)");
 ABSL_FLAG(std::string, trace, "",

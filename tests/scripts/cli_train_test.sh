@@ -180,6 +180,16 @@ grep -qE -- "^  -o$" <<<"$help" || fail "gpipectl help fetch lacks -o: $help"
 help=$("$gpipectl" --controller 127.0.0.1:1 status --help) ||
   fail "gpipectl --controller ADDR status --help exited $?"
 grep -q -- "usage: gpipectl status" <<<"$help" || fail "gpipectl --controller ADDR status --help: $help"
+# A flag several commands read shows each command its own part of its help.
+help=$("$gpipectl" fetch --help)
+grep -q -- "the directory to write into" <<<"$help" || fail "gpipectl fetch --help: $help"
+! grep -q -- "Chrome trace\|trace:" <<<"$help" || fail "gpipectl fetch --help shows trace's -o: $help"
+help=$("$gpipectl" plan --help)
+grep -q -- "the cluster's workers" <<<"$help" || fail "gpipectl plan --help: $help"
+! grep -q -- "worker processes to start\|plan: " <<<"$help" || fail "gpipectl plan --help shows local's --workers: $help"
+help=$("$gpipectl" resume --help)
+grep -q -- "the job's steps in all" <<<"$help" || fail "gpipectl resume --help: $help"
+! grep -q -- "A..B" <<<"$help" || fail "gpipectl resume --help shows trace's --steps: $help"
 # The same for a flag spelt with one dash and dashes, as absl takes it.
 help=$("$gpipectl" -memory-budget 1G plan --help) ||
   fail "gpipectl -memory-budget 1G plan --help exited $?"
