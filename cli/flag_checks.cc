@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "cli/help.h"
 #include "services/core/cores.h"
+#include "services/core/flag_spelling.h"
 
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(int64_t, stages);
@@ -176,12 +177,6 @@ std::string KindOfValue(const absl::CommandLineFlag& flag,
   return absl::StrCat("a value it takes (", absl_error, ")");
 }
 
-// "--name..." or "-name..." (absl takes one dash too); not "-", "-1", "--".
-bool IsFlag(absl::string_view arg) {
-  if (absl::StartsWith(arg, "--")) return arg.size() > 2;
-  return arg.size() > 1 && arg[0] == '-' && absl::ascii_isalpha(arg[1]);
-}
-
 absl::string_view FlagName(absl::string_view arg) {
   arg.remove_prefix(absl::StartsWith(arg, "--") ? 2 : 1);
   return arg.substr(0, arg.find('='));
@@ -199,7 +194,7 @@ std::string TypedName(absl::string_view arg) {
 // of it.
 bool LeftToAbsl(int argc, char** argv) {
   for (int i = 1; i < argc && absl::string_view(argv[i]) != "--"; ++i) {
-    if (!IsFlag(argv[i])) continue;
+    if (!IsFlagArgument(argv[i])) continue;
     const absl::string_view name = FlagName(argv[i]);
     if (name == "flagfile" || name == "fromenv" || name == "tryfromenv" ||
         name == "undefok") {
@@ -209,33 +204,7 @@ bool LeftToAbsl(int argc, char** argv) {
   return false;
 }
 
-// The flag `name` names, or for "nofoo" the boolean flag foo; null for
-// none.
-const absl::CommandLineFlag* FindFlag(absl::string_view name) {
-  if (const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name))
-    return flag;
-  if (!absl::StartsWith(name, "no")) return nullptr;
-  const absl::CommandLineFlag* positive =
-      absl::FindCommandLineFlag(name.substr(2));
-  return positive != nullptr && positive->IsOfType<bool>() ? positive : nullptr;
-}
-
 }  // namespace
-
-void SpellFlagsForAbsl(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    char* arg = argv[i];
-    if (absl::string_view(arg) == "--") break;
-    if (!IsFlag(arg)) continue;
-    char* name = arg + (arg[1] == '-' ? 2 : 1);
-    char* p = name;
-    for (; *p != '\0' && *p != '='; ++p)
-      if (*p == '-') *p = '_';
-    if (*p == '=') continue;
-    const absl::CommandLineFlag* flag = FindFlag(absl::string_view(name));
-    if (flag != nullptr && !flag->IsOfType<bool>()) ++i;  // its value
-  }
-}
 
 absl::Status CheckFlagSyntax(int argc, char** argv) {
   if (LeftToAbsl(argc, argv)) return absl::OkStatus();
@@ -246,7 +215,7 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--") break;  // the flags end here
-    if (!IsFlag(arg)) continue;
+    if (!IsFlagArgument(arg)) continue;
     const absl::string_view name = FlagName(arg);
     std::optional<absl::string_view> value;
     if (const size_t eq = arg.find('='); eq != absl::string_view::npos) {
@@ -298,7 +267,7 @@ absl::Status CheckCommandTakesFlags(const std::string& command, int argc,
   for (int i = 1; i < argc; ++i) {
     const absl::string_view arg = argv[i];
     if (arg == "--") break;
-    if (!IsFlag(arg)) continue;
+    if (!IsFlagArgument(arg)) continue;
     absl::string_view name = FlagName(arg);
     const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     if (flag == nullptr && absl::StartsWith(name, "no")) {

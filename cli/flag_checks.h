@@ -17,13 +17,6 @@ namespace gpipe::cli {
 inline constexpr int kMaxThreads = 1024;
 inline constexpr int64_t kMaxLocalWorkers = 256;
 
-// Rewrites the names of the command line's flags, "--micro-batches" and
-// "-micro-batches", as absl spells them ("--micro_batches"), before anything
-// else reads the command line. A value given apart from its flag ("--name
-// my-job", "--prompt -a-b") is left as typed, and so is everything after
-// "--".
-void SpellFlagsForAbsl(int argc, char** argv);
-
 // The numeric flags `command` reads, each within its range; errors name
 // the flag, e.g. "--threads: must be between 0 (the usable cores) and
 // 1024, got 100000".

@@ -11,13 +11,14 @@
 #include "cli/flag_checks.h"
 #include "cli/help.h"
 #include "cli/security_flags.h"
+#include "services/core/flag_spelling.h"
 #include "services/core/flags_help.h"
 #include "services/core/memory.h"
 
 int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   gpipe::ExplainOutOfMemory();
-  gpipe::cli::SpellFlagsForAbsl(argc, argv);
+  gpipe::SpellFlagsForAbsl(argc, argv);
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());
   // Our own help: a command's flags, not absl's list by source file.

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "controller/controller_server.h"
+#include "services/core/flag_spelling.h"
 #include "services/core/flags_help.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
@@ -128,6 +129,7 @@ absl::Status LoadSecurity(gpipe::controller::ControllerServerOptions& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  gpipe::SpellFlagsForAbsl(argc, argv);  // --checkpoint-dir as well
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"

@@ -32,6 +32,7 @@
 #include "prometheus/counter.h"
 #include "services/core/bytes.h"
 #include "services/core/cores.h"
+#include "services/core/flag_spelling.h"
 #include "services/core/flags_help.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
@@ -171,11 +172,7 @@ std::string NewWorkerId() {
 int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   gpipe::ExplainOutOfMemory();
-  for (int i = 1; i < argc; ++i) {  // accept --link-wait-ms as well
-    if (argv[i][0] == '-' && argv[i][1] == '-')
-      for (char* p = argv[i] + 2; *p && *p != '='; ++p)
-        if (*p == '-') *p = '_';
-  }
+  gpipe::SpellFlagsForAbsl(argc, argv);  // --link-wait-ms as well
   gpipe::ListProjectFlagsInHelp();
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "

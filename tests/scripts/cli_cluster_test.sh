@@ -148,8 +148,9 @@ cmp -s "$work/same_flags/model.safetensors" "$work/local/model.safetensors" ||
   fail "gpipectl train --micro-batches 4 and gpipectl local --micro-batches 4 wrote different files"
 
 # --- the client commands against a controller started by hand -------------
-(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 --metrics_listen= \
-  --port_file="$work/controller.port" --checkpoint_dir="$work/checkpoints" \
+# (Its flags spelt with dashes, as a manifest may: every binary takes both.)
+(cd "$work" && exec "$bin/gpipe-controller" --listen=127.0.0.1:0 --metrics-listen= \
+  --port-file="$work/controller.port" --checkpoint-dir "$work/checkpoints" \
   >"$work/controller.log" 2>&1) &
 pids+=($!)
 for _ in $(seq 200); do
