@@ -33,6 +33,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/wrappers.pb.h"
 #include "services/core/bytes.h"
+#include "services/core/host_port.h"
 #include "services/core/status.h"
 #include "services/core/strings.h"
 #include "services/pipeline/data_resolution.h"
@@ -694,6 +695,13 @@ void InstallInterruptHandlers() {
 bool Interrupted() { return g_interrupted != 0; }
 
 ControllerClient MakeControllerClient() { return MakeClient(); }
+
+absl::Status CheckControllerAddress() {
+  return CheckPortInRange(absl::GetFlag(FLAGS_controller).empty()
+                              ? "$GPIPE_CONTROLLER"
+                              : "--controller",
+                          ControllerAddress());
+}
 
 namespace {
 

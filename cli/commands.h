@@ -46,6 +46,10 @@ int RunTrace(const std::vector<std::string>& args);
 // else 127.0.0.1:7070) and --timeout name.
 ControllerClient MakeControllerClient();
 
+// That address's port in range, naming where it came from: gRPC dialled a
+// port past 65535 modulo 65536, another controller's perhaps.
+absl::Status CheckControllerAddress();
+
 // --steps as a step count (train, submit, local): 0 when not given.
 absl::StatusOr<int64_t> StepCountFlag();
 

@@ -12,9 +12,8 @@
 
 namespace gpipe::cli {
 
-// Compute threads a command may ask for, and worker processes `local` may
-// start on this machine.
-inline constexpr int kMaxThreads = 1024;
+// Worker processes `local` may start on this machine (the compute threads
+// a command may ask for are services/core/cores.h's kMaxThreads).
 inline constexpr int64_t kMaxLocalWorkers = 256;
 
 // The numeric flags `command` reads, each within its range; errors name

@@ -47,6 +47,11 @@ int main(int argc, char** argv) {
                    std::string(security.status().message()).c_str());
       return 2;
     }
+    if (absl::Status s = gpipe::cli::CheckControllerAddress(); !s.ok()) {
+      std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
+                   std::string(s.message()).c_str());
+      return 2;
+    }
   }
   if (absl::Status s = gpipe::cli::CheckCommandTakesFlags(command, argc, argv);
       !s.ok()) {

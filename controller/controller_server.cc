@@ -41,13 +41,16 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   interceptors.push_back(UnparsableRequestInterceptorFactory());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   // Ping idle connections so that a worker whose host vanished is noticed
-  // even between heartbeats, and let workers ping us as often.
+  // even between heartbeats, and let workers ping us as often as their
+  // channels do (every 2 s: KeepaliveChannelArguments). A floor above
+  // that counted each idle worker's pings as strikes and ended its stream
+  // at the third ("too_many_pings") whenever heartbeats came less often.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.AddChannelArgument(
-      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

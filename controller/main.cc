@@ -20,6 +20,7 @@
 #include "controller/controller_server.h"
 #include "services/core/flag_spelling.h"
 #include "services/core/flags_help.h"
+#include "services/core/host_port.h"
 #include "services/core/log.h"
 #include "services/core/status.h"
 #include "services/security/tls.h"
@@ -139,7 +140,29 @@ int main(int argc, char** argv) {
       "                 [--heartbeat_interval_ms N] [--metrics_listen "
       "HOST:PORT]\n"
       "                 [--trace_steps 16] [--trace_jobs 32] [--store FILE]");
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr,
+                 "gpipe-controller: unexpected argument '%s' (every setting "
+                 "is a flag: gpipe-controller --help)\n",
+                 rest[1]);
+    return 2;
+  }
+  if (absl::Status s =
+          gpipe::CheckPortInRange("--listen", absl::GetFlag(FLAGS_listen));
+      !s.ok()) {
+    std::fprintf(stderr, "gpipe-controller: %s\n",
+                 std::string(s.message()).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_job_retention) < absl::ZeroDuration()) {
+    std::fprintf(
+        stderr,
+        "gpipe-controller: --job_retention must not be negative (0: "
+        "kept until gpipectl delete), got %s\n",
+        absl::FormatDuration(absl::GetFlag(FLAGS_job_retention)).c_str());
+    return 2;
+  }
   const int64_t timeout_ms = absl::GetFlag(FLAGS_heartbeat_timeout_ms);
   const int64_t interval_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
   if (absl::GetFlag(FLAGS_trace_steps) < 1 ||
@@ -153,6 +176,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "gpipe-controller: --heartbeat_timeout_ms and "
                  "--heartbeat_interval_ms must be positive\n");
+    return 2;
+  }
+  // Workers beat at the interval: one at or past the timeout loses every
+  // idle worker between two beats.
+  if (interval_ms >= timeout_ms) {
+    std::fprintf(stderr,
+                 "gpipe-controller: --heartbeat_interval_ms (%lld) must be "
+                 "less than --heartbeat_timeout_ms (%lld)\n",
+                 static_cast<long long>(interval_ms),
+                 static_cast<long long>(timeout_ms));
     return 2;
   }
   const std::string transport = absl::GetFlag(FLAGS_checkpoint_transport);

@@ -21,6 +21,8 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -34,6 +36,7 @@
 #include "services/core/cores.h"
 #include "services/core/flag_spelling.h"
 #include "services/core/flags_help.h"
+#include "services/core/host_port.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
@@ -183,7 +186,37 @@ int main(int argc, char** argv) {
       "[--data_plane auto|grpc|shm|cuda_ipc] [--shm_ring_bytes N] "
       "[--cuda_ipc_ring_bytes N] [--compute_slowdown F]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
-  absl::ParseCommandLine(argc, argv);
+  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    std::fprintf(stderr,
+                 "gpipe-worker: unexpected argument '%s' (every setting is a "
+                 "flag: gpipe-worker --help)\n",
+                 rest[1]);
+    return 2;
+  }
+  if (const int threads = absl::GetFlag(FLAGS_threads);
+      threads < 0 || threads > gpipe::kMaxThreads) {
+    std::fprintf(stderr,
+                 "gpipe-worker: --threads must be between 0 (the usable "
+                 "cores) and %d, got %d\n",
+                 gpipe::kMaxThreads, threads);
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_link_wait_ms) <= 0) {
+    std::fprintf(stderr, "gpipe-worker: --link_wait_ms must be positive\n");
+    return 2;
+  }
+  for (const auto& [flag, address] :
+       {std::pair<const char*, std::string>{"--listen",
+                                            absl::GetFlag(FLAGS_listen)},
+        {"--controller", absl::GetFlag(FLAGS_controller)},
+        {"--advertise", absl::GetFlag(FLAGS_advertise)}}) {
+    if (absl::Status s = gpipe::CheckPortInRange(flag, address); !s.ok()) {
+      std::fprintf(stderr, "gpipe-worker: %s\n",
+                   std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   const double slowdown = absl::GetFlag(FLAGS_compute_slowdown);
   if (!(slowdown >= 1.0 && slowdown <= 1000.0)) {
     std::fprintf(stderr,

@@ -17,6 +17,10 @@ namespace gpipe {
 // At least 1.
 int AvailableCores();
 
+// The most compute threads a process may ask for (--threads): a count no
+// machine has crashed libgomp (a segfault in GOMP_parallel).
+inline constexpr int kMaxThreads = 1024;
+
 // The cores a quota allows, rounded up, from cgroup v2's cpu.max ("QUOTA
 // PERIOD" or "max PERIOD") or from cgroup v1's cfs_quota_us and cfs_period_us
 // (quota -1: none). Nothing when there is no quota or the text is not one.

@@ -1,5 +1,8 @@
 #include "services/core/host_port.h"
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +34,24 @@ absl::StatusOr<HostPort> ParseHostPort(absl::string_view address) {
     return bad("has an IPv6 host without brackets");
   }
   return HostPort{std::string(host), port};
+}
+
+absl::Status CheckPortInRange(absl::string_view flag,
+                              absl::string_view address) {
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return absl::OkStatus();
+  const absl::string_view digits = address.substr(colon + 1);
+  if (digits.empty() ||
+      !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+    return absl::OkStatus();
+  }
+  if (digits.size() <= 5) {
+    int port = 0;
+    if (absl::SimpleAtoi(digits, &port) && port <= 65535)
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      flag, ": port ", digits, " of '", address, "' is not in 0..65535"));
 }
 
 std::string JoinHostPort(absl::string_view host, int port) {

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -20,6 +21,14 @@ struct HostPort {
 // "host:port", "[v6]:port" or ":port"; InvalidArgument naming `address`
 // for anything else (no port, a port outside 1..65535, stray brackets).
 absl::StatusOr<HostPort> ParseHostPort(absl::string_view address);
+
+// An address flag's port in range: where the text after the last ':' of
+// `address` is a number, it is 0..65535, else InvalidArgument naming
+// `flag` ("--listen: port 99999 of '127.0.0.1:99999' is not in
+// 0..65535"). gRPC took a larger one modulo 65536 and listened on or
+// dialled another port. Other forms of a gRPC target are left alone.
+absl::Status CheckPortInRange(absl::string_view flag,
+                              absl::string_view address);
 
 // "host:port", with brackets around an IPv6 host.
 std::string JoinHostPort(absl::string_view host, int port);

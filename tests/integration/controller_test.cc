@@ -38,6 +38,7 @@
 #include "services/storage/safetensors.h"
 #include "services/storage/sha256.h"
 #include "services/tensor/tensor.h"
+#include "services/transport/exchange_link.h"
 #include "tests/support/controller_fixtures.h"
 #include "tests/support/fake_worker.h"
 
@@ -1014,6 +1015,32 @@ TEST_F(ControllerTest, HostileReportsAreIgnoredAndTheJobCompletes) {
   ASSERT_EQ(job.status().evaluations_size(), 3);
   EXPECT_EQ(job.status().evaluations(2).step(), 10);
   EXPECT_TRUE(std::filesystem::exists(secret));
+}
+
+// A worker's channel pings every 2 s (KeepaliveChannelArguments); between
+// heartbeats of a long --heartbeat_interval_ms an idle worker sends nothing
+// else. The controller took a ping closer than 5 s after the last one as a
+// strike and ended the connection at the third ("too_many_pings"), so idle
+// workers detached and attached again every few seconds.
+TEST_F(ControllerTest, AnIdleWorkerBetweenLongHeartbeatsStaysAttached) {
+  ControllerServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.controller.checkpoint_dir = (dir_ / "checkpoints").string();
+  options.controller.heartbeat_interval = absl::Seconds(10);
+  options.controller.heartbeat_timeout = absl::Seconds(60);
+  auto server = ControllerServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  server_ = std::move(*server);
+  auto channel = grpc::CreateCustomChannel(server_->address(),
+                                           grpc::InsecureChannelCredentials(),
+                                           KeepaliveChannelArguments());
+  auto stub = v1::Controller::NewStub(channel);
+  FakeWorker worker(*stub, "w1", "127.0.0.1:9001");
+  worker.Attach();
+  const grpc::Status ended = worker.WaitClosed(absl::Seconds(9));
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED)
+      << "the controller ended an idle worker's stream: "
+      << ended.error_message();
 }
 
 TEST_F(ControllerTest, SameWorkerAttachingAgainReplacesItsOldStream) {

@@ -35,5 +35,19 @@ TEST(HostPortTest, JoinsAndReadsPeers) {
   EXPECT_EQ(PeerIp("ipv4:garbage"), std::nullopt);
 }
 
+TEST(HostPortTest, APortPastTheRangeIsRefusedNamingTheFlag) {
+  for (const char* fine : {"127.0.0.1:0", "127.0.0.1:65535", "[::1]:7070",
+                           "dns:///controller:7070", "unix:/tmp/s", "",
+                           "controller", "0000065535"}) {
+    EXPECT_TRUE(CheckPortInRange("--listen", fine).ok()) << fine;
+  }
+  const absl::Status s = CheckPortInRange("--listen", "127.0.0.1:99999");
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_EQ(s.message(),
+            "--listen: port 99999 of '127.0.0.1:99999' is not in 0..65535");
+  EXPECT_FALSE(CheckPortInRange("--controller", "[::1]:65536").ok());
+  EXPECT_FALSE(CheckPortInRange("--controller", "h:99999999999999999999").ok());
+}
+
 }  // namespace
 }  // namespace gpipe
