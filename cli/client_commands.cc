@@ -305,7 +305,11 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
   rows.push_back(
       {"pipeline:",
        absl::StrCat(
-           "K=", StageCount(spec), " stages, ",
+           "K=", StageCount(spec), StageCount(spec) == 1 ? " stage" : " stages",
+           VirtualStageCount(spec) > 1
+               ? absl::StrCat(" of ", VirtualStageCount(spec), " chunks each")
+               : "",
+           ", ",
            ReplicaCount(spec) > 1
                ? absl::StrCat(
                      "R=", ReplicaCount(spec), " replicas",

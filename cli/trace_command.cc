@@ -20,6 +20,7 @@
 #include "cli/controller_client.h"
 #include "cli/flag_checks.h"
 #include "google/protobuf/util/json_util.h"
+#include "services/pipeline/schedule.h"
 #include "services/telemetry/step_trace.h"
 #include "services/telemetry/trace_files.h"
 
@@ -97,7 +98,7 @@ void PrintSummary(const v1::GetTraceResponse& trace) {
       "shown (the controller keeps %lld..%lld)\n",
       trace.job_id().c_str(), static_cast<long long>(trace.stages()),
       static_cast<long long>(trace.micro_batches()),
-      v1::Schedule_Name(trace.schedule()).c_str(),
+      std::string(ScheduleName(ScheduleFromSpec(trace.schedule()))).c_str(),
       static_cast<long long>(trace.steps(0).step()),
       static_cast<long long>(trace.steps(trace.steps_size() - 1).step()),
       static_cast<long long>(trace.first_stored_step()),

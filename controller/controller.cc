@@ -1720,10 +1720,15 @@ void Controller::OnFinished(WorkerRecord& worker, const v1::StageFinished& f,
     }
   }
   EnqueueIo([this, id = job->id()] { MergeIo(id); });
-  jobs_.Publish(*job,
-                absl::StrCat("all ", running,
-                             " stages finished; merging their parameters"),
-                now);
+  const std::string stages = absl::StrCat(
+      StagesText(job->status().running_stages(),
+                 VirtualStageCount(job->job.spec())),
+      job->replicas > 1 ? absl::StrCat(" x ", job->replicas, " replicas") : "");
+  jobs_.Publish(
+      *job,
+      absl::StrCat(running == 1 ? "the stage" : absl::StrCat("all ", stages),
+                   " finished; merging their parameters"),
+      now);
   Reschedule(now);
 }
 

@@ -79,7 +79,9 @@ text = open(sys.argv[1]).read()
 k, v = int(sys.argv[2]), int(sys.argv[3])
 worker = (lambda s: s % k) if sys.argv[4] == "interleaved" else \
     (lambda s: s if s < k else 2 * k - 1 - s)
-line = next(l for l in text.splitlines() if "RUNNING: " in l and " stages, epoch 1" in l)
+line = next(l for l in text.splitlines() if "RUNNING: " in l and " chunks, epoch 1" in l)
+# The spec's stages, each of v chunks: not K x v stages.
+assert f"RUNNING: {k} stages x {v} chunks, epoch 1" in line, line
 on = dict((int(s), w) for s, w in re.findall(r"stage (\d+) \(layers [0-9.]+\) on (\S+?)[,\s]", line + " "))
 assert len(on) == k * v, (line, on)
 for s in range(k * v):
@@ -119,6 +121,10 @@ kill_case() {
   restarts=$(job_field "$job" "s.get('restarts', 0)")
   ((restarts >= 1)) || fail "job $job counts no restart after the kill"
   same_as_reference "$job" "$work/kill-$1.json" 4
+  # Its status counts the spec's stages and their chunks.
+  ctl status "$job" >"$work/status.txt"
+  grep -q "K=2 stages of 2 chunks each" "$work/status.txt" ||
+    fail "job $job's status: $(cat "$work/status.txt")"
   echo "ok: $1, a worker of 2 x 2 chunks killed at step $at: restored on the spare, bitwise the reference"
   passed=$((passed + 1))
 }
