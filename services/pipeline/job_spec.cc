@@ -788,7 +788,7 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (!f.required) continue;
     // A missing file leads: "give the value" alone sent a user whose
     // path was wrong on to "cannot open" it.
-    const absl::Status readable = CheckSpecPathsExist(spec);
+    const absl::Status readable = CheckResolutionPathsExist(spec);
     if (!readable.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           readable.message(), " here, and ", f.field,
@@ -877,7 +877,7 @@ absl::Status CheckJobSpec(v1::JobSpec* spec) {
   // Where the data can be read (the submitter's machine), what only the
   // data says is written into the spec before it is checked.
   const std::vector<DataDependentField> pending = DataDependentFields(*spec);
-  if (!pending.empty() && CheckSpecPathsExist(*spec).ok()) {
+  if (!pending.empty() && CheckResolutionPathsExist(*spec).ok()) {
     // A spec that can be checked without its data is, first: a mistake in
     // it is named as such, not by what reading the data then tripped on.
     if (std::none_of(pending.begin(), pending.end(),

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -203,6 +204,45 @@ TEST_F(DataResolutionTest, UnreadableDataLeavesARequiredFieldNamed) {
   // A recorded-only field (the vocabulary) does not stop a submit.
   auto given = ParseJobSpecJson(CharModel((dir_ / "gone.txt").string(), 5, 5));
   EXPECT_TRUE(given.ok()) << given.status();
+}
+
+// An init file missing here does not keep the data's fields from being
+// filled (a cluster's machines may have it), nor is it named as the reason
+// they were not: training then says the file is missing, plainly.
+TEST_F(DataResolutionTest, AMissingInitFileLeavesTheDataFieldsFilled) {
+  std::string csv = "a,b,y\n";
+  for (int i = 0; i < 30; ++i)
+    absl::StrAppend(&csv, i, ",", 2 * i, ",", i % 3, "\n");
+  const std::string path = Write("three.csv", csv);
+  const std::string json = absl::StrCat(R"({
+    "model": {
+      "input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
+      "layers": [{"linear": {"in_features": 2, "out_features": 0}}],
+      "loss": {"softmax_cross_entropy": {}}
+    },
+    "optimizer": {"lr": 0.01, "sgd": {}},
+    "data": {"csv": {"path": ")",
+                                        path, R"(", "target": "y",
+                     "standardize": true}},
+    "init_from": {"path": ")",
+                                        (dir_ / "gone.safetensors").string(),
+                                        R"("},
+    "batch_size": 4,
+    "steps": 2
+  })");
+  auto spec = ParseJobSpecJson(json);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().layers(0).linear().out_features(), 3);
+  EXPECT_TRUE(spec->data().has_normalize());
+  // Continuing its optimizer state needs the file's step: then it is read.
+  auto continuing = ParseJobSpecJson(absl::StrReplaceAll(
+      json,
+      {{R"("init_from": {)", R"("init_from": {"optimizer_state": true, )"}}));
+  ASSERT_FALSE(continuing.ok());
+  EXPECT_THAT(
+      continuing.status().message(),
+      HasSubstr("init_from.path: " + (dir_ / "gone.safetensors").string() +
+                " does not exist here"));
 }
 
 // A CSV's standardization where its file cannot be read names what to give
