@@ -61,7 +61,7 @@ ABSL_DECLARE_FLAG(std::string, schedule);
 ABSL_DECLARE_FLAG(std::string, remat);
 ABSL_DECLARE_FLAG(std::string, balance);
 ABSL_DECLARE_FLAG(std::vector<std::string>, o);
-ABSL_FLAG(int64_t, step, 0,
+ABSL_FLAG(std::string, step, "",
           "fetch: the committed checkpoint after this many steps (its "
           "manifest and every stage's file) instead of the final model");
 
@@ -880,11 +880,14 @@ int RunSubmit(const std::vector<std::string>& args) {
   return WatchToEnd("submit", client, job->id());
 }
 
-int RunList(const std::vector<std::string>& args) {
-  if (!args.empty()) return Usage("list [--controller ADDR] [--json]");
+namespace {
+
+// The job table, for `list` and `status` without a job; errors name
+// `command`, the one the user typed.
+int ListJobs(const char* command) {
   ControllerClient client = MakeClient();
   absl::StatusOr<gpipe::v1::ListJobsResponse> list = client.ListJobs();
-  if (!list.ok()) return Fail("list", list.status());
+  if (!list.ok()) return Fail(command, list.status());
   if (absl::GetFlag(FLAGS_json))
     PrintListJson(*list);
   else
@@ -892,8 +895,15 @@ int RunList(const std::vector<std::string>& args) {
   return 0;
 }
 
+}  // namespace
+
+int RunList(const std::vector<std::string>& args) {
+  if (!args.empty()) return Usage("list [--controller ADDR] [--json]");
+  return ListJobs("list");
+}
+
 int RunStatus(const std::vector<std::string>& args) {
-  if (args.empty()) return RunList(args);
+  if (args.empty()) return ListJobs("status");
   if (args.size() != 1)
     return Usage("status [JOB] [--controller ADDR] [--json]");
   ControllerClient client = MakeClient();
@@ -944,8 +954,20 @@ int RunResume(const std::vector<std::string>& args) {
     for (const auto& c : job->status().conditions()) {
       if (c.type() == "Running") running = &c;
     }
-    std::printf("%s %s: %s\n", job->id().c_str(),
-                StateName(job->status().state()).c_str(),
+    // Where it continues from, which the scheduler's message no longer
+    // says once the job started again: a job without a checkpoint starts
+    // from the beginning.
+    const gpipe::v1::JobStatus& s = job->status();
+    if (running == nullptr || running->reason() != "Resumed") {
+      const int64_t from = s.run_from_step();
+      std::printf(
+          "%s resumed from %s, %lld steps in all\n", job->id().c_str(),
+          from > 0 ? absl::StrCat("the checkpoint of step ", from).c_str()
+          : s.checkpoints().empty() ? "the beginning (it has no checkpoint)"
+                                    : "the beginning",
+          static_cast<long long>(s.total_steps()));
+    }
+    std::printf("%s %s: %s\n", job->id().c_str(), StateName(s.state()).c_str(),
                 running != nullptr ? running->message().c_str() : "resumed");
   }
   if (!watch) return 0;
@@ -974,8 +996,18 @@ int RunFetch(const std::vector<std::string>& args) {
   if (args.size() != 1 || out.size() > 1) {
     return Usage("fetch JOB [-o DIR] [--step N] [--controller ADDR]");
   }
-  const int64_t step = absl::GetFlag(FLAGS_step);
-  if (step < 0) return Usage("fetch JOB [-o DIR] [--step N]: N >= 0");
+  // No --step: the final model (the request's step 0). A --step 0 was read
+  // as none and fetched the final model without a word.
+  int64_t step = 0;
+  if (const std::string given = absl::GetFlag(FLAGS_step); !given.empty()) {
+    if (!absl::SimpleAtoi(given, &step) || step < 1) {
+      return Fail("fetch",
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "--step: must be a step a committed checkpoint follows, "
+                      ">= 1 (without --step: the final model), got '",
+                      given, "'")));
+    }
+  }
   const std::string dir = out.empty() || out[0].empty() ? "." : out[0];
   ControllerClient client = MakeClient();
   absl::StatusOr<std::vector<DownloadedFile>> files =

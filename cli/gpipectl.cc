@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   gpipe::ExplainOutOfMemory();
   gpipe::SpellFlagsForAbsl(argc, argv);
-  gpipe::ListProjectFlagsInHelp();
+  gpipe::ListProjectFlagsInHelp(argv[0]);
   absl::SetProgramUsageMessage(gpipe::cli::OverviewHelp());
   // Our own help: a command's flags, not absl's list by source file.
   if (const std::optional<int> helped =

@@ -526,7 +526,7 @@ absl::Status WriteTargets(
   json += "\n]\n";
   if (absl::Status s = storage::WriteFileAtomically(path, json); !s.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("--metrics_targets: ", s.message()));
+        absl::StrCat("--metrics-targets: ", s.message()));
   }
   return absl::OkStatus();
 }
@@ -694,11 +694,8 @@ int RunLocal(const std::vector<std::string>& args) {
   absl::StatusOr<std::string> worker_bin = FindBinary("gpipe-worker");
   if (!worker_bin.ok()) return Fail(worker_bin.status());
 
-  const std::string keep = absl::GetFlag(FLAGS_keep);
-  absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
-  if (!run_dir.ok()) return Fail(run_dir.status());
-
-  // Where the results go is made now, before the job runs.
+  // Where the results go is made now, before the job runs, and before
+  // the run directory: a refused --out left an empty one behind.
   const std::string out = absl::GetFlag(FLAGS_out);
   if (!out.empty()) {
     if (absl::Status s = MakeOutputDir("--out", out); !s.ok()) return Fail(s);
@@ -707,6 +704,16 @@ int RunLocal(const std::vector<std::string>& args) {
     if (absl::Status s = MakeOutputDir("--trace", dir); !s.ok()) return Fail(s);
   }
   std::string targets_path = absl::GetFlag(FLAGS_metrics_targets);
+  if (!targets_path.empty()) {
+    // Written now with no endpoints (as at the end): a path it cannot be
+    // written at was found only once the processes had started.
+    if (absl::Status s = WriteTargets(targets_path, {}); !s.ok())
+      return Fail(s);
+  }
+
+  const std::string keep = absl::GetFlag(FLAGS_keep);
+  absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
+  if (!run_dir.ok()) return Fail(run_dir.status());
   if (targets_path.empty())
     targets_path = (out.empty() ? *run_dir : out) + "/prometheus-targets.json";
 

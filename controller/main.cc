@@ -131,7 +131,7 @@ absl::Status LoadSecurity(gpipe::controller::ControllerServerOptions& options) {
 
 int main(int argc, char** argv) {
   gpipe::SpellFlagsForAbsl(argc, argv);  // --checkpoint-dir as well
-  gpipe::ListProjectFlagsInHelp();
+  gpipe::ListProjectFlagsInHelp(argv[0]);
   absl::SetProgramUsageMessage(
       "gpipe-controller [--listen 127.0.0.1:7070] [--port_file FILE]\n"
       "                 [--checkpoint_dir DIR] [--checkpoint_transport "

@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   gpipe::KeepFreedMemory();
   gpipe::ExplainOutOfMemory();
   gpipe::SpellFlagsForAbsl(argc, argv);  // --link-wait-ms as well
-  gpipe::ListProjectFlagsInHelp();
+  gpipe::ListProjectFlagsInHelp(argv[0]);
   absl::SetProgramUsageMessage(
       "gpipe-worker --controller HOST:PORT [--listen HOST:PORT] "
       "[--advertise HOST:PORT] [--threads T] [--device cpu|cuda|auto] "

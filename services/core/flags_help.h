@@ -8,7 +8,8 @@
 
 namespace gpipe {
 
-void ListProjectFlagsInHelp();
+// Also --version: the binary's name (from argv[0]) and its build type.
+void ListProjectFlagsInHelp(const char* argv0);
 
 }  // namespace gpipe
 

@@ -336,10 +336,10 @@ absl::StatusOr<std::unique_ptr<CsvDataset>> CsvDataset::Open(
     const int64_t test_n =
         static_cast<int64_t>(std::floor(static_cast<double>(n) * f));
     if (test_n < 1 || test_n >= n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("path: ", spec.path(), ": ", n,
-                       " rows are too few to split with test_fraction ", f,
-                       " (each split needs at least one)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "path: ", spec.path(), ": ", n, n == 1 ? " row is" : " rows are",
+          " too few to split with test_fraction ", f,
+          " (each split needs at least one)"));
     }
     const size_t features = layout.names.size() - 1;
     const size_t keep = static_cast<size_t>(n - test_n);

@@ -47,9 +47,9 @@ absl::StatusOr<std::unique_ptr<InProcessPipeline>> InProcessPipeline::Create(
                                 : spec.pipeline().virtual_stages());
   const int64_t layers = spec.model().layers_size();
   if (v > layers || workers > layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("stages: ", workers, " x ", v,
-                     " chunks is more than the model's ", layers, " layers"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stages: ", workers, v > 1 ? absl::StrCat(" x ", v, " chunks") : "",
+        " is more than the model's ", layers, " layers"));
   }
   if (!options.ops.empty() &&
       (v > 1 || static_cast<int64_t>(options.ops.size()) != workers)) {

@@ -278,7 +278,8 @@ absl::StatusOr<InitReport> LoadInitWeights(
   if (!mismatched.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "init_from: ", where, ": ", mismatched.size(),
-        " tensors do not fit the model: ", absl::StrJoin(mismatched, "; ")));
+        mismatched.size() == 1 ? " tensor does not" : " tensors do not",
+        " fit the model: ", absl::StrJoin(mismatched, "; ")));
   }
   if (!no_state.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(

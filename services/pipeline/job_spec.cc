@@ -10,10 +10,12 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
@@ -530,6 +532,10 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   }
   const int64_t chunks = ChunkCount(spec);
   if (chunks > layers) {
+    if (VirtualStageCount(spec) == 1) {
+      return FieldError("pipeline.stages", k, " stages is more than the ",
+                        layers, " layers of the model");
+    }
     return FieldError("pipeline.virtual_stages", k, " stages x ",
                       VirtualStageCount(spec), " chunks is more than the ",
                       layers, " layers of the model");
@@ -862,12 +868,21 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json,
       std::string(json), &spec, options);
   if (!parsed.ok()) {
     const auto message = parsed.message();  // StringPiece or string_view
+    absl::string_view text(message.data(), message.size());
+    // protobuf's path comes first, empty for the root (": Root element must
+    // be a message."), and a caret under the input's text follows, where
+    // there was no text to show only the caret.
+    absl::ConsumePrefix(&text, ": ");
+    if (const size_t end = text.find('\n');
+        end != absl::string_view::npos &&
+        absl::StripAsciiWhitespace(text.substr(end)) == "^") {
+      text = text.substr(0, end);
+    }
     // A NUL quoted back from the input would end the message where it is
     // printed as a C string ("job spec: mod").
     return absl::InvalidArgumentError(absl::StrCat(
         "job spec: ", WithEnumNames(absl::StrReplaceAll(
-                          absl::string_view(message.data(), message.size()),
-                          {{absl::string_view("\0", 1), "\\0"}}))));
+                          text, {{absl::string_view("\0", 1), "\\0"}}))));
   }
   if (check == SpecCheck::kWhole) RETURN_IF_ERROR(CheckJobSpec(&spec));
   return spec;

@@ -63,6 +63,18 @@ cat >"$work/job.json" <<'JSON'
 }
 JSON
 
+# --- gpipectl local: where its results cannot go, refused before it starts -
+run "$gpipectl" local "$work/job.json" --metrics-targets "$work/no/such/dir/t.json" \
+  --keep "$work/refused-run"
+[[ $rc -eq 1 ]] || fail "local with an unwritable --metrics-targets exited $rc: $out"
+grep -q -- "--metrics-targets: cannot create" <<<"$out" || fail "local --metrics-targets: $out"
+! grep -q "local cluster:" <<<"$out" || fail "local started its processes before refusing --metrics-targets: $out"
+[[ ! -e $work/refused-run ]] || fail "local made its run directory before refusing --metrics-targets"
+touch "$work/afile"
+run "$gpipectl" local "$work/job.json" --out "$work/afile" --keep "$work/refused-run"
+[[ $rc -ne 0 ]] || fail "local --out FILE was accepted: $out"
+[[ ! -e $work/refused-run ]] || fail "local made its run directory before refusing --out FILE"
+
 # --- gpipectl local: a controller and two workers, to the end -------------
 set +e
 # Without a wait policy of the user's, the workers sleep at barriers.

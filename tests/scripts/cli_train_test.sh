@@ -151,6 +151,12 @@ for pair in "gpipe-worker:--link_wait_ms" "gpipe-controller:--api_token_file"; d
   grep -q -- "$flag" <<<"$help" || fail "$bin --help does not list $flag"
   ! grep -q -- "--flagfile" <<<"$help" || fail "$bin --help lists absl's own flags"
 done
+# --version names the binary and its build, not absl's "Debug build
+# (NDEBUG not #defined)" of a release build.
+for bin in gpipectl gpipe-worker gpipe-controller; do
+  version=$("$build/bin/$bin" --version 2>&1 || true)
+  grep -q "^$bin (gpipe, \(release\|debug\) build)" <<<"$version" || fail "$bin --version: $version"
+done
 # gpipectl: an overview of the commands, and each command's own flags with
 # their defaults, without the source files that define them.
 help=$("$gpipectl" --help)

@@ -64,6 +64,9 @@ ctl status "$job" >"$work/status.txt"
 grep -Eq '^step time: +[0-9.]+ ms \(last step\), [0-9.]+ ms predicted from the stages. layer times' "$work/status.txt" ||
   fail "status has no predicted step: $(cat "$work/status.txt")"
 refused "has no checkpoint of step 40; it keeps the checkpoints of steps 10, 20, 30" ctl fetch "$job" --step 40 -o "$work/none"
+# --step 0 is no checkpoint (it fetched the final model, read as no --step).
+refused "--step: must be a step a committed checkpoint follows, >= 1" ctl fetch "$job" --step 0 -o "$work/none"
+[[ ! -e $work/none ]] || fail "a refused fetch wrote $work/none"
 kept=$(job_field "$job" "s['checkpoints'][-1]['step']")
 kept_dir=$(dirname "$(job_field "$job" "s['checkpoints'][-1]['manifestPath']")")
 ctl fetch "$job" --step "$kept" -o "$work/step" >/dev/null

@@ -167,6 +167,18 @@ TEST(JobSpecTest, ParsedFieldsAndDefaults) {
   EXPECT_EQ(MicroBatchCount(*text), 1);
 }
 
+// protobuf's words, without its empty root path (": Root element") or a
+// caret under no text.
+TEST(JobSpecTest, JsonErrorsReadAsOneLine) {
+  EXPECT_EQ(ParseJobSpecJson("[]").status().message(),
+            "job spec: Root element must be a message.");
+  EXPECT_EQ(ParseJobSpecJson("{\"model\": {").status().message(),
+            "job spec: Unexpected end of string. Expected an object key or }.");
+  EXPECT_EQ(ParseJobSpecJson("{\"model\": 3}").status().message(),
+            "job spec: (model): invalid value 3 for type "
+            "type.googleapis.com/gpipe.v1.ModelSpec");
+}
+
 TEST(JobSpecTest, LinearMismatchMessageIsExact) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(
       With(kMlp, R"("in_features": 256)", R"("in_features": 512)"));
