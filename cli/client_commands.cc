@@ -342,6 +342,28 @@ void PrintJobDetail(const gpipe::v1::Job& job) {
                     absl::StrCat(EvaluationText(job, s.latest_evaluation()),
                                  " at step ", s.latest_evaluation().step())});
   }
+  // The periodic evaluations before the last one (which the row above
+  // shows), as the JSON lists them: how the test loss went.
+  {
+    constexpr size_t kShown = 8;  // the newest, on one line
+    std::vector<std::string> earlier;
+    for (const gpipe::v1::Evaluation& e : s.evaluations()) {
+      if (e.step() == s.latest_evaluation().step() || e.counted() == 0)
+        continue;
+      earlier.push_back(absl::StrFormat("step %d: %.4f, %.1f%%", e.step(),
+                                        e.loss(), 100 * e.accuracy()));
+    }
+    if (!earlier.empty()) {
+      const size_t skipped =
+          earlier.size() > kShown ? earlier.size() - kShown : 0;
+      rows.push_back(
+          {"earlier:",
+           absl::StrCat(
+               skipped > 0 ? absl::StrCat("(", skipped, " more) ") : "",
+               absl::StrJoin(earlier.begin() + skipped, earlier.end(), ", "),
+               " (test loss, accuracy)")});
+    }
+  }
   if (!s.model_path().empty()) rows.push_back({"model:", s.model_path()});
   PrintTable(rows);
 

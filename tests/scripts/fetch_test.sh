@@ -18,6 +18,13 @@ source "$src/tests/scripts/recovery_lib.sh"
 trap cleanup EXIT
 
 write_spec "$work/job.json" fetched 40 2 2 "$SGD"
+# Evaluated every 10 steps: status shows the earlier evaluations too.
+python3 - "$work/job.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["eval"] = {"every": 10}
+json.dump(s, open(sys.argv[1], "w"))
+PY
 write_spec "$work/long.json" long 1000000 2 2 "$SGD"
 cport=$(free_port)
 start_controller
@@ -63,6 +70,8 @@ kept_steps=$(job_field "$job" "' '.join(c['step'] for c in s['checkpoints'])")
 ctl status "$job" >"$work/status.txt"
 grep -Eq '^step time: +[0-9.]+ ms \(last step\), [0-9.]+ ms predicted from the stages. layer times' "$work/status.txt" ||
   fail "status has no predicted step: $(cat "$work/status.txt")"
+grep -Eq '^earlier: +step 10: [0-9.]+, [0-9.]+%, step 20: .*, step 30: .* \(test loss, accuracy\)$' "$work/status.txt" ||
+  fail "status does not show the periodic evaluations: $(cat "$work/status.txt")"
 refused "has no checkpoint of step 40; it keeps the checkpoints of steps 10, 20, 30" ctl fetch "$job" --step 40 -o "$work/none"
 # --step 0 is no checkpoint (it fetched the final model, read as no --step).
 refused "--step: must be a step a committed checkpoint follows, >= 1" ctl fetch "$job" --step 0 -o "$work/none"
