@@ -31,6 +31,11 @@ void ListProjectFlagsInHelp(const char* argv0) {
   };
   config.contains_helpshort_flags = ours;
   config.contains_help_flags = ours;
+  // --help grouped the flags under the build machine's source paths ("Flags
+  // from work/main/worker/main.cc"): ours go under the binary's name.
+  config.normalize_filename = [program, ours](absl::string_view file) {
+    return ours(file) ? program : std::string(file);
+  };
   absl::SetFlagsUsageConfig(config);
 }
 

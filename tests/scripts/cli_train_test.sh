@@ -150,6 +150,7 @@ for pair in "gpipe-worker:--link_wait_ms" "gpipe-controller:--api_token_file"; d
   help=$("$build/bin/$bin" --help 2>&1 || true)
   grep -q -- "$flag" <<<"$help" || fail "$bin --help does not list $flag"
   ! grep -q -- "--flagfile" <<<"$help" || fail "$bin --help lists absl's own flags"
+  ! grep -qE -- "\.cc|/work/" <<<"$help" || fail "$bin --help names source files: $help"
 done
 # --version names the binary and its build, not absl's "Debug build
 # (NDEBUG not #defined)" of a release build.
