@@ -982,12 +982,19 @@ int RunResume(const std::vector<std::string>& args) {
     const gpipe::v1::JobStatus& s = job->status();
     if (running == nullptr || running->reason() != "Resumed") {
       const int64_t from = s.run_from_step();
-      std::printf(
-          "%s resumed from %s, %lld steps in all\n", job->id().c_str(),
-          from > 0 ? absl::StrCat("the checkpoint of step ", from).c_str()
-          : s.checkpoints().empty() ? "the beginning (it has no checkpoint)"
-                                    : "the beginning",
-          static_cast<long long>(s.total_steps()));
+      // Without a checkpoint a job started from a model's step starts
+      // there again (init_from).
+      const std::string where =
+          !s.checkpoints().empty()
+              ? (from > 0 ? absl::StrCat("the checkpoint of step ", from)
+                          : "the beginning")
+          : from > 0
+              ? absl::StrCat("step ", from,
+                             ", where its init_from model left off (it has "
+                             "no checkpoint)")
+              : "the beginning (it has no checkpoint)";
+      std::printf("%s resumed from %s, %lld steps in all\n", job->id().c_str(),
+                  where.c_str(), static_cast<long long>(s.total_steps()));
     }
     std::printf("%s %s: %s\n", job->id().c_str(), StateName(s.state()).c_str(),
                 running != nullptr ? running->message().c_str() : "resumed");

@@ -694,28 +694,36 @@ int RunLocal(const std::vector<std::string>& args) {
   absl::StatusOr<std::string> worker_bin = FindBinary("gpipe-worker");
   if (!worker_bin.ok()) return Fail(worker_bin.status());
 
-  // Where the results go is made now, before the job runs, and before
-  // the run directory: a refused --out left an empty one behind.
+  const std::string keep = absl::GetFlag(FLAGS_keep);
+  absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
+  if (!run_dir.ok()) return Fail(run_dir.status());
+  // Where the results go is made now, before anything starts; a refusal
+  // takes the temporary run directory with it (an empty one was left
+  // behind on every refused --out).
+  const auto refuse = [&](const absl::Status& s) {
+    if (keep.empty()) {
+      std::error_code ec;
+      fs::remove_all(*run_dir, ec);
+    }
+    return Fail(s);
+  };
   const std::string out = absl::GetFlag(FLAGS_out);
   if (!out.empty()) {
-    if (absl::Status s = MakeOutputDir("--out", out); !s.ok()) return Fail(s);
+    if (absl::Status s = MakeOutputDir("--out", out); !s.ok()) return refuse(s);
   }
   if (const std::string dir = absl::GetFlag(FLAGS_trace); !dir.empty()) {
-    if (absl::Status s = MakeOutputDir("--trace", dir); !s.ok()) return Fail(s);
+    if (absl::Status s = MakeOutputDir("--trace", dir); !s.ok())
+      return refuse(s);
   }
   std::string targets_path = absl::GetFlag(FLAGS_metrics_targets);
   if (!targets_path.empty()) {
     // Written now with no endpoints (as at the end): a path it cannot be
     // written at was found only once the processes had started.
     if (absl::Status s = WriteTargets(targets_path, {}); !s.ok())
-      return Fail(s);
-  }
-
-  const std::string keep = absl::GetFlag(FLAGS_keep);
-  absl::StatusOr<std::string> run_dir = MakeRunDir(keep);
-  if (!run_dir.ok()) return Fail(run_dir.status());
-  if (targets_path.empty())
+      return refuse(s);
+  } else {
     targets_path = (out.empty() ? *run_dir : out) + "/prometheus-targets.json";
+  }
 
   InstallInterruptHandlers();
   int code = 1;

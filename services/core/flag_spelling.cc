@@ -1,5 +1,7 @@
 #include "services/core/flag_spelling.h"
 
+#include <cstring>
+
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
@@ -35,6 +37,18 @@ void SpellFlagsForAbsl(int argc, char** argv) {
     char* p = name;
     for (; *p != '\0' && *p != '='; ++p)
       if (*p == '-') *p = '_';
+    // --no-replace-workers: absl says a boolean flag's "no" without a
+    // separator (--noreplace_workers).
+    if (absl::StartsWith(name, "no_") &&
+        absl::FindCommandLineFlag(absl::string_view(name, p - name)) ==
+            nullptr) {
+      const absl::CommandLineFlag* positive =
+          absl::FindCommandLineFlag(absl::string_view(name + 3, p - name - 3));
+      if (positive != nullptr && positive->IsOfType<bool>()) {
+        std::memmove(name + 2, name + 3, std::strlen(name + 3) + 1);
+        --p;
+      }
+    }
     if (*p == '=') continue;
     const absl::CommandLineFlag* flag = FindFlag(name);
     if (flag != nullptr && !flag->IsOfType<bool>()) ++i;  // its value

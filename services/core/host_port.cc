@@ -45,9 +45,12 @@ absl::Status CheckPortInRange(absl::string_view flag,
       !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
     return absl::OkStatus();
   }
-  if (digits.size() <= 5) {
+  // Leading zeros are the same port to the resolver ("065535").
+  const size_t first = std::min(digits.find_first_not_of('0'), digits.size());
+  const absl::string_view value = digits.substr(first);
+  if (value.size() <= 5) {
     int port = 0;
-    if (absl::SimpleAtoi(digits, &port) && port <= 65535)
+    if (value.empty() || (absl::SimpleAtoi(value, &port) && port <= 65535))
       return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(

@@ -234,11 +234,8 @@ void ResolveDataPaths(const std::string& base, v1::JobSpec* spec) {
   });
 }
 
-namespace {
-
-absl::Status CheckPathsExist(const v1::JobSpec& spec, bool init_from) {
+absl::Status CheckSpecPathsExist(const v1::JobSpec& spec) {
   for (const auto& [field, path] : SpecPaths(spec)) {
-    if (!init_from && field == "init_from.path") continue;
     std::error_code ec;
     if (std::filesystem::exists(path, ec)) continue;
     return absl::FailedPreconditionError(absl::StrCat(
@@ -246,16 +243,6 @@ absl::Status CheckPathsExist(const v1::JobSpec& spec, bool init_from) {
         ec ? absl::StrCat(" (", ec.message(), ")") : std::string()));
   }
   return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::Status CheckSpecPathsExist(const v1::JobSpec& spec) {
-  return CheckPathsExist(spec, /*init_from=*/true);
-}
-
-absl::Status CheckResolutionPathsExist(const v1::JobSpec& spec) {
-  return CheckPathsExist(spec, /*init_from=*/NeedsInitStep(spec));
 }
 
 }  // namespace gpipe

@@ -73,14 +73,6 @@ std::vector<std::pair<std::string, std::string>> SpecPaths(
 // SpecPaths that does not exist here.
 absl::Status CheckSpecPathsExist(const gpipe::v1::JobSpec& spec);
 
-// The same for the paths ResolveDataDependentFields reads: the data's, and
-// init_from.path only where the step to continue from comes from it. A
-// missing init file otherwise stopped the data's fields from being filled,
-// and was named as the reason they were not ("init_from.path: ... does not
-// exist here, and model.layers[4].linear.out_features is filled from the
-// data").
-absl::Status CheckResolutionPathsExist(const gpipe::v1::JobSpec& spec);
-
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_PIPELINE_DATA_RESOLUTION_H_

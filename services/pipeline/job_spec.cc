@@ -532,10 +532,6 @@ absl::Status ValidatePipeline(const v1::JobSpec& spec) {
   }
   const int64_t chunks = ChunkCount(spec);
   if (chunks > layers) {
-    if (VirtualStageCount(spec) == 1) {
-      return FieldError("pipeline.stages", k, " stages is more than the ",
-                        layers, " layers of the model");
-    }
     return FieldError("pipeline.virtual_stages", k, " stages x ",
                       VirtualStageCount(spec), " chunks is more than the ",
                       layers, " layers of the model");
@@ -794,8 +790,20 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
     if (!f.required) continue;
     // A missing file leads: "give the value" alone sent a user whose
     // path was wrong on to "cannot open" it.
-    const absl::Status readable = CheckResolutionPathsExist(spec);
+    const absl::Status readable = CheckSpecPathsExist(spec);
     if (!readable.ok()) {
+      // A missing init file stops the filling too: the trained model's
+      // columns, normalization and vocabulary come from it first.
+      if (absl::StartsWith(readable.message(), "init_from.path:")) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            readable.message(),
+            " here: a job started from a model takes its inputs' "
+            "preprocessing from that file where it is submitted, before ",
+            f.field,
+            " is filled from the data: fix the path, or, where only the "
+            "cluster's machines have the file, give ",
+            f.give, " in the spec"));
+      }
       return absl::InvalidArgumentError(absl::StrCat(
           readable.message(), " here, and ", f.field,
           " is filled from the data where the job is submitted: fix the "
@@ -892,7 +900,7 @@ absl::Status CheckJobSpec(v1::JobSpec* spec) {
   // Where the data can be read (the submitter's machine), what only the
   // data says is written into the spec before it is checked.
   const std::vector<DataDependentField> pending = DataDependentFields(*spec);
-  if (!pending.empty() && CheckResolutionPathsExist(*spec).ok()) {
+  if (!pending.empty() && CheckSpecPathsExist(*spec).ok()) {
     // A spec that can be checked without its data is, first: a mistake in
     // it is named as such, not by what reading the data then tripped on.
     if (std::none_of(pending.begin(), pending.end(),

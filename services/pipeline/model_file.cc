@@ -1,5 +1,6 @@
 #include "services/pipeline/model_file.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -225,6 +226,36 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
           " bytes) and gpipe.job's data.text.vocabulary (", recorded.size(),
           " bytes) disagree from token id ", i,
           ": the metadata was edited, and readers would map text to ids "
+          "differently"));
+    }
+  }
+  // The normalization too: gpipe.preprocessing is what readers without a
+  // protobuf parser apply, gpipe.job's data.normalize what gpipe applies.
+  // An edited one was ignored here while other readers took it.
+  if (const std::string* pre = get("gpipe.preprocessing"); pre != nullptr) {
+    gpipe::v1::DataSpec written;  // {"normalize": {...}} is a DataSpec's JSON
+    google::protobuf::util::JsonParseOptions options;
+    options.ignore_unknown_fields = false;
+    const auto parsed =
+        google::protobuf::util::JsonStringToMessage(*pre, &written, options);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": gpipe.preprocessing is not {\"normalize\": {\"mean\": "
+          "[...], \"std\": [...]}}: ",
+          std::string(parsed.message().data(), parsed.message().size())));
+    }
+    const gpipe::v1::DataSpec& data = info.spec.data();
+    const auto same = [](const auto& a, const auto& b) {
+      return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin());
+    };
+    if (!data.has_normalize() ||
+        !same(written.normalize().mean(), data.normalize().mean()) ||
+        !same(written.normalize().std(), data.normalize().std())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path,
+          ": gpipe.preprocessing and gpipe.job's data.normalize disagree: the "
+          "metadata was edited, and readers would normalize the inputs "
           "differently"));
     }
   }

@@ -69,11 +69,12 @@ run "$gpipectl" local "$work/job.json" --metrics-targets "$work/no/such/dir/t.js
 [[ $rc -eq 1 ]] || fail "local with an unwritable --metrics-targets exited $rc: $out"
 grep -q -- "--metrics-targets: cannot create" <<<"$out" || fail "local --metrics-targets: $out"
 ! grep -q "local cluster:" <<<"$out" || fail "local started its processes before refusing --metrics-targets: $out"
-[[ ! -e $work/refused-run ]] || fail "local made its run directory before refusing --metrics-targets"
+# A targets file in the --keep directory it makes is fine (it is made first).
 touch "$work/afile"
-run "$gpipectl" local "$work/job.json" --out "$work/afile" --keep "$work/refused-run"
+run "$gpipectl" local "$work/job.json" --out "$work/afile" --keep "$work/kept-run" \
+  --metrics-targets "$work/kept-run/targets.json"
 [[ $rc -ne 0 ]] || fail "local --out FILE was accepted: $out"
-[[ ! -e $work/refused-run ]] || fail "local made its run directory before refusing --out FILE"
+grep -q -- "--out: cannot make" <<<"$out" || fail "local --out FILE: $out"
 
 # --- gpipectl local: a controller and two workers, to the end -------------
 set +e

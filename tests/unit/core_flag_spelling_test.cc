@@ -42,6 +42,11 @@ TEST(FlagSpelling, AValueGivenApartKeepsItsDashes) {
             (Args{"--spelling_watch", "--spelling_steps", "2"}));
   EXPECT_EQ(Spelt({"--nospelling-watch", "--spelling-steps", "2"}),
             (Args{"--nospelling_watch", "--spelling_steps", "2"}));
+  // A switch's "no" with a dash, as absl spells it; not for a value flag.
+  EXPECT_EQ(Spelt({"--no-spelling-watch", "--no-spelling-steps=3"}),
+            (Args{"--nospelling_watch", "--no_spelling_steps=3"}));
+  EXPECT_EQ(Spelt({"--no-spelling-watch=false"}),
+            (Args{"--nospelling_watch=false"}));
 }
 
 TEST(FlagSpelling, ArgumentsAndEverythingAfterTheEndStayAsTyped) {

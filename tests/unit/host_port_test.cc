@@ -36,9 +36,10 @@ TEST(HostPortTest, JoinsAndReadsPeers) {
 }
 
 TEST(HostPortTest, APortPastTheRangeIsRefusedNamingTheFlag) {
-  for (const char* fine : {"127.0.0.1:0", "127.0.0.1:65535", "[::1]:7070",
-                           "dns:///controller:7070", "unix:/tmp/s", "",
-                           "controller", "0000065535"}) {
+  for (const char* fine :
+       {"127.0.0.1:0", "127.0.0.1:65535", "[::1]:7070",
+        "dns:///controller:7070", "unix:/tmp/s", "", "controller",
+        "127.0.0.1:065535", "h:0000000000080", "h:00000"}) {
     EXPECT_TRUE(CheckPortInRange("--listen", fine).ok()) << fine;
   }
   const absl::Status s = CheckPortInRange("--listen", "127.0.0.1:99999");

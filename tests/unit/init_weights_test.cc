@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -674,6 +675,51 @@ TEST_F(InitWeightsTest, TheTwoVocabularyRecordsMustAgree) {
   auto filled = write(unrecorded, "[10, 32, 98]");
   ASSERT_TRUE(filled.ok()) << filled.status();
   EXPECT_EQ(filled->spec.data().text().vocabulary(), std::string("\n b", 3));
+}
+
+// gpipe.preprocessing is what readers without a protobuf parser apply:
+// one that disagrees with gpipe.job's data.normalize (an edited file) is
+// refused, as gpipe applied the job's and other readers the other.
+TEST_F(InitWeightsTest, TheTwoNormalizationRecordsMustAgree) {
+  gpipe::v1::JobSpec normalized = spec_;
+  gpipe::v1::Normalize& n = *normalized.mutable_data()->mutable_normalize();
+  n.add_mean(0.25f);
+  n.add_std(0.1f);
+  const auto write = [&](const gpipe::v1::JobSpec& spec,
+                         std::optional<std::string> preprocessing) {
+    std::map<std::string, std::string> metadata = ModelFileMetadata(spec, 1);
+    if (preprocessing)
+      metadata["gpipe.preprocessing"] = *preprocessing;
+    else
+      metadata.erase("gpipe.preprocessing");
+    const std::string path = (dir_ / "normalized.safetensors").string();
+    EXPECT_TRUE(WriteSafetensors(path, {}, metadata).ok());
+    return ReadModelFileInfo(path);
+  };
+  // As written, and without the record (another tool's file).
+  const std::map<std::string, std::string> written =
+      ModelFileMetadata(normalized, 1);
+  ASSERT_TRUE(written.count("gpipe.preprocessing"));
+  EXPECT_TRUE(write(normalized, written.at("gpipe.preprocessing")).ok());
+  EXPECT_TRUE(write(normalized, std::nullopt).ok());
+  // Reformatted by a JSON tool: the same numbers.
+  EXPECT_TRUE(
+      write(normalized, R"({"normalize":{"mean":[0.25],"std":[0.100000001]}})")
+          .ok());
+  for (const char* edited :
+       {R"({"normalize": {"mean": [0.25], "std": [0]}})",
+        R"({"normalize": {"mean": [1, 2], "std": [0.1, 0.1]}})"}) {
+    EXPECT_THAT(write(normalized, edited).status().message(),
+                HasSubstr("gpipe.preprocessing and gpipe.job's "
+                          "data.normalize disagree"))
+        << edited;
+  }
+  EXPECT_THAT(write(spec_, R"({"normalize": {"mean": [0], "std": [1]}})")
+                  .status()
+                  .message(),
+              HasSubstr("disagree"));
+  EXPECT_THAT(write(normalized, "{\"normalize\": 3").status().message(),
+              HasSubstr("gpipe.preprocessing is not"));
 }
 
 }  // namespace
