@@ -63,6 +63,32 @@ std::string CharModel(const std::string& path, int vocab, int head) {
   })");
 }
 
+// 30 rows of two features and a class id in 0..2, header "a,b,y".
+std::string ThreeClassCsv() {
+  std::string csv = "a,b,y\n";
+  for (int i = 0; i < 30; ++i)
+    absl::StrAppend(&csv, i, ",", 2 * i, ",", i % 3, "\n");
+  return csv;
+}
+
+// A linear classifier on such a table whose head the data sizes; `more`
+// goes into the spec's data.csv, `rest` after data.
+std::string CsvHeadSpec(const std::string& path, const std::string& more = "",
+                        const std::string& rest = "") {
+  return absl::StrCat(R"({
+    "model": {
+      "input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
+      "layers": [{"linear": {"in_features": 2, "out_features": 0}}],
+      "loss": {"softmax_cross_entropy": {}}
+    },
+    "optimizer": {"lr": 0.01, "sgd": {}},
+    "data": {"csv": {"path": ")",
+                      path, R"(", "target": "y")", more, R"(}},)", rest, R"(
+    "batch_size": 4,
+    "steps": 2
+  })");
+}
+
 TEST_F(DataResolutionTest, AZeroVocabularyIsTheFilesAndIsRecorded) {
   const std::string path = Write("abc.txt", std::string(200, 'a') + "bcab\n");
   auto spec = ParseJobSpecJson(CharModel(path, 0, 0));
@@ -135,23 +161,9 @@ TEST_F(DataResolutionTest, AFetchedCheckpointsVocabularyIsAdopted) {
 // A size filled from the data that the model cannot take names where it
 // came from: the spec said 0, the data's largest class id set it.
 TEST_F(DataResolutionTest, AFilledSizeTooLargeNamesTheDataThatSetIt) {
-  std::string csv = "a,b,y\n";
-  for (int i = 0; i < 30; ++i)
-    absl::StrAppend(&csv, i, ",", 2 * i, ",", i % 3, "\n");
-  csv += "1,2,300000000\n";
-  const std::string path = Write("big.csv", csv);
-  const std::string spec = absl::StrCat(R"({
-    "model": {
-      "input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
-      "layers": [{"linear": {"in_features": 2, "out_features": 0}}],
-      "loss": {"softmax_cross_entropy": {}}
-    },
-    "optimizer": {"lr": 0.01, "sgd": {}},
-    "data": {"csv": {"path": ")",
-                                        path, R"(", "target": "y"}},
-    "batch_size": 4,
-    "steps": 2
-  })");
+  const std::string path =
+      Write("big.csv", ThreeClassCsv() + "1,2,300000000\n");
+  const std::string spec = CsvHeadSpec(path);
   auto parsed = ParseJobSpecJson(spec);
   ASSERT_FALSE(parsed.ok());
   EXPECT_THAT(parsed.status().message(),
@@ -212,26 +224,11 @@ TEST_F(DataResolutionTest, UnreadableDataLeavesARequiredFieldNamed) {
 // from the data", which blamed the data. Filling from the data alone would
 // line the columns up with the new file's order, not the trained one's.
 TEST_F(DataResolutionTest, AMissingInitFileIsNamedAsWhatStopsTheFilling) {
-  std::string csv = "a,b,y\n";
-  for (int i = 0; i < 30; ++i)
-    absl::StrAppend(&csv, i, ",", 2 * i, ",", i % 3, "\n");
-  const std::string path = Write("three.csv", csv);
+  const std::string path = Write("three.csv", ThreeClassCsv());
   const std::string gone = (dir_ / "gone.safetensors").string();
-  const std::string json = absl::StrCat(R"({
-    "model": {
-      "input": {"dtype": "FLOAT32", "shape": {"dims": [2]}},
-      "layers": [{"linear": {"in_features": 2, "out_features": 0}}],
-      "loss": {"softmax_cross_entropy": {}}
-    },
-    "optimizer": {"lr": 0.01, "sgd": {}},
-    "data": {"csv": {"path": ")",
-                                        path, R"(", "target": "y",
-                     "standardize": true}},
-    "init_from": {"path": ")",
-                                        gone, R"("},
-    "batch_size": 4,
-    "steps": 2
-  })");
+  const std::string json =
+      CsvHeadSpec(path, R"(, "standardize": true)",
+                  absl::StrCat(R"("init_from": {"path": ")", gone, R"("},)"));
   auto spec = ParseJobSpecJson(json);
   ASSERT_FALSE(spec.ok());
   EXPECT_THAT(spec.status().message(),
