@@ -531,6 +531,29 @@ absl::Status WriteTargets(
   return absl::OkStatus();
 }
 
+// Whether WriteTargets can write `path`: its directory is there and
+// writable (the file is written through a temporary file beside it).
+absl::Status CheckTargetsWritable(const std::string& path) {
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-targets: cannot create ", path, ": ",
+                     dir.string(), " is not a directory"));
+  }
+  if (fs::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-targets: ", path, " is a directory"));
+  }
+  if (::access(dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-targets: cannot create ", path,
+                     ": cannot write in ", dir.string()));
+  }
+  return absl::OkStatus();
+}
+
 // Everything between starting the processes and stopping them; the exit code.
 int RunJob(const gpipe::v1::JobSpec& spec, LocalCluster& cluster,
            int64_t workers, const std::string& targets_path, bool* keep_logs) {
@@ -717,9 +740,10 @@ int RunLocal(const std::vector<std::string>& args) {
   }
   std::string targets_path = absl::GetFlag(FLAGS_metrics_targets);
   if (!targets_path.empty()) {
-    // Written now with no endpoints (as at the end): a path it cannot be
-    // written at was found only once the processes had started.
-    if (absl::Status s = WriteTargets(targets_path, {}); !s.ok())
+    // A path it cannot be written at was found only once the processes had
+    // started. Not written yet: a script may wait for the file to appear
+    // as the sign that the cluster's endpoints are up.
+    if (absl::Status s = CheckTargetsWritable(targets_path); !s.ok())
       return refuse(s);
   } else {
     targets_path = (out.empty() ? *run_dir : out) + "/prometheus-targets.json";

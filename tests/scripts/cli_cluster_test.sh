@@ -66,7 +66,7 @@ JSON
 # --- gpipectl local: where its results cannot go, refused before it starts -
 run "$gpipectl" local "$work/job.json" --metrics-targets "$work/no/such/dir/t.json" \
   --keep "$work/refused-run"
-[[ $rc -eq 1 ]] || fail "local with an unwritable --metrics-targets exited $rc: $out"
+[[ $rc -eq 2 ]] || fail "local with an unwritable --metrics-targets exited $rc: $out"
 grep -q -- "--metrics-targets: cannot create" <<<"$out" || fail "local --metrics-targets: $out"
 ! grep -q "local cluster:" <<<"$out" || fail "local started its processes before refusing --metrics-targets: $out"
 # A targets file in the --keep directory it makes is fine (it is made first).

@@ -97,6 +97,43 @@ tests:
         exp_alerts: []
 YAML
 promtool test rules "$work/rule_test.yml" || fail "promtool test rules: GpipeLossNotFinite"
+# GpipeCheckpointStoreFull fires for a counter that rose, and for one whose
+# first sample was already 1 (the store filled before the first scrape:
+# increase() alone never saw it rise); not for one at 0.
+full_description="$(python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')=='GpipeCheckpointStoreFull'][0]['annotations']['description'])" "$src/deploy/prometheus/gpipe-rules.yml")"
+full_signal='increase(gpipe_checkpoint_failures_total{reason="store_full"}[15m])'
+cat >"$work/store_full_test.yml" <<YAML
+rule_files: [$src/deploy/prometheus/gpipe-rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'gpipe_checkpoint_failures_total{job="rose",reason="store_full"}'
+        values: '0 0 1x40'
+      - series: 'gpipe_checkpoint_failures_total{job="born",reason="store_full"}'
+        values: '1x40'
+      - series: 'gpipe_checkpoint_failures_total{job="fine",reason="store_full"}'
+        values: '0x40'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: GpipeCheckpointStoreFull
+        exp_alerts:
+          - exp_labels: {job: rose, reason: store_full, severity: critical}
+            exp_annotations:
+              summary: "rose cannot write its checkpoints: the store is full"
+              description: "$full_description"
+              signal: '$full_signal'
+          - exp_labels: {job: born, reason: store_full, severity: critical}
+            exp_annotations:
+              summary: "born cannot write its checkpoints: the store is full"
+              description: "$full_description"
+              signal: '$full_signal'
+      - eval_time: 30m
+        alertname: GpipeCheckpointStoreFull
+        exp_alerts: []
+YAML
+promtool test rules "$work/store_full_test.yml" >"$work/store_full.out" 2>&1 ||
+  { cat "$work/store_full.out"; fail "promtool test rules: GpipeCheckpointStoreFull"; }
 
 # --- a local cluster with metrics: a job long enough to scrape ------------
 cat >"$work/job.json" <<'JSON'
