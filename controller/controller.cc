@@ -183,7 +183,10 @@ absl::Status Controller::Recover() {
   const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   store_ = std::move(*store);
-  store_writer_ = std::make_unique<StoreWriter>(store_.get());
+  store_writer_ =
+      std::make_unique<StoreWriter>(store_.get(), [metrics = options_.metrics] {
+        if (metrics != nullptr) metrics->OnStoreFailure();
+      });
   jobs_.set_store(store_writer_.get());
   int64_t resumed = 0;
   for (StoredJob& stored : loaded->jobs) {

@@ -6,7 +6,11 @@
 
 namespace gpipe::controller {
 
-StoreWriter::StoreWriter(JobStore* store) : store_(store) {
+StoreWriter::StoreWriter(JobStore* store, std::function<void()> on_failure,
+                         absl::Duration retry_every)
+    : store_(store),
+      on_failure_(std::move(on_failure)),
+      retry_every_(retry_every) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -53,6 +57,7 @@ absl::Status StoreWriter::WaitStored(uint64_t ticket, const std::string& id) {
 }
 
 void StoreWriter::Loop() {
+  bool last_try = false;  // stopping: failed writes get one more
   for (;;) {
     std::map<std::string, Queued> batch;
     {
@@ -60,8 +65,20 @@ void StoreWriter::Loop() {
       const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return !queued_.empty() || stopping_;
       };
-      mu_.Await(absl::Condition(&ready));
-      if (queued_.empty()) return;  // stopping, and everything is written
+      const bool woken =
+          retry_.empty()
+              ? (mu_.Await(absl::Condition(&ready)), true)
+              : mu_.AwaitWithTimeout(absl::Condition(&ready), retry_every_);
+      // Failed writes go again, unless a newer state of the job is queued.
+      if (!woken || (stopping_ && !last_try)) {
+        for (auto& [id, q] : retry_) queued_.emplace(id, std::move(q));
+        retry_.clear();
+        last_try = stopping_;
+      }
+      if (queued_.empty()) {
+        if (stopping_) return;  // everything is written, or was tried
+        continue;
+      }
       batch.swap(queued_);
     }
     uint64_t newest = 0;
@@ -86,8 +103,11 @@ void StoreWriter::Loop() {
     for (auto& [id, outcome] : outcomes) {
       if (outcome.second.ok()) {
         failed_.erase(id);
+        retry_.erase(id);
       } else {
         failed_[id] = std::move(outcome);
+        retry_[id] = std::move(batch[id]);
+        if (on_failure_) on_failure_();
       }
     }
     // Every ticket up to `newest` was queued before this batch was taken:

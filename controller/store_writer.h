@@ -8,6 +8,7 @@
 #define GPIPE_CONTROLLER_STORE_WRITER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "controller/job_store.h"
 #include "gpipe/v1/controller.pb.h"
 
@@ -22,8 +24,15 @@ namespace gpipe::controller {
 
 class StoreWriter {
  public:
-  explicit StoreWriter(JobStore* store);  // not owned; outlives this
-  ~StoreWriter();                         // writes what is queued, then stops
+  // A write that fails (a full disk) is tried again every `retry_every`
+  // with the job's newest state, until it succeeds or a newer one is
+  // queued: a job's last change (SUCCEEDED) written while the disk was full
+  // was lost for good, and a restarted controller ran the job again.
+  // `on_failure` is called for each failed write (the metric).
+  explicit StoreWriter(JobStore* store,  // not owned; outlives this
+                       std::function<void()> on_failure = nullptr,
+                       absl::Duration retry_every = absl::Seconds(2));
+  ~StoreWriter();  // writes what is queued, then stops
 
   StoreWriter(const StoreWriter&) = delete;
   StoreWriter& operator=(const StoreWriter&) = delete;
@@ -53,6 +62,10 @@ class StoreWriter {
   // Jobs whose last write failed: the ticket written and the store's error.
   std::map<std::string, std::pair<uint64_t, absl::Status>> failed_
       ABSL_GUARDED_BY(mu_);
+  // Their writes, to try again.
+  std::map<std::string, Queued> retry_ ABSL_GUARDED_BY(mu_);
+  const std::function<void()> on_failure_;
+  const absl::Duration retry_every_;
   std::map<std::string, Queued> queued_ ABSL_GUARDED_BY(mu_);  // by job id
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 0;
   // Every ticket up to this one is on disk (or failed, logged).

@@ -63,6 +63,15 @@ ControllerMetrics::ControllerMetrics() {
                       "(DATA_LOSS) and passed over for an older one")
                   .Register(registry_)
                   .Add({});
+  store_failures_ =
+      &prometheus::BuildCounter()
+           .Name("gpipe_job_store_failures_total")
+           .Help(
+               "Writes of the job store (--store) that failed, a full disk "
+               "most likely: retried every 2 s, but a controller restarted "
+               "meanwhile replays the jobs from what was last written")
+           .Register(registry_)
+           .Add({});
   recovery_ =
       &prometheus::BuildHistogram()
            .Name("gpipe_recovery_duration_seconds")

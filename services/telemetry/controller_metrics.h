@@ -48,6 +48,9 @@ class ControllerMetrics : public prometheus::Collectable {
   // the files or write the manifest).
   void OnCheckpointFailure(const std::string& job, const std::string& reason);
   void OnCorruptCheckpoints(int64_t n) { corrupt_->Increment(n); }
+  // A write of the job store (--store) that failed: a full disk; it is
+  // tried again, but a restart meanwhile would replay what it lost.
+  void OnStoreFailure() { store_failures_->Increment(); }
   void ObserveRecovery(double seconds) { recovery_->Observe(seconds); }
   // The newest evaluation of `job` on the test split.
   void ObserveEvaluation(const std::string& job, double loss, double accuracy);
@@ -79,6 +82,7 @@ class ControllerMetrics : public prometheus::Collectable {
   prometheus::Counter* checkpoints_;
   prometheus::Counter* failed_;
   prometheus::Counter* corrupt_;
+  prometheus::Counter* store_failures_;
   prometheus::Histogram* recovery_;
   prometheus::Family<prometheus::Gauge>* eval_loss_;
   prometheus::Family<prometheus::Gauge>* eval_accuracy_;

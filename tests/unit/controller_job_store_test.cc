@@ -5,14 +5,18 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "controller/controller.h"
 #include "controller/job_store.h"
+#include "controller/store_writer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/support/controller_fixtures.h"
@@ -185,6 +189,49 @@ TEST_F(JobStoreTest, ASubmitTheStoreCannotRecordIsRefused) {
   EXPECT_EQ(jobs->jobs_size(), 0);
   // With room again, a submit is stored as before.
   EXPECT_TRUE(controller->SubmitJob(test_support::RecoverableSpec(1, 2)).ok());
+}
+
+// A write the store refuses (a full disk; here a file size limit) is tried
+// again once there is room: a job's last change written while the disk was
+// full (SUCCEEDED) was lost for good, and a restarted controller ran the
+// job again. Each failure is counted (the metric).
+TEST_F(JobStoreTest, AFailedWriteIsTriedAgainOnceThereIsRoom) {
+  auto store = JobStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::atomic<int> failures{0};
+  auto writer = std::make_unique<StoreWriter>(
+      store->get(), [&] { ++failures; }, absl::Milliseconds(50));
+  v1::Job job;
+  job.set_id("job-1");
+  job.mutable_status()->set_state(v1::RUNNING);
+  writer->WaitWritten(writer->Put(1, job));
+
+  struct rlimit before;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &before), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = before;
+  small.rlim_cur = 512;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  job.mutable_status()->set_state(v1::SUCCEEDED);
+  const absl::Status full = writer->WaitStored(writer->Put(1, job), "job-1");
+  // Still full at the next try or two.
+  absl::SleepFor(absl::Milliseconds(120));
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &before), 0);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_FALSE(full.ok());
+  EXPECT_GE(failures.load(), 2);
+  // With room again, the retry writes it without another change.
+  for (int i = 0; i < 100 && !writer->WaitStored(0, "job-1").ok(); ++i)
+    absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_TRUE(writer->WaitStored(0, "job-1").ok());
+  writer.reset();
+  store->reset();
+  auto reopened = JobStore::Open(path_);
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  absl::StatusOr<LoadedJobs> loaded = (*reopened)->LoadAll();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->jobs.size(), 1u);
+  EXPECT_EQ(loaded->jobs[0].job.status().state(), v1::SUCCEEDED);
 }
 
 }  // namespace
