@@ -960,13 +960,14 @@ void Controller::HandleMessage(WorkerRecord& worker,
 }
 
 void Controller::DetachWorker(WorkerRecord& worker, absl::Status end,
-                              std::string_view why) {
+                              std::string_view why, bool drained) {
   const absl::Time now = Now();
   absl::MutexLock lock(&mu_);
   if (worker.lost) return;
   std::shared_ptr<WorkerRecord> registered = workers_.Find(worker.id());
   if (registered.get() != &worker) return;
-  LoseWorker(registered, std::move(end), why, /*disconnect=*/false, now);
+  LoseWorker(registered, std::move(end), why, /*disconnect=*/false, now,
+             drained);
   Changed();
 }
 
@@ -1027,7 +1028,7 @@ void Controller::Reschedule(absl::Time now) {
 
 void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
                             absl::Status end, std::string_view why,
-                            bool disconnect, absl::Time now) {
+                            bool disconnect, absl::Time now, bool drained) {
   workers_.Remove(worker->id());
   worker->lost = true;
   worker->gone = std::move(end);
@@ -1077,11 +1078,12 @@ void Controller::LoseWorker(const std::shared_ptr<WorkerRecord>& worker,
   const std::string message = absl::StrCat(
       "worker ", info.worker_id(), " at ", info.address(), " was lost at step ",
       job->status().step(), ": ", AsAbsl(why));
+  const char* reason = drained ? "WorkerDrained" : "WorkerLost";
   if (ReplicaCount(job->job.spec()) > 1) {
-    RestartReplicas(*job, "WorkerLost", message, worker.get(),
-                    /*counted=*/true, now);
+    RestartReplicas(*job, reason, message, worker.get(),
+                    /*counted=*/!drained, now);
   } else {
-    RestartOrFail(*job, "WorkerLost", message, worker.get(), /*counted=*/true,
+    RestartOrFail(*job, reason, message, worker.get(), /*counted=*/!drained,
                   now);
   }
   Reschedule(now);

@@ -185,9 +185,13 @@ class Controller {
   void HandleMessage(WorkerRecord& worker,
                      const gpipe::v1::WorkerMessage& message);
   // The worker is gone (`why` says how, for people); `end` is the status its
-  // stream ends with. A running stage's job fails with WorkerLost.
+  // stream ends with. A running stage's job restarts (WorkerLost, counted
+  // against its max_restarts), or with `drained` (the worker said goodbye:
+  // SIGTERM, a rollout or a node drain, which people plan) restarts
+  // without spending one (WorkerDrained): two rollouts failed a job of
+  // max_restarts 1, and a rollout of 4 workers raised the restart alert.
   void DetachWorker(WorkerRecord& worker, absl::Status end,
-                    std::string_view why);
+                    std::string_view why, bool drained = false);
 
   // Stage files through the controller. Where the upload of `header` goes
   // (the path its report must then name), once it is known to come from a
@@ -239,8 +243,8 @@ class Controller {
 
   // Removes `worker`; fails its job when it was running a stage.
   void LoseWorker(const std::shared_ptr<WorkerRecord>& worker, absl::Status end,
-                  std::string_view why, bool disconnect, absl::Time now)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                  std::string_view why, bool disconnect, absl::Time now,
+                  bool drained = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records the running cut's bubbles by the stages' measured times
   // (JobStatus.cut_bubbles) and hands each worker its own, when one moved
   // by kCutBubbleMoves or more since the last.

@@ -279,17 +279,19 @@ grpc::Status ControllerService::Attach(
   std::thread reader([&] {
     v1::WorkerMessage message;
     std::string why = "its Attach stream ended";
+    bool drained = false;
     while (stream->Read(&message)) {
       // A goodbye (the worker is draining on SIGTERM) ends the stream as a
       // break does, without waiting for the lease.
       if (message.has_goodbye()) {
         why = "it said goodbye (" + message.goodbye().reason() + ")";
+        drained = true;
         break;
       }
       controller_.HandleMessage(worker, message);
     }
     reader_done = true;
-    controller_.DetachWorker(worker, absl::OkStatus(), why);
+    controller_.DetachWorker(worker, absl::OkStatus(), why, drained);
   });
   absl::Status end;
   while (true) {

@@ -1362,6 +1362,35 @@ TEST_F(ControllerStateTest, CommitsAreVerifiedOffTheLockAndRestoredFrom) {
   EXPECT_EQ(controller_->corrupt_checkpoints(), 0);
 }
 
+// A worker that says goodbye (SIGTERM: a rollout, a node drain) is planned
+// for: its job restarts on another worker without spending a restart. The
+// job here allows none: a lost worker would fail it.
+TEST_F(ControllerStateTest, ADrainedWorkerCostsTheJobNoRestart) {
+  std::shared_ptr<WorkerRecord> w1 = Attach(1);
+  std::shared_ptr<WorkerRecord> w2 = Attach(2);
+  absl::StatusOr<v1::Job> job = controller_->SubmitJob(Spec(1, 0));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Assignment(*w1).has_value());
+  controller_->DetachWorker(*w1, absl::OkStatus(), "it said goodbye (SIGTERM)",
+                            /*drained=*/true);
+  absl::StatusOr<v1::Job> got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().state(), v1::RESTARTING);
+  EXPECT_EQ(got->status().restarts(), 0);
+  const v1::Condition* running = FindCondition(got->status(), kRunning);
+  ASSERT_NE(running, nullptr);
+  EXPECT_EQ(running->reason(), "WorkerDrained");
+  Settle();
+  std::optional<v1::Assignment> b = Assignment(*w2);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->job_id(), job->id());
+  // Lost, not drained, the next one fails it.
+  controller_->DetachWorker(*w2, absl::UnavailableError("gone"), "gone");
+  got = controller_->GetJob(job->id());
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->status().state(), v1::FAILED);
+}
+
 TEST_F(ControllerStateTest, ACorruptRestorePointIsDroppedAndCounted) {
   OneStageJob j = StartOneStageJob();
   std::shared_ptr<WorkerRecord> w1 = j.w1, w2 = j.w2;
