@@ -539,6 +539,12 @@ class JobFollower {
   JobFollower(bool json, std::optional<std::string> model_path)
       : json_(json), model_path_(std::move(model_path)) {}
 
+  // The watch is back after losing its controller: the time away is no
+  // part of the job's rate.
+  void OnResumed() {
+    if (progress_ != nullptr) progress_->RestartRate();
+  }
+
   void OnEvent(const gpipe::v1::JobEvent& event) {
     job_ = event.job();
     if (json_) {
@@ -872,7 +878,8 @@ absl::StatusOr<gpipe::v1::Job> FollowJob(
   JobFollower follower(json, std::move(model_path));
   absl::Status s = client.WatchJob(
       job_id,
-      [&](const gpipe::v1::JobEvent& event) { follower.OnEvent(event); }, stop);
+      [&](const gpipe::v1::JobEvent& event) { follower.OnEvent(event); }, stop,
+      absl::Seconds(30), [&] { follower.OnResumed(); });
   follower.EndBar();
   if (!s.ok()) return s;
   follower.PrintSummary();

@@ -384,7 +384,8 @@ absl::StatusOr<gpipe::v1::ListWorkersResponse> ControllerClient::ListWorkers() {
 absl::Status ControllerClient::WatchJob(
     const std::string& job_id,
     const std::function<void(const gpipe::v1::JobEvent&)>& on_event,
-    const std::function<bool()>& stop, absl::Duration reconnect_for) {
+    const std::function<bool()>& stop, absl::Duration reconnect_for,
+    const std::function<void()>& on_resumed) {
   bool ever_connected = false;
   absl::Time lost_since = absl::InfiniteFuture();
   for (;;) {
@@ -411,6 +412,7 @@ absl::Status ControllerClient::WatchJob(
                                                       absl::Seconds(1)))
                          .c_str(),
                      address_.c_str());
+        if (on_resumed) on_resumed();
       }
       guard.Answered();
       ever_connected = true;

@@ -62,7 +62,8 @@ class ControllerClient {
       const std::string& job_id,
       const std::function<void(const gpipe::v1::JobEvent&)>& on_event,
       const std::function<bool()>& stop,
-      absl::Duration reconnect_for = absl::Seconds(30));
+      absl::Duration reconnect_for = absl::Seconds(30),
+      const std::function<void()>& on_resumed = nullptr);
 
   // The user-facing form of a failed call's status; `rpc` names the call.
   // A refused token or a failed TLS handshake says which flag to look at.

@@ -52,9 +52,10 @@ void Progress::Update(int64_t step, double loss, int64_t samples) {
   // the watch began (the status it started from was older): the clock
   // starts at the first report instead. A replay starts it again.
   if (step < last_step_ || step < start_step_ ||
-      (last_step_ < 0 && start_step_ > 0)) {
+      (last_step_ < 0 && start_step_ > 0) || restart_) {
     start_step_ = step;
     start_ = now;
+    restart_ = false;
   }
   last_step_ = step;
   const bool last = step == total_;

@@ -26,6 +26,9 @@ class Progress {
   // Text drawn after the bar from the next Update on (e.g. per-stage
   // utilization and bubble); empty for none.
   void SetSuffix(std::string suffix) { suffix_ = std::move(suffix); }
+  // Rates and ETA count again from the next Update: a watch that was away
+  // (its controller restarted) counted the outage as the job's time.
+  void RestartRate() { restart_ = true; }
   // Ends the bar's line so other output can follow on a fresh one; a later
   // Update() draws the bar again below it.
   void Finish();
@@ -42,6 +45,7 @@ class Progress {
   int64_t samples_ = 0;
   int64_t last_step_ = -1;
   bool drawn_ = false;
+  bool restart_ = false;
   std::string suffix_;
 };
 
