@@ -64,7 +64,12 @@ promtool check config "$src/deploy/prometheus/prometheus.yml" ||
 # step; a step can take longer than 15 minutes), and then stops: a failed
 # job's NaN loss stays exported until the job is deleted (a week by
 # default), and paged critical all that time.
-description="$(python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')=='GpipeLossNotFinite'][0]['annotations']['description'])" "$src/deploy/prometheus/gpipe-rules.yml")"
+# An alert's description as the rule file has it, for promtool's tests.
+alert_description() {
+  python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')==sys.argv[2]][0]['annotations']['description'])" \
+    "$src/deploy/prometheus/gpipe-rules.yml" "$1"
+}
+description="$(alert_description GpipeLossNotFinite)"
 nans="$(printf 'NaN %.0s' {1..40})"
 cat >"$work/rule_test.yml" <<YAML
 rule_files: [$src/deploy/prometheus/gpipe-rules.yml]
@@ -100,7 +105,7 @@ promtool test rules "$work/rule_test.yml" || fail "promtool test rules: GpipeLos
 # GpipeCheckpointStoreFull fires for a counter that rose, and for one whose
 # first sample was already 1 (the store filled before the first scrape:
 # increase() alone never saw it rise); not for one at 0.
-full_description="$(python3 -c "import yaml,sys; r=yaml.safe_load(open(sys.argv[1])); print([a for g in r['groups'] for a in g['rules'] if a.get('alert')=='GpipeCheckpointStoreFull'][0]['annotations']['description'])" "$src/deploy/prometheus/gpipe-rules.yml")"
+full_description="$(alert_description GpipeCheckpointStoreFull)"
 full_signal='increase(gpipe_checkpoint_failures_total{reason="store_full"}[15m])'
 cat >"$work/store_full_test.yml" <<YAML
 rule_files: [$src/deploy/prometheus/gpipe-rules.yml]
