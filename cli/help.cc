@@ -135,12 +135,6 @@ const std::vector<Command>& Commands() {
   return *commands;
 }
 
-bool IsCommand(absl::string_view name) {
-  for (const Command& c : Commands())
-    if (name == c.name) return true;
-  return false;
-}
-
 // The commands a part of a flag's help starts with ("train, submit: "), or
 // none where it starts otherwise.
 std::vector<absl::string_view> PartCommands(absl::string_view text) {
@@ -149,7 +143,7 @@ std::vector<absl::string_view> PartCommands(absl::string_view text) {
   std::vector<absl::string_view> names =
       absl::StrSplit(text.substr(0, colon), ", ");
   for (absl::string_view name : names)
-    if (!IsCommand(name)) return {};
+    if (CommandFlags(std::string(name)) == nullptr) return {};
   return names;
 }
 

@@ -141,11 +141,10 @@ int main(int argc, char** argv) {
       "HOST:PORT]\n"
       "                 [--trace_steps 16] [--trace_jobs 32] [--store FILE]");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr,
-                 "gpipe-controller: unexpected argument '%s' (every setting "
-                 "is a flag: gpipe-controller --help)\n",
-                 rest[1]);
+  if (absl::Status s = gpipe::CheckNoArguments("gpipe-controller", rest);
+      !s.ok()) {
+    std::fprintf(stderr, "gpipe-controller: %s\n",
+                 std::string(s.message()).c_str());
     return 2;
   }
   if (absl::Status s =

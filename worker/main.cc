@@ -187,11 +187,9 @@ int main(int argc, char** argv) {
       "[--cuda_ipc_ring_bytes N] [--compute_slowdown F]\n"
       "On Kubernetes: --listen=0.0.0.0:7071 --advertise=$(POD_IP):7071");
   const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr,
-                 "gpipe-worker: unexpected argument '%s' (every setting is a "
-                 "flag: gpipe-worker --help)\n",
-                 rest[1]);
+  if (absl::Status s = gpipe::CheckNoArguments("gpipe-worker", rest); !s.ok()) {
+    std::fprintf(stderr, "gpipe-worker: %s\n",
+                 std::string(s.message()).c_str());
     return 2;
   }
   if (const int threads = absl::GetFlag(FLAGS_threads);

@@ -6,6 +6,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace gpipe {
 namespace {
@@ -53,6 +54,14 @@ void SpellFlagsForAbsl(int argc, char** argv) {
     const absl::CommandLineFlag* flag = FindFlag(name);
     if (flag != nullptr && !flag->IsOfType<bool>()) ++i;  // its value
   }
+}
+
+absl::Status CheckNoArguments(absl::string_view program,
+                              const std::vector<char*>& rest) {
+  if (rest.size() <= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unexpected argument '", rest[1],
+                   "' (every setting is a flag: ", program, " --help)"));
 }
 
 }  // namespace gpipe

@@ -4,6 +4,9 @@
 #ifndef GPIPE_SERVICES_CORE_FLAG_SPELLING_H_
 #define GPIPE_SERVICES_CORE_FLAG_SPELLING_H_
 
+#include <vector>
+
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace gpipe {
@@ -18,6 +21,13 @@ bool IsFlagArgument(absl::string_view arg);
 // my-job", "--prompt -a-b") is left as typed, and so is everything after
 // "--".
 void SpellFlagsForAbsl(int argc, char** argv);
+
+// OK when absl's parser left no argument but the program's name (`rest`,
+// ParseCommandLine's answer); a service takes every setting as a flag, and
+// took a stray word silently. The error names the first: "unexpected
+// argument 'extra' (every setting is a flag: gpipe-worker --help)".
+absl::Status CheckNoArguments(absl::string_view program,
+                              const std::vector<char*>& rest);
 
 }  // namespace gpipe
 
