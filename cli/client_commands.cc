@@ -142,9 +142,10 @@ void PrintListJson(const gpipe::v1::ListJobsResponse& list) {
   std::fflush(stdout);
 }
 
-void PrintJson(const google::protobuf::Message& message, bool pretty) {
+// One line per response, whichever command printed it, so scripts can read
+// every --json output the same way (a line a document; watch prints many).
+void PrintJson(const google::protobuf::Message& message) {
   google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = pretty;
   options.always_print_primitive_fields = true;
   std::string json;
   (void)google::protobuf::util::MessageToJsonString(message, &json, options);
@@ -548,8 +549,7 @@ class JobFollower {
   void OnEvent(const gpipe::v1::JobEvent& event) {
     job_ = event.job();
     if (json_) {
-      PrintJson(model_path_ ? WithModelPath(event, *model_path_) : event,
-                /*pretty=*/false);
+      PrintJson(model_path_ ? WithModelPath(event, *model_path_) : event);
       return;
     }
     const gpipe::v1::JobStatus& s = job_.status();
@@ -901,7 +901,7 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (!job.ok()) return Fail("submit", job.status());
   const bool watch = absl::GetFlag(FLAGS_watch);
   if (absl::GetFlag(FLAGS_json))
-    PrintJson(*job, /*pretty=*/!watch);
+    PrintJson(*job);
   else
     std::printf("%s\n", job->id().c_str());
   std::fflush(stdout);
@@ -939,7 +939,7 @@ int RunStatus(const std::vector<std::string>& args) {
   absl::StatusOr<gpipe::v1::Job> job = client.GetJob(args[0]);
   if (!job.ok()) return Fail("status", job.status());
   if (absl::GetFlag(FLAGS_json))
-    PrintJson(*job, /*pretty=*/true);
+    PrintJson(*job);
   else
     PrintJobDetail(*job);
   return 0;
@@ -957,7 +957,7 @@ int RunCancel(const std::vector<std::string>& args) {
   absl::StatusOr<gpipe::v1::Job> job = client.CancelJob(args[0]);
   if (!job.ok()) return Fail("cancel", job.status());
   if (absl::GetFlag(FLAGS_json)) {
-    PrintJson(*job, /*pretty=*/true);
+    PrintJson(*job);
   } else {
     std::printf("%s %s\n", job->id().c_str(),
                 StateName(job->status().state()).c_str());
@@ -977,7 +977,7 @@ int RunResume(const std::vector<std::string>& args) {
   if (!job.ok()) return Fail("resume", job.status());
   const bool watch = absl::GetFlag(FLAGS_watch);
   if (absl::GetFlag(FLAGS_json)) {
-    PrintJson(*job, /*pretty=*/!watch);
+    PrintJson(*job);
   } else {
     const gpipe::v1::Condition* running = nullptr;
     for (const auto& c : job->status().conditions()) {
@@ -1020,7 +1020,7 @@ int RunDelete(const std::vector<std::string>& args) {
     // The response is empty: the request, which names the job deleted.
     gpipe::v1::DeleteJobRequest deleted;
     deleted.set_job_id(args[0]);
-    PrintJson(deleted, /*pretty=*/false);
+    PrintJson(deleted);
   } else {
     std::printf("%s deleted\n", args[0].c_str());
   }
@@ -1062,7 +1062,7 @@ int RunWorkers(const std::vector<std::string>& args) {
   absl::StatusOr<gpipe::v1::ListWorkersResponse> list = client.ListWorkers();
   if (!list.ok()) return Fail("workers", list.status());
   if (absl::GetFlag(FLAGS_json)) {
-    PrintJson(*list, /*pretty=*/true);
+    PrintJson(*list);
     return 0;
   }
   if (list->workers().empty()) {

@@ -248,6 +248,13 @@ absl::Status CheckFlagSyntax(int argc, char** argv) {
       }
       value = argv[++i];
     }
+    // `--step=$STEP` with STEP unset read as no --step at all (fetch then
+    // downloaded the final model); a flag given must say something. The
+    // prompt may be empty: generation from nothing.
+    if (value->empty() && name != "prompt") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          typed, ": an empty value (leave the flag out for its default)"));
+    }
     // Parsed into the flag itself, as absl's parser then does again with
     // the same value.
     std::string error;

@@ -204,12 +204,17 @@ run env GPIPE_CONTROLLER=127.0.0.1:1 "$gpipectl" workers
 grep -q "cannot reach the controller at 127.0.0.1:1" <<<"$out" ||
   fail "GPIPE_CONTROLLER is not used: $out"
 
+# Every --json response is one JSON document on one line, whichever command
+# printed it (submit and status were pretty-printed where list was not).
+json_line() {
+  [[ $rc -eq 0 ]] || fail "$1 exited $rc: $out"
+  [[ $(wc -l <<<"$out") -eq 1 ]] || fail "$1 is not one line: $out"
+  python3 -m json.tool <<<"$out" >/dev/null || fail "$1 is not JSON: $out"
+}
 run "$gpipectl" --controller "$addr" workers --json
-[[ $rc -eq 0 ]] || fail "workers --json exited $rc: $out"
-python3 -m json.tool <<<"$out" >/dev/null || fail "workers --json is not JSON: $out"
+json_line "workers --json"
 run "$gpipectl" --controller "$addr" list --json
-[[ $rc -eq 0 ]] || fail "list --json exited $rc: $out"
-python3 -m json.tool <<<"$out" >/dev/null || fail "list --json is not JSON: $out"
+json_line "list --json"
 
 # A job that no worker runs: submitted, listed, pending, cancelled; watching
 # it ends with exit code 1.
@@ -230,18 +235,23 @@ run "$gpipectl" --controller "$addr" status "$job"
 [[ $rc -eq 0 ]] || fail "status $job exited $rc: $out"
 grep -q "PENDING" <<<"$out" || fail "a job without workers is not PENDING: $out"
 run "$gpipectl" --controller "$addr" status "$job" --json
-python3 -m json.tool <<<"$out" >/dev/null || fail "status --json is not JSON: $out"
-run "$gpipectl" --controller "$addr" cancel "$job"
-[[ $rc -eq 0 ]] || fail "cancel $job exited $rc: $out"
+json_line "status --json"
+run "$gpipectl" --controller "$addr" cancel "$job" --json
+json_line "cancel --json"
 run "$gpipectl" --controller "$addr" watch "$job"
 [[ $rc -eq 1 ]] || fail "watch of a cancelled job exited $rc, want 1: $out"
 grep -q "CANCELLED" <<<"$out" || fail "watch of a cancelled job: $out"
 # delete: JSON for scripts too, and the job is gone.
 run "$gpipectl" --controller "$addr" delete "$job" --json
-[[ $rc -eq 0 ]] || fail "delete $job exited $rc: $out"
+json_line "delete --json"
 [[ "$(python3 -c 'import json,sys; print(json.load(sys.stdin)["jobId"])' <<<"$out")" == "$job" ]] ||
   fail "delete --json is not the job's JSON: $out"
 run "$gpipectl" --controller "$addr" status "$job"
 [[ $rc -eq 1 ]] && grep -q "not found" <<<"$out" || fail "a deleted job's status: $out"
+run "$gpipectl" --controller "$addr" submit "$work/job.json" --json
+json_line "submit --json"
+job=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])' <<<"$out")
+run "$gpipectl" --controller "$addr" cancel "$job"
+[[ $rc -eq 0 ]] || fail "cancel $job exited $rc: $out"
 
 echo "1 passed, 0 failed"
