@@ -8,6 +8,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "services/core/listen_probe.h"
 
 namespace gpipe::controller {
 
@@ -23,6 +24,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(
   server->service_ =
       std::make_unique<ControllerService>(*server->controller_, options.auth);
 
+  if (absl::Status s = ProbeListen("", options.listen); !s.ok()) return s;
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

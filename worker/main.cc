@@ -37,6 +37,7 @@
 #include "services/core/flag_spelling.h"
 #include "services/core/flags_help.h"
 #include "services/core/host_port.h"
+#include "services/core/listen_probe.h"
 #include "services/core/log.h"
 #include "services/core/memory.h"
 #include "services/core/status.h"
@@ -398,6 +399,11 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (absl::Status s = gpipe::ProbeListen("", listen); !s.ok()) {
+    std::fprintf(stderr, "gpipe-worker: %s\n",
+                 std::string(s.message()).c_str());
+    return 1;
+  }
   builder.AddListeningPort(
       listen, gpipe::security::MakeServerCredentials(security->server_tls),
       &port);

@@ -7,6 +7,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "services/core/listen_probe.h"
 
 namespace gpipe::security {
 namespace {
@@ -35,6 +36,9 @@ class OnlyHealth final : public grpc::CallbackGenericService {
 
 absl::StatusOr<std::unique_ptr<HealthPort>> HealthPort::Start(
     const std::string& listen) {
+  if (absl::Status s = ProbeListen("--health_listen: ", listen); !s.ok()) {
+    return s;
+  }
   std::unique_ptr<HealthPort> port(new HealthPort());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -49,4 +49,28 @@ refused "--heartbeat_interval_ms (20000) must be less than --heartbeat_timeout_m
 refused "--controller: port 108636" gpipectl list --controller 127.0.0.1:108636
 GPIPE_CONTROLLER=127.0.0.1:99999 refused "\$GPIPE_CONTROLLER: port 99999" gpipectl list
 [[ ! -e $work/ckpt ]] || fail "a refused controller made its checkpoint directory"
+
+# A port another process holds: exit 1 with our line alone, not gRPC's chain
+# of errors ("chttp2_server.cc ... errno:98") ahead of it.
+python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1",0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)' >"$work/port" &
+holder=$!
+trap 'kill $holder 2>/dev/null; rm -rf "$work"' EXIT
+for _ in $(seq 100); do [[ -s $work/port ]] && break; sleep 0.1; done
+taken="127.0.0.1:$(cat "$work/port")"
+in_use() {  # BINARY ARGS...
+  local binary=$1
+  shift
+  set +e
+  timeout -k 5 20 "$bin/$binary" "$@" >"$work/out" 2>&1
+  local rc=$?
+  set -e
+  [[ $rc == 1 ]] || fail "$binary on a taken port exited $rc, want 1: $(cat "$work/out")"
+  grep -qF "cannot listen on $taken: in use by another process" "$work/out" ||
+    fail "$binary on a taken port: $(cat "$work/out")"
+  ! grep -q "chttp2\|errno" "$work/out" || fail "$binary on a taken port shows gRPC's errors: $(cat "$work/out")"
+  echo "$binary on a taken port: $(grep -F "cannot listen" "$work/out")"
+}
+in_use gpipe-worker --controller 127.0.0.1:1 --listen "$taken"
+in_use gpipe-worker --controller 127.0.0.1:1 --listen 127.0.0.1:0 --health_listen "$taken"
+in_use gpipe-controller "${c[@]}" --listen "$taken" --metrics_listen ""
 echo "1 passed, 0 failed"
