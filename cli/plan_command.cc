@@ -5,6 +5,8 @@
 // activation memory, marking the fastest that fits a memory budget. The
 // simulation is cheap, so it also answers for pipelines far larger than this
 // machine.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -759,6 +761,22 @@ int RunPlan(const std::vector<std::string>& args) {
   // Why configurations the ranges hold were not simulated: the error when
   // none was.
   std::set<std::string> skipped;
+  // On a terminal, a line that says where the plan is once it has taken a
+  // second: a model of thousands of layers took a minute without a word.
+  const bool tty = isatty(STDERR_FILENO) != 0;
+  const auto plan_began = std::chrono::steady_clock::now();
+  bool ticker_drawn = false;
+  const auto tick = [&](int64_t k, int64_t lo, int64_t hi) {
+    const double seconds = std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - plan_began)
+                               .count();
+    if (!tty || seconds < 1) return;
+    std::fprintf(stderr, "\r\033[Ksimulating K=%lld of %lld..%lld (%.0f s)",
+                 static_cast<long long>(k), static_cast<long long>(lo),
+                 static_cast<long long>(hi), seconds);
+    std::fflush(stderr);
+    ticker_drawn = true;
+  };
   // `own_replicas` > 0: only that R (the spec's own row).
   const auto plan = [&](int64_t lo, int64_t hi, const std::vector<int64_t>& ms,
                         const std::vector<ScheduleKind>& kinds,
@@ -767,6 +785,7 @@ int RunPlan(const std::vector<std::string>& args) {
                             0) -> absl::StatusOr<std::vector<Option>> {
     std::vector<Option> out;
     for (int64_t k = lo; k <= hi; ++k) {
+      if (own_replicas == 0) tick(k, lo, hi);
       // Each remat mode (and chunk count, and ZB-V's M) has its own cut:
       // stages that re-materialize do more for the same layers
       // (RematStageWeights).
@@ -1027,6 +1046,7 @@ int RunPlan(const std::vector<std::string>& args) {
     k_hi = std::min(layers, 2 * k_hi);
     if (workers > 0) k_hi = std::min(k_hi, workers);
   }
+  if (ticker_drawn) std::fprintf(stderr, "\r\033[K");
   const double simulate_ms = std::chrono::duration<double, std::milli>(
                                  std::chrono::steady_clock::now() - started)
                                  .count();
