@@ -29,6 +29,7 @@
 #include "services/pipeline/model_file.h"
 #include "services/pipeline/partitioner.h"
 #include "services/pipeline/reference_trainer.h"
+#include "services/pipeline/remat.h"
 #include "services/pipeline/schedule.h"
 #include "services/pipeline/simulator.h"
 #include "services/pipeline/step_plan.h"
@@ -249,31 +250,45 @@ std::string PipelineFigures(InProcessPipeline& pipeline,
 
 // The trainer the flags ask for: the reference trainer for one stage, the
 // in-process pipeline otherwise.
-// What every step holds whatever the cut (each stage holds its layers'
-// share): the model's parameters, gradients, optimizer state and packed
-// weights, once per replica. Past this process's memory (physical or its
-// cgroups') a run would be killed partway with no word, as a worker is not
-// (it checks the memory model against its budget).
-absl::Status CheckStateFits(const gpipe::v1::JobSpec& spec,
-                            const PipelineOptions& options) {
-  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(spec.model()));
-  const std::vector<StageMemory> whole = EstimatePipelineMemory(
-      spec, shapes, {static_cast<int64_t>(shapes.costs.size())});
-  const StageMemory& m = whole.front();
-  const int64_t state = SaturatingSum(
-      {m.parameters, m.gradients, m.optimizer_state, m.packed_weights});
+// What this run holds at its peak by the memory model a worker and the
+// controller check a job by: every stage's parameters, gradients, optimizer
+// state and packed weights, the activations its schedule keeps, its working
+// memory and its evaluation batch, for every stage at once (one process
+// holds them all: Combined), once per replica. Past this process's memory
+// (physical, its cgroups' or ulimit -v) a run would be killed partway with
+// no word, or hang where a stage's thread ran out; parameters alone let a
+// run through whose evaluation needed 128 GiB.
+absl::Status CheckRunFits(const gpipe::v1::JobSpec& run,
+                          const PipelineOptions& options) {
+  ASSIGN_OR_RETURN(const ModelShapes shapes, InferModelShapes(run.model()));
+  gpipe::v1::JobSpec est = run;
+  gpipe::v1::PipelineSpec& p = *est.mutable_pipeline();
+  p.set_stages(options.stages);
+  p.set_schedule(ScheduleToSpec(options.schedule));
+  p.set_remat(RematToSpec(options.remat));
+  if (options.virtual_stages > 0) p.set_virtual_stages(options.virtual_stages);
+  const int64_t chunks = options.stages * VirtualStageCount(est);
+  std::vector<int64_t> balance = options.balance;
+  if (static_cast<int64_t>(balance.size()) != chunks) {
+    p.clear_balance();
+    ASSIGN_OR_RETURN(balance, PartitionJob(est, chunks));
+  }
+  const StageMemory all =
+      Combined(EstimatePipelineMemory(est, shapes, balance));
   const int64_t replicas = std::max<int64_t>(1, options.replicas);
-  const int64_t need =
-      state > INT64_MAX / replicas ? INT64_MAX : state * replicas;
+  const int64_t one = all.total();
+  const int64_t need = one > INT64_MAX / replicas ? INT64_MAX : one * replicas;
   const int64_t have = SystemMemoryLimit();
   if (have > 0 && need > have) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the model's parameters, gradients, optimizer state and packed "
-        "weights need ",
-        FormatBytes(need),
-        replicas > 1 ? absl::StrCat(" (", replicas, " replicas)") : "",
+        "this run needs about ", FormatBytes(need),
+        replicas > 1 ? absl::StrCat(" (", replicas, " replicas of ",
+                                    FormatBytes(one), ")")
+                     : "",
         ", more than the ", FormatBytes(have),
-        " this machine lets the process use"));
+        " this machine lets the process use: ", all.ToString(),
+        "; gpipectl plan shows what other batch, micro-batch and stage "
+        "counts need"));
   }
   return absl::OkStatus();
 }
@@ -348,7 +363,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> MakeTrainer(
   gpipe::v1::JobSpec run = spec;
   run.mutable_pipeline()->set_replicas(options.replicas);
   run.mutable_pipeline()->set_micro_batches(options.micro_batches);
-  if (*device == Device::kCpu) RETURN_IF_ERROR(CheckStateFits(run, options));
+  if (*device == Device::kCpu) RETURN_IF_ERROR(CheckRunFits(run, options));
   if (options.stages == 1 && options.replicas <= 1) {
     SetComputeThreads(threads);
     *description = absl::StrCat(

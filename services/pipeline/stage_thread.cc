@@ -1,5 +1,7 @@
 #include "services/pipeline/stage_thread.h"
 
+#include <exception>
+
 #include "services/tensor/threads.h"
 
 namespace gpipe {
@@ -17,7 +19,18 @@ StageThread::~StageThread() {
 }
 
 std::future<void> StageThread::Post(std::function<void()> work) {
-  std::packaged_task<void()> task(std::move(work));
+  // An exception ends the process here as it would on the caller's thread
+  // (a bad_alloc as "out of memory", exit 3: ExplainOutOfMemory). Kept in
+  // the future instead, it left the stage's links open, and its
+  // neighbours waited on them for good: `gpipectl train --stages 2` hung
+  // where --stages 1 said it ran out of memory.
+  std::packaged_task<void()> task([work = std::move(work)] {
+    try {
+      work();
+    } catch (...) {
+      std::terminate();
+    }
+  });
   std::future<void> done = task.get_future();
   {
     std::lock_guard<std::mutex> lock(mu_);

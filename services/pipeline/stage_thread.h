@@ -21,7 +21,8 @@ class StageThread {
   StageThread(const StageThread&) = delete;
   StageThread& operator=(const StageThread&) = delete;
 
-  // Queues `work`; the future is ready when it has run.
+  // Queues `work`; the future is ready when it has run. An exception it
+  // throws ends the process (std::terminate), as on any other thread.
   std::future<void> Post(std::function<void()> work);
 
  private:
