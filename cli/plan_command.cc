@@ -893,6 +893,13 @@ int RunPlan(const std::vector<std::string>& args) {
             skipped.insert(error);
             continue;
           }
+          if (k * v * m > kMaxStagePasses) {
+            skipped.insert(absl::StrCat(
+                "K=", k, v > 1 ? absl::StrCat(" x ", v, " chunks") : "",
+                " with M=", m, " is more than ", kMaxStagePasses,
+                " micro-batch passes a step, as a spec may hold"));
+            continue;
+          }
           if (k * v > layers) {
             skipped.insert(
                 absl::StrCat(std::string(ScheduleName(schedule)), " needs ",

@@ -41,6 +41,10 @@ inline constexpr int64_t kMaxDatasetValues = int64_t{1} << 30;
 // numbers nothing could reach.
 inline constexpr int64_t kMaxSpecBytes = int64_t{1} << 20;  // serialized
 inline constexpr int64_t kMaxLayers = 10000;
+// Micro-batches times stages (chunks): each pass is an op in a worker's
+// schedule, which the controller builds for every job it checks. GPipe's
+// and its successors' runs use tens to thousands.
+inline constexpr int64_t kMaxStagePasses = int64_t{1} << 18;
 inline constexpr int64_t kMaxNameBytes = 256;
 inline constexpr int64_t kMaxSteps = 1'000'000'000;
 inline constexpr int64_t kMaxKeptCheckpoints = 1000;
