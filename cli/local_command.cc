@@ -47,6 +47,7 @@
 #include "services/pipeline/job_spec.h"
 #include "services/storage/file_io.h"
 #include "services/telemetry/trace_files.h"
+#include "services/tensor/device.h"
 #include "services/transport/data_plane.h"
 
 ABSL_FLAG(int64_t, workers, 0,
@@ -57,7 +58,7 @@ ABSL_FLAG(int64_t, workers, 0,
 ABSL_FLAG(bool, replace_workers, true,
           "local: start a new worker process when one dies, as a Deployment "
           "would, and let the controller recover the job (at most 10 "
-          "times); --noreplace_workers: a dead worker stops the run");
+          "times); --no-replace-workers: a dead worker stops the run");
 ABSL_FLAG(std::string, keep, "",
           "local: run in this (new or empty) directory and keep its logs and "
           "checkpoints (default: a temporary directory, removed when the job "
@@ -651,27 +652,35 @@ int RunLocal(const std::vector<std::string>& args) {
                  "[--threads T] [--keep DIR] [--metrics_targets FILE] "
                  "[--trace DIR] [--data_plane auto|grpc|shm|cuda_ipc] "
                  "[--ports FIRST-LAST] "
-                 "[--device cpu|cuda|auto] [--noreplace_workers]\n");
+                 "[--device cpu|cuda|auto] [--no-replace-workers]\n");
     return 2;
   }
   // The workers may run elsewhere (--keep directories): paths mean here.
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadSpecWithFlags(args[0]);
   if (!spec.ok()) return Fail(spec.status());
-  // The starting weights checked before any process starts, as the data is
-  // (LoadSpecWithFlags): a text file named as initFrom, or weights of other
-  // shapes, failed the job only once the cluster had started and the
-  // controller read them. The same check the controller makes
-  // (CheckJobContents), within the memory its check may take by default
-  // (larger weights are the stages' to check, each its own share), and
-  // that memory given back before the workers start.
+  // The data's values and the starting weights checked before any process
+  // starts, as train reads them: a NaN feature, a label past the head's
+  // classes, a text file named as initFrom or weights of other shapes
+  // failed the job only once the cluster had started and the controller
+  // read them (and left the run directory behind). The same check the
+  // controller makes (CheckJobContents), within the memory its check may
+  // take by default (larger files are the stages' to check, each its own
+  // share), and that memory given back before the workers start.
   constexpr int64_t kCheckMaxBytes = int64_t{1} << 30;
   const absl::StatusOr<std::optional<int64_t>> check_bytes =
       ContentCheckBytes(*spec);
-  if (spec->has_init_from() && check_bytes.ok() &&
-      check_bytes->value_or(0) <= kCheckMaxBytes) {
-    const absl::Status weights_fit = CheckStartingWeights(*spec);
+  if (check_bytes.ok() && check_bytes->has_value() &&
+      **check_bytes <= kCheckMaxBytes) {
+    const absl::Status contents = CheckJobContents(*spec);
     ReleaseFreedMemory();
-    if (!weights_fit.ok()) return Fail(weights_fit);
+    if (!contents.ok()) return Fail(contents);
+  }
+  // The device the workers are told, refused here as train refuses it: a
+  // worker exited with status 2 after the cluster had started.
+  if (absl::StatusOr<Device> device =
+          ResolveDevice(absl::GetFlag(FLAGS_device));
+      !device.ok()) {
+    return Fail(device.status());
   }
   // The workers' own parser: what they accept is what is accepted here.
   if (const std::string plane = absl::GetFlag(FLAGS_data_plane);

@@ -76,6 +76,42 @@ run "$gpipectl" local "$work/job.json" --out "$work/afile" --keep "$work/kept-ru
 [[ $rc -ne 0 ]] || fail "local --out FILE was accepted: $out"
 grep -q -- "--out: cannot make" <<<"$out" || fail "local --out FILE: $out"
 
+# A device the workers do not take, and data train would refuse (a NaN
+# feature): refused before any process starts, as train refuses them (the job failed on the controller after the cluster had
+# started, and left its run directory).
+run "$gpipectl" local "$work/job.json" --device foo
+[[ $rc -eq 2 ]] || fail "local --device foo exited $rc, want 2: $out"
+grep -q -- "--device: 'foo' is not one of" <<<"$out" || fail "local --device foo: $out"
+! grep -q "local cluster:" <<<"$out" || fail "local started its processes before refusing --device: $out"
+python3 - "$work" <<'PY'
+import json, struct, sys
+work = sys.argv[1]
+def npy(path, descr, shape, fmt, values):
+    header = "{'descr': '%s', 'fortran_order': False, 'shape': %s, }" % (descr, shape)
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(struct.pack("<%d%s" % (len(values), fmt), *values))
+features = [((i * 7) % 10) / 10 for i in range(80)]
+features[35] = float("nan")
+npy(f"{work}/x.npy", "<f4", "(40, 2)", "f", features)
+npy(f"{work}/y.npy", "<i8", "(40,)", "q", [i % 3 for i in range(40)])
+d = json.load(open(f"{work}/job.json"))
+d["model"]["input"]["shape"]["dims"] = [2]
+d["model"]["layers"][0]["linear"]["inFeatures"] = 2
+d["data"] = {"tensors": {"inputs": f"{work}/x.npy", "targets": f"{work}/y.npy"}}
+json.dump(d, open(f"{work}/nan-data.json", "w"))
+PY
+run "$gpipectl" local "$work/nan-data.json" --keep "$work/nan-run"
+[[ $rc -eq 1 ]] || fail "local with a NaN feature exited $rc, want 1: $out"
+grep -qi "nan" <<<"$out" || fail "local does not name the NaN: $out"
+! grep -q "local cluster:" <<<"$out" || fail "local started its processes before checking the data: $out"
+[[ ! -e $work/nan-run ]] || fail "local refused its data and left $work/nan-run"
+train_out=$(timeout -k 5 60 "$gpipectl" train "$work/nan-data.json" --steps 1 2>&1) &&
+  fail "train took a NaN feature: $train_out"
+[[ "$(grep -o "x.npy.*" <<<"$out")" == "$(grep -o "x.npy.*" <<<"$train_out")" ]] ||
+  fail "local and train name the NaN differently: $out / $train_out"
+
 # --- gpipectl local: a controller and two workers, to the end -------------
 set +e
 # Without a wait policy of the user's, the workers sleep at barriers.
