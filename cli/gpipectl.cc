@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
                  std::string(s.message()).c_str());
     return 2;
   }
+  if (absl::Status s = gpipe::cli::CheckArgumentCount(command, args); !s.ok()) {
+    std::fprintf(stderr, "gpipectl %s: %s\n", command.c_str(),
+                 std::string(s.message()).c_str());
+    return 2;
+  }
   gpipe::cli::WarnAboutThreads(command);
   if (command == "train") return gpipe::cli::RunTrain(args);
   if (command == "plan") return gpipe::cli::RunPlan(args);

@@ -7,6 +7,7 @@
 
 #include "absl/flags/commandlineflag.h"
 #include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -197,6 +198,31 @@ const std::vector<const char*>* CommandFlags(const std::string& command) {
   for (const Command& c : Commands())
     if (command == c.name) return &c.flags;
   return nullptr;
+}
+
+absl::Status CheckArgumentCount(const std::string& command,
+                                const std::vector<std::string>& args) {
+  for (const Command& c : Commands()) {
+    if (command != c.name) continue;
+    // The usage's words, less its flags and their values ("--prompt TEXT").
+    size_t most = 0;
+    bool value = false;
+    for (absl::string_view word :
+         absl::StrSplit(c.usage, ' ', absl::SkipEmpty())) {
+      if (value) {
+        value = false;
+      } else if (absl::StartsWith(word, "--")) {
+        value = true;
+      } else {
+        ++most;
+      }
+    }
+    if (args.size() <= most) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", args[most], "' (usage: gpipectl ",
+                     c.name, *c.usage == '\0' ? "" : " ", c.usage, ")"));
+  }
+  return absl::OkStatus();
 }
 
 bool SomeCommandTakes(absl::string_view name) {

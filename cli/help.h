@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace gpipe::cli {
@@ -21,6 +22,12 @@ std::string CommandHelp(const std::string& command);
 // The flags `command` takes (as absl spells them, underscored), or null
 // for a command gpipectl does not have.
 const std::vector<const char*>* CommandFlags(const std::string& command);
+
+// InvalidArgument naming the first argument past those `command`'s usage
+// takes ("unexpected argument 'extra' (usage: gpipectl train JOB.json)"):
+// the command printed its usage line alone. OK for an unknown command.
+absl::Status CheckArgumentCount(const std::string& command,
+                                const std::vector<std::string>& args);
 
 // Whether any command takes the flag `name`.
 bool SomeCommandTakes(absl::string_view name);

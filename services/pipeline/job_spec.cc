@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
@@ -912,8 +913,90 @@ std::string WithEnumNames(absl::string_view message) {
 
 }  // namespace
 
+namespace {
+
+// Letters alone, in lower case: "batch_size", "batchSize" and "batchsize"
+// are one name.
+std::string FoldedName(absl::string_view name) {
+  std::string out;
+  for (char c : name) {
+    if (absl::ascii_isalnum(c)) out.push_back(absl::ascii_tolower(c));
+  }
+  return out;
+}
+
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The message `path` ("model.layers[0].linear", protobuf's path to an
+// unknown field's parent; "" for the spec itself) points into, or null.
+const google::protobuf::Descriptor* MessageAt(absl::string_view path) {
+  const google::protobuf::Descriptor* d = v1::JobSpec::descriptor();
+  for (absl::string_view part : absl::StrSplit(path, '.', absl::SkipEmpty())) {
+    part = part.substr(0, part.find('['));
+    const google::protobuf::FieldDescriptor* f = nullptr;
+    for (int i = 0; i < d->field_count() && f == nullptr; ++i) {
+      if (d->field(i)->name() == part || d->field(i)->json_name() == part)
+        f = d->field(i);
+    }
+    if (f == nullptr || f->message_type() == nullptr) return nullptr;
+    d = f->message_type();
+  }
+  return d;
+}
+
+// " (did you mean batchSize?)" for an unknown field of the spec's JSON
+// whose name is one of its message's fields spelt otherwise (case,
+// underscores) or a letter or two away; "" otherwise. protobuf's error
+// names the field and nothing more.
+std::string FieldSuggestion(absl::string_view error) {
+  constexpr absl::string_view kUnknown = ": Cannot find field.";
+  if (!absl::EndsWith(error, kUnknown)) return "";
+  absl::string_view field = error.substr(0, error.size() - kUnknown.size());
+  absl::string_view parent;
+  if (absl::StartsWith(field, "(")) {
+    const size_t close = field.find(") ");
+    if (close == absl::string_view::npos) return "";
+    parent = field.substr(1, close - 1);
+    field = field.substr(close + 2);
+  }
+  const google::protobuf::Descriptor* d = MessageAt(parent);
+  if (d == nullptr) return "";
+  const std::string folded = FoldedName(field);
+  std::string best;
+  size_t best_distance = folded.size() < 6 ? 1 : 2;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const std::string& json_name = d->field(i)->json_name();
+    const size_t distance = EditDistance(folded, FoldedName(json_name));
+    if (distance <= best_distance) {
+      best_distance = distance;
+      best = json_name;
+    }
+  }
+  return best.empty() ? "" : absl::StrCat(" (did you mean ", best, "?)");
+}
+
+}  // namespace
+
 absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json,
                                              SpecCheck check) {
+  // A byte-order mark, as Windows editors save UTF-8, is no part of the
+  // JSON: "Expected a value." with a caret under invisible bytes.
+  if (json.size() >= 3 && json.substr(0, 3) == "\xEF\xBB\xBF")
+    json.remove_prefix(3);
   RETURN_IF_ERROR(CheckSpecJsonStructure(json));
   v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
@@ -934,9 +1017,13 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecJson(std::string_view json,
     }
     // A NUL quoted back from the input would end the message where it is
     // printed as a C string ("job spec: mod").
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job spec: ", WithEnumNames(absl::StrReplaceAll(
-                          text, {{absl::string_view("\0", 1), "\\0"}}))));
+    const std::string suggestion = FieldSuggestion(text);
+    if (!suggestion.empty()) absl::ConsumeSuffix(&text, ".");
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ",
+                     WithEnumNames(absl::StrReplaceAll(
+                         text, {{absl::string_view("\0", 1), "\\0"}})),
+                     suggestion, suggestion.empty() ? "" : "."));
   }
   if (check == SpecCheck::kWhole) RETURN_IF_ERROR(CheckJobSpec(&spec));
   return spec;

@@ -319,6 +319,9 @@ expect_refused 2 "--seed: '-1' is not a whole number >= 0" \
 expect_refused 2 "--micro-batches: 'four' is not a whole number" \
   train "$work/job.json" --micro-batches=four
 expect_refused 2 "--bogus: no such flag" train "$work/job.json" --bogus 3
+# An argument past the command's own, named (it printed the usage alone).
+expect_refused 2 "gpipectl train: unexpected argument 'extra' (usage: gpipectl train JOB.json)" \
+  train "$work/job.json" extra
 expect_refused 2 "--steps: missing its value" train "$work/job.json" --steps
 # Another command's flag: plan printed its own cut under --balance (and
 # ignored --out, --threads) without a word.

@@ -184,6 +184,15 @@ std::vector<HostileSpec> HostileSpecs() {
             R"(, "pipeline": {"stages": 2, "micro_batches": 16777216})"),
        "pipeline.micro_batches: 16777216 micro-batches over 2 stages are too "
        "many passes a step (at most 262144"},
+      // A misspelt field is named with the field it was likely meant to be.
+      {"AFieldSpeltInLowerCase", Spec(kLayers, "32", R"(, "batchsize": 3)"),
+       "batchsize: Cannot find field (did you mean batchSize?)."},
+      {"ANestedFieldALetterOff",
+       Spec(R"({"linear": {"in_featurs": 8, "out_features": 3}})"),
+       "(model.layers[0].linear) in_featurs: Cannot find field (did you mean "
+       "inFeatures?)."},
+      {"AFieldLikeNoOther", Spec(kLayers, "32", R"(, "zzz": 3)"),
+       "zzz: Cannot find field."},
       {"ANameThatIsAPath", Spec(kLayers, "32", R"(, "name": "../../etc")"),
        "name: holds a path separator ('/')"},
       {"ALongName",
@@ -233,6 +242,9 @@ INSTANTIATE_TEST_SUITE_P(Table, HostileSpecTest,
 
 TEST(HostileSpecTest, TheBaselineIsValid) {
   absl::StatusOr<v1::JobSpec> spec = ParseJobSpecJson(Spec(kLayers));
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  // With the byte-order mark Windows editors write before UTF-8 too.
+  spec = ParseJobSpecJson(absl::StrCat("\xEF\xBB\xBF", Spec(kLayers)));
   EXPECT_TRUE(spec.ok()) << spec.status();
   // Names people write are fine, escaping characters included.
   EXPECT_TRUE(
