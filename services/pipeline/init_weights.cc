@@ -194,6 +194,17 @@ absl::StatusOr<InitReport> LoadInitWeights(
     const std::vector<NamedTensor>& model,
     const std::vector<NamedTensor>& optimizer, const LayerRange& range) {
   const bool strict = !spec.has_strict() || spec.strict();
+  // The step is the file's (written into the spec at submit); one written
+  // by hand that differs skipped steps, or repeated them, with their
+  // learning rates, without a word.
+  if (spec.optimizer_state() && spec.step() != 0 && weights.step.has_value() &&
+      *weights.step != spec.step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_from.step: ", spec.step(), " is not the step ", *weights.step,
+        " that ", weights.path,
+        " was saved after (leave init_from.step out: it is read from the "
+        "file)"));
+  }
   InitReport report;
   std::vector<std::pair<Tensor*, const Tensor*>> copies;
   std::set<std::string> known;  // names this loader takes

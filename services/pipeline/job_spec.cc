@@ -427,8 +427,9 @@ absl::Status ValidateInitFrom(const v1::JobSpec& spec) {
   if (InitialStep(spec) >= spec.steps()) {
     return FieldError("steps", spec.steps(), " must be more than the step ",
                       InitialStep(spec),
-                      " that init_from continues from (steps counts from the "
-                      "start of that run)");
+                      " that init_from continues from (init_from.step, "
+                      "read from the file where left out; steps counts from "
+                      "the start of that run)");
   }
   return absl::OkStatus();
 }

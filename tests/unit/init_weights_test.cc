@@ -145,6 +145,17 @@ TEST_F(InitWeightsTest, ContinuingWithOptimizerStateIsBitwiseOneRun) {
     ASSERT_TRUE((*pipeline)->Step().ok());
   }
   EXPECT_EQ(Snapshot((*pipeline)->StateTensors()), whole);
+
+  // A step written by hand that is not the file's skipped steps 4-7 (and
+  // their learning rates) without a word.
+  gpipe::v1::JobSpec skipping = spec;
+  skipping.mutable_init_from()->set_step(7);
+  auto refused = ReferenceTrainer::Create(skipping);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("init_from.step: 7 is not the step 3 that "));
+  EXPECT_FALSE(
+      InProcessPipeline::Create(skipping, OptionsFromSpec(skipping)).ok());
 }
 
 TEST_F(InitWeightsTest,
