@@ -179,8 +179,11 @@ absl::StatusOr<ModelFileInfo> ReadModelFileInfo(const std::string& path) {
   const std::string* step = get("gpipe.step");
   if (job == nullptr || step == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
-        path,
-        ": no gpipe.job or gpipe.step in its metadata: not a model file "
+        path, ": no ",
+        job == nullptr && step == nullptr ? "gpipe.job or gpipe.step"
+        : job == nullptr                  ? "gpipe.job"
+                                          : "gpipe.step",
+        " in its metadata: not a model file "
         "gpipe wrote (a checkpoint's stage file? use the job's "
         "model.safetensors; another tool's weights? gpipectl eval takes "
         "them with a job's spec after them: eval FILE JOB.json)"));
@@ -412,8 +415,9 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
   if (!job_path.empty() && std::filesystem::is_regular_file(model, ec)) {
     const absl::StatusOr<std::map<std::string, std::string>> metadata =
         ReadMetadata(model);
-    if (metadata.ok() && !metadata->contains("gpipe.job") &&
-        !metadata->contains("gpipe.step")) {
+    // A step without its job is no record either (the message below sent
+    // such a file here, and here it was refused again).
+    if (metadata.ok() && !metadata->contains("gpipe.job")) {
       RETURN_IF_ERROR(CheckModelFormatVersion(model, *metadata));
       return ServeWithJobSpec(model, job_path, /*trained_by_job=*/false);
     }

@@ -636,6 +636,14 @@ TEST_F(InitWeightsTest, AModelFileServedEvaluatesAsItsRunDid) {
                    {{"gpipe.job", "{not json"}, {"gpipe.step", "1"}});
   EXPECT_THAT(SpecToServe(unreadable, job_json).status().message(),
               HasSubstr("its gpipe.job"));
+  // A step without its job records no job either: served with JOB.json,
+  // as the message for it says (it was refused again with the same one).
+  const std::string step_only =
+      TrainAndSave(1, "step-only.safetensors", false, {{"gpipe.step", "1"}});
+  EXPECT_THAT(SpecToServe(step_only, "").status().message(),
+              HasSubstr(": no gpipe.job in its metadata"));
+  auto step_only_served = SpecToServe(step_only, job_json);
+  EXPECT_TRUE(step_only_served.ok()) << step_only_served.status();
 }
 
 // A model file records its vocabulary twice, in gpipe.job and as
