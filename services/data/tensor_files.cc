@@ -207,8 +207,12 @@ absl::StatusOr<std::unique_ptr<TensorFilesDataset>> TensorFilesDataset::Open(
           "(tensor \"",
           target_key, "\"), as targets is empty"));
     }
-    targets = {"inputs", spec.inputs(), target_key};
-    test_targets = {"test_inputs", spec.test_inputs(), target_key};
+    // A tensor missing under the key the user gave is that field's
+    // mistake ("inputs: ...: no tensor \"labels\"" pointed at the inputs).
+    const char* field = spec.target_key().empty() ? nullptr : "target_key";
+    targets = {field != nullptr ? field : "inputs", spec.inputs(), target_key};
+    test_targets = {field != nullptr ? field : "test_inputs",
+                    spec.test_inputs(), target_key};
   } else if (has_test != !spec.test_targets().empty()) {
     return absl::InvalidArgumentError(
         has_test ? "test_targets: required with test_inputs"

@@ -175,6 +175,12 @@ TEST_F(TensorFilesTest, OneSafetensorsFileHoldsInputsAndTargets) {
   auto r = TensorFilesDataset::Open(spec, Shape{3}, DType::kF32);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)->Gather(Split::kTrain, {1}).targets.i32()[0], 1);
+  // A target key the file lacks is that field's mistake, not the inputs'.
+  spec.set_target_key("label");
+  const std::string no_target = Error(spec, Shape{3});
+  EXPECT_THAT(no_target, HasSubstr("target_key: " + renamed));
+  EXPECT_THAT(no_target, HasSubstr("no tensor \"label\""));
+  spec.set_target_key("labels");
 
   // Only a safetensors file can hold the targets too.
   spec.set_inputs(Write("x.npy", Npy("<f4", "(4, 3)", Bytes(Iota(12)))));
