@@ -552,9 +552,15 @@ void ScheduleJobs(JobTable& jobs, WorkerRegistry& workers,
       // (RESTARTING) always holds it: its workers come back one by one
       // after a controller restart, and a lost one's replacement joins
       // later.
-      absl::StrAppend(&message, " (", attached,
-                      attached == 1 ? " is attached" : " are attached",
-                      ": jobs behind it that fit go first)");
+      absl::StrAppend(
+          &message,
+          attached == 0
+              ? std::string(" (no worker is attached: it waits for some to "
+                            "join; jobs behind it that fit go first)")
+              : absl::StrCat(" (only ", attached,
+                             attached == 1 ? " is attached" : " are attached",
+                             ": it waits for more to join; jobs behind it "
+                             "that fit go first)"));
     } else {
       blocked_by = job;
     }

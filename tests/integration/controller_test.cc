@@ -480,8 +480,8 @@ TEST_F(ControllerTest, TwoStageJobRunsToSuccess) {
   EXPECT_FALSE(scheduled->status());
   EXPECT_EQ(scheduled->reason(), "WaitingForWorkers");
   EXPECT_EQ(scheduled->message(),
-            "needs 2 workers, 1 free (1 is attached: jobs behind it that fit "
-            "go first)");
+            "needs 2 workers, 1 free (only 1 is attached: it waits for more "
+            "to join; jobs behind it that fit go first)");
   const std::string id = submitted.id();
 
   Watcher watcher(*stub_, id);

@@ -115,6 +115,18 @@ TEST_F(SchedulerTest, ABigJobHoldsBackTheSmallOnesBehindIt) {
   EXPECT_EQ(small.status().state(), v1::PENDING);
 }
 
+// With no worker at all, the message says so (it read "0 are attached").
+TEST_F(SchedulerTest, AJobWithNoWorkerAttachedSaysSo) {
+  JobRecord& job = Submit(Spec(2));
+  Schedule();
+  EXPECT_EQ(job.status().state(), v1::PENDING);
+  const v1::Condition* waiting = FindCondition(job.status(), kScheduled);
+  ASSERT_NE(waiting, nullptr);
+  EXPECT_EQ(waiting->message(),
+            "needs 2 workers, 0 free (no worker is attached: it waits for "
+            "some to join; jobs behind it that fit go first)");
+}
+
 // A job that needs more workers than are attached waits for more to join
 // without holding the queue: with 3 attached, a 4-stage job stalled every
 // job behind it, the workers idle, until it was cancelled. It still goes
@@ -129,8 +141,8 @@ TEST_F(SchedulerTest, AJobNeedingMoreWorkersThanAttachedHoldsNoOneBack) {
   const v1::Condition* waiting = FindCondition(huge.status(), kScheduled);
   ASSERT_NE(waiting, nullptr);
   EXPECT_EQ(waiting->message(),
-            "needs 4 workers, 3 free (3 are attached: jobs behind it that fit "
-            "go first)");
+            "needs 4 workers, 3 free (only 3 are attached: it waits for more "
+            "to join; jobs behind it that fit go first)");
   // A fourth joins while two are busy: now it could run on the attached
   // workers, so it holds the queue, and a 1-stage job waits behind it.
   auto w4 = Attach(4);
