@@ -29,7 +29,11 @@ ABSL_DECLARE_FLAG(int, threads);
 namespace gpipe::cli {
 namespace {
 
-int Fail(const absl::Status& status) { return FailCommand("eval", status); }
+// Every error in the served model's words (ServedModelError): the user
+// wrote no init_from.
+int Fail(const absl::Status& status) {
+  return FailCommand("eval", ServedModelError(status));
+}
 
 }  // namespace
 

@@ -46,7 +46,11 @@ ABSL_DECLARE_FLAG(std::string, device);
 namespace gpipe::cli {
 namespace {
 
-int Fail(const absl::Status& status) { return FailCommand("generate", status); }
+// Every error in the served model's words (ServedModelError): the user
+// wrote no init_from.
+int Fail(const absl::Status& status) {
+  return FailCommand("generate", ServedModelError(status));
+}
 
 // Token ids written as text: "12 7 300" or "12,7,300", each one of the
 // model's `vocab` ids. Checked before anything is printed: a prompt past

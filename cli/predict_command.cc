@@ -54,7 +54,11 @@ namespace {
 
 namespace v1 = ::gpipe::v1;
 
-int Fail(const absl::Status& status) { return FailCommand("predict", status); }
+// Every error in the served model's words (ServedModelError): the user
+// wrote no init_from.
+int Fail(const absl::Status& status) {
+  return FailCommand("predict", ServedModelError(status));
+}
 
 constexpr const char* kFashionClasses[] = {
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",

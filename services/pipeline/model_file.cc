@@ -12,8 +12,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "services/core/status.h"
 #include "services/pipeline/data_resolution.h"
@@ -424,6 +426,18 @@ absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& path,
   }
   ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
   return ServeTrained(std::move(info.spec), model, job_path);
+}
+
+absl::Status ServedModelError(const absl::Status& status) {
+  absl::string_view m = status.message();
+  for (absl::string_view field :
+       {"init_from.optimizer_state: ", "init_from.step: ", "init_from: "}) {
+    if (absl::ConsumePrefix(&m, field)) break;
+  }
+  return absl::Status(
+      status.code(),
+      absl::StrReplaceAll(
+          m, {{" (set init_from.strict false to load what matches)", ""}}));
 }
 
 }  // namespace gpipe

@@ -84,6 +84,12 @@ std::string ModelFilePath(const std::string& path);
 absl::StatusOr<gpipe::v1::JobSpec> SpecToServe(const std::string& model,
                                                const std::string& job_path);
 
+// An error loading a model SpecToServe set up, in the words of the command
+// that serves it: the user wrote no init_from, so no "init_from: " before
+// the file's path and no advice to set init_from.strict false (eval,
+// predict and generate told users both).
+absl::Status ServedModelError(const absl::Status& status);
+
 }  // namespace gpipe
 
 #endif  // GPIPE_SERVICES_PIPELINE_MODEL_FILE_H_

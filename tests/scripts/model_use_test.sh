@@ -354,6 +354,27 @@ set +e
 out=$(g predict "$work/future.safetensors" "$work/img0.pgm" 2>&1)
 set -e
 [[ "$out" == *"model format version 2 is newer than this gpipe reads (1)"* ]] || fail "a future format: $out"
+# Weights that do not fit the model their file records: named in eval's
+# words (it told the user of an init_from they never wrote, and to set its
+# strict false).
+python3 - "$work/mlp/model.safetensors" "$work/wider.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", data[:8])
+header = json.loads(data[8:8 + n])
+job = json.loads(header["__metadata__"]["gpipe.job"])
+job["model"]["layers"][0]["linear"]["outFeatures"] = 65
+job["model"]["layers"][2]["linear"]["inFeatures"] = 65
+header["__metadata__"]["gpipe.job"] = json.dumps(job)
+text = json.dumps(header).encode()
+text += b" " * ((8 - len(text) % 8) % 8)
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+set +e
+out=$(g eval "$work/wider.safetensors" --max-samples 10 2>&1)
+set -e
+[[ "$out" == "gpipectl eval: $work/wider.safetensors: "*"do not fit the model"* ]] || fail "weights of another shape: $out"
+[[ "$out" != *"init_from"* ]] || fail "eval speaks of an init_from: $out"
 ok "inputs and files that do not fit are refused naming why"
 # A character model of a repeated sentence, with its vocabulary (0: from the
 # file) recorded in the model file: it continues the sentence, the same
