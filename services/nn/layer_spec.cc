@@ -512,22 +512,15 @@ LayerCost EstimateCost(const v1::LayerSpec& spec, const Shape& input,
   return cost;
 }
 
-absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& model) {
+absl::Status CheckModelInput(const v1::ModelSpec& model) {
   if (!model.has_input()) {
     return FieldError("model.input",
                       "must be set (dtype and shape of a sample)");
   }
-  DType dtype;
-  switch (model.input().dtype()) {
-    case v1::FLOAT32:
-      dtype = DType::kF32;
-      break;
-    case v1::INT32:
-      dtype = DType::kI32;
-      break;
-    default:
-      return FieldError("model.input.dtype", "must be FLOAT32 or INT32, got ",
-                        static_cast<int>(model.input().dtype()));
+  if (model.input().dtype() != v1::FLOAT32 &&
+      model.input().dtype() != v1::INT32) {
+    return FieldError("model.input.dtype", "must be FLOAT32 or INT32, got ",
+                      static_cast<int>(model.input().dtype()));
   }
   const auto& dims = model.input().shape().dims();
   if (dims.empty()) {
@@ -542,6 +535,14 @@ absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& model) {
     return FieldError("model.input.shape", shape.ToString(), " has more than ",
                       kMaxSampleElements, " elements");
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelShapes> InferModelShapes(const v1::ModelSpec& model) {
+  RETURN_IF_ERROR(CheckModelInput(model));
+  DType dtype = model.input().dtype() == v1::INT32 ? DType::kI32 : DType::kF32;
+  const auto& dims = model.input().shape().dims();
+  Shape shape(std::vector<int64_t>(dims.begin(), dims.end()));
   if (model.layers().empty()) {
     return FieldError("model.layers", "needs at least one layer");
   }

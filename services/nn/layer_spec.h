@@ -50,6 +50,11 @@ struct ModelShapes {
 
 // Checks the whole model: its input header, each layer in turn, and that the
 // loss fits the final output ([C] classes or [T, V] per token).
+// The model's input alone: set, FLOAT32 or INT32, dims positive and within
+// the sample limit; InvalidArgument naming the field. What reading the data
+// for a spec needs first (InferModelShapes checks it too).
+absl::Status CheckModelInput(const gpipe::v1::ModelSpec& model);
+
 absl::StatusOr<ModelShapes> InferModelShapes(const gpipe::v1::ModelSpec& model);
 
 // One tensor of a model's state, by the name Model::StateTensors gives it

@@ -11,6 +11,7 @@
 #include "services/data/csv.h"
 #include "services/data/dataset.h"
 #include "services/data/text.h"
+#include "services/nn/layer_spec.h"
 #include "services/pipeline/init_weights.h"
 #include "services/pipeline/model_file.h"
 
@@ -159,6 +160,9 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
   }
   const std::vector<DataDependentField> fields = DataDependentFields(*spec);
   if (fields.empty()) return absl::OkStatus();
+  // The data is read for the model's input: dims of -3 read as "the model
+  // input [-3] takes -3 values".
+  RETURN_IF_ERROR(CheckModelInput(spec->model()));
   // The source as it is on disk: statistics are of the raw features.
   v1::DataSpec raw = spec->data();
   raw.clear_normalize();

@@ -217,6 +217,18 @@ TEST_F(DataResolutionTest, UnreadableDataLeavesARequiredFieldNamed) {
   EXPECT_TRUE(given.ok()) << given.status();
 }
 
+// The data is read for the model's input, so a bad input is named first:
+// dims of -3 read as "the model input [-3] takes -3 values".
+TEST_F(DataResolutionTest, ABadModelInputIsNamedBeforeTheDataIsRead) {
+  const std::string csv = Write("t.csv", ThreeClassCsv());
+  std::string spec = CsvHeadSpec(csv);
+  spec.replace(spec.find("[2]"), 3, "[-3]");
+  auto parsed = ParseJobSpecJson(spec);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("model.input.shape.dims[0]: must be positive, got -3"));
+}
+
 // A job started from a model takes the model's preprocessing (its columns,
 // normalization, vocabulary) before the data fills the rest: a missing init
 // file stops both, and is named as what to fix. It read "init_from.path:
