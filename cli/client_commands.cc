@@ -842,8 +842,7 @@ absl::StatusOr<gpipe::v1::JobSpec> LoadResolved(const std::string& path) {
 // checks it.
 bool ChecksWithoutFlags(const std::string& path) {
   absl::StatusOr<gpipe::v1::JobSpec> spec = LoadResolved(path);
-  if (!spec.ok()) return false;
-  AdoptInitFromPreprocessing(&*spec);
+  if (!spec.ok() || !AdoptInitFromPreprocessing(&*spec).ok()) return false;
   return CheckJobSpec(&*spec).ok();
 }
 
@@ -855,7 +854,9 @@ absl::StatusOr<gpipe::v1::JobSpec> LoadSpecWithFlags(const std::string& path,
   if (!spec.ok()) return spec.status();
   std::string flags;  // as given, for errors a flag may have caused
   RETURN_IF_ERROR(ApplySpecFlags(*spec, measured_balance, &flags));
-  AdoptInitFromPreprocessing(&*spec);
+  if (absl::Status s = AdoptInitFromPreprocessing(&*spec); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(path, ": ", s.message()));
+  }
   if (absl::Status s = CheckJobSpec(&*spec); !s.ok()) {
     // A file that checks without the flags was made invalid by them: a
     // usage error (exit 2), as the flags' own range checks are; it read as

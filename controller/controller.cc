@@ -274,7 +274,7 @@ absl::StatusOr<v1::Job> Controller::SubmitJob(v1::JobSpec spec) {
     // The data is read here only when the spec leaves something to it
     // (gpipectl fills those in where it can read the data), after the
     // preprocessing a model file it starts from records.
-    AdoptInitFromPreprocessing(&spec);
+    RETURN_IF_ERROR(AdoptInitFromPreprocessing(&spec));
     RETURN_IF_ERROR(ResolveAndValidateJobSpec(&spec));
   } else {
     RETURN_IF_ERROR(ValidateJobSpec(spec));

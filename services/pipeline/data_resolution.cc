@@ -82,16 +82,23 @@ bool NeedsStandardization(const v1::DataSpec& data) {
 
 }  // namespace
 
-void AdoptInitFromPreprocessing(v1::JobSpec* spec) {
-  if (!spec->has_init_from() || spec->init_from().path().empty()) return;
+absl::Status AdoptInitFromPreprocessing(v1::JobSpec* spec) {
+  if (!spec->has_init_from() || spec->init_from().path().empty()) {
+    return absl::OkStatus();
+  }
   // The stored spec as it ran (a model file's, or a fetched checkpoint's
   // manifest's): RecordedJobSpec resolves nothing of it, so a file naming
   // itself (a model trained on in place) reads once. A checkpoint's ids
   // shifted under its embedding when it recorded none.
-  const std::optional<v1::JobSpec> recorded =
+  absl::StatusOr<std::optional<v1::JobSpec>> recorded =
       RecordedJobSpec(spec->init_from().path());
-  if (!recorded.has_value()) return;  // weights alone, a stage file
-  const v1::DataSpec& trained = recorded->data();
+  if (!recorded.ok()) {
+    return absl::Status(
+        recorded.status().code(),
+        absl::StrCat("init_from.path: ", recorded.status().message()));
+  }
+  if (!recorded->has_value()) return absl::OkStatus();  // weights alone
+  const v1::DataSpec& trained = (*recorded)->data();
   v1::DataSpec& data = *spec->mutable_data();
   if (data.has_text() && data.text().vocabulary().empty() &&
       trained.has_text() && !trained.text().vocabulary().empty()) {
@@ -106,6 +113,7 @@ void AdoptInitFromPreprocessing(v1::JobSpec* spec) {
     *data.mutable_normalize() = trained.normalize();
     if (data.has_csv()) data.mutable_csv()->set_standardize(false);
   }
+  return absl::OkStatus();
 }
 
 std::vector<DataDependentField> DataDependentFields(const v1::JobSpec& spec) {

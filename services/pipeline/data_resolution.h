@@ -57,7 +57,8 @@ absl::Status ResolveDataDependentFields(
 // data is read. Done where a job is made (gpipectl's train, local and
 // submit, the controller's submit), where the file can be read; a file
 // that is no model file (weights alone, a checkpoint) changes nothing.
-void AdoptInitFromPreprocessing(gpipe::v1::JobSpec* spec);
+// A record that is there but cannot be read (RecordedJobSpec) is an error.
+absl::Status AdoptInitFromPreprocessing(gpipe::v1::JobSpec* spec);
 
 // Makes the spec's paths (SpecPaths) absolute against `base` (the
 // submitter's directory): a worker elsewhere would resolve a relative path

@@ -282,21 +282,26 @@ absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
   return *std::move(spec);
 }
 
-std::optional<gpipe::v1::JobSpec> RecordedJobSpec(const std::string& path) {
+absl::StatusOr<std::optional<gpipe::v1::JobSpec>> RecordedJobSpec(
+    const std::string& path) {
   std::error_code ec;
   const std::string model = ModelFilePath(path);
   if (std::filesystem::is_regular_file(model, ec)) {
-    absl::StatusOr<ModelFileInfo> info = ReadModelFileInfo(model);
-    if (!info.ok()) return std::nullopt;  // weights alone, a stage file
-    return std::move(info->spec);
+    // Weights alone (a stage file, another tool's) record no job; a file
+    // that cannot be read at all is the weights loader's to name.
+    const absl::StatusOr<std::map<std::string, std::string>> metadata =
+        ReadMetadata(model);
+    if (!metadata.ok() || !metadata->contains("gpipe.job")) {
+      return std::nullopt;
+    }
+    ASSIGN_OR_RETURN(ModelFileInfo info, ReadModelFileInfo(model));
+    return std::move(info.spec);
   }
   if (!std::filesystem::exists(
           std::filesystem::path(model) / storage::kManifestName, ec)) {
     return std::nullopt;
   }
-  absl::StatusOr<std::optional<gpipe::v1::JobSpec>> spec =
-      CheckpointJobSpec(model);
-  return spec.ok() ? *std::move(spec) : std::nullopt;
+  return CheckpointJobSpec(model);
 }
 
 std::string ModelFilePath(const std::string& path) {
@@ -321,7 +326,7 @@ absl::StatusOr<gpipe::v1::JobSpec> ServeWithJobSpec(const std::string& model,
   // model file it started from says how the job read its data, and so how
   // the parameters it trained read it. Another tool's weights owe that
   // file nothing: the job's data is read as the job's spec says.
-  if (trained_by_job) AdoptInitFromPreprocessing(&spec);
+  if (trained_by_job) RETURN_IF_ERROR(AdoptInitFromPreprocessing(&spec));
   gpipe::v1::InitFrom& init = *spec.mutable_init_from();
   init.Clear();
   init.set_path(model);  // a checkpoint's manifest checks every digest

@@ -62,9 +62,12 @@ absl::StatusOr<std::optional<gpipe::v1::JobSpec>> CheckpointJobSpec(
 
 // The spec that trained what `path` holds, as it ran: a model file's
 // gpipe.job (a directory holding one too), or a checkpoint directory's
-// manifest's; nullopt where none is recorded or readable (weights alone, a
-// stage file, an older checkpoint).
-std::optional<gpipe::v1::JobSpec> RecordedJobSpec(const std::string& path);
+// JOB.json; nullopt where none is recorded (weights alone, a stage file, an
+// older checkpoint, a path that is not there). A record that is there but
+// cannot be read is an error naming it: read as none, a corrupt JOB.json
+// left a continuing job without the trained vocabulary and normalization.
+absl::StatusOr<std::optional<gpipe::v1::JobSpec>> RecordedJobSpec(
+    const std::string& path);
 
 // The model file `path` names: `path` itself, or DIR/model.safetensors
 // where `path` is a directory that holds one (what `train --out`, `local

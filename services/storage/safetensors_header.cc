@@ -396,14 +396,46 @@ absl::StatusOr<std::string> ReadHeaderJson(const ScopedFd& fd,
   return json;
 }
 
+namespace {
+
+// JSON's escapes, and \xNN for each byte that is no part of a UTF-8
+// character: a binary file's raw bytes reached the terminal in messages.
+void AppendQuoted(std::string_view s, std::string* out) {
+  if (IsValidUtf8(s)) {
+    AppendJsonString(s, out);
+    return;
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  out->push_back('"');
+  for (size_t i = 0; i < s.size();) {
+    size_t n = 1;
+    while (n <= 4 && i + n <= s.size() && !IsValidUtf8(s.substr(i, n))) ++n;
+    if (n > 4 || i + n > s.size()) {
+      const unsigned char c = static_cast<unsigned char>(s[i]);
+      out->append("\\x");
+      out->push_back(kHex[c >> 4]);
+      out->push_back(kHex[c & 0xF]);
+      ++i;
+      continue;
+    }
+    std::string one;
+    AppendJsonString(s.substr(i, n), &one);
+    out->append(one, 1, one.size() - 2);  // without its quotes
+    i += n;
+  }
+  out->push_back('"');
+}
+
+}  // namespace
+
 std::string QuoteForMessage(std::string_view s) {
   constexpr size_t kMaxBytes = 200;
   std::string out;
   if (s.size() <= kMaxBytes) {
-    AppendJsonString(s, &out);
+    AppendQuoted(s, &out);
     return out;
   }
-  AppendJsonString(Utf8Prefix(s, kMaxBytes), &out);
+  AppendQuoted(Utf8Prefix(s, kMaxBytes), &out);
   out += "...";
   return out;
 }

@@ -78,8 +78,9 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(
 // Names and metadata must be valid UTF-8.
 std::string EncodeSafetensorsHeader(const SafetensorsHeader& header);
 
-// `s` quoted and escaped as JSON, and cut short when long, for error
-// messages about names read from untrusted files.
+// `s` quoted and escaped as JSON (bytes that are not UTF-8 as \xNN), and
+// cut short when long, for error messages about names read from untrusted
+// files.
 std::string QuoteForMessage(std::string_view s);
 
 }  // namespace gpipe::storage

@@ -228,6 +228,10 @@ TEST_F(CsvTest, BadFilesAndSpecs) {
   const std::string missing_target = Error(Spec("a,b,class\n1,2,0\n"));
   EXPECT_THAT(missing_target, HasSubstr("target: no column \"label\""));
   EXPECT_THAT(missing_target, HasSubstr("\"a\", \"b\", \"class\""));
+  // A binary file's bytes are shown escaped, a UTF-8 name as it is: raw
+  // bytes that are no UTF-8 reached the terminal.
+  const std::string binary = Error(Spec("\xff\xfe\x80x,\xc3\xa9t\xc3\n1,2\n"));
+  EXPECT_THAT(binary, HasSubstr("\"\\xff\\xfe\\x80x\", \"\xc3\xa9t\\xc3\""));
   EXPECT_THAT(Error(Spec("")), HasSubstr("t.csv: the file is empty"));
   EXPECT_THAT(Error(Spec("\n\n")), HasSubstr("the file is empty"));
   EXPECT_THAT(Error(Spec("a,b,label\n")), HasSubstr("t.csv: no data rows"));

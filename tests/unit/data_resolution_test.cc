@@ -140,9 +140,19 @@ TEST_F(DataResolutionTest, AFetchedCheckpointsVocabularyIsAdopted) {
   };
   const std::string recorded = checkpoint("step20", true);
   const std::string older = checkpoint("older", false);
-  ASSERT_TRUE(RecordedJobSpec(recorded).has_value());
-  EXPECT_EQ(RecordedJobSpec(recorded)->data().text().vocabulary(), "\n abcxyz");
-  EXPECT_FALSE(RecordedJobSpec(older).has_value());
+  ASSERT_TRUE(RecordedJobSpec(recorded).ok());
+  ASSERT_TRUE(RecordedJobSpec(recorded)->has_value());
+  EXPECT_EQ((*RecordedJobSpec(recorded))->data().text().vocabulary(),
+            "\n abcxyz");
+  ASSERT_TRUE(RecordedJobSpec(older).ok());
+  EXPECT_FALSE(RecordedJobSpec(older)->has_value());
+  // A JOB.json that is there but not a spec is named, not read as none:
+  // the job went on without the trained vocabulary.
+  const std::string corrupt = checkpoint("corrupt", true);
+  std::ofstream(std::filesystem::path(corrupt) / storage::kJobSpecName)
+      << "garbage";
+  EXPECT_THAT(RecordedJobSpec(corrupt).status().message(),
+              HasSubstr(storage::kJobSpecName));
 
   // Fine-tuning text of fewer bytes: numbered afresh, 'a' would be id 1.
   const std::string tuning =
@@ -151,11 +161,17 @@ TEST_F(DataResolutionTest, AFetchedCheckpointsVocabularyIsAdopted) {
     auto spec = ParseJobSpecJson(CharModel(tuning, 7, 7), SpecCheck::kJsonOnly);
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec->mutable_init_from()->set_path(from);
-    AdoptInitFromPreprocessing(&*spec);
+    ASSERT_TRUE(AdoptInitFromPreprocessing(&*spec).ok());
     EXPECT_EQ(spec->data().text().vocabulary(),
               from == recorded ? "\n abcxyz" : "")
         << from;
   }
+  auto from_corrupt =
+      ParseJobSpecJson(CharModel(tuning, 7, 7), SpecCheck::kJsonOnly);
+  ASSERT_TRUE(from_corrupt.ok());
+  from_corrupt->mutable_init_from()->set_path(corrupt);
+  EXPECT_THAT(AdoptInitFromPreprocessing(&*from_corrupt).message(),
+              HasSubstr("init_from.path: "));
 }
 
 // A size filled from the data that the model cannot take names where it
