@@ -189,7 +189,28 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
     const std::string name = absl::StrCat("model.layers[", layer, "]");
     filled->push_back({name, absl::StrCat(name, what)});
   };
+  // A size past every value the data holds (and past 65,536) is a misread,
+  // not a model: a uint16 token file declared UINT32 filled a vocabulary of
+  // 3.2 million (11.5 GB, 1 sample/s), one stray label of 50,000,000 a head
+  // of 40 GB, without a word. The user who means it writes the size.
+  const int64_t samples = data->size(Split::kTrain) + data->size(Split::kTest);
+  const auto past_the_data = [&](const std::string& field, int64_t size,
+                                 const Shape& per_sample,
+                                 const std::string& what) -> absl::Status {
+    const int64_t values = samples * std::max<int64_t>(1, per_sample.numel());
+    if (size <= std::max<int64_t>(values, int64_t{1} << 16))
+      return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": 0 would be filled as ", size, " from the data's largest ",
+        what, " ", size - 1, ", more than the ", values, " ", what,
+        "s the data holds: most could never occur (is the data read as it "
+        "was written: its dtype, its label column?); write the size to "
+        "mean it"));
+  };
   if (HasEmbeddingToSize(model)) {
+    RETURN_IF_ERROR(past_the_data("model.layers[0].embedding.vocab_size",
+                                  data->num_input_ids(), data->input_shape(),
+                                  "token id"));
     model.mutable_layers(0)->mutable_embedding()->set_vocab_size(
         data->num_input_ids());
     note(0, absl::StrCat(".embedding.vocab_size ", data->num_input_ids(),
@@ -197,6 +218,10 @@ absl::Status ResolveDataDependentFields(v1::JobSpec* spec,
                          data->num_input_ids() - 1));
   }
   if (HasHeadToSize(model)) {
+    RETURN_IF_ERROR(
+        past_the_data(absl::StrCat("model.layers[", model.layers_size() - 1,
+                                   "].linear.out_features"),
+                      classes, data->target_shape(), "class id"));
     model.mutable_layers(model.layers_size() - 1)
         ->mutable_linear()
         ->set_out_features(classes);

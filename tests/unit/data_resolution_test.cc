@@ -182,10 +182,21 @@ TEST_F(DataResolutionTest, AFilledSizeTooLargeNamesTheDataThatSetIt) {
   const std::string spec = CsvHeadSpec(path);
   auto parsed = ParseJobSpecJson(spec);
   ASSERT_FALSE(parsed.ok());
+  // Past every value the data holds: a misread (a stray label, a token
+  // file's dtype), refused before the layer's size is judged.
   EXPECT_THAT(parsed.status().message(),
-              HasSubstr("(model.layers[0].linear.out_features 300000001 was "
-                        "filled from the data: its largest class id is "
-                        "300000000)"));
+              HasSubstr("model.layers[0].linear.out_features: 0 would be "
+                        "filled as 300000001 from the data's largest class "
+                        "id 300000000, more than the 31 class ids the data "
+                        "holds"));
+  // Written by hand, the size is the user's: then the layer's own limit
+  // judges it.
+  std::string written = spec;
+  written.replace(written.find("\"out_features\": 0"),
+                  std::string("\"out_features\": 0").size(),
+                  "\"out_features\": 300000001");
+  EXPECT_THAT(ParseJobSpecJson(written).status().message(),
+              Not(HasSubstr("would be filled")));
   // An error about another field carries no note: every error did, a
   // negative lr's too.
   const std::string ab = Write("ab.txt", std::string(200, 'a') + "b\n");
