@@ -544,6 +544,7 @@ class JobFollower {
   // part of the job's rate.
   void OnResumed() {
     if (progress_ != nullptr) progress_->RestartRate();
+    resumed_ = true;
   }
 
   void OnEvent(const gpipe::v1::JobEvent& event) {
@@ -563,21 +564,61 @@ class JobFollower {
     const bool news = !event.message().empty() &&
                       event.message() != last_message_ && !progress;
     const bool terminal = IsTerminal(s.state());
-    // A periodic evaluation reads as `gpipectl train` prints it:
-    // "step 20: test loss ...". The final one is in the summary.
-    const gpipe::v1::Evaluation& e = s.latest_evaluation();
-    const bool evaluated =
-        e.counted() > 0 && e.step() != eval_step_ && e.step() < s.total_steps();
-    if (evaluated) {
+    // Back from a controller restart, what happened meanwhile: the job
+    // restarted from a checkpoint (its events went with the old
+    // controller, and the step going back was a silent surprise).
+    const bool restarted_away = resumed_ && seen_ && !terminal &&
+                                (s.restarts() > restarts_ || epoch_changed);
+    if (restarted_away) {
       if (progress_ != nullptr) progress_->Finish();
-      std::printf("step %lld: %s\n", static_cast<long long>(e.step()),
-                  EvaluationText(job_, e).c_str());
+      // The running condition says where the new epoch began.
+      const std::string running = ConditionMessage(s, "Running");
+      size_t at = running.find("restored the checkpoint");
+      if (at == std::string::npos) at = running.find("resumed step");
+      std::string line = absl::StrCat(
+          job_.id(), " ", StateName(s.state()),
+          ": restarted while the watch was away (epoch ", s.epoch(),
+          s.restarts() > 0
+              ? absl::StrCat(", ", s.restarts(),
+                             s.restarts() == 1 ? " restart" : " restarts",
+                             " in all")
+              : "",
+          ")");
+      if (at != std::string::npos) {
+        absl::StrAppend(&line, ": ",
+                        running.substr(at, running.find(';', at) - at));
+      }
+      std::printf("%s\n", line.c_str());
       std::fflush(stdout);
-      eval_step_ = e.step();
-      if (news) last_message_ = event.message();
     }
+    resumed_ = false;
+    // A periodic evaluation reads as `gpipectl train` prints it:
+    // "step 20: test loss ...". The final one is in the summary. Every one
+    // not yet shown, from the status's history: a watch away while the
+    // controller restarted missed their events.
+    std::vector<const gpipe::v1::Evaluation*> unseen;
+    for (const gpipe::v1::Evaluation& e : s.evaluations()) unseen.push_back(&e);
+    unseen.push_back(&s.latest_evaluation());
+    std::sort(unseen.begin(), unseen.end(), [](const auto* a, const auto* b) {
+      return a->step() < b->step();
+    });
+    bool evaluated = false;
+    for (const gpipe::v1::Evaluation* e : unseen) {
+      if (e->counted() == 0 || e->step() <= eval_step_ ||
+          e->step() >= s.total_steps()) {
+        continue;
+      }
+      if (progress_ != nullptr) progress_->Finish();
+      std::printf("step %lld: %s\n", static_cast<long long>(e->step()),
+                  EvaluationText(job_, *e).c_str());
+      std::fflush(stdout);
+      eval_step_ = e->step();
+      evaluated = true;
+    }
+    if (evaluated && news) last_message_ = event.message();
     // The summary reports the terminal state.
-    if (!terminal && (state_changed || epoch_changed || (news && !evaluated))) {
+    if (!terminal && !restarted_away &&
+        (state_changed || epoch_changed || (news && !evaluated))) {
       if (progress_ != nullptr) progress_->Finish();
       std::string line = absl::StrCat(job_.id(), " ", StateName(s.state()));
       if (!event.message().empty())
@@ -605,6 +646,7 @@ class JobFollower {
     step_ = s.step();
     loss_ = s.loss();
     rate_ = s.samples_per_second();
+    restarts_ = s.restarts();
   }
 
   void EndBar() {
@@ -681,6 +723,8 @@ class JobFollower {
   gpipe::v1::JobState state_ = gpipe::v1::JOB_STATE_UNSPECIFIED;
   int64_t epoch_ = 0;
   int64_t eval_step_ = 0;  // of the last evaluation printed
+  int64_t restarts_ = 0;
+  bool resumed_ = false;  // the next event is the first after a reconnect
   double loss_ = 0;
   double rate_ = 0;
   int64_t step_ = 0;

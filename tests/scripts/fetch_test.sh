@@ -141,7 +141,8 @@ sleep 0.5
 kill "$controller_pid"
 wait "$controller_pid" 2>/dev/null || true
 start_controller
-sleep 1.5
+before=$(job_field "$long2" "s.get('step', 0)")
+wait_step "$long2" $((before + 12))
 ctl cancel "$long2" >/dev/null
 set +e
 wait "$watcher"
@@ -155,6 +156,53 @@ grep -q "CANCELLED" "$work/watch.txt" || fail "the watch did not follow the job 
 grep -q "the watch of $long2 resumed after .* without the controller" "$work/watch.txt" ||
   fail "the watch did not say it lost the controller: $(tail -5 "$work/watch.txt")"
 ok "a watch followed its job across the controller's graceful restart"
+
+# A watch that comes back after the job has restarted and evaluated without
+# it says so and shows the evaluations it missed (their events went with
+# the old controller). The watch is frozen across the restart so that it
+# comes back late for certain.
+python3 - "$work/long.json" "$work/evals.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+d["eval"] = {"every": 20, "maxSamples": 64}
+json.dump(d, open(sys.argv[2], "w"))
+PY
+long4=$(submit "$work/evals.json")
+wait_step "$long4" 25
+# gpipectl itself, not a subshell around it, is what SIGSTOP must freeze.
+"$bin/gpipectl" --controller "127.0.0.1:$cport" watch "$long4" >"$work/away.txt" 2>&1 &
+watcher=$!
+for _ in $(seq 100); do grep -q "^step 20: " "$work/away.txt" && break; sleep 0.1; done
+kill -STOP "$watcher"
+kill "$controller_pid"
+wait "$controller_pid" 2>/dev/null || true
+start_controller
+# Running again in its next epoch, and three evaluations past the step
+# it restored.
+first=""
+for _ in $(seq 300); do
+  now=$(job_field "$long4" "s.get('state', '') + ' ' + str(s.get('epoch', 0)) + ' ' + str(s.get('latestEvaluation', {}).get('step', 0))" 2>/dev/null || true)
+  read -r state epoch evaluated <<<"$now"
+  if [[ "$state" == RUNNING ]] && ((epoch >= 2)); then
+    first=${first:-$evaluated}
+    ((evaluated >= first + 60)) && break
+  fi
+  sleep 0.1
+done
+kill -CONT "$watcher"
+for _ in $(seq 100); do grep -q "restarted while the watch was away" "$work/away.txt" && break; sleep 0.1; done
+ctl cancel "$long4" >/dev/null
+wait "$watcher" || true
+restored=$(sed -n "s/^$long4 RUNNING: restarted while the watch was away (epoch [2-9]): restored the checkpoint of step \([0-9]*\)\$/\1/p" "$work/away.txt")
+[[ -n "$restored" ]] ||
+  fail "the watch did not say the job restarted while it was away: $(tr '\r' '\n' <"$work/away.txt" | grep -v '^ *$' | tail -8)"
+# The evaluations of the new epoch it missed, from the one the loop above
+# first saw to the one it waited for.
+for e in $first $((first + 20)) $((first + 40)) $((first + 60)); do
+  grep -q "^step $e: " "$work/away.txt" ||
+    fail "the watch did not show the evaluation of step $e it missed: $(tr '\r' '\n' <"$work/away.txt" | grep -v '^ *$' | grep -v committed | tail -8)"
+done
+ok "a watch back after the job restarted without it says so and shows the evaluations it missed"
 
 # A frozen controller closes nothing: the watch's pings find it (every
 # 10 s, 10 s to answer), then it gives up after 30 s without it (it hung
