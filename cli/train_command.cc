@@ -268,23 +268,38 @@ absl::Status CheckRunFits(const gpipe::v1::JobSpec& run,
   p.set_remat(RematToSpec(options.remat));
   if (options.virtual_stages > 0) p.set_virtual_stages(options.virtual_stages);
   const int64_t chunks = options.stages * VirtualStageCount(est);
+  // The cut the pipeline runs: --balance, else the spec's own for these
+  // chunks (PartitionJob keeps it), else the partitioner's.
   std::vector<int64_t> balance = options.balance;
   if (static_cast<int64_t>(balance.size()) != chunks) {
-    p.clear_balance();
+    if (p.balance_size() != chunks) p.clear_balance();
     ASSIGN_OR_RETURN(balance, PartitionJob(est, chunks));
   }
-  const StageMemory all =
-      Combined(EstimatePipelineMemory(est, shapes, balance));
+  std::vector<StageMemory> stages =
+      EstimatePipelineMemory(est, shapes, balance);
+  // In one process a message is handed over, not copied by a transport.
+  for (StageMemory& m : stages) m.in_flight = 0;
+  const StageMemory all = Combined(stages);
+  // Replicas past the first train, but only the first evaluates, and all
+  // share the data set.
   const int64_t replicas = std::max<int64_t>(1, options.replicas);
   const int64_t one = all.total();
-  const int64_t need = one > INT64_MAX / replicas ? INT64_MAX : one * replicas;
+  const int64_t each =
+      SaturatingSum({all.parameters, all.gradients, all.optimizer_state,
+                     all.packed_weights, all.training(), all.batch});
+  const int64_t more = replicas - 1 > 0 && each > INT64_MAX / (replicas - 1)
+                           ? INT64_MAX
+                           : each * (replicas - 1);
+  const int64_t need = SaturatingSum({one, more});
   const int64_t have = SystemMemoryLimit();
   if (have > 0 && need > have) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this run needs about ", FormatBytes(need),
-        replicas > 1 ? absl::StrCat(" (", replicas, " replicas of ",
-                                    FormatBytes(one), ")")
-                     : "",
+        replicas > 1
+            ? absl::StrCat(" (", FormatBytes(one), " and ", replicas - 1,
+                           " more replica", replicas > 2 ? "s" : "", " of ",
+                           FormatBytes(each), ")")
+            : "",
         ", more than the ", FormatBytes(have),
         " this machine lets the process use: ", all.ToString(),
         "; gpipectl plan shows what other batch, micro-batch and stage "
